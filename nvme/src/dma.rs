@@ -1,0 +1,194 @@
+//! DMA memory: host memory the controller reads and writes, with a device address per page.
+//!
+//! Memory shared with a device is never reached through Rust references, because the device can
+//! change it underneath them. Every access here goes through raw pointers: volatile loads and
+//! stores for the words that carry protocol state (phase bits, command ids), and plain
+//! non-overlapping copies for bulk data, which the caller only performs once a completion (read
+//! with Acquire ordering) says the device is done with the bytes, or before a doorbell write
+//! (ordered by a Release fence) hands them to it.
+// UNSAFETY: this module owns the raw pointer behind every DMA buffer and must dereference it.
+#![expect(unsafe_code)]
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Size of the pages device addresses are given for; also the NVMe memory page size the driver
+/// selects (CC.MPS = 0).
+pub const DMA_PAGE_SIZE: usize = 4096;
+
+/// Something that keeps a DMA buffer's memory alive and mapped for the device, and undoes both
+/// when dropped: first removes the device's access (IOMMU unmap, or unregistering the range from
+/// the software controller), then frees the memory.
+pub trait DmaOwner: Send + Sync {}
+
+impl<T: Send + Sync> DmaOwner for T {}
+
+/// A buffer of DMA memory: a host mapping plus the device address of each 4 KiB page.
+///
+/// Dropping it revokes the device's access before freeing the memory, so a command that timed
+/// out and completes late can never write into memory that was reused.
+pub struct DmaMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Device address of each 4 KiB page; `page_addrs[i]` is page-aligned.
+    page_addrs: Vec<u64>,
+    _owner: Box<dyn DmaOwner>,
+}
+
+// SAFETY: DmaMemory hands out no references into the buffer; all access is through raw-pointer
+// copies and atomics, which are safe to make from any thread. The owner is Send + Sync.
+unsafe impl Send for DmaMemory {}
+// SAFETY: as above; concurrent accesses from several threads are no different from concurrent
+// accesses by the device, which this type already tolerates.
+unsafe impl Sync for DmaMemory {}
+
+impl fmt::Debug for DmaMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaMemory")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("first_device_address", &self.page_addrs.first())
+            .finish()
+    }
+}
+
+impl DmaMemory {
+    /// Wraps memory that a transport has mapped for its device.
+    ///
+    /// # Safety
+    /// - `ptr` is 4 KiB-aligned and valid for reads and writes of `len` bytes for as long as
+    ///   `owner` lives, and nothing else creates Rust references into it.
+    /// - `len` is a multiple of [`DMA_PAGE_SIZE`] and `page_addrs.len() == len / DMA_PAGE_SIZE`.
+    /// - `page_addrs[i]` is the page-aligned address at which the device reaches the page at
+    ///   `ptr + i * DMA_PAGE_SIZE`, and stays so until `owner` is dropped; dropping `owner`
+    ///   removes the device's access before the memory is freed (the same contract as
+    ///   `VFIO_IOMMU_MAP_DMA`/`VFIO_IOMMU_UNMAP_DMA` around a user mapping).
+    pub unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        page_addrs: Vec<u64>,
+        owner: Box<dyn DmaOwner>,
+    ) -> Self {
+        assert_eq!(len % DMA_PAGE_SIZE, 0, "DMA length must be whole pages");
+        assert_eq!(page_addrs.len(), len / DMA_PAGE_SIZE, "one device address per page");
+        assert_eq!(ptr.as_ptr() as usize % DMA_PAGE_SIZE, 0, "DMA memory must be page-aligned");
+        Self { ptr, len, page_addrs, _owner: owner }
+    }
+
+    /// Length in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Device address of the byte at `offset`.
+    ///
+    /// # Panics
+    /// If `offset >= len` (a caller bug, not device input).
+    pub fn device_address(&self, offset: usize) -> u64 {
+        assert!(offset < self.len, "offset {offset} outside DMA buffer of {}", self.len);
+        self.page_addrs[offset / DMA_PAGE_SIZE] + (offset % DMA_PAGE_SIZE) as u64
+    }
+
+    /// Device addresses of every page, in order.
+    pub fn page_addresses(&self) -> &[u64] {
+        &self.page_addrs
+    }
+
+    /// Whether the device addresses of all pages are contiguous (true for IOVA mappings and the
+    /// software controller; usually false for no-IOMMU physical addresses).
+    pub fn is_device_contiguous(&self) -> bool {
+        self.page_addrs
+            .windows(2)
+            .all(|w| w[1] == w[0] + DMA_PAGE_SIZE as u64)
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "access {offset}+{len} outside DMA buffer of {}",
+            self.len
+        );
+    }
+
+    /// Copies `buf.len()` bytes out of the buffer, starting at `offset`.
+    ///
+    /// Call only once the device is known to be done writing these bytes (after an Acquire load
+    /// of the completion that covers them).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        self.check(offset, buf.len());
+        // SAFETY: in bounds (checked above); the source is valid for reads per the constructor's
+        // contract and is not a Rust reference; the destination is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
+        }
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    ///
+    /// The bytes become visible to the device at the next Release fence (the driver issues one
+    /// before every doorbell write).
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: in bounds (checked above); the destination is valid for writes per the
+        // constructor's contract and no Rust reference aliases it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) {
+        self.check(offset, len);
+        // SAFETY: in bounds (checked above); valid for writes per the constructor's contract.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) }
+    }
+
+    fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        self.check(offset, 4);
+        assert_eq!(offset % 4, 0, "unaligned 32-bit DMA access at {offset}");
+        // SAFETY: in bounds and 4-byte aligned (checked above; the base is page-aligned). An
+        // AtomicU32 has the layout of a u32, and atomics are the sanctioned way to share a word
+        // with another agent that may write it concurrently.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        self.check(offset, 8);
+        assert_eq!(offset % 8, 0, "unaligned 64-bit DMA access at {offset}");
+        // SAFETY: in bounds and 8-byte aligned (checked above); see `atomic_u32`.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Loads the 32-bit word at `offset` (4-byte aligned) with the given ordering. Use
+    /// `Ordering::Acquire` for the completion dword that carries the phase tag.
+    pub fn load_u32(&self, offset: usize, order: Ordering) -> u32 {
+        self.atomic_u32(offset).load(order)
+    }
+
+    /// Stores the 32-bit word at `offset` (4-byte aligned) with the given ordering.
+    pub fn store_u32(&self, offset: usize, value: u32, order: Ordering) {
+        self.atomic_u32(offset).store(value, order)
+    }
+
+    /// Loads the 64-bit word at `offset` (8-byte aligned).
+    pub fn load_u64(&self, offset: usize, order: Ordering) -> u64 {
+        self.atomic_u64(offset).load(order)
+    }
+
+    /// Stores the 64-bit word at `offset` (8-byte aligned).
+    pub fn store_u64(&self, offset: usize, value: u64, order: Ordering) {
+        self.atomic_u64(offset).store(value, order)
+    }
+
+    /// Raw base pointer, for transports that must hand the mapping to another API (CUDA host
+    /// registration, IOMMU mapping). Never turn it into a Rust reference.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
