@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Size of the pages device addresses are given for; also the NVMe memory page size the driver
@@ -71,9 +72,22 @@ impl DmaMemory {
         owner: Box<dyn DmaOwner>,
     ) -> Self {
         assert_eq!(len % DMA_PAGE_SIZE, 0, "DMA length must be whole pages");
-        assert_eq!(page_addrs.len(), len / DMA_PAGE_SIZE, "one device address per page");
-        assert_eq!(ptr.as_ptr() as usize % DMA_PAGE_SIZE, 0, "DMA memory must be page-aligned");
-        Self { ptr, len, page_addrs, _owner: owner }
+        assert_eq!(
+            page_addrs.len(),
+            len / DMA_PAGE_SIZE,
+            "one device address per page"
+        );
+        assert_eq!(
+            ptr.as_ptr() as usize % DMA_PAGE_SIZE,
+            0,
+            "DMA memory must be page-aligned"
+        );
+        Self {
+            ptr,
+            len,
+            page_addrs,
+            _owner: owner,
+        }
     }
 
     /// Length in bytes (whole pages).
@@ -91,7 +105,11 @@ impl DmaMemory {
     /// # Panics
     /// If `offset >= len` (a caller bug, not device input).
     pub fn device_address(&self, offset: usize) -> u64 {
-        assert!(offset < self.len, "offset {offset} outside DMA buffer of {}", self.len);
+        assert!(
+            offset < self.len,
+            "offset {offset} outside DMA buffer of {}",
+            self.len
+        );
         self.page_addrs[offset / DMA_PAGE_SIZE] + (offset % DMA_PAGE_SIZE) as u64
     }
 
@@ -125,7 +143,11 @@ impl DmaMemory {
         // SAFETY: in bounds (checked above); the source is valid for reads per the constructor's
         // contract and is not a Rust reference; the destination is a distinct Rust slice.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len())
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
         }
     }
 
@@ -190,5 +212,126 @@ impl DmaMemory {
     /// registration, IOMMU mapping). Never turn it into a Rust reference.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+}
+
+/// A byte range of a shared DMA buffer: what I/O commands transfer into or out of.
+///
+/// Holding the `Arc` keeps the memory (and the device's access to it) alive while a command
+/// that uses it is in flight.
+#[derive(Clone, Debug)]
+pub struct DmaSlice {
+    /// The buffer.
+    pub mem: Arc<DmaMemory>,
+    /// Start of the range, in bytes from the buffer's start.
+    pub offset: usize,
+    /// Length of the range in bytes.
+    pub len: usize,
+}
+
+/// A [`DmaSlice`] range that does not fit its buffer.
+#[derive(Debug, thiserror::Error)]
+#[error("DMA slice {offset}+{len} does not fit a buffer of {buffer_len} bytes")]
+pub struct DmaSliceError {
+    /// Requested offset.
+    pub offset: usize,
+    /// Requested length.
+    pub len: usize,
+    /// Length of the buffer.
+    pub buffer_len: usize,
+}
+
+impl DmaSlice {
+    /// The range `offset..offset + len` of `mem`.
+    ///
+    /// # Panics
+    /// If the range does not fit the buffer (a caller bug, like slice indexing); use
+    /// [`DmaSlice::try_new`] for ranges that come from input.
+    pub fn new(mem: Arc<DmaMemory>, offset: usize, len: usize) -> Self {
+        match Self::try_new(mem, offset, len) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The range `offset..offset + len` of `mem`, or an error if it does not fit the buffer.
+    pub fn try_new(mem: Arc<DmaMemory>, offset: usize, len: usize) -> Result<Self, DmaSliceError> {
+        if offset.checked_add(len).is_none_or(|end| end > mem.len()) {
+            return Err(DmaSliceError {
+                offset,
+                len,
+                buffer_len: mem.len(),
+            });
+        }
+        Ok(Self { mem, offset, len })
+    }
+
+    /// The whole buffer.
+    pub fn whole(mem: Arc<DmaMemory>) -> Self {
+        let len = mem.len();
+        Self {
+            mem,
+            offset: 0,
+            len,
+        }
+    }
+
+    /// A sub-range of this slice (`offset` relative to the slice's start).
+    ///
+    /// # Panics
+    /// If the sub-range does not fit this slice; see [`DmaSlice::try_slice`].
+    pub fn slice(&self, offset: usize, len: usize) -> Self {
+        match self.try_slice(offset, len) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A sub-range of this slice, or an error if it does not fit.
+    pub fn try_slice(&self, offset: usize, len: usize) -> Result<Self, DmaSliceError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(DmaSliceError {
+                offset,
+                len,
+                buffer_len: self.len,
+            });
+        }
+        Ok(Self {
+            mem: self.mem.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Device address of the first byte (the range must not be empty).
+    pub fn device_address(&self) -> u64 {
+        self.mem.device_address(self.offset)
+    }
+
+    /// Device addresses of the 4 KiB pages the range touches, in order.
+    pub fn pages(&self) -> &[u64] {
+        if self.len == 0 {
+            return &[];
+        }
+        let first = self.offset / DMA_PAGE_SIZE;
+        let last = (self.offset + self.len - 1) / DMA_PAGE_SIZE;
+        &self.mem.page_addresses()[first..=last]
+    }
+
+    /// Copies the range out into `buf` (`buf.len()` must equal the range's length).
+    pub fn read(&self, buf: &mut [u8]) {
+        assert_eq!(buf.len(), self.len, "DmaSlice::read length mismatch");
+        self.mem.read(self.offset, buf)
+    }
+
+    /// Copies `data` into the range (`data.len()` must equal the range's length).
+    pub fn write(&self, data: &[u8]) {
+        assert_eq!(data.len(), self.len, "DmaSlice::write length mismatch");
+        self.mem.write(self.offset, data)
     }
 }

@@ -1,8 +1,76 @@
-//! Userspace NVMe driver core (layer: controller/queues).
+//! Userspace NVMe driver core (layer: controller and queues, above a transport).
 //!
 //! Reaches the controller only through [`device::Device`]: a register window and DMA memory.
+//! The same code runs over VFIO (`vfio` crate), the software controller (`nvme_emu`) and,
+//! later, GPU-memory queues.
+//!
+//! Spec revisions: [NVM Express Base Specification 2.0 and NVM Command Set Specification
+//! 1.0](https://nvmexpress.org/specifications/); data types live in [`nvme_spec`].
+//!
+//! # Architecture
+//! - [`device`], [`dma`]: the seam (register window, DMA memory with per-page device
+//!   addresses, [`DmaSlice`]).
+//! - [`registers`]: typed CAP/CC/CSTS/AQA access and bounded CSTS waits.
+//! - [`controller`]: bring-up (disable, admin queue, enable, identify, Number of Queues),
+//!   namespaces, queue pair creation, orderly shutdown. [`Controller`] is `Send + Sync`.
+//! - `admin`: the admin queue; one command at a time under a mutex, polled, each bounded by
+//!   [`ControllerOptions::admin_timeout`].
+//! - [`queue`]: ring arithmetic; `queue_pair`: the CID table, submit and reap engine;
+//!   [`io`]: [`IoQueuePair`], lock-free (`&mut self`) I/O with typed validation, splitting at
+//!   the maximum transfer size and deadlines on every command.
+//! - [`prp`]: PRP1/PRP2/PRP list construction (one list page per command slot).
+//! - [`error`]: [`Error`], one variant per failure, with the command named.
+//!
+//! No interrupts: completions are polled. Completions are matched by CID and may arrive in any
+//! order. Device-supplied garbage (unknown CID, wrong SQ id, all-ones registers, CFS) becomes an
+//! error, never a panic.
+//!
+//! # Key constants
+//! - Memory page size 4 KiB (CC.MPS = 0); SQE 64 B, CQE 16 B.
+//! - Per-command transfer: MDTS capped at [`prp::MAX_PRP_TRANSFER`] (2 MiB), so one PRP list
+//!   page always suffices.
+//! - Queue depth ≤ CAP.MQES + 1; `depth - 1` commands in flight.
+//!
+//! # Not implemented
+//! Interrupts, SGLs, metadata / protection information, namespaces with LBA sizes outside
+//! 512..=4096, controller reset and recovery after a failure (a failed queue pair stays failed),
+//! Abort, asynchronous events, physically discontiguous I/O queues (CAP.CQR = 0 with PC = 0).
+//!
+//! # Unsafe
+//! Only [`dma`] uses `unsafe` (raw-pointer access to DMA memory); every other module is
+//! `#![forbid(unsafe_code)]`.
+
+mod admin;
+pub mod controller;
 pub mod device;
 pub mod dma;
+pub mod error;
+pub mod io;
+pub mod namespace;
+pub mod prp;
+pub mod queue;
+pub mod queue_pair;
+pub mod registers;
+mod timeout;
 
+pub use controller::{Controller, ControllerInfo, ControllerOptions};
 pub use device::{Device, DmaAllocError, RegisterIo};
-pub use dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner};
+pub use dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner, DmaSlice, DmaSliceError};
+pub use error::{Error, Op};
+pub use io::{IoCommand, IoCompletion, IoQueuePair};
+pub use namespace::Namespace;
+pub use nvme_spec;
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    #[test]
+    fn thread_safety() {
+        send_sync::<crate::Controller>();
+        send::<crate::IoQueuePair>();
+        send_sync::<crate::Error>();
+        send_sync::<crate::DmaSlice>();
+    }
+}

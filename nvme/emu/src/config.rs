@@ -1,0 +1,269 @@
+//! Configuration of the software controller: namespaces and their backing, limits, identity.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use crate::error::EmuError;
+
+/// Where a namespace's blocks live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// In memory, zeroed at start, lost when the controller stops.
+    Memory,
+    /// In a file (a persistent disk image) of exactly `blocks * lba_size` bytes, read and
+    /// written with positioned I/O; Flush (and FUA, and every write while the volatile write
+    /// cache is disabled) calls `fdatasync`.
+    File(PathBuf),
+    /// No storage: commands are fully validated, including walking their PRPs, but reads and
+    /// writes move no data (a read leaves the host buffer as it was). For measuring per-command
+    /// overhead.
+    Null,
+}
+
+/// One namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Where the blocks live.
+    pub backend: Backend,
+    /// Size in logical blocks (NSZE).
+    pub blocks: u64,
+    /// Logical block size in bytes: 512 or 4096.
+    pub lba_size: u32,
+}
+
+impl NamespaceConfig {
+    /// A memory-backed namespace of `bytes` bytes (rounded down to whole blocks).
+    pub fn memory(bytes: u64, lba_size: u32) -> Self {
+        Self {
+            backend: Backend::Memory,
+            blocks: bytes / lba_size.max(1) as u64,
+            lba_size,
+        }
+    }
+
+    /// A null namespace of `bytes` bytes (rounded down to whole blocks).
+    pub fn null(bytes: u64, lba_size: u32) -> Self {
+        Self {
+            backend: Backend::Null,
+            blocks: bytes / lba_size.max(1) as u64,
+            lba_size,
+        }
+    }
+
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks.saturating_mul(self.lba_size as u64)
+    }
+}
+
+/// Configuration of a software controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmuConfig {
+    /// Namespaces, in NSID order (NSID 1 first). May be empty.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Maximum Data Transfer Size: `2^mdts` memory pages (4 KiB); 0 means no limit.
+    pub mdts: u8,
+    /// Most I/O queue pairs the controller grants (1..=65535).
+    pub max_io_queue_pairs: u16,
+    /// CAP.MQES: largest queue size, zero-based (1..=65535; 1023 means 1024 entries).
+    pub mqes: u16,
+    /// Complete each batch of fetched commands in reverse order (completions are allowed to
+    /// be out of order; this makes drivers prove they match on command id).
+    pub reorder_completions: bool,
+    /// Serial number (up to 20 ASCII characters).
+    pub serial: String,
+    /// Model number (up to 40 ASCII characters).
+    pub model: String,
+    /// Firmware revision (up to 8 ASCII characters).
+    pub firmware: String,
+    /// PCI vendor id (also used as subsystem vendor id).
+    pub vendor_id: u16,
+    /// Error Information log entries kept (ELPE + 1; 1..=256).
+    pub error_log_entries: u16,
+    /// Asynchronous Event Request commands the controller holds at once (AERL + 1; 1..=16).
+    pub async_event_limit: u8,
+}
+
+impl Default for EmuConfig {
+    fn default() -> Self {
+        Self {
+            namespaces: vec![NamespaceConfig::memory(64 << 20, 512)],
+            mdts: 5,
+            max_io_queue_pairs: 8,
+            mqes: 1023,
+            reorder_completions: false,
+            serial: "GPUNVME-EMU-0001".into(),
+            model: "gpunvme software NVMe controller".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            vendor_id: 0x1b36,
+            error_log_entries: 16,
+            async_event_limit: 4,
+        }
+    }
+}
+
+impl EmuConfig {
+    /// One namespace backed by the image file at `path`, covering the whole file.
+    ///
+    /// The file is checked, not modified: it must be a regular file that can be opened for
+    /// reading and writing, non-empty, and a whole number of `lba_size` blocks.
+    pub fn for_image(path: impl AsRef<Path>, lba_size: u32) -> Result<EmuConfig, EmuError> {
+        let path = path.as_ref();
+        check_lba_size(1, lba_size)?;
+        let invalid = |reason: String| EmuError::InvalidImage {
+            path: path.to_owned(),
+            reason,
+        };
+        let meta = std::fs::metadata(path).map_err(|source| EmuError::OpenImage {
+            path: path.to_owned(),
+            source,
+        })?;
+        if meta.is_dir() {
+            return Err(invalid("it is a directory".into()));
+        }
+        if !meta.is_file() {
+            return Err(invalid("it is not a regular file".into()));
+        }
+        // Opening read-write without truncating or creating checks permissions and changes
+        // nothing.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|source| EmuError::OpenImage {
+                path: path.to_owned(),
+                source,
+            })?;
+        let len = meta.len();
+        if len == 0 {
+            return Err(invalid("it is empty".into()));
+        }
+        if len % lba_size as u64 != 0 {
+            return Err(invalid(format!(
+                "its size, {len} bytes, is not a multiple of the {lba_size}-byte block size"
+            )));
+        }
+        Ok(EmuConfig {
+            namespaces: vec![NamespaceConfig {
+                backend: Backend::File(path.to_owned()),
+                blocks: len / lba_size as u64,
+                lba_size,
+            }],
+            ..EmuConfig::default()
+        })
+    }
+
+    /// Creates a new sparse image file of `bytes` bytes at `path` (which must not exist).
+    pub fn create_image(path: impl AsRef<Path>, bytes: u64) -> Result<(), EmuError> {
+        let path = path.as_ref();
+        if bytes == 0 {
+            return Err(EmuError::InvalidImage {
+                path: path.to_owned(),
+                reason: "an image cannot be empty".into(),
+            });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|source| EmuError::CreateImage {
+                path: path.to_owned(),
+                source,
+            })?;
+        file.set_len(bytes)
+            .map_err(|source| EmuError::CreateImage {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Checks every value against what the controller supports.
+    pub fn validate(&self) -> Result<(), EmuError> {
+        let invalid = |reason: String| Err(EmuError::InvalidConfig { reason });
+        if self.max_io_queue_pairs == 0 {
+            return invalid("max_io_queue_pairs must be at least 1".into());
+        }
+        if self.mqes == 0 {
+            return invalid("mqes (zero-based) must be at least 1: queues need two entries".into());
+        }
+        if self.mdts > 15 {
+            return invalid(format!("mdts {} is too large (at most 15)", self.mdts));
+        }
+        if self.error_log_entries == 0 || self.error_log_entries > 256 {
+            return invalid("error_log_entries must be 1..=256".into());
+        }
+        if self.async_event_limit == 0 || self.async_event_limit > 16 {
+            return invalid("async_event_limit must be 1..=16".into());
+        }
+        if self.namespaces.len() > 1024 {
+            return invalid("at most 1024 namespaces".into());
+        }
+        for (field, value, max) in [
+            ("serial", &self.serial, 20),
+            ("model", &self.model, 40),
+            ("firmware", &self.firmware, 8),
+        ] {
+            if value.len() > max || !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return invalid(format!(
+                    "{field} must be at most {max} printable ASCII characters"
+                ));
+            }
+        }
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            let nsid = i as u32 + 1;
+            check_lba_size(nsid, ns.lba_size)?;
+            if ns.blocks == 0 {
+                return invalid(format!("namespace {nsid} has no blocks"));
+            }
+            if ns
+                .blocks
+                .checked_mul(ns.lba_size as u64)
+                .is_none_or(|b| b > i64::MAX as u64)
+            {
+                return invalid(format!("namespace {nsid} is too large"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_lba_size(nsid: u32, lba_size: u32) -> Result<(), EmuError> {
+    match lba_size {
+        512 | 4096 => Ok(()),
+        _ => Err(EmuError::InvalidLbaSize { nsid, lba_size }),
+    }
+}
+
+/// Opens a file namespace's image and checks that it holds the configured blocks.
+pub(crate) fn open_image(nsid: u32, path: &Path, bytes: u64) -> Result<File, EmuError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|source| EmuError::OpenImage {
+            path: path.to_owned(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| EmuError::OpenImage {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(EmuError::InvalidImage {
+            path: path.to_owned(),
+            reason: "it is not a regular file".into(),
+        });
+    }
+    if meta.len() < bytes {
+        return Err(EmuError::InvalidImage {
+            path: path.to_owned(),
+            reason: format!(
+                "namespace {nsid} needs {bytes} bytes but the file has only {}",
+                meta.len()
+            ),
+        });
+    }
+    Ok(file)
+}

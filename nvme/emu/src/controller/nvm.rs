@@ -1,0 +1,238 @@
+//! NVM command set on I/O queues: Read, Write, Flush, Write Zeroes, Dataset Management
+//! (NVM Command Set 1.0, section 3).
+
+use std::os::unix::fs::FileExt;
+
+use nvme_spec::command::{DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
+use nvme_spec::status::{generic, media};
+use nvme_spec::{Command, DsmRange, NvmOpcode};
+use zerocopy::FromBytes;
+
+use super::{CmdResult, Controller, Fail, Outcome};
+use crate::prp::{copy_from_host, copy_to_host};
+use crate::stats::Counters;
+use crate::storage::Media;
+
+/// Byte offsets of command fields, for the Parameter Error Location.
+const NSID_BYTE: u16 = 4;
+const SLBA_BYTE: u16 = 40;
+const CDW12_BYTE: u16 = 48;
+
+/// Flush's broadcast namespace id.
+const ALL_NAMESPACES: u32 = 0xffff_ffff;
+
+impl Controller {
+    /// Executes one I/O command.
+    pub(super) fn io(&mut self, cmd: &Command) -> CmdResult {
+        let op = NvmOpcode(cmd.cdw0.opcode());
+        let known = matches!(
+            op,
+            NvmOpcode::FLUSH
+                | NvmOpcode::WRITE
+                | NvmOpcode::READ
+                | NvmOpcode::WRITE_ZEROES
+                | NvmOpcode::DATASET_MANAGEMENT
+        );
+        if !known {
+            return Err(Fail::generic(generic::INVALID_COMMAND_OPCODE).at(0));
+        }
+        Self::check_cdw0(cmd)?;
+        match op {
+            NvmOpcode::READ => self.read(cmd),
+            NvmOpcode::WRITE => self.write(cmd),
+            NvmOpcode::FLUSH => self.flush(cmd),
+            NvmOpcode::WRITE_ZEROES => self.write_zeroes(cmd),
+            _ => self.dataset_management(cmd),
+        }
+    }
+
+    /// Index of the active namespace `nsid`, or Invalid Namespace or Format.
+    fn ns_index(&self, nsid: u32) -> Result<usize, Fail> {
+        match nsid as usize {
+            n if n >= 1 && n <= self.namespaces.len() => Ok(n - 1),
+            _ => Err(Fail::generic(generic::INVALID_NAMESPACE_OR_FORMAT).at(NSID_BYTE)),
+        }
+    }
+
+    /// Checks the LBA range `slba..slba + nlb` of namespace `index`.
+    fn check_range(&self, index: usize, slba: u64, nlb: u64) -> Result<(), Fail> {
+        let blocks = self.namespaces[index].blocks;
+        if slba.checked_add(nlb).is_none_or(|end| end > blocks) {
+            let mut fail = Fail::generic(generic::LBA_OUT_OF_RANGE).at(SLBA_BYTE);
+            fail.lba = slba;
+            return Err(fail);
+        }
+        Ok(())
+    }
+
+    /// The checks Read and Write share; returns (namespace index, byte offset, byte length).
+    fn check_read_write(&mut self, cmd: &Command) -> Result<(usize, u64, u64), Fail> {
+        let index = self.ns_index(cmd.nsid)?;
+        let cdw12 = ReadWriteCdw12::from(cmd.cdw12);
+        // Directives and storage tags are not supported.
+        if cdw12.dtype() != 0 || cdw12.stc() {
+            return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 2));
+        }
+        let nlb = cdw12.nlb_z() as u64 + 1;
+        let shift = self.namespaces[index].lba_shift;
+        let len = nlb << shift;
+        if len > self.max_transfer {
+            return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE));
+        }
+        let slba = cmd.slba();
+        self.check_range(index, slba, nlb)?;
+        self.walk_prps(cmd, len)?;
+        Ok((index, slba << shift, len))
+    }
+
+    fn read(&mut self, cmd: &Command) -> CmdResult {
+        let (index, offset, len) = self.check_read_write(cmd)?;
+        let slba = cmd.slba();
+        let nlb = len >> self.namespaces[index].lba_shift;
+        if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
+            return Err(Fail::media(media::UNRECOVERED_READ_ERROR, lba));
+        }
+        let (start, end) = (offset as usize, (offset + len) as usize);
+        let moved = match &self.namespaces[index].media {
+            Media::Memory(m) => copy_to_host(&mut self.cache, &self.segments, &m[start..end]),
+            Media::File(f) => {
+                if self.bounce.len() < len as usize {
+                    self.bounce.resize(len as usize, 0);
+                }
+                let buf = &mut self.bounce[..len as usize];
+                if f.read_exact_at(buf, offset).is_err() {
+                    return Err(Fail::media(media::UNRECOVERED_READ_ERROR, slba));
+                }
+                copy_to_host(&mut self.cache, &self.segments, buf)
+            }
+            Media::Null => Ok(()),
+        };
+        moved.map_err(|_| Fail::data_transfer())?;
+        let c = &self.shared.counters;
+        Counters::add(&c.reads, 1);
+        Counters::add(&c.bytes_read, len);
+        self.smart.read_commands += 1;
+        self.smart.bytes_read += len;
+        Ok(Outcome::Done(0))
+    }
+
+    fn write(&mut self, cmd: &Command) -> CmdResult {
+        let (index, offset, len) = self.check_read_write(cmd)?;
+        let slba = cmd.slba();
+        let nlb = len >> self.namespaces[index].lba_shift;
+        if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
+            return Err(Fail::media(media::WRITE_FAULT, lba));
+        }
+        let durable = ReadWriteCdw12::from(cmd.cdw12).fua() || !self.features.volatile_write_cache;
+        let (start, end) = (offset as usize, (offset + len) as usize);
+        match &mut self.namespaces[index].media {
+            Media::Memory(m) => {
+                copy_from_host(&mut self.cache, &self.segments, &mut m[start..end])
+                    .map_err(|_| Fail::data_transfer())?;
+            }
+            Media::File(f) => {
+                if self.bounce.len() < len as usize {
+                    self.bounce.resize(len as usize, 0);
+                }
+                let buf = &mut self.bounce[..len as usize];
+                copy_from_host(&mut self.cache, &self.segments, buf)
+                    .map_err(|_| Fail::data_transfer())?;
+                if f.write_all_at(buf, offset).is_err() || (durable && f.sync_data().is_err()) {
+                    return Err(Fail::media(media::WRITE_FAULT, slba));
+                }
+            }
+            Media::Null => {}
+        }
+        let c = &self.shared.counters;
+        Counters::add(&c.writes, 1);
+        Counters::add(&c.bytes_written, len);
+        self.smart.write_commands += 1;
+        self.smart.bytes_written += len;
+        Ok(Outcome::Done(0))
+    }
+
+    fn flush(&mut self, cmd: &Command) -> CmdResult {
+        let result = if cmd.nsid == ALL_NAMESPACES {
+            self.namespaces.iter().try_for_each(|ns| ns.flush())
+        } else {
+            let index = self.ns_index(cmd.nsid)?;
+            self.namespaces[index].flush()
+        };
+        if result.is_err() {
+            return Err(Fail::media(media::WRITE_FAULT, 0));
+        }
+        Counters::add(&self.shared.counters.flushes, 1);
+        Ok(Outcome::Done(0))
+    }
+
+    fn write_zeroes(&mut self, cmd: &Command) -> CmdResult {
+        let index = self.ns_index(cmd.nsid)?;
+        let cdw12 = WriteZeroesCdw12::from(cmd.cdw12);
+        if cdw12.stc() {
+            return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 3));
+        }
+        let nlb = cdw12.nlb_z() as u64 + 1;
+        let slba = cmd.slba();
+        self.check_range(index, slba, nlb)?;
+        if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
+            return Err(Fail::media(media::WRITE_FAULT, lba));
+        }
+        let durable = cdw12.fua() || !self.features.volatile_write_cache;
+        let ns = &mut self.namespaces[index];
+        let shift = ns.lba_shift;
+        let ok = ns.zero(slba << shift, nlb << shift).is_ok()
+            && (!durable || !ns.is_file() || ns.flush().is_ok());
+        if !ok {
+            return Err(Fail::media(media::WRITE_FAULT, slba));
+        }
+        Ok(Outcome::Done(0))
+    }
+
+    /// Dataset Management: with the Deallocate attribute, the ranges read as zeroes afterwards
+    /// (DLFEAT = 001b); without it the command is a hint and changes nothing.
+    fn dataset_management(&mut self, cmd: &Command) -> CmdResult {
+        let index = self.ns_index(cmd.nsid)?;
+        let ranges = DsmCdw10::from(cmd.cdw10).nr_z() as usize + 1;
+        let deallocate = DsmCdw11::from(cmd.cdw11).ad();
+        let len = ranges * size_of::<DsmRange>();
+        self.walk_prps(cmd, len as u64)?;
+        let mut raw = [0u8; 256 * size_of::<DsmRange>()];
+        copy_from_host(&mut self.cache, &self.segments, &mut raw[..len])
+            .map_err(|_| Fail::data_transfer())?;
+        if !deallocate {
+            return Ok(Outcome::Done(0));
+        }
+        let parsed = raw[..len]
+            .chunks_exact(size_of::<DsmRange>())
+            .map(|c| DsmRange::read_from_bytes(c).expect("16-byte range"));
+        let mut list = [DsmRange {
+            context_attributes: 0,
+            nlb: 0,
+            slba: 0,
+        }; 256];
+        for (slot, r) in list.iter_mut().zip(parsed) {
+            *slot = r;
+        }
+        let ranges = &list[..ranges];
+        for r in ranges {
+            self.check_range(index, r.slba, r.nlb as u64)?;
+        }
+        for r in ranges {
+            if let Some(lba) = self
+                .shared
+                .faults
+                .media_error_in(cmd.nsid, r.slba, r.nlb as u64)
+            {
+                return Err(Fail::media(media::WRITE_FAULT, lba));
+            }
+        }
+        let ns = &mut self.namespaces[index];
+        let shift = ns.lba_shift;
+        for r in ranges {
+            if ns.zero(r.slba << shift, (r.nlb as u64) << shift).is_err() {
+                return Err(Fail::media(media::WRITE_FAULT, r.slba));
+            }
+        }
+        Ok(Outcome::Done(0))
+    }
+}

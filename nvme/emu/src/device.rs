@@ -1,0 +1,204 @@
+//! [`EmuDevice`]: a running software controller, implementing [`nvme::Device`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvme::{Device, DmaAllocError, DmaMemory, RegisterIo};
+use nvme_spec::{Cap, Csts};
+
+use crate::config::{Backend, EmuConfig};
+use crate::controller::pages::VERSION;
+use crate::controller::{Controller, Shared};
+use crate::error::EmuError;
+use crate::faults::Faults;
+use crate::memory::DeviceAddressMap;
+use crate::registers::RegisterWindow;
+use crate::stats::{Counters, EmuStats};
+use crate::storage::Namespace;
+
+/// Longest [`EmuDevice::stop`] waits for the controller thread to finish its current pass.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A software NVMe controller running on its own thread.
+///
+/// The driver reaches it only through [`Device`]: the register window and DMA memory from
+/// [`Device::alloc_dma`]. Tests and tools additionally get the fault knobs, counters and the
+/// device-address map.
+pub struct EmuDevice {
+    /// The register window, held directly (not through `shared`) so that driver register
+    /// accesses never read a cache line the controller thread writes per command.
+    regs: Arc<RegisterWindow>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    description: String,
+}
+
+impl std::fmt::Debug for EmuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuDevice")
+            .field("description", &self.description)
+            .field("csts", &self.shared.regs.csts())
+            .finish()
+    }
+}
+
+impl EmuDevice {
+    /// Validates `config`, opens or allocates every namespace, and starts the controller
+    /// thread. The controller starts disabled (CC.EN = 0), as after a power-on.
+    pub fn start(config: EmuConfig) -> Result<Arc<EmuDevice>, EmuError> {
+        config.validate()?;
+        let namespaces = config
+            .namespaces
+            .iter()
+            .enumerate()
+            .map(|(i, ns)| Namespace::open(i as u32 + 1, ns))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cap = Cap::new()
+            .with_mqes_z(config.mqes)
+            .with_cqr(true)
+            .with_to(2)
+            .with_dstrd(0)
+            .with_css(Cap::CSS_NVM)
+            .with_mpsmin(0)
+            .with_mpsmax(0);
+        let regs = Arc::new(RegisterWindow::new(
+            config.max_io_queue_pairs,
+            cap.into_bits(),
+            VERSION,
+        ));
+        let shared = Arc::new(Shared {
+            regs: regs.clone(),
+            map: Arc::new(DeviceAddressMap::new()),
+            faults: Faults::new(regs),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+        });
+        let description = describe(&config);
+        let controller = Controller::new(shared.clone(), config, namespaces);
+        let handle = std::thread::Builder::new()
+            .name("nvme-emu".into())
+            .spawn(move || controller.run())
+            .map_err(|source| EmuError::SpawnThread { source })?;
+        shared.regs.set_waker(handle.thread().clone());
+        Ok(Arc::new(EmuDevice {
+            regs: shared.regs.clone(),
+            shared,
+            thread: Mutex::new(Some(handle)),
+            description,
+        }))
+    }
+
+    /// The fault knobs; changes apply to commands fetched afterwards.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// The controller's device-address map, for registering memory that is not host memory
+    /// (GPU regions) and for inspecting what the controller can reach.
+    pub fn address_map(&self) -> &Arc<DeviceAddressMap> {
+        &self.shared.map
+    }
+
+    /// A snapshot of the controller's counters.
+    pub fn stats(&self) -> EmuStats {
+        self.shared
+            .counters
+            .snapshot(self.shared.regs.doorbell_error_count())
+    }
+
+    /// The current Controller Status register.
+    pub fn csts(&self) -> Csts {
+        Csts::from(self.shared.regs.read_u32(nvme_spec::registers::CSTS))
+    }
+
+    /// Stops the controller thread (waiting a bounded time for it). Afterwards the register
+    /// window reads as all ones, as a removed PCI device does, and nothing is processed.
+    /// Dropping the last handle does the same.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.regs.set_gone();
+        self.shared.regs.wake();
+        let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while !handle.is_finished() {
+            if Instant::now() >= deadline {
+                tracing::warn!("software NVMe controller thread did not stop; leaving it behind");
+                return;
+            }
+            self.shared.regs.wake();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = handle.join();
+    }
+}
+
+impl Drop for EmuDevice {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Device for EmuDevice {
+    fn registers(&self) -> &dyn RegisterIo {
+        &*self.regs
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaMemory, DmaAllocError> {
+        crate::host_memory::alloc_dma(&self.shared.map, len)
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+}
+
+fn describe(config: &EmuConfig) -> String {
+    let nss: Vec<String> = config
+        .namespaces
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| {
+            let size = human_bytes(ns.bytes());
+            let at = match &ns.backend {
+                Backend::Memory => "in memory".to_string(),
+                Backend::File(p) => format!("over {}", p.display()),
+                Backend::Null => "null (no data)".to_string(),
+            };
+            format!("ns{} {size} {at}, {} B blocks", i + 1, ns.lba_size)
+        })
+        .collect();
+    if nss.is_empty() {
+        "software NVMe controller (no namespaces)".into()
+    } else {
+        format!("software NVMe controller ({})", nss.join("; "))
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    let mut v = b;
+    while unit + 1 < UNITS.len() && v >= 1024 && v % 1024 == 0 {
+        v /= 1024;
+        unit += 1;
+    }
+    format!("{v} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptions() {
+        assert_eq!(
+            describe(&EmuConfig::default()),
+            "software NVMe controller (ns1 64 MiB in memory, 512 B blocks)"
+        );
+        assert_eq!(human_bytes(1536), "1536 B");
+    }
+}

@@ -1,0 +1,70 @@
+//! Errors of the software controller: starting it, configuring it, and its device-address map.
+
+use std::path::PathBuf;
+
+/// Why the software controller could not be configured or started.
+#[derive(Debug, thiserror::Error)]
+pub enum EmuError {
+    /// A configuration value is outside what the controller supports.
+    #[error("invalid controller configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong, in words a user can act on.
+        reason: String,
+    },
+    /// A namespace's LBA size is neither 512 nor 4096 bytes.
+    #[error("namespace {nsid}: LBA size {lba_size} is not supported (use 512 or 4096)")]
+    InvalidLbaSize {
+        /// The namespace (1-based).
+        nsid: u32,
+        /// The LBA size asked for.
+        lba_size: u32,
+    },
+    /// An image file cannot be used as a namespace.
+    #[error("cannot use {path:?} as a disk image: {reason}")]
+    InvalidImage {
+        /// The image path.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Opening a namespace's image file failed.
+    #[error("cannot open disk image {path:?}")]
+    OpenImage {
+        /// The image path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating (or sizing) a new image file failed.
+    #[error("cannot create disk image {path:?}")]
+    CreateImage {
+        /// The image path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Allocating a namespace's memory backing failed.
+    #[error("cannot allocate {bytes} bytes of memory for namespace {nsid}")]
+    AllocateNamespace {
+        /// The namespace (1-based).
+        nsid: u32,
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// Spawning the controller thread failed.
+    #[error("cannot start the controller thread")]
+    SpawnThread {
+        /// The I/O error from the OS.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device-address space of the controller is exhausted (only after about 2^63 bytes of
+    /// allocations, since addresses are never reused).
+    #[error("device address space exhausted: cannot map {len} more bytes")]
+    AddressSpaceExhausted {
+        /// Bytes asked for.
+        len: u64,
+    },
+}

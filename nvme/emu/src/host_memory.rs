@@ -1,0 +1,254 @@
+//! Host memory the software controller hands to the driver as DMA memory.
+//!
+//! A [`HostRegion`] is a page-aligned, zeroed heap allocation. The driver reaches it through
+//! the [`DmaMemory`] returned by [`crate::EmuDevice::alloc_dma`]; the controller thread reaches
+//! it through the device-address map, as a [`MemoryRegion`]. Both sides use raw-pointer copies
+//! and atomics only, never Rust references, because the other side may be writing the same bytes
+//! at the same time (exactly as a device and its driver do).
+//!
+//! Lifetime: the `DmaMemory`'s owner ([`EmuDmaOwner`]) holds one `Arc<HostRegion>` and the map
+//! holds another; the controller's translation cache may hold a third. Dropping the `DmaMemory`
+//! first unregisters the region from the map, so no later DMA can reach it, and the allocation
+//! is freed only when the last `Arc` goes, so a DMA that raced the unregistration still touches
+//! live memory.
+// UNSAFETY: this module allocates the memory behind DMA buffers and copies into and out of it
+// through raw pointers, which is the only sound way to share memory with a concurrent writer.
+#![expect(unsafe_code)]
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use nvme::{DMA_PAGE_SIZE, DmaAllocError, DmaMemory};
+
+use crate::memory::{DeviceAddressMap, MemoryRegion, RegionError};
+
+/// A zeroed, page-aligned host allocation usable as DMA memory.
+pub(crate) struct HostRegion {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the region is a plain heap allocation owned by this value; all access to its bytes
+// goes through raw-pointer copies and atomics, which any thread may perform.
+unsafe impl Send for HostRegion {}
+// SAFETY: as above: no method hands out references into the allocation, so shared use from
+// several threads is no different from a device and a driver sharing memory.
+unsafe impl Sync for HostRegion {}
+
+impl HostRegion {
+    /// Allocates `len` bytes (a nonzero multiple of the page size), zeroed.
+    pub(crate) fn new(len: usize) -> Option<Self> {
+        if len == 0 || len % DMA_PAGE_SIZE != 0 {
+            return None;
+        }
+        let layout = Layout::from_size_align(len, DMA_PAGE_SIZE).ok()?;
+        // SAFETY: the layout has a nonzero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(Self {
+            ptr: NonNull::new(ptr)?,
+            layout,
+        })
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<usize, RegionError> {
+        let offset = usize::try_from(offset).map_err(|_| RegionError::new("offset too large"))?;
+        match offset.checked_add(len) {
+            Some(end) if end <= self.layout.size() => Ok(offset),
+            _ => Err(RegionError::new(format!(
+                "access {offset:#x}+{len:#x} outside host region of {:#x} bytes",
+                self.layout.size()
+            ))),
+        }
+    }
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and is freed
+        // only here, once, when the last reference to the region goes away.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl MemoryRegion for HostRegion {
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        let offset = self.check(offset, buf.len())?;
+        // SAFETY: the range is inside the allocation (checked above), which lives as long as
+        // `self`; the source is never a Rust reference, and `buf` is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        let offset = self.check(offset, data.len())?;
+        // SAFETY: the range is inside the allocation (checked above); no Rust reference aliases
+        // the destination, and `data` cannot overlap it (it is a Rust slice).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+        Ok(())
+    }
+
+    fn write_last_dword_release(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        let start = self.check(offset, data.len())?;
+        if data.len() < 4 || data.len() % 4 != 0 || start % 4 != 0 {
+            return Err(RegionError::new(
+                "ordered write must be whole aligned dwords",
+            ));
+        }
+        let split = data.len() - 4;
+        self.write(offset, &data[..split])?;
+        let last = u32::from_ne_bytes([
+            data[split],
+            data[split + 1],
+            data[split + 2],
+            data[split + 3],
+        ]);
+        // SAFETY: `start + split` is inside the allocation (checked above) and 4-byte aligned
+        // (the base is page-aligned, `start` and `split` are multiples of 4). AtomicU32 has the
+        // layout of u32; the reference lives only for this store, and atomics are the sanctioned
+        // way to publish a word that another thread polls.
+        let word = unsafe { &*self.ptr.as_ptr().add(start + split).cast::<AtomicU32>() };
+        // Release: the host, after an Acquire load of this dword (the phase tag), sees the
+        // first dwords of the entry too.
+        word.store(last, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Allocates `len` zeroed bytes, or `None` if the allocator refuses (instead of aborting, as
+/// `vec![0; len]` would). Large allocations stay lazily zeroed by the OS, so a big memory
+/// namespace costs memory only for the blocks written.
+pub(crate) fn try_zeroed_bytes(len: usize) -> Option<Box<[u8]>> {
+    if len == 0 {
+        return Some(Box::default());
+    }
+    let layout = Layout::array::<u8>(len).ok()?;
+    // SAFETY: the layout has a nonzero size (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    let slice = std::ptr::slice_from_raw_parts_mut(ptr, len);
+    // SAFETY: `ptr` is a fresh allocation of `len` initialized (zeroed) bytes made with the
+    // layout `Box<[u8]>` uses for a slice of that length (size `len`, align 1), so the Box
+    // owns it and frees it with the same layout.
+    Some(unsafe { Box::from_raw(slice) })
+}
+
+/// Keeps an emulator DMA buffer mapped and alive; dropping it unmaps the buffer from the
+/// controller, then releases this reference to the memory.
+pub(crate) struct EmuDmaOwner {
+    map: Arc<DeviceAddressMap>,
+    base: u64,
+    _region: Arc<HostRegion>,
+}
+
+impl Drop for EmuDmaOwner {
+    fn drop(&mut self) {
+        // Revoke the device's access first; the memory is freed when `_region` (dropped right
+        // after this) was the last reference.
+        self.map.unregister_region(self.base);
+    }
+}
+
+/// Allocates `len` bytes (rounded up to whole pages; at least one page) of zeroed host memory,
+/// maps it in `map`, and wraps it as [`DmaMemory`].
+pub(crate) fn alloc_dma(
+    map: &Arc<DeviceAddressMap>,
+    len: usize,
+) -> Result<DmaMemory, DmaAllocError> {
+    let fail = |reason: String| DmaAllocError {
+        len,
+        reason,
+        source: None,
+    };
+    let rounded = len
+        .max(1)
+        .checked_next_multiple_of(DMA_PAGE_SIZE)
+        .ok_or_else(|| fail("length overflows".into()))?;
+    let region = Arc::new(
+        HostRegion::new(rounded).ok_or_else(|| fail("host memory allocation failed".into()))?,
+    );
+    let ptr = region.ptr;
+    let base = map
+        .register_region(region.clone())
+        .map_err(|e| DmaAllocError {
+            len,
+            reason: e.to_string(),
+            source: Some(Box::new(e)),
+        })?;
+    let page_addrs = (0..rounded / DMA_PAGE_SIZE)
+        .map(|i| base + (i * DMA_PAGE_SIZE) as u64)
+        .collect();
+    let owner = EmuDmaOwner {
+        map: map.clone(),
+        base,
+        _region: region,
+    };
+    // SAFETY: `ptr` is page-aligned and valid for `rounded` bytes for as long as the owner
+    // holds its `Arc<HostRegion>`; no Rust references into it exist (HostRegion hands none
+    // out). `rounded` is a multiple of the page size with one device address per page, and the
+    // device reaches page i at `base + i * 4096` (the map translates that range to this
+    // region) until the owner's drop unregisters it, which happens before the owner's reference
+    // to the memory is released.
+    Ok(unsafe { DmaMemory::from_raw_parts(ptr, rounded, page_addrs, Box::new(owner)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::DmaError;
+
+    #[test]
+    fn dma_memory_is_shared_with_the_map_and_unmapped_on_drop() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let dma = alloc_dma(&map, 5000).unwrap();
+        assert_eq!(dma.len(), 8192);
+        assert!(dma.is_device_contiguous());
+        let addr = dma.device_address(4096);
+        dma.write(4096, b"hello");
+        let mut buf = [0u8; 5];
+        map.read(addr, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        map.write(addr + 8, b"dev").unwrap();
+        let mut back = [0u8; 3];
+        dma.read(4104, &mut back);
+        assert_eq!(&back, b"dev");
+        // Zeroed on allocation.
+        let mut zero = [1u8; 16];
+        dma.read(0, &mut zero);
+        assert_eq!(zero, [0; 16]);
+        assert_eq!(map.region_count(), 1);
+        drop(dma);
+        assert_eq!(map.region_count(), 0);
+        assert!(matches!(
+            map.read(addr, &mut buf),
+            Err(DmaError::Unmapped { .. })
+        ));
+    }
+
+    #[test]
+    fn ordered_write_lands_whole() {
+        let region = HostRegion::new(4096).unwrap();
+        let entry: Vec<u8> = (0u8..16).collect();
+        region.write_last_dword_release(32, &entry).unwrap();
+        let mut back = [0u8; 16];
+        region.read(32, &mut back).unwrap();
+        assert_eq!(&back[..], &entry[..]);
+        assert!(region.write_last_dword_release(2, &entry).is_err());
+        assert!(region.write_last_dword_release(4090, &entry).is_err());
+    }
+}

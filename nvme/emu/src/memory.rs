@@ -1,0 +1,401 @@
+//! The controller's device-address space: memory regions and the map from device addresses to
+//! them.
+//!
+//! A real controller reaches host memory only through bus addresses translated by an IOMMU. The
+//! software controller does the same: every SQE fetch, PRP-list read, data transfer and CQE
+//! write names a device address, which [`DeviceAddressMap`] translates to a [`MemoryRegion`]
+//! and an offset in it. An address that no region covers is a DMA error, which the controller
+//! reports the way hardware does (Data Transfer Error for command data, Controller Fatal Status
+//! for queue memory), never a panic.
+//!
+//! Regions are an interface so that memory that is not plain host memory (GPU memory reached
+//! through CUDA copies) can be served later: `gpu_queues` registers such regions with
+//! [`DeviceAddressMap::register_region`].
+//!
+//! Device addresses come from a bump allocator that never reuses an address and leaves an
+//! unmapped guard gap after each region, so a late DMA after a buffer was dropped, or a transfer
+//! that runs off the end of a buffer, hits an unmapped address rather than someone else's memory.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::error::EmuError;
+
+/// First device address handed out. Address 0 (and everything below 4 GiB) is never valid, so
+/// a zeroed PRP or queue base is always a DMA error.
+pub const DEVICE_ADDRESS_BASE: u64 = 0x1_0000_0000;
+
+/// Unmapped gap left after every region, and the alignment of every region's base.
+pub const GUARD_GAP: u64 = 2 << 20;
+
+/// Why an access to a [`MemoryRegion`] failed.
+#[derive(Debug, thiserror::Error)]
+#[error("memory region access failed: {reason}")]
+pub struct RegionError {
+    /// What went wrong, in words.
+    pub reason: String,
+    /// The underlying error, if any (a CUDA error for GPU regions).
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl RegionError {
+    /// An error with a reason and no underlying cause.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+}
+
+/// A range of memory the controller can reach by DMA.
+///
+/// Offsets are relative to the start of the region. Implementations must tolerate concurrent
+/// access by the host (the driver writes SQEs and reads CQEs in the same memory while the
+/// controller thread works on it), so they never hand out references into the memory.
+pub trait MemoryRegion: Send + Sync {
+    /// Length of the region in bytes.
+    fn len(&self) -> usize;
+
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `buf.len()` bytes starting at `offset` into `buf`. The caller has checked that
+    /// the range lies inside the region.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError>;
+
+    /// Copies `data` into the region at `offset`. The caller has checked that the range lies
+    /// inside the region.
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError>;
+
+    /// Writes `data` (a multiple of 4 bytes, at a 4-byte aligned offset) so that its last
+    /// dword becomes visible to other agents no earlier than the rest: used for completion
+    /// queue entries, whose last dword carries the phase tag.
+    ///
+    /// The default writes everything but the last dword, then the last dword, with two
+    /// [`MemoryRegion::write`] calls; regions whose writes complete in issue order (a single
+    /// CUDA stream) are correct with it. Host memory overrides it with a Release store.
+    fn write_last_dword_release(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        let split = data.len().saturating_sub(4);
+        self.write(offset, &data[..split])?;
+        self.write(offset + split as u64, &data[split..])
+    }
+}
+
+/// Why a DMA through the device-address map failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DmaError {
+    /// No region covers the whole range.
+    #[error("DMA to unmapped device address range {addr:#x}+{len:#x}")]
+    Unmapped {
+        /// First device address of the access.
+        addr: u64,
+        /// Length of the access in bytes.
+        len: usize,
+    },
+    /// The region covering the range failed the access.
+    #[error("DMA at device address {addr:#x} failed")]
+    Region {
+        /// First device address of the access.
+        addr: u64,
+        /// The region's error.
+        #[source]
+        source: RegionError,
+    },
+}
+
+#[derive(Clone)]
+struct Mapping {
+    len: u64,
+    region: Arc<dyn MemoryRegion>,
+}
+
+/// Translates device addresses to memory regions.
+///
+/// Shared between the controller thread (which translates) and whoever maps memory for the
+/// device (`EmuDevice`'s `alloc_dma`, and later GPU queue code).
+pub struct DeviceAddressMap {
+    regions: RwLock<BTreeMap<u64, Mapping>>,
+    next: AtomicU64,
+    /// Bumped on every unregistration, so translation caches know to forget.
+    generation: AtomicU64,
+}
+
+impl std::fmt::Debug for DeviceAddressMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let regions = self.regions.read().map(|r| r.len()).unwrap_or(0);
+        f.debug_struct("DeviceAddressMap")
+            .field("regions", &regions)
+            .field("next", &self.next.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Default for DeviceAddressMap {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DeviceAddressMap {
+    /// An empty map whose first region will be placed at [`DEVICE_ADDRESS_BASE`].
+    pub fn new() -> Self {
+        Self {
+            regions: RwLock::new(BTreeMap::new()),
+            next: AtomicU64::new(DEVICE_ADDRESS_BASE),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Maps `region` at a fresh device address and returns that address (aligned to
+    /// [`GUARD_GAP`]). Addresses are never reused, even after the region is unregistered.
+    pub fn register_region(&self, region: Arc<dyn MemoryRegion>) -> Result<u64, EmuError> {
+        let len = region.len() as u64;
+        let span = len
+            .checked_add(GUARD_GAP)
+            .and_then(|s| s.checked_next_multiple_of(GUARD_GAP))
+            .ok_or(EmuError::AddressSpaceExhausted { len })?;
+        let mut base = 0;
+        self.next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                base = next;
+                next.checked_add(span)
+            })
+            .map_err(|_| EmuError::AddressSpaceExhausted { len })?;
+        self.regions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(base, Mapping { len, region });
+        Ok(base)
+    }
+
+    /// Removes the region mapped at `base`, returning it. After this returns, no new
+    /// translation reaches the region; an access already in progress on the controller thread
+    /// may finish (as a DMA racing an IOMMU unmap would), which is safe because that access
+    /// holds its own reference to the region.
+    pub fn unregister_region(&self, base: u64) -> Option<Arc<dyn MemoryRegion>> {
+        let removed = self
+            .regions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&base);
+        self.generation.fetch_add(1, Ordering::Release);
+        removed.map(|m| m.region)
+    }
+
+    /// Number of regions currently mapped.
+    pub fn region_count(&self) -> usize {
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Finds the region covering `addr..addr + len`: its base, length and the region.
+    fn lookup(&self, addr: u64, len: usize) -> Option<(u64, Mapping)> {
+        let regions = self.regions.read().unwrap_or_else(|e| e.into_inner());
+        let (&base, mapping) = regions.range(..=addr).next_back()?;
+        let end = addr.checked_add(len as u64)?;
+        (end <= base + mapping.len).then(|| (base, mapping.clone()))
+    }
+
+    /// Reads `buf.len()` bytes at device address `addr` (uncached; for tests and tools).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let (base, m) = self.lookup(addr, buf.len()).ok_or(DmaError::Unmapped {
+            addr,
+            len: buf.len(),
+        })?;
+        m.region
+            .read(addr - base, buf)
+            .map_err(|source| DmaError::Region { addr, source })
+    }
+
+    /// Writes `data` at device address `addr` (uncached; for tests and tools).
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        let (base, m) = self.lookup(addr, data.len()).ok_or(DmaError::Unmapped {
+            addr,
+            len: data.len(),
+        })?;
+        m.region
+            .write(addr - base, data)
+            .map_err(|source| DmaError::Region { addr, source })
+    }
+}
+
+/// Entries in [`MapCache`]: queue memory plus a few data buffers.
+const CACHE_ENTRIES: usize = 8;
+
+struct CacheEntry {
+    base: u64,
+    len: u64,
+    region: Arc<dyn MemoryRegion>,
+}
+
+/// The controller thread's translation cache in front of a [`DeviceAddressMap`]: a few recently
+/// used regions, dropped whenever any region is unregistered, so that the common case costs one
+/// atomic load and a short scan instead of a lock.
+pub(crate) struct MapCache {
+    map: Arc<DeviceAddressMap>,
+    generation: u64,
+    entries: Vec<CacheEntry>,
+    /// Index of the entry to replace next (round robin).
+    victim: usize,
+}
+
+impl MapCache {
+    pub(crate) fn new(map: Arc<DeviceAddressMap>) -> Self {
+        let generation = map.generation.load(Ordering::Acquire);
+        Self {
+            map,
+            generation,
+            entries: Vec::with_capacity(CACHE_ENTRIES),
+            victim: 0,
+        }
+    }
+
+    /// Forgets every cached region (releasing the references the cache holds).
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.victim = 0;
+    }
+
+    /// Translates `addr..addr + len` to a region and the offset in it.
+    fn translate(&mut self, addr: u64, len: usize) -> Result<(&dyn MemoryRegion, u64), DmaError> {
+        let generation = self.map.generation.load(Ordering::Acquire);
+        if generation != self.generation {
+            self.entries.clear();
+            self.generation = generation;
+        }
+        let unmapped = DmaError::Unmapped { addr, len };
+        let end = addr
+            .checked_add(len as u64)
+            .ok_or(DmaError::Unmapped { addr, len })?;
+        let hit = self
+            .entries
+            .iter()
+            .position(|e| addr >= e.base && end <= e.base + e.len);
+        let index = match hit {
+            Some(i) => i,
+            None => {
+                let (base, mapping) = self.map.lookup(addr, len).ok_or(unmapped)?;
+                let entry = CacheEntry {
+                    base,
+                    len: mapping.len,
+                    region: mapping.region,
+                };
+                if self.entries.len() < CACHE_ENTRIES {
+                    self.entries.push(entry);
+                    self.entries.len() - 1
+                } else {
+                    let i = self.victim;
+                    self.victim = (self.victim + 1) % CACHE_ENTRIES;
+                    self.entries[i] = entry;
+                    i
+                }
+            }
+        };
+        let entry = &self.entries[index];
+        Ok((&*entry.region, addr - entry.base))
+    }
+
+    pub(crate) fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let (region, offset) = self.translate(addr, buf.len())?;
+        region
+            .read(offset, buf)
+            .map_err(|source| DmaError::Region { addr, source })
+    }
+
+    pub(crate) fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
+        let (region, offset) = self.translate(addr, data.len())?;
+        region
+            .write(offset, data)
+            .map_err(|source| DmaError::Region { addr, source })
+    }
+
+    pub(crate) fn write_last_dword_release(
+        &mut self,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), DmaError> {
+        let (region, offset) = self.translate(addr, data.len())?;
+        region
+            .write_last_dword_release(offset, data)
+            .map_err(|source| DmaError::Region { addr, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    struct VecRegion(Mutex<Vec<u8>>);
+
+    impl MemoryRegion for VecRegion {
+        fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+            let v = self.0.lock().unwrap();
+            buf.copy_from_slice(&v[offset as usize..offset as usize + buf.len()]);
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+            let mut v = self.0.lock().unwrap();
+            v[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn translate_bounds_and_unregister() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let a = map
+            .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 8192]))))
+            .unwrap();
+        let b = map
+            .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
+            .unwrap();
+        assert_eq!(a, DEVICE_ADDRESS_BASE);
+        assert!(b >= a + 8192 + GUARD_GAP, "guard gap between regions");
+        assert_eq!(b % GUARD_GAP, 0);
+
+        let mut cache = MapCache::new(map.clone());
+        cache.write(a + 8190, &[1, 2]).unwrap();
+        let mut two = [0u8; 2];
+        map.read(a + 8190, &mut two).unwrap();
+        assert_eq!(two, [1, 2]);
+        // One byte past the end, the address 0 and an address below the base are unmapped.
+        assert!(matches!(
+            cache.write(a + 8191, &[1, 2]),
+            Err(DmaError::Unmapped { .. })
+        ));
+        assert!(matches!(
+            cache.read(0, &mut two),
+            Err(DmaError::Unmapped { .. })
+        ));
+        assert!(matches!(
+            cache.read(a - 1, &mut two),
+            Err(DmaError::Unmapped { .. })
+        ));
+        assert!(matches!(
+            cache.read(u64::MAX, &mut two),
+            Err(DmaError::Unmapped { .. })
+        ));
+
+        // After unregistering, the cached translation is gone too.
+        cache.read(b, &mut two).unwrap();
+        assert!(map.unregister_region(b).is_some());
+        assert!(matches!(
+            cache.read(b, &mut two),
+            Err(DmaError::Unmapped { .. })
+        ));
+        // Addresses are not reused.
+        let c = map
+            .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
+            .unwrap();
+        assert!(c > b);
+        assert_eq!(map.region_count(), 2);
+    }
+}

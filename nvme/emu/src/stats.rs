@@ -1,0 +1,87 @@
+//! Counters the controller keeps, readable from any thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of a controller's counters ([`crate::EmuDevice::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmuStats {
+    /// Admin commands fetched.
+    pub admin_commands: u64,
+    /// I/O commands fetched.
+    pub io_commands: u64,
+    /// Read commands that succeeded.
+    pub reads: u64,
+    /// Write commands that succeeded.
+    pub writes: u64,
+    /// Bytes read by successful Read commands.
+    pub bytes_read: u64,
+    /// Bytes written by successful Write commands.
+    pub bytes_written: u64,
+    /// Flush commands that succeeded.
+    pub flushes: u64,
+    /// Commands completed with a status other than success.
+    pub errors: u64,
+    /// Completion queue entries posted.
+    pub completions_posted: u64,
+    /// Completions dropped by the drop-completions fault.
+    pub completions_dropped: u64,
+    /// Times a completion had to wait because its completion queue was full.
+    pub cq_full_waits: u64,
+    /// Doorbell writes refused (nonexistent queue or out-of-range value).
+    pub invalid_doorbell_writes: u64,
+    /// Times the controller entered Controller Fatal Status.
+    pub fatal_errors: u64,
+    /// Controller resets (CC.EN 1 to 0).
+    pub resets: u64,
+}
+
+/// The live counters behind [`EmuStats`]; written by the controller thread only. Aligned to
+/// keep them off cache lines that other threads read often.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct Counters {
+    pub(crate) admin_commands: AtomicU64,
+    pub(crate) io_commands: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) completions_posted: AtomicU64,
+    pub(crate) completions_dropped: AtomicU64,
+    pub(crate) cq_full_waits: AtomicU64,
+    pub(crate) fatal_errors: AtomicU64,
+    pub(crate) resets: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to a counter. Only the controller thread writes, so a load and a store suffice
+    /// (no locked read-modify-write on the hot path).
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn snapshot(&self, invalid_doorbell_writes: u64) -> EmuStats {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EmuStats {
+            admin_commands: r(&self.admin_commands),
+            io_commands: r(&self.io_commands),
+            reads: r(&self.reads),
+            writes: r(&self.writes),
+            bytes_read: r(&self.bytes_read),
+            bytes_written: r(&self.bytes_written),
+            flushes: r(&self.flushes),
+            errors: r(&self.errors),
+            completions_posted: r(&self.completions_posted),
+            completions_dropped: r(&self.completions_dropped),
+            cq_full_waits: r(&self.cq_full_waits),
+            invalid_doorbell_writes,
+            fatal_errors: r(&self.fatal_errors),
+            resets: r(&self.resets),
+        }
+    }
+}

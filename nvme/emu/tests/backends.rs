@@ -1,0 +1,233 @@
+//! Backends: image files (persistence, validation, flush) and the null backend.
+
+mod common;
+
+use common::*;
+use nvme::Device;
+use nvme_emu::{Backend, EmuConfig, EmuError, NamespaceConfig};
+use nvme_spec::status::{StatusCodeType as Sct, generic};
+use nvme_spec::{Command, NvmOpcode};
+
+const READ: u8 = NvmOpcode::READ.0;
+const WRITE: u8 = NvmOpcode::WRITE.0;
+
+#[test]
+fn image_persists_across_controllers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    EmuConfig::create_image(&path, 1 << 20).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+    assert!(matches!(
+        EmuConfig::create_image(&path, 1 << 20),
+        Err(EmuError::CreateImage { .. })
+    ));
+    let data = pattern(8192, 5);
+    {
+        let config = EmuConfig::for_image(&path, 4096).unwrap();
+        assert_eq!(config.namespaces[0].blocks, 256);
+        let mut h = Host::enabled(config);
+        assert!(h.dev.describe().contains("disk.img"));
+        let mut q = h.create_io_pair(1, 8, 8);
+        let buf = h.dev.alloc_dma(8192).unwrap();
+        buf.write(0, &data);
+        let c = q.run(
+            &h.dev,
+            &rw(
+                WRITE,
+                1,
+                255 - 1,
+                2,
+                buf.device_address(0),
+                buf.device_address(4096),
+            ),
+        );
+        assert_ok(&c);
+        assert_ok(&q.run(&h.dev, &Command::new(NvmOpcode::FLUSH.0, 0, 1)));
+        assert_ok(&q.run(&h.dev, &Command::new(NvmOpcode::FLUSH.0, 0, 0xffff_ffff)));
+        assert_status(
+            &q.run(&h.dev, &Command::new(NvmOpcode::FLUSH.0, 0, 2)),
+            Sct::GENERIC,
+            generic::INVALID_NAMESPACE_OR_FORMAT,
+        );
+        assert_eq!(h.dev.stats().flushes, 2);
+    }
+    // The bytes are in the file, at the right offset.
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[254 * 4096..], &data[..]);
+    // A new controller over the same image reads them back, with 512-byte blocks this time.
+    let mut h = Host::enabled(EmuConfig::for_image(&path, 512).unwrap());
+    let mut q = h.create_io_pair(1, 8, 8);
+    let out = h.dev.alloc_dma(8192).unwrap();
+    let c = q.run(
+        &h.dev,
+        &rw(
+            READ,
+            1,
+            254 * 8,
+            16,
+            out.device_address(0),
+            out.device_address(4096),
+        ),
+    );
+    assert_ok(&c);
+    let mut back = vec![0u8; 8192];
+    out.read(0, &mut back);
+    assert_eq!(back, data);
+}
+
+#[test]
+fn write_through_when_cache_disabled_and_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wt.img");
+    EmuConfig::create_image(&path, 64 * 512).unwrap();
+    let mut h = Host::enabled(EmuConfig::for_image(&path, 512).unwrap());
+    let mut set = Command::new(nvme_spec::AdminOpcode::SET_FEATURES.0, 0, 0);
+    set.cdw10 = 0x06;
+    assert_ok(&h.admin(set));
+    let mut q = h.create_io_pair(1, 8, 8);
+    let buf = h.dev.alloc_dma(4096).unwrap();
+    buf.write(0, &[0xab; 512]);
+    let mut cmd = rw(WRITE, 1, 1, 1, buf.device_address(0), 0);
+    cmd.cdw12 |= 1 << 30; // FUA
+    assert_ok(&q.run(&h.dev, &cmd));
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(bytes[512..1024].iter().all(|&b| b == 0xab));
+}
+
+#[test]
+fn for_image_refuses_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = EmuConfig::for_image(dir.path(), 512).unwrap_err();
+    assert!(matches!(err, EmuError::InvalidImage { .. }), "{err}");
+    assert!(err.to_string().contains("directory"));
+
+    let missing = dir.path().join("missing.img");
+    assert!(matches!(
+        EmuConfig::for_image(&missing, 512),
+        Err(EmuError::OpenImage { .. })
+    ));
+
+    let empty = dir.path().join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let err = EmuConfig::for_image(&empty, 512).unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+
+    let odd = dir.path().join("odd.img");
+    std::fs::write(&odd, vec![7u8; 4096 + 512]).unwrap();
+    let err = EmuConfig::for_image(&odd, 4096).unwrap_err();
+    assert!(err.to_string().contains("not a multiple"), "{err}");
+    // Checking did not modify the file.
+    assert_eq!(std::fs::read(&odd).unwrap(), vec![7u8; 4096 + 512]);
+    // ...but it is fine with 512-byte blocks.
+    assert_eq!(
+        EmuConfig::for_image(&odd, 512).unwrap().namespaces[0].blocks,
+        9
+    );
+
+    assert!(matches!(
+        EmuConfig::for_image(&odd, 1024),
+        Err(EmuError::InvalidLbaSize { lba_size: 1024, .. })
+    ));
+
+    use std::os::unix::fs::PermissionsExt;
+    let ro = dir.path().join("ro.img");
+    std::fs::write(&ro, vec![0u8; 4096]).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    // Root can open read-only files for writing; only check when the OS refuses.
+    if std::fs::OpenOptions::new().write(true).open(&ro).is_err() {
+        assert!(matches!(
+            EmuConfig::for_image(&ro, 512),
+            Err(EmuError::OpenImage { .. })
+        ));
+    }
+}
+
+#[test]
+fn invalid_configs_are_refused() {
+    let bad = |c: EmuConfig| {
+        matches!(
+            EmuDevice::start(c),
+            Err(EmuError::InvalidConfig { .. } | EmuError::InvalidLbaSize { .. })
+        )
+    };
+    use nvme_emu::EmuDevice;
+    assert!(bad(EmuConfig {
+        max_io_queue_pairs: 0,
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        mqes: 0,
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        serial: "x".repeat(21),
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        namespaces: vec![NamespaceConfig::memory(4096, 1000)],
+        ..EmuConfig::default()
+    }));
+    assert!(bad(EmuConfig {
+        namespaces: vec![NamespaceConfig::memory(0, 512)],
+        ..EmuConfig::default()
+    }));
+    // A file namespace larger than its file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small.img");
+    EmuConfig::create_image(&path, 4096).unwrap();
+    let config = EmuConfig {
+        namespaces: vec![NamespaceConfig {
+            backend: Backend::File(path),
+            blocks: 16,
+            lba_size: 512,
+        }],
+        ..EmuConfig::default()
+    };
+    assert!(matches!(
+        EmuDevice::start(config),
+        Err(EmuError::InvalidImage { .. })
+    ));
+}
+
+#[test]
+fn null_backend_moves_no_data_but_checks_everything() {
+    let config = EmuConfig {
+        namespaces: vec![NamespaceConfig::null(1 << 30, 4096)],
+        ..EmuConfig::default()
+    };
+    let mut h = Host::enabled(config);
+    let mut q = h.create_io_pair(1, 16, 16);
+    let buf = h.dev.alloc_dma(4096).unwrap();
+    buf.write(0, &[0x5a; 4096]);
+    assert_ok(&q.run(&h.dev, &rw(WRITE, 1, 7, 1, buf.device_address(0), 0)));
+    buf.write(0, &[0xa5; 4096]);
+    assert_ok(&q.run(&h.dev, &rw(READ, 1, 7, 1, buf.device_address(0), 0)));
+    let mut back = vec![0u8; 4096];
+    buf.read(0, &mut back);
+    assert!(
+        back.iter().all(|&b| b == 0xa5),
+        "a null read leaves the buffer alone"
+    );
+    assert_status(
+        &q.run(&h.dev, &rw(READ, 1, 1 << 18, 1, buf.device_address(0), 0)),
+        Sct::GENERIC,
+        generic::LBA_OUT_OF_RANGE,
+    );
+    assert_status(
+        &q.run(&h.dev, &rw(READ, 1, 0, 1, buf.device_address(0) + 1, 0)),
+        Sct::GENERIC,
+        generic::PRP_OFFSET_INVALID,
+    );
+    let list = h.dev.alloc_dma(4096).unwrap();
+    // The list is walked even though no data moves: an entry with an offset is caught.
+    list.write(0, &(buf.device_address(0) + 8).to_le_bytes());
+    list.write(8, &0x4000u64.to_le_bytes());
+    assert_status(
+        &q.run(
+            &h.dev,
+            &rw(READ, 1, 0, 3, buf.device_address(0), list.device_address(0)),
+        ),
+        Sct::GENERIC,
+        generic::PRP_OFFSET_INVALID,
+    );
+}

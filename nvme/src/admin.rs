@@ -1,0 +1,224 @@
+//! The admin queue (queue 0) and the admin commands the driver issues (NVMe Base 2.0,
+//! section 5): Identify, Set/Get Features, Get Log Page, Create/Delete I/O queues.
+//!
+//! Admin commands run one at a time (the caller holds the admin queue's mutex), polled on the
+//! CPU, each bounded by the admin timeout.
+
+#![forbid(unsafe_code)]
+
+use crate::device::Device;
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
+use crate::error::{Error, Op};
+use crate::queue_pair::QueuePair;
+use crate::timeout::Backoff;
+use nvme_spec::command::{
+    CreateCqCdw11, CreateQueueCdw10, CreateSqCdw11, DeleteQueueCdw10, FeaturesCdw10,
+    GetLogPageCdw10, GetLogPageCdw11, IdentifyCdw10,
+};
+use nvme_spec::{AdminOpcode, Cns, Command, FeatureId};
+use std::sync::Arc;
+use std::time::Duration;
+use zerocopy::FromBytes;
+
+/// The admin submission/completion queue pair.
+#[derive(Debug)]
+pub(crate) struct AdminQueue {
+    qp: QueuePair,
+    scratch: Arc<DmaMemory>,
+    next_tag: u64,
+}
+
+impl AdminQueue {
+    /// Allocates the admin queues (`depth` entries) and a 4 KiB buffer for Identify data.
+    pub(crate) fn new(
+        device: Arc<dyn Device>,
+        depth: u16,
+        dstrd: u8,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
+        let scratch = Arc::new(device.alloc_dma(DMA_PAGE_SIZE)?);
+        let qp = QueuePair::new(device, 0, depth, dstrd, timeout, 1)?;
+        Ok(Self {
+            qp,
+            scratch,
+            next_tag: 0,
+        })
+    }
+
+    /// Entries per admin queue.
+    pub(crate) fn depth(&self) -> u16 {
+        self.qp.depth()
+    }
+
+    /// Device address of the admin submission queue (for ASQ).
+    pub(crate) fn sq_address(&self) -> u64 {
+        self.qp.sq_memory().device_address(0)
+    }
+
+    /// Device address of the admin completion queue (for ACQ).
+    pub(crate) fn cq_address(&self) -> u64 {
+        self.qp.cq_memory().device_address(0)
+    }
+
+    /// Whether the admin queue has failed (a command timed out or the device sent garbage).
+    pub(crate) fn is_failed(&self) -> bool {
+        self.qp.is_failed()
+    }
+
+    /// Runs one admin command to completion and returns Dword 0 of its completion.
+    pub(crate) fn execute(
+        &mut self,
+        mut cmd: Command,
+        data: Option<&DmaSlice>,
+    ) -> Result<u32, Error> {
+        let name = AdminOpcode(cmd.cdw0.opcode())
+            .name()
+            .unwrap_or("Admin command");
+        let op = Op {
+            name,
+            nsid: cmd.nsid,
+            lba: None,
+        };
+        let cid = self.qp.begin()?;
+        if let Some(buf) = data {
+            match self.qp.data_pointer(cid, buf) {
+                Ok(prp) => {
+                    cmd.prp1 = prp.prp1;
+                    cmd.prp2 = prp.prp2;
+                }
+                Err(e) => {
+                    self.qp.cancel(cid);
+                    return Err(e);
+                }
+            }
+        }
+        self.next_tag += 1;
+        let tag = self.next_tag;
+        self.qp.issue(cid, cmd, op, tag, true, data.cloned(), true);
+        let mut backoff = Backoff::for_admin();
+        let mut result = None;
+        loop {
+            self.qp.reap(usize::MAX, &mut |r| {
+                if r.tag == tag {
+                    result = Some(r.result);
+                }
+            })?;
+            if let Some(r) = result {
+                return r;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Identify with the given CNS and NSID; returns the 4 KiB data structure decoded as `T`.
+    pub(crate) fn identify<T: FromBytes>(&mut self, cns: Cns, nsid: u32) -> Result<Box<T>, Error> {
+        self.scratch.fill(0, DMA_PAGE_SIZE, 0);
+        let mut cmd = Command::new(AdminOpcode::IDENTIFY.0, 0, nsid);
+        cmd.cdw10 = IdentifyCdw10::new().with_cns(cns.0).into();
+        let buf = DmaSlice::whole(self.scratch.clone());
+        self.execute(cmd, Some(&buf))?;
+        let mut bytes = vec![0u8; DMA_PAGE_SIZE];
+        self.scratch.read(0, &mut bytes);
+        // `read_from_bytes` copies into a properly aligned value; the size matches by type.
+        let value = T::read_from_bytes(&bytes[..size_of::<T>()])
+            .unwrap_or_else(|_| unreachable!("identify structures are 4096 bytes"));
+        Ok(Box::new(value))
+    }
+
+    /// Set Features; returns Dword 0 of the completion.
+    pub(crate) fn set_features(&mut self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
+        let mut cmd = Command::new(AdminOpcode::SET_FEATURES.0, 0, 0);
+        cmd.cdw10 = FeaturesCdw10::new().with_fid(fid.0).into();
+        cmd.cdw11 = cdw11;
+        self.execute(cmd, None)
+    }
+
+    /// Get Features (current value); returns Dword 0 of the completion.
+    pub(crate) fn get_features(&mut self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
+        let mut cmd = Command::new(AdminOpcode::GET_FEATURES.0, 0, 0);
+        cmd.cdw10 = FeaturesCdw10::new().with_fid(fid.0).into();
+        cmd.cdw11 = cdw11;
+        self.execute(cmd, None)
+    }
+
+    /// Get Log Page into `buf` (a multiple of 4 bytes), starting `offset` bytes into the log.
+    pub(crate) fn get_log_page(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        offset: u64,
+        buf: &DmaSlice,
+    ) -> Result<(), Error> {
+        if buf.len == 0 || buf.len % 4 != 0 {
+            return Err(Error::Unaligned {
+                what: "log page length",
+                value: buf.len as u64,
+                align: 4,
+            });
+        }
+        if offset % 4 != 0 {
+            return Err(Error::Unaligned {
+                what: "log page offset",
+                value: offset,
+                align: 4,
+            });
+        }
+        let numd_z = (buf.len / 4 - 1) as u32;
+        let mut cmd = Command::new(AdminOpcode::GET_LOG_PAGE.0, 0, nsid);
+        cmd.cdw10 = GetLogPageCdw10::new()
+            .with_lid(lid)
+            .with_numdl_z(numd_z as u16)
+            .into();
+        cmd.cdw11 = GetLogPageCdw11::new()
+            .with_numdu((numd_z >> 16) as u16)
+            .into();
+        cmd.cdw12 = offset as u32;
+        cmd.cdw13 = (offset >> 32) as u32;
+        self.execute(cmd, Some(buf)).map(drop)
+    }
+
+    /// Create I/O Completion Queue: physically contiguous, interrupts disabled.
+    pub(crate) fn create_io_cq(&mut self, qid: u16, depth: u16, address: u64) -> Result<(), Error> {
+        let mut cmd = Command::new(AdminOpcode::CREATE_IO_CQ.0, 0, 0);
+        cmd.prp1 = address;
+        cmd.cdw10 = CreateQueueCdw10::new()
+            .with_qid(qid)
+            .with_qsize_z(depth - 1)
+            .into();
+        cmd.cdw11 = CreateCqCdw11::new().with_pc(true).with_ien(false).into();
+        self.execute(cmd, None).map(drop)
+    }
+
+    /// Create I/O Submission Queue bound to completion queue `cqid`: physically contiguous,
+    /// priority ignored (round robin arbitration).
+    pub(crate) fn create_io_sq(
+        &mut self,
+        qid: u16,
+        depth: u16,
+        address: u64,
+        cqid: u16,
+    ) -> Result<(), Error> {
+        let mut cmd = Command::new(AdminOpcode::CREATE_IO_SQ.0, 0, 0);
+        cmd.prp1 = address;
+        cmd.cdw10 = CreateQueueCdw10::new()
+            .with_qid(qid)
+            .with_qsize_z(depth - 1)
+            .into();
+        cmd.cdw11 = CreateSqCdw11::new().with_pc(true).with_cqid(cqid).into();
+        self.execute(cmd, None).map(drop)
+    }
+
+    /// Delete I/O Submission Queue.
+    pub(crate) fn delete_io_sq(&mut self, qid: u16) -> Result<(), Error> {
+        let mut cmd = Command::new(AdminOpcode::DELETE_IO_SQ.0, 0, 0);
+        cmd.cdw10 = DeleteQueueCdw10::new().with_qid(qid).into();
+        self.execute(cmd, None).map(drop)
+    }
+
+    /// Delete I/O Completion Queue.
+    pub(crate) fn delete_io_cq(&mut self, qid: u16) -> Result<(), Error> {
+        let mut cmd = Command::new(AdminOpcode::DELETE_IO_CQ.0, 0, 0);
+        cmd.cdw10 = DeleteQueueCdw10::new().with_qid(qid).into();
+        self.execute(cmd, None).map(drop)
+    }
+}

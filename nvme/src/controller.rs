@@ -1,0 +1,605 @@
+//! Controller bring-up and shutdown (NVMe Base 2.0, section 3.5 "Controller Initialization"
+//! and section 3.6 "Shutdown Processing"), and the handle everything else hangs off.
+//!
+//! Bring-up: read CAP (all ones: device gone), disable (CC.EN = 0, wait CSTS.RDY = 0 within
+//! CAP.TO), program AQA/ASQ/ACQ, enable with 4 KiB pages and 64/16-byte entries, wait
+//! CSTS.RDY = 1 within CAP.TO, then Identify Controller, the active namespace list, Identify
+//! Namespace for each, and Set Features (Number of Queues).
+//!
+//! Shutdown: delete the I/O queues still alive, set CC.SHN = 01b (normal) and wait for
+//! CSTS.SHST = 10b within RTD3E (or 10 s, or the configured timeout).
+
+#![forbid(unsafe_code)]
+
+use crate::admin::AdminQueue;
+use crate::device::Device;
+use crate::dma::DmaSlice;
+use crate::error::Error;
+use crate::io::IoQueuePair;
+use crate::namespace::Namespace;
+use crate::prp::MAX_PRP_TRANSFER;
+use crate::registers::Registers;
+use nvme_spec::command::{NumberOfQueues, SQE_SIZE_LOG2};
+use nvme_spec::completion::CQE_SIZE_LOG2;
+use nvme_spec::identify::trim_identify_string;
+use nvme_spec::{
+    ActiveNamespaceList, Aqa, Cap, Cc, Cns, Csts, FeatureId, IdentifyController, IdentifyNamespace,
+    Oncs,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// Most namespaces the driver identifies at bring-up.
+const MAX_NAMESPACES: usize = 1024;
+/// Shortest wait for CSTS.RDY, whatever CAP.TO says.
+const MIN_READY_TIMEOUT: Duration = Duration::from_millis(500);
+/// Shutdown wait when RTD3E is zero and no timeout is configured.
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to bring a controller up.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Entries in each admin queue (clamped to 2..=min(4096, CAP.MQES + 1)).
+    pub admin_queue_depth: u16,
+    /// Bound on each admin command.
+    pub admin_timeout: Duration,
+    /// Bound on each I/O command.
+    pub io_timeout: Duration,
+    /// Bound on the shutdown handshake; `None` uses RTD3E when the controller reports it, else
+    /// 10 s.
+    pub shutdown_timeout: Option<Duration>,
+    /// I/O queue pairs to ask for with Set Features (Number of Queues).
+    pub io_queue_pairs_wanted: u16,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            admin_queue_depth: 32,
+            admin_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(30),
+            shutdown_timeout: None,
+            io_queue_pairs_wanted: 64,
+        }
+    }
+}
+
+/// What bring-up learned about the controller.
+#[derive(Clone, Debug)]
+pub struct ControllerInfo {
+    /// PCI Vendor ID.
+    pub vid: u16,
+    /// PCI Subsystem Vendor ID.
+    pub ssvid: u16,
+    /// Serial number, trimmed.
+    pub sn: String,
+    /// Model number, trimmed.
+    pub mn: String,
+    /// Firmware revision, trimmed.
+    pub fr: String,
+    /// Controller ID.
+    pub cntlid: u16,
+    /// Version from the VS register: (major, minor, tertiary).
+    pub version: (u16, u8, u8),
+    /// Maximum Data Transfer Size in bytes; `None` when the controller sets no limit.
+    pub mdts_bytes: Option<u64>,
+    /// What the driver allows per command: MDTS capped at 2 MiB (one PRP list page).
+    pub max_transfer_bytes: usize,
+    /// I/O queue pairs granted by the controller (and usable at once).
+    pub max_io_queue_pairs: u16,
+    /// Maximum entries per queue (CAP.MQES + 1).
+    pub mqes_entries: u32,
+    /// Number of namespaces (Identify Controller NN).
+    pub nn: u32,
+    /// A volatile write cache is present (Flush matters).
+    pub vwc: bool,
+    /// Write Zeroes is supported.
+    pub write_zeroes: bool,
+    /// Dataset Management (deallocate) is supported.
+    pub dsm: bool,
+    /// RTD3 Entry Latency in microseconds (0 = not reported).
+    pub rtd3e_us: u32,
+    /// The CAP register.
+    pub cap: Cap,
+    /// CAP.TO as a duration (how long CSTS.RDY may take to change).
+    pub ready_timeout: Duration,
+}
+
+/// State shared by the controller handle and its queue pairs.
+pub(crate) struct Shared {
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) opts: ControllerOptions,
+    pub(crate) info: ControllerInfo,
+    pub(crate) identify: Box<IdentifyController>,
+    pub(crate) namespaces: Arc<[Namespace]>,
+    pub(crate) dstrd: u8,
+    admin: Mutex<AdminQueue>,
+    queues: Mutex<QueueTable>,
+    shut_down: AtomicBool,
+}
+
+/// I/O queue identifiers in use, and the live queue pairs (for shutdown).
+struct QueueTable {
+    /// `in_use[qid - 1]`.
+    in_use: Vec<bool>,
+    live: Vec<Weak<QueueHandle>>,
+}
+
+/// Shared between an [`IoQueuePair`] and the controller: whether its queues were deleted.
+#[derive(Debug)]
+pub(crate) struct QueueHandle {
+    pub(crate) qid: u16,
+    pub(crate) deleted: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Runs `f` on the admin queue, unless the controller was shut down.
+    pub(crate) fn admin<R>(
+        &self,
+        f: impl FnOnce(&mut AdminQueue) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut admin = lock(&self.admin);
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        f(&mut admin)
+    }
+
+    /// Whether the controller was shut down.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    fn alloc_qid(&self) -> Result<Arc<QueueHandle>, Error> {
+        let mut table = lock(&self.queues);
+        let granted = self.info.max_io_queue_pairs;
+        let index = table
+            .in_use
+            .iter()
+            .position(|used| !used)
+            .ok_or(Error::NoQueueAvailable { granted })?;
+        table.in_use[index] = true;
+        let qid = index as u16 + 1;
+        let handle = Arc::new(QueueHandle {
+            qid,
+            deleted: AtomicBool::new(false),
+        });
+        table.live.retain(|w| w.strong_count() > 0);
+        table.live.push(Arc::downgrade(&handle));
+        Ok(handle)
+    }
+
+    /// Makes `qid` available again (its queues no longer exist on the controller).
+    pub(crate) fn free_qid(&self, qid: u16) {
+        lock(&self.queues).in_use[qid as usize - 1] = false;
+    }
+
+    /// Deletes an I/O queue pair's SQ then CQ, unless shutdown already did; frees its qid when
+    /// both deletions succeed (a qid whose queues may still exist is never reused).
+    pub(crate) fn delete_queue_pair(&self, handle: &QueueHandle) -> Result<(), Error> {
+        let table = lock(&self.queues);
+        if handle.deleted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let result = self.admin(|a| {
+            a.delete_io_sq(handle.qid)?;
+            a.delete_io_cq(handle.qid)
+        });
+        drop(table);
+        handle.deleted.store(true, Ordering::Release);
+        if result.is_ok() {
+            self.free_qid(handle.qid);
+        }
+        result
+    }
+
+    fn shutdown(&self) -> Result<(), Error> {
+        // Queue table first, then admin: the same order as `delete_queue_pair`.
+        let table = lock(&self.queues);
+        let mut admin = lock(&self.admin);
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut first_error = None;
+        if !admin.is_failed() {
+            for handle in table.live.iter().filter_map(Weak::upgrade) {
+                if handle.deleted.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                let r = admin
+                    .delete_io_sq(handle.qid)
+                    .and_then(|()| admin.delete_io_cq(handle.qid));
+                if let Err(e) = r {
+                    tracing::warn!(qid = handle.qid, error = %e, "deleting I/O queue pair at shutdown");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        drop(admin);
+        drop(table);
+        let regs = Registers::new(self.device.registers());
+        let cc = regs.cc()?;
+        if !cc.en() {
+            return first_error.map_or(Ok(()), Err);
+        }
+        regs.set_cc(cc.with_shn(Cc::SHN_NORMAL));
+        let timeout = self
+            .opts
+            .shutdown_timeout
+            .unwrap_or(if self.info.rtd3e_us != 0 {
+                Duration::from_micros(self.info.rtd3e_us as u64).max(Duration::from_secs(1))
+            } else {
+                DEFAULT_SHUTDOWN_TIMEOUT
+            });
+        let (csts, done) =
+            regs.wait_csts(timeout, |c| c.shst() == Csts::SHST_COMPLETE || c.cfs())?;
+        if csts.cfs() {
+            return Err(Error::ControllerFatal { csts: csts.into() });
+        }
+        if !done {
+            return Err(Error::ShutdownTimeout {
+                waited: timeout,
+                csts: csts.into(),
+            });
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// An initialized NVMe controller: admin queue, identify data, namespaces. `Send + Sync`; I/O
+/// goes through [`IoQueuePair`]s created from it.
+pub struct Controller {
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("device", &self.shared.device.describe())
+            .field("info", &self.shared.info)
+            .finish()
+    }
+}
+
+impl Controller {
+    /// Resets and enables the controller behind `device`, identifies it and its namespaces, and
+    /// negotiates the number of I/O queues.
+    pub fn new(device: Arc<dyn Device>, opts: ControllerOptions) -> Result<Self, Error> {
+        let regs = Registers::new(device.registers());
+        let cap = regs.cap()?;
+        if cap.css() & Cap::CSS_NVM == 0 {
+            return Err(Error::Unsupported(format!(
+                "the NVM command set (CAP.CSS {:#x})",
+                cap.css()
+            )));
+        }
+        if cap.mpsmin() != 0 {
+            return Err(Error::Unsupported(format!(
+                "4 KiB memory pages (CAP.MPSMIN {} = {} bytes)",
+                cap.mpsmin(),
+                cap.min_page_size()
+            )));
+        }
+        if cap.mqes_z() == 0 {
+            return Err(Error::Unsupported(
+                "queues of at least 2 entries (CAP.MQES = 0)".into(),
+            ));
+        }
+        let ready_timeout = Duration::from_millis(cap.timeout_ms()).max(MIN_READY_TIMEOUT);
+        let vs = regs.vs()?;
+
+        disable(&regs, ready_timeout)?;
+
+        let admin_depth = opts
+            .admin_queue_depth
+            .clamp(2, cap.max_queue_entries().min(4096) as u16);
+        let admin = AdminQueue::new(device.clone(), admin_depth, cap.dstrd(), opts.admin_timeout)?;
+        regs.set_aqa(
+            Aqa::new()
+                .with_asqs_z(admin.depth() - 1)
+                .with_acqs_z(admin.depth() - 1),
+        );
+        regs.set_asq(admin.sq_address());
+        regs.set_acq(admin.cq_address());
+        let cc = Cc::new()
+            .with_en(true)
+            .with_css(Cc::CSS_NVM)
+            .with_mps(0)
+            .with_ams(0)
+            .with_shn(Cc::SHN_NONE)
+            .with_iosqes(SQE_SIZE_LOG2)
+            .with_iocqes(CQE_SIZE_LOG2);
+        regs.set_cc(cc);
+        let (csts, ready) = regs.wait_csts(ready_timeout, |c| c.rdy() || c.cfs())?;
+        if csts.cfs() || !ready {
+            regs.set_cc(cc.with_en(false));
+        }
+        if csts.cfs() {
+            return Err(Error::ControllerFatal { csts: csts.into() });
+        }
+        if !ready {
+            return Err(Error::ReadyTimeout {
+                ready: true,
+                waited: ready_timeout,
+                csts: csts.into(),
+            });
+        }
+
+        let mut admin = admin;
+        let identified = identify_all(&mut admin, opts.io_queue_pairs_wanted);
+        let (identify, namespaces, granted) = match identified {
+            Ok(v) => v,
+            Err(e) => {
+                // Leave the controller disabled, so it stops using the admin queue memory
+                // that is about to be freed.
+                regs.set_cc(cc.with_en(false));
+                return Err(e);
+            }
+        };
+        let wanted = opts.io_queue_pairs_wanted.clamp(1, u16::MAX - 1);
+        let max_io_queue_pairs = (granted.nsq_z() as u32 + 1)
+            .min(granted.ncq_z() as u32 + 1)
+            .min(wanted as u32) as u16;
+
+        let mdts_bytes = match identify.mdts {
+            0 => None,
+            m if m as u32 + 12 + (cap.mpsmin() as u32) >= 63 => None,
+            m => Some(cap.min_page_size() << m),
+        };
+        let max_transfer_bytes =
+            mdts_bytes.map_or(MAX_PRP_TRANSFER, |m| (m as usize).min(MAX_PRP_TRANSFER));
+        let oncs = identify.oncs_flags();
+        let info = ControllerInfo {
+            vid: identify.vid,
+            ssvid: identify.ssvid,
+            sn: ascii(&identify.sn),
+            mn: ascii(&identify.mn),
+            fr: ascii(&identify.fr),
+            cntlid: identify.cntlid,
+            version: (vs.mjr(), vs.mnr(), vs.ter()),
+            mdts_bytes,
+            max_transfer_bytes,
+            max_io_queue_pairs,
+            mqes_entries: cap.max_queue_entries(),
+            nn: identify.nn,
+            vwc: identify.has_volatile_write_cache(),
+            write_zeroes: oncs.contains(Oncs::WRITE_ZEROES),
+            dsm: oncs.contains(Oncs::DATASET_MANAGEMENT),
+            rtd3e_us: identify.rtd3e,
+            cap,
+            ready_timeout,
+        };
+        tracing::debug!(?info, namespaces = namespaces.len(), "controller ready");
+        let shared = Arc::new(Shared {
+            device,
+            opts,
+            info,
+            identify,
+            namespaces: namespaces.into(),
+            dstrd: cap.dstrd(),
+            admin: Mutex::new(admin),
+            queues: Mutex::new(QueueTable {
+                in_use: vec![false; max_io_queue_pairs as usize],
+                live: Vec::new(),
+            }),
+            shut_down: AtomicBool::new(false),
+        });
+        Ok(Self {
+            shared,
+            done: false,
+        })
+    }
+
+    /// What bring-up learned.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.shared.info
+    }
+
+    /// The Identify Controller data.
+    pub fn identify_controller(&self) -> &IdentifyController {
+        &self.shared.identify
+    }
+
+    /// The active namespaces the driver can use, in NSID order.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.shared.namespaces
+    }
+
+    /// The namespace `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
+        self.shared
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or(Error::NoSuchNamespace { nsid })
+    }
+
+    /// The options the controller was brought up with.
+    pub fn options(&self) -> &ControllerOptions {
+        &self.shared.opts
+    }
+
+    /// The transport.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.shared.device
+    }
+
+    /// Reads CSTS now (all ones → [`Error::DeviceGone`]).
+    pub fn csts(&self) -> Result<Csts, Error> {
+        Registers::new(self.shared.device.registers()).csts()
+    }
+
+    /// Creates an I/O completion queue and submission queue pair with `depth` entries each
+    /// (clamped to 2..=CAP.MQES + 1); it can hold `depth - 1` commands in flight.
+    pub fn create_io_queue_pair(&self, depth: u16) -> Result<IoQueuePair, Error> {
+        if self.shared.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let depth = depth.clamp(2, self.shared.info.mqes_entries.min(u16::MAX as u32) as u16);
+        let handle = self.shared.alloc_qid()?;
+        IoQueuePair::create(self.shared.clone(), handle, depth)
+    }
+
+    /// Reads log page `lid` for namespace `nsid` (0xFFFF_FFFF: controller-wide; 0 when the
+    /// log is not namespace specific) into `buf`, whose length (a multiple of 4) sets the
+    /// number of bytes read.
+    pub fn get_log_page(&self, lid: u8, nsid: u32, buf: &DmaSlice) -> Result<(), Error> {
+        self.get_log_page_at(lid, nsid, 0, buf)
+    }
+
+    /// Like [`Controller::get_log_page`], starting `offset` bytes into the log.
+    pub fn get_log_page_at(
+        &self,
+        lid: u8,
+        nsid: u32,
+        offset: u64,
+        buf: &DmaSlice,
+    ) -> Result<(), Error> {
+        if buf.len > self.shared.info.max_transfer_bytes {
+            return Err(Error::TransferTooLarge {
+                len: buf.len,
+                max: self.shared.info.max_transfer_bytes,
+            });
+        }
+        self.shared
+            .admin(|a| a.get_log_page(lid, nsid, offset, buf))
+    }
+
+    /// Get Features (current value) for `fid` with the given CDW11; returns Dword 0 of the
+    /// completion.
+    pub fn get_features(&self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
+        self.shared.admin(|a| a.get_features(fid, cdw11))
+    }
+
+    /// Set Features for `fid` with the given CDW11; returns Dword 0 of the completion.
+    pub fn set_features(&self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
+        self.shared.admin(|a| a.set_features(fid, cdw11))
+    }
+
+    /// Identify Namespace `nsid` again (e.g. to see current utilization).
+    pub fn identify_namespace(&self, nsid: u32) -> Result<Box<IdentifyNamespace>, Error> {
+        self.shared.admin(|a| a.identify(Cns::NAMESPACE, nsid))
+    }
+
+    /// Orderly shutdown: deletes the I/O queues still alive (queue pairs held elsewhere then
+    /// fail their commands), sets CC.SHN to normal and waits for CSTS.SHST = complete.
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.done = true;
+        self.shared.shutdown()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = self.shared.shutdown() {
+                tracing::warn!(error = %e, "controller shutdown on drop failed");
+            }
+        }
+    }
+}
+
+/// Identify Controller, the namespaces, and Set Features (Number of Queues); returns the
+/// identify data, the usable namespaces and the queue counts the controller allocated.
+fn identify_all(
+    admin: &mut AdminQueue,
+    wanted: u16,
+) -> Result<(Box<IdentifyController>, Vec<Namespace>, NumberOfQueues), Error> {
+    let identify: Box<IdentifyController> = admin.identify(Cns::CONTROLLER, 0)?;
+    let namespaces = identify_namespaces(admin, identify.nn)?;
+    let wanted = wanted.clamp(1, u16::MAX - 1);
+    let request = NumberOfQueues::new()
+        .with_nsq_z(wanted - 1)
+        .with_ncq_z(wanted - 1);
+    let granted = match admin.set_features(FeatureId::NUMBER_OF_QUEUES, request.into()) {
+        Ok(dw0) => dw0,
+        Err(e @ Error::Nvme { .. }) => {
+            tracing::warn!(error = %e, "Set Features (Number of Queues) failed; asking Get Features");
+            admin.get_features(FeatureId::NUMBER_OF_QUEUES, 0)?
+        }
+        Err(e) => return Err(e),
+    };
+    Ok((identify, namespaces, NumberOfQueues::from(granted)))
+}
+
+/// CC.EN = 0 and wait for CSTS.RDY = 0 (NVMe Base 2.0, section 3.5.1).
+fn disable(regs: &Registers<'_>, timeout: Duration) -> Result<(), Error> {
+    let cc = regs.cc()?;
+    let csts = regs.csts()?;
+    if cc.en() && !csts.rdy() && !csts.cfs() {
+        // An enable is in progress: the spec asks the host to let it finish before clearing EN.
+        regs.wait_csts(timeout, |c| c.rdy() || c.cfs())?;
+    }
+    if cc.en() || csts.rdy() {
+        regs.set_cc(cc.with_en(false).with_shn(Cc::SHN_NONE));
+    }
+    let (csts, done) = regs.wait_csts(timeout, |c| !c.rdy())?;
+    if !done {
+        return Err(Error::ReadyTimeout {
+            ready: false,
+            waited: timeout,
+            csts: csts.into(),
+        });
+    }
+    if csts.cfs() {
+        return Err(Error::ControllerFatal { csts: csts.into() });
+    }
+    Ok(())
+}
+
+/// The active namespace list (CNS 02h, paged 1024 at a time) and Identify Namespace for each.
+/// Namespaces the driver cannot use are skipped with a warning.
+fn identify_namespaces(admin: &mut AdminQueue, nn: u32) -> Result<Vec<Namespace>, Error> {
+    let mut nsids = Vec::new();
+    let mut start = 0u32;
+    'pages: loop {
+        let list: Box<ActiveNamespaceList> = match admin.identify(Cns::ACTIVE_NAMESPACES, start) {
+            Ok(l) => l,
+            Err(Error::Nvme { status, .. }) if start == 0 => {
+                // Pre-1.1 controllers lack CNS 02h: probe 1..=NN instead.
+                tracing::debug!(%status, "no active namespace list; probing 1..=NN");
+                nsids = (1..=nn.min(MAX_NAMESPACES as u32)).collect();
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut count = 0;
+        for nsid in list.iter() {
+            count += 1;
+            if nsid <= start || nsid == u32::MAX {
+                tracing::warn!(
+                    nsid,
+                    "active namespace list not increasing; ignoring the rest"
+                );
+                break 'pages;
+            }
+            nsids.push(nsid);
+            start = nsid;
+            if nsids.len() == MAX_NAMESPACES {
+                break 'pages;
+            }
+        }
+        if count < list.nsids.len() {
+            break;
+        }
+    }
+    let mut namespaces = Vec::with_capacity(nsids.len());
+    for nsid in nsids {
+        let id: Box<IdentifyNamespace> = admin.identify(Cns::NAMESPACE, nsid)?;
+        match Namespace::from_identify(nsid, *id) {
+            Ok(ns) => namespaces.push(ns),
+            Err(why) => tracing::warn!(nsid, %why, "namespace skipped"),
+        }
+    }
+    Ok(namespaces)
+}
+
+fn ascii(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(trim_identify_string(bytes)).into_owned()
+}

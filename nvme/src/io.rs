@@ -1,0 +1,651 @@
+//! I/O queue pairs: NVM command set I/O (NVM Command Set 1.0, section 3.2) on one submission /
+//! completion queue pair, asynchronously ([`IoQueuePair::submit`], [`IoQueuePair::poll`],
+//! [`IoQueuePair::wait`]) or synchronously with requests split at the maximum transfer size and
+//! many commands in flight ([`IoQueuePair::read`] and friends).
+//!
+//! The hot path takes no lock, makes no system call and allocates nothing beyond cloning the
+//! buffer's `Arc`: validation, PRP construction into the command's own list page, a 64-byte
+//! copy, a Release fence and one doorbell write.
+
+#![forbid(unsafe_code)]
+
+use crate::controller::{QueueHandle, Shared};
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
+use crate::error::{Error, Op};
+use crate::namespace::Namespace;
+use crate::queue_pair::QueuePair;
+use crate::timeout::Backoff;
+use nvme_spec::command::{DSM_MAX_RANGES, DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
+use nvme_spec::{Command, DsmRange, NvmOpcode};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use zerocopy::IntoBytes;
+
+/// Most blocks one Read, Write or Write Zeroes command addresses (NLB is 16 bits, zero-based).
+const MAX_BLOCKS_PER_COMMAND: u64 = 1 << 16;
+/// Largest bounce buffer [`IoQueuePair::read_to`] / [`IoQueuePair::write_from`] keep.
+const MAX_BOUNCE: usize = 8 * 1024 * 1024;
+
+/// One I/O command.
+#[derive(Clone, Debug)]
+pub enum IoCommand {
+    /// Read `buf.len` bytes (a whole number of blocks) starting at block `lba`.
+    Read {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        lba: u64,
+        /// Destination.
+        buf: DmaSlice,
+    },
+    /// Write `buf.len` bytes (a whole number of blocks) starting at block `lba`.
+    Write {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        lba: u64,
+        /// Source.
+        buf: DmaSlice,
+    },
+    /// Flush the volatile write cache.
+    Flush {
+        /// Namespace.
+        nsid: u32,
+    },
+    /// Write Zeroes to `blocks` blocks (1..=65536) starting at `lba`.
+    WriteZeroes {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u32,
+    },
+    /// Dataset Management with the Deallocate attribute: 1..=256 ranges of (first block, blocks).
+    Deallocate {
+        /// Namespace.
+        nsid: u32,
+        /// (first block, number of blocks) per range.
+        ranges: Vec<(u64, u32)>,
+    },
+}
+
+/// A finished command: the tag given to [`IoQueuePair::submit`] and how it ended.
+#[derive(Debug)]
+pub struct IoCompletion {
+    /// The caller's tag.
+    pub tag: u64,
+    /// `Ok` on Successful Completion; otherwise the NVMe status, timeout or controller failure.
+    pub result: Result<(), Error>,
+}
+
+/// An I/O submission queue and its completion queue. `Send`; used by one thread at a time.
+/// Dropping it deletes both queues on the controller.
+pub struct IoQueuePair {
+    qp: QueuePair,
+    shared: Arc<Shared>,
+    handle: Arc<QueueHandle>,
+    max_transfer: usize,
+    stash: Vec<IoCompletion>,
+    bounce: Option<Arc<DmaMemory>>,
+}
+
+impl std::fmt::Debug for IoQueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoQueuePair").field("qp", &self.qp).finish()
+    }
+}
+
+impl IoQueuePair {
+    /// Allocates the queues and creates them on the controller (CQ first, then SQ).
+    pub(crate) fn create(
+        shared: Arc<Shared>,
+        handle: Arc<QueueHandle>,
+        depth: u16,
+    ) -> Result<Self, Error> {
+        let qid = handle.qid;
+        let fail = |qid_free: bool, e: Error| {
+            handle.deleted.store(true, Ordering::Release);
+            if qid_free {
+                shared.free_qid(qid);
+            }
+            Err(e)
+        };
+        let qp = match QueuePair::new(
+            shared.device.clone(),
+            qid,
+            depth,
+            shared.dstrd,
+            shared.opts.io_timeout,
+            depth as usize - 1,
+        ) {
+            Ok(qp) => qp,
+            Err(e) => return fail(true, e),
+        };
+        if !qp.sq_memory().is_device_contiguous() || !qp.cq_memory().is_device_contiguous() {
+            return fail(
+                true,
+                Error::Unsupported(format!(
+                    "physically discontiguous queue memory for depth {depth}; use a depth of at \
+                     most 64 or a transport with an IOMMU"
+                )),
+            );
+        }
+        let cq = qp.cq_memory().device_address(0);
+        let sq = qp.sq_memory().device_address(0);
+        if let Err(e) = shared.admin(|a| a.create_io_cq(qid, depth, cq)) {
+            // The CQ exists only if the command was lost after the controller acted on it.
+            let refused = matches!(e, Error::Nvme { .. });
+            return fail(refused, e);
+        }
+        if let Err(e) = shared.admin(|a| a.create_io_sq(qid, depth, sq, qid)) {
+            let refused = matches!(e, Error::Nvme { .. });
+            let cq_deleted = shared.admin(|a| a.delete_io_cq(qid)).is_ok();
+            return fail(refused && cq_deleted, e);
+        }
+        let max_transfer = shared.info.max_transfer_bytes;
+        Ok(Self {
+            qp,
+            shared,
+            handle,
+            max_transfer,
+            stash: Vec::new(),
+            bounce: None,
+        })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> u16 {
+        self.qp.qid()
+    }
+
+    /// Entries in each ring.
+    pub fn depth(&self) -> u16 {
+        self.qp.depth()
+    }
+
+    /// Most commands in flight at once (depth - 1).
+    pub fn capacity(&self) -> usize {
+        self.qp.capacity()
+    }
+
+    /// Commands submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.qp.in_flight() + self.stash.len()
+    }
+
+    /// Whether the queue pair failed (timeout, controller failure, garbage completion) and
+    /// accepts no more commands.
+    pub fn is_failed(&self) -> bool {
+        self.qp.is_failed()
+    }
+
+    /// Most bytes one Read or Write may move.
+    pub fn max_transfer_bytes(&self) -> usize {
+        self.max_transfer
+    }
+
+    fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
+        self.shared
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .ok_or(Error::NoSuchNamespace { nsid })
+    }
+
+    fn check_range(ns: &Namespace, lba: u64, blocks: u64) -> Result<(), Error> {
+        if lba.checked_add(blocks).is_none_or(|end| end > ns.blocks) {
+            return Err(Error::OutOfRange {
+                nsid: ns.nsid,
+                lba,
+                blocks,
+                capacity: ns.blocks,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a data buffer for `ns`; returns its length in blocks.
+    fn check_buffer(
+        &self,
+        ns: &Namespace,
+        lba: u64,
+        buf: &DmaSlice,
+        max: usize,
+    ) -> Result<u64, Error> {
+        let bs = ns.lba_size as usize;
+        if buf.len == 0 {
+            return Err(Error::InvalidArgument("empty data buffer".into()));
+        }
+        if buf.len % bs != 0 {
+            return Err(Error::Unaligned {
+                what: "buffer length",
+                value: buf.len as u64,
+                align: bs as u64,
+            });
+        }
+        if buf.len > max {
+            return Err(Error::TransferTooLarge { len: buf.len, max });
+        }
+        if buf.offset % 4 != 0 {
+            return Err(Error::Unaligned {
+                what: "buffer offset",
+                value: buf.offset as u64,
+                align: 4,
+            });
+        }
+        let blocks = (buf.len / bs) as u64;
+        Self::check_range(ns, lba, blocks)?;
+        Ok(blocks)
+    }
+
+    /// Submits one command and rings the doorbell. The command is checked against the
+    /// namespace first (NSID, range, alignment, size ≤ [`IoQueuePair::max_transfer_bytes`]);
+    /// a bad one fails with a typed error without reaching the device. Fails with
+    /// [`Error::QueueFull`] when [`IoQueuePair::capacity`] commands are in flight.
+    pub fn submit(&mut self, cmd: IoCommand, tag: u64) -> Result<(), Error> {
+        self.submit_inner(cmd, tag, false)?;
+        self.qp.ring();
+        Ok(())
+    }
+
+    /// Like [`IoQueuePair::submit`] but leaves the doorbell alone, so that a batch of commands
+    /// costs one doorbell write: call [`IoQueuePair::ring`] after the batch. [`IoQueuePair::poll`]
+    /// and [`IoQueuePair::wait`] ring it too, so a forgotten ring cannot stall the queue.
+    pub fn submit_deferred(&mut self, cmd: IoCommand, tag: u64) -> Result<(), Error> {
+        self.submit_inner(cmd, tag, false)
+    }
+
+    /// Rings the submission queue tail doorbell if commands were queued since the last ring.
+    pub fn ring(&mut self) {
+        self.qp.ring();
+    }
+
+    fn submit_inner(&mut self, cmd: IoCommand, tag: u64, internal: bool) -> Result<(), Error> {
+        if self.handle.deleted.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        match cmd {
+            IoCommand::Read { nsid, lba, buf } => {
+                self.submit_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag, internal)
+            }
+            IoCommand::Write { nsid, lba, buf } => {
+                self.submit_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag, internal)
+            }
+            IoCommand::Flush { nsid } => {
+                self.namespace(nsid)?;
+                let cid = self.qp.begin()?;
+                let cmd = Command::new(NvmOpcode::FLUSH.0, 0, nsid);
+                let op = Op {
+                    name: "Flush",
+                    nsid,
+                    lba: None,
+                };
+                self.qp.issue(cid, cmd, op, tag, internal, None, false);
+                Ok(())
+            }
+            IoCommand::WriteZeroes { nsid, lba, blocks } => {
+                if !self.shared.info.write_zeroes {
+                    return Err(Error::Unsupported("Write Zeroes (ONCS bit 3 clear)".into()));
+                }
+                let ns = self.namespace(nsid)?;
+                if blocks == 0 || blocks as u64 > MAX_BLOCKS_PER_COMMAND {
+                    return Err(Error::InvalidArgument(format!(
+                        "Write Zeroes of {blocks} blocks (1..=65536 per command)"
+                    )));
+                }
+                Self::check_range(ns, lba, blocks as u64)?;
+                let cid = self.qp.begin()?;
+                let mut cmd = Command::new(NvmOpcode::WRITE_ZEROES.0, 0, nsid);
+                cmd.set_slba(lba);
+                cmd.cdw12 = WriteZeroesCdw12::new()
+                    .with_nlb_z((blocks - 1) as u16)
+                    .into();
+                let op = Op {
+                    name: "Write Zeroes",
+                    nsid,
+                    lba: Some(lba),
+                };
+                self.qp.issue(cid, cmd, op, tag, internal, None, false);
+                Ok(())
+            }
+            IoCommand::Deallocate { nsid, ranges } => {
+                if !self.shared.info.dsm {
+                    return Err(Error::Unsupported(
+                        "Dataset Management (ONCS bit 2 clear)".into(),
+                    ));
+                }
+                let ns = self.namespace(nsid)?;
+                if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
+                    return Err(Error::InvalidArgument(format!(
+                        "Deallocate with {} ranges (1..=256 per command)",
+                        ranges.len()
+                    )));
+                }
+                let mut table = [DsmRange {
+                    context_attributes: 0,
+                    nlb: 0,
+                    slba: 0,
+                }; DSM_MAX_RANGES];
+                for (entry, &(lba, blocks)) in table.iter_mut().zip(&ranges) {
+                    if blocks == 0 {
+                        return Err(Error::InvalidArgument(
+                            "Deallocate range of 0 blocks".into(),
+                        ));
+                    }
+                    Self::check_range(ns, lba, blocks as u64)?;
+                    *entry = DsmRange {
+                        context_attributes: 0,
+                        nlb: blocks,
+                        slba: lba,
+                    };
+                }
+                let cid = self.qp.begin()?;
+                let address = self
+                    .qp
+                    .write_side_page(cid, table[..ranges.len()].as_bytes());
+                let mut cmd = Command::new(NvmOpcode::DATASET_MANAGEMENT.0, 0, nsid);
+                cmd.prp1 = address;
+                cmd.cdw10 = DsmCdw10::new().with_nr_z((ranges.len() - 1) as u8).into();
+                cmd.cdw11 = DsmCdw11::new().with_ad(true).into();
+                let op = Op {
+                    name: "Dataset Management",
+                    nsid,
+                    lba: Some(ranges[0].0),
+                };
+                self.qp.issue(cid, cmd, op, tag, internal, None, false);
+                Ok(())
+            }
+        }
+    }
+
+    #[expect(clippy::too_many_arguments)]
+    fn submit_rw(
+        &mut self,
+        opcode: NvmOpcode,
+        name: &'static str,
+        nsid: u32,
+        lba: u64,
+        buf: DmaSlice,
+        tag: u64,
+        internal: bool,
+    ) -> Result<(), Error> {
+        let ns = self.namespace(nsid)?;
+        let blocks = self.check_buffer(ns, lba, &buf, self.max_transfer)?;
+        let cid = self.qp.begin()?;
+        let prp = match self.qp.data_pointer(cid, &buf) {
+            Ok(prp) => prp,
+            Err(e) => {
+                self.qp.cancel(cid);
+                return Err(e);
+            }
+        };
+        let mut cmd = Command::new(opcode.0, 0, nsid);
+        cmd.prp1 = prp.prp1;
+        cmd.prp2 = prp.prp2;
+        cmd.set_slba(lba);
+        cmd.cdw12 = ReadWriteCdw12::new().with_nlb_z((blocks - 1) as u16).into();
+        let op = Op {
+            name,
+            nsid,
+            lba: Some(lba),
+        };
+        self.qp.issue(cid, cmd, op, tag, internal, Some(buf), false);
+        Ok(())
+    }
+
+    /// Reaps finished commands into `out` without blocking; returns how many were added.
+    ///
+    /// Commands past their deadline come back as [`Error::Timeout`] (and the queue pair is
+    /// marked failed); when the controller reports fatal status or vanishes, every command in
+    /// flight comes back with [`Error::ControllerFatal`] / [`Error::DeviceGone`]. A completion
+    /// the driver cannot attribute fails the queue pair and this call with
+    /// [`Error::InvalidCompletion`].
+    pub fn poll(&mut self, out: &mut Vec<IoCompletion>) -> Result<usize, Error> {
+        self.qp.ring();
+        let before = out.len();
+        out.append(&mut self.stash);
+        self.qp.reap(usize::MAX, &mut |r| {
+            if !r.internal {
+                out.push(IoCompletion {
+                    tag: r.tag,
+                    result: r.result.map(drop),
+                });
+            }
+        })?;
+        Ok(out.len() - before)
+    }
+
+    /// Reaps into `out` until at least `min` commands (or all in flight, if fewer) have
+    /// finished; returns how many were added. Bounded: every command has a deadline.
+    pub fn wait(&mut self, out: &mut Vec<IoCompletion>, min: usize) -> Result<usize, Error> {
+        let target = min.min(self.in_flight());
+        let mut got = 0;
+        let mut backoff = Backoff::for_io();
+        loop {
+            let n = self.poll(out)?;
+            got += n;
+            if got >= target || self.qp.in_flight() == 0 {
+                return Ok(got);
+            }
+            if n > 0 {
+                backoff.reset();
+            } else {
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Runs `cmds` with as many in flight as the queue allows; returns the first error after
+    /// everything submitted has finished. Completions of the caller's own commands that arrive
+    /// meanwhile are kept for the next [`IoQueuePair::poll`].
+    fn run(&mut self, mut cmds: impl Iterator<Item = IoCommand>) -> Result<(), Error> {
+        let mut first_error: Option<Error> = None;
+        let mut outstanding = 0usize;
+        let mut pending = cmds.next();
+        let mut backoff = Backoff::for_io();
+        loop {
+            while first_error.is_none() && self.qp.in_flight() < self.qp.capacity() {
+                let Some(cmd) = pending.take() else { break };
+                match self.submit_inner(cmd, 0, true) {
+                    Ok(()) => outstanding += 1,
+                    Err(e) => first_error = Some(e),
+                }
+                pending = cmds.next();
+            }
+            self.qp.ring();
+            if outstanding == 0 && (pending.is_none() || first_error.is_some()) {
+                return first_error.map_or(Ok(()), Err);
+            }
+            let stash = &mut self.stash;
+            let mut done = 0;
+            self.qp.reap(usize::MAX, &mut |r| {
+                if r.internal {
+                    done += 1;
+                    if let Err(e) = r.result {
+                        first_error.get_or_insert(e);
+                    }
+                } else {
+                    stash.push(IoCompletion {
+                        tag: r.tag,
+                        result: r.result.map(drop),
+                    });
+                }
+            })?;
+            outstanding -= done;
+            if done > 0 {
+                backoff.reset();
+            } else {
+                backoff.snooze();
+            }
+        }
+    }
+
+    /// Checks a whole synchronous request up front; returns (namespace block size, chunk bytes).
+    fn plan(
+        &self,
+        nsid: u32,
+        lba: u64,
+        len: usize,
+        offset: usize,
+    ) -> Result<(usize, usize), Error> {
+        let ns = self.namespace(nsid)?;
+        let bs = ns.lba_size as usize;
+        if len % bs != 0 {
+            return Err(Error::Unaligned {
+                what: "buffer length",
+                value: len as u64,
+                align: bs as u64,
+            });
+        }
+        if offset % 4 != 0 {
+            return Err(Error::Unaligned {
+                what: "buffer offset",
+                value: offset as u64,
+                align: 4,
+            });
+        }
+        Self::check_range(ns, lba, (len / bs) as u64)?;
+        Ok((bs, self.max_transfer / bs * bs))
+    }
+
+    fn rw(&mut self, write: bool, nsid: u32, lba: u64, buf: &DmaSlice) -> Result<(), Error> {
+        let (bs, chunk) = self.plan(nsid, lba, buf.len, buf.offset)?;
+        let buf = buf.clone();
+        let cmds = (0..buf.len).step_by(chunk).map(move |pos| {
+            let len = chunk.min(buf.len - pos);
+            let part = DmaSlice {
+                mem: buf.mem.clone(),
+                offset: buf.offset + pos,
+                len,
+            };
+            let lba = lba + (pos / bs) as u64;
+            if write {
+                IoCommand::Write {
+                    nsid,
+                    lba,
+                    buf: part,
+                }
+            } else {
+                IoCommand::Read {
+                    nsid,
+                    lba,
+                    buf: part,
+                }
+            }
+        });
+        self.run(cmds)
+    }
+
+    /// Reads `buf.len` bytes from block `lba` into `buf`, split into commands of at most
+    /// [`IoQueuePair::max_transfer_bytes`] with many in flight.
+    pub fn read(&mut self, nsid: u32, lba: u64, buf: &DmaSlice) -> Result<(), Error> {
+        self.rw(false, nsid, lba, buf)
+    }
+
+    /// Writes `buf` to block `lba` onward, split like [`IoQueuePair::read`].
+    pub fn write(&mut self, nsid: u32, lba: u64, buf: &DmaSlice) -> Result<(), Error> {
+        self.rw(true, nsid, lba, buf)
+    }
+
+    fn bounce(&mut self, len: usize) -> Result<Arc<DmaMemory>, Error> {
+        let want = len.min(MAX_BOUNCE).div_ceil(DMA_PAGE_SIZE) * DMA_PAGE_SIZE;
+        match &self.bounce {
+            Some(b) if b.len() >= want => Ok(b.clone()),
+            _ => {
+                let b = Arc::new(self.shared.device.alloc_dma(want)?);
+                self.bounce = Some(b.clone());
+                Ok(b)
+            }
+        }
+    }
+
+    /// Reads into ordinary memory through a DMA bounce buffer.
+    pub fn read_to(&mut self, nsid: u32, lba: u64, out: &mut [u8]) -> Result<(), Error> {
+        let (bs, _) = self.plan(nsid, lba, out.len(), 0)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let bounce = self.bounce(out.len())?;
+        let piece = bounce.len() / bs * bs;
+        for (i, part) in out.chunks_mut(piece).enumerate() {
+            let slice = DmaSlice {
+                mem: bounce.clone(),
+                offset: 0,
+                len: part.len(),
+            };
+            self.read(nsid, lba + (i * piece / bs) as u64, &slice)?;
+            bounce.read(0, part);
+        }
+        Ok(())
+    }
+
+    /// Writes from ordinary memory through a DMA bounce buffer.
+    pub fn write_from(&mut self, nsid: u32, lba: u64, data: &[u8]) -> Result<(), Error> {
+        let (bs, _) = self.plan(nsid, lba, data.len(), 0)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bounce = self.bounce(data.len())?;
+        let piece = bounce.len() / bs * bs;
+        for (i, part) in data.chunks(piece).enumerate() {
+            bounce.write(0, part);
+            let slice = DmaSlice {
+                mem: bounce.clone(),
+                offset: 0,
+                len: part.len(),
+            };
+            self.write(nsid, lba + (i * piece / bs) as u64, &slice)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the namespace's volatile write cache and waits for it.
+    pub fn flush(&mut self, nsid: u32) -> Result<(), Error> {
+        self.run(std::iter::once(IoCommand::Flush { nsid }))
+    }
+
+    /// Writes zeroes to `blocks` blocks from `lba`, 65536 blocks per command.
+    pub fn write_zeroes(&mut self, nsid: u32, lba: u64, blocks: u64) -> Result<(), Error> {
+        let ns = self.namespace(nsid)?;
+        Self::check_range(ns, lba, blocks)?;
+        let cmds = (0..blocks)
+            .step_by(MAX_BLOCKS_PER_COMMAND as usize)
+            .map(move |done| {
+                let n = (blocks - done).min(MAX_BLOCKS_PER_COMMAND) as u32;
+                IoCommand::WriteZeroes {
+                    nsid,
+                    lba: lba + done,
+                    blocks: n,
+                }
+            });
+        self.run(cmds)
+    }
+
+    /// Deallocates (trims) the given (first block, blocks) ranges, 256 per command.
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), Error> {
+        let ns = self.namespace(nsid)?;
+        for &(lba, blocks) in ranges {
+            Self::check_range(ns, lba, blocks as u64)?;
+        }
+        let cmds = ranges
+            .chunks(DSM_MAX_RANGES)
+            .map(|c| IoCommand::Deallocate {
+                nsid,
+                ranges: c.to_vec(),
+            })
+            .collect::<Vec<_>>();
+        self.run(cmds.into_iter())
+    }
+}
+
+impl Drop for IoQueuePair {
+    fn drop(&mut self) {
+        if self.handle.deleted.load(Ordering::Acquire) || self.shared.is_shut_down() {
+            return;
+        }
+        if let Err(e) = self.shared.delete_queue_pair(&self.handle) {
+            tracing::warn!(qid = self.handle.qid, error = %e, "deleting I/O queue pair");
+        }
+    }
+}
