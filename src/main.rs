@@ -1,1 +1,190 @@
-fn main() {}
+//! `gpunvme`: identify, raw namespace I/O, perf and file operations on an NVMe controller
+//! reached through VFIO or the built-in software controller.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use gpunvme::open::{DeviceSpec, OpenOptions, open_controller};
+use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
+use gpunvme::units::{parse_duration, parse_size};
+
+mod cli;
+
+/// Userspace NVMe driver: talk to an SSD bound to vfio-pci, or to the built-in software
+/// controller over an image file.
+#[derive(Parser, Debug)]
+#[command(name = "gpunvme", version, about)]
+struct Args {
+    /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
+    /// by the software controller. Default: ./gpunvme.img, created on first use (1 GiB, sparse).
+    #[arg(long, global = true, value_name = "SPEC")]
+    device: Option<String>,
+
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// LBA size of the namespace the software controller makes of an image (512 or 4096).
+    /// Images are raw and do not record it: use the same value every time.
+    #[arg(long, global = true, default_value_t = 512, value_name = "BYTES")]
+    lba_size: u32,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the controller and its namespaces.
+    Identify,
+    /// Write a file's bytes to a namespace (the length must be whole LBAs).
+    Write {
+        /// Namespace id.
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        /// First LBA.
+        #[arg(long)]
+        lba: u64,
+        /// File to write.
+        #[arg(long)]
+        input: PathBuf,
+    },
+    /// Read bytes from a namespace into a file (the length must be whole LBAs).
+    Read {
+        /// Namespace id.
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        /// First LBA.
+        #[arg(long)]
+        lba: u64,
+        /// Bytes to read (e.g. 4096, 4k, 1m).
+        #[arg(long, value_parser = parse_size)]
+        bytes: u64,
+        /// File to create (`-` for standard output).
+        #[arg(long)]
+        output: PathBuf,
+    },
+    /// Measure IOPS, bandwidth and latency, fio-style (one thread per queue).
+    Perf(PerfArgs),
+    /// File operations on blockfs.
+    Fs {
+        /// Namespace holding the file system.
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        #[command(subcommand)]
+        cmd: cli::fs::FsCommand,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum RwArg {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+}
+
+#[derive(clap::Args, Debug)]
+struct PerfArgs {
+    /// Access pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    rw: RwArg,
+    /// Bytes per I/O.
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    bs: u64,
+    /// I/Os in flight per queue.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// I/O queue pairs (one thread each).
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// Run for this long (e.g. 10s, 500ms).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "ios")]
+    runtime: Option<std::time::Duration>,
+    /// Run this many I/Os in total. Default when neither is given: --runtime 5s.
+    #[arg(long)]
+    ios: Option<u64>,
+    /// Write known patterns and check every byte read.
+    #[arg(long)]
+    verify: bool,
+    /// Namespace id.
+    #[arg(long, default_value_t = 1)]
+    nsid: u32,
+    /// Bytes of the namespace (from LBA 0) to touch. Default: the whole namespace, at most 1 GiB.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Seed for offsets and patterns (default: fresh each run).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpunvme: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    anyhow::ensure!(
+        args.lba_size == 512 || args.lba_size == 4096,
+        "--lba-size must be 512 or 4096, not {}",
+        args.lba_size
+    );
+    let spec = DeviceSpec::parse(args.device.as_deref())?;
+    let opts = OpenOptions {
+        lba_size: args.lba_size,
+        ..Default::default()
+    };
+    let ctrl = open_controller(&spec, &opts)?;
+    let result = match args.command {
+        Command::Identify => cli::identify::run(&ctrl, args.json),
+        Command::Write { nsid, lba, input } => cli::io::write(&ctrl, nsid, lba, &input, args.json),
+        Command::Read {
+            nsid,
+            lba,
+            bytes,
+            output,
+        } => cli::io::read(&ctrl, nsid, lba, bytes, &output, args.json),
+        Command::Perf(p) => {
+            let cfg = PerfConfig {
+                rw: match p.rw {
+                    RwArg::Read => RwMode::Read,
+                    RwArg::Write => RwMode::Write,
+                    RwArg::Randread => RwMode::RandRead,
+                    RwArg::Randwrite => RwMode::RandWrite,
+                },
+                bs: usize::try_from(p.bs).context("--bs is too large")?,
+                qd: p.qd,
+                queues: p.queues,
+                stop: match (p.runtime, p.ios) {
+                    (_, Some(n)) => Stop::Ios(n),
+                    (Some(d), None) => Stop::Runtime(d),
+                    (None, None) => Stop::Runtime(std::time::Duration::from_secs(5)),
+                },
+                verify: p.verify,
+                nsid: p.nsid,
+                size: p.size,
+                seed: p.seed,
+            };
+            perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
+        }
+        Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
+    };
+    // Shut the controller down in order whatever happened, but report the command's error first.
+    let shutdown = ctrl.shutdown().context("shutting the controller down");
+    result.and(shutdown)
+}

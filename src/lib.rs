@@ -1,0 +1,19 @@
+//! gpunvme: a userspace NVMe driver with a software controller for machines without an SSD.
+//!
+//! This facade crate holds what the `gpunvme` CLI, the examples and the top-level benches share:
+//! choosing and opening a device ([`open`]), the fio-style load generator ([`perf`]) and the
+//! size/duration parsers ([`units`]). The layers themselves live in their own crates, re-exported
+//! here: [`nvme_spec`] (spec types), [`nvme`] (driver), [`nvme_emu`] (software controller),
+//! [`vfio`] (real PCI devices) and [`blockfs`] (file layer).
+#![forbid(unsafe_code)]
+
+pub mod open;
+pub mod pattern;
+pub mod perf;
+pub mod units;
+
+pub use blockfs;
+pub use nvme;
+pub use nvme_emu;
+pub use nvme_spec;
+pub use vfio;

@@ -1,0 +1,127 @@
+//! Choosing the device a command runs on: a PCI address (VFIO) or an image file (software
+//! controller), and bringing its controller up.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use nvme::{Controller, ControllerOptions, Device};
+use nvme_emu::{EmuConfig, EmuDevice};
+
+/// The image the software controller uses when no `--device` is given.
+pub const DEFAULT_IMAGE: &str = "gpunvme.img";
+
+/// Size of the default image when it is created on first use (sparse).
+pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
+
+/// What `--device` named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A PCI function bound to vfio-pci.
+    Pci(vfio::PciAddress),
+    /// An image file served by the software controller.
+    Image(PathBuf),
+    /// No `--device`: the software controller over `./gpunvme.img`, created on first use.
+    DefaultImage,
+}
+
+impl DeviceSpec {
+    /// Interprets the `--device` argument: anything shaped like a PCI address is one (and must
+    /// parse as one), everything else is an image path.
+    pub fn parse(arg: Option<&str>) -> Result<Self> {
+        match arg {
+            None => Ok(Self::DefaultImage),
+            // A PCI address, or something meant as one (a colon, no slash, no such file): parse
+            // it as one so a typo gets a PCI address error rather than "no such image".
+            Some(s)
+                if vfio::looks_like_pci_address(s)
+                    || (s.contains(':') && !s.contains('/') && !Path::new(s).exists()) =>
+            {
+                Ok(Self::Pci(
+                    s.parse()
+                        .map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?,
+                ))
+            }
+            Some(s) => Ok(Self::Image(PathBuf::from(s))),
+        }
+    }
+}
+
+/// How to open a device.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Logical block size of the namespace the software controller makes of an image (512 or
+    /// 4096). Images are raw, like QEMU's `format=raw`, so this is not stored in them.
+    pub lba_size: u32,
+    /// Driver options (queue depths, timeouts).
+    pub controller: ControllerOptions,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            lba_size: 512,
+            controller: ControllerOptions::default(),
+        }
+    }
+}
+
+/// Opens the transport named by `spec` (without bringing the controller up).
+pub fn open_device(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Arc<dyn Device>> {
+    match spec {
+        DeviceSpec::Pci(addr) => {
+            // vfio's errors already name the address and say what to do.
+            Ok(vfio::VfioNvme::open(addr, &vfio::VfioOptions::default())?)
+        }
+        DeviceSpec::Image(path) => open_image(path, opts.lba_size),
+        DeviceSpec::DefaultImage => {
+            let path = Path::new(DEFAULT_IMAGE);
+            if !path.exists() {
+                EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES)
+                    .with_context(|| format!("creating the default image {}", path.display()))?;
+                tracing::info!("created {} ({} bytes, sparse)", path.display(), DEFAULT_IMAGE_BYTES);
+            }
+            open_image(path, opts.lba_size)
+        }
+    }
+}
+
+fn open_image(path: &Path, lba_size: u32) -> Result<Arc<dyn Device>> {
+    if !path.exists() {
+        bail!(
+            "image {} does not exist (create one with `truncate -s 1G {}`, or omit --device to use ./{DEFAULT_IMAGE})",
+            path.display(),
+            path.display()
+        );
+    }
+    let config = EmuConfig::for_image(path, lba_size)
+        .with_context(|| format!("image {}", path.display()))?;
+    let dev = EmuDevice::start(config).context("starting the software controller")?;
+    Ok(dev)
+}
+
+/// Opens the device and brings its controller up.
+pub fn open_controller(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Controller> {
+    let dev = open_device(spec, opts)?;
+    let describe = dev.describe();
+    Controller::new(dev, opts.controller.clone())
+        .with_context(|| format!("bringing up the controller ({describe})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_parsing() {
+        assert_eq!(DeviceSpec::parse(None).unwrap(), DeviceSpec::DefaultImage);
+        assert_eq!(
+            DeviceSpec::parse(Some("disk.img")).unwrap(),
+            DeviceSpec::Image(PathBuf::from("disk.img"))
+        );
+        assert!(matches!(
+            DeviceSpec::parse(Some("0000:01:00.0")).unwrap(),
+            DeviceSpec::Pci(_)
+        ));
+    }
+}

@@ -1,0 +1,653 @@
+//! A fio-style load generator over the driver's I/O queue pairs: one thread per queue pair,
+//! `qd` I/Os in flight on each, latency recorded per I/O, optional byte-for-byte verification.
+//!
+//! Verification uses [`crate::pattern`]: every block's content is a function of the run's seed
+//! and its LBA. Reads check every byte of every completed I/O against a region written with the
+//! pattern beforehand (not timed); writes write the pattern and, after the timed phase, every
+//! unit written is read back and checked.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use hdrhistogram::Histogram;
+use nvme::{Controller, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::pattern;
+
+/// The access pattern, named as fio names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwMode {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Uniformly random reads.
+    RandRead,
+    /// Uniformly random writes.
+    RandWrite,
+}
+
+impl RwMode {
+    fn is_write(self) -> bool {
+        matches!(self, Self::Write | Self::RandWrite)
+    }
+    fn is_random(self) -> bool {
+        matches!(self, Self::RandRead | Self::RandWrite)
+    }
+    /// fio's name for the mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::RandRead => "randread",
+            Self::RandWrite => "randwrite",
+        }
+    }
+}
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// After this much time.
+    Runtime(Duration),
+    /// After this many I/Os in total, over all queues.
+    Ios(u64),
+}
+
+/// One perf run's parameters.
+#[derive(Debug, Clone)]
+pub struct PerfConfig {
+    /// Access pattern.
+    pub rw: RwMode,
+    /// Bytes per I/O (a multiple of the LBA size); split into several commands above the
+    /// controller's maximum transfer size.
+    pub bs: usize,
+    /// I/Os in flight per queue.
+    pub qd: usize,
+    /// Queue pairs, one thread each.
+    pub queues: usize,
+    /// When to stop.
+    pub stop: Stop,
+    /// Write known patterns and check every byte read.
+    pub verify: bool,
+    /// Namespace to run on.
+    pub nsid: u32,
+    /// Bytes of the namespace, from LBA 0, that the run touches (`None`: the whole namespace,
+    /// at most [`DEFAULT_REGION_BYTES`]).
+    pub size: Option<u64>,
+    /// Seed of the pattern and of random offsets (`None`: a fresh one per run, so stale data
+    /// from an earlier run can never pass verification).
+    pub seed: Option<u64>,
+}
+
+/// Default working-set size: the whole namespace up to this many bytes.
+pub const DEFAULT_REGION_BYTES: u64 = 1 << 30;
+
+/// Latency percentiles in nanoseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Maximum.
+    pub max: u64,
+}
+
+/// What a run measured (keys as fio names them).
+#[derive(Debug, Clone, Serialize)]
+pub struct PerfReport {
+    /// Access pattern.
+    pub rw: RwMode,
+    /// Bytes per I/O.
+    pub bs: usize,
+    /// I/Os in flight per queue.
+    pub qd: usize,
+    /// Queue pairs used.
+    pub queues: usize,
+    /// I/Os completed in the timed phase.
+    pub ios: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// Bytes per second.
+    pub bw_bytes: f64,
+    /// Latency of one I/O, submission to completion.
+    pub lat_ns: Latency,
+    /// Failed I/Os plus verification mismatches.
+    pub errors: u64,
+    /// Of `errors`, blocks whose bytes did not match the pattern.
+    pub verify_errors: u64,
+    /// Bytes checked against the pattern.
+    pub verified_bytes: u64,
+    /// Duration of the timed phase.
+    pub runtime_ns: u64,
+    /// First error seen, for humans.
+    pub first_error: Option<String>,
+    /// Which transport carried the I/O.
+    pub data_path: String,
+}
+
+/// Where a worker takes its next I/O's starting unit (a unit is `bs` bytes).
+#[derive(Clone)]
+enum Units {
+    /// `start..end`, in order, wrapping.
+    Sequential { start: u64, end: u64, next: u64 },
+    /// Uniform over `0..units`.
+    Random { units: u64, rng: SmallRng },
+    /// Exactly these units, once each.
+    List(Vec<u64>),
+}
+
+impl Units {
+    fn next(&mut self) -> Option<u64> {
+        match self {
+            Self::Sequential { start, end, next } => {
+                let u = *next;
+                *next = if u + 1 >= *end { *start } else { u + 1 };
+                Some(u)
+            }
+            Self::Random { units, rng } => Some(rng.random_range(0..*units)),
+            Self::List(list) => list.pop(),
+        }
+    }
+}
+
+/// One worker's orders.
+struct Plan {
+    write: bool,
+    /// Check read data against the pattern.
+    check: bool,
+    units: Units,
+    /// I/Os to issue (`None`: until `deadline`).
+    ios: Option<u64>,
+    deadline: Option<Instant>,
+    /// Record units written (for verification afterwards).
+    track_written: bool,
+}
+
+/// Shared, read-only parameters of every worker.
+#[derive(Clone, Copy)]
+struct Geometry {
+    nsid: u32,
+    lba_size: usize,
+    bs: usize,
+    qd: usize,
+    /// Bytes per NVMe command (≤ the controller's maximum transfer).
+    chunk: usize,
+    seed: u64,
+    total_units: u64,
+}
+
+impl Geometry {
+    fn blocks_per_unit(&self) -> u64 {
+        (self.bs / self.lba_size) as u64
+    }
+    fn commands_per_io(&self) -> usize {
+        self.bs.div_ceil(self.chunk)
+    }
+}
+
+#[derive(Default)]
+struct WorkerResult {
+    ios: u64,
+    errors: u64,
+    verify_errors: u64,
+    verified_bytes: u64,
+    first_error: Option<String>,
+    written: Vec<u64>,
+    hist: Option<Histogram<u64>>,
+}
+
+struct Slot {
+    unit: u64,
+    pending: usize,
+    failed: bool,
+    started: Instant,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour at 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs one worker to completion on its queue pair.
+fn run_worker(
+    qp: &mut IoQueuePair,
+    buf: &Arc<nvme::DmaMemory>,
+    geo: Geometry,
+    mut plan: Plan,
+    start: &Barrier,
+) -> WorkerResult {
+    let mut res = WorkerResult {
+        hist: Some(new_histogram()),
+        ..Default::default()
+    };
+    let mut staging = vec![0u8; geo.bs];
+    let mut slots: Vec<Slot> = (0..geo.qd)
+        .map(|_| Slot {
+            unit: 0,
+            pending: 0,
+            failed: false,
+            started: Instant::now(),
+        })
+        .collect();
+    if plan.write && !plan.check {
+        // Content is irrelevant without verification; fill once so writes carry real data.
+        for s in 0..geo.qd {
+            pattern::fill(&mut staging, geo.seed, geo.nsid, 0, geo.lba_size);
+            buf.write(s * geo.bs, &staging);
+        }
+    }
+    let mut written = if plan.track_written {
+        vec![0u64; geo.total_units.div_ceil(64) as usize]
+    } else {
+        Vec::new()
+    };
+    let mut issued = 0u64;
+    let mut in_flight = 0usize;
+    let mut comps: Vec<IoCompletion> = Vec::with_capacity(geo.qd * geo.commands_per_io());
+    let note_error = |res: &mut WorkerResult, msg: String| {
+        if res.first_error.is_none() {
+            res.first_error = Some(msg);
+        }
+    };
+    start.wait();
+
+    let may_issue = |issued: u64, plan: &Plan| -> bool {
+        if let Some(n) = plan.ios {
+            if issued >= n {
+                return false;
+            }
+        }
+        if let Some(d) = plan.deadline {
+            if Instant::now() >= d {
+                return false;
+            }
+        }
+        true
+    };
+
+    // Starts one I/O in `slot`; returns false when the unit source is exhausted or the queue
+    // refused the command (the error is recorded).
+    let start_io = |slot_ix: usize,
+                    slots: &mut [Slot],
+                    plan: &mut Plan,
+                    qp: &mut IoQueuePair,
+                    staging: &mut [u8],
+                    res: &mut WorkerResult|
+     -> std::result::Result<bool, String> {
+        let Some(unit) = plan.units.next() else {
+            return Ok(false);
+        };
+        let lba = unit * geo.blocks_per_unit();
+        let off = slot_ix * geo.bs;
+        if plan.write && plan.check {
+            pattern::fill(staging, geo.seed, geo.nsid, lba, geo.lba_size);
+            buf.write(off, staging);
+        }
+        let slot = &mut slots[slot_ix];
+        slot.unit = unit;
+        slot.failed = false;
+        slot.pending = 0;
+        slot.started = Instant::now();
+        let mut done = 0usize;
+        while done < geo.bs {
+            let len = geo.chunk.min(geo.bs - done);
+            let slice = DmaSlice::new(buf.clone(), off + done, len);
+            let cmd_lba = lba + (done / geo.lba_size) as u64;
+            let cmd = if plan.write {
+                IoCommand::Write { nsid: geo.nsid, lba: cmd_lba, buf: slice }
+            } else {
+                IoCommand::Read { nsid: geo.nsid, lba: cmd_lba, buf: slice }
+            };
+            if let Err(e) = qp.submit(cmd, slot_ix as u64) {
+                res.errors += 1;
+                return Err(format!("submitting on queue {}: {e}", qp.qid()));
+            }
+            slot.pending += 1;
+            done += len;
+        }
+        Ok(true)
+    };
+
+    for s in 0..geo.qd {
+        if !may_issue(issued, &plan) {
+            break;
+        }
+        match start_io(s, &mut slots, &mut plan, qp, &mut staging, &mut res) {
+            Ok(true) => {
+                issued += 1;
+                in_flight += 1;
+            }
+            Ok(false) => break,
+            Err(msg) => {
+                note_error(&mut res, msg);
+                break;
+            }
+        }
+    }
+
+    let mut stopped = false;
+    while in_flight > 0 {
+        comps.clear();
+        if let Err(e) = qp.wait(&mut comps, 1) {
+            // The queue pair failed (timeout, controller fatal): whatever is in flight is lost.
+            res.errors += in_flight as u64;
+            note_error(&mut res, format!("queue {}: {e}", qp.qid()));
+            break;
+        }
+        for c in comps.drain(..) {
+            let s = c.tag as usize;
+            if let Err(e) = c.result {
+                if !slots[s].failed {
+                    note_error(&mut res, e.to_string());
+                }
+                slots[s].failed = true;
+            }
+            slots[s].pending -= 1;
+            if slots[s].pending > 0 {
+                continue;
+            }
+            // The I/O in slot `s` is complete.
+            in_flight -= 1;
+            let lat = slots[s].started.elapsed().as_nanos() as u64;
+            if let Some(h) = res.hist.as_mut() {
+                h.saturating_record(lat.max(1));
+            }
+            res.ios += 1;
+            let unit = slots[s].unit;
+            if slots[s].failed {
+                res.errors += 1;
+            } else if plan.check && !plan.write {
+                buf.read(s * geo.bs, &mut staging);
+                let lba = unit * geo.blocks_per_unit();
+                if let Some(bad) = pattern::check(&staging, geo.seed, geo.nsid, lba, geo.lba_size)
+                {
+                    res.verify_errors += 1;
+                    res.errors += 1;
+                    note_error(
+                        &mut res,
+                        format!("verify: nsid {} lba {bad}: data differs from what was written", geo.nsid),
+                    );
+                } else {
+                    res.verified_bytes += geo.bs as u64;
+                }
+            } else if plan.track_written {
+                written[(unit / 64) as usize] |= 1 << (unit % 64);
+            }
+            if !stopped && may_issue(issued, &plan) {
+                match start_io(s, &mut slots, &mut plan, qp, &mut staging, &mut res) {
+                    Ok(true) => {
+                        issued += 1;
+                        in_flight += 1;
+                    }
+                    Ok(false) => stopped = true,
+                    Err(msg) => {
+                        note_error(&mut res, msg);
+                        stopped = true;
+                    }
+                }
+            }
+        }
+    }
+    res.written = written;
+    res
+}
+
+/// Runs `plans` (one per queue pair) in parallel; returns their results and the wall time from
+/// the moment all threads were ready.
+fn run_workers(
+    ctrl: &Controller,
+    qps: &mut [IoQueuePair],
+    bufs: &[Arc<nvme::DmaMemory>],
+    geo: Geometry,
+    plans: Vec<Plan>,
+) -> (Vec<WorkerResult>, Duration) {
+    let barrier = Barrier::new(plans.len() + 1);
+    let _ = ctrl;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = qps
+            .iter_mut()
+            .zip(bufs)
+            .zip(plans)
+            .map(|((qp, buf), plan)| {
+                let barrier = &barrier;
+                scope.spawn(move || run_worker(qp, buf, geo, plan, barrier))
+            })
+            .collect();
+        barrier.wait();
+        let t0 = Instant::now();
+        let results: Vec<WorkerResult> = handles
+            .into_iter()
+            .map(|h| h.join().expect("perf worker panicked"))
+            .collect();
+        (results, t0.elapsed())
+    })
+}
+
+/// Runs one perf job on `ctrl` and reports what it measured.
+pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
+    let ns = ctrl.namespace(cfg.nsid)?.clone();
+    let lba_size = ns.lba_size as usize;
+    ensure!(cfg.qd >= 1, "--qd must be at least 1");
+    ensure!(cfg.queues >= 1, "--queues must be at least 1");
+    ensure!(
+        cfg.bs >= lba_size && cfg.bs % lba_size == 0,
+        "--bs {} is not a whole number of namespace {}'s {}-byte LBAs",
+        cfg.bs,
+        cfg.nsid,
+        lba_size
+    );
+    let ns_bytes = ns.blocks * lba_size as u64;
+    let region = match cfg.size {
+        Some(s) => {
+            ensure!(
+                s <= ns_bytes,
+                "--size {s} is larger than namespace {} ({ns_bytes} bytes)",
+                cfg.nsid
+            );
+            s
+        }
+        None => ns_bytes.min(DEFAULT_REGION_BYTES),
+    };
+    let total_units = region / cfg.bs as u64;
+    ensure!(
+        total_units >= cfg.queues as u64,
+        "the region of {region} bytes holds fewer than one {}-byte I/O per queue",
+        cfg.bs
+    );
+    let max_queues = ctrl.info().max_io_queue_pairs as usize;
+    ensure!(
+        cfg.queues <= max_queues,
+        "--queues {} but the controller granted {max_queues} I/O queue pairs",
+        cfg.queues
+    );
+    let chunk = ctrl.info().max_transfer_bytes / lba_size * lba_size;
+    let geo = Geometry {
+        nsid: cfg.nsid,
+        lba_size,
+        bs: cfg.bs,
+        qd: cfg.qd,
+        chunk,
+        seed: cfg.seed.unwrap_or_else(rand::random),
+        total_units,
+    };
+    let depth = geo.qd * geo.commands_per_io() + 1;
+    let depth = u16::try_from(depth).context("--qd × commands per I/O is too deep a queue")?;
+    let mut qps = Vec::with_capacity(cfg.queues);
+    for _ in 0..cfg.queues {
+        let qp = ctrl.create_io_queue_pair(depth)?;
+        if qp.capacity() < geo.qd * geo.commands_per_io() {
+            bail!(
+                "--qd {} needs {} commands in flight per queue (bs {} is {} command(s) of at most {} bytes), but queues hold {}",
+                cfg.qd,
+                geo.qd * geo.commands_per_io(),
+                cfg.bs,
+                geo.commands_per_io(),
+                chunk,
+                qp.capacity()
+            );
+        }
+        qps.push(qp);
+    }
+    let bufs = (0..cfg.queues)
+        .map(|_| ctrl.device().alloc_dma(geo.qd * geo.bs).map(Arc::new))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+
+    // Units each worker owns for sequential access (and for the read-verify prefill).
+    let stripe = |w: usize| -> (u64, u64) {
+        let per = total_units / cfg.queues as u64;
+        let start = w as u64 * per;
+        let end = if w + 1 == cfg.queues { total_units } else { start + per };
+        (start, end)
+    };
+
+    if cfg.verify && !cfg.rw.is_write() {
+        // Lay the pattern down over the whole region first (not timed).
+        let plans = (0..cfg.queues)
+            .map(|w| {
+                let (start, end) = stripe(w);
+                Plan {
+                    write: true,
+                    check: true,
+                    units: Units::List((start..end).rev().collect()),
+                    ios: None,
+                    deadline: None,
+                    track_written: false,
+                }
+            })
+            .collect();
+        let (results, _) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+        for r in &results {
+            if r.errors > 0 {
+                bail!(
+                    "writing the verification pattern failed: {}",
+                    r.first_error.as_deref().unwrap_or("unknown error")
+                );
+            }
+        }
+    }
+
+    let per_worker_ios = |w: usize| -> Option<u64> {
+        match cfg.stop {
+            Stop::Ios(n) => {
+                let q = cfg.queues as u64;
+                Some(n / q + u64::from((w as u64) < n % q))
+            }
+            Stop::Runtime(_) => None,
+        }
+    };
+    let deadline = match cfg.stop {
+        Stop::Runtime(d) => Some(Instant::now() + d),
+        Stop::Ios(_) => None,
+    };
+    let plans = (0..cfg.queues)
+        .map(|w| {
+            let units = if cfg.rw.is_random() {
+                Units::Random {
+                    units: total_units,
+                    rng: SmallRng::seed_from_u64(geo.seed ^ (w as u64).wrapping_mul(0x9e37_79b9)),
+                }
+            } else {
+                let (start, end) = stripe(w);
+                Units::Sequential { start, end, next: start }
+            };
+            Plan {
+                write: cfg.rw.is_write(),
+                check: cfg.verify,
+                units,
+                ios: per_worker_ios(w),
+                deadline,
+                track_written: cfg.verify && cfg.rw.is_write(),
+            }
+        })
+        .collect();
+    let (results, elapsed) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+
+    let mut hist = new_histogram();
+    let mut ios = 0;
+    let mut errors = 0;
+    let mut verify_errors = 0;
+    let mut verified_bytes = 0;
+    let mut first_error = None;
+    let mut written = vec![0u64; total_units.div_ceil(64) as usize];
+    for r in results {
+        ios += r.ios;
+        errors += r.errors;
+        verify_errors += r.verify_errors;
+        verified_bytes += r.verified_bytes;
+        if first_error.is_none() {
+            first_error = r.first_error;
+        }
+        if let Some(h) = r.hist {
+            hist.add(h).expect("histograms share bounds");
+        }
+        for (acc, w) in written.iter_mut().zip(&r.written) {
+            *acc |= w;
+        }
+    }
+
+    if cfg.verify && cfg.rw.is_write() {
+        // Read back every unit written and check it (not timed).
+        let units: Vec<u64> = (0..total_units)
+            .filter(|u| written[(u / 64) as usize] & (1 << (u % 64)) != 0)
+            .collect();
+        let per = units.len().div_ceil(cfg.queues).max(1);
+        let mut chunks: Vec<Vec<u64>> = units.chunks(per).map(<[u64]>::to_vec).collect();
+        chunks.resize(cfg.queues, Vec::new());
+        let plans = chunks
+            .into_iter()
+            .map(|list| Plan {
+                write: false,
+                check: true,
+                units: Units::List(list),
+                ios: None,
+                deadline: None,
+                track_written: false,
+            })
+            .collect();
+        let (results, _) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+        for r in results {
+            errors += r.errors;
+            verify_errors += r.verify_errors;
+            verified_bytes += r.verified_bytes;
+            if first_error.is_none() {
+                first_error = r.first_error;
+            }
+        }
+    }
+    drop(qps);
+
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    Ok(PerfReport {
+        rw: cfg.rw,
+        bs: cfg.bs,
+        qd: cfg.qd,
+        queues: cfg.queues,
+        ios,
+        iops: ios as f64 / secs,
+        bw_bytes: (ios * cfg.bs as u64) as f64 / secs,
+        lat_ns: Latency {
+            mean: hist.mean(),
+            p50: hist.value_at_quantile(0.5),
+            p99: hist.value_at_quantile(0.99),
+            p999: hist.value_at_quantile(0.999),
+            max: hist.max(),
+        },
+        errors,
+        verify_errors,
+        verified_bytes,
+        runtime_ns: elapsed.as_nanos() as u64,
+        first_error,
+        data_path: ctrl.device().describe(),
+    })
+}
