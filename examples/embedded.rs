@@ -16,7 +16,10 @@ fn main() -> Result<()> {
     let device = EmuDevice::start(EmuConfig::default())?;
     let ctrl = Controller::new(device, ControllerOptions::default())?;
     let info = ctrl.info();
-    println!("{} {} (fw {}), {} I/O queue pairs", info.mn, info.sn, info.fr, info.max_io_queue_pairs);
+    println!(
+        "{} {} (fw {}), {} I/O queue pairs",
+        info.mn, info.sn, info.fr, info.max_io_queue_pairs
+    );
     let ns = ctrl.namespace(1)?.clone();
     println!("namespace 1: {} blocks of {} bytes", ns.blocks, ns.lba_size);
 
@@ -34,14 +37,23 @@ fn main() -> Result<()> {
     let buf = Arc::new(ctrl.device().alloc_dma(32 * 4096)?);
     for i in 0..32u64 {
         let slice = DmaSlice::new(buf.clone(), i as usize * 4096, 4096);
-        qp.submit(IoCommand::Read { nsid: 1, lba: 2048 + i * 8, buf: slice }, i)?;
+        qp.submit(
+            IoCommand::Read {
+                nsid: 1,
+                lba: 2048 + i * 8,
+                buf: slice,
+            },
+            i,
+        )?;
     }
     let mut done = Vec::new();
     while done.len() < 32 {
         qp.wait(&mut done, 1)?;
     }
     for c in &done {
-        c.result.as_ref().map_err(|e| anyhow::anyhow!("read {}: {e}", c.tag))?;
+        c.result
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("read {}: {e}", c.tag))?;
     }
     let mut first = [0u8; 16];
     buf.read(0, &mut first);

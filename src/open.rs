@@ -79,7 +79,11 @@ pub fn open_device(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Arc<dyn Devi
             if !path.exists() {
                 EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES)
                     .with_context(|| format!("creating the default image {}", path.display()))?;
-                tracing::info!("created {} ({} bytes, sparse)", path.display(), DEFAULT_IMAGE_BYTES);
+                tracing::info!(
+                    "created {} ({} bytes, sparse)",
+                    path.display(),
+                    DEFAULT_IMAGE_BYTES
+                );
             }
             open_image(path, opts.lba_size)
         }

@@ -305,9 +305,17 @@ fn run_worker(
             let slice = DmaSlice::new(buf.clone(), off + done, len);
             let cmd_lba = lba + (done / geo.lba_size) as u64;
             let cmd = if plan.write {
-                IoCommand::Write { nsid: geo.nsid, lba: cmd_lba, buf: slice }
+                IoCommand::Write {
+                    nsid: geo.nsid,
+                    lba: cmd_lba,
+                    buf: slice,
+                }
             } else {
-                IoCommand::Read { nsid: geo.nsid, lba: cmd_lba, buf: slice }
+                IoCommand::Read {
+                    nsid: geo.nsid,
+                    lba: cmd_lba,
+                    buf: slice,
+                }
             };
             if let Err(e) = qp.submit(cmd, slot_ix as u64) {
                 res.errors += 1;
@@ -370,13 +378,15 @@ fn run_worker(
             } else if plan.check && !plan.write {
                 buf.read(s * geo.bs, &mut staging);
                 let lba = unit * geo.blocks_per_unit();
-                if let Some(bad) = pattern::check(&staging, geo.seed, geo.nsid, lba, geo.lba_size)
-                {
+                if let Some(bad) = pattern::check(&staging, geo.seed, geo.nsid, lba, geo.lba_size) {
                     res.verify_errors += 1;
                     res.errors += 1;
                     note_error(
                         &mut res,
-                        format!("verify: nsid {} lba {bad}: data differs from what was written", geo.nsid),
+                        format!(
+                            "verify: nsid {} lba {bad}: data differs from what was written",
+                            geo.nsid
+                        ),
                     );
                 } else {
                     res.verified_bytes += geo.bs as u64;
@@ -507,7 +517,11 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     let stripe = |w: usize| -> (u64, u64) {
         let per = total_units / cfg.queues as u64;
         let start = w as u64 * per;
-        let end = if w + 1 == cfg.queues { total_units } else { start + per };
+        let end = if w + 1 == cfg.queues {
+            total_units
+        } else {
+            start + per
+        };
         (start, end)
     };
 
@@ -559,7 +573,11 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 }
             } else {
                 let (start, end) = stripe(w);
-                Units::Sequential { start, end, next: start }
+                Units::Sequential {
+                    start,
+                    end,
+                    next: start,
+                }
             };
             Plan {
                 write: cfg.rw.is_write(),

@@ -17,7 +17,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("`{s}` has an unknown size suffix (use k, m, g or t)")),
+        _ => {
+            return Err(format!(
+                "`{s}` has an unknown size suffix (use k, m, g or t)"
+            ));
+        }
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("`{s}` is too large"))
@@ -41,7 +45,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" => n,
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("`{s}` has an unknown unit (use ns, us, ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "`{s}` has an unknown unit (use ns, us, ms, s, m or h)"
+            ));
+        }
     };
     if !(secs.is_finite() && secs > 0.0) {
         return Err(format!("`{s}` must be a positive duration"));

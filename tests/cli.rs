@@ -24,7 +24,10 @@ fn ok(out: &Output) -> String {
 /// A failed command: non-zero exit and a one-line error on stderr containing `needle`.
 fn fails_with(out: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success: {err}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success: {err}"
+    );
     let lines: Vec<_> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "error must be one line: {err:?}");
     assert!(lines[0].contains(needle), "{:?} lacks {needle:?}", lines[0]);
@@ -41,7 +44,15 @@ fn identify_json_on_the_default_image() {
     let dir = tempfile::tempdir().unwrap();
     let out = ok(&gpunvme(dir.path(), &["identify", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for key in ["vid", "ssvid", "sn", "mn", "fr", "mdts_bytes", "max_io_queue_pairs"] {
+    for key in [
+        "vid",
+        "ssvid",
+        "sn",
+        "mn",
+        "fr",
+        "mdts_bytes",
+        "max_io_queue_pairs",
+    ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }
     let ns = &v["namespaces"][0];
@@ -58,22 +69,50 @@ fn data_survives_a_restart_and_4k_lbas() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), 64 << 20);
     let img = img.to_str().unwrap();
-    let data: Vec<u8> = (0..300 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..300 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(dir.path().join("in.bin"), &data).unwrap();
     for lba_size in ["512", "4096"] {
         ok(&gpunvme(
             dir.path(),
-            &["--device", img, "--lba-size", lba_size, "write", "--lba", "3", "--input", "in.bin"],
+            &[
+                "--device",
+                img,
+                "--lba-size",
+                lba_size,
+                "write",
+                "--lba",
+                "3",
+                "--input",
+                "in.bin",
+            ],
         ));
         // A new process, a new controller: the bytes come from the image file.
         ok(&gpunvme(
             dir.path(),
-            &["--device", img, "--lba-size", lba_size, "read", "--lba", "3", "--bytes", "300k", "--output", "out.bin"],
+            &[
+                "--device",
+                img,
+                "--lba-size",
+                lba_size,
+                "read",
+                "--lba",
+                "3",
+                "--bytes",
+                "300k",
+                "--output",
+                "out.bin",
+            ],
         ));
         assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), data);
         let raw = std::fs::read(dir.path().join("disk.img")).unwrap();
         let off = 3 * lba_size.parse::<usize>().unwrap();
-        assert_eq!(&raw[off..off + data.len()], &data[..], "bytes at the LBA's offset in the image");
+        assert_eq!(
+            &raw[off..off + data.len()],
+            &data[..],
+            "bytes at the LBA's offset in the image"
+        );
     }
 }
 
@@ -86,20 +125,94 @@ fn refusals_are_one_line_and_leave_the_image_unchanged() {
     std::fs::write(dir.path().join("eight.bin"), vec![0xbb; 4096]).unwrap();
     let before = std::fs::read(&img_path).unwrap();
     let d = dir.path();
-    fails_with(&gpunvme(d, &["--device", img, "write", "--lba", "0", "--input", "odd.bin"]), "not a whole number");
-    fails_with(&gpunvme(d, &["--device", img, "read", "--lba", "0", "--bytes", "1000", "--output", "o"]), "not a whole number");
-    fails_with(&gpunvme(d, &["--device", img, "write", "--lba", "16380", "--input", "eight.bin"]), "beyond the end");
-    fails_with(&gpunvme(d, &["--device", img, "write", "--lba", "99999999", "--input", "eight.bin"]), "beyond the end");
-    fails_with(&gpunvme(d, &["--device", img, "write", "--nsid", "2", "--lba", "0", "--input", "eight.bin"]), "namespace 2");
-    assert_eq!(std::fs::read(&img_path).unwrap(), before, "image changed by a refused command");
+    fails_with(
+        &gpunvme(
+            d,
+            &["--device", img, "write", "--lba", "0", "--input", "odd.bin"],
+        ),
+        "not a whole number",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &[
+                "--device", img, "read", "--lba", "0", "--bytes", "1000", "--output", "o",
+            ],
+        ),
+        "not a whole number",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &[
+                "--device",
+                img,
+                "write",
+                "--lba",
+                "16380",
+                "--input",
+                "eight.bin",
+            ],
+        ),
+        "beyond the end",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &[
+                "--device",
+                img,
+                "write",
+                "--lba",
+                "99999999",
+                "--input",
+                "eight.bin",
+            ],
+        ),
+        "beyond the end",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &[
+                "--device",
+                img,
+                "write",
+                "--nsid",
+                "2",
+                "--lba",
+                "0",
+                "--input",
+                "eight.bin",
+            ],
+        ),
+        "namespace 2",
+    );
+    assert_eq!(
+        std::fs::read(&img_path).unwrap(),
+        before,
+        "image changed by a refused command"
+    );
 
     std::fs::create_dir(d.join("adir")).unwrap();
     fails_with(&gpunvme(d, &["--device", "adir", "identify"]), "directory");
-    fails_with(&gpunvme(d, &["--device", "disk.img/x", "identify"]), "disk.img/x");
-    fails_with(&gpunvme(d, &["--device", "missing.img", "identify"]), "does not exist");
-    fails_with(&gpunvme(d, &["--device", "0000:zz:00.0", "identify"]), "0000:zz:00.0");
+    fails_with(
+        &gpunvme(d, &["--device", "disk.img/x", "identify"]),
+        "disk.img/x",
+    );
+    fails_with(
+        &gpunvme(d, &["--device", "missing.img", "identify"]),
+        "does not exist",
+    );
+    fails_with(
+        &gpunvme(d, &["--device", "0000:zz:00.0", "identify"]),
+        "0000:zz:00.0",
+    );
     std::fs::write(d.join("small.img"), vec![0u8; 1000]).unwrap();
-    fails_with(&gpunvme(d, &["--device", "small.img", "identify"]), "small.img");
+    fails_with(
+        &gpunvme(d, &["--device", "small.img", "identify"]),
+        "small.img",
+    );
     assert_eq!(std::fs::read(d.join("small.img")).unwrap(), vec![0u8; 1000]);
 }
 
@@ -111,17 +224,26 @@ fn perf_verifies_every_mode_with_zero_errors() {
     for rw in ["read", "write", "randread", "randwrite"] {
         let out = ok(&gpunvme(
             dir.path(),
-            &["--device", img, "perf", "--rw", rw, "--bs", "4k", "--qd", "8", "--queues", "2", "--ios", "3000", "--verify", "--json"],
+            &[
+                "--device", img, "perf", "--rw", rw, "--bs", "4k", "--qd", "8", "--queues", "2",
+                "--ios", "3000", "--verify", "--json",
+            ],
         ));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["ios"], 3000, "{rw}: {v}");
         assert_eq!(v["errors"], 0, "{rw}: {v}");
-        assert!(v["verified_bytes"].as_u64().unwrap() > 0, "{rw}: nothing verified");
+        assert!(
+            v["verified_bytes"].as_u64().unwrap() > 0,
+            "{rw}: nothing verified"
+        );
         for key in ["iops", "bw_bytes"] {
             assert!(v[key].as_f64().unwrap() > 0.0, "{rw}: {key}");
         }
         for key in ["mean", "p50", "p99", "p999"] {
-            assert!(v["lat_ns"][key].as_f64().unwrap() > 0.0, "{rw}: lat_ns.{key}");
+            assert!(
+                v["lat_ns"][key].as_f64().unwrap() > 0.0,
+                "{rw}: lat_ns.{key}"
+            );
         }
     }
 }
@@ -134,7 +256,21 @@ fn perf_verify_catches_corruption_and_bs_above_mdts_works() {
     // 512 KiB I/Os are four 128 KiB commands each on the default controller (MDTS 128 KiB).
     let out = ok(&gpunvme(
         dir.path(),
-        &["--device", img, "perf", "--rw", "randwrite", "--bs", "512k", "--qd", "4", "--ios", "64", "--verify", "--json"],
+        &[
+            "--device",
+            img,
+            "perf",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "512k",
+            "--qd",
+            "4",
+            "--ios",
+            "64",
+            "--verify",
+            "--json",
+        ],
     ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["errors"], 0, "{v}");

@@ -1,15 +1,511 @@
-//! `gpunvme fs`: placeholder until the blockfs helper lands its module.
-use anyhow::Result;
+//! `gpunvme fs`: blockfs on a namespace — mkfs, ls, put, get, rm, mv, stat, df, fsck.
+//!
+//! Every command opens the namespace through [`NvmeBlockDevice`] (several I/O queue pairs, DMA
+//! bounce buffers reused across calls) and mounts the file system, except `mkfs` (which makes
+//! one) and `fsck` (which checks it unmounted). Changes are synced before the command returns.
+//! `put` and `get` stream through a reader thread and a writer thread so host-file I/O overlaps
+//! device I/O, and show a progress bar with throughput on a terminal.
+
+use std::fs::File as HostFile;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use blockfs::{
+    BlockDevice, CreateOptions, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions,
+    NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+};
+use gpunvme::units::{format_bytes, parse_size};
+use indicatif::{ProgressBar, ProgressStyle};
 use nvme::Controller;
+use serde_json::{Value, json};
+
+/// Bytes moved per call to the file system by `put` and `get`.
+const CHUNK: usize = 32 << 20;
+/// Files at least this large get a progress bar (on a terminal).
+const PROGRESS_MIN: u64 = 64 << 20;
 
 /// blockfs commands.
 #[derive(clap::Subcommand, Debug)]
 pub enum FsCommand {
-    /// Not yet available.
-    Mkfs,
+    /// Make a new, empty file system on the namespace (everything on it is lost).
+    Mkfs {
+        /// File system block size (4k to 1m, a power of two).
+        #[arg(long, default_value = "4k", value_parser = parse_size)]
+        block_size: u64,
+    },
+    /// List files whose names start with PREFIX (all files without one).
+    Ls {
+        /// Name prefix, e.g. `dataset/` for everything "in" that directory.
+        prefix: Option<String>,
+    },
+    /// Copy a host file into the file system.
+    Put {
+        /// Host file to read.
+        src: PathBuf,
+        /// Name in the file system (UTF-8, `/`-separated, up to 1024 bytes).
+        name: String,
+        /// Replace NAME if it exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Copy a file out of the file system (`-` for standard output).
+    Get {
+        /// Name in the file system.
+        name: String,
+        /// Host file to create or truncate.
+        dst: PathBuf,
+    },
+    /// Remove a file.
+    Rm {
+        /// Name in the file system.
+        name: String,
+    },
+    /// Rename a file (fails if NEW exists).
+    Mv {
+        /// Current name.
+        old: String,
+        /// New name.
+        new: String,
+    },
+    /// Show a file's size, allocation, extents and generation.
+    Stat {
+        /// Name in the file system.
+        name: String,
+    },
+    /// Show space usage.
+    Df,
+    /// Check the file system (unmounted); with --repair, fix what can be fixed.
+    Fsck {
+        /// Rebuild a consistent file system from the best surviving generation.
+        #[arg(long)]
+        repair: bool,
+    },
 }
 
-/// Runs a blockfs command.
-pub fn run(_ctrl: &Controller, _nsid: u32, _cmd: FsCommand, _json: bool) -> Result<()> {
-    anyhow::bail!("blockfs commands are not available yet")
+/// Runs a blockfs command on namespace `nsid` of `ctrl`.
+pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<()> {
+    let dev = Arc::new(
+        NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
+            .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
+    );
+    let path = dev.describe();
+    let mount = || {
+        FileSystem::mount(dev.clone()).with_context(|| {
+            format!("mounting blockfs on namespace {nsid} (`gpunvme fs fsck` says more)")
+        })
+    };
+    match cmd {
+        FsCommand::Mkfs { block_size } => {
+            let opts = MkfsOptions {
+                block_size: u32::try_from(block_size).context("--block-size is too large")?,
+                ..MkfsOptions::default()
+            };
+            let fs = FileSystem::mkfs(dev.clone(), &opts).context("mkfs")?;
+            let g = fs.geometry();
+            let df = fs.df();
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "uuid": uuid(&g.uuid),
+                        "block_size": g.block_size,
+                        "blocks": g.block_count,
+                        "free_blocks": df.free_blocks,
+                        "data_path": path,
+                    })
+                );
+            } else {
+                println!("data path: {path}");
+                println!(
+                    "made blockfs {}: {} blocks of {} bytes ({}), {} free",
+                    uuid(&g.uuid),
+                    g.block_count,
+                    g.block_size,
+                    format_bytes((g.block_count * g.block_size as u64) as f64),
+                    format_bytes((df.free_blocks * g.block_size as u64) as f64)
+                );
+            }
+            Ok(())
+        }
+        FsCommand::Ls { prefix } => {
+            let fs = mount()?;
+            let files = fs.list(prefix.as_deref().unwrap_or(""));
+            if json {
+                let v: Vec<Value> = files.iter().map(stat_json).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for f in &files {
+                    println!(
+                        "{:>14} {:>10} {:>4} {}",
+                        f.size,
+                        format_bytes(f.allocated as f64),
+                        f.extents,
+                        f.name
+                    );
+                }
+                println!("{} file(s)", files.len());
+            }
+            Ok(())
+        }
+        FsCommand::Put { src, name, force } => {
+            let fs = mount()?;
+            put(&fs, &src, &name, force, json, &path)
+        }
+        FsCommand::Get { name, dst } => {
+            let fs = mount()?;
+            get(&fs, &name, &dst, json, &path)
+        }
+        FsCommand::Rm { name } => {
+            let fs = mount()?;
+            fs.remove(&name)?;
+            fs.sync()?;
+            if json {
+                println!("{}", json!({ "removed": name }));
+            } else {
+                println!("removed {name}");
+            }
+            Ok(())
+        }
+        FsCommand::Mv { old, new } => {
+            let fs = mount()?;
+            fs.rename(&old, &new)?;
+            fs.sync()?;
+            if json {
+                println!("{}", json!({ "from": old, "to": new }));
+            } else {
+                println!("renamed {old} to {new}");
+            }
+            Ok(())
+        }
+        FsCommand::Stat { name } => {
+            let fs = mount()?;
+            let st = fs.stat(&name)?;
+            let table = fs.open(&name, OpenMode::ReadOnly)?.extent_table()?;
+            if json {
+                let mut v = stat_json(&st);
+                v["gpu_table_bytes"] = json!(table.as_bytes().len());
+                v["extent_list"] = table
+                    .extents()
+                    .iter()
+                    .map(|e| json!({ "file_lba": e.file_lba, "lba": e.lba, "nlb": e.nlb }))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("name:       {}", st.name);
+                println!("file id:    {}", st.file_id);
+                println!("size:       {} ({})", st.size, format_bytes(st.size as f64));
+                println!("allocated:  {} ({})", st.allocated, format_bytes(st.allocated as f64));
+                println!("extents:    {}", st.extents);
+                println!("generation: {}", st.generation);
+                println!("immutable:  {}", st.immutable);
+                println!("GPU table:  {} bytes", table.as_bytes().len());
+                for e in table.extents() {
+                    println!("  file LBA {:>12} -> LBA {:>12} x {}", e.file_lba, e.lba, e.nlb);
+                }
+            }
+            Ok(())
+        }
+        FsCommand::Df => {
+            let fs = mount()?;
+            let d = fs.df();
+            let bs = d.block_size as u64;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "block_size": d.block_size,
+                        "total_blocks": d.total_blocks,
+                        "data_blocks": d.data_blocks,
+                        "metadata_blocks": d.metadata_blocks,
+                        "free_blocks": d.free_blocks,
+                        "pending_blocks": d.pending_blocks,
+                        "files": d.files,
+                        "generation": d.generation,
+                        "uuid": uuid(&fs.geometry().uuid),
+                    }))?
+                );
+            } else {
+                let b = |n: u64| format_bytes((n * bs) as f64);
+                println!("size:      {} ({} blocks of {bs} bytes)", b(d.total_blocks), d.total_blocks);
+                println!("data:      {}", b(d.data_blocks));
+                println!("metadata:  {}", b(d.metadata_blocks));
+                println!("free:      {}", b(d.free_blocks));
+                println!("pending:   {} (free after the next commits)", b(d.pending_blocks));
+                println!("files:     {}", d.files);
+                println!("generation {}", d.generation);
+            }
+            Ok(())
+        }
+        FsCommand::Fsck { repair } => {
+            let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
+            print_fsck(&report, repair, json)?;
+            if !report.is_consistent() {
+                bail!(
+                    "the file system is inconsistent{}",
+                    if repair { "" } else { "; run `gpunvme fs fsck --repair`" }
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn uuid(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+fn stat_json(f: &FileStat) -> Value {
+    json!({
+        "name": f.name,
+        "file_id": f.file_id,
+        "size": f.size,
+        "allocated": f.allocated,
+        "extents": f.extents,
+        "generation": f.generation,
+        "immutable": f.immutable,
+    })
+}
+
+fn progress(len: u64, json: bool, verb: &str) -> ProgressBar {
+    if json || len < PROGRESS_MIN {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{verb} [{{bar:40}}] {{bytes}}/{{total_bytes}} {{binary_bytes_per_sec}} eta {{eta}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+fn report_transfer(verb: &str, from: &str, to: &str, bytes: u64, secs: f64, extents: usize, path: &str, json: bool) {
+    let rate = bytes as f64 / secs.max(1e-9);
+    if json {
+        println!(
+            "{}",
+            json!({
+                "op": verb,
+                "from": from,
+                "to": to,
+                "bytes": bytes,
+                "seconds": secs,
+                "bytes_per_sec": rate,
+                "extents": extents,
+                "data_path": path,
+            })
+        );
+    } else {
+        println!("data path: {path}");
+        println!(
+            "{verb} {from} -> {to}: {} in {secs:.3} s ({}/s), {extents} extent(s)",
+            format_bytes(bytes as f64),
+            format_bytes(rate)
+        );
+    }
+}
+
+/// Buffers circulate between the host-file thread and the file-system thread: `full` carries
+/// (offset, buffer, length), `empty` returns buffers for reuse.
+type Full = (u64, Vec<u8>, usize);
+
+fn put(fs: &FileSystem, src: &Path, name: &str, force: bool, json: bool, path: &str) -> Result<()> {
+    let mut input = HostFile::open(src).with_context(|| format!("opening {}", src.display()))?;
+    let len = input.metadata().with_context(|| format!("reading {}", src.display()))?.len();
+    blockfs::check_name(name).map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
+    if force && fs.stat(name).is_ok() {
+        fs.remove(name)?;
+    }
+    let file = fs.create(name, &CreateOptions { size_hint: len })?;
+    let bar = progress(len, json, "put");
+    let start = Instant::now();
+    let (full_tx, full_rx): (SyncSender<Full>, Receiver<Full>) = sync_channel(2);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
+    for _ in 0..3 {
+        empty_tx.send(vec![0u8; CHUNK]).expect("channel has room");
+    }
+    let total = std::thread::scope(|s| -> Result<u64> {
+        let reader = s.spawn(move || -> Result<()> {
+            let mut off = 0u64;
+            while let Ok(mut buf) = empty_rx.recv() {
+                let mut n = 0;
+                while n < buf.len() {
+                    match input.read(&mut buf[n..]) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e).context("reading the source file"),
+                    }
+                }
+                if n == 0 || full_tx.send((off, buf, n)).is_err() {
+                    break;
+                }
+                off += n as u64;
+            }
+            Ok(())
+        });
+        let mut written = 0u64;
+        let mut result = Ok(());
+        for (off, buf, n) in full_rx.iter() {
+            if let Err(e) = file.write_at(off, &buf[..n]) {
+                result = Err(e);
+                break;
+            }
+            written += n as u64;
+            bar.set_position(written);
+            if empty_tx.send(buf).is_err() {
+                break;
+            }
+        }
+        drop(empty_tx);
+        drop(full_rx);
+        reader.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+        result.with_context(|| format!("writing {name}"))?;
+        Ok(written)
+    })?;
+    fs.sync().context("syncing")?;
+    let secs = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let extents = file.stat()?.extents;
+    report_transfer("put", &src.display().to_string(), name, total, secs, extents, path, json);
+    Ok(())
+}
+
+fn get(fs: &FileSystem, name: &str, dst: &Path, json: bool, path: &str) -> Result<()> {
+    let file = fs.open(name, OpenMode::ReadOnly)?;
+    let len = file.len()?;
+    let to_stdout = dst == Path::new("-");
+    let mut out: Box<dyn Write + Send> = if to_stdout {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(HostFile::create(dst).with_context(|| format!("creating {}", dst.display()))?)
+    };
+    let bar = progress(len, json || to_stdout, "get");
+    let start = Instant::now();
+    let (full_tx, full_rx) = sync_channel::<Full>(2);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
+    for _ in 0..3 {
+        empty_tx.send(vec![0u8; CHUNK]).expect("channel has room");
+    }
+    std::thread::scope(|s| -> Result<()> {
+        let writer = s.spawn(move || -> Result<()> {
+            for (_, buf, n) in full_rx.iter() {
+                out.write_all(&buf[..n]).context("writing the destination file")?;
+                if empty_tx.send(buf).is_err() {
+                    break;
+                }
+            }
+            out.flush().context("writing the destination file")
+        });
+        let mut off = 0u64;
+        let mut result = Ok(());
+        while off < len {
+            let Ok(mut buf) = empty_rx.recv() else { break };
+            match file.read_at(off, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if full_tx.send((off, buf, n)).is_err() {
+                        break;
+                    }
+                    off += n as u64;
+                    bar.set_position(off);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(full_tx);
+        writer.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+        result.with_context(|| format!("reading {name}"))?;
+        Ok(())
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    if !to_stdout {
+        let extents = file.stat()?.extents;
+        report_transfer("get", name, &dst.display().to_string(), len, secs, extents, path, json);
+    }
+    Ok(())
+}
+
+fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
+    let problems = |ps: &[blockfs::Problem]| -> Vec<Value> {
+        ps.iter().map(|p| json!({ "what": p.what, "detail": p.detail })).collect()
+    };
+    if json {
+        let v = json!({
+            "clean": r.is_clean(),
+            "consistent": r.is_consistent(),
+            "generation": r.generation,
+            "slots": r.slots.iter().map(|s| json!({
+                "slot": s.slot,
+                "byte_offset": s.byte_offset,
+                "generation": s.generation,
+                "problem": s.problem,
+            })).collect::<Vec<_>>(),
+            "problems": problems(&r.problems),
+            "older_generation": r.older_generation,
+            "older_problems": problems(&r.older_problems),
+            "files": r.files,
+            "total_blocks": r.total_blocks,
+            "data_blocks": r.data_blocks,
+            "metadata_blocks": r.metadata_blocks,
+            "free_blocks": r.free_blocks,
+            "pending_blocks": r.pending_blocks,
+            "repair": repair,
+            "repairs": r.repairs,
+            "unrepairable": r.unrepairable,
+            "remaining": problems(&r.remaining),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    for s in &r.slots {
+        match (&s.generation, &s.problem) {
+            (Some(g), _) => println!("superblock slot {} (byte {}): generation {g}", s.slot, s.byte_offset),
+            (None, Some(p)) => println!("superblock slot {} (byte {}): {p}", s.slot, s.byte_offset),
+            (None, None) => {}
+        }
+    }
+    if let Some(g) = r.generation {
+        println!(
+            "generation {g}: {} file(s); {} of {} blocks used by data, {} by metadata, {} free, {} pending",
+            r.files, r.data_blocks, r.total_blocks, r.metadata_blocks, r.free_blocks, r.pending_blocks
+        );
+    }
+    for p in &r.problems {
+        println!("problem: {p}");
+    }
+    if let Some(g) = r.older_generation {
+        if r.older_problems.is_empty() {
+            println!("previous generation {g}: intact (available for rollback)");
+        }
+        for p in &r.older_problems {
+            println!("previous generation {g}: {p}");
+        }
+    }
+    for line in &r.repairs {
+        println!("repaired: {line}");
+    }
+    if let Some(u) = &r.unrepairable {
+        println!("cannot repair: {u}");
+    }
+    for p in &r.remaining {
+        println!("still wrong: {p}");
+    }
+    if r.is_clean() {
+        println!("clean");
+    } else if repair && r.is_consistent() {
+        println!("repaired; the file system is consistent");
+    }
+    Ok(())
 }

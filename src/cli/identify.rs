@@ -28,7 +28,10 @@ pub fn run(ctrl: &Controller, as_json: bool) -> Result<()> {
         return Ok(());
     }
     println!("device:             {}", ctrl.device().describe());
-    println!("vendor id:          {:#06x} (subsystem {:#06x})", info.vid, info.ssvid);
+    println!(
+        "vendor id:          {:#06x} (subsystem {:#06x})",
+        info.vid, info.ssvid
+    );
     println!("serial number:      {}", info.sn);
     println!("model:              {}", info.mn);
     println!("firmware:           {}", info.fr);

@@ -42,9 +42,15 @@ pub fn write(ctrl: &Controller, nsid: u32, lba: u64, input: &Path, as_json: bool
     qp.write_from(nsid, lba, &data)?;
     qp.flush(nsid)?;
     if as_json {
-        println!("{}", json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": data.len() }));
+        println!(
+            "{}",
+            json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": data.len() })
+        );
     } else {
-        println!("wrote {} bytes ({blocks} blocks) to nsid {nsid} at lba {lba}", data.len());
+        println!(
+            "wrote {} bytes ({blocks} blocks) to nsid {nsid} at lba {lba}",
+            data.len()
+        );
     }
     Ok(())
 }
@@ -69,9 +75,15 @@ pub fn read(
     }
     std::fs::write(output, &data).with_context(|| format!("writing {}", output.display()))?;
     if as_json {
-        println!("{}", json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": bytes }));
+        println!(
+            "{}",
+            json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": bytes })
+        );
     } else {
-        println!("read {bytes} bytes ({blocks} blocks) from nsid {nsid} at lba {lba} into {}", output.display());
+        println!(
+            "read {bytes} bytes ({blocks} blocks) from nsid {nsid} at lba {lba} into {}",
+            output.display()
+        );
     }
     Ok(())
 }
