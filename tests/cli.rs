@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn gpunvme(dir: &Path, args: &[&str]) -> Output {
+/// Runs `gpunvme` in `dir` with a command line split at whitespace.
+fn gpunvme(dir: &Path, cmdline: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gpunvme"))
         .current_dir(dir)
-        .args(args)
+        .args(cmdline.split_whitespace())
         .output()
         .expect("run gpunvme")
 }
@@ -42,7 +43,7 @@ fn image(dir: &Path, bytes: u64) -> PathBuf {
 #[test]
 fn identify_json_on_the_default_image() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ok(&gpunvme(dir.path(), &["identify", "--json"]));
+    let out = ok(&gpunvme(dir.path(), "identify --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for key in [
         "vid",
@@ -76,34 +77,14 @@ fn data_survives_a_restart_and_4k_lbas() {
     for lba_size in ["512", "4096"] {
         ok(&gpunvme(
             dir.path(),
-            &[
-                "--device",
-                img,
-                "--lba-size",
-                lba_size,
-                "write",
-                "--lba",
-                "3",
-                "--input",
-                "in.bin",
-            ],
+            &format!("--device {img} --lba-size {lba_size} write --lba 3 --input in.bin"),
         ));
         // A new process, a new controller: the bytes come from the image file.
         ok(&gpunvme(
             dir.path(),
-            &[
-                "--device",
-                img,
-                "--lba-size",
-                lba_size,
-                "read",
-                "--lba",
-                "3",
-                "--bytes",
-                "300k",
-                "--output",
-                "out.bin",
-            ],
+            &format!(
+                "--device {img} --lba-size {lba_size} read --lba 3 --bytes 300k --output out.bin"
+            ),
         ));
         assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), data);
         let raw = std::fs::read(dir.path().join("disk.img")).unwrap();
@@ -126,65 +107,34 @@ fn refusals_are_one_line_and_leave_the_image_unchanged() {
     let before = std::fs::read(&img_path).unwrap();
     let d = dir.path();
     fails_with(
+        &gpunvme(d, &format!("--device {img} write --lba 0 --input odd.bin")),
+        "not a whole number",
+    );
+    fails_with(
         &gpunvme(
             d,
-            &["--device", img, "write", "--lba", "0", "--input", "odd.bin"],
+            &format!("--device {img} read --lba 0 --bytes 1000 --output o"),
         ),
         "not a whole number",
     );
     fails_with(
         &gpunvme(
             d,
-            &[
-                "--device", img, "read", "--lba", "0", "--bytes", "1000", "--output", "o",
-            ],
-        ),
-        "not a whole number",
-    );
-    fails_with(
-        &gpunvme(
-            d,
-            &[
-                "--device",
-                img,
-                "write",
-                "--lba",
-                "16380",
-                "--input",
-                "eight.bin",
-            ],
+            &format!("--device {img} write --lba 16380 --input eight.bin"),
         ),
         "beyond the end",
     );
     fails_with(
         &gpunvme(
             d,
-            &[
-                "--device",
-                img,
-                "write",
-                "--lba",
-                "99999999",
-                "--input",
-                "eight.bin",
-            ],
+            &format!("--device {img} write --lba 99999999 --input eight.bin"),
         ),
         "beyond the end",
     );
     fails_with(
         &gpunvme(
             d,
-            &[
-                "--device",
-                img,
-                "write",
-                "--nsid",
-                "2",
-                "--lba",
-                "0",
-                "--input",
-                "eight.bin",
-            ],
+            &format!("--device {img} write --nsid 2 --lba 0 --input eight.bin"),
         ),
         "namespace 2",
     );
@@ -195,24 +145,18 @@ fn refusals_are_one_line_and_leave_the_image_unchanged() {
     );
 
     std::fs::create_dir(d.join("adir")).unwrap();
-    fails_with(&gpunvme(d, &["--device", "adir", "identify"]), "directory");
+    fails_with(&gpunvme(d, "--device adir identify"), "directory");
+    fails_with(&gpunvme(d, "--device disk.img/x identify"), "disk.img/x");
     fails_with(
-        &gpunvme(d, &["--device", "disk.img/x", "identify"]),
-        "disk.img/x",
-    );
-    fails_with(
-        &gpunvme(d, &["--device", "missing.img", "identify"]),
+        &gpunvme(d, "--device missing.img identify"),
         "does not exist",
     );
     fails_with(
-        &gpunvme(d, &["--device", "0000:zz:00.0", "identify"]),
+        &gpunvme(d, "--device 0000:zz:00.0 identify"),
         "0000:zz:00.0",
     );
     std::fs::write(d.join("small.img"), vec![0u8; 1000]).unwrap();
-    fails_with(
-        &gpunvme(d, &["--device", "small.img", "identify"]),
-        "small.img",
-    );
+    fails_with(&gpunvme(d, "--device small.img identify"), "small.img");
     assert_eq!(std::fs::read(d.join("small.img")).unwrap(), vec![0u8; 1000]);
 }
 
@@ -224,10 +168,9 @@ fn perf_verifies_every_mode_with_zero_errors() {
     for rw in ["read", "write", "randread", "randwrite"] {
         let out = ok(&gpunvme(
             dir.path(),
-            &[
-                "--device", img, "perf", "--rw", rw, "--bs", "4k", "--qd", "8", "--queues", "2",
-                "--ios", "3000", "--verify", "--json",
-            ],
+            &format!(
+                "--device {img} perf --rw {rw} --bs 4k --qd 8 --queues 2 --ios 3000 --verify --json"
+            ),
         ));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["ios"], 3000, "{rw}: {v}");
@@ -256,21 +199,7 @@ fn perf_verify_catches_corruption_and_bs_above_mdts_works() {
     // 512 KiB I/Os are four 128 KiB commands each on the default controller (MDTS 128 KiB).
     let out = ok(&gpunvme(
         dir.path(),
-        &[
-            "--device",
-            img,
-            "perf",
-            "--rw",
-            "randwrite",
-            "--bs",
-            "512k",
-            "--qd",
-            "4",
-            "--ios",
-            "64",
-            "--verify",
-            "--json",
-        ],
+        &format!("--device {img} perf --rw randwrite --bs 512k --qd 4 --ios 64 --verify --json"),
     ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["errors"], 0, "{v}");
