@@ -805,3 +805,31 @@ fn sync_helpers_keep_async_completions() -> Result<()> {
     assert_eq!(qp.in_flight(), 0);
     Ok(())
 }
+
+#[test]
+fn slow_completions_succeed_within_the_timeout_and_time_out_beyond_it() -> Result<()> {
+    let opts = ControllerOptions {
+        io_timeout: Duration::from_millis(400),
+        ..fast_opts()
+    };
+    let (emu, ctrl) = start(EmuConfig::default(), opts)?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let data = pattern(11, 8192);
+    qp.write_from(1, 64, &data)?;
+
+    // Slow but inside the deadline: the data still arrives intact.
+    emu.faults().set_completion_delay(Duration::from_millis(50));
+    let mut back = vec![0u8; data.len()];
+    qp.read_to(1, 64, &mut back)?;
+    ensure!(back == data, "slow read returned other bytes");
+
+    // Slower than the deadline: a typed timeout, not a hang, and the queue is fenced off.
+    emu.faults().set_completion_delay(Duration::from_secs(3));
+    let started = Instant::now();
+    let e = qp.read_to(1, 64, &mut back).unwrap_err();
+    ensure!(matches!(e, Error::Timeout { .. }), "expected Timeout, got {e}");
+    ensure!(started.elapsed() < Duration::from_secs(30), "wait was not bounded");
+    ensure!(qp.is_failed(), "queue must be failed after a timeout");
+    emu.faults().set_completion_delay(Duration::ZERO);
+    Ok(())
+}
