@@ -1,0 +1,339 @@
+# shellcheck shell=dash
+#
+# The integration suite, run inside the QEMU guest by scripts/qemu-test.sh (busybox ash). The
+# guest boots with every NVMe controller on the kernel nvme driver; the suite then
+#   1. records what the Linux driver and nvme-cli see (identify, queue count, transfer limit)
+#      and checks that QEMU's configuration took effect (controllers, namespaces, LBA size...);
+#   2. writes random bytes through the Linux driver;
+#   3. moves every controller to vfio-pci and, through our driver (`gpunvme`): compares
+#      identify with nvme-cli's fields, reads step 2's bytes back, runs perf --verify for
+#      read, write, randread and randwrite, and writes new random bytes;
+#   4. moves the controllers back to the kernel driver and reads step 3's bytes through
+#      /dev/nvmeXnY;
+#   5. checks that bad --device arguments fail with one line and leave everything as it was.
+#
+# Input (environment, set by the host in run.sh):
+#   GN_TOKEN        token that marks result lines (the host ignores lines without it)
+#   EXPECT_CTRLS    NVMe controllers QEMU was given
+#   EXPECT_NS       namespaces per controller
+#   EXPECT_LBA      LBA size in bytes
+#   EXPECT_MDTS     max data transfer in bytes (0: no limit)
+#   EXPECT_QPAIRS   I/O queue pairs the controller grants
+#   PERF_IOS        I/Os per perf run
+#   NEGATIVE        1: run step 5 (needs a non-NVMe PCI device, e.g. QEMU's edu)
+#
+# Output: one line per check, `GN-RESULT <token> PASS|FAIL <check> [detail]`, and exit status
+# 1 if any check failed.
+
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. /usr/share/gpunvme/lib.sh
+
+FAILED=0
+T=/tmp/suite
+mkdir -p "$T"
+# Bytes per cross-check pattern: many PRP list entries, and 32 commands when MDTS is 8 KiB.
+PAT_BYTES=262144
+# Where the patterns go, in LBAs: odd numbers, so that 512-byte LBAs are not 4 KiB aligned.
+LBA_KERNEL=1001
+LBA_OURS=3003
+# Every command that talks to a device is bounded: a hang fails its check instead of the boot.
+CMD_TIMEOUT=300
+
+pass() { echo "GN-RESULT $GN_TOKEN PASS $1"; }
+fail() {
+    echo "GN-RESULT $GN_TOKEN FAIL $1${2:+ ($2)}"
+    FAILED=1
+}
+# check NAME EXPECTED ACTUAL
+check_eq() {
+    if [ "$2" = "$3" ]; then
+        pass "$1 = $2"
+    else
+        fail "$1" "expected '$2', got '$3'"
+    fi
+}
+# Print a file's contents into the log (for a failing check's context).
+show() {
+    echo "---- $1"
+    head -c 4000 "$1" 2>/dev/null
+    echo
+}
+
+# gpunvme with a time limit; stdout and stderr to files named by $1.
+ours() {
+    local out=$1
+    shift
+    timeout "$CMD_TIMEOUT" gpunvme "$@" >"$out.out" 2>"$out.err"
+}
+
+# A JSON field with jq; empty when absent or null.
+jqf() { jq -r "$1 // empty" "$2" 2>/dev/null; }
+# A number that may be given as decimal or "0x..." text, in decimal.
+num() {
+    [ -n "$1" ] || return 0
+    printf '%d' "$1" 2>/dev/null || echo "$1"
+}
+# Trailing spaces removed (identify strings are space-padded).
+rtrim() { printf '%s' "$1" | sed 's/ *$//'; }
+
+ctrl_char_dev() {
+    local d
+    for d in /sys/bus/pci/devices/"$1"/nvme/nvme*; do
+        [ -e "$d" ] && echo "/dev/${d##*/}" && return 0
+    done
+    return 1
+}
+
+# ---- step 1: the Linux driver's view ----------------------------------------------------
+
+BDFS=$(gn_nvme_bdfs)
+check_eq "config: NVMe controllers" "$EXPECT_CTRLS" "$(echo "$BDFS" | grep -c .)"
+
+i=0
+for bdf in $BDFS; do
+    i=$((i + 1))
+    tag="ctrl$i"
+    if ! cdev=$(ctrl_char_dev "$bdf"); then
+        fail "$tag: kernel driver created no controller device for $bdf"
+        continue
+    fi
+    nvme id-ctrl "$cdev" -o json >"$T/$tag.kid.json" 2>"$T/$tag.kid.err" ||
+        fail "$tag: nvme id-ctrl" "$(cat "$T/$tag.kid.err")"
+    # Number of Queues (feature 7): the I/O SQs and CQs the controller grants, decoded by -H.
+    nvme get-feature "$cdev" -f 7 -H >"$T/$tag.kfeat7" 2>&1
+    nsqa=$(sed -n 's/.*(NSQA): *\([0-9]*\).*/\1/p' "$T/$tag.kfeat7")
+    ncqa=$(sed -n 's/.*(NCQA): *\([0-9]*\).*/\1/p' "$T/$tag.kfeat7")
+    if [ -n "$nsqa" ] && [ -n "$ncqa" ]; then
+        echo $((nsqa < ncqa ? nsqa : ncqa)) >"$T/$tag.kqpairs"
+        check_eq "config: $tag I/O queue pairs (nvme-cli)" "$EXPECT_QPAIRS" "$(cat "$T/$tag.kqpairs")"
+    else
+        fail "$tag: nvme get-feature -f 7 -H gave no NSQA/NCQA" "$(head -c 300 "$T/$tag.kfeat7")"
+    fi
+    mdts=$(jqf .mdts "$T/$tag.kid.json")
+    # MDTS is a power of two in units of CAP.MPSMIN, which is 4 KiB on QEMU's controller; the
+    # Linux driver's max_hw_sectors_kb confirms the product independently below.
+    if [ "$mdts" = 0 ]; then kmdts=0; else kmdts=$((4096 << mdts)); fi
+    echo "$kmdts" >"$T/$tag.kmdts"
+    check_eq "config: $tag max data transfer (nvme-cli)" "$EXPECT_MDTS" "$kmdts"
+    check_eq "config: $tag namespaces (nvme-cli)" "$EXPECT_NS" \
+        "$(nvme list-ns "$cdev" 2>/dev/null | grep -c '^\[')"
+
+    for nsid in $(seq 1 "$EXPECT_NS"); do
+        ntag="$tag.ns$nsid"
+        if ! blk=$(gn_blockdev "$bdf" "$nsid"); then
+            fail "$ntag: no block device through the kernel driver"
+            continue
+        fi
+        nvme id-ns "$cdev" -n "$nsid" -o json >"$T/$ntag.kns.json" 2>/dev/null ||
+            fail "$ntag: nvme id-ns"
+        flbas=$(jqf .flbas "$T/$ntag.kns.json")
+        ds=$(jq -r ".lbafs[$((flbas & 15))].ds" "$T/$ntag.kns.json" 2>/dev/null)
+        echo $((1 << ds)) >"$T/$ntag.klba"
+        check_eq "config: $ntag LBA size (nvme-cli)" "$EXPECT_LBA" "$(cat "$T/$ntag.klba")"
+        if [ "$nsid" = 1 ] && [ "$EXPECT_MDTS" != 0 ] && [ "$EXPECT_MDTS" -le 1048576 ]; then
+            kb=$(cat "/sys/block/${blk#/dev/}/queue/max_hw_sectors_kb")
+            check_eq "config: $tag max transfer (Linux max_hw_sectors_kb)" "$EXPECT_MDTS" $((kb * 1024))
+        fi
+        # ---- step 2: bytes through the Linux driver, for ours to read in step 3 ----
+        head -c "$PAT_BYTES" /dev/urandom >"$T/$ntag.kpat"
+        if timeout "$CMD_TIMEOUT" dd if="$T/$ntag.kpat" of="$blk" bs="$EXPECT_LBA" \
+            seek="$LBA_KERNEL" oflag=direct conv=fsync,notrunc 2>"$T/$ntag.kdd.err"; then
+            pass "$ntag: wrote $PAT_BYTES random bytes at LBA $LBA_KERNEL through $blk"
+        else
+            fail "$ntag: kernel write" "$(cat "$T/$ntag.kdd.err")"
+        fi
+    done
+done
+
+# ---- step 3: our driver through VFIO -------------------------------------------------------
+
+i=0
+for bdf in $BDFS; do
+    i=$((i + 1))
+    tag="ctrl$i"
+    if ! gn_bind "$bdf" vfio-pci; then
+        fail "$tag: bind $bdf to vfio-pci"
+        continue
+    fi
+    if [ "$GPUNVME_GUEST_MODE" = noiommu ]; then
+        if [ -e "/dev/vfio/noiommu-$(gn_iommu_group "$bdf")" ]; then
+            pass "$tag: /dev/vfio/noiommu-$(gn_iommu_group "$bdf") exists"
+        else
+            fail "$tag: no /dev/vfio/noiommu-N for $bdf"
+        fi
+    fi
+
+    # identify: every field against nvme-cli's view of the same controller.
+    if ours "$T/$tag.id" --device "$bdf" identify --json; then
+        pass "$tag: gpunvme identify"
+        id="$T/$tag.id.out"
+        kid="$T/$tag.kid.json"
+        check_eq "$tag: identify vid" "$(num "$(jqf .vid "$kid")")" "$(num "$(jqf .vid "$id")")"
+        check_eq "$tag: identify ssvid" "$(num "$(jqf .ssvid "$kid")")" "$(num "$(jqf .ssvid "$id")")"
+        for f in sn mn fr; do
+            check_eq "$tag: identify $f" "$(rtrim "$(jqf ".$f" "$kid")")" "$(rtrim "$(jqf ".$f" "$id")")"
+        done
+        # null means no limit, as MDTS 0 does.
+        check_eq "$tag: identify mdts_bytes" "$(cat "$T/$tag.kmdts")" \
+            "$(num "$(jq -r 'if has("mdts_bytes") then .mdts_bytes // 0 else "absent" end' "$id")")"
+        check_eq "$tag: identify max_io_queue_pairs" "$(cat "$T/$tag.kqpairs" 2>/dev/null)" \
+            "$(num "$(jqf .max_io_queue_pairs "$id")")"
+        check_eq "$tag: identify namespace count" "$EXPECT_NS" "$(jq '.namespaces | length' "$id")"
+        for nsid in $(seq 1 "$EXPECT_NS"); do
+            ntag="$tag.ns$nsid"
+            sel=".namespaces[] | select(.nsid == $nsid)"
+            check_eq "$ntag: identify lba_size" "$(cat "$T/$ntag.klba" 2>/dev/null)" \
+                "$(jq -r "$sel | .lba_size" "$id")"
+            check_eq "$ntag: identify blocks" "$(jqf .nsze "$T/$ntag.kns.json")" \
+                "$(jq -r "$sel | .blocks" "$id")"
+        done
+    else
+        fail "$tag: gpunvme identify" "$(tail -n 3 "$T/$tag.id.err")"
+    fi
+
+    # Bytes the Linux driver wrote in step 2, read back by ours.
+    for nsid in $(seq 1 "$EXPECT_NS"); do
+        ntag="$tag.ns$nsid"
+        if ours "$T/$ntag.read" --device "$bdf" read --nsid "$nsid" --lba "$LBA_KERNEL" \
+            --bytes "$PAT_BYTES" --output "$T/$ntag.ours-read"; then
+            if cmp -s "$T/$ntag.kpat" "$T/$ntag.ours-read"; then
+                pass "$ntag: bytes written by Linux read back by gpunvme ($PAT_BYTES bytes)"
+            else
+                fail "$ntag: bytes written by Linux read back by gpunvme" \
+                    "$(cmp "$T/$ntag.kpat" "$T/$ntag.ours-read" 2>&1 | head -n 1)"
+            fi
+        else
+            fail "$ntag: gpunvme read" "$(tail -n 3 "$T/$ntag.read.err")"
+        fi
+    done
+
+    # perf --verify. Writes go first so that reads find known patterns (perf writes them
+    # itself when verifying, but this order also reads what a previous run wrote).
+    queues=2
+    [ "$EXPECT_QPAIRS" -lt 2 ] && queues=1
+    for rw in write read randwrite randread; do
+        p="$T/$tag.perf-$rw"
+        if ours "$p" --device "$bdf" perf --rw "$rw" --bs 4k --qd 8 --queues "$queues" \
+            --ios "$PERF_IOS" --verify --json; then
+            ios=$(jqf .ios "$p.out")
+            errs=$(jqf .errors "$p.out")
+            verrs=$(jqf .verify_errors "$p.out")
+            iops=$(jqf .iops "$p.out")
+            vbytes=$(jqf .verified_bytes "$p.out")
+            # With --verify every byte a read brought in is checked.
+            vmin=0
+            case "$rw" in *read) vmin=$((PERF_IOS * 4096)) ;; esac
+            if [ "$ios" = "$PERF_IOS" ] && [ "$errs" = 0 ] && [ "$verrs" = 0 ] &&
+                [ "${vbytes:-0}" -ge "$vmin" ] &&
+                [ -n "$iops" ] && [ "$(echo "$iops" | sed 's/\..*//')" -gt 0 ]; then
+                pass "$tag: perf --rw $rw --verify ($ios I/Os, ${iops%%.*} IOPS, $vbytes bytes verified)"
+            else
+                fail "$tag: perf --rw $rw --verify" \
+                    "ios=$ios errors=$errs verify_errors=$verrs verified_bytes=$vbytes iops=$iops"
+                show "$p.out"
+            fi
+        else
+            fail "$tag: perf --rw $rw --verify" "$(tail -n 3 "$p.err")"
+        fi
+    done
+
+    # Bytes for the Linux driver to read in step 4; a distinct pattern per namespace and
+    # controller, so that mixing them up shows.
+    for nsid in $(seq 1 "$EXPECT_NS"); do
+        ntag="$tag.ns$nsid"
+        head -c "$PAT_BYTES" /dev/urandom >"$T/$ntag.opat"
+        if ours "$T/$ntag.write" --device "$bdf" write --nsid "$nsid" --lba "$LBA_OURS" \
+            --input "$T/$ntag.opat"; then
+            pass "$ntag: wrote $PAT_BYTES random bytes at LBA $LBA_OURS through gpunvme"
+        else
+            fail "$ntag: gpunvme write" "$(tail -n 3 "$T/$ntag.write.err")"
+        fi
+    done
+done
+
+# ---- step 4: back to the Linux driver --------------------------------------------------------
+
+i=0
+for bdf in $BDFS; do
+    i=$((i + 1))
+    tag="ctrl$i"
+    if ! gn_bind "$bdf" nvme; then
+        fail "$tag: bind $bdf back to nvme"
+        continue
+    fi
+    for nsid in $(seq 1 "$EXPECT_NS"); do
+        ntag="$tag.ns$nsid"
+        if ! blk=$(gn_blockdev "$bdf" "$nsid"); then
+            fail "$ntag: no block device after rebinding to nvme"
+            continue
+        fi
+        if timeout "$CMD_TIMEOUT" dd if="$blk" of="$T/$ntag.kread" bs="$EXPECT_LBA" \
+            skip="$LBA_OURS" count=$((PAT_BYTES / EXPECT_LBA)) iflag=direct 2>/dev/null &&
+            cmp -s "$T/$ntag.opat" "$T/$ntag.kread"; then
+            pass "$ntag: bytes written by gpunvme read back through $blk"
+        else
+            fail "$ntag: bytes written by gpunvme read back through $blk" \
+                "$(cmp "$T/$ntag.opat" "$T/$ntag.kread" 2>&1 | head -n 1)"
+        fi
+    done
+done
+
+# ---- step 5: bad --device arguments fail cleanly and touch nothing -----------------------------
+
+# expect_refusal NAME ARGS...: gpunvme must exit non-zero with exactly one line on stderr.
+expect_refusal() {
+    local name=$1 rc=0
+    shift
+    ours "$T/neg" "$@" identify || rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c . "$T/neg.err")" = 1 ]; then
+        pass "$name: refused: $(cat "$T/neg.err")"
+    else
+        fail "$name" "exit status $rc, stderr: $(head -c 300 "$T/neg.err")"
+        show "$T/neg.err"
+    fi
+}
+
+if [ "${NEGATIVE:-0}" = 1 ]; then
+    bdf=$(echo "$BDFS" | head -n 1)
+    for bad in 0000:0g:03.0 0000:00:03.9 0000:00:20.0 00:03; do
+        expect_refusal "malformed PCI address $bad" --device "$bad"
+        [ -e "/root/$bad" ] && fail "malformed PCI address $bad: created a file /root/$bad"
+    done
+    # Well-formed, but no such device.
+    expect_refusal "absent PCI device 0000:00:1e.7" --device 0000:00:1e.7
+
+    # An NVMe controller on the kernel driver: refused, still bound, its data unchanged.
+    blk=$(gn_blockdev "$bdf" 1)
+    snap() {
+        timeout "$CMD_TIMEOUT" dd if="$blk" of="$1" bs="$EXPECT_LBA" skip="$LBA_OURS" \
+            count=$((PAT_BYTES / EXPECT_LBA)) iflag=direct 2>/dev/null
+    }
+    snap "$T/neg.before" || fail "controller bound to nvme: reading $blk before"
+    expect_refusal "controller bound to nvme, not vfio-pci" --device "$bdf"
+    check_eq "controller bound to nvme: still bound to" nvme "$(gn_driver "$bdf")"
+    if snap "$T/neg.after" && cmp -s "$T/neg.before" "$T/neg.after"; then
+        pass "controller bound to nvme: $blk still reads the same bytes"
+    else
+        fail "controller bound to nvme: $blk still reads the same bytes"
+    fi
+
+    # Devices that are not NVMe controllers: one bound to vfio-pci, one on no driver at all.
+    other=""
+    for dev in /sys/bus/pci/devices/*; do
+        case "$(cat "$dev/class")" in
+            0x00ff00) other=${dev##*/} ;; # QEMU's edu device
+        esac
+    done
+    if [ -n "$other" ] && gn_bind "$other" vfio-pci; then
+        expect_refusal "non-NVMe device $other on vfio-pci" --device "$other"
+        check_eq "non-NVMe device $other: still bound to" vfio-pci "$(gn_driver "$other")"
+    else
+        fail "non-NVMe device" "no edu device bound to vfio-pci to try"
+    fi
+    host=0000:00:00.0
+    before=$(gn_driver "$host")
+    expect_refusal "non-NVMe device $host (host bridge)" --device "$host"
+    check_eq "non-NVMe device $host: driver unchanged" "$before" "$(gn_driver "$host")"
+fi
+
+exit "$FAILED"
