@@ -1,1 +1,93 @@
-//! placeholder
+//! blockfs: a small, crash-consistent file layer over a block device (an NVMe namespace), whose
+//! per-file extent tables are flat arrays GPU threads can translate offsets with.
+//!
+//! Layer: above the `nvme` driver (through [`NvmeBlockDevice`]) or any other [`BlockDevice`];
+//! below the `gpunvme fs` CLI and future GPU kernels, which read [`ExtentTable`]s. The on-disk
+//! format, the commit protocol and the extent table layout are specified in `FORMAT.md` next to
+//! this crate (format version [`format::FORMAT_VERSION`]).
+//!
+//! # Architecture
+//!
+//! - [`device`]: the [`BlockDevice`] seam (batched whole-LBA reads and writes, flush, write
+//!   zeroes); [`MemDevice`], [`CrashDevice`] and [`NvmeBlockDevice`] implement it.
+//! - [`format`](mod@format): byte layouts of the superblock, root run, file-table chunks and file records;
+//!   decoders that take untrusted bytes and never panic.
+//! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
+//! - `fs`: the mounted [`FileSystem`]: namespace operations and the copy-on-write commit (new
+//!   chunks and root, flush, superblock into the other slot, flush).
+//! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
+//! - `load`: reading and cross-checking a generation; salvage for repair.
+//! - [`fsck`](fn@fsck): report and repair.
+//! - [`table`]: the GPU extent table.
+//! - `nvme_dev` (feature `nvme`, on by default): [`NvmeBlockDevice`], several queue pairs with
+//!   reused DMA bounce buffers, batches split at the maximum transfer size.
+//! - `fuzzing` (hidden): what the cargo-fuzz targets in `fuzz/` and the corpus test run.
+//!
+//! # Host API
+//!
+//! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::create`] (with a size hint),
+//! [`FileSystem::open`] ([`OpenMode::ReadOnly`] or [`OpenMode::ReadWrite`]),
+//! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::set_len`],
+//! [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`], [`FileSystem::list`] (by
+//! prefix), [`FileSystem::stat`], [`FileSystem::sync`], [`FileSystem::reclaim`],
+//! [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the GPU tables
+//! [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are short (0
+//! bytes at or past it).
+//!
+//! Names are flat, path-like UTF-8 strings up to [`format::MAX_NAME_LEN`] bytes with `/` as a
+//! separator (no directories to create); [`FileSystem::list`] lists by prefix.
+//!
+//! # Guarantees
+//!
+//! After [`FileSystem::sync`] returns, a power cut at any later point mounts in the synced
+//! state or a later synced one, never a mix; file data written before a sync is durable with
+//! it. Data written after the last sync into blocks the file already had when it was synced
+//! (an in-place overwrite) may be found old or new per LBA after a crash, as with ext4's
+//! ordered mode; everything else written after the last sync is simply absent.
+//!
+//! # Not implemented
+//!
+//! - Directories as objects, permissions, timestamps, hard links, sparse files (holes are
+//!   written as zeroes).
+//! - Online defragmentation, shrinking or growing the file system.
+//! - Concurrent mounts of one device (nothing prevents two; do not).
+//! - Devices with LBAs larger than 4 KiB.
+//! - Writes through GPU extent tables (they are read-only snapshots for now).
+//!
+//! # Key constants
+//!
+//! Block size 4 KiB by default ([`MkfsOptions`]); superblock slots at bytes 0 and 4096
+//! ([`format::SUPERBLOCK_SLOTS`]); file-table chunks of one block; CRC-32C on every metadata
+//! structure.
+#![forbid(unsafe_code)]
+
+mod alloc;
+mod crash;
+pub mod device;
+mod error;
+mod extents;
+mod file;
+pub mod format;
+mod fs;
+mod fsck;
+#[doc(hidden)]
+pub mod fuzzing;
+mod load;
+mod mem;
+mod name;
+#[cfg(feature = "nvme")]
+mod nvme_dev;
+pub mod table;
+
+pub use crash::{CrashDevice, LoggedOp};
+pub use device::{BlockDevice, DeviceError, ReadReq, WriteReq};
+pub use error::{Error, Result};
+pub use file::{File, OpenMode};
+pub use fs::{Batch, CreateOptions, FileStat, FileSystem, FsStats, Geometry, MkfsOptions};
+pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
+pub use load::Problem;
+pub use mem::MemDevice;
+pub use name::check_name;
+#[cfg(feature = "nvme")]
+pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
+pub use table::ExtentTable;

@@ -6,11 +6,13 @@
 //! `put` and `get` stream through a reader thread and a writer thread so host-file I/O overlaps
 //! device I/O, and show a progress bar with throughput on a terminal.
 
+use std::collections::BTreeMap;
 use std::fs::File as HostFile;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -23,8 +25,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use nvme::Controller;
 use serde_json::{Value, json};
 
-/// Bytes moved per call to the file system by `put` and `get`.
-const CHUNK: usize = 32 << 20;
+/// `get`: threads reading from the file system at once, and buffers in circulation.
+const GET_READERS: usize = 2;
+const GET_BUFFERS: usize = 4;
 /// Files at least this large get a progress bar (on a terminal).
 const PROGRESS_MIN: u64 = 64 << 20;
 
@@ -51,6 +54,9 @@ pub enum FsCommand {
         /// Replace NAME if it exists.
         #[arg(long)]
         force: bool,
+        /// Bytes per file-system call (larger: fewer pauses between device batches).
+        #[arg(long, default_value = "16m", value_parser = parse_size)]
+        chunk: u64,
     },
     /// Copy a file out of the file system (`-` for standard output).
     Get {
@@ -58,6 +64,9 @@ pub enum FsCommand {
         name: String,
         /// Host file to create or truncate.
         dst: PathBuf,
+        /// Bytes per file-system call (larger: fewer pauses between device batches).
+        #[arg(long, default_value = "16m", value_parser = parse_size)]
+        chunk: u64,
     },
     /// Remove a file.
     Rm {
@@ -151,13 +160,18 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             }
             Ok(())
         }
-        FsCommand::Put { src, name, force } => {
+        FsCommand::Put {
+            src,
+            name,
+            force,
+            chunk,
+        } => {
             let fs = mount()?;
-            put(&fs, &src, &name, force, json, &path)
+            put(&fs, &src, &name, force, chunk_bytes(chunk)?, json, &path)
         }
-        FsCommand::Get { name, dst } => {
+        FsCommand::Get { name, dst, chunk } => {
             let fs = mount()?;
-            get(&fs, &name, &dst, json, &path)
+            get(&fs, &name, &dst, chunk_bytes(chunk)?, json, &path)
         }
         FsCommand::Rm { name } => {
             let fs = mount()?;
@@ -198,13 +212,20 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 println!("name:       {}", st.name);
                 println!("file id:    {}", st.file_id);
                 println!("size:       {} ({})", st.size, format_bytes(st.size as f64));
-                println!("allocated:  {} ({})", st.allocated, format_bytes(st.allocated as f64));
+                println!(
+                    "allocated:  {} ({})",
+                    st.allocated,
+                    format_bytes(st.allocated as f64)
+                );
                 println!("extents:    {}", st.extents);
                 println!("generation: {}", st.generation);
                 println!("immutable:  {}", st.immutable);
                 println!("GPU table:  {} bytes", table.as_bytes().len());
                 for e in table.extents() {
-                    println!("  file LBA {:>12} -> LBA {:>12} x {}", e.file_lba, e.lba, e.nlb);
+                    println!(
+                        "  file LBA {:>12} -> LBA {:>12} x {}",
+                        e.file_lba, e.lba, e.nlb
+                    );
                 }
             }
             Ok(())
@@ -230,11 +251,18 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 );
             } else {
                 let b = |n: u64| format_bytes((n * bs) as f64);
-                println!("size:      {} ({} blocks of {bs} bytes)", b(d.total_blocks), d.total_blocks);
+                println!(
+                    "size:      {} ({} blocks of {bs} bytes)",
+                    b(d.total_blocks),
+                    d.total_blocks
+                );
                 println!("data:      {}", b(d.data_blocks));
                 println!("metadata:  {}", b(d.metadata_blocks));
                 println!("free:      {}", b(d.free_blocks));
-                println!("pending:   {} (free after the next commits)", b(d.pending_blocks));
+                println!(
+                    "pending:   {} (free after the next commits)",
+                    b(d.pending_blocks)
+                );
                 println!("files:     {}", d.files);
                 println!("generation {}", d.generation);
             }
@@ -246,7 +274,11 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             if !report.is_consistent() {
                 bail!(
                     "the file system is inconsistent{}",
-                    if repair { "" } else { "; run `gpunvme fs fsck --repair`" }
+                    if repair {
+                        ""
+                    } else {
+                        "; run `gpunvme fs fsck --repair`"
+                    }
                 );
             }
             Ok(())
@@ -254,9 +286,23 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
     }
 }
 
+fn chunk_bytes(chunk: u64) -> Result<usize> {
+    if !(4096..=1 << 30).contains(&chunk) {
+        bail!("--chunk must be between 4k and 1g, not {chunk}");
+    }
+    Ok(chunk as usize)
+}
+
 fn uuid(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 fn stat_json(f: &FileStat) -> Value {
@@ -286,28 +332,43 @@ fn progress(len: u64, json: bool, verb: &str) -> ProgressBar {
     bar
 }
 
-fn report_transfer(verb: &str, from: &str, to: &str, bytes: u64, secs: f64, extents: usize, path: &str, json: bool) {
-    let rate = bytes as f64 / secs.max(1e-9);
+/// One finished `put` or `get`.
+struct Transfer<'a> {
+    verb: &'a str,
+    from: &'a str,
+    to: &'a str,
+    bytes: u64,
+    secs: f64,
+    extents: usize,
+}
+
+fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) {
+    let rate = t.bytes as f64 / t.secs.max(1e-9);
     if json {
         println!(
             "{}",
             json!({
-                "op": verb,
-                "from": from,
-                "to": to,
-                "bytes": bytes,
-                "seconds": secs,
+                "op": t.verb,
+                "from": t.from,
+                "to": t.to,
+                "bytes": t.bytes,
+                "seconds": t.secs,
                 "bytes_per_sec": rate,
-                "extents": extents,
+                "extents": t.extents,
                 "data_path": path,
             })
         );
     } else {
         println!("data path: {path}");
         println!(
-            "{verb} {from} -> {to}: {} in {secs:.3} s ({}/s), {extents} extent(s)",
-            format_bytes(bytes as f64),
-            format_bytes(rate)
+            "{} {} -> {}: {} in {:.3} s ({}/s), {} extent(s)",
+            t.verb,
+            t.from,
+            t.to,
+            format_bytes(t.bytes as f64),
+            t.secs,
+            format_bytes(rate),
+            t.extents
         );
     }
 }
@@ -316,12 +377,27 @@ fn report_transfer(verb: &str, from: &str, to: &str, bytes: u64, secs: f64, exte
 /// (offset, buffer, length), `empty` returns buffers for reuse.
 type Full = (u64, Vec<u8>, usize);
 
-fn put(fs: &FileSystem, src: &Path, name: &str, force: bool, json: bool, path: &str) -> Result<()> {
+fn put(
+    fs: &FileSystem,
+    src: &Path,
+    name: &str,
+    force: bool,
+    chunk: usize,
+    json: bool,
+    path: &str,
+) -> Result<()> {
     let mut input = HostFile::open(src).with_context(|| format!("opening {}", src.display()))?;
-    let len = input.metadata().with_context(|| format!("reading {}", src.display()))?.len();
-    blockfs::check_name(name).map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
+    let len = input
+        .metadata()
+        .with_context(|| format!("reading {}", src.display()))?
+        .len();
+    blockfs::check_name(name)
+        .map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
     if force && fs.stat(name).is_ok() {
         fs.remove(name)?;
+        // Make the old file's blocks reusable now rather than two commits from now.
+        fs.reclaim()
+            .context("reclaiming the replaced file's space")?;
     }
     let file = fs.create(name, &CreateOptions { size_hint: len })?;
     let bar = progress(len, json, "put");
@@ -329,9 +405,11 @@ fn put(fs: &FileSystem, src: &Path, name: &str, force: bool, json: bool, path: &
     let (full_tx, full_rx): (SyncSender<Full>, Receiver<Full>) = sync_channel(2);
     let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
     for _ in 0..3 {
-        empty_tx.send(vec![0u8; CHUNK]).expect("channel has room");
+        empty_tx.send(vec![0u8; chunk]).expect("channel has room");
     }
     let total = std::thread::scope(|s| -> Result<u64> {
+        // Both channels must outlive neither thread's last use: the reader owns `empty_rx` and
+        // `full_tx`; this thread owns `full_rx` and `empty_tx`.
         let reader = s.spawn(move || -> Result<()> {
             let mut off = 0u64;
             while let Ok(mut buf) = empty_rx.recv() {
@@ -360,25 +438,48 @@ fn put(fs: &FileSystem, src: &Path, name: &str, force: bool, json: bool, path: &
             }
             written += n as u64;
             bar.set_position(written);
-            if empty_tx.send(buf).is_err() {
-                break;
-            }
+            // The reader stops taking buffers once the source is exhausted; that is not an error.
+            let _ = empty_tx.send(buf);
         }
         drop(empty_tx);
         drop(full_rx);
-        reader.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+        reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
         result.with_context(|| format!("writing {name}"))?;
+        if written != len {
+            bail!(
+                "{} changed size while being copied ({len} bytes, then {written})",
+                src.display()
+            );
+        }
         Ok(written)
     })?;
     fs.sync().context("syncing")?;
     let secs = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let extents = file.stat()?.extents;
-    report_transfer("put", &src.display().to_string(), name, total, secs, extents, path, json);
+    let from = src.display().to_string();
+    let t = Transfer {
+        verb: "put",
+        from: &from,
+        to: name,
+        bytes: total,
+        secs,
+        extents,
+    };
+    report_transfer(&t, path, json);
     Ok(())
 }
 
-fn get(fs: &FileSystem, name: &str, dst: &Path, json: bool, path: &str) -> Result<()> {
+fn get(
+    fs: &FileSystem,
+    name: &str,
+    dst: &Path,
+    chunk: usize,
+    json: bool,
+    path: &str,
+) -> Result<()> {
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let len = file.len()?;
     let to_stdout = dst == Path::new("-");
@@ -389,57 +490,104 @@ fn get(fs: &FileSystem, name: &str, dst: &Path, json: bool, path: &str) -> Resul
     };
     let bar = progress(len, json || to_stdout, "get");
     let start = Instant::now();
-    let (full_tx, full_rx) = sync_channel::<Full>(2);
-    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
-    for _ in 0..3 {
-        empty_tx.send(vec![0u8; CHUNK]).expect("channel has room");
+    // GET_READERS threads read consecutive chunks concurrently, so the device always has the
+    // next batch queued while one completes; the writer puts them back in order.
+    let chunks = len.div_ceil(chunk as u64);
+    let next = AtomicU64::new(0);
+    let (full_tx, full_rx) = sync_channel::<Full>(GET_BUFFERS);
+    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(GET_BUFFERS);
+    for _ in 0..GET_BUFFERS {
+        empty_tx.send(vec![0u8; chunk]).expect("channel has room");
     }
+    let empty_rx = Mutex::new(empty_rx);
+    let writer_bar = bar.clone();
     std::thread::scope(|s| -> Result<()> {
+        let bar = writer_bar;
         let writer = s.spawn(move || -> Result<()> {
-            for (_, buf, n) in full_rx.iter() {
-                out.write_all(&buf[..n]).context("writing the destination file")?;
-                if empty_tx.send(buf).is_err() {
-                    break;
+            let mut waiting: BTreeMap<u64, (Vec<u8>, usize)> = BTreeMap::new();
+            let mut expect = 0u64;
+            for (off, buf, n) in full_rx.iter() {
+                waiting.insert(off, (buf, n));
+                while let Some((buf, n)) = waiting.remove(&expect) {
+                    out.write_all(&buf[..n])
+                        .context("writing the destination file")?;
+                    expect += n as u64;
+                    bar.set_position(expect);
+                    let _ = empty_tx.send(buf);
                 }
             }
-            out.flush().context("writing the destination file")
+            out.flush().context("writing the destination file")?;
+            if expect != len {
+                bail!("copied {expect} of {len} bytes");
+            }
+            Ok(())
         });
-        let mut off = 0u64;
-        let mut result = Ok(());
-        while off < len {
-            let Ok(mut buf) = empty_rx.recv() else { break };
-            match file.read_at(off, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    if full_tx.send((off, buf, n)).is_err() {
-                        break;
+        let readers: Vec<_> = (0..GET_READERS)
+            .map(|_| {
+                let (full_tx, empty_rx, next, file) = (full_tx.clone(), &empty_rx, &next, &file);
+                s.spawn(move || -> blockfs::Result<()> {
+                    loop {
+                        // Take a buffer before a chunk number, so the lowest chunk not yet
+                        // written is always being read by someone holding a buffer.
+                        let Ok(mut buf) = empty_rx
+                            .lock()
+                            .map_err(|_| ())
+                            .and_then(|r| r.recv().map_err(drop))
+                        else {
+                            return Ok(());
+                        };
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= chunks {
+                            return Ok(());
+                        }
+                        let off = i * chunk as u64;
+                        let n = file.read_at(off, &mut buf)?;
+                        if full_tx.send((off, buf, n)).is_err() {
+                            return Ok(());
+                        }
                     }
-                    off += n as u64;
-                    bar.set_position(off);
-                }
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+                })
+            })
+            .collect();
+        drop(full_tx);
+        let mut result = Ok(());
+        for r in readers {
+            let r = r
+                .join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))?;
+            if result.is_ok() {
+                result = r;
             }
         }
-        drop(full_tx);
-        writer.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+        let written = writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
         result.with_context(|| format!("reading {name}"))?;
-        Ok(())
+        written
     })?;
     let secs = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     if !to_stdout {
         let extents = file.stat()?.extents;
-        report_transfer("get", name, &dst.display().to_string(), len, secs, extents, path, json);
+        let to = dst.display().to_string();
+        let t = Transfer {
+            verb: "get",
+            from: name,
+            to: &to,
+            bytes: len,
+            secs,
+            extents,
+        };
+        report_transfer(&t, path, json);
     }
     Ok(())
 }
 
 fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
     let problems = |ps: &[blockfs::Problem]| -> Vec<Value> {
-        ps.iter().map(|p| json!({ "what": p.what, "detail": p.detail })).collect()
+        ps.iter()
+            .map(|p| json!({ "what": p.what, "detail": p.detail }))
+            .collect()
     };
     if json {
         let v = json!({
@@ -469,9 +617,25 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
+    let repaired = !r.repairs.is_empty();
+    for p in &r.problems {
+        println!("{}: {p}", if repaired { "found" } else { "problem" });
+    }
+    for line in &r.repairs {
+        println!("repaired: {line}");
+    }
+    if let Some(u) = &r.unrepairable {
+        println!("cannot repair: {u}");
+    }
+    if repaired {
+        println!("after repair:");
+    }
     for s in &r.slots {
         match (&s.generation, &s.problem) {
-            (Some(g), _) => println!("superblock slot {} (byte {}): generation {g}", s.slot, s.byte_offset),
+            (Some(g), _) => println!(
+                "superblock slot {} (byte {}): generation {g}",
+                s.slot, s.byte_offset
+            ),
             (None, Some(p)) => println!("superblock slot {} (byte {}): {p}", s.slot, s.byte_offset),
             (None, None) => {}
         }
@@ -479,11 +643,13 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
     if let Some(g) = r.generation {
         println!(
             "generation {g}: {} file(s); {} of {} blocks used by data, {} by metadata, {} free, {} pending",
-            r.files, r.data_blocks, r.total_blocks, r.metadata_blocks, r.free_blocks, r.pending_blocks
+            r.files,
+            r.data_blocks,
+            r.total_blocks,
+            r.metadata_blocks,
+            r.free_blocks,
+            r.pending_blocks
         );
-    }
-    for p in &r.problems {
-        println!("problem: {p}");
     }
     if let Some(g) = r.older_generation {
         if r.older_problems.is_empty() {
@@ -492,12 +658,6 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
         for p in &r.older_problems {
             println!("previous generation {g}: {p}");
         }
-    }
-    for line in &r.repairs {
-        println!("repaired: {line}");
-    }
-    if let Some(u) = &r.unrepairable {
-        println!("cannot repair: {u}");
     }
     for p in &r.remaining {
         println!("still wrong: {p}");

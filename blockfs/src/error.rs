@@ -1,0 +1,94 @@
+//! The crate's error type.
+
+use crate::device::DeviceError;
+
+/// Everything a blockfs operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The block device failed while blockfs was doing `op`.
+    #[error("device error while {op}")]
+    Device {
+        /// What blockfs was doing ("reading the superblocks", "writing file data", ...).
+        op: &'static str,
+        /// The device's error.
+        #[source]
+        source: DeviceError,
+    },
+    /// Neither superblock slot holds a blockfs superblock (wrong magic in both).
+    #[error("not a blockfs file system: {0}")]
+    NotBlockfs(String),
+    /// A metadata structure failed its checksum or its consistency checks.
+    #[error("corrupt {what}: {detail}")]
+    Corrupt {
+        /// Which structure, and where ("superblock slot 1 (byte 4096)", "file table chunk at
+        /// block 17 (generation 9)").
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The on-disk format is newer than this build or uses features it does not know.
+    #[error("unsupported file system: {0}")]
+    Unsupported(String),
+    /// The device cannot hold this file system, or its geometry does not fit blockfs.
+    #[error("device geometry: {0}")]
+    Geometry(String),
+    /// A file name breaks the naming rules (FORMAT.md, "Names").
+    #[error("invalid file name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// No file has this name.
+    #[error("no such file: {0}")]
+    NotFound(String),
+    /// A file with this name already exists.
+    #[error("file exists: {0}")]
+    AlreadyExists(String),
+    /// Not enough free blocks (or, for metadata, no contiguous run long enough).
+    #[error("no space left on the file system: {needed} blocks needed, {free} free")]
+    NoSpace {
+        /// Blocks the operation needed.
+        needed: u64,
+        /// Blocks free (not counting blocks waiting two commits before reuse).
+        free: u64,
+    },
+    /// A write, resize or allocation through a handle opened read-only.
+    #[error("file {0:?} is open read-only")]
+    ReadOnly(String),
+    /// The file behind a handle was removed.
+    #[error("file {0:?} was removed while open")]
+    Removed(String),
+    /// An offset or length past the largest supported file size.
+    #[error("file offset {0} is past the largest supported file size")]
+    TooLarge(u64),
+    /// The file system refuses changes because a commit failed after its superblock write was
+    /// issued: the medium may hold either generation, so only a fresh mount knows which.
+    #[error("an earlier sync failed after writing the superblock; remount the file system")]
+    Poisoned,
+    /// fsck could not produce a consistent file system.
+    #[error("cannot repair: {0}")]
+    Unrepairable(String),
+}
+
+/// Result alias for blockfs operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) trait DeviceResultExt<T> {
+    /// Wraps a device error with the operation blockfs was doing.
+    fn during(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> DeviceResultExt<T> for std::result::Result<T, DeviceError> {
+    fn during(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Device { op, source })
+    }
+}
+
+pub(crate) fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Error {
+    Error::Corrupt {
+        what: what.into(),
+        detail: detail.into(),
+    }
+}

@@ -1,0 +1,435 @@
+//! Open files: reads and writes of file data, mapped to device LBAs through the extent list.
+//!
+//! Data moves between the caller's buffers and the device directly for every whole LBA; only
+//! the partial LBAs at the ends of a request go through a small bounce buffer (read-modify-write
+//! for writes). Each call issues one batch to the device, which keeps it many commands deep.
+//!
+//! Bytes between the old end of file and a write that starts past it, and bytes added by
+//! [`File::set_len`], read as zeroes: they are written as zeroes (NVMe Write Zeroes for whole
+//! LBAs) before the size grows, so a file never exposes what its blocks held before it owned
+//! them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::device::{ReadReq, WriteReq};
+use crate::error::{DeviceResultExt, Error, Result};
+use crate::extents::ExtentList;
+use crate::format::{FLAG_IMMUTABLE, MAX_FILE_SIZE};
+use crate::fs::{FileStat, Inner, State, build_table};
+use crate::table::{ExtentTable, TableInput};
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Reads only; writes, resizes and allocations fail with [`Error::ReadOnly`].
+    ReadOnly,
+    /// Reads and writes.
+    ReadWrite,
+}
+
+/// An open file. Handles are independent of each other and may be used from several threads;
+/// they stay valid across renames, and fail with [`Error::Removed`] once the file is removed.
+pub struct File {
+    inner: Arc<Inner>,
+    id: u64,
+    name: String,
+    mode: OpenMode,
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+/// Device runs `(first LBA, LBAs)` holding file LBAs `file_lba..file_lba+n`.
+fn lba_runs(ext: &ExtentList, spb: u64, file_lba: u64, n: u64) -> Vec<(u64, u64)> {
+    let fb = file_lba / spb;
+    let mut skip = file_lba % spb;
+    let blocks = (skip + n).div_ceil(spb);
+    let mut left = n;
+    let mut out = Vec::new();
+    for (bno, len) in ext.runs(fb, blocks) {
+        let k = (len * spb - skip).min(left);
+        out.push((bno * spb + skip, k));
+        left -= k;
+        skip = 0;
+    }
+    debug_assert_eq!(left, 0, "file LBAs {file_lba}+{n} not allocated");
+    out
+}
+
+/// How one request's bytes split into whole LBAs and partial ones.
+enum Seg {
+    /// Whole LBAs read straight into the caller's buffer.
+    Direct { file_lba: u64, lbas: u64 },
+    /// Part of one LBA: `len` bytes starting `skip` bytes into it.
+    Partial {
+        file_lba: u64,
+        skip: usize,
+        len: usize,
+    },
+}
+
+impl File {
+    pub(crate) fn new(inner: Arc<Inner>, id: u64, name: String, mode: OpenMode) -> Self {
+        Self {
+            inner,
+            id,
+            name,
+            mode,
+        }
+    }
+
+    /// The name the file was opened under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file's unique id.
+    pub fn file_id(&self) -> u64 {
+        self.id
+    }
+
+    /// How the file was opened.
+    pub fn mode(&self) -> OpenMode {
+        self.mode
+    }
+
+    /// Current size in bytes.
+    pub fn len(&self) -> Result<u64> {
+        Ok(self.inner.read_state().inode(self.id, &self.name)?.size)
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Current metadata.
+    pub fn stat(&self) -> Result<FileStat> {
+        Ok(self
+            .inner
+            .read_state()
+            .inode(self.id, &self.name)?
+            .stat(self.inner.geo.block_size))
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`. Returns the bytes read: fewer than asked at
+    /// end of file (a short read), 0 at or past it.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        Ok(self.read_vectored_at(&mut [(offset, buf)])?[0])
+    }
+
+    /// Reads many `(offset, buffer)` pairs in one device batch. Returns the bytes read for each,
+    /// with [`File::read_at`]'s end-of-file rule.
+    pub fn read_vectored_at(&self, reqs: &mut [(u64, &mut [u8])]) -> Result<Vec<usize>> {
+        let st = self.inner.read_state();
+        let inode = st.inode(self.id, &self.name)?;
+        let geo = &self.inner.geo;
+        let l = geo.lba_size as u64;
+        let spb = geo.lbas_per_block();
+        let size = inode.size;
+
+        let mut counts = Vec::with_capacity(reqs.len());
+        let mut plans: Vec<Vec<Seg>> = Vec::with_capacity(reqs.len());
+        let mut partials = 0usize;
+        for (off, buf) in reqs.iter() {
+            let n = if *off >= size {
+                0
+            } else {
+                (buf.len() as u64).min(size - off)
+            };
+            counts.push(n as usize);
+            let mut plan = Vec::new();
+            let (mut pos, end) = (*off, off + n);
+            while pos < end {
+                let in_lba = pos % l;
+                if in_lba != 0 || end - pos < l {
+                    let len = (l - in_lba).min(end - pos);
+                    plan.push(Seg::Partial {
+                        file_lba: pos / l,
+                        skip: in_lba as usize,
+                        len: len as usize,
+                    });
+                    partials += 1;
+                    pos += len;
+                } else {
+                    let lbas = (end - pos) / l;
+                    plan.push(Seg::Direct {
+                        file_lba: pos / l,
+                        lbas,
+                    });
+                    pos += lbas * l;
+                }
+            }
+            plans.push(plan);
+        }
+
+        let mut temp = vec![0u8; partials * l as usize];
+        let mut dreqs: Vec<ReadReq<'_>> = Vec::new();
+        let mut temp_chunks = temp.chunks_mut(l as usize);
+        for ((_, buf), plan) in reqs.iter_mut().zip(&plans) {
+            let mut rest: &mut [u8] = buf;
+            for seg in plan {
+                match *seg {
+                    Seg::Direct { file_lba, lbas } => {
+                        let (mut head, tail) =
+                            std::mem::take(&mut rest).split_at_mut((lbas * l) as usize);
+                        rest = tail;
+                        for (lba, n) in lba_runs(&inode.extents, spb, file_lba, lbas) {
+                            let (a, b) = std::mem::take(&mut head).split_at_mut((n * l) as usize);
+                            dreqs.push(ReadReq { lba, buf: a });
+                            head = b;
+                        }
+                    }
+                    Seg::Partial { file_lba, len, .. } => {
+                        rest = &mut std::mem::take(&mut rest)[len..];
+                        let chunk = temp_chunks.next().expect("one temp LBA per partial");
+                        let lba = lba_runs(&inode.extents, spb, file_lba, 1)[0].0;
+                        dreqs.push(ReadReq { lba, buf: chunk });
+                    }
+                }
+            }
+        }
+        self.inner
+            .dev
+            .read(&mut dreqs)
+            .during("reading file data")?;
+        drop(dreqs);
+
+        let mut ti = 0usize;
+        for ((_, buf), plan) in reqs.iter_mut().zip(&plans) {
+            let mut pos = 0usize;
+            for seg in plan {
+                match *seg {
+                    Seg::Direct { lbas, .. } => pos += (lbas * l) as usize,
+                    Seg::Partial { skip, len, .. } => {
+                        let src = &temp[ti * l as usize + skip..][..len];
+                        buf[pos..pos + len].copy_from_slice(src);
+                        pos += len;
+                        ti += 1;
+                    }
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        match self.mode {
+            OpenMode::ReadOnly => Err(Error::ReadOnly(self.name.clone())),
+            OpenMode::ReadWrite => Ok(()),
+        }
+    }
+
+    /// The state, locked for a change to this file: fails if the file system is poisoned, the
+    /// file was removed, or it was made immutable after this handle was opened.
+    fn lock_for_change(&self) -> Result<std::sync::RwLockWriteGuard<'_, State>> {
+        let st = self.inner.write_state();
+        if st.poisoned {
+            return Err(Error::Poisoned);
+        }
+        if st.inode(self.id, &self.name)?.flags & FLAG_IMMUTABLE != 0 {
+            return Err(Error::ReadOnly(self.name.clone()));
+        }
+        Ok(st)
+    }
+
+    /// Writes all of `data` at `offset`, growing the file (and its allocation) as needed. A
+    /// write starting past the end of file zero-fills the gap.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        let mut st = self.lock_for_change()?;
+        write_range(&self.inner, &mut st, self.id, offset, data, true)
+    }
+
+    /// Sets the size. Growing zero-fills and allocates exactly what is needed; shrinking frees
+    /// every block past the new end (preallocation included).
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        self.check_writable()?;
+        if len > MAX_FILE_SIZE {
+            return Err(Error::TooLarge(len));
+        }
+        let mut st = self.lock_for_change()?;
+        let size = st.inode(self.id, &self.name)?.size;
+        if len > size {
+            write_range(&self.inner, &mut st, self.id, len, &[], false)
+        } else {
+            if len < size {
+                let bs = self.inner.geo.block_size as u64;
+                st.truncate_blocks(self.id, len.div_ceil(bs));
+                st.inode_mut(self.id, &self.name)?.size = len;
+                st.touch(self.id);
+            }
+            Ok(())
+        }
+    }
+
+    /// Makes sure at least `len` bytes are allocated without changing the size (fallocate with
+    /// KEEP_SIZE): later writes up to `len` need no allocation and stay in few extents.
+    pub fn allocate(&self, len: u64) -> Result<()> {
+        self.check_writable()?;
+        if len > MAX_FILE_SIZE {
+            return Err(Error::TooLarge(len));
+        }
+        let mut st = self.lock_for_change()?;
+        let bs = self.inner.geo.block_size;
+        st.ensure_allocated(self.id, len.div_ceil(bs as u64), bs, false)
+    }
+
+    /// The file's GPU extent table (see [`crate::table`]), a snapshot of its current extents.
+    pub fn extent_table(&self) -> Result<ExtentTable> {
+        let st = self.inner.read_state();
+        let i = st.inode(self.id, &self.name)?;
+        Ok(build_table(
+            &self.inner,
+            &[TableInput {
+                file_id: i.id,
+                size: i.size,
+                extents: &i.extents,
+            }],
+        ))
+    }
+
+    /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
+    pub fn sync(&self) -> Result<()> {
+        let mut st = self.inner.write_state();
+        crate::fs::commit(&self.inner, &mut st, false)
+    }
+}
+
+/// Writes `data` at `offset` into file `id`, zero-filling from the old end of file up to
+/// `offset`; the size becomes at least `offset + data.len()`.
+fn write_range(
+    inner: &Inner,
+    st: &mut State,
+    id: u64,
+    offset: u64,
+    data: &[u8],
+    speculative: bool,
+) -> Result<()> {
+    let end = offset
+        .checked_add(data.len() as u64)
+        .filter(|&e| e <= MAX_FILE_SIZE)
+        .ok_or(Error::TooLarge(offset.saturating_add(data.len() as u64)))?;
+    let geo = &inner.geo;
+    let (l, spb, bs) = (geo.lba_size as u64, geo.lbas_per_block(), geo.block_size);
+    let old = st.inodes[&id].size;
+    let new_size = old.max(end);
+    st.ensure_allocated(id, new_size.div_ceil(bs as u64), bs, speculative)?;
+    if new_size == old && data.is_empty() {
+        return Ok(());
+    }
+
+    // Which file LBAs get what: runs of zeroes, one run of whole data LBAs, and partial LBAs
+    // composed in a bounce buffer.
+    let mut composed: BTreeSet<u64> = BTreeSet::new();
+    let mut zero_runs: Vec<(u64, u64)> = Vec::new();
+    if offset > old {
+        let (g0, g1) = (old / l, offset.div_ceil(l));
+        let (mut a, mut b) = (g0, g1);
+        if old % l != 0 {
+            composed.insert(g0);
+            a = g0 + 1;
+        }
+        if offset % l != 0 && g1 > a {
+            composed.insert(g1 - 1);
+            b = g1 - 1;
+        }
+        if b > a {
+            zero_runs.push((a, b - a));
+        }
+    }
+    let mut data_run: Option<(u64, u64)> = None;
+    if !data.is_empty() {
+        let (h, last) = (offset / l, (end - 1) / l);
+        let (mut a, mut b) = (h, last + 1);
+        if offset % l != 0 {
+            composed.insert(h);
+            a = h + 1;
+        }
+        if end % l != 0 && last >= a {
+            composed.insert(last);
+            b = last;
+        }
+        if b > a {
+            data_run = Some((a, b - a));
+        }
+    }
+
+    let inode = &st.inodes[&id];
+    let ext = &inode.extents;
+    let composed: Vec<u64> = composed.into_iter().collect();
+    let mut bounce = vec![0u8; composed.len() * l as usize];
+    {
+        let mut reads: Vec<ReadReq<'_>> = composed
+            .iter()
+            .zip(bounce.chunks_mut(l as usize))
+            .filter(|(c, _)| **c * l < old)
+            .map(|(&c, buf)| ReadReq {
+                lba: lba_runs(ext, spb, c, 1)[0].0,
+                buf,
+            })
+            .collect();
+        if !reads.is_empty() {
+            inner
+                .dev
+                .read(&mut reads)
+                .during("reading partial blocks before a write")?;
+        }
+    }
+    for (&c, buf) in composed.iter().zip(bounce.chunks_mut(l as usize)) {
+        let start = c * l;
+        let keep = old.saturating_sub(start).min(l) as usize;
+        buf[keep..].fill(0);
+        let (ds, de) = (start.max(offset), (start + l).min(end));
+        if ds < de {
+            buf[(ds - start) as usize..(de - start) as usize]
+                .copy_from_slice(&data[(ds - offset) as usize..(de - offset) as usize]);
+        }
+    }
+    let mut writes: Vec<WriteReq<'_>> = composed
+        .iter()
+        .zip(bounce.chunks(l as usize))
+        .map(|(&c, buf)| WriteReq {
+            lba: lba_runs(ext, spb, c, 1)[0].0,
+            buf,
+        })
+        .collect();
+    if let Some((first, n)) = data_run {
+        let mut src = &data[(first * l - offset) as usize..][..(n * l) as usize];
+        for (lba, k) in lba_runs(ext, spb, first, n) {
+            let (a, b) = src.split_at((k * l) as usize);
+            writes.push(WriteReq { lba, buf: a });
+            src = b;
+        }
+    }
+    let io = (|| -> Result<()> {
+        if !writes.is_empty() {
+            inner.dev.write(&writes).during("writing file data")?;
+        }
+        for (first, n) in zero_runs {
+            for (lba, k) in lba_runs(ext, spb, first, n) {
+                inner
+                    .dev
+                    .write_zeroes(lba, k)
+                    .during("zero-filling a file")?;
+            }
+        }
+        Ok(())
+    })();
+    drop(writes);
+    st.data_dirty = true;
+    io?;
+    if new_size != old {
+        st.inodes.get_mut(&id).expect("checked by the caller").size = new_size;
+        st.touch(id);
+    }
+    Ok(())
+}

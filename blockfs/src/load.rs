@@ -1,0 +1,552 @@
+//! Reading a generation's metadata from the device: strictly for mount and fsck, or salvaging
+//! what can be kept for fsck's repair.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::device::{BlockDevice, ReadReq};
+use crate::error::{DeviceResultExt, Error, Result, corrupt};
+use crate::extents::ExtentList;
+use crate::format::{
+    self, ChunkDesc, ChunkImage, Extent, FileRecord, RecordLimits, RootImage, Superblock,
+    decode_chunk, decode_root,
+};
+use crate::fs::{ChunkSlot, Geometry, Inode, State};
+
+/// One inconsistency found in the metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Which structure ("file table chunk at block 12 (generation 4)", "block map").
+    pub what: String,
+    /// What is wrong.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.detail)
+    }
+}
+
+impl From<Problem> for Error {
+    fn from(p: Problem) -> Self {
+        Error::Corrupt {
+            what: p.what,
+            detail: p.detail,
+        }
+    }
+}
+
+/// A file-table chunk as read.
+#[derive(Debug)]
+pub(crate) struct RawChunk {
+    pub desc: ChunkDesc,
+    pub crc_ok: bool,
+    pub image: ChunkImage,
+}
+
+/// A generation's metadata as read, before any cross-checks.
+#[derive(Debug)]
+pub(crate) struct RawState {
+    pub sb: Superblock,
+    pub root: RootImage,
+    pub chunks: Vec<RawChunk>,
+}
+
+pub(crate) fn root_name(sb: &Superblock) -> String {
+    format!(
+        "root run at block {} (generation {})",
+        sb.root_bno, sb.generation
+    )
+}
+
+pub(crate) fn chunk_name(d: &ChunkDesc, generation: u64) -> String {
+    format!(
+        "file table chunk at block {} (generation {generation})",
+        d.bno
+    )
+}
+
+/// The geometry a superblock describes on this device.
+pub(crate) fn geometry_of(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Geometry> {
+    let lba = dev.lba_size();
+    if sb.block_size % lba != 0 {
+        return Err(Error::Geometry(format!(
+            "block size {} is not a multiple of the device's {lba}-byte LBAs",
+            sb.block_size
+        )));
+    }
+    let have = dev.lba_count().saturating_mul(lba as u64);
+    let need = sb.block_count * sb.block_size as u64; // bounded by Superblock::decode
+    if have < need {
+        return Err(Error::Geometry(format!(
+            "device holds {have} bytes but the file system spans {need} (truncated device?)"
+        )));
+    }
+    Ok(Geometry {
+        block_size: sb.block_size,
+        lba_size: lba,
+        mkfs_lba_size: sb.mkfs_lba_size,
+        block_count: sb.block_count,
+        uuid: sb.uuid,
+    })
+}
+
+/// Reads the root run and every chunk of the generation `sb` names. Fails only for device
+/// errors and an unusable root run; chunk problems are left for the caller to judge.
+pub(crate) fn read_raw(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<RawState> {
+    let bs = geo.block_size as usize;
+    let what = || root_name(sb);
+    if sb.root_blocks as u64 != (sb.root_bytes as u64).div_ceil(bs as u64) {
+        return Err(corrupt(
+            what(),
+            format!("{} bytes in {} blocks", sb.root_bytes, sb.root_blocks),
+        ));
+    }
+    let mut buf = vec![0u8; sb.root_blocks as usize * bs];
+    dev.read(&mut [ReadReq {
+        lba: geo.lba(sb.root_bno),
+        buf: &mut buf,
+    }])
+    .during("reading the root run")?;
+    let bytes = &buf[..sb.root_bytes as usize];
+    let computed = format::crc(bytes);
+    if computed != sb.root_crc {
+        return Err(corrupt(
+            what(),
+            format!(
+                "checksum mismatch (superblock says {:#010x}, computed {computed:#010x})",
+                sb.root_crc
+            ),
+        ));
+    }
+    let root = decode_root(bytes, sb).map_err(|d| corrupt(what(), d))?;
+    let mut total = 0u64;
+    for d in &root.chunks {
+        if d.nblocks as u64 != (d.bytes as u64).div_ceil(bs as u64) {
+            return Err(corrupt(
+                chunk_name(d, sb.generation),
+                format!("{} bytes in {} blocks", d.bytes, d.nblocks),
+            ));
+        }
+        total += d.nblocks as u64;
+    }
+    if total > geo.block_count {
+        return Err(corrupt(
+            what(),
+            format!("chunks claim {total} blocks of {}", geo.block_count),
+        ));
+    }
+    let mut bufs: Vec<Vec<u8>> = root
+        .chunks
+        .iter()
+        .map(|d| vec![0u8; d.nblocks as usize * bs])
+        .collect();
+    let mut reqs: Vec<ReadReq<'_>> = root
+        .chunks
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(d, b)| ReadReq {
+            lba: geo.lba(d.bno),
+            buf: b,
+        })
+        .collect();
+    dev.read(&mut reqs).during("reading the file table")?;
+    drop(reqs);
+    let lim = RecordLimits {
+        block_size: geo.block_size,
+        block_count: geo.block_count,
+        generation: sb.generation,
+    };
+    let chunks = root
+        .chunks
+        .iter()
+        .zip(bufs)
+        .map(|(d, b)| {
+            let bytes = &b[..d.bytes as usize];
+            RawChunk {
+                desc: *d,
+                crc_ok: format::crc(bytes) == d.crc,
+                image: decode_chunk(bytes, d.records, &lim),
+            }
+        })
+        .collect();
+    Ok(RawState {
+        sb: *sb,
+        root,
+        chunks,
+    })
+}
+
+/// Who owns a run of blocks, for overlap messages.
+#[derive(Clone, Debug)]
+enum Owner {
+    Reserved,
+    Root,
+    Chunk(u64),
+    File(String),
+    Free,
+    Pending,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owner::Reserved => f.write_str("the superblock area"),
+            Owner::Root => f.write_str("the root run"),
+            Owner::Chunk(b) => write!(f, "the file table chunk at block {b}"),
+            Owner::File(n) => write!(f, "file {n:?}"),
+            Owner::Free => f.write_str("the free list"),
+            Owner::Pending => f.write_str("the pending-free list"),
+        }
+    }
+}
+
+/// Checks that the claims tile `0..block_count` exactly: no block twice, none left out.
+/// Overlaps are reported before leaks (a moved extent shows up as both; the overlap is the
+/// damage that matters).
+fn check_tiling(mut claims: Vec<(u64, u64, Owner)>, block_count: u64, out: &mut Vec<Problem>) {
+    claims.sort_by_key(|c| (c.0, c.1));
+    let mut leaks = Vec::new();
+    let mut end = 0u64;
+    let mut last: Option<Owner> = None;
+    let block_map = |detail: String| Problem {
+        what: "block map".into(),
+        detail,
+    };
+    for (start, len, owner) in claims {
+        if start < end {
+            out.push(block_map(format!(
+                "blocks {start}..{} are claimed by both {} and {owner}",
+                end.min(start + len),
+                last.as_ref().map_or("?".to_string(), |o| o.to_string())
+            )));
+        } else if start > end {
+            leaks.push(block_map(format!(
+                "blocks {end}..{start} are neither used nor free (leaked)"
+            )));
+        }
+        if start + len > end {
+            end = start + len;
+            last = Some(owner);
+        }
+    }
+    if end < block_count {
+        leaks.push(block_map(format!(
+            "blocks {end}..{block_count} are neither used nor free (leaked)"
+        )));
+    }
+    out.extend(leaks);
+}
+
+/// Every problem in a generation, strictly: bad checksums, bad records, duplicate names or
+/// ids, wrong counters, and any block claimed twice or by nobody.
+pub(crate) fn check(geo: &Geometry, raw: &RawState) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let g = raw.sb.generation;
+    let mut claims: Vec<(u64, u64, Owner)> = vec![
+        (0, geo.reserved_blocks(), Owner::Reserved),
+        (raw.sb.root_bno, raw.sb.root_blocks as u64, Owner::Root),
+    ];
+    let mut names: HashMap<&str, u64> = HashMap::new();
+    let mut ids: BTreeSet<u64> = BTreeSet::new();
+    let mut data_blocks = 0u64;
+    for c in &raw.chunks {
+        let what = chunk_name(&c.desc, g);
+        claims.push((c.desc.bno, c.desc.nblocks as u64, Owner::Chunk(c.desc.bno)));
+        if !c.crc_ok {
+            out.push(Problem {
+                what: what.clone(),
+                detail: "checksum mismatch".into(),
+            });
+            continue;
+        }
+        if let Some(e) = &c.image.error {
+            out.push(Problem {
+                what: what.clone(),
+                detail: e.clone(),
+            });
+        }
+        for r in &c.image.records {
+            if let Some(other) = names.insert(&r.name, r.file_id) {
+                out.push(Problem {
+                    what: what.clone(),
+                    detail: format!("name {:?} used by files {other} and {}", r.name, r.file_id),
+                });
+            }
+            if !ids.insert(r.file_id) {
+                out.push(Problem {
+                    what: what.clone(),
+                    detail: format!("file id {} appears twice", r.file_id),
+                });
+            }
+            if r.file_id >= raw.root.header.next_file_id {
+                out.push(Problem {
+                    what: what.clone(),
+                    detail: format!(
+                        "file id {} is not below the next id {}",
+                        r.file_id, raw.root.header.next_file_id
+                    ),
+                });
+            }
+            for e in &r.extents {
+                claims.push((e.bno, e.len, Owner::File(r.name.clone())));
+            }
+            data_blocks += r.alloc_blocks();
+        }
+    }
+    if !out.is_empty() {
+        return out; // the block map of a damaged table would only repeat the damage
+    }
+    let h = &raw.root.header;
+    let meta_blocks: u64 = raw
+        .chunks
+        .iter()
+        .map(|c| c.desc.nblocks as u64)
+        .sum::<u64>()
+        + raw.sb.root_blocks as u64;
+    if h.data_blocks != data_blocks || h.meta_blocks != meta_blocks {
+        out.push(Problem {
+            what: root_name(&raw.sb),
+            detail: format!(
+                "counts {} data and {} metadata blocks, the tables hold {data_blocks} and {meta_blocks}",
+                h.data_blocks, h.meta_blocks
+            ),
+        });
+    }
+    claims.extend(raw.root.free.iter().map(|f| (f.bno, f.len, Owner::Free)));
+    claims.extend(
+        raw.root
+            .pending
+            .iter()
+            .map(|p| (p.bno, p.len, Owner::Pending)),
+    );
+    check_tiling(claims, geo.block_count, &mut out);
+    out
+}
+
+/// A mountable state from a generation that passed [`check`].
+fn build(raw: &RawState) -> State {
+    let mut st = State {
+        generation: raw.sb.generation,
+        next_file_id: raw.root.header.next_file_id,
+        root: Some((raw.sb.root_bno, raw.sb.root_blocks)),
+        ..State::default()
+    };
+    for (key, c) in raw.chunks.iter().enumerate() {
+        let key = key as u64;
+        let mut files = BTreeSet::new();
+        for r in &c.image.records {
+            files.insert(r.file_id);
+            st.names.insert(r.name.clone(), r.file_id);
+            st.inodes.insert(r.file_id, inode_of(r, Some(key)));
+        }
+        st.chunks.insert(
+            key,
+            ChunkSlot {
+                desc: c.desc,
+                files,
+                dirty: false,
+            },
+        );
+    }
+    st.next_chunk_key = raw.chunks.len() as u64;
+    for f in &raw.root.free {
+        st.alloc.insert_free(f.bno, f.len);
+    }
+    for p in &raw.root.pending {
+        st.alloc.insert_pending(*p);
+    }
+    st.alloc.release(raw.sb.generation.saturating_sub(1));
+    st
+}
+
+fn inode_of(r: &FileRecord, chunk: Option<u64>) -> Inode {
+    Inode {
+        id: r.file_id,
+        name: r.name.clone(),
+        size: r.size,
+        flags: r.flags,
+        generation: r.generation,
+        extents: ExtentList::from_vec(r.extents.clone()),
+        chunk,
+        modified: false,
+    }
+}
+
+/// The state to mount, or the first problem as an error.
+pub(crate) fn strict_state(geo: &Geometry, raw: &RawState) -> Result<State> {
+    match check(geo, raw).into_iter().next() {
+        Some(p) => Err(p.into()),
+        None => Ok(build(raw)),
+    }
+}
+
+/// Disjoint runs claimed so far, by start: `start -> (end, owner)`.
+#[derive(Default)]
+struct Claimed(BTreeMap<u64, (u64, String)>);
+
+impl Claimed {
+    /// The lowest claimed run overlapping `start..start+len`.
+    fn first_conflict(&self, start: u64, len: u64) -> Option<(u64, u64, &str)> {
+        if let Some((&s, (e, o))) = self.0.range(..=start).next_back()
+            && *e > start
+        {
+            return Some((s, *e, o));
+        }
+        self.0
+            .range(start..start + len)
+            .next()
+            .map(|(&s, (e, o))| (s, *e, o.as_str()))
+    }
+
+    fn claim(&mut self, start: u64, len: u64, owner: String) {
+        self.0.insert(start, (start + len, owner));
+    }
+}
+
+/// Builds the best consistent state the generation allows, saying what it dropped or cut, for
+/// fsck's repair. Every record is rewritten by the next commit; the runs the old metadata sits
+/// in wait two commits before reuse, so a crash during the repair leaves them readable.
+pub(crate) fn salvage(
+    geo: &Geometry,
+    raw: &RawState,
+    freed_gen: u64,
+    repairs: &mut Vec<String>,
+) -> State {
+    let g = raw.sb.generation;
+    let bs = geo.block_size as u64;
+    let mut records: Vec<FileRecord> = Vec::new();
+    for c in &raw.chunks {
+        let what = chunk_name(&c.desc, g);
+        let n = c.image.records.len();
+        match (&c.image.error, c.crc_ok) {
+            (None, true) => {}
+            (None, false) => repairs.push(format!(
+                "{what}: checksum mismatch, but all {n} records decode and pass their checks; kept them"
+            )),
+            (Some(e), crc_ok) => repairs.push(format!(
+                "{what}: {}{e}; kept the {n} records before the damage, lost any after it",
+                if crc_ok { "" } else { "checksum mismatch; " }
+            )),
+        }
+        records.extend(c.image.records.iter().cloned());
+    }
+    records.sort_by_key(|r| r.file_id);
+    let mut st = State {
+        generation: g,
+        ..State::default()
+    };
+    let mut claimed = Claimed::default();
+    claimed.claim(0, geo.reserved_blocks(), "the superblock area".into());
+    let mut max_id = 0u64;
+    for mut r in records {
+        if st.inodes.contains_key(&r.file_id) {
+            repairs.push(format!(
+                "dropped a second record for file id {} ({:?})",
+                r.file_id, r.name
+            ));
+            continue;
+        }
+        if st.names.contains_key(&r.name) {
+            let new = format!("lost+found/{}", r.file_id);
+            repairs.push(format!(
+                "file {:?} (id {}) shares its name with an older file; renamed it to {new:?}",
+                r.name, r.file_id
+            ));
+            r.name = new;
+            if st.names.contains_key(&r.name) {
+                repairs.push(format!("dropped file id {}: no free name", r.file_id));
+                continue;
+            }
+        }
+        let mut kept: Vec<Extent> = Vec::new();
+        for e in &r.extents {
+            if let Some((s, end, owner)) = claimed.first_conflict(e.bno, e.len) {
+                let cut = s.max(e.bno);
+                if cut > e.bno {
+                    kept.push(Extent {
+                        bno: e.bno,
+                        len: cut - e.bno,
+                    });
+                }
+                let blocks: u64 = kept.iter().map(|k| k.len).sum();
+                let size = r.size.min(blocks * bs);
+                repairs.push(format!(
+                    "file {:?}: blocks {cut}..{} also belong to {owner}; cut the file from {} to {size} bytes",
+                    r.name,
+                    end.min(e.bno + e.len),
+                    r.size
+                ));
+                r.size = size;
+                break;
+            }
+            kept.push(*e);
+        }
+        for e in &kept {
+            claimed.claim(e.bno, e.len, format!("file {:?}", r.name));
+        }
+        r.extents = kept;
+        max_id = max_id.max(r.file_id);
+        st.names.insert(r.name.clone(), r.file_id);
+        st.homeless.insert(r.file_id);
+        st.inodes.insert(r.file_id, inode_of(&r, None));
+    }
+    // Old metadata runs: keep them from being overwritten while the repair commits.
+    let mut old_meta: Vec<(u64, u64)> = vec![(raw.sb.root_bno, raw.sb.root_blocks as u64)];
+    old_meta.extend(
+        raw.chunks
+            .iter()
+            .map(|c| (c.desc.bno, c.desc.nblocks as u64)),
+    );
+    old_meta.sort();
+    for (bno, len) in old_meta {
+        if claimed.first_conflict(bno, len).is_none() {
+            claimed.claim(bno, len, "old metadata".into());
+            st.alloc.free_later(bno, len, freed_gen);
+        }
+    }
+    // Everything else is free; count what the old maps got wrong.
+    let mut old_free: Vec<(u64, u64)> = raw.root.free.iter().map(|f| (f.bno, f.len)).collect();
+    old_free.extend(raw.root.pending.iter().map(|p| (p.bno, p.len)));
+    let mut pos = 0u64;
+    let runs: Vec<(u64, u64)> = claimed.0.iter().map(|(&s, (e, _))| (s, *e)).collect();
+    let mut new_free: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in runs.into_iter().chain([(geo.block_count, geo.block_count)]) {
+        if s > pos {
+            new_free.push((pos, s - pos));
+        }
+        pos = pos.max(e);
+    }
+    for &(s, l) in &new_free {
+        st.alloc.insert_free(s, l);
+    }
+    let covered = |runs: &[(u64, u64)], s: u64, l: u64| -> u64 {
+        runs.iter()
+            .map(|&(a, n)| (a + n).min(s + l).saturating_sub(a.max(s)))
+            .sum()
+    };
+    let leaked: u64 = new_free
+        .iter()
+        .map(|&(s, l)| l - covered(&old_free, s, l).min(l))
+        .sum();
+    if leaked > 0 {
+        repairs.push(format!(
+            "free-space map: {leaked} blocks were neither used nor free; freed them"
+        ));
+    }
+    let in_use: Vec<(u64, u64)> = claimed
+        .0
+        .iter()
+        .filter(|(_, (_, o))| o != "old metadata")
+        .map(|(&s, (e, _))| (s, e - s))
+        .collect();
+    let double: u64 = old_free.iter().map(|&(s, l)| covered(&in_use, s, l)).sum();
+    if double > 0 {
+        repairs.push(format!(
+            "free-space map: {double} blocks listed as free belong to files; took them off the list"
+        ));
+    }
+    st.next_file_id = raw.root.header.next_file_id.max(max_id + 1);
+    st.meta_dirty = true;
+    st
+}

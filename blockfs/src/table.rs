@@ -1,0 +1,365 @@
+//! GPU extent tables: one flat, read-only, contiguous array per open file or batch of files that
+//! maps a file offset to a device LBA with a binary search and no pointer chasing.
+//!
+//! Layout (FORMAT.md, "GPU extent table"; the constants below are the single source of truth for
+//! the CUDA side): a 64-byte [`TableHeader`], then `file_count` 32-byte [`TableFile`] entries,
+//! then `extent_count` 24-byte [`TableExtent`] entries. Every field is a little-endian integer at
+//! a naturally aligned offset; the whole table is 8-byte aligned.
+//!
+//! A table is a snapshot taken when it is built: it covers the first `ceil(size / lba_size)` LBAs
+//! of each file (never preallocated blocks past end of file), and later growth, truncation or
+//! removal of the file is not reflected in it.
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::extents::ExtentList;
+
+/// `TableHeader::magic`: "BFXT" in little-endian byte order.
+pub const TABLE_MAGIC: u32 = u32::from_le_bytes(*b"BFXT");
+/// `TableHeader::version` this build writes.
+pub const TABLE_VERSION: u16 = 1;
+/// Size of [`TableHeader`].
+pub const TABLE_HEADER_SIZE: usize = 64;
+/// Size of [`TableFile`].
+pub const TABLE_FILE_SIZE: usize = 32;
+/// Size of [`TableExtent`].
+pub const TABLE_EXTENT_SIZE: usize = 24;
+/// Byte offset of `TableHeader::lba_shift`.
+pub const TABLE_HEADER_LBA_SHIFT_OFFSET: usize = 8;
+/// Byte offset of `TableHeader::nsid`.
+pub const TABLE_HEADER_NSID_OFFSET: usize = 12;
+/// Byte offset of `TableHeader::file_count`.
+pub const TABLE_HEADER_FILE_COUNT_OFFSET: usize = 16;
+/// Byte offset of `TableHeader::extent_count`.
+pub const TABLE_HEADER_EXTENT_COUNT_OFFSET: usize = 24;
+/// Byte offset of `TableHeader::files_offset`.
+pub const TABLE_HEADER_FILES_OFFSET_OFFSET: usize = 32;
+/// Byte offset of `TableHeader::extents_offset`.
+pub const TABLE_HEADER_EXTENTS_OFFSET_OFFSET: usize = 40;
+/// Byte offset of `TableFile::size_bytes`.
+pub const TABLE_FILE_SIZE_BYTES_OFFSET: usize = 0;
+/// Byte offset of `TableFile::first_extent`.
+pub const TABLE_FILE_FIRST_EXTENT_OFFSET: usize = 8;
+/// Byte offset of `TableFile::extent_count`.
+pub const TABLE_FILE_EXTENT_COUNT_OFFSET: usize = 16;
+/// Byte offset of `TableExtent::file_lba`.
+pub const TABLE_EXTENT_FILE_LBA_OFFSET: usize = 0;
+/// Byte offset of `TableExtent::lba`.
+pub const TABLE_EXTENT_LBA_OFFSET: usize = 8;
+/// Byte offset of `TableExtent::nlb`.
+pub const TABLE_EXTENT_NLB_OFFSET: usize = 16;
+
+/// Table header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct TableHeader {
+    /// [`TABLE_MAGIC`].
+    pub magic: u32,
+    /// [`TABLE_VERSION`].
+    pub version: u16,
+    /// [`TABLE_HEADER_SIZE`].
+    pub header_bytes: u16,
+    /// log2 of the device LBA size: byte offset `o` is file LBA `o >> lba_shift`.
+    pub lba_shift: u32,
+    /// NVMe namespace id the LBAs belong to (0 when the device is not NVMe).
+    pub nsid: u32,
+    /// [`TableFile`] entries.
+    pub file_count: u32,
+    /// [`TABLE_FILE_SIZE`].
+    pub file_entry_bytes: u16,
+    /// [`TABLE_EXTENT_SIZE`].
+    pub extent_entry_bytes: u16,
+    /// [`TableExtent`] entries, all files together.
+    pub extent_count: u64,
+    /// Byte offset of the first [`TableFile`] from the start of the table.
+    pub files_offset: u64,
+    /// Byte offset of the first [`TableExtent`] from the start of the table.
+    pub extents_offset: u64,
+    /// Bytes of the whole table.
+    pub total_bytes: u64,
+    /// Zero.
+    pub reserved: u64,
+}
+const _: () = assert!(size_of::<TableHeader>() == TABLE_HEADER_SIZE);
+
+/// One file of a table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct TableFile {
+    /// File size in bytes; offsets at or past it are end of file.
+    pub size_bytes: u64,
+    /// Index (into the extent array) of the file's first extent.
+    pub first_extent: u64,
+    /// Extents of this file; they cover file LBAs `0..ceil(size_bytes / lba_size)` without gaps.
+    pub extent_count: u64,
+    /// The file's id (FORMAT.md, "File record").
+    pub file_id: u64,
+}
+const _: () = assert!(size_of::<TableFile>() == TABLE_FILE_SIZE);
+
+/// One extent: file LBAs `file_lba..file_lba+nlb` live at device LBAs `lba..lba+nlb`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct TableExtent {
+    /// First file LBA (sorted ascending within a file; the first is 0).
+    pub file_lba: u64,
+    /// First device LBA.
+    pub lba: u64,
+    /// LBAs in the run (nonzero).
+    pub nlb: u64,
+}
+const _: () = assert!(size_of::<TableExtent>() == TABLE_EXTENT_SIZE);
+
+/// Where a file offset lives on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Translation {
+    /// Device LBA holding the byte.
+    pub lba: u64,
+    /// LBAs from `lba` to the end of its extent (how far a single command may go).
+    pub contiguous_lbas: u64,
+}
+
+/// A flat extent table (see the module docs), kept 8-byte aligned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentTable {
+    words: Vec<u64>,
+}
+
+/// One file's input to [`ExtentTable::build`].
+pub(crate) struct TableInput<'a> {
+    pub file_id: u64,
+    pub size: u64,
+    pub extents: &'a ExtentList,
+}
+
+impl ExtentTable {
+    /// Builds a table. `spb` is LBAs per file system block.
+    pub(crate) fn build(lba_size: u32, nsid: u32, spb: u64, files: &[TableInput<'_>]) -> Self {
+        let lba = lba_size as u64;
+        let mut entries: Vec<TableFile> = Vec::with_capacity(files.len());
+        let mut extents: Vec<TableExtent> = Vec::new();
+        for f in files {
+            let first = extents.len() as u64;
+            let need = f.size.div_ceil(lba);
+            let mut file_lba = 0u64;
+            for e in f.extents.as_slice() {
+                if file_lba >= need {
+                    break;
+                }
+                let nlb = (e.len * spb).min(need - file_lba);
+                extents.push(TableExtent {
+                    file_lba,
+                    lba: e.bno * spb,
+                    nlb,
+                });
+                file_lba += nlb;
+            }
+            entries.push(TableFile {
+                size_bytes: f.size,
+                first_extent: first,
+                extent_count: extents.len() as u64 - first,
+                file_id: f.file_id,
+            });
+        }
+        let files_offset = TABLE_HEADER_SIZE as u64;
+        let extents_offset = files_offset + (entries.len() * TABLE_FILE_SIZE) as u64;
+        let total = extents_offset + (extents.len() * TABLE_EXTENT_SIZE) as u64;
+        let header = TableHeader {
+            magic: TABLE_MAGIC,
+            version: TABLE_VERSION,
+            header_bytes: TABLE_HEADER_SIZE as u16,
+            lba_shift: lba_size.trailing_zeros(),
+            nsid,
+            file_count: entries.len() as u32,
+            file_entry_bytes: TABLE_FILE_SIZE as u16,
+            extent_entry_bytes: TABLE_EXTENT_SIZE as u16,
+            extent_count: extents.len() as u64,
+            files_offset,
+            extents_offset,
+            total_bytes: total,
+            reserved: 0,
+        };
+        let mut words = vec![0u64; (total / 8) as usize];
+        let bytes = words.as_mut_bytes();
+        bytes[..TABLE_HEADER_SIZE].copy_from_slice(header.as_bytes());
+        bytes[files_offset as usize..extents_offset as usize].copy_from_slice(entries.as_bytes());
+        bytes[extents_offset as usize..].copy_from_slice(extents.as_bytes());
+        Self { words }
+    }
+
+    /// The table's bytes, exactly as a GPU kernel reads them.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.words.as_bytes()
+    }
+
+    /// The header.
+    pub fn header(&self) -> TableHeader {
+        TableHeader::read_from_bytes(&self.as_bytes()[..TABLE_HEADER_SIZE])
+            .expect("table built with a full header")
+    }
+
+    /// The file entries.
+    pub fn files(&self) -> &[TableFile] {
+        let h = self.header();
+        let bytes = &self.as_bytes()[h.files_offset as usize..h.extents_offset as usize];
+        <[TableFile]>::ref_from_bytes(bytes).expect("8-byte aligned whole entries")
+    }
+
+    /// All extents (each file's are at `first_extent..first_extent+extent_count`).
+    pub fn extents(&self) -> &[TableExtent] {
+        let h = self.header();
+        let bytes = &self.as_bytes()[h.extents_offset as usize..h.total_bytes as usize];
+        <[TableExtent]>::ref_from_bytes(bytes).expect("8-byte aligned whole entries")
+    }
+
+    /// Translates byte `offset` of file `file` (its index in the table) the way the GPU kernels
+    /// do: end of file gives `None`; one extent is a direct computation; otherwise a binary search
+    /// for the last extent whose `file_lba` is at most `offset >> lba_shift`.
+    pub fn translate(&self, file: usize, offset: u64) -> Option<Translation> {
+        let h = self.header();
+        let f = self.files().get(file)?;
+        if offset >= f.size_bytes {
+            return None;
+        }
+        let flba = offset >> h.lba_shift;
+        let all = self.extents();
+        let ext = all.get(f.first_extent as usize..(f.first_extent + f.extent_count) as usize)?;
+        let (mut lo, mut hi) = (0usize, ext.len());
+        // Invariant: ext[lo].file_lba <= flba < ext[hi].file_lba (hi = len means +inf).
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if ext[mid].file_lba <= flba {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let e = ext.get(lo)?;
+        let within = flba.checked_sub(e.file_lba).filter(|&w| w < e.nlb)?;
+        Some(Translation {
+            lba: e.lba + within,
+            contiguous_lbas: e.nlb - within,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Extent;
+    use std::mem::offset_of;
+
+    #[test]
+    fn offsets_match_exported_constants() {
+        assert_eq!(
+            offset_of!(TableHeader, lba_shift),
+            TABLE_HEADER_LBA_SHIFT_OFFSET
+        );
+        assert_eq!(offset_of!(TableHeader, nsid), TABLE_HEADER_NSID_OFFSET);
+        assert_eq!(
+            offset_of!(TableHeader, file_count),
+            TABLE_HEADER_FILE_COUNT_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableHeader, extent_count),
+            TABLE_HEADER_EXTENT_COUNT_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableHeader, files_offset),
+            TABLE_HEADER_FILES_OFFSET_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableHeader, extents_offset),
+            TABLE_HEADER_EXTENTS_OFFSET_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableFile, size_bytes),
+            TABLE_FILE_SIZE_BYTES_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableFile, first_extent),
+            TABLE_FILE_FIRST_EXTENT_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableFile, extent_count),
+            TABLE_FILE_EXTENT_COUNT_OFFSET
+        );
+        assert_eq!(
+            offset_of!(TableExtent, file_lba),
+            TABLE_EXTENT_FILE_LBA_OFFSET
+        );
+        assert_eq!(offset_of!(TableExtent, lba), TABLE_EXTENT_LBA_OFFSET);
+        assert_eq!(offset_of!(TableExtent, nlb), TABLE_EXTENT_NLB_OFFSET);
+    }
+
+    #[test]
+    fn builds_trims_to_eof_and_translates() {
+        // 4 KiB blocks, 512-byte LBAs: 8 LBAs per block.
+        let a = ExtentList::from_vec(vec![Extent { bno: 10, len: 2 }, Extent { bno: 40, len: 3 }]);
+        let b = ExtentList::from_vec(vec![Extent { bno: 100, len: 1 }]);
+        let t = ExtentTable::build(
+            512,
+            1,
+            8,
+            &[
+                TableInput {
+                    file_id: 7,
+                    size: 3 * 4096 + 1,
+                    extents: &a,
+                },
+                TableInput {
+                    file_id: 8,
+                    size: 0,
+                    extents: &b,
+                },
+            ],
+        );
+        let h = t.header();
+        assert_eq!(
+            (h.magic, h.lba_shift, h.nsid, h.file_count, h.extent_count),
+            (TABLE_MAGIC, 9, 1, 2, 2)
+        );
+        assert_eq!(h.total_bytes as usize, t.as_bytes().len());
+        assert_eq!(t.as_bytes().len(), 64 + 2 * 32 + 2 * 24);
+        assert_eq!(
+            t.extents(),
+            &[
+                TableExtent {
+                    file_lba: 0,
+                    lba: 80,
+                    nlb: 16
+                },
+                TableExtent {
+                    file_lba: 16,
+                    lba: 320,
+                    nlb: 9
+                },
+            ]
+        );
+        assert_eq!(t.files()[1].extent_count, 0);
+        assert_eq!(
+            t.translate(0, 0),
+            Some(Translation {
+                lba: 80,
+                contiguous_lbas: 16
+            })
+        );
+        assert_eq!(
+            t.translate(0, 2 * 4096 + 513),
+            Some(Translation {
+                lba: 321,
+                contiguous_lbas: 8
+            })
+        );
+        assert_eq!(
+            t.translate(0, 3 * 4096),
+            Some(Translation {
+                lba: 320 + 8,
+                contiguous_lbas: 1
+            })
+        );
+        assert_eq!(t.translate(0, 3 * 4096 + 1), None);
+        assert_eq!(t.translate(1, 0), None);
+        assert_eq!(t.translate(2, 0), None);
+    }
+}

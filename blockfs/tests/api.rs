@@ -1,0 +1,710 @@
+//! The host API against the memory device: every operation, its errors, persistence across
+//! remounts, the protection rules and the GPU extent table.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use blockfs::{
+    BlockDevice, CreateOptions, DeviceError, Error, FileSystem, FsckOptions, MemDevice,
+    MkfsOptions, OpenMode, ReadReq, WriteReq, fsck,
+};
+use common::*;
+use rand::Rng;
+
+#[test]
+fn empty_file_system_mounts_and_reports_space() {
+    let (dev, fs) = mem_fs(512, 8 << 20);
+    assert!(fs.list("").is_empty());
+    let df = fs.df();
+    assert_eq!(df.total_blocks, 2048);
+    assert_eq!(df.files, 0);
+    assert_eq!(
+        df.data_blocks + df.metadata_blocks + df.free_blocks + df.pending_blocks,
+        df.total_blocks
+    );
+    let g = fs.generation();
+    drop(fs);
+    let fs = remount(&dev);
+    assert_eq!(fs.generation(), g);
+    assert!(
+        fsck(dev.clone(), &FsckOptions::default())
+            .unwrap()
+            .is_clean()
+    );
+}
+
+#[test]
+fn write_read_round_trip_at_unaligned_offsets_and_short_reads() {
+    for lba in [512, 4096] {
+        let (_dev, fs) = mem_fs(lba, 8 << 20);
+        let mut r = rng(1);
+        let f = fs.create("f", &CreateOptions::default()).unwrap();
+        let mut model = Vec::new();
+        for _ in 0..60 {
+            let off = r.random_range(0..70_000u64);
+            let len = r.random_range(0..9000usize);
+            let data = random_bytes(&mut r, len);
+            f.write_at(off, &data).unwrap();
+            let end = off as usize + len;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[off as usize..end].copy_from_slice(&data);
+            // A random read agrees with the model, short at end of file.
+            let roff = r.random_range(0..80_000u64);
+            let mut buf = vec![0xEEu8; r.random_range(0..10_000usize)];
+            let n = f.read_at(roff, &mut buf).unwrap();
+            let expect = model.len().saturating_sub(roff as usize).min(buf.len());
+            assert_eq!(n, expect);
+            if n > 0 {
+                assert_same(&buf[..n], &model[roff as usize..roff as usize + n], "read");
+            }
+            assert!(
+                buf[n..].iter().all(|&b| b == 0xEE),
+                "bytes past a short read untouched"
+            );
+        }
+        assert_eq!(f.len().unwrap(), model.len() as u64);
+        assert_same(&read_all(&fs, "f"), &model, "whole file");
+        assert_eq!(f.read_at(model.len() as u64, &mut [0u8; 10]).unwrap(), 0);
+        assert_eq!(f.read_at(u64::MAX, &mut [0u8; 10]).unwrap(), 0);
+    }
+}
+
+#[test]
+fn vectored_reads_match_single_reads() {
+    let (_dev, fs) = mem_fs(512, 8 << 20);
+    let data = random_bytes(&mut rng(2), 300_000);
+    put(&fs, "v", &data);
+    let f = fs.open("v", OpenMode::ReadOnly).unwrap();
+    let mut r = rng(3);
+    let specs: Vec<(u64, usize)> = (0..200)
+        .map(|_| (r.random_range(0..310_000u64), r.random_range(0..5000usize)))
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = specs.iter().map(|&(_, n)| vec![0u8; n]).collect();
+    let mut reqs: Vec<(u64, &mut [u8])> = specs
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(o, _), b)| (o, b.as_mut_slice()))
+        .collect();
+    let counts = f.read_vectored_at(&mut reqs).unwrap();
+    for ((&(off, len), buf), n) in specs.iter().zip(&bufs).zip(counts) {
+        let expect = data.len().saturating_sub(off as usize).min(len);
+        assert_eq!(n, expect);
+        if n > 0 {
+            assert_same(&buf[..n], &data[off as usize..off as usize + n], "vectored");
+        }
+    }
+}
+
+#[test]
+fn gaps_and_growth_read_as_zeroes_never_old_data() {
+    let (dev, fs) = mem_fs(512, 4 << 20);
+    // Fill most of the device with a recognizable file, then free it.
+    let free_blocks = fs.df().free_blocks;
+    let junk = vec![0xA5u8; ((free_blocks - 64) * 4096) as usize];
+    put(&fs, "junk", &junk);
+    fs.sync().unwrap();
+    fs.remove("junk").unwrap();
+    // Blocks freed by a commit are reusable two commits later.
+    for _ in 0..3 {
+        fs.set_immutable("x", false).unwrap_err();
+        fs.create(
+            &format!("tick{}", fs.generation()),
+            &CreateOptions::default(),
+        )
+        .unwrap();
+        fs.sync().unwrap();
+    }
+    let f = fs
+        .create("new", &CreateOptions { size_hint: 1 << 20 })
+        .unwrap();
+    // Grow by set_len: zeroes.
+    f.set_len(100_000).unwrap();
+    let mut buf = vec![1u8; 100_000];
+    assert_eq!(f.read_at(0, &mut buf).unwrap(), 100_000);
+    assert!(
+        buf.iter().all(|&b| b == 0),
+        "set_len growth reads as zeroes"
+    );
+    // Write past the end: the gap is zeroes.
+    f.write_at(300_001, b"tail").unwrap();
+    let mut buf = vec![1u8; 200_001];
+    assert_eq!(f.read_at(100_000, &mut buf).unwrap(), 200_001);
+    assert!(buf.iter().all(|&b| b == 0), "gap reads as zeroes");
+    // Shrink then grow: the cut part comes back as zeroes, not the old bytes.
+    f.write_at(0, &[7u8; 5000]).unwrap();
+    f.set_len(10).unwrap();
+    f.set_len(5000).unwrap();
+    let mut buf = vec![1u8; 5000];
+    f.read_at(0, &mut buf).unwrap();
+    assert_eq!(&buf[..10], &[7u8; 10]);
+    assert!(buf[10..].iter().all(|&b| b == 0));
+    // The GPU table never reaches past end of file, and what it maps is this file's.
+    let t = f.extent_table().unwrap();
+    let lbas: u64 = t.extents().iter().map(|e| e.nlb).sum();
+    assert_eq!(lbas, 5000u64.div_ceil(512));
+    for e in t.extents() {
+        let mut raw = vec![0u8; (e.nlb * 512) as usize];
+        dev.read(&mut [ReadReq {
+            lba: e.lba,
+            buf: &mut raw,
+        }])
+        .unwrap();
+        assert!(
+            !raw.contains(&0xA5),
+            "extent table maps another file's old blocks"
+        );
+    }
+}
+
+#[test]
+fn read_only_handles_reject_changes() {
+    let (_dev, fs) = mem_fs(512, 4 << 20);
+    put(&fs, "ro", b"hello");
+    let f = fs.open("ro", OpenMode::ReadOnly).unwrap();
+    assert!(matches!(f.write_at(0, b"x"), Err(Error::ReadOnly(n)) if n == "ro"));
+    assert!(matches!(f.set_len(0), Err(Error::ReadOnly(_))));
+    assert!(matches!(f.allocate(1 << 20), Err(Error::ReadOnly(_))));
+    assert_eq!(read_all(&fs, "ro"), b"hello");
+    let rw = fs.open("ro", OpenMode::ReadWrite).unwrap();
+    fs.set_immutable("ro", true).unwrap();
+    assert!(
+        matches!(rw.write_at(0, b"x"), Err(Error::ReadOnly(_))),
+        "handles opened before"
+    );
+    assert!(matches!(
+        fs.open("ro", OpenMode::ReadWrite),
+        Err(Error::ReadOnly(_))
+    ));
+    assert!(matches!(fs.remove("ro"), Err(Error::ReadOnly(_))));
+    assert!(matches!(fs.rename("ro", "r2"), Err(Error::ReadOnly(_))));
+    assert!(fs.stat("ro").unwrap().immutable);
+    fs.set_immutable("ro", false).unwrap();
+    fs.remove("ro").unwrap();
+}
+
+#[test]
+fn namespace_operations_and_their_errors() {
+    let (dev, fs) = mem_fs(4096, 8 << 20);
+    for n in ["a/1", "a/2", "a/sub/3", "b/1", "ab"] {
+        put(&fs, n, n.as_bytes());
+    }
+    let names = |p: &str| fs.list(p).into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names("a/"), ["a/1", "a/2", "a/sub/3"]);
+    assert_eq!(names("a"), ["a/1", "a/2", "a/sub/3", "ab"]);
+    assert_eq!(names("").len(), 5);
+    assert_eq!(names("zzz").len(), 0);
+    assert!(matches!(
+        fs.create("a/1", &CreateOptions::default()),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        fs.create("a//b", &CreateOptions::default()),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        fs.create(&"n".repeat(1025), &CreateOptions::default()),
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        fs.open("nope", OpenMode::ReadOnly),
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(fs.remove("nope"), Err(Error::NotFound(_))));
+    assert!(matches!(
+        fs.rename("a/1", "a/2"),
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        fs.rename("a/1", "/abs"),
+        Err(Error::InvalidName { .. })
+    ));
+
+    let h = fs.open("a/1", OpenMode::ReadWrite).unwrap();
+    fs.rename("a/1", "c/1").unwrap();
+    assert_eq!(read_all(&fs, "c/1"), b"a/1");
+    h.write_at(3, b"!").unwrap(); // the handle follows the file across the rename
+    assert_eq!(read_all(&fs, "c/1"), b"a/1!");
+    fs.remove("c/1").unwrap();
+    assert!(matches!(
+        h.read_at(0, &mut [0u8; 4]),
+        Err(Error::Removed(_))
+    ));
+    assert!(matches!(h.write_at(0, b"x"), Err(Error::Removed(_))));
+
+    let long = "d/".to_string() + &"n".repeat(1022);
+    put(&fs, &long, b"long name");
+    fs.sync().unwrap();
+    drop((h, fs));
+    let fs = remount(&dev);
+    let all: Vec<String> = fs.list("").into_iter().map(|s| s.name).collect();
+    assert_eq!(all, ["a/2", "a/sub/3", "ab", "b/1", long.as_str()]);
+    assert_eq!(read_all(&fs, &long), b"long name");
+}
+
+#[test]
+fn unsynced_changes_vanish_synced_ones_persist() {
+    let (dev, fs) = mem_fs(512, 8 << 20);
+    put(&fs, "kept", b"synced");
+    fs.sync().unwrap();
+    let g = fs.generation();
+    put(&fs, "lost", b"not synced");
+    fs.rename("kept", "renamed-but-not-synced").unwrap();
+    drop(fs);
+    let fs = remount(&dev);
+    assert_eq!(fs.generation(), g);
+    assert_eq!(
+        fs.list("").into_iter().map(|s| s.name).collect::<Vec<_>>(),
+        ["kept"]
+    );
+    assert_eq!(read_all(&fs, "kept"), b"synced");
+    // A sync with no metadata changes does not commit a generation.
+    fs.sync().unwrap();
+    assert_eq!(fs.generation(), g);
+}
+
+#[test]
+fn no_space_is_an_error_and_leaves_the_file_system_usable() {
+    let (dev, fs) = mem_fs(512, 2 << 20);
+    let free = fs.df().free_blocks;
+    assert!(matches!(
+        fs.create(
+            "huge",
+            &CreateOptions {
+                size_hint: (free + 1) * 4096
+            }
+        ),
+        Err(Error::NoSpace { .. })
+    ));
+    let f = fs.create("fill", &CreateOptions::default()).unwrap();
+    let err = f
+        .write_at(0, &vec![1u8; ((free + 10) * 4096) as usize])
+        .unwrap_err();
+    assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+    assert_eq!(f.len().unwrap(), 0);
+    f.write_at(0, &vec![2u8; 100_000]).unwrap();
+    fs.sync().unwrap();
+    drop((f, fs));
+    let fs = remount(&dev);
+    assert_eq!(read_all(&fs, "fill"), vec![2u8; 100_000]);
+
+    // Replacing a file that takes most of the space: its blocks wait two commits, unless the
+    // caller reclaims them.
+    let big = ((fs.df().free_blocks - 4) * 4096) as usize;
+    put(&fs, "big", &vec![3u8; big]);
+    fs.sync().unwrap();
+    fs.remove("big").unwrap();
+    fs.sync().unwrap();
+    assert!(matches!(
+        fs.create(
+            "big2",
+            &CreateOptions {
+                size_hint: big as u64
+            }
+        ),
+        Err(Error::NoSpace { .. })
+    ));
+    fs.reclaim().unwrap();
+    put(&fs, "big2", &vec![4u8; big]);
+    fs.sync().unwrap();
+    assert_eq!(read_all(&fs, "fill"), vec![2u8; 100_000]);
+    assert!(
+        fsck(dev.clone(), &FsckOptions::default())
+            .unwrap()
+            .is_clean()
+    );
+}
+
+#[test]
+fn preallocation_keeps_files_in_one_extent() {
+    let (_dev, fs) = mem_fs(512, 64 << 20);
+    let f = fs
+        .create("pre", &CreateOptions { size_hint: 8 << 20 })
+        .unwrap();
+    for i in 0..64u64 {
+        f.write_at(i * 131_072, &vec![i as u8; 131_072]).unwrap();
+        put(&fs, &format!("interleaved/{i}"), b"small"); // other allocations in between
+    }
+    assert_eq!(f.stat().unwrap().extents, 1);
+    // Growth by appends without a hint: speculative doubling stays contiguous.
+    let g = fs.create("grow", &CreateOptions::default()).unwrap();
+    for i in 0..100u64 {
+        g.write_at(i * 40_000, &vec![1u8; 40_000]).unwrap();
+    }
+    assert!(g.stat().unwrap().extents <= 3, "{:?}", g.stat().unwrap());
+    // allocate() reserves without changing the size.
+    let h = fs.create("fa", &CreateOptions::default()).unwrap();
+    h.allocate(1 << 20).unwrap();
+    let s = h.stat().unwrap();
+    assert_eq!((s.size, s.allocated, s.extents), (0, 1 << 20, 1));
+    h.set_len(10).unwrap();
+    assert_eq!(
+        h.stat().unwrap().allocated,
+        1 << 20,
+        "growing keeps preallocation"
+    );
+    h.set_len(5).unwrap();
+    assert_eq!(
+        h.stat().unwrap().allocated,
+        4096,
+        "shrinking frees preallocation"
+    );
+}
+
+#[test]
+fn extent_table_translates_to_the_bytes_on_the_device() {
+    let (dev, fs) = mem_fs(512, 4 << 20);
+    let mut r = rng(9);
+    // Fill the device with small files, then free every other one: free space is all holes.
+    let mut i = 0;
+    while fs.df().free_blocks > 30 {
+        put(&fs, &format!("frag/{i}"), &random_bytes(&mut r, 40_000));
+        i += 1;
+    }
+    for j in (0..i).step_by(2) {
+        fs.remove(&format!("frag/{j}")).unwrap();
+    }
+    for _ in 0..3 {
+        fs.sync().unwrap();
+        put(&fs, &format!("t{}", fs.generation()), b"t");
+    }
+    fs.sync().unwrap();
+    let big = random_bytes(&mut r, 600_000);
+    let f = fs.create("data/big", &CreateOptions::default()).unwrap();
+    f.write_at(0, &big).unwrap();
+    let small = random_bytes(&mut r, 1234);
+    put(&fs, "data/small", &small);
+    assert!(
+        f.stat().unwrap().extents > 1,
+        "test wants a fragmented file"
+    );
+
+    let batch = fs.open_prefix("data/", OpenMode::ReadOnly).unwrap();
+    assert_eq!(batch.names, ["data/big", "data/small"]);
+    let t = &batch.table;
+    assert_eq!(t.header().total_bytes as usize, t.as_bytes().len());
+    for (fi, content) in [(0usize, &big), (1, &small)] {
+        for off in (0..content.len() as u64)
+            .step_by(997)
+            .chain([content.len() as u64 - 1])
+        {
+            let tr = t.translate(fi, off).expect("inside the file");
+            let mut sector = vec![0u8; 512];
+            dev.read(&mut [ReadReq {
+                lba: tr.lba,
+                buf: &mut sector,
+            }])
+            .unwrap();
+            assert_eq!(
+                sector[(off % 512) as usize],
+                content[off as usize],
+                "file {fi} offset {off}"
+            );
+        }
+        assert_eq!(t.translate(fi, content.len() as u64), None);
+    }
+    assert_eq!(t.extents().len(), f.stat().unwrap().extents + 1);
+    assert_eq!(f.extent_table().unwrap().files().len(), 1);
+}
+
+#[test]
+fn metadata_overhead_of_a_10_gib_file() {
+    // A sparse 12 GiB memory device: only written chunks take memory.
+    let dev = Arc::new(MemDevice::new(512, (12u64 << 30) / 512));
+    let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    let size = 10u64 << 30;
+    let f = fs
+        .create("model/weights.bin", &CreateOptions { size_hint: size })
+        .unwrap();
+    f.set_len(size).unwrap();
+    f.write_at(size - 5, b"last!").unwrap();
+    fs.sync().unwrap();
+    let st = f.stat().unwrap();
+    assert_eq!((st.size, st.extents), (size, 1));
+    let on_disk = fs.metadata_bytes("model/weights.bin").unwrap();
+    let table = f.extent_table().unwrap().as_bytes().len() as u64;
+    let gemini = size / 4096 * 8;
+    println!(
+        "10 GiB file: {} extent(s); on-disk metadata {on_disk} bytes ({:.7} %), GPU table {table} bytes ({:.7} %); GeminiFS at 8 B per 4 KiB block: {gemini} bytes (0.195 %)",
+        st.extents,
+        on_disk as f64 * 100.0 / size as f64,
+        table as f64 * 100.0 / size as f64,
+    );
+    assert!(
+        on_disk < 200 && table <= 120,
+        "on disk {on_disk}, table {table}"
+    );
+    drop((f, fs));
+    let fs = remount(&dev);
+    let f = fs.open("model/weights.bin", OpenMode::ReadOnly).unwrap();
+    let mut tail = [0u8; 10];
+    assert_eq!(f.read_at(size - 10, &mut tail).unwrap(), 10);
+    assert_eq!(&tail, b"\0\0\0\0\0last!");
+}
+
+#[test]
+fn random_operations_match_a_model_across_remounts() {
+    for (seed, lba) in [(11u64, 512u32), (12, 4096)] {
+        let dev = Arc::new(MemDevice::new(lba, (6u64 << 20) / lba as u64));
+        let mut fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        let mut r = rng(seed);
+        let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut synced = model.clone();
+        // Byte ranges written since the last sync, by file id: after a crash these may hold the
+        // new bytes even inside the synced size (in-place overwrites are not atomic).
+        let mut dirty: std::collections::HashMap<u64, Vec<(u64, u64)>> = Default::default();
+        for step in 0..400 {
+            let names: Vec<String> = model.keys().cloned().collect();
+            let pick = |r: &mut rand::rngs::SmallRng| names[r.random_range(0..names.len())].clone();
+            let op = r.random_range(0..100);
+            if std::env::var("TRACE").is_ok() {
+                eprintln!(
+                    "step {step} op {op} gen {} files {:?}",
+                    fs.generation(),
+                    names
+                        .iter()
+                        .map(|n| (
+                            n,
+                            model[n].len(),
+                            fs.stat(n).unwrap().file_id,
+                            fs.stat(n).unwrap().extents
+                        ))
+                        .collect::<Vec<_>>()
+                );
+            }
+            match op {
+                0..15 => {
+                    let n = format!("d{}/f{step}", r.random_range(0..4));
+                    let hint = r.random_range(0..100_000u64);
+                    fs.create(&n, &CreateOptions { size_hint: hint }).unwrap();
+                    model.insert(n, Vec::new());
+                }
+                15..50 if !names.is_empty() => {
+                    let n = pick(&mut r);
+                    let cur = model[&n].len() as u64;
+                    let off = r.random_range(0..cur + 20_000);
+                    let len = r.random_range(1..30_000);
+                    let data = random_bytes(&mut r, len);
+                    let id = fs.stat(&n).unwrap().file_id;
+                    dirty
+                        .entry(id)
+                        .or_default()
+                        .push((cur.min(off), off + data.len() as u64));
+                    match fs
+                        .open(&n, OpenMode::ReadWrite)
+                        .unwrap()
+                        .write_at(off, &data)
+                    {
+                        Ok(()) => {
+                            let m = model.get_mut(&n).unwrap();
+                            let end = off as usize + data.len();
+                            if m.len() < end {
+                                m.resize(end, 0);
+                            }
+                            m[off as usize..end].copy_from_slice(&data);
+                        }
+                        Err(Error::NoSpace { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                50..58 if !names.is_empty() => {
+                    let n = pick(&mut r);
+                    let len = r.random_range(0..60_000u64);
+                    let id = fs.stat(&n).unwrap().file_id;
+                    dirty
+                        .entry(id)
+                        .or_default()
+                        .push((model[&n].len() as u64, len));
+                    match fs.open(&n, OpenMode::ReadWrite).unwrap().set_len(len) {
+                        Ok(()) => model.get_mut(&n).unwrap().resize(len as usize, 0),
+                        Err(Error::NoSpace { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                58..68 if !names.is_empty() => {
+                    let n = pick(&mut r);
+                    fs.remove(&n).unwrap();
+                    model.remove(&n);
+                }
+                68..75 if !names.is_empty() => {
+                    let n = pick(&mut r);
+                    let to = format!("renamed/{step}");
+                    fs.rename(&n, &to).unwrap();
+                    let v = model.remove(&n).unwrap();
+                    model.insert(to, v);
+                }
+                75..90 => {
+                    fs.sync().unwrap();
+                    synced = model.clone();
+                    dirty.clear();
+                }
+                90..95 => {
+                    // Crash without sync: back to the last synced state, except that bytes
+                    // written in place since then may be new.
+                    drop(fs);
+                    fs = remount(&dev);
+                    model = synced.clone();
+                    for (n, content) in model.iter_mut() {
+                        let actual = read_all(&fs, n);
+                        assert_eq!(actual.len(), content.len(), "step {step} file {n}");
+                        let ranges = dirty.get(&fs.stat(n).unwrap().file_id);
+                        for (i, (a, b)) in actual.iter().zip(content.iter()).enumerate() {
+                            let i = i as u64;
+                            assert!(
+                                a == b
+                                    || ranges.is_some_and(|rs| {
+                                        rs.iter().any(|&(s, e)| s <= i && i < e)
+                                    }),
+                                "step {step} file {n}: byte {i} changed outside any write since the sync"
+                            );
+                        }
+                        *content = actual;
+                    }
+                    synced = model.clone();
+                    dirty.clear();
+                }
+                _ if !names.is_empty() => {
+                    let n = pick(&mut r);
+                    assert_same(
+                        &read_all(&fs, &n),
+                        &model[&n],
+                        &format!("step {step} file {n}"),
+                    );
+                }
+                _ => {}
+            }
+        }
+        fs.sync().unwrap();
+        drop(fs);
+        let fs = remount(&dev);
+        let listed: Vec<String> = fs.list("").into_iter().map(|s| s.name).collect();
+        assert_eq!(listed, model.keys().cloned().collect::<Vec<_>>());
+        for (n, content) in &model {
+            assert_same(&read_all(&fs, n), content, &format!("file {n}"));
+        }
+        let report = fsck(dev.clone(), &FsckOptions::default()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert!(
+            report.older_problems.is_empty(),
+            "{:?}",
+            report.older_problems
+        );
+    }
+}
+
+/// A memory device whose writes and flushes can be made to fail.
+struct Faulty {
+    inner: MemDevice,
+    fail_writes: AtomicBool,
+    /// Flushes left before they start failing (u32::MAX: never).
+    flushes_left: AtomicU32,
+}
+
+impl BlockDevice for Faulty {
+    fn lba_size(&self) -> u32 {
+        self.inner.lba_size()
+    }
+    fn lba_count(&self) -> u64 {
+        self.inner.lba_count()
+    }
+    fn read(&self, reqs: &mut [ReadReq<'_>]) -> Result<(), DeviceError> {
+        self.inner.read(reqs)
+    }
+    fn write(&self, reqs: &[WriteReq<'_>]) -> Result<(), DeviceError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(DeviceError::Io {
+                op: "write",
+                lba: reqs[0].lba,
+                source: "injected media error".into(),
+            });
+        }
+        self.inner.write(reqs)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        if self
+            .flushes_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_err()
+        {
+            return Err(DeviceError::Io {
+                op: "flush",
+                lba: 0,
+                source: "injected flush failure".into(),
+            });
+        }
+        self.inner.flush()
+    }
+    fn describe(&self) -> String {
+        "faulty".into()
+    }
+}
+
+#[test]
+fn device_errors_surface_as_typed_errors() {
+    let dev = Arc::new(Faulty {
+        inner: MemDevice::new(512, 8192),
+        fail_writes: AtomicBool::new(false),
+        flushes_left: AtomicU32::new(u32::MAX),
+    });
+    let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    put(&fs, "a", b"before");
+    fs.sync().unwrap();
+    dev.fail_writes.store(true, Ordering::Relaxed);
+    let f = fs.open("a", OpenMode::ReadWrite).unwrap();
+    let e = f.write_at(6, b" after").unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Device {
+                op: "writing file data",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(f.len().unwrap(), 6, "a failed write does not grow the file");
+    put_fails(&fs);
+    let e = fs.sync().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Device {
+                op: "writing metadata",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    dev.fail_writes.store(false, Ordering::Relaxed);
+    fs.sync().unwrap(); // retry after a failure before the superblock works
+    // Fail the second flush of a sync: the one after the superblock write.
+    dev.flushes_left.store(1, Ordering::Relaxed);
+    fs.rename("a", "b").unwrap();
+    let e = fs.sync().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Device {
+                op: "writing the superblock",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    dev.flushes_left.store(u32::MAX, Ordering::Relaxed);
+    // The medium may hold either generation: no more changes until a remount says which.
+    assert!(matches!(fs.rename("b", "c"), Err(Error::Poisoned)));
+    assert!(matches!(fs.sync(), Err(Error::Poisoned)));
+    drop((f, fs));
+    let fs = FileSystem::mount(dev.clone()).unwrap();
+    assert_eq!(read_all(&fs, "b"), b"before");
+}
+
+fn put_fails(fs: &FileSystem) {
+    let f = fs.create("doomed", &CreateOptions::default()).unwrap();
+    assert!(f.write_at(0, b"x").is_err());
+}
