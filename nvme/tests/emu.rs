@@ -827,8 +827,14 @@ fn slow_completions_succeed_within_the_timeout_and_time_out_beyond_it() -> Resul
     emu.faults().set_completion_delay(Duration::from_secs(3));
     let started = Instant::now();
     let e = qp.read_to(1, 64, &mut back).unwrap_err();
-    ensure!(matches!(e, Error::Timeout { .. }), "expected Timeout, got {e}");
-    ensure!(started.elapsed() < Duration::from_secs(30), "wait was not bounded");
+    ensure!(
+        matches!(e, Error::Timeout { .. }),
+        "expected Timeout, got {e}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(30),
+        "wait was not bounded"
+    );
     ensure!(qp.is_failed(), "queue must be failed after a timeout");
     emu.faults().set_completion_delay(Duration::ZERO);
     Ok(())
