@@ -416,14 +416,12 @@ fn run_worker(
 /// Runs `plans` (one per queue pair) in parallel; returns their results and the wall time from
 /// the moment all threads were ready.
 fn run_workers(
-    ctrl: &Controller,
     qps: &mut [IoQueuePair],
     bufs: &[Arc<nvme::DmaMemory>],
     geo: Geometry,
     plans: Vec<Plan>,
 ) -> (Vec<WorkerResult>, Duration) {
     let barrier = Barrier::new(plans.len() + 1);
-    let _ = ctrl;
     std::thread::scope(|scope| {
         let handles: Vec<_> = qps
             .iter_mut()
@@ -540,7 +538,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 }
             })
             .collect();
-        let (results, _) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+        let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
         for r in &results {
             if r.errors > 0 {
                 bail!(
@@ -589,7 +587,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
             }
         })
         .collect();
-    let (results, elapsed) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+    let (results, elapsed) = run_workers(&mut qps, &bufs, geo, plans);
 
     let mut hist = new_histogram();
     let mut ios = 0;
@@ -633,7 +631,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 track_written: false,
             })
             .collect();
-        let (results, _) = run_workers(ctrl, &mut qps, &bufs, geo, plans);
+        let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
         for r in results {
             errors += r.errors;
             verify_errors += r.verify_errors;
