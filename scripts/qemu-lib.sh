@@ -10,8 +10,9 @@
 #     .cache/qemu/kernel/<version>/ with modules.dep (depmod) and an uncompressed vmlinux
 #     (booted through PVH: faster under TCG than the bzImage);
 #   - builds an uncompressed initramfs: busybox, the kernel modules that VFIO and the nvme
-#     driver need, nvme-cli and jq (fio too for benchmarks) with their shared libraries (ldd),
-#     our release binaries and examples, and the guest scripts of scripts/guest/;
+#     driver need, nvme-cli, jq and bash (fio too for benchmarks) with their shared libraries
+#     (ldd), our release binaries and examples, scripts/setup.sh (as
+#     /opt/gpunvme/scripts/setup.sh) and the guest scripts of scripts/guest/;
 #   - boots it under TCG (this machine's /dev/kvm cannot run stock guests) with QEMU's nvme
 #     device behind an emulated Intel IOMMU, under a timeout, and reads back the exit status
 #     of the guest command from a marker line on the serial console.
@@ -193,12 +194,19 @@ stage_base() {
         [ "$applet" = busybox ] || ln -sf busybox "$root/usr/bin/$applet"
     done
     copy_with_libs "$root" "$(command -v nvme)" "$(command -v jq)"
+    # scripts/setup.sh, with the bash it is written for (busybox has none); every other
+    # command it calls (awk, sed, readlink, timeout, modprobe...) is a busybox applet.
+    copy_with_libs "$root" "$(command -v bash)"
+    install -D -m 755 "$REPO_ROOT/scripts/setup.sh" "$root/opt/gpunvme/scripts/setup.sh"
     if [ "$flavor" = bench ]; then
         copy_with_libs "$root" "$(command -v fio)"
     fi
     # Kernel modules: the closure of what VFIO and the nvme driver need, from modules.dep.
     kroot="$KERNEL_DIR/root/lib/modules/$KVER"
-    mods=(vfio vfio_iommu_type1 vfio_pci nvme crc64_rocksoft_generic crct10dif_generic)
+    # msdos and nls_cp437: a FAT file system to mount, for the suite's check that setup.sh
+    # refuses a controller with a mounted namespace.
+    mods=(vfio vfio_iommu_type1 vfio_pci nvme crc64_rocksoft_generic crct10dif_generic
+        msdos nls_cp437)
     for m in "${mods[@]}"; do
         modinfo -b "$KERNEL_DIR/root" -k "$KVER" -F filename "$m" 2>/dev/null || true
     done | while read -r m; do

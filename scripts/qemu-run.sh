@@ -24,8 +24,9 @@
 #   --quiet              print the console only when the command fails
 #
 # In the guest: our release binaries are on PATH (target/release/* as /opt/gpunvme/bin/*,
-# target/release/examples/* as /opt/gpunvme/examples/*), with nvme-cli, jq and busybox. The
-# command runs under busybox sh in /root; `. /usr/share/gpunvme/lib.sh` gives helpers
+# target/release/examples/* as /opt/gpunvme/examples/*), with nvme-cli, jq, bash and busybox,
+# and scripts/setup.sh is /opt/gpunvme/scripts/setup.sh. The command runs under busybox sh in
+# /root; `. /usr/share/gpunvme/lib.sh` gives helpers
 # (gn_nvme_bdfs, gn_bind BDF vfio-pci|nvme, gn_blockdev BDF NSID, ...; see scripts/guest/lib.sh).
 # Build other binaries you need (e.g. `cargo build --release -p vfio --examples`) before the run.
 #

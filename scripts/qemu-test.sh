@@ -4,7 +4,9 @@
 # guest whose NVMe controllers (QEMU's `nvme` device) sit behind an emulated Intel IOMMU, and
 # runs scripts/guest/suite.sh there: identify through VFIO against nvme-cli, perf --verify for
 # read/write/randread/randwrite, bytes written by our driver read back through the Linux nvme
-# driver and the reverse, and bad --device arguments refused without side effects.
+# driver and the reverse, bad --device arguments refused without side effects, and (in the
+# default configuration) scripts/setup.sh's bind, unbind, status and hugepages, and its refusal
+# of a controller whose namespace is mounted or used as swap.
 #
 # Usage:
 #   scripts/qemu-test.sh [--only NAME[,NAME...]] [--no-noiommu] [--perf-ios N]
@@ -108,6 +110,7 @@ run_config() {
 export GN_TOKEN=$token EXPECT_CTRLS=$ctrls EXPECT_NS=$nss EXPECT_LBA=$lba
 export EXPECT_MDTS=$mdts EXPECT_QPAIRS=$qpairs PERF_IOS=$perf_ios
 export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
+export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
 . /usr/share/gpunvme/suite.sh
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"

@@ -10,7 +10,10 @@
 #      read, write, randread and randwrite, and writes new random bytes;
 #   4. moves the controllers back to the kernel driver and reads step 3's bytes through
 #      /dev/nvmeXnY;
-#   5. checks that bad --device arguments fail with one line and leave everything as it was.
+#   5. checks that bad --device arguments fail with one line and leave everything as it was;
+#   6. runs scripts/setup.sh (under bash) on the first controller: bind to vfio-pci (then
+#      identify and read through our driver), status, unbind back to nvme (then read through
+#      /dev/nvmeXnY), hugepages, and bind refused while a namespace is mounted or is swap.
 #
 # Input (environment, set by the host in run.sh):
 #   GN_TOKEN        token that marks result lines (the host ignores lines without it)
@@ -21,6 +24,8 @@
 #   EXPECT_QPAIRS   I/O queue pairs the controller grants
 #   PERF_IOS        I/Os per perf run
 #   NEGATIVE        1: run step 5 (needs a non-NVMe PCI device, e.g. QEMU's edu)
+#   SETUP_SH        1: run step 6 (needs /opt/gpunvme/scripts/setup.sh and bash; 2 MiB
+#                   hugepages; it reformats namespace 1 of the first controller)
 #
 # Output: one line per check, `GN-RESULT <token> PASS|FAIL <check> [detail]`, and exit status
 # 1 if any check failed.
@@ -334,6 +339,148 @@ if [ "${NEGATIVE:-0}" = 1 ]; then
     before=$(gn_driver "$host")
     expect_refusal "non-NVMe device $host (host bridge)" --device "$host"
     check_eq "non-NVMe device $host: driver unchanged" "$before" "$(gn_driver "$host")"
+fi
+
+# ---- step 6: scripts/setup.sh ----------------------------------------------------------------
+
+SETUP=/opt/gpunvme/scripts/setup.sh
+# setup OUT ARGS...: setup.sh with a time limit; stdout and stderr to files named by OUT.
+setup() {
+    local out=$1
+    shift
+    timeout "$CMD_TIMEOUT" "$SETUP" "$@" >"$out.out" 2>"$out.err"
+}
+
+# setup_status NAME REGEX: `setup.sh status` succeeds and prints a line that REGEX (grep's
+# basic syntax) matches.
+setup_status() {
+    local line
+    if setup "$T/setup-status" status; then
+        if line=$(grep -- "$2" "$T/setup-status.out"); then
+            pass "$1: $(echo "$line" | head -n 1)"
+        else
+            fail "$1" "no line with '$2'"
+            show "$T/setup-status.out"
+        fi
+    else
+        fail "$1" "setup.sh status failed: $(tail -n 3 "$T/setup-status.err")"
+    fi
+}
+
+# setup_refusal NAME BDF WHAT: `setup.sh bind BDF` must fail with one line on stderr that
+# names WHAT, print nothing else, and leave BDF on nvme with its driver_override unchanged.
+setup_refusal() {
+    local name=$1 bdf=$2 what=$3 rc=0 override
+    override=$(cat "/sys/bus/pci/devices/$bdf/driver_override")
+    setup "$T/setup-refuse" bind "$bdf" || rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c . "$T/setup-refuse.err")" = 1 ] &&
+        [ ! -s "$T/setup-refuse.out" ] && grep -qF -- "$what" "$T/setup-refuse.err"; then
+        pass "$name: refused: $(cat "$T/setup-refuse.err")"
+    else
+        fail "$name" "exit status $rc, stderr: $(head -c 300 "$T/setup-refuse.err")"
+        show "$T/setup-refuse.out"
+    fi
+    check_eq "$name: still bound to" nvme "$(gn_driver "$bdf")"
+    check_eq "$name: driver_override unchanged" "$override" \
+        "$(cat "/sys/bus/pci/devices/$bdf/driver_override")"
+}
+
+if [ "${SETUP_SH:-0}" = 1 ]; then
+    bdf=$(echo "$BDFS" | head -n 1)
+    setup_status "setup.sh status: $bdf on nvme" "$bdf driver=nvme "
+
+    # bind: nvme -> vfio-pci, then our driver works through it.
+    rc=0
+    setup "$T/setup-bind" bind "$bdf" || rc=$?
+    if [ "$rc" = 0 ] && [ "$(gn_driver "$bdf")" = vfio-pci ]; then
+        pass "setup.sh bind $bdf: $(grep 'bound .* to vfio-pci' "$T/setup-bind.out")"
+        group=$(gn_iommu_group "$bdf")
+        if [ -n "$group" ] && [ -c "/dev/vfio/$group" ]; then
+            pass "setup.sh bind $bdf: /dev/vfio/$group exists"
+        else
+            fail "setup.sh bind $bdf: no /dev/vfio/N" "IOMMU group '$group'"
+        fi
+        if ours "$T/setup.id" --device "$bdf" identify --json; then
+            check_eq "setup.sh bind $bdf: gpunvme identify sn" \
+                "$(rtrim "$(jqf .sn "$T/ctrl1.kid.json")")" "$(rtrim "$(jqf .sn "$T/setup.id.out")")"
+        else
+            fail "setup.sh bind $bdf: gpunvme identify" "$(tail -n 3 "$T/setup.id.err")"
+        fi
+        if ours "$T/setup.read" --device "$bdf" read --nsid 1 --lba "$LBA_OURS" \
+            --bytes "$PAT_BYTES" --output "$T/setup.ours-read" &&
+            cmp -s "$T/ctrl1.ns1.opat" "$T/setup.ours-read"; then
+            pass "setup.sh bind $bdf: gpunvme reads back the bytes it wrote in step 3"
+        else
+            fail "setup.sh bind $bdf: gpunvme read" "$(tail -n 3 "$T/setup.read.err")"
+        fi
+        setup_status "setup.sh status: $bdf on vfio-pci" \
+            "$bdf driver=vfio-pci iommu_group=$group /dev/vfio/$group"
+    else
+        fail "setup.sh bind $bdf" "exit status $rc, driver $(gn_driver "$bdf"), stderr: $(head -c 300 "$T/setup-bind.err")"
+        show "$T/setup-bind.out"
+    fi
+
+    # unbind: vfio-pci -> nvme, and the kernel's block device is back with the same bytes.
+    rc=0
+    setup "$T/setup-unbind" unbind "$bdf" || rc=$?
+    if [ "$rc" = 0 ] && [ "$(gn_driver "$bdf")" = nvme ]; then
+        pass "setup.sh unbind $bdf: $(grep 'bound .* to nvme' "$T/setup-unbind.out")"
+    else
+        fail "setup.sh unbind $bdf" "exit status $rc, driver $(gn_driver "$bdf"), stderr: $(head -c 300 "$T/setup-unbind.err")"
+        show "$T/setup-unbind.out"
+        # Leave the controller on nvme for the refusal checks below.
+        gn_bind "$bdf" nvme || fail "setup.sh: rebinding $bdf to nvme with gn_bind"
+    fi
+    if blk=$(gn_blockdev "$bdf" 1); then
+        if timeout "$CMD_TIMEOUT" dd if="$blk" of="$T/setup.kread" bs="$EXPECT_LBA" \
+            skip="$LBA_OURS" count=$((PAT_BYTES / EXPECT_LBA)) iflag=direct 2>/dev/null &&
+            cmp -s "$T/ctrl1.ns1.opat" "$T/setup.kread"; then
+            pass "setup.sh unbind $bdf: $blk is back and reads the same bytes"
+        else
+            fail "setup.sh unbind $bdf: $blk reads the same bytes"
+        fi
+        setup_status "setup.sh status: $bdf back on nvme" \
+            "$bdf driver=nvme iommu_group=$(gn_iommu_group "$bdf")\( .*\)\{0,1\} namespaces: ${blk#/dev/}\$"
+    else
+        fail "setup.sh unbind $bdf: no block device for namespace 1"
+    fi
+
+    # hugepages: the kernel's count follows, and goes back.
+    hp_before=$(cat /proc/sys/vm/nr_hugepages)
+    for n in $((hp_before + 8)) "$hp_before"; do
+        if setup "$T/setup-hp" hugepages "$n"; then
+            check_eq "setup.sh hugepages $n: /proc/sys/vm/nr_hugepages" "$n" \
+                "$(cat /proc/sys/vm/nr_hugepages)"
+        else
+            fail "setup.sh hugepages $n" "$(head -c 300 "$T/setup-hp.err") $(head -c 300 "$T/setup-hp.out")"
+        fi
+    done
+
+    # Refusals: a namespace that is mounted, or is swap, keeps its controller on nvme. This
+    # formats the namespace, so it comes last.
+    if [ -n "$blk" ] && [ "$(gn_driver "$bdf")" = nvme ]; then
+        mnt="$T/mnt"
+        mkdir -p "$mnt"
+        if modprobe msdos && modprobe nls_cp437 && mkdosfs "$blk" >"$T/mkdosfs.log" 2>&1 &&
+            mount -t msdos "$blk" "$mnt" 2>"$T/mount.err"; then
+            setup_refusal "setup.sh bind $bdf with $blk mounted" "$bdf" "$blk (mounted on $mnt)"
+            grep -q "^$blk $mnt " /proc/mounts ||
+                fail "setup.sh bind $bdf with $blk mounted: still mounted"
+            umount "$mnt" || fail "setup.sh: umount $mnt"
+        else
+            fail "setup.sh bind $bdf with $blk mounted" \
+                "could not mount a FAT file system on $blk: $(cat "$T/mkdosfs.log" "$T/mount.err" 2>/dev/null | head -c 300)"
+        fi
+        if mkswap "$blk" >"$T/mkswap.log" 2>&1 && swapon "$blk" 2>"$T/swapon.err"; then
+            setup_refusal "setup.sh bind $bdf with $blk as swap" "$bdf" "$blk (swap)"
+            swapoff "$blk" || fail "setup.sh: swapoff $blk"
+        else
+            fail "setup.sh bind $bdf with $blk as swap" \
+                "could not swapon $blk: $(cat "$T/mkswap.log" "$T/swapon.err" 2>/dev/null | head -c 300)"
+        fi
+    else
+        fail "setup.sh refusals" "no block device on nvme for $bdf to mount"
+    fi
 fi
 
 exit "$FAILED"
