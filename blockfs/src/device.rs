@@ -3,7 +3,9 @@
 //! blockfs never sees a queue, a command id or a DMA buffer. It hands a device a batch of
 //! independent requests and gets control back once all of them completed; the device decides how
 //! many commands to keep in flight and on which queues ([`crate::NvmeBlockDevice`] splits a batch
-//! at the controller's maximum transfer size and spreads it over several queue pairs). Three
+//! at the controller's maximum transfer size and spreads it over several queue pairs). A write
+//! batch can also take its bytes from a [`DataSource`] (a host file, say) that the device reads
+//! as it issues the commands, instead of from buffers filled beforehand. Three
 //! implementations exist: [`crate::MemDevice`] (memory, for tests and fuzzing),
 //! [`crate::CrashDevice`] (records every write and flush for the crash-consistency test) and
 //! [`crate::NvmeBlockDevice`].
@@ -31,6 +33,57 @@ pub struct WriteReq<'a> {
     pub lba: u64,
     /// Source; its length gives the number of LBAs.
     pub buf: &'a [u8],
+}
+
+/// One write whose bytes come from a [`DataSource`]: `len` bytes (whole LBAs) read from source
+/// byte `src_offset` on, written from `lba` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceWriteReq {
+    /// First LBA.
+    pub lba: u64,
+    /// Where in the source the bytes start.
+    pub src_offset: u64,
+    /// Bytes to write; a multiple of the device's LBA size.
+    pub len: usize,
+}
+
+/// Bytes read by position, from several threads at once: where [`BlockDevice::write_from`] and
+/// [`crate::File::write_from`] take their data, so that reading it can overlap the device's work
+/// instead of being staged in a large buffer first.
+pub trait DataSource: Sync {
+    /// Fills `buf` with the bytes starting at `offset`. Fails with
+    /// [`std::io::ErrorKind::UnexpectedEof`] if the source ends first.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl DataSource for [u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|start| self.get(start..start.checked_add(buf.len())?))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+impl DataSource for Vec<u8> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.as_slice().read_exact_at(buf, offset)
+    }
+}
+
+impl<T: DataSource + ?Sized> DataSource for &T {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        (**self).read_exact_at(buf, offset)
+    }
+}
+
+#[cfg(unix)]
+impl DataSource for std::fs::File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+    }
 }
 
 /// Why a block device operation failed.
@@ -65,7 +118,20 @@ pub enum DeviceError {
         #[source]
         source: Box<dyn StdError + Send + Sync>,
     },
+    /// Reading the [`DataSource`] of a [`BlockDevice::write_from`] failed; nothing was asked of
+    /// the device for those bytes.
+    #[error("reading the data source at byte {offset} failed")]
+    ReadSource {
+        /// Source offset of the failed read.
+        offset: u64,
+        /// What the source said.
+        #[source]
+        source: std::io::Error,
+    },
 }
+
+/// Bytes the default [`BlockDevice::write_from`] reads from its source per device write.
+pub const SOURCE_STAGE_BYTES: usize = 4 << 20;
 
 /// A device of fixed-size LBAs that blockfs stores a file system on.
 ///
@@ -86,6 +152,48 @@ pub trait BlockDevice: Send + Sync {
     /// Writes every request of the batch. Completed writes are durable only after a later
     /// [`BlockDevice::flush`] completes.
     fn write(&self, reqs: &[WriteReq<'_>]) -> Result<(), DeviceError>;
+
+    /// Writes every request of the batch with bytes read from `src` while the batch runs, and
+    /// calls `progress` with the byte count of each part as it completes (from any thread).
+    /// Completion and durability are as for [`BlockDevice::write`]; a failed source read fails
+    /// the batch with [`DeviceError::ReadSource`] once everything started has finished.
+    ///
+    /// The default reads at most [`SOURCE_STAGE_BYTES`] at a time into a buffer and writes it
+    /// with [`BlockDevice::write`]; [`crate::NvmeBlockDevice`] reads each command's bytes into
+    /// its own small staging buffer right before the command is issued, on every lane at once,
+    /// so source reads overlap the device's work.
+    fn write_from(
+        &self,
+        reqs: &[SourceWriteReq],
+        src: &dyn DataSource,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), DeviceError> {
+        let lba_size = self.lba_size();
+        let mut largest = 0;
+        for r in reqs {
+            check_request(r.lba, r.len, lba_size, self.lba_count())?;
+            largest = largest.max(r.len);
+        }
+        // Whole LBAs per step (the stage is a multiple of every supported LBA size).
+        let step = SOURCE_STAGE_BYTES.max(lba_size as usize);
+        let mut stage = vec![0u8; largest.min(step)];
+        for r in reqs {
+            let mut done = 0;
+            while done < r.len {
+                let n = (r.len - done).min(step);
+                let at = r.src_offset + done as u64;
+                src.read_exact_at(&mut stage[..n], at)
+                    .map_err(|source| DeviceError::ReadSource { offset: at, source })?;
+                self.write(&[WriteReq {
+                    lba: r.lba + (done / lba_size as usize) as u64,
+                    buf: &stage[..n],
+                }])?;
+                progress(n as u64);
+                done += n;
+            }
+        }
+        Ok(())
+    }
 
     /// Makes every completed write durable (NVMe Flush).
     fn flush(&self) -> Result<(), DeviceError>;

@@ -14,6 +14,15 @@ pub enum Error {
         #[source]
         source: DeviceError,
     },
+    /// Reading the source of a [`crate::File::write_from`] failed (or it ended early).
+    #[error("reading the data source at byte {offset} failed")]
+    ReadSource {
+        /// Source offset of the failed read.
+        offset: u64,
+        /// What the source said.
+        #[source]
+        source: std::io::Error,
+    },
     /// Neither superblock slot holds a blockfs superblock (wrong magic in both).
     #[error("not a blockfs file system: {0}")]
     NotBlockfs(String),
@@ -82,7 +91,11 @@ pub(crate) trait DeviceResultExt<T> {
 
 impl<T> DeviceResultExt<T> for std::result::Result<T, DeviceError> {
     fn during(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Device { op, source })
+        self.map_err(|e| match e {
+            // The device did nothing wrong: the caller's data source failed.
+            DeviceError::ReadSource { offset, source } => Error::ReadSource { offset, source },
+            source => Error::Device { op, source },
+        })
     }
 }
 

@@ -8,8 +8,9 @@
 //!
 //! # Architecture
 //!
-//! - [`device`]: the [`BlockDevice`] seam (batched whole-LBA reads and writes, flush, write
-//!   zeroes); [`MemDevice`], [`CrashDevice`] and [`NvmeBlockDevice`] implement it.
+//! - [`device`]: the [`BlockDevice`] seam (batched whole-LBA reads and writes, writes fed from a
+//!   [`DataSource`], flush, write zeroes); [`MemDevice`], [`CrashDevice`] and
+//!   [`NvmeBlockDevice`] implement it.
 //! - [`format`](mod@format): byte layouts of the superblock, root run, file-table chunks and file records;
 //!   decoders that take untrusted bytes and never panic.
 //! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
@@ -27,12 +28,13 @@
 //!
 //! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::create`] (with a size hint),
 //! [`FileSystem::open`] ([`OpenMode::ReadOnly`] or [`OpenMode::ReadWrite`]),
-//! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::set_len`],
-//! [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`], [`FileSystem::list`] (by
-//! prefix), [`FileSystem::stat`], [`FileSystem::sync`], [`FileSystem::reclaim`],
-//! [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the GPU tables
-//! [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are short (0
-//! bytes at or past it).
+//! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::write_from`] (a
+//! copy from a [`DataSource`] such as a host file, read while the device writes),
+//! [`File::set_len`], [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`],
+//! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
+//! [`FileSystem::reclaim`], [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the
+//! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are
+//! short (0 bytes at or past it).
 //!
 //! Names are flat, path-like UTF-8 strings up to [`format::MAX_NAME_LEN`] bytes with `/` as a
 //! separator (no directories to create); [`FileSystem::list`] lists by prefix.
@@ -80,7 +82,7 @@ mod nvme_dev;
 pub mod table;
 
 pub use crash::{CrashDevice, LoggedOp};
-pub use device::{BlockDevice, DeviceError, ReadReq, WriteReq};
+pub use device::{BlockDevice, DataSource, DeviceError, ReadReq, SourceWriteReq, WriteReq};
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
 pub use fs::{Batch, CreateOptions, FileStat, FileSystem, FsStats, Geometry, MkfsOptions};

@@ -3,17 +3,22 @@
 //!
 //! Each of several lanes owns a queue pair and a DMA bounce buffer cut into command-sized slots,
 //! allocated once and reused. A batch is cut into commands of at most the controller's maximum
-//! transfer size; small batches run on one lane from the calling thread, large ones are split
-//! over all lanes, one thread per lane, each keeping as many commands in flight as it has
-//! slots. Data is copied between the caller's buffers and the slots by the lane threads, so the
-//! copies of different lanes run in parallel.
+//! transfer size; small batches run on one lane from the calling thread, large ones over all
+//! lanes, one thread per lane, each taking the batch's commands one at a time from a shared
+//! queue and keeping as many in flight as it has slots (at most its share of the batch). Data is
+//! copied between the caller's buffers and the slots by the lane threads, so the copies of
+//! different lanes run in parallel. [`BlockDevice::write_from`] reads each command's bytes from
+//! its source on the lane thread, right before the command is issued: no batch-sized staging
+//! buffer, and source reads overlap the device's work from the first command on.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvme::{Controller, DmaMemory, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
 
-use crate::device::{BlockDevice, DeviceError, ReadReq, WriteReq, check_request};
+use crate::device::{
+    BlockDevice, DataSource, DeviceError, ReadReq, SourceWriteReq, WriteReq, check_request,
+};
 
 /// Tuning for [`NvmeBlockDevice`].
 #[derive(Clone, Debug)]
@@ -22,7 +27,10 @@ pub struct NvmeDeviceOptions {
     pub queues: usize,
     /// Entries per queue.
     pub queue_depth: u16,
-    /// Bytes of DMA bounce buffer per lane (rounded to whole command slots).
+    /// Bytes of DMA bounce buffer per lane (rounded to whole command slots): the most a lane
+    /// keeps in flight. Deep enough to keep a controller busy, shallow enough that data copied
+    /// into a slot is still in the CPU cache when the controller reads it (and data it wrote
+    /// when the lane copies it out): with 128 KiB commands, 32 slots per lane.
     pub bounce_bytes: usize,
     /// Batches smaller than this run on one lane without spawning threads.
     pub parallel_threshold: usize,
@@ -33,7 +41,7 @@ impl Default for NvmeDeviceOptions {
         Self {
             queues: 4,
             queue_depth: 256,
-            bounce_bytes: 16 << 20,
+            bounce_bytes: 4 << 20,
             parallel_threshold: 4 << 20,
         }
     }
@@ -46,6 +54,9 @@ struct Lane {
     slots: usize,
     slot_bytes: usize,
     done: Vec<IoCompletion>,
+    /// One command's bytes on their way from a [`DataSource`] to a slot (empty until the
+    /// lane's first [`BlockDevice::write_from`]).
+    stage: Vec<u8>,
 }
 
 /// A block device over one NVMe namespace.
@@ -84,10 +95,47 @@ fn io_err(
     }
 }
 
-/// One command's worth of a request: `lba` and the byte range it covers in request `req`.
+/// One command's worth of a request: its first LBA and its part of the request's data.
 struct Piece<B> {
     lba: u64,
     buf: B,
+}
+
+/// Where a [`BlockDevice::write_from`] command's bytes are in the source.
+#[derive(Clone, Copy)]
+struct SrcRange {
+    offset: u64,
+    len: usize,
+}
+
+/// The pieces of one batch that no lane has started yet, handed out one at a time so that a
+/// lane that gets ahead takes more of them, plus a flag that stops every lane from starting
+/// more once one of them failed.
+struct Work<B> {
+    queue: Mutex<std::vec::IntoIter<Piece<B>>>,
+    failed: AtomicBool,
+}
+
+impl<B> Work<B> {
+    fn new(pieces: Vec<Piece<B>>) -> Self {
+        Self {
+            queue: Mutex::new(pieces.into_iter()),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The next piece to start, if any is left and no lane has failed.
+    fn take(&self) -> Option<Piece<B>> {
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).next()
+    }
+
+    /// Stops every lane from starting more pieces (a command or a source read failed).
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+    }
 }
 
 impl NvmeBlockDevice {
@@ -139,6 +187,7 @@ impl NvmeBlockDevice {
                 slots,
                 slot_bytes: chunk,
                 done: Vec::new(),
+                stage: Vec::new(),
             }));
         }
         Ok(Self {
@@ -200,29 +249,35 @@ impl NvmeBlockDevice {
     }
 
     /// Runs `pieces` over the lanes: on the calling thread if the batch is small, else one
-    /// thread per lane with the pieces dealt out in contiguous groups.
+    /// thread per lane. Lanes take pieces as they have room for them, each keeping at most its
+    /// share of the batch (and at most its slots) in flight, so all lanes start at once and one
+    /// that gets ahead (or a slow one) does not leave the others idle at the end.
     fn run<B: Send>(
         &self,
-        pieces: &mut [Piece<B>],
+        pieces: Vec<Piece<B>>,
         total: usize,
-        work: impl Fn(&mut Lane, &mut [Piece<B>]) -> Result<(), DeviceError> + Sync,
+        work: impl Fn(&mut Lane, &Work<B>, usize) -> Result<(), DeviceError> + Sync,
     ) -> Result<(), DeviceError> {
         if pieces.is_empty() {
             return Ok(());
         }
         let lanes = self.lanes.len().min(pieces.len());
+        let share = pieces.len().div_ceil(lanes);
+        let queue = Work::new(pieces);
         if total < self.threshold || lanes == 1 {
-            return work(&mut self.lane(), pieces);
+            return work(&mut self.lane(), &queue, usize::MAX);
         }
-        let per = pieces.len().div_ceil(lanes);
         let results: Vec<Result<(), DeviceError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = pieces
-                .chunks_mut(per)
-                .zip(&self.lanes)
-                .map(|(group, lane)| {
-                    let work = &work;
+            let handles: Vec<_> = self.lanes[..lanes]
+                .iter()
+                .map(|lane| {
+                    let (work, queue) = (&work, &queue);
                     s.spawn(move || {
-                        work(&mut lane.lock().unwrap_or_else(|e| e.into_inner()), group)
+                        work(
+                            &mut lane.lock().unwrap_or_else(|e| e.into_inner()),
+                            queue,
+                            share,
+                        )
                     })
                 })
                 .collect();
@@ -246,46 +301,56 @@ impl NvmeBlockDevice {
 /// Commands queued between doorbell writes while a lane fills its slots.
 const RING_EVERY: usize = 4;
 
-/// Keeps up to `lane.slots` commands in flight over `pieces`: `start(slot, piece)` fills the
-/// slot and returns the command, `finish(slot, piece)` consumes a completed one. Returns the
-/// first error after every submitted command has completed.
+/// Keeps up to `lane.slots` (and at most `cap`) commands in flight over the pieces in `work`:
+/// `start(slot, piece)` fills the slot and returns the command, `finish(slot, piece)` consumes
+/// a completed one. Returns the first error after every submitted command has completed.
 fn pump<B: AsLen>(
     lane: &mut Lane,
-    pieces: &mut [Piece<B>],
+    work: &Work<B>,
+    cap: usize,
     op: &'static str,
-    mut start: impl FnMut(&DmaSlice, &Piece<B>) -> IoCommand,
-    mut finish: impl FnMut(&DmaSlice, &mut Piece<B>),
+    mut start: impl FnMut(&DmaSlice, &Piece<B>) -> Result<IoCommand, DeviceError>,
+    mut finish: impl FnMut(&DmaSlice, Piece<B>),
 ) -> Result<(), DeviceError> {
-    let mut slot_piece: Vec<Option<usize>> = vec![None; lane.slots];
+    let mut slot_piece: Vec<Option<Piece<B>>> = (0..lane.slots).map(|_| None).collect();
     let mut free: Vec<usize> = (0..lane.slots).rev().collect();
-    let mut next = 0usize;
     let mut in_flight = 0usize;
     let mut first_error: Option<DeviceError> = None;
+    let mut exhausted = false;
     let slice = |lane: &Lane, slot: usize, len: usize| {
         DmaSlice::new(lane.bounce.clone(), slot * lane.slot_bytes, len)
     };
     loop {
         let mut unrung = 0usize;
-        while first_error.is_none() && next < pieces.len() {
-            let Some(slot) = free.pop() else { break };
-            // Filling a slot may mean copying its data in: ring every few commands so the
-            // controller starts on the first ones while the rest are copied.
-            if unrung >= RING_EVERY {
-                lane.qp.ring();
-                unrung = 0;
-            }
-            let len = piece_len(&pieces[next]);
-            let dma = slice(lane, slot, len);
-            let cmd = start(&dma, &pieces[next]);
-            if let Err(e) = lane.qp.submit_deferred(cmd, slot as u64) {
-                first_error = Some(io_err(op, pieces[next].lba, e));
+        while first_error.is_none() && !exhausted && in_flight < cap {
+            let Some(&slot) = free.last() else { break };
+            let Some(piece) = work.take() else {
+                exhausted = true;
+                break;
+            };
+            free.pop();
+            let dma = slice(lane, slot, piece.buf.len_bytes());
+            let submitted = start(&dma, &piece).and_then(|cmd| {
+                lane.qp
+                    .submit_deferred(cmd, slot as u64)
+                    .map_err(|e| io_err(op, piece.lba, e))
+            });
+            if let Err(e) = submitted {
+                work.fail();
+                first_error = Some(e);
                 free.push(slot);
                 break;
             }
-            slot_piece[slot] = Some(next);
+            slot_piece[slot] = Some(piece);
             in_flight += 1;
-            next += 1;
             unrung += 1;
+            // Filling a slot may mean copying its data in: ring at once when the queue was
+            // empty, then every few commands, so the controller starts on the first ones while
+            // the rest are filled.
+            if in_flight == 1 || unrung >= RING_EVERY {
+                lane.qp.ring();
+                unrung = 0;
+            }
         }
         lane.qp.ring();
         if in_flight == 0 {
@@ -295,23 +360,25 @@ fn pump<B: AsLen>(
         done.clear();
         if let Err(e) = lane.qp.wait(&mut done, 1) {
             // The queue pair failed (timeout, controller failure): nothing more will complete.
+            work.fail();
             lane.done = done;
             return Err(first_error.unwrap_or(io_err(op, 0, e)));
         }
         for c in done.drain(..) {
             let slot = c.tag as usize;
-            let Some(idx) = slot_piece.get_mut(slot).and_then(Option::take) else {
+            let Some(piece) = slot_piece.get_mut(slot).and_then(Option::take) else {
                 continue;
             };
             in_flight -= 1;
             free.push(slot);
             match c.result {
                 Ok(()) => {
-                    let len = piece_len(&pieces[idx]);
-                    finish(&slice(lane, slot, len), &mut pieces[idx]);
+                    let dma = slice(lane, slot, piece.buf.len_bytes());
+                    finish(&dma, piece);
                 }
                 Err(e) => {
-                    first_error.get_or_insert(io_err(op, pieces[idx].lba, e));
+                    work.fail();
+                    first_error.get_or_insert(io_err(op, piece.lba, e));
                 }
             }
         }
@@ -320,12 +387,8 @@ fn pump<B: AsLen>(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Bytes of a piece (the buffer types only share `len`).
-fn piece_len<B: AsLen>(p: &Piece<B>) -> usize {
-    p.buf.len_bytes()
-}
-
 trait AsLen {
+    /// Bytes of a piece (the buffer types only share `len`).
     fn len_bytes(&self) -> usize;
 }
 impl AsLen for &mut [u8] {
@@ -336,6 +399,11 @@ impl AsLen for &mut [u8] {
 impl AsLen for &[u8] {
     fn len_bytes(&self) -> usize {
         self.len()
+    }
+}
+impl AsLen for SrcRange {
+    fn len_bytes(&self) -> usize {
+        self.len
     }
 }
 
@@ -354,7 +422,7 @@ impl BlockDevice for NvmeBlockDevice {
             check_request(r.lba, r.buf.len(), self.lba_size, self.lba_count)?;
             total += r.buf.len();
         }
-        let mut pieces = self.pieces(
+        let pieces = self.pieces(
             reqs.iter_mut().map(|r| {
                 let len = r.buf.len();
                 (r.lba, &mut *r.buf, len)
@@ -362,15 +430,18 @@ impl BlockDevice for NvmeBlockDevice {
             |b: &mut [u8], n| b.split_at_mut(n),
         );
         let nsid = self.nsid;
-        self.run(&mut pieces, total, |lane, group| {
+        self.run(pieces, total, |lane, work, cap| {
             pump(
                 lane,
-                group,
+                work,
+                cap,
                 "read",
-                |dma, p| IoCommand::Read {
-                    nsid,
-                    lba: p.lba,
-                    buf: dma.clone(),
+                |dma, p| {
+                    Ok(IoCommand::Read {
+                        nsid,
+                        lba: p.lba,
+                        buf: dma.clone(),
+                    })
                 },
                 |dma, p| dma.read(p.buf),
             )
@@ -383,26 +454,92 @@ impl BlockDevice for NvmeBlockDevice {
             check_request(r.lba, r.buf.len(), self.lba_size, self.lba_count)?;
             total += r.buf.len();
         }
-        let mut pieces = self.pieces(
+        let pieces = self.pieces(
             reqs.iter().map(|r| (r.lba, r.buf, r.buf.len())),
             |b: &[u8], n| b.split_at(n),
         );
         let nsid = self.nsid;
-        self.run(&mut pieces, total, |lane, group| {
+        self.run(pieces, total, |lane, work, cap| {
             pump(
                 lane,
-                group,
+                work,
+                cap,
                 "write",
                 |dma, p| {
                     dma.write(p.buf);
-                    IoCommand::Write {
+                    Ok(IoCommand::Write {
                         nsid,
                         lba: p.lba,
                         buf: dma.clone(),
-                    }
+                    })
                 },
                 |_, _| {},
             )
+        })
+    }
+
+    fn write_from(
+        &self,
+        reqs: &[SourceWriteReq],
+        src: &dyn DataSource,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), DeviceError> {
+        let mut total = 0;
+        for r in reqs {
+            check_request(r.lba, r.len, self.lba_size, self.lba_count)?;
+            total += r.len;
+        }
+        let pieces = self.pieces(
+            reqs.iter().map(|r| {
+                let range = SrcRange {
+                    offset: r.src_offset,
+                    len: r.len,
+                };
+                (r.lba, range, r.len)
+            }),
+            |r: SrcRange, n| {
+                let head = SrcRange {
+                    offset: r.offset,
+                    len: n,
+                };
+                let tail = SrcRange {
+                    offset: r.offset + n as u64,
+                    len: r.len - n,
+                };
+                (head, tail)
+            },
+        );
+        let nsid = self.nsid;
+        self.run(pieces, total, |lane, work, cap| {
+            // Each command's bytes go source -> a staging buffer of one command (which stays
+            // in this core's cache) -> its DMA slot, right before the command is issued: DMA
+            // memory is only ever reached through its copy accessors.
+            let mut stage = std::mem::take(&mut lane.stage);
+            stage.resize(lane.slot_bytes, 0);
+            let r = pump(
+                lane,
+                work,
+                cap,
+                "write",
+                |dma, p| {
+                    let buf = &mut stage[..p.buf.len];
+                    src.read_exact_at(buf, p.buf.offset).map_err(|source| {
+                        DeviceError::ReadSource {
+                            offset: p.buf.offset,
+                            source,
+                        }
+                    })?;
+                    dma.write(buf);
+                    Ok(IoCommand::Write {
+                        nsid,
+                        lba: p.lba,
+                        buf: dma.clone(),
+                    })
+                },
+                |_, p| progress(p.buf.len as u64),
+            );
+            lane.stage = stage;
+            r
         })
     }
 
@@ -450,5 +587,179 @@ impl BlockDevice for NvmeBlockDevice {
 
     fn describe(&self) -> String {
         self.description.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind;
+    use std::sync::atomic::AtomicU64;
+
+    use nvme::ControllerOptions;
+    use nvme_emu::config::NamespaceConfig;
+    use nvme_emu::{EmuConfig, EmuDevice};
+
+    use super::*;
+
+    const LBA: u32 = 512;
+
+    fn controller(bytes: u64) -> (Arc<EmuDevice>, Controller) {
+        let cfg = EmuConfig {
+            namespaces: vec![NamespaceConfig::memory(bytes, LBA)],
+            ..EmuConfig::default()
+        };
+        let emu = EmuDevice::start(cfg).expect("software controller");
+        let ctrl = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
+        (emu, ctrl)
+    }
+
+    /// Small bounce buffers, so a batch reuses every slot many times over.
+    fn device(ctrl: &Controller) -> NvmeBlockDevice {
+        let opts = NvmeDeviceOptions {
+            bounce_bytes: 1 << 20,
+            ..NvmeDeviceOptions::default()
+        };
+        NvmeBlockDevice::new(ctrl, 1, &opts).expect("NVMe block device")
+    }
+
+    fn source(len: usize, seed: u64) -> Vec<u8> {
+        (0..len as u64)
+            .map(|i| ((i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect()
+    }
+
+    fn read(dev: &NvmeBlockDevice, lba: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        dev.read(&mut [ReadReq { lba, buf: &mut buf }]).unwrap();
+        buf
+    }
+
+    /// A source whose reads of byte `bad` fail.
+    struct Failing<'a> {
+        data: &'a [u8],
+        bad: u64,
+    }
+
+    impl DataSource for Failing<'_> {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            if (offset..offset + buf.len() as u64).contains(&self.bad) {
+                return Err(std::io::Error::other("injected source failure"));
+            }
+            self.data.read_exact_at(buf, offset)
+        }
+    }
+
+    #[test]
+    fn write_from_spreads_over_the_lanes_and_lands_every_byte() {
+        let (_emu, ctrl) = controller(96 << 20);
+        let dev = device(&ctrl);
+        assert!(dev.queue_pairs() > 1, "{}", dev.describe());
+        let src = source(40 << 20, 1);
+        // Requests of odd lengths at scattered LBAs, from scattered source offsets: a large
+        // batch (all lanes) and a small one (the calling thread).
+        for reqs in [
+            vec![
+                SourceWriteReq {
+                    lba: 8,
+                    src_offset: 512 * 3,
+                    len: 30 << 20,
+                },
+                SourceWriteReq {
+                    lba: 80_000,
+                    src_offset: 17,
+                    len: 7 * 512,
+                },
+                SourceWriteReq {
+                    lba: 100_000,
+                    src_offset: (30 << 20) + 5,
+                    len: (9 << 20) + 512,
+                },
+            ],
+            vec![SourceWriteReq {
+                lba: 150_000,
+                src_offset: 1000,
+                len: 64 << 10,
+            }],
+        ] {
+            let seen = AtomicU64::new(0);
+            dev.write_from(&reqs, &src, &|n| {
+                seen.fetch_add(n, Ordering::Relaxed);
+            })
+            .unwrap();
+            let total: usize = reqs.iter().map(|r| r.len).sum();
+            assert_eq!(seen.into_inner(), total as u64);
+            for r in &reqs {
+                let want = &src[r.src_offset as usize..][..r.len];
+                assert!(read(&dev, r.lba, r.len) == want, "request {r:?}");
+            }
+        }
+        // Whole-LBA requests only.
+        let e = dev
+            .write_from(
+                &[SourceWriteReq {
+                    lba: 0,
+                    src_offset: 0,
+                    len: 100,
+                }],
+                &src,
+                &|_| {},
+            )
+            .unwrap_err();
+        assert!(matches!(e, DeviceError::Misaligned { len: 100, .. }), "{e}");
+    }
+
+    #[test]
+    fn write_from_failures_stop_the_batch_and_leave_the_lanes_usable() {
+        let (emu, ctrl) = controller(64 << 20);
+        let dev = device(&ctrl);
+        let src = source(32 << 20, 3);
+        let whole = [SourceWriteReq {
+            lba: 0,
+            src_offset: 0,
+            len: 32 << 20,
+        }];
+        // A source read fails: reported with its offset, as a source error.
+        let bad = (20 << 20) + 12_345;
+        let failing = Failing { data: &src, bad };
+        match dev.write_from(&whole, &failing, &|_| {}) {
+            Err(DeviceError::ReadSource { offset, source }) => {
+                assert!(offset <= bad && bad < offset + dev.chunk as u64, "{offset}");
+                assert_eq!(source.kind(), ErrorKind::Other);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The source ends early.
+        let short = &src[..1 << 20];
+        match dev.write_from(&whole, &short, &|_| {}) {
+            Err(DeviceError::ReadSource { source, .. }) => {
+                assert_eq!(source.kind(), ErrorKind::UnexpectedEof)
+            }
+            other => panic!("{other:?}"),
+        }
+        // The controller fails a command: a device error naming its LBA range.
+        let bad_lba = 40_000;
+        emu.faults().add_media_error(1, bad_lba);
+        match dev.write_from(&whole, &src, &|_| {}) {
+            Err(DeviceError::Io {
+                op: "write", lba, ..
+            }) => {
+                assert!(
+                    lba <= bad_lba && bad_lba < lba + (dev.chunk / 512) as u64,
+                    "{lba}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        emu.faults().clear_media_errors();
+        // Every lane still works: the whole batch again, then a plain write and a read.
+        dev.write_from(&whole, &src, &|_| {}).unwrap();
+        assert!(read(&dev, 0, 32 << 20) == src);
+        let other = source(8 << 20, 4);
+        dev.write(&[WriteReq {
+            lba: 2048,
+            buf: &other,
+        }])
+        .unwrap();
+        assert!(read(&dev, 2048, 8 << 20) == other);
     }
 }

@@ -3,15 +3,17 @@
 //! Every command opens the namespace through [`NvmeBlockDevice`] (several I/O queue pairs, DMA
 //! bounce buffers reused across calls) and mounts the file system, except `mkfs` (which makes
 //! one) and `fsck` (which checks it unmounted). Changes are synced before the command returns.
-//! `put` and `get` stream through a reader thread and a writer thread so host-file I/O overlaps
-//! device I/O, and show a progress bar with throughput on a terminal.
+//! `put` hands the host file to [`blockfs::File::write_from`], whose device lanes read it
+//! command by command as they write, so host-file reads overlap device writes without a staging
+//! copy; `get` reads chunks on two threads while a third writes them out in order. Both show a
+//! progress bar with throughput on a terminal.
 
 use std::collections::BTreeMap;
 use std::fs::File as HostFile;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -54,9 +56,10 @@ pub enum FsCommand {
         /// Replace NAME if it exists.
         #[arg(long)]
         force: bool,
-        /// Bytes per file-system call (larger: fewer pauses between device batches).
-        #[arg(long, default_value = "16m", value_parser = parse_size)]
-        chunk: u64,
+        /// Bytes per file-system call (default: the whole file in one call). The device stays
+        /// busy within a call and drains between calls, so smaller values only cost speed.
+        #[arg(long, value_parser = parse_size)]
+        chunk: Option<u64>,
     },
     /// Copy a file out of the file system (`-` for standard output).
     Get {
@@ -166,8 +169,13 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             force,
             chunk,
         } => {
+            if let Some(c) = chunk
+                && c < 4096
+            {
+                bail!("--chunk must be at least 4k, not {c}");
+            }
             let fs = mount()?;
-            put(&fs, &src, &name, force, chunk_bytes(chunk)?, json, &path)
+            put(&fs, &src, &name, force, chunk, json, &path)
         }
         FsCommand::Get { name, dst, chunk } => {
             let fs = mount()?;
@@ -373,8 +381,8 @@ fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) {
     }
 }
 
-/// Buffers circulate between the host-file thread and the file-system thread: `full` carries
-/// (offset, buffer, length), `empty` returns buffers for reuse.
+/// Buffers circulate between the file-system threads and the host-file thread in `get`: `full`
+/// carries (offset, buffer, length), `empty` returns buffers for reuse.
 type Full = (u64, Vec<u8>, usize);
 
 fn put(
@@ -382,15 +390,19 @@ fn put(
     src: &Path,
     name: &str,
     force: bool,
-    chunk: usize,
+    chunk: Option<u64>,
     json: bool,
     path: &str,
 ) -> Result<()> {
-    let mut input = HostFile::open(src).with_context(|| format!("opening {}", src.display()))?;
-    let len = input
+    let input = HostFile::open(src).with_context(|| format!("opening {}", src.display()))?;
+    let meta = input
         .metadata()
-        .with_context(|| format!("reading {}", src.display()))?
-        .len();
+        .with_context(|| format!("reading {}", src.display()))?;
+    if !meta.is_file() {
+        // The copy reads the source by position and needs its length up front.
+        bail!("{} is not a regular file", src.display());
+    }
+    let len = meta.len();
     blockfs::check_name(name)
         .map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
     if force && fs.stat(name).is_ok() {
@@ -402,59 +414,23 @@ fn put(
     let file = fs.create(name, &CreateOptions { size_hint: len })?;
     let bar = progress(len, json, "put");
     let start = Instant::now();
-    let (full_tx, full_rx): (SyncSender<Full>, Receiver<Full>) = sync_channel(2);
-    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
-    for _ in 0..3 {
-        empty_tx.send(vec![0u8; chunk]).expect("channel has room");
+    // Each call is one device batch over all queue pairs, in which every lane reads the source
+    // for each command right before issuing it: source reads overlap device writes from the
+    // first command to the last, with no staging copy of the file. Between calls the queues
+    // drain, hence one call by default.
+    let chunk = chunk.unwrap_or(len).max(1);
+    let mut off = 0u64;
+    while off < len {
+        let n = chunk.min(len - off);
+        file.write_from(off, &input, off..off + n, &|k| bar.inc(k))
+            .map_err(|e| changed_size(&input, src, len).unwrap_or_else(|| e.into()))
+            .with_context(|| format!("writing {name}"))?;
+        off += n;
     }
-    let total = std::thread::scope(|s| -> Result<u64> {
-        // Both channels must outlive neither thread's last use: the reader owns `empty_rx` and
-        // `full_tx`; this thread owns `full_rx` and `empty_tx`.
-        let reader = s.spawn(move || -> Result<()> {
-            let mut off = 0u64;
-            while let Ok(mut buf) = empty_rx.recv() {
-                let mut n = 0;
-                while n < buf.len() {
-                    match input.read(&mut buf[n..]) {
-                        Ok(0) => break,
-                        Ok(k) => n += k,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e).context("reading the source file"),
-                    }
-                }
-                if n == 0 || full_tx.send((off, buf, n)).is_err() {
-                    break;
-                }
-                off += n as u64;
-            }
-            Ok(())
-        });
-        let mut written = 0u64;
-        let mut result = Ok(());
-        for (off, buf, n) in full_rx.iter() {
-            if let Err(e) = file.write_at(off, &buf[..n]) {
-                result = Err(e);
-                break;
-            }
-            written += n as u64;
-            bar.set_position(written);
-            // The reader stops taking buffers once the source is exhausted; that is not an error.
-            let _ = empty_tx.send(buf);
-        }
-        drop(empty_tx);
-        drop(full_rx);
-        reader
-            .join()
-            .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-        result.with_context(|| format!("writing {name}"))?;
-        if written != len {
-            bail!(
-                "{} changed size while being copied ({len} bytes, then {written})",
-                src.display()
-            );
-        }
-        Ok(written)
-    })?;
+    // A source that grew while being copied has a byte past the length read at the start.
+    if let Some(e) = changed_size(&input, src, len) {
+        return Err(e);
+    }
     fs.sync().context("syncing")?;
     let secs = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
@@ -464,12 +440,33 @@ fn put(
         verb: "put",
         from: &from,
         to: name,
-        bytes: total,
+        bytes: len,
         secs,
         extents,
     };
     report_transfer(&t, path, json);
     Ok(())
+}
+
+/// The error to report if `input` is no longer `len` bytes long (or cannot be read at `len`).
+fn changed_size(input: &HostFile, src: &Path, len: u64) -> Option<anyhow::Error> {
+    let mut probe = [0u8; 1];
+    match std::os::unix::fs::FileExt::read_at(input, &mut probe, len) {
+        Ok(0) => match input.metadata() {
+            Ok(m) if m.len() == len => None,
+            Ok(m) => Some(anyhow::anyhow!(
+                "{} changed size while being copied ({len} bytes, then {})",
+                src.display(),
+                m.len()
+            )),
+            Err(e) => Some(anyhow::Error::new(e).context(format!("reading {}", src.display()))),
+        },
+        Ok(_) => Some(anyhow::anyhow!(
+            "{} changed size while being copied (grew past {len} bytes)",
+            src.display()
+        )),
+        Err(e) => Some(anyhow::Error::new(e).context(format!("reading {}", src.display()))),
+    }
 }
 
 fn get(
