@@ -6,7 +6,9 @@
 # read/write/randread/randwrite, bytes written by our driver read back through the Linux nvme
 # driver and the reverse, bad --device arguments refused without side effects, and (in the
 # default configuration) scripts/setup.sh's bind, unbind, status and hugepages, and its refusal
-# of a controller whose namespace is mounted or used as swap.
+# of a controller whose namespace is mounted or used as swap, and (in the default and lba4k
+# configurations) `gpunvme fs` through VFIO: mkfs, put, ls, get, stat, mv, rm, df, fsck, with
+# the file's bytes read back through the Linux driver at the LBAs blockfs reports.
 #
 # Usage:
 #   scripts/qemu-test.sh [--only NAME[,NAME...]] [--no-noiommu] [--perf-ios N]
@@ -111,6 +113,7 @@ export GN_TOKEN=$token EXPECT_CTRLS=$ctrls EXPECT_NS=$nss EXPECT_LBA=$lba
 export EXPECT_MDTS=$mdts EXPECT_QPAIRS=$qpairs PERF_IOS=$perf_ios
 export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
 export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
+export BLOCKFS=$([ "$name" = default ] || [ "$name" = lba4k ] && echo 1 || echo 0)
 . /usr/share/gpunvme/suite.sh
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"

@@ -14,7 +14,8 @@
 # 128k = the software controller's maximum transfer, which is what blockfs issues), QD (default
 # 128 per queue, as blockfs keeps per lane), QUEUES (default 4, blockfs's lanes), WORK (scratch
 # directory, default under /dev/shm so host-file I/O stays out of the way), CHUNK (bytes per
-# file-system call in put/get, default 16m).
+# file-system call in get, default 16m), PUT_CHUNK (bytes per call in put, default the whole
+# file: put's device batch reads the source as it goes, so one call keeps every queue busy).
 set -euo pipefail
 
 SIZE_MIB=${1:-1024}
@@ -26,6 +27,8 @@ QD=${QD:-128}
 QUEUES=${QUEUES:-4}
 REPEAT=${REPEAT:-5}
 CHUNK=${CHUNK:-16m}
+put_chunk=()
+[[ -n ${PUT_CHUNK:-} ]] && put_chunk=(--chunk "$PUT_CHUNK")
 WORK=${WORK:-$(mktemp -d /dev/shm/blockfs-bench.XXXXXX 2>/dev/null || mktemp -d)}
 trap 'rm -rf "$WORK"' EXIT
 
@@ -48,7 +51,7 @@ for _ in $(seq "$REPEAT"); do
     raw_w+=("$(g --json perf --rw write --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
     raw_r+=("$(g --json perf --rw read --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
     g fs mkfs > /dev/null
-    put=$(g --json fs put --force --chunk "$CHUNK" "$WORK/src.bin" bench/file.bin)
+    put=$(g --json fs put --force "${put_chunk[@]}" "$WORK/src.bin" bench/file.bin)
     fs_w+=("$(field bytes_per_sec <<< "$put")")
     fs_r+=("$(g --json fs get --chunk "$CHUNK" bench/file.bin /dev/null | field bytes_per_sec)")
 done

@@ -13,7 +13,12 @@
 #   5. checks that bad --device arguments fail with one line and leave everything as it was;
 #   6. runs scripts/setup.sh (under bash) on the first controller: bind to vfio-pci (then
 #      identify and read through our driver), status, unbind back to nvme (then read through
-#      /dev/nvmeXnY), hugepages, and bind refused while a namespace is mounted or is swap.
+#      /dev/nvmeXnY), hugepages, and bind refused while a namespace is mounted or is swap;
+#   7. runs `gpunvme fs` (blockfs) on namespace 1 of the first controller through VFIO: mkfs,
+#      put of a few MiB of random bytes under a path-like name, ls (with and without a
+#      prefix), get and compare, stat, then reads the file's bytes through /dev/nvmeXnY at
+#      the LBAs of stat's extent list (controller moved to the kernel driver and back), then
+#      mv, rm, df and fsck.
 #
 # Input (environment, set by the host in run.sh):
 #   GN_TOKEN        token that marks result lines (the host ignores lines without it)
@@ -26,6 +31,7 @@
 #   NEGATIVE        1: run step 5 (needs a non-NVMe PCI device, e.g. QEMU's edu)
 #   SETUP_SH        1: run step 6 (needs /opt/gpunvme/scripts/setup.sh and bash; 2 MiB
 #                   hugepages; it reformats namespace 1 of the first controller)
+#   BLOCKFS         1: run step 7 (makes a blockfs on namespace 1 of the first controller)
 #
 # Output: one line per check, `GN-RESULT <token> PASS|FAIL <check> [detail]`, and exit status
 # 1 if any check failed.
@@ -481,6 +487,231 @@ if [ "${SETUP_SH:-0}" = 1 ]; then
     else
         fail "setup.sh refusals" "no block device on nvme for $bdf to mount"
     fi
+fi
+
+# ---- step 7: gpunvme fs (blockfs) through VFIO, cross-checked through the kernel driver ------
+
+# File names are `/`-separated paths; the file's size is not a whole number of LBAs, so its
+# last LBA is partly past end of file.
+FS_NAME=datasets/run-1/shard-000.bin
+FS_NEW=datasets/run-2/shard-000.bin
+FS_BYTES=$((3 * 1048576 + 1234))
+
+# ours_fs OUT ARGS...: `gpunvme --device $bdf fs ARGS` (see ours).
+ours_fs() {
+    local out=$1
+    shift
+    ours "$out" --device "$bdf" fs "$@"
+}
+
+# fs_fail NAME OUT: a failed fs command, with its last lines of stderr.
+fs_fail() { fail "$1" "$(tail -n 3 "$2.err" 2>/dev/null)"; }
+
+# fs_ls_is NAME PREFIX EXPECTED: `fs ls [PREFIX] --json` lists exactly the files EXPECTED, a
+# space-separated list of NAME:SIZE in ls's order ("" for none).
+fs_ls_is() {
+    local name=$1 prefix=$2 want=$3 got
+    if ours_fs "$T/fs-ls" ls ${prefix:+"$prefix"} --json; then
+        got=$(jq -r '[.[] | "\(.name):\(.size)"] | join(" ")' "$T/fs-ls.out" 2>&1)
+        check_eq "$name" "${want:-(none)}" "${got:-(none)}"
+    else
+        fs_fail "$name" "$T/fs-ls"
+    fi
+}
+
+# fs_stat_missing NAME FILE: `fs stat FILE` fails with one error line saying there is no such
+# file (other stderr lines are logs, e.g. the warning about no 2 MiB hugepages) and prints
+# nothing on stdout.
+fs_stat_missing() {
+    local rc=0 e="$T/fs-stat-missing"
+    ours_fs "$e" stat "$2" --json || rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ ! -s "$e.out" ] &&
+        [ "$(grep -c '^gpunvme: error: ' "$e.err")" = 1 ] &&
+        grep '^gpunvme: error: ' "$e.err" | grep -qF "no such file: $2"; then
+        pass "$1: $(grep '^gpunvme: error: ' "$e.err")"
+    else
+        fail "$1" "exit status $rc, stderr: $(head -c 300 "$e.err")"
+        show "$e.out"
+    fi
+}
+
+# fs_get_cmp NAME FILE: `fs get FILE` gives back exactly the bytes put.
+fs_get_cmp() {
+    rm -f "$T/fs.got"
+    if ours_fs "$T/fs-get" get "$2" "$T/fs.got" --json; then
+        if cmp -s "$T/fs.src" "$T/fs.got"; then
+            pass "$1 ($(jqf .bytes "$T/fs-get.out") bytes, $(jqf .extents "$T/fs-get.out") extent(s))"
+        else
+            fail "$1" "$(cmp "$T/fs.src" "$T/fs.got" 2>&1 | head -n 1), sizes $FS_BYTES and $(wc -c <"$T/fs.got")"
+        fi
+    else
+        fs_fail "$1" "$T/fs-get"
+    fi
+}
+
+# fs_extents_ok NAME STAT_JSON: stat's extent list covers the file's LBAs in order, with no
+# gap, and its length is stat's extent count. Leaves "FILE_LBA LBA NLB" lines in $T/fs.extents.
+fs_extents_ok() {
+    local name=$1 st=$2 lbas next=0 flba lba nlb n=0 bad=""
+    lbas=$(((FS_BYTES + EXPECT_LBA - 1) / EXPECT_LBA))
+    if ! jq -r '.extent_list[] | "\(.file_lba) \(.lba) \(.nlb)"' "$st" >"$T/fs.extents" 2>&1 ||
+        [ ! -s "$T/fs.extents" ]; then
+        fail "$name" "no extent_list in stat --json"
+        show "$st"
+        return 1
+    fi
+    while read -r flba lba nlb; do
+        n=$((n + 1))
+        [ "$flba" = "$next" ] || bad="extent $n starts at file LBA $flba, not $next"
+        [ "$nlb" -gt 0 ] || bad="extent $n is empty"
+        next=$((flba + nlb))
+    done <"$T/fs.extents"
+    [ "$next" = "$lbas" ] || bad="${bad:+$bad; }extents cover $next LBAs, not $lbas"
+    [ "$(jqf .extents "$st")" = "$n" ] || bad="${bad:+$bad; }extents=$(jqf .extents "$st") but $n listed"
+    if [ -z "$bad" ]; then
+        pass "$name: $n extent(s) covering file LBAs 0..$((lbas - 1)): $(tr '\n' ';' <"$T/fs.extents")"
+    else
+        fail "$name" "$bad"
+        show "$st"
+        return 1
+    fi
+}
+
+# fs_kernel_read BLK: the file's bytes read through BLK at the LBAs of $T/fs.extents, into
+# $T/fs.kread (cut to the file's size). Each extent is read with the largest block size up to
+# 1 MiB that divides its byte offset and length.
+fs_kernel_read() {
+    local blk=$1 flba lba nlb bs
+    : >"$T/fs.kread.all"
+    while read -r flba lba nlb; do
+        bs=$EXPECT_LBA
+        while [ "$bs" -lt 1048576 ] && [ $((lba * EXPECT_LBA % (bs * 2))) = 0 ] &&
+            [ $((nlb * EXPECT_LBA % (bs * 2))) = 0 ]; do
+            bs=$((bs * 2))
+        done
+        timeout "$CMD_TIMEOUT" dd if="$blk" bs="$bs" skip=$((lba * EXPECT_LBA / bs)) \
+            count=$((nlb * EXPECT_LBA / bs)) iflag=direct 2>"$T/fs.kdd.err" >>"$T/fs.kread.all" ||
+            return 1
+    done <"$T/fs.extents"
+    head -c "$FS_BYTES" "$T/fs.kread.all" >"$T/fs.kread"
+}
+
+fs_step() {
+    local blk uuid blocks bs ns_bytes ext=""
+    if ! gn_bind "$bdf" vfio-pci; then
+        fail "fs: bind $bdf to vfio-pci"
+        return
+    fi
+
+    if ! ours_fs "$T/fs-mkfs" mkfs --json; then
+        fs_fail "fs mkfs" "$T/fs-mkfs"
+        return
+    fi
+    uuid=$(jqf .uuid "$T/fs-mkfs.out")
+    blocks=$(jqf .blocks "$T/fs-mkfs.out")
+    bs=$(jqf .block_size "$T/fs-mkfs.out")
+    ns_bytes=$(($(jqf .nsze "$T/ctrl1.ns1.kns.json") * EXPECT_LBA))
+    if [ -n "$uuid" ] && [ "${blocks:-0}" -gt 0 ] && [ "${bs:-0}" -gt 0 ] &&
+        [ $((blocks * bs)) -le "$ns_bytes" ]; then
+        pass "fs mkfs on $bdf: $blocks blocks of $bs bytes on a $ns_bytes-byte namespace, uuid $uuid"
+    else
+        fail "fs mkfs on $bdf" "uuid '$uuid', $blocks blocks of $bs bytes on a $ns_bytes-byte namespace"
+        show "$T/fs-mkfs.out"
+    fi
+    fs_ls_is "fs ls after mkfs" "" ""
+
+    head -c "$FS_BYTES" /dev/urandom >"$T/fs.src"
+    if ours_fs "$T/fs-put" put "$T/fs.src" "$FS_NAME" --json; then
+        check_eq "fs put $FS_NAME: bytes" "$FS_BYTES" "$(jqf .bytes "$T/fs-put.out")"
+    else
+        fs_fail "fs put $FS_NAME" "$T/fs-put"
+        return
+    fi
+    fs_ls_is "fs ls --json" "" "$FS_NAME:$FS_BYTES"
+    fs_ls_is "fs ls ${FS_NAME%/*}/ --json" "${FS_NAME%/*}/" "$FS_NAME:$FS_BYTES"
+    fs_ls_is "fs ls ${FS_NEW%/*}/ --json" "${FS_NEW%/*}/" ""
+    fs_get_cmp "fs get $FS_NAME: same bytes as put" "$FS_NAME"
+
+    if ours_fs "$T/fs-stat" stat "$FS_NAME" --json; then
+        check_eq "fs stat $FS_NAME: size" "$FS_BYTES" "$(jqf .size "$T/fs-stat.out")"
+        check_eq "fs stat $FS_NAME: name" "$FS_NAME" "$(jqf .name "$T/fs-stat.out")"
+        fs_extents_ok "fs stat $FS_NAME: extent list" "$T/fs-stat.out" || ext=bad
+    else
+        fs_fail "fs stat $FS_NAME" "$T/fs-stat"
+        ext=bad
+    fi
+
+    # The file's bytes where blockfs says they are, read by the Linux driver.
+    if [ "$ext" = bad ]; then
+        fail "fs: $FS_NAME read through the kernel driver" "no usable extent list"
+    elif ! gn_bind "$bdf" nvme; then
+        fail "fs: bind $bdf to nvme for the kernel-side read"
+    elif ! blk=$(gn_blockdev "$bdf" 1); then
+        fail "fs: no block device for namespace 1 after rebinding to nvme"
+    elif ! fs_kernel_read "$blk"; then
+        fail "fs: $FS_NAME read through $blk at blockfs's LBAs" "$(head -c 300 "$T/fs.kdd.err")"
+    elif cmp -s "$T/fs.src" "$T/fs.kread"; then
+        pass "fs: $FS_NAME read through $blk at blockfs's LBAs: same bytes as put"
+    else
+        fail "fs: $FS_NAME read through $blk at blockfs's LBAs" \
+            "$(cmp "$T/fs.src" "$T/fs.kread" 2>&1 | head -n 1)"
+    fi
+    if ! gn_bind "$bdf" vfio-pci; then
+        fail "fs: bind $bdf back to vfio-pci"
+        return
+    fi
+
+    if ours_fs "$T/fs-mv" mv "$FS_NAME" "$FS_NEW" --json; then
+        pass "fs mv $FS_NAME $FS_NEW"
+    else
+        fs_fail "fs mv $FS_NAME $FS_NEW" "$T/fs-mv"
+    fi
+    fs_ls_is "fs ls --json after mv" "" "$FS_NEW:$FS_BYTES"
+    fs_stat_missing "fs stat $FS_NAME after mv" "$FS_NAME"
+    if ours_fs "$T/fs-stat2" stat "$FS_NEW" --json; then
+        check_eq "fs stat $FS_NEW: size" "$FS_BYTES" "$(jqf .size "$T/fs-stat2.out")"
+        [ "$ext" = bad ] ||
+            check_eq "fs stat $FS_NEW: extent list unchanged by mv" \
+                "$(jq -c .extent_list "$T/fs-stat.out")" "$(jq -c .extent_list "$T/fs-stat2.out")"
+    else
+        fs_fail "fs stat $FS_NEW" "$T/fs-stat2"
+    fi
+    fs_get_cmp "fs get $FS_NEW after mv: same bytes as put" "$FS_NEW"
+
+    if ours_fs "$T/fs-rm" rm "$FS_NEW" --json; then
+        pass "fs rm $FS_NEW"
+    else
+        fs_fail "fs rm $FS_NEW" "$T/fs-rm"
+    fi
+    fs_ls_is "fs ls --json after rm" "" ""
+    fs_stat_missing "fs stat $FS_NEW after rm" "$FS_NEW"
+
+    if ours_fs "$T/fs-df" df --json; then
+        local d="$T/fs-df.out" sum
+        check_eq "fs df: uuid (as mkfs made)" "$uuid" "$(jqf .uuid "$d")"
+        check_eq "fs df: total_blocks (as mkfs made)" "$blocks" "$(jqf .total_blocks "$d")"
+        check_eq "fs df: files" 0 "$(jqf .files "$d")"
+        check_eq "fs df: data_blocks" 0 "$(jqf .data_blocks "$d")"
+        sum=$(jq '.data_blocks + .metadata_blocks + .free_blocks + .pending_blocks' "$d" 2>&1)
+        check_eq "fs df: data + metadata + free + pending blocks" "$blocks" "$sum"
+    else
+        fs_fail "fs df" "$T/fs-df"
+    fi
+
+    if ours_fs "$T/fs-fsck" fsck --json; then
+        local f="$T/fs-fsck.out"
+        check_eq "fs fsck: clean, consistent, no problems, 0 files, $blocks blocks" \
+            "true true 0 0 $blocks" \
+            "$(jq -r '"\(.clean) \(.consistent) \(.problems | length) \(.files) \(.total_blocks)"' "$f" 2>&1)"
+    else
+        fs_fail "fs fsck" "$T/fs-fsck"
+        show "$T/fs-fsck.out"
+    fi
+}
+
+if [ "${BLOCKFS:-0}" = 1 ]; then
+    bdf=$(echo "$BDFS" | head -n 1)
+    fs_step
 fi
 
 exit "$FAILED"
