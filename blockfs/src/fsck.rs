@@ -7,7 +7,8 @@ use zerocopy::FromBytes;
 use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::format::{
-    ROOT_MAGIC, RootHeader, SUPERBLOCK_SLOTS, Superblock, crc, root_len, root_self_crc,
+    PendingExtent, ROOT_MAGIC, RootHeader, SUPERBLOCK_SLOTS, Superblock, crc, root_len,
+    root_self_crc,
 };
 use crate::fs::Geometry;
 use crate::fs::{FileSystem, commit, pick_superblock, read_slots, slot_name};
@@ -54,9 +55,9 @@ pub struct FsckReport {
     pub data_blocks: u64,
     /// Metadata blocks (superblock area, chunks, root).
     pub metadata_blocks: u64,
-    /// Free blocks.
+    /// Free blocks, counting those a mount makes reusable (as [`crate::FsStats`] does).
     pub free_blocks: u64,
-    /// Blocks waiting two commits before reuse.
+    /// Blocks freed by the newest commit, reusable once the next one is durable.
     pub pending_blocks: u64,
     /// What repair changed, one line each.
     pub repairs: Vec<String>,
@@ -87,8 +88,17 @@ impl FsckReport {
         self.total_blocks = raw.sb.block_count;
         self.data_blocks = h.data_blocks;
         self.metadata_blocks = h.meta_blocks + reserved;
-        self.free_blocks = raw.root.free.iter().map(|f| f.len).sum();
-        self.pending_blocks = raw.root.pending.iter().map(|p| p.len).sum();
+        // Counted as a mount sees them: runs freed by an older commit than the newest are
+        // reusable (free), so `df` on the mounted file system reports the same numbers.
+        let reusable = raw.sb.generation.saturating_sub(1);
+        let (ready, waiting): (Vec<&PendingExtent>, Vec<&PendingExtent>) = raw
+            .root
+            .pending
+            .iter()
+            .partition(|p| p.freed_gen <= reusable);
+        self.free_blocks = raw.root.free.iter().map(|f| f.len).sum::<u64>()
+            + ready.iter().map(|p| p.len).sum::<u64>();
+        self.pending_blocks = waiting.iter().map(|p| p.len).sum();
     }
 }
 

@@ -708,3 +708,50 @@ fn put_fails(fs: &FileSystem) {
     let f = fs.create("doomed", &CreateOptions::default()).unwrap();
     assert!(f.write_at(0, b"x").is_err());
 }
+
+#[test]
+fn fsck_counts_space_as_the_mounted_file_system_does() {
+    let (dev, fs) = mem_fs(512, 8 << 20);
+    let mut r = rng(7);
+    // Files made, rewritten smaller and removed over several commits leave runs pending at
+    // different generations.
+    for round in 0..4 {
+        for i in 0..3 {
+            let name = format!("f{i}");
+            let f = fs
+                .create(
+                    &name,
+                    &CreateOptions {
+                        size_hint: 64 << 10,
+                    },
+                )
+                .or_else(|_| fs.open(&name, OpenMode::ReadWrite))
+                .unwrap();
+            f.write_at(0, &random_bytes(&mut r, (round + 1) * 20_000))
+                .unwrap();
+            fs.sync().unwrap();
+        }
+        fs.remove(&format!("f{}", round % 3)).unwrap();
+        fs.sync().unwrap();
+    }
+    drop(fs);
+    let report = fsck(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let df = remount(&dev).df();
+    assert_eq!(
+        (
+            report.data_blocks,
+            report.metadata_blocks,
+            report.free_blocks,
+            report.pending_blocks,
+            report.total_blocks
+        ),
+        (
+            df.data_blocks,
+            df.metadata_blocks,
+            df.free_blocks,
+            df.pending_blocks,
+            df.total_blocks
+        )
+    );
+}
