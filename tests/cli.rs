@@ -1,5 +1,6 @@
 //! The `gpunvme` binary end to end on the software controller: identify, raw I/O across
-//! restarts, perf with verification, and the refusals that must leave an image untouched.
+//! restarts, perf with verification, the refusals that must leave an image untouched, and the
+//! `fs` commands.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -203,4 +204,88 @@ fn perf_verify_catches_corruption_and_bs_above_mdts_works() {
     ));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["errors"], 0, "{v}");
+}
+
+/// The last line of stderr that says `gpunvme: error:` (the others are reports such as the data
+/// path).
+fn error_line(out: &Output) -> String {
+    assert!(!out.status.success(), "expected failure");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<_> = err
+        .lines()
+        .filter(|l| l.starts_with("gpunvme: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {err:?}");
+    errors[0].to_string()
+}
+
+#[test]
+fn fs_commands_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    // A size that is not a whole number of LBAs, with every byte distinct from its neighbours.
+    let data: Vec<u8> = (0..5_000_123u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(d.join("src.bin"), &data).unwrap();
+    let put: serde_json::Value =
+        serde_json::from_str(&ok(&fs("put src.bin models/a/w.bin --json"))).unwrap();
+    assert_eq!(put["bytes"], data.len());
+
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls models/ --json"))).unwrap();
+    assert_eq!(ls[0]["name"], "models/a/w.bin");
+    assert_eq!(ls[0]["size"], data.len());
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls other/ --json"))).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 0);
+
+    // Into a regular file (positioned writes from the device lanes), over a longer file that
+    // must be cut to size, in one call and in small ones, and to standard output (in order).
+    std::fs::write(d.join("dst.bin"), vec![0xAAu8; 9 << 20]).unwrap();
+    ok(&fs("get models/a/w.bin dst.bin"));
+    assert!(std::fs::read(d.join("dst.bin")).unwrap() == data);
+    ok(&fs("get models/a/w.bin dst2.bin --chunk 64k"));
+    assert!(std::fs::read(d.join("dst2.bin")).unwrap() == data);
+    let out = fs("get models/a/w.bin -");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == data, "standard output differs");
+
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&fs("stat models/a/w.bin --json"))).unwrap();
+    assert_eq!(st["size"], data.len());
+    assert_eq!(st["extents"], 1);
+
+    ok(&fs("mv models/a/w.bin models/b/w.bin"));
+    assert!(error_line(&fs("stat models/a/w.bin")).contains("no such file: models/a/w.bin"));
+    ok(&fs("get models/b/w.bin dst.bin"));
+    assert!(std::fs::read(d.join("dst.bin")).unwrap() == data);
+
+    // Refusals: one error line, nothing changed.
+    assert!(error_line(&fs("get nothing/here out.bin")).contains("no such file"));
+    assert!(
+        !d.join("out.bin").exists(),
+        "a failed get created its destination"
+    );
+    assert!(error_line(&fs("put . dir-copy")).contains("not a regular file"));
+    assert!(error_line(&fs("put src.bin models/b/w.bin")).contains("exists"));
+    let df: serde_json::Value = serde_json::from_str(&ok(&fs("df --json"))).unwrap();
+    assert_eq!(df["files"], 1);
+
+    ok(&fs("rm models/b/w.bin"));
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 0);
+    let fsck: serde_json::Value = serde_json::from_str(&ok(&fs("fsck --json"))).unwrap();
+    assert_eq!(fsck["clean"], true);
+    assert_eq!(fsck["files"], 0);
+    let df: serde_json::Value = serde_json::from_str(&ok(&fs("df --json"))).unwrap();
+    assert_eq!(
+        df["free_blocks"], fsck["free_blocks"],
+        "df and fsck disagree: {df} {fsck}"
+    );
 }

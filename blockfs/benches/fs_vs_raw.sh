@@ -12,10 +12,11 @@
 # the medians are compared.
 # Environment: GPUNVME (binary, default target/release/gpunvme), BS (perf I/O size, default
 # 128k = the software controller's maximum transfer, which is what blockfs issues), QD (default
-# 128 per queue, as blockfs keeps per lane), QUEUES (default 4, blockfs's lanes), WORK (scratch
+# 32 per queue, as many as blockfs keeps in flight per lane: its 4 MiB bounce buffer in 128 KiB
+# slots), QUEUES (default 4, blockfs's lanes), WORK (scratch
 # directory, default under /dev/shm so host-file I/O stays out of the way), CHUNK (bytes per
-# file-system call in get, default 16m), PUT_CHUNK (bytes per call in put, default the whole
-# file: put's device batch reads the source as it goes, so one call keeps every queue busy).
+# file-system call in put and get, default the whole file: the device batch reads the source, or
+# writes the destination, as it goes, so one call keeps every queue busy to the end).
 set -euo pipefail
 
 SIZE_MIB=${1:-1024}
@@ -23,12 +24,11 @@ shift || true
 [[ ${1:-} == "--" ]] && shift
 BIN=${GPUNVME:-target/release/gpunvme}
 BS=${BS:-128k}
-QD=${QD:-128}
+QD=${QD:-32}
 QUEUES=${QUEUES:-4}
 REPEAT=${REPEAT:-5}
-CHUNK=${CHUNK:-16m}
-put_chunk=()
-[[ -n ${PUT_CHUNK:-} ]] && put_chunk=(--chunk "$PUT_CHUNK")
+chunk=()
+[[ -n ${CHUNK:-} ]] && chunk=(--chunk "$CHUNK")
 WORK=${WORK:-$(mktemp -d /dev/shm/blockfs-bench.XXXXXX 2>/dev/null || mktemp -d)}
 trap 'rm -rf "$WORK"' EXIT
 
@@ -51,9 +51,9 @@ for _ in $(seq "$REPEAT"); do
     raw_w+=("$(g --json perf --rw write --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
     raw_r+=("$(g --json perf --rw read --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
     g fs mkfs > /dev/null
-    put=$(g --json fs put --force "${put_chunk[@]}" "$WORK/src.bin" bench/file.bin)
+    put=$(g --json fs put --force "${chunk[@]}" "$WORK/src.bin" bench/file.bin)
     fs_w+=("$(field bytes_per_sec <<< "$put")")
-    fs_r+=("$(g --json fs get --chunk "$CHUNK" bench/file.bin /dev/null | field bytes_per_sec)")
+    fs_r+=("$(g --json fs get "${chunk[@]}" bench/file.bin /dev/null | field bytes_per_sec)")
 done
 get_file=$(g --json fs get bench/file.bin "$WORK/dst.bin")
 cmp "$WORK/src.bin" "$WORK/dst.bin"

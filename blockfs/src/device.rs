@@ -5,7 +5,8 @@
 //! many commands to keep in flight and on which queues ([`crate::NvmeBlockDevice`] splits a batch
 //! at the controller's maximum transfer size and spreads it over several queue pairs). A write
 //! batch can also take its bytes from a [`DataSource`] (a host file, say) that the device reads
-//! as it issues the commands, instead of from buffers filled beforehand. Three
+//! as it issues the commands, instead of from buffers filled beforehand, and a read batch can
+//! hand its bytes to a [`DataSink`] as each command completes. Three
 //! implementations exist: [`crate::MemDevice`] (memory, for tests and fuzzing),
 //! [`crate::CrashDevice`] (records every write and flush for the crash-consistency test) and
 //! [`crate::NvmeBlockDevice`].
@@ -86,6 +87,55 @@ impl DataSource for std::fs::File {
     }
 }
 
+/// One read whose bytes go to a [`DataSink`]: `len` bytes (whole LBAs) read from `lba` on,
+/// written to the sink from byte `dst_offset` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkReadReq {
+    /// First LBA.
+    pub lba: u64,
+    /// Where in the sink the bytes go.
+    pub dst_offset: u64,
+    /// Bytes to read; a multiple of the device's LBA size.
+    pub len: usize,
+}
+
+/// Bytes written by position, from several threads at once: where [`BlockDevice::read_into`]
+/// and [`crate::File::read_to`] put what they read, so that writing it out overlaps the
+/// device's work instead of waiting for a large buffer to fill.
+pub trait DataSink: Sync {
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl<T: DataSink + ?Sized> DataSink for &T {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        (**self).write_all_at(buf, offset)
+    }
+}
+
+/// A sink in memory that grows to fit what is written (gaps read as zeroes).
+impl DataSink for std::sync::Mutex<Vec<u8>> {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        let start = usize::try_from(offset).map_err(|_| std::io::ErrorKind::FileTooLarge)?;
+        let end = start
+            .checked_add(buf.len())
+            .ok_or(std::io::ErrorKind::FileTooLarge)?;
+        let mut v = self.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() < end {
+            v.resize(end, 0);
+        }
+        v[start..end].copy_from_slice(buf);
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+impl DataSink for std::fs::File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self, buf, offset)
+    }
+}
+
 /// Why a block device operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -128,9 +178,20 @@ pub enum DeviceError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing to the [`DataSink`] of a [`BlockDevice::read_into`] failed; the device read
+    /// those bytes without error.
+    #[error("writing the destination at byte {offset} failed")]
+    WriteSink {
+        /// Sink offset of the failed write.
+        offset: u64,
+        /// What the sink said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-/// Bytes the default [`BlockDevice::write_from`] reads from its source per device write.
+/// Bytes the default [`BlockDevice::write_from`] and [`BlockDevice::read_into`] stage per
+/// device command.
 pub const SOURCE_STAGE_BYTES: usize = 4 << 20;
 
 /// A device of fixed-size LBAs that blockfs stores a file system on.
@@ -168,31 +229,38 @@ pub trait BlockDevice: Send + Sync {
         src: &dyn DataSource,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), DeviceError> {
-        let lba_size = self.lba_size();
-        let mut largest = 0;
-        for r in reqs {
-            check_request(r.lba, r.len, lba_size, self.lba_count())?;
-            largest = largest.max(r.len);
-        }
-        // Whole LBAs per step (the stage is a multiple of every supported LBA size).
-        let step = SOURCE_STAGE_BYTES.max(lba_size as usize);
-        let mut stage = vec![0u8; largest.min(step)];
-        for r in reqs {
-            let mut done = 0;
-            while done < r.len {
-                let n = (r.len - done).min(step);
-                let at = r.src_offset + done as u64;
-                src.read_exact_at(&mut stage[..n], at)
-                    .map_err(|source| DeviceError::ReadSource { offset: at, source })?;
-                self.write(&[WriteReq {
-                    lba: r.lba + (done / lba_size as usize) as u64,
-                    buf: &stage[..n],
-                }])?;
-                progress(n as u64);
-                done += n;
-            }
-        }
-        Ok(())
+        let parts = reqs.iter().map(|r| (r.lba, r.src_offset, r.len));
+        staged(self, parts, |lba, at, stage| {
+            src.read_exact_at(stage, at)
+                .map_err(|source| DeviceError::ReadSource { offset: at, source })?;
+            self.write(&[WriteReq { lba, buf: stage }])?;
+            progress(stage.len() as u64);
+            Ok(())
+        })
+    }
+
+    /// Reads every request of the batch and writes its bytes to `sink` as they arrive, calling
+    /// `progress` with the byte count of each part written (from any thread). A failed sink
+    /// write fails the batch with [`DeviceError::WriteSink`] once everything started has
+    /// finished.
+    ///
+    /// The default reads at most [`SOURCE_STAGE_BYTES`] at a time into a buffer with
+    /// [`BlockDevice::read`] and writes it out; [`crate::NvmeBlockDevice`] hands each command's
+    /// bytes to the sink from the lane that completed it, on every lane at once.
+    fn read_into(
+        &self,
+        reqs: &[SinkReadReq],
+        sink: &dyn DataSink,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), DeviceError> {
+        let parts = reqs.iter().map(|r| (r.lba, r.dst_offset, r.len));
+        staged(self, parts, |lba, at, stage| {
+            self.read(&mut [ReadReq { lba, buf: stage }])?;
+            sink.write_all_at(stage, at)
+                .map_err(|source| DeviceError::WriteSink { offset: at, source })?;
+            progress(stage.len() as u64);
+            Ok(())
+        })
     }
 
     /// Makes every completed write durable (NVMe Flush).
@@ -227,6 +295,39 @@ pub trait BlockDevice: Send + Sync {
 
     /// One line for humans saying what this device is.
     fn describe(&self) -> String;
+}
+
+/// Walks `(lba, host offset, len)` requests in steps of at most [`SOURCE_STAGE_BYTES`] whole
+/// LBAs, after checking all of them, calling `step(lba, host offset, stage)` with a staging
+/// buffer of the step's length: the loop behind the default [`BlockDevice::write_from`] and
+/// [`BlockDevice::read_into`].
+fn staged<D: BlockDevice + ?Sized>(
+    dev: &D,
+    reqs: impl Iterator<Item = (u64, u64, usize)> + Clone,
+    mut step: impl FnMut(u64, u64, &mut [u8]) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
+    let lba_size = dev.lba_size() as usize;
+    let mut largest = 0;
+    for (lba, _, len) in reqs.clone() {
+        check_request(lba, len, dev.lba_size(), dev.lba_count())?;
+        largest = largest.max(len);
+    }
+    // Whole LBAs per step (the stage is a multiple of every supported LBA size).
+    let max_step = SOURCE_STAGE_BYTES.max(lba_size);
+    let mut stage = vec![0u8; largest.min(max_step)];
+    for (lba, at, len) in reqs {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(max_step);
+            step(
+                lba + (done / lba_size) as u64,
+                at + done as u64,
+                &mut stage[..n],
+            )?;
+            done += n;
+        }
+    }
+    Ok(())
 }
 
 /// Checks a batch against the device's geometry; shared by the implementations in this crate.

@@ -23,6 +23,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Writing the destination of a [`crate::File::read_to`] failed.
+    #[error("writing the destination at byte {offset} failed")]
+    WriteSink {
+        /// Destination offset of the failed write.
+        offset: u64,
+        /// What the destination said.
+        #[source]
+        source: std::io::Error,
+    },
     /// Neither superblock slot holds a blockfs superblock (wrong magic in both).
     #[error("not a blockfs file system: {0}")]
     NotBlockfs(String),
@@ -92,8 +101,9 @@ pub(crate) trait DeviceResultExt<T> {
 impl<T> DeviceResultExt<T> for std::result::Result<T, DeviceError> {
     fn during(self, op: &'static str) -> Result<T> {
         self.map_err(|e| match e {
-            // The device did nothing wrong: the caller's data source failed.
+            // The device did nothing wrong: the caller's data source or sink failed.
             DeviceError::ReadSource { offset, source } => Error::ReadSource { offset, source },
+            DeviceError::WriteSink { offset, source } => Error::WriteSink { offset, source },
             source => Error::Device { op, source },
         })
     }

@@ -3,9 +3,9 @@
 //! Data moves between the caller's buffers and the device directly for every whole LBA; only
 //! the partial LBAs at the ends of a request go through a small bounce buffer (read-modify-write
 //! for writes). Each call issues one batch to the device, which keeps it many commands deep.
-//! [`File::write_from`] takes its bytes from a [`DataSource`] instead of a buffer: the device
-//! reads them command by command while the batch runs
-//! ([`crate::BlockDevice::write_from`]).
+//! [`File::write_from`] takes its bytes from a [`DataSource`] instead of a buffer, and
+//! [`File::read_to`] hands them to a [`DataSink`]: the device moves them command by command
+//! while the batch runs ([`crate::BlockDevice::write_from`], [`crate::BlockDevice::read_into`]).
 //!
 //! Bytes between the old end of file and a write that starts past it, and bytes added by
 //! [`File::set_len`], read as zeroes: they are written as zeroes (NVMe Write Zeroes for whole
@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::device::{DataSource, ReadReq, SourceWriteReq, WriteReq};
+use crate::device::{DataSink, DataSource, ReadReq, SinkReadReq, SourceWriteReq, WriteReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
 use crate::format::{FLAG_IMMUTABLE, MAX_FILE_SIZE};
@@ -222,6 +222,83 @@ impl File {
             }
         }
         Ok(counts)
+    }
+
+    /// Copies up to `len` file bytes from `offset` on (a short copy at end of file, none at or
+    /// past it) to `sink` from byte `dst_offset` on, and returns how many were copied. One
+    /// device batch moves every whole LBA: each command's bytes go to the sink from the device
+    /// lane that completed it ([`crate::BlockDevice::read_into`]), so writing the destination
+    /// overlaps reading the file and no buffer of the whole range is needed. The partial LBAs
+    /// at the ends go through a small bounce buffer. `progress` is called, from any thread,
+    /// with the byte count of each part as it reaches the sink. A failed sink write fails with
+    /// [`Error::WriteSink`].
+    pub fn read_to(
+        &self,
+        offset: u64,
+        len: u64,
+        sink: &dyn DataSink,
+        dst_offset: u64,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
+        let st = self.inner.read_state();
+        let inode = st.inode(self.id, &self.name)?;
+        let geo = &self.inner.geo;
+        let (l, spb) = (geo.lba_size as u64, geo.lbas_per_block());
+        let n = len.min(inode.size.saturating_sub(offset));
+        if n == 0 {
+            return Ok(0);
+        }
+        let end = offset + n;
+        // Whole file LBAs `first..last` go straight to the sink; the bytes before `first` and
+        // after `last` (partial LBAs, or all of a range inside one LBA) go through `edges`.
+        let (first, last) = (offset.div_ceil(l), end / l);
+        let mut edges: Vec<std::ops::Range<u64>> = Vec::with_capacity(2);
+        if first > last {
+            edges.push(offset..end);
+        } else {
+            if offset < first * l {
+                edges.push(offset..first * l);
+            }
+            if last * l < end {
+                edges.push(last * l..end);
+            }
+        }
+        let mut bounce = vec![0u8; edges.len() * l as usize];
+        let mut reqs: Vec<ReadReq<'_>> = edges
+            .iter()
+            .zip(bounce.chunks_mut(l as usize))
+            .map(|(r, buf)| ReadReq {
+                lba: lba_runs(&inode.extents, spb, r.start / l, 1)[0].0,
+                buf,
+            })
+            .collect();
+        self.inner.dev.read(&mut reqs).during("reading file data")?;
+        drop(reqs);
+        for (r, buf) in edges.iter().zip(bounce.chunks(l as usize)) {
+            let bytes = &buf[(r.start % l) as usize..][..(r.end - r.start) as usize];
+            let at = dst_offset + (r.start - offset);
+            sink.write_all_at(bytes, at)
+                .map_err(|source| Error::WriteSink { offset: at, source })?;
+            progress(bytes.len() as u64);
+        }
+        if first < last {
+            let mut at = dst_offset + (first * l - offset);
+            let mut whole = Vec::new();
+            for (lba, k) in lba_runs(&inode.extents, spb, first, last - first) {
+                let len = (k * l) as usize;
+                whole.push(SinkReadReq {
+                    lba,
+                    dst_offset: at,
+                    len,
+                });
+                at += len as u64;
+            }
+            self.inner
+                .dev
+                .read_into(&whole, sink, progress)
+                .during("reading file data")?;
+        }
+        Ok(n)
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -625,6 +702,92 @@ mod tests {
                 assert!(read_all(&f) == model, "lba {lba}: after {off} {range:?}");
             }
             fs.sync().unwrap();
+        }
+    }
+
+    /// A sink whose writes touching byte `bad` fail.
+    struct FailingSink {
+        bad: u64,
+    }
+
+    impl DataSink for FailingSink {
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            if (offset..offset + buf.len() as u64).contains(&self.bad) {
+                return Err(std::io::Error::other("injected sink failure"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn read_to_matches_read_at_at_any_alignment() {
+        let size = (9 << 20) + 777;
+        let src = source(size);
+        for lba in [512u32, 4096] {
+            let dev = Arc::new(MemDevice::new(lba, (64 << 20) / lba as u64));
+            let fs = FileSystem::mkfs(dev, &MkfsOptions::default()).unwrap();
+            let f = fs.create("f", &CreateOptions::default()).unwrap();
+            f.write_at(0, &src).unwrap();
+            let size = size as u64;
+            // (file offset, length, destination offset): everything, partial head and tail,
+            // inside one LBA, ending exactly on an LBA boundary, several stages of the default
+            // `read_into`, short at end of file, at and past end of file, empty.
+            let cases: &[(u64, u64, u64)] = &[
+                (0, size, 0),
+                (100, 5000, 3),
+                (3, 10, 0),
+                (7, 8192 - 7, 1 << 20),
+                (70_000, 300_001, 11),
+                (1 << 20, 9 << 20, 0),
+                (size - 10, 100, 5),
+                (size, 10, 0),
+                (size + 5, 10, 0),
+                (17, 0, 0),
+            ];
+            for &(off, len, dst) in cases {
+                let sink = std::sync::Mutex::new(Vec::new());
+                let seen = AtomicU64::new(0);
+                let n = f
+                    .read_to(off, len, &sink, dst, &|k| {
+                        seen.fetch_add(k, Ordering::Relaxed);
+                    })
+                    .unwrap();
+                let want = len.min(size.saturating_sub(off));
+                assert_eq!(n, want, "lba {lba}: {off} {len}");
+                assert_eq!(seen.into_inner(), n, "progress");
+                let got = sink.into_inner().unwrap();
+                if n == 0 {
+                    assert!(got.is_empty());
+                    continue;
+                }
+                assert_eq!(got.len() as u64, dst + n);
+                assert!(got[..dst as usize].iter().all(|&b| b == 0));
+                assert!(
+                    got[dst as usize..] == src[off as usize..(off + n) as usize],
+                    "lba {lba}: {off} {len} {dst}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_sink_write_is_a_sink_error() {
+        let dev = Arc::new(MemDevice::new(512, 1 << 16));
+        let fs = FileSystem::mkfs(dev, &MkfsOptions::default()).unwrap();
+        let f = fs.create("f", &CreateOptions::default()).unwrap();
+        f.write_at(0, &source(1 << 20)).unwrap();
+        // In the whole LBAs, and in the partial head.
+        for (off, bad) in [(0u64, 300_000u64), (5, 100)] {
+            let e = f
+                .read_to(off, 1 << 20, &FailingSink { bad }, 0, &|_| {})
+                .unwrap_err();
+            match &e {
+                Error::WriteSink { offset, source } => {
+                    assert!(*offset <= bad, "{e}");
+                    assert_eq!(source.kind(), ErrorKind::Other);
+                }
+                _ => panic!("{e}"),
+            }
         }
     }
 

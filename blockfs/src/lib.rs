@@ -9,7 +9,7 @@
 //! # Architecture
 //!
 //! - [`device`]: the [`BlockDevice`] seam (batched whole-LBA reads and writes, writes fed from a
-//!   [`DataSource`], flush, write zeroes); [`MemDevice`], [`CrashDevice`] and
+//!   [`DataSource`], reads delivered to a [`DataSink`], flush, write zeroes); [`MemDevice`], [`CrashDevice`] and
 //!   [`NvmeBlockDevice`] implement it.
 //! - [`format`](mod@format): byte layouts of the superblock, root run, file-table chunks and file records;
 //!   decoders that take untrusted bytes and never panic.
@@ -30,6 +30,7 @@
 //! [`FileSystem::open`] ([`OpenMode::ReadOnly`] or [`OpenMode::ReadWrite`]),
 //! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::write_from`] (a
 //! copy from a [`DataSource`] such as a host file, read while the device writes),
+//! [`File::read_to`] (a copy to a [`DataSink`], written as the device reads),
 //! [`File::set_len`], [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`],
 //! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
 //! [`FileSystem::reclaim`], [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the
@@ -82,7 +83,9 @@ mod nvme_dev;
 pub mod table;
 
 pub use crash::{CrashDevice, LoggedOp};
-pub use device::{BlockDevice, DataSource, DeviceError, ReadReq, SourceWriteReq, WriteReq};
+pub use device::{
+    BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
+};
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
 pub use fs::{Batch, CreateOptions, FileStat, FileSystem, FsStats, Geometry, MkfsOptions};

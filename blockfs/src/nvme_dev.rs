@@ -8,8 +8,10 @@
 //! queue and keeping as many in flight as it has slots (at most its share of the batch). Data is
 //! copied between the caller's buffers and the slots by the lane threads, so the copies of
 //! different lanes run in parallel. [`BlockDevice::write_from`] reads each command's bytes from
-//! its source on the lane thread, right before the command is issued: no batch-sized staging
-//! buffer, and source reads overlap the device's work from the first command on.
+//! its source on the lane thread, right before the command is issued, and
+//! [`BlockDevice::read_into`] writes each command's bytes to its sink on the lane thread as soon
+//! as the command completes: no batch-sized staging buffer, and host-file I/O overlaps the
+//! device's work from the first command to the last.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use nvme::{Controller, DmaMemory, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
 
 use crate::device::{
-    BlockDevice, DataSource, DeviceError, ReadReq, SourceWriteReq, WriteReq, check_request,
+    BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
+    check_request,
 };
 
 /// Tuning for [`NvmeBlockDevice`].
@@ -54,8 +57,8 @@ struct Lane {
     slots: usize,
     slot_bytes: usize,
     done: Vec<IoCompletion>,
-    /// One command's bytes on their way from a [`DataSource`] to a slot (empty until the
-    /// lane's first [`BlockDevice::write_from`]).
+    /// One command's bytes on their way between a slot and a [`DataSource`] or [`DataSink`]
+    /// (empty until the lane's first [`BlockDevice::write_from`] or [`BlockDevice::read_into`]).
     stage: Vec<u8>,
 }
 
@@ -101,11 +104,27 @@ struct Piece<B> {
     buf: B,
 }
 
-/// Where a [`BlockDevice::write_from`] command's bytes are in the source.
+/// Where a [`BlockDevice::write_from`] or [`BlockDevice::read_into`] command's bytes are in
+/// the source or sink.
 #[derive(Clone, Copy)]
-struct SrcRange {
+struct HostRange {
     offset: u64,
     len: usize,
+}
+
+impl HostRange {
+    /// The first `n` bytes and the rest.
+    fn split_at(self, n: usize) -> (Self, Self) {
+        let head = HostRange {
+            offset: self.offset,
+            len: n,
+        };
+        let tail = HostRange {
+            offset: self.offset + n as u64,
+            len: self.len - n,
+        };
+        (head, tail)
+    }
 }
 
 /// The pieces of one batch that no lane has started yet, handed out one at a time so that a
@@ -303,14 +322,15 @@ const RING_EVERY: usize = 4;
 
 /// Keeps up to `lane.slots` (and at most `cap`) commands in flight over the pieces in `work`:
 /// `start(slot, piece)` fills the slot and returns the command, `finish(slot, piece)` consumes
-/// a completed one. Returns the first error after every submitted command has completed.
+/// a completed one (an error from either stops the batch). Returns the first error after every
+/// submitted command has completed.
 fn pump<B: AsLen>(
     lane: &mut Lane,
     work: &Work<B>,
     cap: usize,
     op: &'static str,
     mut start: impl FnMut(&DmaSlice, &Piece<B>) -> Result<IoCommand, DeviceError>,
-    mut finish: impl FnMut(&DmaSlice, Piece<B>),
+    mut finish: impl FnMut(&DmaSlice, Piece<B>) -> Result<(), DeviceError>,
 ) -> Result<(), DeviceError> {
     let mut slot_piece: Vec<Option<Piece<B>>> = (0..lane.slots).map(|_| None).collect();
     let mut free: Vec<usize> = (0..lane.slots).rev().collect();
@@ -374,7 +394,10 @@ fn pump<B: AsLen>(
             match c.result {
                 Ok(()) => {
                     let dma = slice(lane, slot, piece.buf.len_bytes());
-                    finish(&dma, piece);
+                    if let Err(e) = finish(&dma, piece) {
+                        work.fail();
+                        first_error.get_or_insert(e);
+                    }
                 }
                 Err(e) => {
                     work.fail();
@@ -401,7 +424,7 @@ impl AsLen for &[u8] {
         self.len()
     }
 }
-impl AsLen for SrcRange {
+impl AsLen for HostRange {
     fn len_bytes(&self) -> usize {
         self.len
     }
@@ -443,7 +466,10 @@ impl BlockDevice for NvmeBlockDevice {
                         buf: dma.clone(),
                     })
                 },
-                |dma, p| dma.read(p.buf),
+                |dma, p| {
+                    dma.read(p.buf);
+                    Ok(())
+                },
             )
         })
     }
@@ -473,7 +499,7 @@ impl BlockDevice for NvmeBlockDevice {
                         buf: dma.clone(),
                     })
                 },
-                |_, _| {},
+                |_, _| Ok(()),
             )
         })
     }
@@ -491,23 +517,13 @@ impl BlockDevice for NvmeBlockDevice {
         }
         let pieces = self.pieces(
             reqs.iter().map(|r| {
-                let range = SrcRange {
+                let range = HostRange {
                     offset: r.src_offset,
                     len: r.len,
                 };
                 (r.lba, range, r.len)
             }),
-            |r: SrcRange, n| {
-                let head = SrcRange {
-                    offset: r.offset,
-                    len: n,
-                };
-                let tail = SrcRange {
-                    offset: r.offset + n as u64,
-                    len: r.len - n,
-                };
-                (head, tail)
-            },
+            HostRange::split_at,
         );
         let nsid = self.nsid;
         self.run(pieces, total, |lane, work, cap| {
@@ -536,7 +552,67 @@ impl BlockDevice for NvmeBlockDevice {
                         buf: dma.clone(),
                     })
                 },
-                |_, p| progress(p.buf.len as u64),
+                |_, p| {
+                    progress(p.buf.len as u64);
+                    Ok(())
+                },
+            );
+            lane.stage = stage;
+            r
+        })
+    }
+
+    fn read_into(
+        &self,
+        reqs: &[SinkReadReq],
+        sink: &dyn DataSink,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), DeviceError> {
+        let mut total = 0;
+        for r in reqs {
+            check_request(r.lba, r.len, self.lba_size, self.lba_count)?;
+            total += r.len;
+        }
+        let pieces = self.pieces(
+            reqs.iter().map(|r| {
+                let range = HostRange {
+                    offset: r.dst_offset,
+                    len: r.len,
+                };
+                (r.lba, range, r.len)
+            }),
+            HostRange::split_at,
+        );
+        let nsid = self.nsid;
+        self.run(pieces, total, |lane, work, cap| {
+            // Each completed command's bytes go slot -> a staging buffer of one command -> the
+            // sink, on this lane's thread, while the lane's other commands are in flight.
+            let mut stage = std::mem::take(&mut lane.stage);
+            stage.resize(lane.slot_bytes, 0);
+            let r = pump(
+                lane,
+                work,
+                cap,
+                "read",
+                |dma, p| {
+                    Ok(IoCommand::Read {
+                        nsid,
+                        lba: p.lba,
+                        buf: dma.clone(),
+                    })
+                },
+                |dma, p| {
+                    let buf = &mut stage[..p.buf.len];
+                    dma.read(buf);
+                    sink.write_all_at(buf, p.buf.offset).map_err(|source| {
+                        DeviceError::WriteSink {
+                            offset: p.buf.offset,
+                            source,
+                        }
+                    })?;
+                    progress(p.buf.len as u64);
+                    Ok(())
+                },
             );
             lane.stage = stage;
             r
@@ -761,5 +837,127 @@ mod tests {
         }])
         .unwrap();
         assert!(read(&dev, 2048, 8 << 20) == other);
+    }
+
+    /// A sink whose writes touching byte `bad` fail; the rest land in memory.
+    struct FailingSink {
+        inner: Mutex<Vec<u8>>,
+        bad: u64,
+    }
+
+    impl DataSink for FailingSink {
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            if (offset..offset + buf.len() as u64).contains(&self.bad) {
+                return Err(std::io::Error::other("injected sink failure"));
+            }
+            self.inner.write_all_at(buf, offset)
+        }
+    }
+
+    #[test]
+    fn read_into_spreads_over_the_lanes_and_delivers_every_byte() {
+        let (_emu, ctrl) = controller(96 << 20);
+        let dev = device(&ctrl);
+        assert!(dev.queue_pairs() > 1, "{}", dev.describe());
+        let data = source(80 << 20, 5);
+        dev.write(&[WriteReq { lba: 0, buf: &data }]).unwrap();
+        // Scattered LBA ranges to scattered, disjoint sink offsets: a large batch (all lanes) and a small
+        // one (the calling thread).
+        for reqs in [
+            vec![
+                SinkReadReq {
+                    lba: 8,
+                    dst_offset: 512 * 3,
+                    len: 30 << 20,
+                },
+                SinkReadReq {
+                    lba: 80_000,
+                    dst_offset: (50 << 20) + 17,
+                    len: 7 * 512,
+                },
+                SinkReadReq {
+                    lba: 100_000,
+                    dst_offset: (31 << 20) + 5,
+                    len: (9 << 20) + 512,
+                },
+            ],
+            vec![SinkReadReq {
+                lba: 150_000,
+                dst_offset: 1000,
+                len: 64 << 10,
+            }],
+        ] {
+            let sink = Mutex::new(Vec::new());
+            let seen = AtomicU64::new(0);
+            dev.read_into(&reqs, &sink, &|n| {
+                seen.fetch_add(n, Ordering::Relaxed);
+            })
+            .unwrap();
+            let total: usize = reqs.iter().map(|r| r.len).sum();
+            assert_eq!(seen.into_inner(), total as u64);
+            let got = sink.into_inner().unwrap();
+            for r in &reqs {
+                let want = &data[r.lba as usize * 512..][..r.len];
+                assert!(&got[r.dst_offset as usize..][..r.len] == want, "{r:?}");
+            }
+        }
+        // Whole-LBA requests only.
+        let e = dev
+            .read_into(
+                &[SinkReadReq {
+                    lba: 0,
+                    dst_offset: 0,
+                    len: 100,
+                }],
+                &Mutex::new(Vec::new()),
+                &|_| {},
+            )
+            .unwrap_err();
+        assert!(matches!(e, DeviceError::Misaligned { len: 100, .. }), "{e}");
+    }
+
+    #[test]
+    fn read_into_failures_stop_the_batch_and_leave_the_lanes_usable() {
+        let (emu, ctrl) = controller(64 << 20);
+        let dev = device(&ctrl);
+        let data = source(32 << 20, 6);
+        dev.write(&[WriteReq { lba: 0, buf: &data }]).unwrap();
+        let whole = [SinkReadReq {
+            lba: 0,
+            dst_offset: 0,
+            len: 32 << 20,
+        }];
+        // A sink write fails: reported with its offset, as a sink error.
+        let bad = (20 << 20) + 12_345;
+        let failing = FailingSink {
+            inner: Mutex::new(Vec::new()),
+            bad,
+        };
+        match dev.read_into(&whole, &failing, &|_| {}) {
+            Err(DeviceError::WriteSink { offset, source }) => {
+                assert!(offset <= bad && bad < offset + dev.chunk as u64, "{offset}");
+                assert_eq!(source.kind(), ErrorKind::Other);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The controller fails a command: a device error naming its LBA range.
+        let bad_lba = 40_000;
+        emu.faults().add_media_error(1, bad_lba);
+        match dev.read_into(&whole, &Mutex::new(Vec::new()), &|_| {}) {
+            Err(DeviceError::Io {
+                op: "read", lba, ..
+            }) => {
+                assert!(
+                    lba <= bad_lba && bad_lba < lba + (dev.chunk / 512) as u64,
+                    "{lba}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        emu.faults().clear_media_errors();
+        // Every lane still works.
+        let sink = Mutex::new(Vec::new());
+        dev.read_into(&whole, &sink, &|_| {}).unwrap();
+        assert!(sink.into_inner().unwrap() == data);
     }
 }

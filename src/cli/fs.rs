@@ -4,9 +4,11 @@
 //! bounce buffers reused across calls) and mounts the file system, except `mkfs` (which makes
 //! one) and `fsck` (which checks it unmounted). Changes are synced before the command returns.
 //! `put` hands the host file to [`blockfs::File::write_from`], whose device lanes read it
-//! command by command as they write, so host-file reads overlap device writes without a staging
-//! copy; `get` reads chunks on two threads while a third writes them out in order. Both show a
-//! progress bar with throughput on a terminal.
+//! command by command as they write, and `get` hands the destination to
+//! [`blockfs::File::read_to`], whose lanes write each command's bytes as it completes: host-file
+//! I/O overlaps device I/O without a staging copy. A destination that takes no positioned
+//! writes (a pipe, standard output) gets chunks read on two threads and written in order by a
+//! third. Both show a progress bar with throughput on a terminal.
 
 use std::collections::BTreeMap;
 use std::fs::File as HostFile;
@@ -30,6 +32,8 @@ use serde_json::{Value, json};
 /// `get`: threads reading from the file system at once, and buffers in circulation.
 const GET_READERS: usize = 2;
 const GET_BUFFERS: usize = 4;
+/// `get`'s default bytes per call where the destination takes no positioned writes.
+const GET_STREAM_CHUNK: u64 = 16 << 20;
 /// Files at least this large get a progress bar (on a terminal).
 const PROGRESS_MIN: u64 = 64 << 20;
 
@@ -67,9 +71,11 @@ pub enum FsCommand {
         name: String,
         /// Host file to create or truncate.
         dst: PathBuf,
-        /// Bytes per file-system call (larger: fewer pauses between device batches).
-        #[arg(long, default_value = "16m", value_parser = parse_size)]
-        chunk: u64,
+        /// Bytes per file-system call (default: the whole file in one call, or 16m where the
+        /// destination takes no positioned writes, e.g. a pipe). The device stays busy within a
+        /// call and drains between calls, so smaller values only cost speed.
+        #[arg(long, value_parser = parse_size)]
+        chunk: Option<u64>,
     },
     /// Remove a file.
     Rm {
@@ -179,7 +185,7 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
         }
         FsCommand::Get { name, dst, chunk } => {
             let fs = mount()?;
-            get(&fs, &name, &dst, chunk_bytes(chunk)?, json, &path)
+            get(&fs, &name, &dst, chunk, json, &path)
         }
         FsCommand::Rm { name } => {
             let fs = mount()?;
@@ -473,22 +479,82 @@ fn get(
     fs: &FileSystem,
     name: &str,
     dst: &Path,
-    chunk: usize,
+    chunk: Option<u64>,
     json: bool,
     path: &str,
 ) -> Result<()> {
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let len = file.len()?;
     let to_stdout = dst == Path::new("-");
-    let mut out: Box<dyn Write + Send> = if to_stdout {
-        Box::new(std::io::stdout())
+    let out = if to_stdout {
+        None
     } else {
-        Box::new(HostFile::create(dst).with_context(|| format!("creating {}", dst.display()))?)
+        Some(HostFile::create(dst).with_context(|| format!("creating {}", dst.display()))?)
     };
+    // Positioned writes (a regular file, /dev/null) let the device lanes write the destination
+    // themselves; a pipe or a terminal takes the bytes in order from one writer.
+    let positioned = out
+        .as_ref()
+        .filter(|o| std::os::unix::fs::FileExt::write_at(*o, &[], 0).is_ok());
     let bar = progress(len, json || to_stdout, "get");
     let start = Instant::now();
-    // GET_READERS threads read consecutive chunks concurrently, so the device always has the
-    // next batch queued while one completes; the writer puts them back in order.
+    match positioned {
+        Some(out) => {
+            if out.metadata().is_ok_and(|m| m.is_file()) {
+                out.set_len(len)
+                    .with_context(|| format!("sizing {}", dst.display()))?;
+            }
+            let chunk = chunk.unwrap_or(len).max(1);
+            let mut off = 0u64;
+            while off < len {
+                let n = chunk.min(len - off);
+                let got = file
+                    .read_to(off, n, out, off, &|k| bar.inc(k))
+                    .with_context(|| format!("reading {name} into {}", dst.display()))?;
+                if got != n {
+                    bail!("{name} ended at byte {} while being copied", off + got);
+                }
+                off += n;
+            }
+        }
+        None => {
+            let out: Box<dyn Write + Send> = match out {
+                Some(f) => Box::new(f),
+                None => Box::new(std::io::stdout()),
+            };
+            let chunk = chunk_bytes(chunk.unwrap_or(GET_STREAM_CHUNK))?;
+            stream_out(&file, name, len, out, chunk, &bar)?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    if !to_stdout {
+        let extents = file.stat()?.extents;
+        let to = dst.display().to_string();
+        let t = Transfer {
+            verb: "get",
+            from: name,
+            to: &to,
+            bytes: len,
+            secs,
+            extents,
+        };
+        report_transfer(&t, path, json);
+    }
+    Ok(())
+}
+
+/// Copies `file` to `out` in order, `chunk` bytes per file-system call: GET_READERS threads
+/// read consecutive chunks concurrently, so the device always has the next batch queued while
+/// one completes, and one writer puts them back in order.
+fn stream_out(
+    file: &blockfs::File,
+    name: &str,
+    len: u64,
+    mut out: Box<dyn Write + Send>,
+    chunk: usize,
+    bar: &ProgressBar,
+) -> Result<()> {
     let chunks = len.div_ceil(chunk as u64);
     let next = AtomicU64::new(0);
     let (full_tx, full_rx) = sync_channel::<Full>(GET_BUFFERS);
@@ -561,23 +627,7 @@ fn get(
             .map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
         result.with_context(|| format!("reading {name}"))?;
         written
-    })?;
-    let secs = start.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    if !to_stdout {
-        let extents = file.stat()?.extents;
-        let to = dst.display().to_string();
-        let t = Transfer {
-            verb: "get",
-            from: name,
-            to: &to,
-            bytes: len,
-            secs,
-            extents,
-        };
-        report_transfer(&t, path, json);
-    }
-    Ok(())
+    })
 }
 
 fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
