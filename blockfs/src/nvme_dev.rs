@@ -62,6 +62,17 @@ struct Lane {
     stage: Vec<u8>,
 }
 
+impl Lane {
+    /// Runs `f` with the lane and its staging buffer of one command's size.
+    fn with_stage<R>(&mut self, f: impl FnOnce(&mut Lane, &mut [u8]) -> R) -> R {
+        let mut stage = std::mem::take(&mut self.stage);
+        stage.resize(self.slot_bytes, 0);
+        let r = f(self, &mut stage);
+        self.stage = stage;
+        r
+    }
+}
+
 /// A block device over one NVMe namespace.
 pub struct NvmeBlockDevice {
     nsid: u32,
@@ -265,6 +276,25 @@ impl NvmeBlockDevice {
             }
         }
         out
+    }
+
+    /// Checks `(lba, host offset, len)` requests against the namespace and cuts them into
+    /// command-sized pieces that remember where their bytes are on the host; returns them with
+    /// the batch's byte count.
+    fn host_pieces(
+        &self,
+        reqs: impl Iterator<Item = (u64, u64, usize)> + Clone,
+    ) -> Result<(Vec<Piece<HostRange>>, usize), DeviceError> {
+        let mut total = 0;
+        for (lba, _, len) in reqs.clone() {
+            check_request(lba, len, self.lba_size, self.lba_count)?;
+            total += len;
+        }
+        let pieces = self.pieces(
+            reqs.map(|(lba, offset, len)| (lba, HostRange { offset, len }, len)),
+            HostRange::split_at,
+        );
+        Ok((pieces, total))
     }
 
     /// Runs `pieces` over the lanes: on the calling thread if the batch is small, else one
@@ -510,55 +540,40 @@ impl BlockDevice for NvmeBlockDevice {
         src: &dyn DataSource,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), DeviceError> {
-        let mut total = 0;
-        for r in reqs {
-            check_request(r.lba, r.len, self.lba_size, self.lba_count)?;
-            total += r.len;
-        }
-        let pieces = self.pieces(
-            reqs.iter().map(|r| {
-                let range = HostRange {
-                    offset: r.src_offset,
-                    len: r.len,
-                };
-                (r.lba, range, r.len)
-            }),
-            HostRange::split_at,
-        );
+        let (pieces, total) =
+            self.host_pieces(reqs.iter().map(|r| (r.lba, r.src_offset, r.len)))?;
         let nsid = self.nsid;
         self.run(pieces, total, |lane, work, cap| {
             // Each command's bytes go source -> a staging buffer of one command (which stays
             // in this core's cache) -> its DMA slot, right before the command is issued: DMA
             // memory is only ever reached through its copy accessors.
-            let mut stage = std::mem::take(&mut lane.stage);
-            stage.resize(lane.slot_bytes, 0);
-            let r = pump(
-                lane,
-                work,
-                cap,
-                "write",
-                |dma, p| {
-                    let buf = &mut stage[..p.buf.len];
-                    src.read_exact_at(buf, p.buf.offset).map_err(|source| {
-                        DeviceError::ReadSource {
-                            offset: p.buf.offset,
-                            source,
-                        }
-                    })?;
-                    dma.write(buf);
-                    Ok(IoCommand::Write {
-                        nsid,
-                        lba: p.lba,
-                        buf: dma.clone(),
-                    })
-                },
-                |_, p| {
-                    progress(p.buf.len as u64);
-                    Ok(())
-                },
-            );
-            lane.stage = stage;
-            r
+            lane.with_stage(|lane, stage| {
+                pump(
+                    lane,
+                    work,
+                    cap,
+                    "write",
+                    |dma, p| {
+                        let buf = &mut stage[..p.buf.len];
+                        src.read_exact_at(buf, p.buf.offset).map_err(|source| {
+                            DeviceError::ReadSource {
+                                offset: p.buf.offset,
+                                source,
+                            }
+                        })?;
+                        dma.write(buf);
+                        Ok(IoCommand::Write {
+                            nsid,
+                            lba: p.lba,
+                            buf: dma.clone(),
+                        })
+                    },
+                    |_, p| {
+                        progress(p.buf.len as u64);
+                        Ok(())
+                    },
+                )
+            })
         })
     }
 
@@ -568,54 +583,39 @@ impl BlockDevice for NvmeBlockDevice {
         sink: &dyn DataSink,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), DeviceError> {
-        let mut total = 0;
-        for r in reqs {
-            check_request(r.lba, r.len, self.lba_size, self.lba_count)?;
-            total += r.len;
-        }
-        let pieces = self.pieces(
-            reqs.iter().map(|r| {
-                let range = HostRange {
-                    offset: r.dst_offset,
-                    len: r.len,
-                };
-                (r.lba, range, r.len)
-            }),
-            HostRange::split_at,
-        );
+        let (pieces, total) =
+            self.host_pieces(reqs.iter().map(|r| (r.lba, r.dst_offset, r.len)))?;
         let nsid = self.nsid;
         self.run(pieces, total, |lane, work, cap| {
             // Each completed command's bytes go slot -> a staging buffer of one command -> the
             // sink, on this lane's thread, while the lane's other commands are in flight.
-            let mut stage = std::mem::take(&mut lane.stage);
-            stage.resize(lane.slot_bytes, 0);
-            let r = pump(
-                lane,
-                work,
-                cap,
-                "read",
-                |dma, p| {
-                    Ok(IoCommand::Read {
-                        nsid,
-                        lba: p.lba,
-                        buf: dma.clone(),
-                    })
-                },
-                |dma, p| {
-                    let buf = &mut stage[..p.buf.len];
-                    dma.read(buf);
-                    sink.write_all_at(buf, p.buf.offset).map_err(|source| {
-                        DeviceError::WriteSink {
-                            offset: p.buf.offset,
-                            source,
-                        }
-                    })?;
-                    progress(p.buf.len as u64);
-                    Ok(())
-                },
-            );
-            lane.stage = stage;
-            r
+            lane.with_stage(|lane, stage| {
+                pump(
+                    lane,
+                    work,
+                    cap,
+                    "read",
+                    |dma, p| {
+                        Ok(IoCommand::Read {
+                            nsid,
+                            lba: p.lba,
+                            buf: dma.clone(),
+                        })
+                    },
+                    |dma, p| {
+                        let buf = &mut stage[..p.buf.len];
+                        dma.read(buf);
+                        sink.write_all_at(buf, p.buf.offset).map_err(|source| {
+                            DeviceError::WriteSink {
+                                offset: p.buf.offset,
+                                source,
+                            }
+                        })?;
+                        progress(p.buf.len as u64);
+                        Ok(())
+                    },
+                )
+            })
         })
     }
 
