@@ -29,6 +29,15 @@
 //! Unsafe code lives only in `sys` (ioctls), `mmio` (volatile MMIO) and `dma` (wrapping mapped
 //! memory as [`nvme::DmaMemory`]).
 //!
+//! # Why not vfio-ioctls
+//! vfio-ioctls (0.10, default features off) was weighed for the container, group and device
+//! calls and left out: it drives only TYPE1v2 containers, so the no-IOMMU mode would need a
+//! second implementation beside it; its `region_read`/`region_write` swallow errors, which
+//! would hide a failed config-space access; and its `Drop` panics on errors, where a device
+//! that misbehaves while we let go of it must not bring the process down. One thin wrapper over
+//! vfio-bindings' structures serves both modes with typed errors (notes from reading its source:
+//! `shared/design/crates.md`).
+//!
 //! # Not implemented
 //! - iommufd and VFIO cdev (`/dev/iommu`, `/dev/vfio/devices/*`): the legacy API is what every
 //!   kernel with VFIO offers, including iommufd's compatibility container.
