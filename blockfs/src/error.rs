@@ -85,6 +85,10 @@ pub enum Error {
     /// issued: the medium may hold either generation, so only a fresh mount knows which.
     #[error("an earlier sync failed after writing the superblock; remount the file system")]
     Poisoned,
+    /// Every file id has been handed out (only an image that says so, made elsewhere, gets
+    /// here: ids are 64-bit).
+    #[error("no file ids left (the file table's next id is {0})")]
+    OutOfFileIds(u64),
     /// fsck could not produce a consistent file system.
     #[error("cannot repair: {0}")]
     Unrepairable(String),

@@ -565,13 +565,14 @@ impl FileSystem {
         if st.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_owned()));
         }
+        let id = st.next_file_id;
+        let next_id = id.checked_add(1).ok_or(Error::OutOfFileIds(id))?;
         let blocks = opts.size_hint.div_ceil(self.inner.geo.block_size as u64);
         let extents = st.alloc.alloc_data(blocks, None).ok_or(Error::NoSpace {
             needed: blocks,
             free: st.alloc.free_blocks(),
         })?;
-        let id = st.next_file_id;
-        st.next_file_id += 1;
+        st.next_file_id = next_id;
         st.inodes.insert(
             id,
             Inode {

@@ -546,7 +546,8 @@ pub(crate) fn salvage(
             "free-space map: {double} blocks listed as free belong to files; took them off the list"
         ));
     }
-    st.next_file_id = raw.root.header.next_file_id.max(max_id + 1);
+    // A record may claim the largest id (a forged image): then no new file gets one.
+    st.next_file_id = raw.root.header.next_file_id.max(max_id.saturating_add(1));
     st.meta_dirty = true;
     st
 }

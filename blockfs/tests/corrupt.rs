@@ -12,7 +12,7 @@ use blockfs::format::{
     self, ChunkDesc, RecordLimits, RootImage, SUPERBLOCK_SLOTS, Superblock, decode_chunk,
     decode_root, encode_chunk, encode_root,
 };
-use blockfs::{Error, FileSystem, FsckOptions, MemDevice, MkfsOptions, fsck};
+use blockfs::{CreateOptions, Error, FileSystem, FsckOptions, MemDevice, MkfsOptions, fsck};
 use common::*;
 use rand::RngCore;
 
@@ -482,4 +482,18 @@ fn leaked_blocks_are_refused_and_freed_by_repair() {
         "no leaked blocks after repair: {:?}",
         after.problems
     );
+}
+
+#[test]
+fn exhausted_file_ids_refuse_new_files_and_keep_the_old_ones() {
+    let f = fixture();
+    // A file table (checksums valid) whose next id is the last one, as the fuzzer's forged
+    // record with id u64::MAX made repair compute.
+    let img = forge(&f.image, |_, root| root.header.next_file_id = u64::MAX);
+    let fs = mount_image(&img).unwrap();
+    match fs.create("one/more", &CreateOptions::default()) {
+        Err(Error::OutOfFileIds(id)) => assert_eq!(id, u64::MAX),
+        other => panic!("expected OutOfFileIds, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(files_of(&fs), f.new);
 }
