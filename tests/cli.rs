@@ -274,6 +274,16 @@ fn fs_commands_end_to_end() {
     );
     assert!(error_line(&fs("put . dir-copy")).contains("not a regular file"));
     assert!(error_line(&fs("put src.bin models/b/w.bin")).contains("exists"));
+    for cmd in [
+        "put src.bin c --chunk 100",
+        "get models/b/w.bin out.bin --chunk 100",
+    ] {
+        assert!(error_line(&fs(cmd)).contains("--chunk must be at least 4k"));
+    }
+    assert!(
+        !d.join("out.bin").exists(),
+        "a refused get created its destination"
+    );
     let df: serde_json::Value = serde_json::from_str(&ok(&fs("df --json"))).unwrap();
     assert_eq!(df["files"], 1);
 

@@ -175,15 +175,12 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             force,
             chunk,
         } => {
-            if let Some(c) = chunk
-                && c < 4096
-            {
-                bail!("--chunk must be at least 4k, not {c}");
-            }
+            check_chunk(chunk)?;
             let fs = mount()?;
             put(&fs, &src, &name, force, chunk, json, &path)
         }
         FsCommand::Get { name, dst, chunk } => {
+            check_chunk(chunk)?;
             let fs = mount()?;
             get(&fs, &name, &dst, chunk, json, &path)
         }
@@ -300,6 +297,15 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
     }
 }
 
+/// `--chunk` of put and get, before anything is opened: whole-file calls when absent.
+fn check_chunk(chunk: Option<u64>) -> Result<()> {
+    match chunk {
+        Some(c) if c < 4096 => bail!("--chunk must be at least 4k, not {c}"),
+        _ => Ok(()),
+    }
+}
+
+/// The streaming `get`'s chunk, which sizes its in-memory buffers: at most 1 GiB.
 fn chunk_bytes(chunk: u64) -> Result<usize> {
     if !(4096..=1 << 30).contains(&chunk) {
         bail!("--chunk must be between 4k and 1g, not {chunk}");
