@@ -1,24 +1,79 @@
 //! The admin queue (queue 0) and the admin commands the driver issues (NVMe Base 2.0,
 //! section 5): Identify, Set/Get Features, Get Log Page, Create/Delete I/O queues.
 //!
-//! Admin commands run one at a time (the caller holds the admin queue's mutex), polled on the
-//! CPU, each bounded by the admin timeout.
+//! Admin commands run one at a time (the caller holds the admin queue's mutex, in
+//! [`AdminChannel`]), polled on the CPU, each bounded by the admin timeout. The channel also
+//! carries whether the controller was shut down, checked under that mutex, so that no admin
+//! command starts after shutdown began.
 
 #![forbid(unsafe_code)]
 
 use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
-use crate::queue_pair::QueuePair;
+use crate::queue_pair::{Doorbells, QueueMemory, QueuePair};
 use crate::timeout::Backoff;
 use nvme_spec::command::{
     CreateCqCdw11, CreateQueueCdw10, CreateSqCdw11, DeleteQueueCdw10, FeaturesCdw10,
     GetLogPageCdw10, GetLogPageCdw11, IdentifyCdw10,
 };
+use nvme_spec::wire::{cq_head_doorbell, sq_tail_doorbell};
 use nvme_spec::{AdminOpcode, Cns, Command, FeatureId};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use zerocopy::FromBytes;
+
+/// The admin queue as shared by the controller handle and every queue pair's lifecycle: a
+/// mutex (one admin command at a time) and the shut-down flag.
+#[derive(Debug)]
+pub(crate) struct AdminChannel {
+    queue: Mutex<AdminQueue>,
+    shut_down: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks leaves consistent state, so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl AdminChannel {
+    /// Wraps an admin queue the controller has been enabled with.
+    pub(crate) fn new(queue: AdminQueue) -> Self {
+        Self {
+            queue: Mutex::new(queue),
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `f` on the admin queue, unless the controller was shut down.
+    pub(crate) fn run<R>(
+        &self,
+        f: impl FnOnce(&mut AdminQueue) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut admin = lock(&self.queue);
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        f(&mut admin)
+    }
+
+    /// Whether the controller was shut down.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// Locks the admin queue and marks the controller shut down, so that no other admin command
+    /// starts; returns the locked queue for the last commands, or `None` if shutdown had already
+    /// begun.
+    pub(crate) fn begin_shutdown(&self) -> Option<MutexGuard<'_, AdminQueue>> {
+        let admin = lock(&self.queue);
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(admin)
+    }
+}
 
 /// The admin submission/completion queue pair.
 #[derive(Debug)]
@@ -37,7 +92,12 @@ impl AdminQueue {
         timeout: Duration,
     ) -> Result<Self, Error> {
         let scratch = Arc::new(device.alloc_dma(DMA_PAGE_SIZE)?);
-        let qp = QueuePair::new(device, 0, depth, dstrd, timeout, 1)?;
+        let mem = QueueMemory::alloc(&*device, depth, 1)?;
+        let doorbells = Doorbells {
+            sq_tail: sq_tail_doorbell(0, dstrd),
+            cq_head: cq_head_doorbell(0, dstrd),
+        };
+        let qp = QueuePair::new(device, 0, depth, mem, doorbells, timeout);
         Ok(Self {
             qp,
             scratch,
@@ -177,32 +237,41 @@ impl AdminQueue {
         self.execute(cmd, Some(buf)).map(drop)
     }
 
-    /// Create I/O Completion Queue: physically contiguous, interrupts disabled.
-    pub(crate) fn create_io_cq(&mut self, qid: u16, depth: u16, address: u64) -> Result<(), Error> {
+    /// Create I/O Completion Queue of `entries` (2..=65536) entries at `address`: physically
+    /// contiguous, interrupts disabled.
+    pub(crate) fn create_io_cq(
+        &mut self,
+        qid: u16,
+        entries: u32,
+        address: u64,
+    ) -> Result<(), Error> {
+        debug_assert!((2..=1 << 16).contains(&entries));
         let mut cmd = Command::new(AdminOpcode::CREATE_IO_CQ.0, 0, 0);
         cmd.prp1 = address;
         cmd.cdw10 = CreateQueueCdw10::new()
             .with_qid(qid)
-            .with_qsize_z(depth - 1)
+            .with_qsize_z((entries - 1) as u16)
             .into();
         cmd.cdw11 = CreateCqCdw11::new().with_pc(true).with_ien(false).into();
         self.execute(cmd, None).map(drop)
     }
 
-    /// Create I/O Submission Queue bound to completion queue `cqid`: physically contiguous,
-    /// priority ignored (round robin arbitration).
+    /// Create I/O Submission Queue of `entries` (2..=65536) entries at `address`, bound to
+    /// completion queue `cqid`: physically contiguous, priority ignored (round robin
+    /// arbitration).
     pub(crate) fn create_io_sq(
         &mut self,
         qid: u16,
-        depth: u16,
+        entries: u32,
         address: u64,
         cqid: u16,
     ) -> Result<(), Error> {
+        debug_assert!((2..=1 << 16).contains(&entries));
         let mut cmd = Command::new(AdminOpcode::CREATE_IO_SQ.0, 0, 0);
         cmd.prp1 = address;
         cmd.cdw10 = CreateQueueCdw10::new()
             .with_qid(qid)
-            .with_qsize_z(depth - 1)
+            .with_qsize_z((entries - 1) as u16)
             .into();
         cmd.cdw11 = CreateSqCdw11::new().with_pc(true).with_cqid(cqid).into();
         self.execute(cmd, None).map(drop)

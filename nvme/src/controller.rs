@@ -6,28 +6,32 @@
 //! CSTS.RDY = 1 within CAP.TO, then Identify Controller, the active namespace list, Identify
 //! Namespace for each, and Set Features (Number of Queues).
 //!
-//! Shutdown: delete the I/O queues still alive, set CC.SHN = 01b (normal) and wait for
-//! CSTS.SHST = 10b within RTD3E (or 10 s, or the configured timeout).
+//! Shutdown: delete the I/O queues still alive ([`crate::queue_lifecycle`]), set CC.SHN = 01b
+//! (normal) and wait for CSTS.SHST = 10b within RTD3E (or 10 s, or the configured timeout).
+//!
+//! I/O queue pairs are made on top of this handle: [`Controller::create_queue_pair_on`] forwards
+//! to [`crate::queue_lifecycle`], and [`crate::io`] adds `Controller::create_io_queue_pair`
+//! (this module does not depend on `io`).
 
 #![forbid(unsafe_code)]
 
-use crate::admin::AdminQueue;
+use crate::admin::{AdminChannel, AdminQueue};
 use crate::device::Device;
 use crate::dma::DmaSlice;
 use crate::error::Error;
-use crate::io::IoQueuePair;
 use crate::namespace::Namespace;
 use crate::prp::MAX_PRP_TRANSFER;
+use crate::queue_lifecycle::{CreatedQueuePair, QueueLifecycle, QueueLimits, QueueRegions};
 use crate::registers::Registers;
 use nvme_spec::command::{NumberOfQueues, SQE_SIZE_LOG2};
 use nvme_spec::completion::CQE_SIZE_LOG2;
 use nvme_spec::identify::trim_identify_string;
+use nvme_spec::wire::doorbell_stride;
 use nvme_spec::{
     ActiveNamespaceList, Aqa, Cap, Cc, Cns, Csts, FeatureId, IdentifyController, IdentifyNamespace,
     Oncs,
 };
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most namespaces the driver identifies at bring-up.
@@ -90,6 +94,9 @@ pub struct ControllerInfo {
     pub max_io_queue_pairs: u16,
     /// Maximum entries per queue (CAP.MQES + 1).
     pub mqes_entries: u32,
+    /// Doorbell stride exponent (CAP.DSTRD): doorbells are `4 << dstrd` bytes apart, queue
+    /// `qid`'s SQ tail at `0x1000 + 2 * qid * (4 << dstrd)` (see [`nvme_spec::wire`]).
+    pub dstrd: u8,
     /// Number of namespaces (Identify Controller NN).
     pub nn: u32,
     /// A volatile write cache is present (Flush matters).
@@ -106,163 +113,25 @@ pub struct ControllerInfo {
     pub ready_timeout: Duration,
 }
 
-/// State shared by the controller handle and its queue pairs.
-pub(crate) struct Shared {
-    pub(crate) device: Arc<dyn Device>,
-    pub(crate) opts: ControllerOptions,
-    pub(crate) info: ControllerInfo,
-    pub(crate) identify: Box<IdentifyController>,
-    pub(crate) namespaces: Arc<[Namespace]>,
-    pub(crate) dstrd: u8,
-    admin: Mutex<AdminQueue>,
-    queues: Mutex<QueueTable>,
-    shut_down: AtomicBool,
-}
-
-/// I/O queue identifiers in use, and the live queue pairs (for shutdown).
-struct QueueTable {
-    /// `in_use[qid - 1]`.
-    in_use: Vec<bool>,
-    live: Vec<Weak<QueueHandle>>,
-}
-
-/// Shared between an [`IoQueuePair`] and the controller: whether its queues were deleted.
-#[derive(Debug)]
-pub(crate) struct QueueHandle {
-    pub(crate) qid: u16,
-    pub(crate) deleted: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    /// Runs `f` on the admin queue, unless the controller was shut down.
-    pub(crate) fn admin<R>(
-        &self,
-        f: impl FnOnce(&mut AdminQueue) -> Result<R, Error>,
-    ) -> Result<R, Error> {
-        let mut admin = lock(&self.admin);
-        if self.shut_down.load(Ordering::Acquire) {
-            return Err(Error::ShutDown);
-        }
-        f(&mut admin)
-    }
-
-    /// Whether the controller was shut down.
-    pub(crate) fn is_shut_down(&self) -> bool {
-        self.shut_down.load(Ordering::Acquire)
-    }
-
-    fn alloc_qid(&self) -> Result<Arc<QueueHandle>, Error> {
-        let mut table = lock(&self.queues);
-        let granted = self.info.max_io_queue_pairs;
-        let index = table
-            .in_use
-            .iter()
-            .position(|used| !used)
-            .ok_or(Error::NoQueueAvailable { granted })?;
-        table.in_use[index] = true;
-        let qid = index as u16 + 1;
-        let handle = Arc::new(QueueHandle {
-            qid,
-            deleted: AtomicBool::new(false),
-        });
-        table.live.retain(|w| w.strong_count() > 0);
-        table.live.push(Arc::downgrade(&handle));
-        Ok(handle)
-    }
-
-    /// Makes `qid` available again (its queues no longer exist on the controller).
-    pub(crate) fn free_qid(&self, qid: u16) {
-        lock(&self.queues).in_use[qid as usize - 1] = false;
-    }
-
-    /// Deletes an I/O queue pair's SQ then CQ, unless shutdown already did; frees its qid when
-    /// both deletions succeed (a qid whose queues may still exist is never reused).
-    pub(crate) fn delete_queue_pair(&self, handle: &QueueHandle) -> Result<(), Error> {
-        let table = lock(&self.queues);
-        if handle.deleted.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let result = self.admin(|a| {
-            a.delete_io_sq(handle.qid)?;
-            a.delete_io_cq(handle.qid)
-        });
-        drop(table);
-        handle.deleted.store(true, Ordering::Release);
-        if result.is_ok() {
-            self.free_qid(handle.qid);
-        }
-        result
-    }
-
-    fn shutdown(&self) -> Result<(), Error> {
-        // Queue table first, then admin: the same order as `delete_queue_pair`.
-        let table = lock(&self.queues);
-        let mut admin = lock(&self.admin);
-        if self.shut_down.swap(true, Ordering::AcqRel) {
-            return Ok(());
-        }
-        let mut first_error = None;
-        if !admin.is_failed() {
-            for handle in table.live.iter().filter_map(Weak::upgrade) {
-                if handle.deleted.swap(true, Ordering::AcqRel) {
-                    continue;
-                }
-                let r = admin
-                    .delete_io_sq(handle.qid)
-                    .and_then(|()| admin.delete_io_cq(handle.qid));
-                if let Err(e) = r {
-                    tracing::warn!(qid = handle.qid, error = %e, "deleting I/O queue pair at shutdown");
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        drop(admin);
-        drop(table);
-        let regs = Registers::new(self.device.registers());
-        let cc = regs.cc()?;
-        if !cc.en() {
-            return first_error.map_or(Ok(()), Err);
-        }
-        regs.set_cc(cc.with_shn(Cc::SHN_NORMAL));
-        let timeout = self
-            .opts
-            .shutdown_timeout
-            .unwrap_or(if self.info.rtd3e_us != 0 {
-                Duration::from_micros(self.info.rtd3e_us as u64).max(Duration::from_secs(1))
-            } else {
-                DEFAULT_SHUTDOWN_TIMEOUT
-            });
-        let (csts, done) =
-            regs.wait_csts(timeout, |c| c.shst() == Csts::SHST_COMPLETE || c.cfs())?;
-        if csts.cfs() {
-            return Err(Error::ControllerFatal { csts: csts.into() });
-        }
-        if !done {
-            return Err(Error::ShutdownTimeout {
-                waited: timeout,
-                csts: csts.into(),
-            });
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
 /// An initialized NVMe controller: admin queue, identify data, namespaces. `Send + Sync`; I/O
-/// goes through [`IoQueuePair`]s created from it.
+/// goes through [`crate::IoQueuePair`]s created from it, or through rings someone else drives,
+/// created with [`Controller::create_queue_pair_on`].
 pub struct Controller {
-    shared: Arc<Shared>,
+    device: Arc<dyn Device>,
+    opts: ControllerOptions,
+    info: ControllerInfo,
+    identify: Box<IdentifyController>,
+    namespaces: Arc<[Namespace]>,
+    admin: Arc<AdminChannel>,
+    queues: Arc<QueueLifecycle>,
     done: bool,
 }
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
-            .field("device", &self.shared.device.describe())
-            .field("info", &self.shared.info)
+            .field("device", &self.device.describe())
+            .field("info", &self.info)
             .finish()
     }
 }
@@ -367,6 +236,7 @@ impl Controller {
             max_transfer_bytes,
             max_io_queue_pairs,
             mqes_entries: cap.max_queue_entries(),
+            dstrd: cap.dstrd(),
             nn: identify.nn,
             vwc: identify.has_volatile_write_cache(),
             write_zeroes: oncs.contains(Oncs::WRITE_ZEROES),
@@ -376,45 +246,51 @@ impl Controller {
             ready_timeout,
         };
         tracing::debug!(?info, namespaces = namespaces.len(), "controller ready");
-        let shared = Arc::new(Shared {
+        let admin = Arc::new(AdminChannel::new(admin));
+        let queues = Arc::new(QueueLifecycle::new(
+            admin.clone(),
+            QueueLimits {
+                granted: max_io_queue_pairs,
+                max_entries: cap.max_queue_entries(),
+                cqr: cap.cqr(),
+                dstrd: cap.dstrd(),
+            },
+        ));
+        Ok(Self {
             device,
             opts,
             info,
             identify,
             namespaces: namespaces.into(),
-            dstrd: cap.dstrd(),
-            admin: Mutex::new(admin),
-            queues: Mutex::new(QueueTable {
-                in_use: vec![false; max_io_queue_pairs as usize],
-                live: Vec::new(),
-            }),
-            shut_down: AtomicBool::new(false),
-        });
-        Ok(Self {
-            shared,
+            admin,
+            queues,
             done: false,
         })
     }
 
     /// What bring-up learned.
     pub fn info(&self) -> &ControllerInfo {
-        &self.shared.info
+        &self.info
     }
 
     /// The Identify Controller data.
     pub fn identify_controller(&self) -> &IdentifyController {
-        &self.shared.identify
+        &self.identify
     }
 
     /// The active namespaces the driver can use, in NSID order.
     pub fn namespaces(&self) -> &[Namespace] {
-        &self.shared.namespaces
+        &self.namespaces
+    }
+
+    /// The namespaces, shared (for queue pairs that validate commands against them).
+    pub(crate) fn namespaces_shared(&self) -> Arc<[Namespace]> {
+        self.namespaces.clone()
     }
 
     /// The namespace `nsid`.
     pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
-        self.shared
-            .namespaces
+        self.namespaces
             .iter()
             .find(|n| n.nsid == nsid)
             .ok_or(Error::NoSuchNamespace { nsid })
@@ -422,28 +298,58 @@ impl Controller {
 
     /// The options the controller was brought up with.
     pub fn options(&self) -> &ControllerOptions {
-        &self.shared.opts
+        &self.opts
     }
 
     /// The transport.
     pub fn device(&self) -> &Arc<dyn Device> {
-        &self.shared.device
+        &self.device
+    }
+
+    /// Distance in bytes between doorbell registers in BAR0 (`4 << CAP.DSTRD`), for transports
+    /// that ring doorbells themselves.
+    pub fn doorbell_stride(&self) -> usize {
+        doorbell_stride(self.info.dstrd)
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.admin.is_shut_down()
     }
 
     /// Reads CSTS now (all ones → [`Error::DeviceGone`]).
     pub fn csts(&self) -> Result<Csts, Error> {
-        Registers::new(self.shared.device.registers()).csts()
+        Registers::new(self.device.registers()).csts()
     }
 
-    /// Creates an I/O completion queue and submission queue pair with `depth` entries each
-    /// (clamped to 2..=CAP.MQES + 1); it can hold `depth - 1` commands in flight.
-    pub fn create_io_queue_pair(&self, depth: u16) -> Result<IoQueuePair, Error> {
-        if self.shared.is_shut_down() {
-            return Err(Error::ShutDown);
-        }
-        let depth = depth.clamp(2, self.shared.info.mqes_entries.min(u16::MAX as u32) as u16);
-        let handle = self.shared.alloc_qid()?;
-        IoQueuePair::create(self.shared.clone(), handle, depth)
+    /// Creates an I/O queue pair on rings the caller supplies and will drive itself: allocates a
+    /// queue id, then Create I/O Completion Queue and Create I/O Submission Queue (PC = 1,
+    /// interrupts off, the SQ posting to the CQ of the same id).
+    ///
+    /// Checked before anything reaches the controller, each with a typed error: entries in
+    /// 2..=CAP.MQES + 1 ([`Error::InvalidQueueEntries`]), each region at least
+    /// `entries * entry size` bytes ([`Error::QueueRegionTooSmall`]) and contiguous in device
+    /// address space over them ([`Error::Unsupported`]), a queue id free
+    /// ([`Error::NoQueueAvailable`]). If the SQ cannot be created the CQ is deleted again.
+    ///
+    /// The returned pair holds the regions, names the doorbells, and deletes both queues when
+    /// dropped; [`Controller::shutdown`] deletes it too and marks it deleted.
+    pub fn create_queue_pair_on(&self, regions: QueueRegions) -> Result<CreatedQueuePair, Error> {
+        self.queues.create(regions, |_| Ok(()))
+    }
+
+    /// Like [`Controller::create_queue_pair_on`], and runs `prepare(qid)` once the queue id is
+    /// chosen, before the queues are created: for transports that must set something up per
+    /// queue id first (a doorbell mapping, say). If `prepare` fails, its error is returned and
+    /// the queue id freed; nothing reached the controller. `prepare` runs under no lock of the
+    /// controller, so it may use the controller, but a shutdown meanwhile makes the creation
+    /// fail with [`Error::ShutDown`].
+    pub fn create_queue_pair_on_with(
+        &self,
+        regions: QueueRegions,
+        prepare: impl FnOnce(u16) -> Result<(), Error>,
+    ) -> Result<CreatedQueuePair, Error> {
+        self.queues.create(regions, prepare)
     }
 
     /// Reads log page `lid` for namespace `nsid` (0xFFFF_FFFF: controller-wide; 0 when the
@@ -461,44 +367,77 @@ impl Controller {
         offset: u64,
         buf: &DmaSlice,
     ) -> Result<(), Error> {
-        if buf.len > self.shared.info.max_transfer_bytes {
+        if buf.len > self.info.max_transfer_bytes {
             return Err(Error::TransferTooLarge {
                 len: buf.len,
-                max: self.shared.info.max_transfer_bytes,
+                max: self.info.max_transfer_bytes,
             });
         }
-        self.shared
-            .admin(|a| a.get_log_page(lid, nsid, offset, buf))
+        self.admin.run(|a| a.get_log_page(lid, nsid, offset, buf))
     }
 
     /// Get Features (current value) for `fid` with the given CDW11; returns Dword 0 of the
     /// completion.
     pub fn get_features(&self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
-        self.shared.admin(|a| a.get_features(fid, cdw11))
+        self.admin.run(|a| a.get_features(fid, cdw11))
     }
 
     /// Set Features for `fid` with the given CDW11; returns Dword 0 of the completion.
     pub fn set_features(&self, fid: FeatureId, cdw11: u32) -> Result<u32, Error> {
-        self.shared.admin(|a| a.set_features(fid, cdw11))
+        self.admin.run(|a| a.set_features(fid, cdw11))
     }
 
     /// Identify Namespace `nsid` again (e.g. to see current utilization).
     pub fn identify_namespace(&self, nsid: u32) -> Result<Box<IdentifyNamespace>, Error> {
-        self.shared.admin(|a| a.identify(Cns::NAMESPACE, nsid))
+        self.admin.run(|a| a.identify(Cns::NAMESPACE, nsid))
     }
 
-    /// Orderly shutdown: deletes the I/O queues still alive (queue pairs held elsewhere then
-    /// fail their commands), sets CC.SHN to normal and waits for CSTS.SHST = complete.
+    /// Orderly shutdown: deletes the I/O queues still alive, CPU [`crate::IoQueuePair`]s and
+    /// caller-supplied [`CreatedQueuePair`]s alike, and marks each one deleted (held elsewhere,
+    /// they then refuse work; [`CreatedQueuePair::delete`] returns `Ok`); sets CC.SHN to normal
+    /// and waits for CSTS.SHST = complete. The first error is returned after the handshake.
     pub fn shutdown(mut self) -> Result<(), Error> {
         self.done = true;
-        self.shared.shutdown()
+        self.shut_down()
+    }
+
+    fn shut_down(&self) -> Result<(), Error> {
+        let Some(queues) = self.queues.shutdown() else {
+            return Ok(());
+        };
+        let regs = Registers::new(self.device.registers());
+        let cc = regs.cc()?;
+        if !cc.en() {
+            return queues;
+        }
+        regs.set_cc(cc.with_shn(Cc::SHN_NORMAL));
+        let timeout = self
+            .opts
+            .shutdown_timeout
+            .unwrap_or(if self.info.rtd3e_us != 0 {
+                Duration::from_micros(self.info.rtd3e_us as u64).max(Duration::from_secs(1))
+            } else {
+                DEFAULT_SHUTDOWN_TIMEOUT
+            });
+        let (csts, done) =
+            regs.wait_csts(timeout, |c| c.shst() == Csts::SHST_COMPLETE || c.cfs())?;
+        if csts.cfs() {
+            return Err(Error::ControllerFatal { csts: csts.into() });
+        }
+        if !done {
+            return Err(Error::ShutdownTimeout {
+                waited: timeout,
+                csts: csts.into(),
+            });
+        }
+        queues
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
         if !self.done {
-            if let Err(e) = self.shared.shutdown() {
+            if let Err(e) = self.shut_down() {
                 tracing::warn!(error = %e, "controller shutdown on drop failed");
             }
         }

@@ -1,4 +1,6 @@
-//! DMA memory: host memory the controller reads and writes, with a device address per page.
+//! DMA memory: memory the controller reads and writes, as device addresses per page
+//! ([`DmaRegion`]) and, where the host can reach it too, a host mapping over them
+//! ([`DmaMemory`]).
 //!
 //! Memory shared with a device is never reached through Rust references, because the device can
 //! change it underneath them. Every access here goes through raw pointers: volatile loads and
@@ -25,20 +27,130 @@ pub trait DmaOwner: Send + Sync {}
 
 impl<T: Send + Sync> DmaOwner for T {}
 
-/// A buffer of DMA memory: a host mapping plus the device address of each 4 KiB page.
+/// Device memory addresses with no host mapping: what a queue or a transfer needs from the
+/// driver's point of view, wherever the bytes live (host memory, GPU memory, a BAR, memory
+/// another process owns).
 ///
-/// Dropping it revokes the device's access before freeing the memory, so a command that timed
-/// out and completes late can never write into memory that was reused.
-pub struct DmaMemory {
-    ptr: NonNull<u8>,
+/// Holds the device address of each 4 KiB page and an owner that keeps the memory alive and
+/// reachable by the device; dropping the region drops the owner, which revokes the device's
+/// access before the memory is freed (see [`DmaOwner`]). Holding the region, for instance in an
+/// `Arc` next to a queue created on it, therefore keeps the memory valid for the device for as
+/// long as that queue may use it.
+///
+/// Constructing one is safe: the driver never dereferences these addresses on the host. What the
+/// device may do with them is the transport's business: the addresses must be ones the device
+/// can reach and that hold nothing it must not touch, for as long as the owner lives.
+pub struct DmaRegion {
     len: usize,
     /// Device address of each 4 KiB page; `page_addrs[i]` is page-aligned.
     page_addrs: Vec<u64>,
     _owner: Box<dyn DmaOwner>,
 }
 
+impl fmt::Debug for DmaRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaRegion")
+            .field("len", &self.len)
+            .field("first_device_address", &self.page_addrs.first())
+            .field("contiguous", &self.is_device_contiguous())
+            .finish()
+    }
+}
+
+impl DmaRegion {
+    /// A region of `len` bytes whose 4 KiB page `i` the device reaches at `page_addrs[i]`, kept
+    /// alive and mapped by `owner`.
+    ///
+    /// # Panics
+    /// If `len` is not a whole number of [`DMA_PAGE_SIZE`] pages, `page_addrs` does not hold
+    /// exactly one address per page, or an address is not page-aligned (caller bugs).
+    pub fn new(len: usize, page_addrs: Vec<u64>, owner: Box<dyn DmaOwner>) -> Self {
+        assert_eq!(len % DMA_PAGE_SIZE, 0, "DMA length must be whole pages");
+        assert_eq!(
+            page_addrs.len(),
+            len / DMA_PAGE_SIZE,
+            "one device address per page"
+        );
+        assert!(
+            page_addrs.iter().all(|a| a % DMA_PAGE_SIZE as u64 == 0),
+            "device addresses must be page-aligned"
+        );
+        Self {
+            len,
+            page_addrs,
+            _owner: owner,
+        }
+    }
+
+    /// A region of `len` bytes the device reaches at `base..base + len` (one IOVA range, a BAR
+    /// window, a physically contiguous allocation).
+    ///
+    /// # Panics
+    /// If `base` or `len` is not a multiple of [`DMA_PAGE_SIZE`], or the range wraps around
+    /// the 64-bit address space.
+    pub fn contiguous(base: u64, len: usize, owner: Box<dyn DmaOwner>) -> Self {
+        assert!(
+            base.checked_add(len as u64).is_some(),
+            "device range {base:#x}+{len:#x} wraps around"
+        );
+        let page_addrs = (0..len / DMA_PAGE_SIZE)
+            .map(|i| base + (i * DMA_PAGE_SIZE) as u64)
+            .collect();
+        Self::new(len, page_addrs, owner)
+    }
+
+    /// Length in bytes (whole pages).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Device address of the byte at `offset`.
+    ///
+    /// # Panics
+    /// If `offset >= len` (a caller bug, not device input).
+    pub fn device_address(&self, offset: usize) -> u64 {
+        assert!(
+            offset < self.len,
+            "offset {offset} outside DMA region of {}",
+            self.len
+        );
+        self.page_addrs[offset / DMA_PAGE_SIZE] + (offset % DMA_PAGE_SIZE) as u64
+    }
+
+    /// Device addresses of every page, in order.
+    pub fn page_addresses(&self) -> &[u64] {
+        &self.page_addrs
+    }
+
+    /// Whether the device addresses of all pages are contiguous (true for IOVA mappings and the
+    /// software controller; usually false for no-IOMMU physical addresses).
+    pub fn is_device_contiguous(&self) -> bool {
+        self.page_addrs
+            .windows(2)
+            .all(|w| w[1] == w[0] + DMA_PAGE_SIZE as u64)
+    }
+}
+
+/// A buffer of DMA memory: a host mapping plus a [`DmaRegion`] (the device address of each
+/// 4 KiB page, and the owner that keeps both alive).
+///
+/// Dropping it revokes the device's access before freeing the memory, so a command that timed
+/// out and completes late can never write into memory that was reused. The region is shared
+/// ([`DmaMemory::region`]): whoever holds a clone of it keeps the memory alive and mapped for
+/// the device after this host handle is gone.
+pub struct DmaMemory {
+    ptr: NonNull<u8>,
+    region: Arc<DmaRegion>,
+}
+
 // SAFETY: DmaMemory hands out no references into the buffer; all access is through raw-pointer
-// copies and atomics, which are safe to make from any thread. The owner is Send + Sync.
+// copies and atomics, which are safe to make from any thread. The region (and its owner) is
+// Send + Sync.
 unsafe impl Send for DmaMemory {}
 // SAFETY: as above; concurrent accesses from several threads are no different from concurrent
 // accesses by the device, which this type already tolerates.
@@ -48,8 +160,8 @@ impl fmt::Debug for DmaMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DmaMemory")
             .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("first_device_address", &self.page_addrs.first())
+            .field("len", &self.region.len)
+            .field("first_device_address", &self.region.page_addrs.first())
             .finish()
     }
 }
@@ -71,12 +183,6 @@ impl DmaMemory {
         page_addrs: Vec<u64>,
         owner: Box<dyn DmaOwner>,
     ) -> Self {
-        assert_eq!(len % DMA_PAGE_SIZE, 0, "DMA length must be whole pages");
-        assert_eq!(
-            page_addrs.len(),
-            len / DMA_PAGE_SIZE,
-            "one device address per page"
-        );
         assert_eq!(
             ptr.as_ptr() as usize % DMA_PAGE_SIZE,
             0,
@@ -84,20 +190,26 @@ impl DmaMemory {
         );
         Self {
             ptr,
-            len,
-            page_addrs,
-            _owner: owner,
+            region: Arc::new(DmaRegion::new(len, page_addrs, owner)),
         }
+    }
+
+    /// The device side of this buffer: its addresses and the owner keeping it alive. Clone the
+    /// `Arc` to hand the memory to something that needs only device addresses (a queue created
+    /// with [`crate::Controller::create_queue_pair_on`], say); the memory then stays valid and
+    /// mapped until both this buffer and every clone are dropped.
+    pub fn region(&self) -> &Arc<DmaRegion> {
+        &self.region
     }
 
     /// Length in bytes (whole pages).
     pub fn len(&self) -> usize {
-        self.len
+        self.region.len
     }
 
     /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.region.is_empty()
     }
 
     /// Device address of the byte at `offset`.
@@ -105,32 +217,25 @@ impl DmaMemory {
     /// # Panics
     /// If `offset >= len` (a caller bug, not device input).
     pub fn device_address(&self, offset: usize) -> u64 {
-        assert!(
-            offset < self.len,
-            "offset {offset} outside DMA buffer of {}",
-            self.len
-        );
-        self.page_addrs[offset / DMA_PAGE_SIZE] + (offset % DMA_PAGE_SIZE) as u64
+        self.region.device_address(offset)
     }
 
     /// Device addresses of every page, in order.
     pub fn page_addresses(&self) -> &[u64] {
-        &self.page_addrs
+        self.region.page_addresses()
     }
 
     /// Whether the device addresses of all pages are contiguous (true for IOVA mappings and the
     /// software controller; usually false for no-IOMMU physical addresses).
     pub fn is_device_contiguous(&self) -> bool {
-        self.page_addrs
-            .windows(2)
-            .all(|w| w[1] == w[0] + DMA_PAGE_SIZE as u64)
+        self.region.is_device_contiguous()
     }
 
     fn check(&self, offset: usize, len: usize) {
         assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            offset.checked_add(len).is_some_and(|end| end <= self.len()),
             "access {offset}+{len} outside DMA buffer of {}",
-            self.len
+            self.len()
         );
     }
 
@@ -333,5 +438,105 @@ impl DmaSlice {
     pub fn write(&self, data: &[u8]) {
         assert_eq!(data.len(), self.len, "DmaSlice::write length mismatch");
         self.mem.write(self.offset, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// Records when it is dropped.
+    struct Owner(Arc<AtomicBool>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn region_addresses() {
+        let r = DmaRegion::new(
+            3 * DMA_PAGE_SIZE,
+            vec![0x10_0000, 0x20_0000, 0x20_1000],
+            Box::new(()),
+        );
+        assert_eq!(r.len(), 3 * DMA_PAGE_SIZE);
+        assert!(!r.is_empty());
+        assert_eq!(r.device_address(5), 0x10_0005);
+        assert_eq!(r.device_address(2 * DMA_PAGE_SIZE + 8), 0x20_1008);
+        assert_eq!(r.page_addresses(), &[0x10_0000, 0x20_0000, 0x20_1000]);
+        assert!(!r.is_device_contiguous());
+        let c = DmaRegion::contiguous(0x8000_0000, 4 * DMA_PAGE_SIZE, Box::new(()));
+        assert!(c.is_device_contiguous());
+        assert_eq!(c.device_address(3 * DMA_PAGE_SIZE + 1), 0x8000_3001);
+        assert!(DmaRegion::contiguous(0x1000, 0, Box::new(())).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "page-aligned")]
+    fn region_refuses_unaligned_addresses() {
+        DmaRegion::new(DMA_PAGE_SIZE, vec![0x1008], Box::new(()));
+    }
+
+    #[test]
+    #[should_panic(expected = "one device address per page")]
+    fn region_refuses_missing_addresses() {
+        DmaRegion::new(2 * DMA_PAGE_SIZE, vec![0x1000], Box::new(()));
+    }
+
+    #[test]
+    #[should_panic(expected = "whole pages")]
+    fn region_refuses_partial_pages() {
+        DmaRegion::contiguous(0x1000, 100, Box::new(()));
+    }
+
+    #[test]
+    fn region_outlives_the_host_handle() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let layout = std::alloc::Layout::from_size_align(DMA_PAGE_SIZE, DMA_PAGE_SIZE).unwrap();
+        /// Frees the test allocation after recording the drop.
+        struct Alloc {
+            ptr: *mut u8,
+            layout: std::alloc::Layout,
+            _flag: Owner,
+        }
+        // SAFETY: the pointer is only freed, once, in `drop`.
+        unsafe impl Send for Alloc {}
+        // SAFETY: as above; `&Alloc` gives no access to the memory.
+        unsafe impl Sync for Alloc {}
+        impl Drop for Alloc {
+            fn drop(&mut self) {
+                // SAFETY: allocated below with this layout, freed only here.
+                unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+            }
+        }
+        // SAFETY: the layout has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let owner = Alloc {
+            ptr,
+            layout,
+            _flag: Owner(dropped.clone()),
+        };
+        // SAFETY: `ptr` is page-aligned and valid for one page until `owner` is dropped; the
+        // "device address" is never used to reach it.
+        let mem = unsafe {
+            DmaMemory::from_raw_parts(
+                NonNull::new(ptr).unwrap(),
+                DMA_PAGE_SIZE,
+                vec![0x4000],
+                Box::new(owner),
+            )
+        };
+        mem.store_u32(8, 7, Ordering::Relaxed);
+        let region = Arc::clone(mem.region());
+        assert_eq!(region.device_address(8), 0x4008);
+        drop(mem);
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "owner dropped under a live region"
+        );
+        drop(region);
+        assert!(dropped.load(Ordering::SeqCst));
     }
 }

@@ -175,6 +175,28 @@ pub enum Error {
         /// The last CSTS value.
         csts: u32,
     },
+    /// A queue size the controller cannot take: every queue has 2..=CAP.MQES + 1 entries.
+    #[error("{queue} of {entries} entries: the controller takes 2..={max} entries (CAP.MQES + 1)")]
+    InvalidQueueEntries {
+        /// "submission queue" or "completion queue".
+        queue: &'static str,
+        /// Entries asked for.
+        entries: u32,
+        /// CAP.MQES + 1.
+        max: u32,
+    },
+    /// The memory given for a queue is smaller than its entries.
+    #[error("{queue} of {entries} entries needs {needed} bytes, but its memory has {len}")]
+    QueueRegionTooSmall {
+        /// "submission queue" or "completion queue".
+        queue: &'static str,
+        /// Entries asked for.
+        entries: u32,
+        /// Bytes the entries take.
+        needed: usize,
+        /// Bytes in the region given.
+        len: usize,
+    },
     /// All I/O queue pairs the controller granted are in use.
     #[error("all {granted} I/O queue pairs granted by the controller are in use")]
     NoQueueAvailable {

@@ -6,19 +6,25 @@
 //! The hot path takes no lock, makes no system call and allocates nothing beyond cloning the
 //! buffer's `Arc`: validation, PRP construction into the command's own list page, a 64-byte
 //! copy, a Release fence and one doorbell write.
+//!
+//! An [`IoQueuePair`] is a CPU driver on top of a [`CreatedQueuePair`]: it allocates the rings
+//! in host DMA memory, has [`crate::queue_lifecycle`] create the queues on their regions, and
+//! drives them with the `queue_pair` engine. `Controller::create_io_queue_pair` is defined
+//! here, so that the controller module does not depend on this one.
 
 #![forbid(unsafe_code)]
 
-use crate::controller::{QueueHandle, Shared};
+use crate::controller::Controller;
+use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
 use crate::namespace::Namespace;
-use crate::queue_pair::QueuePair;
+use crate::queue_lifecycle::{CreatedQueuePair, QueueRegions};
+use crate::queue_pair::{Doorbells, QueueMemory, QueuePair};
 use crate::timeout::Backoff;
 use nvme_spec::command::{DSM_MAX_RANGES, DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
 use nvme_spec::{Command, DsmRange, NvmOpcode};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use zerocopy::IntoBytes;
 
 /// Most blocks one Read, Write or Write Zeroes command addresses (NLB is 16 bits, zero-based).
@@ -82,9 +88,14 @@ pub struct IoCompletion {
 /// An I/O submission queue and its completion queue. `Send`; used by one thread at a time.
 /// Dropping it deletes both queues on the controller.
 pub struct IoQueuePair {
+    // Field order matters: `pair` is dropped first, deleting the queues on the controller
+    // before `qp` releases the PRP list pages and the buffers of commands still in flight.
+    pair: CreatedQueuePair,
     qp: QueuePair,
-    shared: Arc<Shared>,
-    handle: Arc<QueueHandle>,
+    namespaces: Arc<[Namespace]>,
+    device: Arc<dyn Device>,
+    write_zeroes: bool,
+    dsm: bool,
     max_transfer: usize,
     stash: Vec<IoCompletion>,
     bounce: Option<Arc<DmaMemory>>,
@@ -96,59 +107,60 @@ impl std::fmt::Debug for IoQueuePair {
     }
 }
 
+impl Controller {
+    /// Creates an I/O completion queue and submission queue pair with `depth` entries each
+    /// (clamped to 2..=CAP.MQES + 1), in host DMA memory, driven by the CPU; it can hold
+    /// `depth - 1` commands in flight. Same as [`IoQueuePair::new`].
+    pub fn create_io_queue_pair(&self, depth: u16) -> Result<IoQueuePair, Error> {
+        IoQueuePair::new(self, depth)
+    }
+}
+
 impl IoQueuePair {
-    /// Allocates the queues and creates them on the controller (CQ first, then SQ).
-    pub(crate) fn create(
-        shared: Arc<Shared>,
-        handle: Arc<QueueHandle>,
-        depth: u16,
-    ) -> Result<Self, Error> {
-        let qid = handle.qid;
-        let fail = |qid_free: bool, e: Error| {
-            handle.deleted.store(true, Ordering::Release);
-            if qid_free {
-                shared.free_qid(qid);
-            }
-            Err(e)
+    /// Allocates rings of `depth` entries (clamped to 2..=CAP.MQES + 1) and a PRP list page per
+    /// command slot from the controller's transport, and creates the queues on them (CQ first,
+    /// then SQ).
+    pub fn new(ctrl: &Controller, depth: u16) -> Result<Self, Error> {
+        if ctrl.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let info = ctrl.info();
+        let depth = depth.clamp(2, info.mqes_entries.min(u16::MAX as u32) as u16);
+        let device = ctrl.device().clone();
+        let mem = QueueMemory::alloc(&*device, depth, depth as usize - 1)?;
+        if !mem.sq.is_device_contiguous() || !mem.cq.is_device_contiguous() {
+            return Err(Error::Unsupported(format!(
+                "physically discontiguous queue memory for depth {depth}; use a depth of at \
+                 most 64 or a transport with an IOMMU"
+            )));
+        }
+        let regions = QueueRegions {
+            sq: Arc::clone(mem.sq.region()),
+            sq_entries: depth as u32,
+            cq: Arc::clone(mem.cq.region()),
+            cq_entries: depth as u32,
         };
-        let qp = match QueuePair::new(
-            shared.device.clone(),
-            qid,
+        let pair = ctrl.create_queue_pair_on(regions)?;
+        let doorbells = Doorbells {
+            sq_tail: pair.sq_tail_doorbell(),
+            cq_head: pair.cq_head_doorbell(),
+        };
+        let qp = QueuePair::new(
+            device.clone(),
+            pair.qid(),
             depth,
-            shared.dstrd,
-            shared.opts.io_timeout,
-            depth as usize - 1,
-        ) {
-            Ok(qp) => qp,
-            Err(e) => return fail(true, e),
-        };
-        if !qp.sq_memory().is_device_contiguous() || !qp.cq_memory().is_device_contiguous() {
-            return fail(
-                true,
-                Error::Unsupported(format!(
-                    "physically discontiguous queue memory for depth {depth}; use a depth of at \
-                     most 64 or a transport with an IOMMU"
-                )),
-            );
-        }
-        let cq = qp.cq_memory().device_address(0);
-        let sq = qp.sq_memory().device_address(0);
-        if let Err(e) = shared.admin(|a| a.create_io_cq(qid, depth, cq)) {
-            // The CQ exists only if the command was lost after the controller acted on it.
-            let refused = matches!(e, Error::Nvme { .. });
-            return fail(refused, e);
-        }
-        if let Err(e) = shared.admin(|a| a.create_io_sq(qid, depth, sq, qid)) {
-            let refused = matches!(e, Error::Nvme { .. });
-            let cq_deleted = shared.admin(|a| a.delete_io_cq(qid)).is_ok();
-            return fail(refused && cq_deleted, e);
-        }
-        let max_transfer = shared.info.max_transfer_bytes;
+            mem,
+            doorbells,
+            ctrl.options().io_timeout,
+        );
         Ok(Self {
+            pair,
             qp,
-            shared,
-            handle,
-            max_transfer,
+            namespaces: ctrl.namespaces_shared(),
+            device,
+            write_zeroes: info.write_zeroes,
+            dsm: info.dsm,
+            max_transfer: info.max_transfer_bytes,
             stash: Vec::new(),
             bounce: None,
         })
@@ -186,8 +198,7 @@ impl IoQueuePair {
     }
 
     fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
-        self.shared
-            .namespaces
+        self.namespaces
             .iter()
             .find(|n| n.nsid == nsid)
             .ok_or(Error::NoSuchNamespace { nsid })
@@ -262,7 +273,7 @@ impl IoQueuePair {
     }
 
     fn submit_inner(&mut self, cmd: IoCommand, tag: u64, internal: bool) -> Result<(), Error> {
-        if self.handle.deleted.load(Ordering::Relaxed) {
+        if self.pair.is_deleted() {
             return Err(Error::ShutDown);
         }
         match cmd {
@@ -285,7 +296,7 @@ impl IoQueuePair {
                 Ok(())
             }
             IoCommand::WriteZeroes { nsid, lba, blocks } => {
-                if !self.shared.info.write_zeroes {
+                if !self.write_zeroes {
                     return Err(Error::Unsupported("Write Zeroes (ONCS bit 3 clear)".into()));
                 }
                 let ns = self.namespace(nsid)?;
@@ -310,7 +321,7 @@ impl IoQueuePair {
                 Ok(())
             }
             IoCommand::Deallocate { nsid, ranges } => {
-                if !self.shared.info.dsm {
+                if !self.dsm {
                     return Err(Error::Unsupported(
                         "Dataset Management (ONCS bit 2 clear)".into(),
                     ));
@@ -553,7 +564,7 @@ impl IoQueuePair {
         match &self.bounce {
             Some(b) if b.len() >= want => Ok(b.clone()),
             _ => {
-                let b = Arc::new(self.shared.device.alloc_dma(want)?);
+                let b = Arc::new(self.device.alloc_dma(want)?);
                 self.bounce = Some(b.clone());
                 Ok(b)
             }
@@ -636,16 +647,5 @@ impl IoQueuePair {
             })
             .collect::<Vec<_>>();
         self.run(cmds.into_iter())
-    }
-}
-
-impl Drop for IoQueuePair {
-    fn drop(&mut self) {
-        if self.handle.deleted.load(Ordering::Acquire) || self.shared.is_shut_down() {
-            return;
-        }
-        if let Err(e) = self.shared.delete_queue_pair(&self.handle) {
-            tracing::warn!(qid = self.handle.qid, error = %e, "deleting I/O queue pair");
-        }
     }
 }

@@ -9,15 +9,23 @@
 //!
 //! # Architecture
 //! - [`device`], [`dma`]: the seam (register window, DMA memory with per-page device
-//!   addresses, [`DmaSlice`]).
+//!   addresses: [`DmaRegion`] for addresses only, [`DmaMemory`] with a host mapping over one,
+//!   [`DmaSlice`]).
 //! - [`registers`]: typed CAP/CC/CSTS/AQA access and bounded CSTS waits.
 //! - [`controller`]: bring-up (disable, admin queue, enable, identify, Number of Queues),
-//!   namespaces, queue pair creation, orderly shutdown. [`Controller`] is `Send + Sync`.
+//!   namespaces, orderly shutdown. [`Controller`] is `Send + Sync`.
 //! - `admin`: the admin queue; one command at a time under a mutex, polled, each bounded by
 //!   [`ControllerOptions::admin_timeout`].
+//! - [`queue_lifecycle`]: an I/O queue pair's life on the controller, whoever drives its rings:
+//!   queue ids, Create/Delete I/O CQ and SQ on caller-supplied [`DmaRegion`]s
+//!   ([`Controller::create_queue_pair_on`] → [`CreatedQueuePair`]), deletion at drop or shutdown.
 //! - [`queue`]: ring arithmetic; `queue_pair`: the CID table, submit and reap engine;
-//!   [`io`]: [`IoQueuePair`], lock-free (`&mut self`) I/O with typed validation, splitting at
-//!   the maximum transfer size and deadlines on every command.
+//!   [`io`]: [`IoQueuePair`] (a [`CreatedQueuePair`] on host memory, driven by the CPU),
+//!   lock-free (`&mut self`) I/O with typed validation, splitting at the maximum transfer size
+//!   and deadlines on every command.
+//!
+//! Module dependencies point one way: `io` → `controller` → `queue_lifecycle` → `admin` →
+//! `queue_pair` → `queue`/`prp`/`registers` → `device`/`dma`/`error`.
 //! - [`prp`]: PRP1/PRP2/PRP list construction (one list page per command slot).
 //! - [`error`]: [`Error`], one variant per failure, with the command named.
 //!
@@ -26,7 +34,8 @@
 //! error, never a panic.
 //!
 //! # Key constants
-//! - Memory page size 4 KiB (CC.MPS = 0); SQE 64 B, CQE 16 B.
+//! - Memory page size 4 KiB (CC.MPS = 0); SQE 64 B, CQE 16 B (field offsets in
+//!   [`nvme_spec::wire`]).
 //! - Per-command transfer: MDTS capped at [`prp::MAX_PRP_TRANSFER`] (2 MiB), so one PRP list
 //!   page always suffices.
 //! - Queue depth ≤ CAP.MQES + 1; `depth - 1` commands in flight.
@@ -49,17 +58,19 @@ pub mod io;
 pub mod namespace;
 pub mod prp;
 pub mod queue;
+pub mod queue_lifecycle;
 pub mod queue_pair;
 pub mod registers;
 mod timeout;
 
 pub use controller::{Controller, ControllerInfo, ControllerOptions};
 pub use device::{Device, DmaAllocError, RegisterIo};
-pub use dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner, DmaSlice, DmaSliceError};
+pub use dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner, DmaRegion, DmaSlice, DmaSliceError};
 pub use error::{Error, Op};
 pub use io::{IoCommand, IoCompletion, IoQueuePair};
 pub use namespace::Namespace;
 pub use nvme_spec;
+pub use queue_lifecycle::{CreatedQueuePair, QueueRegions};
 
 #[cfg(test)]
 mod tests {
@@ -72,5 +83,8 @@ mod tests {
         send::<crate::IoQueuePair>();
         send_sync::<crate::Error>();
         send_sync::<crate::DmaSlice>();
+        send_sync::<crate::DmaRegion>();
+        send_sync::<crate::QueueRegions>();
+        send_sync::<crate::CreatedQueuePair>();
     }
 }

@@ -1,20 +1,20 @@
 //! A queue pair: one submission queue, its completion queue, the command-id table, PRP list
 //! pages, submit and reap (NVMe Base 2.0, sections 3.3 and 4.6).
 //!
-//! `QueuePair` is the engine under both the admin queue and [`IoQueuePair`]. Commands are
-//! identified by their slot index (the CID); completions are matched by CID and may arrive in
-//! any order. At most `depth - 1` commands are in flight, so neither the submission queue nor
-//! the completion queue can overflow. Every command has a deadline; an expired one is reported
-//! as [`Error::Timeout`] and the queue pair is marked failed, because the controller may still
-//! own its CID and buffers.
+//! `QueuePair` is the engine under both the admin queue and [`crate::IoQueuePair`]; it drives
+//! rings whose creation on the controller is someone else's job (AQA/ASQ/ACQ for the admin
+//! queue, [`crate::queue_lifecycle`] for I/O queues). Commands are identified by their slot
+//! index (the CID); completions are matched by CID and may arrive in any order. At most
+//! `depth - 1` commands are in flight, so neither the submission queue nor the completion queue
+//! can overflow. Every command has a deadline; an expired one is reported as
+//! [`Error::Timeout`] and the queue pair is marked failed, because the controller may still own
+//! its CID and buffers.
 //!
 //! Memory shared with the controller is only touched through [`DmaMemory`]'s copy and atomic
 //! accessors: SQEs are copied in before a Release fence and the doorbell write; the CQE dword
 //! holding the phase tag is loaded with Acquire before the rest of the entry is read.
 
 #![forbid(unsafe_code)]
-
-pub use crate::io::{IoCommand, IoCompletion, IoQueuePair};
 
 use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
@@ -23,16 +23,21 @@ use crate::prp::{Prp, build_prp};
 use crate::queue::{CqRing, SqRing};
 use crate::registers::Registers;
 use crate::timeout::check_interval;
-use nvme_spec::completion::{CQE_SIZE, CQE_STATUS_DWORD_OFFSET};
-use nvme_spec::registers::{cq_head_doorbell, sq_tail_doorbell};
+use nvme_spec::wire::{
+    CQE_CID, CQE_DW0, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD,
+    SQE_SIZE,
+};
 use nvme_spec::{Command, CqeStatus};
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
 use zerocopy::IntoBytes;
 
-/// Bytes of one submission queue entry.
-const SQE_SIZE: usize = nvme_spec::command::SQE_SIZE;
+/// Bit positions of the 16-bit CQE fields inside the two dwords the reaper loads.
+const CID_SHIFT: usize = 8 * (CQE_CID - CQE_STATUS_DWORD);
+const STATUS_SHIFT: usize = 8 * (CQE_STATUS - CQE_STATUS_DWORD);
+const SQHD_SHIFT: usize = 8 * (CQE_SQHD - CQE_SQ_DWORD);
+const SQID_SHIFT: usize = 8 * (CQE_SQID - CQE_SQ_DWORD);
 
 /// How often (in polls that found completions) a busy queue still checks its deadlines.
 const BUSY_CHECK_EVERY: u32 = 1024;
@@ -70,6 +75,37 @@ pub(crate) struct Reaped {
     pub result: Result<u32, Error>,
 }
 
+/// Host memory for a queue pair the driver drives itself: both rings and the PRP list pages.
+pub(crate) struct QueueMemory {
+    /// The submission queue ring.
+    pub(crate) sq: DmaMemory,
+    /// The completion queue ring.
+    pub(crate) cq: DmaMemory,
+    /// One PRP list page per command slot (or fewer, shared round-robin).
+    pub(crate) prp: DmaMemory,
+}
+
+impl QueueMemory {
+    /// Allocates rings of `depth` entries each and `prp_pages` PRP list pages.
+    pub(crate) fn alloc(device: &dyn Device, depth: u16, prp_pages: usize) -> Result<Self, Error> {
+        assert!(prp_pages >= 1);
+        Ok(Self {
+            sq: device.alloc_dma(depth as usize * SQE_SIZE)?,
+            cq: device.alloc_dma(depth as usize * CQE_SIZE)?,
+            prp: device.alloc_dma(prp_pages * DMA_PAGE_SIZE)?,
+        })
+    }
+}
+
+/// Where a queue pair's doorbells are in BAR0.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Doorbells {
+    /// Submission queue tail doorbell.
+    pub(crate) sq_tail: usize,
+    /// Completion queue head doorbell.
+    pub(crate) cq_head: usize,
+}
+
 /// The submission/completion queue engine.
 pub(crate) struct QueuePair {
     qid: u16,
@@ -95,21 +131,28 @@ pub(crate) struct QueuePair {
 }
 
 impl QueuePair {
-    /// Allocates the rings (`depth` entries each) and `prp_pages` PRP list pages.
+    /// Drives the rings in `mem` (`depth` entries each, already known to the controller or about
+    /// to be) through the given doorbells.
     pub(crate) fn new(
         device: Arc<dyn Device>,
         qid: u16,
         depth: u16,
-        dstrd: u8,
+        mem: QueueMemory,
+        doorbells: Doorbells,
         timeout: Duration,
-        prp_pages: usize,
-    ) -> Result<Self, Error> {
+    ) -> Self {
         assert!(depth >= 2, "queue depth must be at least 2");
-        assert!(prp_pages >= 1);
+        assert!(
+            mem.sq.len() >= depth as usize * SQE_SIZE,
+            "SQ memory too small"
+        );
+        assert!(
+            mem.cq.len() >= depth as usize * CQE_SIZE,
+            "CQ memory too small"
+        );
+        let prp_pages = mem.prp.len() / DMA_PAGE_SIZE;
+        assert!(prp_pages >= 1, "no PRP list page");
         let depth32 = depth as u32;
-        let sq = device.alloc_dma(depth as usize * SQE_SIZE)?;
-        let cq = device.alloc_dma(depth as usize * CQE_SIZE)?;
-        let prp = device.alloc_dma(prp_pages * DMA_PAGE_SIZE)?;
         let capacity = depth as usize - 1;
         let now = Instant::now();
         let slots = (0..capacity)
@@ -123,18 +166,18 @@ impl QueuePair {
             })
             .collect();
         let free = (0..capacity as u16).rev().collect();
-        Ok(Self {
+        Self {
             qid,
             device,
-            sq,
-            cq,
-            prp,
+            sq: mem.sq,
+            cq: mem.cq,
+            prp: mem.prp,
             prp_pages,
             sq_ring: SqRing::new(depth32),
             committed_tail: 0,
             cq_ring: CqRing::new(depth32),
-            sq_db: sq_tail_doorbell(qid, dstrd),
-            cq_db: cq_head_doorbell(qid, dstrd),
+            sq_db: doorbells.sq_tail,
+            cq_db: doorbells.cq_head,
             slots,
             free,
             in_flight: 0,
@@ -143,7 +186,7 @@ impl QueuePair {
             check_every: check_interval(timeout),
             next_check: now,
             polls_since_check: 0,
-        })
+        }
     }
 
     /// Queue identifier.
@@ -295,17 +338,15 @@ impl QueuePair {
             let base = head * CQE_SIZE;
             // Acquire: the rest of the entry (and the data the command moved) is read after the
             // controller's write of this dword is seen.
-            let dw3 = self
-                .cq
-                .load_u32(base + CQE_STATUS_DWORD_OFFSET, Ordering::Acquire);
-            let status = CqeStatus::from((dw3 >> 16) as u16);
+            let dw3 = self.cq.load_u32(base + CQE_STATUS_DWORD, Ordering::Acquire);
+            let status = CqeStatus::from((dw3 >> STATUS_SHIFT) as u16);
             if status.p() != self.cq_ring.phase() {
                 break;
             }
-            let cid = dw3 as u16;
-            let dw0 = self.cq.load_u32(base, Ordering::Relaxed);
-            let dw2 = self.cq.load_u32(base + 8, Ordering::Relaxed);
-            let (sqhd, sqid) = (dw2 as u16, (dw2 >> 16) as u16);
+            let cid = (dw3 >> CID_SHIFT) as u16;
+            let dw0 = self.cq.load_u32(base + CQE_DW0, Ordering::Relaxed);
+            let dw2 = self.cq.load_u32(base + CQE_SQ_DWORD, Ordering::Relaxed);
+            let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
             self.cq_ring.pop();
             consumed += 1;
             if sqid != self.qid {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use memmap2::{MmapOptions, MmapRaw};
-use nvme::{DMA_PAGE_SIZE, DmaMemory};
+use nvme::{DMA_PAGE_SIZE, DmaMemory, DmaRegion};
 
 use crate::container::Container;
 use crate::iova::IovaAllocator;
@@ -412,6 +412,16 @@ impl ExternalMapping {
         );
         self.iova + offset as u64
     }
+
+    /// The mapping as a driver-side [`DmaRegion`]: its IOVA range, owned by the mapping, so
+    /// dropping the region (after whatever used it, such as a queue pair created on it with
+    /// `nvme::Controller::create_queue_pair_on`) removes the device's access.
+    ///
+    /// The region gives the driver device addresses only, which is all queue creation and PRP
+    /// lists need; the memory itself stays the caller's to reach (a GPU, another process).
+    pub fn into_region(self) -> DmaRegion {
+        DmaRegion::contiguous(self.iova, self.len, Box::new(self))
+    }
 }
 
 impl Drop for ExternalMapping {
@@ -765,6 +775,32 @@ mod tests {
         );
         drop(m);
         assert!(matches!(lock(&log)[1], Event::Unmap { len, .. } if len == 3 * DMA_PAGE_SIZE));
+        drop(mem);
+    }
+
+    #[test]
+    fn external_mapping_becomes_a_region_that_unmaps_on_drop() {
+        let (p, log) = pool(false);
+        let mem = memmap2::MmapMut::map_anon(2 * DMA_PAGE_SIZE).unwrap();
+        let vaddr = mem.as_ptr() as usize;
+        // SAFETY: `mem` outlives the mapping and the region that owns it (both dropped first).
+        let m = unsafe { p.map_external(vaddr, 2 * DMA_PAGE_SIZE) }.unwrap();
+        let iova = m.device_address(0);
+        let region = Arc::new(m.into_region());
+        assert_eq!(region.len(), 2 * DMA_PAGE_SIZE);
+        assert!(region.is_device_contiguous());
+        assert_eq!(
+            region.page_addresses(),
+            &[iova, iova + DMA_PAGE_SIZE as u64]
+        );
+        assert_eq!(region.device_address(DMA_PAGE_SIZE + 12), iova + 4108);
+        let user = Arc::clone(&region);
+        drop(region);
+        assert_eq!(unmaps(&log), 0, "unmapped while a user holds the region");
+        drop(user);
+        assert!(
+            matches!(lock(&log)[1], Event::Unmap { iova: i, len } if i == iova && len == 2 * DMA_PAGE_SIZE)
+        );
         drop(mem);
     }
 

@@ -21,7 +21,9 @@
 //!   from `/proc/self/pagemap` in no-IOMMU mode (`pagemap`).
 //! - `sys` and `caps`: the raw ioctls and the decoding of their capability chains.
 //! - [`VfioNvme::map_external`]: memory allocated elsewhere (a GPU BAR mapping, say) mapped
-//!   into the same container (type1 only).
+//!   into the same container (type1 only); [`ExternalMapping::into_region`] turns the mapping
+//!   into an [`nvme::DmaRegion`] (device addresses plus the mapping as owner), on which
+//!   `nvme::Controller::create_queue_pair_on` can create queues.
 //!
 //! `examples/vfio_probe.rs` exercises all of it on a real device: BAR0 registers, DMA buffers,
 //! and an Identify Controller through a hand-built admin queue.

@@ -41,8 +41,8 @@ const _: () = assert!(size_of::<Command>() == 64);
 /// The spec's name for [`Command`].
 pub type SubmissionQueueEntry = Command;
 
-/// Size of a submission queue entry in bytes (CC.IOSQES = 6).
-pub const SQE_SIZE: usize = 64;
+/// Size of a submission queue entry in bytes (CC.IOSQES = 6); defined in [`crate::wire`].
+pub use crate::wire::SQE_SIZE;
 /// log2 of [`SQE_SIZE`], the value for CC.IOSQES.
 pub const SQE_SIZE_LOG2: u8 = 6;
 

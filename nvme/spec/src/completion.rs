@@ -23,13 +23,14 @@ pub struct Completion {
 }
 const _: () = assert!(size_of::<Completion>() == 16);
 
-/// Size of a completion queue entry in bytes (CC.IOCQES = 4).
-pub const CQE_SIZE: usize = 16;
+/// Size of a completion queue entry in bytes (CC.IOCQES = 4); defined in [`crate::wire`].
+pub use crate::wire::CQE_SIZE;
 /// log2 of [`CQE_SIZE`], the value for CC.IOCQES.
 pub const CQE_SIZE_LOG2: u8 = 4;
 /// Byte offset, within a [`Completion`], of the dword holding CID, phase tag and status; the
-/// driver loads it first (Acquire) to see whether the entry is new.
-pub const CQE_STATUS_DWORD_OFFSET: usize = 12;
+/// driver loads it first (Acquire) to see whether the entry is new. The same number as
+/// [`crate::wire::CQE_STATUS_DWORD`], under its older name.
+pub use crate::wire::CQE_STATUS_DWORD as CQE_STATUS_DWORD_OFFSET;
 
 /// Phase Tag and Status Field of a completion (NVMe Base 2.0, Figure 92/93).
 #[bitfield(u16)]

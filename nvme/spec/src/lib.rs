@@ -15,6 +15,9 @@
 //! - [`status`]: status code types, codes and names, and the decoded [`Status`].
 //! - [`identify`]: Identify Controller / Namespace / Active Namespace list.
 //! - [`log`]: Error Information and SMART / Health log pages.
+//! - [`wire`]: byte offsets and sizes of every SQE and CQE field, the doorbell base and
+//!   stride: the one definition that byte-level writers (the driver's queue engine, the
+//!   software controller, the GPU header) share, tested against the structs with `offset_of!`.
 //!
 //! Every struct that crosses the wire is `#[repr(C)]`, derives zerocopy's traits and has a size
 //! assertion; the tests check field offsets against the spec's byte offsets. Multi-byte fields
@@ -34,6 +37,7 @@ pub mod identify;
 pub mod log;
 pub mod registers;
 pub mod status;
+pub mod wire;
 
 pub use command::{AdminOpcode, Cns, Command, DsmRange, FeatureId, LogPageId, NvmOpcode};
 pub use completion::{Completion, CqeStatus};

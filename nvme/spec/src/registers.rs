@@ -28,8 +28,10 @@ pub const ACQ: usize = 0x30;
 pub const CMBLOC: usize = 0x38;
 /// Controller Memory Buffer Size, 32 bits.
 pub const CMBSZ: usize = 0x3c;
-/// First doorbell register (Submission Queue 0 Tail Doorbell).
-pub const DOORBELL_BASE: usize = 0x1000;
+/// First doorbell register (Submission Queue 0 Tail Doorbell); defined in [`crate::wire`].
+pub use crate::wire::DOORBELL_BASE;
+/// Doorbell offsets and stride; defined in [`crate::wire`].
+pub use crate::wire::{cq_head_doorbell, doorbell_stride, sq_tail_doorbell};
 
 /// Value written to [`NSSR`] to start an NVM subsystem reset ("NVMe" in ASCII).
 pub const NSSR_RESET_VALUE: u32 = 0x4e56_4d65;
@@ -214,16 +216,6 @@ pub struct Aqa {
     __: u8,
 }
 
-/// Byte offset of Submission Queue `qid`'s Tail Doorbell (section 3.1.3.12), given CAP.DSTRD.
-pub const fn sq_tail_doorbell(qid: u16, dstrd: u8) -> usize {
-    DOORBELL_BASE + (2 * qid as usize) * (4usize << dstrd)
-}
-
-/// Byte offset of Completion Queue `qid`'s Head Doorbell (section 3.1.3.13), given CAP.DSTRD.
-pub const fn cq_head_doorbell(qid: u16, dstrd: u8) -> usize {
-    DOORBELL_BASE + (2 * qid as usize + 1) * (4usize << dstrd)
-}
-
 /// Inverse of the doorbell functions: which queue a doorbell offset belongs to.
 ///
 /// Returns `None` for offsets below [`DOORBELL_BASE`] or not on a doorbell boundary.
@@ -231,7 +223,7 @@ pub const fn doorbell_target(offset: usize, dstrd: u8) -> Option<Doorbell> {
     if offset < DOORBELL_BASE {
         return None;
     }
-    let stride = 4usize << dstrd;
+    let stride = doorbell_stride(dstrd);
     let rel = offset - DOORBELL_BASE;
     if rel % stride != 0 {
         return None;

@@ -1,0 +1,391 @@
+//! The lifetime of an I/O queue pair on the controller, whoever drives its rings: queue id
+//! allocation, Create I/O Completion Queue then Create I/O Submission Queue on memory the caller
+//! supplies (NVMe Base 2.0, sections 5.4 and 5.5), and Delete I/O Submission Queue then Delete
+//! I/O Completion Queue (sections 5.6 and 5.7), by the owner or by controller shutdown.
+//!
+//! The CPU queue pairs ([`crate::IoQueuePair`]) sit on top of this, and so can rings driven by
+//! someone else (GPU threads, another process): [`crate::Controller::create_queue_pair_on`]
+//! takes the rings as [`DmaRegion`]s, device addresses only, and returns a [`CreatedQueuePair`]
+//! that says which queue id and doorbells to use and deletes the queues when dropped.
+//!
+//! Rules kept here:
+//! - A queue id is reused only when the controller surely has no queue with it: after both
+//!   deletions succeeded, or after a creation that surely did not take effect.
+//! - Creation, deletion and shutdown take the queue table's lock first, then the admin queue's,
+//!   so shutdown sees every pair either fully created or not at all, and retires each one
+//!   exactly once.
+//! - A pair holds its regions until it is dropped, so the ring memory outlives the queues on the
+//!   controller (and, once the pair is dropped, the region owners revoke the device's access).
+
+#![forbid(unsafe_code)]
+
+use crate::admin::AdminChannel;
+use crate::dma::{DMA_PAGE_SIZE, DmaRegion};
+use crate::error::Error;
+use nvme_spec::wire::{CQE_SIZE, SQE_SIZE, cq_head_doorbell, sq_tail_doorbell};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+/// Memory for one I/O queue pair, as device addresses: what
+/// [`crate::Controller::create_queue_pair_on`] creates the queues on.
+///
+/// Each ring must be at least `entries * entry size` bytes (64-byte SQEs, 16-byte CQEs),
+/// start on a 4 KiB page and be contiguous in device address space over those bytes (the driver
+/// creates queues with PC = 1 only); entries are 2..=CAP.MQES + 1.
+#[derive(Clone, Debug)]
+pub struct QueueRegions {
+    /// Submission queue ring.
+    pub sq: Arc<DmaRegion>,
+    /// Entries in the submission queue.
+    pub sq_entries: u32,
+    /// Completion queue ring.
+    pub cq: Arc<DmaRegion>,
+    /// Entries in the completion queue.
+    pub cq_entries: u32,
+}
+
+/// What queue creation is checked against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueLimits {
+    /// I/O queue pairs the controller granted (qids 1..=granted).
+    pub(crate) granted: u16,
+    /// CAP.MQES + 1.
+    pub(crate) max_entries: u32,
+    /// CAP.CQR: the controller requires physically contiguous queues.
+    pub(crate) cqr: bool,
+    /// CAP.DSTRD.
+    pub(crate) dstrd: u8,
+}
+
+/// Shared between a [`CreatedQueuePair`] and the queue table: whether the pair was retired.
+#[derive(Debug)]
+struct QueueHandle {
+    qid: u16,
+    /// Set once the pair's deletion was attempted (by its owner or by shutdown); from then on
+    /// nothing deletes it again and its rings must not be used.
+    deleted: AtomicBool,
+}
+
+/// I/O queue identifiers in use, and the live queue pairs (for shutdown).
+struct QueueTable {
+    /// `in_use[qid - 1]`.
+    in_use: Vec<bool>,
+    live: Vec<Weak<QueueHandle>>,
+}
+
+/// Every I/O queue pair's lifetime on one controller: the queue table and the admin channel it
+/// issues creations and deletions on.
+pub(crate) struct QueueLifecycle {
+    admin: Arc<AdminChannel>,
+    table: Mutex<QueueTable>,
+    limits: QueueLimits,
+}
+
+impl fmt::Debug for QueueLifecycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueLifecycle")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under this lock leaves consistent state, so poisoning is ignored.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a failed admin command surely never took effect on the controller: it completed
+/// with an error status, or it was never submitted.
+fn surely_not_executed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Nvme { .. } | Error::QueueFailed { .. } | Error::QueueFull { .. } | Error::ShutDown
+    )
+}
+
+impl QueueLifecycle {
+    /// Queue management for a controller that granted `limits.granted` I/O queue pairs.
+    pub(crate) fn new(admin: Arc<AdminChannel>, limits: QueueLimits) -> Self {
+        Self {
+            admin,
+            table: Mutex::new(QueueTable {
+                in_use: vec![false; limits.granted as usize],
+                live: Vec::new(),
+            }),
+            limits,
+        }
+    }
+
+    /// Checks one ring of `regions` before anything reaches the controller.
+    fn check_ring(
+        &self,
+        queue: &'static str,
+        region: &DmaRegion,
+        entries: u32,
+        entry_size: usize,
+    ) -> Result<(), Error> {
+        let max = self.limits.max_entries;
+        if !(2..=max).contains(&entries) {
+            return Err(Error::InvalidQueueEntries {
+                queue,
+                entries,
+                max,
+            });
+        }
+        let needed = entries as usize * entry_size;
+        if region.len() < needed {
+            return Err(Error::QueueRegionTooSmall {
+                queue,
+                entries,
+                needed,
+                len: region.len(),
+            });
+        }
+        let pages = &region.page_addresses()[..needed.div_ceil(DMA_PAGE_SIZE)];
+        let contiguous = pages
+            .windows(2)
+            .all(|w| w[1] == w[0] + DMA_PAGE_SIZE as u64);
+        if !contiguous {
+            return Err(Error::Unsupported(if self.limits.cqr {
+                format!(
+                    "a {queue} in discontiguous device memory: the controller requires \
+                     physically contiguous queues (CAP.CQR = 1)"
+                )
+            } else {
+                format!(
+                    "a {queue} in discontiguous device memory (the driver creates queues with \
+                     PC = 1 only)"
+                )
+            }));
+        }
+        let base = pages[0];
+        if base % DMA_PAGE_SIZE as u64 != 0 {
+            return Err(Error::Unaligned {
+                what: "queue base device address",
+                value: base,
+                align: DMA_PAGE_SIZE as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Allocates a queue id, runs `prepare(qid)` (without holding any lock), and creates the
+    /// completion queue, then the submission queue, on `regions`. On failure, undoes what it
+    /// can: frees the queue id if `prepare` fails, deletes the CQ if the SQ creation failed, and
+    /// frees the queue id only when the controller surely has no queue with it.
+    pub(crate) fn create(
+        self: &Arc<Self>,
+        regions: QueueRegions,
+        prepare: impl FnOnce(u16) -> Result<(), Error>,
+    ) -> Result<CreatedQueuePair, Error> {
+        if self.admin.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        self.check_ring(
+            "submission queue",
+            &regions.sq,
+            regions.sq_entries,
+            SQE_SIZE,
+        )?;
+        self.check_ring(
+            "completion queue",
+            &regions.cq,
+            regions.cq_entries,
+            CQE_SIZE,
+        )?;
+        let index = {
+            let mut table = lock(&self.table);
+            let index =
+                table
+                    .in_use
+                    .iter()
+                    .position(|used| !used)
+                    .ok_or(Error::NoQueueAvailable {
+                        granted: self.limits.granted,
+                    })?;
+            table.in_use[index] = true;
+            index
+        };
+        let qid = index as u16 + 1;
+        if let Err(e) = prepare(qid) {
+            lock(&self.table).in_use[index] = false;
+            return Err(e);
+        }
+        let mut table = lock(&self.table);
+        if self.admin.is_shut_down() {
+            table.in_use[index] = false;
+            return Err(Error::ShutDown);
+        }
+        let (sq_address, cq_address) = (regions.sq.device_address(0), regions.cq.device_address(0));
+        if let Err(e) = self
+            .admin
+            .run(|a| a.create_io_cq(qid, regions.cq_entries, cq_address))
+        {
+            // The CQ exists only if the command was lost after the controller acted on it.
+            if surely_not_executed(&e) {
+                table.in_use[index] = false;
+            }
+            return Err(e);
+        }
+        if let Err(e) = self
+            .admin
+            .run(|a| a.create_io_sq(qid, regions.sq_entries, sq_address, qid))
+        {
+            let sq_absent = surely_not_executed(&e);
+            let cq_deleted = self.admin.run(|a| a.delete_io_cq(qid)).is_ok();
+            if sq_absent && cq_deleted {
+                table.in_use[index] = false;
+            }
+            return Err(e);
+        }
+        let handle = Arc::new(QueueHandle {
+            qid,
+            deleted: AtomicBool::new(false),
+        });
+        table.live.retain(|w| w.strong_count() > 0);
+        table.live.push(Arc::downgrade(&handle));
+        drop(table);
+        tracing::debug!(
+            qid,
+            sq_entries = regions.sq_entries,
+            cq_entries = regions.cq_entries,
+            sq_address,
+            cq_address,
+            "I/O queue pair created"
+        );
+        Ok(CreatedQueuePair {
+            lifecycle: Arc::clone(self),
+            handle,
+            regions,
+        })
+    }
+
+    /// Deletes a pair's SQ then CQ, unless that was attempted already (by its owner or by
+    /// shutdown); frees its queue id when both deletions succeed.
+    fn delete(&self, handle: &QueueHandle) -> Result<(), Error> {
+        let mut table = lock(&self.table);
+        if handle.deleted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let qid = handle.qid;
+        let result = self.admin.run(|a| {
+            a.delete_io_sq(qid)?;
+            a.delete_io_cq(qid)
+        });
+        handle.deleted.store(true, Ordering::Release);
+        if result.is_ok() {
+            table.in_use[qid as usize - 1] = false;
+        }
+        result
+    }
+
+    /// Marks the controller shut down and retires every live pair, deleting its queues while
+    /// the admin queue still works. Returns `None` if shutdown had already begun, else the first
+    /// deletion error (the caller goes on with the shutdown handshake either way).
+    pub(crate) fn shutdown(&self) -> Option<Result<(), Error>> {
+        let table = lock(&self.table);
+        let mut admin = self.admin.begin_shutdown()?;
+        let mut first_error = None;
+        for handle in table.live.iter().filter_map(Weak::upgrade) {
+            if handle.deleted.swap(true, Ordering::AcqRel) || admin.is_failed() {
+                continue;
+            }
+            let r = admin
+                .delete_io_sq(handle.qid)
+                .and_then(|()| admin.delete_io_cq(handle.qid));
+            if let Err(e) = r {
+                tracing::warn!(qid = handle.qid, error = %e, "deleting I/O queue pair at shutdown");
+                first_error.get_or_insert(e);
+            }
+        }
+        Some(first_error.map_or(Ok(()), Err))
+    }
+}
+
+/// An I/O queue pair that exists on the controller, on rings the creator supplied
+/// ([`crate::Controller::create_queue_pair_on`]). `Send + Sync`.
+///
+/// It owns the queues' lifetime on the controller, not their use: whoever drives the rings
+/// writes SQEs, rings [`CreatedQueuePair::sq_tail_doorbell`], polls the CQ's phase tags and
+/// rings [`CreatedQueuePair::cq_head_doorbell`] (BAR0 byte offsets). It keeps the two regions
+/// alive until it is dropped, and dropping it deletes the queues first (logging a warning if
+/// that fails) unless [`CreatedQueuePair::delete`] or controller shutdown already did.
+pub struct CreatedQueuePair {
+    lifecycle: Arc<QueueLifecycle>,
+    handle: Arc<QueueHandle>,
+    regions: QueueRegions,
+}
+
+impl fmt::Debug for CreatedQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CreatedQueuePair")
+            .field("qid", &self.handle.qid)
+            .field("sq_entries", &self.regions.sq_entries)
+            .field("cq_entries", &self.regions.cq_entries)
+            .field("deleted", &self.is_deleted())
+            .finish()
+    }
+}
+
+impl CreatedQueuePair {
+    /// Queue identifier of both the SQ and the CQ (the SQ posts to the CQ with the same id).
+    pub fn qid(&self) -> u16 {
+        self.handle.qid
+    }
+
+    /// Entries in the submission queue.
+    pub fn sq_entries(&self) -> u32 {
+        self.regions.sq_entries
+    }
+
+    /// Entries in the completion queue.
+    pub fn cq_entries(&self) -> u32 {
+        self.regions.cq_entries
+    }
+
+    /// The submission queue's memory.
+    pub fn sq_region(&self) -> &Arc<DmaRegion> {
+        &self.regions.sq
+    }
+
+    /// The completion queue's memory.
+    pub fn cq_region(&self) -> &Arc<DmaRegion> {
+        &self.regions.cq
+    }
+
+    /// BAR0 byte offset of the SQ Tail Doorbell (`0x1000 + 2 * qid * (4 << CAP.DSTRD)`).
+    pub fn sq_tail_doorbell(&self) -> usize {
+        sq_tail_doorbell(self.handle.qid, self.lifecycle.limits.dstrd)
+    }
+
+    /// BAR0 byte offset of the CQ Head Doorbell (`0x1000 + (2 * qid + 1) * (4 << CAP.DSTRD)`).
+    pub fn cq_head_doorbell(&self) -> usize {
+        cq_head_doorbell(self.handle.qid, self.lifecycle.limits.dstrd)
+    }
+
+    /// Whether the pair is retired: [`CreatedQueuePair::delete`] ran, or
+    /// [`crate::Controller::shutdown`] (or the controller's drop) deleted its queues, or would
+    /// have but for a failed admin queue. Its rings must not be used any more.
+    pub fn is_deleted(&self) -> bool {
+        self.handle.deleted.load(Ordering::Acquire)
+    }
+
+    /// Deletes the submission queue, then the completion queue, and frees the queue id if both
+    /// succeed. `Ok` at once if the pair was already retired (by shutdown, say). Whatever
+    /// happens, the pair is retired afterwards; after an error its queue id stays reserved.
+    pub fn delete(self) -> Result<(), Error> {
+        self.lifecycle.delete(&self.handle)
+    }
+}
+
+impl Drop for CreatedQueuePair {
+    fn drop(&mut self) {
+        if self.is_deleted() || self.lifecycle.admin.is_shut_down() {
+            return;
+        }
+        if let Err(e) = self.lifecycle.delete(&self.handle) {
+            tracing::warn!(qid = self.handle.qid, error = %e, "deleting I/O queue pair");
+        }
+    }
+}
