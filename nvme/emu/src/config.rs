@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::EmuError;
 
+/// Largest [`EmuConfig::external_batch`].
+pub const MAX_EXTERNAL_BATCH: u32 = 4096;
+
 /// Where a namespace's blocks live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -82,6 +85,10 @@ pub struct EmuConfig {
     pub error_log_entries: u16,
     /// Asynchronous Event Request commands the controller holds at once (AERL + 1; 1..=16).
     pub async_event_limit: u8,
+    /// Most commands fetched from one queue with external doorbells per pass (1..=4096;
+    /// queues with register-window doorbells fetch at most 64). Larger batches mean fewer,
+    /// bigger copies for queue memory reached through costly transfers (GPU memory).
+    pub external_batch: u32,
 }
 
 impl Default for EmuConfig {
@@ -98,6 +105,7 @@ impl Default for EmuConfig {
             vendor_id: 0x1b36,
             error_log_entries: 16,
             async_event_limit: 4,
+            external_batch: 256,
         }
     }
 }
@@ -196,6 +204,9 @@ impl EmuConfig {
         }
         if self.async_event_limit == 0 || self.async_event_limit > 16 {
             return invalid("async_event_limit must be 1..=16".into());
+        }
+        if self.external_batch == 0 || self.external_batch > MAX_EXTERNAL_BATCH {
+            return invalid(format!("external_batch must be 1..={MAX_EXTERNAL_BATCH}"));
         }
         if self.namespaces.len() > 1024 {
             return invalid("at most 1024 namespaces".into());

@@ -11,6 +11,7 @@ use nvme_spec::{Cap, Csts};
 use crate::config::{Backend, EmuConfig};
 use crate::controller::pages::VERSION;
 use crate::controller::{Controller, Shared};
+use crate::doorbells::{AttachedWords, DoorbellWord, ExternalDoorbells};
 use crate::error::EmuError;
 use crate::faults::Faults;
 use crate::memory::DeviceAddressMap;
@@ -74,6 +75,7 @@ impl EmuDevice {
             faults: Faults::new(regs),
             counters: Counters::default(),
             stop: AtomicBool::new(false),
+            doorbells: ExternalDoorbells::new(config.max_io_queue_pairs),
         });
         let description = describe(&config);
         let controller = Controller::new(shared.clone(), config, namespaces);
@@ -99,6 +101,46 @@ impl EmuDevice {
     /// (GPU regions) and for inspecting what the controller can reach.
     pub fn address_map(&self) -> &Arc<DeviceAddressMap> {
         &self.shared.map
+    }
+
+    /// Attaches external doorbells to I/O queue id `qid`: the submission queue `qid` and the
+    /// completion queue `qid` created from now on take their SQ tail and CQ head from
+    /// `sq_tail` and `cq_head` instead of the register window (for example words in a pinned
+    /// host page that GPU threads write).
+    ///
+    /// Attach before creating the queues (Create I/O Completion/Submission Queue through the
+    /// admin queue, as usual), with both words zeroed: a fresh queue starts at 0, and a
+    /// nonzero value found at creation is reported as an invalid doorbell value and ignored
+    /// until the word changes. From creation on, every new value of a word is validated as a
+    /// register-window doorbell write is (a value not below the queue size, or a CQ head that
+    /// passes entries not yet posted, gets an Error Information log entry and an Invalid
+    /// Doorbell Write Value asynchronous event, once per distinct value, and is ignored), and
+    /// writes to the queue's register-window doorbell are refused as writes to an invalid
+    /// doorbell register. While such a queue exists the controller thread polls and never
+    /// parks.
+    ///
+    /// Refused ([`EmuError::AttachDoorbells`]) for a `qid` outside
+    /// `1..=max_io_queue_pairs`, while submission or completion queue `qid` exists, or while
+    /// words are already attached to it. Attachments outlive the queues and controller resets
+    /// (CC.EN = 0 forgets the queues but not the attachment); remove them with
+    /// [`EmuDevice::detach_external_doorbells`].
+    pub fn attach_external_doorbells(
+        &self,
+        qid: u16,
+        sq_tail: Arc<dyn DoorbellWord>,
+        cq_head: Arc<dyn DoorbellWord>,
+    ) -> Result<(), EmuError> {
+        self.shared
+            .doorbells
+            .attach(qid, AttachedWords { sq_tail, cq_head })
+    }
+
+    /// Removes the external doorbells attached to `qid`, if any: queues created with that id
+    /// afterwards use the register window again. A queue that exists keeps the word it was
+    /// created with until it is deleted (or the controller reset), so detach after deleting
+    /// the queues; deleting a queue is what stops the controller reading its word.
+    pub fn detach_external_doorbells(&self, qid: u16) {
+        self.shared.doorbells.detach(qid);
     }
 
     /// A snapshot of the controller's counters.

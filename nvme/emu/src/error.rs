@@ -60,6 +60,15 @@ pub enum EmuError {
         #[source]
         source: std::io::Error,
     },
+    /// External doorbells cannot be attached to this queue id
+    /// ([`crate::EmuDevice::attach_external_doorbells`]).
+    #[error("cannot attach external doorbells to queue {qid}: {reason}")]
+    AttachDoorbells {
+        /// The queue id asked for.
+        qid: u16,
+        /// Why it was refused.
+        reason: AttachRefusal,
+    },
     /// The device-address space of the controller is exhausted (only after about 2^63 bytes of
     /// allocations, since addresses are never reused).
     #[error("device address space exhausted: cannot map {len} more bytes")]
@@ -67,4 +76,21 @@ pub enum EmuError {
         /// Bytes asked for.
         len: u64,
     },
+}
+
+/// Why [`crate::EmuDevice::attach_external_doorbells`] refused a queue id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttachRefusal {
+    /// The id is not an I/O queue id the controller can grant (`1..=max`).
+    #[error("not an I/O queue id (1..={max})")]
+    InvalidQueueId {
+        /// The largest I/O queue id (the configuration's `max_io_queue_pairs`).
+        max: u16,
+    },
+    /// The submission or completion queue with this id exists: attach before creating it.
+    #[error("the queue exists; attach before creating it")]
+    QueueExists,
+    /// Words are already attached to this id; detach them first.
+    #[error("external doorbells are already attached")]
+    AlreadyAttached,
 }

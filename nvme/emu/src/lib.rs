@@ -8,15 +8,22 @@
 //! # Architecture
 //! - `registers` (private): BAR0 as atomics. Doorbell writes are validated
 //!   as they land; CC and doorbell writes wake the controller thread.
+//! - `doorbells` (private, exports [`DoorbellWord`]): external doorbells, 32-bit words outside
+//!   the register window (a pinned host page GPU threads write) attached to an I/O queue id
+//!   with [`EmuDevice::attach_external_doorbells`] before the queues are created; those queues
+//!   take their SQ tail and CQ head from the words, which the controller polls.
 //! - [`memory`]: the device-address map. Every SQE fetch, PRP-list read, data transfer and CQE
 //!   write is a DMA through it, to a [`MemoryRegion`]; unmapped addresses are DMA errors, never
 //!   shortcuts. [`DeviceAddressMap::register_region`] lets other memory (GPU regions) be
-//!   served later.
+//!   served. A region may defer its writes until [`MemoryRegion::flush`], which the controller
+//!   calls on every region it wrote through at the end of each batch of commands (after the
+//!   batch's completions) and before it goes idle.
 //! - `host_memory` (private, the only `unsafe` module): page-aligned host allocations behind
 //!   [`nvme::Device::alloc_dma`]; dropping the `DmaMemory` unmaps before it frees.
 //! - `controller` (private): one thread; the CC state machine, round-robin fetch with a batch
-//!   limit per queue, the admin and NVM command sets, completions with the phase tag written
-//!   last, asynchronous events, the Error Information and SMART logs.
+//!   limit per queue (64, or [`EmuConfig::external_batch`] for queues with external
+//!   doorbells), the admin and NVM command sets, completions with the phase tag written last,
+//!   asynchronous events, the Error Information and SMART logs.
 //! - [`Faults`]: media errors on chosen LBAs, slow and dropped completions, controller fatal.
 //!
 //! # Behaviour worth knowing
@@ -32,6 +39,19 @@
 //!   Information log entry (SQID/CID 0xffff) and an Error status asynchronous event (Write to
 //!   Invalid Doorbell Register, or Invalid Doorbell Write Value). Events of that type are then
 //!   masked until the host reads the Error Information log without RAE.
+//! - External doorbells: a queue created while its id has words attached reads its SQ tail or
+//!   CQ head only from its word, from creation until deletion or controller reset (which
+//!   forget the queue; the attachment stays until detached). The host zeroes the words before
+//!   creating the queues: a nonzero value found at creation is reported (below) and ignored
+//!   until the word changes. Each new value is validated as a register-window write is: one
+//!   not below the queue size, or a CQ head passing entries not yet posted, is ignored and
+//!   reported with an Error Information log entry and an Invalid Doorbell Write Value event,
+//!   once per distinct value. Writes to such a queue's register-window doorbells are refused
+//!   as writes to an invalid doorbell register. While such a queue exists the controller
+//!   thread never parks (nothing could wake it): it polls, yielding its CPU now and then.
+//! - A region's flush error is controller fatal (CSTS.CFS), whatever the writes were: the
+//!   completions of the commands may be among them, so a Data Transfer Error can no longer be
+//!   posted instead.
 //! - Commands are fetched from a queue only as far as its completion queue has room, so a full
 //!   completion queue holds completions back until the host moves the CQ head; nothing is ever
 //!   overwritten.
@@ -54,11 +74,14 @@
 //! # Key constants
 //! Device addresses start at [`memory::DEVICE_ADDRESS_BASE`] (4 GiB; 0 is never valid) and each
 //! region is followed by an unmapped [`memory::GUARD_GAP`]. At most 64 commands are fetched
-//! from one queue per pass. The idle thread parks for at most 1 ms.
+//! from one queue per pass (at most [`EmuConfig::external_batch`], default 256, up to
+//! [`config::MAX_EXTERNAL_BATCH`], for queues with external doorbells). The idle thread parks
+//! for at most 1 ms, and not at all while a queue with external doorbells exists.
 
 pub mod config;
 mod controller;
 mod device;
+mod doorbells;
 pub mod error;
 pub mod faults;
 mod host_memory;
@@ -71,7 +94,8 @@ mod storage;
 
 pub use config::{Backend, EmuConfig, NamespaceConfig};
 pub use device::EmuDevice;
-pub use error::EmuError;
+pub use doorbells::DoorbellWord;
+pub use error::{AttachRefusal, EmuError};
 pub use faults::{DROP_ALL, Faults};
 pub use memory::{DeviceAddressMap, DmaError, MemoryRegion, RegionError};
 pub use stats::EmuStats;

@@ -55,6 +55,20 @@ impl RegionError {
 /// Offsets are relative to the start of the region. Implementations must tolerate concurrent
 /// access by the host (the driver writes SQEs and reads CQEs in the same memory while the
 /// controller thread works on it), so they never hand out references into the memory.
+///
+/// # Deferred writes
+/// A region may defer writes (stage them, and perform a whole batch at once: GPU memory
+/// behind batched copies, where each copy costs microseconds of CPU) until
+/// [`MemoryRegion::flush`]. The controller calls `flush` on every region it wrote through
+/// before it goes idle: at the end of each batch of commands fetched from a submission queue,
+/// after that batch's completion queue entries are written, and at the end of every pass that
+/// wrote anything else (held, delayed and event completions). Such a region must still
+///
+/// - perform its writes in issue order when flushed, so that a completion queue entry's last
+///   dword (the phase tag) becomes visible after the rest of the entry and after the data of
+///   the commands it completes, which were written before it;
+/// - let [`MemoryRegion::read`] observe the region's own earlier writes (flushing first if
+///   needed), as the controller may read back what it wrote.
 pub trait MemoryRegion: Send + Sync {
     /// Length of the region in bytes.
     fn len(&self) -> usize;
@@ -65,24 +79,38 @@ pub trait MemoryRegion: Send + Sync {
     }
 
     /// Copies `buf.len()` bytes starting at `offset` into `buf`. The caller has checked that
-    /// the range lies inside the region.
+    /// the range lies inside the region. A region that defers writes must return the bytes as
+    /// they are after every write issued through it so far (flushing first if needed).
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError>;
 
     /// Copies `data` into the region at `offset`. The caller has checked that the range lies
-    /// inside the region.
+    /// inside the region. The write may be deferred until [`MemoryRegion::flush`].
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError>;
 
     /// Writes `data` (a multiple of 4 bytes, at a 4-byte aligned offset) so that its last
-    /// dword becomes visible to other agents no earlier than the rest: used for completion
-    /// queue entries, whose last dword carries the phase tag.
+    /// dword becomes visible to other agents no earlier than the rest, and no earlier than
+    /// anything written through this region before: used for completion queue entries, whose
+    /// last dword carries the phase tag. The write may be deferred until
+    /// [`MemoryRegion::flush`]; the ordering must then hold once it is flushed.
     ///
     /// The default writes everything but the last dword, then the last dword, with two
     /// [`MemoryRegion::write`] calls; regions whose writes complete in issue order (a single
-    /// CUDA stream) are correct with it. Host memory overrides it with a Release store.
+    /// CUDA stream, or a staged batch scattered in order) are correct with it. Host memory
+    /// overrides it with a Release store.
     fn write_last_dword_release(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
         let split = data.len().saturating_sub(4);
         self.write(offset, &data[..split])?;
         self.write(offset + split as u64, &data[split..])
+    }
+
+    /// Makes every write issued so far through this region take effect, in issue order;
+    /// regions that stage writes (GPU memory behind batched copies) perform them now.
+    ///
+    /// The controller treats an error as fatal (Controller Fatal Status): the completions of
+    /// the batch may already be among the writes, so no command can be failed instead.
+    /// The default does nothing (host memory writes take effect at once).
+    fn flush(&self) -> Result<(), RegionError> {
+        Ok(())
     }
 }
 
@@ -230,17 +258,25 @@ struct CacheEntry {
     base: u64,
     len: u64,
     region: Arc<dyn MemoryRegion>,
+    /// Written through since the last [`MapCache::flush`] (the region is in `dirty`).
+    dirty: bool,
 }
 
 /// The controller thread's translation cache in front of a [`DeviceAddressMap`]: a few recently
 /// used regions, dropped whenever any region is unregistered, so that the common case costs one
 /// atomic load and a short scan instead of a lock.
+///
+/// It also remembers which regions were written through since the last
+/// [`MapCache::flush`], so that regions deferring their writes can be told when a batch ends.
 pub(crate) struct MapCache {
     map: Arc<DeviceAddressMap>,
     generation: u64,
     entries: Vec<CacheEntry>,
     /// Index of the entry to replace next (round robin).
     victim: usize,
+    /// Regions written through since the last flush, each once (held even after their cache
+    /// entry is evicted or the region unregistered: their writes must still be flushed).
+    dirty: Vec<Arc<dyn MemoryRegion>>,
 }
 
 impl MapCache {
@@ -251,17 +287,20 @@ impl MapCache {
             generation,
             entries: Vec::with_capacity(CACHE_ENTRIES),
             victim: 0,
+            dirty: Vec::with_capacity(CACHE_ENTRIES),
         }
     }
 
-    /// Forgets every cached region (releasing the references the cache holds).
+    /// Forgets every cached region (releasing the references the cache holds). Regions
+    /// written since the last flush stay remembered for [`MapCache::flush`].
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
         self.victim = 0;
     }
 
-    /// Translates `addr..addr + len` to a region and the offset in it.
-    fn translate(&mut self, addr: u64, len: usize) -> Result<(&dyn MemoryRegion, u64), DmaError> {
+    /// Translates `addr..addr + len` to the index of its cache entry and the offset in the
+    /// region.
+    fn translate(&mut self, addr: u64, len: usize) -> Result<(usize, u64), DmaError> {
         let generation = self.map.generation.load(Ordering::Acquire);
         if generation != self.generation {
             self.entries.clear();
@@ -282,6 +321,7 @@ impl MapCache {
                 let entry = CacheEntry {
                     base,
                     len: mapping.len,
+                    dirty: self.dirty.iter().any(|d| Arc::ptr_eq(d, &mapping.region)),
                     region: mapping.region,
                 };
                 if self.entries.len() < CACHE_ENTRIES {
@@ -295,19 +335,36 @@ impl MapCache {
                 }
             }
         };
-        let entry = &self.entries[index];
-        Ok((&*entry.region, addr - entry.base))
+        Ok((index, addr - self.entries[index].base))
+    }
+
+    /// Translates a range about to be written, remembering its region for the next flush.
+    fn translate_write(
+        &mut self,
+        addr: u64,
+        len: usize,
+    ) -> Result<(&dyn MemoryRegion, u64), DmaError> {
+        let (index, offset) = self.translate(addr, len)?;
+        let entry = &mut self.entries[index];
+        if !entry.dirty {
+            entry.dirty = true;
+            if !self.dirty.iter().any(|d| Arc::ptr_eq(d, &entry.region)) {
+                self.dirty.push(entry.region.clone());
+            }
+        }
+        Ok((&*entry.region, offset))
     }
 
     pub(crate) fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let (region, offset) = self.translate(addr, buf.len())?;
-        region
+        let (index, offset) = self.translate(addr, buf.len())?;
+        self.entries[index]
+            .region
             .read(offset, buf)
             .map_err(|source| DmaError::Region { addr, source })
     }
 
     pub(crate) fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
-        let (region, offset) = self.translate(addr, data.len())?;
+        let (region, offset) = self.translate_write(addr, data.len())?;
         region
             .write(offset, data)
             .map_err(|source| DmaError::Region { addr, source })
@@ -318,10 +375,32 @@ impl MapCache {
         addr: u64,
         data: &[u8],
     ) -> Result<(), DmaError> {
-        let (region, offset) = self.translate(addr, data.len())?;
+        let (region, offset) = self.translate_write(addr, data.len())?;
         region
             .write_last_dword_release(offset, data)
             .map_err(|source| DmaError::Region { addr, source })
+    }
+
+    /// Whether any region was written through since the last flush.
+    pub(crate) fn has_unflushed(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Flushes every region written through since the last flush ([`MemoryRegion::flush`]),
+    /// all of them even if one fails; returns the first error.
+    pub(crate) fn flush(&mut self) -> Result<(), RegionError> {
+        let mut result = Ok(());
+        for region in self.dirty.drain(..) {
+            if let Err(e) = region.flush()
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
+        }
+        for entry in &mut self.entries {
+            entry.dirty = false;
+        }
+        result
     }
 }
 
@@ -346,6 +425,67 @@ mod tests {
             v[offset as usize..offset as usize + data.len()].copy_from_slice(data);
             Ok(())
         }
+    }
+
+    struct CountingRegion {
+        flushes: std::sync::atomic::AtomicU32,
+    }
+
+    impl MemoryRegion for CountingRegion {
+        fn len(&self) -> usize {
+            8192
+        }
+        fn read(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), RegionError> {
+            Ok(())
+        }
+        fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), RegionError> {
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), RegionError> {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn flush_reaches_each_written_region_once() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let regions: Vec<Arc<CountingRegion>> = (0..3)
+            .map(|_| {
+                Arc::new(CountingRegion {
+                    flushes: Default::default(),
+                })
+            })
+            .collect();
+        let bases: Vec<u64> = regions
+            .iter()
+            .map(|r| map.register_region(r.clone()).unwrap())
+            .collect();
+        let flushes = |i: usize| regions[i].flushes.load(Ordering::Relaxed);
+        let mut cache = MapCache::new(map.clone());
+        assert!(!cache.has_unflushed());
+        // Reads do not make a region dirty.
+        cache.read(bases[2], &mut [0; 4]).unwrap();
+        assert!(!cache.has_unflushed());
+        for _ in 0..3 {
+            cache.write(bases[0], &[1; 4]).unwrap();
+            cache
+                .write_last_dword_release(bases[1] + 16, &[1; 16])
+                .unwrap();
+        }
+        assert!(cache.has_unflushed());
+        // Evicted from the cache, or unregistered: still flushed.
+        cache.clear();
+        cache.write(bases[0] + 8, &[1; 4]).unwrap();
+        assert!(map.unregister_region(bases[1]).is_some());
+        cache.flush().unwrap();
+        assert_eq!((flushes(0), flushes(1), flushes(2)), (1, 1, 0));
+        assert!(!cache.has_unflushed());
+        cache.flush().unwrap();
+        assert_eq!(flushes(0), 1, "nothing written since");
+        cache.write(bases[0], &[1; 4]).unwrap();
+        cache.flush().unwrap();
+        assert_eq!(flushes(0), 2);
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! validation, and queue memory is reached through the device-address map.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use nvme_spec::Completion;
 
+use crate::doorbells::DoorbellWord;
+
 /// A submission queue as the controller tracks it.
-#[derive(Debug)]
 pub(crate) struct SubQueue {
     /// Device address of entry 0.
     pub(crate) base: u64,
@@ -18,9 +20,36 @@ pub(crate) struct SubQueue {
     pub(crate) head: u32,
     /// Completion queue this queue posts to.
     pub(crate) cqid: u16,
+    /// The external tail doorbell, if the queue was created with one (else the tail is read
+    /// from the register window, which validates it as it is written).
+    pub(crate) doorbell: Option<Arc<dyn DoorbellWord>>,
+    /// External doorbell only: the tail as last validly reported.
+    pub(crate) tail: u32,
+    /// External doorbell only: the last raw value looked at (valid or not), so that an
+    /// invalid value is reported once.
+    pub(crate) seen_doorbell: u32,
 }
 
 impl SubQueue {
+    /// A queue of `entries` entries at `base`, posting to `cqid`, with an optional external
+    /// tail doorbell.
+    pub(crate) fn new(
+        base: u64,
+        entries: u32,
+        cqid: u16,
+        doorbell: Option<Arc<dyn DoorbellWord>>,
+    ) -> Self {
+        Self {
+            base,
+            entries,
+            head: 0,
+            cqid,
+            doorbell,
+            tail: 0,
+            seen_doorbell: 0,
+        }
+    }
+
     /// Entries the host has submitted (tail doorbell `tail`) that are not yet fetched.
     pub(crate) fn pending(&self, tail: u32) -> u32 {
         (tail + self.entries - self.head) % self.entries
@@ -44,7 +73,6 @@ pub(crate) struct PendingCompletion {
 }
 
 /// A completion queue as the controller tracks it.
-#[derive(Debug)]
 pub(crate) struct CompQueue {
     /// Device address of entry 0.
     pub(crate) base: u64,
@@ -66,9 +94,13 @@ pub(crate) struct CompQueue {
     pub(crate) owed: u32,
     /// Submission queues posting here.
     pub(crate) sq_count: u32,
+    /// The external head doorbell, if the queue was created with one (else the head is read
+    /// from the register window).
+    pub(crate) doorbell: Option<Arc<dyn DoorbellWord>>,
 }
 
 impl CompQueue {
+    /// A queue of `entries` entries at `base` with register-window doorbells.
     pub(crate) fn new(base: u64, entries: u32) -> Self {
         Self {
             base,
@@ -80,6 +112,7 @@ impl CompQueue {
             held: VecDeque::new(),
             owed: 0,
             sq_count: 0,
+            doorbell: None,
         }
     }
 
@@ -151,12 +184,8 @@ mod tests {
         assert!(cq.head_is_valid(1));
         assert!(cq.head_is_valid(0));
 
-        let mut sq = SubQueue {
-            base: 0,
-            entries: 8,
-            head: 6,
-            cqid: 1,
-        };
+        let mut sq = SubQueue::new(0, 8, 1, None);
+        sq.head = 6;
         assert_eq!(sq.pending(2), 4);
         sq.advance(4);
         assert_eq!(sq.head, 2);

@@ -27,12 +27,17 @@ pub struct EmuStats {
     pub completions_dropped: u64,
     /// Times a completion had to wait because its completion queue was full.
     pub cq_full_waits: u64,
-    /// Doorbell writes refused (nonexistent queue or out-of-range value).
+    /// Doorbell values refused: register-window writes to a nonexistent queue or with an
+    /// out-of-range value, CQ heads that pass entries not yet posted, and invalid values read
+    /// from external doorbell words.
     pub invalid_doorbell_writes: u64,
     /// Times the controller entered Controller Fatal Status.
     pub fatal_errors: u64,
     /// Controller resets (CC.EN 1 to 0).
     pub resets: u64,
+    /// Times the idle controller thread parked (it never does while a queue with external
+    /// doorbells exists).
+    pub idle_parks: u64,
 }
 
 /// The live counters behind [`EmuStats`]; written by the controller thread only. Aligned to
@@ -53,6 +58,10 @@ pub(crate) struct Counters {
     pub(crate) cq_full_waits: AtomicU64,
     pub(crate) fatal_errors: AtomicU64,
     pub(crate) resets: AtomicU64,
+    pub(crate) idle_parks: AtomicU64,
+    /// Invalid doorbell values found by the controller thread (the register window counts the
+    /// writes it refuses itself).
+    pub(crate) invalid_doorbell_values: AtomicU64,
 }
 
 impl Counters {
@@ -79,9 +88,11 @@ impl Counters {
             completions_posted: r(&self.completions_posted),
             completions_dropped: r(&self.completions_dropped),
             cq_full_waits: r(&self.cq_full_waits),
-            invalid_doorbell_writes,
+            invalid_doorbell_writes: invalid_doorbell_writes
+                .wrapping_add(r(&self.invalid_doorbell_values)),
             fatal_errors: r(&self.fatal_errors),
             resets: r(&self.resets),
+            idle_parks: r(&self.idle_parks),
         }
     }
 }

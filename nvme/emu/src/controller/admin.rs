@@ -191,10 +191,22 @@ impl Controller {
             return Err(Fail::generic(generic::PRP_OFFSET_INVALID).at(PRP1_BYTE));
         }
         let entries = cdw10.qsize_z() as u32 + 1;
-        self.cqs[qid as usize] = Some(CompQueue::new(cmd.prp1, entries));
+        let mut cq = CompQueue::new(cmd.prp1, entries);
+        cq.doorbell = self.shared.doorbells.set_live(qid, false, true);
+        let stale = cq.doorbell.as_ref().map_or(0, |word| word.load());
+        cq.seen_doorbell = stale;
+        let external = cq.doorbell.is_some();
+        self.cqs[qid as usize] = Some(cq);
         let at = self.cq_ids.partition_point(|&q| q < qid);
         self.cq_ids.insert(at, qid);
-        self.shared.regs.set_queue(qid, false, entries);
+        // An external doorbell replaces the register: writes to it are refused.
+        self.shared
+            .regs
+            .set_queue(qid, false, if external { 0 } else { entries });
+        if stale != 0 {
+            // The host must zero the word before creating the queue; the value is ignored.
+            self.invalid_doorbell_value(qid, false, stale);
+        }
         Ok(Outcome::Done(0))
     }
 
@@ -231,18 +243,27 @@ impl Controller {
             return Err(Fail::generic(generic::PRP_OFFSET_INVALID).at(PRP1_BYTE));
         }
         let entries = cdw10.qsize_z() as u32 + 1;
-        self.sqs[qid as usize] = Some(SubQueue {
-            base: cmd.prp1,
-            entries,
-            head: 0,
-            cqid,
-        });
+        let doorbell = self.shared.doorbells.set_live(qid, true, true);
+        let external = doorbell.is_some();
+        let mut sq = SubQueue::new(cmd.prp1, entries, cqid, doorbell);
+        let stale = sq.doorbell.as_ref().map_or(0, |word| word.load());
+        sq.seen_doorbell = stale;
+        self.sqs[qid as usize] = Some(sq);
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.sq_count += 1;
         }
         let at = self.io_sqs.partition_point(|&q| q < qid);
         self.io_sqs.insert(at, qid);
-        self.shared.regs.set_queue(qid, true, entries);
+        // An external doorbell replaces the register: writes to it are refused.
+        self.shared
+            .regs
+            .set_queue(qid, true, if external { 0 } else { entries });
+        if stale != 0 {
+            // The host must zero the word before creating the queue: a nonzero value is not
+            // taken as a tail (it would make stale entries look submitted) but reported, and
+            // ignored until the word changes.
+            self.invalid_doorbell_value(qid, true, stale);
+        }
         Ok(Outcome::Done(0))
     }
 
@@ -252,6 +273,8 @@ impl Controller {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
         }
         self.shared.regs.set_queue(qid, true, 0);
+        // Dropping the queue drops its external word: the controller stops reading it.
+        self.shared.doorbells.set_live(qid, true, false);
         let sq = self.sqs[qid as usize].take().expect("checked");
         self.io_sqs.retain(|&q| q != qid);
         self.rr = 0;
@@ -304,6 +327,7 @@ impl Controller {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_DELETION).at(CDW10_BYTE));
         }
         self.shared.regs.set_queue(qid, false, 0);
+        self.shared.doorbells.set_live(qid, false, false);
         self.cqs[qid as usize] = None;
         self.cq_ids.retain(|&q| q != qid);
         Ok(Outcome::Done(0))

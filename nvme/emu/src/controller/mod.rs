@@ -9,8 +9,19 @@
 //! host has not consumed; a completion that still finds its queue full (an Abort of a dropped
 //! command, an asynchronous event) is held until the host moves the CQ head.
 //!
+//! Queues created while their id had external doorbells attached ([`crate::DoorbellWord`])
+//! take their SQ tail or CQ head from those words, validated as register-window doorbell writes
+//! are, and fetch up to `EmuConfig::external_batch` commands per pass.
+//!
+//! Writes go through regions that may defer them ([`crate::MemoryRegion::flush`]): every
+//! region written through is flushed at the end of each submission queue's batch (after its
+//! completions are written) and at the end of every pass, so nothing stays staged while the
+//! thread is idle. A failed flush is controller fatal.
+//!
 //! When there is nothing to do the thread spins briefly, then parks for at most
-//! [`PARK_MAX`]; writes to CC and to doorbells unpark it.
+//! [`PARK_MAX`]; writes to CC and to doorbells unpark it. While a queue with external
+//! doorbells exists nothing can unpark it (a GPU's write to a word raises no wakeup), so it
+//! keeps polling instead, yielding its CPU now and then.
 
 mod admin;
 mod nvm;
@@ -29,6 +40,7 @@ use nvme_spec::{Aqa, Cc, Command, Completion, CqeStatus, Csts, Status};
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::config::EmuConfig;
+use crate::doorbells::ExternalDoorbells;
 use crate::faults::Faults;
 use crate::memory::{DeviceAddressMap, MapCache};
 use crate::prp::{PAGE, Segment};
@@ -37,7 +49,8 @@ use crate::registers::{DoorbellError, DoorbellErrorKind, RegisterWindow};
 use crate::stats::Counters;
 use crate::storage::Namespace;
 
-/// Most commands fetched from one submission queue per pass.
+/// Most commands fetched from one submission queue with register-window doorbells per pass
+/// (queues with external doorbells use `EmuConfig::external_batch`).
 pub(crate) const BATCH: u32 = 64;
 /// Longest the idle thread parks before looking at its registers again.
 pub(crate) const PARK_MAX: Duration = Duration::from_millis(1);
@@ -57,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) faults: Faults,
     pub(crate) counters: Counters,
     pub(crate) stop: AtomicBool,
+    /// External doorbell attachments and which of their queues exist.
+    pub(crate) doorbells: ExternalDoorbells,
 }
 
 /// Where the controller is in its life cycle.
@@ -261,6 +276,7 @@ impl Controller {
         } else {
             PAGE << config.mdts
         };
+        let max_batch = BATCH.max(config.external_batch) as usize;
         Self {
             cache: MapCache::new(shared.map.clone()),
             shared,
@@ -283,8 +299,8 @@ impl Controller {
             dropped: VecDeque::new(),
             doorbell_errors_seen: 0,
             started: Instant::now(),
-            sqe_buf: vec![0; BATCH as usize * SQE],
-            batch: Vec::with_capacity(BATCH as usize),
+            sqe_buf: vec![0; max_batch * SQE],
+            batch: Vec::with_capacity(max_batch),
             segments: Vec::with_capacity(64),
             list_page: Box::new([0; PAGE as usize]),
             bounce: Vec::new(),
@@ -323,18 +339,62 @@ impl Controller {
                 std::hint::spin_loop();
                 continue;
             }
+            if self.polls_external_doorbells() {
+                // Nothing would unpark the thread for these queues: keep polling, but let go
+                // of cached regions and of the CPU now and then.
+                self.cache.clear();
+                std::thread::yield_now();
+                continue;
+            }
             let mut timeout = PARK_MAX;
             if let Some(Reverse(d)) = self.delayed.peek() {
                 timeout = timeout.min(d.due.saturating_duration_since(now));
             }
             // Let go of cached regions while idle, so freed buffers do not linger.
             self.cache.clear();
+            Counters::add(&self.shared.counters.idle_parks, 1);
             std::thread::park_timeout(timeout);
         }
     }
 
-    /// One pass over registers and queues; returns whether anything happened.
+    /// Whether a queue that takes its doorbell from an external word exists (and is served).
+    fn polls_external_doorbells(&self) -> bool {
+        self.state == State::Enabled
+            && (self.io_sqs.iter().any(|&q| {
+                self.sqs[q as usize]
+                    .as_ref()
+                    .is_some_and(|sq| sq.doorbell.is_some())
+            }) || self.cq_ids.iter().any(|&q| {
+                self.cqs[q as usize]
+                    .as_ref()
+                    .is_some_and(|cq| cq.doorbell.is_some())
+            }))
+    }
+
+    /// One pass over registers and queues, then a flush of every region written through;
+    /// returns whether anything happened.
     fn pass(&mut self) -> bool {
+        let worked = self.serve();
+        if self.cache.has_unflushed() {
+            self.flush_regions();
+        }
+        worked
+    }
+
+    /// Flushes every region written through since the last flush. A failure is controller
+    /// fatal: completions may be among the writes, so no command can be failed instead.
+    fn flush_regions(&mut self) {
+        if let Err(e) = self.cache.flush() {
+            tracing::warn!(error = %e, "memory region flush failed");
+            if self.state == State::Enabled {
+                self.enter_fatal("DMA error flushing writes to a memory region");
+            }
+        }
+    }
+
+    /// The body of [`Controller::pass`]: CC, doorbells, held and delayed completions, and a
+    /// batch from every submission queue.
+    fn serve(&mut self) -> bool {
         let mut worked = false;
         if self.shared.regs.take_disable_latch() {
             self.reset();
@@ -427,12 +487,7 @@ impl Controller {
         let mut cq = CompQueue::new(acq, cq_entries);
         cq.sq_count = 1;
         self.cqs[0] = Some(cq);
-        self.sqs[0] = Some(SubQueue {
-            base: asq,
-            entries: sq_entries,
-            head: 0,
-            cqid: 0,
-        });
+        self.sqs[0] = Some(SubQueue::new(asq, sq_entries, 0, None));
         self.cq_ids = vec![0];
         regs.set_queue(0, true, sq_entries);
         regs.set_queue(0, false, cq_entries);
@@ -451,6 +506,7 @@ impl Controller {
     fn reset(&mut self) {
         let regs = self.shared.regs.clone();
         regs.reset_queues();
+        self.shared.doorbells.reset();
         self.sqs.iter_mut().for_each(|q| *q = None);
         self.cqs.iter_mut().for_each(|q| *q = None);
         self.io_sqs.clear();
@@ -496,14 +552,18 @@ impl Controller {
         Counters::add(&self.shared.counters.fatal_errors, 1);
     }
 
-    /// Takes in CQ head doorbells, posting held completions into the space freed.
+    /// Takes in CQ head doorbells (register window or external word), posting held
+    /// completions into the space freed.
     fn update_cq_heads(&mut self) -> bool {
         let mut worked = false;
         for i in 0..self.cq_ids.len() {
             let qid = self.cq_ids[i];
-            let raw = self.shared.regs.cq_head(qid);
             let Some(cq) = self.cqs[qid as usize].as_mut() else {
                 continue;
+            };
+            let raw = match &cq.doorbell {
+                None => self.shared.regs.cq_head(qid),
+                Some(word) => word.load(),
             };
             if raw == cq.seen_doorbell {
                 continue;
@@ -511,12 +571,7 @@ impl Controller {
             cq.seen_doorbell = raw;
             worked = true;
             if !cq.head_is_valid(raw) {
-                self.doorbell_error(DoorbellError {
-                    kind: DoorbellErrorKind::InvalidValue,
-                    qid,
-                    is_sq: false,
-                    value: raw,
-                });
+                self.invalid_doorbell_value(qid, false, raw);
                 continue;
             }
             cq.head = raw;
@@ -569,16 +624,36 @@ impl Controller {
         true
     }
 
-    /// Fetches and executes up to [`BATCH`] commands of submission queue `qid`.
+    /// Fetches and executes up to [`BATCH`] commands of submission queue `qid` (up to
+    /// `external_batch` for a queue with an external doorbell), then flushes the regions
+    /// written.
     fn service_sq(&mut self, qid: u16) -> bool {
-        let tail = self.shared.regs.sq_tail(qid);
-        let Some(sq) = self.sqs[qid as usize].as_ref() else {
+        let Some(sq) = self.sqs[qid as usize].as_mut() else {
             return false;
         };
-        if tail >= sq.entries {
-            // Only possible for a write that raced the queue's re-creation; ignore it.
-            return false;
-        }
+        let (tail, limit) = match &sq.doorbell {
+            None => {
+                let tail = self.shared.regs.sq_tail(qid);
+                if tail >= sq.entries {
+                    // Only possible for a write that raced the queue's re-creation (the
+                    // window refuses out-of-range values); ignore it.
+                    return false;
+                }
+                (tail, BATCH)
+            }
+            Some(word) => {
+                let raw = word.load();
+                if raw != sq.seen_doorbell {
+                    sq.seen_doorbell = raw;
+                    if raw >= sq.entries {
+                        self.invalid_doorbell_value(qid, true, raw);
+                        return true;
+                    }
+                    sq.tail = raw;
+                }
+                (sq.tail, self.config.external_batch)
+            }
+        };
         let pending = sq.pending(tail);
         if pending == 0 {
             return false;
@@ -593,7 +668,7 @@ impl Controller {
         let Some(cq) = self.cqs[cqid as usize].as_ref() else {
             return false;
         };
-        let n = pending.min(cq.fetch_budget()).min(BATCH);
+        let n = pending.min(cq.fetch_budget()).min(limit);
         if n == 0 {
             // Waiting for the host to consume completions.
             return false;
@@ -675,6 +750,10 @@ impl Controller {
             self.finish(cqid, pc);
         }
         self.batch = batch;
+        // The batch's completions are written: regions deferring writes perform them now.
+        if self.cache.has_unflushed() {
+            self.flush_regions();
+        }
         true
     }
 
@@ -801,6 +880,19 @@ impl Controller {
         };
         // Asynchronous event: type 0 (Error status), the info code, log page 01h.
         self.raise_event(info << 8 | 0x01 << 16);
+    }
+
+    /// A doorbell value the controller itself found invalid (an external word's value, or a
+    /// CQ head that passes entries not yet posted): counted, logged and reported as a
+    /// refused register-window write is. The value is ignored.
+    pub(crate) fn invalid_doorbell_value(&mut self, qid: u16, is_sq: bool, value: u32) {
+        Counters::add(&self.shared.counters.invalid_doorbell_values, 1);
+        self.doorbell_error(DoorbellError {
+            kind: DoorbellErrorKind::InvalidValue,
+            qid,
+            is_sq,
+            value,
+        });
     }
 
     fn raise_event(&mut self, dw0: u32) {
