@@ -1,0 +1,699 @@
+// gpunvme.cuh — the device side of gpunvme: GPU threads build NVMe commands, ring doorbells and
+// poll completions on I/O queues whose rings live in GPU memory.
+//
+// Header-only, one namespace (gpunvme::), no host state, nothing here traps, prints or waits
+// without a bound: every call returns a gpunvme::status. Include it in your own kernels and hand
+// them the `queue_desc` array that the Rust crate `gpu_queues` builds (QueueSet::descriptors()).
+//
+// Layout contract: every struct below is mirrored by a #[repr(C)] struct in
+// gpu-queues/src/desc.rs, and every NVMe wire offset by nvme_spec::wire. The GPUNVME_* numbers
+// are checked on this side by static_assert and on the Rust side by a test that parses this file
+// (gpu-queues/tests/header_layout.rs), so a change on either side fails the build.
+//
+// THE QUEUE PROTOCOL (one SQ and one CQ of `depth` entries, depth a power of two):
+//  * Slot reservation. A command takes a ticket t = atomicAdd(&state->ticket, 1) (one atomic per
+//    warp in the _warp variants). Its SQ slot, and its command id, is s = t & (depth - 1). The
+//    slot is free for ticket t once slot[s].released == t (the previous owner, ticket t - depth,
+//    has seen its completion and released the slot by storing t).
+//  * Submission. The owner writes the 64-byte SQE into sq[s], then publishes it with a release
+//    store slot[s].ticket = t (gpu scope).
+//  * Doorbell coalescing. Whoever holds state->sq_lock (try-lock, never waited for) moves
+//    state->sq_published over every consecutive ticket whose SQE is in place, but never more than
+//    depth - 1 past state->cq_reaped (so neither ring can overflow: at most depth - 1 commands are
+//    between "published" and "completion consumed"), then issues ONE system-scope release fence
+//    and ONE doorbell write with the new tail. A thread whose ticket is not yet published keeps
+//    retrying that step while it waits, so no SQE is ever left behind by a lock holder that
+//    looked too early.
+//  * Completion. Whoever holds state->cq_lock drains the CQ in ring order: it reads the dword
+//    holding the phase tag (dword 3: CID and status) first, checks the phase, issues an acquire
+//    fence, and only then reads the rest of the entry (torn-CQE safe). It copies the status into
+//    slot[cid].done (release) and dw0 into slot[cid].dw0, advances the head, and rings the CQ
+//    head doorbell once per drain. Completions may arrive in any order; each waiter watches only
+//    its own slot. A CQE whose CID names a slot that is not in flight fails the queue
+//    (GPUNVME_BAD_COMPLETION): the device is not following the protocol.
+//  * Release. The waiter reads its status, clears slot[s].done and stores
+//    slot[s].released = t + depth: the next owner of the slot may go.
+//  * Bounds. Every wait has a deadline (desc.timeout_ns, measured with %globaltimer) and watches
+//    the host's abort word (desc.host_flags, pinned host memory) every GPUNVME_ABORT_POLL spins;
+//    a timeout or an abort marks the queue failed, and every later call on it returns at once.
+//
+// FENCE DISCIPLINE (PTX ISA 9.0, "Memory Consistency Model"):
+//  submit:   SQE stores -> st.release.gpu slot.ticket -> (lock holder) ld.acquire.gpu slot.ticket
+//            -> fence.acq_rel.sys -> st.mmio.relaxed.sys doorbell
+//            (the SQ is read by the controller over PCIe or by copy engines: system scope).
+//  complete: ld.relaxed.sys CQE dword 3 (phase) -> fence.acq_rel.sys -> rest of the CQE and the
+//            command's data; then st.release.gpu slot.done -> waiter ld.acquire.gpu slot.done.
+//  The doorbell is only ever written, never read (GPU reads of NVMe BARs fail on some systems).
+#pragma once
+
+#include <cuda/atomic>
+#include <stdint.h>
+
+// ---------------------------------------------------------------------------------------------
+// NVMe wire offsets (NVMe Base 2.0, "Submission Queue Entry", "Completion Queue Entry"); the
+// same numbers as nvme_spec::wire.
+#define GPUNVME_SQE_SIZE 64
+#define GPUNVME_SQE_OPC 0
+#define GPUNVME_SQE_FLAGS 1
+#define GPUNVME_SQE_CID 2
+#define GPUNVME_SQE_NSID 4
+#define GPUNVME_SQE_MPTR 16
+#define GPUNVME_SQE_PRP1 24
+#define GPUNVME_SQE_PRP2 32
+#define GPUNVME_SQE_CDW10 40
+#define GPUNVME_SQE_CDW11 44
+#define GPUNVME_SQE_CDW12 48
+#define GPUNVME_SQE_CDW13 52
+#define GPUNVME_SQE_CDW14 56
+#define GPUNVME_SQE_CDW15 60
+#define GPUNVME_CQE_SIZE 16
+#define GPUNVME_CQE_DW0 0
+#define GPUNVME_CQE_DW1 4
+#define GPUNVME_CQE_SQHD 8
+#define GPUNVME_CQE_SQID 10
+#define GPUNVME_CQE_CID 12
+#define GPUNVME_CQE_STATUS 14
+#define GPUNVME_PAGE_SIZE 4096
+
+// Layout of the structs shared with Rust (gpu-queues/src/desc.rs).
+#define GPUNVME_QUEUE_DESC_SIZE 128
+#define GPUNVME_QD_SQ 0
+#define GPUNVME_QD_CQ 8
+#define GPUNVME_QD_SQ_DOORBELL 16
+#define GPUNVME_QD_CQ_DOORBELL 24
+#define GPUNVME_QD_STATE 32
+#define GPUNVME_QD_SLOTS 40
+#define GPUNVME_QD_PRP_LISTS 48
+#define GPUNVME_QD_PRP_LISTS_BUS 56
+#define GPUNVME_QD_SLOT_BUFFERS 64
+#define GPUNVME_QD_SLOT_BUFFERS_BUS 72
+#define GPUNVME_QD_HOST_FLAGS 80
+#define GPUNVME_QD_TIMEOUT_NS 88
+#define GPUNVME_QD_DEPTH 96
+#define GPUNVME_QD_QID 100
+#define GPUNVME_QD_SLOT_BUFFER_BYTES 104
+#define GPUNVME_QD_MAX_TRANSFER 108
+#define GPUNVME_QUEUE_STATE_SIZE 128
+#define GPUNVME_QS_TICKET 0
+#define GPUNVME_QS_SQ_PUBLISHED 32
+#define GPUNVME_QS_SQ_LOCK 36
+#define GPUNVME_QS_CQ_LOCK 64
+#define GPUNVME_QS_CQ_HEAD 68
+#define GPUNVME_QS_CQ_PHASE 72
+#define GPUNVME_QS_CQ_REAPED 76
+#define GPUNVME_QS_FAILED 96
+#define GPUNVME_SLOT_STATE_SIZE 16
+#define GPUNVME_SS_RELEASED 0
+#define GPUNVME_SS_TICKET 4
+#define GPUNVME_SS_DONE 8
+#define GPUNVME_SS_DW0 12
+#define GPUNVME_IO_REQ_SIZE 32
+
+// Status codes every call returns (gpu_queues::DeviceStatus on the Rust side).
+#define GPUNVME_OK 0
+#define GPUNVME_TIMEOUT 1
+#define GPUNVME_NVME_ERROR 2
+#define GPUNVME_QUEUE_FAILED 3
+#define GPUNVME_ABORTED 4
+#define GPUNVME_INVALID_ARGUMENT 5
+#define GPUNVME_BAD_COMPLETION 6
+#define GPUNVME_OUT_OF_EXTENT 7
+
+// Host flags word (desc.host_flags): bit 0 = abort (controller fatal, device gone, shutdown).
+#define GPUNVME_HOST_ABORT 1u
+// Spins between two looks at the host's abort word (a PCIe read) and at the clock.
+#define GPUNVME_ABORT_POLL 256
+
+// slot.done: bit 31 set when a completion is stored; bits 15:0 the CQE status field with the
+// phase tag cleared (bit 0 = 0; SC in 8:1, SCT in 11:9, CRD 13:12, M 14, DNR 15).
+#define GPUNVME_DONE_BIT 0x80000000u
+
+namespace gpunvme {
+
+typedef int32_t status;
+
+// NVMe I/O opcodes (NVM Command Set 1.0).
+enum : uint8_t { OPC_FLUSH = 0x00, OPC_WRITE = 0x01, OPC_READ = 0x02, OPC_WRITE_ZEROES = 0x08 };
+
+/// One I/O queue pair as kernels see it. Built by the host; read-only on the GPU.
+struct queue_desc {
+    uint64_t sq;               // GPU pointer: SQ ring, depth * 64 B
+    uint64_t cq;               // GPU pointer: CQ ring, depth * 16 B
+    uint64_t sq_doorbell;      // GPU pointer: SQ tail doorbell (BAR0 page or pinned host page)
+    uint64_t cq_doorbell;      // GPU pointer: CQ head doorbell
+    uint64_t state;            // GPU pointer: queue_state
+    uint64_t slots;            // GPU pointer: slot_state[depth]
+    uint64_t prp_lists;        // GPU pointer: one 4 KiB PRP-list page per slot
+    uint64_t prp_lists_bus;    // device (bus) address of the first PRP-list page; pages contiguous
+    uint64_t slot_buffers;     // GPU pointer: one data buffer per slot (0: none)
+    uint64_t slot_buffers_bus; // device address of the first slot buffer; contiguous
+    uint64_t host_flags;       // GPU pointer: the host's abort word (pinned, mapped)
+    uint64_t timeout_ns;       // bound of every wait
+    uint32_t depth;            // entries of the SQ and of the CQ; a power of two
+    uint16_t qid;              // NVMe queue id
+    uint16_t reserved0;
+    uint32_t slot_buffer_bytes; // bytes of each slot buffer; its PRP list is pre-built
+    uint32_t max_transfer;      // most bytes one command may move (MDTS, capped at 2 MiB)
+    uint64_t reserved1[2];
+};
+
+/// Per-queue protocol state, in GPU memory, zeroed by the host at creation. The words that
+/// different roles hammer sit on different 32-byte sectors.
+struct queue_state {
+    uint32_t ticket;        // next ticket
+    uint32_t pad0[7];
+    uint32_t sq_published;  // tickets below this are in the SQ and the doorbell says so
+    uint32_t sq_lock;       // 1 while one thread moves the tail
+    uint32_t pad1[6];
+    uint32_t cq_lock;       // 1 while one thread drains the CQ
+    uint32_t cq_head;       // next CQ entry to look at
+    uint32_t cq_phase;      // phase tag expected there (starts at 1)
+    uint32_t cq_reaped;     // completions consumed so far (wraps)
+    uint32_t pad2[4];
+    uint32_t failed;        // 0, or the status that failed the queue
+    uint32_t pad3[7];
+};
+
+/// Per-slot (= per command id) state, in GPU memory.
+struct slot_state {
+    uint32_t released; // ticket that may take the slot next (host initialises it to the slot index)
+    uint32_t ticket;   // ticket whose SQE is in the slot, written after the SQE (host initialises
+                       // it to slot index - depth, "the previous round", wrapping)
+    uint32_t done;     // GPUNVME_DONE_BIT | status field once completed; 0 otherwise
+    uint32_t dw0;      // completion dword 0
+};
+
+/// A read or write of one command as kernels ask for it (the perf kernel and the suite use it).
+struct io_req {
+    uint64_t slba;   // first LBA
+    uint64_t prp1;   // data pointer (device addresses)
+    uint64_t prp2;
+    uint32_t nsid;
+    uint16_t nlb_z;  // blocks - 1
+    uint8_t opcode;
+    uint8_t reserved;
+};
+
+static_assert(sizeof(queue_desc) == GPUNVME_QUEUE_DESC_SIZE, "queue_desc size");
+static_assert(offsetof(queue_desc, sq) == GPUNVME_QD_SQ, "queue_desc.sq");
+static_assert(offsetof(queue_desc, cq) == GPUNVME_QD_CQ, "queue_desc.cq");
+static_assert(offsetof(queue_desc, sq_doorbell) == GPUNVME_QD_SQ_DOORBELL, "sq_doorbell");
+static_assert(offsetof(queue_desc, cq_doorbell) == GPUNVME_QD_CQ_DOORBELL, "cq_doorbell");
+static_assert(offsetof(queue_desc, state) == GPUNVME_QD_STATE, "state");
+static_assert(offsetof(queue_desc, slots) == GPUNVME_QD_SLOTS, "slots");
+static_assert(offsetof(queue_desc, prp_lists) == GPUNVME_QD_PRP_LISTS, "prp_lists");
+static_assert(offsetof(queue_desc, prp_lists_bus) == GPUNVME_QD_PRP_LISTS_BUS, "prp_lists_bus");
+static_assert(offsetof(queue_desc, slot_buffers) == GPUNVME_QD_SLOT_BUFFERS, "slot_buffers");
+static_assert(offsetof(queue_desc, slot_buffers_bus) == GPUNVME_QD_SLOT_BUFFERS_BUS, "bus");
+static_assert(offsetof(queue_desc, host_flags) == GPUNVME_QD_HOST_FLAGS, "host_flags");
+static_assert(offsetof(queue_desc, timeout_ns) == GPUNVME_QD_TIMEOUT_NS, "timeout_ns");
+static_assert(offsetof(queue_desc, depth) == GPUNVME_QD_DEPTH, "depth");
+static_assert(offsetof(queue_desc, qid) == GPUNVME_QD_QID, "qid");
+static_assert(offsetof(queue_desc, slot_buffer_bytes) == GPUNVME_QD_SLOT_BUFFER_BYTES, "sbb");
+static_assert(offsetof(queue_desc, max_transfer) == GPUNVME_QD_MAX_TRANSFER, "max_transfer");
+static_assert(sizeof(queue_state) == GPUNVME_QUEUE_STATE_SIZE, "queue_state size");
+static_assert(offsetof(queue_state, ticket) == GPUNVME_QS_TICKET, "ticket");
+static_assert(offsetof(queue_state, sq_published) == GPUNVME_QS_SQ_PUBLISHED, "sq_published");
+static_assert(offsetof(queue_state, sq_lock) == GPUNVME_QS_SQ_LOCK, "sq_lock");
+static_assert(offsetof(queue_state, cq_lock) == GPUNVME_QS_CQ_LOCK, "cq_lock");
+static_assert(offsetof(queue_state, cq_head) == GPUNVME_QS_CQ_HEAD, "cq_head");
+static_assert(offsetof(queue_state, cq_phase) == GPUNVME_QS_CQ_PHASE, "cq_phase");
+static_assert(offsetof(queue_state, cq_reaped) == GPUNVME_QS_CQ_REAPED, "cq_reaped");
+static_assert(offsetof(queue_state, failed) == GPUNVME_QS_FAILED, "failed");
+static_assert(sizeof(slot_state) == GPUNVME_SLOT_STATE_SIZE, "slot_state size");
+static_assert(offsetof(slot_state, released) == GPUNVME_SS_RELEASED, "released");
+static_assert(offsetof(slot_state, ticket) == GPUNVME_SS_TICKET, "ticket");
+static_assert(offsetof(slot_state, done) == GPUNVME_SS_DONE, "done");
+static_assert(offsetof(slot_state, dw0) == GPUNVME_SS_DW0, "dw0");
+static_assert(sizeof(io_req) == GPUNVME_IO_REQ_SIZE, "io_req size");
+
+// ---------------------------------------------------------------------------------------------
+// Primitives.
+
+using dev_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>;
+using sys_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_system>;
+
+/// Nanoseconds from the GPU's global timer.
+__device__ __forceinline__ uint64_t now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/// The doorbell write: an MMIO store at system scope, never merged or reordered with other
+/// MMIO stores (PTX ISA 8.2+, "st.mmio"; sm_70+). Callers issue the release fence first.
+__device__ __forceinline__ void doorbell_write(uint64_t addr, uint32_t value) {
+    asm volatile("st.mmio.relaxed.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ queue_state* state_of(const queue_desc& q) {
+    return reinterpret_cast<queue_state*>(q.state);
+}
+__device__ __forceinline__ slot_state* slot_of(const queue_desc& q, uint32_t s) {
+    return reinterpret_cast<slot_state*>(q.slots) + s;
+}
+
+/// A bounded wait: the deadline, the host's abort word, and a short sleep between polls.
+struct waiter {
+    uint64_t deadline;
+    uint32_t spins;
+    uint32_t sleep_ns;
+    __device__ __forceinline__ explicit waiter(const queue_desc& q)
+        : deadline(now_ns() + q.timeout_ns), spins(0), sleep_ns(32) {}
+    /// GPUNVME_OK to keep waiting, else why to stop.
+    __device__ __forceinline__ status tick(const queue_desc& q) {
+        if (++spins % GPUNVME_ABORT_POLL == 0) {
+            uint32_t flags = sys_u32(*reinterpret_cast<uint32_t*>(q.host_flags))
+                                 .load(cuda::memory_order_relaxed);
+            if (flags & GPUNVME_HOST_ABORT) return GPUNVME_ABORTED;
+            if (now_ns() > deadline) return GPUNVME_TIMEOUT;
+        }
+        __nanosleep(sleep_ns);
+        if (sleep_ns < 512) sleep_ns <<= 1;
+        return GPUNVME_OK;
+    }
+    __device__ __forceinline__ void progressed() { sleep_ns = 32; }
+};
+
+/// Marks the queue failed with `why` (the first reason sticks) and returns it.
+__device__ __forceinline__ status fail_queue(const queue_desc& q, status why) {
+    uint32_t expected = 0;
+    dev_u32(state_of(q)->failed).compare_exchange_strong(expected, (uint32_t)why,
+                                                          cuda::memory_order_relaxed);
+    return why;
+}
+
+__device__ __forceinline__ status queue_failed(const queue_desc& q) {
+    uint32_t f = dev_u32(state_of(q)->failed).load(cuda::memory_order_relaxed);
+    return f ? GPUNVME_QUEUE_FAILED : GPUNVME_OK;
+}
+
+/// Tries to take a lock word without waiting.
+__device__ __forceinline__ bool try_lock(uint32_t& word) {
+    uint32_t expected = 0;
+    return dev_u32(word).compare_exchange_strong(expected, 1u, cuda::memory_order_acquire,
+                                                 cuda::memory_order_relaxed);
+}
+__device__ __forceinline__ void unlock(uint32_t& word) {
+    dev_u32(word).store(0u, cuda::memory_order_release);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Doorbell coalescing and completion draining. Both are try-lock steps that any waiting thread
+// runs; neither ever waits for the other.
+
+/// Publishes every consecutive ready SQE (up to depth - 1 past the completions consumed) and
+/// rings the SQ tail doorbell once. Returns whether this thread held the lock.
+__device__ inline bool try_publish(const queue_desc& q) {
+    queue_state* st = state_of(q);
+    if (!try_lock(st->sq_lock)) return false;
+    const uint32_t mask = q.depth - 1;
+    uint32_t p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+    const uint32_t limit = dev_u32(st->cq_reaped).load(cuda::memory_order_acquire) + mask;
+    const uint32_t start = p;
+    while (p != limit) {
+        // Acquire: the SQE stores of the ticket's owner happen before what follows.
+        uint32_t t = dev_u32(slot_of(q, p & mask)->ticket).load(cuda::memory_order_acquire);
+        if (t != p) break;
+        ++p;
+    }
+    if (p != start) {
+        // Every SQE published so far is visible to the system before the doorbell says so.
+        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+        doorbell_write(q.sq_doorbell, p & mask);
+        dev_u32(st->sq_published).store(p, cuda::memory_order_relaxed);
+    }
+    unlock(st->sq_lock);
+    return true;
+}
+
+/// Drains the CQ into the slots (see "Completion" above) and rings the CQ head doorbell once.
+/// Returns GPUNVME_OK, or GPUNVME_BAD_COMPLETION after failing the queue.
+__device__ inline status try_reap(const queue_desc& q) {
+    queue_state* st = state_of(q);
+    if (!try_lock(st->cq_lock)) return GPUNVME_OK;
+    const uint32_t mask = q.depth - 1;
+    uint32_t head = st->cq_head;
+    uint32_t phase = st->cq_phase;
+    uint32_t n = 0;
+    status result = GPUNVME_OK;
+    const uint8_t* cq = reinterpret_cast<const uint8_t*>(q.cq);
+    while (n < q.depth) {
+        const uint8_t* cqe = cq + (size_t)head * GPUNVME_CQE_SIZE;
+        // The phase dword first (the device may still be writing the rest of the entry) ...
+        uint32_t dw3 = sys_u32(*const_cast<uint32_t*>(
+                                   reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_CID)))
+                           .load(cuda::memory_order_relaxed);
+        if (((dw3 >> 16) & 1u) != phase) break;
+        // ... then acquire, and only then the rest of the entry and the command's data.
+        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+        uint32_t cid = dw3 & 0xffffu;
+        uint32_t status_field = (dw3 >> 16) & 0xfffeu;
+        uint32_t dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
+        slot_state* slot = cid < q.depth ? slot_of(q, cid) : nullptr;
+        bool in_flight = false;
+        if (slot) {
+            uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
+            uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
+            uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
+            in_flight = rel == tk && (tk & mask) == cid && dn == 0;
+        }
+        if (!in_flight) {
+            result = fail_queue(q, GPUNVME_BAD_COMPLETION);
+            break;
+        }
+        slot->dw0 = dw0;
+        dev_u32(slot->done).store(GPUNVME_DONE_BIT | status_field, cuda::memory_order_release);
+        ++n;
+        head = (head + 1) & mask;
+        if (head == 0) phase ^= 1u;
+    }
+    if (n) {
+        st->cq_head = head;
+        st->cq_phase = phase;
+        dev_u32(st->cq_reaped).fetch_add(n, cuda::memory_order_release);
+        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+        doorbell_write(q.cq_doorbell, head);
+    }
+    unlock(st->cq_lock);
+    return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building commands.
+
+/// Fills the 64-byte SQE for `r` with command id `cid` in four 16-byte stores.
+__device__ __forceinline__ void write_sqe(const queue_desc& q, uint32_t slot, const io_req& r) {
+    uint4* sqe = reinterpret_cast<uint4*>(q.sq + (uint64_t)slot * GPUNVME_SQE_SIZE);
+    // Dword 0: opcode, flags (no fusing, PRPs), command id.
+    uint32_t dw0 = (uint32_t)r.opcode | (slot << 16);
+    sqe[0] = make_uint4(dw0, r.nsid, 0u, 0u);                          // CDW0, NSID, CDW2, CDW3
+    sqe[1] = make_uint4(0u, 0u, (uint32_t)r.prp1, (uint32_t)(r.prp1 >> 32)); // MPTR, PRP1
+    sqe[2] = make_uint4((uint32_t)r.prp2, (uint32_t)(r.prp2 >> 32),      // PRP2
+                        (uint32_t)r.slba, (uint32_t)(r.slba >> 32));     // CDW10, CDW11 = SLBA
+    sqe[3] = make_uint4((uint32_t)r.nlb_z, 0u, 0u, 0u);                  // CDW12 NLB, 13..15
+}
+
+/// Data pointer for `bytes` at device address `bus` when `bus` lies in the slot's own buffer
+/// (pre-built PRP list) or is at most two pages: no list building on the hot path.
+/// For other buffers use build_prp_list().
+__device__ __forceinline__ void slot_buffer_prps(const queue_desc& q, uint32_t slot,
+                                                 uint32_t bytes, uint64_t* prp1, uint64_t* prp2) {
+    uint64_t base = q.slot_buffers_bus + (uint64_t)slot * q.slot_buffer_bytes;
+    *prp1 = base;
+    if (bytes <= GPUNVME_PAGE_SIZE) *prp2 = 0;
+    else if (bytes <= 2 * GPUNVME_PAGE_SIZE) *prp2 = base + GPUNVME_PAGE_SIZE;
+    else *prp2 = q.prp_lists_bus + (uint64_t)slot * GPUNVME_PAGE_SIZE;
+}
+
+/// PRPs for `bytes` at device address `bus` (4-byte aligned, contiguous in device address
+/// space), writing a PRP list into the slot's list page when more than two pages are touched.
+__device__ inline status build_prps(const queue_desc& q, uint32_t slot, uint64_t bus,
+                                    uint32_t bytes, uint64_t* prp1, uint64_t* prp2) {
+    if (bytes == 0 || bytes > q.max_transfer || (bus & 3)) return GPUNVME_INVALID_ARGUMENT;
+    *prp1 = bus;
+    uint64_t first_page_end = (bus & ~(uint64_t)(GPUNVME_PAGE_SIZE - 1)) + GPUNVME_PAGE_SIZE;
+    uint64_t end = bus + bytes;
+    if (end <= first_page_end) { *prp2 = 0; return GPUNVME_OK; }
+    if (end <= first_page_end + GPUNVME_PAGE_SIZE) { *prp2 = first_page_end; return GPUNVME_OK; }
+    uint64_t* list = reinterpret_cast<uint64_t*>(q.prp_lists + (uint64_t)slot * GPUNVME_PAGE_SIZE);
+    uint32_t pages = (uint32_t)((end - first_page_end + GPUNVME_PAGE_SIZE - 1) / GPUNVME_PAGE_SIZE);
+    if (pages > GPUNVME_PAGE_SIZE / 8) return GPUNVME_INVALID_ARGUMENT;
+    for (uint32_t i = 0; i < pages; ++i) list[i] = first_page_end + (uint64_t)i * GPUNVME_PAGE_SIZE;
+    *prp2 = q.prp_lists_bus + (uint64_t)slot * GPUNVME_PAGE_SIZE;
+    return GPUNVME_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread variants: any thread, alone.
+
+/// Takes a ticket and waits (bounded) until its slot is free. On success *ticket is owned by
+/// the caller, who must submit() it.
+__device__ inline status reserve_thread(const queue_desc& q, uint32_t* ticket) {
+    status f = queue_failed(q);
+    if (f) return f;
+    uint32_t t = dev_u32(state_of(q)->ticket).fetch_add(1u, cuda::memory_order_relaxed);
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    while (dev_u32(slot->released).load(cuda::memory_order_acquire) != t) {
+        if ((f = queue_failed(q))) return f;
+        try_reap(q);
+        try_publish(q);
+        status s = w.tick(q);
+        if (s) return fail_queue(q, s);
+    }
+    *ticket = t;
+    return GPUNVME_OK;
+}
+
+/// Writes the SQE of an owned ticket and makes it publishable (no doorbell yet).
+__device__ __forceinline__ void fill_slot(const queue_desc& q, uint32_t t, const io_req& r) {
+    uint32_t s = t & (q.depth - 1);
+    write_sqe(q, s, r);
+    // Release: the SQE is in place before anyone sees the ticket.
+    dev_u32(slot_of(q, s)->ticket).store(t, cuda::memory_order_release);
+}
+
+/// Waits (bounded) until ticket t is published, publishing it (and its neighbours) itself
+/// when it can: the doorbell-coalescing step.
+__device__ inline status publish_thread(const queue_desc& q, uint32_t t) {
+    queue_state* st = state_of(q);
+    waiter w(q);
+    for (;;) {
+        uint32_t p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+        if ((int32_t)(p - t) > 0) return GPUNVME_OK;
+        status f = queue_failed(q);
+        if (f) return f;
+        if (!try_publish(q)) {
+            status s = w.tick(q);
+            if (s) return fail_queue(q, s);
+        } else {
+            // Published as far as the CQ allows; if t is still beyond that, completions must
+            // be consumed first.
+            p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+            if ((int32_t)(p - t) > 0) return GPUNVME_OK;
+            if ((f = try_reap(q))) return f;
+            status s = w.tick(q);
+            if (s) return fail_queue(q, s);
+        }
+    }
+}
+
+/// Waits (bounded) for ticket t's completion, releases the slot and returns the outcome:
+/// GPUNVME_OK, or GPUNVME_NVME_ERROR with the CQE status field in *nvme_status.
+__device__ inline status complete_thread(const queue_desc& q, uint32_t t, uint32_t* nvme_status,
+                                         uint32_t* dw0) {
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    uint32_t done;
+    for (;;) {
+        done = dev_u32(slot->done).load(cuda::memory_order_acquire);
+        if (done) break;
+        status f = queue_failed(q);
+        if (f) return f;
+        if ((f = try_reap(q))) return f;
+        done = dev_u32(slot->done).load(cuda::memory_order_acquire);
+        if (done) break;
+        try_publish(q);
+        status s = w.tick(q);
+        if (s) return fail_queue(q, s);
+    }
+    uint32_t sf = done & 0xffffu;
+    if (nvme_status) *nvme_status = sf;
+    if (dw0) *dw0 = slot->dw0;
+    dev_u32(slot->done).store(0u, cuda::memory_order_relaxed);
+    // Release the slot to ticket t + depth (release: our reads of the data come first).
+    dev_u32(slot->released).store(t + q.depth, cuda::memory_order_release);
+    return sf ? GPUNVME_NVME_ERROR : GPUNVME_OK;
+}
+
+/// One command from one thread: reserve, fill, publish, complete.
+__device__ inline status io_thread(const queue_desc& q, const io_req& r, uint32_t* nvme_status) {
+    uint32_t t;
+    status s = reserve_thread(q, &t);
+    if (s) return s;
+    fill_slot(q, t, r);
+    if ((s = publish_thread(q, t))) return s;
+    return complete_thread(q, t, nvme_status, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp variants: all 32 lanes of the warp must call them together (each lane may pass its own
+// request; lanes with active == false take part without issuing). One atomic reserves the
+// warp's slots and one doorbell (usually) publishes them.
+
+__device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
+
+/// Reserves one ticket per active lane with a single atomic. The queue must have at least 32
+/// entries: a warp's tickets are consecutive, and lane k + depth would otherwise wait for lane
+/// k's slot while lane k waits for the warp (the deadlock rule of the _thread variants, for a
+/// warp).
+__device__ inline status reserve_warp(const queue_desc& q, bool active, uint32_t* ticket) {
+    const uint32_t full = 0xffffffffu;
+    if (q.depth < 32) return GPUNVME_INVALID_ARGUMENT;  // uniform: every lane reads the same desc
+    uint32_t want = __ballot_sync(full, active);
+    uint32_t n = __popc(want);
+    uint32_t leader = want ? __ffs(want) - 1 : 0;
+    // The leader alone decides (failed queue or not) and takes the tickets; the lanes learn
+    // both from it, so the warp stays converged whatever other warps do meanwhile.
+    uint32_t base = 0;
+    status f = GPUNVME_OK;
+    if (n && lane_id() == leader) {
+        f = queue_failed(q);
+        if (!f) base = dev_u32(state_of(q)->ticket).fetch_add(n, cuda::memory_order_relaxed);
+    }
+    base = __shfl_sync(full, base, leader);
+    f = __shfl_sync(full, f, leader);
+    if (!active) return GPUNVME_OK;
+    if (f) return f;
+    uint32_t t = base + __popc(want & ((1u << lane_id()) - 1u));
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    while (dev_u32(slot->released).load(cuda::memory_order_acquire) != t) {
+        if ((f = queue_failed(q))) return f;
+        try_reap(q);
+        try_publish(q);
+        status s = w.tick(q);
+        if (s) return fail_queue(q, s);
+    }
+    *ticket = t;
+    return GPUNVME_OK;
+}
+
+/// Publishes the warp's filled tickets: lanes converge, then every lane makes sure its own
+/// ticket is published (in practice the first lane's try_publish covers the whole warp).
+__device__ inline status publish_warp(const queue_desc& q, bool active, uint32_t t) {
+    __syncwarp();
+    return active ? publish_thread(q, t) : GPUNVME_OK;
+}
+
+/// Waits for each active lane's ticket; lanes reap for one another.
+__device__ inline status complete_warp(const queue_desc& q, bool active, uint32_t t,
+                                       uint32_t* nvme_status, uint32_t* dw0) {
+    return active ? complete_thread(q, t, nvme_status, dw0) : GPUNVME_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads and writes of LBA ranges into / out of GPU memory. `bus` is the device address of the
+// GPU memory (a buffer registered for the queues' controller: gpu_queues::GpuBuffer), split at
+// desc.max_transfer.
+//
+// Deadlock rule: a thread holds at most ONE ticket at a time. Ticket t waits only on tickets
+// below it (publication waits for earlier SQEs, reservation for ticket t - depth to be
+// released), so the wait-for graph has no cycle as long as no thread waits for a later ticket
+// of its own. A thread holding two tickets could (t2 - depth == t1). Parallelism comes from
+// many threads, or from the _warp variant (one piece per lane).
+
+/// One piece of a range: `blocks` blocks at `slba`, data at device address `bus`.
+__device__ inline status rw_piece(const queue_desc& q, uint8_t opcode, uint32_t nsid,
+                                  uint64_t slba, uint32_t blocks, uint64_t bus, uint32_t bytes,
+                                  uint32_t* nvme_status) {
+    uint32_t t;
+    status s = reserve_thread(q, &t);
+    if (s) return s;
+    io_req r;
+    r.opcode = opcode;
+    r.nsid = nsid;
+    r.slba = slba;
+    r.nlb_z = (uint16_t)(blocks - 1);
+    r.reserved = 0;
+    status bad = build_prps(q, t & (q.depth - 1), bus, bytes, &r.prp1, &r.prp2);
+    if (bad) {
+        // The ticket is ours and the ring must stay consecutive: send a harmless Flush instead.
+        r.opcode = OPC_FLUSH; r.prp1 = 0; r.prp2 = 0; r.slba = 0; r.nlb_z = 0;
+    }
+    fill_slot(q, t, r);
+    if ((s = publish_thread(q, t))) return s;
+    s = complete_thread(q, t, nvme_status, nullptr);
+    return bad ? bad : s;
+}
+
+/// Blocks per command for this queue and LBA size.
+__device__ __forceinline__ uint32_t blocks_per_command(const queue_desc& q, uint32_t lba_shift) {
+    uint32_t n = q.max_transfer >> lba_shift;
+    return n < 65536 ? n : 65536;
+}
+
+/// Reads (OPC_READ) or writes (OPC_WRITE) `blocks` blocks of `1 << lba_shift` bytes at `slba`
+/// of namespace `nsid`, into or out of device addresses from `bus` (any thread, alone; one
+/// command in flight at a time).
+__device__ inline status rw_thread(const queue_desc& q, uint8_t opcode, uint32_t nsid,
+                                   uint32_t lba_shift, uint64_t slba, uint64_t blocks,
+                                   uint64_t bus, uint32_t* nvme_status) {
+    if (blocks == 0 || lba_shift < 9 || lba_shift > 12) return GPUNVME_INVALID_ARGUMENT;
+    const uint32_t per_cmd = blocks_per_command(q, lba_shift);
+    if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
+    for (uint64_t done = 0; done < blocks;) {
+        uint32_t n = (uint32_t)(blocks - done < per_cmd ? blocks - done : per_cmd);
+        status s = rw_piece(q, opcode, nsid, slba + done, n, bus + (done << lba_shift),
+                            n << lba_shift, nvme_status);
+        if (s) return s;
+        done += n;
+    }
+    return GPUNVME_OK;
+}
+
+/// The same, with all 32 lanes of a warp cooperating: lane i moves pieces i, i + 32, ...
+/// Every lane returns the warp's first error (GPUNVME_OK if none).
+__device__ inline status rw_warp(const queue_desc& q, uint8_t opcode, uint32_t nsid,
+                                 uint32_t lba_shift, uint64_t slba, uint64_t blocks, uint64_t bus,
+                                 uint32_t* nvme_status) {
+    const uint32_t full = 0xffffffffu;
+    if (blocks == 0 || lba_shift < 9 || lba_shift > 12) return GPUNVME_INVALID_ARGUMENT;
+    const uint32_t per_cmd = blocks_per_command(q, lba_shift);
+    if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
+    const uint64_t pieces = (blocks + per_cmd - 1) / per_cmd;
+    status mine = GPUNVME_OK;
+    uint32_t my_sf = 0;
+    for (uint64_t round = 0; round * 32 < pieces; ++round) {
+        uint64_t piece = round * 32 + lane_id();
+        bool active = piece < pieces && mine == GPUNVME_OK;
+        uint32_t t = 0;
+        status s = reserve_warp(q, active, &t);
+        if (active && s) { mine = s; active = false; }
+        io_req r;
+        status bad = GPUNVME_OK;
+        if (active) {
+            uint64_t first = piece * per_cmd;
+            uint32_t n = (uint32_t)(blocks - first < per_cmd ? blocks - first : per_cmd);
+            r.opcode = opcode; r.nsid = nsid; r.slba = slba + first;
+            r.nlb_z = (uint16_t)(n - 1); r.reserved = 0;
+            bad = build_prps(q, t & (q.depth - 1), bus + (first << lba_shift), n << lba_shift,
+                             &r.prp1, &r.prp2);
+            if (bad) { r.opcode = OPC_FLUSH; r.prp1 = 0; r.prp2 = 0; r.slba = 0; r.nlb_z = 0; }
+            fill_slot(q, t, r);
+        }
+        s = publish_warp(q, active, t);
+        if (active && s) { mine = s; active = false; }
+        uint32_t sf = 0;
+        s = complete_warp(q, active, t, &sf, nullptr);
+        if (active && (s || bad)) { mine = bad ? bad : s; my_sf = sf; }
+        if (__any_sync(full, mine != GPUNVME_OK)) break;
+    }
+    // The lowest failing lane's outcome, for every lane.
+    uint32_t failing = __ballot_sync(full, mine != GPUNVME_OK);
+    if (!failing) return GPUNVME_OK;
+    uint32_t src = __ffs(failing) - 1;
+    status out = __shfl_sync(full, mine, src);
+    uint32_t sf = __shfl_sync(full, my_sf, src);
+    if (nvme_status) *nvme_status = sf;
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The verification pattern of `gpunvme perf --verify` (src/pattern.rs): every 8-byte word is a
+// function of (seed, nsid, lba, word index), so the CPU and the GPU check each other's bytes.
+
+__device__ __forceinline__ uint64_t pattern_mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ __forceinline__ uint64_t pattern_word(uint64_t seed, uint32_t nsid, uint64_t lba,
+                                                 uint64_t w) {
+    uint64_t rot = (lba << 20) | (lba >> 44);
+    return pattern_mix(seed ^ ((uint64_t)nsid << 56) ^ rot ^ w);
+}
+
+}  // namespace gpunvme

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Regenerates ptx/gpunvme_kernels.ptx from ptx/gpunvme_kernels.cu with nvcc 13.0 (PyPI wheels),
+# and, with --check, fails if the committed PTX differs or if ptxas cannot assemble it for
+# sm_80 and sm_90. The compiler is pinned: the GPU machine's driver (580, CUDA 13.0) cannot load
+# PTX from newer compilers.
+#
+#   scripts/build-ptx.sh            regenerate (installs the compiler on first use)
+#   scripts/build-ptx.sh --check    CI: regenerate into a temp file, compare, assemble
+#
+# NVCC_DIR overrides where the wheels go (default: .cache/cuda13 in the repository).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CHECK=0
+[ "${1:-}" = --check ] && CHECK=1
+DIR=${NVCC_DIR:-$PWD/.cache/cuda13}
+NVCC=$DIR/nvidia/cu13/bin/nvcc
+PTXAS=$DIR/nvidia/cu13/bin/ptxas
+if [ ! -x "$NVCC" ] || ! "$NVCC" --version | grep -q 'release 13.0, V13.0.88'; then
+    echo "installing nvcc 13.0.88 into $DIR" >&2
+    python3 -m pip install -q --no-deps --target "$DIR" \
+        nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
+        nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+fi
+export PATH=$DIR/nvidia/cu13/bin:$PATH
+OUT=ptx/gpunvme_kernels.ptx
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+# compute_80: the PTX runs on Ampere and newer (the driver JIT-compiles it); st.mmio needs
+# PTX ISA 8.2+, which nvcc 13.0 emits (.version 9.0).
+"$NVCC" -ptx -arch=compute_80 -O3 -std=c++17 -Xptxas -Werror \
+    -I"$DIR/nvidia/cu13/include/cccl" -o "$TMP/k.ptx" ptx/gpunvme_kernels.cu
+# Drop the compiler's build-identifying comment lines so the output depends on the source only.
+grep -v '^// Cuda compilation tools\|^// Based on\|^// Compiler Build ID' "$TMP/k.ptx" > "$TMP/clean.ptx"
+for arch in sm_80 sm_90; do
+    "$PTXAS" -arch=$arch -O3 -o "$TMP/k_$arch.cubin" "$TMP/clean.ptx"
+done
+echo "ptxas: assembled for sm_80 and sm_90" >&2
+if [ $CHECK = 1 ]; then
+    if ! cmp -s "$TMP/clean.ptx" "$OUT"; then
+        echo "error: $OUT is stale: run scripts/build-ptx.sh and commit the result" >&2
+        diff "$OUT" "$TMP/clean.ptx" | head -20 >&2 || true
+        exit 1
+    fi
+    echo "ptx: $OUT matches its source" >&2
+else
+    cp "$TMP/clean.ptx" "$OUT"
+    echo "wrote $OUT ($(wc -l < "$OUT") lines)" >&2
+fi
