@@ -7,12 +7,16 @@
 //! [`vfio`] (real PCI devices) and [`blockfs`] (file layer).
 #![forbid(unsafe_code)]
 
+pub mod gpu_perf;
 pub mod open;
-pub mod pattern;
 pub mod perf;
 pub mod units;
 
+/// The verification patterns (shared with the GPU kernels; they live in `gpu_queues`).
+pub use gpu_queues::pattern;
+
 pub use blockfs;
+pub use gpu_queues;
 pub use nvme;
 pub use nvme_emu;
 pub use nvme_spec;

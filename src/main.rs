@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use gpunvme::open::{DeviceSpec, OpenOptions, open_controller};
+use gpunvme::open::{DeviceSpec, OpenOptions, open_controller_and_transport};
 use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
 use gpunvme::units::{parse_duration, parse_size};
 
@@ -97,9 +97,10 @@ struct PerfArgs {
     /// I/Os in flight per queue.
     #[arg(long, default_value_t = 32)]
     qd: usize,
-    /// I/O queue pairs (one thread each).
-    #[arg(long, default_value_t = 1)]
-    queues: usize,
+    /// I/O queue pairs (CPU: one thread each, default 1; --gpu: GPU queues, default every
+    /// queue the controller grants beyond --cpu-queues).
+    #[arg(long)]
+    queues: Option<usize>,
     /// Run for this long (e.g. 10s, 500ms).
     #[arg(long, value_parser = parse_duration, conflicts_with = "ios")]
     runtime: Option<std::time::Duration>,
@@ -118,6 +119,32 @@ struct PerfArgs {
     /// Seed for offsets and patterns (default: fresh each run).
     #[arg(long)]
     seed: Option<u64>,
+    /// Issue the I/O from GPU threads on queues in GPU memory (needs an NVIDIA GPU).
+    #[arg(long)]
+    gpu: bool,
+    /// GPU threads in all, one command in flight each (default: --qd per GPU queue).
+    #[arg(long, requires = "gpu")]
+    gpu_threads: Option<usize>,
+    /// How GPU threads submit: `warp` (one atomic and one doorbell per warp; needs --qd a
+    /// multiple of 32, else per thread) or `thread` (BaM-style).
+    #[arg(long, value_enum, default_value = "warp", requires = "gpu")]
+    client: ClientArg,
+    /// CPU queues running the same job on the same controller at the same time.
+    #[arg(long, default_value_t = 0, requires = "gpu")]
+    cpu_queues: usize,
+    /// Entries per GPU ring (rounded down to a power of two; default: the controller's
+    /// maximum, at most 1024).
+    #[arg(long, requires = "gpu")]
+    gpu_depth: Option<u32>,
+    /// SMs reserved (green context) for the software controller's copy kernels.
+    #[arg(long, default_value_t = 8, requires = "gpu")]
+    controller_sms: u32,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ClientArg {
+    Warp,
+    Thread,
 }
 
 fn main() -> ExitCode {
@@ -149,7 +176,7 @@ fn run(args: Args) -> Result<()> {
         lba_size: args.lba_size,
         ..Default::default()
     };
-    let ctrl = open_controller(&spec, &opts)?;
+    let (ctrl, emu) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
         Command::Write { nsid, lba, input } => cli::io::write(&ctrl, nsid, lba, &input, args.json),
@@ -169,7 +196,7 @@ fn run(args: Args) -> Result<()> {
                 },
                 bs: usize::try_from(p.bs).context("--bs is too large")?,
                 qd: p.qd,
-                queues: p.queues,
+                queues: p.queues.unwrap_or(if p.gpu { 0 } else { 1 }),
                 stop: match (p.runtime, p.ios) {
                     (_, Some(n)) => Stop::Ios(n),
                     (Some(d), None) => Stop::Runtime(d),
@@ -180,7 +207,23 @@ fn run(args: Args) -> Result<()> {
                 size: p.size,
                 seed: p.seed,
             };
-            perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
+            if p.gpu {
+                let gargs = gpunvme::gpu_perf::GpuPerfArgs {
+                    perf: cfg,
+                    gpu_threads: p.gpu_threads,
+                    style: match p.client {
+                        ClientArg::Warp => gpunvme::gpu_queues::perf::ClientStyle::Warp,
+                        ClientArg::Thread => gpunvme::gpu_queues::perf::ClientStyle::Thread,
+                    },
+                    cpu_queues: p.cpu_queues,
+                    depth: p.gpu_depth,
+                    controller_sms: p.controller_sms,
+                };
+                gpunvme::gpu_perf::run(&ctrl, emu.as_ref(), &gargs)
+                    .and_then(|report| cli::perf::print_gpu(&report, args.json))
+            } else {
+                perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
+            }
         }
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
     };

@@ -66,14 +66,31 @@ impl Default for OpenOptions {
     }
 }
 
+/// An opened transport.
+pub struct Opened {
+    /// The device, as the driver sees it.
+    pub device: Arc<dyn Device>,
+    /// The software controller's handle, when that is what the device is (GPU queues need it
+    /// to register GPU memory and doorbells).
+    pub emu: Option<Arc<EmuDevice>>,
+}
+
 /// Opens the transport named by `spec` (without bringing the controller up).
 pub fn open_device(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Arc<dyn Device>> {
-    match spec {
+    Ok(open_transport(spec, opts)?.device)
+}
+
+/// Opens the transport named by `spec`, keeping the software controller's handle.
+pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
+    let emu = match spec {
         DeviceSpec::Pci(addr) => {
             // vfio's errors already name the address and say what to do.
-            Ok(vfio::VfioNvme::open(addr, &vfio::VfioOptions::default())?)
+            return Ok(Opened {
+                device: vfio::VfioNvme::open(addr, &vfio::VfioOptions::default())?,
+                emu: None,
+            });
         }
-        DeviceSpec::Image(path) => open_image(path, opts.lba_size),
+        DeviceSpec::Image(path) => open_image(path, opts.lba_size)?,
         DeviceSpec::DefaultImage => {
             let path = Path::new(DEFAULT_IMAGE);
             if !path.exists() {
@@ -85,12 +102,16 @@ pub fn open_device(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Arc<dyn Devi
                     DEFAULT_IMAGE_BYTES
                 );
             }
-            open_image(path, opts.lba_size)
+            open_image(path, opts.lba_size)?
         }
-    }
+    };
+    Ok(Opened {
+        device: emu.clone(),
+        emu: Some(emu),
+    })
 }
 
-fn open_image(path: &Path, lba_size: u32) -> Result<Arc<dyn Device>> {
+fn open_image(path: &Path, lba_size: u32) -> Result<Arc<EmuDevice>> {
     if !path.exists() {
         bail!(
             "image {} does not exist (create one with `truncate -s 1G {}`, or omit --device to use ./{DEFAULT_IMAGE})",
@@ -106,10 +127,20 @@ fn open_image(path: &Path, lba_size: u32) -> Result<Arc<dyn Device>> {
 
 /// Opens the device and brings its controller up.
 pub fn open_controller(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Controller> {
-    let dev = open_device(spec, opts)?;
-    let describe = dev.describe();
-    Controller::new(dev, opts.controller.clone())
-        .with_context(|| format!("bringing up the controller ({describe})"))
+    Ok(open_controller_and_transport(spec, opts)?.0)
+}
+
+/// Like [`open_controller`], also returning the software controller's handle when the device
+/// is one.
+pub fn open_controller_and_transport(
+    spec: &DeviceSpec,
+    opts: &OpenOptions,
+) -> Result<(Controller, Option<Arc<EmuDevice>>)> {
+    let Opened { device, emu } = open_transport(spec, opts)?;
+    let describe = device.describe();
+    let ctrl = Controller::new(device, opts.controller.clone())
+        .with_context(|| format!("bringing up the controller ({describe})"))?;
+    Ok((ctrl, emu))
 }
 
 #[cfg(test)]

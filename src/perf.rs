@@ -33,7 +33,8 @@ pub enum RwMode {
 }
 
 impl RwMode {
-    fn is_write(self) -> bool {
+    /// Whether the pattern writes.
+    pub fn is_write(self) -> bool {
         matches!(self, Self::Write | Self::RandWrite)
     }
     fn is_random(self) -> bool {

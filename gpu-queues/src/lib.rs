@@ -1,6 +1,45 @@
-//! NVMe I/O queue pairs in GPU memory (layer: controller/queues, GPU side).
+//! NVMe I/O queue pairs in GPU memory (layer: controller/queues, GPU side): GPU threads build
+//! commands, ring doorbells and poll completions themselves; the CPU only creates the queues
+//! through its admin queue and watches for controller failure.
 //!
-//! **Not implemented yet.** This crate will hold the GPU-memory `DmaBuffer`, the device-side
-//! queue handles that the kernels in `ptx/` drive, and their creation through the CPU admin
-//! queue of the `nvme` crate. Nothing here runs today; see the README's "What works where".
-#![forbid(unsafe_code)]
+//! # Architecture
+//! - `ptx/gpunvme.cuh` (embedded as [`desc::HEADER`]): the device side — slot reservation by
+//!   ticket, doorbell coalescing, completion by command id with the phase tag, bounded waits,
+//!   thread and warp variants, PRPs from pre-built per-slot lists, MDTS splitting. Its protocol
+//!   and fence discipline are written at its top.
+//! - [`desc`]: the `#[repr(C)]` mirrors of the header's structs ([`QueueDesc`], ...), checked
+//!   against the header's `GPUNVME_*` numbers and `nvme_spec::wire` by tests.
+//! - [`ffi`] (the only `unsafe` module): the CUDA driver API through cudarc's dynamically
+//!   loaded `sys` bindings, so this crate builds and its CPU tests run without CUDA.
+//! - [`kernels`]: the embedded PTX, loaded eagerly and warmed up before anything spins.
+//! - [`queues`]: [`GpuQueues`] — rings, protocol state, PRP-list pages and slot buffers in GPU
+//!   memory, created with `nvme::Controller::create_queue_pair_on_with` on the same controller
+//!   that serves CPU queues.
+//! - [`emu_dma`]: transport (a), the software controller serving those queues with batched
+//!   copies (one scatter kernel per controller batch) in an SM partition of its own.
+//! - [`perf`]: the GPU side of `gpunvme perf --gpu`.
+//!
+//! # Transports
+//! Chosen at run time and always reported ([`GpuQueues::describe`]):
+//! - (a) the software controller — implemented and run on the GPU machine;
+//! - (b) VFIO with a real SSD (BAR0 doorbells registered with CUDA, GPU memory mapped for the
+//!   SSD) and (c) the host-memory fallback — **not implemented yet**; see the README.
+//!
+//! # Not implemented
+//! Transports (b) and (c); SGLs; queues deeper than 65536; more than one namespace per kernel
+//! call (each call names its namespace).
+
+pub mod cpu_client;
+pub mod desc;
+pub mod emu_dma;
+pub mod error;
+pub mod ffi;
+pub mod kernels;
+pub mod pattern;
+pub mod perf;
+pub mod queues;
+
+pub use desc::{DeviceStatus, IoReq, QueueDesc};
+pub use error::GpuError;
+pub use ffi::{Cuda, cuda_present};
+pub use queues::{GpuBuffer, GpuQueueOptions, GpuQueues, TransportKind};

@@ -1,6 +1,7 @@
 //! `gpunvme perf`: printing a run's report.
 
 use anyhow::Result;
+use gpunvme::gpu_perf::GpuPerfReport;
 use gpunvme::perf::PerfReport;
 use gpunvme::units::format_bytes;
 
@@ -34,6 +35,44 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
             );
         }
     }
+    if let Some(e) = &r.first_error {
+        anyhow::bail!("{} of {} I/Os failed; first: {e}", r.errors, r.ios);
+    }
+    Ok(())
+}
+
+/// Prints a `perf --gpu` report: the GPU side as `perf` prints it, with the GPU configuration
+/// and transport, then the CPU side when it ran. Fails when either side had errors.
+pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        let g = &r.gpu;
+        println!(
+            "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
+            g.device, g.threads, g.style, g.queues, g.depth, g.transport
+        );
+        if let (Some(l), Some(p)) = (g.dma_launches, g.dma_pieces) {
+            println!("  controller copy kernels: {l} launches, {p} pieces");
+        }
+    }
+    let gpu_result = if as_json {
+        report_errors(&r.report)
+    } else {
+        print(&r.report, false)
+    };
+    let cpu_result = match &r.cpu {
+        Some(c) if !as_json => {
+            println!("CPU queues on the same controller:");
+            print(c, false)
+        }
+        Some(c) => report_errors(c),
+        None => Ok(()),
+    };
+    gpu_result.and(cpu_result)
+}
+
+fn report_errors(r: &PerfReport) -> Result<()> {
     if let Some(e) = &r.first_error {
         anyhow::bail!("{} of {} I/Os failed; first: {e}", r.errors, r.ios);
     }

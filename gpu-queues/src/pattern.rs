@@ -1,8 +1,11 @@
-//! Verification patterns: bytes that are a pure function of (seed, namespace, LBA, offset).
+//! Verification patterns: bytes that are a pure function of (seed, namespace, LBA, offset) — the
+//! same function as `gpunvme::pattern_word` in ptx/gpunvme.cuh, so CPU and GPU check each
+//! other's bytes.
 //!
 //! Because a block's content depends only on where it lives, concurrent or repeated writes of
 //! the same LBA always carry the same bytes, so any later read can be checked without knowing
 //! which write landed last.
+#![forbid(unsafe_code)]
 
 /// SplitMix64 finaliser: a cheap, well-mixed 64-bit hash.
 fn mix(mut z: u64) -> u64 {
@@ -12,7 +15,8 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn word(seed: u64, nsid: u32, lba: u64, word_index: usize) -> u64 {
+/// The 8-byte word `word_index` of block `lba` (little-endian on the medium).
+pub fn word(seed: u64, nsid: u32, lba: u64, word_index: usize) -> u64 {
     mix(seed ^ ((nsid as u64) << 56) ^ lba.rotate_left(20) ^ word_index as u64)
 }
 

@@ -1,0 +1,467 @@
+//! The structs shared with the CUDA side, byte for byte: `#[repr(C)]` mirrors of
+//! `ptx/gpunvme.cuh` and `ptx/gpunvme_kernels.cu`, with the header's status codes.
+//!
+//! The header carries the same numbers as `GPUNVME_*` defines and checks them with
+//! `static_assert`; the tests below parse those defines and compare them with `offset_of!` here
+//! and with `nvme_spec::wire`, so neither side can drift alone.
+#![forbid(unsafe_code)]
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// The device header, as committed (for embedders and for the layout test).
+pub const HEADER: &str = include_str!("../../ptx/gpunvme.cuh");
+/// The kernels' source, as committed.
+pub const KERNELS_CU: &str = include_str!("../../ptx/gpunvme_kernels.cu");
+/// The kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded at run time.
+pub const KERNELS_PTX: &str = include_str!("../../ptx/gpunvme_kernels.ptx");
+
+/// One I/O queue pair as kernels see it (`gpunvme::queue_desc`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct QueueDesc {
+    /// GPU pointer: SQ ring.
+    pub sq: u64,
+    /// GPU pointer: CQ ring.
+    pub cq: u64,
+    /// GPU pointer: SQ tail doorbell.
+    pub sq_doorbell: u64,
+    /// GPU pointer: CQ head doorbell.
+    pub cq_doorbell: u64,
+    /// GPU pointer: [`QueueState`].
+    pub state: u64,
+    /// GPU pointer: `[SlotState; depth]`.
+    pub slots: u64,
+    /// GPU pointer: one 4 KiB PRP-list page per slot.
+    pub prp_lists: u64,
+    /// Device address of the first PRP-list page (pages contiguous).
+    pub prp_lists_bus: u64,
+    /// GPU pointer: one data buffer per slot (0: none).
+    pub slot_buffers: u64,
+    /// Device address of the first slot buffer (contiguous).
+    pub slot_buffers_bus: u64,
+    /// GPU pointer: the host's abort word.
+    pub host_flags: u64,
+    /// Bound of every device-side wait, in nanoseconds.
+    pub timeout_ns: u64,
+    /// Entries of the SQ and of the CQ (a power of two).
+    pub depth: u32,
+    /// NVMe queue id.
+    pub qid: u16,
+    /// Reserved.
+    pub reserved0: u16,
+    /// Bytes of each slot buffer.
+    pub slot_buffer_bytes: u32,
+    /// Most bytes one command may move.
+    pub max_transfer: u32,
+    /// Reserved.
+    pub reserved1: [u64; 2],
+}
+const _: () = assert!(size_of::<QueueDesc>() == 128);
+
+/// Per-queue protocol state (`gpunvme::queue_state`), in GPU memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct QueueState {
+    /// Next ticket.
+    pub ticket: u32,
+    /// Padding (separate sector).
+    pub pad0: [u32; 7],
+    /// Tickets below this are published.
+    pub sq_published: u32,
+    /// Tail-mover lock.
+    pub sq_lock: u32,
+    /// Padding.
+    pub pad1: [u32; 6],
+    /// CQ drain lock.
+    pub cq_lock: u32,
+    /// Next CQ entry to look at.
+    pub cq_head: u32,
+    /// Expected phase there.
+    pub cq_phase: u32,
+    /// Completions consumed.
+    pub cq_reaped: u32,
+    /// Padding.
+    pub pad2: [u32; 4],
+    /// 0, or the [`DeviceStatus`] that failed the queue.
+    pub failed: u32,
+    /// Padding.
+    pub pad3: [u32; 7],
+}
+const _: () = assert!(size_of::<QueueState>() == 128);
+
+/// Per-slot state (`gpunvme::slot_state`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SlotState {
+    /// Ticket that may take the slot next.
+    pub released: u32,
+    /// Ticket whose SQE is in the slot.
+    pub ticket: u32,
+    /// `DONE_BIT | status field` once completed.
+    pub done: u32,
+    /// Completion dword 0.
+    pub dw0: u32,
+}
+const _: () = assert!(size_of::<SlotState>() == 16);
+
+/// One command as the batch kernel takes it (`gpunvme::io_req`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct IoReq {
+    /// First LBA.
+    pub slba: u64,
+    /// PRP entry 1.
+    pub prp1: u64,
+    /// PRP entry 2.
+    pub prp2: u64,
+    /// Namespace.
+    pub nsid: u32,
+    /// Blocks - 1.
+    pub nlb_z: u16,
+    /// NVM opcode.
+    pub opcode: u8,
+    /// Reserved.
+    pub reserved: u8,
+}
+const _: () = assert!(size_of::<IoReq>() == 32);
+
+/// Parameters of the perf kernel (`perf_params` in gpunvme_kernels.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct PerfParams {
+    /// GPU pointer: `[QueueDesc; nqueues]`.
+    pub queues: u64,
+    /// GPU pointer: [`PerfCounters`].
+    pub counters: u64,
+    /// GPU pointer: `[u32; LAT_BUCKETS]`.
+    pub lat_hist: u64,
+    /// Pattern and offset seed.
+    pub seed: u64,
+    /// Blocks from LBA 0 the run touches.
+    pub region_blocks: u64,
+    /// I/Os to issue (0: until runtime_ns).
+    pub ios: u64,
+    /// Each thread starts no I/O after this long (0: stop by `ios`).
+    pub runtime_ns: u64,
+    /// Queues.
+    pub nqueues: u32,
+    /// 0 read, 1 write, 2 randread, 3 randwrite.
+    pub rw: u32,
+    /// Namespace.
+    pub nsid: u32,
+    /// log2 of the LBA size.
+    pub lba_shift: u32,
+    /// Blocks per I/O.
+    pub blocks_per_io: u32,
+    /// 1: warp-cooperative submission.
+    pub warp_mode: u32,
+    /// 1: pattern writes and checked reads.
+    pub verify: u32,
+    /// Reserved.
+    pub reserved: [u32; 3],
+}
+const _: () = assert!(size_of::<PerfParams>() == 96);
+
+/// What the perf kernel reports (`perf_counters`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct PerfCounters {
+    /// I/O indices handed out.
+    pub issued: u64,
+    /// I/Os completed successfully and (with verify) matching.
+    pub done: u64,
+    /// I/Os that failed.
+    pub errors: u64,
+    /// Reads whose bytes differed from the pattern.
+    pub mismatches: u64,
+    /// [`DeviceStatus`] of the first failure.
+    pub first_status: u32,
+    /// Its CQE status field.
+    pub first_nvme_status: u32,
+    /// LBA of the first failure or mismatch.
+    pub first_bad_lba: u64,
+    /// Reserved.
+    pub reserved: [u64; 2],
+}
+const _: () = assert!(size_of::<PerfCounters>() == 64);
+
+/// One piece of the software controller's batched copies (`copy_desc`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CopyDesc {
+    /// GPU pointer (destination of a scatter, source of a gather).
+    pub dst: u64,
+    /// Offset in the staging area.
+    pub src: u32,
+    /// Bytes, with [`COPY_LATE`] for pieces written after all others.
+    pub len: u32,
+}
+const _: () = assert!(size_of::<CopyDesc>() == 16);
+
+/// `CopyDesc::len` flag: written by the scatter's last block, after every other piece.
+pub const COPY_LATE: u32 = 0x8000_0000;
+/// Buckets of the perf kernel's latency histogram.
+pub const LAT_BUCKETS: usize = 1024;
+/// `SlotState::done` flag.
+pub const DONE_BIT: u32 = 0x8000_0000;
+/// Host flags word: abort every wait.
+pub const HOST_ABORT: u32 = 1;
+
+/// Lower bound in nanoseconds of latency bucket `b` (inverse of the kernel's `lat_bucket`).
+pub fn lat_bucket_floor(b: usize) -> u64 {
+    if b < 16 {
+        return b as u64;
+    }
+    let e = (b / 16) as u32 + 3;
+    let sub = (b % 16) as u64;
+    (1u64 << e) + (sub << (e - 4))
+}
+
+/// A device-side call's outcome (the header's `GPUNVME_*` status codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceStatus {
+    /// Success.
+    Ok,
+    /// A bounded wait ran out.
+    Timeout,
+    /// The controller completed the command with an error status.
+    NvmeError,
+    /// The queue failed earlier (timeout, abort, bad completion) and takes no commands.
+    QueueFailed,
+    /// The host aborted (controller fatal, device gone, shutdown).
+    Aborted,
+    /// Bad arguments (size above MDTS, unaligned buffer).
+    InvalidArgument,
+    /// The controller posted a completion for no command in flight.
+    BadCompletion,
+    /// A file access past the file's extents.
+    OutOfExtent,
+    /// A code this build does not know.
+    Unknown(u32),
+}
+
+impl DeviceStatus {
+    /// Decodes a status code.
+    pub fn from_code(code: u32) -> Self {
+        match code {
+            0 => Self::Ok,
+            1 => Self::Timeout,
+            2 => Self::NvmeError,
+            3 => Self::QueueFailed,
+            4 => Self::Aborted,
+            5 => Self::InvalidArgument,
+            6 => Self::BadCompletion,
+            7 => Self::OutOfExtent,
+            c => Self::Unknown(c),
+        }
+    }
+
+    /// The code.
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Ok => 0,
+            Self::Timeout => 1,
+            Self::NvmeError => 2,
+            Self::QueueFailed => 3,
+            Self::Aborted => 4,
+            Self::InvalidArgument => 5,
+            Self::BadCompletion => 6,
+            Self::OutOfExtent => 7,
+            Self::Unknown(c) => c,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Self::Ok => "ok",
+            Self::Timeout => "timed out (GPUNVME_TIMEOUT)",
+            Self::NvmeError => "NVMe error status (GPUNVME_NVME_ERROR)",
+            Self::QueueFailed => "queue failed earlier (GPUNVME_QUEUE_FAILED)",
+            Self::Aborted => "aborted by the host (GPUNVME_ABORTED)",
+            Self::InvalidArgument => "invalid argument (GPUNVME_INVALID_ARGUMENT)",
+            Self::BadCompletion => "completion for no command in flight (GPUNVME_BAD_COMPLETION)",
+            Self::OutOfExtent => "outside the file's extents (GPUNVME_OUT_OF_EXTENT)",
+            Self::Unknown(c) => return write!(f, "unknown status {c}"),
+        };
+        f.write_str(s)
+    }
+}
+
+/// Every `#define GPUNVME_NAME <integer>` in `text`, as (NAME without the prefix, value).
+pub fn header_defines(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix("#define GPUNVME_")?;
+            let mut it = rest.split_whitespace();
+            let name = it.next()?;
+            let value = it.next()?.trim_end_matches('u');
+            let v = if let Some(hex) = value.strip_prefix("0x") {
+                u64::from_str_radix(hex, 16).ok()?
+            } else {
+                value.parse().ok()?
+            };
+            Some((name.to_string(), v))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme_spec::wire;
+    use std::collections::HashMap;
+    use std::mem::offset_of;
+
+    fn defines() -> HashMap<String, u64> {
+        let mut m: HashMap<String, u64> = header_defines(HEADER).into_iter().collect();
+        m.extend(header_defines(KERNELS_CU));
+        m
+    }
+
+    #[test]
+    fn header_matches_rust_layouts() {
+        let d = defines();
+        let want: &[(&str, usize)] = &[
+            ("QUEUE_DESC_SIZE", size_of::<QueueDesc>()),
+            ("QD_SQ", offset_of!(QueueDesc, sq)),
+            ("QD_CQ", offset_of!(QueueDesc, cq)),
+            ("QD_SQ_DOORBELL", offset_of!(QueueDesc, sq_doorbell)),
+            ("QD_CQ_DOORBELL", offset_of!(QueueDesc, cq_doorbell)),
+            ("QD_STATE", offset_of!(QueueDesc, state)),
+            ("QD_SLOTS", offset_of!(QueueDesc, slots)),
+            ("QD_PRP_LISTS", offset_of!(QueueDesc, prp_lists)),
+            ("QD_PRP_LISTS_BUS", offset_of!(QueueDesc, prp_lists_bus)),
+            ("QD_SLOT_BUFFERS", offset_of!(QueueDesc, slot_buffers)),
+            (
+                "QD_SLOT_BUFFERS_BUS",
+                offset_of!(QueueDesc, slot_buffers_bus),
+            ),
+            ("QD_HOST_FLAGS", offset_of!(QueueDesc, host_flags)),
+            ("QD_TIMEOUT_NS", offset_of!(QueueDesc, timeout_ns)),
+            ("QD_DEPTH", offset_of!(QueueDesc, depth)),
+            ("QD_QID", offset_of!(QueueDesc, qid)),
+            (
+                "QD_SLOT_BUFFER_BYTES",
+                offset_of!(QueueDesc, slot_buffer_bytes),
+            ),
+            ("QD_MAX_TRANSFER", offset_of!(QueueDesc, max_transfer)),
+            ("QUEUE_STATE_SIZE", size_of::<QueueState>()),
+            ("QS_TICKET", offset_of!(QueueState, ticket)),
+            ("QS_SQ_PUBLISHED", offset_of!(QueueState, sq_published)),
+            ("QS_SQ_LOCK", offset_of!(QueueState, sq_lock)),
+            ("QS_CQ_LOCK", offset_of!(QueueState, cq_lock)),
+            ("QS_CQ_HEAD", offset_of!(QueueState, cq_head)),
+            ("QS_CQ_PHASE", offset_of!(QueueState, cq_phase)),
+            ("QS_CQ_REAPED", offset_of!(QueueState, cq_reaped)),
+            ("QS_FAILED", offset_of!(QueueState, failed)),
+            ("SLOT_STATE_SIZE", size_of::<SlotState>()),
+            ("SS_RELEASED", offset_of!(SlotState, released)),
+            ("SS_TICKET", offset_of!(SlotState, ticket)),
+            ("SS_DONE", offset_of!(SlotState, done)),
+            ("SS_DW0", offset_of!(SlotState, dw0)),
+            ("IO_REQ_SIZE", size_of::<IoReq>()),
+            ("PERF_PARAMS_SIZE", size_of::<PerfParams>()),
+            ("PERF_COUNTERS_SIZE", size_of::<PerfCounters>()),
+            ("COPY_DESC_SIZE", size_of::<CopyDesc>()),
+            ("LAT_BUCKETS", LAT_BUCKETS),
+            ("COPY_LATE", COPY_LATE as usize),
+            ("DONE_BIT", DONE_BIT as usize),
+            ("HOST_ABORT", HOST_ABORT as usize),
+        ];
+        for (name, value) in want {
+            assert_eq!(
+                d.get(*name).copied(),
+                Some(*value as u64),
+                "GPUNVME_{name} in the CUDA sources vs the Rust layout"
+            );
+        }
+        for code in 0..8 {
+            let name = match DeviceStatus::from_code(code) {
+                DeviceStatus::Ok => "OK",
+                DeviceStatus::Timeout => "TIMEOUT",
+                DeviceStatus::NvmeError => "NVME_ERROR",
+                DeviceStatus::QueueFailed => "QUEUE_FAILED",
+                DeviceStatus::Aborted => "ABORTED",
+                DeviceStatus::InvalidArgument => "INVALID_ARGUMENT",
+                DeviceStatus::BadCompletion => "BAD_COMPLETION",
+                DeviceStatus::OutOfExtent => "OUT_OF_EXTENT",
+                DeviceStatus::Unknown(_) => unreachable!(),
+            };
+            assert_eq!(d.get(name).copied(), Some(code as u64), "GPUNVME_{name}");
+        }
+    }
+
+    #[test]
+    fn header_matches_nvme_spec_wire_offsets() {
+        let d = defines();
+        let want: &[(&str, usize)] = &[
+            ("SQE_SIZE", wire::SQE_SIZE),
+            ("SQE_OPC", wire::SQE_OPC),
+            ("SQE_FLAGS", wire::SQE_FLAGS),
+            ("SQE_CID", wire::SQE_CID),
+            ("SQE_NSID", wire::SQE_NSID),
+            ("SQE_MPTR", wire::SQE_MPTR),
+            ("SQE_PRP1", wire::SQE_PRP1),
+            ("SQE_PRP2", wire::SQE_PRP2),
+            ("SQE_CDW10", wire::SQE_CDW10),
+            ("SQE_CDW11", wire::SQE_CDW11),
+            ("SQE_CDW12", wire::SQE_CDW12),
+            ("SQE_CDW13", wire::SQE_CDW13),
+            ("SQE_CDW14", wire::SQE_CDW14),
+            ("SQE_CDW15", wire::SQE_CDW15),
+            ("CQE_SIZE", wire::CQE_SIZE),
+            ("CQE_DW0", wire::CQE_DW0),
+            ("CQE_DW1", wire::CQE_DW1),
+            ("CQE_SQHD", wire::CQE_SQHD),
+            ("CQE_SQID", wire::CQE_SQID),
+            ("CQE_CID", wire::CQE_CID),
+            ("CQE_STATUS", wire::CQE_STATUS),
+        ];
+        for (name, value) in want {
+            assert_eq!(
+                d.get(*name).copied(),
+                Some(*value as u64),
+                "GPUNVME_{name} in ptx/gpunvme.cuh vs nvme_spec::wire"
+            );
+        }
+    }
+
+    #[test]
+    fn latency_buckets_invert() {
+        // The kernel's bucket function, in Rust, against the floor function.
+        fn bucket(ns: u64) -> usize {
+            if ns < 16 {
+                return ns as usize;
+            }
+            let e = 63 - ns.leading_zeros();
+            (((e - 3) * 16) as u64 + ((ns >> (e - 4)) & 15)).min(LAT_BUCKETS as u64 - 1) as usize
+        }
+        for ns in [0u64, 15, 16, 17, 100, 1000, 7_700, 123_456, 10_000_000] {
+            let b = bucket(ns);
+            assert!(lat_bucket_floor(b) <= ns, "{ns}");
+            assert!(lat_bucket_floor(b + 1) > ns, "{ns}");
+        }
+    }
+
+    #[test]
+    fn ptx_is_embedded_with_every_kernel() {
+        for k in [
+            "gpunvme_perf",
+            "gpunvme_io_batch",
+            "gpunvme_rw_range",
+            "gpunvme_pattern",
+            "gpunvme_scatter",
+            "gpunvme_gather",
+            "gpunvme_warmup",
+        ] {
+            assert!(
+                KERNELS_PTX.contains(&format!(".entry {k}(")),
+                "{k} missing from the PTX"
+            );
+        }
+        assert!(KERNELS_PTX.contains(".target sm_80"));
+        assert!(KERNELS_PTX.contains("st.mmio.relaxed.sys.global.u32"));
+    }
+}

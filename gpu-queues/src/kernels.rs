@@ -1,0 +1,62 @@
+//! The project's kernels, loaded once per GPU from the embedded PTX.
+//!
+//! Every kernel is loaded (and launched once, empty) before any kernel that spins is started:
+//! with lazy loading, the first launch of a kernel while a persistent kernel holds the GPU was
+//! seen never to run (../shared/design/gpu.md, "Deadlocks seen").
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::desc::KERNELS_PTX;
+use crate::error::GpuError;
+use crate::ffi::{Arg, Cuda, Kernel, Library, Stream};
+
+/// The loaded kernels of `ptx/gpunvme_kernels.cu`.
+pub struct Kernels {
+    _lib: Library,
+    /// `gpunvme_perf`.
+    pub perf: Kernel,
+    /// `gpunvme_io_batch`.
+    pub io_batch: Kernel,
+    /// `gpunvme_rw_range`.
+    pub rw_range: Kernel,
+    /// `gpunvme_pattern`.
+    pub pattern: Kernel,
+    /// `gpunvme_scatter`.
+    pub scatter: Kernel,
+    /// `gpunvme_gather`.
+    pub gather: Kernel,
+    /// `gpunvme_warmup`.
+    pub warmup: Kernel,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").finish_non_exhaustive()
+    }
+}
+
+impl Kernels {
+    /// JIT-loads the embedded PTX and looks up every kernel.
+    pub fn load(cuda: &Arc<Cuda>) -> Result<Arc<Self>, GpuError> {
+        let lib = Library::load_ptx(cuda, KERNELS_PTX)?;
+        Ok(Arc::new(Self {
+            perf: lib.kernel("gpunvme_perf")?,
+            io_batch: lib.kernel("gpunvme_io_batch")?,
+            rw_range: lib.kernel("gpunvme_rw_range")?,
+            pattern: lib.kernel("gpunvme_pattern")?,
+            scatter: lib.kernel("gpunvme_scatter")?,
+            gather: lib.kernel("gpunvme_gather")?,
+            warmup: lib.kernel("gpunvme_warmup")?,
+            _lib: lib,
+        }))
+    }
+
+    /// Launches the empty kernel on `stream` and waits for it: after this, nothing needs
+    /// loading on that stream's context.
+    pub fn warm_up(&self, stream: &Stream) -> Result<(), GpuError> {
+        stream.launch(self.warmup, 1, 32, &[Arg::U64(0)])?;
+        stream.wait_idle(Duration::from_secs(10))
+    }
+}

@@ -1,0 +1,293 @@
+//! The GPU side of `gpunvme perf --gpu`: launch the perf kernel on the clients' SM partition,
+//! wait for it (bounded, with a watchdog that aborts the device-side waits), and read back its
+//! counters and latency histogram. Printing and the CPU side live in the CLI.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use zerocopy::IntoBytes;
+
+use crate::desc::{DeviceStatus, LAT_BUCKETS, PerfCounters, PerfParams, lat_bucket_floor};
+use crate::error::GpuError;
+use crate::ffi::{Arg, DeviceMemory};
+use crate::queues::GpuQueues;
+
+/// Access pattern (fio's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuRw {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Uniformly random reads.
+    RandRead,
+    /// Uniformly random writes.
+    RandWrite,
+}
+
+impl GpuRw {
+    fn code(self) -> u32 {
+        match self {
+            Self::Read => 0,
+            Self::Write => 1,
+            Self::RandRead => 2,
+            Self::RandWrite => 3,
+        }
+    }
+    /// Whether it writes.
+    pub fn is_write(self) -> bool {
+        matches!(self, Self::Write | Self::RandWrite)
+    }
+}
+
+/// How GPU threads submit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientStyle {
+    /// All 32 lanes of a warp together: one ticket atomic and (usually) one doorbell per warp.
+    Warp,
+    /// Every thread alone (BaM-style).
+    Thread,
+}
+
+impl ClientStyle {
+    /// Name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Warp => "warp",
+            Self::Thread => "thread",
+        }
+    }
+}
+
+/// One GPU perf run.
+#[derive(Clone, Debug)]
+pub struct GpuPerfConfig {
+    /// Access pattern.
+    pub rw: GpuRw,
+    /// Namespace.
+    pub nsid: u32,
+    /// Its LBA size in bytes (512 or 4096).
+    pub lba_size: u32,
+    /// Bytes per I/O (one command: at most the slot buffer).
+    pub bs: u32,
+    /// Commands in flight per queue (= GPU threads per queue).
+    pub qd: u32,
+    /// Submission style.
+    pub style: ClientStyle,
+    /// I/Os to run in all (0: run for `runtime`).
+    pub ios: u64,
+    /// How long each thread keeps starting I/Os (with `ios == 0`).
+    pub runtime: Duration,
+    /// Pattern writes, checked reads.
+    pub verify: bool,
+    /// Pattern and offset seed.
+    pub seed: u64,
+    /// Blocks from LBA 0 the run may touch.
+    pub region_blocks: u64,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct GpuPerfResult {
+    /// I/Os completed successfully (and matching, with verify).
+    pub done: u64,
+    /// I/Os that failed.
+    pub errors: u64,
+    /// Reads whose bytes did not match the pattern.
+    pub mismatches: u64,
+    /// The first failure: status, CQE status field, LBA.
+    pub first_failure: Option<(DeviceStatus, u16, u64)>,
+    /// LBA of the first mismatch (if any and no failure).
+    pub first_bad_lba: Option<u64>,
+    /// Wall time from launch to the kernel's end.
+    pub elapsed: Duration,
+    /// Latency histogram (log-linear buckets, see [`lat_bucket_floor`]).
+    pub latency_buckets: Vec<u32>,
+    /// GPU threads launched.
+    pub threads: u32,
+    /// Submission style that ran.
+    pub style: ClientStyle,
+}
+
+impl GpuPerfResult {
+    /// The latency below which `q` (0..1) of the successful I/Os finished, in nanoseconds.
+    pub fn latency_quantile(&self, q: f64) -> u64 {
+        let total: u64 = self.latency_buckets.iter().map(|&c| c as u64).sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, &c) in self.latency_buckets.iter().enumerate() {
+            seen += c as u64;
+            if seen >= want {
+                return lat_bucket_floor(b + 1)
+                    .saturating_sub(1)
+                    .max(lat_bucket_floor(b));
+            }
+        }
+        lat_bucket_floor(LAT_BUCKETS)
+    }
+
+    /// Mean latency estimate from the histogram (bucket midpoints), in nanoseconds.
+    pub fn latency_mean(&self) -> f64 {
+        let mut total = 0u64;
+        let mut sum = 0f64;
+        for (b, &c) in self.latency_buckets.iter().enumerate() {
+            let mid = (lat_bucket_floor(b) + lat_bucket_floor(b + 1)) as f64 / 2.0;
+            total += c as u64;
+            sum += mid * c as f64;
+        }
+        if total == 0 { 0.0 } else { sum / total as f64 }
+    }
+}
+
+/// Runs the perf kernel on `queues`. `watchdog` is called about every millisecond while the
+/// kernel runs; when it returns a reason (controller fatal, device gone), every device-side
+/// wait is aborted and the kernel ends with `GPUNVME_ABORTED` failures.
+pub fn run(
+    queues: &GpuQueues,
+    cfg: &GpuPerfConfig,
+    mut watchdog: impl FnMut() -> Option<String>,
+) -> Result<GpuPerfResult, GpuError> {
+    let lba_shift = match cfg.lba_size {
+        512 => 9,
+        1024 => 10,
+        2048 => 11,
+        4096 => 12,
+        other => {
+            return Err(GpuError::InvalidArgument(format!("LBA size {other}")));
+        }
+    };
+    if cfg.bs == 0 || cfg.bs % cfg.lba_size != 0 {
+        return Err(GpuError::InvalidArgument(format!(
+            "--bs {} is not a whole number of {}-byte blocks",
+            cfg.bs, cfg.lba_size
+        )));
+    }
+    if cfg.bs > queues.slot_buffer_bytes() {
+        return Err(GpuError::InvalidArgument(format!(
+            "--bs {} is above the {} bytes one GPU command moves here (the controller's maximum \
+             transfer); larger I/Os from GPU threads are split by rw_thread/rw_warp in the \
+             header, not by the perf kernel",
+            cfg.bs,
+            queues.slot_buffer_bytes()
+        )));
+    }
+    let bpi = cfg.bs / cfg.lba_size;
+    let region_blocks = cfg.region_blocks / bpi as u64 * bpi as u64;
+    if region_blocks == 0 {
+        return Err(GpuError::InvalidArgument(
+            "the region holds no whole I/O".into(),
+        ));
+    }
+    if cfg.qd == 0 {
+        return Err(GpuError::InvalidArgument("--qd 0".into()));
+    }
+    let nq = queues.len() as u32;
+    // Warp-cooperative submission needs whole warps per queue and rings of 32 entries or more;
+    // otherwise every thread submits alone (the report says which ran).
+    let style = if cfg.style == ClientStyle::Warp && cfg.qd % 32 == 0 && queues.depth() >= 32 {
+        ClientStyle::Warp
+    } else {
+        ClientStyle::Thread
+    };
+    let threads = cfg
+        .qd
+        .checked_mul(nq)
+        .filter(|&t| t <= 1 << 22)
+        .ok_or_else(|| GpuError::InvalidArgument("too many GPU threads".into()))?;
+    let (grid, block) = if threads <= 1024 {
+        (1, threads)
+    } else if threads % 128 == 0 {
+        (threads / 128, 128)
+    } else {
+        (threads.div_ceil(32), 32)
+    };
+    let launched = grid * block;
+
+    let cuda = queues.cuda();
+    let counters = DeviceMemory::alloc(cuda, size_of::<PerfCounters>())?;
+    let hist = DeviceMemory::alloc(cuda, LAT_BUCKETS * 4)?;
+    let params = PerfParams {
+        queues: queues.descriptors(),
+        counters: counters.ptr(),
+        lat_hist: hist.ptr(),
+        seed: cfg.seed,
+        region_blocks,
+        ios: cfg.ios,
+        runtime_ns: if cfg.ios == 0 {
+            cfg.runtime.as_nanos().min(u64::MAX as u128) as u64
+        } else {
+            0
+        },
+        nqueues: nq,
+        rw: cfg.rw.code(),
+        nsid: cfg.nsid,
+        lba_shift,
+        blocks_per_io: bpi,
+        warp_mode: (style == ClientStyle::Warp) as u32,
+        verify: cfg.verify as u32,
+        reserved: [0; 3],
+    };
+    let pmem = DeviceMemory::alloc(cuda, size_of::<PerfParams>())?;
+    pmem.write(0, params.as_bytes())?;
+
+    let stream = queues.client_stream();
+    let start = Instant::now();
+    stream.launch(queues.kernels().perf, grid, block, &[Arg::U64(pmem.ptr())])?;
+    // Bounded: the run's own length, plus every device-side wait's bound, plus slack.
+    let limit = if cfg.ios == 0 {
+        cfg.runtime
+    } else {
+        Duration::from_secs(600)
+    } + Duration::from_secs(30);
+    let mut aborted = false;
+    loop {
+        if stream.is_idle()? {
+            break;
+        }
+        if !aborted {
+            if let Some(why) = watchdog() {
+                tracing::warn!(reason = %why, "aborting GPU queues");
+                queues.abort();
+                aborted = true;
+            }
+        }
+        if start.elapsed() > limit {
+            queues.abort();
+            stream.wait_idle(Duration::from_secs(30))?;
+            return Err(GpuError::Timeout {
+                what: "GPU perf kernel",
+                waited: limit,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let elapsed = start.elapsed();
+    let mut c = PerfCounters::default();
+    counters.read(0, c.as_mut_bytes())?;
+    let mut hb = vec![0u8; LAT_BUCKETS * 4];
+    hist.read(0, &mut hb)?;
+    let latency_buckets: Vec<u32> = hb
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
+        .collect();
+    Ok(GpuPerfResult {
+        done: c.done,
+        errors: c.errors,
+        mismatches: c.mismatches,
+        first_failure: (c.errors > 0).then(|| {
+            (
+                DeviceStatus::from_code(c.first_status),
+                c.first_nvme_status as u16,
+                c.first_bad_lba,
+            )
+        }),
+        first_bad_lba: (c.errors == 0 && c.mismatches > 0).then_some(c.first_bad_lba),
+        elapsed,
+        latency_buckets,
+        threads: launched,
+        style,
+    })
+}

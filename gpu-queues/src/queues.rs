@@ -1,0 +1,493 @@
+//! [`GpuQueues`]: NVMe I/O queue pairs in GPU memory, created through the CPU admin queue of
+//! the same [`nvme::Controller`] that serves CPU queues, described to kernels by a
+//! [`QueueDesc`] array in GPU memory.
+//!
+//! For every queue pair this allocates, in GPU memory: the SQ and CQ rings (`depth` entries
+//! each, `depth` a power of two so tickets wrap cleanly), the protocol state
+//! ([`QueueState`], [`SlotState`]s), one PRP-list page per slot and one data buffer per slot
+//! whose PRP list is pre-built at creation (so the hot path builds none). The controller learns
+//! the rings' device addresses through Create I/O CQ/SQ on the CPU admin queue.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvme::{Controller, CreatedQueuePair, DmaRegion, QueueRegions};
+use nvme_emu::{DeviceAddressMap, EmuDevice};
+use zerocopy::IntoBytes;
+
+use crate::desc::{QueueDesc, QueueState, SlotState};
+use crate::emu_dma::{GpuDma, GpuRegion, PinnedDoorbell};
+use crate::error::GpuError;
+use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::kernels::Kernels;
+
+/// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
+/// so the controller's polling of one queue does not share a line with another's writes).
+const DOORBELL_STRIDE: usize = 64;
+/// Deepest queue created by default (memory: SQ 64 B + CQ 16 B + PRP page 4 KiB + slot buffer
+/// per entry).
+const DEFAULT_MAX_DEPTH: u32 = 1024;
+
+/// How to build the queues.
+#[derive(Clone, Debug)]
+pub struct GpuQueueOptions {
+    /// Queue pairs (default: every one the controller has left).
+    pub queues: Option<u16>,
+    /// Entries per ring, rounded down to a power of two (default: CAP.MQES + 1, at most 1024).
+    pub depth: Option<u32>,
+    /// Bytes of each slot's data buffer (default: the controller's maximum transfer).
+    pub slot_buffer_bytes: Option<u32>,
+    /// Bound of every device-side wait.
+    pub timeout: Duration,
+    /// SMs reserved for the controller's own kernels (green context; default 8, the minimum
+    /// partition on Hopper).
+    pub controller_sms: u32,
+}
+
+impl Default for GpuQueueOptions {
+    fn default() -> Self {
+        Self {
+            queues: None,
+            depth: None,
+            slot_buffer_bytes: None,
+            timeout: Duration::from_secs(10),
+            controller_sms: 8,
+        }
+    }
+}
+
+/// Which path carries doorbells and data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// (a) The software controller: rings and data in GPU memory reached with batched CUDA
+    /// copies, doorbells in pinned host memory.
+    SoftwareController,
+}
+
+impl TransportKind {
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SoftwareController => "software-controller",
+        }
+    }
+}
+
+/// A GPU buffer the controller can reach: its GPU pointer and its device (bus) address.
+pub struct GpuBuffer {
+    mem: Arc<DeviceMemory>,
+    region: DmaRegion,
+}
+
+impl std::fmt::Debug for GpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuBuffer({:?} at {:#x})", self.mem, self.bus())
+    }
+}
+
+impl GpuBuffer {
+    /// GPU pointer of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+    /// Device address of the first byte (contiguous for the whole buffer).
+    pub fn bus(&self) -> u64 {
+        self.region.device_address(0)
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.is_empty()
+    }
+    /// The GPU memory (for host-side copies in tests and tools).
+    pub fn memory(&self) -> &DeviceMemory {
+        &self.mem
+    }
+}
+
+/// Removes a region from the software controller's address map when the last user goes.
+struct Unregister {
+    map: Arc<DeviceAddressMap>,
+    base: u64,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.map.unregister_region(self.base);
+    }
+}
+
+struct GpuQueuePair {
+    // Field order is drop order: the queues are deleted on the controller before their memory
+    // is unregistered and freed.
+    created: Option<CreatedQueuePair>,
+    desc: QueueDesc,
+    _prp_lists: DmaRegion,
+    _slot_buffers: DmaRegion,
+    _gpu: Vec<Arc<DeviceMemory>>,
+}
+
+/// A set of I/O queue pairs in GPU memory on one controller, and what kernels need to use them.
+pub struct GpuQueues {
+    pairs: Vec<GpuQueuePair>,
+    descs: DeviceMemory,
+    host_flags: PinnedMemory,
+    _doorbells: Arc<PinnedMemory>,
+    client_stream: Stream,
+    kernels: Arc<Kernels>,
+    engine: Option<Arc<GpuDma>>,
+    emu: Option<Arc<EmuDevice>>,
+    partition: Arc<GreenPartition>,
+    transport: TransportKind,
+    depth: u32,
+    slot_buffer_bytes: u32,
+    max_transfer: u32,
+    cuda: Arc<Cuda>,
+}
+
+impl std::fmt::Debug for GpuQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuQueues")
+            .field("queues", &self.pairs.len())
+            .field("depth", &self.depth)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+fn pow2_floor(v: u32) -> u32 {
+    if v == 0 {
+        0
+    } else {
+        1 << (31 - v.leading_zeros())
+    }
+}
+
+impl GpuQueues {
+    /// Builds queue pairs in GPU memory on `controller`, whose transport is the software
+    /// controller `emu` (transport (a)): GPU memory is registered in its device-address map and
+    /// each queue's doorbells are attached as pinned-host-page words before the queue exists.
+    pub fn on_software_controller(
+        cuda: &Arc<Cuda>,
+        controller: &Controller,
+        emu: &Arc<EmuDevice>,
+        opts: &GpuQueueOptions,
+    ) -> Result<Self, GpuError> {
+        let info = controller.info();
+        let max_entries = info.mqes_entries.min(65536);
+        let depth = pow2_floor(opts.depth.unwrap_or(DEFAULT_MAX_DEPTH).min(max_entries));
+        if depth < 2 {
+            return Err(GpuError::InvalidArgument(format!(
+                "queue depth {:?} (the controller allows up to {max_entries} entries)",
+                opts.depth
+            )));
+        }
+        let max_transfer = info.max_transfer_bytes as u32;
+        let slot_buffer_bytes = opts.slot_buffer_bytes.unwrap_or(max_transfer);
+        if slot_buffer_bytes == 0
+            || slot_buffer_bytes % 4096 != 0
+            || slot_buffer_bytes > max_transfer
+        {
+            return Err(GpuError::InvalidArgument(format!(
+                "slot buffer of {slot_buffer_bytes} bytes (whole 4 KiB pages, at most the \
+                 maximum transfer of {max_transfer})"
+            )));
+        }
+        let count = opts.queues.unwrap_or(info.max_io_queue_pairs);
+        if count == 0 {
+            return Err(GpuError::InvalidArgument("zero GPU queues".into()));
+        }
+
+        let kernels = Kernels::load(cuda)?;
+        let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+        let ctrl_stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
+        let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+        kernels.warm_up(&ctrl_stream)?;
+        kernels.warm_up(&client_stream)?;
+        let engine = GpuDma::new(cuda, ctrl_stream, kernels.clone())?;
+        let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
+        let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+        let map = emu.address_map().clone();
+
+        let register = |mem: Arc<DeviceMemory>| -> Result<DmaRegion, GpuError> {
+            let region = Arc::new(GpuRegion::new(engine.clone(), mem.clone()));
+            let base = map.register_region(region)?;
+            let len = mem.len().next_multiple_of(4096);
+            Ok(DmaRegion::contiguous(
+                base,
+                len,
+                Box::new((
+                    Unregister {
+                        map: map.clone(),
+                        base,
+                    },
+                    mem,
+                )),
+            ))
+        };
+
+        let mut pairs = Vec::with_capacity(count as usize);
+        for q in 0..count as usize {
+            let sq = Arc::new(DeviceMemory::alloc(
+                cuda,
+                (depth as usize * 64).next_multiple_of(4096),
+            )?);
+            let cq = Arc::new(DeviceMemory::alloc(
+                cuda,
+                (depth as usize * 16).next_multiple_of(4096),
+            )?);
+            let prp = Arc::new(DeviceMemory::alloc(cuda, depth as usize * 4096)?);
+            let bufs = Arc::new(DeviceMemory::alloc(
+                cuda,
+                depth as usize * slot_buffer_bytes as usize,
+            )?);
+            let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
+            let slots = Arc::new(DeviceMemory::alloc(
+                cuda,
+                depth as usize * size_of::<SlotState>(),
+            )?);
+
+            let sq_region = Arc::new(register(sq.clone())?);
+            let cq_region = Arc::new(register(cq.clone())?);
+            let prp_region = register(prp.clone())?;
+            let buf_region = register(bufs.clone())?;
+            let prp_bus = prp_region.device_address(0);
+            let buf_bus = buf_region.device_address(0);
+
+            // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
+            let pages_per_slot = slot_buffer_bytes as usize / 4096;
+            if pages_per_slot > 2 {
+                let mut lists = vec![0u64; depth as usize * 512];
+                for s in 0..depth as usize {
+                    let base = buf_bus + (s * slot_buffer_bytes as usize) as u64;
+                    for k in 1..pages_per_slot {
+                        lists[s * 512 + k - 1] = base + (k * 4096) as u64;
+                    }
+                }
+                prp.write(0, lists.as_bytes())?;
+            }
+            let slot_init: Vec<SlotState> = (0..depth)
+                .map(|s| SlotState {
+                    released: s,
+                    ticket: s.wrapping_sub(depth),
+                    done: 0,
+                    dw0: 0,
+                })
+                .collect();
+            slots.write(0, slot_init.as_bytes())?;
+            let st = QueueState {
+                cq_phase: 1,
+                ..Default::default()
+            };
+            state.write(0, st.as_bytes())?;
+
+            let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
+            let cq_word = Arc::new(PinnedDoorbell::new(
+                doorbells.clone(),
+                q * DOORBELL_STRIDE + 4,
+            ));
+            sq_word.reset();
+            cq_word.reset();
+            let (sq_db, cq_db) = (sq_word.device_ptr(), cq_word.device_ptr());
+            let created = controller.create_queue_pair_on_with(
+                QueueRegions {
+                    sq: sq_region,
+                    sq_entries: depth,
+                    cq: cq_region,
+                    cq_entries: depth,
+                },
+                |qid| {
+                    emu.attach_external_doorbells(qid, sq_word, cq_word)
+                        .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
+                },
+            );
+            let created = created?;
+            let desc = QueueDesc {
+                sq: sq.ptr(),
+                cq: cq.ptr(),
+                sq_doorbell: sq_db,
+                cq_doorbell: cq_db,
+                state: state.ptr(),
+                slots: slots.ptr(),
+                prp_lists: prp.ptr(),
+                prp_lists_bus: prp_bus,
+                slot_buffers: bufs.ptr(),
+                slot_buffers_bus: buf_bus,
+                host_flags: host_flags.device_ptr(),
+                timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                depth,
+                qid: created.qid(),
+                reserved0: 0,
+                slot_buffer_bytes,
+                max_transfer,
+                reserved1: [0; 2],
+            };
+            pairs.push(GpuQueuePair {
+                created: Some(created),
+                desc,
+                _prp_lists: prp_region,
+                _slot_buffers: buf_region,
+                _gpu: vec![sq, cq, prp, bufs, state, slots],
+            });
+        }
+        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
+        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
+        descs.write(0, all.as_bytes())?;
+        tracing::info!(
+            queues = count,
+            depth,
+            slot_buffer_bytes,
+            controller_sms = partition.controller_sms(),
+            "GPU queues created on the software controller"
+        );
+        Ok(Self {
+            pairs,
+            descs,
+            host_flags,
+            _doorbells: doorbells,
+            client_stream,
+            kernels,
+            engine: Some(engine),
+            emu: Some(emu.clone()),
+            partition,
+            transport: TransportKind::SoftwareController,
+            depth,
+            slot_buffer_bytes,
+            max_transfer,
+            cuda: cuda.clone(),
+        })
+    }
+
+    /// Allocates `len` bytes of GPU memory the controller can reach (for reads and writes of
+    /// LBA ranges into arbitrary GPU buffers).
+    pub fn alloc_buffer(&self, len: usize) -> Result<GpuBuffer, GpuError> {
+        let (Some(emu), Some(engine)) = (&self.emu, &self.engine) else {
+            return Err(GpuError::Unsupported("buffers on this transport".into()));
+        };
+        let mem = Arc::new(DeviceMemory::alloc(&self.cuda, len.next_multiple_of(4096))?);
+        let map = emu.address_map().clone();
+        let base = map.register_region(Arc::new(GpuRegion::new(engine.clone(), mem.clone())))?;
+        let region = DmaRegion::contiguous(
+            base,
+            mem.len(),
+            Box::new((Unregister { map, base }, mem.clone())),
+        );
+        Ok(GpuBuffer { mem, region })
+    }
+
+    /// GPU pointer of the `[QueueDesc]` array kernels take.
+    pub fn descriptors(&self) -> u64 {
+        self.descs.ptr()
+    }
+
+    /// The descriptors, as the host built them.
+    pub fn descs(&self) -> Vec<QueueDesc> {
+        self.pairs.iter().map(|p| p.desc).collect()
+    }
+
+    /// Queue pairs.
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+
+    /// Entries per ring.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Bytes of each slot buffer.
+    pub fn slot_buffer_bytes(&self) -> u32 {
+        self.slot_buffer_bytes
+    }
+
+    /// Most bytes per command.
+    pub fn max_transfer(&self) -> u32 {
+        self.max_transfer
+    }
+
+    /// The transport in use.
+    pub fn transport(&self) -> TransportKind {
+        self.transport
+    }
+
+    /// One line for humans: transport, GPU, partition.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} on {} ({} SMs for the controller's kernels, {} for clients)",
+            self.transport.name(),
+            self.cuda.name(),
+            self.partition.controller_sms(),
+            self.partition.client_sms()
+        )
+    }
+
+    /// The stream client kernels run on (the clients' SM partition).
+    pub fn client_stream(&self) -> &Stream {
+        &self.client_stream
+    }
+
+    /// The loaded kernels.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
+    /// The GPU.
+    pub fn cuda(&self) -> &Arc<Cuda> {
+        &self.cuda
+    }
+
+    /// The copy engine's (kernel launches, pieces moved), for transport (a).
+    pub fn dma_stats(&self) -> Option<(u64, u64)> {
+        self.engine.as_ref().map(|e| e.stats())
+    }
+
+    /// Tells every device-side wait on these queues to stop with `GPUNVME_ABORTED`.
+    pub fn abort(&self) {
+        self.host_flags.store_u32(0, crate::desc::HOST_ABORT);
+    }
+
+    /// Clears the abort flag.
+    pub fn clear_abort(&self) {
+        self.host_flags.store_u32(0, 0);
+    }
+
+    /// Reads back every queue's protocol state (diagnostics and tests).
+    pub fn queue_states(&self) -> Result<Vec<QueueState>, GpuError> {
+        let mut out = Vec::with_capacity(self.pairs.len());
+        for p in &self.pairs {
+            let mut st = QueueState::default();
+            let mem = &p._gpu[4];
+            mem.read(0, zerocopy::IntoBytes::as_mut_bytes(&mut st))?;
+            out.push(st);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for GpuQueues {
+    fn drop(&mut self) {
+        // Make any straggling device-side wait give up, then delete the queues (CQ after SQ)
+        // through the admin queue, then stop the controller reading their doorbells.
+        self.abort();
+        for p in &mut self.pairs {
+            if let Some(created) = p.created.take() {
+                let qid = created.qid();
+                if let Err(e) = created.delete() {
+                    tracing::warn!(qid, error = %e, "deleting a GPU queue pair");
+                }
+                if let Some(emu) = &self.emu {
+                    emu.detach_external_doorbells(qid);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! The GPU suite: GPU threads drive NVMe queues in GPU memory on the software controller.
+//!
+//! Every test needs an NVIDIA GPU and is `#[ignore]`d with the reason "skipped: no GPU", so a
+//! plain `cargo test` lists them as ignored instead of passing them. `scripts/gpu-test.sh` runs
+//! them on the GPU machine with `--include-ignored` (and again under compute-sanitizer); there
+//! a missing GPU is a failure, never a pass.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpu_queues::desc::{DeviceStatus, IoReq};
+use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
+use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
+use gpu_queues::{GpuQueueOptions, GpuQueues};
+use nvme::{Controller, ControllerOptions, DmaSlice};
+use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
+use zerocopy::IntoBytes;
+
+const NS_BYTES: u64 = 64 << 20;
+const SEED: u64 = 0x005e_ed0f_6b0b;
+
+struct Rig {
+    emu: Arc<EmuDevice>,
+    ctrl: Controller,
+    gpu: GpuQueues,
+    lba: u32,
+}
+
+fn cuda() -> Arc<Cuda> {
+    Cuda::open(0).expect("this test needs an NVIDIA GPU and its driver")
+}
+
+fn rig_with(lba: u32, cfg: impl FnOnce(&mut EmuConfig), opts: GpuQueueOptions) -> Rig {
+    let mut config = EmuConfig {
+        namespaces: vec![NamespaceConfig::memory(NS_BYTES, lba)],
+        ..EmuConfig::default()
+    };
+    cfg(&mut config);
+    let emu = EmuDevice::start(config).expect("software controller");
+    let ctrl = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
+    let gpu = GpuQueues::on_software_controller(&cuda(), &ctrl, &emu, &opts).expect("GPU queues");
+    Rig {
+        emu,
+        ctrl,
+        gpu,
+        lba,
+    }
+}
+
+fn rig(lba: u32, queues: u16, depth: u32) -> Rig {
+    rig_with(
+        lba,
+        |_| {},
+        GpuQueueOptions {
+            queues: Some(queues),
+            depth: Some(depth),
+            ..Default::default()
+        },
+    )
+}
+
+/// The perf pattern (src/pattern.rs) for `blocks` blocks from `lba`.
+fn pattern(lba: u64, blocks: u64, lba_size: u32) -> Vec<u8> {
+    let mut v = vec![0u8; (blocks * lba_size as u64) as usize];
+    gpu_queues::pattern::fill(&mut v, SEED, 1, lba, lba_size as usize);
+    v
+}
+
+/// Writes the pattern over the first `blocks` blocks through a CPU queue of the same controller.
+fn cpu_prefill(r: &Rig, blocks: u64) {
+    let mut q = r.ctrl.create_io_queue_pair(64).expect("CPU queue");
+    let chunk = (1u64 << 20) / r.lba as u64;
+    let mut lba = 0;
+    while lba < blocks {
+        let n = chunk.min(blocks - lba);
+        q.write_from(1, lba, &pattern(lba, n, r.lba))
+            .expect("CPU write");
+        lba += n;
+    }
+}
+
+fn cpu_read(r: &Rig, lba: u64, blocks: u64) -> Vec<u8> {
+    let mut q = r.ctrl.create_io_queue_pair(64).expect("CPU queue");
+    let mut out = vec![0u8; (blocks * r.lba as u64) as usize];
+    q.read_to(1, lba, &mut out).expect("CPU read");
+    out
+}
+
+fn perf(
+    r: &Rig,
+    rw: GpuRw,
+    qd: u32,
+    style: ClientStyle,
+    ios: u64,
+) -> gpu_queues::perf::GpuPerfResult {
+    let cfg = GpuPerfConfig {
+        rw,
+        nsid: 1,
+        lba_size: r.lba,
+        bs: 4096,
+        qd,
+        style,
+        ios,
+        runtime: Duration::ZERO,
+        verify: true,
+        seed: SEED,
+        region_blocks: NS_BYTES / r.lba as u64,
+    };
+    let emu = r.emu.clone();
+    gpu_queues::perf::run(&r.gpu, &cfg, move || {
+        emu.csts().cfs().then(|| "controller fatal".to_string())
+    })
+    .expect("perf run")
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn perf_four_patterns_both_lba_sizes_verified() {
+    for lba in [512u32, 4096] {
+        let r = rig(lba, 4, 256);
+        cpu_prefill(&r, NS_BYTES / lba as u64);
+        for rw in [GpuRw::Read, GpuRw::RandRead, GpuRw::Write, GpuRw::RandWrite] {
+            for style in [ClientStyle::Warp, ClientStyle::Thread] {
+                let res = perf(&r, rw, 64, style, 20_000);
+                assert_eq!(
+                    res.errors, 0,
+                    "{lba} {rw:?} {style:?}: {:?}",
+                    res.first_failure
+                );
+                assert_eq!(res.mismatches, 0, "{lba} {rw:?} {style:?}");
+                assert!(
+                    res.done >= 20_000,
+                    "{lba} {rw:?} {style:?}: {} done",
+                    res.done
+                );
+            }
+        }
+        // What the GPU wrote (pattern, LBA-stamped), the CPU queue reads back.
+        let blocks = NS_BYTES / lba as u64;
+        let all = cpu_read(&r, 0, blocks);
+        assert!(
+            all == pattern(0, blocks, lba),
+            "CPU read-back of GPU writes at {lba}"
+        );
+    }
+}
+
+/// Runs one rw_range kernel (thread or warp) and returns (status, CQE status field).
+fn rw_range(
+    r: &Rig,
+    write: bool,
+    slba: u64,
+    blocks: u64,
+    bus: u64,
+    warp: bool,
+) -> (DeviceStatus, u32) {
+    let res = DeviceMemory::alloc(r.gpu.cuda(), 8).unwrap();
+    let lba_shift = r.lba.trailing_zeros();
+    let desc0 = r.gpu.descriptors();
+    r.gpu
+        .client_stream()
+        .launch(
+            r.gpu.kernels().rw_range,
+            1,
+            32,
+            &[
+                Arg::U64(desc0),
+                Arg::U32(if write { 1 } else { 2 }),
+                Arg::U32(1),
+                Arg::U32(lba_shift),
+                Arg::U64(slba),
+                Arg::U64(blocks),
+                Arg::U64(bus),
+                Arg::U32(warp as u32),
+                Arg::U64(res.ptr()),
+            ],
+        )
+        .unwrap();
+    r.gpu
+        .client_stream()
+        .wait_idle(Duration::from_secs(60))
+        .unwrap();
+    let mut out = [0u8; 8];
+    res.read(0, &mut out).unwrap();
+    let s = u32::from_le_bytes(out[..4].try_into().unwrap());
+    let sf = u32::from_le_bytes(out[4..].try_into().unwrap());
+    (DeviceStatus::from_code(s), sf)
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn every_transfer_shape_into_arbitrary_gpu_buffers() {
+    for lba in [512u32, 4096] {
+        let r = rig(lba, 2, 64);
+        let mdts = r.gpu.max_transfer() as u64;
+        let buf = r.gpu.alloc_buffer(4 << 20).unwrap();
+        // (byte offset into the buffer, bytes): PRP1 only, PRP1 + PRP2 across a page, a PRP
+        // list, exactly MDTS, above MDTS (split), at an in-page offset.
+        let shapes = [
+            (0u64, lba as u64),
+            (4096 - lba as u64, 2 * lba as u64),
+            (0, 8192),
+            (lba as u64, 64 << 10),
+            (0, mdts),
+            (0, 3 * mdts + 4 * lba as u64),
+            (2048 / 512 * 512, 1 << 20),
+        ];
+        for (i, &(off, bytes)) in shapes.iter().enumerate() {
+            if off % 4 != 0 || bytes % lba as u64 != 0 {
+                continue;
+            }
+            for warp in [false, true] {
+                let blocks = bytes / lba as u64;
+                let slba = 1000 + i as u64 * 4096;
+                // GPU write of the pattern (staged from the host into the GPU buffer), CPU
+                // read-back; then GPU read of CPU-written data.
+                let data = pattern(slba, blocks, lba);
+                buf.memory().write(off as usize, &data).unwrap();
+                let (s, sf) = rw_range(&r, true, slba, blocks, buf.bus() + off, warp);
+                assert_eq!(
+                    (s, sf),
+                    (DeviceStatus::Ok, 0),
+                    "write shape {i} warp={warp} lba={lba}"
+                );
+                assert!(
+                    cpu_read(&r, slba, blocks) == data,
+                    "shape {i} bytes on the device"
+                );
+                buf.memory()
+                    .write(off as usize, &vec![0u8; bytes as usize])
+                    .unwrap();
+                let (s, sf) = rw_range(&r, false, slba, blocks, buf.bus() + off, warp);
+                assert_eq!((s, sf), (DeviceStatus::Ok, 0), "read shape {i} warp={warp}");
+                let mut back = vec![0u8; bytes as usize];
+                buf.memory().read(off as usize, &mut back).unwrap();
+                assert!(
+                    back == data,
+                    "shape {i} warp={warp} lba={lba}: bytes in GPU memory"
+                );
+            }
+        }
+        // Unaligned data pointer and a range past the namespace end are refused.
+        let (s, _) = rw_range(&r, false, 0, 1, buf.bus() + 2, false);
+        assert_eq!(s, DeviceStatus::InvalidArgument);
+        let end = NS_BYTES / lba as u64;
+        let (s, sf) = rw_range(&r, false, end - 1, 2, buf.bus(), false);
+        assert_eq!(s, DeviceStatus::NvmeError);
+        assert_eq!(
+            (sf >> 1) & 0xff,
+            0x80,
+            "LBA Out of Range, status field {sf:#x}"
+        );
+    }
+}
+
+/// Issues `reqs` through the batch kernel; returns (status, CQE status) per request.
+fn batch(r: &Rig, reqs: &[IoReq], warp: bool) -> Vec<(DeviceStatus, u32)> {
+    let cuda = r.gpu.cuda();
+    let rq = DeviceMemory::alloc(cuda, std::mem::size_of_val(reqs)).unwrap();
+    rq.write(0, reqs.as_bytes()).unwrap();
+    let res = DeviceMemory::alloc(cuda, reqs.len() * 8).unwrap();
+    let n = reqs.len() as u32;
+    let block = 128;
+    r.gpu
+        .client_stream()
+        .launch(
+            r.gpu.kernels().io_batch,
+            n.div_ceil(block),
+            block,
+            &[
+                Arg::U64(r.gpu.descriptors()),
+                Arg::U32(r.gpu.len() as u32),
+                Arg::U64(rq.ptr()),
+                Arg::U32(n),
+                Arg::U64(res.ptr()),
+                Arg::U32(warp as u32),
+            ],
+        )
+        .unwrap();
+    r.gpu
+        .client_stream()
+        .wait_idle(Duration::from_secs(120))
+        .unwrap();
+    let mut out = vec![0u8; reqs.len() * 8];
+    res.read(0, &mut out).unwrap();
+    out.chunks_exact(8)
+        .map(|c| {
+            (
+                DeviceStatus::from_code(u32::from_le_bytes(c[..4].try_into().unwrap())),
+                u32::from_le_bytes(c[4..].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// Reads of one block each into the slot-independent scratch buffer `buf`.
+fn read_reqs(r: &Rig, buf_bus: u64, n: usize) -> Vec<IoReq> {
+    (0..n)
+        .map(|i| IoReq {
+            slba: (i as u64 * 7) % (NS_BYTES / r.lba as u64),
+            prp1: buf_bus + (i as u64 % 512) * 4096,
+            prp2: 0,
+            nsid: 1,
+            nlb_z: 0,
+            opcode: 2,
+            reserved: 0,
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn wrap_around_many_queues_out_of_order() {
+    // Per-thread submission on 16-entry rings; warp submission on 32-entry rings (the smallest
+    // the warp variant allows: a warp's 32 consecutive tickets need 32 slots).
+    for (warp, depth) in [(false, 16u32), (true, 32)] {
+        let r = rig_with(
+            512,
+            |c| c.reorder_completions = true,
+            GpuQueueOptions {
+                queues: Some(8),
+                depth: Some(depth),
+                ..Default::default()
+            },
+        );
+        let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+        let reqs = read_reqs(&r, buf.bus(), 20_000);
+        let out = batch(&r, &reqs, warp);
+        let bad: Vec<_> = out
+            .iter()
+            .filter(|&&(s, sf)| s != DeviceStatus::Ok || sf != 0)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "warp={warp}: {} failed, first {:?}",
+            bad.len(),
+            bad.first()
+        );
+        // Every queue wrapped its rings about 150 times (2500 commands each) and is healthy.
+        for st in r.gpu.queue_states().unwrap() {
+            assert_eq!(st.failed, 0);
+            assert!(st.cq_reaped >= depth * 100, "cq_reaped {}", st.cq_reaped);
+            assert_eq!(st.sq_published, st.ticket);
+        }
+    }
+    // The warp variant refuses rings it could deadlock on, at once.
+    let r = rig(512, 1, 16);
+    let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+    let out = batch(&r, &read_reqs(&r, buf.bus(), 64), true);
+    assert!(
+        out.iter().all(|&(s, _)| s == DeviceStatus::InvalidArgument),
+        "{out:?}"
+    );
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn media_error_is_a_per_command_status() {
+    let r = rig(512, 2, 64);
+    let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+    r.emu.faults().add_media_error(1, 7 * 3);
+    let reqs = read_reqs(&r, buf.bus(), 256);
+    let out = batch(&r, &reqs, true);
+    for (i, (req, &(s, sf))) in reqs.iter().zip(&out).enumerate() {
+        if req.slba == 21 {
+            assert_eq!(s, DeviceStatus::NvmeError, "request {i}");
+            assert_eq!((sf >> 9) & 7, 2, "SCT media error, status field {sf:#x}");
+        } else {
+            assert_eq!((s, sf), (DeviceStatus::Ok, 0), "request {i}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn dropped_completion_times_out_on_the_gpu() {
+    let r = rig_with(
+        512,
+        |_| {},
+        GpuQueueOptions {
+            queues: Some(1),
+            depth: Some(64),
+            timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+    r.emu.faults().drop_completions(1);
+    let start = Instant::now();
+    let out = batch(&r, &read_reqs(&r, buf.bus(), 32), false);
+    assert!(start.elapsed() < Duration::from_secs(20), "bounded");
+    assert!(
+        out.iter().any(|&(s, _)| s == DeviceStatus::Timeout),
+        "one waiter times out: {out:?}"
+    );
+    assert!(out.iter().all(|&(s, _)| matches!(
+        s,
+        DeviceStatus::Ok | DeviceStatus::Timeout | DeviceStatus::QueueFailed
+    )));
+    // The queue stays failed: later calls return at once.
+    let out = batch(&r, &read_reqs(&r, buf.bus(), 4), false);
+    assert!(
+        out.iter().all(|&(s, _)| s == DeviceStatus::QueueFailed),
+        "{out:?}"
+    );
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn controller_fatal_aborts_every_gpu_waiter() {
+    let r = rig_with(
+        512,
+        |_| {},
+        GpuQueueOptions {
+            queues: Some(2),
+            depth: Some(64),
+            timeout: Duration::from_secs(30),
+            ..Default::default()
+        },
+    );
+    cpu_prefill(&r, 4096);
+    // Completions are held back, the controller goes fatal, and the host's watchdog aborts
+    // the GPU waits long before their own 30 s bound.
+    r.emu.faults().set_completion_delay(Duration::from_secs(60));
+    let emu = r.emu.clone();
+    let fired = Instant::now();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        emu.faults().fatal();
+    });
+    let cfg = GpuPerfConfig {
+        rw: GpuRw::RandRead,
+        nsid: 1,
+        lba_size: 512,
+        bs: 4096,
+        qd: 32,
+        style: ClientStyle::Warp,
+        ios: 100_000,
+        runtime: Duration::ZERO,
+        verify: false,
+        seed: SEED,
+        region_blocks: 4096,
+    };
+    let emu = r.emu.clone();
+    let res = gpu_queues::perf::run(&r.gpu, &cfg, move || {
+        emu.csts().cfs().then(|| "controller fatal".into())
+    })
+    .unwrap();
+    assert!(
+        fired.elapsed() < Duration::from_secs(15),
+        "aborted promptly"
+    );
+    assert!(res.errors > 0);
+    let (status, _, _) = res.first_failure.unwrap();
+    assert!(
+        matches!(status, DeviceStatus::Aborted | DeviceStatus::QueueFailed),
+        "{status:?}"
+    );
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn gpu_and_cpu_queues_on_one_controller() {
+    let r = rig(512, 2, 256);
+    cpu_prefill(&r, NS_BYTES / 512);
+    let ctrl = &r.ctrl;
+    std::thread::scope(|s| {
+        let cpu = s.spawn(|| {
+            let mut q = ctrl.create_io_queue_pair(64).unwrap();
+            let mem = Arc::new(ctrl.device().alloc_dma(4096).unwrap());
+            let buf = DmaSlice::new(mem, 0, 4096);
+            for i in 0..5000u64 {
+                let lba = (i * 8 * 13) % (NS_BYTES / 512 - 8);
+                q.read(1, lba, &buf).unwrap();
+                let mut got = vec![0u8; 4096];
+                buf.read(&mut got);
+                assert!(got == pattern(lba, 8, 512), "CPU read of lba {lba}");
+            }
+        });
+        let res = perf(&r, GpuRw::RandRead, 64, ClientStyle::Warp, 50_000);
+        assert_eq!(
+            (res.errors, res.mismatches),
+            (0, 0),
+            "{:?}",
+            res.first_failure
+        );
+        cpu.join().unwrap();
+    });
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds, on this CPU machine, the release binaries the GPU suite runs on the GPU machine, and
+# copies them under stable names into .gpu-bin/ (ignored by git: add `/.gpu-bin/` to
+# .git/info/exclude), to be carried there:
+#   .gpu-bin/gpunvme        the CLI
+#   .gpu-bin/gpu-tests      gpu-queues/tests/gpu.rs (the GPU suite; its tests are #[ignore]d
+#                           here and run with --include-ignored there)
+#   .gpu-bin/cpu-client     gpu-queues/tests/cpu_client.rs (the protocol from CPU threads), if built
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-.gpu-bin}
+mkdir -p "$OUT"
+cargo build --release -p gpunvme
+cp target/release/gpunvme "$OUT/gpunvme"
+bin_of() {  # the test executable cargo built for --test $1 of crate $2
+    cargo test --release -p "$2" --test "$1" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except Exception: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]:
+        print(m["executable"])' "$1" | tail -1
+}
+cp "$(bin_of gpu gpu_queues)" "$OUT/gpu-tests"
+if [ -f gpu-queues/tests/cpu_client.rs ]; then
+    cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
+fi
+cp scripts/gpu-test.sh "$OUT/"
+ls -la "$OUT"

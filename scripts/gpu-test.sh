@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU suite, run ON THE GPU MACHINE with binaries built on the CPU machine by
+# scripts/gpu-build.sh and carried in .gpu-bin/ (the GPU machine has no cargo):
+#
+#   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer] [--quick]
+#
+# 1. the GPU tests (gpu-queues/tests/gpu.rs) with --include-ignored: every transfer shape,
+#    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
+#    error, dropped completion, controller fatal, GPU and CPU queues together;
+# 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
+#    --cpu-queues 2), each checked for zero errors;
+# 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs and the
+#    transfer-shape test, each required to report 0 errors.
+# Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=.gpu-bin SAN=1 QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin) BIN=$2; shift 2 ;;
+        --no-sanitizer) SAN=0; shift ;;
+        --quick) QUICK=1; shift ;;
+        *) echo "usage: $0 [--bin DIR] [--no-sanitizer] [--quick]" >&2; exit 2 ;;
+    esac
+done
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export PATH=/usr/local/cuda/bin:$PATH
+pass=0 fail=0
+WORK=$(mktemp -d /dev/shm/gpunvme-test.XXXXXX 2>/dev/null || mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+LOG=${OUT:-$WORK}/gpu-test.log
+check() {  # check NAME CMD...: runs CMD, PASS if it exits 0
+    local name=$1; shift
+    echo "---- $name: $*" >>"$LOG"
+    if "$@" >>"$LOG" 2>&1; then
+        echo "PASS $name"; pass=$((pass + 1))
+    else
+        echo "FAIL $name (see $LOG)"; fail=$((fail + 1))
+        tail -25 "$LOG" | sed 's/^/    /'
+    fi
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+
+# 1. The GPU tests.
+if [ -x "$BIN/gpu-tests" ]; then
+    for t in $("$BIN/gpu-tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
+        check "gpu-tests::$t" "$BIN/gpu-tests" --include-ignored --exact "$t" --test-threads=1
+    done
+else
+    echo "FAIL gpu-tests: $BIN/gpu-tests missing"; fail=$((fail + 1))
+fi
+
+# 2. perf --gpu acceptance runs on images in tmpfs.
+G=$BIN/gpunvme
+perf_ok() {  # perf_ok IMG LBA ARGS...: a verified run whose JSON reports zero errors
+    local img=$1 lba=$2; shift 2
+    local out; out=$("$G" --device "$img" --lba-size "$lba" --json perf --gpu --verify "$@") || return 1
+    echo "$out" | python3 -c 'import json,sys
+r=json.load(sys.stdin)
+errs=r["errors"]+((r.get("cpu") or {}).get("errors") or 0)
+print("gpu ios=%d iops=%.0f errors=%d cpu=%s transport=%s" % (r["ios"], r["iops"], r["errors"], (r.get("cpu") or {}).get("ios"), r["gpu"]["transport"]))
+sys.exit(1 if errs or r["ios"]==0 else 0)'
+}
+IOS=200000; [ $QUICK = 1 ] && IOS=20000
+for lba in 512 4096; do
+    img=$WORK/img$lba; truncate -s 1G "$img"
+    for rw in read write randread randwrite; do
+        check "perf --gpu $rw lba=$lba" perf_ok "$img" $lba --rw $rw --bs 4k --qd 32 --ios $IOS
+    done
+    check "perf --gpu --cpu-queues 2 randread lba=$lba" perf_ok "$img" $lba --rw randread --bs 4k --qd 32 --ios $IOS --cpu-queues 2
+    check "perf --gpu --cpu-queues 2 randwrite lba=$lba" perf_ok "$img" $lba --rw randwrite --bs 4k --qd 32 --ios $IOS --cpu-queues 2
+    rm -f "$img"
+done
+
+# 3. compute-sanitizer.
+if [ $SAN = 1 ]; then
+    if command -v compute-sanitizer >/dev/null; then
+        img=$WORK/san; truncate -s 256M "$img"
+        for tool in memcheck racecheck synccheck; do
+            for rw in randread randwrite; do
+                check "sanitizer $tool perf --gpu $rw" compute-sanitizer --tool $tool --error-exitcode 3 \
+                    "$G" --device "$img" perf --gpu --verify --rw $rw --bs 4k --qd 32 --queues 2 --ios 4000 --size 64m
+            done
+        done
+        check "sanitizer memcheck transfer shapes" compute-sanitizer --tool memcheck --error-exitcode 3 \
+            "$BIN/gpu-tests" --include-ignored --exact every_transfer_shape_into_arbitrary_gpu_buffers --test-threads=1
+    else
+        echo "FAIL compute-sanitizer not found"; fail=$((fail + 1))
+    fi
+fi
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

@@ -1,0 +1,332 @@
+//! `gpunvme perf --gpu`: the perf patterns issued from GPU threads on queues in GPU memory,
+//! optionally with CPU queues of the same controller running `perf` at the same time.
+//!
+//! Verification: reads check every byte on the GPU against the LBA-stamped pattern, which the
+//! CPU laid down first through its own queue (so what the CPU wrote, the GPU reads). Writes
+//! carry the pattern; beforehand the CPU fills the region with the pattern of another seed, and
+//! afterwards reads every block back: each must hold the new pattern (written by the GPU) or
+//! the old one (not chosen by the random offsets), anything else is an error — so what the GPU
+//! wrote, the CPU reads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
+use gpu_queues::{Cuda, GpuQueueOptions, GpuQueues};
+use nvme::Controller;
+use nvme_emu::EmuDevice;
+use serde::Serialize;
+
+use crate::pattern;
+use crate::perf::{self, DEFAULT_REGION_BYTES, Latency, PerfConfig, PerfReport, RwMode, Stop};
+
+/// One `perf --gpu` run.
+#[derive(Debug, Clone)]
+pub struct GpuPerfArgs {
+    /// The pattern, size, depth (per GPU queue), stop condition, verification, seed; `queues`
+    /// is the number of GPU queues (0: every queue the controller has left).
+    pub perf: PerfConfig,
+    /// Total GPU threads (one command in flight each); default `qd × queues`.
+    pub gpu_threads: Option<usize>,
+    /// Submission style.
+    pub style: ClientStyle,
+    /// CPU queues running `perf` beside the GPU (0: none).
+    pub cpu_queues: usize,
+    /// Entries per GPU ring (default: as deep as the controller allows, up to 1024).
+    pub depth: Option<u32>,
+    /// SMs reserved for the software controller's copy kernels.
+    pub controller_sms: u32,
+}
+
+/// The GPU half of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuSide {
+    /// The GPU.
+    pub device: String,
+    /// The transport that carried doorbells and data, in words.
+    pub transport: String,
+    /// Short transport name ("software-controller").
+    pub transport_kind: &'static str,
+    /// GPU threads launched.
+    pub threads: u32,
+    /// Submission style that ran ("warp" or "thread").
+    pub style: &'static str,
+    /// GPU queue pairs.
+    pub queues: usize,
+    /// Entries per ring.
+    pub depth: u32,
+    /// SMs reserved for the controller's kernels.
+    pub controller_sms: u32,
+    /// The software controller's batched copies: kernel launches and pieces moved.
+    pub dma_launches: Option<u64>,
+    /// Pieces moved by those launches.
+    pub dma_pieces: Option<u64>,
+}
+
+/// `perf`'s report plus the GPU configuration, and the CPU side when it ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuPerfReport {
+    /// The GPU threads' I/O, with `perf`'s keys.
+    #[serde(flatten)]
+    pub report: PerfReport,
+    /// How the GPU side ran.
+    pub gpu: GpuSide,
+    /// CPU queues on the same controller at the same time (`--cpu-queues`).
+    pub cpu: Option<PerfReport>,
+}
+
+fn gpu_rw(rw: RwMode) -> GpuRw {
+    match rw {
+        RwMode::Read => GpuRw::Read,
+        RwMode::Write => GpuRw::Write,
+        RwMode::RandRead => GpuRw::RandRead,
+        RwMode::RandWrite => GpuRw::RandWrite,
+    }
+}
+
+/// Writes the pattern of `seed` over `blocks` blocks from LBA 0, through one CPU queue.
+fn cpu_fill(ctrl: &Controller, nsid: u32, lba_size: usize, blocks: u64, seed: u64) -> Result<()> {
+    let mut q = ctrl.create_io_queue_pair(64)?;
+    let chunk = (4 << 20) / lba_size as u64;
+    let mut buf = vec![0u8; chunk as usize * lba_size];
+    let mut lba = 0;
+    while lba < blocks {
+        let n = chunk.min(blocks - lba);
+        let bytes = &mut buf[..n as usize * lba_size];
+        pattern::fill(bytes, seed, nsid, lba, lba_size);
+        q.write_from(nsid, lba, bytes)
+            .with_context(|| format!("CPU pattern fill at LBA {lba}"))?;
+        lba += n;
+    }
+    Ok(())
+}
+
+/// Reads `blocks` blocks back through a CPU queue: (blocks holding `new`'s pattern, blocks
+/// holding `old`'s, first block holding neither).
+fn cpu_check(
+    ctrl: &Controller,
+    nsid: u32,
+    lba_size: usize,
+    blocks: u64,
+    new: u64,
+    old: u64,
+) -> Result<(u64, u64, Option<u64>)> {
+    let mut q = ctrl.create_io_queue_pair(64)?;
+    let chunk = (4 << 20) / lba_size as u64;
+    let mut buf = vec![0u8; chunk as usize * lba_size];
+    let (mut n_new, mut n_old, mut bad) = (0, 0, None);
+    let mut lba = 0;
+    while lba < blocks {
+        let n = chunk.min(blocks - lba);
+        let bytes = &mut buf[..n as usize * lba_size];
+        q.read_to(nsid, lba, bytes)
+            .with_context(|| format!("CPU read-back at LBA {lba}"))?;
+        for (i, block) in bytes.chunks_exact(lba_size).enumerate() {
+            let b = lba + i as u64;
+            if pattern::check(block, new, nsid, b, lba_size).is_none() {
+                n_new += 1;
+            } else if pattern::check(block, old, nsid, b, lba_size).is_none() {
+                n_old += 1;
+            } else if bad.is_none() {
+                bad = Some(b);
+            }
+        }
+        lba += n;
+    }
+    Ok((n_new, n_old, bad))
+}
+
+/// Runs `perf --gpu` on `ctrl`, whose transport is the software controller `emu` when given.
+pub fn run(
+    ctrl: &Controller,
+    emu: Option<&Arc<EmuDevice>>,
+    args: &GpuPerfArgs,
+) -> Result<GpuPerfReport> {
+    let cfg = &args.perf;
+    let cuda = Cuda::open(0).context("perf --gpu")?;
+    let Some(emu) = emu else {
+        bail!(
+            "perf --gpu: this controller is a real device behind VFIO; GPU queues on it need \
+             transport (b) (SSD doorbells registered with CUDA, GPU memory mapped for the SSD) \
+             or (c) (host-memory queues), which are not implemented yet — see the README"
+        );
+    };
+    let ns = ctrl.namespace(cfg.nsid)?.clone();
+    let lba_size = ns.lba_size as usize;
+    ensure!(
+        cfg.bs >= lba_size && cfg.bs % lba_size == 0,
+        "--bs {} is not a whole number of namespace {}'s {lba_size}-byte LBAs",
+        cfg.bs,
+        cfg.nsid
+    );
+    let ns_bytes = ns.blocks * lba_size as u64;
+    let region = cfg.size.unwrap_or(ns_bytes.min(DEFAULT_REGION_BYTES));
+    ensure!(
+        region <= ns_bytes,
+        "--size {region} is larger than the namespace"
+    );
+    let region_blocks = region / lba_size as u64;
+    let granted = ctrl.info().max_io_queue_pairs as usize;
+    ensure!(
+        args.cpu_queues < granted,
+        "--cpu-queues {} leaves no GPU queue (the controller granted {granted})",
+        args.cpu_queues
+    );
+    let gpu_queues = if cfg.queues == 0 {
+        granted - args.cpu_queues
+    } else {
+        cfg.queues
+    };
+    ensure!(
+        gpu_queues + args.cpu_queues <= granted,
+        "--queues {gpu_queues} + --cpu-queues {} but the controller granted {granted}",
+        args.cpu_queues
+    );
+    let qd = match args.gpu_threads {
+        Some(t) => {
+            ensure!(
+                t >= gpu_queues,
+                "--gpu-threads {t} is fewer than one per queue"
+            );
+            t / gpu_queues
+        }
+        None => cfg.qd,
+    };
+    ensure!(qd >= 1, "--qd must be at least 1");
+    let seed = cfg.seed.unwrap_or_else(rand::random);
+    let old_seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0;
+    if cfg.verify {
+        // Reads: the pattern the GPU checks. Writes: another seed's pattern, so the read-back
+        // tells written blocks from untouched ones.
+        let fill_seed = if cfg.rw.is_write() { old_seed } else { seed };
+        cpu_fill(ctrl, cfg.nsid, lba_size, region_blocks, fill_seed)?;
+    }
+
+    let opts = GpuQueueOptions {
+        queues: Some(u16::try_from(gpu_queues).context("--queues")?),
+        depth: args.depth,
+        controller_sms: args.controller_sms,
+        ..Default::default()
+    };
+    let queues = GpuQueues::on_software_controller(&cuda, ctrl, emu, &opts)
+        .context("creating GPU queues")?;
+    let transport = queues.describe();
+    tracing::info!(%transport, "perf --gpu");
+    let gcfg = GpuPerfConfig {
+        rw: gpu_rw(cfg.rw),
+        nsid: cfg.nsid,
+        lba_size: lba_size as u32,
+        bs: u32::try_from(cfg.bs).context("--bs")?,
+        qd: u32::try_from(qd).context("--qd")?,
+        style: args.style,
+        ios: match cfg.stop {
+            Stop::Ios(n) => n.max(1),
+            Stop::Runtime(_) => 0,
+        },
+        runtime: match cfg.stop {
+            Stop::Runtime(d) => d.max(Duration::from_millis(1)),
+            Stop::Ios(_) => Duration::ZERO,
+        },
+        verify: cfg.verify,
+        seed,
+        region_blocks,
+    };
+    let cpu_cfg = PerfConfig {
+        queues: args.cpu_queues,
+        seed: Some(seed),
+        size: Some(region),
+        ..cfg.clone()
+    };
+    let watched = emu.clone();
+    let (gpu, cpu) = std::thread::scope(|s| {
+        let cpu = (args.cpu_queues > 0).then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg)));
+        let gpu = gpu_queues::perf::run(&queues, &gcfg, move || {
+            let csts = watched.csts();
+            csts.cfs()
+                .then(|| "the controller reported fatal status".to_string())
+        });
+        let cpu = cpu.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("CPU side panicked")))
+        });
+        (gpu, cpu)
+    });
+    let gpu = gpu.context("GPU perf run")?;
+    let cpu = cpu.transpose()?;
+    let dma = queues.dma_stats();
+    let side = GpuSide {
+        device: cuda.name().to_string(),
+        transport,
+        transport_kind: queues.transport().name(),
+        threads: gpu.threads,
+        style: gpu.style.name(),
+        queues: queues.len(),
+        depth: queues.depth(),
+        controller_sms: args.controller_sms,
+        dma_launches: dma.map(|d| d.0),
+        dma_pieces: dma.map(|d| d.1),
+    };
+    drop(queues);
+
+    let mut errors = gpu.errors + gpu.mismatches;
+    let mut verify_errors = gpu.mismatches;
+    let mut verified_bytes = if cfg.verify && !cfg.rw.is_write() {
+        gpu.done * cfg.bs as u64
+    } else {
+        0
+    };
+    let mut first_error = gpu
+        .first_failure
+        .map(|(s, sf, lba)| format!("GPU I/O at LBA {lba}: {s} (CQE status field {sf:#06x})"));
+    if first_error.is_none() {
+        first_error = gpu
+            .first_bad_lba
+            .map(|lba| format!("GPU read of LBA {lba}: bytes differ from the pattern"));
+    }
+    if cfg.verify && cfg.rw.is_write() {
+        let (n_new, _n_old, bad) =
+            cpu_check(ctrl, cfg.nsid, lba_size, region_blocks, seed, old_seed)?;
+        verified_bytes += n_new * lba_size as u64;
+        if let Some(b) = bad {
+            errors += 1;
+            verify_errors += 1;
+            first_error.get_or_insert(format!(
+                "CPU read-back of LBA {b}: neither the GPU's pattern nor the previous contents"
+            ));
+        }
+        if n_new == 0 && gpu.done > 0 {
+            errors += 1;
+            verify_errors += 1;
+            first_error.get_or_insert("no block written by the GPU reads back".into());
+        }
+    }
+    let secs = gpu.elapsed.as_secs_f64().max(1e-9);
+    let report = PerfReport {
+        rw: cfg.rw,
+        bs: cfg.bs,
+        qd,
+        queues: side.queues,
+        ios: gpu.done,
+        iops: gpu.done as f64 / secs,
+        bw_bytes: (gpu.done * cfg.bs as u64) as f64 / secs,
+        lat_ns: Latency {
+            mean: gpu.latency_mean(),
+            p50: gpu.latency_quantile(0.5),
+            p99: gpu.latency_quantile(0.99),
+            p999: gpu.latency_quantile(0.999),
+            max: gpu.latency_quantile(1.0),
+        },
+        errors,
+        verify_errors,
+        verified_bytes,
+        runtime_ns: gpu.elapsed.as_nanos() as u64,
+        first_error,
+        data_path: format!("GPU queues: {}", side.transport),
+    };
+    Ok(GpuPerfReport {
+        report,
+        gpu: side,
+        cpu,
+    })
+}
