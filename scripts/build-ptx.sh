@@ -17,6 +17,11 @@ NVCC=$DIR/nvidia/cu13/bin/nvcc
 PTXAS=$DIR/nvidia/cu13/bin/ptxas
 if [ ! -x "$NVCC" ] || ! "$NVCC" --version | grep -q 'release 13.0, V13.0.88'; then
     echo "installing nvcc 13.0.88 into $DIR" >&2
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        echo "pip is missing: installing python3-pip" >&2
+        (apt-get update -q && apt-get install -y -q python3-pip) >&2 \
+            || { echo "error: cannot install pip; install python3-pip and retry" >&2; exit 1; }
+    fi
     python3 -m pip install -q --no-deps --target "$DIR" \
         nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
         nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
