@@ -143,7 +143,7 @@ struct queue_desc {
     uint64_t cq_doorbell;      // GPU pointer: CQ head doorbell
     uint64_t state;            // GPU pointer: queue_state
     uint64_t slots;            // GPU pointer: slot_state[depth]
-    uint64_t prp_lists;        // GPU pointer: one 4 KiB PRP-list page per slot
+    uint64_t prp_lists;        // GPU pointer: two 4 KiB PRP-list pages per slot (see below)
     uint64_t prp_lists_bus;    // device (bus) address of the first PRP-list page; pages contiguous
     uint64_t slot_buffers;     // GPU pointer: one data buffer per slot (0: none)
     uint64_t slot_buffers_bus; // device address of the first slot buffer; contiguous
@@ -403,11 +403,13 @@ __device__ __forceinline__ void slot_buffer_prps(const queue_desc& q, uint32_t s
     *prp1 = base;
     if (bytes <= GPUNVME_PAGE_SIZE) *prp2 = 0;
     else if (bytes <= 2 * GPUNVME_PAGE_SIZE) *prp2 = base + GPUNVME_PAGE_SIZE;
-    else *prp2 = q.prp_lists_bus + (uint64_t)slot * GPUNVME_PAGE_SIZE;
+    else *prp2 = q.prp_lists_bus + (uint64_t)slot * 2 * GPUNVME_PAGE_SIZE;
 }
 
 /// PRPs for `bytes` at device address `bus` (4-byte aligned, contiguous in device address
-/// space), writing a PRP list into the slot's list page when more than two pages are touched.
+/// space), writing a PRP list into the slot's second list page when more than two pages are
+/// touched (the first page holds the slot buffer's pre-built list, which must stay intact for
+/// later commands on the slot).
 __device__ inline status build_prps(const queue_desc& q, uint32_t slot, uint64_t bus,
                                     uint32_t bytes, uint64_t* prp1, uint64_t* prp2) {
     if (bytes == 0 || bytes > q.max_transfer || (bus & 3)) return GPUNVME_INVALID_ARGUMENT;
@@ -416,11 +418,12 @@ __device__ inline status build_prps(const queue_desc& q, uint32_t slot, uint64_t
     uint64_t end = bus + bytes;
     if (end <= first_page_end) { *prp2 = 0; return GPUNVME_OK; }
     if (end <= first_page_end + GPUNVME_PAGE_SIZE) { *prp2 = first_page_end; return GPUNVME_OK; }
-    uint64_t* list = reinterpret_cast<uint64_t*>(q.prp_lists + (uint64_t)slot * GPUNVME_PAGE_SIZE);
+    uint64_t scratch = ((uint64_t)slot * 2 + 1) * GPUNVME_PAGE_SIZE;
+    uint64_t* list = reinterpret_cast<uint64_t*>(q.prp_lists + scratch);
     uint32_t pages = (uint32_t)((end - first_page_end + GPUNVME_PAGE_SIZE - 1) / GPUNVME_PAGE_SIZE);
     if (pages > GPUNVME_PAGE_SIZE / 8) return GPUNVME_INVALID_ARGUMENT;
     for (uint32_t i = 0; i < pages; ++i) list[i] = first_page_end + (uint64_t)i * GPUNVME_PAGE_SIZE;
-    *prp2 = q.prp_lists_bus + (uint64_t)slot * GPUNVME_PAGE_SIZE;
+    *prp2 = q.prp_lists_bus + scratch;
     return GPUNVME_OK;
 }
 

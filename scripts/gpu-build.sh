@@ -26,4 +26,6 @@ if [ -f gpu-queues/tests/cpu_client.rs ]; then
     cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
 fi
 cp scripts/gpu-test.sh "$OUT/"
+# Stripped: the carried tree must stay under 64 MiB.
+strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client 2>/dev/null || true
 ls -la "$OUT"

@@ -50,6 +50,11 @@ else
     echo "FAIL gpu-tests: $BIN/gpu-tests missing"; fail=$((fail + 1))
 fi
 
+# 1b. The CPU client of the header's protocol (also run by `cargo test`; here on this machine's CPU).
+if [ -x "$BIN/cpu-client" ]; then
+    check "cpu-client tests" "$BIN/cpu-client" --test-threads=2
+fi
+
 # 2. perf --gpu acceptance runs on images in tmpfs.
 G=$BIN/gpunvme
 perf_ok() {  # perf_ok IMG LBA ARGS...: a verified run whose JSON reports zero errors
@@ -76,6 +81,10 @@ done
 if [ $SAN = 1 ]; then
     if command -v compute-sanitizer >/dev/null; then
         img=$WORK/san; truncate -s 256M "$img"
+        # compute-sanitizer runs one kernel at a time: the controller's scatter/gather kernels
+        # would queue behind the client kernel that waits for them (every I/O times out).
+        # Under the sanitizer the software controller moves data with cuMemcpyAsync instead.
+        export GPUNVME_EMU_DMA=memcpy
         for tool in memcheck racecheck synccheck; do
             for rw in randread randwrite; do
                 check "sanitizer $tool perf --gpu $rw" compute-sanitizer --tool $tool --error-exitcode 3 \

@@ -58,10 +58,31 @@ pub struct GpuSide {
     pub depth: u32,
     /// SMs reserved for the controller's kernels.
     pub controller_sms: u32,
-    /// The software controller's batched copies: kernel launches and pieces moved.
-    pub dma_launches: Option<u64>,
-    /// Pieces moved by those launches.
-    pub dma_pieces: Option<u64>,
+    /// The software controller's side (transport (a)): its threads and batched copies.
+    pub controller: Option<ControllerSide>,
+}
+
+/// Where the software controller's time went while it served the GPU queues.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControllerSide {
+    /// Controller threads (each with a copy engine of its own).
+    pub threads: usize,
+    /// How batches moved: "kernels" (scatter/gather) or "memcpy" (GPUNVME_EMU_DMA=memcpy).
+    pub copy_mode: &'static str,
+    /// Scatter kernels launched (one per batch that wrote GPU memory).
+    pub scatters: u64,
+    /// Pieces they moved (data ranges and completion entries).
+    pub scattered_pieces: u64,
+    /// Gather kernels launched (prefetched PRP lists and write data).
+    pub gathers: u64,
+    /// Ranges they moved.
+    pub gathered_pieces: u64,
+    /// Reads served from gathered bytes.
+    pub gather_hits: u64,
+    /// Reads that needed a copy and a wait of their own (SQE fetches among them).
+    pub sync_reads: u64,
+    /// Milliseconds the controller threads spent waiting for the GPU, summed over threads.
+    pub gpu_wait_ms: f64,
 }
 
 /// `perf`'s report plus the GPU configuration, and the CPU side when it ran.
@@ -264,8 +285,20 @@ pub fn run(
         queues: queues.len(),
         depth: queues.depth(),
         controller_sms: args.controller_sms,
-        dma_launches: dma.map(|d| d.0),
-        dma_pieces: dma.map(|d| d.1),
+        controller: dma.map(|d| ControllerSide {
+            threads: queues.controller_threads().unwrap_or(0),
+            copy_mode: match queues.copy_mode() {
+                Some(gpu_queues::emu_dma::CopyMode::Memcpy) => "memcpy",
+                _ => "kernels",
+            },
+            scatters: d.scatters,
+            scattered_pieces: d.pieces,
+            gathers: d.gathers,
+            gathered_pieces: d.gathered,
+            gather_hits: d.hits,
+            sync_reads: d.sync_reads,
+            gpu_wait_ms: d.wait_ns as f64 / 1e6,
+        }),
     };
     drop(queues);
 

@@ -31,6 +31,12 @@ struct Args {
     #[arg(long, global = true, default_value_t = 512, value_name = "BYTES")]
     lba_size: u32,
 
+    /// Threads of the software controller serving I/O queues (0..=64; 0: automatic, a quarter
+    /// of the CPUs, 1 to 4). Ignored for a PCI device. The count in use is shown as part of the
+    /// device description (`identify`, and `data_path` in `perf`).
+    #[arg(long, global = true, default_value_t = 0, value_name = "N")]
+    controller_threads: usize,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -68,6 +74,9 @@ enum Command {
     },
     /// Measure IOPS, bandwidth and latency, fio-style (one thread per queue).
     Perf(PerfArgs),
+    /// Run the GPU queue protocol (ptx/gpunvme.cuh) from CPU threads on queues whose rings
+    /// this command allocates: write, read back and check LBA-stamped data; fails on any error.
+    ProtocolCheck(cli::protocol::ProtocolCheckArgs),
     /// File operations on blockfs.
     Fs {
         /// Namespace holding the file system.
@@ -174,6 +183,7 @@ fn run(args: Args) -> Result<()> {
     let spec = DeviceSpec::parse(args.device.as_deref())?;
     let opts = OpenOptions {
         lba_size: args.lba_size,
+        controller_threads: args.controller_threads,
         ..Default::default()
     };
     let (ctrl, emu) = open_controller_and_transport(&spec, &opts)?;
@@ -225,6 +235,7 @@ fn run(args: Args) -> Result<()> {
                 perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
             }
         }
+        Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
     };
     // Shut the controller down in order whatever happened, but report the command's error first.

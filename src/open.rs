@@ -53,6 +53,9 @@ pub struct OpenOptions {
     /// Logical block size of the namespace the software controller makes of an image (512 or
     /// 4096). Images are raw, like QEMU's `format=raw`, so this is not stored in them.
     pub lba_size: u32,
+    /// Threads of the software controller (`EmuConfig::controller_threads`; 0: automatic).
+    /// Ignored for a PCI device.
+    pub controller_threads: usize,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
 }
@@ -61,6 +64,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         Self {
             lba_size: 512,
+            controller_threads: 0,
             controller: ControllerOptions::default(),
         }
     }
@@ -90,7 +94,7 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
                 emu: None,
             });
         }
-        DeviceSpec::Image(path) => open_image(path, opts.lba_size)?,
+        DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
             let path = Path::new(DEFAULT_IMAGE);
             if !path.exists() {
@@ -102,7 +106,7 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
                     DEFAULT_IMAGE_BYTES
                 );
             }
-            open_image(path, opts.lba_size)?
+            open_image(path, opts)?
         }
     };
     Ok(Opened {
@@ -111,7 +115,7 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
     })
 }
 
-fn open_image(path: &Path, lba_size: u32) -> Result<Arc<EmuDevice>> {
+fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
     if !path.exists() {
         bail!(
             "image {} does not exist (create one with `truncate -s 1G {}`, or omit --device to use ./{DEFAULT_IMAGE})",
@@ -119,8 +123,11 @@ fn open_image(path: &Path, lba_size: u32) -> Result<Arc<EmuDevice>> {
             path.display()
         );
     }
-    let config = EmuConfig::for_image(path, lba_size)
-        .with_context(|| format!("image {}", path.display()))?;
+    let config = EmuConfig {
+        controller_threads: opts.controller_threads,
+        ..EmuConfig::for_image(path, opts.lba_size)
+            .with_context(|| format!("image {}", path.display()))?
+    };
     let dev = EmuDevice::start(config).context("starting the software controller")?;
     Ok(dev)
 }

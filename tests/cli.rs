@@ -206,6 +206,85 @@ fn perf_verify_catches_corruption_and_bs_above_mdts_works() {
     assert_eq!(v["errors"], 0, "{v}");
 }
 
+/// `protocol-check`: the GPU queue protocol from CPU threads on the image's controller, at
+/// both LBA sizes; JSON counts, coalesced doorbells, the pattern on the image itself, and
+/// refusals of impossible settings.
+#[test]
+fn protocol_check_on_an_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 16 << 20);
+    let img = img.to_str().unwrap();
+    for lba_size in [512u64, 4096] {
+        let out = ok(&gpunvme(
+            d,
+            &format!(
+                "--device {img} --lba-size {lba_size} protocol-check --queues 2 --depth 16 \
+                 --threads 4 --ios 2000 --size 2m --seed 7 --json"
+            ),
+        ));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["passed"], true, "{v}");
+        assert_eq!(v["ios"], 2000, "{v}");
+        assert_eq!(v["errors"], 0, "{v}");
+        assert_eq!(v["mismatches"], 0, "{v}");
+        assert_eq!(v["queues"], 2, "{v}");
+        assert_eq!(v["depth"], 16, "{v}");
+        assert_eq!(v["threads"], 4, "{v}");
+        assert_eq!(v["lba_size"], lba_size, "{v}");
+        assert_eq!(v["per_queue"].as_array().unwrap().len(), 2, "{v}");
+        assert!(v["verified_bytes"].as_u64().unwrap() >= 1000 * lba_size);
+        let (sq, cq) = (
+            v["sq_doorbells"].as_u64().unwrap(),
+            v["cq_doorbells"].as_u64().unwrap(),
+        );
+        assert!(sq > 0 && sq < 2000, "SQ doorbells not coalesced: {sq}");
+        assert!(cq > 0 && cq <= 2000, "{cq}");
+        // The image holds the pattern of seed 7 wherever the run wrote (zeros elsewhere), and
+        // nothing past the 2 MiB it was given.
+        let bytes = std::fs::read(img).unwrap();
+        let mut stamped = 0;
+        for (lba, block) in bytes.chunks_exact(lba_size as usize).enumerate() {
+            if block.iter().all(|&b| b == 0) {
+                continue;
+            }
+            assert!((lba as u64) < (2 << 20) / lba_size, "LBA {lba} written");
+            assert_eq!(
+                gpunvme::pattern::check(block, 7, 1, lba as u64, lba_size as usize),
+                None,
+                "LBA {lba}"
+            );
+            stamped += 1;
+        }
+        assert!(stamped > 0);
+        std::fs::write(img, vec![0u8; 16 << 20]).unwrap();
+    }
+    // Text output.
+    let out = ok(&gpunvme(
+        d,
+        &format!("--device {img} protocol-check --ios 200 --no-verify"),
+    ));
+    assert!(out.contains("doorbells: SQ"), "{out}");
+    assert!(out.contains("verified nothing (--no-verify)"), "{out}");
+    assert_eq!(out.lines().last(), Some("PASS"), "{out}");
+    // Refusals: one line, non-zero exit.
+    fails_with(
+        &gpunvme(d, &format!("--device {img} protocol-check --depth 12")),
+        "power of two",
+    );
+    fails_with(
+        &gpunvme(d, &format!("--device {img} protocol-check --queues 99")),
+        "grants",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &format!("--device {img} protocol-check --slot-buffer 1000"),
+        ),
+        "slot buffer",
+    );
+}
+
 /// The last line of stderr that says `gpunvme: error:` (the others are reports such as the data
 /// path).
 fn error_line(out: &Output) -> String {

@@ -41,10 +41,15 @@
 //!
 //! Device addresses are taken per 4 KiB page, which equals the header's arithmetic on
 //! contiguous memory (IOMMU mappings, the software controller) and stays right where pages are
-//! not contiguous (VFIO without an IOMMU). [`CpuQueue::complete`] is split into
-//! [`CpuQueue::wait_done`] and [`CpuQueue::release`] so that a read's data can be taken out of
-//! the slot buffer before the slot goes to its next owner, as the header's perf kernel does
-//! inline.
+//! not contiguous (VFIO without an IOMMU). Transfers longer than one slot buffer
+//! ([`CpuQueue::write_range`], [`CpuQueue::read_range`]) are split as the header's `rw_warp`
+//! splits them, one piece per ticket of a batch, but through the slot buffers and their
+//! pre-built PRP lists rather than `build_prps` on caller memory (which would overwrite a
+//! slot's pre-built list). [`CpuQueue::complete`] is split into [`CpuQueue::wait_done`] and
+//! [`CpuQueue::release`] so that a read's data can be taken out of the slot buffer before the
+//! slot goes to its next owner, as the header's perf kernel does inline.
+//! [`CpuQueue::completions_out_of_order`] counts completions that did not arrive in ticket
+//! order: proof that matching by command id was exercised.
 //!
 //! [`run_stress`] drives several such queues from several threads each (half of them with the
 //! batch variant), writing and reading back LBA-stamped data ([`crate::pattern`], the same
@@ -264,6 +269,7 @@ pub struct CpuQueue {
     timeout: Duration,
     sq_doorbells: AtomicU64,
     cq_doorbells: AtomicU64,
+    out_of_order: AtomicU64,
 }
 
 impl std::fmt::Debug for CpuQueue {
@@ -347,7 +353,8 @@ impl CpuQueue {
         let d = depth as usize;
         let sq = alloc(d * SQE_SIZE)?;
         let cq = alloc(d * CQE_SIZE)?;
-        let prp_lists = alloc(d * PAGE)?;
+        // Two list pages per slot, as the header lays them out (the second is `build_prps`').
+        let prp_lists = alloc(d * 2 * PAGE)?;
         let slot_buffers = alloc(d * slot_buffer_bytes as usize)?;
 
         // Pre-built PRP lists, as gpu-queues/src/queues.rs builds them for the GPU: slot s's
@@ -358,7 +365,7 @@ impl CpuQueue {
                 let base = s * slot_buffer_bytes as usize;
                 for k in 1..pages_per_slot {
                     prp_lists.store_u64(
-                        s * PAGE + (k - 1) * 8,
+                        s * 2 * PAGE + (k - 1) * 8,
                         slot_buffers.device_address(base + k * PAGE),
                         Ordering::Relaxed,
                     );
@@ -408,6 +415,7 @@ impl CpuQueue {
             timeout: opts.timeout,
             sq_doorbells: AtomicU64::new(0),
             cq_doorbells: AtomicU64::new(0),
+            out_of_order: AtomicU64::new(0),
         })
     }
 
@@ -457,6 +465,13 @@ impl CpuQueue {
             self.sq_doorbells.load(Ordering::Relaxed),
             self.cq_doorbells.load(Ordering::Relaxed),
         )
+    }
+
+    /// Completions reaped whose command id was not the next one in ticket order: the
+    /// controller completed commands out of submission order (diagnostics: every one of them
+    /// went through matching by command id).
+    pub fn completions_out_of_order(&self) -> u64 {
+        self.out_of_order.load(Ordering::Relaxed)
     }
 
     /// A snapshot of the protocol state, in the header's struct (diagnostics and tests).
@@ -586,6 +601,10 @@ impl CpuQueue {
         let mut head = st.cq_head.load(Ordering::Relaxed);
         let mut phase = st.cq_phase.load(Ordering::Relaxed);
         let mut n = 0u32;
+        let mut reordered = 0u64;
+        // Completions consumed before this drain: completing in submission order, the
+        // controller's n-th entry here would be ticket `reaped + n` (diagnostics only).
+        let reaped = st.cq_reaped.load(Ordering::Relaxed);
         let mut result = Ok(());
         while n < self.depth {
             let cqe = head as usize * CQE_SIZE;
@@ -613,6 +632,9 @@ impl CpuQueue {
                 });
                 break;
             };
+            if cid != reaped.wrapping_add(n) & mask {
+                reordered += 1;
+            }
             slot.dw0.store(dw0, Ordering::Relaxed);
             slot.done.store(DONE_BIT | status_field, Ordering::Release);
             n += 1;
@@ -629,6 +651,9 @@ impl CpuQueue {
             fence(Ordering::Release);
             self.device.registers().write_u32(self.cq_doorbell, head);
             self.cq_doorbells.fetch_add(1, Ordering::Relaxed);
+            if reordered != 0 {
+                self.out_of_order.fetch_add(reordered, Ordering::Relaxed);
+            }
         }
         Self::unlock(&st.cq_lock);
         result
@@ -670,7 +695,7 @@ impl CpuQueue {
             self.slot_buffers.device_address(base + PAGE)
         } else {
             self.prp_lists
-                .device_address((slot & self.mask()) as usize * PAGE)
+                .device_address((slot & self.mask()) as usize * 2 * PAGE)
         };
         (prp1, prp2)
     }
@@ -912,12 +937,17 @@ impl CpuQueue {
         }
     }
 
-    fn check_rw(&self, lba_size: u32, bytes: usize) -> Result<(), ClientError> {
+    fn check_lba_size(lba_size: u32) -> Result<(), ClientError> {
         if !(512..=4096).contains(&lba_size) || !lba_size.is_power_of_two() {
             return Err(ClientError::InvalidArgument(format!(
                 "LBA size {lba_size} (512..=4096, a power of two)"
             )));
         }
+        Ok(())
+    }
+
+    fn check_rw(&self, lba_size: u32, bytes: usize) -> Result<(), ClientError> {
+        Self::check_lba_size(lba_size)?;
         if bytes == 0 || bytes % lba_size as usize != 0 || bytes > self.slot_buffer_bytes as usize {
             return Err(ClientError::InvalidArgument(format!(
                 "{bytes} bytes: whole {lba_size}-byte blocks, 1..={} bytes (the slot buffer)",
@@ -969,6 +999,110 @@ impl CpuQueue {
         self.release(t);
         self.outcome(cid, done).map(drop)
     }
+
+    /// Writes `data` (whole blocks of `lba_size` bytes, any length) at `slba` of `nsid`, split
+    /// into commands of at most one slot buffer (itself at most the maximum transfer, so this
+    /// is the split above MDTS).
+    ///
+    /// The header's `rw_warp` with the data going through slot buffers: the pieces go out in
+    /// batches of at most `depth`, each batch's tickets taken with one atomic (so one holder in
+    /// the deadlock rule) and usually published with one doorbell. Every piece of a batch is
+    /// waited for; the first error in piece order is returned, and no later batch is issued.
+    pub fn write_range(
+        &self,
+        nsid: u32,
+        lba_size: u32,
+        slba: u64,
+        data: &[u8],
+    ) -> Result<(), ClientError> {
+        self.rw_range(
+            OPC_WRITE,
+            nsid,
+            lba_size,
+            slba,
+            data.len(),
+            |t, off, len| self.write_slot_buffer(t, 0, &data[off..off + len]),
+            |_, _, _| {},
+        )
+    }
+
+    /// Reads `out.len()` bytes (whole blocks, any length) at `slba` of `nsid` into `out`, split
+    /// as [`CpuQueue::write_range`] splits. Slot buffers are poisoned before each read.
+    pub fn read_range(
+        &self,
+        nsid: u32,
+        lba_size: u32,
+        slba: u64,
+        out: &mut [u8],
+    ) -> Result<(), ClientError> {
+        let len = out.len();
+        self.rw_range(
+            OPC_READ,
+            nsid,
+            lba_size,
+            slba,
+            len,
+            |t, _, len| self.fill_slot_buffer(t, len, 0xa5),
+            |t, off, len| self.read_slot_buffer(t, 0, &mut out[off..off + len]),
+        )
+    }
+
+    /// Pieces one slot buffer long, issued in batches of at most `depth`: `stage(ticket, offset,
+    /// len)` prepares a piece's slot buffer before its SQE is written, `take` consumes a
+    /// successful piece before its slot is released.
+    #[expect(clippy::too_many_arguments)]
+    fn rw_range(
+        &self,
+        opcode: u8,
+        nsid: u32,
+        lba_size: u32,
+        slba: u64,
+        len: usize,
+        mut stage: impl FnMut(&Ticket, usize, usize),
+        mut take: impl FnMut(&Ticket, usize, usize),
+    ) -> Result<(), ClientError> {
+        Self::check_lba_size(lba_size)?;
+        if len == 0 || len % lba_size as usize != 0 {
+            return Err(ClientError::InvalidArgument(format!(
+                "{len} bytes: whole {lba_size}-byte blocks, at least one"
+            )));
+        }
+        let piece = self.slot_buffer_bytes as usize / lba_size as usize * lba_size as usize;
+        let pieces = len.div_ceil(piece);
+        let span = |i: usize| (i * piece, piece.min(len - i * piece));
+        let mut first = 0;
+        while first < pieces {
+            let n = (pieces - first).min(self.depth as usize);
+            let tickets = self.reserve_many(n as u32)?;
+            for (i, t) in tickets.iter().enumerate() {
+                let (off, bytes) = span(first + i);
+                stage(t, off, bytes);
+                let lba = slba + (off / lba_size as usize) as u64;
+                self.fill_slot(t, &self.rw_request(t, opcode, nsid, lba, lba_size, bytes));
+            }
+            for t in &tickets {
+                self.publish(t)?;
+            }
+            let mut first_error = None;
+            for (i, t) in tickets.into_iter().enumerate() {
+                let (off, bytes) = span(first + i);
+                let cid = self.slot_of(&t) as u16;
+                let done = self.wait_done(&t)?;
+                if done.status_field == 0 {
+                    take(&t, off, bytes);
+                }
+                self.release(t);
+                if let Err(e) = self.outcome(cid, done) {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+            first += n;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for CpuQueue {
@@ -1012,6 +1146,8 @@ pub struct StressConfig {
     pub seed: u64,
     /// Bound of every wait.
     pub timeout: Duration,
+    /// Compare every byte read with the pattern (otherwise reads are only issued).
+    pub verify: bool,
 }
 
 impl Default for StressConfig {
@@ -1027,6 +1163,7 @@ impl Default for StressConfig {
             slot_buffer_bytes: None,
             seed: 0x9e37_79b9,
             timeout: Duration::from_secs(10),
+            verify: true,
         }
     }
 }
@@ -1042,6 +1179,9 @@ pub struct QueueReport {
     pub sq_doorbells: u64,
     /// CQ head doorbell writes.
     pub cq_doorbells: u64,
+    /// Completions that arrived out of submission order
+    /// ([`CpuQueue::completions_out_of_order`]).
+    pub out_of_order: u64,
     /// Why it failed, if it did.
     pub failed: Option<String>,
 }
@@ -1059,10 +1199,18 @@ pub struct StressReport {
     pub threads_per_queue: usize,
     /// Tickets per batch of the batch threads.
     pub batch: u32,
+    /// Namespace.
+    pub nsid: u32,
     /// LBA size of the namespace.
     pub lba_size: u32,
+    /// Bytes from LBA 0 the run touched.
+    pub region_bytes: u64,
     /// Bytes of each slot buffer.
     pub slot_buffer_bytes: u32,
+    /// Seed of the pattern and of the offsets.
+    pub seed: u64,
+    /// Whether reads were compared with the pattern.
+    pub verify: bool,
     /// Commands asked for.
     pub requested: u64,
     /// Commands issued (completed with any status, or failed).
@@ -1107,6 +1255,11 @@ impl StressReport {
     /// CQ doorbell writes over all queues.
     pub fn cq_doorbells(&self) -> u64 {
         self.queues.iter().map(|q| q.cq_doorbells).sum()
+    }
+
+    /// Completions out of submission order over all queues.
+    pub fn out_of_order(&self) -> u64 {
+        self.queues.iter().map(|q| q.out_of_order).sum()
     }
 }
 
@@ -1216,6 +1369,10 @@ impl Job<'_> {
 
     /// Checks a completed read in the ticket's slot buffer (before the slot is released).
     fn verify(&self, t: &Ticket, lba: u64, blocks: u64) {
+        if !self.cfg.verify {
+            self.tally.reads.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let mut buf = vec![0u8; self.bytes(blocks)];
         self.q.read_slot_buffer(t, 0, &mut buf);
         match pattern::check(
@@ -1479,6 +1636,7 @@ pub fn run_stress(controller: &Controller, cfg: &StressConfig) -> Result<StressR
                     commands: c.load(Ordering::Relaxed),
                     sq_doorbells,
                     cq_doorbells,
+                    out_of_order: q.completions_out_of_order(),
                     failed: q.failed().map(|s| s.to_string()),
                 }
             })
@@ -1486,8 +1644,12 @@ pub fn run_stress(controller: &Controller, cfg: &StressConfig) -> Result<StressR
         depth: cfg.depth,
         threads_per_queue: cfg.threads_per_queue,
         batch: cfg.batch.clamp(1, cfg.depth),
+        nsid: cfg.nsid,
         lba_size,
+        region_bytes: region_blocks * lba_size as u64,
         slot_buffer_bytes,
+        seed: cfg.seed,
+        verify: cfg.verify,
         requested: total_pairs * 2,
         commands: tally.commands.load(Ordering::Relaxed),
         writes: tally.writes.load(Ordering::Relaxed),

@@ -31,7 +31,8 @@ pub struct QueueDesc {
     pub state: u64,
     /// GPU pointer: `[SlotState; depth]`.
     pub slots: u64,
-    /// GPU pointer: one 4 KiB PRP-list page per slot.
+    /// GPU pointer: two 4 KiB PRP-list pages per slot, slot s at page 2s: the first holds the
+    /// slot buffer's pre-built list, the second the list `build_prps` writes for other buffers.
     pub prp_lists: u64,
     /// Device address of the first PRP-list page (pages contiguous).
     pub prp_lists_bus: u64,

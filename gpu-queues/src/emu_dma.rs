@@ -13,32 +13,42 @@
 //!   kernel's last block after a fence, so a completion never becomes visible before its data
 //!   or the rest of its entry;
 //! - reads (SQE fetches, PRP lists, data of write commands) flush first, then copy on the same
-//!   stream and wait (bounded).
+//!   stream and wait (bounded); ranges the controller announced with `MemoryRegion::prefetch`
+//!   (a batch's PRP lists, then its write data) are fetched together by ONE gather kernel into
+//!   a pinned area, and the reads that follow are served from it until the batch moves on
+//!   (the next prefetch or flush).
 //!
-//! The engine's kernels run on a stream in the controller's own SM partition (a green
-//! context), so client kernels that occupy every other SM cannot starve them. Two staging areas
-//! alternate: the controller fills one while the GPU drains the other.
+//! Each controller thread has an engine of its own (stream, staging and gather areas), picked
+//! with `nvme_emu::controller_thread_index`: a queue pair is served by one thread, so its data
+//! and completions go through one stream in issue order. The streams live in the controller's
+//! own SM partition (a green context), so client kernels that occupy every other SM cannot
+//! starve them. Two staging areas alternate: the controller fills one while the GPU drains the
+//! other.
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvme_emu::{DoorbellWord, MemoryRegion, RegionError};
 use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
 use crate::error::GpuError;
-use crate::ffi::{Arg, Cuda, DeviceMemory, Event, PinnedMemory, Stream};
+use crate::ffi::{Arg, Cuda, DeviceMemory, Event, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 
 /// Pieces one staging area holds before it is flushed.
 const MAX_PIECES: usize = 8192;
 /// Data bytes one staging area holds before it is flushed.
 const STAGING_BYTES: usize = 32 << 20;
-/// Bytes of the pinned bounce buffer for reads.
-const READ_BOUNCE: usize = 4 << 20;
+/// Ranges one gather moves.
+const MAX_GATHER_PIECES: usize = 8192;
+/// Data bytes one gather moves.
+const GATHER_BYTES: usize = 32 << 20;
 /// Bound on any single wait for the GPU inside the controller.
 const GPU_WAIT: Duration = Duration::from_secs(10);
+/// Warps per block of the scatter and gather kernels (one warp per piece).
+const WARPS_PER_BLOCK: u32 = 8;
 
 struct Staging {
     mem: PinnedMemory,
@@ -48,28 +58,107 @@ struct Staging {
     bytes: usize,
 }
 
+/// A GPU range copied into the gather area, valid until the controller's batch moves on.
+#[derive(Clone, Copy)]
+struct Fetched {
+    gpu: u64,
+    len: usize,
+    /// Byte offset of its copy in the gather area's data part.
+    at: usize,
+}
+
+/// What one engine has done, for reports on where the controller's time goes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DmaStats {
+    /// Scatter kernels launched (one per controller batch that wrote GPU memory).
+    pub scatters: u64,
+    /// Pieces the scatters moved (data ranges and completion entries).
+    pub pieces: u64,
+    /// Gather kernels launched (prefetched SQEs, PRP lists, write data).
+    pub gathers: u64,
+    /// Ranges the gathers moved.
+    pub gathered: u64,
+    /// Reads served from gathered bytes.
+    pub hits: u64,
+    /// Reads that needed a copy and a wait of their own.
+    pub sync_reads: u64,
+    /// Nanoseconds the controller thread spent waiting for the GPU (reads, full staging).
+    pub wait_ns: u64,
+}
+
+impl DmaStats {
+    fn add(&mut self, o: &DmaStats) {
+        self.scatters += o.scatters;
+        self.pieces += o.pieces;
+        self.gathers += o.gathers;
+        self.gathered += o.gathered;
+        self.hits += o.hits;
+        self.sync_reads += o.sync_reads;
+        self.wait_ns += o.wait_ns;
+    }
+}
+
 struct EngineState {
     areas: [Staging; 2],
     cur: usize,
-    read_bounce: PinnedMemory,
-    /// Statistics: flushes that launched a kernel, pieces moved.
-    flushes: u64,
-    pieces: u64,
+    /// Gather area: MAX_GATHER_PIECES descriptors, then GATHER_BYTES of data; also the bounce
+    /// buffer of reads too large to gather.
+    gather: PinnedMemory,
+    /// Ranges announced by `prefetch`, fetched together at the next read.
+    pending: Vec<(u64, usize)>,
+    /// Ranges the last gather fetched.
+    fetched: Vec<Fetched>,
+    stats: DmaStats,
 }
 
-/// The batched copy engine of one software-controller thread.
-pub struct GpuDma {
-    cuda: Arc<Cuda>,
+/// One controller thread's copy engine: its own stream, staging areas and gather area, so that
+/// threads never wait on each other's copies and each thread's writes stay in issue order.
+struct Engine {
     stream: Stream,
-    kernels: Arc<Kernels>,
     /// Device counter the scatter kernel's blocks use to find the last one.
     done_blocks: DeviceMemory,
     state: Mutex<EngineState>,
 }
 
+/// How an engine moves a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMode {
+    /// One scatter or gather kernel per batch (the default).
+    Kernels,
+    /// One `cuMemcpyAsync` per piece, no kernels: for `compute-sanitizer`, which runs one
+    /// kernel at a time, so the controller's kernels would wait behind the client kernel that
+    /// waits for them. About 0.3 M commands/s (../shared/design/gpu.md): for checking only.
+    /// Chosen with `GPUNVME_EMU_DMA=memcpy`.
+    Memcpy,
+}
+
+impl CopyMode {
+    /// The mode `GPUNVME_EMU_DMA` asks for (`kernels`, the default, or `memcpy`).
+    pub fn from_env() -> Result<Self, GpuError> {
+        match std::env::var("GPUNVME_EMU_DMA").as_deref() {
+            Err(_) | Ok("") | Ok("kernels") => Ok(Self::Kernels),
+            Ok("memcpy") => Ok(Self::Memcpy),
+            Ok(other) => Err(GpuError::InvalidArgument(format!(
+                "GPUNVME_EMU_DMA={other}: expected `kernels` or `memcpy`"
+            ))),
+        }
+    }
+}
+
+/// The batched copy engines of the software controller, one per controller thread
+/// (`nvme_emu::controller_thread_index` picks it).
+pub struct GpuDma {
+    cuda: Arc<Cuda>,
+    kernels: Arc<Kernels>,
+    engines: Vec<Engine>,
+    mode: CopyMode,
+}
+
 impl std::fmt::Debug for GpuDma {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuDma").finish_non_exhaustive()
+        f.debug_struct("GpuDma")
+            .field("engines", &self.engines.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -80,14 +169,28 @@ fn region_error(e: GpuError) -> RegionError {
     }
 }
 
+fn lock(e: &Engine) -> MutexGuard<'_, EngineState> {
+    e.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Time a closure spends, added to `wait_ns`.
+fn timed<T>(wait_ns: &mut u64, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    *wait_ns += t.elapsed().as_nanos() as u64;
+    r
+}
+
 impl GpuDma {
-    /// An engine issuing its copies and kernels on `stream`.
+    /// `threads` engines (one per controller thread), each with a stream in the controller's
+    /// SM partition; every kernel they launch was loaded and warmed up by `kernels`' owner.
     pub fn new(
         cuda: &Arc<Cuda>,
-        stream: Stream,
+        partition: &Arc<GreenPartition>,
+        threads: usize,
         kernels: Arc<Kernels>,
     ) -> Result<Arc<Self>, GpuError> {
-        let area = |cuda: &Arc<Cuda>| -> Result<Staging, GpuError> {
+        let area = || -> Result<Staging, GpuError> {
             Ok(Staging {
                 mem: PinnedMemory::alloc(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES)?,
                 drained: Event::new(cuda)?,
@@ -95,35 +198,64 @@ impl GpuDma {
                 bytes: 0,
             })
         };
+        let mut engines = Vec::with_capacity(threads.max(1));
+        for _ in 0..threads.max(1) {
+            let stream = Stream::new(cuda, Placement::Controller, Some(partition))?;
+            kernels.warm_up(&stream)?;
+            engines.push(Engine {
+                stream,
+                done_blocks: DeviceMemory::alloc(cuda, 256)?,
+                state: Mutex::new(EngineState {
+                    areas: [area()?, area()?],
+                    cur: 0,
+                    gather: PinnedMemory::alloc(
+                        cuda,
+                        MAX_GATHER_PIECES * size_of::<CopyDesc>() + GATHER_BYTES,
+                    )?,
+                    pending: Vec::new(),
+                    fetched: Vec::new(),
+                    stats: DmaStats::default(),
+                }),
+            });
+        }
         Ok(Arc::new(Self {
             cuda: cuda.clone(),
-            stream,
             kernels,
-            done_blocks: DeviceMemory::alloc(cuda, 256)?,
-            state: Mutex::new(EngineState {
-                areas: [area(cuda)?, area(cuda)?],
-                cur: 0,
-                read_bounce: PinnedMemory::alloc(cuda, READ_BOUNCE)?,
-                flushes: 0,
-                pieces: 0,
-            }),
+            engines,
+            mode: CopyMode::from_env()?,
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, EngineState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    /// How batches move.
+    pub fn mode(&self) -> CopyMode {
+        self.mode
     }
 
-    /// (kernel launches, pieces moved) so far.
-    pub fn stats(&self) -> (u64, u64) {
-        let s = self.lock();
-        (s.flushes, s.pieces)
+    /// Engines (controller threads served).
+    pub fn engines(&self) -> usize {
+        self.engines.len()
+    }
+
+    /// The calling controller thread's engine (the first for any other thread).
+    fn engine(&self) -> &Engine {
+        let i = nvme_emu::controller_thread_index().unwrap_or(0);
+        &self.engines[i % self.engines.len()]
+    }
+
+    /// Totals over every engine.
+    pub fn stats(&self) -> DmaStats {
+        let mut total = DmaStats::default();
+        for e in &self.engines {
+            total.add(&lock(e).stats);
+        }
+        total
     }
 
     /// Stages `data` for GPU address `dst`; `late` pieces are written after all others of the
     /// same flush.
     fn stage(
         &self,
+        e: &Engine,
         st: &mut EngineState,
         dst: u64,
         data: &[u8],
@@ -133,12 +265,11 @@ impl GpuDma {
         while done < data.len() {
             let area = &st.areas[st.cur];
             if area.pieces == MAX_PIECES || area.bytes == STAGING_BYTES {
-                self.flush_locked(st)?;
+                self.flush_locked(e, st)?;
                 continue;
             }
             let area = &mut st.areas[st.cur];
             let n = (data.len() - done).min(STAGING_BYTES - area.bytes);
-            // Keep 16-byte alignment of pieces in the staging area (vector copies).
             let src = area.bytes;
             area.mem.write(
                 MAX_PIECES * size_of::<CopyDesc>() + src,
@@ -152,6 +283,7 @@ impl GpuDma {
             area.mem
                 .write(area.pieces * size_of::<CopyDesc>(), desc.as_bytes());
             area.pieces += 1;
+            // Keep 16-byte alignment of pieces in the staging area (vector copies).
             area.bytes = (src + n).next_multiple_of(16).min(STAGING_BYTES);
             done += n;
         }
@@ -160,7 +292,7 @@ impl GpuDma {
 
     /// Launches the scatter of the current staging area (if it holds anything) and switches to
     /// the other one, waiting (bounded) until the GPU has drained that one.
-    fn flush_locked(&self, st: &mut EngineState) -> Result<(), GpuError> {
+    fn flush_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
         let cur = st.cur;
         let pieces = st.areas[cur].pieces;
         if pieces == 0 {
@@ -169,60 +301,209 @@ impl GpuDma {
         self.cuda.make_current()?;
         let area = &st.areas[cur];
         let base = area.mem.device_ptr();
-        let warps_per_block = 8u32;
-        let grid = (pieces as u32).div_ceil(warps_per_block).clamp(1, 1024);
-        self.stream.launch(
-            self.kernels.scatter,
-            grid,
-            warps_per_block * 32,
-            &[
-                Arg::U64(base),
-                Arg::U32(pieces as u32),
-                Arg::U64(base + (MAX_PIECES * size_of::<CopyDesc>()) as u64),
-                Arg::U64(self.done_blocks.ptr()),
-            ],
-        )?;
-        area.drained.record(&self.stream)?;
-        st.flushes += 1;
-        st.pieces += pieces as u64;
+        let data = MAX_PIECES * size_of::<CopyDesc>();
+        match self.mode {
+            CopyMode::Kernels => {
+                let grid = (pieces as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
+                e.stream.launch(
+                    self.kernels.scatter,
+                    grid,
+                    WARPS_PER_BLOCK * 32,
+                    &[
+                        Arg::U64(base),
+                        Arg::U32(pieces as u32),
+                        Arg::U64(base + data as u64),
+                        Arg::U64(e.done_blocks.ptr()),
+                    ],
+                )?;
+            }
+            CopyMode::Memcpy => {
+                // In stream order: every piece, then the late ones (completion phase dwords).
+                for late in [false, true] {
+                    for i in 0..pieces {
+                        let mut d = CopyDesc::default();
+                        area.mem.read(i * size_of::<CopyDesc>(), d.as_mut_bytes());
+                        if (d.len & COPY_LATE != 0) == late {
+                            let len = (d.len & !COPY_LATE) as usize;
+                            e.stream.copy_from_pinned(
+                                &area.mem,
+                                data + d.src as usize,
+                                d.dst,
+                                len,
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        area.drained.record(&e.stream)?;
+        st.stats.scatters += 1;
+        st.stats.pieces += pieces as u64;
         let area = &mut st.areas[cur];
         area.pieces = 0;
         area.bytes = 0;
         st.cur ^= 1;
-        st.areas[st.cur].drained.wait(GPU_WAIT)
+        let drained = &st.areas[st.cur].drained;
+        timed(&mut st.stats.wait_ns, || drained.wait(GPU_WAIT))
     }
 
     /// Performs every staged write now (asynchronously; later work on the stream is ordered
-    /// after it).
-    pub fn flush(&self) -> Result<(), GpuError> {
-        let mut st = self.lock();
-        self.flush_locked(&mut st)
+    /// after it). Ends the batch: gathered bytes are no longer trusted.
+    fn flush(&self) -> Result<(), GpuError> {
+        let e = self.engine();
+        let mut st = lock(e);
+        st.fetched.clear();
+        st.pending.clear();
+        self.flush_locked(e, &mut st)
     }
 
-    /// Reads GPU memory at `src` into `buf`, after every staged write (bounded wait).
+    /// Drops gathered bytes and pending ranges: a new batch begins.
+    fn forget_gathered(&self) {
+        let e = self.engine();
+        let mut st = lock(e);
+        st.fetched.clear();
+        st.pending.clear();
+    }
+
+    /// Notes ranges the controller is about to read; the next read fetches them all at once.
+    /// Bytes gathered before are no longer trusted (a new step of the batch begins).
+    fn prefetch(&self, ranges: impl Iterator<Item = (u64, usize)>) {
+        let e = self.engine();
+        let mut st = lock(e);
+        st.fetched.clear();
+        st.pending
+            .extend(ranges.filter(|&(_, len)| len > 0 && len <= GATHER_BYTES));
+    }
+
+    /// Copies every pending range (as many as fit) into the gather area with one kernel, after
+    /// every staged write, and waits for it (bounded).
+    fn gather_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
+        self.flush_locked(e, st)?;
+        st.fetched.clear();
+        let mut at = 0usize;
+        let mut n = 0usize;
+        let mut taken = 0usize;
+        for &(gpu, len) in &st.pending {
+            if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
+                break;
+            }
+            let desc = CopyDesc {
+                dst: gpu,
+                src: at as u32,
+                len: len as u32,
+            };
+            st.gather.write(n * size_of::<CopyDesc>(), desc.as_bytes());
+            st.fetched.push(Fetched { gpu, len, at });
+            at = (at + len).next_multiple_of(16);
+            n += 1;
+            taken += 1;
+        }
+        st.pending.drain(..taken);
+        if n == 0 {
+            return Ok(());
+        }
+        let data = MAX_GATHER_PIECES * size_of::<CopyDesc>();
+        match self.mode {
+            CopyMode::Kernels => {
+                let base = st.gather.device_ptr();
+                let grid = (n as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
+                e.stream.launch(
+                    self.kernels.gather,
+                    grid,
+                    WARPS_PER_BLOCK * 32,
+                    &[
+                        Arg::U64(base),
+                        Arg::U32(n as u32),
+                        Arg::U64(base + data as u64),
+                    ],
+                )?;
+            }
+            CopyMode::Memcpy => {
+                for f in &st.fetched {
+                    e.stream
+                        .copy_to_pinned(&st.gather, data + f.at, f.gpu, f.len)?;
+                }
+            }
+        }
+        st.stats.gathers += 1;
+        st.stats.gathered += n as u64;
+        let stream = &e.stream;
+        timed(&mut st.stats.wait_ns, || stream.wait_idle(GPU_WAIT))
+    }
+
+    /// Serves `buf` from gathered bytes if one gathered range covers it.
+    fn hit(st: &mut EngineState, src: u64, buf: &mut [u8]) -> bool {
+        let end = src + buf.len() as u64;
+        let Some(f) = st
+            .fetched
+            .iter()
+            .find(|f| f.gpu <= src && end <= f.gpu + f.len as u64)
+            .copied()
+        else {
+            return false;
+        };
+        let off = MAX_GATHER_PIECES * size_of::<CopyDesc>() + f.at + (src - f.gpu) as usize;
+        st.gather.read(off, buf);
+        st.stats.hits += 1;
+        true
+    }
+
+    /// Reads GPU memory at `src` into `buf`, after every staged write (bounded wait): from the
+    /// bytes a gather fetched when a prefetch announced the range, else with a copy of its own.
     fn read(&self, src: u64, buf: &mut [u8]) -> Result<(), GpuError> {
-        let mut st = self.lock();
-        self.flush_locked(&mut st)?;
+        let e = self.engine();
+        let mut st = lock(e);
+        if Self::hit(&mut st, src, buf) {
+            return Ok(());
+        }
+        if !st.pending.is_empty() {
+            if buf.len() <= GATHER_BYTES {
+                st.pending.insert(0, (src, buf.len()));
+            }
+            self.gather_locked(e, &mut st)?;
+            if Self::hit(&mut st, src, buf) {
+                return Ok(());
+            }
+        }
+        self.flush_locked(e, &mut st)?;
+        st.stats.sync_reads += 1;
+        let bounce = MAX_GATHER_PIECES * size_of::<CopyDesc>();
+        // A copy of its own overwrites the gather area.
+        st.fetched.clear();
         let mut done = 0;
         while done < buf.len() {
-            let n = (buf.len() - done).min(READ_BOUNCE);
-            self.stream
-                .copy_to_pinned(&st.read_bounce, 0, src + done as u64, n)?;
-            self.stream.wait_idle(GPU_WAIT)?;
-            st.read_bounce.read(0, &mut buf[done..done + n]);
+            let n = (buf.len() - done).min(GATHER_BYTES);
+            e.stream
+                .copy_to_pinned(&st.gather, bounce, src + done as u64, n)?;
+            let stream = &e.stream;
+            timed(&mut st.stats.wait_ns, || stream.wait_idle(GPU_WAIT))?;
+            st.gather.read(bounce, &mut buf[done..done + n]);
             done += n;
         }
         Ok(())
     }
 
     fn write(&self, dst: u64, data: &[u8], late_last_dword: bool) -> Result<(), GpuError> {
-        let mut st = self.lock();
+        let e = self.engine();
+        let mut st = lock(e);
+        // Gathered copies of these bytes must read as written (reads see every earlier write).
+        let end = dst + data.len() as u64;
+        let base = MAX_GATHER_PIECES * size_of::<CopyDesc>();
+        for i in 0..st.fetched.len() {
+            let f = st.fetched[i];
+            let (lo, hi) = (dst.max(f.gpu), end.min(f.gpu + f.len as u64));
+            if lo < hi {
+                let at = base + f.at + (lo - f.gpu) as usize;
+                st.gather
+                    .write(at, &data[(lo - dst) as usize..(hi - dst) as usize]);
+            }
+        }
         if late_last_dword && data.len() >= 4 {
             let split = data.len() - 4;
-            self.stage(&mut st, dst, &data[..split], false)?;
-            self.stage(&mut st, dst + split as u64, &data[split..], true)
+            self.stage(e, &mut st, dst, &data[..split], false)?;
+            self.stage(e, &mut st, dst + split as u64, &data[split..], true)
         } else {
-            self.stage(&mut st, dst, data, false)
+            self.stage(e, &mut st, dst, data, false)
         }
     }
 }
@@ -233,6 +514,10 @@ pub struct GpuRegion {
     engine: Arc<GpuDma>,
     ptr: u64,
     len: usize,
+    /// A submission queue ring: the controller reads one at the start of every batch, which
+    /// ends the trust in bytes gathered for the batch before (even one that wrote nothing and
+    /// so was never flushed).
+    starts_batches: bool,
     _mem: Arc<DeviceMemory>,
 }
 
@@ -249,7 +534,16 @@ impl GpuRegion {
             engine,
             ptr: mem.ptr(),
             len: mem.len(),
+            starts_batches: false,
             _mem: mem,
+        }
+    }
+
+    /// A submission queue ring in `mem` (see `starts_batches`).
+    pub fn submission_queue(engine: Arc<GpuDma>, mem: Arc<DeviceMemory>) -> Self {
+        Self {
+            starts_batches: true,
+            ..Self::new(engine, mem)
         }
     }
 }
@@ -260,6 +554,9 @@ impl MemoryRegion for GpuRegion {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        if self.starts_batches {
+            self.engine.forget_gathered();
+        }
         self.engine
             .read(self.ptr + offset, buf)
             .map_err(region_error)
@@ -279,6 +576,13 @@ impl MemoryRegion for GpuRegion {
 
     fn flush(&self) -> Result<(), RegionError> {
         self.engine.flush().map_err(region_error)
+    }
+
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
+        let ptr = self.ptr;
+        self.engine
+            .prefetch(ranges.iter().map(|&(off, len)| (ptr + off, len)));
+        Ok(())
     }
 }
 

@@ -717,6 +717,23 @@ impl Stream {
         })
     }
 
+    /// Queues a copy of `len` bytes from pinned memory at `offset` to GPU address `dst`. The
+    /// caller keeps those pinned bytes unchanged until the copy has run (an event after it).
+    pub fn copy_from_pinned(
+        &self,
+        src: &PinnedMemory,
+        offset: usize,
+        dst: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let p = src.at(offset, len);
+        // SAFETY: source range checked in `at` and kept alive and unchanged by the caller until
+        // the stream passes the copy; the destination is a GPU address the caller vouches for.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, p.cast_const().cast(), len, self.raw)
+        })
+    }
+
     /// Whether all work queued so far has finished (an error if any of it failed).
     pub fn is_idle(&self) -> Result<bool, GpuError> {
         // SAFETY: valid stream handle.
@@ -729,24 +746,38 @@ impl Stream {
 
     /// Waits for the stream, at most `timeout`, polling (never an unbounded driver wait).
     pub fn wait_idle(&self, timeout: Duration) -> Result<(), GpuError> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            if self.is_idle()? {
-                return Ok(());
-            }
-            if start.elapsed() > timeout {
-                return Err(GpuError::Timeout {
-                    what: "GPU stream",
-                    waited: timeout,
-                });
-            }
-            spins += 1;
-            if spins > 64 {
-                std::thread::sleep(Duration::from_micros(20));
-            } else {
-                std::hint::spin_loop();
-            }
+        poll_until("GPU stream", timeout, || self.is_idle())
+    }
+}
+
+/// Polls `done` until it is true, at most `timeout`. The software controller's threads wait
+/// here for copies of a few microseconds: they spin, then yield, and only sleep once a wait has
+/// gone on for a millisecond (a sleep costs tens of microseconds of timer slack).
+fn poll_until(
+    what: &'static str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool, GpuError>,
+) -> Result<(), GpuError> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if waited > timeout {
+            return Err(GpuError::Timeout {
+                what,
+                waited: timeout,
+            });
+        }
+        spins += 1;
+        if spins <= 64 {
+            std::hint::spin_loop();
+        } else if waited < Duration::from_millis(1) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
         }
     }
 }
@@ -819,23 +850,7 @@ impl Event {
 
     /// Waits for it, at most `timeout`, polling.
     pub fn wait(&self, timeout: Duration) -> Result<(), GpuError> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        while !self.is_done()? {
-            if start.elapsed() > timeout {
-                return Err(GpuError::Timeout {
-                    what: "GPU event",
-                    waited: timeout,
-                });
-            }
-            spins += 1;
-            if spins > 256 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        Ok(())
+        poll_until("GPU event", timeout, || self.is_done())
     }
 }
 

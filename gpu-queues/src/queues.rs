@@ -17,7 +17,7 @@ use nvme_emu::{DeviceAddressMap, EmuDevice};
 use zerocopy::IntoBytes;
 
 use crate::desc::{QueueDesc, QueueState, SlotState};
-use crate::emu_dma::{GpuDma, GpuRegion, PinnedDoorbell};
+use crate::emu_dma::{CopyMode, DmaStats, GpuDma, GpuRegion, PinnedDoorbell};
 use crate::error::GpuError;
 use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
@@ -204,17 +204,20 @@ impl GpuQueues {
 
         let kernels = Kernels::load(cuda)?;
         let partition = GreenPartition::split(cuda, opts.controller_sms)?;
-        let ctrl_stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
         let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
-        kernels.warm_up(&ctrl_stream)?;
         kernels.warm_up(&client_stream)?;
-        let engine = GpuDma::new(cuda, ctrl_stream, kernels.clone())?;
+        // One copy engine per controller thread, each warmed up on its own stream.
+        let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), kernels.clone())?;
         let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
         let host_flags = PinnedMemory::alloc(cuda, 4096)?;
         let map = emu.address_map().clone();
 
-        let register = |mem: Arc<DeviceMemory>| -> Result<DmaRegion, GpuError> {
-            let region = Arc::new(GpuRegion::new(engine.clone(), mem.clone()));
+        let register_as = |mem: Arc<DeviceMemory>, sq: bool| -> Result<DmaRegion, GpuError> {
+            let region = Arc::new(if sq {
+                GpuRegion::submission_queue(engine.clone(), mem.clone())
+            } else {
+                GpuRegion::new(engine.clone(), mem.clone())
+            });
             let base = map.register_region(region)?;
             let len = mem.len().next_multiple_of(4096);
             Ok(DmaRegion::contiguous(
@@ -230,6 +233,8 @@ impl GpuQueues {
             ))
         };
 
+        let register = |mem: Arc<DeviceMemory>| register_as(mem, false);
+
         let mut pairs = Vec::with_capacity(count as usize);
         for q in 0..count as usize {
             let sq = Arc::new(DeviceMemory::alloc(
@@ -240,7 +245,8 @@ impl GpuQueues {
                 cuda,
                 (depth as usize * 16).next_multiple_of(4096),
             )?);
-            let prp = Arc::new(DeviceMemory::alloc(cuda, depth as usize * 4096)?);
+            // Two list pages per slot: the slot buffer's pre-built list, and one for `build_prps`.
+            let prp = Arc::new(DeviceMemory::alloc(cuda, depth as usize * 2 * 4096)?);
             let bufs = Arc::new(DeviceMemory::alloc(
                 cuda,
                 depth as usize * slot_buffer_bytes as usize,
@@ -251,7 +257,7 @@ impl GpuQueues {
                 depth as usize * size_of::<SlotState>(),
             )?);
 
-            let sq_region = Arc::new(register(sq.clone())?);
+            let sq_region = Arc::new(register_as(sq.clone(), true)?);
             let cq_region = Arc::new(register(cq.clone())?);
             let prp_region = register(prp.clone())?;
             let buf_region = register(bufs.clone())?;
@@ -261,11 +267,11 @@ impl GpuQueues {
             // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
             let pages_per_slot = slot_buffer_bytes as usize / 4096;
             if pages_per_slot > 2 {
-                let mut lists = vec![0u64; depth as usize * 512];
+                let mut lists = vec![0u64; depth as usize * 2 * 512];
                 for s in 0..depth as usize {
                     let base = buf_bus + (s * slot_buffer_bytes as usize) as u64;
                     for k in 1..pages_per_slot {
-                        lists[s * 512 + k - 1] = base + (k * 4096) as u64;
+                        lists[s * 2 * 512 + k - 1] = base + (k * 4096) as u64;
                     }
                 }
                 prp.write(0, lists.as_bytes())?;
@@ -445,9 +451,19 @@ impl GpuQueues {
         &self.cuda
     }
 
-    /// The copy engine's (kernel launches, pieces moved), for transport (a).
-    pub fn dma_stats(&self) -> Option<(u64, u64)> {
+    /// What the copy engines did (totals over the controller's threads), for transport (a).
+    pub fn dma_stats(&self) -> Option<DmaStats> {
         self.engine.as_ref().map(|e| e.stats())
+    }
+
+    /// How the software controller moves batches, for transport (a).
+    pub fn copy_mode(&self) -> Option<CopyMode> {
+        self.engine.as_ref().map(|e| e.mode())
+    }
+
+    /// Controller threads with a copy engine of their own, for transport (a).
+    pub fn controller_threads(&self) -> Option<usize> {
+        self.engine.as_ref().map(|e| e.engines())
     }
 
     /// Tells every device-side wait on these queues to stop with `GPUNVME_ABORTED`.

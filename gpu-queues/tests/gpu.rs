@@ -211,7 +211,8 @@ fn every_transfer_shape_into_arbitrary_gpu_buffers() {
             }
             for warp in [false, true] {
                 let blocks = bytes / lba as u64;
-                let slba = 1000 + i as u64 * 4096;
+                // 4 MiB of the namespace per shape, 1 block in: fits at both LBA sizes.
+                let slba = 1 + i as u64 * ((4 << 20) / lba as u64);
                 // GPU write of the pattern (staged from the host into the GPU buffer), CPU
                 // read-back; then GPU read of CPU-written data.
                 let data = pattern(slba, blocks, lba);
@@ -337,9 +338,13 @@ fn wrap_around_many_queues_out_of_order() {
             bad.first()
         );
         // Every queue wrapped its rings about 150 times (2500 commands each) and is healthy.
-        for st in r.gpu.queue_states().unwrap() {
+        let states = r.gpu.queue_states().unwrap();
+        let reaped: u64 = states.iter().map(|st| st.cq_reaped as u64).sum();
+        assert_eq!(reaped, 20_000, "every completion reaped exactly once");
+        for st in states {
             assert_eq!(st.failed, 0);
-            assert!(st.cq_reaped >= depth * 100, "cq_reaped {}", st.cq_reaped);
+            // About 2500 commands per queue: each ring wrapped dozens of times.
+            assert!(st.cq_reaped >= depth * 20, "cq_reaped {}", st.cq_reaped);
             assert_eq!(st.sq_published, st.ticket);
         }
     }

@@ -7,7 +7,9 @@
 #   2. writes random bytes through the Linux driver;
 #   3. moves every controller to vfio-pci and, through our driver (`gpunvme`): compares
 #      identify with nvme-cli's fields, reads step 2's bytes back, runs perf --verify for
-#      read, write, randread and randwrite, and writes new random bytes;
+#      read, write, randread and randwrite, runs protocol-check (the GPU queue protocol of
+#      ptx/gpunvme.cuh driven by CPU threads on rings gpunvme allocated itself, every byte
+#      read back checked), and writes new random bytes;
 #   4. moves the controllers back to the kernel driver and reads step 3's bytes through
 #      /dev/nvmeXnY;
 #   5. checks that bad --device arguments fail with one line and leave everything as it was;
@@ -28,6 +30,7 @@
 #   EXPECT_MDTS     max data transfer in bytes (0: no limit)
 #   EXPECT_QPAIRS   I/O queue pairs the controller grants
 #   PERF_IOS        I/Os per perf run
+#   PROTO_IOS       commands of each protocol-check run (default 3000)
 #   NEGATIVE        1: run step 5 (needs a non-NVMe PCI device, e.g. QEMU's edu)
 #   SETUP_SH        1: run step 6 (needs /opt/gpunvme/scripts/setup.sh and bash; 2 MiB
 #                   hugepages; it reformats namespace 1 of the first controller)
@@ -49,6 +52,7 @@ LBA_KERNEL=1001
 LBA_OURS=3003
 # Every command that talks to a device is bounded: a hang fails its check instead of the boot.
 CMD_TIMEOUT=300
+PROTO_IOS=${PROTO_IOS:-3000}
 
 pass() { echo "GN-RESULT $GN_TOKEN PASS $1"; }
 fail() {
@@ -247,6 +251,39 @@ for bdf in $BDFS; do
             fail "$tag: perf --rw $rw --verify" "$(tail -n 3 "$p.err")"
         fi
     done
+
+    # protocol-check: the device header's queue protocol (ticketed slots, coalesced tail
+    # doorbells, completions matched by command id and phase tag) run by 4 CPU threads per
+    # queue on rings that gpunvme allocated and created with Create I/O SQ/CQ itself, against
+    # QEMU's controller; every byte read back is checked. Slot buffers of 16 KiB (PRP1, PRP2
+    # and PRP-list commands) unless MDTS is smaller. It writes from LBA 0, so it runs after
+    # step 2's bytes were read back and before step 3's own are written.
+    slot=16384
+    [ "$EXPECT_MDTS" != 0 ] && [ "$EXPECT_MDTS" -lt "$slot" ] && slot=$EXPECT_MDTS
+    p="$T/$tag.protocol"
+    if ours "$p" --device "$bdf" protocol-check --queues "$queues" --depth 32 --threads 4 \
+        --ios "$PROTO_IOS" --slot-buffer "$slot" --json; then
+        ios=$(jqf .ios "$p.out")
+        errs=$(jqf .errors "$p.out")
+        mism=$(jqf .mismatches "$p.out")
+        vbytes=$(jqf .verified_bytes "$p.out")
+        sqdb=$(jqf .sq_doorbells "$p.out")
+        cqdb=$(jqf .cq_doorbells "$p.out")
+        ooo=$(jqf .out_of_order "$p.out")
+        passed=$(jq -r .passed "$p.out" 2>/dev/null)
+        if [ "$passed" = true ] && [ "$ios" = "$PROTO_IOS" ] && [ "$errs" = 0 ] &&
+            [ "$mism" = 0 ] && [ "${vbytes:-0}" -gt 0 ] && [ "${sqdb:-0}" -gt 0 ] &&
+            [ "$sqdb" -le "$ios" ]; then
+            pass "$tag: protocol-check ($ios commands on $queues x 32-entry queues, 4 threads each, $vbytes bytes verified, SQ/CQ doorbells $sqdb/$cqdb, $ooo completions out of order)"
+        else
+            fail "$tag: protocol-check" \
+                "passed=$passed ios=$ios errors=$errs mismatches=$mism verified_bytes=$vbytes sq_doorbells=$sqdb"
+            show "$p.out"
+        fi
+    else
+        fail "$tag: protocol-check" "$(tail -n 3 "$p.err")"
+        show "$p.out"
+    fi
 
     # Bytes for the Linux driver to read in step 4; a distinct pattern per namespace and
     # controller, so that mixing them up shows.

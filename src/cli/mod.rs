@@ -5,3 +5,4 @@ pub mod fs;
 pub mod identify;
 pub mod io;
 pub mod perf;
+pub mod protocol;

@@ -52,8 +52,19 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
             "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
             g.device, g.threads, g.style, g.queues, g.depth, g.transport
         );
-        if let (Some(l), Some(p)) = (g.dma_launches, g.dma_pieces) {
-            println!("  controller copy kernels: {l} launches, {p} pieces");
+        if let Some(c) = &g.controller {
+            println!(
+                "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
+                 pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU",
+                c.threads,
+                c.scatters,
+                c.scattered_pieces,
+                c.gathers,
+                c.gathered_pieces,
+                c.gather_hits,
+                c.sync_reads,
+                c.gpu_wait_ms
+            );
         }
     }
     let gpu_result = if as_json {

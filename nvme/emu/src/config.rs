@@ -8,6 +8,13 @@ use crate::error::EmuError;
 /// Largest [`EmuConfig::external_batch`].
 pub const MAX_EXTERNAL_BATCH: u32 = 4096;
 
+/// Largest [`EmuConfig::controller_threads`].
+pub const MAX_CONTROLLER_THREADS: usize = 64;
+
+/// Environment variable that sets the automatic controller thread count
+/// ([`EmuConfig::controller_threads`] = 0), for running whole test suites with several threads.
+pub const CONTROLLER_THREADS_ENV: &str = "NVME_EMU_CONTROLLER_THREADS";
+
 /// Where a namespace's blocks live.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -89,6 +96,15 @@ pub struct EmuConfig {
     /// queues with register-window doorbells fetch at most 64). Larger batches mean fewer,
     /// bigger copies for queue memory reached through costly transfers (GPU memory).
     pub external_batch: u32,
+    /// Controller threads serving the queues (0..=64; 0 = automatic). Thread 0 runs the
+    /// register state machine and the admin queue and serves I/O queues too; each I/O
+    /// completion queue, with every submission queue posting to it, is served by thread
+    /// `(cqid - 1) % n` alone. The count is capped at `max_io_queue_pairs` (more threads could
+    /// never get a queue). Automatic: the value of the environment variable
+    /// `NVME_EMU_CONTROLLER_THREADS` if set, else a quarter of the CPUs the process may use,
+    /// at least 1 and at most 4 — enough to keep up with a few host threads without taking
+    /// over a small machine. [`EmuConfig::resolved_controller_threads`] gives the count.
+    pub controller_threads: usize,
 }
 
 impl Default for EmuConfig {
@@ -106,6 +122,7 @@ impl Default for EmuConfig {
             error_log_entries: 16,
             async_event_limit: 4,
             external_batch: 256,
+            controller_threads: 0,
         }
     }
 }
@@ -208,6 +225,11 @@ impl EmuConfig {
         if self.external_batch == 0 || self.external_batch > MAX_EXTERNAL_BATCH {
             return invalid(format!("external_batch must be 1..={MAX_EXTERNAL_BATCH}"));
         }
+        if self.controller_threads > MAX_CONTROLLER_THREADS {
+            return invalid(format!(
+                "controller_threads must be 0 (automatic) to {MAX_CONTROLLER_THREADS}"
+            ));
+        }
         if self.namespaces.len() > 1024 {
             return invalid("at most 1024 namespaces".into());
         }
@@ -237,6 +259,26 @@ impl EmuConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl EmuConfig {
+    /// The number of controller threads this configuration runs (at least 1): `controller_threads`,
+    /// or the automatic default for 0, capped at `max_io_queue_pairs`.
+    pub fn resolved_controller_threads(&self) -> usize {
+        let n = match self.controller_threads {
+            0 => std::env::var(CONTROLLER_THREADS_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| {
+                    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    (cpus / 4).clamp(1, 4)
+                }),
+            n => n,
+        };
+        n.clamp(1, MAX_CONTROLLER_THREADS)
+            .min(self.max_io_queue_pairs.max(1) as usize)
     }
 }
 

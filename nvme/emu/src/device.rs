@@ -1,6 +1,6 @@
 //! [`EmuDevice`]: a running software controller, implementing [`nvme::Device`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -10,8 +10,9 @@ use nvme_spec::{Cap, Csts};
 
 use crate::config::{Backend, EmuConfig};
 use crate::controller::pages::VERSION;
-use crate::controller::{Controller, Shared};
-use crate::doorbells::{AttachedWords, DoorbellWord, ExternalDoorbells};
+use crate::controller::worker::Worker;
+use crate::controller::{Controller, Shared, thread_for_cq};
+use crate::doorbells::{AttachedWords, DoorbellWord};
 use crate::error::EmuError;
 use crate::faults::Faults;
 use crate::memory::DeviceAddressMap;
@@ -19,20 +20,21 @@ use crate::registers::RegisterWindow;
 use crate::stats::{Counters, EmuStats};
 use crate::storage::Namespace;
 
-/// Longest [`EmuDevice::stop`] waits for the controller thread to finish its current pass.
+/// Longest [`EmuDevice::stop`] waits for the controller threads to finish their current pass.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A software NVMe controller running on its own thread.
+/// A software NVMe controller running on its own threads
+/// ([`EmuConfig::controller_threads`]).
 ///
 /// The driver reaches it only through [`Device`]: the register window and DMA memory from
 /// [`Device::alloc_dma`]. Tests and tools additionally get the fault knobs, counters and the
 /// device-address map.
 pub struct EmuDevice {
     /// The register window, held directly (not through `shared`) so that driver register
-    /// accesses never read a cache line the controller thread writes per command.
+    /// accesses never read a cache line a controller thread writes per command.
     regs: Arc<RegisterWindow>,
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     description: String,
 }
 
@@ -47,7 +49,7 @@ impl std::fmt::Debug for EmuDevice {
 
 impl EmuDevice {
     /// Validates `config`, opens or allocates every namespace, and starts the controller
-    /// thread. The controller starts disabled (CC.EN = 0), as after a power-on.
+    /// threads. The controller starts disabled (CC.EN = 0), as after a power-on.
     pub fn start(config: EmuConfig) -> Result<Arc<EmuDevice>, EmuError> {
         config.validate()?;
         let namespaces = config
@@ -55,7 +57,7 @@ impl EmuDevice {
             .iter()
             .enumerate()
             .map(|(i, ns)| Namespace::open(i as u32 + 1, ns))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Arc<[_]>, _>>()?;
         let cap = Cap::new()
             .with_mqes_z(config.mqes)
             .with_cqr(true)
@@ -69,27 +71,62 @@ impl EmuDevice {
             cap.into_bits(),
             VERSION,
         ));
-        let shared = Arc::new(Shared {
-            regs: regs.clone(),
-            map: Arc::new(DeviceAddressMap::new()),
-            faults: Faults::new(regs),
-            counters: Counters::default(),
-            stop: AtomicBool::new(false),
-            doorbells: ExternalDoorbells::new(config.max_io_queue_pairs),
-        });
-        let description = describe(&config);
+        let threads = config.resolved_controller_threads();
+        let shared = Arc::new(Shared::new(
+            regs.clone(),
+            threads,
+            config.max_io_queue_pairs,
+            config.error_log_entries as usize,
+        ));
+        let description = describe(&config, threads);
+        let workers: Vec<Worker> = (1..threads)
+            .map(|i| Worker::new(i, shared.clone(), &config, namespaces.clone()))
+            .collect();
         let controller = Controller::new(shared.clone(), config, namespaces);
-        let handle = std::thread::Builder::new()
-            .name("nvme-emu".into())
-            .spawn(move || controller.run())
-            .map_err(|source| EmuError::SpawnThread { source })?;
-        shared.regs.set_waker(handle.thread().clone());
-        Ok(Arc::new(EmuDevice {
-            regs: shared.regs.clone(),
-            shared,
-            thread: Mutex::new(Some(handle)),
+        let device = EmuDevice {
+            regs,
+            shared: shared.clone(),
+            threads: Mutex::new(Vec::with_capacity(threads)),
             description,
-        }))
+        };
+        let spawn = |index: usize, body: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(format!("nvme-emu-{index}"))
+                .spawn(body)
+                .map_err(|source| EmuError::SpawnThread { source })
+        };
+        let mut handles = Vec::with_capacity(threads);
+        // On failure, `device` is dropped, which stops the threads already started.
+        handles.push(spawn(0, Box::new(move || controller.run()))?);
+        for worker in workers {
+            let index = handles.len();
+            match spawn(index, Box::new(move || worker.run())) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    *device.threads.lock().unwrap_or_else(|e| e.into_inner()) = handles;
+                    return Err(e);
+                }
+            }
+        }
+        shared
+            .regs
+            .set_wakers(handles.iter().map(|h| h.thread().clone()).collect());
+        *device.threads.lock().unwrap_or_else(|e| e.into_inner()) = handles;
+        Ok(Arc::new(device))
+    }
+
+    /// Number of controller threads serving this controller's queues (at least 1):
+    /// [`EmuConfig::controller_threads`] resolved. [`crate::controller_thread_index`] returns
+    /// `0..` this on them.
+    pub fn controller_threads(&self) -> usize {
+        self.shared.threads()
+    }
+
+    /// The controller thread that serves I/O completion queue `cqid`, and every submission
+    /// queue posting to it: `(cqid - 1) % controller_threads()` (the admin queues, id 0,
+    /// belong to thread 0).
+    pub fn thread_for_cq(&self, cqid: u16) -> usize {
+        thread_for_cq(cqid, self.shared.threads())
     }
 
     /// The fault knobs; changes apply to commands fetched afterwards.
@@ -116,8 +153,8 @@ impl EmuDevice {
     /// passes entries not yet posted, gets an Error Information log entry and an Invalid
     /// Doorbell Write Value asynchronous event, once per distinct value, and is ignored), and
     /// writes to the queue's register-window doorbell are refused as writes to an invalid
-    /// doorbell register. While such a queue exists the controller thread polls and never
-    /// parks.
+    /// doorbell register. While such a queue exists the controller thread serving it polls
+    /// and never parks.
     ///
     /// Refused ([`EmuError::AttachDoorbells`]) for a `qid` outside
     /// `1..=max_io_queue_pairs`, while submission or completion queue `qid` exists, or while
@@ -143,11 +180,12 @@ impl EmuDevice {
         self.shared.doorbells.detach(qid);
     }
 
-    /// A snapshot of the controller's counters.
+    /// A snapshot of the controller's counters (summed over its threads).
     pub fn stats(&self) -> EmuStats {
-        self.shared
-            .counters
-            .snapshot(self.shared.regs.doorbell_error_count())
+        Counters::snapshot(
+            &self.shared.counters,
+            self.shared.regs.doorbell_error_count(),
+        )
     }
 
     /// The current Controller Status register.
@@ -155,26 +193,30 @@ impl EmuDevice {
         Csts::from(self.shared.regs.read_u32(nvme_spec::registers::CSTS))
     }
 
-    /// Stops the controller thread (waiting a bounded time for it). Afterwards the register
+    /// Stops the controller threads (waiting a bounded time for them). Afterwards the register
     /// window reads as all ones, as a removed PCI device does, and nothing is processed.
     /// Dropping the last handle does the same.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.regs.set_gone();
-        self.shared.regs.wake();
-        let Some(handle) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            return;
-        };
+        self.shared.regs.wake_all();
+        let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let deadline = Instant::now() + STOP_TIMEOUT;
-        while !handle.is_finished() {
-            if Instant::now() >= deadline {
-                tracing::warn!("software NVMe controller thread did not stop; leaving it behind");
-                return;
+        for handle in handles {
+            while !handle.is_finished() {
+                if Instant::now() >= deadline {
+                    tracing::warn!(
+                        "software NVMe controller thread did not stop; leaving it behind"
+                    );
+                    return;
+                }
+                // Before the wakers are registered (a failed start) a thread notices the flag
+                // within a park's length.
+                handle.thread().unpark();
+                std::thread::sleep(Duration::from_millis(1));
             }
-            self.shared.regs.wake();
-            std::thread::sleep(Duration::from_millis(1));
+            let _ = handle.join();
         }
-        let _ = handle.join();
     }
 }
 
@@ -198,7 +240,7 @@ impl Device for EmuDevice {
     }
 }
 
-fn describe(config: &EmuConfig) -> String {
+fn describe(config: &EmuConfig, threads: usize) -> String {
     let nss: Vec<String> = config
         .namespaces
         .iter()
@@ -213,10 +255,14 @@ fn describe(config: &EmuConfig) -> String {
             format!("ns{} {size} {at}, {} B blocks", i + 1, ns.lba_size)
         })
         .collect();
+    let threads = match threads {
+        1 => "1 controller thread".to_string(),
+        n => format!("{n} controller threads"),
+    };
     if nss.is_empty() {
-        "software NVMe controller (no namespaces)".into()
+        format!("software NVMe controller (no namespaces; {threads})")
     } else {
-        format!("software NVMe controller ({})", nss.join("; "))
+        format!("software NVMe controller ({}; {threads})", nss.join("; "))
     }
 }
 
@@ -238,8 +284,12 @@ mod tests {
     #[test]
     fn descriptions() {
         assert_eq!(
-            describe(&EmuConfig::default()),
-            "software NVMe controller (ns1 64 MiB in memory, 512 B blocks)"
+            describe(&EmuConfig::default(), 1),
+            "software NVMe controller (ns1 64 MiB in memory, 512 B blocks; 1 controller thread)"
+        );
+        assert_eq!(
+            describe(&EmuConfig::default(), 4),
+            "software NVMe controller (ns1 64 MiB in memory, 512 B blocks; 4 controller threads)"
         );
         assert_eq!(human_bytes(1536), "1536 B");
     }

@@ -16,8 +16,8 @@ use crate::error::{AttachRefusal, EmuError};
 /// A 32-bit doorbell word that lives outside the register window (e.g. a pinned host page a
 /// GPU writes).
 ///
-/// The controller thread polls it: a GPU write raises no wakeup, so while any queue with
-/// external doorbells exists the controller thread never parks. Every value read is validated
+/// The controller thread serving the queue polls it: a GPU write raises no wakeup, so while it
+/// serves a queue with external doorbells that thread never parks. Every value read is validated
 /// as a register-window doorbell write is (see the crate documentation).
 pub trait DoorbellWord: Send + Sync {
     /// Current value, with Acquire ordering (entries written before the doorbell are visible).
@@ -37,14 +37,14 @@ pub(crate) struct AttachedWords {
 #[derive(Default)]
 struct Slot {
     words: Option<AttachedWords>,
-    /// Submission queue `qid` exists (maintained by the controller thread).
+    /// Submission queue `qid` exists (maintained by controller thread 0).
     sq_live: bool,
     /// Completion queue `qid` exists.
     cq_live: bool,
 }
 
 /// Which I/O queue ids have external doorbells, and which of those queues exist. Shared by the
-/// device handle (attach, detach) and the controller thread (queue creation and deletion), so
+/// device handle (attach, detach) and controller thread 0 (queue creation and deletion), so
 /// that "attach only while the queue does not exist" is decided under one lock.
 pub(crate) struct ExternalDoorbells {
     /// Index `qid`; index 0 (the admin queue) is never used.

@@ -53,8 +53,8 @@ pub enum EmuError {
         /// Bytes asked for.
         bytes: u64,
     },
-    /// Spawning the controller thread failed.
-    #[error("cannot start the controller thread")]
+    /// Spawning a controller thread failed.
+    #[error("cannot start a controller thread")]
     SpawnThread {
         /// The I/O error from the OS.
         #[source]

@@ -1,6 +1,6 @@
 //! Injected faults, adjustable at run time from any thread while the controller runs.
 //!
-//! The controller thread samples these per command (the media-error set only when it is
+//! The controller threads sample these per command (the media-error set only when it is
 //! non-empty), so a change applies to commands fetched after it.
 
 use std::collections::BTreeSet;
@@ -116,7 +116,15 @@ impl Faults {
     pub fn fatal(&self) {
         self.fatal_requested.store(true, Ordering::Release);
         self.regs.csts_set(u32::from(Csts::new().with_cfs(true)));
-        self.regs.wake();
+        self.regs.wake_all();
+    }
+
+    /// Whether a fatal request is pending (not yet taken by controller thread 0). Every
+    /// controller thread looks before fetching; only thread 0 takes the request, after it has
+    /// entered Controller Fatal Status, so a thread that finds none pending also sees the
+    /// fatal state the request led to.
+    pub(crate) fn fatal_pending(&self) -> bool {
+        self.fatal_requested.load(Ordering::Acquire)
     }
 
     /// Takes a pending fatal request.

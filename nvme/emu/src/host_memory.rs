@@ -1,7 +1,7 @@
 //! Host memory the software controller hands to the driver as DMA memory.
 //!
 //! A [`HostRegion`] is a page-aligned, zeroed heap allocation. The driver reaches it through
-//! the [`DmaMemory`] returned by [`crate::EmuDevice::alloc_dma`]; the controller thread reaches
+//! the [`DmaMemory`] returned by [`crate::EmuDevice::alloc_dma`]; the controller threads reach
 //! it through the device-address map, as a [`MemoryRegion`]. Both sides use raw-pointer copies
 //! and atomics only, never Rust references, because the other side may be writing the same bytes
 //! at the same time (exactly as a device and its driver do).
@@ -128,26 +128,6 @@ impl MemoryRegion for HostRegion {
     }
 }
 
-/// Allocates `len` zeroed bytes, or `None` if the allocator refuses (instead of aborting, as
-/// `vec![0; len]` would). Large allocations stay lazily zeroed by the OS, so a big memory
-/// namespace costs memory only for the blocks written.
-pub(crate) fn try_zeroed_bytes(len: usize) -> Option<Box<[u8]>> {
-    if len == 0 {
-        return Some(Box::default());
-    }
-    let layout = Layout::array::<u8>(len).ok()?;
-    // SAFETY: the layout has a nonzero size (checked above).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return None;
-    }
-    let slice = std::ptr::slice_from_raw_parts_mut(ptr, len);
-    // SAFETY: `ptr` is a fresh allocation of `len` initialized (zeroed) bytes made with the
-    // layout `Box<[u8]>` uses for a slice of that length (size `len`, align 1), so the Box
-    // owns it and frees it with the same layout.
-    Some(unsafe { Box::from_raw(slice) })
-}
-
 /// Keeps an emulator DMA buffer mapped and alive; dropping it unmaps the buffer from the
 /// controller, then releases this reference to the memory.
 pub(crate) struct EmuDmaOwner {
@@ -184,7 +164,7 @@ pub(crate) fn alloc_dma(
     );
     let ptr = region.ptr;
     let base = map
-        .register_region(region.clone())
+        .register_host_region(region.clone())
         .map_err(|e| DmaAllocError {
             len,
             reason: e.to_string(),

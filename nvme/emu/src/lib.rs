@@ -7,7 +7,7 @@
 //!
 //! # Architecture
 //! - `registers` (private): BAR0 as atomics. Doorbell writes are validated
-//!   as they land; CC and doorbell writes wake the controller thread.
+//!   as they land; CC writes wake controller thread 0, doorbell writes the queue's thread.
 //! - `doorbells` (private, exports [`DoorbellWord`]): external doorbells, 32-bit words outside
 //!   the register window (a pinned host page GPU threads write) attached to an I/O queue id
 //!   with [`EmuDevice::attach_external_doorbells`] before the queues are created; those queues
@@ -15,15 +15,24 @@
 //! - [`memory`]: the device-address map. Every SQE fetch, PRP-list read, data transfer and CQE
 //!   write is a DMA through it, to a [`MemoryRegion`]; unmapped addresses are DMA errors, never
 //!   shortcuts. [`DeviceAddressMap::register_region`] lets other memory (GPU regions) be
-//!   served. A region may defer its writes until [`MemoryRegion::flush`], which the controller
-//!   calls on every region it wrote through at the end of each batch of commands (after the
-//!   batch's completions) and before it goes idle.
+//!   served. A region may defer its writes until [`MemoryRegion::flush`], which each controller
+//!   thread calls on every region it wrote through at the end of each batch of commands (after
+//!   the batch's completions) and before it goes idle. [`MemoryRegion::prefetch`] announces,
+//!   per batch, the PRP list pages and write data the batch will read, so such a region can
+//!   fetch them in one transfer.
 //! - `host_memory` (private, the only `unsafe` module): page-aligned host allocations behind
 //!   [`nvme::Device::alloc_dma`]; dropping the `DmaMemory` unmaps before it frees.
-//! - `controller` (private): one thread; the CC state machine, round-robin fetch with a batch
+//! - `controller` (private): [`EmuConfig::controller_threads`] threads. Thread 0 runs the CC
+//!   state machine, the admin command set, asynchronous events and the logs; every thread
+//!   (thread 0 included) serves a share of the I/O queues: completion queue `cqid`, with every
+//!   submission queue posting to it, belongs to thread `(cqid - 1) % n`
+//!   ([`EmuDevice::thread_for_cq`]). Queues are handed to and taken from their thread by the
+//!   admin commands, which wait for the handoff. Each thread fetches round robin with a batch
 //!   limit per queue (64, or [`EmuConfig::external_batch`] for queues with external
-//!   doorbells), the admin and NVM command sets, completions with the phase tag written last,
-//!   asynchronous events, the Error Information and SMART logs.
+//!   doorbells) and posts completions with the phase tag written last.
+//!   [`controller_thread_index`] tells a memory region which controller thread calls it.
+//! - `storage` (private): namespace media, shared by the threads: files with positioned I/O,
+//!   memory in 2 MiB stripes behind reader-writer locks.
 //! - [`Faults`]: media errors on chosen LBAs, slow and dropped completions, controller fatal.
 //!
 //! # Behaviour worth knowing
@@ -48,7 +57,8 @@
 //!   reported with an Error Information log entry and an Invalid Doorbell Write Value event,
 //!   once per distinct value. Writes to such a queue's register-window doorbells are refused
 //!   as writes to an invalid doorbell register. While such a queue exists the controller
-//!   thread never parks (nothing could wake it): it polls, yielding its CPU now and then.
+//!   thread serving it never parks (nothing could wake it): it polls, yielding its CPU now and
+//!   then. Other threads park when idle.
 //! - A region's flush error is controller fatal (CSTS.CFS), whatever the writes were: the
 //!   completions of the commands may be among them, so a Data Transfer Error can no longer be
 //!   posted instead.
@@ -75,8 +85,10 @@
 //! Device addresses start at [`memory::DEVICE_ADDRESS_BASE`] (4 GiB; 0 is never valid) and each
 //! region is followed by an unmapped [`memory::GUARD_GAP`]. At most 64 commands are fetched
 //! from one queue per pass (at most [`EmuConfig::external_batch`], default 256, up to
-//! [`config::MAX_EXTERNAL_BATCH`], for queues with external doorbells). The idle thread parks
-//! for at most 1 ms, and not at all while a queue with external doorbells exists.
+//! [`config::MAX_EXTERNAL_BATCH`], for queues with external doorbells). An idle thread parks
+//! for at most 1 ms, and not at all while it serves a queue with external doorbells. At most
+//! [`config::MAX_CONTROLLER_THREADS`] threads; the automatic count is a quarter of the CPUs,
+//! 1 to 4.
 
 pub mod config;
 mod controller;
@@ -93,6 +105,7 @@ pub mod stats;
 mod storage;
 
 pub use config::{Backend, EmuConfig, NamespaceConfig};
+pub use controller::controller_thread_index;
 pub use device::EmuDevice;
 pub use doorbells::DoorbellWord;
 pub use error::{AttachRefusal, EmuError};

@@ -54,13 +54,24 @@ impl RegionError {
 ///
 /// Offsets are relative to the start of the region. Implementations must tolerate concurrent
 /// access by the host (the driver writes SQEs and reads CQEs in the same memory while the
-/// controller thread works on it), so they never hand out references into the memory.
+/// controller works on it), so they never hand out references into the memory.
+///
+/// # Threads
+/// The controller may run several threads ([`crate::EmuConfig::controller_threads`]), and
+/// any of them may call into the same region at the same time. Every call a controller thread
+/// makes comes from a thread where [`crate::controller_thread_index`] returns `Some(i)`, the
+/// same `i` for the thread's whole life, so a region can keep per-thread resources (a copy
+/// engine with its own staging area and stream) indexed by it. The guarantees below about
+/// order (deferred writes, flush, read-your-writes) are per thread: a thread's flush covers
+/// the writes that thread issued. Each I/O completion queue, and every submission queue
+/// posting to it, is served by one thread, so the data of a command and its completion entry
+/// are always written, and flushed, by the same thread.
 ///
 /// # Deferred writes
 /// A region may defer writes (stage them, and perform a whole batch at once: GPU memory
 /// behind batched copies, where each copy costs microseconds of CPU) until
-/// [`MemoryRegion::flush`]. The controller calls `flush` on every region it wrote through
-/// before it goes idle: at the end of each batch of commands fetched from a submission queue,
+/// [`MemoryRegion::flush`]. Each controller thread calls `flush` on every region it wrote
+/// through before it goes idle: at the end of each batch of commands fetched from a submission queue,
 /// after that batch's completion queue entries are written, and at the end of every pass that
 /// wrote anything else (held, delayed and event completions). Such a region must still
 ///
@@ -112,6 +123,23 @@ pub trait MemoryRegion: Send + Sync {
     fn flush(&self) -> Result<(), RegionError> {
         Ok(())
     }
+
+    /// A hint: the calling controller thread is about to [`MemoryRegion::read`] these
+    /// `(offset, len)` ranges of the region (each inside it), so a region behind costly
+    /// transfers (GPU memory) can fetch them all in one transfer and serve the following reads
+    /// from what it fetched.
+    ///
+    /// Purely a hint: the controller never depends on it. Reads after it must still return the
+    /// bytes as they are when read (a region that keeps fetched bytes must make sure nothing
+    /// changed them since, or fetch again), and an error is ignored (the reads that follow
+    /// report their own). The controller calls it per batch of commands fetched from a
+    /// submission queue: once with the PRP list pages the batch's Read and Write commands will
+    /// walk, then once with the data of its Write commands (the ranges in command order). The
+    /// default does nothing.
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
+        let _ = ranges;
+        Ok(())
+    }
 }
 
 /// Why a DMA through the device-address map failed.
@@ -140,11 +168,15 @@ pub enum DmaError {
 struct Mapping {
     len: u64,
     region: Arc<dyn MemoryRegion>,
+    /// Whether the region is told about coming reads ([`MemoryRegion::prefetch`]); not for
+    /// the controller's own host memory, whose prefetch does nothing, so that the controller
+    /// can skip the work of finding what to announce.
+    hint: bool,
 }
 
 /// Translates device addresses to memory regions.
 ///
-/// Shared between the controller thread (which translates) and whoever maps memory for the
+/// Shared between the controller threads (which translate) and whoever maps memory for the
 /// device (`EmuDevice`'s `alloc_dma`, and later GPU queue code).
 pub struct DeviceAddressMap {
     regions: RwLock<BTreeMap<u64, Mapping>>,
@@ -182,6 +214,18 @@ impl DeviceAddressMap {
     /// Maps `region` at a fresh device address and returns that address (aligned to
     /// [`GUARD_GAP`]). Addresses are never reused, even after the region is unregistered.
     pub fn register_region(&self, region: Arc<dyn MemoryRegion>) -> Result<u64, EmuError> {
+        self.register(region, true)
+    }
+
+    /// [`DeviceAddressMap::register_region`] for host memory, whose prefetch does nothing.
+    pub(crate) fn register_host_region(
+        &self,
+        region: Arc<dyn MemoryRegion>,
+    ) -> Result<u64, EmuError> {
+        self.register(region, false)
+    }
+
+    fn register(&self, region: Arc<dyn MemoryRegion>, hint: bool) -> Result<u64, EmuError> {
         let len = region.len() as u64;
         let span = len
             .checked_add(GUARD_GAP)
@@ -197,12 +241,12 @@ impl DeviceAddressMap {
         self.regions
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(base, Mapping { len, region });
+            .insert(base, Mapping { len, region, hint });
         Ok(base)
     }
 
     /// Removes the region mapped at `base`, returning it. After this returns, no new
-    /// translation reaches the region; an access already in progress on the controller thread
+    /// translation reaches the region; an access already in progress on a controller thread
     /// may finish (as a DMA racing an IOMMU unmap would), which is safe because that access
     /// holds its own reference to the region.
     pub fn unregister_region(&self, base: u64) -> Option<Arc<dyn MemoryRegion>> {
@@ -249,6 +293,90 @@ impl DeviceAddressMap {
             .write(addr - base, data)
             .map_err(|source| DmaError::Region { addr, source })
     }
+
+    /// Announces reads of the device-address ranges `(addr, len)`: groups them by the region
+    /// covering each and calls every such region's [`MemoryRegion::prefetch`] once, with its
+    /// ranges (as offsets in the region, in the order given). Ranges no region covers are
+    /// skipped, and so is the controller's own host memory (`alloc_dma`), whose prefetch does
+    /// nothing; the first error (unmapped or the region's) is returned after every region
+    /// was called.
+    pub fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), DmaError> {
+        let mut groups = PrefetchGroups::default();
+        let mut result = Ok(());
+        for &(addr, len) in ranges {
+            match self.lookup(addr, len) {
+                Some((base, m)) if m.hint => groups.add(&m.region, addr, addr - base, len),
+                Some(_) => {}
+                None => {
+                    if result.is_ok() {
+                        result = Err(DmaError::Unmapped { addr, len });
+                    }
+                }
+            }
+        }
+        groups.call(&mut result);
+        result
+    }
+}
+
+/// Prefetch ranges grouped by region (kept by [`MapCache`] so that the controller's per-batch
+/// prefetch does not allocate).
+#[derive(Default)]
+struct PrefetchGroups {
+    /// Distinct regions of the current call, in order of first appearance, with the device
+    /// address of their first range (to name in an error).
+    regions: Vec<(Arc<dyn MemoryRegion>, u64)>,
+    /// (index in `regions`, position, offset, length) per range.
+    tagged: Vec<(usize, usize, u64, usize)>,
+    /// One region's ranges, handed to its `prefetch`.
+    ranges: Vec<(u64, usize)>,
+}
+
+impl PrefetchGroups {
+    /// Adds the range at device address `addr`, `offset` in `region`.
+    fn add(&mut self, region: &Arc<dyn MemoryRegion>, addr: u64, offset: u64, len: usize) {
+        let group = match self.regions.iter().position(|r| Arc::ptr_eq(&r.0, region)) {
+            Some(i) => i,
+            None => {
+                self.regions.push((region.clone(), addr));
+                self.regions.len() - 1
+            }
+        };
+        self.tagged.push((group, self.tagged.len(), offset, len));
+    }
+
+    /// Calls each region's prefetch once with its ranges (in the order they were added), then
+    /// forgets them; records the first region error in `result` unless it holds one already.
+    fn call(&mut self, result: &mut Result<(), DmaError>) {
+        // Sorting by position too keeps each region's ranges in the order given.
+        if self.regions.len() > 1 {
+            self.tagged.sort_unstable_by_key(|t| (t.0, t.1));
+        }
+        let mut start = 0;
+        while start < self.tagged.len() {
+            let group = self.tagged[start].0;
+            let end = start
+                + self.tagged[start..]
+                    .iter()
+                    .take_while(|t| t.0 == group)
+                    .count();
+            self.ranges.clear();
+            self.ranges
+                .extend(self.tagged[start..end].iter().map(|&(_, _, o, l)| (o, l)));
+            let (region, addr) = &self.regions[group];
+            if let Err(source) = region.prefetch(&self.ranges)
+                && result.is_ok()
+            {
+                *result = Err(DmaError::Region {
+                    addr: *addr,
+                    source,
+                });
+            }
+            start = end;
+        }
+        self.tagged.clear();
+        self.regions.clear();
+    }
 }
 
 /// Entries in [`MapCache`]: queue memory plus a few data buffers.
@@ -260,9 +388,11 @@ struct CacheEntry {
     region: Arc<dyn MemoryRegion>,
     /// Written through since the last [`MapCache::flush`] (the region is in `dirty`).
     dirty: bool,
+    /// The region takes prefetch hints (see `Mapping::hint`).
+    hint: bool,
 }
 
-/// The controller thread's translation cache in front of a [`DeviceAddressMap`]: a few recently
+/// A controller thread's translation cache in front of a [`DeviceAddressMap`]: a few recently
 /// used regions, dropped whenever any region is unregistered, so that the common case costs one
 /// atomic load and a short scan instead of a lock.
 ///
@@ -277,6 +407,7 @@ pub(crate) struct MapCache {
     /// Regions written through since the last flush, each once (held even after their cache
     /// entry is evicted or the region unregistered: their writes must still be flushed).
     dirty: Vec<Arc<dyn MemoryRegion>>,
+    prefetch: PrefetchGroups,
 }
 
 impl MapCache {
@@ -288,6 +419,7 @@ impl MapCache {
             entries: Vec::with_capacity(CACHE_ENTRIES),
             victim: 0,
             dirty: Vec::with_capacity(CACHE_ENTRIES),
+            prefetch: PrefetchGroups::default(),
         }
     }
 
@@ -322,6 +454,7 @@ impl MapCache {
                     base,
                     len: mapping.len,
                     dirty: self.dirty.iter().any(|d| Arc::ptr_eq(d, &mapping.region)),
+                    hint: mapping.hint,
                     region: mapping.region,
                 };
                 if self.entries.len() < CACHE_ENTRIES {
@@ -379,6 +512,36 @@ impl MapCache {
         region
             .write_last_dword_release(offset, data)
             .map_err(|source| DmaError::Region { addr, source })
+    }
+
+    /// [`DeviceAddressMap::prefetch`] through the cache: each region covering some of the
+    /// ranges gets one [`MemoryRegion::prefetch`] call with its ranges (host memory none).
+    pub(crate) fn prefetch(&mut self, ranges: &[(u64, usize)]) -> Result<(), DmaError> {
+        let mut result = Ok(());
+        for &(addr, len) in ranges {
+            match self.translate(addr, len) {
+                Ok((index, offset)) => {
+                    let entry = &self.entries[index];
+                    if entry.hint {
+                        self.prefetch.add(&entry.region, addr, offset, len);
+                    }
+                }
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+        }
+        self.prefetch.call(&mut result);
+        result
+    }
+
+    /// Whether the region at `addr` takes prefetch hints (false for host memory, and for an
+    /// unmapped address).
+    pub(crate) fn takes_hints(&mut self, addr: u64) -> bool {
+        self.translate(addr, 1)
+            .is_ok_and(|(index, _)| self.entries[index].hint)
     }
 
     /// Whether any region was written through since the last flush.
@@ -486,6 +649,63 @@ mod tests {
         cache.write(bases[0], &[1; 4]).unwrap();
         cache.flush().unwrap();
         assert_eq!(flushes(0), 2);
+    }
+
+    /// Records its prefetch calls.
+    #[derive(Default)]
+    struct PrefetchLog(Mutex<Vec<Vec<(u64, usize)>>>);
+
+    impl MemoryRegion for PrefetchLog {
+        fn len(&self) -> usize {
+            8192
+        }
+        fn read(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), RegionError> {
+            Ok(())
+        }
+        fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), RegionError> {
+            Ok(())
+        }
+        fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
+            self.0.lock().unwrap().push(ranges.to_vec());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn prefetch_groups_ranges_by_region() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let a = Arc::new(PrefetchLog::default());
+        let b = Arc::new(PrefetchLog::default());
+        let host = map
+            .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
+            .unwrap();
+        let ba = map.register_region(a.clone()).unwrap();
+        let bb = map.register_region(b.clone()).unwrap();
+        let ranges = [
+            (bb + 100, 8),
+            (ba + 4096, 512),
+            (host, 64),
+            (bb, 4096),
+            (ba, 16),
+            (ba + 8000, 500), // runs off the end: unmapped
+            (ba + 8, 8),
+        ];
+        let mut cache = MapCache::new(map.clone());
+        for round in 0..2 {
+            let result = if round == 0 {
+                cache.prefetch(&ranges)
+            } else {
+                map.prefetch(&ranges)
+            };
+            assert!(matches!(result, Err(DmaError::Unmapped { .. })));
+            let a_calls = std::mem::take(&mut *a.0.lock().unwrap());
+            let b_calls = std::mem::take(&mut *b.0.lock().unwrap());
+            assert_eq!(a_calls, vec![vec![(4096, 512), (0, 16), (8, 8)]]);
+            assert_eq!(b_calls, vec![vec![(100, 8), (0, 4096)]]);
+        }
+        // Nothing to announce: no call.
+        cache.prefetch(&[]).unwrap();
+        assert!(a.0.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The controller's register window (BAR0) as the driver sees it.
 //!
 //! An array of atomics that implements [`nvme::RegisterIo`]. The driver's writes land here and
-//! the controller thread observes them by polling, as hardware samples its registers:
+//! the controller threads observe them by polling, as hardware samples its registers:
 //!
 //! - CAP and VS are set once and read-only. CSTS is written only by the controller (with atomic
 //!   read-modify-writes, so that a fault injected from another thread is never lost). Writes to
@@ -11,20 +11,21 @@
 //!   thread samples CC still resets the controller.
 //! - Doorbells are validated as they are written: a write to the doorbell of a queue that does
 //!   not exist, or a value not below the queue's size, is not stored (so it cannot corrupt queue
-//!   state) but recorded; the controller thread turns each record into an Error Information log
+//!   state) but recorded; controller thread 0 turns each record into an Error Information log
 //!   entry and an asynchronous event ("Write to Invalid Doorbell Register" or "Invalid Doorbell
 //!   Write Value"), as the specification describes.
-//! - Writes to CC and to doorbells wake the controller thread if it is parked.
+//! - Writes to CC wake controller thread 0 (which runs the state machine and the admin queue);
+//!   a doorbell write wakes the thread serving that queue (its owner, set with the queue).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 
 use nvme::RegisterIo;
 use nvme_spec::registers::{ACQ, AQA, ASQ, CAP, CC, CSTS, Cc, DOORBELL_BASE, INTMC, INTMS, VS};
 
-/// Most doorbell errors kept for the controller thread to report; later ones are only counted.
+/// Most doorbell errors kept for controller thread 0 to report; later ones are only counted.
 const DOORBELL_ERROR_BACKLOG: usize = 64;
 
 /// What was wrong with a doorbell write.
@@ -56,14 +57,17 @@ pub(crate) struct RegisterWindow {
     /// Entries of the queue behind each doorbell (index as in the doorbell array: `2 * qid` for
     /// the SQ tail, `2 * qid + 1` for the CQ head); 0 when the queue does not exist.
     limits: Box<[AtomicU32]>,
+    /// The controller thread serving the queue behind each doorbell (index as in `limits`).
+    owners: Box<[AtomicU16]>,
     /// Interrupt mask (INTMS/INTMC); kept for read-back only, no interrupts are generated.
     interrupt_mask: AtomicU32,
-    /// Set when a CC write clears EN; the controller thread takes it.
+    /// Set when a CC write clears EN; controller thread 0 takes it.
     disable_latched: AtomicBool,
     doorbell_errors: Mutex<VecDeque<DoorbellError>>,
     doorbell_error_count: AtomicU64,
-    /// The controller thread, unparked on CC and doorbell writes.
-    waker: OnceLock<Thread>,
+    /// The controller threads, by index: unparked on CC (thread 0) and doorbell writes (the
+    /// queue's owner).
+    wakers: OnceLock<Box<[Thread]>>,
     /// The controller was stopped: reads return all ones and writes are dropped, as for a
     /// PCI device that went away.
     gone: AtomicBool,
@@ -88,15 +92,19 @@ impl RegisterWindow {
         let limits = (0..(max_qid as usize + 1) * 2)
             .map(|_| AtomicU32::new(0))
             .collect();
+        let owners = (0..(max_qid as usize + 1) * 2)
+            .map(|_| AtomicU16::new(0))
+            .collect();
         let window = Self {
             regs,
             max_qid,
             limits,
+            owners,
             interrupt_mask: AtomicU32::new(0),
             disable_latched: AtomicBool::new(false),
             doorbell_errors: Mutex::new(VecDeque::with_capacity(DOORBELL_ERROR_BACKLOG)),
             doorbell_error_count: AtomicU64::new(0),
-            waker: OnceLock::new(),
+            wakers: OnceLock::new(),
             gone: AtomicBool::new(false),
         };
         window.store(CAP, cap as u32);
@@ -105,9 +113,9 @@ impl RegisterWindow {
         window
     }
 
-    /// Registers the controller thread to be woken by CC and doorbell writes.
-    pub(crate) fn set_waker(&self, thread: Thread) {
-        let _ = self.waker.set(thread);
+    /// Registers the controller threads (index 0 first) to be woken by CC and doorbell writes.
+    pub(crate) fn set_wakers(&self, threads: Box<[Thread]>) {
+        let _ = self.wakers.set(threads);
     }
 
     /// Makes the window behave like a removed device.
@@ -115,9 +123,21 @@ impl RegisterWindow {
         self.gone.store(true, Ordering::Release);
     }
 
-    /// Wakes the controller thread if it is parked.
+    /// Wakes controller thread 0 (state machine, admin queue, error reports) if it is parked.
     pub(crate) fn wake(&self) {
-        if let Some(t) = self.waker.get() {
+        self.wake_thread(0);
+    }
+
+    /// Wakes controller thread `index` if it is parked.
+    pub(crate) fn wake_thread(&self, index: usize) {
+        if let Some(t) = self.wakers.get().and_then(|w| w.get(index)) {
+            t.unpark();
+        }
+    }
+
+    /// Wakes every controller thread.
+    pub(crate) fn wake_all(&self) {
+        for t in self.wakers.get().into_iter().flatten() {
             t.unpark();
         }
     }
@@ -199,12 +219,13 @@ impl RegisterWindow {
         self.regs[DOORBELL_BASE / 4 + Self::doorbell_index(qid, false)].load(Ordering::Acquire)
     }
 
-    /// Makes a queue's doorbell accept values below `entries`, resetting it to 0; `entries == 0`
-    /// marks the queue as nonexistent.
-    pub(crate) fn set_queue(&self, qid: u16, is_sq: bool, entries: u32) {
+    /// Makes a queue's doorbell accept values below `entries`, resetting it to 0, with writes
+    /// waking controller thread `owner`; `entries == 0` marks the queue as nonexistent.
+    pub(crate) fn set_queue(&self, qid: u16, is_sq: bool, entries: u32, owner: usize) {
         let index = Self::doorbell_index(qid, is_sq);
         self.limits[index].store(0, Ordering::Release);
         self.regs[DOORBELL_BASE / 4 + index].store(0, Ordering::Release);
+        self.owners[index].store(owner as u16, Ordering::Relaxed);
         self.limits[index].store(entries, Ordering::Release);
     }
 
@@ -270,7 +291,7 @@ impl RegisterWindow {
             // Release: the SQEs the driver wrote before ringing are visible to the controller
             // thread's Acquire load of this doorbell (the driver also fences before ringing).
             self.store(offset, value);
-            self.wake();
+            self.wake_thread(self.owners[index].load(Ordering::Relaxed) as usize);
         }
     }
 }
@@ -362,7 +383,7 @@ mod tests {
                 value: 1
             })
         );
-        w.set_queue(1, false, 16);
+        w.set_queue(1, false, 16, 0);
         w.write_u32(DOORBELL_BASE + 12, 15);
         assert_eq!(w.cq_head(1), 15);
         w.write_u32(DOORBELL_BASE + 12, 16);

@@ -35,13 +35,13 @@ pub struct EmuStats {
     pub fatal_errors: u64,
     /// Controller resets (CC.EN 1 to 0).
     pub resets: u64,
-    /// Times the idle controller thread parked (it never does while a queue with external
-    /// doorbells exists).
+    /// Times an idle controller thread parked, summed over the threads (a thread never parks
+    /// while it serves a queue with external doorbells).
     pub idle_parks: u64,
 }
 
-/// The live counters behind [`EmuStats`]; written by the controller thread only. Aligned to
-/// keep them off cache lines that other threads read often.
+/// The live counters behind [`EmuStats`], one set per controller thread, written by that thread
+/// only (a snapshot sums them). Aligned so that no two threads' sets share a cache line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Counters {
@@ -59,14 +59,16 @@ pub(crate) struct Counters {
     pub(crate) fatal_errors: AtomicU64,
     pub(crate) resets: AtomicU64,
     pub(crate) idle_parks: AtomicU64,
-    /// Invalid doorbell values found by the controller thread (the register window counts the
+    /// Commands failed with a Media and Data Integrity Error (SMART Media Errors).
+    pub(crate) media_errors: AtomicU64,
+    /// Invalid doorbell values found by this thread (the register window counts the
     /// writes it refuses itself).
     pub(crate) invalid_doorbell_values: AtomicU64,
 }
 
 impl Counters {
-    /// Adds `n` to a counter. Only the controller thread writes, so a load and a store suffice
-    /// (no locked read-modify-write on the hot path).
+    /// Adds `n` to a counter. Only the thread owning the set writes it, so a load and a store
+    /// suffice (no locked read-modify-write on the hot path).
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.store(
             counter.load(Ordering::Relaxed).wrapping_add(n),
@@ -74,25 +76,34 @@ impl Counters {
         );
     }
 
-    pub(crate) fn snapshot(&self, invalid_doorbell_writes: u64) -> EmuStats {
-        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    /// Sums the sets of every thread; `invalid_doorbell_writes` counts the writes the register
+    /// window refused itself.
+    pub(crate) fn snapshot(sets: &[Counters], invalid_doorbell_writes: u64) -> EmuStats {
+        let r = |f: fn(&Counters) -> &AtomicU64| Self::sum(sets, f);
         EmuStats {
-            admin_commands: r(&self.admin_commands),
-            io_commands: r(&self.io_commands),
-            reads: r(&self.reads),
-            writes: r(&self.writes),
-            bytes_read: r(&self.bytes_read),
-            bytes_written: r(&self.bytes_written),
-            flushes: r(&self.flushes),
-            errors: r(&self.errors),
-            completions_posted: r(&self.completions_posted),
-            completions_dropped: r(&self.completions_dropped),
-            cq_full_waits: r(&self.cq_full_waits),
+            admin_commands: r(|c| &c.admin_commands),
+            io_commands: r(|c| &c.io_commands),
+            reads: r(|c| &c.reads),
+            writes: r(|c| &c.writes),
+            bytes_read: r(|c| &c.bytes_read),
+            bytes_written: r(|c| &c.bytes_written),
+            flushes: r(|c| &c.flushes),
+            errors: r(|c| &c.errors),
+            completions_posted: r(|c| &c.completions_posted),
+            completions_dropped: r(|c| &c.completions_dropped),
+            cq_full_waits: r(|c| &c.cq_full_waits),
             invalid_doorbell_writes: invalid_doorbell_writes
-                .wrapping_add(r(&self.invalid_doorbell_values)),
-            fatal_errors: r(&self.fatal_errors),
-            resets: r(&self.resets),
-            idle_parks: r(&self.idle_parks),
+                .wrapping_add(r(|c| &c.invalid_doorbell_values)),
+            fatal_errors: r(|c| &c.fatal_errors),
+            resets: r(|c| &c.resets),
+            idle_parks: r(|c| &c.idle_parks),
         }
+    }
+
+    /// One counter summed over every thread's set.
+    pub(crate) fn sum(sets: &[Counters], f: fn(&Counters) -> &AtomicU64) -> u64 {
+        sets.iter().fold(0u64, |acc, c| {
+            acc.wrapping_add(f(c).load(Ordering::Relaxed))
+        })
     }
 }

@@ -327,7 +327,11 @@ fn wait_invalid_doorbells(dev: &EmuDevice, n: u64) {
 
 #[test]
 fn reads_and_writes_through_external_doorbells_and_a_deferring_region() {
-    let mut h = Host::enabled(config());
+    // One thread, so that the park count below is the count of the thread serving the queue.
+    let mut h = Host::enabled(EmuConfig {
+        controller_threads: 1,
+        ..config()
+    });
     // SQ and CQ of different sizes, both wrapping many times.
     let mut q = ExtQueue::create(&mut h, 1, Layout::new(16, 8, 8));
     let parks = h.dev.stats().idle_parks;

@@ -6,12 +6,15 @@ use nvme_spec::command::{
     GetLogPageCdw10, GetLogPageCdw11, IdentifyCdw10, NumberOfQueues,
 };
 use nvme_spec::status::{command_specific, generic};
-use nvme_spec::{AdminOpcode, Cns, Command, CqeStatus, FeatureId, LogPageId, Status};
+use nvme_spec::{AdminOpcode, Cns, Command, FeatureId, LogPageId};
 use zerocopy::IntoBytes;
 
-use super::{CmdResult, Controller, Delayed, Fail, Features, Outcome};
+use std::sync::atomic::Ordering;
+
+use super::handoff::Request;
+use super::{CmdResult, Controller, Fail, Features, Outcome, check_cdw0};
 use crate::prp::PAGE;
-use crate::queues::{CompQueue, PendingCompletion, SubQueue};
+use crate::queues::{CompQueue, SubQueue};
 
 /// Error Recovery feature (not named in `nvme_spec`).
 const ERROR_RECOVERY: FeatureId = FeatureId(0x05);
@@ -56,7 +59,7 @@ impl Controller {
         if !known {
             return Err(Fail::generic(generic::INVALID_COMMAND_OPCODE).at(0));
         }
-        Self::check_cdw0(cmd)?;
+        check_cdw0(cmd)?;
         match op {
             AdminOpcode::DELETE_IO_SQ => self.delete_io_sq(cmd),
             AdminOpcode::CREATE_IO_SQ => self.create_io_sq(cmd),
@@ -81,23 +84,23 @@ impl Controller {
                 // management) are invalid.
                 self.namespace(nsid).ok_or_else(invalid_ns)?;
                 let page = self.identify_namespace(nsid);
-                self.send(cmd, page.as_bytes())?;
+                self.core.send(cmd, page.as_bytes())?;
             }
             Cns::CONTROLLER => {
                 let page = self.identify_controller();
-                self.send(cmd, page.as_bytes())?;
+                self.core.send(cmd, page.as_bytes())?;
             }
             Cns::ACTIVE_NAMESPACES => {
                 if nsid >= 0xffff_fffe {
                     return Err(invalid_ns());
                 }
                 let page = self.active_namespaces(nsid);
-                self.send(cmd, page.as_bytes())?;
+                self.core.send(cmd, page.as_bytes())?;
             }
             Cns::NAMESPACE_DESCRIPTORS => {
                 self.namespace(nsid).ok_or_else(invalid_ns)?;
                 let page = self.namespace_descriptors(nsid);
-                self.send(cmd, &page)?;
+                self.core.send(cmd, &page)?;
             }
             _ => return Err(invalid_field(CDW10_BYTE)),
         }
@@ -110,7 +113,7 @@ impl Controller {
         let numd = ((cdw11.numdu() as u64) << 16 | cdw10.numdl_z() as u64) + 1;
         let len = numd * 4;
         let offset = cmd.cdw12 as u64 | (cmd.cdw13 as u64) << 32;
-        if len > self.max_transfer.min(ADMIN_DATA_MAX) {
+        if len > self.core.max_transfer.min(ADMIN_DATA_MAX) {
             return Err(invalid_field(CDW10_BYTE + 2));
         }
         if cdw10.lsp() != 0 || cdw11.lsi() != 0 {
@@ -127,7 +130,12 @@ impl Controller {
         let page: Vec<u8> = match lid {
             LogPageId::ERROR_INFORMATION => {
                 let mut page = vec![0u8; self.config.error_log_entries as usize * 64];
-                for (slot, entry) in self.error_log.iter().enumerate() {
+                let log = self
+                    .shared
+                    .error_log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                for (slot, entry) in log.entries.iter().enumerate() {
                     page[slot * 64..(slot + 1) * 64].copy_from_slice(entry.as_bytes());
                 }
                 page
@@ -152,7 +160,7 @@ impl Controller {
         let avail = &page[offset as usize..];
         let n = avail.len().min(data.len());
         data[..n].copy_from_slice(&avail[..n]);
-        self.send(cmd, &data)?;
+        self.core.send(cmd, &data)?;
         if lid == LogPageId::ERROR_INFORMATION && !cdw10.rae() {
             // Reading the log without Retain Asynchronous Event unmasks Error status events.
             self.events.error_masked = false;
@@ -165,7 +173,7 @@ impl Controller {
         let cdw10 = CreateQueueCdw10::from(cmd.cdw10);
         let cdw11 = CreateCqCdw11::from(cmd.cdw11);
         let qid = cdw10.qid();
-        if qid == 0 || qid > self.features.ncqa_z + 1 || self.cqs[qid as usize].is_some() {
+        if qid == 0 || qid > self.features.ncqa_z + 1 || self.queues.cq_exists(qid) {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
         }
         if cdw10.qsize_z() == 0 || cdw10.qsize_z() > self.config.mqes {
@@ -196,13 +204,14 @@ impl Controller {
         let stale = cq.doorbell.as_ref().map_or(0, |word| word.load());
         cq.seen_doorbell = stale;
         let external = cq.doorbell.is_some();
-        self.cqs[qid as usize] = Some(cq);
-        let at = self.cq_ids.partition_point(|&q| q < qid);
-        self.cq_ids.insert(at, qid);
+        let owner = self.owner(qid);
+        self.give(owner, Request::AddCq { qid, cq });
+        self.queues.cq_sqs[qid as usize] = Some(0);
+        self.queues.io_cqs += 1;
         // An external doorbell replaces the register: writes to it are refused.
         self.shared
             .regs
-            .set_queue(qid, false, if external { 0 } else { entries });
+            .set_queue(qid, false, if external { 0 } else { entries }, owner);
         if stale != 0 {
             // The host must zero the word before creating the queue; the value is ignored.
             self.invalid_doorbell_value(qid, false, stale);
@@ -214,7 +223,7 @@ impl Controller {
         let cdw10 = CreateQueueCdw10::from(cmd.cdw10);
         let cdw11 = CreateSqCdw11::from(cmd.cdw11);
         let qid = cdw10.qid();
-        if qid == 0 || qid > self.features.nsqa_z + 1 || self.sqs[qid as usize].is_some() {
+        if qid == 0 || qid > self.features.nsqa_z + 1 || self.queues.sq_cq(qid).is_some() {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
         }
         if cdw10.qsize_z() == 0 || cdw10.qsize_z() > self.config.mqes {
@@ -227,7 +236,7 @@ impl Controller {
             return Err(invalid_field(CDW11_BYTE));
         }
         let cqid = cdw11.cqid();
-        if cqid == 0 || self.cqs.get(cqid as usize).is_none_or(|q| q.is_none()) {
+        if cqid == 0 || !self.queues.cq_exists(cqid) {
             return Err(
                 Fail::specific(command_specific::COMPLETION_QUEUE_INVALID).at(CDW11_BYTE + 2)
             );
@@ -248,16 +257,18 @@ impl Controller {
         let mut sq = SubQueue::new(cmd.prp1, entries, cqid, doorbell);
         let stale = sq.doorbell.as_ref().map_or(0, |word| word.load());
         sq.seen_doorbell = stale;
-        self.sqs[qid as usize] = Some(sq);
-        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
-            cq.sq_count += 1;
+        // The submission queue goes to the thread serving its completion queue.
+        let owner = self.owner(cqid);
+        self.give(owner, Request::AddSq { qid, sq });
+        self.queues.sq_cq[qid as usize] = Some(cqid);
+        if let Some(n) = self.queues.cq_sqs[cqid as usize].as_mut() {
+            *n += 1;
         }
-        let at = self.io_sqs.partition_point(|&q| q < qid);
-        self.io_sqs.insert(at, qid);
+        self.queues.io_sqs += 1;
         // An external doorbell replaces the register: writes to it are refused.
         self.shared
             .regs
-            .set_queue(qid, true, if external { 0 } else { entries });
+            .set_queue(qid, true, if external { 0 } else { entries }, owner);
         if stale != 0 {
             // The host must zero the word before creating the queue: a nonzero value is not
             // taken as a tail (it would make stale entries look submitted) but reported, and
@@ -269,109 +280,52 @@ impl Controller {
 
     fn delete_io_sq(&mut self, cmd: &Command) -> CmdResult {
         let qid = DeleteQueueCdw10::from(cmd.cdw10).qid();
-        if qid == 0 || self.sqs.get(qid as usize).is_none_or(|q| q.is_none()) {
+        let Some(cqid) = self.queues.sq_cq(qid).filter(|_| qid != 0) else {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
-        }
-        self.shared.regs.set_queue(qid, true, 0);
-        // Dropping the queue drops its external word: the controller stops reading it.
+        };
+        // The owner completes the queue's outstanding commands (delayed ones with their
+        // result, dropped ones as aborted by the deletion) and forgets the queue before the
+        // deletion completes. Dropping the queue drops its external word: the controller stops
+        // reading it.
+        self.give(self.owner(cqid), Request::DeleteSq(qid));
+        self.shared.regs.set_queue(qid, true, 0, 0);
         self.shared.doorbells.set_live(qid, true, false);
-        let sq = self.sqs[qid as usize].take().expect("checked");
-        self.io_sqs.retain(|&q| q != qid);
-        self.rr = 0;
-        if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
-            cq.sq_count -= 1;
+        self.queues.sq_cq[qid as usize] = None;
+        if let Some(n) = self.queues.cq_sqs[cqid as usize].as_mut() {
+            *n -= 1;
         }
-        // Commands of this queue still outstanding complete before the deletion does:
-        // delayed ones with their result, dropped ones as aborted by the deletion.
-        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
-            .into_iter()
-            .partition(|d| d.0.sqid == qid);
-        self.delayed = others.into_iter().collect();
-        let mut mine: Vec<Delayed> = mine.into_iter().map(|d| d.0).collect();
-        mine.sort();
-        for d in mine {
-            let pc = PendingCompletion {
-                sqid: d.sqid,
-                cid: d.cid,
-                dw0: d.dw0,
-                status: d.status,
-            };
-            self.finish(d.cqid, pc);
-        }
-        let aborted = CqeStatus::from_status(Status::generic(generic::ABORTED_SQ_DELETION), false);
-        let dropped: Vec<(u16, u16)> = self
-            .dropped
-            .iter()
-            .copied()
-            .filter(|d| d.0 == qid)
-            .collect();
-        self.dropped.retain(|d| d.0 != qid);
-        for (sqid, cid) in dropped {
-            let pc = PendingCompletion {
-                sqid,
-                cid,
-                dw0: 0,
-                status: aborted.into_bits(),
-            };
-            self.complete(sq.cqid, pc);
-        }
+        self.queues.io_sqs -= 1;
         Ok(Outcome::Done(0))
     }
 
     fn delete_io_cq(&mut self, cmd: &Command) -> CmdResult {
         let qid = DeleteQueueCdw10::from(cmd.cdw10).qid();
-        let Some(Some(cq)) = self.cqs.get(qid as usize).filter(|_| qid != 0) else {
+        let Some(Some(sqs)) = self.queues.cq_sqs.get(qid as usize).filter(|_| qid != 0) else {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
         };
-        if cq.sq_count > 0 {
+        if *sqs > 0 {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_DELETION).at(CDW10_BYTE));
         }
-        self.shared.regs.set_queue(qid, false, 0);
+        self.give(self.owner(qid), Request::DeleteCq(qid));
+        self.shared.regs.set_queue(qid, false, 0, 0);
         self.shared.doorbells.set_live(qid, false, false);
-        self.cqs[qid as usize] = None;
-        self.cq_ids.retain(|&q| q != qid);
+        self.queues.cq_sqs[qid as usize] = None;
+        self.queues.io_cqs -= 1;
         Ok(Outcome::Done(0))
     }
 
     /// Abort: a command whose completion was dropped or is being delayed completes now with
-    /// Command Abort Requested, and the Abort reports it aborted (Dword 0 bit 0 clear).
-    /// Anything else has already completed: "not aborted" (bit 0 set).
+    /// Command Abort Requested (posted by the thread serving its queue, before the Abort's own
+    /// completion), and the Abort reports it aborted (Dword 0 bit 0 clear). Anything else has
+    /// already completed: "not aborted" (bit 0 set).
     fn abort(&mut self, cmd: &Command) -> CmdResult {
         let sqid = cmd.cdw10 as u16;
         let cid = (cmd.cdw10 >> 16) as u16;
-        let status =
-            CqeStatus::from_status(Status::generic(generic::COMMAND_ABORT_REQUESTED), false)
-                .into_bits();
-        let pc = PendingCompletion {
-            sqid,
-            cid,
-            dw0: 0,
-            status,
+        let Some(cqid) = self.queues.sq_cq(sqid) else {
+            return Ok(Outcome::Done(1));
         };
-        if let Some(pos) = self.dropped.iter().position(|&d| d == (sqid, cid)) {
-            self.dropped.remove(pos);
-            if let Some(sq) = self.sqs.get(sqid as usize).and_then(|q| q.as_ref()) {
-                let cqid = sq.cqid;
-                self.complete(cqid, pc);
-                return Ok(Outcome::Done(0));
-            }
-        }
-        if self
-            .delayed
-            .iter()
-            .any(|d| d.0.sqid == sqid && d.0.cid == cid)
-        {
-            let mut all = std::mem::take(&mut self.delayed).into_vec();
-            let pos = all
-                .iter()
-                .position(|d| d.0.sqid == sqid && d.0.cid == cid)
-                .expect("found");
-            let victim = all.swap_remove(pos).0;
-            self.delayed = all.into();
-            self.finish(victim.cqid, pc);
-            return Ok(Outcome::Done(0));
-        }
-        Ok(Outcome::Done(1))
+        let aborted = self.give(self.owner(cqid), Request::Abort { sqid, cid });
+        Ok(Outcome::Done(if aborted { 0 } else { 1 }))
     }
 
     fn async_event_request(&mut self, cmd: &Command) -> CmdResult {
@@ -428,6 +382,9 @@ impl Controller {
             }
             FeatureId::VOLATILE_WRITE_CACHE => {
                 f.volatile_write_cache = v & 1 != 0;
+                self.shared
+                    .volatile_write_cache
+                    .store(f.volatile_write_cache, Ordering::Release);
                 0
             }
             FeatureId::NUMBER_OF_QUEUES => {
@@ -435,7 +392,7 @@ impl Controller {
                 if nq.nsq_z() == 0xffff || nq.ncq_z() == 0xffff {
                     return Err(invalid_field(CDW11_BYTE));
                 }
-                if !self.io_sqs.is_empty() || self.cq_ids.len() > 1 {
+                if self.queues.io_sqs > 0 || self.queues.io_cqs > 0 {
                     return Err(Fail::generic(generic::COMMAND_SEQUENCE_ERROR));
                 }
                 let max_z = self.config.max_io_queue_pairs - 1;

@@ -1,50 +1,82 @@
-//! The controller thread: the enable/reset state machine, doorbell polling, command fetch,
+//! The controller threads: the enable/reset state machine, doorbell polling, command fetch,
 //! completion posting, asynchronous events and the error log.
 //!
-//! One thread serves every queue. Each pass it samples CC (enable, disable, shutdown), takes in
-//! refused doorbell writes, CQ head doorbells and due delayed completions, then fetches up to
-//! [`BATCH`] commands from the admin queue and from each I/O submission queue in turn (the
-//! starting queue rotates, so no queue starves another). A queue is fetched from only as far as
-//! its completion queue has room for the results, so completions never overwrite entries the
-//! host has not consumed; a completion that still finds its queue full (an Abort of a dropped
-//! command, an asynchronous event) is held until the host moves the CQ head.
+//! # Threads
+//! The controller runs `n` threads ([`crate::EmuConfig::controller_threads`]), numbered
+//! `0..n` ([`controller_thread_index`]). Each owns a [`worker::Worker`]: the queues it serves, its
+//! translation cache, its delayed and dropped completions and its scratch space, touched by no
+//! other thread. Thread 0 is also the [`Controller`]: it samples CC, runs the admin queue
+//! (whose queues its core holds), keeps the features and the asynchronous events, and turns
+//! refused register-window doorbell writes into error reports.
+//!
+//! An I/O completion queue, and every submission queue posting to it, belongs to thread
+//! `(cqid - 1) % n` ([`thread_for_cq`]), so one thread writes a command's data and then its
+//! completion entry, and flushes them in that order. Admin commands hand queues to the owning
+//! thread and take them back through its mailbox ([`handoff`]), and wait for the answer:
+//! Create returns once the owner serves the queue, Delete once the owner no longer touches it
+//! (after it has posted the completions that the deletion owes), a reset (CC.EN 1 to 0) once
+//! every thread dropped its queues, before CSTS.RDY clears.
+//!
+//! State the threads share is in [`Shared`]: the register window, the device-address map,
+//! fault knobs, one set of counters per thread (written by that thread only), the Error
+//! Information log (a mutex, taken on failures only), the Controller Fatal flag, and an inbox
+//! of asynchronous events that threads other than 0 raise (external doorbell errors) for
+//! thread 0 to report.
+//!
+//! # A pass
+//! Each pass a thread takes a mailbox request if one is waiting, then CQ head doorbells, due
+//! delayed completions and up to [`BATCH`] commands from each of its submission queues in turn
+//! (the starting queue rotates, so no queue starves another); thread 0 first samples CC and
+//! serves the admin queue. A queue is fetched from only as far as its completion queue has
+//! room for the results, so completions never overwrite entries the host has not consumed; a
+//! completion that still finds its queue full (an Abort of a dropped command, an asynchronous
+//! event) is held until the host moves the CQ head.
 //!
 //! Queues created while their id had external doorbells attached ([`crate::DoorbellWord`])
 //! take their SQ tail or CQ head from those words, validated as register-window doorbell writes
 //! are, and fetch up to `EmuConfig::external_batch` commands per pass.
 //!
+//! Before executing a batch of I/O commands a thread announces the reads it will make
+//! ([`crate::MemoryRegion::prefetch`]): the PRP list pages of the batch's Read and Write
+//! commands, then the data of its Write commands.
+//!
 //! Writes go through regions that may defer them ([`crate::MemoryRegion::flush`]): every
-//! region written through is flushed at the end of each submission queue's batch (after its
-//! completions are written) and at the end of every pass, so nothing stays staged while the
+//! region a thread wrote through is flushed at the end of each submission queue's batch (after
+//! its completions are written) and at the end of every pass, so nothing stays staged while the
 //! thread is idle. A failed flush is controller fatal.
 //!
-//! When there is nothing to do the thread spins briefly, then parks for at most
-//! [`PARK_MAX`]; writes to CC and to doorbells unpark it. While a queue with external
-//! doorbells exists nothing can unpark it (a GPU's write to a word raises no wakeup), so it
-//! keeps polling instead, yielding its CPU now and then.
+//! When there is nothing to do a thread spins briefly, then parks for at most [`PARK_MAX`];
+//! writes to CC wake thread 0, doorbell writes wake the queue's thread. While a thread serves a
+//! queue with external doorbells nothing can unpark it (a GPU's write to a word raises no
+//! wakeup), so it keeps polling instead, yielding its CPU now and then.
 
 mod admin;
+pub(crate) mod handoff;
 mod nvm;
 pub(crate) mod pages;
+mod prefetch;
+pub(crate) mod worker;
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::cell::Cell;
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nvme_spec::log::ErrorInformationLogEntry;
-use nvme_spec::status::{StatusCodeType, generic};
-use nvme_spec::{Aqa, Cc, Command, Completion, CqeStatus, Csts, Status};
-use zerocopy::{FromBytes, FromZeros, IntoBytes};
+use nvme_spec::status::generic;
+use nvme_spec::{Aqa, Cc, Command, Csts, Status};
+use zerocopy::FromZeros;
 
+use self::handoff::{Mailbox, Request};
+use self::worker::{Fetch, Idle, Worker};
 use crate::config::EmuConfig;
 use crate::doorbells::ExternalDoorbells;
 use crate::faults::Faults;
-use crate::memory::{DeviceAddressMap, MapCache};
-use crate::prp::{PAGE, Segment};
-use crate::queues::{CompQueue, PendingCompletion, SubQueue};
+use crate::memory::DeviceAddressMap;
+use crate::prp::PAGE;
+use crate::queues::PendingCompletion;
 use crate::registers::{DoorbellError, DoorbellErrorKind, RegisterWindow};
 use crate::stats::Counters;
 use crate::storage::Namespace;
@@ -52,29 +84,200 @@ use crate::storage::Namespace;
 /// Most commands fetched from one submission queue with register-window doorbells per pass
 /// (queues with external doorbells use `EmuConfig::external_batch`).
 pub(crate) const BATCH: u32 = 64;
-/// Longest the idle thread parks before looking at its registers again.
+/// Longest an idle thread parks before looking at its registers again.
 pub(crate) const PARK_MAX: Duration = Duration::from_millis(1);
-/// How long the thread spins after its last piece of work before parking.
-const SPIN_TIME: Duration = Duration::from_micros(50);
-/// Dropped commands remembered for Abort; older ones are forgotten.
-const DROPPED_MEMORY: usize = 4096;
 /// Asynchronous events queued while none can be reported; later ones are lost.
 const EVENT_BACKLOG: usize = 16;
-/// Size of a submission queue entry.
-const SQE: usize = size_of::<Command>();
 
-/// State shared by the controller thread and the [`crate::EmuDevice`] handle.
+thread_local! {
+    /// This thread's index among its controller's threads, if it is a controller thread.
+    static THREAD_INDEX: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The index of the calling thread among its software controller's threads: `Some(i)` on
+/// controller thread `i` (`0 <= i <` [`crate::EmuDevice::controller_threads`]), `None` on any
+/// other thread.
+///
+/// Every call a controller thread makes into a [`crate::MemoryRegion`] is made on such a
+/// thread, with the same index for the thread's whole life, so a region can pick per-thread
+/// resources (a copy engine with its own staging area and stream) by it.
+pub fn controller_thread_index() -> Option<usize> {
+    THREAD_INDEX.with(Cell::get)
+}
+
+/// The controller thread that serves I/O completion queue `cqid` (and every submission queue
+/// posting to it) among `threads` threads; the admin queues (0) belong to thread 0.
+pub(crate) fn thread_for_cq(cqid: u16, threads: usize) -> usize {
+    match cqid {
+        0 => 0,
+        q => (q as usize - 1) % threads.max(1),
+    }
+}
+
+/// The Error Information log (newest first) and the count of errors ever logged.
+pub(crate) struct ErrorLog {
+    pub(crate) entries: VecDeque<ErrorInformationLogEntry>,
+    capacity: usize,
+    pub(crate) count: u64,
+}
+
+impl ErrorLog {
+    fn push(&mut self, mut entry: ErrorInformationLogEntry) {
+        self.count += 1;
+        entry.error_count = self.count;
+        if self.entries.len() == self.capacity {
+            self.entries.pop_back();
+        }
+        self.entries.push_front(entry);
+    }
+}
+
+/// State shared by the controller threads and the [`crate::EmuDevice`] handle.
 pub(crate) struct Shared {
     pub(crate) regs: Arc<RegisterWindow>,
     pub(crate) map: Arc<DeviceAddressMap>,
     pub(crate) faults: Faults,
-    pub(crate) counters: Counters,
+    /// One set per controller thread, written by that thread only.
+    pub(crate) counters: Box<[Counters]>,
+    /// Set to make every thread exit (the device is stopping, or a thread panicked).
     pub(crate) stop: AtomicBool,
     /// External doorbell attachments and which of their queues exist.
     pub(crate) doorbells: ExternalDoorbells,
+    /// The controller is in Controller Fatal Status: no thread fetches or completes commands.
+    /// Any thread sets it; thread 0 clears it when it resets the controller.
+    pub(crate) fatal: AtomicBool,
+    pub(crate) error_log: Mutex<ErrorLog>,
+    /// Asynchronous events (completion Dword 0) raised by any thread, for thread 0 to report.
+    events: Mutex<Vec<u32>>,
+    events_waiting: AtomicBool,
+    /// The Volatile Write Cache feature (thread 0 sets it, writes on any thread read it).
+    pub(crate) volatile_write_cache: AtomicBool,
+    /// Thread `i`'s mailbox (index 0 is unused: thread 0 is the one that sends).
+    pub(crate) mailboxes: Box<[Mailbox]>,
 }
 
-/// Where the controller is in its life cycle.
+impl Shared {
+    pub(crate) fn new(
+        regs: Arc<RegisterWindow>,
+        threads: usize,
+        max_qid: u16,
+        error_log_entries: usize,
+    ) -> Self {
+        Self {
+            map: Arc::new(DeviceAddressMap::new()),
+            faults: Faults::new(regs.clone()),
+            regs,
+            counters: (0..threads).map(|_| Counters::default()).collect(),
+            stop: AtomicBool::new(false),
+            doorbells: ExternalDoorbells::new(max_qid),
+            fatal: AtomicBool::new(false),
+            error_log: Mutex::new(ErrorLog {
+                entries: VecDeque::with_capacity(error_log_entries),
+                capacity: error_log_entries,
+                count: 0,
+            }),
+            events: Mutex::new(Vec::new()),
+            events_waiting: AtomicBool::new(false),
+            volatile_write_cache: AtomicBool::new(true),
+            mailboxes: (0..threads).map(|_| Mailbox::default()).collect(),
+        }
+    }
+
+    /// Number of controller threads.
+    pub(crate) fn threads(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// Whether the controller is in Controller Fatal Status.
+    pub(crate) fn is_fatal(&self) -> bool {
+        self.fatal.load(Ordering::Acquire)
+    }
+
+    /// Enters Controller Fatal Status (from thread `thread`); counted once per entry.
+    pub(crate) fn enter_fatal(&self, thread: usize, why: &str) {
+        if !self.fatal.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                reason = why,
+                thread,
+                "software NVMe controller: controller fatal status"
+            );
+            Counters::add(&self.counters[thread].fatal_errors, 1);
+        }
+        self.regs.csts_set(u32::from(Csts::new().with_cfs(true)));
+    }
+
+    /// Adds an entry to the Error Information log.
+    pub(crate) fn log_error_entry(&self, entry: ErrorInformationLogEntry) {
+        self.error_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(entry);
+    }
+
+    /// Queues an asynchronous event for thread 0 to report, and wakes it.
+    pub(crate) fn post_event(&self, dw0: u32) {
+        self.events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(dw0);
+        self.events_waiting.store(true, Ordering::Release);
+        self.regs.wake();
+    }
+
+    /// Takes the events queued by [`Shared::post_event`], oldest first.
+    fn take_events(&self, out: &mut Vec<u32>) -> bool {
+        if !self.events_waiting.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        self.events_waiting.store(false, Ordering::Release);
+        out.append(&mut events);
+        true
+    }
+
+    /// A thread died of a panic (a bug, never device input): the controller is fatal for
+    /// good and every thread stops, so the driver sees a dead device rather than waiting.
+    fn halt(&self) {
+        self.regs.csts_set(u32::from(Csts::new().with_cfs(true)));
+        self.stop.store(true, Ordering::Release);
+        self.regs.wake_all();
+    }
+}
+
+/// Records a doorbell error (a refused register-window write, or an invalid value the
+/// controller found): an Error Information log entry (SQID and CID 0xffff, as for errors not
+/// tied to a command; Command Specific Information holds the queue id in bits 15:0, 1 in bit
+/// 16 for an SQ tail doorbell, and the value written in bits 63:32). Returns the Error status
+/// asynchronous event to raise.
+pub(crate) fn log_doorbell_error(shared: &Shared, e: DoorbellError) -> u32 {
+    let mut entry = ErrorInformationLogEntry::new_zeroed();
+    entry.sqid = 0xffff;
+    entry.cid = 0xffff;
+    entry.parameter_error_location = 0xffff;
+    entry.csi = e.qid as u64 | ((e.is_sq as u64) << 16) | ((e.value as u64) << 32);
+    shared.log_error_entry(entry);
+    let info = match e.kind {
+        DoorbellErrorKind::InvalidRegister => 0x00,
+        DoorbellErrorKind::InvalidValue => 0x01,
+    };
+    // Asynchronous event: type 0 (Error status), the info code, log page 01h.
+    info << 8 | 0x01 << 16
+}
+
+/// Runs `body` as controller thread `index`: sets the thread's index, and halts the whole
+/// controller if `body` panics.
+pub(crate) fn run_thread(shared: Arc<Shared>, index: usize, body: impl FnOnce()) {
+    THREAD_INDEX.with(|c| c.set(Some(index)));
+    if catch_unwind(AssertUnwindSafe(body)).is_err() {
+        tracing::error!(
+            thread = index,
+            "software NVMe controller thread panicked; controller is fatal"
+        );
+        shared.halt();
+    }
+}
+
+/// Where the controller is in its life cycle (thread 0's view).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// CC.EN = 0 (or not yet observed as 1): no queues.
@@ -152,16 +355,15 @@ pub(crate) enum Outcome {
 /// Result of executing one command.
 pub(crate) type CmdResult = Result<Outcome, Fail>;
 
-/// A completion held back by the completion-delay fault.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Delayed {
-    due: Instant,
-    seq: u64,
-    cqid: u16,
-    sqid: u16,
-    cid: u16,
-    dw0: u32,
-    status: u16,
+/// Checks the parts of Command Dword 0 every command shares: no fused operation, PRPs.
+pub(crate) fn check_cdw0(cmd: &Command) -> Result<(), Fail> {
+    if cmd.cdw0.fuse() != 0 {
+        return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(1));
+    }
+    if cmd.cdw0.psdt() != 0 {
+        return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(1 | 6 << 8));
+    }
+    Ok(())
 }
 
 /// Feature values (Set/Get Features), reset with the controller.
@@ -220,180 +422,114 @@ struct Events {
     error_masked: bool,
 }
 
-/// Lifetime counters for the SMART / Health log.
-#[derive(Debug, Default)]
-struct Smart {
-    /// Bytes read and written by successful commands.
-    bytes_read: u64,
-    bytes_written: u64,
-    read_commands: u64,
-    write_commands: u64,
-    media_errors: u64,
+/// The I/O queues that exist, on every thread, as the admin side tracks them.
+#[derive(Debug)]
+struct Directory {
+    /// Per submission queue id: the completion queue it posts to, if it exists.
+    sq_cq: Vec<Option<u16>>,
+    /// Per completion queue id: the number of submission queues posting to it, if it exists.
+    cq_sqs: Vec<Option<u32>>,
+    io_sqs: usize,
+    io_cqs: usize,
 }
 
-/// The controller, owned by its thread.
+impl Directory {
+    fn new(max_qid: u16) -> Self {
+        Self {
+            sq_cq: vec![None; max_qid as usize + 1],
+            cq_sqs: vec![None; max_qid as usize + 1],
+            io_sqs: 0,
+            io_cqs: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.sq_cq.fill(None);
+        self.cq_sqs.fill(None);
+        self.io_sqs = 0;
+        self.io_cqs = 0;
+    }
+
+    fn cq_exists(&self, qid: u16) -> bool {
+        self.cq_sqs.get(qid as usize).is_some_and(Option::is_some)
+    }
+
+    fn sq_cq(&self, qid: u16) -> Option<u16> {
+        self.sq_cq.get(qid as usize).copied().flatten()
+    }
+}
+
+/// Thread 0: the register state machine, the admin command set and the asynchronous events,
+/// plus its own [`Worker`] (the admin queues and its share of the I/O queues).
 pub(crate) struct Controller {
     shared: Arc<Shared>,
     config: EmuConfig,
-    /// MDTS in bytes; `u64::MAX` when unlimited.
-    max_transfer: u64,
-    namespaces: Vec<Namespace>,
-    cache: MapCache,
+    namespaces: Arc<[Namespace]>,
+    core: Worker,
     state: State,
     shutdown_done: bool,
-    sqs: Vec<Option<SubQueue>>,
-    cqs: Vec<Option<CompQueue>>,
-    /// Existing I/O submission queue ids, ascending.
-    io_sqs: Vec<u16>,
-    /// Existing completion queue ids (including 0), ascending.
-    cq_ids: Vec<u16>,
-    /// Round-robin start among `io_sqs`.
-    rr: usize,
     features: Features,
     events: Events,
-    error_log: VecDeque<ErrorInformationLogEntry>,
-    error_count: u64,
-    smart: Smart,
-    delayed: BinaryHeap<Reverse<Delayed>>,
-    delay_seq: u64,
-    dropped: VecDeque<(u16, u16)>,
+    queues: Directory,
     doorbell_errors_seen: u64,
     started: Instant,
-    // Scratch space reused by every command, so that the I/O path does not allocate.
-    sqe_buf: Vec<u8>,
-    batch: Vec<(u16, PendingCompletion)>,
-    segments: Vec<Segment>,
-    list_page: Box<[u8; PAGE as usize]>,
-    bounce: Vec<u8>,
+    event_scratch: Vec<u32>,
 }
 
 impl Controller {
-    /// Builds the controller for a validated configuration with opened namespaces.
-    pub(crate) fn new(shared: Arc<Shared>, config: EmuConfig, namespaces: Vec<Namespace>) -> Self {
-        let max_qid = config.max_io_queue_pairs as usize;
-        let max_transfer = if config.mdts == 0 {
-            u64::MAX
-        } else {
-            PAGE << config.mdts
-        };
-        let max_batch = BATCH.max(config.external_batch) as usize;
+    /// Builds thread 0 for a validated configuration with opened namespaces.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        config: EmuConfig,
+        namespaces: Arc<[Namespace]>,
+    ) -> Self {
         Self {
-            cache: MapCache::new(shared.map.clone()),
+            core: Worker::new(0, shared.clone(), &config, namespaces.clone()),
             shared,
-            max_transfer,
             namespaces,
             state: State::Disabled,
             shutdown_done: false,
-            sqs: (0..=max_qid).map(|_| None).collect(),
-            cqs: (0..=max_qid).map(|_| None).collect(),
-            io_sqs: Vec::new(),
-            cq_ids: Vec::new(),
-            rr: 0,
             features: Features::defaults(config.max_io_queue_pairs),
             events: Events::default(),
-            error_log: VecDeque::with_capacity(config.error_log_entries as usize),
-            error_count: 0,
-            smart: Smart::default(),
-            delayed: BinaryHeap::new(),
-            delay_seq: 0,
-            dropped: VecDeque::new(),
+            queues: Directory::new(config.max_io_queue_pairs),
             doorbell_errors_seen: 0,
             started: Instant::now(),
-            sqe_buf: vec![0; max_batch * SQE],
-            batch: Vec::with_capacity(max_batch),
-            segments: Vec::with_capacity(64),
-            list_page: Box::new([0; PAGE as usize]),
-            bounce: Vec::new(),
+            event_scratch: Vec::new(),
             config,
         }
     }
 
-    /// The thread body: runs until asked to stop. A panic (a bug, never device input) puts the
-    /// controller in Controller Fatal Status, so the driver sees a dead device rather than
-    /// waiting forever.
+    /// The thread body: runs until asked to stop.
     pub(crate) fn run(mut self) {
         let shared = self.shared.clone();
-        if catch_unwind(AssertUnwindSafe(|| self.run_loop())).is_err() {
-            shared.regs.csts_set(u32::from(Csts::new().with_cfs(true)));
-            tracing::error!("software NVMe controller thread panicked; controller is fatal");
-        }
+        run_thread(shared, 0, || self.run_loop());
     }
 
     fn run_loop(&mut self) {
-        let mut idle_since: Option<Instant> = None;
-        let mut idle_passes = 0u32;
+        let mut idle = Idle::default();
         while !self.shared.stop.load(Ordering::Acquire) {
             if self.pass() {
-                idle_since = None;
-                idle_passes = 0;
+                idle.worked();
                 continue;
             }
-            idle_passes += 1;
-            if idle_passes % 64 != 0 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = Instant::now();
-            let since = *idle_since.get_or_insert(now);
-            if now - since < SPIN_TIME {
-                std::hint::spin_loop();
-                continue;
-            }
-            if self.polls_external_doorbells() {
-                // Nothing would unpark the thread for these queues: keep polling, but let go
-                // of cached regions and of the CPU now and then.
-                self.cache.clear();
-                std::thread::yield_now();
-                continue;
-            }
-            let mut timeout = PARK_MAX;
-            if let Some(Reverse(d)) = self.delayed.peek() {
-                timeout = timeout.min(d.due.saturating_duration_since(now));
-            }
-            // Let go of cached regions while idle, so freed buffers do not linger.
-            self.cache.clear();
-            Counters::add(&self.shared.counters.idle_parks, 1);
-            std::thread::park_timeout(timeout);
+            let polls = self.state == State::Enabled && self.core.polls_external_doorbells();
+            idle.wait(&mut self.core, polls);
         }
-    }
-
-    /// Whether a queue that takes its doorbell from an external word exists (and is served).
-    fn polls_external_doorbells(&self) -> bool {
-        self.state == State::Enabled
-            && (self.io_sqs.iter().any(|&q| {
-                self.sqs[q as usize]
-                    .as_ref()
-                    .is_some_and(|sq| sq.doorbell.is_some())
-            }) || self.cq_ids.iter().any(|&q| {
-                self.cqs[q as usize]
-                    .as_ref()
-                    .is_some_and(|cq| cq.doorbell.is_some())
-            }))
     }
 
     /// One pass over registers and queues, then a flush of every region written through;
     /// returns whether anything happened.
     fn pass(&mut self) -> bool {
         let worked = self.serve();
-        if self.cache.has_unflushed() {
-            self.flush_regions();
+        if self.core.cache.has_unflushed() {
+            let enabled = self.state == State::Enabled;
+            self.core.flush_regions(enabled);
         }
         worked
     }
 
-    /// Flushes every region written through since the last flush. A failure is controller
-    /// fatal: completions may be among the writes, so no command can be failed instead.
-    fn flush_regions(&mut self) {
-        if let Err(e) = self.cache.flush() {
-            tracing::warn!(error = %e, "memory region flush failed");
-            if self.state == State::Enabled {
-                self.enter_fatal("DMA error flushing writes to a memory region");
-            }
-        }
-    }
-
-    /// The body of [`Controller::pass`]: CC, doorbells, held and delayed completions, and a
-    /// batch from every submission queue.
+    /// The body of [`Controller::pass`]: CC, doorbell errors and events, then the core's
+    /// queues with the admin queue first.
     fn serve(&mut self) -> bool {
         let mut worked = false;
         if self.shared.regs.take_disable_latch() {
@@ -412,13 +548,21 @@ impl Controller {
             }
             _ => {}
         }
-        if self.shared.faults.take_fatal() {
+        if self.state == State::Enabled && self.shared.is_fatal() {
+            // Another thread entered Controller Fatal Status.
+            self.state = State::Fatal;
+        }
+        if self.shared.faults.fatal_pending() {
+            // Enter the fatal state before taking the request, so that a thread that finds no
+            // request pending finds the fatal state instead.
+            if self.state != State::Disabled {
+                self.enter_fatal("injected fault");
+            }
+            self.shared.faults.take_fatal();
             if self.state == State::Disabled {
                 self.shared
                     .regs
                     .csts_clear(u32::from(Csts::new().with_cfs(true)));
-            } else {
-                self.enter_fatal("injected fault");
             }
             worked = true;
         }
@@ -437,21 +581,29 @@ impl Controller {
             }
             worked = true;
         }
-        worked |= self.update_cq_heads();
-        worked |= self.post_due_delayed();
-        worked |= self.service_sq(0);
-        let n = self.io_sqs.len();
-        for k in 0..n {
-            if self.state != State::Enabled {
-                break;
-            }
-            let qid = self.io_sqs[(self.rr + k) % n];
-            worked |= self.service_sq(qid);
-        }
-        if n > 0 {
-            self.rr = (self.rr + 1) % n;
-        }
+        worked |= self.take_events();
+        worked |= self.core.update_cq_heads();
+        worked |= self.core.post_due_delayed();
+        worked |= self.service_admin();
+        worked |= self.core.service_io_queues();
+        worked |= self.take_events();
         worked
+    }
+
+    /// Fetches and executes a batch of admin commands.
+    fn service_admin(&mut self) -> bool {
+        let (n, cqid) = match self.core.fetch(0) {
+            Fetch::Idle => return false,
+            Fetch::Handled => return true,
+            Fetch::Batch { n, cqid } => (n, cqid),
+        };
+        for i in 0..n {
+            let cmd = self.core.sqe(i);
+            let result = self.admin(&cmd);
+            self.core.conclude(0, cqid, &cmd, result);
+        }
+        self.core.post_batch();
+        true
     }
 
     /// CC.EN 0 to 1: validates the configuration and admin queue registers, creates the admin
@@ -484,13 +636,9 @@ impl Controller {
         }
         let sq_entries = aqa.asqs_z() as u32 + 1;
         let cq_entries = aqa.acqs_z() as u32 + 1;
-        let mut cq = CompQueue::new(acq, cq_entries);
-        cq.sq_count = 1;
-        self.cqs[0] = Some(cq);
-        self.sqs[0] = Some(SubQueue::new(asq, sq_entries, 0, None));
-        self.cq_ids = vec![0];
-        regs.set_queue(0, true, sq_entries);
-        regs.set_queue(0, false, cq_entries);
+        self.core.install_admin(asq, sq_entries, acq, cq_entries);
+        regs.set_queue(0, true, sq_entries, 0);
+        regs.set_queue(0, false, cq_entries, 0);
         // Enabling is a fresh start after any earlier shutdown.
         if cc.shn() == 0 {
             self.shutdown_done = false;
@@ -500,30 +648,36 @@ impl Controller {
         regs.csts_set(u32::from(Csts::new().with_rdy(true)));
     }
 
-    /// CC.EN 1 to 0: a controller reset. Deletes every queue, forgets outstanding commands
-    /// (their completions are never posted, as on hardware), restores feature defaults and
-    /// clears CSTS.RDY, CSTS.CFS and CSTS.SHST. Media, the error log and SMART counters survive.
+    /// CC.EN 1 to 0: a controller reset. Every thread deletes its queues and forgets its
+    /// outstanding commands (their completions are never posted, as on hardware), before
+    /// CSTS.RDY and CSTS.CFS clear; feature defaults return and CSTS.SHST clears. Media, the
+    /// error log and SMART counters survive.
     fn reset(&mut self) {
+        for worker in 1..self.shared.threads() {
+            handoff::call(&self.shared, worker, Request::Reset);
+        }
+        self.core.reset();
         let regs = self.shared.regs.clone();
         regs.reset_queues();
         self.shared.doorbells.reset();
-        self.sqs.iter_mut().for_each(|q| *q = None);
-        self.cqs.iter_mut().for_each(|q| *q = None);
-        self.io_sqs.clear();
-        self.cq_ids.clear();
-        self.rr = 0;
-        self.delayed.clear();
-        self.dropped.clear();
+        self.queues.clear();
         self.events = Events::default();
         self.features = Features::defaults(self.config.max_io_queue_pairs);
+        self.shared
+            .volatile_write_cache
+            .store(true, Ordering::Release);
         self.shutdown_done = false;
         self.state = State::Disabled;
-        self.cache.clear();
         while regs.pop_doorbell_error().is_some() {}
         self.doorbell_errors_seen = regs.doorbell_error_count();
+        // Events raised before the reset are not reported after it.
+        self.event_scratch.clear();
+        self.shared.take_events(&mut self.event_scratch);
+        self.event_scratch.clear();
+        self.shared.fatal.store(false, Ordering::Release);
         regs.csts_clear(u32::from(Csts::new().with_rdy(true).with_cfs(true)));
         regs.set_shst(Csts::SHST_NORMAL);
-        Counters::add(&self.shared.counters.resets, 1);
+        Counters::add(&self.shared.counters[0].resets, 1);
     }
 
     /// CC.SHN set: makes every namespace durable and reports shutdown complete.
@@ -541,358 +695,53 @@ impl Controller {
 
     /// Enters Controller Fatal Status.
     fn enter_fatal(&mut self, why: &str) {
-        tracing::warn!(
-            reason = why,
-            "software NVMe controller: controller fatal status"
-        );
         self.state = State::Fatal;
-        self.shared
-            .regs
-            .csts_set(u32::from(Csts::new().with_cfs(true)));
-        Counters::add(&self.shared.counters.fatal_errors, 1);
+        self.shared.enter_fatal(0, why);
     }
 
-    /// Takes in CQ head doorbells (register window or external word), posting held
-    /// completions into the space freed.
-    fn update_cq_heads(&mut self) -> bool {
-        let mut worked = false;
-        for i in 0..self.cq_ids.len() {
-            let qid = self.cq_ids[i];
-            let Some(cq) = self.cqs[qid as usize].as_mut() else {
-                continue;
-            };
-            let raw = match &cq.doorbell {
-                None => self.shared.regs.cq_head(qid),
-                Some(word) => word.load(),
-            };
-            if raw == cq.seen_doorbell {
-                continue;
-            }
-            cq.seen_doorbell = raw;
-            worked = true;
-            if !cq.head_is_valid(raw) {
-                self.invalid_doorbell_value(qid, false, raw);
-                continue;
-            }
-            cq.head = raw;
-            self.flush_held(qid);
-        }
-        worked
-    }
-
-    /// Posts held completions of CQ `qid` while it has room.
-    fn flush_held(&mut self, qid: u16) {
-        loop {
-            let Some(cq) = self.cqs[qid as usize].as_mut() else {
-                return;
-            };
-            if cq.free() == 0 {
-                return;
-            }
-            let Some(pc) = cq.held.pop_front() else {
-                return;
-            };
-            self.write_cqe(qid, pc);
-            if self.state != State::Enabled {
-                return;
-            }
-        }
-    }
-
-    /// Posts delayed completions whose time has come.
-    fn post_due_delayed(&mut self) -> bool {
-        let Some(Reverse(first)) = self.delayed.peek() else {
-            return false;
-        };
-        let now = Instant::now();
-        if first.due > now {
-            return false;
-        }
-        while let Some(Reverse(d)) = self.delayed.peek() {
-            if d.due > now {
-                break;
-            }
-            let Reverse(d) = self.delayed.pop().expect("peeked");
-            let pc = PendingCompletion {
-                sqid: d.sqid,
-                cid: d.cid,
-                dw0: d.dw0,
-                status: d.status,
-            };
-            self.finish(d.cqid, pc);
-        }
-        true
-    }
-
-    /// Fetches and executes up to [`BATCH`] commands of submission queue `qid` (up to
-    /// `external_batch` for a queue with an external doorbell), then flushes the regions
-    /// written.
-    fn service_sq(&mut self, qid: u16) -> bool {
-        let Some(sq) = self.sqs[qid as usize].as_mut() else {
-            return false;
-        };
-        let (tail, limit) = match &sq.doorbell {
-            None => {
-                let tail = self.shared.regs.sq_tail(qid);
-                if tail >= sq.entries {
-                    // Only possible for a write that raced the queue's re-creation (the
-                    // window refuses out-of-range values); ignore it.
-                    return false;
-                }
-                (tail, BATCH)
-            }
-            Some(word) => {
-                let raw = word.load();
-                if raw != sq.seen_doorbell {
-                    sq.seen_doorbell = raw;
-                    if raw >= sq.entries {
-                        self.invalid_doorbell_value(qid, true, raw);
-                        return true;
-                    }
-                    sq.tail = raw;
-                }
-                (sq.tail, self.config.external_batch)
-            }
-        };
-        let pending = sq.pending(tail);
-        if pending == 0 {
-            return false;
-        }
-        let cqid = sq.cqid;
-        // A fatal fault injected before the host rang this doorbell must stop this fetch (the
-        // Acquire load of the doorbell makes the earlier fault request visible).
-        if self.shared.faults.take_fatal() {
-            self.enter_fatal("injected fault");
-            return true;
-        }
-        let Some(cq) = self.cqs[cqid as usize].as_ref() else {
-            return false;
-        };
-        let n = pending.min(cq.fetch_budget()).min(limit);
-        if n == 0 {
-            // Waiting for the host to consume completions.
-            return false;
-        }
-        // Fetch: at most two reads (the batch may wrap around the ring end).
-        let (base, entries, head) = (sq.base, sq.entries, sq.head);
-        let first = n.min(entries - head) as usize;
-        let rest = n as usize - first;
-        let n = n as usize;
-        let fetched = self
-            .cache
-            .read(
-                base + head as u64 * SQE as u64,
-                &mut self.sqe_buf[..first * SQE],
-            )
-            .and_then(|()| {
-                if rest > 0 {
-                    self.cache
-                        .read(base, &mut self.sqe_buf[first * SQE..n * SQE])
-                } else {
-                    Ok(())
-                }
-            });
-        if let Err(e) = fetched {
-            tracing::warn!(qid, error = %e, "submission queue fetch failed");
-            self.enter_fatal("DMA error fetching from a submission queue");
-            return true;
-        }
-        self.sqs[qid as usize]
-            .as_mut()
-            .expect("checked")
-            .advance(n as u32);
-        self.cqs[cqid as usize].as_mut().expect("checked").owed += n as u32;
-        let counter = if qid == 0 {
-            &self.shared.counters.admin_commands
+    /// Hands a request to the thread that serves the queue (thread 0's own core directly) and
+    /// returns its answer once it has acted.
+    fn give(&mut self, thread: usize, request: Request) -> bool {
+        if thread == 0 {
+            self.core.handle(request)
         } else {
-            &self.shared.counters.io_commands
-        };
-        Counters::add(counter, n as u64);
-
-        let mut batch = std::mem::take(&mut self.batch);
-        for i in 0..n {
-            let cmd = Command::read_from_bytes(&self.sqe_buf[i * SQE..(i + 1) * SQE])
-                .expect("an SQE is 64 bytes");
-            let cid = cmd.cdw0.cid();
-            let result = if qid == 0 {
-                self.admin(&cmd)
-            } else {
-                self.io(&cmd)
-            };
-            let (dw0, status) = match result {
-                Ok(Outcome::Done(dw0)) => (dw0, 0),
-                Ok(Outcome::Deferred) => {
-                    if let Some(cq) = self.cqs[cqid as usize].as_mut() {
-                        cq.owed -= 1;
-                    }
-                    continue;
-                }
-                Err(fail) => (0, self.log_error(qid, &cmd, fail)),
-            };
-            let pc = PendingCompletion {
-                sqid: qid,
-                cid,
-                dw0,
-                status,
-            };
-            if qid != 0 && self.divert_io_completion(cqid, pc) {
-                continue;
-            }
-            batch.push((cqid, pc));
+            handoff::call(&self.shared, thread, request)
         }
-        if self.config.reorder_completions {
-            batch.reverse();
-        }
-        for (cqid, pc) in batch.drain(..) {
-            if self.state != State::Enabled {
-                break;
-            }
-            self.finish(cqid, pc);
-        }
-        self.batch = batch;
-        // The batch's completions are written: regions deferring writes perform them now.
-        if self.cache.has_unflushed() {
-            self.flush_regions();
-        }
-        true
     }
 
-    /// Applies the drop and delay faults to an I/O completion; returns whether it was taken
-    /// (dropped or delayed) instead of being posted now.
-    fn divert_io_completion(&mut self, cqid: u16, pc: PendingCompletion) -> bool {
-        if self.shared.faults.take_drop() {
-            if let Some(cq) = self.cqs[cqid as usize].as_mut() {
-                cq.owed -= 1;
-            }
-            if self.dropped.len() == DROPPED_MEMORY {
-                self.dropped.pop_front();
-            }
-            self.dropped.push_back((pc.sqid, pc.cid));
-            Counters::add(&self.shared.counters.completions_dropped, 1);
-            return true;
-        }
-        let delay = self.shared.faults.completion_delay();
-        if delay.is_zero() {
-            return false;
-        }
-        self.delay_seq += 1;
-        self.delayed.push(Reverse(Delayed {
-            due: Instant::now() + delay,
-            seq: self.delay_seq,
-            cqid,
-            sqid: pc.sqid,
-            cid: pc.cid,
-            dw0: pc.dw0,
-            status: pc.status,
-        }));
-        true
+    /// The thread serving completion queue `cqid`.
+    fn owner(&self, cqid: u16) -> usize {
+        thread_for_cq(cqid, self.shared.threads())
     }
 
-    /// Completes a command counted in its CQ's `owed`.
-    fn finish(&mut self, cqid: u16, pc: PendingCompletion) {
-        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
-            cq.owed = cq.owed.saturating_sub(1);
-        }
-        self.complete(cqid, pc);
-    }
-
-    /// Posts a completion, or holds it if the queue is full.
-    fn complete(&mut self, cqid: u16, pc: PendingCompletion) {
-        let Some(cq) = self.cqs[cqid as usize].as_mut() else {
-            return;
-        };
-        if !cq.held.is_empty() || cq.free() == 0 {
-            cq.held.push_back(pc);
-            Counters::add(&self.shared.counters.cq_full_waits, 1);
-            return;
-        }
-        self.write_cqe(cqid, pc);
-    }
-
-    /// Writes a completion queue entry: dwords 0 to 2, then (Release) the dword with the phase
-    /// tag. The queue has room (checked by the caller).
-    fn write_cqe(&mut self, cqid: u16, pc: PendingCompletion) {
-        let sqhd = self.sqs[pc.sqid as usize]
-            .as_ref()
-            .map_or(0, |sq| sq.head as u16);
-        let Some(cq) = self.cqs[cqid as usize].as_mut() else {
-            return;
-        };
-        let (addr, phase) = cq.next_slot();
-        let entry = Completion {
-            dw0: pc.dw0,
-            dw1: 0,
-            sqhd,
-            sqid: pc.sqid,
-            cid: pc.cid,
-            status: CqeStatus::from_bits(pc.status).with_p(phase),
-        };
-        if let Err(e) = self.cache.write_last_dword_release(addr, entry.as_bytes()) {
-            tracing::warn!(cqid, error = %e, "completion queue write failed");
-            self.enter_fatal("DMA error writing a completion queue entry");
-            return;
-        }
-        Counters::add(&self.shared.counters.completions_posted, 1);
-    }
-
-    /// Records a failed command in the Error Information log and returns the status field to
-    /// post (with More set: the log has an entry for it).
-    fn log_error(&mut self, sqid: u16, cmd: &Command, fail: Fail) -> u16 {
-        Counters::add(&self.shared.counters.errors, 1);
-        if fail.status.sct == StatusCodeType::MEDIA_AND_DATA_INTEGRITY {
-            self.smart.media_errors += 1;
-        }
-        let status = CqeStatus::from_status(fail.status.with_more(true), false);
-        let mut entry = ErrorInformationLogEntry::new_zeroed();
-        entry.sqid = sqid;
-        entry.cid = cmd.cdw0.cid();
-        entry.status = status.into_bits();
-        entry.parameter_error_location = fail.pel;
-        entry.lba = fail.lba;
-        entry.nsid = cmd.nsid;
-        self.push_error_entry(entry);
-        status.into_bits()
-    }
-
-    fn push_error_entry(&mut self, mut entry: ErrorInformationLogEntry) {
-        self.error_count += 1;
-        entry.error_count = self.error_count;
-        if self.error_log.len() == self.config.error_log_entries as usize {
-            self.error_log.pop_back();
-        }
-        self.error_log.push_front(entry);
-    }
-
-    /// A refused or invalid doorbell write: an Error Information log entry (SQID and CID
-    /// 0xffff, as for errors not tied to a command; Command Specific Information holds the
-    /// queue id in bits 15:0, 1 in bit 16 for an SQ tail doorbell, and the value written in
-    /// bits 63:32) and an Error status asynchronous event.
+    /// A refused register-window doorbell write: logged, and an Error status event.
     fn doorbell_error(&mut self, e: DoorbellError) {
-        let mut entry = ErrorInformationLogEntry::new_zeroed();
-        entry.sqid = 0xffff;
-        entry.cid = 0xffff;
-        entry.parameter_error_location = 0xffff;
-        entry.csi = e.qid as u64 | ((e.is_sq as u64) << 16) | ((e.value as u64) << 32);
-        self.push_error_entry(entry);
-        let info = match e.kind {
-            DoorbellErrorKind::InvalidRegister => 0x00,
-            DoorbellErrorKind::InvalidValue => 0x01,
-        };
-        // Asynchronous event: type 0 (Error status), the info code, log page 01h.
-        self.raise_event(info << 8 | 0x01 << 16);
+        let event = log_doorbell_error(&self.shared, e);
+        self.raise_event(event);
     }
 
-    /// A doorbell value the controller itself found invalid (an external word's value, or a
-    /// CQ head that passes entries not yet posted): counted, logged and reported as a
-    /// refused register-window write is. The value is ignored.
-    pub(crate) fn invalid_doorbell_value(&mut self, qid: u16, is_sq: bool, value: u32) {
-        Counters::add(&self.shared.counters.invalid_doorbell_values, 1);
+    /// A doorbell value found invalid on thread 0 (a stale external word at queue creation):
+    /// counted, logged and reported as a refused register-window write is. The value is
+    /// ignored.
+    fn invalid_doorbell_value(&mut self, qid: u16, is_sq: bool, value: u32) {
+        Counters::add(&self.shared.counters[0].invalid_doorbell_values, 1);
         self.doorbell_error(DoorbellError {
             kind: DoorbellErrorKind::InvalidValue,
             qid,
             is_sq,
             value,
         });
+    }
+
+    /// Takes the events other threads raised; returns whether there were any.
+    fn take_events(&mut self) -> bool {
+        let mut events = std::mem::take(&mut self.event_scratch);
+        let any = self.shared.take_events(&mut events);
+        for dw0 in events.drain(..) {
+            self.raise_event(dw0);
+        }
+        self.event_scratch = events;
+        any
     }
 
     fn raise_event(&mut self, dw0: u32) {
@@ -911,7 +760,7 @@ impl Controller {
             let cid = self.events.outstanding.remove(0);
             // Every event this controller raises is of type Error status.
             self.events.error_masked = true;
-            self.complete(
+            self.core.complete(
                 0,
                 PendingCompletion {
                     sqid: 0,
@@ -927,43 +776,18 @@ impl Controller {
     fn namespace(&self, nsid: u32) -> Option<&Namespace> {
         self.namespaces.get((nsid as usize).checked_sub(1)?)
     }
+}
 
-    /// Walks a command's PRPs for a transfer of `len` bytes into `self.segments`.
-    fn walk_prps(&mut self, cmd: &Command, len: u64) -> Result<(), Fail> {
-        crate::prp::walk(
-            &mut self.cache,
-            cmd.prp1,
-            cmd.prp2,
-            len,
-            &mut self.segments,
-            &mut self.list_page,
-        )
-        .map_err(|e| match e {
-            crate::prp::PrpError::OffsetInvalid { field } => {
-                Fail::generic(generic::PRP_OFFSET_INVALID).at(field)
-            }
-            crate::prp::PrpError::Dma(e) => {
-                tracing::debug!(error = %e, "PRP list read failed");
-                Fail::data_transfer()
-            }
-        })
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// Checks the parts of Command Dword 0 every command shares: no fused operation, PRPs.
-    fn check_cdw0(cmd: &Command) -> Result<(), Fail> {
-        if cmd.cdw0.fuse() != 0 {
-            return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(1));
-        }
-        if cmd.cdw0.psdt() != 0 {
-            return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(1 | 6 << 8));
-        }
-        Ok(())
-    }
-
-    /// Transfers `data` to the host through the command's PRPs (walked for `data.len()`).
-    fn send(&mut self, cmd: &Command, data: &[u8]) -> Result<(), Fail> {
-        self.walk_prps(cmd, data.len() as u64)?;
-        crate::prp::copy_to_host(&mut self.cache, &self.segments, data)
-            .map_err(|_| Fail::data_transfer())
+    #[test]
+    fn queue_assignment() {
+        assert_eq!(thread_for_cq(0, 4), 0);
+        let owners: Vec<usize> = (1..=9).map(|q| thread_for_cq(q, 4)).collect();
+        assert_eq!(owners, [0, 1, 2, 3, 0, 1, 2, 3, 0]);
+        assert!((1..100).all(|q| thread_for_cq(q, 1) == 0));
+        assert_eq!(controller_thread_index(), None);
     }
 }

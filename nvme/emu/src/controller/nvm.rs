@@ -2,13 +2,15 @@
 //! (NVM Command Set 1.0, section 3).
 
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 
 use nvme_spec::command::{DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
 use nvme_spec::status::{generic, media};
 use nvme_spec::{Command, DsmRange, NvmOpcode};
 use zerocopy::FromBytes;
 
-use super::{CmdResult, Controller, Fail, Outcome};
+use super::worker::Worker;
+use super::{CmdResult, Fail, Outcome, check_cdw0};
 use crate::prp::{copy_from_host, copy_to_host};
 use crate::stats::Counters;
 use crate::storage::Media;
@@ -21,7 +23,7 @@ const CDW12_BYTE: u16 = 48;
 /// Flush's broadcast namespace id.
 const ALL_NAMESPACES: u32 = 0xffff_ffff;
 
-impl Controller {
+impl Worker {
     /// Executes one I/O command.
     pub(super) fn io(&mut self, cmd: &Command) -> CmdResult {
         let op = NvmOpcode(cmd.cdw0.opcode());
@@ -36,7 +38,7 @@ impl Controller {
         if !known {
             return Err(Fail::generic(generic::INVALID_COMMAND_OPCODE).at(0));
         }
-        Self::check_cdw0(cmd)?;
+        check_cdw0(cmd)?;
         match op {
             NvmOpcode::READ => self.read(cmd),
             NvmOpcode::WRITE => self.write(cmd),
@@ -92,14 +94,21 @@ impl Controller {
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::UNRECOVERED_READ_ERROR, lba));
         }
-        let (start, end) = (offset as usize, (offset + len) as usize);
+        let n = len as usize;
         let moved = match &self.namespaces[index].media {
-            Media::Memory(m) => copy_to_host(&mut self.cache, &self.segments, &m[start..end]),
+            Media::Memory(m) => m
+                .with_bytes(offset, n, |bytes| {
+                    copy_to_host(&mut self.cache, &self.segments, bytes)
+                })
+                .unwrap_or_else(|| {
+                    // Spans stripes: copy out under each stripe's lock in turn.
+                    grow(&mut self.bounce, n);
+                    m.read_into(offset, &mut self.bounce[..n]);
+                    copy_to_host(&mut self.cache, &self.segments, &self.bounce[..n])
+                }),
             Media::File(f) => {
-                if self.bounce.len() < len as usize {
-                    self.bounce.resize(len as usize, 0);
-                }
-                let buf = &mut self.bounce[..len as usize];
+                grow(&mut self.bounce, n);
+                let buf = &mut self.bounce[..n];
                 if f.read_exact_at(buf, offset).is_err() {
                     return Err(Fail::media(media::UNRECOVERED_READ_ERROR, slba));
                 }
@@ -108,11 +117,9 @@ impl Controller {
             Media::Null => Ok(()),
         };
         moved.map_err(|_| Fail::data_transfer())?;
-        let c = &self.shared.counters;
+        let c = &self.shared.counters[self.index];
         Counters::add(&c.reads, 1);
         Counters::add(&c.bytes_read, len);
-        self.smart.read_commands += 1;
-        self.smart.bytes_read += len;
         Ok(Outcome::Done(0))
     }
 
@@ -123,18 +130,25 @@ impl Controller {
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::WRITE_FAULT, lba));
         }
-        let durable = ReadWriteCdw12::from(cmd.cdw12).fua() || !self.features.volatile_write_cache;
-        let (start, end) = (offset as usize, (offset + len) as usize);
-        match &mut self.namespaces[index].media {
-            Media::Memory(m) => {
-                copy_from_host(&mut self.cache, &self.segments, &mut m[start..end])
-                    .map_err(|_| Fail::data_transfer())?;
-            }
+        let durable = ReadWriteCdw12::from(cmd.cdw12).fua()
+            || !self.shared.volatile_write_cache.load(Ordering::Acquire);
+        let n = len as usize;
+        match &self.namespaces[index].media {
+            Media::Memory(m) => m
+                .with_bytes_mut(offset, n, |bytes| {
+                    copy_from_host(&mut self.cache, &self.segments, bytes)
+                })
+                .unwrap_or_else(|| {
+                    // Spans stripes: gather first, then copy in under each stripe's lock.
+                    grow(&mut self.bounce, n);
+                    copy_from_host(&mut self.cache, &self.segments, &mut self.bounce[..n])?;
+                    m.write_from(offset, &self.bounce[..n]);
+                    Ok(())
+                })
+                .map_err(|_| Fail::data_transfer())?,
             Media::File(f) => {
-                if self.bounce.len() < len as usize {
-                    self.bounce.resize(len as usize, 0);
-                }
-                let buf = &mut self.bounce[..len as usize];
+                grow(&mut self.bounce, n);
+                let buf = &mut self.bounce[..n];
                 copy_from_host(&mut self.cache, &self.segments, buf)
                     .map_err(|_| Fail::data_transfer())?;
                 if f.write_all_at(buf, offset).is_err() || (durable && f.sync_data().is_err()) {
@@ -143,11 +157,9 @@ impl Controller {
             }
             Media::Null => {}
         }
-        let c = &self.shared.counters;
+        let c = &self.shared.counters[self.index];
         Counters::add(&c.writes, 1);
         Counters::add(&c.bytes_written, len);
-        self.smart.write_commands += 1;
-        self.smart.bytes_written += len;
         Ok(Outcome::Done(0))
     }
 
@@ -161,7 +173,7 @@ impl Controller {
         if result.is_err() {
             return Err(Fail::media(media::WRITE_FAULT, 0));
         }
-        Counters::add(&self.shared.counters.flushes, 1);
+        Counters::add(&self.shared.counters[self.index].flushes, 1);
         Ok(Outcome::Done(0))
     }
 
@@ -177,8 +189,8 @@ impl Controller {
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::WRITE_FAULT, lba));
         }
-        let durable = cdw12.fua() || !self.features.volatile_write_cache;
-        let ns = &mut self.namespaces[index];
+        let durable = cdw12.fua() || !self.shared.volatile_write_cache.load(Ordering::Acquire);
+        let ns = &self.namespaces[index];
         let shift = ns.lba_shift;
         let ok = ns.zero(slba << shift, nlb << shift).is_ok()
             && (!durable || !ns.is_file() || ns.flush().is_ok());
@@ -226,7 +238,7 @@ impl Controller {
                 return Err(Fail::media(media::WRITE_FAULT, lba));
             }
         }
-        let ns = &mut self.namespaces[index];
+        let ns = &self.namespaces[index];
         let shift = ns.lba_shift;
         for r in ranges {
             if ns.zero(r.slba << shift, (r.nlb as u64) << shift).is_err() {
@@ -234,5 +246,12 @@ impl Controller {
             }
         }
         Ok(Outcome::Done(0))
+    }
+}
+
+/// Makes `buf` at least `len` bytes long.
+fn grow(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0);
     }
 }

@@ -9,6 +9,7 @@ use zerocopy::little_endian::{U16, U128};
 
 use super::{CCTEMP_K, Controller, TEMPERATURE_K, WCTEMP_K};
 use crate::prp::PAGE;
+use crate::stats::Counters;
 
 /// The Version value the controller reports (NVMe 1.4.0), in VS and Identify Controller.
 pub(crate) const VERSION: u32 = 0x0001_0400;
@@ -149,22 +150,29 @@ impl Controller {
 
     /// SMART / Health Information log page (controller-wide).
     pub(super) fn smart_log(&self) -> SmartHealthLog {
-        let s = &self.smart;
+        let sets = &self.shared.counters;
+        let sum = |f| Counters::sum(sets, f);
+        let error_count = self
+            .shared
+            .error_log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count;
         let units = |bytes: u64| U128::new((bytes as u128).div_ceil(512).div_ceil(1000));
         let mut log = SmartHealthLog::new_zeroed();
         log.composite_temperature = U16::new(TEMPERATURE_K);
         log.available_spare = 100;
         log.available_spare_threshold = 10;
         log.percentage_used = 0;
-        log.data_units_read = units(s.bytes_read);
-        log.data_units_written = units(s.bytes_written);
-        log.host_read_commands = U128::new(s.read_commands as u128);
-        log.host_write_commands = U128::new(s.write_commands as u128);
+        log.data_units_read = units(sum(|c| &c.bytes_read));
+        log.data_units_written = units(sum(|c| &c.bytes_written));
+        log.host_read_commands = U128::new(sum(|c| &c.reads) as u128);
+        log.host_write_commands = U128::new(sum(|c| &c.writes) as u128);
         log.power_cycles = U128::new(1);
         log.power_on_hours = U128::new((self.started.elapsed().as_secs() / 3600) as u128);
         log.unsafe_shutdowns = U128::new(0);
-        log.media_errors = U128::new(s.media_errors as u128);
-        log.error_log_entries = U128::new(self.error_count as u128);
+        log.media_errors = U128::new(sum(|c| &c.media_errors) as u128);
+        log.error_log_entries = U128::new(error_count as u128);
         log
     }
 
