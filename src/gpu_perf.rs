@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::{Cuda, GpuQueueOptions, GpuQueues};
+use gpu_queues::transport::{self, Source, TransportOptions};
+use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use nvme_emu::EmuDevice;
 use serde::Serialize;
@@ -166,12 +167,17 @@ pub fn run(
 ) -> Result<GpuPerfReport> {
     let cfg = &args.perf;
     let cuda = Cuda::open(0).context("perf --gpu")?;
-    let Some(emu) = emu else {
-        bail!(
-            "perf --gpu: this controller is a real device behind VFIO; GPU queues on it need \
-             transport (b) (SSD doorbells registered with CUDA, GPU memory mapped for the SSD) \
-             or (c) (host-memory queues), which are not implemented yet — see the README"
-        );
+    // The transport source: the software controller (a), or the VFIO device behind `ctrl`
+    // ((b), then (c)).
+    let source = match emu {
+        Some(emu) => Source::SoftwareController(emu),
+        None => match vfio::VfioNvme::from_device(ctrl.device()) {
+            Some(v) => Source::Vfio(v),
+            None => bail!(
+                "perf --gpu: {} is neither the software controller nor a VFIO device",
+                ctrl.device().describe()
+            ),
+        },
     };
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
@@ -230,9 +236,18 @@ pub fn run(
         controller_sms: args.controller_sms,
         ..Default::default()
     };
-    let queues = GpuQueues::on_software_controller(&cuda, ctrl, emu, &opts)
-        .context("creating GPU queues")?;
-    let transport = queues.describe();
+    let (queues, choice) =
+        transport::open(&cuda, ctrl, source, &opts, &TransportOptions::default())
+            .context("creating GPU queues")?;
+    let transport = if choice.skipped.is_empty() {
+        queues.describe()
+    } else {
+        format!(
+            "{}; skipped {}",
+            queues.describe(),
+            transport::list_skipped(&choice.skipped)
+        )
+    };
     tracing::info!(%transport, "perf --gpu");
     let gcfg = GpuPerfConfig {
         rw: gpu_rw(cfg.rw),
@@ -259,13 +274,20 @@ pub fn run(
         size: Some(region),
         ..cfg.clone()
     };
-    let watched = emu.clone();
+    let watched = emu.cloned();
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0).then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg)));
-        let gpu = gpu_queues::perf::run(&queues, &gcfg, move || {
-            let csts = watched.csts();
-            csts.cfs()
-                .then(|| "the controller reported fatal status".to_string())
+        let gpu = gpu_queues::perf::run(&queues, &gcfg, move || match &watched {
+            Some(emu) => emu
+                .csts()
+                .cfs()
+                .then(|| "the controller reported fatal status".to_string()),
+            None => match ctrl.csts() {
+                Ok(csts) => csts
+                    .cfs()
+                    .then(|| "the controller reported fatal status".to_string()),
+                Err(e) => Some(format!("reading CSTS: {e}")),
+            },
         });
         let cpu = cpu.map(|h| {
             h.join()

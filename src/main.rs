@@ -37,6 +37,11 @@ struct Args {
     #[arg(long, global = true, default_value_t = 0, value_name = "N")]
     controller_threads: usize,
 
+    /// I/O queue pairs the software controller grants (1..=1024; default 8). Ignored for a PCI
+    /// device.
+    #[arg(long, global = true, default_value_t = 8, value_name = "N")]
+    controller_queue_pairs: u16,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -180,10 +185,16 @@ fn run(args: Args) -> Result<()> {
         "--lba-size must be 512 or 4096, not {}",
         args.lba_size
     );
+    anyhow::ensure!(
+        (1..=1024).contains(&args.controller_queue_pairs),
+        "--controller-queue-pairs must be 1 to 1024, not {}",
+        args.controller_queue_pairs
+    );
     let spec = DeviceSpec::parse(args.device.as_deref())?;
     let opts = OpenOptions {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
+        controller_queue_pairs: args.controller_queue_pairs,
         ..Default::default()
     };
     let (ctrl, emu) = open_controller_and_transport(&spec, &opts)?;

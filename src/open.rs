@@ -56,6 +56,9 @@ pub struct OpenOptions {
     /// Threads of the software controller (`EmuConfig::controller_threads`; 0: automatic).
     /// Ignored for a PCI device.
     pub controller_threads: usize,
+    /// I/O queue pairs the software controller grants (`EmuConfig::max_io_queue_pairs`).
+    /// Ignored for a PCI device.
+    pub controller_queue_pairs: u16,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
 }
@@ -65,6 +68,7 @@ impl Default for OpenOptions {
         Self {
             lba_size: 512,
             controller_threads: 0,
+            controller_queue_pairs: EmuConfig::default().max_io_queue_pairs,
             controller: ControllerOptions::default(),
         }
     }
@@ -125,6 +129,7 @@ fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
     }
     let config = EmuConfig {
         controller_threads: opts.controller_threads,
+        max_io_queue_pairs: opts.controller_queue_pairs,
         ..EmuConfig::for_image(path, opts.lba_size)
             .with_context(|| format!("image {}", path.display()))?
     };

@@ -159,6 +159,36 @@ fn refusals_are_one_line_and_leave_the_image_unchanged() {
     std::fs::write(d.join("small.img"), vec![0u8; 1000]).unwrap();
     fails_with(&gpunvme(d, "--device small.img identify"), "small.img");
     assert_eq!(std::fs::read(d.join("small.img")).unwrap(), vec![0u8; 1000]);
+    fails_with(
+        &gpunvme(
+            d,
+            &format!("--device {img} --controller-threads 99 identify"),
+        ),
+        "thread",
+    );
+    fails_with(
+        &gpunvme(
+            d,
+            &format!("--device {img} --controller-queue-pairs 0 identify"),
+        ),
+        "--controller-queue-pairs",
+    );
+}
+
+#[test]
+fn controller_options_reach_the_software_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let img_path = image(dir.path(), 8 << 20);
+    let img = img_path.to_str().unwrap();
+    let out = ok(&gpunvme(
+        dir.path(),
+        &format!(
+            "--device {img} --controller-threads 3 --controller-queue-pairs 12 identify --json"
+        ),
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["max_io_queue_pairs"], 12, "{out}");
+    assert!(out.contains("3 controller threads"), "{out}");
 }
 
 #[test]
@@ -377,4 +407,20 @@ fn fs_commands_end_to_end() {
         df["free_blocks"], fsck["free_blocks"],
         "df and fsck disagree: {df} {fsck}"
     );
+}
+
+#[test]
+fn perf_gpu_without_cuda_says_so_in_one_line() {
+    if gpunvme::gpu_queues::cuda_present() {
+        eprintln!("skipped: libcuda is present here (scripts/gpu-test.sh covers perf --gpu)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img_path = image(dir.path(), 8 << 20);
+    let img = img_path.to_str().unwrap();
+    let out = gpunvme(
+        dir.path(),
+        &format!("--device {img} perf --gpu --rw randread --bs 4k --qd 32 --ios 100"),
+    );
+    fails_with(&out, "no GPU");
 }

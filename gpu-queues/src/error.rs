@@ -51,4 +51,53 @@ pub enum GpuError {
         /// The CQE status field (SCT/SC/DNR), for NVMe errors.
         nvme_status: u16,
     },
+    /// VFIO refused (mapping memory for the SSD).
+    #[error("VFIO: {op}")]
+    Vfio {
+        /// What was being done.
+        op: &'static str,
+        /// VFIO's error.
+        #[source]
+        source: vfio::Error,
+    },
+    /// An operating-system call failed (mmap, ioctl, sysfs).
+    #[error("{op}")]
+    Os {
+        /// What was being done, with the path or device involved.
+        op: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The GPU's IOMMU domain translates its DMA, so its doorbell writes to the SSD would fault
+    /// or silently never arrive; the message says how to fix it.
+    #[error(
+        "GPU {gpu} is in IOMMU group {group} whose domain type is {domain:?} (translated): its \
+         writes to the SSD's doorbells would fault or silently never arrive. Make the GPU's \
+         group identity-mapped: boot with `iommu=pt` (Intel: `intel_iommu=on iommu=pt`; or \
+         `iommu.passthrough=1`), or unbind the GPU's driver, `echo identity > \
+         /sys/kernel/iommu_groups/{group}/type`, and bind it again"
+    )]
+    GpuIommuTranslated {
+        /// The GPU's PCI address.
+        gpu: String,
+        /// Its IOMMU group.
+        group: u32,
+        /// What `iommu_group/type` says ("DMA", "DMA-FQ", ...).
+        domain: String,
+    },
+    /// Whether the GPU's DMA is translated could not be told; the message says why.
+    #[error("cannot tell whether GPU {gpu}'s IOMMU domain is identity-mapped: {reason}")]
+    GpuIommuUnknown {
+        /// The GPU's PCI address.
+        gpu: String,
+        /// What was missing or unreadable, and what to do.
+        reason: String,
+    },
+    /// No transport could serve GPU queues on this controller; every one tried, with why.
+    #[error("no GPU queue transport works here: {}", crate::transport::list_skipped(.skipped))]
+    NoTransport {
+        /// Each transport in the order tried, with the reason it was skipped.
+        skipped: Vec<crate::transport::Skipped>,
+    },
 }

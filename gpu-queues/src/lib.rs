@@ -9,8 +9,9 @@
 //!   and fence discipline are written at its top.
 //! - [`desc`]: the `#[repr(C)]` mirrors of the header's structs ([`QueueDesc`], ...), checked
 //!   against the header's `GPUNVME_*` numbers and `nvme_spec::wire` by tests.
-//! - [`ffi`] (the only `unsafe` module): the CUDA driver API through cudarc's dynamically
-//!   loaded `sys` bindings, so this crate builds and its CPU tests run without CUDA.
+//! - [`ffi`] (the only module with `unsafe`): the CUDA driver API through cudarc's dynamically
+//!   loaded `sys` bindings, so this crate builds and its CPU tests run without CUDA, and in
+//!   [`ffi::os`] the mmaps, ioctls and VFIO mappings of transports (b) and (c).
 //! - [`kernels`]: the embedded PTX, loaded eagerly and warmed up before anything spins.
 //! - [`queues`]: [`GpuQueues`] — rings, protocol state, PRP-list pages and slot buffers in GPU
 //!   memory, created with `nvme::Controller::create_queue_pair_on_with` on the same controller
@@ -20,13 +21,21 @@
 //! - [`perf`]: the GPU side of `gpunvme perf --gpu`.
 //!
 //! # Transports
-//! Chosen at run time and always reported ([`GpuQueues::describe`]):
+//! Chosen at run time by [`transport::open`], the choice logged and returned
+//! ([`transport::TransportChoice`]: the transport and why each one before it was skipped):
 //! - (a) the software controller — implemented and run on the GPU machine;
-//! - (b) VFIO with a real SSD (BAR0 doorbells registered with CUDA, GPU memory mapped for the
-//!   SSD) and (c) the host-memory fallback — **not implemented yet**; see the README.
+//! - (b) VFIO with a real SSD: BAR0 doorbells registered with CUDA, rings and data in GPU
+//!   memory mapped for the SSD through a CPU mapping of BAR1 (gdrdrv, sysfs `resource1` at a
+//!   known offset, or an mmapped CUDA dma-buf) — written, **never run** (no machine here has an
+//!   SSD under VFIO and a GPU together);
+//! - (c) VFIO with a real SSD, rings and data in hugepage host memory registered with CUDA,
+//!   only the doorbell write peer to peer — written, **never run**, for the same reason.
+//!
+//! (b) and (c) refuse unless the GPU's IOMMU group is identity-mapped or absent
+//! ([`transport::iommu`]).
 //!
 //! # Not implemented
-//! Transports (b) and (c); SGLs; queues deeper than 65536; more than one namespace per kernel
+//! SGLs; queues deeper than 65536; more than one namespace per kernel
 //! call (each call names its namespace).
 
 pub mod cpu_client;
@@ -38,6 +47,7 @@ pub mod kernels;
 pub mod pattern;
 pub mod perf;
 pub mod queues;
+pub mod transport;
 
 pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;

@@ -63,6 +63,12 @@ pub enum TransportKind {
     /// (a) The software controller: rings and data in GPU memory reached with batched CUDA
     /// copies, doorbells in pinned host memory.
     SoftwareController,
+    /// (b) A real SSD behind VFIO: rings and data in GPU memory, mapped for the SSD through a
+    /// CPU mapping of the GPU's BAR1; the SSD's BAR0 doorbells registered with CUDA.
+    VfioP2p,
+    /// (c) A real SSD behind VFIO: rings and data in hugepage host memory mapped for the SSD and
+    /// registered with CUDA; only the doorbell write goes peer to peer.
+    HostMemory,
 }
 
 impl TransportKind {
@@ -70,7 +76,105 @@ impl TransportKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::SoftwareController => "software-controller",
+            Self::VfioP2p => "vfio-p2p",
+            Self::HostMemory => "host-memory",
         }
+    }
+
+    /// The letter the design gives it: "(a)", "(b)", "(c)".
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::SoftwareController => "(a)",
+            Self::VfioP2p => "(b)",
+            Self::HostMemory => "(c)",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.label(), self.name())
+    }
+}
+
+/// Queue geometry every transport derives the same way from the controller and the options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) depth: u32,
+    pub(crate) slot_buffer_bytes: u32,
+    pub(crate) count: u16,
+    pub(crate) max_transfer: u32,
+}
+
+/// Checks the options against the controller: depth a power of two in 2..=min(CAP.MQES + 1,
+/// 65536), slot buffers whole pages up to the maximum transfer, at least one queue.
+pub(crate) fn plan(info: &nvme::ControllerInfo, opts: &GpuQueueOptions) -> Result<Plan, GpuError> {
+    let max_entries = info.mqes_entries.min(65536);
+    let depth = pow2_floor(opts.depth.unwrap_or(DEFAULT_MAX_DEPTH).min(max_entries));
+    if depth < 2 {
+        return Err(GpuError::InvalidArgument(format!(
+            "queue depth {:?} (the controller allows up to {max_entries} entries)",
+            opts.depth
+        )));
+    }
+    let max_transfer = info.max_transfer_bytes as u32;
+    let slot_buffer_bytes = opts.slot_buffer_bytes.unwrap_or(max_transfer);
+    if slot_buffer_bytes == 0 || slot_buffer_bytes % 4096 != 0 || slot_buffer_bytes > max_transfer {
+        return Err(GpuError::InvalidArgument(format!(
+            "slot buffer of {slot_buffer_bytes} bytes (whole 4 KiB pages, at most the \
+             maximum transfer of {max_transfer})"
+        )));
+    }
+    let count = opts.queues.unwrap_or(info.max_io_queue_pairs);
+    if count == 0 {
+        return Err(GpuError::InvalidArgument("zero GPU queues".into()));
+    }
+    Ok(Plan {
+        depth,
+        slot_buffer_bytes,
+        count,
+        max_transfer,
+    })
+}
+
+/// The pre-built PRP lists of a queue's slot buffers (two list pages per slot; slot s's first
+/// page names pages 1.. of its buffer), or `None` when buffers need no list (≤ 2 pages).
+pub(crate) fn prebuilt_prp_lists(
+    depth: u32,
+    slot_buffer_bytes: u32,
+    buf_bus: u64,
+) -> Option<Vec<u64>> {
+    let pages_per_slot = slot_buffer_bytes as usize / 4096;
+    if pages_per_slot <= 2 {
+        return None;
+    }
+    let mut lists = vec![0u64; depth as usize * 2 * 512];
+    for s in 0..depth as usize {
+        let base = buf_bus + (s * slot_buffer_bytes as usize) as u64;
+        for k in 1..pages_per_slot {
+            lists[s * 2 * 512 + k - 1] = base + (k * 4096) as u64;
+        }
+    }
+    Some(lists)
+}
+
+/// Slot states before the first command: slot s is free for ticket s.
+pub(crate) fn initial_slots(depth: u32) -> Vec<SlotState> {
+    (0..depth)
+        .map(|s| SlotState {
+            released: s,
+            ticket: s.wrapping_sub(depth),
+            done: 0,
+            dw0: 0,
+        })
+        .collect()
+}
+
+/// A queue's protocol state before the first command (the CQ's first phase is 1).
+pub(crate) fn initial_state() -> QueueState {
+    QueueState {
+        cq_phase: 1,
+        ..Default::default()
     }
 }
 
@@ -121,14 +225,15 @@ impl Drop for Unregister {
     }
 }
 
-struct GpuQueuePair {
+pub(crate) struct GpuQueuePair {
     // Field order is drop order: the queues are deleted on the controller before their memory
-    // is unregistered and freed.
-    created: Option<CreatedQueuePair>,
-    desc: QueueDesc,
-    _prp_lists: DmaRegion,
-    _slot_buffers: DmaRegion,
-    _gpu: Vec<Arc<DeviceMemory>>,
+    // is unregistered and freed (`_keep` drops its elements in order).
+    pub(crate) created: Option<CreatedQueuePair>,
+    pub(crate) desc: QueueDesc,
+    /// The queue's [`QueueState`] (read back by [`GpuQueues::queue_states`]).
+    pub(crate) state: Arc<DeviceMemory>,
+    /// Whatever keeps the pair's memory alive and reachable by the controller.
+    pub(crate) _keep: Vec<Box<dyn Send + Sync>>,
 }
 
 /// A set of I/O queue pairs in GPU memory on one controller, and what kernels need to use them.
@@ -136,7 +241,7 @@ pub struct GpuQueues {
     pairs: Vec<GpuQueuePair>,
     descs: DeviceMemory,
     host_flags: PinnedMemory,
-    _doorbells: Arc<PinnedMemory>,
+    _doorbells: Box<dyn Send + Sync>,
     client_stream: Stream,
     kernels: Arc<Kernels>,
     engine: Option<Arc<GpuDma>>,
@@ -177,30 +282,12 @@ impl GpuQueues {
         emu: &Arc<EmuDevice>,
         opts: &GpuQueueOptions,
     ) -> Result<Self, GpuError> {
-        let info = controller.info();
-        let max_entries = info.mqes_entries.min(65536);
-        let depth = pow2_floor(opts.depth.unwrap_or(DEFAULT_MAX_DEPTH).min(max_entries));
-        if depth < 2 {
-            return Err(GpuError::InvalidArgument(format!(
-                "queue depth {:?} (the controller allows up to {max_entries} entries)",
-                opts.depth
-            )));
-        }
-        let max_transfer = info.max_transfer_bytes as u32;
-        let slot_buffer_bytes = opts.slot_buffer_bytes.unwrap_or(max_transfer);
-        if slot_buffer_bytes == 0
-            || slot_buffer_bytes % 4096 != 0
-            || slot_buffer_bytes > max_transfer
-        {
-            return Err(GpuError::InvalidArgument(format!(
-                "slot buffer of {slot_buffer_bytes} bytes (whole 4 KiB pages, at most the \
-                 maximum transfer of {max_transfer})"
-            )));
-        }
-        let count = opts.queues.unwrap_or(info.max_io_queue_pairs);
-        if count == 0 {
-            return Err(GpuError::InvalidArgument("zero GPU queues".into()));
-        }
+        let Plan {
+            depth,
+            slot_buffer_bytes,
+            count,
+            max_transfer,
+        } = plan(controller.info(), opts)?;
 
         let kernels = Kernels::load(cuda)?;
         let partition = GreenPartition::split(cuda, opts.controller_sms)?;
@@ -265,31 +352,11 @@ impl GpuQueues {
             let buf_bus = buf_region.device_address(0);
 
             // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
-            let pages_per_slot = slot_buffer_bytes as usize / 4096;
-            if pages_per_slot > 2 {
-                let mut lists = vec![0u64; depth as usize * 2 * 512];
-                for s in 0..depth as usize {
-                    let base = buf_bus + (s * slot_buffer_bytes as usize) as u64;
-                    for k in 1..pages_per_slot {
-                        lists[s * 2 * 512 + k - 1] = base + (k * 4096) as u64;
-                    }
-                }
+            if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
                 prp.write(0, lists.as_bytes())?;
             }
-            let slot_init: Vec<SlotState> = (0..depth)
-                .map(|s| SlotState {
-                    released: s,
-                    ticket: s.wrapping_sub(depth),
-                    done: 0,
-                    dw0: 0,
-                })
-                .collect();
-            slots.write(0, slot_init.as_bytes())?;
-            let st = QueueState {
-                cq_phase: 1,
-                ..Default::default()
-            };
-            state.write(0, st.as_bytes())?;
+            slots.write(0, initial_slots(depth).as_bytes())?;
+            state.write(0, initial_state().as_bytes())?;
 
             let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
             let cq_word = Arc::new(PinnedDoorbell::new(
@@ -335,9 +402,12 @@ impl GpuQueues {
             pairs.push(GpuQueuePair {
                 created: Some(created),
                 desc,
-                _prp_lists: prp_region,
-                _slot_buffers: buf_region,
-                _gpu: vec![sq, cq, prp, bufs, state, slots],
+                state: state.clone(),
+                _keep: vec![
+                    Box::new(prp_region),
+                    Box::new(buf_region),
+                    Box::new(vec![sq, cq, prp, bufs, state, slots]),
+                ],
             });
         }
         let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
@@ -354,7 +424,7 @@ impl GpuQueues {
             pairs,
             descs,
             host_flags,
-            _doorbells: doorbells,
+            _doorbells: Box::new(doorbells),
             client_stream,
             kernels,
             engine: Some(engine),
@@ -364,6 +434,42 @@ impl GpuQueues {
             depth,
             slot_buffer_bytes,
             max_transfer,
+            cuda: cuda.clone(),
+        })
+    }
+
+    /// Assembles queues a transport other than (a) built (`crate::transport`): no software
+    /// controller, no copy engines; `doorbells` keeps the doorbells reachable by the GPU
+    /// (dropped after the queues are deleted).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        cuda: &Arc<Cuda>,
+        transport: TransportKind,
+        pairs: Vec<GpuQueuePair>,
+        host_flags: PinnedMemory,
+        doorbells: Box<dyn Send + Sync>,
+        client_stream: Stream,
+        kernels: Arc<Kernels>,
+        partition: Arc<GreenPartition>,
+        plan: Plan,
+    ) -> Result<Self, GpuError> {
+        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
+        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
+        descs.write(0, all.as_bytes())?;
+        Ok(Self {
+            pairs,
+            descs,
+            host_flags,
+            _doorbells: doorbells,
+            client_stream,
+            kernels,
+            engine: None,
+            emu: None,
+            partition,
+            transport,
+            depth: plan.depth,
+            slot_buffer_bytes: plan.slot_buffer_bytes,
+            max_transfer: plan.max_transfer,
             cuda: cuda.clone(),
         })
     }
@@ -481,8 +587,8 @@ impl GpuQueues {
         let mut out = Vec::with_capacity(self.pairs.len());
         for p in &self.pairs {
             let mut st = QueueState::default();
-            let mem = &p._gpu[4];
-            mem.read(0, zerocopy::IntoBytes::as_mut_bytes(&mut st))?;
+            p.state
+                .read(0, zerocopy::IntoBytes::as_mut_bytes(&mut st))?;
             out.push(st);
         }
         Ok(out)
@@ -505,5 +611,37 @@ impl Drop for GpuQueues {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prebuilt_lists_name_pages_after_the_first_of_each_slot() {
+        assert_eq!(prebuilt_prp_lists(4, 8192, 0x10_0000), None);
+        let l = prebuilt_prp_lists(4, 16384, 0x10_0000).unwrap();
+        assert_eq!(l.len(), 4 * 2 * 512);
+        assert_eq!(&l[..4], &[0x10_1000, 0x10_2000, 0x10_3000, 0]);
+        assert_eq!(
+            &l[3 * 1024..3 * 1024 + 3],
+            &[0x10_d000, 0x10_e000, 0x10_f000]
+        );
+        assert!(
+            l[512..1024].iter().all(|&e| e == 0),
+            "second page of a slot is left empty"
+        );
+    }
+
+    #[test]
+    fn slots_start_free_for_their_first_ticket() {
+        let s = initial_slots(4);
+        assert_eq!(
+            s.iter().map(|x| x.released).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert_eq!(s[1].ticket, 1u32.wrapping_sub(4));
+        assert_eq!(initial_state().cq_phase, 1);
     }
 }

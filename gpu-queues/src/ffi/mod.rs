@@ -1,4 +1,6 @@
-//! The CUDA driver API, as little of it as gpu-queues needs, behind small owning types.
+//! The crate's FFI boundary, the only place with `unsafe`: the CUDA driver API (this file), as
+//! little of it as gpu-queues needs, behind small owning types; and the operating-system calls
+//! of transports (b) and (c) ([`os`]).
 //!
 //! Everything goes through cudarc's `driver::sys` (dynamically loaded libcuda), so the crate
 //! builds and its CPU tests run where there is no CUDA. [`Cuda::open`] checks that libcuda can be
@@ -19,6 +21,8 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys;
 
 use crate::error::GpuError;
+
+pub mod os;
 
 fn check(call: &'static str, r: sys::CUresult) -> Result<(), GpuError> {
     if r == sys::CUresult::CUDA_SUCCESS {
@@ -862,5 +866,193 @@ impl Drop for Event {
                 sys::cuEventDestroy_v2(self.raw);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transports (b) and (c): host ranges registered with CUDA, the GPU's PCI address, dma-buf
+// export of GPU memory.
+
+impl Cuda {
+    /// The GPU's PCI address as sysfs spells it (`0000:3b:00.0`: lower case), from
+    /// `cuDeviceGetPCIBusId`.
+    pub fn pci_bus_id(&self) -> Result<String, GpuError> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: valid buffer of the length passed; the driver NUL-terminates what it writes.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.dev)
+        })?;
+        // SAFETY: NUL-terminated by the driver within the buffer (zeroed beforehand as well).
+        let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Ok(id.to_string_lossy().to_ascii_lowercase())
+    }
+}
+
+/// A host range registered with CUDA (`cuMemHostRegister`, DEVICEMAP | PORTABLE, plus
+/// IOMEMORY for device registers) so GPU threads can reach it; unregistered on drop.
+///
+/// It does not own the range: whoever creates it keeps the range mapped for as long as it lives
+/// (see [`HostRegistration::register`]).
+pub struct HostRegistration {
+    cuda: Arc<Cuda>,
+    host: *mut u8,
+    len: usize,
+    dev: u64,
+}
+
+// SAFETY: the registration is a driver-side object; this type holds only its host address as
+// a key and never dereferences it.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above: no method reads or writes the range.
+unsafe impl Sync for HostRegistration {}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HostRegistration(host {:p}, gpu {:#x}, {:#x})",
+            self.host, self.dev, self.len
+        )
+    }
+}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `host` with CUDA and looks up the GPU address of the first
+    /// byte. `io_memory`: the range is device memory (a BAR mapping), registered with
+    /// `CU_MEMHOSTREGISTER_IOMEMORY` (root only: `CUDA_ERROR_NOT_PERMITTED` otherwise). The
+    /// caller touches every page first where the mapping needs it (BAR0 through VFIO does).
+    ///
+    /// # Safety
+    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
+    /// returned value is dropped (CUDA keeps a translation for it; unmapping first would leave
+    /// the GPU a dangling mapping).
+    pub unsafe fn register(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+    ) -> Result<Self, GpuError> {
+        cuda.make_current()?;
+        let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        if io_memory {
+            flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
+        }
+        // SAFETY: the caller keeps the range mapped until drop, which unregisters it.
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(host.cast(), len, flags)
+        })?;
+        let mut reg = Self {
+            cuda: cuda.clone(),
+            host,
+            len,
+            dev: 0,
+        };
+        reg.dev = reg.lookup(0)?;
+        Ok(reg)
+    }
+
+    fn lookup(&self, offset: usize) -> Result<u64, GpuError> {
+        let mut dev = 0;
+        // SAFETY: `host + offset` lies in the registered range (callers check `offset < len`);
+        // valid out-pointer.
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, self.host.add(offset).cast(), 0)
+        })?;
+        Ok(dev)
+    }
+
+    /// GPU address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Asks the driver again for the GPU address of the byte at `offset` (a doorbell page,
+    /// say) and checks that it is `device_ptr() + offset`: the registration covers that page.
+    pub fn verify(&self, offset: usize) -> Result<u64, GpuError> {
+        if offset >= self.len {
+            return Err(GpuError::InvalidArgument(format!(
+                "offset {offset:#x} outside a registration of {:#x} bytes",
+                self.len
+            )));
+        }
+        let got = self.lookup(offset)?;
+        let want = self.dev + offset as u64;
+        if got != want {
+            return Err(GpuError::Unsupported(format!(
+                "CUDA maps byte {offset:#x} of the registered range at {got:#x}, not {want:#x}: \
+                 the registration does not cover that page as one range"
+            )));
+        }
+        Ok(got)
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.cuda.make_current().is_ok() {
+            // SAFETY: unregisters the registration made in `register`, once; the range is
+            // still mapped (the caller's contract).
+            unsafe {
+                sys::cuMemHostUnregister(self.host.cast());
+            }
+        }
+    }
+}
+
+impl DeviceMemory {
+    /// Exports `len` bytes at `offset` as a dma-buf file descriptor
+    /// (`cuMemGetHandleForAddressRange`, `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`). The range must
+    /// be aligned to the GPU's page (64 KiB on current GPUs) or the driver refuses it.
+    pub fn export_dma_buf(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<std::os::fd::OwnedFd, GpuError> {
+        use std::os::fd::FromRawFd;
+        let ptr = self.range(offset, len)?;
+        self.cuda.make_current()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: the range lies in this allocation; `fd` is a valid out-pointer for an int.
+        check("cuMemGetHandleForAddressRange", unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                ptr,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(GpuError::Unsupported(format!(
+                "cuMemGetHandleForAddressRange returned fd {fd}"
+            )));
+        }
+        // SAFETY: the driver just created this descriptor for us; nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Sets `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation, as GDRCopy asks of memory a
+    /// third party reaches through BAR1: CUDA copies to it then complete before they return.
+    pub fn set_sync_memops(&self) -> Result<(), GpuError> {
+        self.cuda.make_current()?;
+        let one: std::ffi::c_uint = 1;
+        // SAFETY: valid pointer to a live value of the attribute's type, live allocation.
+        check("cuPointerSetAttribute", unsafe {
+            sys::cuPointerSetAttribute(
+                (&one as *const std::ffi::c_uint).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                self.ptr,
+            )
+        })
     }
 }

@@ -1,0 +1,188 @@
+//! Queue pairs for transports (b) and (c), on one arena of SSD-reachable memory per pair; the
+//! geometry, PRP lists and initial state come from the same helpers as transport (a)'s.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use nvme::{Controller, DmaRegion, QueueRegions};
+use zerocopy::IntoBytes;
+
+use crate::desc::{QueueDesc, QueueState, SlotState};
+use crate::error::GpuError;
+use crate::ffi::os::Bar0Doorbells;
+use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::kernels::Kernels;
+use crate::queues::{
+    GpuQueueOptions, GpuQueuePair, GpuQueues, TransportKind, initial_slots, initial_state, plan,
+    prebuilt_prp_lists,
+};
+
+/// Where one queue pair's SSD-visible pieces sit in its arena (byte offsets, each aligned to
+/// `align`, which is a multiple of 4 KiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLayout {
+    /// SQ ring.
+    pub sq: usize,
+    /// CQ ring.
+    pub cq: usize,
+    /// PRP-list pages (two per slot).
+    pub prp: usize,
+    /// Slot buffers.
+    pub bufs: usize,
+    /// Bytes of the SQ ring (whole pages).
+    pub sq_len: usize,
+    /// Bytes of the CQ ring (whole pages).
+    pub cq_len: usize,
+    /// Bytes of the arena.
+    pub len: usize,
+}
+
+impl QueueLayout {
+    /// The layout for `depth` entries and slot buffers of `slot_buffer_bytes`.
+    ///
+    /// # Panics
+    /// If `align` is not a multiple of 4 KiB (a caller bug).
+    pub fn new(depth: u32, slot_buffer_bytes: u32, align: usize) -> Self {
+        assert!(
+            align >= 4096 && align % 4096 == 0,
+            "arena alignment {align}"
+        );
+        let d = depth as usize;
+        let sq_len = (d * 64).next_multiple_of(4096);
+        let cq_len = (d * 16).next_multiple_of(4096);
+        let sq = 0;
+        let cq = (sq + sq_len).next_multiple_of(align);
+        let prp = (cq + cq_len).next_multiple_of(align);
+        let bufs = (prp + d * 2 * 4096).next_multiple_of(align);
+        let len = (bufs + d * slot_buffer_bytes as usize).next_multiple_of(align);
+        Self {
+            sq,
+            cq,
+            prp,
+            bufs,
+            sq_len,
+            cq_len,
+            len,
+        }
+    }
+}
+
+/// Copies bytes into an arena at an offset (set-up only).
+pub(crate) type ArenaWriter = Box<dyn Fn(usize, &[u8]) -> Result<(), GpuError>>;
+
+/// One pair's memory, reachable by the SSD at `bus..bus + len` (contiguous) and by GPU threads
+/// at `gpu..gpu + len`.
+pub(crate) struct Arena {
+    pub(crate) gpu: u64,
+    pub(crate) bus: u64,
+    pub(crate) len: usize,
+    /// Keeps the memory alive and mapped for the SSD and the GPU.
+    pub(crate) owner: Arc<dyn Send + Sync>,
+    /// Copies bytes in at an offset (set-up only).
+    pub(crate) write: ArenaWriter,
+}
+
+/// Builds the queues of `kind`: `arena(len)` supplies each pair's memory; doorbells are the
+/// SSD's own, registered in `doorbells`.
+pub(crate) fn build_queues(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    kind: TransportKind,
+    doorbells: Bar0Doorbells,
+    opts: &GpuQueueOptions,
+    align: usize,
+    mut arena: impl FnMut(usize) -> Result<Arena, GpuError>,
+) -> Result<GpuQueues, GpuError> {
+    let p = plan(controller.info(), opts)?;
+    let kernels = Kernels::load(cuda)?;
+    let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+    let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+    kernels.warm_up(&client_stream)?;
+    let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+    let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, align);
+
+    let mut pairs = Vec::with_capacity(p.count as usize);
+    for _ in 0..p.count {
+        let a = arena(layout.len)?;
+        if a.len < layout.len {
+            return Err(GpuError::InvalidArgument(format!(
+                "arena of {:#x} bytes for a layout of {:#x}",
+                a.len, layout.len
+            )));
+        }
+        let region = |off: usize, len: usize| {
+            Arc::new(DmaRegion::contiguous(
+                a.bus + off as u64,
+                len,
+                Box::new(a.owner.clone()),
+            ))
+        };
+        let prp_bus = a.bus + layout.prp as u64;
+        let buf_bus = a.bus + layout.bufs as u64;
+        // The arena may hold earlier contents (GPU memory is zeroed by `DeviceMemory::alloc`,
+        // host DMA memory by the pool): the CQ must start with phase 0 everywhere.
+        (a.write)(layout.cq, &vec![0u8; layout.cq_len])?;
+        if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
+            (a.write)(layout.prp, lists.as_bytes())?;
+        }
+        let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
+        let slots = Arc::new(DeviceMemory::alloc(
+            cuda,
+            p.depth as usize * size_of::<SlotState>(),
+        )?);
+        slots.write(0, initial_slots(p.depth).as_bytes())?;
+        state.write(0, initial_state().as_bytes())?;
+
+        let created = controller.create_queue_pair_on(QueueRegions {
+            sq: region(layout.sq, layout.sq_len),
+            sq_entries: p.depth,
+            cq: region(layout.cq, layout.cq_len),
+            cq_entries: p.depth,
+        })?;
+        let desc = QueueDesc {
+            sq: a.gpu + layout.sq as u64,
+            cq: a.gpu + layout.cq as u64,
+            sq_doorbell: doorbells.doorbell(created.sq_tail_doorbell())?,
+            cq_doorbell: doorbells.doorbell(created.cq_head_doorbell())?,
+            state: state.ptr(),
+            slots: slots.ptr(),
+            prp_lists: a.gpu + layout.prp as u64,
+            prp_lists_bus: prp_bus,
+            slot_buffers: a.gpu + layout.bufs as u64,
+            slot_buffers_bus: buf_bus,
+            host_flags: host_flags.device_ptr(),
+            timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            depth: p.depth,
+            qid: created.qid(),
+            reserved0: 0,
+            slot_buffer_bytes: p.slot_buffer_bytes,
+            max_transfer: p.max_transfer,
+            reserved1: [0; 2],
+        };
+        pairs.push(GpuQueuePair {
+            created: Some(created),
+            desc,
+            state: state.clone(),
+            _keep: vec![Box::new(a.owner), Box::new((state, slots))],
+        });
+    }
+    tracing::info!(
+        transport = %kind,
+        queues = p.count,
+        depth = p.depth,
+        slot_buffer_bytes = p.slot_buffer_bytes,
+        doorbell_pages_touched = doorbells.pages_touched(),
+        "GPU queues created on a VFIO controller"
+    );
+    GpuQueues::from_parts(
+        cuda,
+        kind,
+        pairs,
+        host_flags,
+        Box::new(doorbells),
+        client_stream,
+        kernels,
+        partition,
+        p,
+    )
+}

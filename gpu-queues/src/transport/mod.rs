@@ -1,0 +1,185 @@
+//! Choosing how GPU queues reach the controller, at run time, always saying why.
+//!
+//! Transports, in the order tried:
+//! - (a) [`TransportKind::SoftwareController`]: the software controller
+//!   ([`GpuQueues::on_software_controller`]); the only choice when the controller is one.
+//! - (b) [`TransportKind::VfioP2p`] ([`p2p`]): a real SSD behind VFIO; its BAR0 doorbells
+//!   registered with CUDA ([`crate::ffi::os::Bar0Doorbells`]), rings and data in GPU memory that VFIO maps
+//!   for the SSD through a CPU mapping of the GPU's BAR1 ([`bar1`]). Needs VFIO type1.
+//! - (c) [`TransportKind::HostMemory`] ([`host`]): rings and data in the SSD's hugepage host
+//!   memory registered with CUDA; only the doorbell write crosses PCIe peer to peer.
+//!
+//! (b) and (c) both refuse unless the GPU's own DMA is untranslated ([`iommu`]): a GPU in a
+//! translating IOMMU domain never lands its doorbell writes. [`select`] tries the candidates in
+//! order and returns the first that works with a [`TransportChoice`] naming every transport
+//! skipped before it and why, or [`GpuError::NoTransport`] with every reason: never a silent
+//! fallback.
+//!
+//! Unsafe code (mmap, ioctls, touching pages, VFIO and CUDA registrations of raw ranges) lives
+//! only in [`sys`] and in `crate::ffi`; every other module here forbids it.
+
+pub mod bar1;
+mod build;
+pub use build::QueueLayout;
+pub mod host;
+pub mod iommu;
+pub mod p2p;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nvme::Controller;
+use nvme_emu::EmuDevice;
+
+use crate::error::GpuError;
+use crate::ffi::Cuda;
+use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
+
+/// A transport that was not used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The transport.
+    pub kind: TransportKind,
+    /// Why it was skipped or failed, in words a user can act on.
+    pub reason: String,
+}
+
+/// `"(a) software-controller: reason; (b) ..."`.
+pub fn list_skipped(skipped: &[Skipped]) -> String {
+    skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.kind, s.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Which transport runs, and why each one tried before it did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportChoice {
+    /// The transport in use.
+    pub chosen: TransportKind,
+    /// Every transport tried before it, in order, with its reason.
+    pub skipped: Vec<Skipped>,
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.chosen)?;
+        if !self.skipped.is_empty() {
+            write!(f, " (skipped {})", list_skipped(&self.skipped))?;
+        }
+        Ok(())
+    }
+}
+
+/// One entry of the order [`select`] walks.
+pub enum Candidate<'a, T> {
+    /// Known not to apply here, with the reason.
+    Unavailable(TransportKind, String),
+    /// Try it.
+    Try(TransportKind, Box<dyn FnOnce() -> Result<T, GpuError> + 'a>),
+}
+
+/// Walks `candidates` in order: the first `Try` that succeeds wins; everything before it is
+/// recorded with its reason (and logged). If none succeeds: [`GpuError::NoTransport`] with
+/// every reason.
+pub fn select<T>(candidates: Vec<Candidate<'_, T>>) -> Result<(T, TransportChoice), GpuError> {
+    let mut skipped = Vec::new();
+    for c in candidates {
+        let (kind, reason) = match c {
+            Candidate::Unavailable(kind, reason) => (kind, reason),
+            Candidate::Try(kind, attempt) => match attempt() {
+                Ok(t) => {
+                    let choice = TransportChoice {
+                        chosen: kind,
+                        skipped,
+                    };
+                    tracing::info!(transport = %choice, "GPU queue transport chosen");
+                    return Ok((t, choice));
+                }
+                Err(e) => (kind, error_chain(&e)),
+            },
+        };
+        tracing::info!(transport = %kind, %reason, "GPU queue transport skipped");
+        skipped.push(Skipped { kind, reason });
+    }
+    tracing::warn!(tried = %list_skipped(&skipped), "no GPU queue transport works");
+    Err(GpuError::NoTransport { skipped })
+}
+
+/// An error and its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// What the GPU queues run on.
+pub enum Source<'a> {
+    /// The software controller serving the controller.
+    SoftwareController(&'a Arc<EmuDevice>),
+    /// A real controller bound to vfio-pci.
+    Vfio(Arc<vfio::VfioNvme>),
+}
+
+/// Where transports (b) and (c) look on the system (tests and containers point elsewhere).
+#[derive(Clone, Debug)]
+pub struct TransportOptions {
+    /// `/sys`.
+    pub sys_root: PathBuf,
+    /// `/dev`.
+    pub dev_root: PathBuf,
+    /// Offset of GPU memory inside BAR1 for the `resource1` probe, when known (see [`bar1`]).
+    pub resource1_offset: Option<u64>,
+}
+
+impl Default for TransportOptions {
+    fn default() -> Self {
+        Self {
+            sys_root: "/sys".into(),
+            dev_root: "/dev".into(),
+            resource1_offset: None,
+        }
+    }
+}
+
+/// Builds GPU queues on `controller` with the first transport that works for `source`: (a) for
+/// the software controller; (b), then (c), for a VFIO device. The choice is logged and
+/// returned for the caller to print.
+pub fn open(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    source: Source<'_>,
+    opts: &GpuQueueOptions,
+    topts: &TransportOptions,
+) -> Result<(GpuQueues, TransportChoice), GpuError> {
+    match source {
+        Source::SoftwareController(emu) => select(vec![Candidate::Try(
+            TransportKind::SoftwareController,
+            Box::new(|| GpuQueues::on_software_controller(cuda, controller, emu, opts)),
+        )]),
+        Source::Vfio(dev) => {
+            let not_emu = format!(
+                "{} is a real controller behind VFIO, not the software controller",
+                dev.address()
+            );
+            let d2 = dev.clone();
+            select(vec![
+                Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
+                Candidate::Try(
+                    TransportKind::VfioP2p,
+                    Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
+                ),
+                Candidate::Try(
+                    TransportKind::HostMemory,
+                    Box::new(|| host::build(cuda, controller, d2, opts, topts)),
+                ),
+            ])
+        }
+    }
+}

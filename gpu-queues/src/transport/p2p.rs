@@ -1,0 +1,99 @@
+//! Transport (b): a real SSD behind VFIO, with rings and data in GPU memory.
+//!
+//! Per queue pair, one arena of GPU memory (`cuMemAlloc`, 2 MiB multiples, 64 KiB aligned)
+//! is mapped for the CPU through BAR1 ([`bar1::probe_bar1`]) and that CPU mapping for the SSD
+//! with `VFIO_IOMMU_MAP_DMA` (type1 follows the PFNMAP's page tables), so the SSD reads SQEs and
+//! PRP lists and writes CQEs and data peer to peer; GPU threads ring the SSD's BAR0 doorbells,
+//! registered with CUDA ([`Bar0Doorbells`]). Refused unless the GPU's DMA is untranslated
+//! ([`iommu::check_gpu_iommu`]) and the SSD is in a type1 container.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use nvme::Controller;
+
+use crate::error::GpuError;
+use crate::ffi::os::{Bar0Doorbells, SsdMapping};
+use crate::ffi::{Cuda, DeviceMemory};
+use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
+use crate::transport::TransportOptions;
+use crate::transport::bar1::{self, Bar1Env, GPU_PAGE};
+use crate::transport::build::{Arena, build_queues};
+use crate::transport::iommu;
+
+/// Arena granularity: cuMemAlloc of whole 2 MiB pages comes back 2 MiB aligned.
+const ARENA_UNIT: usize = 2 << 20;
+
+/// Checks what (b) and (c) share: the GPU may write the SSD's doorbells. Returns the GPU's PCI
+/// address.
+pub(crate) fn check_gpu_doorbells(
+    cuda: &Arc<Cuda>,
+    topts: &TransportOptions,
+) -> Result<String, GpuError> {
+    let gpu = cuda.pci_bus_id()?;
+    let state = iommu::check_gpu_iommu(&topts.sys_root, &gpu)?;
+    tracing::info!(%gpu, iommu = %state, "GPU doorbell writes are not translated");
+    Ok(gpu)
+}
+
+/// Builds GPU queues with rings and data in GPU memory on the SSD behind `vfio`.
+pub fn build(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    vfio: Arc<vfio::VfioNvme>,
+    opts: &GpuQueueOptions,
+    topts: &TransportOptions,
+) -> Result<GpuQueues, GpuError> {
+    if vfio.iommu_mode() != vfio::IommuMode::Type1 {
+        return Err(GpuError::Unsupported(format!(
+            "{} is in {} mode; mapping GPU memory for it needs the type1 IOMMU",
+            vfio.address(),
+            vfio.iommu_mode()
+        )));
+    }
+    let gpu = check_gpu_doorbells(cuda, topts)?;
+    let env = Bar1Env {
+        dev_root: topts.dev_root.clone(),
+        sys_root: topts.sys_root.clone(),
+        gpu,
+        resource1_offset: topts.resource1_offset,
+    };
+    let doorbells = Bar0Doorbells::register(cuda, vfio.clone())?;
+    build_queues(
+        cuda,
+        controller,
+        TransportKind::VfioP2p,
+        doorbells,
+        opts,
+        GPU_PAGE as usize,
+        |len| gpu_arena(cuda, &vfio, &env, len),
+    )
+}
+
+fn gpu_arena(
+    cuda: &Arc<Cuda>,
+    vfio: &vfio::VfioNvme,
+    env: &Bar1Env,
+    len: usize,
+) -> Result<Arena, GpuError> {
+    let mem = Arc::new(DeviceMemory::alloc(cuda, len.next_multiple_of(ARENA_UNIT))?);
+    mem.set_sync_memops()?;
+    let bar1 = bar1::probe_bar1(env, &*mem).map_err(|f| {
+        GpuError::Unsupported(format!(
+            "no CPU mapping of GPU memory that VFIO could map for the SSD: {f}"
+        ))
+    })?;
+    let method = bar1.method();
+    let map = bar1.mapping().clone();
+    // Drop order inside: VFIO unmap, CPU unmap (last Arc), unpin, GPU memory free.
+    let ssd = SsdMapping::new(vfio, map, Box::new((bar1, mem.clone())))?;
+    tracing::debug!(%method, bus = format_args!("{:#x}", ssd.bus()), "GPU arena mapped for the SSD");
+    let writer = mem.clone();
+    Ok(Arena {
+        gpu: mem.ptr(),
+        bus: ssd.bus(),
+        len: ssd.len(),
+        owner: Arc::new(ssd),
+        write: Box::new(move |off, data| writer.write(off, data)),
+    })
+}
