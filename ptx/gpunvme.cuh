@@ -430,21 +430,29 @@ __device__ inline status build_prps(const queue_desc& q, uint32_t slot, uint64_t
 // ---------------------------------------------------------------------------------------------
 // Thread variants: any thread, alone.
 
+/// Waits (bounded) until ticket t's slot is released to it, reaping and publishing meanwhile
+/// (shared by reserve_thread and reserve_warp).
+__device__ __forceinline__ status wait_released(const queue_desc& q, uint32_t t) {
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    while (dev_u32(slot->released).load(cuda::memory_order_acquire) != t) {
+        status f = queue_failed(q);
+        if (f) return f;
+        try_reap(q);
+        try_publish(q);
+        status s = w.tick(q);
+        if (s) return fail_queue(q, s);
+    }
+    return GPUNVME_OK;
+}
+
 /// Takes a ticket and waits (bounded) until its slot is free. On success *ticket is owned by
 /// the caller, who must submit() it.
 __device__ inline status reserve_thread(const queue_desc& q, uint32_t* ticket) {
     status f = queue_failed(q);
     if (f) return f;
     uint32_t t = dev_u32(state_of(q)->ticket).fetch_add(1u, cuda::memory_order_relaxed);
-    slot_state* slot = slot_of(q, t & (q.depth - 1));
-    waiter w(q);
-    while (dev_u32(slot->released).load(cuda::memory_order_acquire) != t) {
-        if ((f = queue_failed(q))) return f;
-        try_reap(q);
-        try_publish(q);
-        status s = w.tick(q);
-        if (s) return fail_queue(q, s);
-    }
+    if ((f = wait_released(q, t))) return f;
     *ticket = t;
     return GPUNVME_OK;
 }
@@ -550,15 +558,7 @@ __device__ inline status reserve_warp(const queue_desc& q, bool active, uint32_t
     if (!active) return GPUNVME_OK;
     if (f) return f;
     uint32_t t = base + __popc(want & ((1u << lane_id()) - 1u));
-    slot_state* slot = slot_of(q, t & (q.depth - 1));
-    waiter w(q);
-    while (dev_u32(slot->released).load(cuda::memory_order_acquire) != t) {
-        if ((f = queue_failed(q))) return f;
-        try_reap(q);
-        try_publish(q);
-        status s = w.tick(q);
-        if (s) return fail_queue(q, s);
-    }
+    if ((f = wait_released(q, t))) return f;
     *ticket = t;
     return GPUNVME_OK;
 }
@@ -587,6 +587,24 @@ __device__ inline status complete_warp(const queue_desc& q, bool active, uint32_
 // of its own. A thread holding two tickets could (t2 - depth == t1). Parallelism comes from
 // many threads, or from the _warp variant (one piece per lane).
 
+/// The request for one piece on owned ticket t: `blocks` blocks at `slba`, data at device
+/// address `bus`. If its PRPs cannot be built, *r is a harmless Flush instead (the ticket is
+/// ours and the ring must stay consecutive) and the reason is returned.
+__device__ __forceinline__ status piece_req(const queue_desc& q, uint32_t t, uint8_t opcode,
+                                            uint32_t nsid, uint64_t slba, uint32_t blocks,
+                                            uint64_t bus, uint32_t bytes, io_req* r) {
+    r->opcode = opcode;
+    r->nsid = nsid;
+    r->slba = slba;
+    r->nlb_z = (uint16_t)(blocks - 1);
+    r->reserved = 0;
+    status bad = build_prps(q, t & (q.depth - 1), bus, bytes, &r->prp1, &r->prp2);
+    if (bad) {
+        r->opcode = OPC_FLUSH; r->prp1 = 0; r->prp2 = 0; r->slba = 0; r->nlb_z = 0;
+    }
+    return bad;
+}
+
 /// One piece of a range: `blocks` blocks at `slba`, data at device address `bus`.
 __device__ inline status rw_piece(const queue_desc& q, uint8_t opcode, uint32_t nsid,
                                   uint64_t slba, uint32_t blocks, uint64_t bus, uint32_t bytes,
@@ -595,16 +613,7 @@ __device__ inline status rw_piece(const queue_desc& q, uint8_t opcode, uint32_t 
     status s = reserve_thread(q, &t);
     if (s) return s;
     io_req r;
-    r.opcode = opcode;
-    r.nsid = nsid;
-    r.slba = slba;
-    r.nlb_z = (uint16_t)(blocks - 1);
-    r.reserved = 0;
-    status bad = build_prps(q, t & (q.depth - 1), bus, bytes, &r.prp1, &r.prp2);
-    if (bad) {
-        // The ticket is ours and the ring must stay consecutive: send a harmless Flush instead.
-        r.opcode = OPC_FLUSH; r.prp1 = 0; r.prp2 = 0; r.slba = 0; r.nlb_z = 0;
-    }
+    status bad = piece_req(q, t, opcode, nsid, slba, blocks, bus, bytes, &r);
     fill_slot(q, t, r);
     if ((s = publish_thread(q, t))) return s;
     s = complete_thread(q, t, nvme_status, nullptr);
@@ -659,11 +668,8 @@ __device__ inline status rw_warp(const queue_desc& q, uint8_t opcode, uint32_t n
         if (active) {
             uint64_t first = piece * per_cmd;
             uint32_t n = (uint32_t)(blocks - first < per_cmd ? blocks - first : per_cmd);
-            r.opcode = opcode; r.nsid = nsid; r.slba = slba + first;
-            r.nlb_z = (uint16_t)(n - 1); r.reserved = 0;
-            bad = build_prps(q, t & (q.depth - 1), bus + (first << lba_shift), n << lba_shift,
-                             &r.prp1, &r.prp2);
-            if (bad) { r.opcode = OPC_FLUSH; r.prp1 = 0; r.prp2 = 0; r.slba = 0; r.nlb_z = 0; }
+            bad = piece_req(q, t, opcode, nsid, slba + first, n, bus + (first << lba_shift),
+                            n << lba_shift, &r);
             fill_slot(q, t, r);
         }
         s = publish_warp(q, active, t);

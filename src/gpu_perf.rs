@@ -8,17 +8,16 @@
 //! the old one (not chosen by the random offsets), anything else is an error — so what the GPU
 //! wrote, the CPU reads.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
 use gpu_queues::transport::{self, Source, TransportOptions};
 use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
-use nvme_emu::EmuDevice;
 use serde::Serialize;
 
+use crate::open::Backend;
 use crate::pattern;
 use crate::perf::{self, DEFAULT_REGION_BYTES, Latency, PerfConfig, PerfReport, RwMode, Stop};
 
@@ -159,25 +158,15 @@ fn cpu_check(
     Ok((n_new, n_old, bad))
 }
 
-/// Runs `perf --gpu` on `ctrl`, whose transport is the software controller `emu` when given.
-pub fn run(
-    ctrl: &Controller,
-    emu: Option<&Arc<EmuDevice>>,
-    args: &GpuPerfArgs,
-) -> Result<GpuPerfReport> {
+/// Runs `perf --gpu` on `ctrl`, whose device is `backend`.
+pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<GpuPerfReport> {
     let cfg = &args.perf;
     let cuda = Cuda::open(0).context("perf --gpu")?;
     // The transport source: the software controller (a), or the VFIO device behind `ctrl`
     // ((b), then (c)).
-    let source = match emu {
-        Some(emu) => Source::SoftwareController(emu),
-        None => match vfio::VfioNvme::from_device(ctrl.device()) {
-            Some(v) => Source::Vfio(v),
-            None => bail!(
-                "perf --gpu: {} is neither the software controller nor a VFIO device",
-                ctrl.device().describe()
-            ),
-        },
+    let source = match backend {
+        Backend::Software(emu) => Source::SoftwareController(emu),
+        Backend::Vfio(v) => Source::Vfio(v.clone()),
     };
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
@@ -274,7 +263,7 @@ pub fn run(
         size: Some(region),
         ..cfg.clone()
     };
-    let watched = emu.cloned();
+    let watched = backend.emu().cloned();
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0).then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg)));
         let gpu = gpu_queues::perf::run(&queues, &gcfg, move || match &watched {

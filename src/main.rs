@@ -197,7 +197,7 @@ fn run(args: Args) -> Result<()> {
         controller_queue_pairs: args.controller_queue_pairs,
         ..Default::default()
     };
-    let (ctrl, emu) = open_controller_and_transport(&spec, &opts)?;
+    let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
         Command::Write { nsid, lba, input } => cli::io::write(&ctrl, nsid, lba, &input, args.json),
@@ -240,7 +240,7 @@ fn run(args: Args) -> Result<()> {
                     depth: p.gpu_depth,
                     controller_sms: p.controller_sms,
                 };
-                gpunvme::gpu_perf::run(&ctrl, emu.as_ref(), &gargs)
+                gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
                 perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))

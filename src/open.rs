@@ -74,13 +74,33 @@ impl Default for OpenOptions {
     }
 }
 
+/// What is behind the driver's device handle, for code that needs more than the driver's seam
+/// (GPU queues register GPU memory and doorbells with the software controller, or map BAR0 and
+/// GPU memory through VFIO).
+#[derive(Clone)]
+pub enum Backend {
+    /// The software controller.
+    Software(Arc<EmuDevice>),
+    /// A controller bound to vfio-pci.
+    Vfio(Arc<vfio::VfioNvme>),
+}
+
+impl Backend {
+    /// The software controller's handle, when that is what the device is.
+    pub fn emu(&self) -> Option<&Arc<EmuDevice>> {
+        match self {
+            Self::Software(e) => Some(e),
+            Self::Vfio(_) => None,
+        }
+    }
+}
+
 /// An opened transport.
 pub struct Opened {
     /// The device, as the driver sees it.
     pub device: Arc<dyn Device>,
-    /// The software controller's handle, when that is what the device is (GPU queues need it
-    /// to register GPU memory and doorbells).
-    pub emu: Option<Arc<EmuDevice>>,
+    /// The same device, as what it is.
+    pub backend: Backend,
 }
 
 /// Opens the transport named by `spec` (without bringing the controller up).
@@ -93,9 +113,10 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
     let emu = match spec {
         DeviceSpec::Pci(addr) => {
             // vfio's errors already name the address and say what to do.
+            let dev = vfio::VfioNvme::open(addr, &vfio::VfioOptions::default())?;
             return Ok(Opened {
-                device: vfio::VfioNvme::open(addr, &vfio::VfioOptions::default())?,
-                emu: None,
+                device: dev.clone(),
+                backend: Backend::Vfio(dev),
             });
         }
         DeviceSpec::Image(path) => open_image(path, opts)?,
@@ -115,7 +136,7 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
     };
     Ok(Opened {
         device: emu.clone(),
-        emu: Some(emu),
+        backend: Backend::Software(emu),
     })
 }
 
@@ -142,17 +163,16 @@ pub fn open_controller(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Controll
     Ok(open_controller_and_transport(spec, opts)?.0)
 }
 
-/// Like [`open_controller`], also returning the software controller's handle when the device
-/// is one.
+/// Like [`open_controller`], also returning what the device is.
 pub fn open_controller_and_transport(
     spec: &DeviceSpec,
     opts: &OpenOptions,
-) -> Result<(Controller, Option<Arc<EmuDevice>>)> {
-    let Opened { device, emu } = open_transport(spec, opts)?;
+) -> Result<(Controller, Backend)> {
+    let Opened { device, backend } = open_transport(spec, opts)?;
     let describe = device.describe();
     let ctrl = Controller::new(device, opts.controller.clone())
         .with_context(|| format!("bringing up the controller ({describe})"))?;
-    Ok((ctrl, emu))
+    Ok((ctrl, backend))
 }
 
 #[cfg(test)]

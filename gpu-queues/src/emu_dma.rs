@@ -34,7 +34,9 @@ use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
 use crate::error::GpuError;
-use crate::ffi::{Arg, Cuda, DeviceMemory, Event, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::ffi::{
+    Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
+};
 use crate::kernels::Kernels;
 
 /// Pieces one staging area holds before it is flushed.
@@ -49,6 +51,17 @@ const GATHER_BYTES: usize = 32 << 20;
 const GPU_WAIT: Duration = Duration::from_secs(10);
 /// Warps per block of the scatter and gather kernels (one warp per piece).
 const WARPS_PER_BLOCK: u32 = 8;
+
+/// Launches the scatter or gather kernel on `stream` with one warp per piece.
+fn launch_per_piece(
+    stream: &Stream,
+    kernel: Kernel,
+    pieces: usize,
+    args: &[Arg],
+) -> Result<(), GpuError> {
+    let grid = (pieces as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
+    stream.launch(kernel, grid, WARPS_PER_BLOCK * 32, args)
+}
 
 struct Staging {
     mem: PinnedMemory,
@@ -304,11 +317,10 @@ impl GpuDma {
         let data = MAX_PIECES * size_of::<CopyDesc>();
         match self.mode {
             CopyMode::Kernels => {
-                let grid = (pieces as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
-                e.stream.launch(
+                launch_per_piece(
+                    &e.stream,
                     self.kernels.scatter,
-                    grid,
-                    WARPS_PER_BLOCK * 32,
+                    pieces,
                     &[
                         Arg::U64(base),
                         Arg::U32(pieces as u32),
@@ -406,11 +418,10 @@ impl GpuDma {
         match self.mode {
             CopyMode::Kernels => {
                 let base = st.gather.device_ptr();
-                let grid = (n as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
-                e.stream.launch(
+                launch_per_piece(
+                    &e.stream,
                     self.kernels.gather,
-                    grid,
-                    WARPS_PER_BLOCK * 32,
+                    n,
                     &[
                         Arg::U64(base),
                         Arg::U32(n as u32),

@@ -1,7 +1,7 @@
 //! [`VfioNvme`]: an NVMe controller reached through VFIO, as an [`nvme::Device`].
 #![forbid(unsafe_code)]
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 use vfio_bindings::bindings::vfio as b;
 
@@ -23,11 +23,6 @@ const IOVA_FLOOR: u64 = 2 << 20;
 /// IOVA space assumed when the kernel does not report usable ranges (before Linux 5.4): the
 /// 39-bit space every VT-d and AMD-Vi implementation supports, minus the x86 MSI window.
 const DEFAULT_IOVA_RANGES: &[(u64, u64)] = &[(0, 0xfedf_ffff), (0xfef0_0000, (1 << 39) - 1)];
-
-/// Every [`VfioNvme`] this process has opened and not yet dropped, so that a holder of the
-/// driver-side handle (`Arc<dyn nvme::Device>`) can get back to the VFIO one
-/// ([`VfioNvme::from_device`]).
-static OPEN: Mutex<Vec<Weak<VfioNvme>>> = Mutex::new(Vec::new());
 
 /// How to open a controller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,29 +140,14 @@ impl VfioNvme {
             }
         };
         tracing::info!(%addr, mode = %pre.mode, bar0_bytes = region.size, "VFIO device open");
-        let dev = Arc::new(Self {
+        Ok(Arc::new(Self {
             addr: *addr,
             group: pre.group,
             mode: pre.mode,
             bar,
             dma,
             _device: device,
-        });
-        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        open.retain(|w| w.strong_count() > 0);
-        open.push(Arc::downgrade(&dev));
-        Ok(dev)
-    }
-
-    /// The [`VfioNvme`] behind `device`, when `device` is one this process opened (by
-    /// identity: the same allocation), for code that holds only the driver's handle but needs
-    /// VFIO's (BAR0 mapping, external DMA mappings).
-    pub fn from_device(device: &Arc<dyn nvme::Device>) -> Option<Arc<VfioNvme>> {
-        let want = Arc::as_ptr(device).cast::<()>();
-        let open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        open.iter()
-            .filter_map(Weak::upgrade)
-            .find(|v| Arc::as_ptr(v).cast::<()>() == want)
+        }))
     }
 
     /// The controller's PCI address.

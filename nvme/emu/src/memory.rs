@@ -590,11 +590,14 @@ mod tests {
         }
     }
 
-    struct CountingRegion {
+    /// 8 KiB whose reads and writes do nothing; records its flush and prefetch calls.
+    #[derive(Default)]
+    struct RecordingRegion {
         flushes: std::sync::atomic::AtomicU32,
+        prefetches: Mutex<Vec<Vec<(u64, usize)>>>,
     }
 
-    impl MemoryRegion for CountingRegion {
+    impl MemoryRegion for RecordingRegion {
         fn len(&self) -> usize {
             8192
         }
@@ -608,17 +611,17 @@ mod tests {
             self.flushes.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
+        fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
+            self.prefetches.lock().unwrap().push(ranges.to_vec());
+            Ok(())
+        }
     }
 
     #[test]
     fn flush_reaches_each_written_region_once() {
         let map = Arc::new(DeviceAddressMap::new());
-        let regions: Vec<Arc<CountingRegion>> = (0..3)
-            .map(|_| {
-                Arc::new(CountingRegion {
-                    flushes: Default::default(),
-                })
-            })
+        let regions: Vec<Arc<RecordingRegion>> = (0..3)
+            .map(|_| Arc::new(RecordingRegion::default()))
             .collect();
         let bases: Vec<u64> = regions
             .iter()
@@ -651,31 +654,11 @@ mod tests {
         assert_eq!(flushes(0), 2);
     }
 
-    /// Records its prefetch calls.
-    #[derive(Default)]
-    struct PrefetchLog(Mutex<Vec<Vec<(u64, usize)>>>);
-
-    impl MemoryRegion for PrefetchLog {
-        fn len(&self) -> usize {
-            8192
-        }
-        fn read(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), RegionError> {
-            Ok(())
-        }
-        fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), RegionError> {
-            Ok(())
-        }
-        fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
-            self.0.lock().unwrap().push(ranges.to_vec());
-            Ok(())
-        }
-    }
-
     #[test]
     fn prefetch_groups_ranges_by_region() {
         let map = Arc::new(DeviceAddressMap::new());
-        let a = Arc::new(PrefetchLog::default());
-        let b = Arc::new(PrefetchLog::default());
+        let a = Arc::new(RecordingRegion::default());
+        let b = Arc::new(RecordingRegion::default());
         let host = map
             .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
             .unwrap();
@@ -698,14 +681,14 @@ mod tests {
                 map.prefetch(&ranges)
             };
             assert!(matches!(result, Err(DmaError::Unmapped { .. })));
-            let a_calls = std::mem::take(&mut *a.0.lock().unwrap());
-            let b_calls = std::mem::take(&mut *b.0.lock().unwrap());
+            let a_calls = std::mem::take(&mut *a.prefetches.lock().unwrap());
+            let b_calls = std::mem::take(&mut *b.prefetches.lock().unwrap());
             assert_eq!(a_calls, vec![vec![(4096, 512), (0, 16), (8, 8)]]);
             assert_eq!(b_calls, vec![vec![(100, 8), (0, 4096)]]);
         }
         // Nothing to announce: no call.
         cache.prefetch(&[]).unwrap();
-        assert!(a.0.lock().unwrap().is_empty());
+        assert!(a.prefetches.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -141,6 +141,42 @@ const CMDS: usize = 64;
 /// Where the read-back batch puts its data.
 const READ_DATA: usize = DATA + CMDS * CMD;
 
+/// Submits CMDS commands of four pages in one batch on `q` and waits for them: command i moves
+/// 32 blocks at LBA 32 * i, data at `data(i)` in `region` (at `base`), its PRP list (three
+/// entries, written here) at `list(i)`.
+fn run_batch(
+    h: &Host,
+    q: &mut QueuePair,
+    region: &CountingRegion,
+    base: u64,
+    opcode: u8,
+    list: impl Fn(usize) -> usize,
+    data: impl Fn(usize) -> usize,
+) {
+    for i in 0..CMDS {
+        for k in 1..4 {
+            let entry = base + (data(i) + k * PAGE) as u64;
+            region.host_write(list(i) + (k - 1) * 8, &entry.to_le_bytes());
+        }
+    }
+    for i in 0..CMDS {
+        let mut cmd = rw(
+            opcode,
+            1,
+            i as u64 * 32,
+            32,
+            base + data(i) as u64,
+            base + list(i) as u64,
+        );
+        cmd.cdw0 = cmd.cdw0.with_cid(i as u16);
+        q.push(&cmd);
+    }
+    q.ring(&h.dev);
+    for _ in 0..CMDS {
+        assert_ok(&q.wait(&h.dev));
+    }
+}
+
 /// 64 writes of four pages each, data and PRP lists in `region` (at `base`), submitted in one
 /// batch on queue 2; then 64 reads of the same blocks into other pages of the region, also
 /// in one batch. Returns the region's counts after each batch.
@@ -157,32 +193,13 @@ fn write_then_read_batch(
     let base = map.register_region(region.clone()).unwrap();
     let owner = h.dev.thread_for_cq(2);
     let mut q = h.create_io_pair(2, 128, 128);
+    // Lists 32 bytes apart (three entries each), all in the first page.
     let list = |i: usize| LISTS + i * 32;
     let data = |i: usize| DATA + i * CMD;
-    // Lists 32 bytes apart (three entries each), all in the first page.
     for i in 0..CMDS {
-        for k in 1..4 {
-            let entry = base + (data(i) + k * PAGE) as u64;
-            region.host_write(list(i) + (k - 1) * 8, &entry.to_le_bytes());
-        }
         region.host_write(data(i), &pattern(CMD, i as u64));
     }
-    for i in 0..CMDS {
-        let mut cmd = rw(
-            WRITE,
-            1,
-            i as u64 * 32,
-            32,
-            base + data(i) as u64,
-            base + list(i) as u64,
-        );
-        cmd.cdw0 = cmd.cdw0.with_cid(i as u16);
-        q.push(&cmd);
-    }
-    q.ring(&h.dev);
-    for _ in 0..CMDS {
-        assert_ok(&q.wait(&h.dev));
-    }
+    run_batch(&h, &mut q, region, base, WRITE, list, data);
     let write_calls = region.calls();
     for (thread, _) in &write_calls {
         assert_eq!(*thread, Some(owner), "prefetch from the queue's thread");
@@ -192,28 +209,7 @@ fn write_then_read_batch(
     // Read back into the region, through new lists.
     let read_list = |i: usize| PAGE + i * 32;
     let read_data = |i: usize| READ_DATA + i * CMD;
-    for i in 0..CMDS {
-        for k in 1..4 {
-            let entry = base + (read_data(i) + k * PAGE) as u64;
-            region.host_write(read_list(i) + (k - 1) * 8, &entry.to_le_bytes());
-        }
-    }
-    for i in 0..CMDS {
-        let mut cmd = rw(
-            READ,
-            1,
-            i as u64 * 32,
-            32,
-            base + read_data(i) as u64,
-            base + read_list(i) as u64,
-        );
-        cmd.cdw0 = cmd.cdw0.with_cid(i as u16);
-        q.push(&cmd);
-    }
-    q.ring(&h.dev);
-    for _ in 0..CMDS {
-        assert_ok(&q.wait(&h.dev));
-    }
+    run_batch(&h, &mut q, region, base, READ, read_list, read_data);
     let read_calls = region.calls();
     let read_counts = region.take_counts();
     for i in 0..CMDS {
