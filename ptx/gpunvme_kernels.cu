@@ -5,6 +5,7 @@
 // Structs passed by pointer (perf_params, perf_counters, copy_desc) are mirrored in
 // gpu-queues/src/desc.rs; their layout numbers are checked on both sides like gpunvme.cuh's.
 #include "gpunvme.cuh"
+#include "gpunvme_controller.cuh"
 
 #define GPUNVME_PERF_PARAMS_SIZE 96
 #define GPUNVME_PERF_COUNTERS_SIZE 64
@@ -101,6 +102,7 @@ __device__ inline void perf_record_error(perf_counters* c, status s, uint32_t sf
 /// the bytes), release. One command in flight per thread: queue depth = threads per queue.
 extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const perf_params p = *pp;
+    if (p.nqueues == 0) return;  // the warm-up launch (Kernels::warm_up_clients)
     const queue_desc* queues = reinterpret_cast<const queue_desc*>(p.queues);
     perf_counters* c = reinterpret_cast<perf_counters*>(p.counters);
     uint32_t* hist = reinterpret_cast<uint32_t*>(p.lat_hist);
@@ -325,4 +327,195 @@ extern "C" __global__ void gpunvme_gather(const copy_desc* descs, uint32_t n, ui
 /// while a persistent kernel holds the GPU (lazy loading deadlocks: ../shared/design/gpu.md).
 extern "C" __global__ void gpunvme_warmup(uint32_t* out) {
     if (out && threadIdx.x == 0 && blockIdx.x == 0) *out = 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GPU-resident controller model (gpunvme_controller.cuh): one persistent launch of C blocks
+// of GPUNVME_CTRL_WARPS warps on the controller's SM partition, started before any client and
+// stopped by the host's flag (or by itself after control.lifetime_ns).
+
+using namespace gpunvme::ctrl;
+
+extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
+    gpunvme_controller(const ctrl_control* c) {
+    __shared__ warp_tables tables[GPUNVME_CTRL_WARPS];
+    const uint32_t full = 0xffffffffu;
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+    const uint32_t warps_total = gridDim.x * GPUNVME_CTRL_WARPS;
+    const uint32_t gw = blockIdx.x * GPUNVME_CTRL_WARPS + warp;
+    warp_tables* t = &tables[warp];
+    uint32_t* ack = reinterpret_cast<uint32_t*>(ld_sys64(&c->ack));
+    const uint64_t start = now_ns();
+    const uint64_t lifetime = ld_sys64(&c->lifetime_ns);
+    const uint32_t idle_max = ld_sys(&c->idle_ns);
+    const uint32_t nqueues = ld_sys(&c->nqueues);
+    uint32_t* doorbells = reinterpret_cast<uint32_t*>(ld_sys64(&c->doorbells));
+
+    // Lane `lane` of this warp owns queue index blockIdx + C * (warp + W * lane): consecutive
+    // queue ids go to different blocks first, then to different warps.
+    lane_queue q{};
+    const uint32_t index = blockIdx.x + gridDim.x * (warp + GPUNVME_CTRL_WARPS * lane);
+    if (index < nqueues) {
+        q.qid = index + 1;
+        q.sq_db = doorbells + index * (GPUNVME_CTRL_DOORBELL_STRIDE / 4);
+        q.cq_db = q.sq_db + 1;
+    }
+    uint32_t sq_bad = 0xffffffffu, cq_bad = 0xffffffffu;  // last invalid values counted
+    ctrl_counters k{};
+
+    uint32_t gen = 0;
+    if (lane == 0) gen = ld_sys(&c->generation);
+    gen = __shfl_sync(full, gen, 0);
+    reload(c, t, &q, lane);
+    k.reloads++;
+    if (lane == 0) {
+        st_sys(&ack[gw], gen);
+        if (warp == 0) {
+            uint32_t sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            st_sys(&ack[warps_total + blockIdx.x], sm + 1);
+        }
+    }
+    uint32_t sleep_ns = 32;
+    uint32_t since_control = 0;
+    for (;;) {
+        k.passes++;
+        // The host's words, every 64 busy passes or 8 idle ones (a read of host memory).
+        if (++since_control >= 64) {
+            since_control = 0;
+            int stop = 0;
+            uint32_t g = gen;
+            if (lane == 0) {
+                stop = ld_sys(&c->stop) != 0 || now_ns() - start > lifetime;
+                g = ld_sys(&c->generation);
+            }
+            stop = __shfl_sync(full, stop, 0);
+            g = __shfl_sync(full, g, 0);
+            if (stop) break;
+            if (g != gen) {
+                gen = g;
+                reload(c, t, &q, lane);
+                k.reloads++;
+                if (lane == 0) st_sys(&ack[gw], gen);
+            }
+        }
+        // Doorbells: each owning lane its queue's SQ tail and CQ head (GPU memory).
+        uint32_t n = 0;
+        if (q.sq) {
+            const uint32_t tail = ld_sys(q.sq_db);
+            if (tail != q.sq_tail) {
+                if (tail < q.sq_entries) q.sq_tail = tail;
+                else if (tail != sq_bad) { sq_bad = tail; k.doorbell_errors++; }
+            }
+            const uint32_t head = ld_sys(q.cq_db);
+            if (head != q.cq_head) {
+                const uint32_t posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+                const uint32_t advance = (head + q.cq_entries - q.cq_head) % q.cq_entries;
+                if (head < q.cq_entries && advance <= posted) q.cq_head = head;
+                else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
+            }
+            n = (q.sq_tail + q.sq_entries - q.sq_head) % q.sq_entries;
+            const uint32_t used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+            const uint32_t space = q.cq_entries - 1 - used;
+            if (n > space) n = space;
+        }
+        uint32_t ready = __ballot_sync(full, n != 0);
+        if (!ready) {
+            k.idle_passes++;
+            since_control += 7;
+            __nanosleep(sleep_ns);
+            if (sleep_ns < idle_max) sleep_ns <<= 1;
+            continue;
+        }
+        sleep_ns = 32;
+        fence_gpu();  // acquire: the SQEs (and write data) after the doorbell values
+        while (ready) {
+            const uint32_t src = __ffs(ready) - 1;
+            ready &= ready - 1;
+            const uint64_t sq = __shfl_sync(full, (uint64_t)q.sq, src);
+            const uint64_t cq = __shfl_sync(full, (uint64_t)q.cq, src);
+            const uint32_t sqe_n = __shfl_sync(full, q.sq_entries, src);
+            const uint32_t cqe_n = __shfl_sync(full, q.cq_entries, src);
+            const uint32_t head = __shfl_sync(full, q.sq_head, src);
+            const uint32_t tail = __shfl_sync(full, q.cq_tail, src);
+            const uint32_t phase = __shfl_sync(full, q.cq_phase, src);
+            const uint32_t qn = __shfl_sync(full, n, src);
+            const uint32_t qid = __shfl_sync(full, q.qid, src);
+            for (uint32_t base = 0; base < qn; base += 32) {
+                const uint32_t kk = qn - base < 32 ? qn - base : 32;
+                const bool mine = lane < kk;
+                decoded d{};
+                if (mine) {
+                    const uint32_t s = (head + base + lane) % sqe_n;
+                    d = decode_and_check(*t, reinterpret_cast<const uint8_t*>(sq) + (size_t)s * 64);
+                }
+                // Data: the warp executes each command that moves or checks anything.
+                const bool work = mine && d.status == 0 && d.opcode != OPC_FLUSH &&
+                                  (d.opcode == OPC_DSM || t->ns[d.ns].kind != GPUNVME_MEDIA_NULL);
+                uint32_t todo = __ballot_sync(full, work);
+                while (todo) {
+                    const uint32_t j = __ffs(todo) - 1;
+                    todo &= todo - 1;
+                    decoded e;
+                    e.cid = 0;
+                    e.status = 0;
+                    e.opcode = __shfl_sync(full, d.opcode, j);
+                    e.ns = __shfl_sync(full, d.ns, j);
+                    e.slba = __shfl_sync(full, d.slba, j);
+                    e.nlb = __shfl_sync(full, d.nlb, j);
+                    e.prp1 = __shfl_sync(full, d.prp1, j);
+                    e.prp2 = __shfl_sync(full, d.prp2, j);
+                    e.len = __shfl_sync(full, d.len, j);
+                    e.dsm_ad = __shfl_sync(full, d.dsm_ad, j);
+                    const uint32_t st = warp_execute(*t, e, lane, &k.bytes);
+                    if (lane == j) d.status = st;
+                }
+                // Completions: dwords 0-2 and the data, a fence, then the phase dwords.
+                uint32_t* cqe = nullptr;
+                uint32_t dw3 = 0;
+                if (mine) {
+                    const uint32_t pos = tail + base + lane;
+                    const uint32_t wrapped = pos >= cqe_n;
+                    const uint32_t slot = wrapped ? pos - cqe_n : pos;
+                    const uint32_t ph = wrapped ? phase ^ 1u : phase;
+                    const uint32_t sqhd = (head + base + lane + 1) % sqe_n;
+                    cqe = reinterpret_cast<uint32_t*>(cq + (size_t)slot * 16);
+                    *reinterpret_cast<uint2*>(cqe) = make_uint2(0u, 0u);
+                    cqe[2] = sqhd | (qid << 16);
+                    // SCT 0 for every status here; DNR set on failures (retrying cannot help).
+                    const uint32_t sf = d.status ? ((d.status & 0xffu) << 1) | 0x8000u : 0u;
+                    dw3 = d.cid | (ph << 16) | (sf << 16);
+                    if (d.status) k.errors++;
+                }
+                fence_gpu();
+                __syncwarp();
+                fence_gpu();  // release: every lane's data and entries before any phase dword
+                if (mine) st_sys(cqe + 3, dw3);
+            }
+            if (lane == src) {
+                q.sq_head = (q.sq_head + qn) % q.sq_entries;
+                const uint32_t pos = q.cq_tail + qn;
+                if (pos >= q.cq_entries) {
+                    q.cq_tail = pos - q.cq_entries;
+                    q.cq_phase ^= 1u;
+                } else {
+                    q.cq_tail = pos;
+                }
+            }
+            k.commands += qn;
+        }
+    }
+    // Commands, bytes, passes and reloads are warp-uniform; errors and doorbell errors were
+    // counted by the lanes that saw them.
+    unsigned long long errs = k.errors, dbe = k.doorbell_errors;
+    for (int o = 16; o > 0; o >>= 1) {
+        errs += __shfl_down_sync(full, errs, o);
+        dbe += __shfl_down_sync(full, dbe, o);
+    }
+    if (lane == 0) {
+        k.errors = errs;
+        k.doorbell_errors = dbe;
+        reinterpret_cast<ctrl_counters*>(ld_sys64(&c->counters))[gw] = k;
+        fence_sys();
+    }
 }

@@ -77,6 +77,31 @@ for lba in 512 4096; do
     rm -f "$img"
 done
 
+# 2b. The GPU-resident controller model (--controller gpu): verified runs on hbm media (the
+# CPU fills and checks the image through the software controller before and after), and the
+# protocol ceiling on null media with both client styles.
+model_ok() {  # model_ok IMG LBA ARGS...: a run on the model whose JSON reports zero errors
+    local img=$1 lba=$2; shift 2
+    local out; out=$("$G" --device "$img" --lba-size "$lba" --controller-queue-pairs 64 --json \
+        perf --gpu --controller gpu "$@") || return 1
+    echo "$out" | python3 -c 'import json,sys
+r=json.load(sys.stdin); m=r["gpu"]["model"]
+print("ios=%d iops=%.0f errors=%d model=%s" % (r["ios"], r["iops"], r["errors"], json.dumps(m)))
+sys.exit(1 if r["errors"] or r["ios"]==0 or m["errors"] or m["doorbell_errors"] else 0)'
+}
+for lba in 512 4096; do
+    img=$WORK/model$lba; truncate -s 1G "$img"
+    for rw in read write randread randwrite; do
+        check "model hbm --verify $rw lba=$lba" model_ok "$img" $lba --media hbm --verify --rw $rw --bs 4k --qd 32 --ios $IOS
+    done
+    rm -f "$img"
+done
+img=$WORK/modelnull; truncate -s 1G "$img"
+for client in warp thread; do
+    check "model null $client" model_ok "$img" 4096 --media null --client $client --rw randread --bs 4k --qd 64 --queues 64 --ios $((IOS * 50))
+done
+rm -f "$img"
+
 # 3. compute-sanitizer.
 if [ $SAN = 1 ]; then
     if command -v compute-sanitizer >/dev/null; then

@@ -10,10 +10,13 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use gpu_queues::gpu_controller::NamespaceSpec;
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
 use gpu_queues::transport::{self, Source, TransportOptions};
-use gpu_queues::{Cuda, GpuQueueOptions};
+use gpu_queues::{
+    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind,
+};
 use nvme::Controller;
 use serde::Serialize;
 
@@ -35,8 +38,12 @@ pub struct GpuPerfArgs {
     pub cpu_queues: usize,
     /// Entries per GPU ring (default: as deep as the controller allows, up to 1024).
     pub depth: Option<u32>,
-    /// SMs reserved for the software controller's copy kernels.
+    /// SMs reserved for the software controller's copy kernels, or for the GPU-resident
+    /// controller model.
     pub controller_sms: u32,
+    /// `Some(media)`: the I/O queues are served by the GPU-resident controller model with that
+    /// media (`--controller gpu`); `None`: by the software controller's threads.
+    pub model: Option<MediaKind>,
 }
 
 /// The GPU half of the report.
@@ -60,6 +67,31 @@ pub struct GpuSide {
     pub controller_sms: u32,
     /// The software controller's side (transport (a)): its threads and batched copies.
     pub controller: Option<ControllerSide>,
+    /// The GPU-resident controller model's side (`--controller gpu`).
+    pub model: Option<ModelSide>,
+}
+
+/// What the GPU-resident controller model did during the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSide {
+    /// Media of the namespaces: "null" or "hbm".
+    pub media: &'static str,
+    /// Controller blocks (one per reserved SM).
+    pub blocks: u32,
+    /// Distinct SMs they ran on.
+    pub sms: u32,
+    /// Commands the model completed (the whole run: fills and checks are not through it).
+    pub commands: u64,
+    /// Of which with an error status.
+    pub errors: u64,
+    /// Data bytes it moved.
+    pub bytes: u64,
+    /// Doorbell values out of range it ignored.
+    pub doorbell_errors: u64,
+    /// Polling passes over all controller warps, and the share that found nothing to do.
+    pub passes: u64,
+    /// Passes with nothing to do.
+    pub idle_passes: u64,
 }
 
 /// Where the software controller's time went while it served the GPU queues.
@@ -210,6 +242,24 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         None => cfg.qd,
     };
     ensure!(qd >= 1, "--qd must be at least 1");
+    let model = match (args.model, backend) {
+        (None, _) => None,
+        (Some(media), Backend::Software(emu)) => Some((media, emu.clone())),
+        (Some(_), Backend::Vfio(_)) => bail!(
+            "--controller gpu is a model that takes the software controller's place: give an \
+             image file as --device"
+        ),
+    };
+    if let Some((media, _)) = &model {
+        ensure!(
+            args.cpu_queues == 0,
+            "--cpu-queues with --controller gpu: CPU queues cannot reach the model's GPU media"
+        );
+        ensure!(
+            !(cfg.verify && *media == MediaKind::Null),
+            "--verify needs media that keeps data: --media hbm (null moves no data)"
+        );
+    }
     let seed = cfg.seed.unwrap_or_else(rand::random);
     let old_seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0;
     if cfg.verify {
@@ -225,17 +275,47 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         controller_sms: args.controller_sms,
         ..Default::default()
     };
-    let (queues, choice) =
-        transport::open(&cuda, ctrl, source, &opts, &TransportOptions::default())
-            .context("creating GPU queues")?;
-    let transport = if choice.skipped.is_empty() {
-        queues.describe()
-    } else {
-        format!(
-            "{}; skipped {}",
-            queues.describe(),
-            transport::list_skipped(&choice.skipped)
-        )
+    // The GPU-resident controller model starts after the CPU fill (which went to the image
+    // through the software controller) and loads the image; it writes it back when stopped.
+    let gpu_ctrl = match &model {
+        None => None,
+        Some((media, emu)) => Some(start_model(&cuda, ctrl, emu, *media, args.controller_sms)?),
+    };
+    let (queues, transport) = match &gpu_ctrl {
+        Some(g) => {
+            let opts = GpuQueueOptions {
+                // One slot buffer per command of --bs: the model's runs use many queues.
+                slot_buffer_bytes: Some(
+                    u32::try_from(cfg.bs.next_multiple_of(4096)).context("--bs")?,
+                ),
+                ..opts
+            };
+            let q = GpuQueues::on_gpu_controller(&cuda, ctrl, g, &opts)
+                .context("creating GPU queues on the GPU controller")?;
+            let t = format!(
+                "gpu-controller model ({} media) on {} ({} SMs for the controller, {} for clients)",
+                g.media().name(),
+                cuda.name(),
+                g.partition().controller_sms(),
+                g.partition().client_sms()
+            );
+            (q, t)
+        }
+        None => {
+            let (queues, choice) =
+                transport::open(&cuda, ctrl, source, &opts, &TransportOptions::default())
+                    .context("creating GPU queues")?;
+            let t = if choice.skipped.is_empty() {
+                queues.describe()
+            } else {
+                format!(
+                    "{}; skipped {}",
+                    queues.describe(),
+                    transport::list_skipped(&choice.skipped)
+                )
+            };
+            (queues, t)
+        }
     };
     tracing::info!(%transport, "perf --gpu");
     let gcfg = GpuPerfConfig {
@@ -264,9 +344,13 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         ..cfg.clone()
     };
     let watched = backend.emu().cloned();
+    let model_ref = gpu_ctrl.as_ref();
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0).then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg)));
         let gpu = gpu_queues::perf::run(&queues, &gcfg, move || match &watched {
+            _ if model_ref.is_some_and(|g| !g.is_running()) => {
+                Some("the GPU controller kernel stopped".to_string())
+            }
             Some(emu) => emu
                 .csts()
                 .cfs()
@@ -310,8 +394,31 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             sync_reads: d.sync_reads,
             gpu_wait_ms: d.wait_ns as f64 / 1e6,
         }),
+        model: None,
     };
     drop(queues);
+    let model_side = match &gpu_ctrl {
+        Some(g) => {
+            let st = g.stop().context("stopping the GPU controller")?;
+            Some(ModelSide {
+                media: g.media().name(),
+                blocks: g.blocks(),
+                sms: st.sms,
+                commands: st.commands,
+                errors: st.errors,
+                bytes: st.bytes,
+                doorbell_errors: st.doorbell_errors,
+                passes: st.passes,
+                idle_passes: st.idle_passes,
+            })
+        }
+        None => None,
+    };
+    drop(gpu_ctrl);
+    let side = GpuSide {
+        model: model_side,
+        ..side
+    };
 
     let mut errors = gpu.errors + gpu.mismatches;
     let mut verify_errors = gpu.mismatches;
@@ -373,4 +480,41 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         gpu: side,
         cpu,
     })
+}
+
+/// Starts the GPU-resident controller model in place of `emu`'s I/O threads, over the same
+/// namespaces.
+fn start_model(
+    cuda: &std::sync::Arc<Cuda>,
+    ctrl: &Controller,
+    emu: &std::sync::Arc<nvme_emu::EmuDevice>,
+    media: MediaKind,
+    controller_sms: u32,
+) -> Result<std::sync::Arc<GpuController>> {
+    let specs: Vec<NamespaceSpec> = emu
+        .namespace_configs()
+        .iter()
+        .map(|c| NamespaceSpec {
+            blocks: c.blocks,
+            lba_size: c.lba_size,
+            image: match &c.backend {
+                nvme_emu::Backend::File(p) => Some(p.clone()),
+                _ => None,
+            },
+        })
+        .collect();
+    let info = ctrl.info();
+    GpuController::start(
+        cuda,
+        emu,
+        &specs,
+        info.max_io_queue_pairs,
+        u32::try_from(info.max_transfer_bytes).unwrap_or(u32::MAX),
+        &GpuControllerOptions {
+            controller_sms,
+            media,
+            ..Default::default()
+        },
+    )
+    .context("starting the GPU-resident controller")
 }

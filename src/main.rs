@@ -150,9 +150,30 @@ struct PerfArgs {
     /// maximum, at most 1024).
     #[arg(long, requires = "gpu")]
     gpu_depth: Option<u32>,
-    /// SMs reserved (green context) for the software controller's copy kernels.
+    /// SMs reserved (green context) for the software controller's copy kernels, or for the
+    /// GPU-resident controller (--controller gpu).
     #[arg(long, default_value_t = 8, requires = "gpu")]
     controller_sms: u32,
+    /// Who serves the GPU queues: `emu`, the software controller's threads, or `gpu`, the
+    /// GPU-resident controller model (a persistent kernel on --controller-sms SMs).
+    #[arg(long, value_enum, default_value = "emu", requires = "gpu")]
+    controller: ControllerArg,
+    /// Media of the GPU-resident controller: `hbm` (the image loaded into GPU memory, written
+    /// back at the end) or `null` (no data moves: the protocol ceiling).
+    #[arg(long, value_enum, default_value = "hbm", requires = "gpu")]
+    media: MediaArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ControllerArg {
+    Emu,
+    Gpu,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum MediaArg {
+    Null,
+    Hbm,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -239,6 +260,10 @@ fn run(args: Args) -> Result<()> {
                     cpu_queues: p.cpu_queues,
                     depth: p.gpu_depth,
                     controller_sms: p.controller_sms,
+                    model: (p.controller == ControllerArg::Gpu).then_some(match p.media {
+                        MediaArg::Null => gpunvme::gpu_queues::MediaKind::Null,
+                        MediaArg::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
+                    }),
                 };
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))

@@ -12,6 +12,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const HEADER: &str = include_str!("../../ptx/gpunvme.cuh");
 /// The kernels' source, as committed.
 pub const KERNELS_CU: &str = include_str!("../../ptx/gpunvme_kernels.cu");
+/// The GPU-resident controller model's device code, as committed.
+pub const CONTROLLER_CUH: &str = include_str!("../../ptx/gpunvme_controller.cuh");
 /// The kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded at run time.
 pub const KERNELS_PTX: &str = include_str!("../../ptx/gpunvme_kernels.ptx");
 
@@ -290,6 +292,128 @@ impl std::fmt::Display for DeviceStatus {
     }
 }
 
+/// One queue pair of the GPU-resident controller's table (`gpunvme::ctrl::ctrl_queue`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlQueue {
+    /// GPU pointer of the SQ ring (0: no SQ).
+    pub sq: u64,
+    /// GPU pointer of the CQ ring.
+    pub cq: u64,
+    /// SQ entries.
+    pub sq_entries: u32,
+    /// CQ entries.
+    pub cq_entries: u32,
+    /// Changes whenever the entry describes a new queue.
+    pub serial: u32,
+    /// Reserved.
+    pub reserved: u32,
+}
+const _: () = assert!(size_of::<CtrlQueue>() == 32);
+
+/// A range of device addresses (= GPU pointers) the controller may move data through.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlWindow {
+    /// First address.
+    pub base: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// One namespace of the GPU-resident controller (`gpunvme::ctrl::ctrl_ns`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlNs {
+    /// Size in logical blocks.
+    pub blocks: u64,
+    /// GPU pointer of the media (0: null media).
+    pub media: u64,
+    /// log2 of the LBA size.
+    pub lba_shift: u32,
+    /// `MEDIA_*`.
+    pub kind: u32,
+    /// Reserved.
+    pub reserved: u64,
+}
+
+/// Media kinds (`GPUNVME_MEDIA_*`).
+pub const MEDIA_NULL: u32 = 0;
+/// Media in GPU memory.
+pub const MEDIA_HBM: u32 = 1;
+/// Media in host memory registered with CUDA.
+pub const MEDIA_HOST: u32 = 2;
+
+/// The GPU-resident controller's control block (`gpunvme::ctrl::ctrl_control`), in pinned
+/// host memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlControl {
+    /// Host: 1 = stop.
+    pub stop: u32,
+    /// Host: bumped after any table change.
+    pub generation: u32,
+    /// Queue ids 1..=nqueues may exist.
+    pub nqueues: u32,
+    /// Windows in use.
+    pub nwindows: u32,
+    /// Namespaces.
+    pub nns: u32,
+    /// Longest idle sleep, nanoseconds.
+    pub idle_ns: u32,
+    /// MDTS in bytes.
+    pub max_transfer: u32,
+    /// Reserved.
+    pub reserved0: u32,
+    /// Mapped pointer: `[CtrlQueue; nqueues]`.
+    pub queues: u64,
+    /// Mapped pointer: `[CtrlWindow; CTRL_MAX_WINDOWS]`.
+    pub windows: u64,
+    /// Mapped pointer: `[CtrlNs; CTRL_MAX_NS]`.
+    pub namespaces: u64,
+    /// GPU pointer: doorbell pairs, `CTRL_DOORBELL_STRIDE` bytes apart.
+    pub doorbells: u64,
+    /// GPU pointer: `[CtrlCounters; warps]`.
+    pub counters: u64,
+    /// Mapped pointer: generation acknowledged per warp, then SM id + 1 per block.
+    pub ack: u64,
+    /// The kernel stops by itself after this long.
+    pub lifetime_ns: u64,
+    /// Reserved.
+    pub reserved1: [u64; 5],
+}
+
+/// What one controller warp did (`gpunvme::ctrl::ctrl_counters`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlCounters {
+    /// Commands completed (any status).
+    pub commands: u64,
+    /// Of which failed.
+    pub errors: u64,
+    /// Data bytes moved.
+    pub bytes: u64,
+    /// Doorbell values out of range, ignored.
+    pub doorbell_errors: u64,
+    /// Polling passes.
+    pub passes: u64,
+    /// Passes with nothing to do.
+    pub idle_passes: u64,
+    /// Table generations taken.
+    pub reloads: u64,
+    /// Reserved.
+    pub reserved: u64,
+}
+
+/// Windows per controller (`GPUNVME_CTRL_MAX_WINDOWS`).
+pub const CTRL_MAX_WINDOWS: usize = 64;
+/// Namespaces per controller (`GPUNVME_CTRL_MAX_NS`).
+pub const CTRL_MAX_NS: usize = 16;
+/// Warps per controller block (`GPUNVME_CTRL_WARPS`).
+pub const CTRL_WARPS: u32 = 16;
+/// Bytes between two queues' doorbell pairs (`GPUNVME_CTRL_DOORBELL_STRIDE`).
+pub const CTRL_DOORBELL_STRIDE: usize = 32;
+
 /// Every `#define GPUNVME_NAME <integer>` in `text`, as (NAME without the prefix, value).
 pub fn header_defines(text: &str) -> Vec<(String, u64)> {
     text.lines()
@@ -318,6 +442,7 @@ mod tests {
     fn defines() -> HashMap<String, u64> {
         let mut m: HashMap<String, u64> = header_defines(HEADER).into_iter().collect();
         m.extend(header_defines(KERNELS_CU));
+        m.extend(header_defines(CONTROLLER_CUH));
         m
     }
 
@@ -370,6 +495,23 @@ mod tests {
             ("COPY_LATE", COPY_LATE as usize),
             ("DONE_BIT", DONE_BIT as usize),
             ("HOST_ABORT", HOST_ABORT as usize),
+            ("CTRL_QUEUE_SIZE", size_of::<CtrlQueue>()),
+            ("CTRL_WINDOW_SIZE", size_of::<CtrlWindow>()),
+            ("CTRL_NS_SIZE", size_of::<CtrlNs>()),
+            ("CTRL_CONTROL_SIZE", size_of::<CtrlControl>()),
+            ("CTRL_COUNTERS_SIZE", size_of::<CtrlCounters>()),
+            ("CC_STOP", offset_of!(CtrlControl, stop)),
+            ("CC_GENERATION", offset_of!(CtrlControl, generation)),
+            ("CC_QUEUES", offset_of!(CtrlControl, queues)),
+            ("CC_ACK", offset_of!(CtrlControl, ack)),
+            ("CC_LIFETIME_NS", offset_of!(CtrlControl, lifetime_ns)),
+            ("CTRL_MAX_WINDOWS", CTRL_MAX_WINDOWS),
+            ("CTRL_MAX_NS", CTRL_MAX_NS),
+            ("CTRL_WARPS", CTRL_WARPS as usize),
+            ("CTRL_DOORBELL_STRIDE", CTRL_DOORBELL_STRIDE),
+            ("MEDIA_NULL", MEDIA_NULL as usize),
+            ("MEDIA_HBM", MEDIA_HBM as usize),
+            ("MEDIA_HOST", MEDIA_HOST as usize),
         ];
         for (name, value) in want {
             assert_eq!(
@@ -456,6 +598,7 @@ mod tests {
             "gpunvme_scatter",
             "gpunvme_gather",
             "gpunvme_warmup",
+            "gpunvme_controller",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::desc::KERNELS_PTX;
 use crate::error::GpuError;
-use crate::ffi::{Arg, Cuda, Kernel, Library, Stream};
+use crate::ffi::{Arg, Cuda, DeviceMemory, Kernel, Library, Stream};
 
 /// The loaded kernels of `ptx/gpunvme_kernels.cu`.
 pub struct Kernels {
@@ -29,6 +29,8 @@ pub struct Kernels {
     pub gather: Kernel,
     /// `gpunvme_warmup`.
     pub warmup: Kernel,
+    /// `gpunvme_controller` (the GPU-resident controller model).
+    pub controller: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -49,6 +51,7 @@ impl Kernels {
             scatter: lib.kernel("gpunvme_scatter")?,
             gather: lib.kernel("gpunvme_gather")?,
             warmup: lib.kernel("gpunvme_warmup")?,
+            controller: lib.kernel("gpunvme_controller")?,
             _lib: lib,
         }))
     }
@@ -57,6 +60,51 @@ impl Kernels {
     /// loading on that stream's context.
     pub fn warm_up(&self, stream: &Stream) -> Result<(), GpuError> {
         stream.launch(self.warmup, 1, 32, &[Arg::U64(0)])?;
+        stream.wait_idle(Duration::from_secs(10))
+    }
+
+    /// Launches every client kernel once on `stream`, each with arguments that make it return
+    /// at once (no queues, no requests, no blocks), and waits: with lazy loading a kernel is
+    /// loaded into a context on its first launch there, and that first launch must not come
+    /// while a persistent kernel (the GPU-resident controller) holds the GPU.
+    pub fn warm_up_clients(&self, cuda: &Arc<Cuda>, stream: &Stream) -> Result<(), GpuError> {
+        // Zeroed scratch: a perf_params with nqueues = 0, and result words.
+        let scratch = DeviceMemory::alloc(cuda, 4096)?;
+        let p = scratch.ptr();
+        stream.launch(self.warmup, 1, 32, &[Arg::U64(0)])?;
+        stream.launch(self.perf, 1, 32, &[Arg::U64(p)])?;
+        let none = [
+            Arg::U64(p),
+            Arg::U32(0),
+            Arg::U64(p),
+            Arg::U32(0),
+            Arg::U64(p + 2048),
+            Arg::U32(0),
+        ];
+        stream.launch(self.io_batch, 1, 32, &none)?;
+        let range = [
+            Arg::U64(p),
+            Arg::U32(0),
+            Arg::U32(1),
+            Arg::U32(9),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(p + 2048),
+        ];
+        stream.launch(self.rw_range, 1, 32, &range)?;
+        let pattern = [
+            Arg::U64(p),
+            Arg::U64(0),
+            Arg::U32(1),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U32(9),
+            Arg::U32(1),
+            Arg::U64(p + 2048),
+        ];
+        stream.launch(self.pattern, 1, 32, &pattern)?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

@@ -18,6 +18,9 @@
 //!   that serves CPU queues.
 //! - [`emu_dma`]: transport (a), the software controller serving those queues with batched
 //!   copies (one scatter kernel per controller batch) in an SM partition of its own.
+//! - [`gpu_controller`]: the GPU-resident controller model — a persistent kernel on reserved
+//!   SMs serving queues in GPU memory at GPU speed, behind the software controller's admin
+//!   queue ([`nvme_emu::QueueServer`]); `null` and `hbm` media.
 //! - [`perf`]: the GPU side of `gpunvme perf --gpu`.
 //!
 //! # Transports
@@ -43,6 +46,7 @@ pub mod desc;
 pub mod emu_dma;
 pub mod error;
 pub mod ffi;
+pub mod gpu_controller;
 pub mod kernels;
 pub mod pattern;
 pub mod perf;
@@ -52,4 +56,5 @@ pub mod transport;
 pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;
 pub use ffi::{Cuda, cuda_present};
+pub use gpu_controller::{GpuController, GpuControllerOptions, MediaKind};
 pub use queues::{GpuBuffer, GpuQueueOptions, GpuQueues, TransportKind};

@@ -20,6 +20,7 @@ use crate::desc::{QueueDesc, QueueState, SlotState};
 use crate::emu_dma::{CopyMode, DmaStats, GpuDma, GpuRegion, PinnedDoorbell};
 use crate::error::GpuError;
 use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::gpu_controller::GpuController;
 use crate::kernels::Kernels;
 
 /// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
@@ -69,6 +70,9 @@ pub enum TransportKind {
     /// (c) A real SSD behind VFIO: rings and data in hugepage host memory mapped for the SSD and
     /// registered with CUDA; only the doorbell write goes peer to peer.
     HostMemory,
+    /// The GPU-resident controller model ([`crate::gpu_controller`]): rings, doorbells and
+    /// media in GPU memory, served by a persistent kernel on reserved SMs.
+    GpuController,
 }
 
 impl TransportKind {
@@ -78,6 +82,7 @@ impl TransportKind {
             Self::SoftwareController => "software-controller",
             Self::VfioP2p => "vfio-p2p",
             Self::HostMemory => "host-memory",
+            Self::GpuController => "gpu-controller",
         }
     }
 
@@ -87,6 +92,7 @@ impl TransportKind {
             Self::SoftwareController => "(a)",
             Self::VfioP2p => "(b)",
             Self::HostMemory => "(c)",
+            Self::GpuController => "(model)",
         }
     }
 }
@@ -181,6 +187,8 @@ pub(crate) fn initial_state() -> QueueState {
 /// A GPU buffer the controller can reach: its GPU pointer and its device (bus) address.
 pub struct GpuBuffer {
     mem: Arc<DeviceMemory>,
+    /// Where the buffer starts in `mem` (its device address is page aligned).
+    offset: usize,
     region: DmaRegion,
 }
 
@@ -193,7 +201,17 @@ impl std::fmt::Debug for GpuBuffer {
 impl GpuBuffer {
     /// GPU pointer of the first byte.
     pub fn ptr(&self) -> u64 {
-        self.mem.ptr()
+        self.mem.ptr() + self.offset as u64
+    }
+
+    /// Copies `data` into the buffer at `offset` (synchronous; tests and tools).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), GpuError> {
+        self.mem.write(self.offset + offset, data)
+    }
+
+    /// Copies bytes at `offset` out into `buf` (synchronous; tests and tools).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), GpuError> {
+        self.mem.read(self.offset + offset, buf)
     }
     /// Device address of the first byte (contiguous for the whole buffer).
     pub fn bus(&self) -> u64 {
@@ -201,11 +219,11 @@ impl GpuBuffer {
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mem.len()
+        self.region.len()
     }
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
+        self.region.len() == 0
     }
     /// The GPU memory (for host-side copies in tests and tools).
     pub fn memory(&self) -> &DeviceMemory {
@@ -246,6 +264,7 @@ pub struct GpuQueues {
     kernels: Arc<Kernels>,
     engine: Option<Arc<GpuDma>>,
     emu: Option<Arc<EmuDevice>>,
+    gpu_ctrl: Option<Arc<GpuController>>,
     partition: Arc<GreenPartition>,
     transport: TransportKind,
     depth: u32,
@@ -262,6 +281,14 @@ impl std::fmt::Debug for GpuQueues {
             .field("transport", &self.transport)
             .finish()
     }
+}
+
+/// `len` bytes of GPU memory starting at a page boundary: the allocation (one page larger) and
+/// the aligned address.
+fn aligned_arena(cuda: &Arc<Cuda>, len: usize) -> Result<(Arc<DeviceMemory>, u64), GpuError> {
+    let mem = Arc::new(DeviceMemory::alloc(cuda, len + 4096)?);
+    let base = mem.ptr().next_multiple_of(4096);
+    Ok((mem, base))
 }
 
 fn pow2_floor(v: u32) -> u32 {
@@ -429,8 +456,130 @@ impl GpuQueues {
             kernels,
             engine: Some(engine),
             emu: Some(emu.clone()),
+            gpu_ctrl: None,
             partition,
             transport: TransportKind::SoftwareController,
+            depth,
+            slot_buffer_bytes,
+            max_transfer,
+            cuda: cuda.clone(),
+        })
+    }
+
+    /// Builds queue pairs in GPU memory on `controller`, whose I/O queues the GPU-resident
+    /// controller model `gpu` serves (it must have been started on the same software
+    /// controller, before this call). Rings, PRP-list pages and slot buffers come from four
+    /// arenas registered as the model's windows; doorbells are the model's words in GPU
+    /// memory; device addresses are GPU pointers.
+    pub fn on_gpu_controller(
+        cuda: &Arc<Cuda>,
+        controller: &Controller,
+        gpu: &Arc<GpuController>,
+        opts: &GpuQueueOptions,
+    ) -> Result<Self, GpuError> {
+        let plan = plan(controller.info(), opts)?;
+        let Plan {
+            depth,
+            slot_buffer_bytes,
+            count,
+            max_transfer,
+        } = plan;
+        let n = count as usize;
+        let d = depth as usize;
+        let sq_bytes = (d * 64).next_multiple_of(4096);
+        let cq_bytes = (d * 16).next_multiple_of(4096);
+        let prp_bytes = d * 2 * 4096;
+        let buf_bytes = d * slot_buffer_bytes as usize;
+        // Four arenas, page aligned (device addresses of queues and PRP pages must be), each
+        // one window of the model.
+        let (sqs, sq_base) = aligned_arena(cuda, n * sq_bytes)?;
+        let (cqs, cq_base) = aligned_arena(cuda, n * cq_bytes)?;
+        let (prps, prp_base) = aligned_arena(cuda, n * prp_bytes)?;
+        let (bufs, buf_base) = aligned_arena(cuda, n * buf_bytes)?;
+        let windows: Vec<_> = [
+            (sq_base, n * sq_bytes),
+            (cq_base, n * cq_bytes),
+            (prp_base, n * prp_bytes),
+            (buf_base, n * buf_bytes),
+        ]
+        .into_iter()
+        .map(|(base, len)| gpu.register_window(base, len as u64))
+        .collect::<Result<_, _>>()?;
+        let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+        let client_stream = Stream::new(cuda, Placement::Client, Some(gpu.partition()))?;
+        let region = |mem: &Arc<DeviceMemory>, base: u64, off: usize, len: usize| {
+            DmaRegion::contiguous(base + off as u64, len, Box::new(mem.clone()))
+        };
+        let mut pairs = Vec::with_capacity(n);
+        for q in 0..n {
+            let (sq_off, cq_off) = (q * sq_bytes, q * cq_bytes);
+            let (prp_bus, buf_bus) = (
+                prp_base + (q * prp_bytes) as u64,
+                buf_base + (q * buf_bytes) as u64,
+            );
+            if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
+                prps.write((prp_bus - prps.ptr()) as usize, lists.as_bytes())?;
+            }
+            let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
+            let slots = Arc::new(DeviceMemory::alloc(cuda, d * size_of::<SlotState>())?);
+            slots.write(0, initial_slots(depth).as_bytes())?;
+            state.write(0, initial_state().as_bytes())?;
+            let created = controller.create_queue_pair_on(QueueRegions {
+                sq: Arc::new(region(&sqs, sq_base, sq_off, sq_bytes)),
+                sq_entries: depth,
+                cq: Arc::new(region(&cqs, cq_base, cq_off, cq_bytes)),
+                cq_entries: depth,
+            })?;
+            let (sq_db, cq_db) = gpu.doorbells(created.qid())?;
+            let desc = QueueDesc {
+                sq: sq_base + sq_off as u64,
+                cq: cq_base + cq_off as u64,
+                sq_doorbell: sq_db,
+                cq_doorbell: cq_db,
+                state: state.ptr(),
+                slots: slots.ptr(),
+                prp_lists: prp_bus,
+                prp_lists_bus: prp_bus,
+                slot_buffers: buf_bus,
+                slot_buffers_bus: buf_bus,
+                host_flags: host_flags.device_ptr(),
+                timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+                depth,
+                qid: created.qid(),
+                reserved0: 0,
+                slot_buffer_bytes,
+                max_transfer,
+                reserved1: [0; 2],
+            };
+            pairs.push(GpuQueuePair {
+                created: Some(created),
+                desc,
+                state: state.clone(),
+                _keep: vec![Box::new(vec![state, slots])],
+            });
+        }
+        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
+        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
+        descs.write(0, all.as_bytes())?;
+        tracing::info!(
+            queues = count,
+            depth,
+            slot_buffer_bytes,
+            "GPU queues created on the GPU controller"
+        );
+        Ok(Self {
+            pairs,
+            descs,
+            host_flags,
+            // Dropped after the queues are deleted: the windows, then the arenas.
+            _doorbells: Box::new((windows, vec![sqs, cqs, prps, bufs])),
+            client_stream,
+            kernels: gpu.kernels().clone(),
+            engine: None,
+            emu: None,
+            gpu_ctrl: Some(gpu.clone()),
+            partition: gpu.partition().clone(),
+            transport: TransportKind::GpuController,
             depth,
             slot_buffer_bytes,
             max_transfer,
@@ -465,6 +614,7 @@ impl GpuQueues {
             kernels,
             engine: None,
             emu: None,
+            gpu_ctrl: None,
             partition,
             transport,
             depth: plan.depth,
@@ -477,6 +627,18 @@ impl GpuQueues {
     /// Allocates `len` bytes of GPU memory the controller can reach (for reads and writes of
     /// LBA ranges into arbitrary GPU buffers).
     pub fn alloc_buffer(&self, len: usize) -> Result<GpuBuffer, GpuError> {
+        if let Some(ctrl) = &self.gpu_ctrl {
+            let len = len.next_multiple_of(4096);
+            let (mem, base) = aligned_arena(&self.cuda, len)?;
+            let guard = ctrl.register_window(base, len as u64)?;
+            let region = DmaRegion::contiguous(base, len, Box::new((guard, mem.clone())));
+            let offset = (base - mem.ptr()) as usize;
+            return Ok(GpuBuffer {
+                mem,
+                offset,
+                region,
+            });
+        }
         let (Some(emu), Some(engine)) = (&self.emu, &self.engine) else {
             return Err(GpuError::Unsupported("buffers on this transport".into()));
         };
@@ -488,7 +650,11 @@ impl GpuQueues {
             mem.len(),
             Box::new((Unregister { map, base }, mem.clone())),
         );
-        Ok(GpuBuffer { mem, region })
+        Ok(GpuBuffer {
+            mem,
+            offset: 0,
+            region,
+        })
     }
 
     /// GPU pointer of the `[QueueDesc]` array kernels take.

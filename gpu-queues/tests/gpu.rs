@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use gpu_queues::desc::{DeviceStatus, IoReq};
 use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
+use gpu_queues::gpu_controller::NamespaceSpec;
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::{GpuQueueOptions, GpuQueues};
+use gpu_queues::{GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind};
 use nvme::{Controller, ControllerOptions, DmaSlice};
 use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
 use zerocopy::IntoBytes;
@@ -19,10 +20,13 @@ use zerocopy::IntoBytes;
 const NS_BYTES: u64 = 64 << 20;
 const SEED: u64 = 0x005e_ed0f_6b0b;
 
+/// Field order is drop order: the GPU queues are deleted (through `ctrl`) before the GPU
+/// controller model stops and before the controller goes.
 struct Rig {
-    emu: Arc<EmuDevice>,
-    ctrl: Controller,
     gpu: GpuQueues,
+    model: Option<Arc<GpuController>>,
+    ctrl: Controller,
+    emu: Arc<EmuDevice>,
     lba: u32,
 }
 
@@ -43,6 +47,7 @@ fn rig_with(lba: u32, cfg: impl FnOnce(&mut EmuConfig), opts: GpuQueueOptions) -
         emu,
         ctrl,
         gpu,
+        model: None,
         lba,
     }
 }
@@ -491,4 +496,325 @@ fn gpu_and_cpu_queues_on_one_controller() {
         );
         cpu.join().unwrap();
     });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GPU-resident controller model: the same client code against a persistent controller
+// kernel, behind the software controller's admin queue.
+
+/// A controller over an image file at `path` (the pattern already in it, written by the CPU
+/// through the software controller), then the model with `media` and GPU queues on it.
+fn model_rig(path: &std::path::Path, lba: u32, media: MediaKind, queues: u16, depth: u32) -> Rig {
+    let config = EmuConfig {
+        namespaces: vec![NamespaceConfig {
+            backend: nvme_emu::Backend::File(path.to_path_buf()),
+            blocks: NS_BYTES / lba as u64,
+            lba_size: lba,
+        }],
+        max_io_queue_pairs: 16,
+        ..EmuConfig::default()
+    };
+    let emu = EmuDevice::start(config).expect("software controller");
+    let ctrl = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
+    {
+        // The pattern goes to the file through a CPU queue before the model loads it.
+        let mut q = ctrl.create_io_queue_pair(64).expect("CPU queue");
+        let chunk = (1u64 << 20) / lba as u64;
+        let blocks = NS_BYTES / lba as u64;
+        let mut l = 0;
+        while l < blocks {
+            q.write_from(1, l, &pattern(l, chunk, lba))
+                .expect("CPU write");
+            l += chunk;
+        }
+    }
+    let cuda = cuda();
+    let model = GpuController::start(
+        &cuda,
+        &emu,
+        &[NamespaceSpec {
+            blocks: NS_BYTES / lba as u64,
+            lba_size: lba,
+            image: Some(path.to_path_buf()),
+        }],
+        16,
+        ctrl.info().max_transfer_bytes as u32,
+        &GpuControllerOptions {
+            media,
+            ..Default::default()
+        },
+    )
+    .expect("GPU controller");
+    let gpu = GpuQueues::on_gpu_controller(
+        &cuda,
+        &ctrl,
+        &model,
+        &GpuQueueOptions {
+            queues: Some(queues),
+            depth: Some(depth),
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .expect("GPU queues on the model");
+    Rig {
+        gpu,
+        model: Some(model),
+        ctrl,
+        emu,
+        lba,
+    }
+}
+
+fn image(name: &str) -> std::path::PathBuf {
+    let dir = if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let p = dir.join(format!("gpunvme-model-{name}-{}", std::process::id()));
+    std::fs::File::create(&p)
+        .and_then(|f| f.set_len(NS_BYTES))
+        .expect("image");
+    p
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_moves_every_transfer_shape_and_writes_back() {
+    for lba in [512u32, 4096] {
+        let path = image(&format!("shapes{lba}"));
+        let r = model_rig(&path, lba, MediaKind::Hbm, 4, 64);
+        let mdts = r.gpu.max_transfer() as u64;
+        let buf = r.gpu.alloc_buffer(4 << 20).expect("GPU buffer");
+        // PRP1 only, PRP2, a PRP list, exactly MDTS, above MDTS (split), at an in-page offset.
+        let shapes: &[(u64, u64)] = &[
+            (0, 512),
+            (0, 8192),
+            (0, 64 << 10),
+            (0, mdts),
+            (0, 3 * mdts + 4096),
+            (512, 12 << 10),
+        ];
+        for (i, &(off, bytes)) in shapes.iter().enumerate() {
+            if off % lba as u64 != 0 || bytes % lba as u64 != 0 {
+                continue;
+            }
+            let slba = 1000 + i as u64 * 777;
+            let blocks = bytes / lba as u64;
+            for warp in [false, true] {
+                let (s, sf) = rw_range(&r, false, slba, blocks, buf.bus() + off, warp);
+                assert_eq!(
+                    s,
+                    DeviceStatus::Ok,
+                    "lba {lba} shape {i} warp {warp}: {sf:#x}"
+                );
+                let mut got = vec![0u8; bytes as usize];
+                buf.read(off as usize, &mut got).unwrap();
+                assert!(
+                    got == pattern(slba, blocks, lba),
+                    "lba {lba} shape {i} warp {warp}: bytes differ"
+                );
+            }
+        }
+        // Writes through the model reach the image when it stops.
+        let new: Vec<u8> = (0..(256u64 << 10)).map(|i| (i * 7 + 3) as u8).collect();
+        buf.write(0, &new).unwrap();
+        let slba = 4096;
+        let (s, sf) = rw_range(
+            &r,
+            true,
+            slba,
+            new.len() as u64 / lba as u64,
+            buf.bus(),
+            true,
+        );
+        assert_eq!(s, DeviceStatus::Ok, "write: {sf:#x}");
+        let stats = r.model.as_ref().unwrap().stop().expect("stop");
+        assert_eq!(stats.errors, 0, "{stats:?}");
+        assert!(stats.commands > 0 && stats.bytes > 0, "{stats:?}");
+        let file = std::fs::read(&path).unwrap();
+        let at = (slba * lba as u64) as usize;
+        assert!(file[at..at + new.len()] == new[..], "lba {lba}: write-back");
+        // Beside it, the CPU's pattern is intact.
+        let before = ((slba - 1) * lba as u64) as usize;
+        assert!(file[before..at] == pattern(slba - 1, 1, lba)[..]);
+        drop(buf);
+        drop(r);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_fails_bad_commands_with_the_status_the_spec_requires() {
+    let path = image("strict");
+    let r = model_rig(&path, 512, MediaKind::Hbm, 2, 64);
+    let buf = r.gpu.alloc_buffer(1 << 20).expect("GPU buffer");
+    let good = IoReq {
+        slba: 8,
+        prp1: buf.bus(),
+        prp2: 0,
+        nsid: 1,
+        nlb_z: 0,
+        opcode: 2,
+        reserved: 0,
+    };
+    let blocks = NS_BYTES / 512;
+    let cases: &[(&str, IoReq, u32)] = &[
+        ("good read", good, 0),
+        (
+            "invalid opcode",
+            IoReq {
+                opcode: 0x7f,
+                ..good
+            },
+            0x01,
+        ),
+        ("invalid namespace", IoReq { nsid: 9, ..good }, 0x0b),
+        (
+            "LBA out of range",
+            IoReq {
+                slba: blocks,
+                ..good
+            },
+            0x80,
+        ),
+        (
+            "range past the end",
+            IoReq {
+                slba: blocks - 1,
+                nlb_z: 1,
+                ..good
+            },
+            0x80,
+        ),
+        (
+            "PRP1 not dword aligned",
+            IoReq {
+                prp1: buf.bus() + 2,
+                ..good
+            },
+            0x13,
+        ),
+        (
+            "PRP2 not page aligned",
+            IoReq {
+                prp1: buf.bus() + 3584,
+                prp2: buf.bus() + 4100,
+                nlb_z: 1,
+                ..good
+            },
+            0x13,
+        ),
+        (
+            "memory outside every window",
+            IoReq {
+                prp1: 0x1000,
+                ..good
+            },
+            0x04,
+        ),
+        (
+            "above MDTS",
+            IoReq {
+                nlb_z: u16::MAX,
+                ..good
+            },
+            0x02,
+        ),
+        ("flush", IoReq { opcode: 0, ..good }, 0),
+    ];
+    let reqs: Vec<IoReq> = cases.iter().map(|c| c.1).collect();
+    for warp in [false, true] {
+        let out = batch(&r, &reqs, warp);
+        for ((name, _, sc), (s, sf)) in cases.iter().zip(&out) {
+            if *sc == 0 {
+                assert_eq!(*s, DeviceStatus::Ok, "{name}: {sf:#x}");
+            } else {
+                assert_eq!(*s, DeviceStatus::NvmeError, "{name}");
+                assert_eq!((sf >> 1) & 0xff, *sc, "{name}: status field {sf:#x}");
+                assert_eq!((sf >> 9) & 7, 0, "{name}: generic status type");
+                assert_ne!(sf & 0x8000, 0, "{name}: Do Not Retry");
+            }
+        }
+    }
+    let stats = r.model.as_ref().unwrap().stop().expect("stop");
+    assert_eq!(
+        stats.errors,
+        2 * (cases.iter().filter(|c| c.2 != 0).count() as u64)
+    );
+    drop(buf);
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_wraps_many_queues_with_both_clients_on_null_media() {
+    let path = image("null");
+    let r = model_rig(&path, 4096, MediaKind::Null, 16, 64);
+    for style in [ClientStyle::Thread, ClientStyle::Warp] {
+        let cfg = GpuPerfConfig {
+            rw: GpuRw::RandRead,
+            nsid: 1,
+            lba_size: 4096,
+            bs: 4096,
+            qd: 32,
+            style,
+            ios: 200_000,
+            runtime: Duration::ZERO,
+            verify: false,
+            seed: SEED,
+            region_blocks: NS_BYTES / 4096,
+        };
+        let res = gpu_queues::perf::run(&r.gpu, &cfg, || None).expect("perf on the model");
+        assert_eq!(res.errors, 0, "{style:?}");
+        assert!(res.done >= 200_000, "{style:?}: {} done", res.done);
+    }
+    let stats = r.model.as_ref().unwrap().stop().expect("stop");
+    assert_eq!(stats.errors, 0);
+    assert_eq!(stats.doorbell_errors, 0);
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_without_free_sms_is_refused_not_hung() {
+    let path = image("nosm");
+    let config = EmuConfig {
+        namespaces: vec![NamespaceConfig {
+            backend: nvme_emu::Backend::File(path.clone()),
+            blocks: NS_BYTES / 512,
+            lba_size: 512,
+        }],
+        ..EmuConfig::default()
+    };
+    let emu = EmuDevice::start(config).expect("software controller");
+    let cuda = cuda();
+    let t0 = Instant::now();
+    let err = GpuController::start(
+        &cuda,
+        &emu,
+        &[NamespaceSpec {
+            blocks: NS_BYTES / 512,
+            lba_size: 512,
+            image: None,
+        }],
+        8,
+        1 << 17,
+        &GpuControllerOptions {
+            controller_sms: cuda.sm_count() + 8,
+            ..Default::default()
+        },
+    )
+    .expect_err("a controller on more SMs than the GPU has");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "refusal took {:?}",
+        t0.elapsed()
+    );
+    eprintln!("refused as expected: {err}");
+    let _ = std::fs::remove_file(&path);
 }

@@ -262,10 +262,72 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
+        if defer_free(Deferred::Device(self.ptr)) {
+            return;
+        }
         if self.cuda.make_current().is_ok() {
             // SAFETY: frees the allocation made in `alloc`, once.
             unsafe {
                 sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}
+
+/// Memory whose free waits until no persistent kernel runs.
+#[derive(Clone, Copy, Debug)]
+enum Deferred {
+    Device(u64),
+    Host(usize),
+}
+
+/// Persistent kernels running (the GPU-resident controller), and the frees held back
+/// meanwhile: `cuMemFree` and `cuMemFreeHost` synchronise with the whole device, so a free
+/// while a persistent kernel runs would wait for it to end (a hang).
+static PERSISTENT: std::sync::Mutex<(usize, Vec<Deferred>)> =
+    std::sync::Mutex::new((0, Vec::new()));
+
+/// Holds `what` back if a persistent kernel runs; returns whether it did.
+fn defer_free(what: Deferred) -> bool {
+    let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
+    if p.0 == 0 {
+        return false;
+    }
+    p.1.push(what);
+    true
+}
+
+/// Marks a persistent kernel as running: until [`persistent_kernel_ended`], frees of GPU and
+/// pinned memory are held back instead of synchronising with the device.
+pub fn persistent_kernel_started() {
+    PERSISTENT.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+}
+
+/// Marks a persistent kernel as ended (its stream is idle); when none runs any more, performs
+/// the frees held back meanwhile.
+pub fn persistent_kernel_ended(cuda: &Cuda) {
+    let held = {
+        let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
+        p.0 = p.0.saturating_sub(1);
+        if p.0 > 0 {
+            return;
+        }
+        std::mem::take(&mut p.1)
+    };
+    if held.is_empty() || cuda.make_current().is_err() {
+        return;
+    }
+    for d in held {
+        // SAFETY: each was an allocation of this crate whose owner was dropped (so nothing
+        // refers to it); it is freed once, here.
+        unsafe {
+            match d {
+                Deferred::Device(ptr) => {
+                    sys::cuMemFree_v2(ptr);
+                }
+                Deferred::Host(ptr) => {
+                    sys::cuMemFreeHost(ptr as *mut c_void);
+                }
             }
         }
     }
@@ -396,6 +458,9 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
+        if defer_free(Deferred::Host(self.host as usize)) {
+            return;
+        }
         if self.cuda.make_current().is_ok() {
             // SAFETY: frees the allocation made in `alloc`, once.
             unsafe {

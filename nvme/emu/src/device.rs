@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nvme::{Device, DmaAllocError, DmaMemory, RegisterIo};
 use nvme_spec::{Cap, Csts};
 
-use crate::config::{Backend, EmuConfig};
+use crate::config::{Backend, EmuConfig, NamespaceConfig};
 use crate::controller::pages::VERSION;
 use crate::controller::worker::Worker;
 use crate::controller::{Controller, Shared, thread_for_cq};
@@ -16,6 +16,7 @@ use crate::doorbells::{AttachedWords, DoorbellWord};
 use crate::error::EmuError;
 use crate::faults::Faults;
 use crate::memory::DeviceAddressMap;
+use crate::queue_server::QueueServer;
 use crate::registers::RegisterWindow;
 use crate::stats::{Counters, EmuStats};
 use crate::storage::Namespace;
@@ -36,6 +37,7 @@ pub struct EmuDevice {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     description: String,
+    namespace_configs: Vec<NamespaceConfig>,
 }
 
 impl std::fmt::Debug for EmuDevice {
@@ -82,12 +84,14 @@ impl EmuDevice {
         let workers: Vec<Worker> = (1..threads)
             .map(|i| Worker::new(i, shared.clone(), &config, namespaces.clone()))
             .collect();
+        let namespace_configs = config.namespaces.clone();
         let controller = Controller::new(shared.clone(), config, namespaces);
         let device = EmuDevice {
             regs,
             shared: shared.clone(),
             threads: Mutex::new(Vec::with_capacity(threads)),
             description,
+            namespace_configs,
         };
         let spawn = |index: usize, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -178,6 +182,23 @@ impl EmuDevice {
     /// the queues; deleting a queue is what stops the controller reading its word.
     pub fn detach_external_doorbells(&self, qid: u16) {
         self.shared.doorbells.detach(qid);
+    }
+
+    /// The namespaces as configured (NSID order): backends, sizes, LBA sizes.
+    pub fn namespace_configs(&self) -> &[NamespaceConfig] {
+        &self.namespace_configs
+    }
+
+    /// Installs (or with `None` removes) the [`QueueServer`] that receives every I/O queue
+    /// created from now on, in place of the controller threads. Queues that exist keep being
+    /// served where they are until deleted. The admin queue, registers, Identify, features and
+    /// logs stay with this controller.
+    pub fn set_queue_server(&self, server: Option<Arc<dyn QueueServer>>) {
+        *self
+            .shared
+            .queue_server
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = server;
     }
 
     /// A snapshot of the controller's counters (summed over its threads).

@@ -33,6 +33,9 @@
 //!   [`controller_thread_index`] tells a memory region which controller thread calls it.
 //! - `storage` (private): namespace media, shared by the threads: files with positioned I/O,
 //!   memory in 2 MiB stripes behind reader-writer locks.
+//! - [`queue_server`]: a [`QueueServer`] installed with [`EmuDevice::set_queue_server`] takes
+//!   every I/O queue created afterwards (after the controller's checks of the Create command):
+//!   the GPU-resident controller model serves queues in GPU memory this way.
 //! - [`Faults`]: media errors on chosen LBAs, slow and dropped completions, controller fatal.
 //!
 //! # Behaviour worth knowing
@@ -99,6 +102,7 @@ pub mod faults;
 mod host_memory;
 pub mod memory;
 mod prp;
+pub mod queue_server;
 mod queues;
 mod registers;
 pub mod stats;
@@ -111,4 +115,5 @@ pub use doorbells::DoorbellWord;
 pub use error::{AttachRefusal, EmuError};
 pub use faults::{DROP_ALL, Faults};
 pub use memory::{DeviceAddressMap, DmaError, MemoryRegion, RegionError};
+pub use queue_server::{QueueServer, QueueServerRefusal};
 pub use stats::EmuStats;

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use super::handoff::Request;
 use super::{CmdResult, Controller, Fail, Features, Outcome, check_cdw0};
 use crate::prp::PAGE;
+use crate::queue_server::QueueServerRefusal;
 use crate::queues::{CompQueue, SubQueue};
 
 /// Error Recovery feature (not named in `nvme_spec`).
@@ -199,6 +200,17 @@ impl Controller {
             return Err(Fail::generic(generic::PRP_OFFSET_INVALID).at(PRP1_BYTE));
         }
         let entries = cdw10.qsize_z() as u32 + 1;
+        if let Some(server) = self.shared.queue_server() {
+            server
+                .create_cq(qid, cmd.prp1, entries)
+                .map_err(refusal_to_fail)?;
+            self.queues.cq_sqs[qid as usize] = Some(0);
+            self.queues.served[qid as usize] = true;
+            self.queues.io_cqs += 1;
+            // The server's doorbells replace the register: writes to it are refused.
+            self.shared.regs.set_queue(qid, false, 0, 0);
+            return Ok(Outcome::Done(0));
+        }
         let mut cq = CompQueue::new(cmd.prp1, entries);
         cq.doorbell = self.shared.doorbells.set_live(qid, false, true);
         let stale = cq.doorbell.as_ref().map_or(0, |word| word.load());
@@ -252,6 +264,22 @@ impl Controller {
             return Err(Fail::generic(generic::PRP_OFFSET_INVALID).at(PRP1_BYTE));
         }
         let entries = cdw10.qsize_z() as u32 + 1;
+        if self.queues.is_served(cqid) {
+            // The completion queue went to the queue server: so does this queue.
+            let Some(server) = self.shared.queue_server() else {
+                return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW11_BYTE + 2));
+            };
+            server
+                .create_sq(qid, cqid, cmd.prp1, entries)
+                .map_err(refusal_to_fail)?;
+            self.queues.sq_cq[qid as usize] = Some(cqid);
+            if let Some(n) = self.queues.cq_sqs[cqid as usize].as_mut() {
+                *n += 1;
+            }
+            self.queues.io_sqs += 1;
+            self.shared.regs.set_queue(qid, true, 0, 0);
+            return Ok(Outcome::Done(0));
+        }
         let doorbell = self.shared.doorbells.set_live(qid, true, true);
         let external = doorbell.is_some();
         let mut sq = SubQueue::new(cmd.prp1, entries, cqid, doorbell);
@@ -283,11 +311,18 @@ impl Controller {
         let Some(cqid) = self.queues.sq_cq(qid).filter(|_| qid != 0) else {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_IDENTIFIER).at(CDW10_BYTE));
         };
-        // The owner completes the queue's outstanding commands (delayed ones with their
-        // result, dropped ones as aborted by the deletion) and forgets the queue before the
-        // deletion completes. Dropping the queue drops its external word: the controller stops
-        // reading it.
-        self.give(self.owner(cqid), Request::DeleteSq(qid));
+        if self.queues.is_served(cqid) {
+            // The server stops fetching from it before the deletion completes.
+            if let Some(server) = self.shared.queue_server() {
+                server.delete_sq(qid);
+            }
+        } else {
+            // The owner completes the queue's outstanding commands (delayed ones with their
+            // result, dropped ones as aborted by the deletion) and forgets the queue before
+            // the deletion completes. Dropping the queue drops its external word: the
+            // controller stops reading it.
+            self.give(self.owner(cqid), Request::DeleteSq(qid));
+        }
         self.shared.regs.set_queue(qid, true, 0, 0);
         self.shared.doorbells.set_live(qid, true, false);
         self.queues.sq_cq[qid as usize] = None;
@@ -306,7 +341,14 @@ impl Controller {
         if *sqs > 0 {
             return Err(Fail::specific(command_specific::INVALID_QUEUE_DELETION).at(CDW10_BYTE));
         }
-        self.give(self.owner(qid), Request::DeleteCq(qid));
+        if self.queues.is_served(qid) {
+            if let Some(server) = self.shared.queue_server() {
+                server.delete_cq(qid);
+            }
+            self.queues.served[qid as usize] = false;
+        } else {
+            self.give(self.owner(qid), Request::DeleteCq(qid));
+        }
         self.shared.regs.set_queue(qid, false, 0, 0);
         self.shared.doorbells.set_live(qid, false, false);
         self.queues.cq_sqs[qid as usize] = None;
@@ -489,5 +531,14 @@ impl Controller {
             _ => f.async_event_config,
         };
         Ok(Outcome::Done(dw0))
+    }
+}
+
+/// The status a queue server's refusal of a Create command completes with.
+fn refusal_to_fail(refusal: QueueServerRefusal) -> Fail {
+    tracing::debug!(%refusal, "queue server refused a queue");
+    match refusal {
+        QueueServerRefusal::Unreachable { .. } => Fail::data_transfer(),
+        QueueServerRefusal::Unsupported(_) => invalid_field(CDW11_BYTE),
     }
 }

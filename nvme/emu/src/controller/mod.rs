@@ -61,7 +61,7 @@ use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use nvme_spec::log::ErrorInformationLogEntry;
@@ -76,6 +76,7 @@ use crate::doorbells::ExternalDoorbells;
 use crate::faults::Faults;
 use crate::memory::DeviceAddressMap;
 use crate::prp::PAGE;
+use crate::queue_server::QueueServer;
 use crate::queues::PendingCompletion;
 use crate::registers::{DoorbellError, DoorbellErrorKind, RegisterWindow};
 use crate::stats::Counters;
@@ -154,9 +155,19 @@ pub(crate) struct Shared {
     pub(crate) volatile_write_cache: AtomicBool,
     /// Thread `i`'s mailbox (index 0 is unused: thread 0 is the one that sends).
     pub(crate) mailboxes: Box<[Mailbox]>,
+    /// Where I/O queues created from now on go instead of the controller threads.
+    pub(crate) queue_server: RwLock<Option<Arc<dyn QueueServer>>>,
 }
 
 impl Shared {
+    /// The installed queue server, if any.
+    pub(crate) fn queue_server(&self) -> Option<Arc<dyn QueueServer>> {
+        self.queue_server
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub(crate) fn new(
         regs: Arc<RegisterWindow>,
         threads: usize,
@@ -180,6 +191,7 @@ impl Shared {
             events_waiting: AtomicBool::new(false),
             volatile_write_cache: AtomicBool::new(true),
             mailboxes: (0..threads).map(|_| Mailbox::default()).collect(),
+            queue_server: RwLock::new(None),
         }
     }
 
@@ -429,6 +441,9 @@ struct Directory {
     sq_cq: Vec<Option<u16>>,
     /// Per completion queue id: the number of submission queues posting to it, if it exists.
     cq_sqs: Vec<Option<u32>>,
+    /// Per queue id: completion queue `qid` (and every submission queue posting to it) is
+    /// served by the [`QueueServer`] rather than by a controller thread.
+    served: Vec<bool>,
     io_sqs: usize,
     io_cqs: usize,
 }
@@ -438,6 +453,7 @@ impl Directory {
         Self {
             sq_cq: vec![None; max_qid as usize + 1],
             cq_sqs: vec![None; max_qid as usize + 1],
+            served: vec![false; max_qid as usize + 1],
             io_sqs: 0,
             io_cqs: 0,
         }
@@ -446,6 +462,7 @@ impl Directory {
     fn clear(&mut self) {
         self.sq_cq.fill(None);
         self.cq_sqs.fill(None);
+        self.served.fill(false);
         self.io_sqs = 0;
         self.io_cqs = 0;
     }
@@ -456,6 +473,10 @@ impl Directory {
 
     fn sq_cq(&self, qid: u16) -> Option<u16> {
         self.sq_cq.get(qid as usize).copied().flatten()
+    }
+
+    fn is_served(&self, cqid: u16) -> bool {
+        self.served.get(cqid as usize).copied().unwrap_or(false)
     }
 }
 
@@ -657,6 +678,9 @@ impl Controller {
             handoff::call(&self.shared, worker, Request::Reset);
         }
         self.core.reset();
+        if let Some(server) = self.shared.queue_server() {
+            server.reset();
+        }
         let regs = self.shared.regs.clone();
         regs.reset_queues();
         self.shared.doorbells.reset();
@@ -684,6 +708,9 @@ impl Controller {
     fn shutdown(&mut self) {
         let regs = self.shared.regs.clone();
         regs.set_shst(Csts::SHST_OCCURRING);
+        if let Some(server) = self.shared.queue_server() {
+            server.shutdown();
+        }
         for (i, ns) in self.namespaces.iter().enumerate() {
             if let Err(e) = ns.flush() {
                 tracing::warn!(nsid = i + 1, error = %e, "flush at shutdown failed");

@@ -1,0 +1,690 @@
+//! [`GpuController`]: the GPU-resident NVMe controller model. A persistent kernel
+//! (`ptx/gpunvme_controller.cuh`) on SMs reserved for it serves I/O queues whose rings and
+//! doorbells live in GPU memory; the software controller keeps the admin queue, Identify,
+//! features and queue bookkeeping, and hands every I/O queue it creates to this model through
+//! [`nvme_emu::QueueServer`]. So the `nvme` driver brings it up unchanged and creates GPU
+//! queues the normal way ([`crate::GpuQueues::on_gpu_controller`]).
+//!
+//! Media per namespace: `null` (no data moves: the protocol ceiling), `hbm` (the namespace's
+//! image file loaded into GPU memory at start and written back at shutdown and when the model
+//! stops). Device addresses are GPU pointers; the controller moves data only inside windows
+//! registered with [`GpuController::register_window`], and fails anything else with Data
+//! Transfer Error.
+//!
+//! Lifetime and bounds: the kernel is launched before any client and before any queue exists,
+//! with every client kernel already loaded ([`crate::kernels::Kernels::warm_up_clients`]);
+//! start fails (and the kernel is stopped) unless every controller warp reports in within
+//! [`GpuControllerOptions::start_timeout`]; table changes wait, bounded, for every warp to
+//! acknowledge them; [`GpuController::stop`] (and drop) stops the kernel within
+//! [`STOP_TIMEOUT`], and the kernel stops by itself after
+//! [`GpuControllerOptions::lifetime`] whatever the host does.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvme_emu::{EmuDevice, QueueServer, QueueServerRefusal};
+use zerocopy::{FromZeros, IntoBytes};
+
+use crate::desc::{
+    CTRL_DOORBELL_STRIDE, CTRL_MAX_NS, CTRL_MAX_WINDOWS, CTRL_WARPS, CtrlControl, CtrlCounters,
+    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_NULL,
+};
+use crate::error::GpuError;
+use crate::ffi::{self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::kernels::Kernels;
+
+/// How long [`GpuController::stop`] waits for the kernel.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a table change waits for every controller warp to acknowledge it.
+const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a namespace's blocks live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaKind {
+    /// No data moves; reads return whatever the buffer held. The protocol ceiling.
+    Null,
+    /// The image in GPU memory (loaded at start, written back at shutdown and stop).
+    Hbm,
+}
+
+impl MediaKind {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Null => "null",
+            Self::Hbm => "hbm",
+        }
+    }
+}
+
+impl std::str::FromStr for MediaKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "null" => Ok(Self::Null),
+            "hbm" => Ok(Self::Hbm),
+            "host" => Err("--media host is not implemented yet (null and hbm are)".into()),
+            other => Err(format!("unknown media {other:?} (null or hbm)")),
+        }
+    }
+}
+
+/// One namespace as the model serves it: the same geometry the software controller reports.
+#[derive(Clone, Debug)]
+pub struct NamespaceSpec {
+    /// Logical blocks.
+    pub blocks: u64,
+    /// LBA size in bytes (512 or 4096).
+    pub lba_size: u32,
+    /// The image file behind it (read at start and written back, for `hbm`).
+    pub image: Option<PathBuf>,
+}
+
+/// How to run the model.
+#[derive(Clone, Debug)]
+pub struct GpuControllerOptions {
+    /// SMs reserved for the controller kernel (green context; default 8, the minimum
+    /// partition on Hopper). One block of `CTRL_WARPS` warps runs per SM.
+    pub controller_sms: u32,
+    /// Media of every namespace.
+    pub media: MediaKind,
+    /// Longest sleep after a polling pass that found nothing (doubling from 32 ns): without
+    /// backoff, polling SMs collapsed throughput (../shared/design/gpu.md).
+    pub idle_ns: u32,
+    /// The kernel stops by itself after this long.
+    pub lifetime: Duration,
+    /// How long to wait for every controller warp to start.
+    pub start_timeout: Duration,
+}
+
+impl Default for GpuControllerOptions {
+    fn default() -> Self {
+        Self {
+            controller_sms: 8,
+            media: MediaKind::Null,
+            idle_ns: 1024,
+            lifetime: Duration::from_secs(600),
+            start_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the controller kernel did, summed over its warps (read after it stopped).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GpuControllerStats {
+    /// Commands completed (any status).
+    pub commands: u64,
+    /// Of which with an error status.
+    pub errors: u64,
+    /// Data bytes moved.
+    pub bytes: u64,
+    /// Doorbell values out of range, ignored.
+    pub doorbell_errors: u64,
+    /// Polling passes.
+    pub passes: u64,
+    /// Passes that found nothing to do.
+    pub idle_passes: u64,
+    /// Distinct SMs the controller's blocks ran on.
+    pub sms: u32,
+}
+
+/// Offsets in the pinned control area.
+struct Layout {
+    queues: usize,
+    windows: usize,
+    namespaces: usize,
+    ack: usize,
+    len: usize,
+}
+
+impl Layout {
+    fn new(nqueues: usize, warps: usize, blocks: usize) -> Self {
+        let queues = size_of::<CtrlControl>();
+        let windows = queues + nqueues * size_of::<CtrlQueue>();
+        let namespaces = windows + CTRL_MAX_WINDOWS * size_of::<CtrlWindow>();
+        let ack = namespaces + CTRL_MAX_NS * size_of::<CtrlNs>();
+        let len = ack + (warps + blocks) * 4;
+        Self {
+            queues,
+            windows,
+            namespaces,
+            ack,
+            len,
+        }
+    }
+}
+
+/// Host-side bookkeeping of the tables, under one lock.
+struct Tables {
+    generation: u32,
+    serial: u32,
+    windows: Vec<CtrlWindow>,
+    /// Completion queues created, waiting for their submission queue: (addr, entries).
+    cqs: Vec<Option<(u64, u32)>>,
+    failed: Option<String>,
+}
+
+/// The state the software controller's admin thread and the owner share.
+struct Shared {
+    cuda: Arc<Cuda>,
+    control: PinnedMemory,
+    layout: Layout,
+    doorbells: DeviceMemory,
+    warps: usize,
+    nqueues: usize,
+    tables: Mutex<Tables>,
+    media: Vec<Option<(DeviceMemory, PathBuf)>>,
+}
+
+/// The GPU-resident controller model, running.
+pub struct GpuController {
+    shared: Arc<Shared>,
+    emu: Arc<EmuDevice>,
+    stream: Stream,
+    client_stream: Stream,
+    kernels: Arc<Kernels>,
+    partition: Arc<GreenPartition>,
+    counters: DeviceMemory,
+    blocks: u32,
+    media: MediaKind,
+    stopped: Mutex<Option<GpuControllerStats>>,
+}
+
+impl std::fmt::Debug for GpuController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuController")
+            .field("blocks", &self.blocks)
+            .field("media", &self.media)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuController {
+    /// Loads the media, starts the controller kernel on its own SMs, waits until every warp
+    /// runs, and installs the model as `emu`'s queue server (I/O queues created afterwards are
+    /// the model's). `namespaces` must match what `emu` reports; `max_transfer` is its MDTS
+    /// in bytes; `nqueues` the queue ids it grants.
+    pub fn start(
+        cuda: &Arc<Cuda>,
+        emu: &Arc<EmuDevice>,
+        namespaces: &[NamespaceSpec],
+        nqueues: u16,
+        max_transfer: u32,
+        opts: &GpuControllerOptions,
+    ) -> Result<Arc<Self>, GpuError> {
+        if namespaces.is_empty() || namespaces.len() > CTRL_MAX_NS {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} namespaces (the GPU controller serves 1 to {CTRL_MAX_NS})",
+                namespaces.len()
+            )));
+        }
+        let kernels = Kernels::load(cuda)?;
+        let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+        let stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
+        let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+        // Every kernel loaded in both partitions before anything spins.
+        kernels.warm_up(&stream)?;
+        kernels.warm_up_clients(cuda, &client_stream)?;
+
+        let blocks = partition.controller_sms();
+        let warps = (blocks * CTRL_WARPS) as usize;
+        let nq = nqueues as usize;
+        let layout = Layout::new(nq, warps, blocks as usize);
+        let control = PinnedMemory::alloc(cuda, layout.len)?;
+        control.write(0, &vec![0u8; layout.len]);
+        let doorbells = DeviceMemory::alloc(cuda, nq.max(1) * CTRL_DOORBELL_STRIDE)?;
+        let counters = DeviceMemory::alloc(cuda, warps * size_of::<CtrlCounters>())?;
+
+        let mut media = Vec::with_capacity(namespaces.len());
+        let mut ns_table = vec![CtrlNs::default(); CTRL_MAX_NS];
+        for (i, ns) in namespaces.iter().enumerate() {
+            let shift = match ns.lba_size {
+                512 => 9,
+                4096 => 12,
+                other => {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "namespace {}: {other}-byte LBAs (512 or 4096)",
+                        i + 1
+                    )));
+                }
+            };
+            let loaded = match opts.media {
+                MediaKind::Null => None,
+                MediaKind::Hbm => Some(load_image(cuda, ns, i + 1)?),
+            };
+            ns_table[i] = CtrlNs {
+                blocks: ns.blocks,
+                media: loaded.as_ref().map_or(0, |(m, _)| m.ptr()),
+                lba_shift: shift,
+                kind: if loaded.is_some() {
+                    MEDIA_HBM
+                } else {
+                    MEDIA_NULL
+                },
+                reserved: 0,
+            };
+            media.push(loaded);
+        }
+        control.write(layout.namespaces, ns_table.as_bytes());
+        let header = CtrlControl {
+            stop: 0,
+            generation: 1,
+            nqueues: nqueues as u32,
+            nwindows: 0,
+            nns: namespaces.len() as u32,
+            idle_ns: opts.idle_ns.max(32),
+            max_transfer,
+            queues: control.device_ptr() + layout.queues as u64,
+            windows: control.device_ptr() + layout.windows as u64,
+            namespaces: control.device_ptr() + layout.namespaces as u64,
+            doorbells: doorbells.ptr(),
+            counters: counters.ptr(),
+            ack: control.device_ptr() + layout.ack as u64,
+            lifetime_ns: opts.lifetime.as_nanos().clamp(1, u64::MAX as u128) as u64,
+            ..CtrlControl::new_zeroed()
+        };
+        control.write(0, header.as_bytes());
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+
+        let shared = Arc::new(Shared {
+            cuda: cuda.clone(),
+            control,
+            layout,
+            doorbells,
+            warps,
+            nqueues: nq,
+            tables: Mutex::new(Tables {
+                generation: 1,
+                serial: 0,
+                windows: Vec::new(),
+                cqs: vec![None; nq + 1],
+                failed: None,
+            }),
+            media,
+        });
+        stream.launch(
+            kernels.controller,
+            blocks,
+            CTRL_WARPS * 32,
+            &[Arg::U64(shared.control.device_ptr())],
+        )?;
+        // From here until the kernel has ended, frees are held back (they would wait for it).
+        ffi::persistent_kernel_started();
+        let ctrl = Arc::new(Self {
+            shared,
+            emu: emu.clone(),
+            stream,
+            client_stream,
+            kernels,
+            partition,
+            counters,
+            blocks,
+            media: opts.media,
+            stopped: Mutex::new(None),
+        });
+        // Every warp must report in: a block that never became resident (no free SMs) would
+        // leave its queues unserved.
+        let started = ctrl.shared.wait_acks(1, opts.start_timeout);
+        if let Err(running) = started {
+            let _ = ctrl.stop();
+            return Err(GpuError::Unsupported(format!(
+                "the GPU controller did not start: {running} of {warps} controller warps \
+                 running after {:?} (are {} SMs free for it?)",
+                opts.start_timeout, blocks
+            )));
+        }
+        emu.set_queue_server(Some(ctrl.shared.clone()));
+        tracing::info!(
+            blocks,
+            warps,
+            media = opts.media.name(),
+            "GPU-resident controller started"
+        );
+        Ok(ctrl)
+    }
+
+    /// Lets the controller move data through `len` bytes of GPU memory at `base` (device
+    /// address = GPU pointer). The window stays registered while the returned guard lives; the
+    /// caller keeps the memory alive longer than the guard.
+    pub fn register_window(&self, base: u64, len: u64) -> Result<WindowGuard, GpuError> {
+        self.shared.add_window(base, len)?;
+        Ok(WindowGuard {
+            shared: self.shared.clone(),
+            base,
+        })
+    }
+
+    /// GPU pointers of queue `qid`'s SQ tail and CQ head doorbells.
+    pub fn doorbells(&self, qid: u16) -> Result<(u64, u64), GpuError> {
+        if qid == 0 || qid as usize > self.shared.nqueues {
+            return Err(GpuError::InvalidArgument(format!("queue id {qid}")));
+        }
+        let sq = self.shared.doorbells.ptr() + (qid as u64 - 1) * CTRL_DOORBELL_STRIDE as u64;
+        Ok((sq, sq + 4))
+    }
+
+    /// The SM partition (controller and clients).
+    pub fn partition(&self) -> &Arc<GreenPartition> {
+        &self.partition
+    }
+
+    /// The stream client kernels run on (every kernel already loaded there).
+    pub fn client_stream(&self) -> &Stream {
+        &self.client_stream
+    }
+
+    /// The loaded kernels.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
+    /// The media in use.
+    pub fn media(&self) -> MediaKind {
+        self.media
+    }
+
+    /// Controller blocks (one per SM of the partition).
+    pub fn blocks(&self) -> u32 {
+        self.blocks
+    }
+
+    /// Whether the kernel is still running.
+    pub fn is_running(&self) -> bool {
+        matches!(self.stream.is_idle(), Ok(false))
+    }
+
+    /// Stops the kernel (bounded), detaches from the software controller, writes `hbm` media
+    /// back to the images, and returns what the kernel did. Idempotent.
+    pub fn stop(&self) -> Result<GpuControllerStats, GpuError> {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = *stopped {
+            return Ok(s);
+        }
+        self.emu.set_queue_server(None);
+        self.shared.control.store_u32(0, 1);
+        self.stream.wait_idle(STOP_TIMEOUT)?;
+        ffi::persistent_kernel_ended(&self.shared.cuda);
+        let mut all = vec![CtrlCounters::default(); self.shared.warps];
+        self.counters.read(0, all.as_mut_bytes())?;
+        let mut s = GpuControllerStats::default();
+        for c in &all {
+            s.commands += c.commands;
+            s.errors += c.errors;
+            s.bytes += c.bytes;
+            s.doorbell_errors += c.doorbell_errors;
+            s.passes += c.passes;
+            s.idle_passes += c.idle_passes;
+        }
+        let mut sms: Vec<u32> = (0..self.blocks as usize)
+            .map(|b| {
+                self.shared
+                    .control
+                    .load_u32(self.shared.layout.ack + (self.shared.warps + b) * 4)
+            })
+            .filter(|&v| v != 0)
+            .collect();
+        sms.sort_unstable();
+        sms.dedup();
+        s.sms = sms.len() as u32;
+        self.shared.write_back()?;
+        *stopped = Some(s);
+        tracing::info!(?s, "GPU-resident controller stopped");
+        Ok(s)
+    }
+}
+
+impl Drop for GpuController {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!(error = %e, "stopping the GPU-resident controller");
+        }
+    }
+}
+
+/// Keeps a window registered with the controller; unregisters it when dropped.
+pub struct WindowGuard {
+    shared: Arc<Shared>,
+    base: u64,
+}
+
+impl Drop for WindowGuard {
+    fn drop(&mut self) {
+        if let Err(e) = self.shared.remove_window(self.base) {
+            tracing::warn!(error = %e, "unregistering a GPU controller window");
+        }
+    }
+}
+
+/// Reads a namespace's image into GPU memory.
+fn load_image(
+    cuda: &Arc<Cuda>,
+    ns: &NamespaceSpec,
+    nsid: usize,
+) -> Result<(DeviceMemory, PathBuf), GpuError> {
+    use std::os::unix::fs::FileExt;
+    let path = ns.image.clone().ok_or_else(|| {
+        GpuError::InvalidArgument(format!("namespace {nsid}: hbm media needs an image file"))
+    })?;
+    let bytes = ns.blocks * ns.lba_size as u64;
+    let mem = DeviceMemory::alloc(cuda, bytes as usize)?;
+    let file = std::fs::File::open(&path).map_err(|e| {
+        GpuError::Unsupported(format!("opening {} for hbm media: {e}", path.display()))
+    })?;
+    let mut buf = vec![0u8; 64 << 20];
+    let mut off = 0u64;
+    while off < bytes {
+        let n = (bytes - off).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], off).map_err(|e| {
+            GpuError::Unsupported(format!("reading {} at {off}: {e}", path.display()))
+        })?;
+        mem.write(off as usize, &buf[..n])?;
+        off += n as u64;
+    }
+    Ok((mem, path))
+}
+
+impl Shared {
+    /// Waits until every warp acknowledged `generation`; on timeout returns how many had.
+    fn wait_acks(&self, generation: u32, timeout: Duration) -> Result<(), usize> {
+        let start = Instant::now();
+        loop {
+            let seen = (0..self.warps)
+                .filter(|w| {
+                    self.control
+                        .load_u32(self.layout.ack + w * 4)
+                        .wrapping_sub(generation)
+                        < u32::MAX / 2
+                })
+                .count();
+            if seen == self.warps {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(seen);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Publishes the table changes made under `tables`: bump the generation (after the
+    /// tables, Release), then wait for every warp to take it.
+    fn publish(&self, tables: &mut Tables) -> Result<(), GpuError> {
+        if let Some(why) = &tables.failed {
+            return Err(GpuError::Unsupported(format!(
+                "GPU controller failed: {why}"
+            )));
+        }
+        tables.generation = tables.generation.wrapping_add(1);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.control.store_u32(4, tables.generation);
+        if let Err(seen) = self.wait_acks(tables.generation, ACK_TIMEOUT) {
+            let why = format!(
+                "{seen} of {} controller warps took a table change within {ACK_TIMEOUT:?}",
+                self.warps
+            );
+            tables.failed = Some(why.clone());
+            return Err(GpuError::Unsupported(why));
+        }
+        Ok(())
+    }
+
+    fn write_windows(&self, t: &Tables) {
+        self.control
+            .write(self.layout.windows, t.windows.as_bytes());
+        self.control.store_u32(12, t.windows.len() as u32);
+    }
+
+    fn add_window(&self, base: u64, len: u64) -> Result<(), GpuError> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if t.windows.len() >= CTRL_MAX_WINDOWS {
+            return Err(GpuError::Unsupported(format!(
+                "more than {CTRL_MAX_WINDOWS} memory windows on the GPU controller"
+            )));
+        }
+        t.windows.push(CtrlWindow { base, len });
+        self.write_windows(&t);
+        self.publish(&mut t)
+    }
+
+    fn remove_window(&self, base: u64) -> Result<(), GpuError> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        t.windows.retain(|w| w.base != base);
+        self.write_windows(&t);
+        self.publish(&mut t)
+    }
+
+    fn reachable(t: &Tables, addr: u64, len: u64) -> bool {
+        t.windows
+            .iter()
+            .any(|w| addr >= w.base && addr - w.base <= w.len && len <= w.len - (addr - w.base))
+    }
+
+    fn write_queue(&self, qid: u16, q: &CtrlQueue) {
+        self.control.write(
+            self.layout.queues + (qid as usize - 1) * size_of::<CtrlQueue>(),
+            q.as_bytes(),
+        );
+    }
+
+    fn write_back(&self) -> Result<(), GpuError> {
+        use std::os::unix::fs::FileExt;
+        for (mem, path) in self.media.iter().flatten() {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+            let mut buf = vec![0u8; (64 << 20).min(mem.len())];
+            let mut off = 0usize;
+            while off < mem.len() {
+                let n = (mem.len() - off).min(buf.len());
+                mem.read(off, &mut buf[..n])?;
+                file.write_all_at(&buf[..n], off as u64)
+                    .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+                off += n;
+            }
+            file.sync_data()
+                .map_err(|e| GpuError::Unsupported(format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+impl QueueServer for Shared {
+    fn create_cq(&self, qid: u16, addr: u64, entries: u32) -> Result<(), QueueServerRefusal> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if qid as usize > self.nqueues {
+            return Err(QueueServerRefusal::Unsupported(format!("queue id {qid}")));
+        }
+        if !Self::reachable(&t, addr, entries as u64 * 16) {
+            return Err(QueueServerRefusal::Unreachable { addr });
+        }
+        t.cqs[qid as usize] = Some((addr, entries));
+        Ok(())
+    }
+
+    fn create_sq(
+        &self,
+        qid: u16,
+        cqid: u16,
+        addr: u64,
+        entries: u32,
+    ) -> Result<(), QueueServerRefusal> {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if qid != cqid {
+            return Err(QueueServerRefusal::Unsupported(format!(
+                "submission queue {qid} posting to completion queue {cqid} (the GPU \
+                 controller pairs each SQ with the CQ of the same id)"
+            )));
+        }
+        let Some((cq, cq_entries)) = t.cqs.get(qid as usize).copied().flatten() else {
+            return Err(QueueServerRefusal::Unsupported(format!("no CQ {qid}")));
+        };
+        if !Self::reachable(&t, addr, entries as u64 * 64) {
+            return Err(QueueServerRefusal::Unreachable { addr });
+        }
+        // A fresh queue's doorbells read 0 before the controller takes it.
+        let off = (qid as usize - 1) * CTRL_DOORBELL_STRIDE;
+        if let Err(e) = self.doorbells.write(off, &[0u8; 8]) {
+            return Err(QueueServerRefusal::Unsupported(format!(
+                "zeroing doorbells: {e}"
+            )));
+        }
+        t.serial = t.serial.wrapping_add(1);
+        let entry = CtrlQueue {
+            sq: addr,
+            cq,
+            sq_entries: entries,
+            cq_entries,
+            serial: t.serial,
+            reserved: 0,
+        };
+        self.write_queue(qid, &entry);
+        self.publish(&mut t)
+            .map_err(|e| QueueServerRefusal::Unsupported(e.to_string()))
+    }
+
+    fn delete_sq(&self, qid: u16) {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        t.serial = t.serial.wrapping_add(1);
+        let entry = CtrlQueue {
+            serial: t.serial,
+            ..CtrlQueue::default()
+        };
+        self.write_queue(qid, &entry);
+        if let Err(e) = self.publish(&mut t) {
+            tracing::error!(qid, error = %e, "GPU controller did not let go of a deleted queue");
+        }
+    }
+
+    fn delete_cq(&self, qid: u16) {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = t.cqs.get_mut(qid as usize) {
+            *c = None;
+        }
+    }
+
+    fn reset(&self) {
+        let mut t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        for qid in 1..=self.nqueues as u16 {
+            t.serial = t.serial.wrapping_add(1);
+            let entry = CtrlQueue {
+                serial: t.serial,
+                ..CtrlQueue::default()
+            };
+            self.write_queue(qid, &entry);
+        }
+        t.cqs.fill(None);
+        if let Err(e) = self.publish(&mut t) {
+            tracing::error!(error = %e, "GPU controller reset");
+        }
+    }
+
+    fn shutdown(&self) {
+        let _t = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.cuda.make_current().and_then(|()| self.write_back()) {
+            tracing::error!(error = %e, "writing GPU controller media back at shutdown");
+        }
+    }
+}
