@@ -92,6 +92,19 @@ enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command only reads the device: it then opens an image read-only under a
+    /// shared lock (README, "One process per device").
+    fn is_read_only(&self) -> bool {
+        match self {
+            Command::Identify | Command::Read { .. } => true,
+            Command::Write { .. } | Command::ProtocolCheck(_) => false,
+            Command::Perf(p) => matches!(p.rw, RwArg::Read | RwArg::Randread) && !p.verify,
+            Command::Fs { cmd, .. } => cmd.is_read_only(),
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum RwArg {
     Read,
@@ -195,6 +208,7 @@ fn run(args: Args) -> Result<()> {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
         controller_queue_pairs: args.controller_queue_pairs,
+        read_only: args.command.is_read_only(),
         ..Default::default()
     };
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;

@@ -59,6 +59,12 @@ pub struct OpenOptions {
     /// I/O queue pairs the software controller grants (`EmuConfig::max_io_queue_pairs`).
     /// Ignored for a PCI device.
     pub controller_queue_pairs: u16,
+    /// Open an image read-only, under a shared lock, with its namespace write protected: for
+    /// commands that only read, so several can run on one image at once and images the user
+    /// cannot write still serve them. Otherwise the image is locked exclusively and a second
+    /// process is refused ([`nvme_emu::EmuError::ImageBusy`]). Ignored for a PCI device, whose
+    /// VFIO group is exclusive to one process anyway.
+    pub read_only: bool,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
 }
@@ -69,6 +75,7 @@ impl Default for OpenOptions {
             lba_size: 512,
             controller_threads: 0,
             controller_queue_pairs: EmuConfig::default().max_io_queue_pairs,
+            read_only: false,
             controller: ControllerOptions::default(),
         }
     }
@@ -148,14 +155,23 @@ fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
             path.display()
         );
     }
+    let base = if opts.read_only {
+        EmuConfig::for_image_read_only(path, opts.lba_size)
+    } else {
+        EmuConfig::for_image(path, opts.lba_size)
+    };
     let config = EmuConfig {
         controller_threads: opts.controller_threads,
         max_io_queue_pairs: opts.controller_queue_pairs,
-        ..EmuConfig::for_image(path, opts.lba_size)
-            .with_context(|| format!("image {}", path.display()))?
+        ..base.with_context(|| format!("image {}", path.display()))?
     };
-    let dev = EmuDevice::start(config).context("starting the software controller")?;
-    Ok(dev)
+    // The controller locks the image for as long as it runs; a busy image's error names the
+    // holder and needs no more context.
+    match EmuDevice::start(config) {
+        Ok(dev) => Ok(dev),
+        Err(e @ nvme_emu::EmuError::ImageBusy { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("starting the software controller")),
+    }
 }
 
 /// Opens the device and brings its controller up.

@@ -53,7 +53,10 @@
 //! - Directories as objects, permissions, timestamps, hard links, sparse files (holes are
 //!   written as zeroes).
 //! - Online defragmentation, shrinking or growing the file system.
-//! - Concurrent mounts of one device (nothing prevents two; do not).
+//! - Concurrent mounts of one device: the library does not prevent two, and two writers
+//!   corrupt each other. The `gpunvme` CLI prevents it: the software controller locks its image
+//!   file (`flock`, exclusive for commands that change it, shared for read-only ones) and a
+//!   VFIO group is exclusive to one process.
 //! - Devices with LBAs larger than 4 KiB.
 //! - Writes through GPU extent tables (they are read-only snapshots for now).
 //!

@@ -104,6 +104,24 @@ pub enum FsCommand {
     },
 }
 
+impl FsCommand {
+    /// Whether the command only reads the file system (and may share the device with other
+    /// readers).
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            FsCommand::Ls { .. }
+            | FsCommand::Get { .. }
+            | FsCommand::Stat { .. }
+            | FsCommand::Df => true,
+            FsCommand::Fsck { repair } => !repair,
+            FsCommand::Mkfs { .. }
+            | FsCommand::Put { .. }
+            | FsCommand::Rm { .. }
+            | FsCommand::Mv { .. } => false,
+        }
+    }
+}
+
 /// Runs a blockfs command on namespace `nsid` of `ctrl`.
 pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<()> {
     let dev = Arc::new(

@@ -97,6 +97,7 @@ mod doorbells;
 pub mod error;
 pub mod faults;
 mod host_memory;
+mod lock;
 pub mod memory;
 mod prp;
 mod queues;

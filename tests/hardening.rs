@@ -1,0 +1,387 @@
+//! Issue 11, process-level: what two `gpunvme` processes on one image, read-only images, and
+//! the other everyday hazards (README, "One process per device", "What `--force` does") do.
+//! Each test reproduces a way data was lost or corrupted before.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gpunvme"))
+}
+
+/// Runs `gpunvme` in `dir` with a command line split at whitespace.
+fn gpunvme(dir: &Path, cmdline: &str) -> Output {
+    bin()
+        .current_dir(dir)
+        .args(cmdline.split_whitespace())
+        .output()
+        .expect("run gpunvme")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "gpunvme failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The one `gpunvme: error:` line of a failed command.
+fn error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure: {err}");
+    let errors: Vec<_> = err
+        .lines()
+        .filter(|l| l.starts_with("gpunvme: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {err:?}");
+    errors[0].to_string()
+}
+
+fn image(dir: &Path, bytes: u64) -> PathBuf {
+    let p = dir.join("disk.img");
+    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
+    p
+}
+
+/// Bytes that differ from their neighbours and from other seeds.
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| {
+            (i.wrapping_add(seed.wrapping_mul(0x9e37_79b9))
+                .wrapping_mul(2_654_435_761)
+                >> 24) as u8
+        })
+        .collect()
+}
+
+/// A `gpunvme fs get NAME -` that holds the image (shared lock) until killed: its standard
+/// output is a pipe nobody reads, so it blocks once the pipe is full.
+struct BlockedReader(Child);
+
+impl BlockedReader {
+    fn start(dir: &Path, name: &str) -> Self {
+        let mut child = bin()
+            .current_dir(dir)
+            .args(["--device", "disk.img", "fs", "get", name, "-"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Its first bytes on the pipe mean the controller (and the lock) is up.
+        let mut first = [0u8; 1];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        Self(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for BlockedReader {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_second_writer_is_refused_naming_the_holder_and_readers_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let big = pattern(8 << 20, 1);
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    std::fs::write(d.join("small.bin"), pattern(5000, 2)).unwrap();
+    ok(&fs("put big.bin big"));
+    ok(&fs("put small.bin keep1"));
+
+    let reader = BlockedReader::start(d, "big");
+    // Every command that changes the image is refused, in one line naming the reader's pid,
+    // and changes nothing.
+    for cmd in [
+        "fs put small.bin other",
+        "fs rm keep1",
+        "fs mv keep1 keep2",
+        "fs mkfs",
+        "fs fsck --repair",
+        "write --lba 0 --input small.bin",
+        "perf --rw randwrite --ios 100",
+        "perf --rw randread --ios 100 --verify",
+    ] {
+        let line = error_line(&gpunvme(d, &format!("--device disk.img {cmd}")));
+        assert!(
+            line.contains(&format!("disk.img is in use by process {}", reader.pid())),
+            "{cmd}: {line}"
+        );
+    }
+    // Readers run beside it.
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
+    let names: Vec<_> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].clone())
+        .collect();
+    assert_eq!(names, ["big", "keep1"]);
+    ok(&fs("get keep1 k.bin"));
+    assert_eq!(std::fs::read(d.join("k.bin")).unwrap(), pattern(5000, 2));
+    ok(&fs("stat big"));
+    ok(&fs("df"));
+    ok(&fs("fsck"));
+    ok(&gpunvme(d, "--device disk.img identify"));
+    ok(&gpunvme(
+        d,
+        "--device disk.img perf --rw randread --ios 100",
+    ));
+    ok(&gpunvme(
+        d,
+        "--device disk.img read --lba 0 --bytes 4k --output raw.bin",
+    ));
+
+    // A writer holds an image exclusively: readers are refused too (a raw image here, so the
+    // writes destroy nothing).
+    drop(reader);
+    std::fs::File::create(d.join("raw.img"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    // `write` opens the device, then reads its input: from a FIFO, it holds the image until
+    // the test writes to the FIFO, and it has the lock once it has opened the FIFO.
+    let fifo = d.join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut writer = bin()
+        .current_dir(d)
+        .args([
+            "--device", "raw.img", "write", "--lba", "0", "--input", "fifo",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = writer.id();
+    let mut input = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let line = error_line(&gpunvme(d, "--device raw.img identify"));
+    assert!(
+        line.contains(&format!("raw.img is being changed by process {pid}")),
+        "{line}"
+    );
+    std::io::Write::write_all(&mut input, &[0x5a; 4096]).unwrap();
+    drop(input);
+    assert!(writer.wait().unwrap().success());
+    // Gone with its process.
+    ok(&gpunvme(d, "--device raw.img identify"));
+}
+
+/// What a successful command does to a worker's model of its names.
+type ModelChange = Box<dyn Fn(&mut BTreeMap<String, Vec<u8>>)>;
+
+/// A lock refusal, as opposed to any other failure.
+fn is_lock_error(out: &Output) -> bool {
+    let err = String::from_utf8_lossy(&out.stderr);
+    !out.status.success()
+        && err.lines().filter(|l| !l.trim().is_empty()).count() == 1
+        && (err.contains("disk.img is in use by") || err.contains("disk.img is being changed by"))
+}
+
+#[test]
+fn processes_racing_on_one_image_never_corrupt_it() {
+    const WORKERS: usize = 4;
+    const RUN: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_owned();
+    image(&d, 64 << 20);
+    ok(&gpunvme(&d, "--device disk.img fs mkfs"));
+    let start = Instant::now();
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                // What this worker's successful commands say its names hold.
+                let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+                let (mut done, mut refused) = (0u32, 0u32);
+                let mut step = 0u32;
+                let mut round = 0u32;
+                let src = d.join(format!("src{w}.bin"));
+                let dst = d.join(format!("dst{w}.bin"));
+                let (a, b) = (format!("w{w}/a"), format!("w{w}/b"));
+                while start.elapsed() < RUN {
+                    let seed = (w as u32) << 24 | round << 4 | step;
+                    let (cmd, new_state): (String, Option<ModelChange>) = match step {
+                        // put a fresh file under `a`, and every third round one to keep
+                        0 | 4 => {
+                            let name = if step == 0 {
+                                a.clone()
+                            } else {
+                                format!("w{w}/keep{round}")
+                            };
+                            let data = pattern(1000 + (seed as usize * 7919) % 300_000, seed);
+                            std::fs::write(&src, &data).unwrap();
+                            let n = name.clone();
+                            (
+                                format!("fs put {} {name}", src.display()),
+                                Some(Box::new(move |m| {
+                                    m.insert(n.clone(), data.clone());
+                                })),
+                            )
+                        }
+                        1 => (format!("fs get {a} {}", dst.display()), None),
+                        2 => {
+                            let (a2, b2) = (a.clone(), b.clone());
+                            (
+                                format!("fs mv {a} {b}"),
+                                Some(Box::new(move |m| {
+                                    let v = m.remove(&a2).unwrap();
+                                    m.insert(b2.clone(), v);
+                                })),
+                            )
+                        }
+                        _ => {
+                            let b2 = b.clone();
+                            (
+                                format!("fs rm {b}"),
+                                Some(Box::new(move |m| {
+                                    m.remove(&b2);
+                                })),
+                            )
+                        }
+                    };
+                    let out = gpunvme(&d, &format!("--device disk.img {cmd}"));
+                    if out.status.success() {
+                        done += 1;
+                        if let Some(f) = new_state {
+                            f(&mut model);
+                        } else {
+                            assert!(
+                                std::fs::read(&dst).unwrap() == model[&a],
+                                "worker {w}: {a} read back different bytes"
+                            );
+                        }
+                        step = match step {
+                            3 if round % 3 == 0 => 4,
+                            3 | 4 => {
+                                round += 1;
+                                0
+                            }
+                            s => s + 1,
+                        };
+                    } else {
+                        assert!(
+                            is_lock_error(&out),
+                            "worker {w}: `{cmd}` failed otherwise: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                        refused += 1;
+                    }
+                }
+                (model, done, refused)
+            })
+        })
+        .collect();
+    let mut expected = BTreeMap::new();
+    let (mut done, mut refused) = (0, 0);
+    for w in workers {
+        let (model, n, r) = w.join().unwrap();
+        expected.extend(model);
+        done += n;
+        refused += r;
+    }
+    eprintln!("{done} commands done, {refused} refused by the lock");
+    assert!(done > 0);
+    let fsck: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(&d, "--device disk.img fs fsck --json"))).unwrap();
+    assert_eq!(fsck["clean"], true, "{fsck}");
+    let ls: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(&d, "--device disk.img fs ls --json"))).unwrap();
+    let names: Vec<String> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, expected.keys().cloned().collect::<Vec<_>>());
+    for (name, data) in &expected {
+        ok(&gpunvme(
+            &d,
+            &format!("--device disk.img fs get {name} check.bin"),
+        ));
+        assert!(
+            std::fs::read(d.join("check.bin")).unwrap() == *data,
+            "{name} reads back different bytes"
+        );
+    }
+}
+
+#[test]
+fn read_only_image_files_serve_read_only_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 32 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let data = pattern(300_000, 3);
+    std::fs::write(d.join("in.bin"), &data).unwrap();
+    ok(&fs("put in.bin f"));
+    let before = std::fs::read(&img).unwrap();
+    // Unwritable even for root where `chattr +i` works, else by mode for other users.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&img, std::fs::Permissions::from_mode(0o444)).unwrap();
+    struct Undo<'a>(&'a Path);
+    impl Drop for Undo<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(self.0).output();
+        }
+    }
+    let _undo = Undo(&img);
+    let writable = || std::fs::OpenOptions::new().write(true).open(&img).is_ok();
+    if writable() {
+        let _ = Command::new("chattr").arg("+i").arg(&img).output();
+    }
+    if writable() {
+        eprintln!("skipped: cannot make a file unwritable here");
+        return;
+    }
+    ok(&gpunvme(d, "--device disk.img identify"));
+    ok(&gpunvme(
+        d,
+        "--device disk.img read --lba 0 --bytes 4k --output raw.bin",
+    ));
+    ok(&gpunvme(
+        d,
+        "--device disk.img perf --rw randread --ios 1000",
+    ));
+    assert!(ok(&fs("ls")).contains(" f\n"));
+    ok(&fs("stat f"));
+    ok(&fs("df"));
+    ok(&fs("fsck"));
+    ok(&fs("get f out.bin"));
+    assert_eq!(std::fs::read(d.join("out.bin")).unwrap(), data);
+    // Commands that change it fail in one line.
+    for cmd in [
+        "fs put in.bin g",
+        "fs rm f",
+        "write --lba 0 --input raw.bin",
+    ] {
+        let line = error_line(&gpunvme(d, &format!("--device disk.img {cmd}")));
+        assert!(line.contains("disk.img"), "{cmd}: {line}");
+    }
+    assert!(std::fs::read(&img).unwrap() == before, "the image changed");
+}
