@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use gpunvme::open::{DeviceSpec, OpenOptions, open_controller_and_transport};
+use gpunvme::open::{
+    DEFAULT_IMAGE, DeviceSpec, OpenOptions, PERF_DEFAULT_IMAGE, open_controller_and_transport,
+};
 use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
 use gpunvme::units::{parse_duration, parse_size};
 
@@ -18,7 +20,8 @@ mod cli;
 #[command(name = "gpunvme", version, about)]
 struct Args {
     /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
-    /// by the software controller. Default: ./gpunvme.img, created on first use (1 GiB, sparse).
+    /// by the software controller. Default: ./gpunvme.img (perf: ./gpunvme-perf.img, its own
+    /// scratch image), created on first use (1 GiB, sparse).
     #[arg(long, global = true, value_name = "SPEC")]
     device: Option<String>,
 
@@ -103,6 +106,15 @@ impl Command {
             Command::Fs { cmd, .. } => cmd.is_read_only(),
         }
     }
+
+    /// The host file the command writes its output to, if any.
+    fn output_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Read { output, .. } => Some(output),
+            Command::Fs { cmd, .. } => cmd.output_path(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -166,6 +178,10 @@ struct PerfArgs {
     /// SMs reserved (green context) for the software controller's copy kernels.
     #[arg(long, default_value_t = 8, requires = "gpu")]
     controller_sms: u32,
+    /// Run a write pattern or --verify (which writes its patterns first) even on a namespace
+    /// that holds a blockfs, destroying it.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -209,8 +225,21 @@ fn run(args: Args) -> Result<()> {
         controller_threads: args.controller_threads,
         controller_queue_pairs: args.controller_queue_pairs,
         read_only: args.command.is_read_only(),
+        default_image: match args.command {
+            Command::Perf(_) => PERF_DEFAULT_IMAGE,
+            _ => DEFAULT_IMAGE,
+        }
+        .into(),
         ..Default::default()
     };
+    if let Some(out) = args.command.output_path()
+        && spec.is_own_image(&opts, out)
+    {
+        anyhow::bail!(
+            "{} is the device's own image file: writing the output there would destroy it",
+            out.display()
+        );
+    }
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
@@ -221,7 +250,22 @@ fn run(args: Args) -> Result<()> {
             bytes,
             output,
         } => cli::io::read(&ctrl, nsid, lba, bytes, &output, args.json),
-        Command::Perf(p) => {
+        Command::Perf(p) => (|| {
+            let writes = matches!(p.rw, RwArg::Write | RwArg::Randwrite) || p.verify;
+            if writes && !p.force {
+                let found = cli::fs::probe(&ctrl, p.nsid)?;
+                if found.is_blockfs() {
+                    anyhow::bail!(
+                        "namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
+                        p.nsid,
+                        if p.verify {
+                            "--verify"
+                        } else {
+                            "in a write mode"
+                        }
+                    );
+                }
+            }
             let cfg = PerfConfig {
                 rw: match p.rw {
                     RwArg::Read => RwMode::Read,
@@ -259,7 +303,7 @@ fn run(args: Args) -> Result<()> {
             } else {
                 perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
             }
-        }
+        })(),
         Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
     };

@@ -11,6 +11,10 @@ use nvme_emu::{EmuConfig, EmuDevice};
 /// The image the software controller uses when no `--device` is given.
 pub const DEFAULT_IMAGE: &str = "gpunvme.img";
 
+/// The image `perf` uses when no `--device` is given: its own scratch space, since a write
+/// pattern or a `--verify` prefill overwrites whatever the image holds.
+pub const PERF_DEFAULT_IMAGE: &str = "gpunvme-perf.img";
+
 /// Size of the default image when it is created on first use (sparse).
 pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
 
@@ -21,7 +25,8 @@ pub enum DeviceSpec {
     Pci(vfio::PciAddress),
     /// An image file served by the software controller.
     Image(PathBuf),
-    /// No `--device`: the software controller over `./gpunvme.img`, created on first use.
+    /// No `--device`: the software controller over [`OpenOptions::default_image`]
+    /// (`./gpunvme.img`, or `./gpunvme-perf.img` for `perf`), created on first use.
     DefaultImage,
 }
 
@@ -45,6 +50,26 @@ impl DeviceSpec {
             Some(s) => Ok(Self::Image(PathBuf::from(s))),
         }
     }
+
+    /// The image file the software controller serves, if it is one.
+    pub fn image_path<'a>(&'a self, opts: &'a OpenOptions) -> Option<&'a Path> {
+        match self {
+            Self::Pci(_) => None,
+            Self::Image(p) => Some(p),
+            Self::DefaultImage => Some(&opts.default_image),
+        }
+    }
+
+    /// Whether `path` names the device's own image file (the same file, through any name: a
+    /// link, a relative path). A command writing its output there would overwrite the device
+    /// under itself.
+    pub fn is_own_image(&self, opts: &OpenOptions, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Some(image), Ok(out)) = (self.image_path(opts), std::fs::metadata(path)) else {
+            return false;
+        };
+        std::fs::metadata(image).is_ok_and(|m| m.dev() == out.dev() && m.ino() == out.ino())
+    }
 }
 
 /// How to open a device.
@@ -65,6 +90,8 @@ pub struct OpenOptions {
     /// process is refused ([`nvme_emu::EmuError::ImageBusy`]). Ignored for a PCI device, whose
     /// VFIO group is exclusive to one process anyway.
     pub read_only: bool,
+    /// The image used without `--device` ([`DeviceSpec::DefaultImage`]).
+    pub default_image: PathBuf,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
 }
@@ -76,6 +103,7 @@ impl Default for OpenOptions {
             controller_threads: 0,
             controller_queue_pairs: EmuConfig::default().max_io_queue_pairs,
             read_only: false,
+            default_image: PathBuf::from(DEFAULT_IMAGE),
             controller: ControllerOptions::default(),
         }
     }
@@ -128,15 +156,22 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
         }
         DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
-            let path = Path::new(DEFAULT_IMAGE);
+            let path = opts.default_image.as_path();
             if !path.exists() {
-                EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES)
-                    .with_context(|| format!("creating the default image {}", path.display()))?;
-                tracing::info!(
-                    "created {} ({} bytes, sparse)",
-                    path.display(),
-                    DEFAULT_IMAGE_BYTES
-                );
+                match EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES) {
+                    Ok(()) => tracing::info!(
+                        "created {} ({} bytes, sparse)",
+                        path.display(),
+                        DEFAULT_IMAGE_BYTES
+                    ),
+                    // Another process created it meanwhile.
+                    Err(nvme_emu::EmuError::CreateImage { source, .. })
+                        if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("creating the default image {}", path.display())));
+                    }
+                }
             }
             open_image(path, opts)?
         }

@@ -385,3 +385,176 @@ fn read_only_image_files_serve_read_only_commands() {
     }
     assert!(std::fs::read(&img).unwrap() == before, "the image changed");
 }
+
+#[test]
+fn mkfs_and_perf_refuse_to_destroy_a_file_system_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 32 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    // A device with no blockfs needs no --force.
+    ok(&fs("mkfs"));
+    std::fs::write(d.join("a.bin"), pattern(10_000, 4)).unwrap();
+    ok(&fs("put a.bin a"));
+    ok(&fs("put a.bin b"));
+    let before = std::fs::read(&img).unwrap();
+    let line = error_line(&fs("mkfs"));
+    assert!(
+        line.contains("holds a blockfs with 2 files (20000 bytes); mkfs would destroy it"),
+        "{line}"
+    );
+    for cmd in [
+        "perf --rw randwrite --ios 100",
+        "perf --rw write --ios 100",
+        "perf --rw randread --ios 100 --verify",
+    ] {
+        let line = error_line(&gpunvme(d, &format!("--device disk.img {cmd}")));
+        assert!(
+            line.contains("holds a blockfs with 2 files") && line.contains("--force"),
+            "{cmd}: {line}"
+        );
+    }
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "a refusal changed the image"
+    );
+    // Reading perf is harmless and runs.
+    ok(&gpunvme(
+        d,
+        "--device disk.img perf --rw randread --ios 100",
+    ));
+    // A damaged one counts too.
+    let mut damaged = before.clone();
+    damaged[100] ^= 0xff;
+    std::fs::write(&img, &damaged).unwrap();
+    assert!(error_line(&fs("mkfs")).contains("holds a damaged blockfs"));
+    // --force does it.
+    ok(&gpunvme(
+        d,
+        "--device disk.img perf --rw randwrite --ios 100 --size 1m --force",
+    ));
+    ok(&fs("mkfs --force"));
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn the_readme_sequence_loses_nothing() {
+    // The README's `fs` examples on the default image, then its main job, also without
+    // --device: perf has a scratch image of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = pattern(100_000, 5);
+    std::fs::write(d.join("model.bin"), &data).unwrap();
+    ok(&gpunvme(d, "fs mkfs"));
+    ok(&gpunvme(d, "fs put model.bin models/m"));
+    ok(&gpunvme(
+        d,
+        "perf --rw randread --bs 4k --qd 32 --ios 2000 --verify",
+    ));
+    ok(&gpunvme(d, "perf --rw randwrite --ios 2000"));
+    assert!(d.join("gpunvme-perf.img").exists());
+    ok(&gpunvme(d, "fs get models/m back.bin"));
+    assert_eq!(std::fs::read(d.join("back.bin")).unwrap(), data);
+    let fsck: serde_json::Value = serde_json::from_str(&ok(&gpunvme(d, "fs fsck --json"))).unwrap();
+    assert_eq!(fsck["clean"], true);
+}
+
+#[test]
+fn output_onto_the_image_itself_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 16 << 20);
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    std::fs::write(d.join("a.bin"), pattern(5000, 6)).unwrap();
+    ok(&gpunvme(d, "--device disk.img fs put a.bin a"));
+    std::fs::hard_link(&img, d.join("hard.img")).unwrap();
+    std::os::unix::fs::symlink("disk.img", d.join("sym.img")).unwrap();
+    let before = std::fs::read(&img).unwrap();
+    for out in ["disk.img", "./disk.img", "hard.img", "sym.img"] {
+        for cmd in [
+            format!("--device disk.img fs get a {out}"),
+            format!("--device disk.img read --lba 0 --bytes 4k --output {out}"),
+            format!("--device sym.img fs get a {out}"),
+        ] {
+            let line = error_line(&gpunvme(d, &cmd));
+            assert!(
+                line.contains("is the device's own image file"),
+                "{cmd}: {line}"
+            );
+        }
+    }
+    // The default image too.
+    std::fs::rename(&img, d.join("gpunvme.img")).unwrap();
+    let line = error_line(&gpunvme(d, "fs get a gpunvme.img"));
+    assert!(line.contains("own image"), "{line}");
+    assert!(
+        std::fs::read(d.join("gpunvme.img")).unwrap() == before,
+        "the image changed"
+    );
+}
+
+#[test]
+fn an_interrupted_get_leaves_the_destination_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    let data = pattern(16 << 20, 7);
+    std::fs::write(d.join("big.bin"), &data).unwrap();
+    ok(&gpunvme(d, "--device disk.img fs put big.bin big"));
+    std::fs::write(d.join("dst.bin"), b"the old contents").unwrap();
+    // Small calls make the copy long; kill it once its temporary file exists.
+    let mut get = bin()
+        .current_dir(d)
+        .args([
+            "--device", "disk.img", "fs", "get", "big", "dst.bin", "--chunk", "4k",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let temp = loop {
+        let found = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .find(|n| n.contains(".gpunvme-get-"));
+        if let Some(t) = found {
+            break t;
+        }
+        assert!(
+            get.try_wait().unwrap().is_none(),
+            "get ended before being caught"
+        );
+        assert!(Instant::now() < deadline, "no temporary file appeared");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    get.kill().unwrap();
+    get.wait().unwrap();
+    assert!(temp.starts_with(".dst.bin."), "{temp}");
+    assert_eq!(
+        std::fs::read(d.join("dst.bin")).unwrap(),
+        b"the old contents",
+        "the destination was touched"
+    );
+    // A complete get replaces it, keeping its permissions, and leaves no temporary file.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(d.join("dst.bin"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::remove_file(d.join(&temp)).unwrap();
+    ok(&gpunvme(d, "--device disk.img fs get big dst.bin"));
+    assert!(std::fs::read(d.join("dst.bin")).unwrap() == data);
+    let mode = std::fs::metadata(d.join("dst.bin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o640);
+    assert!(
+        !std::fs::read_dir(d).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".gpunvme-get-")),
+        "a temporary file was left behind"
+    );
+}

@@ -118,6 +118,52 @@ pub struct FsStats {
     pub generation: u64,
 }
 
+/// What [`FileSystem::probe`] found on a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// No blockfs: neither superblock slot holds a blockfs superblock.
+    Nothing,
+    /// A blockfs that mounts.
+    FileSystem {
+        /// Its files.
+        files: u64,
+        /// Bytes in them.
+        bytes: u64,
+        /// Generation of its last commit.
+        generation: u64,
+    },
+    /// Something with a blockfs superblock that does not mount (`fsck --repair` may recover
+    /// it).
+    Damaged {
+        /// Why it does not mount.
+        reason: String,
+    },
+}
+
+impl Existing {
+    /// Whether there is a blockfs (whole or damaged) that overwriting the device would destroy.
+    pub fn is_blockfs(&self) -> bool {
+        !matches!(self, Existing::Nothing)
+    }
+}
+
+impl std::fmt::Display for Existing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Existing::Nothing => write!(f, "no blockfs"),
+            Existing::FileSystem { files, bytes, .. } => write!(
+                f,
+                "a blockfs with {files} file{} ({bytes} bytes)",
+                if *files == 1 { "" } else { "s" }
+            ),
+            Existing::Damaged { reason } => write!(
+                f,
+                "a damaged blockfs ({reason}; `fsck --repair` may recover its files)"
+            ),
+        }
+    }
+}
+
 /// A file's in-memory metadata.
 #[derive(Clone, Debug)]
 pub(crate) struct Inode {
@@ -525,6 +571,33 @@ impl FileSystem {
                 state: RwLock::new(state),
             }),
         })
+    }
+
+    /// Whether `dev` holds a blockfs, and how many files it has: for refusing to overwrite one
+    /// by accident. Reads only; a device error is an error, anything on the medium is an
+    /// answer.
+    pub fn probe(dev: Arc<dyn BlockDevice>) -> Result<Existing> {
+        let slots = read_slots(dev.as_ref())?;
+        if slots
+            .iter()
+            .all(|s| matches!(s, Err(SuperblockProblem::BadMagic)))
+        {
+            return Ok(Existing::Nothing);
+        }
+        match Self::mount(dev) {
+            Ok(fs) => {
+                let st = fs.inner.read_state();
+                Ok(Existing::FileSystem {
+                    files: st.inodes.len() as u64,
+                    bytes: st.inodes.values().map(|i| i.size).sum(),
+                    generation: st.generation,
+                })
+            }
+            Err(e @ Error::Device { .. }) => Err(e),
+            Err(e) => Ok(Existing::Damaged {
+                reason: e.to_string(),
+            }),
+        }
     }
 
     pub(crate) fn from_parts(dev: Arc<dyn BlockDevice>, geo: Geometry, state: State) -> Self {

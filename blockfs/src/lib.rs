@@ -26,7 +26,7 @@
 //!
 //! # Host API
 //!
-//! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::create`] (with a size hint),
+//! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::probe`] (is there a blockfs?), [`FileSystem::create`] (with a size hint),
 //! [`FileSystem::open`] ([`OpenMode::ReadOnly`] or [`OpenMode::ReadWrite`]),
 //! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::write_from`] (a
 //! copy from a [`DataSource`] such as a host file, read while the device writes),
@@ -91,7 +91,9 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
-pub use fs::{Batch, CreateOptions, FileStat, FileSystem, FsStats, Geometry, MkfsOptions};
+pub use fs::{
+    Batch, CreateOptions, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
+};
 pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
 pub use load::Problem;
 pub use mem::MemDevice;

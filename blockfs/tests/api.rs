@@ -755,3 +755,42 @@ fn fsck_counts_space_as_the_mounted_file_system_does() {
         )
     );
 }
+
+#[test]
+fn probe_tells_nothing_a_file_system_and_a_damaged_one_apart() {
+    let dev = Arc::new(MemDevice::new(512, 16384));
+    assert_eq!(
+        FileSystem::probe(dev.clone()).unwrap(),
+        blockfs::Existing::Nothing
+    );
+    let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    put(&fs, "a", &[1u8; 5000]);
+    put(&fs, "b", &[2u8; 10]);
+    fs.sync().unwrap();
+    let gen_ = fs.generation();
+    drop(fs);
+    let found = FileSystem::probe(dev.clone()).unwrap();
+    assert_eq!(
+        found,
+        blockfs::Existing::FileSystem {
+            files: 2,
+            bytes: 5010,
+            generation: gen_
+        }
+    );
+    assert_eq!(found.to_string(), "a blockfs with 2 files (5010 bytes)");
+    // One slot's checksum broken: still a blockfs, damaged.
+    let mut sb = vec![0u8; 512];
+    dev.read(&mut [ReadReq {
+        lba: 0,
+        buf: &mut sb,
+    }])
+    .unwrap();
+    sb[100] ^= 0xff;
+    dev.write(&[WriteReq { lba: 0, buf: &sb }]).unwrap();
+    let found = FileSystem::probe(dev.clone()).unwrap();
+    assert!(
+        matches!(found, blockfs::Existing::Damaged { .. }) && found.is_blockfs(),
+        "{found:?}"
+    );
+}

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use blockfs::{
-    BlockDevice, CreateOptions, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions,
-    NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+    BlockDevice, CreateOptions, Existing, FileStat, FileSystem, FsckOptions, FsckReport,
+    MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
 use gpunvme::units::{format_bytes, parse_size};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -45,6 +45,9 @@ pub enum FsCommand {
         /// File system block size (4k to 1m, a power of two).
         #[arg(long, default_value = "4k", value_parser = parse_size)]
         block_size: u64,
+        /// Make it even if the namespace holds a blockfs, destroying its files.
+        #[arg(long)]
+        force: bool,
     },
     /// List files whose names start with PREFIX (all files without one).
     Ls {
@@ -65,7 +68,9 @@ pub enum FsCommand {
         #[arg(long, value_parser = parse_size)]
         chunk: Option<u64>,
     },
-    /// Copy a file out of the file system (`-` for standard output).
+    /// Copy a file out of the file system (`-` for standard output). A regular-file destination
+    /// is written under a temporary name beside it and renamed into place once complete and
+    /// synced: a failed or interrupted get leaves DST as it was.
     Get {
         /// Name in the file system.
         name: String,
@@ -105,6 +110,14 @@ pub enum FsCommand {
 }
 
 impl FsCommand {
+    /// The host file the command writes, if any.
+    pub fn output_path(&self) -> Option<&Path> {
+        match self {
+            FsCommand::Get { dst, .. } => Some(dst),
+            _ => None,
+        }
+    }
+
     /// Whether the command only reads the file system (and may share the device with other
     /// readers).
     pub fn is_read_only(&self) -> bool {
@@ -135,11 +148,20 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
         })
     };
     match cmd {
-        FsCommand::Mkfs { block_size } => {
+        FsCommand::Mkfs { block_size, force } => {
             let opts = MkfsOptions {
                 block_size: u32::try_from(block_size).context("--block-size is too large")?,
                 ..MkfsOptions::default()
             };
+            if !force {
+                let found =
+                    FileSystem::probe(dev.clone()).context("looking for a file system to keep")?;
+                if found.is_blockfs() {
+                    bail!(
+                        "namespace {nsid} holds {found}; mkfs would destroy it (add --force to do so)"
+                    );
+                }
+            }
             let fs = FileSystem::mkfs(dev.clone(), &opts).context("mkfs")?;
             let g = fs.geometry();
             let df = fs.df();
@@ -313,6 +335,15 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             Ok(())
         }
     }
+}
+
+/// What namespace `nsid` of `ctrl` holds: for refusing to overwrite a file system by accident.
+pub fn probe(ctrl: &Controller, nsid: u32) -> Result<Existing> {
+    let dev = Arc::new(
+        NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
+            .with_context(|| format!("opening namespace {nsid}"))?,
+    );
+    FileSystem::probe(dev).with_context(|| format!("looking for a blockfs on namespace {nsid}"))
 }
 
 /// `--chunk` of put and get, before anything is opened: whole-file calls when absent.
@@ -510,16 +541,15 @@ fn get(
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let len = file.len()?;
     let to_stdout = dst == Path::new("-");
-    let out = if to_stdout {
+    let target = if to_stdout {
         None
     } else {
-        Some(HostFile::create(dst).with_context(|| format!("creating {}", dst.display()))?)
+        Some(Target::create(dst)?)
     };
+    let out = target.as_ref().map(|t| &t.file);
     // Positioned writes (a regular file, /dev/null) let the device lanes write the destination
     // themselves; a pipe or a terminal takes the bytes in order from one writer.
-    let positioned = out
-        .as_ref()
-        .filter(|o| std::os::unix::fs::FileExt::write_at(*o, &[], 0).is_ok());
+    let positioned = out.filter(|o| std::os::unix::fs::FileExt::write_at(*o, &[], 0).is_ok());
     let bar = progress(len, json || to_stdout, "get");
     let start = Instant::now();
     match positioned {
@@ -542,13 +572,16 @@ fn get(
             }
         }
         None => {
-            let out: Box<dyn Write + Send> = match out {
+            let out: Box<dyn Write + Send + '_> = match out {
                 Some(f) => Box::new(f),
                 None => Box::new(std::io::stdout()),
             };
             let chunk = chunk_bytes(chunk.unwrap_or(GET_STREAM_CHUNK))?;
             stream_out(&file, name, len, out, chunk, &bar)?;
         }
+    }
+    if let Some(t) = target {
+        t.commit()?;
     }
     let secs = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
@@ -568,6 +601,97 @@ fn get(
     Ok(())
 }
 
+/// Where `get` writes: a regular file (new or existing) is written under a temporary name in
+/// the same directory and renamed over the destination only when complete and synced, so the
+/// destination never holds a partial copy; anything else (a device such as /dev/null, a FIFO)
+/// is written in place. Dropped without [`Target::commit`], the temporary file is removed.
+struct Target {
+    file: HostFile,
+    /// The temporary name, for a regular-file destination.
+    temp: Option<PathBuf>,
+    dst: PathBuf,
+}
+
+impl Target {
+    fn create(dst: &Path) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let existing = std::fs::metadata(dst).ok();
+        if let Some(m) = existing.as_ref().filter(|m| !m.is_file()) {
+            if m.is_dir() {
+                bail!("{} is a directory", dst.display());
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dst)
+                .with_context(|| format!("opening {}", dst.display()))?;
+            return Ok(Self {
+                file,
+                temp: None,
+                dst: dst.to_owned(),
+            });
+        }
+        let file_name = dst
+            .file_name()
+            .with_context(|| format!("{} names no file", dst.display()))?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(file_name);
+        temp_name.push(format!(".gpunvme-get-{}.tmp", std::process::id()));
+        let temp = dst.with_file_name(temp_name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .with_context(|| format!("creating {}", temp.display()))?;
+        let target = Self {
+            file,
+            temp: Some(temp),
+            dst: dst.to_owned(),
+        };
+        if let Some(m) = existing {
+            // Replace a file with one of the same permissions.
+            let mode = std::fs::Permissions::from_mode(m.permissions().mode() & 0o7777);
+            target
+                .file
+                .set_permissions(mode)
+                .with_context(|| format!("creating {}", dst.display()))?;
+        }
+        Ok(target)
+    }
+
+    /// Syncs the copy and moves it into place.
+    fn commit(mut self) -> Result<()> {
+        let Some(temp) = self.temp.take() else {
+            return Ok(());
+        };
+        let done = self
+            .file
+            .sync_all()
+            .and_then(|()| std::fs::rename(&temp, &self.dst));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&temp);
+            return Err(anyhow::Error::new(e).context(format!("writing {}", self.dst.display())));
+        }
+        // Make the rename itself durable (best effort: some file systems refuse to sync a
+        // directory).
+        let dir = match self.dst.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Ok(d) = HostFile::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(temp) = &self.temp {
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+}
+
 /// Copies `file` to `out` in order, `chunk` bytes per file-system call: GET_READERS threads
 /// read consecutive chunks concurrently, so the device always has the next batch queued while
 /// one completes, and one writer puts them back in order.
@@ -575,7 +699,7 @@ fn stream_out(
     file: &blockfs::File,
     name: &str,
     len: u64,
-    mut out: Box<dyn Write + Send>,
+    mut out: Box<dyn Write + Send + '_>,
     chunk: usize,
     bar: &ProgressBar,
 ) -> Result<()> {
