@@ -558,3 +558,96 @@ fn an_interrupted_get_leaves_the_destination_as_it_was() {
         "a temporary file was left behind"
     );
 }
+
+#[test]
+fn a_forced_put_that_fails_keeps_the_old_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 16 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let a = pattern(10 << 20, 8);
+    std::fs::write(d.join("a.bin"), &a).unwrap();
+    std::fs::write(d.join("r40.bin"), pattern(8 << 20, 9)).unwrap();
+    ok(&fs("put a.bin A"));
+    // No room for the replacement beside the old version: an error, and A is still A.
+    let line = error_line(&fs("put --force r40.bin A"));
+    assert!(line.contains("no space"), "{line}");
+    ok(&fs("get A back.bin"));
+    assert!(
+        std::fs::read(d.join("back.bin")).unwrap() == a,
+        "A was lost"
+    );
+    let fsck: serde_json::Value = serde_json::from_str(&ok(&fs("fsck --json"))).unwrap();
+    assert_eq!(fsck["clean"], true, "{fsck}");
+    assert_eq!(fsck["files"], 1);
+    // A replacement that fits replaces it, in one commit, leaving one file.
+    std::fs::write(d.join("small.bin"), pattern(1000, 10)).unwrap();
+    ok(&fs("put --force small.bin A"));
+    ok(&fs("get A back.bin"));
+    assert_eq!(
+        std::fs::read(d.join("back.bin")).unwrap(),
+        pattern(1000, 10)
+    );
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+    // mv --force replaces too; plain mv refuses.
+    std::fs::write(d.join("b.bin"), pattern(3000, 13)).unwrap();
+    ok(&fs("put b.bin B"));
+    assert!(error_line(&fs("mv B A")).contains("exists"));
+    ok(&fs("mv --force B A"));
+    ok(&fs("get A back.bin"));
+    assert_eq!(std::fs::read(d.join("back.bin")).unwrap(), pattern(3000, 13));
+    let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn an_interrupted_forced_put_keeps_the_old_file_or_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let old = pattern(8192, 11);
+    let new = pattern(24 << 20, 12);
+    std::fs::write(d.join("old.bin"), &old).unwrap();
+    std::fs::write(d.join("new.bin"), &new).unwrap();
+    ok(&fs("put old.bin big"));
+    // SIGINT at several points of a slow forced put (small calls): whenever it lands, `big`
+    // is the old file or the new one, never gone or mixed.
+    let mut interrupted = 0;
+    for delay_ms in [30, 100, 250, 500, 1000] {
+        let mut put = bin()
+            .current_dir(d)
+            .args([
+                "--device", "disk.img", "fs", "put", "--force", "--chunk", "4k", "new.bin", "big",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = Command::new("kill")
+            .args(["-INT", &put.id().to_string()])
+            .status();
+        let status = put.wait().unwrap();
+        if !status.success() {
+            interrupted += 1;
+        }
+        ok(&fs("get big back.bin"));
+        let back = std::fs::read(d.join("back.bin")).unwrap();
+        assert!(
+            back == old || back == new,
+            "after SIGINT at {delay_ms} ms: {} bytes, neither version",
+            back.len()
+        );
+        if back == new {
+            ok(&fs("put --force old.bin big"));
+        }
+        let fsck: serde_json::Value = serde_json::from_str(&ok(&fs("fsck --json"))).unwrap();
+        assert_eq!(fsck["clean"], true, "{fsck}");
+        assert_eq!(fsck["files"], 1, "{fsck}");
+    }
+    eprintln!("{interrupted} of 5 puts interrupted");
+}

@@ -734,33 +734,50 @@ impl FileSystem {
         if st.inodes[&id].flags & FLAG_IMMUTABLE != 0 {
             return Err(Error::ReadOnly(name.to_owned()));
         }
-        st.truncate_blocks(id, 0);
-        let inode = st.inodes.remove(&id).expect("looked up");
-        st.names.remove(name);
-        st.homeless.remove(&id);
-        if let Some(key) = inode.chunk
-            && let Some(c) = st.chunks.get_mut(&key)
-        {
-            c.files.remove(&id);
-            c.dirty = true;
-        }
-        st.meta_dirty = true;
+        remove_locked(&mut st, name, id);
         Ok(())
     }
 
     /// Renames a file; fails if `new` exists.
     pub fn rename(&self, old: &str, new: &str) -> Result<()> {
+        self.rename_inner(old, new, false)
+    }
+
+    /// Renames `old` to `new`, replacing `new` if it exists (whose blocks become reusable two
+    /// commits later, as with [`FileSystem::remove`]). The removal and the rename reach the
+    /// medium in the same commit (the next sync): after a crash the medium holds either both
+    /// files as they were or only the renamed one under `new`. This is how a file is replaced
+    /// atomically: write the new version under a temporary name, then `rename_replace` it over
+    /// the old one and sync.
+    pub fn rename_replace(&self, old: &str, new: &str) -> Result<()> {
+        self.rename_inner(old, new, true)
+    }
+
+    fn rename_inner(&self, old: &str, new: &str, replace: bool) -> Result<()> {
         validate_name(new)?;
         let mut st = self.inner.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);
         }
         let id = st.lookup(old)?;
-        if st.names.contains_key(new) {
-            return Err(Error::AlreadyExists(new.to_owned()));
-        }
         if st.inodes[&id].flags & FLAG_IMMUTABLE != 0 {
             return Err(Error::ReadOnly(old.to_owned()));
+        }
+        if old == new {
+            return if replace {
+                Ok(())
+            } else {
+                Err(Error::AlreadyExists(new.to_owned()))
+            };
+        }
+        if let Some(&victim) = st.names.get(new) {
+            if !replace {
+                return Err(Error::AlreadyExists(new.to_owned()));
+            }
+            if st.inodes[&victim].flags & FLAG_IMMUTABLE != 0 {
+                return Err(Error::ReadOnly(new.to_owned()));
+            }
+            remove_locked(&mut st, new, victim);
         }
         st.names.remove(old);
         st.names.insert(new.to_owned(), id);
@@ -854,6 +871,21 @@ impl FileSystem {
         let rec = st.inodes[&id].record(0);
         Ok((rec.encoded_len() + size_of::<ChunkDesc>()) as u64)
     }
+}
+
+/// Removes file `id`, named `name`, from the in-memory state (the caller checked it may).
+fn remove_locked(st: &mut State, name: &str, id: u64) {
+    st.truncate_blocks(id, 0);
+    let inode = st.inodes.remove(&id).expect("looked up");
+    st.names.remove(name);
+    st.homeless.remove(&id);
+    if let Some(key) = inode.chunk
+        && let Some(c) = st.chunks.get_mut(&key)
+    {
+        c.files.remove(&id);
+        c.dirty = true;
+    }
+    st.meta_dirty = true;
 }
 
 /// Files opened together by [`FileSystem::open_prefix`], with their shared extent table.

@@ -794,3 +794,48 @@ fn probe_tells_nothing_a_file_system_and_a_damaged_one_apart() {
         "{found:?}"
     );
 }
+
+#[test]
+fn rename_replace_swaps_in_one_commit() {
+    let (dev, fs) = mem_fs(512, 8 << 20);
+    put(&fs, "a", &[1u8; 9000]);
+    put(&fs, "b", &[2u8; 3000]);
+    fs.sync().unwrap();
+    // Plain rename refuses an existing name; replace does not.
+    assert!(matches!(fs.rename("b", "a"), Err(Error::AlreadyExists(_))));
+    put(&fs, "tmp", &[3u8; 7000]);
+    fs.rename_replace("tmp", "a").unwrap();
+    assert_eq!(read_all(&fs, "a"), vec![3u8; 7000]);
+    assert!(matches!(fs.stat("tmp"), Err(Error::NotFound(_))));
+    // Not synced: the medium still holds the old "a", and no "tmp".
+    drop(fs);
+    let fs = remount(&dev);
+    assert_eq!(read_all(&fs, "a"), vec![1u8; 9000]);
+    assert!(fs.stat("tmp").is_err());
+    // Synced: one commit holds the new "a" and no trace of the old one.
+    let g = fs.generation();
+    put(&fs, "tmp", &[3u8; 7000]);
+    fs.rename_replace("tmp", "a").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.generation(), g + 1);
+    drop(fs);
+    let fs = remount(&dev);
+    assert_eq!(read_all(&fs, "a"), vec![3u8; 7000]);
+    assert_eq!(
+        fs.list("")
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let report = fsck(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    // An immutable target is not replaced; renaming onto itself is a no-op.
+    fs.set_immutable("b", true).unwrap();
+    assert!(matches!(
+        fs.rename_replace("a", "b"),
+        Err(Error::ReadOnly(n)) if n == "b"
+    ));
+    fs.rename_replace("a", "a").unwrap();
+    assert_eq!(read_all(&fs, "a"), vec![3u8; 7000]);
+}

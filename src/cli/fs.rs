@@ -60,7 +60,8 @@ pub enum FsCommand {
         src: PathBuf,
         /// Name in the file system (UTF-8, `/`-separated, up to 1024 bytes).
         name: String,
-        /// Replace NAME if it exists.
+        /// Replace NAME if it exists. The new version is written first and swapped in by one
+        /// commit, so the old one survives any failure (room for both is needed meanwhile).
         #[arg(long)]
         force: bool,
         /// Bytes per file-system call (default: the whole file in one call). The device stays
@@ -87,12 +88,15 @@ pub enum FsCommand {
         /// Name in the file system.
         name: String,
     },
-    /// Rename a file (fails if NEW exists).
+    /// Rename a file (fails if NEW exists, unless --force).
     Mv {
         /// Current name.
         old: String,
         /// New name.
         new: String,
+        /// Replace NEW if it exists (the removal and the rename are one commit).
+        #[arg(long)]
+        force: bool,
     },
     /// Show a file's size, allocation, extents and generation.
     Stat {
@@ -235,9 +239,13 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             }
             Ok(())
         }
-        FsCommand::Mv { old, new } => {
+        FsCommand::Mv { old, new, force } => {
             let fs = mount()?;
-            fs.rename(&old, &new)?;
+            if force {
+                fs.rename_replace(&old, &new)?;
+            } else {
+                fs.rename(&old, &new)?;
+            }
             fs.sync()?;
             if json {
                 println!("{}", json!({ "from": old, "to": new }));
@@ -466,13 +474,22 @@ fn put(
     let len = meta.len();
     blockfs::check_name(name)
         .map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
-    if force && fs.stat(name).is_ok() {
-        fs.remove(name)?;
-        // Make the old file's blocks reusable now rather than two commits from now.
-        fs.reclaim()
-            .context("reclaiming the replaced file's space")?;
-    }
-    let file = fs.create(name, &CreateOptions { size_hint: len })?;
+    // Replacing: write the new version under a temporary name (which never reaches the
+    // medium: nothing commits before the end), then rename it over the old one in the same
+    // commit that removes the old one. Any failure before that leaves the old version.
+    let temp = match fs.stat(name) {
+        Ok(old) if force => {
+            if old.immutable {
+                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
+            }
+            Some(temp_name(fs))
+        }
+        _ => None,
+    };
+    let file = fs.create(
+        temp.as_deref().unwrap_or(name),
+        &CreateOptions { size_hint: len },
+    )?;
     let bar = progress(len, json, "put");
     let start = Instant::now();
     // Each call is one device batch over all queue pairs, in which every lane reads the source
@@ -492,6 +509,10 @@ fn put(
     if let Some(e) = changed_size(&input, src, len) {
         return Err(e);
     }
+    if let Some(temp) = &temp {
+        fs.rename_replace(temp, name)
+            .with_context(|| format!("replacing {name}"))?;
+    }
     fs.sync().context("syncing")?;
     let secs = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
@@ -507,6 +528,15 @@ fn put(
     };
     report_transfer(&t, path, json);
     Ok(())
+}
+
+/// A name no file has, for a replacement being written.
+fn temp_name(fs: &FileSystem) -> String {
+    let base = format!(".gpunvme-put-{}", std::process::id());
+    (0u32..)
+        .map(|i| format!("{base}-{i}"))
+        .find(|n| fs.stat(n).is_err())
+        .expect("some name is free")
 }
 
 /// The error to report if `input` is no longer `len` bytes long (or cannot be read at `len`).
