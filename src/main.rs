@@ -21,7 +21,7 @@ mod cli;
 struct Args {
     /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
     /// by the software controller. Default: ./gpunvme.img (perf: ./gpunvme-perf.img, its own
-    /// scratch image), created on first use (1 GiB, sparse).
+    /// scratch image), created by the first command that writes (1 GiB, sparse).
     #[arg(long, global = true, value_name = "SPEC")]
     device: Option<String>,
 
@@ -143,8 +143,8 @@ struct PerfArgs {
     /// Run for this long (e.g. 10s, 500ms).
     #[arg(long, value_parser = parse_duration, conflicts_with = "ios")]
     runtime: Option<std::time::Duration>,
-    /// Run this many I/Os in total. Default when neither is given: --runtime 5s.
-    #[arg(long)]
+    /// Run this many I/Os in total (at least 1). Default when neither is given: --runtime 5s.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     ios: Option<u64>,
     /// Write known patterns and check every byte read.
     #[arg(long)]
@@ -191,7 +191,18 @@ enum ClientArg {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let json = std::env::args_os().any(|a| a == "--json");
+            if json && !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let msg = e.kind().as_str().unwrap_or("invalid command line");
+                print_json_error(&cli::json_error("usage", msg));
+            }
+            e.exit();
+        }
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -199,13 +210,46 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    match run(args) {
+    let json = args.json;
+    let result = run(args).and_then(|()| {
+        use std::io::Write as _;
+        std::io::stdout()
+            .flush()
+            .map_err(|e| cli::StdoutError(e).into())
+    });
+    match result {
+        Ok(()) if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpunvme: error: {e:#}");
-            ExitCode::FAILURE
+            // The reader of our output went away (`| head`): a normal end.
+            if cli::stdout_error(&e).is_some_and(cli::StdoutError::is_broken_pipe) {
+                return ExitCode::SUCCESS;
+            }
+            let message = cli::escape(&format!("{e:#}")).into_owned();
+            if json {
+                print_json_error(&cli::json_error(cli::error_kind(&e), &message));
+            }
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "gpunvme: error: {message}");
+            if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// Set by the first Ctrl-C during `perf`, which then stops issuing I/O and reports what it
+/// measured; a second one ends the process.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Prints an error object on standard output, where `--json` output goes (best effort: the
+/// text line on standard error follows anyway).
+fn print_json_error(v: &serde_json::Value) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{v}");
+    let _ = std::io::stdout().flush();
 }
 
 fn run(args: Args) -> Result<()> {
@@ -219,6 +263,17 @@ fn run(args: Args) -> Result<()> {
         "--controller-queue-pairs must be 1 to 1024, not {}",
         args.controller_queue_pairs
     );
+    if let Command::Perf(p) = &args.command {
+        // clap refuses --ios 0 and --runtime 0s alike, as invalid values.
+        anyhow::ensure!(p.qd >= 1, "--qd must be at least 1");
+        // Ctrl-C stops the run and prints what it measured; a second one ends the process.
+        // Installed before the device is opened, so it is in place whenever the run is.
+        let _ = ctrlc::set_handler(|| {
+            if INTERRUPTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
     let spec = DeviceSpec::parse(args.device.as_deref())?;
     let opts = OpenOptions {
         lba_size: args.lba_size,
@@ -235,10 +290,11 @@ fn run(args: Args) -> Result<()> {
     if let Some(out) = args.command.output_path()
         && spec.is_own_image(&opts, out)
     {
-        anyhow::bail!(
+        return Err(cli::Refusal(format!(
             "{} is the device's own image file: writing the output there would destroy it",
             out.display()
-        );
+        ))
+        .into());
     }
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
@@ -255,15 +311,12 @@ fn run(args: Args) -> Result<()> {
             if writes && !p.force {
                 let found = cli::fs::probe(&ctrl, p.nsid)?;
                 if found.is_blockfs() {
-                    anyhow::bail!(
+                    return Err(cli::Refusal(format!(
                         "namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
                         p.nsid,
-                        if p.verify {
-                            "--verify"
-                        } else {
-                            "in a write mode"
-                        }
-                    );
+                        if p.verify { "--verify" } else { "in a write mode" }
+                    ))
+                    .into());
                 }
             }
             let cfg = PerfConfig {
@@ -285,6 +338,7 @@ fn run(args: Args) -> Result<()> {
                 nsid: p.nsid,
                 size: p.size,
                 seed: p.seed,
+                interrupt: Some(&INTERRUPTED),
             };
             if p.gpu {
                 let gargs = gpunvme::gpu_perf::GpuPerfArgs {
@@ -301,7 +355,16 @@ fn run(args: Args) -> Result<()> {
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
-                perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
+                let result =
+                    perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json));
+                if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "gpunvme: interrupted: the numbers cover the I/Os done before Ctrl-C"
+                    );
+                }
+                result
             }
         })(),
         Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),

@@ -26,7 +26,8 @@ pub enum DeviceSpec {
     /// An image file served by the software controller.
     Image(PathBuf),
     /// No `--device`: the software controller over [`OpenOptions::default_image`]
-    /// (`./gpunvme.img`, or `./gpunvme-perf.img` for `perf`), created on first use.
+    /// (`./gpunvme.img`, or `./gpunvme-perf.img` for `perf`), created on first use by a command
+    /// that writes ([`OpenOptions::read_only`] false).
     DefaultImage,
 }
 
@@ -157,6 +158,14 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
         DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
             let path = opts.default_image.as_path();
+            if !path.exists() && opts.read_only {
+                // A command that only reads has nothing to read there: creating 1 GiB as its
+                // side effect would surprise.
+                bail!(
+                    "{} does not exist: there is nothing to read yet (commands that write create it, e.g. `gpunvme fs mkfs`)",
+                    path.display()
+                );
+            }
             if !path.exists() {
                 match EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES) {
                     Ok(()) => tracing::info!(

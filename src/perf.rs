@@ -6,6 +6,7 @@
 //! pattern beforehand (not timed); writes write the pattern and, after the timed phase, every
 //! unit written is read back and checked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,10 @@ pub struct PerfConfig {
     /// Seed of the pattern and of random offsets (`None`: a fresh one per run, so stale data
     /// from an earlier run can never pass verification).
     pub seed: Option<u64>,
+    /// Set (by a Ctrl-C handler) to end the run early: workers stop issuing, wait for what is
+    /// in flight, and the report covers the I/Os done so far (a write run's written units are
+    /// still read back with `verify`). Set during a `verify` read run's prefill, the run fails.
+    pub interrupt: Option<&'static AtomicBool>,
 }
 
 /// Default working-set size: the whole namespace up to this many bytes.
@@ -173,6 +178,8 @@ struct Plan {
     deadline: Option<Instant>,
     /// Record units written (for verification afterwards).
     track_written: bool,
+    /// Stop issuing once this is set.
+    interrupt: Option<&'static AtomicBool>,
 }
 
 /// Shared, read-only parameters of every worker.
@@ -206,6 +213,9 @@ struct WorkerResult {
     first_error: Option<String>,
     written: Vec<u64>,
     hist: Option<Histogram<u64>>,
+    /// When the worker passed the start barrier (before its first I/O) and when its last I/O
+    /// completed.
+    span: Option<(Instant, Instant)>,
 }
 
 struct Slot {
@@ -262,8 +272,13 @@ fn run_worker(
         }
     };
     start.wait();
+    // Taken before this worker's first I/O; the run's clock starts at the earliest of these.
+    let started = Instant::now();
 
     let may_issue = |issued: u64, plan: &Plan| -> bool {
+        if plan.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return false;
+        }
         if let Some(n) = plan.ios {
             if issued >= n {
                 return false;
@@ -411,18 +426,20 @@ fn run_worker(
         }
     }
     res.written = written;
+    res.span = Some((started, Instant::now()));
     res
 }
 
 /// Runs `plans` (one per queue pair) in parallel; returns their results and the wall time from
-/// the moment all threads were ready.
+/// the first worker's start (taken before any I/O is issued) to the last worker's last
+/// completion.
 fn run_workers(
     qps: &mut [IoQueuePair],
     bufs: &[Arc<nvme::DmaMemory>],
     geo: Geometry,
     plans: Vec<Plan>,
 ) -> (Vec<WorkerResult>, Duration) {
-    let barrier = Barrier::new(plans.len() + 1);
+    let barrier = Barrier::new(plans.len());
     std::thread::scope(|scope| {
         let handles: Vec<_> = qps
             .iter_mut()
@@ -433,13 +450,17 @@ fn run_workers(
                 scope.spawn(move || run_worker(qp, buf, geo, plan, barrier))
             })
             .collect();
-        barrier.wait();
-        let t0 = Instant::now();
         let results: Vec<WorkerResult> = handles
             .into_iter()
             .map(|h| h.join().expect("perf worker panicked"))
             .collect();
-        (results, t0.elapsed())
+        let first = results.iter().filter_map(|r| r.span).map(|s| s.0).min();
+        let last = results.iter().filter_map(|r| r.span).map(|s| s.1).max();
+        let elapsed = match (first, last) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        (results, elapsed)
     })
 }
 
@@ -448,6 +469,11 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
     ensure!(cfg.qd >= 1, "--qd must be at least 1");
+    match cfg.stop {
+        Stop::Ios(0) => bail!("--ios must be at least 1"),
+        Stop::Runtime(d) if d.is_zero() => bail!("--runtime must be more than 0"),
+        _ => {}
+    }
     ensure!(cfg.queues >= 1, "--queues must be at least 1");
     ensure!(
         cfg.bs >= lba_size && cfg.bs % lba_size == 0,
@@ -490,8 +516,19 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         seed: cfg.seed.unwrap_or_else(rand::random),
         total_units,
     };
-    let depth = geo.qd * geo.commands_per_io() + 1;
-    let depth = u16::try_from(depth).context("--qd × commands per I/O is too deep a queue")?;
+    // One queue holds qd I/Os of commands_per_io commands each, plus the slot a full ring
+    // leaves empty.
+    let entries = (ctrl.info().mqes_entries as usize).min(u16::MAX as usize);
+    let max_qd = (entries - 1) / geo.commands_per_io();
+    ensure!(
+        geo.qd <= max_qd,
+        "--qd {} is out of range: 1 to {max_qd} here (queues of at most {entries} entries, {} command(s) per {}-byte I/O)",
+        cfg.qd,
+        geo.commands_per_io(),
+        cfg.bs
+    );
+    let depth = u16::try_from(geo.qd * geo.commands_per_io() + 1)
+        .context("--qd × commands per I/O is too deep a queue")?;
     let mut qps = Vec::with_capacity(cfg.queues);
     for _ in 0..cfg.queues {
         let qp = ctrl.create_io_queue_pair(depth)?;
@@ -536,10 +573,14 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                     ios: None,
                     deadline: None,
                     track_written: false,
+                    interrupt: cfg.interrupt,
                 }
             })
             .collect();
         let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
+        if cfg.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            bail!("interrupted while writing the verification pattern (before the timed run)");
+        }
         for r in &results {
             if r.errors > 0 {
                 bail!(
@@ -585,6 +626,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 ios: per_worker_ios(w),
                 deadline,
                 track_written: cfg.verify && cfg.rw.is_write(),
+                interrupt: cfg.interrupt,
             }
         })
         .collect();
@@ -630,6 +672,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 ios: None,
                 deadline: None,
                 track_written: false,
+                interrupt: None,
             })
             .collect();
         let (results, _) = run_workers(&mut qps, &bufs, geo, plans);

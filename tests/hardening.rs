@@ -597,7 +597,10 @@ fn a_forced_put_that_fails_keeps_the_old_file() {
     assert!(error_line(&fs("mv B A")).contains("exists"));
     ok(&fs("mv --force B A"));
     ok(&fs("get A back.bin"));
-    assert_eq!(std::fs::read(d.join("back.bin")).unwrap(), pattern(3000, 13));
+    assert_eq!(
+        std::fs::read(d.join("back.bin")).unwrap(),
+        pattern(3000, 13)
+    );
     let ls: serde_json::Value = serde_json::from_str(&ok(&fs("ls --json"))).unwrap();
     assert_eq!(ls.as_array().unwrap().len(), 1);
 }
@@ -650,4 +653,252 @@ fn an_interrupted_forced_put_keeps_the_old_file_or_the_new_one() {
         assert_eq!(fsck["files"], 1, "{fsck}");
     }
     eprintln!("{interrupted} of 5 puts interrupted");
+}
+
+/// Runs `gpunvme` in `dir` with `args` and standard output closed before it writes anything.
+fn with_closed_stdout(dir: &Path, args: &[&str]) -> Output {
+    let mut child = bin()
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_or_full_stdout_is_no_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    std::fs::write(d.join("big.bin"), pattern(8 << 20, 14)).unwrap();
+    ok(&gpunvme(d, "--device disk.img fs put big.bin big"));
+    let dev = ["--device", "disk.img"];
+    // A reader that went away is a normal end: exit 0, nothing on stderr.
+    for args in [
+        &["fs", "ls"][..],
+        &["fs", "get", "big", "-"],
+        &["identify"],
+        &["read", "--lba", "0", "--bytes", "1m", "--output", "-"],
+        &["perf", "--rw", "randread", "--ios", "100"],
+        &["fs", "put", "big.bin", "other"],
+    ] {
+        let out = with_closed_stdout(d, &[&dev[..], args].concat());
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{args:?}: {:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The put happened (and was committed) although nobody read its report.
+    assert!(ok(&gpunvme(d, "--device disk.img fs ls")).contains(" other\n"));
+    // A full disk is an error, in one line.
+    for cmd in [
+        "identify",
+        "fs ls",
+        "fs stat big",
+        "perf --rw randread --ios 100",
+    ] {
+        let out = bin()
+            .current_dir(d)
+            .args(["--device", "disk.img"])
+            .args(cmd.split_whitespace())
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{cmd}");
+        let line = error_line(&out);
+        assert!(line.contains("writing to standard output"), "{cmd}: {line}");
+    }
+}
+
+#[test]
+fn with_json_every_outcome_is_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 32 << 20);
+    let json_err = |out: &Output| -> (String, String) {
+        assert!(!out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        let e = &v["error"];
+        (
+            e["kind"].as_str().unwrap().to_owned(),
+            e["message"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (kind, msg) = json_err(&gpunvme(d, "--device disk.img --json fs ls"));
+    assert_eq!(kind, "no_file_system");
+    assert!(msg.contains("gpunvme fs mkfs"), "{msg}");
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    let (kind, msg) = json_err(&gpunvme(d, "--device disk.img --json fs get nope out.bin"));
+    assert_eq!(
+        (kind.as_str(), msg.as_str()),
+        ("not_found", "no such file: nope")
+    );
+    let (kind, _) = json_err(&gpunvme(d, "--device disk.img --json fs mkfs"));
+    assert_eq!(kind, "refused");
+    let out = gpunvme(d, "--device disk.img --json fs frobnicate");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_err(&out).0, "usage");
+    let reader = {
+        std::fs::write(d.join("a.bin"), pattern(1 << 20, 15)).unwrap();
+        ok(&gpunvme(d, "--device disk.img fs put a.bin a"));
+        BlockedReader::start(d, "a")
+    };
+    let (kind, msg) = json_err(&gpunvme(d, "--device disk.img --json fs rm a"));
+    assert_eq!(kind, "busy");
+    assert!(msg.contains(&reader.pid().to_string()), "{msg}");
+    // The text line is on stderr as well.
+    assert!(error_line(&gpunvme(d, "--device disk.img --json fs rm a")).contains("in use"));
+}
+
+#[test]
+fn names_with_control_characters_are_printed_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 32 << 20);
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    std::fs::write(d.join("a.bin"), b"abc").unwrap();
+    let evil = "evil\nname\u{1b}[2J";
+    let run = |args: &[&str]| {
+        bin()
+            .current_dir(d)
+            .args(["--device", "disk.img", "fs"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let put = ok(&run(&["put", "a.bin", evil]));
+    assert!(put.contains("evil\\nname\\u{1b}[2J"), "{put}");
+    let ls = ok(&run(&["ls"]));
+    assert!(ls.contains(" evil\\nname\\u{1b}[2J\n"), "{ls}");
+    assert!(!ls.contains('\u{1b}'));
+    let stat = ok(&run(&["stat", evil]));
+    assert!(
+        stat.contains("name:       evil\\nname\\u{1b}[2J\n"),
+        "{stat}"
+    );
+    // JSON carries the name exactly.
+    let v: serde_json::Value = serde_json::from_str(&ok(&run(&["ls", "--json"]))).unwrap();
+    assert_eq!(v[0]["name"], evil);
+    // Errors stay one line.
+    let line = error_line(&run(&["get", "no\nsuch", "out.bin"]));
+    assert!(line.contains("no such file: no\\nsuch"), "{line}");
+    ok(&run(&["rm", evil]));
+}
+
+#[test]
+fn perf_reports_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 16 << 20);
+    let perf = |args: &str| gpunvme(d, &format!("--device disk.img perf {args}"));
+    // --ios 0 and --runtime 0s are refused alike, as invalid values, before anything runs.
+    for (args, needle) in [
+        ("--ios 0", "invalid value '0' for '--ios <IOS>'"),
+        (
+            "--runtime 0s",
+            "invalid value '0s' for '--runtime <RUNTIME>'",
+        ),
+    ] {
+        let out = perf(args);
+        assert_eq!(out.status.code(), Some(2), "{args}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.lines().next().unwrap().contains(needle),
+            "{args}: {err}"
+        );
+    }
+    let line = error_line(&perf("--qd 100000 --ios 10"));
+    assert!(
+        line.contains("--qd 100000 is out of range: 1 to "),
+        "{line}"
+    );
+    // Human units and the runtime in text.
+    let text = ok(&perf("--rw randread --ios 500"));
+    assert!(text.contains("runtime "), "{text}");
+    assert!(text.contains("s ") || text.contains("s\n"), "{text}");
+    assert!(!text.contains("lat (ns)"), "{text}");
+    // The clock covers every I/O: no I/O took longer than the run it belongs to.
+    for _ in 0..5 {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&perf("--rw randread --ios 64 --qd 32 --json"))).unwrap();
+        let runtime = v["runtime_ns"].as_u64().unwrap();
+        assert!(
+            v["lat_ns"]["max"].as_u64().unwrap() <= runtime,
+            "an I/O outlasted the run: {v}"
+        );
+        let iops = v["iops"].as_f64().unwrap();
+        assert!((iops - 64e9 / runtime as f64).abs() <= iops * 1e-6, "{v}");
+    }
+}
+
+#[test]
+fn ctrl_c_during_perf_prints_the_partial_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 16 << 20);
+    let child = bin()
+        .current_dir(d)
+        .args([
+            "--device",
+            "disk.img",
+            "--json",
+            "perf",
+            "--rw",
+            "randwrite",
+            "--runtime",
+            "60s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it holds the image (exclusively), its Ctrl-C handler is in place.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gpunvme(d, "--device disk.img identify").status.success() {
+        assert!(Instant::now() < deadline, "perf never took the image");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(50), "it ran on");
+    assert_eq!(out.status.code(), Some(130));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert!(v["runtime_ns"].as_u64().unwrap() < 60_000_000_000, "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+}
+
+#[test]
+fn read_only_commands_create_no_default_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for cmd in ["fs ls", "fs df", "identify", "perf --rw randread --ios 10"] {
+        let line = error_line(&gpunvme(d, cmd));
+        assert!(line.contains("does not exist"), "{cmd}: {line}");
+        assert!(line.contains("gpunvme fs mkfs"), "{cmd}: {line}");
+    }
+    assert!(!d.join("gpunvme.img").exists());
+    assert!(!d.join("gpunvme-perf.img").exists());
+    // A device without a file system says how to make one.
+    image(d, 8 << 20);
+    let line = error_line(&gpunvme(d, "--device disk.img fs ls"));
+    assert!(
+        line.contains("holds no blockfs (make one with `gpunvme fs mkfs`)"),
+        "{line}"
+    );
 }

@@ -25,6 +25,8 @@ use blockfs::{
     MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
 use gpunvme::units::{format_bytes, parse_size};
+
+use crate::cli::{Refusal, StdoutError, escape};
 use indicatif::{ProgressBar, ProgressStyle};
 use nvme::Controller;
 use serde_json::{Value, json};
@@ -146,10 +148,14 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
     );
     let path = dev.describe();
-    let mount = || {
-        FileSystem::mount(dev.clone()).with_context(|| {
-            format!("mounting blockfs on namespace {nsid} (`gpunvme fs fsck` says more)")
-        })
+    let mount = || match FileSystem::mount(dev.clone()) {
+        Ok(fs) => Ok(fs),
+        Err(e @ blockfs::Error::NotBlockfs(_)) => Err(anyhow::Error::new(e).context(format!(
+            "namespace {nsid} holds no blockfs (make one with `gpunvme fs mkfs`)"
+        ))),
+        Err(e) => Err(anyhow::Error::new(e).context(format!(
+            "mounting blockfs on namespace {nsid} (`gpunvme fs fsck` says more)"
+        ))),
     };
     match cmd {
         FsCommand::Mkfs { block_size, force } => {
@@ -161,16 +167,17 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 let found =
                     FileSystem::probe(dev.clone()).context("looking for a file system to keep")?;
                 if found.is_blockfs() {
-                    bail!(
+                    return Err(Refusal(format!(
                         "namespace {nsid} holds {found}; mkfs would destroy it (add --force to do so)"
-                    );
+                    ))
+                    .into());
                 }
             }
             let fs = FileSystem::mkfs(dev.clone(), &opts).context("mkfs")?;
             let g = fs.geometry();
             let df = fs.df();
             if json {
-                println!(
+                outln!(
                     "{}",
                     json!({
                         "uuid": uuid(&g.uuid),
@@ -181,8 +188,8 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                     })
                 );
             } else {
-                println!("data path: {path}");
-                println!(
+                outln!("data path: {path}");
+                outln!(
                     "made blockfs {}: {} blocks of {} bytes ({}), {} free",
                     uuid(&g.uuid),
                     g.block_count,
@@ -198,18 +205,18 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             let files = fs.list(prefix.as_deref().unwrap_or(""));
             if json {
                 let v: Vec<Value> = files.iter().map(stat_json).collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for f in &files {
-                    println!(
+                    outln!(
                         "{:>14} {:>10} {:>4} {}",
                         f.size,
                         format_bytes(f.allocated as f64),
                         f.extents,
-                        f.name
+                        escape(&f.name)
                     );
                 }
-                println!("{} file(s)", files.len());
+                outln!("{} file(s)", files.len());
             }
             Ok(())
         }
@@ -233,9 +240,9 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             fs.remove(&name)?;
             fs.sync()?;
             if json {
-                println!("{}", json!({ "removed": name }));
+                outln!("{}", json!({ "removed": name }));
             } else {
-                println!("removed {name}");
+                outln!("removed {}", escape(&name));
             }
             Ok(())
         }
@@ -248,9 +255,9 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             }
             fs.sync()?;
             if json {
-                println!("{}", json!({ "from": old, "to": new }));
+                outln!("{}", json!({ "from": old, "to": new }));
             } else {
-                println!("renamed {old} to {new}");
+                outln!("renamed {} to {}", escape(&old), escape(&new));
             }
             Ok(())
         }
@@ -266,24 +273,26 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                     .iter()
                     .map(|e| json!({ "file_lba": e.file_lba, "lba": e.lba, "nlb": e.nlb }))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!("name:       {}", st.name);
-                println!("file id:    {}", st.file_id);
-                println!("size:       {} ({})", st.size, format_bytes(st.size as f64));
-                println!(
+                outln!("name:       {}", escape(&st.name));
+                outln!("file id:    {}", st.file_id);
+                outln!("size:       {} ({})", st.size, format_bytes(st.size as f64));
+                outln!(
                     "allocated:  {} ({})",
                     st.allocated,
                     format_bytes(st.allocated as f64)
                 );
-                println!("extents:    {}", st.extents);
-                println!("generation: {}", st.generation);
-                println!("immutable:  {}", st.immutable);
-                println!("GPU table:  {} bytes", table.as_bytes().len());
+                outln!("extents:    {}", st.extents);
+                outln!("generation: {}", st.generation);
+                outln!("immutable:  {}", st.immutable);
+                outln!("GPU table:  {} bytes", table.as_bytes().len());
                 for e in table.extents() {
-                    println!(
+                    outln!(
                         "  file LBA {:>12} -> LBA {:>12} x {}",
-                        e.file_lba, e.lba, e.nlb
+                        e.file_lba,
+                        e.lba,
+                        e.nlb
                     );
                 }
             }
@@ -294,7 +303,7 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             let d = fs.df();
             let bs = d.block_size as u64;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&json!({
                         "block_size": d.block_size,
@@ -310,20 +319,20 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 );
             } else {
                 let b = |n: u64| format_bytes((n * bs) as f64);
-                println!(
+                outln!(
                     "size:      {} ({} blocks of {bs} bytes)",
                     b(d.total_blocks),
                     d.total_blocks
                 );
-                println!("data:      {}", b(d.data_blocks));
-                println!("metadata:  {}", b(d.metadata_blocks));
-                println!("free:      {}", b(d.free_blocks));
-                println!(
+                outln!("data:      {}", b(d.data_blocks));
+                outln!("metadata:  {}", b(d.metadata_blocks));
+                outln!("free:      {}", b(d.free_blocks));
+                outln!(
                     "pending:   {} (free after the next commits)",
                     b(d.pending_blocks)
                 );
-                println!("files:     {}", d.files);
-                println!("generation {}", d.generation);
+                outln!("files:     {}", d.files);
+                outln!("generation {}", d.generation);
             }
             Ok(())
         }
@@ -419,10 +428,10 @@ struct Transfer<'a> {
     extents: usize,
 }
 
-fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) {
+fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) -> Result<()> {
     let rate = t.bytes as f64 / t.secs.max(1e-9);
     if json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "op": t.verb,
@@ -436,18 +445,19 @@ fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) {
             })
         );
     } else {
-        println!("data path: {path}");
-        println!(
+        outln!("data path: {path}");
+        outln!(
             "{} {} -> {}: {} in {:.3} s ({}/s), {} extent(s)",
             t.verb,
-            t.from,
-            t.to,
+            escape(t.from),
+            escape(t.to),
             format_bytes(t.bytes as f64),
             t.secs,
             format_bytes(rate),
             t.extents
         );
     }
+    Ok(())
 }
 
 /// Buffers circulate between the file-system threads and the host-file thread in `get`: `full`
@@ -526,7 +536,7 @@ fn put(
         secs,
         extents,
     };
-    report_transfer(&t, path, json);
+    report_transfer(&t, path, json)?;
     Ok(())
 }
 
@@ -604,7 +614,7 @@ fn get(
         None => {
             let out: Box<dyn Write + Send + '_> = match out {
                 Some(f) => Box::new(f),
-                None => Box::new(std::io::stdout()),
+                None => Box::new(StdoutWriter(std::io::stdout())),
             };
             let chunk = chunk_bytes(chunk.unwrap_or(GET_STREAM_CHUNK))?;
             stream_out(&file, name, len, out, chunk, &bar)?;
@@ -626,7 +636,7 @@ fn get(
             secs,
             extents,
         };
-        report_transfer(&t, path, json);
+        report_transfer(&t, path, json)?;
     }
     Ok(())
 }
@@ -720,6 +730,24 @@ impl Drop for Target {
             let _ = std::fs::remove_file(temp);
         }
     }
+}
+
+/// Standard output whose write errors are [`StdoutError`]s (a closed pipe ends `get -`
+/// quietly).
+struct StdoutWriter(std::io::Stdout);
+
+impl Write for StdoutWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(wrap_stdout)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(wrap_stdout)
+    }
+}
+
+/// An I/O error that carries a [`StdoutError`], so the error chain says where it happened.
+fn wrap_stdout(e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), StdoutError(e))
 }
 
 /// Copies `file` to `out` in order, `chunk` bytes per file-system call: GET_READERS threads
@@ -839,34 +867,35 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
             "unrepairable": r.unrepairable,
             "remaining": problems(&r.remaining),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let repaired = !r.repairs.is_empty();
     for p in &r.problems {
-        println!("{}: {p}", if repaired { "found" } else { "problem" });
+        outln!("{}: {p}", if repaired { "found" } else { "problem" });
     }
     for line in &r.repairs {
-        println!("repaired: {line}");
+        outln!("repaired: {line}");
     }
     if let Some(u) = &r.unrepairable {
-        println!("cannot repair: {u}");
+        outln!("cannot repair: {u}");
     }
     if repaired {
-        println!("after repair:");
+        outln!("after repair:");
     }
     for s in &r.slots {
         match (&s.generation, &s.problem) {
-            (Some(g), _) => println!(
+            (Some(g), _) => outln!(
                 "superblock slot {} (byte {}): generation {g}",
-                s.slot, s.byte_offset
+                s.slot,
+                s.byte_offset
             ),
-            (None, Some(p)) => println!("superblock slot {} (byte {}): {p}", s.slot, s.byte_offset),
+            (None, Some(p)) => outln!("superblock slot {} (byte {}): {p}", s.slot, s.byte_offset),
             (None, None) => {}
         }
     }
     if let Some(g) = r.generation {
-        println!(
+        outln!(
             "generation {g}: {} file(s); {} of {} blocks used by data, {} by metadata, {} free, {} pending",
             r.files,
             r.data_blocks,
@@ -878,19 +907,19 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
     }
     if let Some(g) = r.older_generation {
         if r.older_problems.is_empty() {
-            println!("previous generation {g}: intact (available for rollback)");
+            outln!("previous generation {g}: intact (available for rollback)");
         }
         for p in &r.older_problems {
-            println!("previous generation {g}: {p}");
+            outln!("previous generation {g}: {p}");
         }
     }
     for p in &r.remaining {
-        println!("still wrong: {p}");
+        outln!("still wrong: {p}");
     }
     if r.is_clean() {
-        println!("clean");
+        outln!("clean");
     } else if repair && r.is_consistent() {
-        println!("repaired; the file system is consistent");
+        outln!("repaired; the file system is consistent");
     }
     Ok(())
 }

@@ -24,24 +24,25 @@ pub fn run(ctrl: &Controller, as_json: bool) -> Result<()> {
             "namespaces": namespaces,
             "device": ctrl.device().describe(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("device:             {}", ctrl.device().describe());
-    println!(
+    outln!("device:             {}", ctrl.device().describe());
+    outln!(
         "vendor id:          {:#06x} (subsystem {:#06x})",
-        info.vid, info.ssvid
+        info.vid,
+        info.ssvid
     );
-    println!("serial number:      {}", info.sn);
-    println!("model:              {}", info.mn);
-    println!("firmware:           {}", info.fr);
+    outln!("serial number:      {}", info.sn);
+    outln!("model:              {}", info.mn);
+    outln!("firmware:           {}", info.fr);
     match info.mdts_bytes {
-        Some(b) => println!("max transfer:       {b} bytes"),
-        None => println!("max transfer:       unlimited"),
+        Some(b) => outln!("max transfer:       {b} bytes"),
+        None => outln!("max transfer:       unlimited"),
     }
-    println!("I/O queue pairs:    {}", info.max_io_queue_pairs);
+    outln!("I/O queue pairs:    {}", info.max_io_queue_pairs);
     for ns in ctrl.namespaces() {
-        println!(
+        outln!(
             "namespace {}:        {} blocks of {} bytes ({})",
             ns.nsid,
             ns.blocks,

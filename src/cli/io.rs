@@ -42,12 +42,12 @@ pub fn write(ctrl: &Controller, nsid: u32, lba: u64, input: &Path, as_json: bool
     qp.write_from(nsid, lba, &data)?;
     qp.flush(nsid)?;
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": data.len() })
         );
     } else {
-        println!(
+        outln!(
             "wrote {} bytes ({blocks} blocks) to nsid {nsid} at lba {lba}",
             data.len()
         );
@@ -70,17 +70,20 @@ pub fn read(
     let mut qp = ctrl.create_io_queue_pair(64)?;
     qp.read_to(nsid, lba, &mut data)?;
     if output == Path::new("-") {
-        std::io::stdout().write_all(&data)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&data)
+            .and_then(|()| out.flush())
+            .map_err(crate::cli::StdoutError)?;
         return Ok(());
     }
     std::fs::write(output, &data).with_context(|| format!("writing {}", output.display()))?;
     if as_json {
-        println!(
+        outln!(
             "{}",
             json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": bytes })
         );
     } else {
-        println!(
+        outln!(
             "read {bytes} bytes ({blocks} blocks) from nsid {nsid} at lba {lba} into {}",
             output.display()
         );

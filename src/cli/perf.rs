@@ -3,16 +3,16 @@
 use anyhow::Result;
 use gpunvme::gpu_perf::GpuPerfReport;
 use gpunvme::perf::PerfReport;
-use gpunvme::units::format_bytes;
+use gpunvme::units::{format_bytes, format_ns};
 
 /// Prints the report as fio-style text or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
 pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
-        println!("data path: {}", r.data_path);
-        println!(
+        outln!("data path: {}", r.data_path);
+        outln!(
             "{}: bs={} qd={} queues={}: IOPS={:.0}, BW={}/s, ios={}, errors={}",
             r.rw.name(),
             r.bs,
@@ -23,12 +23,17 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
             r.ios,
             r.errors
         );
-        println!(
-            "  lat (ns): mean={:.0} p50={} p99={} p99.9={} max={}",
-            r.lat_ns.mean, r.lat_ns.p50, r.lat_ns.p99, r.lat_ns.p999, r.lat_ns.max
+        outln!(
+            "  lat: mean={} p50={} p99={} p99.9={} max={}; runtime {}",
+            format_ns(r.lat_ns.mean),
+            format_ns(r.lat_ns.p50 as f64),
+            format_ns(r.lat_ns.p99 as f64),
+            format_ns(r.lat_ns.p999 as f64),
+            format_ns(r.lat_ns.max as f64),
+            format_ns(r.runtime_ns as f64)
         );
         if r.verified_bytes > 0 || r.verify_errors > 0 {
-            println!(
+            outln!(
                 "  verify: {} checked, {} mismatching I/Os",
                 format_bytes(r.verified_bytes as f64),
                 r.verify_errors
@@ -45,15 +50,20 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
 /// and transport, then the CPU side when it ran. Fails when either side had errors.
 pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
         let g = &r.gpu;
-        println!(
+        outln!(
             "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
-            g.device, g.threads, g.style, g.queues, g.depth, g.transport
+            g.device,
+            g.threads,
+            g.style,
+            g.queues,
+            g.depth,
+            g.transport
         );
         if let Some(c) = &g.controller {
-            println!(
+            outln!(
                 "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
                  pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU",
                 c.threads,
@@ -74,7 +84,7 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
     };
     let cpu_result = match &r.cpu {
         Some(c) if !as_json => {
-            println!("CPU queues on the same controller:");
+            outln!("CPU queues on the same controller:");
             print(c, false)
         }
         Some(c) => report_errors(c),
