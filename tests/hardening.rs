@@ -902,3 +902,35 @@ fn read_only_commands_create_no_default_image() {
         "{line}"
     );
 }
+
+#[test]
+fn space_freed_on_a_full_file_system_is_usable_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 8 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    let df = || -> serde_json::Value { serde_json::from_str(&ok(&fs("df --json"))).unwrap() };
+    ok(&fs("mkfs"));
+    std::fs::write(d.join("small.bin"), pattern(3000, 16)).unwrap();
+    ok(&fs("put small.bin keep"));
+    // A file of exactly the bytes df says are available fits.
+    let avail = df()["available_bytes"].as_u64().unwrap();
+    let full = pattern(avail as usize, 17);
+    std::fs::write(d.join("full.bin"), &full).unwrap();
+    ok(&fs("put full.bin full"));
+    assert_eq!(df()["available_bytes"], 0);
+    // One byte more than available does not, and says so before writing anything.
+    std::fs::write(d.join("one.bin"), [1u8]).unwrap();
+    assert!(error_line(&fs("put one.bin one")).contains("no space"));
+    // rm frees the space for the very next put (no second rm, no repair).
+    ok(&fs("rm full"));
+    let v = df();
+    assert!(v["available_bytes"].as_u64().unwrap() >= avail, "{v}");
+    assert!(v["pending_blocks"].as_u64().unwrap() < 8, "{v}");
+    ok(&fs("put full.bin again"));
+    ok(&fs("mv again full"));
+    ok(&fs("get full back.bin"));
+    assert!(std::fs::read(d.join("back.bin")).unwrap() == full);
+    let fsck: serde_json::Value = serde_json::from_str(&ok(&fs("fsck --json"))).unwrap();
+    assert_eq!(fsck["clean"], true, "{fsck}");
+}

@@ -417,7 +417,7 @@ impl File {
     /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        crate::fs::commit(&self.inner, &mut st, false)
+        crate::fs::sync_locked(&self.inner, &mut st)
     }
 }
 

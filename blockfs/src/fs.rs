@@ -9,9 +9,10 @@ use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
 use crate::file::{File, OpenMode};
 use crate::format::{
-    self, ChunkDesc, ChunkHeader, FLAG_IMMUTABLE, FORMAT_VERSION, FileRecord, MAX_BLOCK_SIZE,
-    MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
-    Superblock, SuperblockProblem, encode_chunk, encode_root, reserved_blocks, root_len,
+    self, ChunkDesc, ChunkHeader, Extent, FLAG_IMMUTABLE, FORMAT_VERSION, FileRecord,
+    MAX_BLOCK_SIZE, MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader, SUPERBLOCK_SIZE,
+    SUPERBLOCK_SLOTS, Superblock, SuperblockProblem, encode_chunk, encode_root, reserved_blocks,
+    root_len,
 };
 use crate::load;
 use crate::name::validate_name;
@@ -110,6 +111,9 @@ pub struct FsStats {
     pub metadata_blocks: u64,
     /// Blocks free now.
     pub free_blocks: u64,
+    /// Of the free blocks, those file data can take: a few stay free for the next commit's
+    /// metadata. A file of `available_blocks * block_size` bytes fits.
+    pub available_blocks: u64,
     /// Blocks freed by the last commits, free after up to two more commits.
     pub pending_blocks: u64,
     /// Files.
@@ -230,6 +234,9 @@ pub(crate) struct State {
     pub meta_dirty: bool,
     pub data_dirty: bool,
     pub poisoned: bool,
+    /// File blocks freed since the last commit (removals, truncation): a sync that commits
+    /// them commits once more, so they are free, not pending, when it returns.
+    pub freed_data: u64,
 }
 
 impl State {
@@ -303,12 +310,12 @@ impl State {
         let cap = MAX_SPECULATIVE_BYTES / block_size as u64;
         let extra = if speculative { have.min(cap) } else { 0 };
         let got = (extra > 0)
-            .then(|| self.alloc.alloc_data(missing + extra, goal))
+            .then(|| self.alloc_data(missing + extra, goal, block_size))
             .flatten()
-            .or_else(|| self.alloc.alloc_data(missing, goal))
+            .or_else(|| self.alloc_data(missing, goal, block_size))
             .ok_or(Error::NoSpace {
                 needed: missing,
-                free: self.alloc.free_blocks(),
+                free: self.available_blocks(block_size),
             })?;
         let inode = self.inodes.get_mut(&id).expect("checked above");
         for e in got {
@@ -326,9 +333,46 @@ impl State {
         if !freed.is_empty() {
             for e in freed {
                 self.alloc.free_later(e.bno, e.len, freed_gen);
+                self.freed_data += e.len;
             }
             self.touch(id);
         }
+    }
+
+    /// Free blocks kept back from file data so commits find room for their metadata: a root
+    /// run for a few more chunk descriptors and runs than now, and a chunk block for the
+    /// changed records, twice: once for the commit that records the data, once for the one
+    /// after it, which must not reuse the blocks the first one freed (FORMAT.md,
+    /// "Allocation").
+    pub fn commit_reserve(&self, block_size: u32) -> u64 {
+        let descs = self.chunks.len() + self.homeless.len() + 2;
+        let root = root_len(
+            descs,
+            self.alloc.free_run_count() + 2,
+            self.alloc.pending_runs().len() + 2,
+        );
+        2 * (root.div_ceil(block_size as usize) as u64 + 1)
+    }
+
+    /// Free blocks file data may take now: the free blocks less [`State::commit_reserve`].
+    pub fn available_blocks(&self, block_size: u32) -> u64 {
+        self.alloc
+            .free_blocks()
+            .saturating_sub(self.commit_reserve(block_size))
+    }
+
+    /// `n` blocks for file data (starting at `goal` if possible), leaving the commit reserve
+    /// free.
+    pub fn alloc_data(
+        &mut self,
+        n: u64,
+        goal: Option<u64>,
+        block_size: u32,
+    ) -> Option<Vec<Extent>> {
+        if n > self.available_blocks(block_size) {
+            return None;
+        }
+        self.alloc.alloc_data(n, goal)
     }
 }
 
@@ -640,10 +684,23 @@ impl FileSystem {
         }
         let id = st.next_file_id;
         let next_id = id.checked_add(1).ok_or(Error::OutOfFileIds(id))?;
-        let blocks = opts.size_hint.div_ceil(self.inner.geo.block_size as u64);
-        let extents = st.alloc.alloc_data(blocks, None).ok_or(Error::NoSpace {
+        let bs = self.inner.geo.block_size;
+        let blocks = opts.size_hint.div_ceil(bs as u64);
+        // Blocks freed by earlier commits wait for one or two more before they are reused. With
+        // nothing uncommitted, committing now is harmless and makes them usable.
+        let mut empty_commits = 0;
+        while blocks > st.available_blocks(bs)
+            && st.alloc.pending_blocks() > 0
+            && !st.meta_dirty
+            && !st.data_dirty
+            && empty_commits < 2
+        {
+            commit(&self.inner, &mut st, true)?;
+            empty_commits += 1;
+        }
+        let extents = st.alloc_data(blocks, None, bs).ok_or(Error::NoSpace {
             needed: blocks,
-            free: st.alloc.free_blocks(),
+            free: st.available_blocks(bs),
         })?;
         st.next_file_id = next_id;
         st.inodes.insert(
@@ -832,6 +889,7 @@ impl FileSystem {
             data_blocks: st.data_blocks(),
             metadata_blocks: st.meta_blocks() + self.inner.geo.reserved_blocks(),
             free_blocks: st.alloc.free_blocks(),
+            available_blocks: st.available_blocks(self.inner.geo.block_size),
             pending_blocks: st.alloc.pending_blocks(),
             files: st.inodes.len() as u64,
             generation: st.generation,
@@ -843,7 +901,7 @@ impl FileSystem {
     /// this state or a later one.
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        commit(&self.inner, &mut st, false)
+        sync_locked(&self.inner, &mut st)
     }
 
     /// Syncs, then commits again until every block freed before the call (by removals,
@@ -906,6 +964,22 @@ pub(crate) fn build_table(inner: &Inner, inputs: &[TableInput<'_>]) -> ExtentTab
         inner.geo.lbas_per_block(),
         inputs,
     )
+}
+
+/// [`FileSystem::sync`] with the state locked: commits, and if the commit freed file blocks,
+/// commits once more so they are free (not pending) afterwards, for whoever needs the space
+/// next (FORMAT.md, "Allocation").
+pub(crate) fn sync_locked(inner: &Inner, st: &mut State) -> Result<()> {
+    let freed = st.freed_data;
+    commit(inner, st, false)?;
+    if freed > 0 {
+        match commit(inner, st, true) {
+            // The space stays pending until the next commit; nothing is lost.
+            Ok(()) | Err(Error::NoSpace { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Writes a new generation: new chunks for changed records, a new root, flush, the superblock
@@ -1120,6 +1194,7 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     st.homeless.clear();
     st.meta_dirty = false;
     st.data_dirty = false;
+    st.freed_data = 0;
     tracing::debug!(generation = new_gen, root_bno, root_blocks, "committed");
     Ok(())
 }

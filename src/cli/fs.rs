@@ -311,6 +311,8 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                         "data_blocks": d.data_blocks,
                         "metadata_blocks": d.metadata_blocks,
                         "free_blocks": d.free_blocks,
+                        "available_blocks": d.available_blocks,
+                        "available_bytes": d.available_blocks * bs,
                         "pending_blocks": d.pending_blocks,
                         "files": d.files,
                         "generation": d.generation,
@@ -326,7 +328,11 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 );
                 outln!("data:      {}", b(d.data_blocks));
                 outln!("metadata:  {}", b(d.metadata_blocks));
-                outln!("free:      {}", b(d.free_blocks));
+                outln!(
+                    "free:      {} ({} bytes available for file data; the rest is kept for metadata)",
+                    b(d.free_blocks),
+                    d.available_blocks * bs
+                );
                 outln!(
                     "pending:   {} (free after the next commits)",
                     b(d.pending_blocks)
