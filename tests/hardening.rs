@@ -934,3 +934,32 @@ fn space_freed_on_a_full_file_system_is_usable_at_once() {
     let fsck: serde_json::Value = serde_json::from_str(&ok(&fs("fsck --json"))).unwrap();
     assert_eq!(fsck["clean"], true, "{fsck}");
 }
+
+#[test]
+fn repair_rebuilds_both_damaged_superblocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 32 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let files: Vec<(String, Vec<u8>)> = (0..3)
+        .map(|i| (format!("f{i}"), pattern(10_000 + i * 777, 20 + i as u32)))
+        .collect();
+    for (name, data) in &files {
+        std::fs::write(d.join("in.bin"), data).unwrap();
+        ok(&fs(&format!("put in.bin {name}")));
+    }
+    // One byte in each slot's reserved area (bytes 104..252 of the superblock).
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[150] ^= 1;
+    bytes[4096 + 150] ^= 1;
+    std::fs::write(&img, &bytes).unwrap();
+    assert!(!fs("ls").status.success());
+    let out = ok(&fs("fsck --repair"));
+    assert!(out.contains("neither superblock slot was valid"), "{out}");
+    for (name, data) in &files {
+        ok(&fs(&format!("get {name} out.bin")));
+        assert_eq!(&std::fs::read(d.join("out.bin")).unwrap(), data, "{name}");
+    }
+    assert!(ok(&fs("fsck")).contains("clean"));
+}
