@@ -963,3 +963,55 @@ fn repair_rebuilds_both_damaged_superblocks() {
     }
     assert!(ok(&fs("fsck")).contains("clean"));
 }
+
+#[test]
+fn flipped_data_bytes_are_caught_by_get_and_fsck_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 32 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs"));
+    let data = pattern(1_000_003, 30);
+    std::fs::write(d.join("w.bin"), &data).unwrap();
+    let put: serde_json::Value =
+        serde_json::from_str(&ok(&fs("put w.bin weights --json"))).unwrap();
+    assert_eq!(put["crc32c"], crc32c::crc32c(&data));
+    let st: serde_json::Value = serde_json::from_str(&ok(&fs("stat weights --json"))).unwrap();
+    assert_eq!(st["crc32c"], crc32c::crc32c(&data));
+    let first_lba = st["extent_list"][0]["lba"].as_u64().unwrap();
+    let out = ok(&fs("get weights ok.bin"));
+    assert!(out.contains("verified"), "{out}");
+    let pristine = std::fs::read(&img).unwrap();
+    for (trial, at) in [0usize, 4095, 77_777, 500_000, 1_000_002]
+        .into_iter()
+        .enumerate()
+    {
+        let mut bytes = pristine.clone();
+        bytes[first_lba as usize * 512 + at] ^= 1 << (trial % 8);
+        std::fs::write(&img, &bytes).unwrap();
+        let line = error_line(&fs("get weights bad.bin"));
+        assert!(
+            line.contains("do not match the CRC-32C"),
+            "byte {at}: {line}"
+        );
+        assert!(!d.join("bad.bin").exists(), "a damaged copy took the name");
+        let out = fs("get weights -");
+        assert_eq!(out.status.code(), Some(1), "byte {at}");
+        // Metadata is intact: plain fsck is clean; --data finds the file.
+        ok(&fs("fsck"));
+        let line = error_line(&fs("fsck --data"));
+        assert!(line.contains("weights"), "byte {at}: {line}");
+        // The report, then the error: a stream of two JSON values.
+        let out = fs("fsck --data --json");
+        let values: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&out.stdout)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(values.len(), 2, "{values:?}");
+        assert_eq!(values[0]["data"]["mismatched"][0], "weights");
+        assert_eq!(values[1]["error"]["kind"], "corrupt");
+    }
+    std::fs::write(&img, &pristine).unwrap();
+    let out = ok(&fs("fsck --data"));
+    assert!(out.contains("1 file(s) match"), "{out}");
+}

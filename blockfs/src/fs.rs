@@ -9,10 +9,10 @@ use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
 use crate::file::{File, OpenMode};
 use crate::format::{
-    self, ChunkDesc, ChunkHeader, Extent, FLAG_IMMUTABLE, FORMAT_VERSION, FileRecord,
-    MAX_BLOCK_SIZE, MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader, SUPERBLOCK_SIZE,
-    SUPERBLOCK_SLOTS, Superblock, SuperblockProblem, encode_chunk, encode_root, reserved_blocks,
-    root_len,
+    self, ChunkDesc, ChunkHeader, Extent, FLAG_DATA_CRC, FLAG_IMMUTABLE, FORMAT_VERSION,
+    FileRecord, MAX_BLOCK_SIZE, MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader,
+    SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS, Superblock, SuperblockProblem, encode_chunk, encode_root,
+    reserved_blocks, root_len,
 };
 use crate::load;
 use crate::name::validate_name;
@@ -96,6 +96,9 @@ pub struct FileStat {
     pub generation: u64,
     /// Whether the file is immutable.
     pub immutable: bool,
+    /// CRC-32C of the file's bytes, if one was recorded ([`File::set_data_crc`]) and nothing
+    /// changed them since.
+    pub data_crc: Option<u32>,
 }
 
 /// What [`FileSystem::df`] reports, in blocks of [`FsStats::block_size`].
@@ -120,6 +123,22 @@ pub struct FsStats {
     pub files: u64,
     /// Generation of the last commit.
     pub generation: u64,
+}
+
+/// What [`FileSystem::verify_data`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataCheck {
+    /// The file has no recorded checksum (written without one, or changed since).
+    NoChecksum,
+    /// The bytes read match the recorded CRC-32C.
+    Match,
+    /// They do not: the data on the device is not what was written.
+    Mismatch {
+        /// The recorded CRC-32C.
+        recorded: u32,
+        /// The CRC-32C of the bytes read.
+        found: u32,
+    },
 }
 
 /// What [`FileSystem::probe`] found on a device.
@@ -177,6 +196,8 @@ pub(crate) struct Inode {
     pub flags: u16,
     pub generation: u64,
     pub extents: ExtentList,
+    /// CRC-32C of the bytes, meaningful when `flags` has `FLAG_DATA_CRC`.
+    pub data_crc: u32,
     /// Key of the chunk holding its record on disk (`None` until its first commit).
     pub chunk: Option<u64>,
     /// Metadata changed since the last commit.
@@ -193,6 +214,7 @@ impl Inode {
             extents: self.extents.as_slice().len(),
             generation: self.generation,
             immutable: self.flags & FLAG_IMMUTABLE != 0,
+            data_crc: (self.flags & FLAG_DATA_CRC != 0).then_some(self.data_crc),
         }
     }
 
@@ -204,6 +226,11 @@ impl Inode {
             flags: self.flags,
             extents: self.extents.as_slice().to_vec(),
             name: self.name.clone(),
+            data_crc: if self.flags & FLAG_DATA_CRC != 0 {
+                self.data_crc
+            } else {
+                0
+            },
         }
     }
 }
@@ -323,6 +350,17 @@ impl State {
         }
         self.touch(id);
         Ok(())
+    }
+
+    /// Forgets file `id`'s data checksum: its bytes or size are changing.
+    pub fn content_changed(&mut self, id: u64) {
+        if let Some(i) = self.inodes.get_mut(&id)
+            && i.flags & FLAG_DATA_CRC != 0
+        {
+            i.flags &= !FLAG_DATA_CRC;
+            i.data_crc = 0;
+            self.touch(id);
+        }
     }
 
     /// Frees file blocks past `keep`, to become reusable two commits from now.
@@ -712,6 +750,7 @@ impl FileSystem {
                 flags: 0,
                 generation: 0,
                 extents: ExtentList::from_vec(extents),
+                data_crc: 0,
                 chunk: None,
                 modified: true,
             },
@@ -861,6 +900,33 @@ impl FileSystem {
             st.touch(id);
         }
         Ok(())
+    }
+
+    /// Reads file `name` from the device and compares its bytes with the CRC-32C recorded for
+    /// it ([`File::set_data_crc`]), for finding bit rot and misdirected writes in file data.
+    pub fn verify_data(&self, name: &str) -> Result<DataCheck> {
+        let file = self.open(name, OpenMode::ReadOnly)?;
+        let st = file.stat()?;
+        let Some(recorded) = st.data_crc else {
+            return Ok(DataCheck::NoChecksum);
+        };
+        const CALL: u64 = 256 << 20;
+        let pieces = crate::Crc32cPieces::new();
+        let mut off = 0;
+        while off < st.size {
+            let n = CALL.min(st.size - off);
+            file.read_to(off, n, &pieces, off, &|_| {})?;
+            off += n;
+        }
+        let found = pieces.finish(0, st.size).ok_or(Error::Corrupt {
+            what: format!("file {name:?}"),
+            detail: "its bytes could not all be read".into(),
+        })?;
+        Ok(if found == recorded {
+            DataCheck::Match
+        } else {
+            DataCheck::Mismatch { recorded, found }
+        })
     }
 
     /// Files whose names start with `prefix`, in name order.

@@ -14,6 +14,8 @@
 //! - [`format`](mod@format): byte layouts of the superblock, root run, file-table chunks and file records;
 //!   decoders that take untrusted bytes and never panic.
 //! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
+//! - `checksum`: [`Crc32cPieces`], [`ChecksummedSource`], [`ChecksummedSink`]: a whole-file
+//!   CRC-32C from pieces the device lanes move out of order (the data checksums of FORMAT.md).
 //! - `fs`: the mounted [`FileSystem`]: namespace operations and the copy-on-write commit (new
 //!   chunks and root, flush, superblock into the other slot, flush).
 //! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
@@ -33,7 +35,8 @@
 //! [`File::read_to`] (a copy to a [`DataSink`], written as the device reads),
 //! [`File::set_len`], [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`],
 //! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
-//! [`FileSystem::reclaim`], [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the
+//! [`FileSystem::reclaim`], [`FileSystem::df`], [`File::set_data_crc`] and
+//! [`FileSystem::verify_data`] (file data checksums), [`FileSystem::rename_replace`], [`fsck()`](fn@fsck) (report, or repair), and the
 //! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are
 //! short (0 bytes at or past it).
 //!
@@ -68,6 +71,7 @@
 #![forbid(unsafe_code)]
 
 mod alloc;
+mod checksum;
 mod crash;
 pub mod device;
 mod error;
@@ -85,6 +89,7 @@ mod name;
 mod nvme_dev;
 pub mod table;
 
+pub use checksum::{ChecksummedSink, ChecksummedSource, Crc32cPieces};
 pub use crash::{CrashDevice, LoggedOp};
 pub use device::{
     BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
@@ -92,7 +97,7 @@ pub use device::{
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
 pub use fs::{
-    Batch, CreateOptions, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
+    Batch, CreateOptions, DataCheck, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
 };
 pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
 pub use load::Problem;

@@ -878,3 +878,71 @@ fn space_left_pending_by_an_earlier_commit_is_reclaimed_when_needed() {
             .is_clean()
     );
 }
+
+#[test]
+fn data_checksums_are_recorded_kept_and_checked() {
+    use blockfs::{ChecksummedSource, Crc32cPieces, DataCheck};
+    let (dev, fs) = mem_fs(512, 8 << 20);
+    let data: Vec<u8> = (0..300_001u32).map(|i| (i * 31 + i / 7) as u8).collect();
+    let f = fs
+        .create(
+            "w",
+            &CreateOptions {
+                size_hint: data.len() as u64,
+            },
+        )
+        .unwrap();
+    let pieces = Crc32cPieces::new();
+    // In two calls, as the CLI's --chunk does.
+    let src = ChecksummedSource::new(&data, &pieces);
+    f.write_from(0, &src, 0..100_000, &|_| {}).unwrap();
+    f.write_from(100_000, &src, 100_000..data.len() as u64, &|_| {})
+        .unwrap();
+    let crc = pieces.finish(0, data.len() as u64).unwrap();
+    assert_eq!(crc, crc32c::crc32c(&data));
+    f.set_data_crc(crc).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.verify_data("w").unwrap(), DataCheck::Match);
+    drop((f, fs));
+    // Kept across a remount, and fsck accepts it.
+    let fs = remount(&dev);
+    assert_eq!(fs.stat("w").unwrap().data_crc, Some(crc));
+    assert!(
+        fsck(dev.clone(), &FsckOptions::default())
+            .unwrap()
+            .is_clean()
+    );
+    // A flipped data bit is found.
+    let ext = fs
+        .open("w", OpenMode::ReadOnly)
+        .unwrap()
+        .extent_table()
+        .unwrap();
+    let lba = ext.extents()[0].lba + 100;
+    let mut sector = vec![0u8; 512];
+    dev.read(&mut [ReadReq {
+        lba,
+        buf: &mut sector,
+    }])
+    .unwrap();
+    sector[17] ^= 0x10;
+    dev.write(&[WriteReq { lba, buf: &sector }]).unwrap();
+    assert!(matches!(
+        fs.verify_data("w").unwrap(),
+        DataCheck::Mismatch { recorded, .. } if recorded == crc
+    ));
+    // Metadata is fine: fsck (without reading data) stays clean.
+    assert!(
+        fsck(dev.clone(), &FsckOptions::default())
+            .unwrap()
+            .is_clean()
+    );
+    // Any change forgets the checksum.
+    let f = fs.open("w", OpenMode::ReadWrite).unwrap();
+    f.write_at(0, b"x").unwrap();
+    assert_eq!(fs.stat("w").unwrap().data_crc, None);
+    assert_eq!(fs.verify_data("w").unwrap(), DataCheck::NoChecksum);
+    f.set_data_crc(7).unwrap();
+    f.set_len(10).unwrap();
+    assert_eq!(fs.stat("w").unwrap().data_crc, None);
+}

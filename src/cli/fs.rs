@@ -21,8 +21,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use blockfs::{
-    BlockDevice, CreateOptions, Existing, FileStat, FileSystem, FsckOptions, FsckReport,
-    MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+    BlockDevice, ChecksummedSink, ChecksummedSource, Crc32cPieces, CreateOptions, DataCheck,
+    Existing, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions, NvmeBlockDevice,
+    NvmeDeviceOptions, OpenMode,
 };
 use gpunvme::units::{format_bytes, parse_size};
 
@@ -112,6 +113,9 @@ pub enum FsCommand {
         /// Rebuild a consistent file system from the best surviving generation.
         #[arg(long)]
         repair: bool,
+        /// Also read every file with a recorded checksum and compare (reads all file data).
+        #[arg(long)]
+        data: bool,
     },
 }
 
@@ -132,7 +136,7 @@ impl FsCommand {
             | FsCommand::Get { .. }
             | FsCommand::Stat { .. }
             | FsCommand::Df => true,
-            FsCommand::Fsck { repair } => !repair,
+            FsCommand::Fsck { repair, .. } => !repair,
             FsCommand::Mkfs { .. }
             | FsCommand::Put { .. }
             | FsCommand::Rm { .. }
@@ -286,6 +290,12 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 outln!("extents:    {}", st.extents);
                 outln!("generation: {}", st.generation);
                 outln!("immutable:  {}", st.immutable);
+                match st.data_crc {
+                    Some(c) => outln!(
+                        "CRC-32C:    {c:#010x} (checked by fs get and fs fsck --data; GPU reads through extent tables are not checked)"
+                    ),
+                    None => outln!("CRC-32C:    none recorded (reads are not checked)"),
+                }
                 outln!("GPU table:  {} bytes", table.as_bytes().len());
                 for e in table.extents() {
                     outln!(
@@ -342,9 +352,14 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             }
             Ok(())
         }
-        FsCommand::Fsck { repair } => {
+        FsCommand::Fsck { repair, data } => {
             let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
-            print_fsck(&report, repair, json)?;
+            let data_report = if data && report.is_consistent() {
+                Some(check_data(&FileSystem::mount(dev.clone())?)?)
+            } else {
+                None
+            };
+            print_fsck(&report, repair, data_report.as_ref(), json)?;
             if !report.is_consistent() {
                 bail!(
                     "the file system is inconsistent{}",
@@ -355,9 +370,55 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                     }
                 );
             }
+            if let Some(d) = &data_report
+                && !d.mismatched.is_empty()
+            {
+                return Err(blockfs::Error::Corrupt {
+                    what: format!(
+                        "file data of {}",
+                        d.mismatched
+                            .iter()
+                            .map(|n| escape(n).into_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    detail: "the bytes do not match the CRC-32C recorded when they were written"
+                        .into(),
+                }
+                .into());
+            }
             Ok(())
         }
     }
+}
+
+/// What `fsck --data` found.
+struct DataReport {
+    /// Files whose bytes match their checksum.
+    verified: u64,
+    /// Files without a recorded checksum (not checked).
+    unchecked: u64,
+    /// Files whose bytes do not match.
+    mismatched: Vec<String>,
+}
+
+fn check_data(fs: &FileSystem) -> Result<DataReport> {
+    let mut r = DataReport {
+        verified: 0,
+        unchecked: 0,
+        mismatched: Vec::new(),
+    };
+    for f in fs.list("") {
+        match fs
+            .verify_data(&f.name)
+            .with_context(|| format!("reading {}", escape(&f.name)))?
+        {
+            DataCheck::Match => r.verified += 1,
+            DataCheck::NoChecksum => r.unchecked += 1,
+            DataCheck::Mismatch { .. } => r.mismatched.push(f.name),
+        }
+    }
+    Ok(r)
 }
 
 /// What namespace `nsid` of `ctrl` holds: for refusing to overwrite a file system by accident.
@@ -406,6 +467,7 @@ fn stat_json(f: &FileStat) -> Value {
         "extents": f.extents,
         "generation": f.generation,
         "immutable": f.immutable,
+        "crc32c": f.data_crc,
     })
 }
 
@@ -432,6 +494,8 @@ struct Transfer<'a> {
     bytes: u64,
     secs: f64,
     extents: usize,
+    /// The file's CRC-32C: recorded (put), or checked against the bytes copied (get).
+    crc: Option<u32>,
 }
 
 fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) -> Result<()> {
@@ -447,6 +511,8 @@ fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) -> Result<()> {
                 "seconds": t.secs,
                 "bytes_per_sec": rate,
                 "extents": t.extents,
+                "crc32c": t.crc,
+                "verified": t.verb == "get" && t.crc.is_some(),
                 "data_path": path,
             })
         );
@@ -462,6 +528,12 @@ fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) -> Result<()> {
             format_bytes(rate),
             t.extents
         );
+        match (t.verb, t.crc) {
+            ("put", Some(c)) => outln!("CRC-32C {c:#010x} recorded"),
+            ("get", Some(c)) => outln!("CRC-32C {c:#010x} verified"),
+            ("get", None) => outln!("not verified: no checksum recorded for this file"),
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -513,10 +585,13 @@ fn put(
     // first command to the last, with no staging copy of the file. Between calls the queues
     // drain, hence one call by default.
     let chunk = chunk.unwrap_or(len).max(1);
+    // The checksum of exactly the bytes handed to the device, taken as the lanes read them.
+    let pieces = Crc32cPieces::new();
+    let source = ChecksummedSource::new(&input, &pieces);
     let mut off = 0u64;
     while off < len {
         let n = chunk.min(len - off);
-        file.write_from(off, &input, off..off + n, &|k| bar.inc(k))
+        file.write_from(off, &source, off..off + n, &|k| bar.inc(k))
             .map_err(|e| changed_size(&input, src, len).unwrap_or_else(|| e.into()))
             .with_context(|| format!("writing {name}"))?;
         off += n;
@@ -524,6 +599,10 @@ fn put(
     // A source that grew while being copied has a byte past the length read at the start.
     if let Some(e) = changed_size(&input, src, len) {
         return Err(e);
+    }
+    let crc = pieces.finish(0, len);
+    if let Some(crc) = crc {
+        file.set_data_crc(crc)?;
     }
     if let Some(temp) = &temp {
         fs.rename_replace(temp, name)
@@ -541,6 +620,7 @@ fn put(
         bytes: len,
         secs,
         extents,
+        crc,
     };
     report_transfer(&t, path, json)?;
     Ok(())
@@ -586,6 +666,7 @@ fn get(
 ) -> Result<()> {
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let len = file.len()?;
+    let recorded = file.stat()?.data_crc;
     let to_stdout = dst == Path::new("-");
     let target = if to_stdout {
         None
@@ -598,8 +679,11 @@ fn get(
     let positioned = out.filter(|o| std::os::unix::fs::FileExt::write_at(*o, &[], 0).is_ok());
     let bar = progress(len, json || to_stdout, "get");
     let start = Instant::now();
-    match positioned {
+    // The checksum of exactly the bytes the device delivered, taken as they pass.
+    let pieces = Crc32cPieces::new();
+    let copied_crc = match positioned {
         Some(out) => {
+            let sink = ChecksummedSink::new(out, &pieces);
             if out.metadata().is_ok_and(|m| m.is_file()) {
                 out.set_len(len)
                     .with_context(|| format!("sizing {}", dst.display()))?;
@@ -609,13 +693,14 @@ fn get(
             while off < len {
                 let n = chunk.min(len - off);
                 let got = file
-                    .read_to(off, n, out, off, &|k| bar.inc(k))
+                    .read_to(off, n, &sink, off, &|k| bar.inc(k))
                     .with_context(|| format!("reading {name} into {}", dst.display()))?;
                 if got != n {
                     bail!("{name} ended at byte {} while being copied", off + got);
                 }
                 off += n;
             }
+            pieces.finish(0, len)
         }
         None => {
             let out: Box<dyn Write + Send + '_> = match out {
@@ -623,8 +708,22 @@ fn get(
                 None => Box::new(StdoutWriter(std::io::stdout())),
             };
             let chunk = chunk_bytes(chunk.unwrap_or(GET_STREAM_CHUNK))?;
-            stream_out(&file, name, len, out, chunk, &bar)?;
+            Some(stream_out(&file, name, len, out, chunk, &bar)?)
         }
+    };
+    // Checked before the copy takes the destination's name: a damaged file never replaces it.
+    if let Some(recorded) = recorded
+        && copied_crc != Some(recorded)
+    {
+        return Err(blockfs::Error::Corrupt {
+            what: format!("file {}", escape(name)),
+            detail: format!(
+                "its bytes do not match the CRC-32C recorded when it was written ({recorded:#010x}, read {}): the data on the device is damaged{}",
+                copied_crc.map_or("incompletely".into(), |c| format!("{c:#010x}")),
+                if to_stdout { "; what was written to standard output is wrong" } else { "" }
+            ),
+        }
+        .into());
     }
     if let Some(t) = target {
         t.commit()?;
@@ -641,6 +740,7 @@ fn get(
             bytes: len,
             secs,
             extents,
+            crc: recorded,
         };
         report_transfer(&t, path, json)?;
     }
@@ -758,7 +858,8 @@ fn wrap_stdout(e: std::io::Error) -> std::io::Error {
 
 /// Copies `file` to `out` in order, `chunk` bytes per file-system call: GET_READERS threads
 /// read consecutive chunks concurrently, so the device always has the next batch queued while
-/// one completes, and one writer puts them back in order.
+/// one completes, and one writer puts them back in order. Returns the CRC-32C of the bytes
+/// written.
 fn stream_out(
     file: &blockfs::File,
     name: &str,
@@ -766,7 +867,7 @@ fn stream_out(
     mut out: Box<dyn Write + Send + '_>,
     chunk: usize,
     bar: &ProgressBar,
-) -> Result<()> {
+) -> Result<u32> {
     let chunks = len.div_ceil(chunk as u64);
     let next = AtomicU64::new(0);
     let (full_tx, full_rx) = sync_channel::<Full>(GET_BUFFERS);
@@ -776,14 +877,16 @@ fn stream_out(
     }
     let empty_rx = Mutex::new(empty_rx);
     let writer_bar = bar.clone();
-    std::thread::scope(|s| -> Result<()> {
+    std::thread::scope(|s| -> Result<u32> {
         let bar = writer_bar;
-        let writer = s.spawn(move || -> Result<()> {
+        let writer = s.spawn(move || -> Result<u32> {
             let mut waiting: BTreeMap<u64, (Vec<u8>, usize)> = BTreeMap::new();
             let mut expect = 0u64;
+            let mut crc = 0u32;
             for (off, buf, n) in full_rx.iter() {
                 waiting.insert(off, (buf, n));
                 while let Some((buf, n)) = waiting.remove(&expect) {
+                    crc = crc32c::crc32c_append(crc, &buf[..n]);
                     out.write_all(&buf[..n])
                         .context("writing the destination file")?;
                     expect += n as u64;
@@ -795,7 +898,7 @@ fn stream_out(
             if expect != len {
                 bail!("copied {expect} of {len} bytes");
             }
-            Ok(())
+            Ok(crc)
         });
         let readers: Vec<_> = (0..GET_READERS)
             .map(|_| {
@@ -842,7 +945,7 @@ fn stream_out(
     })
 }
 
-fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
+fn print_fsck(r: &FsckReport, repair: bool, data: Option<&DataReport>, json: bool) -> Result<()> {
     let problems = |ps: &[blockfs::Problem]| -> Vec<Value> {
         ps.iter()
             .map(|p| json!({ "what": p.what, "detail": p.detail }))
@@ -872,6 +975,11 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
             "repairs": r.repairs,
             "unrepairable": r.unrepairable,
             "remaining": problems(&r.remaining),
+            "data": data.map(|d| json!({
+                "verified": d.verified,
+                "unchecked": d.unchecked,
+                "mismatched": d.mismatched,
+            })),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -921,6 +1029,17 @@ fn print_fsck(r: &FsckReport, repair: bool, json: bool) -> Result<()> {
     }
     for p in &r.remaining {
         outln!("still wrong: {p}");
+    }
+    if let Some(d) = data {
+        outln!(
+            "file data: {} file(s) match their CRC-32C, {} have none recorded (not checked), {} do not match",
+            d.verified,
+            d.unchecked,
+            d.mismatched.len()
+        );
+        for n in &d.mismatched {
+            outln!("damaged data: {}", escape(n));
+        }
     }
     if r.is_clean() {
         outln!("clean");

@@ -5,6 +5,10 @@
 //! one writer or any number of readers use an image at a time. Locks are taken without waiting;
 //! a busy image is an error ([`EmuError::ImageBusy`]) naming the holder's process id when the
 //! kernel's lock table (`/proc/locks`) shows it.
+//!
+//! A `flock` belongs to the open file, not the process: a child forked by the process holding
+//! it shares it until the child execs (Rust opens files close-on-exec) or exits, so a lock can
+//! outlive the controller by that long in a process that spawns children.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
