@@ -1032,6 +1032,9 @@ pub(crate) fn build_table(inner: &Inner, inputs: &[TableInput<'_>]) -> ExtentTab
     )
 }
 
+/// Small chunks a commit takes in and repacks with the records it writes anyway, at most.
+const MERGE_PER_COMMIT: usize = 8;
+
 /// [`FileSystem::sync`] with the state locked: commits, and if the commit freed file blocks,
 /// commits once more so they are free (not pending) afterwards, for whoever needs the space
 /// next (FORMAT.md, "Allocation").
@@ -1069,12 +1072,56 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     let mut alloc = st.alloc.clone();
 
     // Records to (re)write: new files plus every file in a changed chunk.
-    let dirty: Vec<u64> = st
+    let mut dirty: Vec<u64> = st
         .chunks
         .iter()
         .filter(|(_, c)| c.dirty)
         .map(|(&k, _)| k)
         .collect();
+    // A commit that writes chunks anyway also takes in a few small ones (at most half a block
+    // used), smallest first, so records share chunks instead of each commit leaving a chunk of
+    // its own: after every such commit at most one small chunk remains (the last one packed),
+    // and older images are compacted a few chunks per commit. Only while free space is ample,
+    // so compaction never makes a commit run out of room.
+    if !dirty.is_empty() || !st.homeless.is_empty() {
+        // Bytes of the records to place so far.
+        let record_bytes = |id: &u64| {
+            let i = &st.inodes[id];
+            format::record_len(i.extents.as_slice().len(), i.name.len())
+        };
+        let placing: usize = st.homeless.iter().map(record_bytes).sum::<usize>()
+            + dirty
+                .iter()
+                .flat_map(|k| st.chunks[k].files.iter())
+                .map(record_bytes)
+                .sum::<usize>();
+        let clean = || {
+            st.chunks
+                .iter()
+                .filter(|(k, c)| !c.dirty && c.desc.nblocks == 1 && !dirty.contains(k))
+        };
+        // The fullest chunk the records fit into (copy-on-write of the chunk that changes)...
+        let host = clean()
+            .filter(|(_, c)| c.desc.bytes as usize + placing <= bs)
+            .max_by_key(|(_, c)| c.desc.bytes)
+            .map(|(&k, _)| k);
+        // ...and the smallest ones, merged.
+        let mut small: Vec<(u32, u64)> = clean()
+            .filter(|(k, c)| c.desc.bytes as usize <= bs / 2 && Some(**k) != host)
+            .map(|(&k, c)| (c.desc.bytes, k))
+            .collect();
+        small.sort_unstable();
+        let spare = alloc
+            .free_blocks()
+            .saturating_sub(st.commit_reserve(geo.block_size));
+        let take = (MERGE_PER_COMMIT as u64).min(spare) as usize;
+        let pulled: Vec<u64> = host
+            .into_iter()
+            .chain(small.into_iter().map(|(_, k)| k))
+            .take(take)
+            .collect();
+        dirty.extend(pulled);
+    }
     let mut place: BTreeSet<u64> = st.homeless.clone();
     for k in &dirty {
         let c = &st.chunks[k];
@@ -1136,11 +1183,12 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     if let Some((bno, n)) = st.root {
         alloc.free_later(bno, n as u64, new_gen);
     }
+    let rewritten: BTreeSet<u64> = dirty.iter().copied().collect();
     let mut descs: Vec<ChunkDesc> = st
         .chunks
-        .values()
-        .filter(|c| !c.dirty)
-        .map(|c| c.desc)
+        .iter()
+        .filter(|(k, _)| !rewritten.contains(k))
+        .map(|(_, c)| c.desc)
         .chain(new_chunks.iter().map(|(d, _, _)| *d))
         .collect();
     descs.sort_by_key(|d| d.bno);

@@ -946,3 +946,65 @@ fn data_checksums_are_recorded_kept_and_checked() {
     f.set_len(10).unwrap();
     assert_eq!(fs.stat("w").unwrap().data_crc, None);
 }
+
+/// Metadata bytes on disk (superblock area, root, chunks) after `files` files of `size` bytes
+/// were created one commit each, as `gpunvme fs put` does.
+fn metadata_after(block_size: u32, files: usize, size: usize, device_bytes: u64) -> (u64, u64) {
+    let dev = Arc::new(MemDevice::new(512, device_bytes / 512));
+    let fs = FileSystem::mkfs(
+        dev.clone(),
+        &MkfsOptions {
+            block_size,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for i in 0..files {
+        put(&fs, &format!("models/file-{i:05}.bin"), &vec![7u8; size]);
+        fs.sync().unwrap();
+    }
+    let df = fs.df();
+    drop(fs);
+    let report = fsck(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let fs = remount(&dev);
+    assert_eq!(fs.list("").len(), files);
+    (
+        df.metadata_blocks * block_size as u64,
+        (df.metadata_blocks - blockfs::format::reserved_blocks(block_size)) * block_size as u64,
+    )
+}
+
+#[test]
+fn metadata_stays_proportional_to_the_records() {
+    // 80 small files with 4 KiB blocks took 332 KiB, one chunk per commit; packed, the 80
+    // records (about 80 bytes each) fit in two chunks plus the root.
+    let (_, meta) = metadata_after(4096, 80, 10, 16 << 20);
+    assert!(meta <= 4 * 4096, "{meta} bytes of metadata for 80 files");
+    // 30 ten-byte files with 1 MiB blocks took 32 MiB; now a chunk block and a root block.
+    let (_, meta) = metadata_after(1 << 20, 30, 10, 64 << 20);
+    assert!(meta <= 2 << 20, "{meta} bytes of metadata for 30 files");
+}
+
+/// The figures of FORMAT.md's overhead paragraph (run with `--ignored --nocapture`).
+#[test]
+#[ignore = "prints a table; slow in debug builds"]
+fn metadata_overhead_table() {
+    for (bs, label) in [(4096u32, "4 KiB"), (1 << 20, "1 MiB")] {
+        for files in [1usize, 100, 10_000] {
+            // One-block files where memory allows; empty files (no extent) for 10,000 1 MiB
+            // blocks, whose data alone would be 10 GiB.
+            let size = if bs == 1 << 20 && files == 10_000 {
+                0
+            } else {
+                10
+            };
+            let device = (files as u64 + 64) * bs as u64 * 2;
+            let (all, meta) = metadata_after(bs, files, size, device.max(16 << 20));
+            println!(
+                "{label} blocks, {files} files of {size} bytes: metadata {meta} bytes ({} per file); with the superblock area {all} bytes",
+                meta / files as u64
+            );
+        }
+    }
+}

@@ -39,7 +39,8 @@ fn fixture() -> Fixture {
     .unwrap();
     let mut r = rng(42);
     let mut model = BTreeMap::new();
-    for i in 0..60 {
+    // Enough records for several full chunks.
+    for i in 0..100 {
         let name = format!("set/{i:03}/{}", "n".repeat(20 + i));
         let data = random_bytes(&mut r, 100 + 97 * i);
         put(&fs, &name, &data);
@@ -121,7 +122,11 @@ fn the_fixture_is_clean() {
     let fs = mount_image(&f.image).unwrap();
     assert_eq!(files_of(&fs), f.new);
     let (new, _, rn, ro) = newest(&f.image);
-    assert!(rn.chunks.len() >= 3, "fixture wants several chunks");
+    assert!(
+        rn.chunks.len() >= 3,
+        "fixture wants several chunks: {:?}",
+        rn.chunks
+    );
     let shared = rn.chunks.iter().filter(|c| ro.chunks.contains(c)).count();
     assert!(
         shared >= 1 && shared < rn.chunks.len(),
