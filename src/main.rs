@@ -102,7 +102,7 @@ impl Command {
         match self {
             Command::Identify | Command::Read { .. } => true,
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
-            Command::Perf(p) => matches!(p.rw, RwArg::Read | RwArg::Randread) && !p.verify,
+            Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
         }
     }
@@ -117,19 +117,11 @@ impl Command {
     }
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug)]
-enum RwArg {
-    Read,
-    Write,
-    Randread,
-    Randwrite,
-}
-
 #[derive(clap::Args, Debug)]
 struct PerfArgs {
     /// Access pattern.
     #[arg(long, value_enum, default_value = "randread")]
-    rw: RwArg,
+    rw: RwMode,
     /// Bytes per I/O.
     #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
@@ -307,7 +299,7 @@ fn run(args: Args) -> Result<()> {
             output,
         } => cli::io::read(&ctrl, nsid, lba, bytes, &output, args.json),
         Command::Perf(p) => (|| {
-            let writes = matches!(p.rw, RwArg::Write | RwArg::Randwrite) || p.verify;
+            let writes = p.rw.is_write() || p.verify;
             if writes && !p.force {
                 let found = cli::fs::probe(&ctrl, p.nsid)?;
                 if found.is_blockfs() {
@@ -320,12 +312,7 @@ fn run(args: Args) -> Result<()> {
                 }
             }
             let cfg = PerfConfig {
-                rw: match p.rw {
-                    RwArg::Read => RwMode::Read,
-                    RwArg::Write => RwMode::Write,
-                    RwArg::Randread => RwMode::RandRead,
-                    RwArg::Randwrite => RwMode::RandWrite,
-                },
+                rw: p.rw,
                 bs: usize::try_from(p.bs).context("--bs is too large")?,
                 qd: p.qd,
                 queues: p.queues.unwrap_or(if p.gpu { 0 } else { 1 }),
@@ -355,8 +342,9 @@ fn run(args: Args) -> Result<()> {
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
-                let result =
-                    perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json));
+                let result = perf::run(&ctrl, &cfg)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|report| cli::perf::print(&report, args.json));
                 if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
                     use std::io::Write as _;
                     let _ = writeln!(

@@ -10,7 +10,51 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+/// Why a perf run could not be made (I/O errors during a run are counted in the report, not
+/// returned).
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// A parameter does not fit the device or the run (the message names the option).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The driver refused a step of setting the run up.
+    #[error("{op}")]
+    Driver {
+        /// What perf was doing.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: nvme::Error,
+    },
+    /// DMA memory for the I/O buffers could not be had.
+    #[error("allocating DMA memory for the I/O buffers")]
+    Dma(#[source] nvme::DmaAllocError),
+    /// Writing the pattern a `verify` read run checks against failed.
+    #[error("writing the verification pattern failed: {0}")]
+    Prefill(String),
+    /// [`PerfConfig::interrupt`] was set before the timed run started.
+    #[error("interrupted while writing the verification pattern (before the timed run)")]
+    Interrupted,
+}
+
+/// A perf run's result.
+pub type Result<T, E = PerfError> = std::result::Result<T, E>;
+
+/// `bail!` for [`PerfError::InvalidArgument`].
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        return Err(PerfError::InvalidArgument(format!($($arg)*)))
+    };
+}
+
+/// `ensure!` for [`PerfError::InvalidArgument`].
+macro_rules! require {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            invalid!($($arg)*);
+        }
+    };
+}
 use hdrhistogram::Histogram;
 use nvme::{Controller, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
 use rand::rngs::SmallRng;
@@ -19,8 +63,8 @@ use serde::Serialize;
 
 use crate::pattern;
 
-/// The access pattern, named as fio names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The access pattern, named as fio names it (also the `--rw` values of `gpunvme perf`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum RwMode {
     /// Sequential reads.
@@ -28,8 +72,10 @@ pub enum RwMode {
     /// Sequential writes.
     Write,
     /// Uniformly random reads.
+    #[value(name = "randread")]
     RandRead,
     /// Uniformly random writes.
+    #[value(name = "randwrite")]
     RandWrite,
 }
 
@@ -466,16 +512,22 @@ fn run_workers(
 
 /// Runs one perf job on `ctrl` and reports what it measured.
 pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
-    let ns = ctrl.namespace(cfg.nsid)?.clone();
+    let ns = ctrl
+        .namespace(cfg.nsid)
+        .map_err(|source| PerfError::Driver {
+            op: "finding the namespace",
+            source,
+        })?
+        .clone();
     let lba_size = ns.lba_size as usize;
-    ensure!(cfg.qd >= 1, "--qd must be at least 1");
+    require!(cfg.qd >= 1, "--qd must be at least 1");
     match cfg.stop {
-        Stop::Ios(0) => bail!("--ios must be at least 1"),
-        Stop::Runtime(d) if d.is_zero() => bail!("--runtime must be more than 0"),
+        Stop::Ios(0) => invalid!("--ios must be at least 1"),
+        Stop::Runtime(d) if d.is_zero() => invalid!("--runtime must be more than 0"),
         _ => {}
     }
-    ensure!(cfg.queues >= 1, "--queues must be at least 1");
-    ensure!(
+    require!(cfg.queues >= 1, "--queues must be at least 1");
+    require!(
         cfg.bs >= lba_size && cfg.bs % lba_size == 0,
         "--bs {} is not a whole number of namespace {}'s {}-byte LBAs",
         cfg.bs,
@@ -485,7 +537,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     let ns_bytes = ns.blocks * lba_size as u64;
     let region = match cfg.size {
         Some(s) => {
-            ensure!(
+            require!(
                 s <= ns_bytes,
                 "--size {s} is larger than namespace {} ({ns_bytes} bytes)",
                 cfg.nsid
@@ -495,13 +547,13 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         None => ns_bytes.min(DEFAULT_REGION_BYTES),
     };
     let total_units = region / cfg.bs as u64;
-    ensure!(
+    require!(
         total_units >= cfg.queues as u64,
         "the region of {region} bytes holds fewer than one {}-byte I/O per queue",
         cfg.bs
     );
     let max_queues = ctrl.info().max_io_queue_pairs as usize;
-    ensure!(
+    require!(
         cfg.queues <= max_queues,
         "--queues {} but the controller granted {max_queues} I/O queue pairs",
         cfg.queues
@@ -520,20 +572,26 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     // leaves empty.
     let entries = (ctrl.info().mqes_entries as usize).min(u16::MAX as usize);
     let max_qd = (entries - 1) / geo.commands_per_io();
-    ensure!(
+    require!(
         geo.qd <= max_qd,
         "--qd {} is out of range: 1 to {max_qd} here (queues of at most {entries} entries, {} command(s) per {}-byte I/O)",
         cfg.qd,
         geo.commands_per_io(),
         cfg.bs
     );
-    let depth = u16::try_from(geo.qd * geo.commands_per_io() + 1)
-        .context("--qd × commands per I/O is too deep a queue")?;
+    let Ok(depth) = u16::try_from(geo.qd * geo.commands_per_io() + 1) else {
+        invalid!("--qd × commands per I/O is too deep a queue");
+    };
     let mut qps = Vec::with_capacity(cfg.queues);
     for _ in 0..cfg.queues {
-        let qp = ctrl.create_io_queue_pair(depth)?;
+        let qp = ctrl
+            .create_io_queue_pair(depth)
+            .map_err(|source| PerfError::Driver {
+                op: "creating an I/O queue pair",
+                source,
+            })?;
         if qp.capacity() < geo.qd * geo.commands_per_io() {
-            bail!(
+            invalid!(
                 "--qd {} needs {} commands in flight per queue (bs {} is {} command(s) of at most {} bytes), but queues hold {}",
                 cfg.qd,
                 geo.qd * geo.commands_per_io(),
@@ -547,7 +605,8 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     }
     let bufs = (0..cfg.queues)
         .map(|_| ctrl.device().alloc_dma(geo.qd * geo.bs).map(Arc::new))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(PerfError::Dma)?;
 
     // Units each worker owns for sequential access (and for the read-verify prefill).
     let stripe = |w: usize| -> (u64, u64) {
@@ -579,14 +638,13 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
             .collect();
         let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
         if cfg.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
-            bail!("interrupted while writing the verification pattern (before the timed run)");
+            return Err(PerfError::Interrupted);
         }
         for r in &results {
             if r.errors > 0 {
-                bail!(
-                    "writing the verification pattern failed: {}",
-                    r.first_error.as_deref().unwrap_or("unknown error")
-                );
+                return Err(PerfError::Prefill(
+                    r.first_error.as_deref().unwrap_or("unknown error").into(),
+                ));
             }
         }
     }
@@ -710,4 +768,109 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         first_error,
         data_path: ctrl.device().describe(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme::ControllerOptions;
+    use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
+
+    fn controller() -> Controller {
+        let device = EmuDevice::start(EmuConfig {
+            namespaces: vec![NamespaceConfig::memory(8 << 20, 512)],
+            ..EmuConfig::default()
+        })
+        .unwrap();
+        Controller::new(device, ControllerOptions::default()).unwrap()
+    }
+
+    fn config(rw: RwMode) -> PerfConfig {
+        PerfConfig {
+            rw,
+            bs: 4096,
+            qd: 8,
+            queues: 1,
+            stop: Stop::Ios(200),
+            verify: true,
+            nsid: 1,
+            size: None,
+            seed: Some(3),
+            interrupt: None,
+        }
+    }
+
+    #[test]
+    fn typed_errors_and_a_consistent_clock() {
+        let ctrl = controller();
+        for (cfg, want) in [
+            (
+                PerfConfig {
+                    qd: 100_000,
+                    ..config(RwMode::Read)
+                },
+                "--qd 100000 is out of range: 1 to ",
+            ),
+            (
+                PerfConfig {
+                    stop: Stop::Ios(0),
+                    ..config(RwMode::Read)
+                },
+                "--ios must be at least 1",
+            ),
+            (
+                PerfConfig {
+                    bs: 1000,
+                    ..config(RwMode::Read)
+                },
+                "not a whole number",
+            ),
+        ] {
+            match run(&ctrl, &cfg) {
+                Err(PerfError::InvalidArgument(m)) => assert!(m.contains(want), "{m}"),
+                other => panic!("expected InvalidArgument({want}), got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            run(
+                &ctrl,
+                &PerfConfig {
+                    nsid: 9,
+                    ..config(RwMode::Read)
+                }
+            ),
+            Err(PerfError::Driver { .. })
+        ));
+        for rw in [RwMode::Read, RwMode::RandWrite] {
+            let r = run(&ctrl, &config(rw)).unwrap();
+            assert_eq!((r.ios, r.errors), (200, 0));
+            assert!(
+                r.lat_ns.max <= r.runtime_ns,
+                "an I/O outlasted the run: {r:?}"
+            );
+        }
+        // Interrupted before it starts: nothing is issued.
+        static STOP: AtomicBool = AtomicBool::new(true);
+        let r = run(
+            &ctrl,
+            &PerfConfig {
+                verify: false,
+                interrupt: Some(&STOP),
+                ..config(RwMode::RandRead)
+            },
+        )
+        .unwrap();
+        assert_eq!(r.ios, 0);
+        assert!(matches!(
+            run(
+                &ctrl,
+                &PerfConfig {
+                    interrupt: Some(&STOP),
+                    ..config(RwMode::RandRead)
+                }
+            ),
+            Err(PerfError::Interrupted)
+        ));
+        ctrl.shutdown().unwrap();
+    }
 }
