@@ -73,6 +73,25 @@ pub fn format_bytes(bytes: f64) -> String {
     }
 }
 
+/// `text` with control characters escaped (`\n`, `\t`, `\u{1b}`, ...), for printing names and
+/// messages that come from a device: a name cannot break a line or send terminal escapes.
+pub fn escape_control(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A duration in nanoseconds in the unit that suits it: `850 ns`, `72.3 µs`, `1.25 ms`,
 /// `3.20 s`.
 pub fn format_ns(ns: f64) -> String {

@@ -3,28 +3,19 @@
 //! Every command opens the namespace through [`NvmeBlockDevice`] (several I/O queue pairs, DMA
 //! bounce buffers reused across calls) and mounts the file system, except `mkfs` (which makes
 //! one) and `fsck` (which checks it unmounted). Changes are synced before the command returns.
-//! `put` hands the host file to [`blockfs::File::write_from`], whose device lanes read it
-//! command by command as they write, and `get` hands the destination to
-//! [`blockfs::File::read_to`], whose lanes write each command's bytes as it completes: host-file
-//! I/O overlaps device I/O without a staging copy. A destination that takes no positioned
-//! writes (a pipe, standard output) gets chunks read on two threads and written in order by a
-//! third. Both show a progress bar with throughput on a terminal.
+//! `put` and `get` are [`gpunvme::copy`]; this module adds the progress bar (on a terminal) and
+//! the printing.
 
-use std::collections::BTreeMap;
-use std::fs::File as HostFile;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::sync_channel;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use blockfs::{
-    BlockDevice, ChecksummedSink, ChecksummedSource, Crc32cPieces, CreateOptions, DataCheck,
-    Existing, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions, NvmeBlockDevice,
-    NvmeDeviceOptions, OpenMode,
+    BlockDevice, DataCheck, Existing, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions,
+    NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
+use gpunvme::copy;
 use gpunvme::units::{format_bytes, parse_size};
 
 use crate::cli::{Refusal, StdoutError, escape};
@@ -32,11 +23,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use nvme::Controller;
 use serde_json::{Value, json};
 
-/// `get`: threads reading from the file system at once, and buffers in circulation.
-const GET_READERS: usize = 2;
-const GET_BUFFERS: usize = 4;
-/// `get`'s default bytes per call where the destination takes no positioned writes.
-const GET_STREAM_CHUNK: u64 = 16 << 20;
 /// Files at least this large get a progress bar (on a terminal).
 const PROGRESS_MIN: u64 = 64 << 20;
 
@@ -230,14 +216,36 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             force,
             chunk,
         } => {
-            check_chunk(chunk)?;
+            copy::check_chunk(chunk)?;
             let fs = mount()?;
-            put(&fs, &src, &name, force, chunk, json, &path)
+            let len = std::fs::metadata(&src).map_or(0, |m| m.len());
+            let bar = progress(len, json, "put");
+            let report = copy::put(&fs, &src, &name, &copy::PutOptions { force, chunk }, &|k| {
+                bar.inc(k)
+            })?;
+            bar.finish_and_clear();
+            print_report(&report, json)
         }
         FsCommand::Get { name, dst, chunk } => {
-            check_chunk(chunk)?;
+            copy::check_chunk(chunk)?;
             let fs = mount()?;
-            get(&fs, &name, &dst, chunk, json, &path)
+            let to_stdout = dst == Path::new("-");
+            let len = fs.stat(&name).map_or(0, |st| st.size);
+            let bar = progress(len, json || to_stdout, "get");
+            let dest = if to_stdout {
+                copy::Destination::Stream(Box::new(StdoutWriter(std::io::stdout())))
+            } else {
+                copy::Destination::Path(&dst)
+            };
+            let report = copy::get(&fs, &name, dest, &copy::GetOptions { chunk }, &|k| {
+                bar.inc(k)
+            })?;
+            bar.finish_and_clear();
+            if to_stdout {
+                Ok(())
+            } else {
+                print_report(&report, json)
+            }
         }
         FsCommand::Rm { name } => {
             let fs = mount()?;
@@ -430,22 +438,6 @@ pub fn probe(ctrl: &Controller, nsid: u32) -> Result<Existing> {
     FileSystem::probe(dev).with_context(|| format!("looking for a blockfs on namespace {nsid}"))
 }
 
-/// `--chunk` of put and get, before anything is opened: whole-file calls when absent.
-fn check_chunk(chunk: Option<u64>) -> Result<()> {
-    match chunk {
-        Some(c) if c < 4096 => bail!("--chunk must be at least 4k, not {c}"),
-        _ => Ok(()),
-    }
-}
-
-/// The streaming `get`'s chunk, which sizes its in-memory buffers: at most 1 GiB.
-fn chunk_bytes(chunk: u64) -> Result<usize> {
-    if !(4096..=1 << 30).contains(&chunk) {
-        bail!("--chunk must be between 4k and 1g, not {chunk}");
-    }
-    Ok(chunk as usize)
-}
-
 fn uuid(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
     format!(
@@ -486,358 +478,6 @@ fn progress(len: u64, json: bool, verb: &str) -> ProgressBar {
     bar
 }
 
-/// One finished `put` or `get`.
-struct Transfer<'a> {
-    verb: &'a str,
-    from: &'a str,
-    to: &'a str,
-    bytes: u64,
-    secs: f64,
-    extents: usize,
-    /// The file's CRC-32C: recorded (put), or checked against the bytes copied (get).
-    crc: Option<u32>,
-}
-
-fn report_transfer(t: &Transfer<'_>, path: &str, json: bool) -> Result<()> {
-    let rate = t.bytes as f64 / t.secs.max(1e-9);
-    if json {
-        outln!(
-            "{}",
-            json!({
-                "op": t.verb,
-                "from": t.from,
-                "to": t.to,
-                "bytes": t.bytes,
-                "seconds": t.secs,
-                "bytes_per_sec": rate,
-                "extents": t.extents,
-                "crc32c": t.crc,
-                "verified": t.verb == "get" && t.crc.is_some(),
-                "data_path": path,
-            })
-        );
-    } else {
-        outln!("data path: {path}");
-        outln!(
-            "{} {} -> {}: {} in {:.3} s ({}/s), {} extent(s)",
-            t.verb,
-            escape(t.from),
-            escape(t.to),
-            format_bytes(t.bytes as f64),
-            t.secs,
-            format_bytes(rate),
-            t.extents
-        );
-        match (t.verb, t.crc) {
-            ("put", Some(c)) => outln!("CRC-32C {c:#010x} recorded"),
-            ("get", Some(c)) => outln!("CRC-32C {c:#010x} verified"),
-            ("get", None) => outln!("not verified: no checksum recorded for this file"),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Buffers circulate between the file-system threads and the host-file thread in `get`: `full`
-/// carries (offset, buffer, length), `empty` returns buffers for reuse.
-type Full = (u64, Vec<u8>, usize);
-
-fn put(
-    fs: &FileSystem,
-    src: &Path,
-    name: &str,
-    force: bool,
-    chunk: Option<u64>,
-    json: bool,
-    path: &str,
-) -> Result<()> {
-    let input = HostFile::open(src).with_context(|| format!("opening {}", src.display()))?;
-    let meta = input
-        .metadata()
-        .with_context(|| format!("reading {}", src.display()))?;
-    if !meta.is_file() {
-        // The copy reads the source by position and needs its length up front.
-        bail!("{} is not a regular file", src.display());
-    }
-    let len = meta.len();
-    blockfs::check_name(name)
-        .map_err(|reason| anyhow::anyhow!("invalid file name {name:?}: {reason}"))?;
-    // Replacing: write the new version under a temporary name (which never reaches the
-    // medium: nothing commits before the end), then rename it over the old one in the same
-    // commit that removes the old one. Any failure before that leaves the old version.
-    let temp = match fs.stat(name) {
-        Ok(old) if force => {
-            if old.immutable {
-                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
-            }
-            Some(temp_name(fs))
-        }
-        _ => None,
-    };
-    let file = fs.create(
-        temp.as_deref().unwrap_or(name),
-        &CreateOptions { size_hint: len },
-    )?;
-    let bar = progress(len, json, "put");
-    let start = Instant::now();
-    // Each call is one device batch over all queue pairs, in which every lane reads the source
-    // for each command right before issuing it: source reads overlap device writes from the
-    // first command to the last, with no staging copy of the file. Between calls the queues
-    // drain, hence one call by default.
-    let chunk = chunk.unwrap_or(len).max(1);
-    // The checksum of exactly the bytes handed to the device, taken as the lanes read them.
-    let pieces = Crc32cPieces::new();
-    let source = ChecksummedSource::new(&input, &pieces);
-    let mut off = 0u64;
-    while off < len {
-        let n = chunk.min(len - off);
-        file.write_from(off, &source, off..off + n, &|k| bar.inc(k))
-            .map_err(|e| changed_size(&input, src, len).unwrap_or_else(|| e.into()))
-            .with_context(|| format!("writing {name}"))?;
-        off += n;
-    }
-    // A source that grew while being copied has a byte past the length read at the start.
-    if let Some(e) = changed_size(&input, src, len) {
-        return Err(e);
-    }
-    let crc = pieces.finish(0, len);
-    if let Some(crc) = crc {
-        file.set_data_crc(crc)?;
-    }
-    if let Some(temp) = &temp {
-        fs.rename_replace(temp, name)
-            .with_context(|| format!("replacing {name}"))?;
-    }
-    fs.sync().context("syncing")?;
-    let secs = start.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    let extents = file.stat()?.extents;
-    let from = src.display().to_string();
-    let t = Transfer {
-        verb: "put",
-        from: &from,
-        to: name,
-        bytes: len,
-        secs,
-        extents,
-        crc,
-    };
-    report_transfer(&t, path, json)?;
-    Ok(())
-}
-
-/// A name no file has, for a replacement being written.
-fn temp_name(fs: &FileSystem) -> String {
-    let base = format!(".gpunvme-put-{}", std::process::id());
-    (0u32..)
-        .map(|i| format!("{base}-{i}"))
-        .find(|n| fs.stat(n).is_err())
-        .expect("some name is free")
-}
-
-/// The error to report if `input` is no longer `len` bytes long (or cannot be read at `len`).
-fn changed_size(input: &HostFile, src: &Path, len: u64) -> Option<anyhow::Error> {
-    let mut probe = [0u8; 1];
-    match std::os::unix::fs::FileExt::read_at(input, &mut probe, len) {
-        Ok(0) => match input.metadata() {
-            Ok(m) if m.len() == len => None,
-            Ok(m) => Some(anyhow::anyhow!(
-                "{} changed size while being copied ({len} bytes, then {})",
-                src.display(),
-                m.len()
-            )),
-            Err(e) => Some(anyhow::Error::new(e).context(format!("reading {}", src.display()))),
-        },
-        Ok(_) => Some(anyhow::anyhow!(
-            "{} changed size while being copied (grew past {len} bytes)",
-            src.display()
-        )),
-        Err(e) => Some(anyhow::Error::new(e).context(format!("reading {}", src.display()))),
-    }
-}
-
-fn get(
-    fs: &FileSystem,
-    name: &str,
-    dst: &Path,
-    chunk: Option<u64>,
-    json: bool,
-    path: &str,
-) -> Result<()> {
-    let file = fs.open(name, OpenMode::ReadOnly)?;
-    let len = file.len()?;
-    let recorded = file.stat()?.data_crc;
-    let to_stdout = dst == Path::new("-");
-    let target = if to_stdout {
-        None
-    } else {
-        Some(Target::create(dst)?)
-    };
-    let out = target.as_ref().map(|t| &t.file);
-    // Positioned writes (a regular file, /dev/null) let the device lanes write the destination
-    // themselves; a pipe or a terminal takes the bytes in order from one writer.
-    let positioned = out.filter(|o| std::os::unix::fs::FileExt::write_at(*o, &[], 0).is_ok());
-    let bar = progress(len, json || to_stdout, "get");
-    let start = Instant::now();
-    // The checksum of exactly the bytes the device delivered, taken as they pass.
-    let pieces = Crc32cPieces::new();
-    let copied_crc = match positioned {
-        Some(out) => {
-            let sink = ChecksummedSink::new(out, &pieces);
-            if out.metadata().is_ok_and(|m| m.is_file()) {
-                out.set_len(len)
-                    .with_context(|| format!("sizing {}", dst.display()))?;
-            }
-            let chunk = chunk.unwrap_or(len).max(1);
-            let mut off = 0u64;
-            while off < len {
-                let n = chunk.min(len - off);
-                let got = file
-                    .read_to(off, n, &sink, off, &|k| bar.inc(k))
-                    .with_context(|| format!("reading {name} into {}", dst.display()))?;
-                if got != n {
-                    bail!("{name} ended at byte {} while being copied", off + got);
-                }
-                off += n;
-            }
-            pieces.finish(0, len)
-        }
-        None => {
-            let out: Box<dyn Write + Send + '_> = match out {
-                Some(f) => Box::new(f),
-                None => Box::new(StdoutWriter(std::io::stdout())),
-            };
-            let chunk = chunk_bytes(chunk.unwrap_or(GET_STREAM_CHUNK))?;
-            Some(stream_out(&file, name, len, out, chunk, &bar)?)
-        }
-    };
-    // Checked before the copy takes the destination's name: a damaged file never replaces it.
-    if let Some(recorded) = recorded
-        && copied_crc != Some(recorded)
-    {
-        return Err(blockfs::Error::Corrupt {
-            what: format!("file {}", escape(name)),
-            detail: format!(
-                "its bytes do not match the CRC-32C recorded when it was written ({recorded:#010x}, read {}): the data on the device is damaged{}",
-                copied_crc.map_or("incompletely".into(), |c| format!("{c:#010x}")),
-                if to_stdout { "; what was written to standard output is wrong" } else { "" }
-            ),
-        }
-        .into());
-    }
-    if let Some(t) = target {
-        t.commit()?;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    if !to_stdout {
-        let extents = file.stat()?.extents;
-        let to = dst.display().to_string();
-        let t = Transfer {
-            verb: "get",
-            from: name,
-            to: &to,
-            bytes: len,
-            secs,
-            extents,
-            crc: recorded,
-        };
-        report_transfer(&t, path, json)?;
-    }
-    Ok(())
-}
-
-/// Where `get` writes: a regular file (new or existing) is written under a temporary name in
-/// the same directory and renamed over the destination only when complete and synced, so the
-/// destination never holds a partial copy; anything else (a device such as /dev/null, a FIFO)
-/// is written in place. Dropped without [`Target::commit`], the temporary file is removed.
-struct Target {
-    file: HostFile,
-    /// The temporary name, for a regular-file destination.
-    temp: Option<PathBuf>,
-    dst: PathBuf,
-}
-
-impl Target {
-    fn create(dst: &Path) -> Result<Self> {
-        use std::os::unix::fs::PermissionsExt;
-        let existing = std::fs::metadata(dst).ok();
-        if let Some(m) = existing.as_ref().filter(|m| !m.is_file()) {
-            if m.is_dir() {
-                bail!("{} is a directory", dst.display());
-            }
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(dst)
-                .with_context(|| format!("opening {}", dst.display()))?;
-            return Ok(Self {
-                file,
-                temp: None,
-                dst: dst.to_owned(),
-            });
-        }
-        let file_name = dst
-            .file_name()
-            .with_context(|| format!("{} names no file", dst.display()))?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(file_name);
-        temp_name.push(format!(".gpunvme-get-{}.tmp", std::process::id()));
-        let temp = dst.with_file_name(temp_name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .with_context(|| format!("creating {}", temp.display()))?;
-        let target = Self {
-            file,
-            temp: Some(temp),
-            dst: dst.to_owned(),
-        };
-        if let Some(m) = existing {
-            // Replace a file with one of the same permissions.
-            let mode = std::fs::Permissions::from_mode(m.permissions().mode() & 0o7777);
-            target
-                .file
-                .set_permissions(mode)
-                .with_context(|| format!("creating {}", dst.display()))?;
-        }
-        Ok(target)
-    }
-
-    /// Syncs the copy and moves it into place.
-    fn commit(mut self) -> Result<()> {
-        let Some(temp) = self.temp.take() else {
-            return Ok(());
-        };
-        let done = self
-            .file
-            .sync_all()
-            .and_then(|()| std::fs::rename(&temp, &self.dst));
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&temp);
-            return Err(anyhow::Error::new(e).context(format!("writing {}", self.dst.display())));
-        }
-        // Make the rename itself durable (best effort: some file systems refuse to sync a
-        // directory).
-        let dir = match self.dst.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if let Ok(d) = HostFile::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        if let Some(temp) = &self.temp {
-            let _ = std::fs::remove_file(temp);
-        }
-    }
-}
-
 /// Standard output whose write errors are [`StdoutError`]s (a closed pipe ends `get -`
 /// quietly).
 struct StdoutWriter(std::io::Stdout);
@@ -856,93 +496,14 @@ fn wrap_stdout(e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), StdoutError(e))
 }
 
-/// Copies `file` to `out` in order, `chunk` bytes per file-system call: GET_READERS threads
-/// read consecutive chunks concurrently, so the device always has the next batch queued while
-/// one completes, and one writer puts them back in order. Returns the CRC-32C of the bytes
-/// written.
-fn stream_out(
-    file: &blockfs::File,
-    name: &str,
-    len: u64,
-    mut out: Box<dyn Write + Send + '_>,
-    chunk: usize,
-    bar: &ProgressBar,
-) -> Result<u32> {
-    let chunks = len.div_ceil(chunk as u64);
-    let next = AtomicU64::new(0);
-    let (full_tx, full_rx) = sync_channel::<Full>(GET_BUFFERS);
-    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(GET_BUFFERS);
-    for _ in 0..GET_BUFFERS {
-        empty_tx.send(vec![0u8; chunk]).expect("channel has room");
+/// Prints a report as text (its `Display`) or JSON (its `Serialize`).
+fn print_report<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(report)?);
+    } else {
+        outln!("{report}");
     }
-    let empty_rx = Mutex::new(empty_rx);
-    let writer_bar = bar.clone();
-    std::thread::scope(|s| -> Result<u32> {
-        let bar = writer_bar;
-        let writer = s.spawn(move || -> Result<u32> {
-            let mut waiting: BTreeMap<u64, (Vec<u8>, usize)> = BTreeMap::new();
-            let mut expect = 0u64;
-            let mut crc = 0u32;
-            for (off, buf, n) in full_rx.iter() {
-                waiting.insert(off, (buf, n));
-                while let Some((buf, n)) = waiting.remove(&expect) {
-                    crc = crc32c::crc32c_append(crc, &buf[..n]);
-                    out.write_all(&buf[..n])
-                        .context("writing the destination file")?;
-                    expect += n as u64;
-                    bar.set_position(expect);
-                    let _ = empty_tx.send(buf);
-                }
-            }
-            out.flush().context("writing the destination file")?;
-            if expect != len {
-                bail!("copied {expect} of {len} bytes");
-            }
-            Ok(crc)
-        });
-        let readers: Vec<_> = (0..GET_READERS)
-            .map(|_| {
-                let (full_tx, empty_rx, next, file) = (full_tx.clone(), &empty_rx, &next, &file);
-                s.spawn(move || -> blockfs::Result<()> {
-                    loop {
-                        // Take a buffer before a chunk number, so the lowest chunk not yet
-                        // written is always being read by someone holding a buffer.
-                        let Ok(mut buf) = empty_rx
-                            .lock()
-                            .map_err(|_| ())
-                            .and_then(|r| r.recv().map_err(drop))
-                        else {
-                            return Ok(());
-                        };
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= chunks {
-                            return Ok(());
-                        }
-                        let off = i * chunk as u64;
-                        let n = file.read_at(off, &mut buf)?;
-                        if full_tx.send((off, buf, n)).is_err() {
-                            return Ok(());
-                        }
-                    }
-                })
-            })
-            .collect();
-        drop(full_tx);
-        let mut result = Ok(());
-        for r in readers {
-            let r = r
-                .join()
-                .map_err(|_| anyhow::anyhow!("reader thread panicked"))?;
-            if result.is_ok() {
-                result = r;
-            }
-        }
-        let written = writer
-            .join()
-            .map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
-        result.with_context(|| format!("reading {name}"))?;
-        written
-    })
+    Ok(())
 }
 
 fn print_fsck(r: &FsckReport, repair: bool, data: Option<&DataReport>, json: bool) -> Result<()> {

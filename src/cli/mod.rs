@@ -7,8 +7,6 @@
 //! are one line on standard error, and with `--json` also a JSON object on standard output
 //! ([`json_error`]). Names from the device are printed through [`escape`].
 
-use std::borrow::Cow;
-
 /// `println!` to standard output that returns write errors (as [`StdoutError`]) instead of
 /// panicking: use it in functions returning `anyhow::Result`.
 macro_rules! outln {
@@ -54,24 +52,7 @@ pub fn stdout_error(e: &anyhow::Error) -> Option<&StdoutError> {
 #[error("{0}")]
 pub struct Refusal(pub String);
 
-/// `text` with control characters escaped (`\n`, `\t`, `\u{1b}`, ...), for printing names and
-/// messages that come from a device: a name cannot break a line or send terminal escapes.
-pub fn escape(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
-        return Cow::Borrowed(text);
-    }
-    Cow::Owned(
-        text.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
-    )
-}
+pub use gpunvme::units::escape_control as escape;
 
 /// A short name for what kind of error `e` is, for scripts (`{"error": {"kind": ...}}`).
 pub fn error_kind(e: &anyhow::Error) -> &'static str {
@@ -97,19 +78,21 @@ pub fn error_kind(e: &anyhow::Error) -> &'static str {
                 _ => "device",
             };
         }
+        if let Some(e) = cause.downcast_ref::<gpunvme::copy::CopyError>() {
+            use gpunvme::copy::CopyError as C;
+            match e {
+                C::DataMismatch { .. } => return "corrupt",
+                C::NotRegular(_) | C::IsDirectory(_) | C::NoFileName(_) | C::Chunk(_) => {
+                    return "invalid_argument";
+                }
+                C::SourceChanged { .. } | C::Host { .. } => return "io",
+                // Transparent: the chain goes on past it.
+                C::Fs(e) => return blockfs_kind(e),
+                _ => {}
+            }
+        }
         if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
-            use blockfs::Error as E;
-            return match e {
-                E::NotFound(_) => "not_found",
-                E::AlreadyExists(_) => "exists",
-                E::NoSpace { .. } => "no_space",
-                E::ReadOnly(_) => "read_only",
-                E::NotBlockfs(_) => "no_file_system",
-                E::Corrupt { .. } | E::Unsupported(_) => "corrupt",
-                E::InvalidName { .. } | E::TooLarge(_) => "invalid_argument",
-                E::Device { .. } => "device",
-                _ => "file_system",
-            };
+            return blockfs_kind(e);
         }
         if cause.is::<nvme::Error>() {
             return "device";
@@ -119,6 +102,21 @@ pub fn error_kind(e: &anyhow::Error) -> &'static str {
         }
     }
     "error"
+}
+
+fn blockfs_kind(e: &blockfs::Error) -> &'static str {
+    use blockfs::Error as E;
+    match e {
+        E::NotFound(_) => "not_found",
+        E::AlreadyExists(_) => "exists",
+        E::NoSpace { .. } => "no_space",
+        E::ReadOnly(_) => "read_only",
+        E::NotBlockfs(_) => "no_file_system",
+        E::Corrupt { .. } | E::Unsupported(_) => "corrupt",
+        E::InvalidName { .. } | E::TooLarge(_) => "invalid_argument",
+        E::Device { .. } => "device",
+        _ => "file_system",
+    }
 }
 
 /// The JSON form of an error: `{"error": {"kind": ..., "message": ...}}`.
@@ -134,7 +132,7 @@ mod tests {
     fn escaping() {
         assert_eq!(escape("models/a.bin"), "models/a.bin");
         assert_eq!(escape("a\nb\tc\u{1b}[31m"), "a\\nb\\tc\\u{1b}[31m");
-        assert!(matches!(escape("plain"), Cow::Borrowed(_)));
+        assert!(matches!(escape("plain"), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]
@@ -147,6 +145,11 @@ mod tests {
         assert_eq!(error_kind(&busy), "busy");
         let nf = anyhow::Error::new(blockfs::Error::NotFound("a".into())).context("getting a");
         assert_eq!(error_kind(&nf), "not_found");
+        let copy = anyhow::Error::new(gpunvme::copy::CopyError::Fs(blockfs::Error::NoSpace {
+            needed: 2,
+            free: 1,
+        }));
+        assert_eq!(error_kind(&copy), "no_space");
         let r = anyhow::Error::new(Refusal("no".into()));
         assert_eq!(error_kind(&r), "refused");
         assert_eq!(error_kind(&anyhow::anyhow!("plain")), "error");
