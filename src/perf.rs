@@ -188,6 +188,46 @@ pub struct PerfReport {
     pub data_path: String,
 }
 
+impl std::fmt::Display for PerfReport {
+    /// fio-style text: the data path, the rates, latencies in human units and the runtime, and
+    /// what verification checked.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::units::{format_bytes, format_ns};
+        writeln!(f, "data path: {}", self.data_path)?;
+        writeln!(
+            f,
+            "{}: bs={} qd={} queues={}: IOPS={:.0}, BW={}/s, ios={}, errors={}",
+            self.rw.name(),
+            self.bs,
+            self.qd,
+            self.queues,
+            self.iops,
+            format_bytes(self.bw_bytes),
+            self.ios,
+            self.errors
+        )?;
+        write!(
+            f,
+            "  lat: mean={} p50={} p99={} p99.9={} max={}; runtime {}",
+            format_ns(self.lat_ns.mean),
+            format_ns(self.lat_ns.p50 as f64),
+            format_ns(self.lat_ns.p99 as f64),
+            format_ns(self.lat_ns.p999 as f64),
+            format_ns(self.lat_ns.max as f64),
+            format_ns(self.runtime_ns as f64)
+        )?;
+        if self.verified_bytes > 0 || self.verify_errors > 0 {
+            write!(
+                f,
+                "\n  verify: {} checked, {} mismatching I/Os",
+                format_bytes(self.verified_bytes as f64),
+                self.verify_errors
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Where a worker takes its next I/O's starting unit (a unit is `bs` bytes).
 #[derive(Clone)]
 enum Units {

@@ -12,11 +12,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use blockfs::{
-    BlockDevice, DataCheck, Existing, FileStat, FileSystem, FsckOptions, FsckReport, MkfsOptions,
-    NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+    DataCheck, Existing, FileSystem, FsckOptions, FsckReport, MkfsOptions, NvmeBlockDevice,
+    NvmeDeviceOptions,
 };
 use gpunvme::copy;
-use gpunvme::units::{format_bytes, parse_size};
+use gpunvme::fs_report::{
+    DfReport, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport,
+};
+use gpunvme::units::parse_size;
 
 use crate::cli::{Refusal, StdoutError, escape};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -137,7 +140,6 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
         NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
             .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
     );
-    let path = dev.describe();
     let mount = || match FileSystem::mount(dev.clone()) {
         Ok(fs) => Ok(fs),
         Err(e @ blockfs::Error::NotBlockfs(_)) => Err(anyhow::Error::new(e).context(format!(
@@ -164,51 +166,15 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 }
             }
             let fs = FileSystem::mkfs(dev.clone(), &opts).context("mkfs")?;
-            let g = fs.geometry();
-            let df = fs.df();
-            if json {
-                outln!(
-                    "{}",
-                    json!({
-                        "uuid": uuid(&g.uuid),
-                        "block_size": g.block_size,
-                        "blocks": g.block_count,
-                        "free_blocks": df.free_blocks,
-                        "data_path": path,
-                    })
-                );
-            } else {
-                outln!("data path: {path}");
-                outln!(
-                    "made blockfs {}: {} blocks of {} bytes ({}), {} free",
-                    uuid(&g.uuid),
-                    g.block_count,
-                    g.block_size,
-                    format_bytes((g.block_count * g.block_size as u64) as f64),
-                    format_bytes((df.free_blocks * g.block_size as u64) as f64)
-                );
-            }
-            Ok(())
+            print_report(&MkfsReport::of(&fs), json, false)
         }
         FsCommand::Ls { prefix } => {
             let fs = mount()?;
-            let files = fs.list(prefix.as_deref().unwrap_or(""));
-            if json {
-                let v: Vec<Value> = files.iter().map(stat_json).collect();
-                outln!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                for f in &files {
-                    outln!(
-                        "{:>14} {:>10} {:>4} {}",
-                        f.size,
-                        format_bytes(f.allocated as f64),
-                        f.extents,
-                        escape(&f.name)
-                    );
-                }
-                outln!("{} file(s)", files.len());
-            }
-            Ok(())
+            print_report(
+                &ListReport::of(&fs, prefix.as_deref().unwrap_or("")),
+                json,
+                true,
+            )
         }
         FsCommand::Put {
             src,
@@ -224,7 +190,7 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 bar.inc(k)
             })?;
             bar.finish_and_clear();
-            print_report(&report, json)
+            print_report(&report, json, false)
         }
         FsCommand::Get { name, dst, chunk } => {
             copy::check_chunk(chunk)?;
@@ -244,19 +210,14 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             if to_stdout {
                 Ok(())
             } else {
-                print_report(&report, json)
+                print_report(&report, json, false)
             }
         }
         FsCommand::Rm { name } => {
             let fs = mount()?;
             fs.remove(&name)?;
             fs.sync()?;
-            if json {
-                outln!("{}", json!({ "removed": name }));
-            } else {
-                outln!("removed {}", escape(&name));
-            }
-            Ok(())
+            print_report(&RemoveReport { removed: name }, json, false)
         }
         FsCommand::Mv { old, new, force } => {
             let fs = mount()?;
@@ -266,99 +227,15 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
                 fs.rename(&old, &new)?;
             }
             fs.sync()?;
-            if json {
-                outln!("{}", json!({ "from": old, "to": new }));
-            } else {
-                outln!("renamed {} to {}", escape(&old), escape(&new));
-            }
-            Ok(())
+            print_report(&RenameReport { from: old, to: new }, json, false)
         }
         FsCommand::Stat { name } => {
             let fs = mount()?;
-            let st = fs.stat(&name)?;
-            let table = fs.open(&name, OpenMode::ReadOnly)?.extent_table()?;
-            if json {
-                let mut v = stat_json(&st);
-                v["gpu_table_bytes"] = json!(table.as_bytes().len());
-                v["extent_list"] = table
-                    .extents()
-                    .iter()
-                    .map(|e| json!({ "file_lba": e.file_lba, "lba": e.lba, "nlb": e.nlb }))
-                    .collect();
-                outln!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                outln!("name:       {}", escape(&st.name));
-                outln!("file id:    {}", st.file_id);
-                outln!("size:       {} ({})", st.size, format_bytes(st.size as f64));
-                outln!(
-                    "allocated:  {} ({})",
-                    st.allocated,
-                    format_bytes(st.allocated as f64)
-                );
-                outln!("extents:    {}", st.extents);
-                outln!("generation: {}", st.generation);
-                outln!("immutable:  {}", st.immutable);
-                match st.data_crc {
-                    Some(c) => outln!(
-                        "CRC-32C:    {c:#010x} (checked by fs get and fs fsck --data; GPU reads through extent tables are not checked)"
-                    ),
-                    None => outln!("CRC-32C:    none recorded (reads are not checked)"),
-                }
-                outln!("GPU table:  {} bytes", table.as_bytes().len());
-                for e in table.extents() {
-                    outln!(
-                        "  file LBA {:>12} -> LBA {:>12} x {}",
-                        e.file_lba,
-                        e.lba,
-                        e.nlb
-                    );
-                }
-            }
-            Ok(())
+            print_report(&StatReport::of(&fs, &name)?, json, true)
         }
         FsCommand::Df => {
             let fs = mount()?;
-            let d = fs.df();
-            let bs = d.block_size as u64;
-            if json {
-                outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({
-                        "block_size": d.block_size,
-                        "total_blocks": d.total_blocks,
-                        "data_blocks": d.data_blocks,
-                        "metadata_blocks": d.metadata_blocks,
-                        "free_blocks": d.free_blocks,
-                        "available_blocks": d.available_blocks,
-                        "available_bytes": d.available_blocks * bs,
-                        "pending_blocks": d.pending_blocks,
-                        "files": d.files,
-                        "generation": d.generation,
-                        "uuid": uuid(&fs.geometry().uuid),
-                    }))?
-                );
-            } else {
-                let b = |n: u64| format_bytes((n * bs) as f64);
-                outln!(
-                    "size:      {} ({} blocks of {bs} bytes)",
-                    b(d.total_blocks),
-                    d.total_blocks
-                );
-                outln!("data:      {}", b(d.data_blocks));
-                outln!("metadata:  {}", b(d.metadata_blocks));
-                outln!(
-                    "free:      {} ({} bytes available for file data; the rest is kept for metadata)",
-                    b(d.free_blocks),
-                    d.available_blocks * bs
-                );
-                outln!(
-                    "pending:   {} (free after the next commits)",
-                    b(d.pending_blocks)
-                );
-                outln!("files:     {}", d.files);
-                outln!("generation {}", d.generation);
-            }
-            Ok(())
+            print_report(&DfReport::of(&fs), json, true)
         }
         FsCommand::Fsck { repair, data } => {
             let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
@@ -438,31 +315,6 @@ pub fn probe(ctrl: &Controller, nsid: u32) -> Result<Existing> {
     FileSystem::probe(dev).with_context(|| format!("looking for a blockfs on namespace {nsid}"))
 }
 
-fn uuid(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
-fn stat_json(f: &FileStat) -> Value {
-    json!({
-        "name": f.name,
-        "file_id": f.file_id,
-        "size": f.size,
-        "allocated": f.allocated,
-        "extents": f.extents,
-        "generation": f.generation,
-        "immutable": f.immutable,
-        "crc32c": f.data_crc,
-    })
-}
-
 fn progress(len: u64, json: bool, verb: &str) -> ProgressBar {
     if json || len < PROGRESS_MIN {
         return ProgressBar::hidden();
@@ -496,9 +348,16 @@ fn wrap_stdout(e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), StdoutError(e))
 }
 
-/// Prints a report as text (its `Display`) or JSON (its `Serialize`).
-fn print_report<R: serde::Serialize + std::fmt::Display>(report: &R, json: bool) -> Result<()> {
-    if json {
+/// Prints a report as text (its `Display`) or JSON (its `Serialize`; `pretty` for the longer
+/// ones).
+fn print_report<R: serde::Serialize + std::fmt::Display>(
+    report: &R,
+    json: bool,
+    pretty: bool,
+) -> Result<()> {
+    if json && pretty {
+        outln!("{}", serde_json::to_string_pretty(report)?);
+    } else if json {
         outln!("{}", serde_json::to_string(report)?);
     } else {
         outln!("{report}");

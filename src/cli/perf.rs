@@ -3,42 +3,14 @@
 use anyhow::Result;
 use gpunvme::gpu_perf::GpuPerfReport;
 use gpunvme::perf::PerfReport;
-use gpunvme::units::{format_bytes, format_ns};
 
-/// Prints the report as fio-style text or JSON. A run with errors still prints its numbers, then
+/// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
 pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
     if as_json {
         outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
-        outln!("data path: {}", r.data_path);
-        outln!(
-            "{}: bs={} qd={} queues={}: IOPS={:.0}, BW={}/s, ios={}, errors={}",
-            r.rw.name(),
-            r.bs,
-            r.qd,
-            r.queues,
-            r.iops,
-            format_bytes(r.bw_bytes),
-            r.ios,
-            r.errors
-        );
-        outln!(
-            "  lat: mean={} p50={} p99={} p99.9={} max={}; runtime {}",
-            format_ns(r.lat_ns.mean),
-            format_ns(r.lat_ns.p50 as f64),
-            format_ns(r.lat_ns.p99 as f64),
-            format_ns(r.lat_ns.p999 as f64),
-            format_ns(r.lat_ns.max as f64),
-            format_ns(r.runtime_ns as f64)
-        );
-        if r.verified_bytes > 0 || r.verify_errors > 0 {
-            outln!(
-                "  verify: {} checked, {} mismatching I/Os",
-                format_bytes(r.verified_bytes as f64),
-                r.verify_errors
-            );
-        }
+        outln!("{r}");
     }
     if let Some(e) = &r.first_error {
         anyhow::bail!("{} of {} I/Os failed; first: {e}", r.errors, r.ios);
