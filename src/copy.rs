@@ -1,5 +1,5 @@
 //! Copies between host files and blockfs files: what `gpunvme fs put` and `fs get` do, as a
-//! library with typed errors and a report that is both [`Serialize`] and [`Display`].
+//! library with typed errors and a report that is both [`Serialize`] and [`Display`](std::fmt::Display).
 //!
 //! - [`put`] hands the host file to [`blockfs::File::write_from`], whose device lanes read it
 //!   command by command as they write (no staging copy), checksums exactly the bytes handed to
@@ -136,7 +136,7 @@ pub enum CopyError {
 /// A copy's result.
 pub type Result<T, E = CopyError> = std::result::Result<T, E>;
 
-/// One finished `put` or `get`: printed as text ([`Display`]) or JSON ([`Serialize`], keys as
+/// One finished `put` or `get`: printed as text ([`Display`](std::fmt::Display)) or JSON ([`Serialize`], keys as
 /// `gpunvme fs put --json` prints them).
 #[derive(Clone, Debug, Serialize)]
 pub struct TransferReport {

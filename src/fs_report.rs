@@ -1,5 +1,5 @@
 //! What each `gpunvme fs` command reports: one type per command, [`Serialize`] for `--json`
-//! and [`Display`] for text, built from the blockfs types by the functions here so the CLI only
+//! and [`Display`](std::fmt::Display) for text, built from the blockfs types by the functions here so the CLI only
 //! prints. Names are escaped in text ([`escape_control`]); JSON carries them exactly.
 
 use std::fmt;
