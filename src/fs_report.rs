@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use blockfs::{FileStat, FileSystem, FsStats, Geometry};
+use blockfs::{DataCheck, FileStat, FileSystem, FsStats, FsckReport, Geometry};
 use serde::Serialize;
 
 use crate::units::{escape_control, format_bytes};
@@ -321,6 +321,165 @@ impl fmt::Display for DfReport {
     }
 }
 
+/// What `fs fsck --data` found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DataReport {
+    /// Files whose bytes match their recorded CRC-32C.
+    pub verified: u64,
+    /// Files without a recorded CRC-32C (not checked).
+    pub unchecked: u64,
+    /// Files whose bytes do not match.
+    pub mismatched: Vec<String>,
+}
+
+/// Reads every file of `fs` and compares it with its recorded CRC-32C.
+pub fn check_data(fs: &FileSystem) -> blockfs::Result<DataReport> {
+    let mut r = DataReport::default();
+    for f in fs.list("") {
+        match fs.verify_data(&f.name)? {
+            DataCheck::Match => r.verified += 1,
+            DataCheck::NoChecksum => r.unchecked += 1,
+            DataCheck::Mismatch { .. } => r.mismatched.push(f.name),
+        }
+    }
+    Ok(r)
+}
+
+/// `fs fsck`: the check (and repair) report, with `--data`'s findings.
+pub struct FsckView<'a> {
+    /// What fsck found and did.
+    pub report: &'a FsckReport,
+    /// Whether repair was asked for.
+    pub repair: bool,
+    /// `--data`'s findings, when asked for.
+    pub data: Option<&'a DataReport>,
+}
+
+impl FsckView<'_> {
+    fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let r = self.report;
+        let problems = |ps: &[blockfs::Problem]| -> Vec<serde_json::Value> {
+            ps.iter()
+                .map(|p| json!({ "what": p.what, "detail": p.detail }))
+                .collect()
+        };
+        json!({
+            "clean": r.is_clean(),
+            "consistent": r.is_consistent(),
+            "generation": r.generation,
+            "slots": r.slots.iter().map(|s| json!({
+                "slot": s.slot,
+                "byte_offset": s.byte_offset,
+                "generation": s.generation,
+                "problem": s.problem,
+            })).collect::<Vec<_>>(),
+            "problems": problems(&r.problems),
+            "older_generation": r.older_generation,
+            "older_problems": problems(&r.older_problems),
+            "files": r.files,
+            "total_blocks": r.total_blocks,
+            "data_blocks": r.data_blocks,
+            "metadata_blocks": r.metadata_blocks,
+            "free_blocks": r.free_blocks,
+            "pending_blocks": r.pending_blocks,
+            "repair": self.repair,
+            "repairs": r.repairs,
+            "unrepairable": r.unrepairable,
+            "remaining": problems(&r.remaining),
+            "data": self.data,
+        })
+    }
+}
+
+impl Serialize for FsckView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+impl fmt::Display for FsckView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let r = self.report;
+        let mut lines: Vec<String> = Vec::new();
+        let repaired = !r.repairs.is_empty();
+        for p in &r.problems {
+            lines.push(format!(
+                "{}: {p}",
+                if repaired { "found" } else { "problem" }
+            ));
+        }
+        for line in &r.repairs {
+            lines.push(format!("repaired: {line}"));
+        }
+        if let Some(u) = &r.unrepairable {
+            lines.push(format!("cannot repair: {u}"));
+        }
+        if repaired {
+            lines.push("after repair:".into());
+        }
+        for s in &r.slots {
+            match (&s.generation, &s.problem) {
+                (Some(g), _) => lines.push(format!(
+                    "superblock slot {} (byte {}): generation {g}",
+                    s.slot, s.byte_offset
+                )),
+                (None, Some(p)) => lines.push(format!(
+                    "superblock slot {} (byte {}): {p}",
+                    s.slot, s.byte_offset
+                )),
+                (None, None) => {}
+            }
+        }
+        if let Some(g) = r.generation {
+            lines.push(format!(
+                "generation {g}: {} file(s); {} of {} blocks used by data, {} by metadata, {} free, {} pending",
+                r.files,
+                r.data_blocks,
+                r.total_blocks,
+                r.metadata_blocks,
+                r.free_blocks,
+                r.pending_blocks
+            ));
+        }
+        if let Some(g) = r.older_generation {
+            if r.older_problems.is_empty() {
+                lines.push(format!(
+                    "previous generation {g}: intact (available for rollback)"
+                ));
+            }
+            for p in &r.older_problems {
+                lines.push(format!("previous generation {g}: {p}"));
+            }
+        }
+        for p in &r.remaining {
+            lines.push(format!("still wrong: {p}"));
+        }
+        if let Some(d) = self.data {
+            lines.push(format!(
+                "file data: {} file(s) match their CRC-32C, {} have none recorded (not checked), {} do not match",
+                d.verified,
+                d.unchecked,
+                d.mismatched.len()
+            ));
+            for n in &d.mismatched {
+                lines.push(format!("damaged data: {n}"));
+            }
+        }
+        if r.is_clean() {
+            lines.push("clean".into());
+        } else if self.repair && r.is_consistent() {
+            lines.push("repaired; the file system is consistent".into());
+        }
+        // Problems quote names from the device: escape each line, then join.
+        let text: Vec<String> = lines
+            .iter()
+            .map(|l| escape_control(l).into_owned())
+            .collect();
+        write!(f, "{}", text.join("\n"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,5 +521,21 @@ mod tests {
             "renamed x to y\\u{1b}"
         );
         assert_eq!(uuid_text(&[0xab; 16]).len(), 36);
+        let data = check_data(&fs).unwrap();
+        assert_eq!((data.verified, data.unchecked), (0, 1));
+        drop(fs);
+        let dev2 = Arc::new(blockfs::MemDevice::new(512, 16384));
+        let fs2 = FileSystem::mkfs(dev2.clone(), &blockfs::MkfsOptions::default()).unwrap();
+        drop(fs2);
+        let report = blockfs::fsck(dev2, &blockfs::FsckOptions::default()).unwrap();
+        let view = FsckView {
+            report: &report,
+            repair: false,
+            data: Some(&data),
+        };
+        assert!(view.to_string().ends_with("do not match\nclean"), "{view}");
+        let v = serde_json::to_value(&view).unwrap();
+        assert_eq!(v["clean"], true);
+        assert_eq!(v["data"]["unchecked"], 1);
     }
 }

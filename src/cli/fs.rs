@@ -11,20 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use blockfs::{
-    DataCheck, Existing, FileSystem, FsckOptions, FsckReport, MkfsOptions, NvmeBlockDevice,
-    NvmeDeviceOptions,
-};
+use blockfs::{Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions};
 use gpunvme::copy;
 use gpunvme::fs_report::{
-    DfReport, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport,
+    DfReport, FsckView, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport, check_data,
 };
 use gpunvme::units::parse_size;
 
 use crate::cli::{Refusal, StdoutError, escape};
 use indicatif::{ProgressBar, ProgressStyle};
 use nvme::Controller;
-use serde_json::{Value, json};
 
 /// Files at least this large get a progress bar (on a terminal).
 const PROGRESS_MIN: u64 = 64 << 20;
@@ -244,7 +240,15 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             } else {
                 None
             };
-            print_fsck(&report, repair, data_report.as_ref(), json)?;
+            print_report(
+                &FsckView {
+                    report: &report,
+                    repair,
+                    data: data_report.as_ref(),
+                },
+                json,
+                true,
+            )?;
             if !report.is_consistent() {
                 bail!(
                     "the file system is inconsistent{}",
@@ -275,35 +279,6 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             Ok(())
         }
     }
-}
-
-/// What `fsck --data` found.
-struct DataReport {
-    /// Files whose bytes match their checksum.
-    verified: u64,
-    /// Files without a recorded checksum (not checked).
-    unchecked: u64,
-    /// Files whose bytes do not match.
-    mismatched: Vec<String>,
-}
-
-fn check_data(fs: &FileSystem) -> Result<DataReport> {
-    let mut r = DataReport {
-        verified: 0,
-        unchecked: 0,
-        mismatched: Vec::new(),
-    };
-    for f in fs.list("") {
-        match fs
-            .verify_data(&f.name)
-            .with_context(|| format!("reading {}", escape(&f.name)))?
-        {
-            DataCheck::Match => r.verified += 1,
-            DataCheck::NoChecksum => r.unchecked += 1,
-            DataCheck::Mismatch { .. } => r.mismatched.push(f.name),
-        }
-    }
-    Ok(r)
 }
 
 /// What namespace `nsid` of `ctrl` holds: for refusing to overwrite a file system by accident.
@@ -361,110 +336,6 @@ fn print_report<R: serde::Serialize + std::fmt::Display>(
         outln!("{}", serde_json::to_string(report)?);
     } else {
         outln!("{report}");
-    }
-    Ok(())
-}
-
-fn print_fsck(r: &FsckReport, repair: bool, data: Option<&DataReport>, json: bool) -> Result<()> {
-    let problems = |ps: &[blockfs::Problem]| -> Vec<Value> {
-        ps.iter()
-            .map(|p| json!({ "what": p.what, "detail": p.detail }))
-            .collect()
-    };
-    if json {
-        let v = json!({
-            "clean": r.is_clean(),
-            "consistent": r.is_consistent(),
-            "generation": r.generation,
-            "slots": r.slots.iter().map(|s| json!({
-                "slot": s.slot,
-                "byte_offset": s.byte_offset,
-                "generation": s.generation,
-                "problem": s.problem,
-            })).collect::<Vec<_>>(),
-            "problems": problems(&r.problems),
-            "older_generation": r.older_generation,
-            "older_problems": problems(&r.older_problems),
-            "files": r.files,
-            "total_blocks": r.total_blocks,
-            "data_blocks": r.data_blocks,
-            "metadata_blocks": r.metadata_blocks,
-            "free_blocks": r.free_blocks,
-            "pending_blocks": r.pending_blocks,
-            "repair": repair,
-            "repairs": r.repairs,
-            "unrepairable": r.unrepairable,
-            "remaining": problems(&r.remaining),
-            "data": data.map(|d| json!({
-                "verified": d.verified,
-                "unchecked": d.unchecked,
-                "mismatched": d.mismatched,
-            })),
-        });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    let repaired = !r.repairs.is_empty();
-    for p in &r.problems {
-        outln!("{}: {p}", if repaired { "found" } else { "problem" });
-    }
-    for line in &r.repairs {
-        outln!("repaired: {line}");
-    }
-    if let Some(u) = &r.unrepairable {
-        outln!("cannot repair: {u}");
-    }
-    if repaired {
-        outln!("after repair:");
-    }
-    for s in &r.slots {
-        match (&s.generation, &s.problem) {
-            (Some(g), _) => outln!(
-                "superblock slot {} (byte {}): generation {g}",
-                s.slot,
-                s.byte_offset
-            ),
-            (None, Some(p)) => outln!("superblock slot {} (byte {}): {p}", s.slot, s.byte_offset),
-            (None, None) => {}
-        }
-    }
-    if let Some(g) = r.generation {
-        outln!(
-            "generation {g}: {} file(s); {} of {} blocks used by data, {} by metadata, {} free, {} pending",
-            r.files,
-            r.data_blocks,
-            r.total_blocks,
-            r.metadata_blocks,
-            r.free_blocks,
-            r.pending_blocks
-        );
-    }
-    if let Some(g) = r.older_generation {
-        if r.older_problems.is_empty() {
-            outln!("previous generation {g}: intact (available for rollback)");
-        }
-        for p in &r.older_problems {
-            outln!("previous generation {g}: {p}");
-        }
-    }
-    for p in &r.remaining {
-        outln!("still wrong: {p}");
-    }
-    if let Some(d) = data {
-        outln!(
-            "file data: {} file(s) match their CRC-32C, {} have none recorded (not checked), {} do not match",
-            d.verified,
-            d.unchecked,
-            d.mismatched.len()
-        );
-        for n in &d.mismatched {
-            outln!("damaged data: {}", escape(n));
-        }
-    }
-    if r.is_clean() {
-        outln!("clean");
-    } else if repair && r.is_consistent() {
-        outln!("repaired; the file system is consistent");
     }
     Ok(())
 }
