@@ -1015,3 +1015,21 @@ fn flipped_data_bytes_are_caught_by_get_and_fsck_data() {
     let out = ok(&fs("fsck --data"));
     assert!(out.contains("1 file(s) match"), "{out}");
 }
+
+#[test]
+fn small_files_share_metadata_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    let fs = |cmd: &str| gpunvme(d, &format!("--device disk.img fs {cmd}"));
+    ok(&fs("mkfs --block-size 1m"));
+    std::fs::write(d.join("ten.bin"), b"0123456789").unwrap();
+    for i in 0..30 {
+        ok(&fs(&format!("put ten.bin f{i:02}")));
+    }
+    let df: serde_json::Value = serde_json::from_str(&ok(&fs("df --json"))).unwrap();
+    assert_eq!(df["files"], 30);
+    // The superblock area, one root block and one chunk block (was 32 MiB: a chunk a file).
+    assert!(df["metadata_blocks"].as_u64().unwrap() <= 3, "{df}");
+    assert!(ok(&fs("fsck")).contains("clean"));
+}
