@@ -402,6 +402,8 @@ impl File {
     }
 
     /// The file's GPU extent table (see [`crate::table`]), a snapshot of its current extents.
+    /// Reads through it do not check the file's data checksum ([`File::set_data_crc`]); a
+    /// caller that needs that checks [`crate::FileSystem::verify_data`] separately.
     pub fn extent_table(&self) -> Result<ExtentTable> {
         let st = self.inner.read_state();
         let i = st.inode(self.id, &self.name)?;
