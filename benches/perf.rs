@@ -31,6 +31,7 @@ fn perf(c: &mut Criterion) {
             nsid: 1,
             size: None,
             seed: Some(1),
+            interrupt: None,
         };
         group.bench_function(rw.name(), |b| {
             b.iter(|| {
@@ -68,6 +69,7 @@ fn scaling(c: &mut Criterion) {
                 nsid: 1,
                 size: None,
                 seed: Some(1),
+                interrupt: None,
             };
             group.bench_function(format!("{}/{threads}_threads", rw.name()), |b| {
                 b.iter(|| {

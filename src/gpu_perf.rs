@@ -346,7 +346,8 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     let watched = backend.emu().cloned();
     let model_ref = gpu_ctrl.as_ref();
     let (gpu, cpu) = std::thread::scope(|s| {
-        let cpu = (args.cpu_queues > 0).then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg)));
+        let cpu = (args.cpu_queues > 0)
+            .then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg).map_err(anyhow::Error::from)));
         let gpu = gpu_queues::perf::run(&queues, &gcfg, move || match &watched {
             _ if model_ref.is_some_and(|g| !g.is_running()) => {
                 Some("the GPU controller kernel stopped".to_string())

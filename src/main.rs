@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use gpunvme::open::{DeviceSpec, OpenOptions, open_controller_and_transport};
+use gpunvme::open::{
+    DEFAULT_IMAGE, DeviceSpec, OpenOptions, PERF_DEFAULT_IMAGE, open_controller_and_transport,
+};
 use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
 use gpunvme::units::{parse_duration, parse_size};
 
@@ -18,7 +20,8 @@ mod cli;
 #[command(name = "gpunvme", version, about)]
 struct Args {
     /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
-    /// by the software controller. Default: ./gpunvme.img, created on first use (1 GiB, sparse).
+    /// by the software controller. Default: ./gpunvme.img (perf: ./gpunvme-perf.img, its own
+    /// scratch image), created by the first command that writes (1 GiB, sparse).
     #[arg(long, global = true, value_name = "SPEC")]
     device: Option<String>,
 
@@ -92,19 +95,33 @@ enum Command {
     },
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug)]
-enum RwArg {
-    Read,
-    Write,
-    Randread,
-    Randwrite,
+impl Command {
+    /// Whether the command only reads the device: it then opens an image read-only under a
+    /// shared lock (README, "One process per device").
+    fn is_read_only(&self) -> bool {
+        match self {
+            Command::Identify | Command::Read { .. } => true,
+            Command::Write { .. } | Command::ProtocolCheck(_) => false,
+            Command::Perf(p) => !p.rw.is_write() && !p.verify,
+            Command::Fs { cmd, .. } => cmd.is_read_only(),
+        }
+    }
+
+    /// The host file the command writes its output to, if any.
+    fn output_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Read { output, .. } => Some(output),
+            Command::Fs { cmd, .. } => cmd.output_path(),
+            _ => None,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
 struct PerfArgs {
     /// Access pattern.
     #[arg(long, value_enum, default_value = "randread")]
-    rw: RwArg,
+    rw: RwMode,
     /// Bytes per I/O.
     #[arg(long, default_value = "4k", value_parser = parse_size)]
     bs: u64,
@@ -118,8 +135,8 @@ struct PerfArgs {
     /// Run for this long (e.g. 10s, 500ms).
     #[arg(long, value_parser = parse_duration, conflicts_with = "ios")]
     runtime: Option<std::time::Duration>,
-    /// Run this many I/Os in total. Default when neither is given: --runtime 5s.
-    #[arg(long)]
+    /// Run this many I/Os in total (at least 1). Default when neither is given: --runtime 5s.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     ios: Option<u64>,
     /// Write known patterns and check every byte read.
     #[arg(long)]
@@ -162,6 +179,10 @@ struct PerfArgs {
     /// back at the end) or `null` (no data moves: the protocol ceiling).
     #[arg(long, value_enum, default_value = "hbm", requires = "gpu")]
     media: MediaArg,
+    /// Run a write pattern or --verify (which writes its patterns first) even on a namespace
+    /// that holds a blockfs, destroying it.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +204,18 @@ enum ClientArg {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let json = std::env::args_os().any(|a| a == "--json");
+            if json && !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let msg = e.kind().as_str().unwrap_or("invalid command line");
+                print_json_error(&cli::json_error("usage", msg));
+            }
+            e.exit();
+        }
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -191,13 +223,46 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    match run(args) {
+    let json = args.json;
+    let result = run(args).and_then(|()| {
+        use std::io::Write as _;
+        std::io::stdout()
+            .flush()
+            .map_err(|e| cli::StdoutError(e).into())
+    });
+    match result {
+        Ok(()) if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpunvme: error: {e:#}");
-            ExitCode::FAILURE
+            // The reader of our output went away (`| head`): a normal end.
+            if cli::stdout_error(&e).is_some_and(cli::StdoutError::is_broken_pipe) {
+                return ExitCode::SUCCESS;
+            }
+            let message = cli::escape(&format!("{e:#}")).into_owned();
+            if json {
+                print_json_error(&cli::json_error(cli::error_kind(&e), &message));
+            }
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "gpunvme: error: {message}");
+            if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// Set by the first Ctrl-C during `perf`, which then stops issuing I/O and reports what it
+/// measured; a second one ends the process.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Prints an error object on standard output, where `--json` output goes (best effort: the
+/// text line on standard error follows anyway).
+fn print_json_error(v: &serde_json::Value) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{v}");
+    let _ = std::io::stdout().flush();
 }
 
 fn run(args: Args) -> Result<()> {
@@ -211,13 +276,39 @@ fn run(args: Args) -> Result<()> {
         "--controller-queue-pairs must be 1 to 1024, not {}",
         args.controller_queue_pairs
     );
+    if let Command::Perf(p) = &args.command {
+        // clap refuses --ios 0 and --runtime 0s alike, as invalid values.
+        anyhow::ensure!(p.qd >= 1, "--qd must be at least 1");
+        // Ctrl-C stops the run and prints what it measured; a second one ends the process.
+        // Installed before the device is opened, so it is in place whenever the run is.
+        let _ = ctrlc::set_handler(|| {
+            if INTERRUPTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
     let spec = DeviceSpec::parse(args.device.as_deref())?;
     let opts = OpenOptions {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
         controller_queue_pairs: args.controller_queue_pairs,
+        read_only: args.command.is_read_only(),
+        default_image: match args.command {
+            Command::Perf(_) => PERF_DEFAULT_IMAGE,
+            _ => DEFAULT_IMAGE,
+        }
+        .into(),
         ..Default::default()
     };
+    if let Some(out) = args.command.output_path()
+        && spec.is_own_image(&opts, out)
+    {
+        return Err(cli::Refusal(format!(
+            "{} is the device's own image file: writing the output there would destroy it",
+            out.display()
+        ))
+        .into());
+    }
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
@@ -228,14 +319,21 @@ fn run(args: Args) -> Result<()> {
             bytes,
             output,
         } => cli::io::read(&ctrl, nsid, lba, bytes, &output, args.json),
-        Command::Perf(p) => {
+        Command::Perf(p) => (|| {
+            let writes = p.rw.is_write() || p.verify;
+            if writes && !p.force {
+                let found = cli::fs::probe(&ctrl, p.nsid)?;
+                if found.is_blockfs() {
+                    return Err(cli::Refusal(format!(
+                        "namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
+                        p.nsid,
+                        if p.verify { "--verify" } else { "in a write mode" }
+                    ))
+                    .into());
+                }
+            }
             let cfg = PerfConfig {
-                rw: match p.rw {
-                    RwArg::Read => RwMode::Read,
-                    RwArg::Write => RwMode::Write,
-                    RwArg::Randread => RwMode::RandRead,
-                    RwArg::Randwrite => RwMode::RandWrite,
-                },
+                rw: p.rw,
                 bs: usize::try_from(p.bs).context("--bs is too large")?,
                 qd: p.qd,
                 queues: p.queues.unwrap_or(if p.gpu { 0 } else { 1 }),
@@ -248,6 +346,7 @@ fn run(args: Args) -> Result<()> {
                 nsid: p.nsid,
                 size: p.size,
                 seed: p.seed,
+                interrupt: Some(&INTERRUPTED),
             };
             if p.gpu {
                 let gargs = gpunvme::gpu_perf::GpuPerfArgs {
@@ -268,9 +367,19 @@ fn run(args: Args) -> Result<()> {
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
-                perf::run(&ctrl, &cfg).and_then(|report| cli::perf::print(&report, args.json))
+                let result = perf::run(&ctrl, &cfg)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|report| cli::perf::print(&report, args.json));
+                if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+                    use std::io::Write as _;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "gpunvme: interrupted: the numbers cover the I/Os done before Ctrl-C"
+                    );
+                }
+                result
             }
-        }
+        })(),
         Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
     };

@@ -11,6 +11,10 @@ use nvme_emu::{EmuConfig, EmuDevice};
 /// The image the software controller uses when no `--device` is given.
 pub const DEFAULT_IMAGE: &str = "gpunvme.img";
 
+/// The image `perf` uses when no `--device` is given: its own scratch space, since a write
+/// pattern or a `--verify` prefill overwrites whatever the image holds.
+pub const PERF_DEFAULT_IMAGE: &str = "gpunvme-perf.img";
+
 /// Size of the default image when it is created on first use (sparse).
 pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
 
@@ -21,7 +25,9 @@ pub enum DeviceSpec {
     Pci(vfio::PciAddress),
     /// An image file served by the software controller.
     Image(PathBuf),
-    /// No `--device`: the software controller over `./gpunvme.img`, created on first use.
+    /// No `--device`: the software controller over [`OpenOptions::default_image`]
+    /// (`./gpunvme.img`, or `./gpunvme-perf.img` for `perf`), created on first use by a command
+    /// that writes ([`OpenOptions::read_only`] false).
     DefaultImage,
 }
 
@@ -45,6 +51,26 @@ impl DeviceSpec {
             Some(s) => Ok(Self::Image(PathBuf::from(s))),
         }
     }
+
+    /// The image file the software controller serves, if it is one.
+    pub fn image_path<'a>(&'a self, opts: &'a OpenOptions) -> Option<&'a Path> {
+        match self {
+            Self::Pci(_) => None,
+            Self::Image(p) => Some(p),
+            Self::DefaultImage => Some(&opts.default_image),
+        }
+    }
+
+    /// Whether `path` names the device's own image file (the same file, through any name: a
+    /// link, a relative path). A command writing its output there would overwrite the device
+    /// under itself.
+    pub fn is_own_image(&self, opts: &OpenOptions, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let (Some(image), Ok(out)) = (self.image_path(opts), std::fs::metadata(path)) else {
+            return false;
+        };
+        std::fs::metadata(image).is_ok_and(|m| m.dev() == out.dev() && m.ino() == out.ino())
+    }
 }
 
 /// How to open a device.
@@ -59,6 +85,14 @@ pub struct OpenOptions {
     /// I/O queue pairs the software controller grants (`EmuConfig::max_io_queue_pairs`).
     /// Ignored for a PCI device.
     pub controller_queue_pairs: u16,
+    /// Open an image read-only, under a shared lock, with its namespace write protected: for
+    /// commands that only read, so several can run on one image at once and images the user
+    /// cannot write still serve them. Otherwise the image is locked exclusively and a second
+    /// process is refused ([`nvme_emu::EmuError::ImageBusy`]). Ignored for a PCI device, whose
+    /// VFIO group is exclusive to one process anyway.
+    pub read_only: bool,
+    /// The image used without `--device` ([`DeviceSpec::DefaultImage`]).
+    pub default_image: PathBuf,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
 }
@@ -69,6 +103,8 @@ impl Default for OpenOptions {
             lba_size: 512,
             controller_threads: 0,
             controller_queue_pairs: EmuConfig::default().max_io_queue_pairs,
+            read_only: false,
+            default_image: PathBuf::from(DEFAULT_IMAGE),
             controller: ControllerOptions::default(),
         }
     }
@@ -121,15 +157,30 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
         }
         DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
-            let path = Path::new(DEFAULT_IMAGE);
-            if !path.exists() {
-                EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES)
-                    .with_context(|| format!("creating the default image {}", path.display()))?;
-                tracing::info!(
-                    "created {} ({} bytes, sparse)",
-                    path.display(),
-                    DEFAULT_IMAGE_BYTES
+            let path = opts.default_image.as_path();
+            if !path.exists() && opts.read_only {
+                // A command that only reads has nothing to read there: creating 1 GiB as its
+                // side effect would surprise.
+                bail!(
+                    "{} does not exist: there is nothing to read yet (commands that write create it, e.g. `gpunvme fs mkfs`)",
+                    path.display()
                 );
+            }
+            if !path.exists() {
+                match EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES) {
+                    Ok(()) => tracing::info!(
+                        "created {} ({} bytes, sparse)",
+                        path.display(),
+                        DEFAULT_IMAGE_BYTES
+                    ),
+                    // Another process created it meanwhile.
+                    Err(nvme_emu::EmuError::CreateImage { source, .. })
+                        if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("creating the default image {}", path.display())));
+                    }
+                }
             }
             open_image(path, opts)?
         }
@@ -148,14 +199,23 @@ fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
             path.display()
         );
     }
+    let base = if opts.read_only {
+        EmuConfig::for_image_read_only(path, opts.lba_size)
+    } else {
+        EmuConfig::for_image(path, opts.lba_size)
+    };
     let config = EmuConfig {
         controller_threads: opts.controller_threads,
         max_io_queue_pairs: opts.controller_queue_pairs,
-        ..EmuConfig::for_image(path, opts.lba_size)
-            .with_context(|| format!("image {}", path.display()))?
+        ..base.with_context(|| format!("image {}", path.display()))?
     };
-    let dev = EmuDevice::start(config).context("starting the software controller")?;
-    Ok(dev)
+    // The controller locks the image for as long as it runs; a busy image's error names the
+    // holder and needs no more context.
+    match EmuDevice::start(config) {
+        Ok(dev) => Ok(dev),
+        Err(e @ nvme_emu::EmuError::ImageBusy { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("starting the software controller")),
+    }
 }
 
 /// Opens the device and brings its controller up.

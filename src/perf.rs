@@ -6,10 +6,55 @@
 //! pattern beforehand (not timed); writes write the pattern and, after the timed phase, every
 //! unit written is read back and checked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+/// Why a perf run could not be made (I/O errors during a run are counted in the report, not
+/// returned).
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    /// A parameter does not fit the device or the run (the message names the option).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The driver refused a step of setting the run up.
+    #[error("{op}")]
+    Driver {
+        /// What perf was doing.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: nvme::Error,
+    },
+    /// DMA memory for the I/O buffers could not be had.
+    #[error("allocating DMA memory for the I/O buffers")]
+    Dma(#[source] nvme::DmaAllocError),
+    /// Writing the pattern a `verify` read run checks against failed.
+    #[error("writing the verification pattern failed: {0}")]
+    Prefill(String),
+    /// [`PerfConfig::interrupt`] was set before the timed run started.
+    #[error("interrupted while writing the verification pattern (before the timed run)")]
+    Interrupted,
+}
+
+/// A perf run's result.
+pub type Result<T, E = PerfError> = std::result::Result<T, E>;
+
+/// `bail!` for [`PerfError::InvalidArgument`].
+macro_rules! invalid {
+    ($($arg:tt)*) => {
+        return Err(PerfError::InvalidArgument(format!($($arg)*)))
+    };
+}
+
+/// `ensure!` for [`PerfError::InvalidArgument`].
+macro_rules! require {
+    ($cond:expr, $($arg:tt)*) => {
+        if !$cond {
+            invalid!($($arg)*);
+        }
+    };
+}
 use hdrhistogram::Histogram;
 use nvme::{Controller, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
 use rand::rngs::SmallRng;
@@ -18,8 +63,8 @@ use serde::Serialize;
 
 use crate::pattern;
 
-/// The access pattern, named as fio names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The access pattern, named as fio names it (also the `--rw` values of `gpunvme perf`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum RwMode {
     /// Sequential reads.
@@ -27,8 +72,10 @@ pub enum RwMode {
     /// Sequential writes.
     Write,
     /// Uniformly random reads.
+    #[value(name = "randread")]
     RandRead,
     /// Uniformly random writes.
+    #[value(name = "randwrite")]
     RandWrite,
 }
 
@@ -84,6 +131,10 @@ pub struct PerfConfig {
     /// Seed of the pattern and of random offsets (`None`: a fresh one per run, so stale data
     /// from an earlier run can never pass verification).
     pub seed: Option<u64>,
+    /// Set (by a Ctrl-C handler) to end the run early: workers stop issuing, wait for what is
+    /// in flight, and the report covers the I/Os done so far (a write run's written units are
+    /// still read back with `verify`). Set during a `verify` read run's prefill, the run fails.
+    pub interrupt: Option<&'static AtomicBool>,
 }
 
 /// Default working-set size: the whole namespace up to this many bytes.
@@ -137,6 +188,46 @@ pub struct PerfReport {
     pub data_path: String,
 }
 
+impl std::fmt::Display for PerfReport {
+    /// fio-style text: the data path, the rates, latencies in human units and the runtime, and
+    /// what verification checked.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::units::{format_bytes, format_ns};
+        writeln!(f, "data path: {}", self.data_path)?;
+        writeln!(
+            f,
+            "{}: bs={} qd={} queues={}: IOPS={:.0}, BW={}/s, ios={}, errors={}",
+            self.rw.name(),
+            self.bs,
+            self.qd,
+            self.queues,
+            self.iops,
+            format_bytes(self.bw_bytes),
+            self.ios,
+            self.errors
+        )?;
+        write!(
+            f,
+            "  lat: mean={} p50={} p99={} p99.9={} max={}; runtime {}",
+            format_ns(self.lat_ns.mean),
+            format_ns(self.lat_ns.p50 as f64),
+            format_ns(self.lat_ns.p99 as f64),
+            format_ns(self.lat_ns.p999 as f64),
+            format_ns(self.lat_ns.max as f64),
+            format_ns(self.runtime_ns as f64)
+        )?;
+        if self.verified_bytes > 0 || self.verify_errors > 0 {
+            write!(
+                f,
+                "\n  verify: {} checked, {} mismatching I/Os",
+                format_bytes(self.verified_bytes as f64),
+                self.verify_errors
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Where a worker takes its next I/O's starting unit (a unit is `bs` bytes).
 #[derive(Clone)]
 enum Units {
@@ -173,6 +264,8 @@ struct Plan {
     deadline: Option<Instant>,
     /// Record units written (for verification afterwards).
     track_written: bool,
+    /// Stop issuing once this is set.
+    interrupt: Option<&'static AtomicBool>,
 }
 
 /// Shared, read-only parameters of every worker.
@@ -206,6 +299,9 @@ struct WorkerResult {
     first_error: Option<String>,
     written: Vec<u64>,
     hist: Option<Histogram<u64>>,
+    /// When the worker passed the start barrier (before its first I/O) and when its last I/O
+    /// completed.
+    span: Option<(Instant, Instant)>,
 }
 
 struct Slot {
@@ -262,8 +358,13 @@ fn run_worker(
         }
     };
     start.wait();
+    // Taken before this worker's first I/O; the run's clock starts at the earliest of these.
+    let started = Instant::now();
 
     let may_issue = |issued: u64, plan: &Plan| -> bool {
+        if plan.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return false;
+        }
         if let Some(n) = plan.ios {
             if issued >= n {
                 return false;
@@ -411,18 +512,20 @@ fn run_worker(
         }
     }
     res.written = written;
+    res.span = Some((started, Instant::now()));
     res
 }
 
 /// Runs `plans` (one per queue pair) in parallel; returns their results and the wall time from
-/// the moment all threads were ready.
+/// the first worker's start (taken before any I/O is issued) to the last worker's last
+/// completion.
 fn run_workers(
     qps: &mut [IoQueuePair],
     bufs: &[Arc<nvme::DmaMemory>],
     geo: Geometry,
     plans: Vec<Plan>,
 ) -> (Vec<WorkerResult>, Duration) {
-    let barrier = Barrier::new(plans.len() + 1);
+    let barrier = Barrier::new(plans.len());
     std::thread::scope(|scope| {
         let handles: Vec<_> = qps
             .iter_mut()
@@ -433,23 +536,38 @@ fn run_workers(
                 scope.spawn(move || run_worker(qp, buf, geo, plan, barrier))
             })
             .collect();
-        barrier.wait();
-        let t0 = Instant::now();
         let results: Vec<WorkerResult> = handles
             .into_iter()
             .map(|h| h.join().expect("perf worker panicked"))
             .collect();
-        (results, t0.elapsed())
+        let first = results.iter().filter_map(|r| r.span).map(|s| s.0).min();
+        let last = results.iter().filter_map(|r| r.span).map(|s| s.1).max();
+        let elapsed = match (first, last) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        (results, elapsed)
     })
 }
 
 /// Runs one perf job on `ctrl` and reports what it measured.
 pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
-    let ns = ctrl.namespace(cfg.nsid)?.clone();
+    let ns = ctrl
+        .namespace(cfg.nsid)
+        .map_err(|source| PerfError::Driver {
+            op: "finding the namespace",
+            source,
+        })?
+        .clone();
     let lba_size = ns.lba_size as usize;
-    ensure!(cfg.qd >= 1, "--qd must be at least 1");
-    ensure!(cfg.queues >= 1, "--queues must be at least 1");
-    ensure!(
+    require!(cfg.qd >= 1, "--qd must be at least 1");
+    match cfg.stop {
+        Stop::Ios(0) => invalid!("--ios must be at least 1"),
+        Stop::Runtime(d) if d.is_zero() => invalid!("--runtime must be more than 0"),
+        _ => {}
+    }
+    require!(cfg.queues >= 1, "--queues must be at least 1");
+    require!(
         cfg.bs >= lba_size && cfg.bs % lba_size == 0,
         "--bs {} is not a whole number of namespace {}'s {}-byte LBAs",
         cfg.bs,
@@ -459,7 +577,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     let ns_bytes = ns.blocks * lba_size as u64;
     let region = match cfg.size {
         Some(s) => {
-            ensure!(
+            require!(
                 s <= ns_bytes,
                 "--size {s} is larger than namespace {} ({ns_bytes} bytes)",
                 cfg.nsid
@@ -469,13 +587,13 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         None => ns_bytes.min(DEFAULT_REGION_BYTES),
     };
     let total_units = region / cfg.bs as u64;
-    ensure!(
+    require!(
         total_units >= cfg.queues as u64,
         "the region of {region} bytes holds fewer than one {}-byte I/O per queue",
         cfg.bs
     );
     let max_queues = ctrl.info().max_io_queue_pairs as usize;
-    ensure!(
+    require!(
         cfg.queues <= max_queues,
         "--queues {} but the controller granted {max_queues} I/O queue pairs",
         cfg.queues
@@ -490,13 +608,30 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         seed: cfg.seed.unwrap_or_else(rand::random),
         total_units,
     };
-    let depth = geo.qd * geo.commands_per_io() + 1;
-    let depth = u16::try_from(depth).context("--qd × commands per I/O is too deep a queue")?;
+    // One queue holds qd I/Os of commands_per_io commands each, plus the slot a full ring
+    // leaves empty.
+    let entries = (ctrl.info().mqes_entries as usize).min(u16::MAX as usize);
+    let max_qd = (entries - 1) / geo.commands_per_io();
+    require!(
+        geo.qd <= max_qd,
+        "--qd {} is out of range: 1 to {max_qd} here (queues of at most {entries} entries, {} command(s) per {}-byte I/O)",
+        cfg.qd,
+        geo.commands_per_io(),
+        cfg.bs
+    );
+    let Ok(depth) = u16::try_from(geo.qd * geo.commands_per_io() + 1) else {
+        invalid!("--qd × commands per I/O is too deep a queue");
+    };
     let mut qps = Vec::with_capacity(cfg.queues);
     for _ in 0..cfg.queues {
-        let qp = ctrl.create_io_queue_pair(depth)?;
+        let qp = ctrl
+            .create_io_queue_pair(depth)
+            .map_err(|source| PerfError::Driver {
+                op: "creating an I/O queue pair",
+                source,
+            })?;
         if qp.capacity() < geo.qd * geo.commands_per_io() {
-            bail!(
+            invalid!(
                 "--qd {} needs {} commands in flight per queue (bs {} is {} command(s) of at most {} bytes), but queues hold {}",
                 cfg.qd,
                 geo.qd * geo.commands_per_io(),
@@ -510,7 +645,8 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
     }
     let bufs = (0..cfg.queues)
         .map(|_| ctrl.device().alloc_dma(geo.qd * geo.bs).map(Arc::new))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(PerfError::Dma)?;
 
     // Units each worker owns for sequential access (and for the read-verify prefill).
     let stripe = |w: usize| -> (u64, u64) {
@@ -536,16 +672,19 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                     ios: None,
                     deadline: None,
                     track_written: false,
+                    interrupt: cfg.interrupt,
                 }
             })
             .collect();
         let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
+        if cfg.interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return Err(PerfError::Interrupted);
+        }
         for r in &results {
             if r.errors > 0 {
-                bail!(
-                    "writing the verification pattern failed: {}",
-                    r.first_error.as_deref().unwrap_or("unknown error")
-                );
+                return Err(PerfError::Prefill(
+                    r.first_error.as_deref().unwrap_or("unknown error").into(),
+                ));
             }
         }
     }
@@ -585,6 +724,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 ios: per_worker_ios(w),
                 deadline,
                 track_written: cfg.verify && cfg.rw.is_write(),
+                interrupt: cfg.interrupt,
             }
         })
         .collect();
@@ -630,6 +770,7 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
                 ios: None,
                 deadline: None,
                 track_written: false,
+                interrupt: None,
             })
             .collect();
         let (results, _) = run_workers(&mut qps, &bufs, geo, plans);
@@ -667,4 +808,109 @@ pub fn run(ctrl: &Controller, cfg: &PerfConfig) -> Result<PerfReport> {
         first_error,
         data_path: ctrl.device().describe(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvme::ControllerOptions;
+    use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
+
+    fn controller() -> Controller {
+        let device = EmuDevice::start(EmuConfig {
+            namespaces: vec![NamespaceConfig::memory(8 << 20, 512)],
+            ..EmuConfig::default()
+        })
+        .unwrap();
+        Controller::new(device, ControllerOptions::default()).unwrap()
+    }
+
+    fn config(rw: RwMode) -> PerfConfig {
+        PerfConfig {
+            rw,
+            bs: 4096,
+            qd: 8,
+            queues: 1,
+            stop: Stop::Ios(200),
+            verify: true,
+            nsid: 1,
+            size: None,
+            seed: Some(3),
+            interrupt: None,
+        }
+    }
+
+    #[test]
+    fn typed_errors_and_a_consistent_clock() {
+        let ctrl = controller();
+        for (cfg, want) in [
+            (
+                PerfConfig {
+                    qd: 100_000,
+                    ..config(RwMode::Read)
+                },
+                "--qd 100000 is out of range: 1 to ",
+            ),
+            (
+                PerfConfig {
+                    stop: Stop::Ios(0),
+                    ..config(RwMode::Read)
+                },
+                "--ios must be at least 1",
+            ),
+            (
+                PerfConfig {
+                    bs: 1000,
+                    ..config(RwMode::Read)
+                },
+                "not a whole number",
+            ),
+        ] {
+            match run(&ctrl, &cfg) {
+                Err(PerfError::InvalidArgument(m)) => assert!(m.contains(want), "{m}"),
+                other => panic!("expected InvalidArgument({want}), got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            run(
+                &ctrl,
+                &PerfConfig {
+                    nsid: 9,
+                    ..config(RwMode::Read)
+                }
+            ),
+            Err(PerfError::Driver { .. })
+        ));
+        for rw in [RwMode::Read, RwMode::RandWrite] {
+            let r = run(&ctrl, &config(rw)).unwrap();
+            assert_eq!((r.ios, r.errors), (200, 0));
+            assert!(
+                r.lat_ns.max <= r.runtime_ns,
+                "an I/O outlasted the run: {r:?}"
+            );
+        }
+        // Interrupted before it starts: nothing is issued.
+        static STOP: AtomicBool = AtomicBool::new(true);
+        let r = run(
+            &ctrl,
+            &PerfConfig {
+                verify: false,
+                interrupt: Some(&STOP),
+                ..config(RwMode::RandRead)
+            },
+        )
+        .unwrap();
+        assert_eq!(r.ios, 0);
+        assert!(matches!(
+            run(
+                &ctrl,
+                &PerfConfig {
+                    interrupt: Some(&STOP),
+                    ..config(RwMode::RandRead)
+                }
+            ),
+            Err(PerfError::Interrupted)
+        ));
+        ctrl.shutdown().unwrap();
+    }
 }

@@ -73,8 +73,49 @@ pub fn format_bytes(bytes: f64) -> String {
     }
 }
 
+/// `text` with control characters escaped (`\n`, `\t`, `\u{1b}`, ...), for printing names and
+/// messages that come from a device: a name cannot break a line or send terminal escapes.
+pub fn escape_control(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// A duration in nanoseconds in the unit that suits it: `850 ns`, `72.3 µs`, `1.25 ms`,
+/// `3.20 s`.
+pub fn format_ns(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.0} ns")
+    } else if ns < 1e6 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_in_human_units() {
+        assert_eq!(super::format_ns(850.0), "850 ns");
+        assert_eq!(super::format_ns(72_340.0), "72.3 µs");
+        assert_eq!(super::format_ns(1_250_000.0), "1.25 ms");
+        assert_eq!(super::format_ns(3.2e9), "3.20 s");
+    }
+
     use super::*;
 
     #[test]

@@ -44,6 +44,12 @@ fn image(dir: &Path, bytes: u64) -> PathBuf {
 #[test]
 fn identify_json_on_the_default_image() {
     let dir = tempfile::tempdir().unwrap();
+    // A command that only reads does not create the default image...
+    let out = gpunvme(dir.path(), "identify --json");
+    assert!(!out.status.success());
+    assert!(!dir.path().join("gpunvme.img").exists());
+    // ...one that writes does.
+    ok(&gpunvme(dir.path(), "fs mkfs"));
     let out = ok(&gpunvme(dir.path(), "identify --json"));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     for key in [
@@ -61,7 +67,7 @@ fn identify_json_on_the_default_image() {
     assert_eq!(ns["nsid"], 1);
     assert_eq!(ns["lba_size"], 512);
     assert_eq!(ns["blocks"], (1u64 << 30) / 512);
-    // Created on first use: 1 GiB, sparse.
+    // Created by its first writer: 1 GiB, sparse.
     let meta = std::fs::metadata(dir.path().join("gpunvme.img")).unwrap();
     assert_eq!(meta.len(), 1 << 30);
 }

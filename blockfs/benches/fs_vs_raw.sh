@@ -47,10 +47,10 @@ ios=$(( (SIZE_MIB << 20) / $(numfmt --from=iec "${BS^^}") ))
 raw_w=(); raw_r=(); fs_w=(); fs_r=()
 for _ in $(seq "$REPEAT"); do
     # perf overwrites the LBAs the file will occupy (the same LBAs keep the comparison fair),
-    # so the file system is made again after it.
-    raw_w+=("$(g --json perf --rw write --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
+    # so the file system is made again after it (both need --force from the second round on).
+    raw_w+=("$(g --json perf --force --rw write --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
     raw_r+=("$(g --json perf --rw read --bs "$BS" --qd "$QD" --queues "$QUEUES" --size "${SIZE_MIB}m" --ios "$ios" | field bw_bytes)")
-    g fs mkfs > /dev/null
+    g fs mkfs --force > /dev/null
     put=$(g --json fs put --force "${chunk[@]}" "$WORK/src.bin" bench/file.bin)
     fs_w+=("$(field bytes_per_sec <<< "$put")")
     fs_r+=("$(g --json fs get "${chunk[@]}" bench/file.bin /dev/null | field bytes_per_sec)")

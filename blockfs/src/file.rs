@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::device::{DataSink, DataSource, ReadReq, SinkReadReq, SourceWriteReq, WriteReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
-use crate::format::{FLAG_IMMUTABLE, MAX_FILE_SIZE};
+use crate::format::{FLAG_DATA_CRC, FLAG_IMMUTABLE, MAX_FILE_SIZE};
 use crate::fs::{FileStat, Inner, State, build_table};
 use crate::table::{ExtentTable, TableInput};
 
@@ -380,6 +380,7 @@ impl File {
         } else {
             if len < size {
                 let bs = self.inner.geo.block_size as u64;
+                st.content_changed(self.id);
                 st.truncate_blocks(self.id, len.div_ceil(bs));
                 st.inode_mut(self.id, &self.name)?.size = len;
                 st.touch(self.id);
@@ -401,6 +402,8 @@ impl File {
     }
 
     /// The file's GPU extent table (see [`crate::table`]), a snapshot of its current extents.
+    /// Reads through it do not check the file's data checksum ([`File::set_data_crc`]); a
+    /// caller that needs that checks [`crate::FileSystem::verify_data`] separately.
     pub fn extent_table(&self) -> Result<ExtentTable> {
         let st = self.inner.read_state();
         let i = st.inode(self.id, &self.name)?;
@@ -414,10 +417,26 @@ impl File {
         ))
     }
 
+    /// Records `crc`, the CRC-32C of the file's bytes `0..len` as the caller wrote them (for
+    /// instance through a [`crate::ChecksummedSource`]), in its metadata with the next sync.
+    /// Readers can then check what they read ([`crate::FileSystem::verify_data`], `gpunvme fs
+    /// get`). Any later change to the bytes or the size forgets it.
+    pub fn set_data_crc(&self, crc: u32) -> Result<()> {
+        self.check_writable()?;
+        let mut st = self.lock_for_change()?;
+        let inode = st.inode_mut(self.id, &self.name)?;
+        if inode.flags & FLAG_DATA_CRC == 0 || inode.data_crc != crc {
+            inode.flags |= FLAG_DATA_CRC;
+            inode.data_crc = crc;
+            st.touch(self.id);
+        }
+        Ok(())
+    }
+
     /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        crate::fs::commit(&self.inner, &mut st, false)
+        crate::fs::sync_locked(&self.inner, &mut st)
     }
 }
 
@@ -487,6 +506,7 @@ fn write_range(
     if new_size == old && data.is_empty() {
         return Ok(());
     }
+    st.content_changed(id);
 
     // Which file LBAs get what: runs of zeroes, one run of whole data LBAs, and partial LBAs
     // composed in a bounce buffer.

@@ -43,8 +43,11 @@ pub const INCOMPAT_KNOWN: u64 = 0;
 pub const RO_COMPAT_KNOWN: u64 = 0;
 /// File flag: the file may not be opened for writing, resized, renamed or removed.
 pub const FLAG_IMMUTABLE: u16 = 1 << 0;
+/// File flag: the record's `data_crc` (the header's otherwise reserved word) holds the
+/// CRC-32C of the file's bytes `0..size`, as recorded by whoever wrote them.
+pub const FLAG_DATA_CRC: u16 = 1 << 1;
 /// Every file flag this build understands.
-pub const FLAGS_KNOWN: u16 = FLAG_IMMUTABLE;
+pub const FLAGS_KNOWN: u16 = FLAG_IMMUTABLE | FLAG_DATA_CRC;
 
 /// Blocks reserved for the superblock slots at a given block size.
 pub const fn reserved_blocks(block_size: u32) -> u64 {
@@ -223,7 +226,7 @@ pub struct RecordHeader {
     pub alloc_blocks: u64,
     /// Extents that follow.
     pub extent_count: u32,
-    /// Zero.
+    /// With [`FLAG_DATA_CRC`]: the CRC-32C of the file's bytes. Else zero.
     pub reserved: u32,
 }
 const _: () = assert!(size_of::<RecordHeader>() == 48);
@@ -255,6 +258,8 @@ pub struct FileRecord {
     pub extents: Vec<Extent>,
     /// Name.
     pub name: String,
+    /// CRC-32C of the file's bytes when `flags` has [`FLAG_DATA_CRC`], else 0.
+    pub data_crc: u32,
 }
 
 impl FileRecord {
@@ -560,7 +565,11 @@ pub fn encode_record(rec: &FileRecord, out: &mut Vec<u8>) {
         size: rec.size,
         alloc_blocks: rec.alloc_blocks(),
         extent_count: rec.extents.len() as u32,
-        reserved: 0,
+        reserved: if rec.flags & FLAG_DATA_CRC != 0 {
+            rec.data_crc
+        } else {
+            0
+        },
     };
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(rec.extents.as_bytes());
@@ -661,6 +670,11 @@ pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, us
         flags: h.flags,
         extents,
         name,
+        data_crc: if h.flags & FLAG_DATA_CRC != 0 {
+            h.reserved
+        } else {
+            0
+        },
     };
     Ok((rec, expected))
 }
@@ -779,6 +793,7 @@ mod tests {
             flags: 0,
             extents: vec![Extent { bno: 10, len: 1 }, Extent { bno: 20, len: 2 }],
             name: "dir/file".into(),
+            data_crc: 0,
         };
         let chunk = encode_chunk(7, [&rec]);
         assert_eq!(chunk.len(), 32 + 48 + 32 + 8);

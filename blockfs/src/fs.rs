@@ -9,9 +9,10 @@ use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
 use crate::file::{File, OpenMode};
 use crate::format::{
-    self, ChunkDesc, ChunkHeader, FLAG_IMMUTABLE, FORMAT_VERSION, FileRecord, MAX_BLOCK_SIZE,
-    MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
-    Superblock, SuperblockProblem, encode_chunk, encode_root, reserved_blocks, root_len,
+    self, ChunkDesc, ChunkHeader, Extent, FLAG_DATA_CRC, FLAG_IMMUTABLE, FORMAT_VERSION,
+    FileRecord, MAX_BLOCK_SIZE, MAX_FILE_SIZE, MAX_LBA_SIZE, MIN_BLOCK_SIZE, RootHeader,
+    SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS, Superblock, SuperblockProblem, encode_chunk, encode_root,
+    reserved_blocks, root_len,
 };
 use crate::load;
 use crate::name::validate_name;
@@ -95,6 +96,9 @@ pub struct FileStat {
     pub generation: u64,
     /// Whether the file is immutable.
     pub immutable: bool,
+    /// CRC-32C of the file's bytes, if one was recorded ([`File::set_data_crc`]) and nothing
+    /// changed them since.
+    pub data_crc: Option<u32>,
 }
 
 /// What [`FileSystem::df`] reports, in blocks of [`FsStats::block_size`].
@@ -110,12 +114,77 @@ pub struct FsStats {
     pub metadata_blocks: u64,
     /// Blocks free now.
     pub free_blocks: u64,
+    /// Of the free blocks, those file data can take: a few stay free for the next commit's
+    /// metadata. A file of `available_blocks * block_size` bytes fits.
+    pub available_blocks: u64,
     /// Blocks freed by the last commits, free after up to two more commits.
     pub pending_blocks: u64,
     /// Files.
     pub files: u64,
     /// Generation of the last commit.
     pub generation: u64,
+}
+
+/// What [`FileSystem::verify_data`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataCheck {
+    /// The file has no recorded checksum (written without one, or changed since).
+    NoChecksum,
+    /// The bytes read match the recorded CRC-32C.
+    Match,
+    /// They do not: the data on the device is not what was written.
+    Mismatch {
+        /// The recorded CRC-32C.
+        recorded: u32,
+        /// The CRC-32C of the bytes read.
+        found: u32,
+    },
+}
+
+/// What [`FileSystem::probe`] found on a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// No blockfs: neither superblock slot holds a blockfs superblock.
+    Nothing,
+    /// A blockfs that mounts.
+    FileSystem {
+        /// Its files.
+        files: u64,
+        /// Bytes in them.
+        bytes: u64,
+        /// Generation of its last commit.
+        generation: u64,
+    },
+    /// Something with a blockfs superblock that does not mount (`fsck --repair` may recover
+    /// it).
+    Damaged {
+        /// Why it does not mount.
+        reason: String,
+    },
+}
+
+impl Existing {
+    /// Whether there is a blockfs (whole or damaged) that overwriting the device would destroy.
+    pub fn is_blockfs(&self) -> bool {
+        !matches!(self, Existing::Nothing)
+    }
+}
+
+impl std::fmt::Display for Existing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Existing::Nothing => write!(f, "no blockfs"),
+            Existing::FileSystem { files, bytes, .. } => write!(
+                f,
+                "a blockfs with {files} file{} ({bytes} bytes)",
+                if *files == 1 { "" } else { "s" }
+            ),
+            Existing::Damaged { reason } => write!(
+                f,
+                "a damaged blockfs ({reason}; `fsck --repair` may recover its files)"
+            ),
+        }
+    }
 }
 
 /// A file's in-memory metadata.
@@ -127,6 +196,8 @@ pub(crate) struct Inode {
     pub flags: u16,
     pub generation: u64,
     pub extents: ExtentList,
+    /// CRC-32C of the bytes, meaningful when `flags` has `FLAG_DATA_CRC`.
+    pub data_crc: u32,
     /// Key of the chunk holding its record on disk (`None` until its first commit).
     pub chunk: Option<u64>,
     /// Metadata changed since the last commit.
@@ -143,6 +214,7 @@ impl Inode {
             extents: self.extents.as_slice().len(),
             generation: self.generation,
             immutable: self.flags & FLAG_IMMUTABLE != 0,
+            data_crc: (self.flags & FLAG_DATA_CRC != 0).then_some(self.data_crc),
         }
     }
 
@@ -154,6 +226,11 @@ impl Inode {
             flags: self.flags,
             extents: self.extents.as_slice().to_vec(),
             name: self.name.clone(),
+            data_crc: if self.flags & FLAG_DATA_CRC != 0 {
+                self.data_crc
+            } else {
+                0
+            },
         }
     }
 }
@@ -184,6 +261,9 @@ pub(crate) struct State {
     pub meta_dirty: bool,
     pub data_dirty: bool,
     pub poisoned: bool,
+    /// File blocks freed since the last commit (removals, truncation): a sync that commits
+    /// them commits once more, so they are free, not pending, when it returns.
+    pub freed_data: u64,
 }
 
 impl State {
@@ -257,12 +337,12 @@ impl State {
         let cap = MAX_SPECULATIVE_BYTES / block_size as u64;
         let extra = if speculative { have.min(cap) } else { 0 };
         let got = (extra > 0)
-            .then(|| self.alloc.alloc_data(missing + extra, goal))
+            .then(|| self.alloc_data(missing + extra, goal, block_size))
             .flatten()
-            .or_else(|| self.alloc.alloc_data(missing, goal))
+            .or_else(|| self.alloc_data(missing, goal, block_size))
             .ok_or(Error::NoSpace {
                 needed: missing,
-                free: self.alloc.free_blocks(),
+                free: self.available_blocks(block_size),
             })?;
         let inode = self.inodes.get_mut(&id).expect("checked above");
         for e in got {
@@ -270,6 +350,17 @@ impl State {
         }
         self.touch(id);
         Ok(())
+    }
+
+    /// Forgets file `id`'s data checksum: its bytes or size are changing.
+    pub fn content_changed(&mut self, id: u64) {
+        if let Some(i) = self.inodes.get_mut(&id)
+            && i.flags & FLAG_DATA_CRC != 0
+        {
+            i.flags &= !FLAG_DATA_CRC;
+            i.data_crc = 0;
+            self.touch(id);
+        }
     }
 
     /// Frees file blocks past `keep`, to become reusable two commits from now.
@@ -280,9 +371,46 @@ impl State {
         if !freed.is_empty() {
             for e in freed {
                 self.alloc.free_later(e.bno, e.len, freed_gen);
+                self.freed_data += e.len;
             }
             self.touch(id);
         }
+    }
+
+    /// Free blocks kept back from file data so commits find room for their metadata: a root
+    /// run for a few more chunk descriptors and runs than now, and a chunk block for the
+    /// changed records, twice: once for the commit that records the data, once for the one
+    /// after it, which must not reuse the blocks the first one freed (FORMAT.md,
+    /// "Allocation").
+    pub fn commit_reserve(&self, block_size: u32) -> u64 {
+        let descs = self.chunks.len() + self.homeless.len() + 2;
+        let root = root_len(
+            descs,
+            self.alloc.free_run_count() + 2,
+            self.alloc.pending_runs().len() + 2,
+        );
+        2 * (root.div_ceil(block_size as usize) as u64 + 1)
+    }
+
+    /// Free blocks file data may take now: the free blocks less [`State::commit_reserve`].
+    pub fn available_blocks(&self, block_size: u32) -> u64 {
+        self.alloc
+            .free_blocks()
+            .saturating_sub(self.commit_reserve(block_size))
+    }
+
+    /// `n` blocks for file data (starting at `goal` if possible), leaving the commit reserve
+    /// free.
+    pub fn alloc_data(
+        &mut self,
+        n: u64,
+        goal: Option<u64>,
+        block_size: u32,
+    ) -> Option<Vec<Extent>> {
+        if n > self.available_blocks(block_size) {
+            return None;
+        }
+        self.alloc.alloc_data(n, goal)
     }
 }
 
@@ -527,6 +655,33 @@ impl FileSystem {
         })
     }
 
+    /// Whether `dev` holds a blockfs, and how many files it has: for refusing to overwrite one
+    /// by accident. Reads only; a device error is an error, anything on the medium is an
+    /// answer.
+    pub fn probe(dev: Arc<dyn BlockDevice>) -> Result<Existing> {
+        let slots = read_slots(dev.as_ref())?;
+        if slots
+            .iter()
+            .all(|s| matches!(s, Err(SuperblockProblem::BadMagic)))
+        {
+            return Ok(Existing::Nothing);
+        }
+        match Self::mount(dev) {
+            Ok(fs) => {
+                let st = fs.inner.read_state();
+                Ok(Existing::FileSystem {
+                    files: st.inodes.len() as u64,
+                    bytes: st.inodes.values().map(|i| i.size).sum(),
+                    generation: st.generation,
+                })
+            }
+            Err(e @ Error::Device { .. }) => Err(e),
+            Err(e) => Ok(Existing::Damaged {
+                reason: e.to_string(),
+            }),
+        }
+    }
+
     pub(crate) fn from_parts(dev: Arc<dyn BlockDevice>, geo: Geometry, state: State) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -567,10 +722,23 @@ impl FileSystem {
         }
         let id = st.next_file_id;
         let next_id = id.checked_add(1).ok_or(Error::OutOfFileIds(id))?;
-        let blocks = opts.size_hint.div_ceil(self.inner.geo.block_size as u64);
-        let extents = st.alloc.alloc_data(blocks, None).ok_or(Error::NoSpace {
+        let bs = self.inner.geo.block_size;
+        let blocks = opts.size_hint.div_ceil(bs as u64);
+        // Blocks freed by earlier commits wait for one or two more before they are reused. With
+        // nothing uncommitted, committing now is harmless and makes them usable.
+        let mut empty_commits = 0;
+        while blocks > st.available_blocks(bs)
+            && st.alloc.pending_blocks() > 0
+            && !st.meta_dirty
+            && !st.data_dirty
+            && empty_commits < 2
+        {
+            commit(&self.inner, &mut st, true)?;
+            empty_commits += 1;
+        }
+        let extents = st.alloc_data(blocks, None, bs).ok_or(Error::NoSpace {
             needed: blocks,
-            free: st.alloc.free_blocks(),
+            free: st.available_blocks(bs),
         })?;
         st.next_file_id = next_id;
         st.inodes.insert(
@@ -582,6 +750,7 @@ impl FileSystem {
                 flags: 0,
                 generation: 0,
                 extents: ExtentList::from_vec(extents),
+                data_crc: 0,
                 chunk: None,
                 modified: true,
             },
@@ -661,33 +830,50 @@ impl FileSystem {
         if st.inodes[&id].flags & FLAG_IMMUTABLE != 0 {
             return Err(Error::ReadOnly(name.to_owned()));
         }
-        st.truncate_blocks(id, 0);
-        let inode = st.inodes.remove(&id).expect("looked up");
-        st.names.remove(name);
-        st.homeless.remove(&id);
-        if let Some(key) = inode.chunk
-            && let Some(c) = st.chunks.get_mut(&key)
-        {
-            c.files.remove(&id);
-            c.dirty = true;
-        }
-        st.meta_dirty = true;
+        remove_locked(&mut st, name, id);
         Ok(())
     }
 
     /// Renames a file; fails if `new` exists.
     pub fn rename(&self, old: &str, new: &str) -> Result<()> {
+        self.rename_inner(old, new, false)
+    }
+
+    /// Renames `old` to `new`, replacing `new` if it exists (whose blocks become reusable two
+    /// commits later, as with [`FileSystem::remove`]). The removal and the rename reach the
+    /// medium in the same commit (the next sync): after a crash the medium holds either both
+    /// files as they were or only the renamed one under `new`. This is how a file is replaced
+    /// atomically: write the new version under a temporary name, then `rename_replace` it over
+    /// the old one and sync.
+    pub fn rename_replace(&self, old: &str, new: &str) -> Result<()> {
+        self.rename_inner(old, new, true)
+    }
+
+    fn rename_inner(&self, old: &str, new: &str, replace: bool) -> Result<()> {
         validate_name(new)?;
         let mut st = self.inner.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);
         }
         let id = st.lookup(old)?;
-        if st.names.contains_key(new) {
-            return Err(Error::AlreadyExists(new.to_owned()));
-        }
         if st.inodes[&id].flags & FLAG_IMMUTABLE != 0 {
             return Err(Error::ReadOnly(old.to_owned()));
+        }
+        if old == new {
+            return if replace {
+                Ok(())
+            } else {
+                Err(Error::AlreadyExists(new.to_owned()))
+            };
+        }
+        if let Some(&victim) = st.names.get(new) {
+            if !replace {
+                return Err(Error::AlreadyExists(new.to_owned()));
+            }
+            if st.inodes[&victim].flags & FLAG_IMMUTABLE != 0 {
+                return Err(Error::ReadOnly(new.to_owned()));
+            }
+            remove_locked(&mut st, new, victim);
         }
         st.names.remove(old);
         st.names.insert(new.to_owned(), id);
@@ -716,6 +902,33 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Reads file `name` from the device and compares its bytes with the CRC-32C recorded for
+    /// it ([`File::set_data_crc`]), for finding bit rot and misdirected writes in file data.
+    pub fn verify_data(&self, name: &str) -> Result<DataCheck> {
+        let file = self.open(name, OpenMode::ReadOnly)?;
+        let st = file.stat()?;
+        let Some(recorded) = st.data_crc else {
+            return Ok(DataCheck::NoChecksum);
+        };
+        const CALL: u64 = 256 << 20;
+        let pieces = crate::Crc32cPieces::new();
+        let mut off = 0;
+        while off < st.size {
+            let n = CALL.min(st.size - off);
+            file.read_to(off, n, &pieces, off, &|_| {})?;
+            off += n;
+        }
+        let found = pieces.finish(0, st.size).ok_or(Error::Corrupt {
+            what: format!("file {name:?}"),
+            detail: "its bytes could not all be read".into(),
+        })?;
+        Ok(if found == recorded {
+            DataCheck::Match
+        } else {
+            DataCheck::Mismatch { recorded, found }
+        })
+    }
+
     /// Files whose names start with `prefix`, in name order.
     pub fn list(&self, prefix: &str) -> Vec<FileStat> {
         let st = self.inner.read_state();
@@ -742,6 +955,7 @@ impl FileSystem {
             data_blocks: st.data_blocks(),
             metadata_blocks: st.meta_blocks() + self.inner.geo.reserved_blocks(),
             free_blocks: st.alloc.free_blocks(),
+            available_blocks: st.available_blocks(self.inner.geo.block_size),
             pending_blocks: st.alloc.pending_blocks(),
             files: st.inodes.len() as u64,
             generation: st.generation,
@@ -753,7 +967,7 @@ impl FileSystem {
     /// this state or a later one.
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        commit(&self.inner, &mut st, false)
+        sync_locked(&self.inner, &mut st)
     }
 
     /// Syncs, then commits again until every block freed before the call (by removals,
@@ -783,6 +997,21 @@ impl FileSystem {
     }
 }
 
+/// Removes file `id`, named `name`, from the in-memory state (the caller checked it may).
+fn remove_locked(st: &mut State, name: &str, id: u64) {
+    st.truncate_blocks(id, 0);
+    let inode = st.inodes.remove(&id).expect("looked up");
+    st.names.remove(name);
+    st.homeless.remove(&id);
+    if let Some(key) = inode.chunk
+        && let Some(c) = st.chunks.get_mut(&key)
+    {
+        c.files.remove(&id);
+        c.dirty = true;
+    }
+    st.meta_dirty = true;
+}
+
 /// Files opened together by [`FileSystem::open_prefix`], with their shared extent table.
 #[derive(Debug)]
 pub struct Batch {
@@ -801,6 +1030,25 @@ pub(crate) fn build_table(inner: &Inner, inputs: &[TableInput<'_>]) -> ExtentTab
         inner.geo.lbas_per_block(),
         inputs,
     )
+}
+
+/// Small chunks a commit takes in and repacks with the records it writes anyway, at most.
+const MERGE_PER_COMMIT: usize = 8;
+
+/// [`FileSystem::sync`] with the state locked: commits, and if the commit freed file blocks,
+/// commits once more so they are free (not pending) afterwards, for whoever needs the space
+/// next (FORMAT.md, "Allocation").
+pub(crate) fn sync_locked(inner: &Inner, st: &mut State) -> Result<()> {
+    let freed = st.freed_data;
+    commit(inner, st, false)?;
+    if freed > 0 {
+        match commit(inner, st, true) {
+            // The space stays pending until the next commit; nothing is lost.
+            Ok(()) | Err(Error::NoSpace { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Writes a new generation: new chunks for changed records, a new root, flush, the superblock
@@ -824,12 +1072,56 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     let mut alloc = st.alloc.clone();
 
     // Records to (re)write: new files plus every file in a changed chunk.
-    let dirty: Vec<u64> = st
+    let mut dirty: Vec<u64> = st
         .chunks
         .iter()
         .filter(|(_, c)| c.dirty)
         .map(|(&k, _)| k)
         .collect();
+    // A commit that writes chunks anyway also takes in a few small ones (at most half a block
+    // used), smallest first, so records share chunks instead of each commit leaving a chunk of
+    // its own: after every such commit at most one small chunk remains (the last one packed),
+    // and older images are compacted a few chunks per commit. Only while free space is ample,
+    // so compaction never makes a commit run out of room.
+    if !dirty.is_empty() || !st.homeless.is_empty() {
+        // Bytes of the records to place so far.
+        let record_bytes = |id: &u64| {
+            let i = &st.inodes[id];
+            format::record_len(i.extents.as_slice().len(), i.name.len())
+        };
+        let placing: usize = st.homeless.iter().map(record_bytes).sum::<usize>()
+            + dirty
+                .iter()
+                .flat_map(|k| st.chunks[k].files.iter())
+                .map(record_bytes)
+                .sum::<usize>();
+        let clean = || {
+            st.chunks
+                .iter()
+                .filter(|(k, c)| !c.dirty && c.desc.nblocks == 1 && !dirty.contains(k))
+        };
+        // The fullest chunk the records fit into (copy-on-write of the chunk that changes)...
+        let host = clean()
+            .filter(|(_, c)| c.desc.bytes as usize + placing <= bs)
+            .max_by_key(|(_, c)| c.desc.bytes)
+            .map(|(&k, _)| k);
+        // ...and the smallest ones, merged.
+        let mut small: Vec<(u32, u64)> = clean()
+            .filter(|(k, c)| c.desc.bytes as usize <= bs / 2 && Some(**k) != host)
+            .map(|(&k, c)| (c.desc.bytes, k))
+            .collect();
+        small.sort_unstable();
+        let spare = alloc
+            .free_blocks()
+            .saturating_sub(st.commit_reserve(geo.block_size));
+        let take = (MERGE_PER_COMMIT as u64).min(spare) as usize;
+        let pulled: Vec<u64> = host
+            .into_iter()
+            .chain(small.into_iter().map(|(_, k)| k))
+            .take(take)
+            .collect();
+        dirty.extend(pulled);
+    }
     let mut place: BTreeSet<u64> = st.homeless.clone();
     for k in &dirty {
         let c = &st.chunks[k];
@@ -891,11 +1183,12 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     if let Some((bno, n)) = st.root {
         alloc.free_later(bno, n as u64, new_gen);
     }
+    let rewritten: BTreeSet<u64> = dirty.iter().copied().collect();
     let mut descs: Vec<ChunkDesc> = st
         .chunks
-        .values()
-        .filter(|c| !c.dirty)
-        .map(|c| c.desc)
+        .iter()
+        .filter(|(k, _)| !rewritten.contains(k))
+        .map(|(_, c)| c.desc)
         .chain(new_chunks.iter().map(|(d, _, _)| *d))
         .collect();
     descs.sort_by_key(|d| d.bno);
@@ -1015,6 +1308,7 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
     st.homeless.clear();
     st.meta_dirty = false;
     st.data_dirty = false;
+    st.freed_data = 0;
     tracing::debug!(generation = new_gen, root_bno, root_blocks, "committed");
     Ok(())
 }

@@ -169,8 +169,7 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
         .filter_map(|s| s.as_ref().ok().copied())
         .collect();
     let Some(newest) = valid.iter().max_by_key(|sb| sb.generation).copied() else {
-        report.unrepairable = Some("no valid superblock in either slot".into());
-        return Ok(report);
+        return repair_without_superblock(dev, report);
     };
     let older = valid
         .iter()
@@ -248,6 +247,20 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
     let top = newest.generation.max(base.sb.generation);
     let mut state = salvage(&geo, base, top + 1, &mut repairs);
     state.generation = top;
+    rewrite(dev, geo, state, top, repairs, &mut report)?;
+    Ok(report)
+}
+
+/// Commits the repaired `state` twice (generations `top + 1` and `top + 2`, so both slots hold
+/// valid consecutive generations), checks again, and fills `report` in.
+fn rewrite(
+    dev: Arc<dyn BlockDevice>,
+    geo: Geometry,
+    state: crate::fs::State,
+    top: u64,
+    mut repairs: Vec<String>,
+    report: &mut FsckReport,
+) -> Result<()> {
     let fs = FileSystem::from_parts(dev.clone(), geo, state);
     {
         let mut st = fs.inner.write_state();
@@ -273,7 +286,7 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
     report.metadata_blocks = after.metadata_blocks;
     report.free_blocks = after.free_blocks;
     report.pending_blocks = after.pending_blocks;
-    Ok(report)
+    Ok(())
 }
 
 /// Blocks scanned at most when looking for a lost root run.
@@ -288,7 +301,6 @@ fn find_lost_root(
     raw: &RawState,
     target: u64,
 ) -> Result<Option<Superblock>> {
-    let bs = geo.block_size as usize;
     let mut runs: Vec<(u64, u64)> = raw.root.free.iter().map(|f| (f.bno, f.len)).collect();
     runs.extend(
         raw.root
@@ -298,24 +310,52 @@ fn find_lost_root(
             .map(|p| (p.bno, p.len)),
     );
     runs.sort_unstable();
+    let found = scan_roots(
+        dev,
+        geo,
+        &raw.sb,
+        &runs,
+        LOST_ROOT_SCAN_BLOCKS,
+        |g| g == target,
+        true,
+    )?;
+    Ok(found.into_iter().next())
+}
+
+/// Scans the blocks of `runs` (at most `max_blocks` of them) for root runs of `template`'s file
+/// system (same UUID, valid self-checksum) whose generation `want` accepts, and returns a
+/// superblock for each: `template` with the generation, slot and root fields filled in. With
+/// `first_only`, stops at the first.
+fn scan_roots(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    template: &Superblock,
+    runs: &[(u64, u64)],
+    max_blocks: u64,
+    want: impl Fn(u64) -> bool,
+    first_only: bool,
+) -> Result<Vec<Superblock>> {
+    let bs = geo.block_size as usize;
     const BATCH: u64 = 64;
     let mut buf = vec![0u8; BATCH as usize * bs];
     let mut scanned = 0u64;
-    for (start, len) in runs {
+    let mut out = Vec::new();
+    for &(start, len) in runs {
+        let end = (start + len).min(geo.block_count);
         let mut b = start;
-        while b < start + len && scanned < LOST_ROOT_SCAN_BLOCKS {
-            let n = BATCH.min(start + len - b);
+        while b < end && scanned < max_blocks {
+            let n = BATCH.min(end - b);
             dev.read(&mut [ReadReq {
                 lba: geo.lba(b),
                 buf: &mut buf[..n as usize * bs],
             }])
-            .during("scanning for a lost root run")?;
+            .during("scanning for a root run")?;
             for i in 0..n {
                 let blk = &buf[i as usize * bs..(i as usize + 1) * bs];
                 let Ok((h, _)) = RootHeader::read_from_prefix(blk) else {
                     continue;
                 };
-                if h.magic != ROOT_MAGIC || h.uuid != raw.sb.uuid || h.generation != target {
+                if h.magic != ROOT_MAGIC || h.uuid != template.uuid || !want(h.generation) {
                     continue;
                 }
                 let bytes = root_len(
@@ -333,25 +373,131 @@ fn find_lost_root(
                     lba: geo.lba(bno),
                     buf: &mut root,
                 }])
-                .during("reading a lost root run")?;
+                .during("reading a root run found by scanning")?;
                 let root = &root[..bytes];
                 if root_self_crc(root) != h.self_crc {
                     continue;
                 }
-                let mut sb = raw.sb;
-                sb.generation = target;
-                sb.slot = (target % 2) as u32;
+                let mut sb = *template;
+                sb.generation = h.generation;
+                sb.slot = (h.generation % 2) as u32;
                 sb.root_bno = bno;
                 sb.root_blocks = blocks as u32;
                 sb.root_bytes = bytes as u32;
                 sb.root_crc = crc(root);
-                return Ok(Some(sb));
+                out.push(sb);
+                if first_only {
+                    return Ok(out);
+                }
             }
             b += n;
             scanned += n;
         }
     }
-    Ok(None)
+    Ok(out)
+}
+
+/// Root runs tried, newest first, when both superblock slots are damaged.
+const ROOT_CANDIDATES: usize = 8;
+
+/// Repair when neither slot holds a valid superblock: take the geometry from a slot that still
+/// has the superblock magic (its checksum or another field is damaged, but block size, block
+/// count and UUID are usually intact), scan the whole file system for root runs, and rebuild
+/// from the newest generation that checks out (or the newest readable one, salvaged). Both
+/// slots are then rewritten.
+fn repair_without_superblock(
+    dev: Arc<dyn BlockDevice>,
+    mut report: FsckReport,
+) -> Result<FsckReport> {
+    let hints = damaged_slot_hints(dev.as_ref())?;
+    if hints.is_empty() {
+        report.unrepairable =
+            Some("no valid superblock in either slot, and neither holds a blockfs superblock to take the geometry from".into());
+        return Ok(report);
+    }
+    for hint in hints {
+        let Ok(geo) = geometry_of(dev.as_ref(), &hint) else {
+            continue;
+        };
+        let runs = [(
+            geo.reserved_blocks(),
+            geo.block_count - geo.reserved_blocks(),
+        )];
+        let mut found = scan_roots(dev.as_ref(), &geo, &hint, &runs, u64::MAX, |_| true, false)?;
+        found.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
+        found.truncate(ROOT_CANDIDATES);
+        let mut readable: Option<RawState> = None;
+        let mut clean: Option<RawState> = None;
+        for sb in &found {
+            let Ok(raw) = read_raw(dev.as_ref(), &geo, sb) else {
+                continue;
+            };
+            if check(&geo, &raw).is_empty() {
+                clean = Some(raw);
+                break;
+            }
+            if readable.is_none() {
+                readable = Some(raw);
+            }
+        }
+        let Some(base) = clean.or(readable) else {
+            continue;
+        };
+        let mut repairs = vec![format!(
+            "neither superblock slot was valid; found the root run of generation {} at block {} by scanning the device",
+            base.sb.generation, base.sb.root_bno
+        )];
+        let top = base.sb.generation;
+        let mut state = salvage(&geo, &base, top + 1, &mut repairs);
+        state.generation = top;
+        rewrite(dev.clone(), geo, state, top, repairs, &mut report)?;
+        return Ok(report);
+    }
+    report.unrepairable = Some(
+        "no valid superblock in either slot, and no intact root run found on the device".into(),
+    );
+    Ok(report)
+}
+
+/// Superblocks read from slots that hold the superblock magic but failed to decode, with the
+/// fields repair does not trust (checksums, reserved bytes, version) set to what this build
+/// writes. Geometry fields are taken as found; [`geometry_of`] vets them.
+fn damaged_slot_hints(dev: &dyn BlockDevice) -> Result<Vec<Superblock>> {
+    let lba = dev.lba_size() as u64;
+    let mut out: Vec<Superblock> = Vec::new();
+    for &off in SUPERBLOCK_SLOTS.iter() {
+        if off / lba >= dev.lba_count() {
+            continue;
+        }
+        let mut buf = vec![0u8; lba as usize];
+        dev.read(&mut [ReadReq {
+            lba: off / lba,
+            buf: &mut buf,
+        }])
+        .during("reading the superblocks")?;
+        let Ok((mut sb, _)) = Superblock::read_from_prefix(&buf) else {
+            continue;
+        };
+        if sb.magic != crate::format::SUPERBLOCK_MAGIC
+            || !sb.block_size.is_power_of_two()
+            || !(crate::format::MIN_BLOCK_SIZE..=crate::format::MAX_BLOCK_SIZE)
+                .contains(&sb.block_size)
+        {
+            continue;
+        }
+        sb.version = crate::format::FORMAT_VERSION;
+        sb.header_size = crate::format::SUPERBLOCK_SIZE as u32;
+        sb.reserved = [0; 148];
+        sb.incompat_features = 0;
+        sb.ro_compat_features = 0;
+        sb.compat_features = 0;
+        if !out.iter().any(|o| {
+            o.uuid == sb.uuid && o.block_size == sb.block_size && o.block_count == sb.block_count
+        }) {
+            out.push(sb);
+        }
+    }
+    Ok(out)
 }
 
 /// The read-only part of fsck.

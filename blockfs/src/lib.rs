@@ -14,6 +14,8 @@
 //! - [`format`](mod@format): byte layouts of the superblock, root run, file-table chunks and file records;
 //!   decoders that take untrusted bytes and never panic.
 //! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
+//! - `checksum`: [`Crc32cPieces`], [`ChecksummedSource`], [`ChecksummedSink`]: a whole-file
+//!   CRC-32C from pieces the device lanes move out of order (the data checksums of FORMAT.md).
 //! - `fs`: the mounted [`FileSystem`]: namespace operations and the copy-on-write commit (new
 //!   chunks and root, flush, superblock into the other slot, flush).
 //! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
@@ -26,14 +28,15 @@
 //!
 //! # Host API
 //!
-//! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::create`] (with a size hint),
+//! [`FileSystem::mkfs`], [`FileSystem::mount`], [`FileSystem::probe`] (is there a blockfs?), [`FileSystem::create`] (with a size hint),
 //! [`FileSystem::open`] ([`OpenMode::ReadOnly`] or [`OpenMode::ReadWrite`]),
 //! [`File::read_at`] / [`File::write_at`] / [`File::read_vectored_at`], [`File::write_from`] (a
 //! copy from a [`DataSource`] such as a host file, read while the device writes),
 //! [`File::read_to`] (a copy to a [`DataSink`], written as the device reads),
 //! [`File::set_len`], [`File::allocate`], [`FileSystem::remove`], [`FileSystem::rename`],
 //! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
-//! [`FileSystem::reclaim`], [`FileSystem::df`], [`fsck()`](fn@fsck) (report, or repair), and the
+//! [`FileSystem::reclaim`], [`FileSystem::df`], [`File::set_data_crc`] and
+//! [`FileSystem::verify_data`] (file data checksums), [`FileSystem::rename_replace`], [`fsck()`](fn@fsck) (report, or repair), and the
 //! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are
 //! short (0 bytes at or past it).
 //!
@@ -53,7 +56,10 @@
 //! - Directories as objects, permissions, timestamps, hard links, sparse files (holes are
 //!   written as zeroes).
 //! - Online defragmentation, shrinking or growing the file system.
-//! - Concurrent mounts of one device (nothing prevents two; do not).
+//! - Concurrent mounts of one device: the library does not prevent two, and two writers
+//!   corrupt each other. The `gpunvme` CLI prevents it: the software controller locks its image
+//!   file (`flock`, exclusive for commands that change it, shared for read-only ones) and a
+//!   VFIO group is exclusive to one process.
 //! - Devices with LBAs larger than 4 KiB.
 //! - Writes through GPU extent tables (they are read-only snapshots for now).
 //!
@@ -65,6 +71,7 @@
 #![forbid(unsafe_code)]
 
 mod alloc;
+mod checksum;
 mod crash;
 pub mod device;
 mod error;
@@ -82,13 +89,16 @@ mod name;
 mod nvme_dev;
 pub mod table;
 
+pub use checksum::{ChecksummedSink, ChecksummedSource, Crc32cPieces};
 pub use crash::{CrashDevice, LoggedOp};
 pub use device::{
     BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
 };
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
-pub use fs::{Batch, CreateOptions, FileStat, FileSystem, FsStats, Geometry, MkfsOptions};
+pub use fs::{
+    Batch, CreateOptions, DataCheck, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
+};
 pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
 pub use load::Problem;
 pub use mem::MemDevice;

@@ -368,6 +368,7 @@ fn inode_of(r: &FileRecord, chunk: Option<u64>) -> Inode {
         flags: r.flags,
         generation: r.generation,
         extents: ExtentList::from_vec(r.extents.clone()),
+        data_crc: r.data_crc,
         chunk,
         modified: false,
     }

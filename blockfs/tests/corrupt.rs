@@ -39,7 +39,8 @@ fn fixture() -> Fixture {
     .unwrap();
     let mut r = rng(42);
     let mut model = BTreeMap::new();
-    for i in 0..60 {
+    // Enough records for several full chunks.
+    for i in 0..100 {
         let name = format!("set/{i:03}/{}", "n".repeat(20 + i));
         let data = random_bytes(&mut r, 100 + 97 * i);
         put(&fs, &name, &data);
@@ -121,7 +122,11 @@ fn the_fixture_is_clean() {
     let fs = mount_image(&f.image).unwrap();
     assert_eq!(files_of(&fs), f.new);
     let (new, _, rn, ro) = newest(&f.image);
-    assert!(rn.chunks.len() >= 3, "fixture wants several chunks");
+    assert!(
+        rn.chunks.len() >= 3,
+        "fixture wants several chunks: {:?}",
+        rn.chunks
+    );
     let shared = rn.chunks.iter().filter(|c| ro.chunks.contains(c)).count();
     assert!(
         shared >= 1 && shared < rn.chunks.len(),
@@ -496,4 +501,70 @@ fn exhausted_file_ids_refuse_new_files_and_keep_the_old_ones() {
         other => panic!("expected OutOfFileIds, got {:?}", other.map(|_| ())),
     }
     assert_eq!(files_of(&fs), f.new);
+}
+
+#[test]
+fn both_slots_damaged_are_rebuilt_from_the_newest_root_run() {
+    let f = fixture();
+    let (new, _, _, _) = newest(&f.image);
+    // One byte of each slot's reserved area: both fail their checksums, the metadata they
+    // point to is intact.
+    let mut img = f.image.clone();
+    for &slot in SUPERBLOCK_SLOTS.iter() {
+        img[slot as usize + 150] ^= 0x01;
+    }
+    assert!(mount_image(&img).is_err());
+    let (dev, report) = repair(&img);
+    assert!(report.unrepairable.is_none(), "{report:?}");
+    assert!(
+        report
+            .repairs
+            .iter()
+            .any(|r| r.contains("neither superblock slot was valid")
+                && r.contains(&format!("generation {}", new.generation))),
+        "{:?}",
+        report.repairs
+    );
+    let fs = FileSystem::mount(dev.clone()).unwrap();
+    assert_eq!(files_of(&fs), f.new, "nothing lost");
+    assert!(fs.generation() > new.generation);
+    drop(fs);
+    let again = fsck(dev.clone(), &FsckOptions::default()).unwrap();
+    assert!(again.is_clean(), "{again:?}");
+    assert!(again.slots.iter().all(|s| s.generation.is_some()));
+
+    // Whole slots overwritten with garbage that keeps no magic: nothing to take the geometry
+    // from, and repair says so instead of guessing.
+    let mut img = f.image.clone();
+    for &slot in SUPERBLOCK_SLOTS.iter() {
+        img[slot as usize..][..256].fill(0xEE);
+    }
+    let (_, report) = repair(&img);
+    assert!(
+        report
+            .unrepairable
+            .as_deref()
+            .is_some_and(|u| u.contains("neither holds a blockfs superblock")),
+        "{report:?}"
+    );
+
+    // The newest generation's root damaged too: the scan falls back to the previous one.
+    let (_, old, _, _) = newest(&f.image);
+    let mut img = f.image.clone();
+    for &slot in SUPERBLOCK_SLOTS.iter() {
+        img[slot as usize + 150] ^= 0x01;
+    }
+    img[new.root_bno as usize * BS + 40] ^= 0xff;
+    let (dev, report) = repair(&img);
+    assert!(report.unrepairable.is_none(), "{report:?}");
+    assert!(
+        report
+            .repairs
+            .iter()
+            .any(|r| r.contains(&format!("generation {}", old.generation))),
+        "{:?}",
+        report.repairs
+    );
+    let fs = FileSystem::mount(dev.clone()).unwrap();
+    assert_eq!(files_of(&fs), f.old, "rolled back one commit");
 }

@@ -20,7 +20,9 @@ use rand::rngs::SmallRng;
 struct Snapshot {
     /// Log length when the sync returned.
     log_end: usize,
-    generation: u64,
+    /// Generations the sync committed with these contents: one, or two when it freed file
+    /// blocks (the second commit only makes them free).
+    generations: std::ops::RangeInclusive<u64>,
     /// name -> (file id, contents)
     files: BTreeMap<String, (u64, Vec<u8>)>,
 }
@@ -117,11 +119,16 @@ impl Workload {
     }
 
     fn sync(&mut self) {
+        let first = self.fs.generation() + 1;
         self.fs.sync().unwrap();
-        self.snapshot();
+        self.snapshot_from(first);
     }
 
     fn snapshot(&mut self) {
+        self.snapshot_from(self.fs.generation());
+    }
+
+    fn snapshot_from(&mut self, first: u64) {
         let files = self
             .model
             .iter()
@@ -129,7 +136,7 @@ impl Workload {
             .collect();
         self.snapshots.push(Snapshot {
             log_end: self.dev.log_len(),
-            generation: self.fs.generation(),
+            generations: first.min(self.fs.generation())..=self.fs.generation(),
             files,
         });
     }
@@ -242,11 +249,11 @@ fn check_image(
     let snap = [s, s + 1]
         .into_iter()
         .filter_map(|i| snaps.get(i))
-        .find(|sn| sn.generation == g)
+        .find(|sn| sn.generations.contains(&g))
         .ok_or_else(|| {
             format!(
-                "mounted generation {g}, but the last completed sync is generation {}",
-                snaps[s].generation
+                "mounted generation {g}, but the last completed sync is generation {:?}",
+                snaps[s].generations
             )
         })?;
     let listed: Vec<String> = fs.list("").into_iter().map(|st| st.name).collect();

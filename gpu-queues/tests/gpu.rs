@@ -510,6 +510,7 @@ fn model_rig(path: &std::path::Path, lba: u32, media: MediaKind, queues: u16, de
             backend: nvme_emu::Backend::File(path.to_path_buf()),
             blocks: NS_BYTES / lba as u64,
             lba_size: lba,
+            read_only: false,
         }],
         max_io_queue_pairs: 16,
         ..EmuConfig::default()
@@ -788,6 +789,7 @@ fn model_without_free_sms_is_refused_not_hung() {
             backend: nvme_emu::Backend::File(path.clone()),
             blocks: NS_BYTES / 512,
             lba_size: 512,
+            read_only: false,
         }],
         ..EmuConfig::default()
     };

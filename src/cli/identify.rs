@@ -1,53 +1,16 @@
 //! `gpunvme identify`: the controller and its namespaces.
 
 use anyhow::Result;
+use gpunvme::report::IdentifyReport;
 use nvme::Controller;
-use serde_json::json;
 
 /// Prints the controller's identity and namespaces.
 pub fn run(ctrl: &Controller, as_json: bool) -> Result<()> {
-    let info = ctrl.info();
-    let namespaces: Vec<_> = ctrl
-        .namespaces()
-        .iter()
-        .map(|ns| json!({ "nsid": ns.nsid, "lba_size": ns.lba_size, "blocks": ns.blocks }))
-        .collect();
+    let report = IdentifyReport::of(ctrl);
     if as_json {
-        let v = json!({
-            "vid": info.vid,
-            "ssvid": info.ssvid,
-            "sn": info.sn,
-            "mn": info.mn,
-            "fr": info.fr,
-            "mdts_bytes": info.mdts_bytes,
-            "max_io_queue_pairs": info.max_io_queue_pairs,
-            "namespaces": namespaces,
-            "device": ctrl.device().describe(),
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!("device:             {}", ctrl.device().describe());
-    println!(
-        "vendor id:          {:#06x} (subsystem {:#06x})",
-        info.vid, info.ssvid
-    );
-    println!("serial number:      {}", info.sn);
-    println!("model:              {}", info.mn);
-    println!("firmware:           {}", info.fr);
-    match info.mdts_bytes {
-        Some(b) => println!("max transfer:       {b} bytes"),
-        None => println!("max transfer:       unlimited"),
-    }
-    println!("I/O queue pairs:    {}", info.max_io_queue_pairs);
-    for ns in ctrl.namespaces() {
-        println!(
-            "namespace {}:        {} blocks of {} bytes ({})",
-            ns.nsid,
-            ns.blocks,
-            ns.lba_size,
-            gpunvme::units::format_bytes((ns.blocks * ns.lba_size as u64) as f64)
-        );
+        outln!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        outln!("{report}");
     }
     Ok(())
 }

@@ -7,8 +7,8 @@ use std::io::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use gpunvme::report::RawIoReport;
 use nvme::{Controller, Namespace};
-use serde_json::json;
 
 /// Checks that `bytes` at `lba` is whole LBAs inside namespace `nsid`; returns the namespace
 /// and the block count.
@@ -41,16 +41,22 @@ pub fn write(ctrl: &Controller, nsid: u32, lba: u64, input: &Path, as_json: bool
     let mut qp = ctrl.create_io_queue_pair(64)?;
     qp.write_from(nsid, lba, &data)?;
     qp.flush(nsid)?;
+    let report = RawIoReport {
+        op: "write",
+        nsid,
+        lba,
+        blocks,
+        bytes: data.len() as u64,
+        output: None,
+    };
+    print(&report, as_json)
+}
+
+fn print(report: &RawIoReport, as_json: bool) -> Result<()> {
     if as_json {
-        println!(
-            "{}",
-            json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": data.len() })
-        );
+        outln!("{}", serde_json::to_string(report)?);
     } else {
-        println!(
-            "wrote {} bytes ({blocks} blocks) to nsid {nsid} at lba {lba}",
-            data.len()
-        );
+        outln!("{report}");
     }
     Ok(())
 }
@@ -70,20 +76,20 @@ pub fn read(
     let mut qp = ctrl.create_io_queue_pair(64)?;
     qp.read_to(nsid, lba, &mut data)?;
     if output == Path::new("-") {
-        std::io::stdout().write_all(&data)?;
+        let mut out = std::io::stdout().lock();
+        out.write_all(&data)
+            .and_then(|()| out.flush())
+            .map_err(crate::cli::StdoutError)?;
         return Ok(());
     }
     std::fs::write(output, &data).with_context(|| format!("writing {}", output.display()))?;
-    if as_json {
-        println!(
-            "{}",
-            json!({ "nsid": nsid, "lba": lba, "blocks": blocks, "bytes": bytes })
-        );
-    } else {
-        println!(
-            "read {bytes} bytes ({blocks} blocks) from nsid {nsid} at lba {lba} into {}",
-            output.display()
-        );
-    }
-    Ok(())
+    let report = RawIoReport {
+        op: "read",
+        nsid,
+        lba,
+        blocks,
+        bytes,
+        output: Some(output.display().to_string()),
+    };
+    print(&report, as_json)
 }

@@ -1,8 +1,171 @@
 //! Printing and argument handling of each `gpunvme` command; the work itself lives in the
 //! library crates.
+//!
+//! Output conventions (README, "Output and exit status"): everything a command reports goes to
+//! standard output through [`outln!`], whose write errors become [`StdoutError`]s: a closed
+//! pipe ends the command quietly (exit 0), any other write error is a one-line error. Errors
+//! are one line on standard error, and with `--json` also a JSON object on standard output
+//! ([`json_error`]). Names from the device are printed through [`escape`].
+
+/// `println!` to standard output that returns write errors (as [`StdoutError`]) instead of
+/// panicking: use it in functions returning `anyhow::Result`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        writeln!(::std::io::stdout().lock(), $($arg)*).map_err($crate::cli::StdoutError)?
+    }};
+}
 
 pub mod fs;
 pub mod identify;
 pub mod io;
 pub mod perf;
 pub mod protocol;
+
+/// Writing to standard output failed (a closed pipe, a full disk).
+#[derive(Debug, thiserror::Error)]
+#[error("writing to standard output")]
+pub struct StdoutError(#[source] pub std::io::Error);
+
+impl StdoutError {
+    /// Whether the reader went away (EPIPE): a normal end, not an error.
+    pub fn is_broken_pipe(&self) -> bool {
+        self.0.kind() == std::io::ErrorKind::BrokenPipe
+    }
+}
+
+/// The [`StdoutError`] in `e`'s chain, directly or inside an `std::io::Error` (as a writer
+/// passed through I/O code reports it).
+pub fn stdout_error(e: &anyhow::Error) -> Option<&StdoutError> {
+    e.chain().find_map(|c| {
+        c.downcast_ref::<StdoutError>().or_else(|| {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<StdoutError>())
+        })
+    })
+}
+
+/// A command refused to do something that would destroy data (or that cannot work), before
+/// changing anything.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+pub use gpunvme::units::escape_control as escape;
+
+/// A short name for what kind of error `e` is, for scripts (`{"error": {"kind": ...}}`).
+pub fn error_kind(e: &anyhow::Error) -> &'static str {
+    if stdout_error(e).is_some() {
+        return "stdout";
+    }
+    for cause in e.chain() {
+        if cause.is::<Refusal>() {
+            return "refused";
+        }
+        if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
+            return match e {
+                nvme_emu::EmuError::ImageBusy { .. } => "busy",
+                nvme_emu::EmuError::OpenImage { .. }
+                | nvme_emu::EmuError::CreateImage { .. }
+                | nvme_emu::EmuError::InvalidImage { .. } => "image",
+                _ => "device",
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<vfio::Error>() {
+            return match e {
+                vfio::Error::GroupBusy { .. } => "busy",
+                _ => "device",
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<gpunvme::copy::CopyError>() {
+            use gpunvme::copy::CopyError as C;
+            match e {
+                C::DataMismatch { .. } => return "corrupt",
+                C::NotRegular(_) | C::IsDirectory(_) | C::NoFileName(_) | C::Chunk(_) => {
+                    return "invalid_argument";
+                }
+                C::SourceChanged { .. } | C::Host { .. } => return "io",
+                // Transparent: the chain goes on past it.
+                C::Fs(e) => return blockfs_kind(e),
+                _ => {}
+            }
+        }
+        if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
+            return blockfs_kind(e);
+        }
+        if cause.is::<nvme::Error>() {
+            return "device";
+        }
+        if cause.is::<std::io::Error>() {
+            return "io";
+        }
+    }
+    "error"
+}
+
+fn blockfs_kind(e: &blockfs::Error) -> &'static str {
+    use blockfs::Error as E;
+    match e {
+        E::NotFound(_) => "not_found",
+        E::AlreadyExists(_) => "exists",
+        E::NoSpace { .. } => "no_space",
+        E::ReadOnly(_) => "read_only",
+        E::NotBlockfs(_) => "no_file_system",
+        E::Corrupt { .. } | E::Unsupported(_) => "corrupt",
+        E::InvalidName { .. } | E::TooLarge(_) => "invalid_argument",
+        E::Device { .. } => "device",
+        _ => "file_system",
+    }
+}
+
+/// The JSON form of an error: `{"error": {"kind": ..., "message": ...}}`.
+pub fn json_error(kind: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "error": { "kind": kind, "message": message } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping() {
+        assert_eq!(escape("models/a.bin"), "models/a.bin");
+        assert_eq!(escape("a\nb\tc\u{1b}[31m"), "a\\nb\\tc\\u{1b}[31m");
+        assert!(matches!(escape("plain"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn kinds() {
+        let busy = anyhow::Error::new(nvme_emu::EmuError::ImageBusy {
+            path: "x".into(),
+            holder: Some(1),
+            wanted_exclusive: true,
+        });
+        assert_eq!(error_kind(&busy), "busy");
+        let nf = anyhow::Error::new(blockfs::Error::NotFound("a".into())).context("getting a");
+        assert_eq!(error_kind(&nf), "not_found");
+        let copy = anyhow::Error::new(gpunvme::copy::CopyError::Fs(blockfs::Error::NoSpace {
+            needed: 2,
+            free: 1,
+        }));
+        assert_eq!(error_kind(&copy), "no_space");
+        let r = anyhow::Error::new(Refusal("no".into()));
+        assert_eq!(error_kind(&r), "refused");
+        assert_eq!(error_kind(&anyhow::anyhow!("plain")), "error");
+        let pipe = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let wrapped = anyhow::Error::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            StdoutError(pipe()),
+        ))
+        .context("writing the destination file");
+        assert!(stdout_error(&wrapped).is_some_and(StdoutError::is_broken_pipe));
+        assert_eq!(error_kind(&wrapped), "stdout");
+        let direct = anyhow::Error::new(StdoutError(pipe()));
+        assert!(stdout_error(&direct).is_some());
+        assert_eq!(
+            json_error("busy", "m"),
+            serde_json::json!({"error": {"kind": "busy", "message": "m"}})
+        );
+    }
+}

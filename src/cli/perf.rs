@@ -3,37 +3,14 @@
 use anyhow::Result;
 use gpunvme::gpu_perf::GpuPerfReport;
 use gpunvme::perf::PerfReport;
-use gpunvme::units::format_bytes;
 
-/// Prints the report as fio-style text or JSON. A run with errors still prints its numbers, then
+/// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
 pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
-        println!("data path: {}", r.data_path);
-        println!(
-            "{}: bs={} qd={} queues={}: IOPS={:.0}, BW={}/s, ios={}, errors={}",
-            r.rw.name(),
-            r.bs,
-            r.qd,
-            r.queues,
-            r.iops,
-            format_bytes(r.bw_bytes),
-            r.ios,
-            r.errors
-        );
-        println!(
-            "  lat (ns): mean={:.0} p50={} p99={} p99.9={} max={}",
-            r.lat_ns.mean, r.lat_ns.p50, r.lat_ns.p99, r.lat_ns.p999, r.lat_ns.max
-        );
-        if r.verified_bytes > 0 || r.verify_errors > 0 {
-            println!(
-                "  verify: {} checked, {} mismatching I/Os",
-                format_bytes(r.verified_bytes as f64),
-                r.verify_errors
-            );
-        }
+        outln!("{r}");
     }
     if let Some(e) = &r.first_error {
         anyhow::bail!("{} of {} I/Os failed; first: {e}", r.errors, r.ios);
@@ -45,15 +22,20 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
 /// and transport, then the CPU side when it ran. Fails when either side had errors.
 pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
     if as_json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
         let g = &r.gpu;
-        println!(
+        outln!(
             "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
-            g.device, g.threads, g.style, g.queues, g.depth, g.transport
+            g.device,
+            g.threads,
+            g.style,
+            g.queues,
+            g.depth,
+            g.transport
         );
         if let Some(c) = &g.controller {
-            println!(
+            outln!(
                 "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
                  pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU",
                 c.threads,
@@ -74,7 +56,7 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
     };
     let cpu_result = match &r.cpu {
         Some(c) if !as_json => {
-            println!("CPU queues on the same controller:");
+            outln!("CPU queues on the same controller:");
             print(c, false)
         }
         Some(c) => report_errors(c),

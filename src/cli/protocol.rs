@@ -77,9 +77,9 @@ pub fn run(ctrl: &Controller, args: &ProtocolCheckArgs, as_json: bool) -> Result
     };
     let r = run_stress(ctrl, &cfg).context("protocol check")?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&r))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&r))?);
     } else {
-        print_text(&r);
+        print_text(&r)?;
     }
     if !r.passed() {
         let mut why = Vec::new();
@@ -157,9 +157,9 @@ fn to_json(r: &StressReport) -> serde_json::Value {
     })
 }
 
-fn print_text(r: &StressReport) {
-    println!("device: {}", r.device);
-    println!(
+fn print_text(r: &StressReport) -> anyhow::Result<()> {
+    outln!("device: {}", r.device);
+    outln!(
         "protocol: {} queues x {} entries, {} threads each (half with batches of {}), \
          {}-byte LBAs, {} slot buffers, {} of namespace {}, seed {:#x}",
         r.queues.len(),
@@ -172,7 +172,7 @@ fn print_text(r: &StressReport) {
         r.nsid,
         r.seed
     );
-    println!(
+    outln!(
         "  ios={} of {} (writes {}, reads {}, {} in batches), errors={}, mismatches={}, \
          verified {}, {:.2}s",
         r.commands,
@@ -190,7 +190,7 @@ fn print_text(r: &StressReport) {
         r.elapsed.as_secs_f64()
     );
     let per_command = |n: u64| n as f64 / r.commands.max(1) as f64;
-    println!(
+    outln!(
         "  doorbells: SQ {} ({:.2} per command), CQ {} ({:.2} per command); {} completions out \
          of order",
         r.sq_doorbells(),
@@ -200,7 +200,7 @@ fn print_text(r: &StressReport) {
         r.out_of_order()
     );
     for q in &r.queues {
-        println!(
+        outln!(
             "  queue {}: {} ios, SQ {} / CQ {} doorbells, {} out of order{}",
             q.qid,
             q.commands,
@@ -213,7 +213,8 @@ fn print_text(r: &StressReport) {
         );
     }
     if let Some(c) = &r.controller_failure {
-        println!("  controller failure: {c}");
+        outln!("  controller failure: {c}");
     }
-    println!("{}", if r.passed() { "PASS" } else { "FAIL" });
+    outln!("{}", if r.passed() { "PASS" } else { "FAIL" });
+    Ok(())
 }

@@ -22,7 +22,10 @@ pub enum Backend {
     Memory,
     /// In a file (a persistent disk image) of exactly `blocks * lba_size` bytes, read and
     /// written with positioned I/O; Flush (and FUA, and every write while the volatile write
-    /// cache is disabled) calls `fdatasync`.
+    /// cache is disabled) calls `fdatasync`. The controller holds a `flock(2)` on the file while
+    /// it runs: exclusive, or shared for a [`NamespaceConfig::read_only`] namespace (opened
+    /// read-only). Starting a controller on an image locked in a conflicting way fails with
+    /// [`EmuError::ImageBusy`].
     File(PathBuf),
     /// No storage: commands are fully validated, including walking their PRPs, but reads and
     /// writes move no data (a read leaves the host buffer as it was). For measuring per-command
@@ -39,6 +42,12 @@ pub struct NamespaceConfig {
     pub blocks: u64,
     /// Logical block size in bytes: 512 or 4096.
     pub lba_size: u32,
+    /// Write protected: Write, Write Zeroes and Dataset Management with Deallocate fail with
+    /// Namespace Is Write Protected, and Identify Namespace says so (NSATTR bit 0). An image
+    /// file is then opened read-only under a shared lock, so several controllers (processes)
+    /// can read one image together, and images the user cannot write (read-only mounts,
+    /// `chattr +i`, mode 0444) can be served.
+    pub read_only: bool,
 }
 
 impl NamespaceConfig {
@@ -48,6 +57,7 @@ impl NamespaceConfig {
             backend: Backend::Memory,
             blocks: bytes / lba_size.max(1) as u64,
             lba_size,
+            read_only: false,
         }
     }
 
@@ -57,6 +67,7 @@ impl NamespaceConfig {
             backend: Backend::Null,
             blocks: bytes / lba_size.max(1) as u64,
             lba_size,
+            read_only: false,
         }
     }
 
@@ -133,7 +144,20 @@ impl EmuConfig {
     /// The file is checked, not modified: it must be a regular file that can be opened for
     /// reading and writing, non-empty, and a whole number of `lba_size` blocks.
     pub fn for_image(path: impl AsRef<Path>, lba_size: u32) -> Result<EmuConfig, EmuError> {
-        let path = path.as_ref();
+        Self::image_config(path.as_ref(), lba_size, false)
+    }
+
+    /// Like [`EmuConfig::for_image`], with the namespace write protected
+    /// ([`NamespaceConfig::read_only`]): the file needs to be readable only, and is opened
+    /// read-only under a shared lock.
+    pub fn for_image_read_only(
+        path: impl AsRef<Path>,
+        lba_size: u32,
+    ) -> Result<EmuConfig, EmuError> {
+        Self::image_config(path.as_ref(), lba_size, true)
+    }
+
+    fn image_config(path: &Path, lba_size: u32, read_only: bool) -> Result<EmuConfig, EmuError> {
         check_lba_size(1, lba_size)?;
         let invalid = |reason: String| EmuError::InvalidImage {
             path: path.to_owned(),
@@ -149,11 +173,10 @@ impl EmuConfig {
         if !meta.is_file() {
             return Err(invalid("it is not a regular file".into()));
         }
-        // Opening read-write without truncating or creating checks permissions and changes
-        // nothing.
+        // Opening without truncating or creating checks permissions and changes nothing.
         OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!read_only)
             .open(path)
             .map_err(|source| EmuError::OpenImage {
                 path: path.to_owned(),
@@ -173,6 +196,7 @@ impl EmuConfig {
                 backend: Backend::File(path.to_owned()),
                 blocks: len / lba_size as u64,
                 lba_size,
+                read_only,
             }],
             ..EmuConfig::default()
         })
@@ -289,11 +313,17 @@ fn check_lba_size(nsid: u32, lba_size: u32) -> Result<(), EmuError> {
     }
 }
 
-/// Opens a file namespace's image and checks that it holds the configured blocks.
-pub(crate) fn open_image(nsid: u32, path: &Path, bytes: u64) -> Result<File, EmuError> {
+/// Opens a file namespace's image (read-only for a write-protected namespace), locks it
+/// (shared for read-only, else exclusive) and checks that it holds the configured blocks.
+pub(crate) fn open_image(
+    nsid: u32,
+    path: &Path,
+    bytes: u64,
+    read_only: bool,
+) -> Result<File, EmuError> {
     let file = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(path)
         .map_err(|source| EmuError::OpenImage {
             path: path.to_owned(),
@@ -309,6 +339,7 @@ pub(crate) fn open_image(nsid: u32, path: &Path, bytes: u64) -> Result<File, Emu
             reason: "it is not a regular file".into(),
         });
     }
+    crate::lock::lock_image(&file, path, read_only)?;
     if meta.len() < bytes {
         return Err(EmuError::InvalidImage {
             path: path.to_owned(),

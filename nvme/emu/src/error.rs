@@ -36,6 +36,32 @@ pub enum EmuError {
         #[source]
         source: std::io::Error,
     },
+    /// Another open controller holds the image: an image serves one writer or any number of
+    /// readers at a time (`flock(2)`, held for the life of the controller).
+    #[error("{} {} {} (an image serves one process that changes it, or any number that only read it)",
+        path.display(),
+        if *wanted_exclusive { "is in use by" } else { "is being changed by" },
+        match holder {
+            Some(pid) => format!("process {pid}"),
+            None => "another process".to_string(),
+        })]
+    ImageBusy {
+        /// The image path.
+        path: PathBuf,
+        /// The process holding the conflicting lock, when the kernel's lock table tells.
+        holder: Option<u32>,
+        /// Whether the lock wanted was exclusive (a writable namespace).
+        wanted_exclusive: bool,
+    },
+    /// Locking an image file failed for another reason than a conflicting lock.
+    #[error("cannot lock disk image {path:?}")]
+    LockImage {
+        /// The image path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Creating (or sizing) a new image file failed.
     #[error("cannot create disk image {path:?}")]
     CreateImage {

@@ -70,6 +70,12 @@
 //!   overwritten.
 //! - Every failed command gets an Error Information log entry and More set in its status; Do
 //!   Not Retry is set except for Data Transfer Error and aborts.
+//! - An image file is locked with `flock(2)` while the controller runs (`lock`, private):
+//!   exclusively for a writable namespace, shared for a [`NamespaceConfig::read_only`] one,
+//!   which is opened read-only; a conflicting start fails with [`EmuError::ImageBusy`] naming
+//!   the holder's pid when `/proc/locks` shows it. A read-only namespace reports NSATTR bit 0
+//!   and fails Write, Write Zeroes and deallocating Dataset Management with Namespace Is Write
+//!   Protected.
 //! - Deallocated blocks (Dataset Management, Write Zeroes) read as zeroes (DLFEAT = 001b).
 //!   Flush, FUA writes, and every write while the volatile write cache is disabled reach the
 //!   file with `fdatasync` on a file backend.
@@ -100,6 +106,7 @@ mod doorbells;
 pub mod error;
 pub mod faults;
 mod host_memory;
+mod lock;
 pub mod memory;
 mod prp;
 pub mod queue_server;

@@ -138,6 +138,8 @@ pub(crate) struct Namespace {
     pub(crate) lba_size: u32,
     /// log2 of `lba_size`.
     pub(crate) lba_shift: u32,
+    /// Write protected ([`NamespaceConfig::read_only`]).
+    pub(crate) read_only: bool,
     pub(crate) media: Media,
 }
 
@@ -149,13 +151,14 @@ impl Namespace {
             Backend::Memory => Media::Memory(
                 MemoryMedia::new(bytes).ok_or(EmuError::AllocateNamespace { nsid, bytes })?,
             ),
-            Backend::File(path) => Media::File(open_image(nsid, path, bytes)?),
+            Backend::File(path) => Media::File(open_image(nsid, path, bytes, config.read_only)?),
             Backend::Null => Media::Null,
         };
         Ok(Self {
             blocks: config.blocks,
             lba_size: config.lba_size,
             lba_shift: config.lba_size.trailing_zeros(),
+            read_only: config.read_only,
             media,
         })
     }
@@ -208,6 +211,7 @@ mod tests {
             backend: Backend::File(path.clone()),
             blocks: 16,
             lba_size: 512,
+            read_only: false,
         };
         let ns = Namespace::open(1, &cfg).unwrap();
         assert!(ns.is_file());
@@ -218,6 +222,7 @@ mod tests {
         assert!(bytes[512..1536].iter().all(|&b| b == 0));
         assert!(bytes[1536..].iter().all(|&b| b == 0xaa));
         // A file shorter than the namespace is refused.
+        drop(ns);
         let big = NamespaceConfig { blocks: 17, ..cfg };
         assert!(matches!(
             Namespace::open(1, &big),

@@ -180,6 +180,7 @@ fn invalid_configs_are_refused() {
             backend: Backend::File(path),
             blocks: 16,
             lba_size: 512,
+            read_only: false,
         }],
         ..EmuConfig::default()
     };
@@ -230,4 +231,45 @@ fn null_backend_moves_no_data_but_checks_everything() {
         Sct::GENERIC,
         generic::PRP_OFFSET_INVALID,
     );
+}
+
+#[test]
+fn one_writer_or_many_readers_per_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    EmuConfig::create_image(&path, 1 << 20).unwrap();
+    let writer = nvme_emu::EmuDevice::start(EmuConfig::for_image(&path, 512).unwrap()).unwrap();
+    // A second controller, writable or not, is refused while the first runs, naming this
+    // process as the holder (when /proc/locks is there to tell).
+    for config in [
+        EmuConfig::for_image(&path, 512).unwrap(),
+        EmuConfig::for_image_read_only(&path, 512).unwrap(),
+    ] {
+        let err = nvme_emu::EmuDevice::start(config).unwrap_err();
+        match &err {
+            EmuError::ImageBusy { holder, .. } => {
+                if std::path::Path::new("/proc/locks").exists() {
+                    assert_eq!(*holder, Some(std::process::id()), "{err}");
+                    assert!(
+                        err.to_string()
+                            .contains(&format!("process {}", std::process::id())),
+                        "{err}"
+                    );
+                }
+            }
+            e => panic!("expected ImageBusy, got {e}"),
+        }
+    }
+    drop(writer);
+    // Readers share; a writer waits for all of them to go.
+    let r1 =
+        nvme_emu::EmuDevice::start(EmuConfig::for_image_read_only(&path, 512).unwrap()).unwrap();
+    let r2 =
+        nvme_emu::EmuDevice::start(EmuConfig::for_image_read_only(&path, 512).unwrap()).unwrap();
+    assert!(matches!(
+        nvme_emu::EmuDevice::start(EmuConfig::for_image(&path, 512).unwrap()),
+        Err(EmuError::ImageBusy { .. })
+    ));
+    drop((r1, r2));
+    nvme_emu::EmuDevice::start(EmuConfig::for_image(&path, 512).unwrap()).unwrap();
 }

@@ -67,6 +67,14 @@ impl Worker {
         Ok(())
     }
 
+    /// Namespace Is Write Protected for a change to a read-only namespace.
+    fn check_writable(&self, index: usize) -> Result<(), Fail> {
+        if self.namespaces[index].read_only {
+            return Err(Fail::generic(generic::NAMESPACE_WRITE_PROTECTED).at(NSID_BYTE));
+        }
+        Ok(())
+    }
+
     /// The checks Read and Write share; returns (namespace index, byte offset, byte length).
     fn check_read_write(&mut self, cmd: &Command) -> Result<(usize, u64, u64), Fail> {
         let index = self.ns_index(cmd.nsid)?;
@@ -125,6 +133,7 @@ impl Worker {
 
     fn write(&mut self, cmd: &Command) -> CmdResult {
         let (index, offset, len) = self.check_read_write(cmd)?;
+        self.check_writable(index)?;
         let slba = cmd.slba();
         let nlb = len >> self.namespaces[index].lba_shift;
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
@@ -186,6 +195,7 @@ impl Worker {
         let nlb = cdw12.nlb_z() as u64 + 1;
         let slba = cmd.slba();
         self.check_range(index, slba, nlb)?;
+        self.check_writable(index)?;
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::WRITE_FAULT, lba));
         }
@@ -229,6 +239,7 @@ impl Worker {
         for r in ranges {
             self.check_range(index, r.slba, r.nlb as u64)?;
         }
+        self.check_writable(index)?;
         for r in ranges {
             if let Some(lba) = self
                 .shared

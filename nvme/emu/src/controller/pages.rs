@@ -101,6 +101,8 @@ impl Controller {
         id.ncap = ns.blocks;
         id.nuse = ns.blocks;
         id.nsfeat = 0;
+        // NSATTR bit 0: write protected.
+        id.nsattr = u8::from(ns.read_only);
         id.nlbaf = 0;
         id.flbas = 0;
         // Deallocated blocks read as zeroes (001b); Write Zeroes supports DEAC (bit 3).

@@ -379,6 +379,7 @@ pub fn small_config(blocks: u64, lba_size: u32) -> EmuConfig {
             backend: nvme_emu::Backend::Memory,
             blocks,
             lba_size,
+            read_only: false,
         }],
         ..EmuConfig::default()
     }
