@@ -50,6 +50,9 @@
 //! `#![forbid(unsafe_code)]`.
 
 mod admin;
+#[cfg(feature = "bench-support")]
+#[doc(hidden)]
+pub mod bench_support;
 pub mod controller;
 pub mod device;
 pub mod dma;

@@ -1,0 +1,131 @@
+//! The null device's DMA memory: zeroed, page-aligned heap allocations with a synthetic device
+//! address, and the device-side accessors the null controller uses on them (the only `unsafe`
+//! in [`super`]).
+//!
+//! The driver reaches the same bytes through [`DmaMemory`]; this side plays the device's DMA.
+//! Neither side ever forms a Rust reference to the bytes: words shared with the driver are
+//! accessed as atomics (what a device's DMA engine does, seen from the memory model), bulk
+//! copies through raw pointers.
+// UNSAFETY: allocating, freeing and reaching into memory shared with the driver needs raw
+// pointers; every access is bounds-checked here, so callers stay safe.
+#![expect(unsafe_code)]
+
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner};
+use nvme_spec::Command;
+use nvme_spec::wire::SQE_SIZE;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use zerocopy::{FromZeros, IntoBytes};
+
+/// A zeroed, page-aligned heap allocation with a synthetic device address.
+pub(super) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    iova: u64,
+}
+
+// SAFETY: a plain heap allocation owned by this value; its bytes are reached only through raw
+// pointers and atomics, from any thread, as a device and a driver share memory.
+unsafe impl Send for Region {}
+// SAFETY: as above; no method hands out references into the allocation other than atomics.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// `len` bytes (a nonzero multiple of the page size) of zeroed memory, reached by the
+    /// device at `iova`; `None` when the allocation fails.
+    pub(super) fn new(len: usize, iova: u64) -> Option<Self> {
+        assert!(len > 0 && len % DMA_PAGE_SIZE == 0, "whole pages");
+        let layout = Layout::from_size_align(len, DMA_PAGE_SIZE).ok()?;
+        // SAFETY: `len` is at least one page, so the layout has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(Self {
+            ptr: NonNull::new(ptr)?,
+            len,
+            iova,
+        })
+    }
+
+    /// Length in bytes.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Device address of the first byte.
+    pub(super) fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// The 32-bit word at `offset` (4-byte aligned, inside the region) as an atomic.
+    ///
+    /// # Panics
+    /// If the word is not inside the region or not aligned (a bug in the null device: every
+    /// offset it uses comes from a ring it validated when the queue was created).
+    pub(super) fn word(&self, offset: usize) -> &AtomicU32 {
+        assert!(
+            offset % 4 == 0 && offset.checked_add(4).is_some_and(|end| end <= self.len),
+            "word {offset} outside a region of {}",
+            self.len
+        );
+        // SAFETY: in bounds and aligned (checked; the base is page-aligned); an AtomicU32 has
+        // the layout of a u32, and atomics are how memory shared with the driver is touched.
+        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    /// Copies `data` to `offset` (the device writing host memory by DMA).
+    pub(super) fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|end| end <= self.len)
+        );
+        // SAFETY: in bounds (checked); no Rust reference aliases the destination.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Copies the 64-byte command at `offset` out (the device fetching an SQE).
+    pub(super) fn read_command(&self, offset: usize) -> Command {
+        assert!(
+            offset
+                .checked_add(SQE_SIZE)
+                .is_some_and(|end| end <= self.len)
+        );
+        let mut cmd = Command::new_zeroed();
+        // SAFETY: in bounds (checked); the destination is a local value of exactly SQE_SIZE
+        // bytes, and any bytes are a valid `Command`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                cmd.as_mut_bytes().as_mut_ptr(),
+                SQE_SIZE,
+            )
+        }
+        cmd
+    }
+
+    /// The driver's handle on this region: a [`DmaMemory`] whose page `i` the device reaches
+    /// at `iova + i * 4096`, kept alive by `owner`, which must hold a clone of `region`.
+    pub(super) fn dma_memory(region: &Arc<Region>, owner: Box<dyn DmaOwner>) -> DmaMemory {
+        let pages = (0..region.len / DMA_PAGE_SIZE)
+            .map(|i| region.iova + (i * DMA_PAGE_SIZE) as u64)
+            .collect();
+        // SAFETY: `ptr` is page-aligned and valid for `len` bytes while `owner` holds the
+        // region (the caller's contract); the device reaches page `i` at `iova + i * 4096`
+        // (translated through the null device's registry), and dropping `owner` removes the
+        // registry entry before the allocation can be freed (queues still holding the region
+        // keep it alive until they are deleted). Nothing creates Rust references into it.
+        unsafe { DmaMemory::from_raw_parts(region.ptr, region.len, pages, owner) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, DMA_PAGE_SIZE)
+            .unwrap_or_else(|_| unreachable!("checked at allocation"));
+        // SAFETY: allocated in `Region::new` with this layout, freed only here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
