@@ -10,6 +10,13 @@
 //! [`Error::Timeout`] and the queue pair is marked failed, because the controller may still own
 //! its CID and buffers.
 //!
+//! Clocks are read per poll round, never per command: submitting marks a command `Issued`, and
+//! the next deadline check (at most one clock read, at most once per check interval, see
+//! the `timeout` module) gives every `Issued` command the deadline `now + timeout`. That deadline
+//! is never earlier than one counted from the submission, and at most one check interval later;
+//! a command is therefore reported no sooner than the timeout after it was submitted and, while
+//! the caller keeps polling, no later than the timeout plus two check intervals.
+//!
 //! Memory shared with the controller is only touched through [`DmaMemory`]'s copy and atomic
 //! accessors: SQEs are copied in before a Release fence and the doorbell write; the CQE dword
 //! holding the phase tag is loaded with Acquire before the rest of the entry is read.
@@ -48,7 +55,10 @@ const IDLE_CHECK_EVERY: u32 = 16;
 enum SlotState {
     /// Not in use.
     Free,
-    /// Submitted, waiting for its completion.
+    /// Submitted, waiting for its completion; no deadline yet (the next deadline check gives
+    /// it one, so that submitting reads no clock).
+    Issued,
+    /// Submitted, waiting for its completion, with a deadline.
     Busy,
     /// Reported as timed out or failed; the controller may still complete it.
     Abandoned,
@@ -285,17 +295,13 @@ impl QueuePair {
         cmd.cdw0.set_cid(cid);
         let index = self.sq_ring.push();
         self.sq.write(index as usize * SQE_SIZE, cmd.as_bytes());
-        let deadline = Instant::now() + self.timeout;
         let slot = &mut self.slots[cid as usize];
         debug_assert_eq!(slot.state, SlotState::Free);
-        *slot = Slot {
-            state: SlotState::Busy,
-            tag,
-            internal,
-            deadline,
-            op,
-            buf,
-        };
+        slot.state = SlotState::Issued;
+        slot.tag = tag;
+        slot.internal = internal;
+        slot.op = op;
+        slot.buf = buf;
         self.in_flight += 1;
         if ring {
             self.ring();
@@ -373,7 +379,7 @@ impl QueuePair {
                     slot.buf = None;
                     self.free.push(cid);
                 }
-                SlotState::Busy => {
+                SlotState::Issued | SlotState::Busy => {
                     slot.state = SlotState::Free;
                     slot.buf = None;
                     let st = status.status();
@@ -440,12 +446,19 @@ impl QueuePair {
             if count == max {
                 break;
             }
-            if slot.state != SlotState::Busy {
+            if !matches!(slot.state, SlotState::Issued | SlotState::Busy) {
                 continue;
             }
             let error = match &fatal {
                 Some(Error::DeviceGone) => Error::DeviceGone,
                 Some(Error::ControllerFatal { csts }) => Error::ControllerFatal { csts: *csts },
+                _ if slot.state == SlotState::Issued => {
+                    // Issued since the last check, so at or before `now`: a deadline counted
+                    // from here is never earlier than one counted from the submission.
+                    slot.deadline = now + self.timeout;
+                    slot.state = SlotState::Busy;
+                    continue;
+                }
                 _ if now >= slot.deadline => Error::Timeout {
                     qid: self.qid,
                     cid: cid as u16,

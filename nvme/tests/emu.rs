@@ -488,6 +488,9 @@ fn dropped_completion_times_out() -> Result<()> {
         matches!(e, Error::Timeout { cid: _, qid, .. } if qid == qp.qid()),
         "{e}"
     );
+    // Never before the timeout (deadlines are set lazily, at the first check after the
+    // submission, but counted from no earlier than it).
+    assert!(started.elapsed() >= Duration::from_millis(200));
     // Bounded: far less than a hang (the generous bound avoids flakiness on busy machines).
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(qp.is_failed());
