@@ -3,8 +3,10 @@
 //! calling thread and moves no data, so nothing but the driver's path (and the null device's
 //! few loads and stores per command) is measured.
 //!
-//! Groups: `qd1` (submit, one doorbell, one reap) and `batch32` (32 submits, one doorbell, reap
-//! until all 32 are back), each for three data-pointer shapes of a read:
+//! Groups: `qd1` (queue, one doorbell, one reap) and `batch32` (32 queued, one doorbell, reap
+//! until all 32 are back), each for three data-pointer shapes of a read, queued with
+//! `IoQueuePair::queue_read` (borrowed buffer); `batch32_owned` is `batch32/prp1_4k` with
+//! `IoCommand::Read` values and `submit_deferred` (an `Arc` clone per command):
 //! - `prp1_4k`: 4 KiB, page-aligned (PRP1 only);
 //! - `prp2_8k`: 8 KiB, page-aligned (PRP1 + PRP2);
 //! - `prp_list_16k`: 16 KiB, page-aligned (PRP1 + a 3-entry PRP list).
@@ -32,10 +34,14 @@ fn setup() -> (Controller, IoQueuePair) {
     (ctrl, qp)
 }
 
+fn lba(buf: &DmaSlice, i: usize) -> u64 {
+    (i * buf.len / 512) as u64
+}
+
 fn read(buf: &DmaSlice, i: usize) -> IoCommand {
     IoCommand::Read {
         nsid: 1,
-        lba: (i * buf.len / 512) as u64,
+        lba: lba(buf, i),
         buf: buf.clone(),
     }
 }
@@ -61,7 +67,8 @@ fn hot_path(c: &mut Criterion) {
         g.throughput(Throughput::Elements(1));
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
-                qp.submit(read(&bufs[0], 0), 0).expect("submit");
+                qp.queue_read(1, 0, &bufs[0], 0).expect("queue");
+                qp.ring();
                 reap(&mut qp, &mut out, 1);
             })
         });
@@ -72,13 +79,29 @@ fn hot_path(c: &mut Criterion) {
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter(|| {
                 for (i, buf) in bufs.iter().enumerate() {
-                    qp.submit_deferred(read(buf, i), i as u64).expect("submit");
+                    qp.queue_read(1, lba(buf, i), buf, i as u64).expect("queue");
                 }
                 qp.ring();
                 reap(&mut qp, &mut out, BATCH);
             })
         });
         g.finish();
+
+        if bs == 4096 {
+            let mut g = c.benchmark_group("batch32_owned");
+            g.throughput(Throughput::Elements(BATCH as u64));
+            g.bench_function(BenchmarkId::from_parameter(name), |b| {
+                b.iter(|| {
+                    for (i, buf) in bufs.iter().enumerate() {
+                        qp.submit_deferred(read(buf, i), i as u64).expect("submit");
+                    }
+                    qp.ring();
+                    reap(&mut qp, &mut out, BATCH);
+                })
+            });
+            g.finish();
+        }
+        qp.release_buffers();
     }
 }
 

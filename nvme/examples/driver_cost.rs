@@ -4,6 +4,12 @@
 //! the doorbell write on this thread and moves no data. What runs is the driver's submit and
 //! reap path plus the null device's few loads and stores per command.
 //!
+//! Commands are queued with [`IoQueuePair::queue_read`] (borrowed buffer, no reference count
+//! per command); `--owned` submits [`IoCommand::Read`] values with
+//! [`IoQueuePair::submit_deferred`] instead (one `Arc` clone per command, dropped at
+//! completion). Either way the batch gets one SQ doorbell and is reaped with
+//! [`IoQueuePair::poll`].
+//!
 //! Prints one line and nothing else. Count instructions with callgrind, collecting only inside
 //! the measured loop (`run_ios`), so that bring-up does not count:
 //!
@@ -25,6 +31,7 @@ struct Args {
     ios: u64,
     qd: usize,
     bs: usize,
+    owned: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize> {
@@ -43,19 +50,24 @@ fn parse_args() -> Result<Args> {
         ios: 0,
         qd: 32,
         bs: 4096,
+        owned: false,
     };
     let mut ios = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--owned" {
+            args.owned = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--ios" => ios = Some(value.parse().context("--ios")?),
             "--qd" => args.qd = value.parse().context("--qd")?,
             "--bs" => args.bs = parse_size(&value)?,
-            _ => bail!("usage: driver_cost --ios N [--qd Q] [--bs B]"),
+            _ => bail!("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned]"),
         }
     }
-    args.ios = ios.context("usage: driver_cost --ios N [--qd Q] [--bs B]")?;
+    args.ios = ios.context("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned]")?;
     ensure!((1..=4095).contains(&args.qd), "--qd must be 1..=4095");
     ensure!(
         args.bs >= 512 && args.bs % 512 == 0 && args.bs <= 2 << 20,
@@ -71,6 +83,7 @@ fn run_ios(
     qp: &mut IoQueuePair,
     bufs: &[DmaSlice],
     ios: u64,
+    owned: bool,
     out: &mut Vec<IoCompletion>,
 ) -> Result<u64> {
     let blocks = (bufs[0].len / 512) as u64;
@@ -79,12 +92,17 @@ fn run_ios(
     while done < ios {
         let batch = (ios - done).min(bufs.len() as u64) as usize;
         for (i, buf) in bufs[..batch].iter().enumerate() {
-            let cmd = IoCommand::Read {
-                nsid: 1,
-                lba: (done + i as u64) * blocks % (1 << 20),
-                buf: buf.clone(),
-            };
-            qp.submit_deferred(cmd, i as u64)?;
+            let lba = (done + i as u64) * blocks % (1 << 20);
+            if owned {
+                let cmd = IoCommand::Read {
+                    nsid: 1,
+                    lba,
+                    buf: buf.clone(),
+                };
+                qp.submit_deferred(cmd, i as u64)?;
+            } else {
+                qp.queue_read(1, lba, buf, i as u64)?;
+            }
         }
         qp.ring();
         let mut got = 0;
@@ -112,14 +130,16 @@ fn main() -> Result<()> {
         .collect();
     let mut out = Vec::with_capacity(args.qd);
     let start = Instant::now();
-    let errors = run_ios(&mut qp, &bufs, args.ios, &mut out)?;
+    let errors = run_ios(&mut qp, &bufs, args.ios, args.owned, &mut out)?;
     let elapsed = start.elapsed();
     ensure!(errors == 0, "{errors} commands failed");
     println!(
-        "driver_cost: {} reads of {} bytes, batches of {}, {:.1} ns per command (inline null device)",
+        "driver_cost: {} reads of {} bytes, batches of {}, {} buffers, {:.1} ns per command \
+         (inline null device)",
         args.ios,
         args.bs,
         args.qd,
+        if args.owned { "owned" } else { "borrowed" },
         elapsed.as_nanos() as f64 / args.ios.max(1) as f64
     );
     Ok(())

@@ -842,3 +842,50 @@ fn slow_completions_succeed_within_the_timeout_and_time_out_beyond_it() -> Resul
     emu.faults().set_completion_delay(Duration::ZERO);
     Ok(())
 }
+
+#[test]
+fn borrowed_buffer_round_trip_over_every_prp_shape() -> Result<()> {
+    let cfg = EmuConfig {
+        namespaces: vec![NamespaceConfig::memory(8 << 20, 512)],
+        ..EmuConfig::default()
+    };
+    let (_emu, ctrl) = start(cfg, fast_opts())?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let out_mem = dma(&ctrl, 64 << 10)?;
+    let in_mem = dma(&ctrl, 64 << 10)?;
+    // (offset, length): PRP1 only, PRP1 + PRP2, a PRP list, a PRP list at an offset.
+    let shapes = [
+        (0, 4096),
+        (4096, 8192),
+        (16384, 16384),
+        (32768 + 512, 12288),
+    ];
+    let data = pattern(21, 64 << 10);
+    out_mem.write(0, &data);
+    for (i, &(off, len)) in shapes.iter().enumerate() {
+        let lba = (i * 64) as u64;
+        qp.queue_write(1, lba, &DmaSlice::new(out_mem.clone(), off, len), i as u64)?;
+    }
+    let mut done = Vec::new();
+    qp.wait(&mut done, shapes.len())?;
+    ensure!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    for (i, &(off, len)) in shapes.iter().enumerate() {
+        let lba = (i * 64) as u64;
+        qp.queue_read(
+            1,
+            lba,
+            &DmaSlice::new(in_mem.clone(), off, len),
+            10 + i as u64,
+        )?;
+    }
+    qp.ring();
+    done.clear();
+    qp.wait(&mut done, shapes.len())?;
+    ensure!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    for &(off, len) in &shapes {
+        let mut back = vec![0u8; len];
+        in_mem.read(off, &mut back);
+        ensure!(back == data[off..off + len], "bytes at {off}+{len} differ");
+    }
+    Ok(())
+}

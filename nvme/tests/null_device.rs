@@ -129,3 +129,96 @@ fn dma_memory_is_returned() -> Result<()> {
     assert_eq!(null.live_dma_buffers(), before);
     Ok(())
 }
+
+#[test]
+fn borrowed_buffers_are_pinned_once_and_released_on_request() -> Result<()> {
+    let (_null, ctrl) = start()?;
+    let mut qp = ctrl.create_io_queue_pair(64)?;
+    // Six distinct buffers: more than the queue pair's pins, so some commands fall back to a
+    // reference count of their own.
+    let mems: Vec<_> = (0..6)
+        .map(|_| ctrl.device().alloc_dma(8192).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let bufs: Vec<DmaSlice> = mems.iter().map(|m| DmaSlice::whole(m.clone())).collect();
+    let base: Vec<usize> = mems.iter().map(Arc::strong_count).collect();
+    for round in 0..3u64 {
+        for (i, buf) in bufs.iter().enumerate() {
+            qp.queue_read(1, 0, buf, round * 10 + i as u64)?;
+        }
+    }
+    assert_eq!(qp.in_flight(), 18);
+    // In flight, every buffer is kept alive by the queue pair, pinned or not.
+    for (m, b) in mems.iter().zip(&base) {
+        assert!(Arc::strong_count(m) > *b);
+    }
+    // Nothing is released while commands use the pins.
+    assert_eq!(qp.release_buffers(), 0);
+    let mut out = Vec::new();
+    qp.wait(&mut out, 18)?;
+    assert_eq!(out.len(), 18);
+    assert!(out.iter().all(|c| c.result.is_ok()));
+    let tags: HashSet<u64> = out.iter().map(|c| c.tag).collect();
+    assert_eq!(tags.len(), 18);
+    // Done: at most the pins remain (four buffers), and releasing them gives every count back.
+    let extra: usize = mems
+        .iter()
+        .zip(&base)
+        .map(|(m, b)| Arc::strong_count(m) - b)
+        .sum();
+    assert!((1..=4).contains(&extra), "{extra} references left");
+    assert_eq!(qp.release_buffers(), extra);
+    for (m, b) in mems.iter().zip(&base) {
+        assert_eq!(Arc::strong_count(m), *b);
+    }
+    Ok(())
+}
+
+#[test]
+fn borrowed_commands_are_checked_like_owned_ones() -> Result<()> {
+    let (_null, ctrl) = start()?;
+    let mut qp = ctrl.create_io_queue_pair(8)?;
+    let mem = Arc::new(ctrl.device().alloc_dma(8192)?);
+    let blocks = NullDeviceConfig::default().namespace_blocks;
+    let e = qp.queue_read(1, 0, &DmaSlice::new(mem.clone(), 0, 100), 0);
+    assert!(
+        matches!(
+            e,
+            Err(Error::Unaligned {
+                what: "buffer length",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = qp.queue_read(1, 0, &DmaSlice::new(mem.clone(), 2, 512), 0);
+    assert!(
+        matches!(
+            e,
+            Err(Error::Unaligned {
+                what: "buffer offset",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = qp.queue_write(1, blocks - 1, &DmaSlice::new(mem.clone(), 0, 1024), 0);
+    assert!(matches!(e, Err(Error::OutOfRange { .. })), "{e:?}");
+    let e = qp.queue_write(1, u64::MAX, &DmaSlice::new(mem.clone(), 0, 512), 0);
+    assert!(matches!(e, Err(Error::OutOfRange { .. })), "{e:?}");
+    let e = qp.queue_read(7, 0, &DmaSlice::new(mem.clone(), 0, 512), 0);
+    assert!(
+        matches!(e, Err(Error::NoSuchNamespace { nsid: 7 })),
+        "{e:?}"
+    );
+    let e = qp.queue_read(1, 0, &DmaSlice::new(mem.clone(), 0, 0), 0);
+    assert!(matches!(e, Err(Error::InvalidArgument(_))), "{e:?}");
+    assert_eq!(qp.in_flight(), 0, "a refused command reaches no slot");
+    // The last good namespace is still used correctly after a refused one.
+    qp.queue_read(1, blocks - 1, &DmaSlice::new(mem, 512, 512), 9)?;
+    let mut out = Vec::new();
+    qp.wait(&mut out, 1)?;
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].tag, 9);
+    assert!(out[0].result.is_ok());
+    Ok(())
+}

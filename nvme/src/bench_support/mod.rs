@@ -271,21 +271,42 @@ impl QueueSlot {
     /// Posts one completion (dword 3 last, with Release).
     fn post(&mut self, qid: u16, sqhd: u32, cid: u16, status: Status, dw0: u32) {
         let Some(cq) = &mut self.cq else { return };
-        let base = cq.offset + cq.tail as usize * CQE_SIZE;
-        let r = &cq.region;
-        r.word(base).store(dw0, Ordering::Relaxed);
-        r.word(base + 4).store(0, Ordering::Relaxed);
-        r.word(base + 8)
-            .store(sqhd | (qid as u32) << 16, Ordering::Relaxed);
         let st = CqeStatus::from_status(status, self.phase).into_bits();
-        r.word(base + 12)
-            .store(cid as u32 | (st as u32) << 16, Ordering::Release);
+        cq.region.store_cqe(
+            cq.offset + cq.tail as usize * CQE_SIZE,
+            [
+                dw0,
+                0,
+                sqhd | (qid as u32) << 16,
+                cid as u32 | (st as u32) << 16,
+            ],
+        );
         cq.tail += 1;
         if cq.tail == cq.entries {
             cq.tail = 0;
             self.phase = !self.phase;
         }
         self.completed += 1;
+    }
+}
+
+/// How the null device completes an I/O command: success for the NVM commands it knows on
+/// namespace 1 (Flush also on all namespaces), else the status a controller would give.
+fn io_status(opcode: NvmOpcode, nsid: u32) -> Status {
+    let known = matches!(
+        opcode,
+        NvmOpcode::READ
+            | NvmOpcode::WRITE
+            | NvmOpcode::FLUSH
+            | NvmOpcode::WRITE_ZEROES
+            | NvmOpcode::DATASET_MANAGEMENT
+    );
+    if !known {
+        Status::generic(generic::INVALID_COMMAND_OPCODE)
+    } else if nsid == 1 || (opcode == NvmOpcode::FLUSH && nsid == u32::MAX) {
+        Status::SUCCESS
+    } else {
+        Status::generic(generic::INVALID_NAMESPACE_OR_FORMAT)
     }
 }
 
@@ -453,7 +474,13 @@ impl NullRegisters {
 
     /// Completes the I/O commands between the SQ head and tail, as far as the CQ has room.
     fn run_io(&self, slot: &mut QueueSlot, qid: u16) {
-        let (Some(sq), Some(cq)) = (&slot.sq, &slot.cq) else {
+        let QueueSlot {
+            sq: Some(sq),
+            cq: Some(cq),
+            phase,
+            completed,
+        } = slot
+        else {
             return;
         };
         let pending = (sq.tail + sq.entries - sq.head) % sq.entries;
@@ -461,38 +488,38 @@ impl NullRegisters {
         if n == 0 {
             return;
         }
-        let (region, offset, entries, head) = (sq.region.clone(), sq.offset, sq.entries, sq.head);
-        let end = (head + n) % entries;
+        let entries = sq.entries;
+        let end = (sq.head + n) % entries;
         let reverse = self.reverse.load(Ordering::Relaxed);
+        // The ring index `i` past the head, without divisions.
+        let wrap = |i: u32| if i >= entries { i - entries } else { i };
+        let sqid = (qid as u32) << 16;
         for i in 0..n {
             let k = if reverse { n - 1 - i } else { i };
-            let index = (head + k) % entries;
-            let base = offset + index as usize * SQE_SIZE;
-            let cdw0 = region.word(base).load(Ordering::Relaxed);
-            let nsid = region.word(base + 4).load(Ordering::Relaxed);
-            let opcode = NvmOpcode(cdw0 as u8);
-            let cid = (cdw0 >> 16) as u16;
-            let known = matches!(
-                opcode,
-                NvmOpcode::READ
-                    | NvmOpcode::WRITE
-                    | NvmOpcode::FLUSH
-                    | NvmOpcode::WRITE_ZEROES
-                    | NvmOpcode::DATASET_MANAGEMENT
-            );
-            let status = if !known {
-                Status::generic(generic::INVALID_COMMAND_OPCODE)
-            } else if nsid == 1 || (opcode == NvmOpcode::FLUSH && nsid == u32::MAX) {
-                Status::SUCCESS
+            let index = wrap(sq.head + k);
+            // CDW0 (opcode, CID) and the NSID: all the null device looks at.
+            let qw0 = sq.region.load_u64(sq.offset + index as usize * SQE_SIZE);
+            let (opcode, cid, nsid) =
+                (NvmOpcode(qw0 as u8), (qw0 >> 16) as u16, (qw0 >> 32) as u32);
+            let sqhd = if reverse { end } else { wrap(index + 1) };
+            // Successful Completion is a status field of zero but for the phase tag.
+            let status = if nsid == 1 && matches!(opcode, NvmOpcode::READ | NvmOpcode::WRITE) {
+                *phase as u16
             } else {
-                Status::generic(generic::INVALID_NAMESPACE_OR_FORMAT)
+                CqeStatus::from_status(io_status(opcode, nsid), *phase).into_bits()
             };
-            let sqhd = if reverse { end } else { (index + 1) % entries };
-            slot.post(qid, sqhd, cid, status, 0);
+            cq.region.store_cqe(
+                cq.offset + cq.tail as usize * CQE_SIZE,
+                [0, 0, sqhd | sqid, cid as u32 | (status as u32) << 16],
+            );
+            cq.tail += 1;
+            if cq.tail == cq.entries {
+                cq.tail = 0;
+                *phase = !*phase;
+            }
         }
-        if let Some(sq) = &mut slot.sq {
-            sq.head = end;
-        }
+        *completed += n as u64;
+        sq.head = end;
     }
 
     /// Executes admin commands one at a time, as far as the admin CQ has room.

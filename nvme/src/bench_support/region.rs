@@ -16,7 +16,7 @@ use nvme_spec::wire::SQE_SIZE;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use zerocopy::{FromZeros, IntoBytes};
 
 /// A zeroed, page-aligned heap allocation with a synthetic device address.
@@ -57,20 +57,39 @@ impl Region {
         self.iova
     }
 
-    /// The 32-bit word at `offset` (4-byte aligned, inside the region) as an atomic.
+    /// The 64-bit word at `offset` (8-byte aligned, inside the region), loaded Relaxed.
     ///
     /// # Panics
     /// If the word is not inside the region or not aligned (a bug in the null device: every
     /// offset it uses comes from a ring it validated when the queue was created).
-    pub(super) fn word(&self, offset: usize) -> &AtomicU32 {
+    pub(super) fn load_u64(&self, offset: usize) -> u64 {
         assert!(
-            offset % 4 == 0 && offset.checked_add(4).is_some_and(|end| end <= self.len),
-            "word {offset} outside a region of {}",
+            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len),
+            "quadword {offset} outside a region of {}",
             self.len
         );
-        // SAFETY: in bounds and aligned (checked; the base is page-aligned); an AtomicU32 has
-        // the layout of a u32, and atomics are how memory shared with the driver is touched.
-        unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU32>() }
+        // SAFETY: in bounds and aligned (checked; the base is page-aligned); an AtomicU64 has
+        // the layout of a u64, and atomics are how memory shared with the driver is touched.
+        let word = unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() };
+        word.load(Ordering::Relaxed)
+    }
+
+    /// Writes a 16-byte completion queue entry at `offset` (16-byte aligned, inside the
+    /// region): dwords 0..=2 first, then dword 3 (the one with the phase tag) with Release, so
+    /// that a driver that sees the new phase (Acquire) sees the whole entry.
+    pub(super) fn store_cqe(&self, offset: usize, dw: [u32; 4]) {
+        assert!(
+            offset % 16 == 0 && offset.checked_add(16).is_some_and(|end| end <= self.len),
+            "CQE {offset} outside a region of {}",
+            self.len
+        );
+        // SAFETY: the 16 bytes are in bounds and aligned (checked; the base is page-aligned);
+        // atomics are how memory shared with the driver is touched, as in `load_u64`.
+        let words = unsafe { &*self.ptr.as_ptr().add(offset).cast::<[AtomicU32; 4]>() };
+        words[0].store(dw[0], Ordering::Relaxed);
+        words[1].store(dw[1], Ordering::Relaxed);
+        words[2].store(dw[2], Ordering::Relaxed);
+        words[3].store(dw[3], Ordering::Release);
     }
 
     /// Copies `data` to `offset` (the device writing host memory by DMA).
