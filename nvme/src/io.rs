@@ -26,7 +26,7 @@ use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
 use crate::namespace::Namespace;
 use crate::queue_lifecycle::{CreatedQueuePair, QueueRegions};
-use crate::queue_pair::{Doorbells, KeepAlive, QueueMemory, QueuePair, Reaped};
+use crate::queue_pair::{Doorbells, QueueMemory, QueuePair, Reaped};
 use crate::timeout::Backoff;
 use nvme_spec::command::{DSM_MAX_RANGES, DsmCdw10, DsmCdw11, WriteZeroesCdw12};
 use nvme_spec::{Command, DsmRange, NvmOpcode};
@@ -322,24 +322,12 @@ impl IoQueuePair {
             return Err(Error::ShutDown);
         }
         match cmd {
-            IoCommand::Read { nsid, lba, buf } => self.submit_rw(
-                NvmOpcode::READ,
-                "Read",
-                nsid,
-                lba,
-                KeepAlive::Owned(buf),
-                tag,
-                internal,
-            ),
-            IoCommand::Write { nsid, lba, buf } => self.submit_rw(
-                NvmOpcode::WRITE,
-                "Write",
-                nsid,
-                lba,
-                KeepAlive::Owned(buf),
-                tag,
-                internal,
-            ),
+            IoCommand::Read { nsid, lba, buf } => {
+                self.submit_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag, internal)
+            }
+            IoCommand::Write { nsid, lba, buf } => {
+                self.submit_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag, internal)
+            }
             IoCommand::Flush { nsid } => {
                 self.namespace(nsid)?;
                 let cid = self.qp.begin()?;
@@ -475,30 +463,69 @@ impl IoQueuePair {
         }
     }
 
+    /// A Read or Write whose buffer the caller hands over: the slot keeps it.
     #[expect(clippy::too_many_arguments)]
-    #[inline]
     fn submit_rw(
         &mut self,
         opcode: NvmOpcode,
         name: &'static str,
         nsid: u32,
         lba: u64,
-        buf: KeepAlive<'_>,
+        buf: DmaSlice,
         tag: u64,
         internal: bool,
     ) -> Result<(), Error> {
-        let slice = match &buf {
-            KeepAlive::Owned(b) => b,
-            KeepAlive::Borrowed(b) => *b,
-        };
-        let blocks = self.rw_blocks(nsid, lba, slice)?;
+        let blocks = self.rw_blocks(nsid, lba, &buf)?;
         let op = Op {
             name,
             nsid,
             lba: Some(lba),
         };
-        self.qp
-            .issue_rw(opcode.0, op, lba, (blocks - 1) as u16, buf, tag, internal)
+        let cid = self.qp.issue_rw(
+            opcode.0,
+            op,
+            lba,
+            (blocks - 1) as u16,
+            &buf,
+            tag,
+            internal,
+            false,
+        )?;
+        self.qp.hold(cid, buf);
+        Ok(())
+    }
+
+    /// A Read or Write whose buffer the caller keeps: the queue pair pins it.
+    #[inline(always)]
+    fn queue_rw(
+        &mut self,
+        opcode: NvmOpcode,
+        name: &'static str,
+        nsid: u32,
+        lba: u64,
+        buf: &DmaSlice,
+        tag: u64,
+    ) -> Result<(), Error> {
+        if self.pair.is_deleted() {
+            return Err(Error::ShutDown);
+        }
+        let blocks = self.rw_blocks(nsid, lba, buf)?;
+        let op = Op {
+            name,
+            nsid,
+            lba: Some(lba),
+        };
+        self.qp.issue_rw(
+            opcode.0,
+            op,
+            lba,
+            (blocks - 1) as u16,
+            buf,
+            tag,
+            false,
+            true,
+        )?;
+        Ok(())
     }
 
     /// Queues a Read of `buf.len` bytes from block `lba` into a buffer the caller keeps: the
@@ -519,18 +546,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        if self.pair.is_deleted() {
-            return Err(Error::ShutDown);
-        }
-        self.submit_rw(
-            NvmOpcode::READ,
-            "Read",
-            nsid,
-            lba,
-            KeepAlive::Borrowed(buf),
-            tag,
-            false,
-        )
+        self.queue_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag)
     }
 
     /// Queues a Write of `buf` to block `lba` onward; see [`IoQueuePair::queue_read`].
@@ -542,18 +558,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        if self.pair.is_deleted() {
-            return Err(Error::ShutDown);
-        }
-        self.submit_rw(
-            NvmOpcode::WRITE,
-            "Write",
-            nsid,
-            lba,
-            KeepAlive::Borrowed(buf),
-            tag,
-            false,
-        )
+        self.queue_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag)
     }
 
     /// Drops the queue pair's pins on buffers that no command in flight uses (see

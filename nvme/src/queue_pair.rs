@@ -81,15 +81,6 @@ const NO_PIN: u8 = u8::MAX;
 /// Buffers a queue pair keeps pinned (see [`QueuePair::pin`]).
 const PINS: usize = 4;
 
-/// How a submitted command keeps its data buffer alive until the controller is done with it.
-pub(crate) enum KeepAlive<'a> {
-    /// The caller handed the buffer over: the slot holds it until the command completes.
-    Owned(DmaSlice),
-    /// The caller lent the buffer: the queue pair pins its memory (one reference count per
-    /// distinct buffer, not per command).
-    Borrowed(&'a DmaSlice),
-}
-
 /// One finished command, as handed to a reap sink.
 pub(crate) struct Reaped {
     /// The caller's tag.
@@ -401,6 +392,7 @@ impl QueuePair {
     }
 
     /// Ends what a slot holds for its buffer once the controller is done with it.
+    #[inline(always)]
     fn unpin(pin_users: &mut [u32; PINS], slot: &mut Slot) {
         if slot.pin != NO_PIN {
             pin_users[slot.pin as usize] -= 1;
@@ -411,24 +403,25 @@ impl QueuePair {
     }
 
     /// Reserves a CID and issues a Read or Write of `buf` (`nlb_z`: blocks - 1), building the
-    /// SQE in place in the ring; rings no doorbell. The hot path: no clock, no allocation, no
-    /// atomic read-modify-write when `keep` is [`KeepAlive::Borrowed`] on a pinned buffer.
+    /// SQE in place in the ring; rings no doorbell; returns the CID. The hot path: no clock,
+    /// no allocation, no atomic read-modify-write for a pinned buffer.
+    ///
+    /// With `pin`, the queue pair keeps `buf`'s memory alive itself (a pin, or a clone in the
+    /// slot when every pin is taken); without, the caller must hand the slot the buffer with
+    /// [`QueuePair::hold`] before anything else touches the queue pair.
     #[expect(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn issue_rw(
         &mut self,
         opcode: u8,
         op: Op,
         lba: u64,
         nlb_z: u16,
-        keep: KeepAlive<'_>,
+        buf: &DmaSlice,
         tag: u64,
         internal: bool,
-    ) -> Result<(), Error> {
-        let buf = match &keep {
-            KeepAlive::Owned(b) => b,
-            KeepAlive::Borrowed(b) => *b,
-        };
+        pin: bool,
+    ) -> Result<u16, Error> {
         let cid = self.begin()?;
         let prp = match self.data_pointer(cid, buf) {
             Ok(prp) => prp,
@@ -452,13 +445,7 @@ impl QueuePair {
         ];
         let index = self.sq_ring.push();
         self.sq.write_u64s(index as usize * SQE_SIZE, &sqe);
-        let (pin, owned) = match keep {
-            KeepAlive::Borrowed(b) => match self.pin(&b.mem) {
-                Some(pin) => (pin, None),
-                None => (NO_PIN, Some(b.clone())),
-            },
-            KeepAlive::Owned(b) => (NO_PIN, Some(b)),
-        };
+        let pinned = if pin { self.pin(&buf.mem) } else { None };
         let slot = &mut self.slots[cid as usize];
         debug_assert_eq!(slot.state, SlotState::Free);
         debug_assert!(slot.buf.is_none(), "a free slot holds no buffer");
@@ -466,12 +453,24 @@ impl QueuePair {
         slot.tag = tag;
         slot.internal = internal;
         slot.op = op;
-        slot.pin = pin;
-        if owned.is_some() {
-            slot.buf = owned;
+        match pinned {
+            Some(index) => slot.pin = index,
+            None => {
+                slot.pin = NO_PIN;
+                if pin {
+                    slot.buf = Some(buf.clone());
+                }
+            }
         }
         self.in_flight += 1;
-        Ok(())
+        Ok(cid)
+    }
+
+    /// Hands slot `cid` (just issued by [`QueuePair::issue_rw`] without `pin`) the buffer that
+    /// keeps its data memory alive until the command completes.
+    #[inline(always)]
+    pub(crate) fn hold(&mut self, cid: u16, buf: DmaSlice) {
+        self.slots[cid as usize].buf = Some(buf);
     }
 
     /// Copies `bytes` (at most one page) into `cid`'s list page and returns its device address;
