@@ -11,13 +11,15 @@
 #   {"summary":true,"ios":...,"repeat":...,"before":{"iops":...,"p50_ns":...,"p99_ns":...},
 #    "after":{...},"iops_ratio":...}
 #
-# Usage: scripts/hot-path-bench.sh [BEFORE]   Environment: IOS (default 2000000), REPEAT (3).
+# Usage: scripts/hot-path-bench.sh [BEFORE]   Environment: IOS (default 2000000), REPEAT (3);
+# BEFORE_BIN and AFTER_BIN: prebuilt binaries to use instead of building (a machine without
+# cargo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=${1:-6d3c4af}
 IOS=${IOS:-2000000}
 REPEAT=${REPEAT:-3}
-before_bin="target/hot-path-before/$BEFORE/gpunvme"
+before_bin=${BEFORE_BIN:-"target/hot-path-before/$BEFORE/gpunvme"}
 if [[ ! -x "$before_bin" ]]; then
     src=$(mktemp -d)
     git archive "$BEFORE" | tar -x -C "$src"
@@ -28,8 +30,10 @@ if [[ ! -x "$before_bin" ]]; then
     cp "target/hot-path-before/target/release/gpunvme" "$before_bin"
     rm -rf "$src"
 fi
-cargo build --release -q --bin gpunvme >&2
-after_bin=target/release/gpunvme
+after_bin=${AFTER_BIN:-target/release/gpunvme}
+if [[ -z "${AFTER_BIN:-}" ]]; then
+    cargo build --release -q --bin gpunvme >&2
+fi
 
 img=$(mktemp /dev/shm/gpunvme-hot-path.XXXXXX)
 trap 'rm -f "$img"' EXIT
