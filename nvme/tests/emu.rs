@@ -721,10 +721,12 @@ fn vanished_device_is_reported() -> Result<()> {
 
 #[test]
 fn garbage_completions_fail_the_queue() -> Result<()> {
-    for (cid, sqid_delta, reason) in [
-        (500u16, 0u16, "command id out of range"),
-        (3, 0, "command id not in flight"),
-        (0, 1, "wrong submission queue id"),
+    for (cid, sqid_delta, sqhd, reason) in [
+        (500u16, 0u16, 0u16, "command id out of range"),
+        (3, 0, 0, "command id not in flight"),
+        (0, 1, 0, "wrong submission queue id"),
+        (0, 0, 16, "SQ head pointer beyond the queue"),
+        (0, 0, u16::MAX, "SQ head pointer beyond the queue"),
     ] {
         let (flaky, ctrl) = start_flaky(fast_opts())?;
         let mut qp = ctrl.create_io_queue_pair(16)?;
@@ -732,6 +734,7 @@ fn garbage_completions_fail_the_queue() -> Result<()> {
         let allocs = flaky.allocs.lock().unwrap().clone();
         let (cq_address, _) = allocs[allocs.len() - 2];
         let mut cqe = [0u8; 16];
+        cqe[8..10].copy_from_slice(&sqhd.to_le_bytes());
         cqe[10..12].copy_from_slice(&(qp.qid() + sqid_delta).to_le_bytes());
         cqe[12..14].copy_from_slice(&cid.to_le_bytes());
         cqe[14..16].copy_from_slice(&1u16.to_le_bytes()); // phase 1, success
@@ -887,5 +890,37 @@ fn borrowed_buffer_round_trip_over_every_prp_shape() -> Result<()> {
         in_mem.read(off, &mut back);
         ensure!(back == data[off..off + len], "bytes at {off}+{len} differ");
     }
+    Ok(())
+}
+
+#[test]
+fn a_timed_out_borrowed_buffer_stays_pinned() -> Result<()> {
+    let opts = ControllerOptions {
+        io_timeout: Duration::from_millis(200),
+        ..fast_opts()
+    };
+    let (emu, ctrl) = start(EmuConfig::default(), opts)?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let mem = dma(&ctrl, 4096)?;
+    let base = Arc::strong_count(&mem);
+    emu.faults().drop_completions(1);
+    qp.queue_read(1, 0, &DmaSlice::whole(mem.clone()), 7)?;
+    let mut out = Vec::new();
+    let started = Instant::now();
+    qp.wait(&mut out, 1)?;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(out.len(), 1);
+    assert!(
+        matches!(out[0].result, Err(Error::Timeout { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(qp.is_failed());
+    // The controller may still write into the buffer: the queue pair keeps it pinned, even when
+    // asked to let go of idle pins.
+    assert_eq!(qp.release_buffers(), 0);
+    assert_eq!(Arc::strong_count(&mem), base + 1);
+    drop(qp);
+    assert_eq!(Arc::strong_count(&mem), base);
     Ok(())
 }
