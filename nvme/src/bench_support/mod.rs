@@ -491,33 +491,44 @@ impl NullRegisters {
         let entries = sq.entries;
         let end = (sq.head + n) % entries;
         let reverse = self.reverse.load(Ordering::Relaxed);
+        // Both rings were checked to fit their regions when created; check once more here so
+        // that each entry access needs only an index check.
+        let (Some(sq_ring), Some(cq_ring)) = (
+            sq.region.ring(sq.offset, sq.entries, SQE_SIZE),
+            cq.region.ring(cq.offset, cq.entries, CQE_SIZE),
+        ) else {
+            return;
+        };
         // The ring index `i` past the head, without divisions.
         let wrap = |i: u32| if i >= entries { i - entries } else { i };
         let sqid = (qid as u32) << 16;
+        let (mut tail, mut ph) = (cq.tail, *phase);
         for i in 0..n {
             let k = if reverse { n - 1 - i } else { i };
             let index = wrap(sq.head + k);
             // CDW0 (opcode, CID) and the NSID: all the null device looks at.
-            let qw0 = sq.region.load_u64(sq.offset + index as usize * SQE_SIZE);
+            let qw0 = sq_ring.load_u64(index);
             let (opcode, cid, nsid) =
                 (NvmOpcode(qw0 as u8), (qw0 >> 16) as u16, (qw0 >> 32) as u32);
             let sqhd = if reverse { end } else { wrap(index + 1) };
             // Successful Completion is a status field of zero but for the phase tag.
             let status = if nsid == 1 && matches!(opcode, NvmOpcode::READ | NvmOpcode::WRITE) {
-                *phase as u16
+                ph as u16
             } else {
-                CqeStatus::from_status(io_status(opcode, nsid), *phase).into_bits()
+                CqeStatus::from_status(io_status(opcode, nsid), ph).into_bits()
             };
-            cq.region.store_cqe(
-                cq.offset + cq.tail as usize * CQE_SIZE,
+            cq_ring.store_cqe(
+                tail,
                 [0, 0, sqhd | sqid, cid as u32 | (status as u32) << 16],
             );
-            cq.tail += 1;
-            if cq.tail == cq.entries {
-                cq.tail = 0;
-                *phase = !*phase;
+            tail += 1;
+            if tail == cq.entries {
+                tail = 0;
+                ph = !ph;
             }
         }
+        cq.tail = tail;
+        *phase = ph;
         *completed += n as u64;
         sq.head = end;
     }

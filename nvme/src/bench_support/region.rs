@@ -57,23 +57,6 @@ impl Region {
         self.iova
     }
 
-    /// The 64-bit word at `offset` (8-byte aligned, inside the region), loaded Relaxed.
-    ///
-    /// # Panics
-    /// If the word is not inside the region or not aligned (a bug in the null device: every
-    /// offset it uses comes from a ring it validated when the queue was created).
-    pub(super) fn load_u64(&self, offset: usize) -> u64 {
-        assert!(
-            offset % 8 == 0 && offset.checked_add(8).is_some_and(|end| end <= self.len),
-            "quadword {offset} outside a region of {}",
-            self.len
-        );
-        // SAFETY: in bounds and aligned (checked; the base is page-aligned); an AtomicU64 has
-        // the layout of a u64, and atomics are how memory shared with the driver is touched.
-        let word = unsafe { &*self.ptr.as_ptr().add(offset).cast::<AtomicU64>() };
-        word.load(Ordering::Relaxed)
-    }
-
     /// Writes a 16-byte completion queue entry at `offset` (16-byte aligned, inside the
     /// region): dwords 0..=2 first, then dword 3 (the one with the phase tag) with Release, so
     /// that a driver that sees the new phase (Acquire) sees the whole entry.
@@ -84,7 +67,7 @@ impl Region {
             self.len
         );
         // SAFETY: the 16 bytes are in bounds and aligned (checked; the base is page-aligned);
-        // atomics are how memory shared with the driver is touched, as in `load_u64`.
+        // atomics are how memory shared with the driver is touched.
         let words = unsafe { &*self.ptr.as_ptr().add(offset).cast::<[AtomicU32; 4]>() };
         words[0].store(dw[0], Ordering::Relaxed);
         words[1].store(dw[1], Ordering::Relaxed);
@@ -137,6 +120,66 @@ impl Region {
         // registry entry before the allocation can be freed (queues still holding the region
         // keep it alive until they are deleted). Nothing creates Rust references into it.
         unsafe { DmaMemory::from_raw_parts(region.ptr, region.len, pages, owner) }
+    }
+}
+
+/// A ring of `entries` entries of `stride` bytes at `offset` of a [`Region`], checked once to
+/// lie inside it, so that each entry access checks only its index.
+pub(super) struct RingRef<'a> {
+    region: &'a Region,
+    offset: usize,
+    entries: u32,
+    stride: usize,
+}
+
+impl Region {
+    /// The ring at `offset` (aligned to `stride`, a power of two of at least 16), or `None` if
+    /// it does not fit the region.
+    pub(super) fn ring(&self, offset: usize, entries: u32, stride: usize) -> Option<RingRef<'_>> {
+        let end = (entries as usize)
+            .checked_mul(stride)
+            .and_then(|len| offset.checked_add(len))?;
+        let fits = stride.is_power_of_two() && stride >= 16 && offset % stride == 0;
+        (fits && end <= self.len).then_some(RingRef {
+            region: self,
+            offset,
+            entries,
+            stride,
+        })
+    }
+}
+
+impl RingRef<'_> {
+    /// The first quadword of entry `index` (CDW0 and the NSID of an SQE), loaded Relaxed.
+    ///
+    /// # Panics
+    /// If `index` is not below the ring's entry count (a bug in the null device).
+    pub(super) fn load_u64(&self, index: u32) -> u64 {
+        assert!(index < self.entries, "entry {index} of {}", self.entries);
+        let at = self.offset + index as usize * self.stride;
+        // SAFETY: `at..at + 8` is inside the region (the ring was checked to fit it when this
+        // view was made, and `index` is below its entry count) and 8-byte aligned (the base is
+        // page-aligned, `offset` and `stride` multiples of 16). An AtomicU64 has the layout of a
+        // u64, and atomics are how memory shared with the driver is touched.
+        let word = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<AtomicU64>() };
+        word.load(Ordering::Relaxed)
+    }
+
+    /// Writes entry `index` as a completion queue entry, dword 3 last with Release (see
+    /// [`Region::store_cqe`]).
+    ///
+    /// # Panics
+    /// If `index` is not below the ring's entry count (a bug in the null device).
+    pub(super) fn store_cqe(&self, index: u32, dw: [u32; 4]) {
+        assert!(index < self.entries, "entry {index} of {}", self.entries);
+        let at = self.offset + index as usize * self.stride;
+        // SAFETY: `at..at + 16` is inside the region and 16-byte aligned (as in `load_u64`);
+        // atomics are how memory shared with the driver is touched.
+        let words = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<[AtomicU32; 4]>() };
+        words[0].store(dw[0], Ordering::Relaxed);
+        words[1].store(dw[1], Ordering::Relaxed);
+        words[2].store(dw[2], Ordering::Relaxed);
+        words[3].store(dw[3], Ordering::Release);
     }
 }
 
