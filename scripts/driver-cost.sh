@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The driver's instructions per command (issue 12): runs nvme's `driver_cost` example under
 # callgrind, collecting only inside its measured loop, and prints one JSON line:
-#   {"ios":..,"qd":..,"bs":..,"instructions":..,"per_command":..,"null_device_per_command":..,
+#   {"ios":..,"qd":..,"bs":..,"flags":..,"instructions":..,"per_command":..,"null_device_per_command":..,
 #    "driver_per_command":..}
 # `null_device_per_command` is the inline null device's own share (everything under its
 # register-write handler); `driver_per_command` is the rest (driver + the example's loop).
 #
-# Usage: scripts/driver-cost.sh [IOS] [QD] [BS] [--owned]   (defaults 100000 32 4k)
+# Usage: scripts/driver-cost.sh [IOS] [QD] [BS] [FLAGS]   (defaults 100000 32 4k; FLAGS: one
+# string of driver_cost's own, e.g. "--owned --vec")
 # Needs valgrind (apt-get install valgrind). BIN=path skips the build (to measure another build).
 set -euo pipefail
 IOS=${1:-100000}
@@ -26,7 +27,7 @@ total=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$OUT/stderr")
 null=$(callgrind_annotate --inclusive=yes "$OUT/cg.out" 2>/dev/null |
     awk '!found && /NullRegisters as nvme::device::RegisterIo>::write_u32 \[/ { gsub(",", "", $1); print $1; found = 1 }')
 null=${null:-0}
-awk -v ios="$IOS" -v qd="$QD" -v bs="$BS" -v api="$( [[ -n "$EXTRA" ]] && echo owned || echo borrowed )" -v total="$total" -v null="$null" 'BEGIN {
-    printf "{\"ios\":%d,\"qd\":%d,\"bs\":\"%s\",\"api\":\"%s\",\"instructions\":%d,\"per_command\":%.1f,", ios, qd, bs, api, total, total / ios
+awk -v ios="$IOS" -v qd="$QD" -v bs="$BS" -v flags="$EXTRA" -v total="$total" -v null="$null" 'BEGIN {
+    printf "{\"ios\":%d,\"qd\":%d,\"bs\":\"%s\",\"flags\":\"%s\",\"instructions\":%d,\"per_command\":%.1f,", ios, qd, bs, flags, total, total / ios
     printf "\"null_device_per_command\":%.1f,\"driver_per_command\":%.1f}\n", null / ios, (total - null) / ios
 }'

@@ -7,8 +7,9 @@
 //! Commands are queued with [`IoQueuePair::queue_read`] (borrowed buffer, no reference count
 //! per command); `--owned` submits [`IoCommand::Read`] values with
 //! [`IoQueuePair::submit_deferred`] instead (one `Arc` clone per command, dropped at
-//! completion). Either way the batch gets one SQ doorbell and is reaped with
-//! [`IoQueuePair::poll`].
+//! completion). Either way the batch gets one SQ doorbell. Completions are taken with
+//! [`IoQueuePair::poll_with`] (each handed to a closure); `--vec` collects them with
+//! [`IoQueuePair::poll`] into a `Vec<IoCompletion>` instead.
 //!
 //! Prints one line and nothing else. Count instructions with callgrind, collecting only inside
 //! the measured loop (`run_ios`), so that bring-up does not count:
@@ -32,6 +33,7 @@ struct Args {
     qd: usize,
     bs: usize,
     owned: bool,
+    collect: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize> {
@@ -51,6 +53,7 @@ fn parse_args() -> Result<Args> {
         qd: 32,
         bs: 4096,
         owned: false,
+        collect: false,
     };
     let mut ios = None;
     let mut it = std::env::args().skip(1);
@@ -59,15 +62,19 @@ fn parse_args() -> Result<Args> {
             args.owned = true;
             continue;
         }
+        if flag == "--vec" {
+            args.collect = true;
+            continue;
+        }
         let value = it.next().with_context(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--ios" => ios = Some(value.parse().context("--ios")?),
             "--qd" => args.qd = value.parse().context("--qd")?,
             "--bs" => args.bs = parse_size(&value)?,
-            _ => bail!("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned]"),
+            _ => bail!("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned] [--vec]"),
         }
     }
-    args.ios = ios.context("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned]")?;
+    args.ios = ios.context("usage: driver_cost --ios N [--qd Q] [--bs B] [--owned] [--vec]")?;
     ensure!((1..=4095).contains(&args.qd), "--qd must be 1..=4095");
     ensure!(
         args.bs >= 512 && args.bs % 512 == 0 && args.bs <= 2 << 20,
@@ -84,6 +91,7 @@ fn run_ios(
     bufs: &[DmaSlice],
     ios: u64,
     owned: bool,
+    collect: bool,
     out: &mut Vec<IoCompletion>,
 ) -> Result<u64> {
     let blocks = (bufs[0].len / 512) as u64;
@@ -107,9 +115,13 @@ fn run_ios(
         qp.ring();
         let mut got = 0;
         while got < batch {
-            out.clear();
-            got += qp.poll(out)?;
-            errors += out.iter().filter(|c| c.result.is_err()).count() as u64;
+            if collect {
+                out.clear();
+                got += qp.poll(out)?;
+                errors += out.iter().filter(|c| c.result.is_err()).count() as u64;
+            } else {
+                got += qp.poll_with(|_, r| errors += r.is_err() as u64)?;
+            }
         }
         done += batch as u64;
     }
@@ -130,7 +142,7 @@ fn main() -> Result<()> {
         .collect();
     let mut out = Vec::with_capacity(args.qd);
     let start = Instant::now();
-    let errors = run_ios(&mut qp, &bufs, args.ios, args.owned, &mut out)?;
+    let errors = run_ios(&mut qp, &bufs, args.ios, args.owned, args.collect, &mut out)?;
     let elapsed = start.elapsed();
     ensure!(errors == 0, "{errors} commands failed");
     println!(

@@ -588,6 +588,29 @@ impl IoQueuePair {
         Ok(out.len() - before)
     }
 
+    /// Like [`IoQueuePair::poll`], but hands each finished command to `f` as it is reaped
+    /// (its tag and how it ended) instead of collecting them in a `Vec`; returns how many `f`
+    /// was given. The same checks, deadlines and errors as [`IoQueuePair::poll`].
+    #[inline]
+    pub fn poll_with(&mut self, mut f: impl FnMut(u64, Result<(), Error>)) -> Result<usize, Error> {
+        self.qp.ring();
+        let mut n = 0;
+        for c in self.stash.drain(..) {
+            f(c.tag, c.result);
+            n += 1;
+        }
+        self.qp.reap(usize::MAX, |r: Reaped| {
+            if !r.internal {
+                n += 1;
+                match r.result {
+                    Ok(_) => f(r.tag, Ok(())),
+                    Err(e) => f(r.tag, Err(*e)),
+                }
+            }
+        })?;
+        Ok(n)
+    }
+
     /// Reaps into `out` until at least `min` commands (or all in flight, if fewer) have
     /// finished; returns how many were added. Bounded: every command has a deadline.
     pub fn wait(&mut self, out: &mut Vec<IoCompletion>, min: usize) -> Result<usize, Error> {

@@ -222,3 +222,34 @@ fn borrowed_commands_are_checked_like_owned_ones() -> Result<()> {
     assert!(out[0].result.is_ok());
     Ok(())
 }
+
+#[test]
+fn poll_with_hands_over_every_completion_including_stashed_ones() -> Result<()> {
+    let (null, ctrl) = start()?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let mem = Arc::new(ctrl.device().alloc_dma(4 * 4096)?);
+    let bufs: Vec<DmaSlice> = (0..4)
+        .map(|i| DmaSlice::new(mem.clone(), i * 4096, 4096))
+        .collect();
+    null.set_reverse_completions(true);
+    for (i, buf) in bufs.iter().enumerate() {
+        qp.queue_read(1, i as u64 * 8, buf, 100 + i as u64)?;
+    }
+    // A synchronous Flush reaps the four reads on its way and keeps them for the caller.
+    qp.flush(1)?;
+    for (i, buf) in bufs.iter().enumerate() {
+        qp.queue_read(1, i as u64 * 8, buf, 200 + i as u64)?;
+    }
+    let mut seen = Vec::new();
+    let mut n = 0;
+    while seen.len() < 8 {
+        n += qp.poll_with(|tag, result| seen.push((tag, result.is_ok())))?;
+    }
+    assert_eq!(n, 8);
+    let mut tags: Vec<u64> = seen.iter().map(|&(t, _)| t).collect();
+    tags.sort_unstable();
+    assert_eq!(tags, [100, 101, 102, 103, 200, 201, 202, 203]);
+    assert!(seen.iter().all(|&(_, ok)| ok));
+    assert_eq!(qp.in_flight(), 0);
+    Ok(())
+}
