@@ -11,7 +11,7 @@
 use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
-use crate::queue_pair::{Doorbells, QueueMemory, QueuePair};
+use crate::queue_pair::{Doorbells, QueueMemory, QueuePair, Reaped};
 use crate::timeout::Backoff;
 use nvme_spec::command::{
     CreateCqCdw11, CreateQueueCdw10, CreateSqCdw11, DeleteQueueCdw10, FeaturesCdw10,
@@ -158,9 +158,9 @@ impl AdminQueue {
         let mut backoff = Backoff::for_admin();
         let mut result = None;
         loop {
-            self.qp.reap(usize::MAX, &mut |r| {
+            self.qp.reap(usize::MAX, |r: Reaped| {
                 if r.tag == tag {
-                    result = Some(r.result);
+                    result = Some(r.into_result());
                 }
             })?;
             if let Some(r) = result {

@@ -100,6 +100,7 @@ impl DmaRegion {
     }
 
     /// Length in bytes (whole pages).
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -123,6 +124,7 @@ impl DmaRegion {
     }
 
     /// Device addresses of every page, in order.
+    #[inline]
     pub fn page_addresses(&self) -> &[u64] {
         &self.page_addrs
     }
@@ -203,6 +205,7 @@ impl DmaMemory {
     }
 
     /// Length in bytes (whole pages).
+    #[inline]
     pub fn len(&self) -> usize {
         self.region.len
     }
@@ -221,6 +224,7 @@ impl DmaMemory {
     }
 
     /// Device addresses of every page, in order.
+    #[inline]
     pub fn page_addresses(&self) -> &[u64] {
         self.region.page_addresses()
     }
@@ -231,6 +235,7 @@ impl DmaMemory {
         self.region.is_device_contiguous()
     }
 
+    #[inline]
     fn check(&self, offset: usize, len: usize) {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len()),
@@ -269,6 +274,28 @@ impl DmaMemory {
         }
     }
 
+    /// Copies `words` into the buffer at `offset` (8-byte aligned), in native (little-endian)
+    /// byte order: an SQE built as quadwords, or a run of PRP list entries.
+    ///
+    /// Like [`DmaMemory::write`], the words become visible to the device at the next Release
+    /// fence (the driver issues one before every doorbell write).
+    #[inline]
+    pub fn write_u64s(&self, offset: usize, words: &[u64]) {
+        let len = size_of_val(words);
+        self.check(offset, len);
+        assert_eq!(offset % 8, 0, "unaligned 64-bit DMA access at {offset}");
+        // SAFETY: in bounds and aligned (checked above; the base is page-aligned); the
+        // destination is valid for writes per the constructor's contract and no Rust reference
+        // aliases it; the source is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                words.as_ptr().cast::<u8>(),
+                self.ptr.as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+
     /// Fills `len` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) {
         self.check(offset, len);
@@ -296,6 +323,25 @@ impl DmaMemory {
     /// `Ordering::Acquire` for the completion dword that carries the phase tag.
     pub fn load_u32(&self, offset: usize, order: Ordering) -> u32 {
         self.atomic_u32(offset).load(order)
+    }
+
+    /// Loads the 16-byte completion queue entry at `offset` (16-byte aligned) as four dwords:
+    /// dword 3, which carries the phase tag, first and with Acquire, then dwords 0 to 2, so
+    /// that when the phase tag says the entry is new, the other dwords are the controller's.
+    #[inline]
+    pub fn load_cqe(&self, offset: usize) -> [u32; 4] {
+        self.check(offset, 16);
+        assert_eq!(offset % 16, 0, "unaligned 16-byte DMA access at {offset}");
+        // SAFETY: in bounds and 16-byte aligned (checked above; the base is page-aligned); four
+        // AtomicU32 have the layout of [u32; 4]; see `atomic_u32`.
+        let words = unsafe { &*self.ptr.as_ptr().add(offset).cast::<[AtomicU32; 4]>() };
+        let dw3 = words[3].load(Ordering::Acquire);
+        [
+            words[0].load(Ordering::Relaxed),
+            words[1].load(Ordering::Relaxed),
+            words[2].load(Ordering::Relaxed),
+            dw3,
+        ]
     }
 
     /// Stores the 32-bit word at `offset` (4-byte aligned) with the given ordering.
@@ -419,6 +465,7 @@ impl DmaSlice {
     }
 
     /// Device addresses of the 4 KiB pages the range touches, in order.
+    #[inline]
     pub fn pages(&self) -> &[u64] {
         if self.len == 0 {
             return &[];

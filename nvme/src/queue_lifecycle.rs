@@ -367,6 +367,7 @@ impl CreatedQueuePair {
     /// Whether the pair is retired: [`CreatedQueuePair::delete`] ran, or
     /// [`crate::Controller::shutdown`] (or the controller's drop) deleted its queues, or would
     /// have but for a failed admin queue. Its rings must not be used any more.
+    #[inline]
     pub fn is_deleted(&self) -> bool {
         self.handle.deleted.load(Ordering::Acquire)
     }

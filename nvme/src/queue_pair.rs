@@ -10,6 +10,13 @@
 //! [`Error::Timeout`] and the queue pair is marked failed, because the controller may still own
 //! its CID and buffers.
 //!
+//! Clocks are read per poll round, never per command: submitting marks a command `Issued`, and
+//! the next deadline check (at most one clock read, at most once per check interval, see
+//! the `timeout` module) gives every `Issued` command the deadline `now + timeout`. That deadline
+//! is never earlier than one counted from the submission, and at most one check interval later;
+//! a command is therefore reported no sooner than the timeout after it was submitted and, while
+//! the caller keeps polling, no later than the timeout plus two check intervals.
+//!
 //! Memory shared with the controller is only touched through [`DmaMemory`]'s copy and atomic
 //! accessors: SQEs are copied in before a Release fence and the doorbell write; the CQE dword
 //! holding the phase tag is loaded with Acquire before the rest of the entry is read.
@@ -19,13 +26,12 @@
 use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
-use crate::prp::{Prp, build_prp};
+use crate::prp::{PRP_ENTRIES_PER_LIST, Prp, PrpError};
 use crate::queue::{CqRing, SqRing};
 use crate::registers::Registers;
 use crate::timeout::check_interval;
 use nvme_spec::wire::{
-    CQE_CID, CQE_DW0, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD,
-    SQE_SIZE,
+    CQE_CID, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD, SQE_SIZE,
 };
 use nvme_spec::{Command, CqeStatus};
 use std::sync::Arc;
@@ -48,22 +54,32 @@ const IDLE_CHECK_EVERY: u32 = 16;
 enum SlotState {
     /// Not in use.
     Free,
-    /// Submitted, waiting for its completion.
+    /// Submitted, waiting for its completion; no deadline yet (the next deadline check gives
+    /// it one, so that submitting reads no clock).
+    Issued,
+    /// Submitted, waiting for its completion, with a deadline.
     Busy,
     /// Reported as timed out or failed; the controller may still complete it.
     Abandoned,
 }
 
-/// Per-CID bookkeeping.
+/// Per-CID bookkeeping (the CID table is a flat array of these, indexed by CID).
 struct Slot {
     state: SlotState,
-    tag: u64,
     internal: bool,
+    /// Index into [`QueuePair::pins`] of the pin keeping the data buffer alive, or [`NO_PIN`].
+    pin: u8,
+    tag: u64,
     deadline: Instant,
     op: Op,
-    /// Keeps the data buffer alive while the controller may access it.
+    /// Keeps the data buffer alive while the controller may access it, when no pin does.
     buf: Option<DmaSlice>,
 }
+
+/// [`Slot::pin`] when no pin is used.
+const NO_PIN: u8 = u8::MAX;
+/// Buffers a queue pair keeps pinned (see [`QueuePair::pin`]).
+const PINS: usize = 4;
 
 /// One finished command, as handed to a reap sink.
 pub(crate) struct Reaped {
@@ -71,8 +87,16 @@ pub(crate) struct Reaped {
     pub tag: u64,
     /// Whether the driver submitted it for itself (synchronous helpers).
     pub internal: bool,
+    /// Dword 0 of the completion, or why the command failed (boxed, so that a success is
+    /// two words to hand over, not a whole [`Error`]).
+    pub result: Result<u32, Box<Error>>,
+}
+
+impl Reaped {
     /// Dword 0 of the completion, or why the command failed.
-    pub result: Result<u32, Error>,
+    pub(crate) fn into_result(self) -> Result<u32, Error> {
+        self.result.map_err(|e| *e)
+    }
 }
 
 /// Host memory for a queue pair the driver drives itself: both rings and the PRP list pages.
@@ -121,7 +145,16 @@ pub(crate) struct QueuePair {
     sq_db: usize,
     cq_db: usize,
     slots: Box<[Slot]>,
-    free: Vec<u16>,
+    /// Free CIDs: a stack in `free[..free_len]`.
+    free: Box<[u16]>,
+    free_len: usize,
+    /// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
+    /// flight (or abandoned) use each. A pin with no users stays until it is replaced or the
+    /// queue pair is dropped.
+    pins: [Option<Arc<DmaMemory>>; PINS],
+    pin_users: [u32; PINS],
+    /// The pin used last (looked at first).
+    last_pin: usize,
     in_flight: usize,
     timeout: Duration,
     failed: bool,
@@ -160,6 +193,7 @@ impl QueuePair {
                 state: SlotState::Free,
                 tag: 0,
                 internal: false,
+                pin: NO_PIN,
                 deadline: now,
                 op: Op::admin(""),
                 buf: None,
@@ -180,6 +214,10 @@ impl QueuePair {
             cq_db: doorbells.cq_head,
             slots,
             free,
+            free_len: capacity,
+            pins: Default::default(),
+            pin_users: [0; PINS],
+            last_pin: 0,
             in_flight: 0,
             timeout,
             failed: false,
@@ -229,16 +267,27 @@ impl QueuePair {
         if self.failed {
             return Err(Error::QueueFailed { qid: self.qid });
         }
-        self.free.pop().ok_or(Error::QueueFull {
-            qid: self.qid,
-            capacity: self.slots.len(),
-        })
+        if self.free_len == 0 {
+            return Err(Error::QueueFull {
+                qid: self.qid,
+                capacity: self.slots.len(),
+            });
+        }
+        self.free_len -= 1;
+        Ok(self.free[self.free_len])
+    }
+
+    /// Puts `cid` back on the free stack (never more than `capacity` entries: every CID is
+    /// either free or in a slot).
+    fn release(&mut self, cid: u16) {
+        self.free[self.free_len] = cid;
+        self.free_len += 1;
     }
 
     /// Gives back a CID reserved by [`QueuePair::begin`] that was not issued.
     pub(crate) fn cancel(&mut self, cid: u16) {
         debug_assert_eq!(self.slots[cid as usize].state, SlotState::Free);
-        self.free.push(cid);
+        self.release(cid);
     }
 
     /// Byte offset in the PRP memory and device address of the list page for `cid`.
@@ -248,16 +297,180 @@ impl QueuePair {
     }
 
     /// Builds the data pointer for `buf`, writing a PRP list into `cid`'s list page if needed.
+    ///
+    /// The common shapes cost no loop: one page gives PRP1 alone, two pages PRP1 and PRP2; a
+    /// longer transfer copies its page addresses into the list page in one go. Page addresses
+    /// need no check: [`crate::DmaRegion`] refuses unaligned ones when it is built.
+    #[inline]
     pub(crate) fn data_pointer(&self, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
+        let in_page = buf.offset % DMA_PAGE_SIZE;
+        if buf.len == 0 || in_page % 4 != 0 {
+            return Err(Self::prp_error(buf));
+        }
+        let pages = buf.pages();
+        let prp1 = pages[0] + in_page as u64;
+        match pages.len() {
+            1 => Ok(Prp {
+                prp1,
+                prp2: 0,
+                list_entries: 0,
+            }),
+            2 => Ok(Prp {
+                prp1,
+                prp2: pages[1],
+                list_entries: 0,
+            }),
+            _ => self.prp_list(cid, prp1, pages),
+        }
+    }
+
+    /// PRP1 and a list of `pages[1..]` in `cid`'s list page.
+    fn prp_list(&self, cid: u16, prp1: u64, pages: &[u64]) -> Result<Prp, Error> {
+        if pages.len() > PRP_ENTRIES_PER_LIST + 1 {
+            return Err(PrpError::TooLarge { pages: pages.len() }.into());
+        }
         let (list_offset, list_address) = self.prp_page(cid);
-        let prp_mem = &self.prp;
-        Ok(build_prp(
-            buf.pages(),
-            buf.offset % DMA_PAGE_SIZE,
-            buf.len,
-            list_address,
-            |i, page| prp_mem.store_u64(list_offset + i * 8, page, Ordering::Relaxed),
-        )?)
+        self.prp.write_u64s(list_offset, &pages[1..]);
+        Ok(Prp {
+            prp1,
+            prp2: list_address,
+            list_entries: pages.len() - 1,
+        })
+    }
+
+    #[cold]
+    fn prp_error(buf: &DmaSlice) -> Error {
+        let offset = buf.offset % DMA_PAGE_SIZE;
+        if buf.len == 0 {
+            PrpError::Empty.into()
+        } else {
+            PrpError::Unaligned { offset }.into()
+        }
+    }
+
+    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
+    /// count only when the buffer is not pinned already. `None` when every pin is in use by
+    /// other buffers (the caller then keeps a clone in the slot instead).
+    #[inline]
+    fn pin(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
+        let last = self.last_pin;
+        if self.pins[last]
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, mem))
+        {
+            self.pin_users[last] += 1;
+            return Some(last as u8);
+        }
+        self.pin_slow(mem)
+    }
+
+    #[cold]
+    fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
+        let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
+        let index = match self.pins.iter().position(hit) {
+            Some(i) => i,
+            None => {
+                let i = self.pin_users.iter().position(|&u| u == 0)?;
+                self.pins[i] = Some(mem.clone());
+                i
+            }
+        };
+        self.last_pin = index;
+        self.pin_users[index] += 1;
+        Some(index as u8)
+    }
+
+    /// Drops the pins no command uses; returns how many were dropped.
+    pub(crate) fn unpin_idle(&mut self) -> usize {
+        let mut n = 0;
+        for (pin, &users) in self.pins.iter_mut().zip(&self.pin_users) {
+            if users == 0 && pin.take().is_some() {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Ends what a slot holds for its buffer once the controller is done with it.
+    #[inline(always)]
+    fn unpin(pin_users: &mut [u32; PINS], slot: &mut Slot) {
+        if slot.pin != NO_PIN {
+            pin_users[slot.pin as usize] -= 1;
+            slot.pin = NO_PIN;
+        } else {
+            slot.buf = None;
+        }
+    }
+
+    /// Reserves a CID and issues a Read or Write of `buf` (`nlb_z`: blocks - 1), building the
+    /// SQE in place in the ring; rings no doorbell; returns the CID. The hot path: no clock,
+    /// no allocation, no atomic read-modify-write for a pinned buffer.
+    ///
+    /// With `pin`, the queue pair keeps `buf`'s memory alive itself (a pin, or a clone in the
+    /// slot when every pin is taken); without, the caller must hand the slot the buffer with
+    /// [`QueuePair::hold`] before anything else touches the queue pair.
+    #[expect(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn issue_rw(
+        &mut self,
+        opcode: u8,
+        op: Op,
+        lba: u64,
+        nlb_z: u16,
+        buf: &DmaSlice,
+        tag: u64,
+        internal: bool,
+        pin: bool,
+    ) -> Result<u16, Error> {
+        let cid = self.begin()?;
+        let prp = match self.data_pointer(cid, buf) {
+            Ok(prp) => prp,
+            Err(e) => {
+                self.release(cid);
+                return Err(e);
+            }
+        };
+        // The SQE as eight quadwords (NVMe Base 2.0, Figure 88; NVM Command Set 1.0, Figure
+        // 34 for Read and Write): CDW0 (opcode, CID) and NSID; CDW2-3 and MPTR 0; PRP1; PRP2;
+        // CDW10-11 the SLBA; CDW12 NLB (zero-based); CDW13-15 0.
+        let sqe = [
+            opcode as u64 | (cid as u64) << 16 | (op.nsid as u64) << 32,
+            0,
+            0,
+            prp.prp1,
+            prp.prp2,
+            lba,
+            nlb_z as u64,
+            0,
+        ];
+        let index = self.sq_ring.push();
+        self.sq.write_u64s(index as usize * SQE_SIZE, &sqe);
+        let pinned = if pin { self.pin(&buf.mem) } else { None };
+        let slot = &mut self.slots[cid as usize];
+        debug_assert_eq!(slot.state, SlotState::Free);
+        debug_assert!(slot.buf.is_none(), "a free slot holds no buffer");
+        slot.state = SlotState::Issued;
+        slot.tag = tag;
+        slot.internal = internal;
+        slot.op = op;
+        match pinned {
+            Some(index) => slot.pin = index,
+            None => {
+                slot.pin = NO_PIN;
+                if pin {
+                    slot.buf = Some(buf.clone());
+                }
+            }
+        }
+        self.in_flight += 1;
+        Ok(cid)
+    }
+
+    /// Hands slot `cid` (just issued by [`QueuePair::issue_rw`] without `pin`) the buffer that
+    /// keeps its data memory alive until the command completes.
+    #[inline(always)]
+    pub(crate) fn hold(&mut self, cid: u16, buf: DmaSlice) {
+        self.slots[cid as usize].buf = Some(buf);
     }
 
     /// Copies `bytes` (at most one page) into `cid`'s list page and returns its device address;
@@ -285,17 +498,14 @@ impl QueuePair {
         cmd.cdw0.set_cid(cid);
         let index = self.sq_ring.push();
         self.sq.write(index as usize * SQE_SIZE, cmd.as_bytes());
-        let deadline = Instant::now() + self.timeout;
         let slot = &mut self.slots[cid as usize];
         debug_assert_eq!(slot.state, SlotState::Free);
-        *slot = Slot {
-            state: SlotState::Busy,
-            tag,
-            internal,
-            deadline,
-            op,
-            buf,
-        };
+        slot.state = SlotState::Issued;
+        slot.tag = tag;
+        slot.internal = internal;
+        slot.op = op;
+        slot.pin = NO_PIN;
+        slot.buf = buf;
         self.in_flight += 1;
         if ring {
             self.ring();
@@ -324,76 +534,68 @@ impl QueuePair {
     /// Returns the number handed to `sink`. A completion the driver cannot attribute marks the
     /// queue failed and returns [`Error::InvalidCompletion`] (after the ones before it were
     /// handed over).
+    #[inline]
     pub(crate) fn reap(
         &mut self,
         max: usize,
-        sink: &mut dyn FnMut(Reaped),
+        mut sink: impl FnMut(Reaped),
     ) -> Result<usize, Error> {
         let mut count = 0;
         let mut consumed = 0u32;
         let mut garbage = None;
         let limit = max.min(self.slots.len());
+        let depth = self.sq_ring.depth();
         while count < limit {
-            let head = self.cq_ring.head() as usize;
-            let base = head * CQE_SIZE;
-            // Acquire: the rest of the entry (and the data the command moved) is read after the
-            // controller's write of this dword is seen.
-            let dw3 = self.cq.load_u32(base + CQE_STATUS_DWORD, Ordering::Acquire);
-            let status = CqeStatus::from((dw3 >> STATUS_SHIFT) as u16);
-            if status.p() != self.cq_ring.phase() {
+            let base = self.cq_ring.head() as usize * CQE_SIZE;
+            // Dword 3 (phase tag, CID, status) is loaded first with Acquire: the rest of the
+            // entry, and the data the command moved, are read after the controller's write of
+            // it is seen.
+            let [dw0, _, dw2, dw3] = self.cq.load_cqe(base);
+            if (dw3 >> STATUS_SHIFT) & 1 != self.cq_ring.phase() as u32 {
                 break;
             }
             let cid = (dw3 >> CID_SHIFT) as u16;
-            let dw0 = self.cq.load_u32(base + CQE_DW0, Ordering::Relaxed);
-            let dw2 = self.cq.load_u32(base + CQE_SQ_DWORD, Ordering::Relaxed);
             let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
             self.cq_ring.pop();
             consumed += 1;
-            if sqid != self.qid {
-                garbage = Some((cid, sqid, "wrong submission queue id"));
-                break;
-            }
-            if sqhd as u32 >= self.sq_ring.depth() {
-                garbage = Some((cid, sqid, "SQ head pointer beyond the queue"));
-                break;
-            }
-            let Some(slot) = self.slots.get_mut(cid as usize) else {
-                garbage = Some((cid, sqid, "command id out of range"));
-                break;
-            };
-            match slot.state {
-                SlotState::Free => {
-                    garbage = Some((cid, sqid, "command id not in flight"));
+            let slot = match self.slots.get_mut(cid as usize) {
+                Some(slot) if sqid == self.qid && (sqhd as u32) < depth => slot,
+                _ => {
+                    garbage = Some((cid, sqid, Self::garbage_reason(self.qid, depth, sqid, sqhd)));
                     break;
                 }
-                SlotState::Abandoned => {
-                    // Late completion of a command already reported (timed out): the controller
-                    // is done with its buffer now.
+            };
+            match slot.state {
+                SlotState::Issued | SlotState::Busy => {
                     slot.state = SlotState::Free;
-                    slot.buf = None;
-                    self.free.push(cid);
-                }
-                SlotState::Busy => {
-                    slot.state = SlotState::Free;
-                    slot.buf = None;
-                    let st = status.status();
-                    let result = if st.is_success() {
+                    Self::unpin(&mut self.pin_users, slot);
+                    // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
+                    // Successful Completion, whatever CRD, More and DNR say.
+                    let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
                         Ok(dw0)
                     } else {
-                        Err(Error::Nvme {
-                            op: slot.op,
-                            status: st,
-                        })
+                        Err(Box::new(Self::status_error(slot.op, dw3)))
                     };
                     let reaped = Reaped {
                         tag: slot.tag,
                         internal: slot.internal,
                         result,
                     };
-                    self.free.push(cid);
+                    self.release(cid);
                     self.in_flight -= 1;
                     count += 1;
                     sink(reaped);
+                }
+                SlotState::Abandoned => {
+                    // Late completion of a command already reported (timed out): the controller
+                    // is done with its buffer now.
+                    slot.state = SlotState::Free;
+                    Self::unpin(&mut self.pin_users, slot);
+                    self.release(cid);
+                }
+                SlotState::Free => {
+                    garbage = Some((cid, sqid, "command id not in flight"));
+                    break;
                 }
             }
         }
@@ -420,14 +622,36 @@ impl QueuePair {
             };
             if self.polls_since_check >= every {
                 self.polls_since_check = 0;
-                count += self.check_deadlines(limit - count, sink);
+                count += self.check_deadlines(limit - count, &mut sink);
             }
         }
         Ok(count)
     }
 
+    /// Why a completion with these fields cannot be attributed (one of them is wrong).
+    #[cold]
+    fn garbage_reason(qid: u16, depth: u32, sqid: u16, sqhd: u16) -> &'static str {
+        if sqid != qid {
+            "wrong submission queue id"
+        } else if sqhd as u32 >= depth {
+            "SQ head pointer beyond the queue"
+        } else {
+            "command id out of range"
+        }
+    }
+
+    /// The error for a completion whose dword 3 carries a status other than success.
+    #[cold]
+    fn status_error(op: Op, dw3: u32) -> Error {
+        Error::Nvme {
+            op,
+            status: CqeStatus::from((dw3 >> STATUS_SHIFT) as u16).status(),
+        }
+    }
+
     /// Reports expired commands (and all commands, if the controller is dead). Runs at most
     /// once per check interval.
+    #[cold]
     fn check_deadlines(&mut self, max: usize, sink: &mut dyn FnMut(Reaped)) -> usize {
         let now = Instant::now();
         if now < self.next_check {
@@ -440,12 +664,19 @@ impl QueuePair {
             if count == max {
                 break;
             }
-            if slot.state != SlotState::Busy {
+            if !matches!(slot.state, SlotState::Issued | SlotState::Busy) {
                 continue;
             }
             let error = match &fatal {
                 Some(Error::DeviceGone) => Error::DeviceGone,
                 Some(Error::ControllerFatal { csts }) => Error::ControllerFatal { csts: *csts },
+                _ if slot.state == SlotState::Issued => {
+                    // Issued since the last check, so at or before `now`: a deadline counted
+                    // from here is never earlier than one counted from the submission.
+                    slot.deadline = now + self.timeout;
+                    slot.state = SlotState::Busy;
+                    continue;
+                }
                 _ if now >= slot.deadline => Error::Timeout {
                     qid: self.qid,
                     cid: cid as u16,
@@ -461,7 +692,7 @@ impl QueuePair {
             sink(Reaped {
                 tag: slot.tag,
                 internal: slot.internal,
-                result: Err(error),
+                result: Err(Box::new(error)),
             });
         }
         if count > 0 {

@@ -488,6 +488,9 @@ fn dropped_completion_times_out() -> Result<()> {
         matches!(e, Error::Timeout { cid: _, qid, .. } if qid == qp.qid()),
         "{e}"
     );
+    // Never before the timeout (deadlines are set lazily, at the first check after the
+    // submission, but counted from no earlier than it).
+    assert!(started.elapsed() >= Duration::from_millis(200));
     // Bounded: far less than a hang (the generous bound avoids flakiness on busy machines).
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(qp.is_failed());
@@ -718,10 +721,12 @@ fn vanished_device_is_reported() -> Result<()> {
 
 #[test]
 fn garbage_completions_fail_the_queue() -> Result<()> {
-    for (cid, sqid_delta, reason) in [
-        (500u16, 0u16, "command id out of range"),
-        (3, 0, "command id not in flight"),
-        (0, 1, "wrong submission queue id"),
+    for (cid, sqid_delta, sqhd, reason) in [
+        (500u16, 0u16, 0u16, "command id out of range"),
+        (3, 0, 0, "command id not in flight"),
+        (0, 1, 0, "wrong submission queue id"),
+        (0, 0, 16, "SQ head pointer beyond the queue"),
+        (0, 0, u16::MAX, "SQ head pointer beyond the queue"),
     ] {
         let (flaky, ctrl) = start_flaky(fast_opts())?;
         let mut qp = ctrl.create_io_queue_pair(16)?;
@@ -729,6 +734,7 @@ fn garbage_completions_fail_the_queue() -> Result<()> {
         let allocs = flaky.allocs.lock().unwrap().clone();
         let (cq_address, _) = allocs[allocs.len() - 2];
         let mut cqe = [0u8; 16];
+        cqe[8..10].copy_from_slice(&sqhd.to_le_bytes());
         cqe[10..12].copy_from_slice(&(qp.qid() + sqid_delta).to_le_bytes());
         cqe[12..14].copy_from_slice(&cid.to_le_bytes());
         cqe[14..16].copy_from_slice(&1u16.to_le_bytes()); // phase 1, success
@@ -837,5 +843,84 @@ fn slow_completions_succeed_within_the_timeout_and_time_out_beyond_it() -> Resul
     );
     ensure!(qp.is_failed(), "queue must be failed after a timeout");
     emu.faults().set_completion_delay(Duration::ZERO);
+    Ok(())
+}
+
+#[test]
+fn borrowed_buffer_round_trip_over_every_prp_shape() -> Result<()> {
+    let cfg = EmuConfig {
+        namespaces: vec![NamespaceConfig::memory(8 << 20, 512)],
+        ..EmuConfig::default()
+    };
+    let (_emu, ctrl) = start(cfg, fast_opts())?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let out_mem = dma(&ctrl, 64 << 10)?;
+    let in_mem = dma(&ctrl, 64 << 10)?;
+    // (offset, length): PRP1 only, PRP1 + PRP2, a PRP list, a PRP list at an offset.
+    let shapes = [
+        (0, 4096),
+        (4096, 8192),
+        (16384, 16384),
+        (32768 + 512, 12288),
+    ];
+    let data = pattern(21, 64 << 10);
+    out_mem.write(0, &data);
+    for (i, &(off, len)) in shapes.iter().enumerate() {
+        let lba = (i * 64) as u64;
+        qp.queue_write(1, lba, &DmaSlice::new(out_mem.clone(), off, len), i as u64)?;
+    }
+    let mut done = Vec::new();
+    qp.wait(&mut done, shapes.len())?;
+    ensure!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    for (i, &(off, len)) in shapes.iter().enumerate() {
+        let lba = (i * 64) as u64;
+        qp.queue_read(
+            1,
+            lba,
+            &DmaSlice::new(in_mem.clone(), off, len),
+            10 + i as u64,
+        )?;
+    }
+    qp.ring();
+    done.clear();
+    qp.wait(&mut done, shapes.len())?;
+    ensure!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    for &(off, len) in &shapes {
+        let mut back = vec![0u8; len];
+        in_mem.read(off, &mut back);
+        ensure!(back == data[off..off + len], "bytes at {off}+{len} differ");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_timed_out_borrowed_buffer_stays_pinned() -> Result<()> {
+    let opts = ControllerOptions {
+        io_timeout: Duration::from_millis(200),
+        ..fast_opts()
+    };
+    let (emu, ctrl) = start(EmuConfig::default(), opts)?;
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    let mem = dma(&ctrl, 4096)?;
+    let base = Arc::strong_count(&mem);
+    emu.faults().drop_completions(1);
+    qp.queue_read(1, 0, &DmaSlice::whole(mem.clone()), 7)?;
+    let mut out = Vec::new();
+    let started = Instant::now();
+    qp.wait(&mut out, 1)?;
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(out.len(), 1);
+    assert!(
+        matches!(out[0].result, Err(Error::Timeout { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(qp.is_failed());
+    // The controller may still write into the buffer: the queue pair keeps it pinned, even when
+    // asked to let go of idle pins.
+    assert_eq!(qp.release_buffers(), 0);
+    assert_eq!(Arc::strong_count(&mem), base + 1);
+    drop(qp);
+    assert_eq!(Arc::strong_count(&mem), base);
     Ok(())
 }

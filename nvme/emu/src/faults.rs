@@ -65,10 +65,16 @@ impl Faults {
     }
 
     /// The first injected media error in `slba..slba + nlb` of `nsid`, if any.
+    #[inline]
     pub(crate) fn media_error_in(&self, nsid: u32, slba: u64, nlb: u64) -> Option<u64> {
         if self.media_error_count.load(Ordering::Acquire) == 0 {
             return None;
         }
+        self.media_error_in_set(nsid, slba, nlb)
+    }
+
+    #[cold]
+    fn media_error_in_set(&self, nsid: u32, slba: u64, nlb: u64) -> Option<u64> {
         let set = self.media_errors.lock().unwrap_or_else(|e| e.into_inner());
         set.range((nsid, slba)..(nsid, slba.saturating_add(nlb)))
             .next()
@@ -87,6 +93,13 @@ impl Faults {
         Duration::from_nanos(self.completion_delay_ns.load(Ordering::Acquire))
     }
 
+    /// Whether completions are being delayed (the check on every completion, without
+    /// building a [`Duration`]).
+    #[inline]
+    pub(crate) fn delays_completions(&self) -> bool {
+        self.completion_delay_ns.load(Ordering::Acquire) != 0
+    }
+
     /// Executes the next `count` I/O commands but never posts their completions
     /// ([`DROP_ALL`]: every one, until set to 0). A later Abort of such a command completes it
     /// with Command Abort Requested.
@@ -100,7 +113,12 @@ impl Faults {
     }
 
     /// Consumes one drop, returning whether this completion is to be dropped.
+    #[inline]
     pub(crate) fn take_drop(&self) -> bool {
+        // The common case (no drops armed) without a read-modify-write.
+        if self.drop_remaining.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         self.drop_remaining
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| match n {
                 0 => None,

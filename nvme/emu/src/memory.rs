@@ -17,7 +17,7 @@
 //! that runs off the end of a buffer, hits an unmapped address rather than someone else's memory.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::EmuError;
@@ -124,6 +124,27 @@ pub trait MemoryRegion: Send + Sync {
         Ok(())
     }
 
+    /// Fills `len` bytes of the region at `offset` straight from `file` at `file_offset`: a
+    /// positioned read into the region's memory, so that a Read from an image file moves its
+    /// data once (by the kernel) instead of through the controller's own buffer. `None` when
+    /// the region cannot take one (the default): the controller then reads into a buffer of
+    /// its own and [`MemoryRegion::write`]s it. `Some(Err)` is the file's error (a short file
+    /// is [`std::io::ErrorKind::UnexpectedEof`]), or [`std::io::ErrorKind::InvalidInput`] for a
+    /// range outside the region (the caller checks it first).
+    ///
+    /// Like [`MemoryRegion::write`], the bytes may reach other agents only at the next
+    /// [`MemoryRegion::flush`] for regions that defer writes.
+    fn read_from_file(
+        &self,
+        offset: u64,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Option<std::io::Result<()>> {
+        let _ = (offset, len, file, file_offset);
+        None
+    }
+
     /// A hint: the calling controller thread is about to [`MemoryRegion::read`] these
     /// `(offset, len)` ranges of the region (each inside it), so a region behind costly
     /// transfers (GPU memory) can fetch them all in one transfer and serve the following reads
@@ -183,6 +204,9 @@ pub struct DeviceAddressMap {
     next: AtomicU64,
     /// Bumped on every unregistration, so translation caches know to forget.
     generation: AtomicU64,
+    /// Regions mapped that take prefetch hints: while there are none, the controller skips
+    /// the prefetch pre-pass altogether.
+    hinted: AtomicUsize,
 }
 
 impl std::fmt::Debug for DeviceAddressMap {
@@ -208,6 +232,7 @@ impl DeviceAddressMap {
             regions: RwLock::new(BTreeMap::new()),
             next: AtomicU64::new(DEVICE_ADDRESS_BASE),
             generation: AtomicU64::new(0),
+            hinted: AtomicUsize::new(0),
         }
     }
 
@@ -238,10 +263,11 @@ impl DeviceAddressMap {
                 next.checked_add(span)
             })
             .map_err(|_| EmuError::AddressSpaceExhausted { len })?;
-        self.regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(base, Mapping { len, region, hint });
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if hint {
+            self.hinted.fetch_add(1, Ordering::Release);
+        }
+        regions.insert(base, Mapping { len, region, hint });
         Ok(base)
     }
 
@@ -255,6 +281,9 @@ impl DeviceAddressMap {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&base);
+        if removed.as_ref().is_some_and(|m| m.hint) {
+            self.hinted.fetch_sub(1, Ordering::Release);
+        }
         self.generation.fetch_add(1, Ordering::Release);
         removed.map(|m| m.region)
     }
@@ -404,6 +433,8 @@ pub(crate) struct MapCache {
     entries: Vec<CacheEntry>,
     /// Index of the entry to replace next (round robin).
     victim: usize,
+    /// Index of the entry used last by an access without a hint of its own.
+    mru: usize,
     /// Regions written through since the last flush, each once (held even after their cache
     /// entry is evicted or the region unregistered: their writes must still be flushed).
     dirty: Vec<Arc<dyn MemoryRegion>>,
@@ -418,6 +449,7 @@ impl MapCache {
             generation,
             entries: Vec::with_capacity(CACHE_ENTRIES),
             victim: 0,
+            mru: 0,
             dirty: Vec::with_capacity(CACHE_ENTRIES),
             prefetch: PrefetchGroups::default(),
         }
@@ -430,9 +462,56 @@ impl MapCache {
         self.victim = 0;
     }
 
+    /// Forgets the cached regions if any region was unregistered since they were looked up
+    /// (one of them may be a buffer the host freed, which the cache must not keep alive);
+    /// keeps them otherwise: every cached region is then still mapped, so holding it keeps
+    /// nothing alive that the map does not.
+    pub(crate) fn release_stale(&mut self) {
+        let generation = self.map.generation.load(Ordering::Acquire);
+        if generation != self.generation {
+            self.entries.clear();
+            self.victim = 0;
+            self.generation = generation;
+        }
+    }
+
     /// Translates `addr..addr + len` to the index of its cache entry and the offset in the
-    /// region.
+    /// region. The entry used last is tried first.
+    #[inline]
     fn translate(&mut self, addr: u64, len: usize) -> Result<(usize, u64), DmaError> {
+        let mut hint = self.mru;
+        let found = self.translate_at(addr, len, &mut hint);
+        self.mru = hint;
+        found
+    }
+
+    /// [`MapCache::translate`], trying the entry `*hint` first and leaving in it the entry that
+    /// matched: a caller that keeps its own hint (a queue for its ring, say) translates with
+    /// one comparison while the map is unchanged. Every access is still checked against the
+    /// region's bounds and the map's generation; a stale hint only costs the scan.
+    #[inline(always)]
+    fn translate_at(
+        &mut self,
+        addr: u64,
+        len: usize,
+        hint: &mut usize,
+    ) -> Result<(usize, u64), DmaError> {
+        let generation = self.map.generation.load(Ordering::Acquire);
+        if generation == self.generation
+            && let Some(end) = addr.checked_add(len as u64)
+            && let Some(e) = self.entries.get(*hint)
+            && addr >= e.base
+            && end <= e.base + e.len
+        {
+            return Ok((*hint, addr - e.base));
+        }
+        let found = self.translate_slow(addr, len)?;
+        *hint = found.0;
+        Ok(found)
+    }
+
+    #[cold]
+    fn translate_slow(&mut self, addr: u64, len: usize) -> Result<(usize, u64), DmaError> {
         let generation = self.map.generation.load(Ordering::Acquire);
         if generation != self.generation {
             self.entries.clear();
@@ -472,43 +551,101 @@ impl MapCache {
     }
 
     /// Translates a range about to be written, remembering its region for the next flush.
+    #[inline(always)]
     fn translate_write(
         &mut self,
         addr: u64,
         len: usize,
+        hint: &mut usize,
     ) -> Result<(&dyn MemoryRegion, u64), DmaError> {
-        let (index, offset) = self.translate(addr, len)?;
-        let entry = &mut self.entries[index];
-        if !entry.dirty {
-            entry.dirty = true;
-            if !self.dirty.iter().any(|d| Arc::ptr_eq(d, &entry.region)) {
-                self.dirty.push(entry.region.clone());
-            }
+        let (index, offset) = self.translate_at(addr, len, hint)?;
+        if !self.entries[index].dirty {
+            self.mark_dirty(index);
         }
-        Ok((&*entry.region, offset))
+        Ok((&*self.entries[index].region, offset))
     }
 
+    #[cold]
+    fn mark_dirty(&mut self, index: usize) {
+        let entry = &mut self.entries[index];
+        entry.dirty = true;
+        if !self.dirty.iter().any(|d| Arc::ptr_eq(d, &entry.region)) {
+            self.dirty.push(entry.region.clone());
+        }
+    }
+
+    #[inline]
     pub(crate) fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        let (index, offset) = self.translate(addr, buf.len())?;
+        let mut hint = self.mru;
+        self.read_at(addr, buf, &mut hint)?;
+        self.mru = hint;
+        Ok(())
+    }
+
+    /// [`MapCache::read`] with the caller's translation hint (see [`MapCache::translate_at`]).
+    #[inline]
+    pub(crate) fn read_at(
+        &mut self,
+        addr: u64,
+        buf: &mut [u8],
+        hint: &mut usize,
+    ) -> Result<(), DmaError> {
+        let (index, offset) = self.translate_at(addr, buf.len(), hint)?;
         self.entries[index]
             .region
             .read(offset, buf)
             .map_err(|source| DmaError::Region { addr, source })
     }
 
+    #[inline]
     pub(crate) fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), DmaError> {
-        let (region, offset) = self.translate_write(addr, data.len())?;
-        region
+        let mut hint = self.mru;
+        let (region, offset) = self.translate_write(addr, data.len(), &mut hint)?;
+        let result = region
             .write(offset, data)
-            .map_err(|source| DmaError::Region { addr, source })
+            .map_err(|source| DmaError::Region { addr, source });
+        self.mru = hint;
+        result
     }
 
+    /// Fills device addresses `addr..addr + len` from `file` at `file_offset` with one
+    /// positioned read into the region behind them ([`MemoryRegion::read_from_file`]), if that
+    /// region can take one: `Ok(None)` if it cannot, `Ok(Some(Err))` for the file's error.
+    pub(crate) fn write_from_file(
+        &mut self,
+        addr: u64,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Result<Option<std::io::Result<()>>, DmaError> {
+        let mut hint = self.mru;
+        let (region, offset) = self.translate_write(addr, len, &mut hint)?;
+        let done = region.read_from_file(offset, len, file, file_offset);
+        self.mru = hint;
+        Ok(done)
+    }
+
+    /// Writes `data` with its last dword stored Release (a completion queue entry).
+    #[cfg(test)]
     pub(crate) fn write_last_dword_release(
         &mut self,
         addr: u64,
         data: &[u8],
     ) -> Result<(), DmaError> {
-        let (region, offset) = self.translate_write(addr, data.len())?;
+        let mut hint = self.mru;
+        self.write_last_dword_release_at(addr, data, &mut hint)
+    }
+
+    /// Writes `data` with its last dword stored Release (a completion queue entry), with the
+    /// caller's translation hint (see [`MapCache::translate_at`]).
+    #[inline]
+    pub(crate) fn write_last_dword_release_at(
+        &mut self,
+        addr: u64,
+        data: &[u8],
+        hint: &mut usize,
+    ) -> Result<(), DmaError> {
+        let (region, offset) = self.translate_write(addr, data.len(), hint)?;
         region
             .write_last_dword_release(offset, data)
             .map_err(|source| DmaError::Region { addr, source })
@@ -535,6 +672,12 @@ impl MapCache {
         }
         self.prefetch.call(&mut result);
         result
+    }
+
+    /// Whether any region mapped now takes prefetch hints (none: nothing to announce).
+    #[inline]
+    pub(crate) fn any_hints(&self) -> bool {
+        self.map.hinted.load(Ordering::Acquire) != 0
     }
 
     /// Whether the region at `addr` takes prefetch hints (false for host memory, and for an
@@ -740,5 +883,79 @@ mod tests {
             .unwrap();
         assert!(c > b);
         assert_eq!(map.region_count(), 2);
+    }
+
+    #[test]
+    fn idle_release_keeps_mapped_regions_and_drops_unmapped_ones() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let a: Arc<dyn MemoryRegion> = Arc::new(VecRegion(Mutex::new(vec![0; 4096])));
+        let b: Arc<dyn MemoryRegion> = Arc::new(VecRegion(Mutex::new(vec![0; 4096])));
+        let ba = map.register_region(a.clone()).unwrap();
+        let bb = map.register_region(b.clone()).unwrap();
+        let mut cache = MapCache::new(map.clone());
+        cache.read(ba, &mut [0; 4]).unwrap();
+        cache.read(bb, &mut [0; 4]).unwrap();
+        let (ca, cb) = (Arc::strong_count(&a), Arc::strong_count(&b));
+        // Nothing unmapped: the cache keeps its entries (and references).
+        cache.release_stale();
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (ca, cb));
+        // `b` unmapped: the idle release lets go of everything cached, `b` included.
+        assert!(map.unregister_region(bb).is_some());
+        cache.release_stale();
+        assert_eq!(Arc::strong_count(&b), 1);
+        assert_eq!(Arc::strong_count(&a), ca - 1);
+        assert!(matches!(
+            cache.read(bb, &mut [0; 4]),
+            Err(DmaError::Unmapped { .. })
+        ));
+        cache.read(ba, &mut [0; 4]).unwrap();
+    }
+
+    #[test]
+    fn a_stale_hint_costs_a_lookup_never_a_wrong_translation() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let regions: Vec<Arc<VecRegion>> = (0..3)
+            .map(|i| Arc::new(VecRegion(Mutex::new(vec![i as u8; 4096]))))
+            .collect();
+        let bases: Vec<u64> = regions
+            .iter()
+            .map(|r| map.register_region(r.clone()).unwrap())
+            .collect();
+        let mut cache = MapCache::new(map.clone());
+        for (i, &base) in bases.iter().enumerate() {
+            let mut byte = [0u8];
+            // Whatever the hint says (another entry, or none at all), the bytes come from the
+            // region the address belongs to.
+            for mut hint in [0, 1, 2, 7, usize::MAX] {
+                cache.read_at(base + 5, &mut byte, &mut hint).unwrap();
+                assert_eq!(byte[0], i as u8);
+                let mut again = hint;
+                cache.read_at(base + 6, &mut byte, &mut again).unwrap();
+                assert_eq!(again, hint, "a good hint is kept");
+            }
+            let mut hint = 0;
+            assert!(matches!(
+                cache.read_at(base + 4095, &mut [0; 2], &mut hint),
+                Err(DmaError::Unmapped { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn hinted_regions_are_counted() {
+        let map = Arc::new(DeviceAddressMap::new());
+        let cache = MapCache::new(map.clone());
+        let host = map
+            .register_host_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
+            .unwrap();
+        assert!(!cache.any_hints(), "host memory takes no hints");
+        let gpu = map
+            .register_region(Arc::new(VecRegion(Mutex::new(vec![0; 4096]))))
+            .unwrap();
+        assert!(cache.any_hints());
+        assert!(map.unregister_region(host).is_some());
+        assert!(cache.any_hints());
+        assert!(map.unregister_region(gpu).is_some());
+        assert!(!cache.any_hints());
     }
 }

@@ -28,6 +28,9 @@ pub(crate) struct SubQueue {
     /// External doorbell only: the last raw value looked at (valid or not), so that an
     /// invalid value is reported once.
     pub(crate) seen_doorbell: u32,
+    /// The controller thread's translation-cache entry for the ring (a hint, checked on use:
+    /// see `MapCache::translate_at`).
+    pub(crate) map_hint: usize,
 }
 
 impl SubQueue {
@@ -47,6 +50,7 @@ impl SubQueue {
             doorbell,
             tail: 0,
             seen_doorbell: 0,
+            map_hint: 0,
         }
     }
 
@@ -97,6 +101,9 @@ pub(crate) struct CompQueue {
     /// The external head doorbell, if the queue was created with one (else the head is read
     /// from the register window).
     pub(crate) doorbell: Option<Arc<dyn DoorbellWord>>,
+    /// The controller thread's translation-cache entry for the ring (a hint, checked on use:
+    /// see `MapCache::translate_at`).
+    pub(crate) map_hint: usize,
 }
 
 impl CompQueue {
@@ -113,6 +120,7 @@ impl CompQueue {
             owed: 0,
             sq_count: 0,
             doorbell: None,
+            map_hint: 0,
         }
     }
 

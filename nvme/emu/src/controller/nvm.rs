@@ -115,12 +115,39 @@ impl Worker {
                     copy_to_host(&mut self.cache, &self.segments, &self.bounce[..n])
                 }),
             Media::File(f) => {
-                grow(&mut self.bounce, n);
-                let buf = &mut self.bounce[..n];
-                if f.read_exact_at(buf, offset).is_err() {
-                    return Err(Fail::media(media::UNRECOVERED_READ_ERROR, slba));
+                // Segment by segment: straight into host memory where the region takes a
+                // positioned read (one copy, by the kernel), else through the bounce buffer.
+                let mut file_offset = offset;
+                let mut moved = Ok(());
+                for &(addr, seg_len) in &self.segments {
+                    let seg_len = seg_len as usize;
+                    let read = match self.cache.write_from_file(addr, seg_len, f, file_offset) {
+                        Ok(Some(read)) => read,
+                        Ok(None) => {
+                            grow(&mut self.bounce, seg_len);
+                            let buf = &mut self.bounce[..seg_len];
+                            match f.read_exact_at(buf, file_offset) {
+                                Ok(()) => {
+                                    if let Err(e) = self.cache.write(addr, buf) {
+                                        moved = Err(e);
+                                        break;
+                                    }
+                                    Ok(())
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(e) => {
+                            moved = Err(e);
+                            break;
+                        }
+                    };
+                    if read.is_err() {
+                        return Err(Fail::media(media::UNRECOVERED_READ_ERROR, slba));
+                    }
+                    file_offset += seg_len as u64;
                 }
-                copy_to_host(&mut self.cache, &self.segments, buf)
+                moved
             }
             Media::Null => Ok(()),
         };

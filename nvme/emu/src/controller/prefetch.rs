@@ -11,8 +11,9 @@
 //!
 //! Only a hint: errors are ignored (the commands report them with the proper status when they
 //! run), and commands whose fields are invalid are skipped. The controller's own host memory
-//! takes no hints: a list or a write buffer that starts there is skipped after one translation,
-//! so for host memory the pass costs a decode and a lookup per command.
+//! takes no hints: while no region that takes them is mapped, the pass is skipped altogether;
+//! otherwise a list or a write buffer that starts in host memory is skipped after one
+//! translation.
 
 use super::worker::Worker;
 use crate::prp::PAGE;
@@ -20,6 +21,9 @@ use crate::prp::PAGE;
 impl Worker {
     /// Announces the reads of the first `n` commands of the fetch buffer.
     pub(super) fn prefetch_batch(&mut self, n: usize) {
+        if !self.cache.any_hints() {
+            return;
+        }
         // 1. PRP list pages: the first page of every list, then its chain, level by level.
         self.pf_ranges.clear();
         self.pf_lists.clear();

@@ -69,6 +69,16 @@ pub(crate) enum Fetch {
     Batch { n: usize, cqid: u16 },
 }
 
+/// What [`Worker::poll_sq`] found.
+enum Poll {
+    /// Nothing to do.
+    Idle,
+    /// Something happened (an invalid doorbell value, a fatal error) but nothing to fetch.
+    Handled,
+    /// `n` commands can be fetched now, completing to `cqid`.
+    Ready { n: u32, cqid: u16 },
+}
+
 /// The queues one controller thread serves, and everything it needs to serve them.
 pub(crate) struct Worker {
     /// This thread's index (0 is the thread that also runs the admin command set).
@@ -463,10 +473,25 @@ impl Worker {
     /// of I/O submission queue `qid` (up to `external_batch` for a queue with an external
     /// doorbell), then posts their completions and flushes the regions written.
     fn service_io_sq(&mut self, qid: u16) -> bool {
-        let (n, cqid) = match self.fetch(qid) {
-            Fetch::Idle => return false,
-            Fetch::Handled => return true,
-            Fetch::Batch { n, cqid } => (n, cqid),
+        match self.poll_sq(qid) {
+            Poll::Idle => false,
+            Poll::Handled => true,
+            Poll::Ready { n, cqid } => {
+                self.serve_batch(qid, n, cqid);
+                true
+            }
+        }
+    }
+
+    /// Everything the controller does for a batch of `n` I/O commands found on submission
+    /// queue `qid`: fetch, execute, complete, flush. Never inlined, so that its cost per
+    /// command can be counted on its own (`scripts/hot-path-bench.sh` has callgrind collect
+    /// only inside it): the polling around it depends on timing, this does not.
+    #[inline(never)]
+    fn serve_batch(&mut self, qid: u16, n: u32, cqid: u16) {
+        let n = match self.fetch_sqes(qid, n, cqid) {
+            Fetch::Batch { n, .. } => n,
+            Fetch::Idle | Fetch::Handled => return,
         };
         self.prefetch_batch(n);
         for i in 0..n {
@@ -475,13 +500,22 @@ impl Worker {
             self.conclude(qid, cqid, &cmd, result);
         }
         self.post_batch();
-        true
     }
 
     /// Fetches up to a batch of commands from submission queue `qid` into the fetch buffer.
     pub(super) fn fetch(&mut self, qid: u16) -> Fetch {
+        match self.poll_sq(qid) {
+            Poll::Idle => Fetch::Idle,
+            Poll::Handled => Fetch::Handled,
+            Poll::Ready { n, cqid } => self.fetch_sqes(qid, n, cqid),
+        }
+    }
+
+    /// Looks at submission queue `qid`'s doorbell: how many commands to fetch now (at most a
+    /// batch, and no more than its completion queue can take), without fetching them.
+    fn poll_sq(&mut self, qid: u16) -> Poll {
         let Some(sq) = self.sqs[qid as usize].as_mut() else {
-            return Fetch::Idle;
+            return Poll::Idle;
         };
         let (tail, limit) = match &sq.doorbell {
             None => {
@@ -489,7 +523,7 @@ impl Worker {
                 if tail >= sq.entries {
                     // Only possible for a write that raced the queue's re-creation (the
                     // window refuses out-of-range values); ignore it.
-                    return Fetch::Idle;
+                    return Poll::Idle;
                 }
                 (tail, BATCH)
             }
@@ -499,7 +533,7 @@ impl Worker {
                     sq.seen_doorbell = raw;
                     if raw >= sq.entries {
                         self.invalid_doorbell_value(qid, true, raw);
-                        return Fetch::Handled;
+                        return Poll::Handled;
                     }
                     sq.tail = raw;
                 }
@@ -508,41 +542,55 @@ impl Worker {
         };
         let pending = sq.pending(tail);
         if pending == 0 {
-            return Fetch::Idle;
+            return Poll::Idle;
         }
-        let (cqid, base, entries, head) = (sq.cqid, sq.base, sq.entries, sq.head);
+        let cqid = sq.cqid;
         // A fatal fault injected before the host rang this doorbell must stop this fetch (the
         // Acquire load of the doorbell makes the earlier fault request visible; thread 0
         // enters the fatal state before it takes the request).
         if self.shared.faults.fatal_pending() {
             self.enter_fatal("injected fault");
-            return Fetch::Handled;
+            return Poll::Handled;
         }
         if !self.live() {
-            return Fetch::Idle;
+            return Poll::Idle;
         }
         let Some(cq) = self.cqs[cqid as usize].as_ref() else {
-            return Fetch::Idle;
+            return Poll::Idle;
         };
         let n = pending.min(cq.fetch_budget()).min(limit);
         if n == 0 {
             // Waiting for the host to consume completions.
-            return Fetch::Idle;
+            return Poll::Idle;
         }
+        Poll::Ready { n, cqid }
+    }
+
+    /// Fetches `n` commands (found by [`Worker::poll_sq`]) from submission queue `qid` into
+    /// the fetch buffer.
+    fn fetch_sqes(&mut self, qid: u16, n: u32, cqid: u16) -> Fetch {
+        let Some(sq) = self.sqs[qid as usize].as_mut() else {
+            return Fetch::Idle;
+        };
+        let (base, entries, head) = (sq.base, sq.entries, sq.head);
         // Fetch: at most two reads (the batch may wrap around the ring end).
         let first = n.min(entries - head) as usize;
         let rest = n as usize - first;
         let n = n as usize;
-        let fetched = self
-            .cache
-            .read(
+        let cache = &mut self.cache;
+        let fetched = cache
+            .read_at(
                 base + head as u64 * SQE as u64,
                 &mut self.sqe_buf[..first * SQE],
+                &mut sq.map_hint,
             )
             .and_then(|()| {
                 if rest > 0 {
-                    self.cache
-                        .read(base, &mut self.sqe_buf[first * SQE..n * SQE])
+                    cache.read_at(
+                        base,
+                        &mut self.sqe_buf[first * SQE..n * SQE],
+                        &mut sq.map_hint,
+                    )
                 } else {
                     Ok(())
                 }
@@ -631,6 +679,9 @@ impl Worker {
             Counters::add(&self.counters().completions_dropped, 1);
             return true;
         }
+        if !self.shared.faults.delays_completions() {
+            return false;
+        }
         let delay = self.shared.faults.completion_delay();
         if delay.is_zero() {
             return false;
@@ -687,7 +738,10 @@ impl Worker {
             cid: pc.cid,
             status: CqeStatus::from_bits(pc.status).with_p(phase),
         };
-        if let Err(e) = self.cache.write_last_dword_release(addr, entry.as_bytes()) {
+        let written =
+            self.cache
+                .write_last_dword_release_at(addr, entry.as_bytes(), &mut cq.map_hint);
+        if let Err(e) = written {
             tracing::warn!(cqid, error = %e, "completion queue write failed");
             self.enter_fatal("DMA error writing a completion queue entry");
             return;
@@ -807,8 +861,9 @@ impl Idle {
             std::hint::spin_loop();
             return;
         }
-        // Let go of cached regions while idle, so freed buffers do not linger.
-        worker.cache.clear();
+        // Let go of cached regions while idle if any was unmapped since, so that freed buffers
+        // do not linger (cached regions that are all still mapped keep nothing alive).
+        worker.cache.release_stale();
         if polls {
             std::thread::yield_now();
             return;

@@ -1,0 +1,748 @@
+//! **Test and benchmark support only**: [`NullDevice`], an inline null NVMe controller that
+//! implements [`Device`] and completes commands on the caller's thread, inside the doorbell
+//! write, without moving data.
+//!
+//! It exists to measure the driver's own cost per command (submit + complete) with nothing else
+//! in the way: no controller thread, no data copy, no cache line bouncing between cores. It is
+//! not a controller to run anything real on — reads return whatever the buffer held, writes go
+//! nowhere — and it checks only what it must to stay memory-safe and to let the unchanged
+//! bring-up run. For a strict controller with data, use `nvme_emu`.
+//!
+//! What it does:
+//! - Registers: CAP (MQES 4095, CQR, TO 500 ms, DSTRD 0, NVM, 4 KiB pages), VS 1.4, CC, CSTS
+//!   (RDY follows CC.EN at once; CC.SHN sets SHST to complete at once), AQA/ASQ/ACQ, and the
+//!   doorbells.
+//! - An SQ tail doorbell write executes every newly submitted command before it returns, and
+//!   posts its completion (phase tag, SQ head, SQ id, CID, status) to the CQ; when the CQ is
+//!   full the rest waits for the CQ head doorbell, as on a real controller.
+//! - Admin: Identify (controller, namespace 1, active namespace list), Set/Get Features (Number
+//!   of Queues), Create/Delete I/O CQ and SQ. Anything else fails with Invalid Command Opcode.
+//! - I/O: Read, Write, Flush, Write Zeroes and Dataset Management on namespace 1 succeed at once
+//!   with no data movement; other opcodes fail with Invalid Command Opcode, other namespaces
+//!   with Invalid Namespace.
+//! - [`NullDevice::set_reverse_completions`] posts each doorbell's batch in reverse order, to
+//!   exercise out-of-order completion.
+//!
+//! Each I/O queue id has its own mutex (uncontended on a queue pair's path); an SQ must post to
+//! the CQ of the same id (the driver always asks for that).
+//!
+//! DMA memory comes from page-aligned heap allocations; device addresses are synthetic (a
+//! counter, never host pointers), translated only when a queue is created or admin data is
+//! written. A queue keeps its memory alive until it is deleted, so a driver that frees ring
+//! memory early cannot make the device write into freed memory.
+//!
+//! Built only with the `bench-support` cargo feature, which the crate's own benches, examples
+//! and tests switch on (through a dev-dependency on the crate itself); it is not part of the
+//! driver's API and carries no stability promise.
+
+// No `unsafe` here (the workspace denies it); the raw memory access lives in `region`.
+mod region;
+
+use crate::device::{Device, DmaAllocError, RegisterIo};
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory};
+use nvme_spec::command::{
+    CreateCqCdw11, CreateQueueCdw10, CreateSqCdw11, DeleteQueueCdw10, FeaturesCdw10, IdentifyCdw10,
+    NumberOfQueues,
+};
+use nvme_spec::identify::IDENTIFY_DATA_SIZE;
+use nvme_spec::registers as reg;
+use nvme_spec::status::{command_specific, generic};
+use nvme_spec::wire::{CQE_SIZE, DOORBELL_BASE, SQE_SIZE};
+use nvme_spec::{
+    ActiveNamespaceList, AdminOpcode, Aqa, Cap, Cc, Cns, Command, CqeStatus, Csts, FeatureId,
+    IdentifyController, IdentifyNamespace, LbaFormat, NvmOpcode, Oncs, Status,
+};
+use region::Region;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use zerocopy::{FromZeros, IntoBytes};
+
+/// First synthetic device address handed out.
+const IOVA_BASE: u64 = 0x10_0000_0000;
+/// CAP.MQES (zero-based): queues of up to 4096 entries.
+const MQES_Z: u16 = 4095;
+/// The Version the device reports (1.4.0).
+const VERSION: u32 = 0x0001_0400;
+
+/// What the null device looks like.
+#[derive(Clone, Debug)]
+pub struct NullDeviceConfig {
+    /// Blocks in namespace 1.
+    pub namespace_blocks: u64,
+    /// Bytes per block: a power of two in 512..=4096.
+    pub lba_size: u32,
+    /// I/O queue pairs granted by Set Features (Number of Queues), at most 1024.
+    pub max_io_queue_pairs: u16,
+    /// Identify Controller MDTS (0: no limit; the driver then caps transfers at 2 MiB).
+    pub mdts: u8,
+}
+
+impl Default for NullDeviceConfig {
+    /// 1 GiB of 512-byte blocks, 64 queue pairs, MDTS 2 MiB.
+    fn default() -> Self {
+        Self {
+            namespace_blocks: (1 << 30) / 512,
+            lba_size: 512,
+            max_io_queue_pairs: 64,
+            mdts: 9,
+        }
+    }
+}
+
+/// The inline null controller (see the module documentation). **For tests and benchmarks
+/// only.**
+pub struct NullDevice {
+    regs: NullRegisters,
+}
+
+impl std::fmt::Debug for NullDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NullDevice")
+            .field("config", &self.regs.config)
+            .finish()
+    }
+}
+
+impl NullDevice {
+    /// A disabled null controller (CC.EN = 0), ready for `Controller::new`.
+    ///
+    /// # Panics
+    /// If `lba_size` is not a power of two in 512..=4096, the namespace is empty, or more than
+    /// 1024 queue pairs are asked for (caller bugs).
+    pub fn new(config: NullDeviceConfig) -> Arc<Self> {
+        assert!(
+            config.lba_size.is_power_of_two() && (512..=4096).contains(&config.lba_size),
+            "LBA size must be a power of two in 512..=4096"
+        );
+        assert!(config.namespace_blocks > 0, "empty namespace");
+        assert!(
+            (1..=1024).contains(&config.max_io_queue_pairs),
+            "1..=1024 I/O queue pairs"
+        );
+        let queues = (0..=config.max_io_queue_pairs)
+            .map(|_| Mutex::new(QueueSlot::default()))
+            .collect();
+        Arc::new(Self {
+            regs: NullRegisters {
+                config,
+                cc: AtomicU32::new(0),
+                csts: AtomicU32::new(0),
+                aqa: AtomicU32::new(0),
+                asq: [AtomicU32::new(0), AtomicU32::new(0)],
+                acq: [AtomicU32::new(0), AtomicU32::new(0)],
+                granted_z: AtomicU32::new(0),
+                reverse: AtomicBool::new(false),
+                memory: Arc::new(Memory {
+                    regions: Mutex::new(BTreeMap::new()),
+                    next_iova: AtomicU64::new(IOVA_BASE),
+                }),
+                queues,
+            },
+        })
+    }
+
+    /// Posts each doorbell's batch of completions in reverse submission order from now on (the
+    /// SQ head each completion reports is the head after the whole batch).
+    pub fn set_reverse_completions(&self, on: bool) {
+        self.regs.reverse.store(on, Ordering::Relaxed);
+    }
+
+    /// I/O commands (any status) completed so far on the I/O queues that still exist.
+    pub fn io_commands_completed(&self) -> u64 {
+        self.regs.queues[1..]
+            .iter()
+            .map(|q| lock(q).completed)
+            .sum()
+    }
+
+    /// DMA buffers currently allocated and not yet freed by the driver.
+    pub fn live_dma_buffers(&self) -> usize {
+        lock(&self.regs.memory.regions).len()
+    }
+}
+
+impl Device for NullDevice {
+    fn registers(&self) -> &dyn RegisterIo {
+        &self.regs
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaMemory, DmaAllocError> {
+        let len = len.max(1).div_ceil(DMA_PAGE_SIZE) * DMA_PAGE_SIZE;
+        let memory = &self.regs.memory;
+        // One unmapped page between buffers, so an overrun is a translation failure.
+        let iova = memory
+            .next_iova
+            .fetch_add(len as u64 + DMA_PAGE_SIZE as u64, Ordering::Relaxed);
+        let region = Region::new(len, iova).ok_or_else(|| DmaAllocError {
+            len,
+            reason: "out of memory".into(),
+            source: None,
+        })?;
+        let region = Arc::new(region);
+        lock(&memory.regions).insert(iova, region.clone());
+        let owner = NullDmaOwner {
+            region: region.clone(),
+            memory: Arc::downgrade(memory),
+        };
+        Ok(Region::dma_memory(&region, Box::new(owner)))
+    }
+
+    fn describe(&self) -> String {
+        "inline null device (test/bench only: completes on the doorbell write, moves no data)"
+            .into()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every live DMA buffer by device address.
+struct Memory {
+    regions: Mutex<BTreeMap<u64, Arc<Region>>>,
+    next_iova: AtomicU64,
+}
+
+impl Memory {
+    /// The region holding `len` bytes at device address `addr`, and the offset in it.
+    fn translate(&self, addr: u64, len: usize) -> Option<(Arc<Region>, usize)> {
+        let regions = lock(&self.regions);
+        let (_, region) = regions.range(..=addr).next_back()?;
+        let offset = usize::try_from(addr - region.iova()).ok()?;
+        (offset.checked_add(len)? <= region.len()).then(|| (region.clone(), offset))
+    }
+}
+
+/// Keeps a DMA buffer's region alive and registered; unregisters it when the driver drops the
+/// buffer.
+struct NullDmaOwner {
+    region: Arc<Region>,
+    memory: Weak<Memory>,
+}
+
+impl Drop for NullDmaOwner {
+    fn drop(&mut self) {
+        if let Some(memory) = self.memory.upgrade() {
+            lock(&memory.regions).remove(&self.region.iova());
+        }
+    }
+}
+
+/// A ring in DMA memory, as the device tracks it.
+struct Ring {
+    region: Arc<Region>,
+    offset: usize,
+    entries: u32,
+    /// SQ: next entry to fetch; CQ: head from the doorbell.
+    head: u32,
+    /// SQ: tail from the doorbell; CQ: next entry to post.
+    tail: u32,
+}
+
+impl Ring {
+    fn new(region: Arc<Region>, offset: usize, entries: u32) -> Self {
+        Self {
+            region,
+            offset,
+            entries,
+            head: 0,
+            tail: 0,
+        }
+    }
+}
+
+/// Queue `qid`'s state: its submission queue and the completion queue it posts to (same id).
+#[derive(Default)]
+struct QueueSlot {
+    sq: Option<Ring>,
+    cq: Option<Ring>,
+    /// Phase tag of the next completion posted.
+    phase: bool,
+    completed: u64,
+}
+
+impl QueueSlot {
+    /// Entries the CQ can still take.
+    fn cq_room(cq: &Ring) -> u32 {
+        (cq.head + cq.entries - cq.tail - 1) % cq.entries
+    }
+
+    /// Posts one completion (dword 3 last, with Release).
+    fn post(&mut self, qid: u16, sqhd: u32, cid: u16, status: Status, dw0: u32) {
+        let Some(cq) = &mut self.cq else { return };
+        let st = CqeStatus::from_status(status, self.phase).into_bits();
+        cq.region.store_cqe(
+            cq.offset + cq.tail as usize * CQE_SIZE,
+            [
+                dw0,
+                0,
+                sqhd | (qid as u32) << 16,
+                cid as u32 | (st as u32) << 16,
+            ],
+        );
+        cq.tail += 1;
+        if cq.tail == cq.entries {
+            cq.tail = 0;
+            self.phase = !self.phase;
+        }
+        self.completed += 1;
+    }
+}
+
+/// How the null device completes an I/O command: success for the NVM commands it knows on
+/// namespace 1 (Flush also on all namespaces), else the status a controller would give.
+fn io_status(opcode: NvmOpcode, nsid: u32) -> Status {
+    let known = matches!(
+        opcode,
+        NvmOpcode::READ
+            | NvmOpcode::WRITE
+            | NvmOpcode::FLUSH
+            | NvmOpcode::WRITE_ZEROES
+            | NvmOpcode::DATASET_MANAGEMENT
+    );
+    if !known {
+        Status::generic(generic::INVALID_COMMAND_OPCODE)
+    } else if nsid == 1 || (opcode == NvmOpcode::FLUSH && nsid == u32::MAX) {
+        Status::SUCCESS
+    } else {
+        Status::generic(generic::INVALID_NAMESPACE_OR_FORMAT)
+    }
+}
+
+/// Identify Controller of the null device.
+fn identify_controller(config: &NullDeviceConfig) -> IdentifyController {
+    let mut id = IdentifyController::new_zeroed();
+    let field = |dst: &mut [u8], s: &str| {
+        dst.fill(b' ');
+        dst[..s.len()].copy_from_slice(s.as_bytes());
+    };
+    id.vid = 0x1b36;
+    id.ssvid = 0x1b36;
+    field(&mut id.sn, "NULL0001");
+    field(&mut id.mn, "gpunvme inline null device");
+    field(&mut id.fr, "1.0");
+    id.mdts = config.mdts;
+    id.cntlid = 1;
+    id.ver = VERSION;
+    id.cntrltype = 1;
+    id.sqes = 0x66;
+    id.cqes = 0x44;
+    id.nn = 1;
+    id.oncs = (Oncs::DATASET_MANAGEMENT | Oncs::WRITE_ZEROES).bits();
+    id.vwc = 0b111;
+    id
+}
+
+/// Identify Namespace of namespace 1.
+fn identify_namespace(config: &NullDeviceConfig) -> IdentifyNamespace {
+    let mut id = IdentifyNamespace::new_zeroed();
+    id.nsze = config.namespace_blocks;
+    id.ncap = config.namespace_blocks;
+    id.nuse = config.namespace_blocks;
+    id.lbaf[0] = LbaFormat {
+        ms: 0,
+        lbads: config.lba_size.trailing_zeros() as u8,
+        rp: 0,
+    };
+    id
+}
+
+/// The register window, and the controller behind it.
+struct NullRegisters {
+    config: NullDeviceConfig,
+    cc: AtomicU32,
+    csts: AtomicU32,
+    aqa: AtomicU32,
+    asq: [AtomicU32; 2],
+    acq: [AtomicU32; 2],
+    /// Number of Queues granted (the NumberOfQueues value).
+    granted_z: AtomicU32,
+    reverse: AtomicBool,
+    memory: Arc<Memory>,
+    /// Index = queue id; 0 is the admin queue.
+    queues: Box<[Mutex<QueueSlot>]>,
+}
+
+type Outcome = Result<u32, Status>;
+
+fn invalid_field() -> Status {
+    Status::generic(generic::INVALID_FIELD_IN_COMMAND)
+}
+
+impl NullRegisters {
+    fn cap(&self) -> u64 {
+        Cap::new()
+            .with_mqes_z(MQES_Z)
+            .with_cqr(true)
+            .with_to(1)
+            .with_dstrd(0)
+            .with_css(Cap::CSS_NVM)
+            .with_mpsmin(0)
+            .with_mpsmax(0)
+            .into_bits()
+    }
+
+    fn set_cc(&self, value: u32) {
+        let old = Cc::from(self.cc.swap(value, Ordering::AcqRel));
+        let new = Cc::from(value);
+        if old.en() && !new.en() {
+            // Controller reset: every queue goes away.
+            for q in self.queues.iter() {
+                *lock(q) = QueueSlot::default();
+            }
+            self.granted_z.store(0, Ordering::Relaxed);
+            self.csts.store(0, Ordering::Release);
+            return;
+        }
+        if !old.en() && new.en() {
+            let ready = self.enable(new);
+            let csts = Csts::new().with_rdy(ready).with_cfs(!ready);
+            self.csts.store(csts.into(), Ordering::Release);
+        }
+        if new.en() && new.shn() != Cc::SHN_NONE {
+            let csts = Csts::from(self.csts.load(Ordering::Acquire)).with_shst(Csts::SHST_COMPLETE);
+            self.csts.store(csts.into(), Ordering::Release);
+        }
+    }
+
+    /// CC.EN 0 → 1: sets up the admin queues from AQA/ASQ/ACQ. False if they are unusable.
+    fn enable(&self, cc: Cc) -> bool {
+        if cc.mps() != 0 || cc.iosqes() != 6 || cc.iocqes() != 4 || cc.css() != Cc::CSS_NVM {
+            return false;
+        }
+        let aqa = Aqa::from(self.aqa.load(Ordering::Relaxed));
+        let (sq_entries, cq_entries) = (aqa.asqs_z() as u32 + 1, aqa.acqs_z() as u32 + 1);
+        let addr = |r: &[AtomicU32; 2]| {
+            r[0].load(Ordering::Relaxed) as u64 | (r[1].load(Ordering::Relaxed) as u64) << 32
+        };
+        let sq = self
+            .memory
+            .translate(addr(&self.asq), sq_entries as usize * SQE_SIZE);
+        let cq = self
+            .memory
+            .translate(addr(&self.acq), cq_entries as usize * CQE_SIZE);
+        let (Some((sq, sq_off)), Some((cq, cq_off))) = (sq, cq) else {
+            return false;
+        };
+        if sq_entries < 2 || cq_entries < 2 || sq_off % DMA_PAGE_SIZE != 0 {
+            return false;
+        }
+        *lock(&self.queues[0]) = QueueSlot {
+            sq: Some(Ring::new(sq, sq_off, sq_entries)),
+            cq: Some(Ring::new(cq, cq_off, cq_entries)),
+            phase: true,
+            completed: 0,
+        };
+        true
+    }
+
+    fn doorbell(&self, offset: usize, value: u32) {
+        let index = (offset - DOORBELL_BASE) / 4;
+        let qid = index / 2;
+        let Some(slot) = self.queues.get(qid) else {
+            return;
+        };
+        if !Csts::from(self.csts.load(Ordering::Acquire)).rdy() {
+            return;
+        }
+        let mut guard = lock(slot);
+        let slot = &mut *guard;
+        let ring = if index % 2 == 0 {
+            &mut slot.sq
+        } else {
+            &mut slot.cq
+        };
+        // A doorbell of a queue that does not exist, or a value beyond the ring, is ignored
+        // (a real controller would raise an asynchronous event).
+        let Some(ring) = ring else { return };
+        if value >= ring.entries {
+            return;
+        }
+        if index % 2 == 0 {
+            ring.tail = value;
+        } else {
+            ring.head = value;
+        }
+        let qid = qid as u16;
+        if qid == 0 {
+            self.run_admin(slot);
+        } else {
+            self.run_io(slot, qid);
+        }
+    }
+
+    /// Completes the I/O commands between the SQ head and tail, as far as the CQ has room.
+    fn run_io(&self, slot: &mut QueueSlot, qid: u16) {
+        let QueueSlot {
+            sq: Some(sq),
+            cq: Some(cq),
+            phase,
+            completed,
+        } = slot
+        else {
+            return;
+        };
+        let pending = (sq.tail + sq.entries - sq.head) % sq.entries;
+        let n = pending.min(QueueSlot::cq_room(cq));
+        if n == 0 {
+            return;
+        }
+        let entries = sq.entries;
+        let end = (sq.head + n) % entries;
+        let reverse = self.reverse.load(Ordering::Relaxed);
+        // Both rings were checked to fit their regions when created; check once more here so
+        // that each entry access needs only an index check.
+        let (Some(sq_ring), Some(cq_ring)) = (
+            sq.region.ring(sq.offset, sq.entries, SQE_SIZE),
+            cq.region.ring(cq.offset, cq.entries, CQE_SIZE),
+        ) else {
+            return;
+        };
+        // The ring index `i` past the head, without divisions.
+        let wrap = |i: u32| if i >= entries { i - entries } else { i };
+        let sqid = (qid as u32) << 16;
+        let (mut tail, mut ph) = (cq.tail, *phase);
+        for i in 0..n {
+            let k = if reverse { n - 1 - i } else { i };
+            let index = wrap(sq.head + k);
+            // CDW0 (opcode, CID) and the NSID: all the null device looks at.
+            let qw0 = sq_ring.load_u64(index);
+            let (opcode, cid, nsid) =
+                (NvmOpcode(qw0 as u8), (qw0 >> 16) as u16, (qw0 >> 32) as u32);
+            let sqhd = if reverse { end } else { wrap(index + 1) };
+            // Successful Completion is a status field of zero but for the phase tag.
+            let status = if nsid == 1 && matches!(opcode, NvmOpcode::READ | NvmOpcode::WRITE) {
+                ph as u16
+            } else {
+                CqeStatus::from_status(io_status(opcode, nsid), ph).into_bits()
+            };
+            cq_ring.store_cqe(
+                tail,
+                [0, 0, sqhd | sqid, cid as u32 | (status as u32) << 16],
+            );
+            tail += 1;
+            if tail == cq.entries {
+                tail = 0;
+                ph = !ph;
+            }
+        }
+        cq.tail = tail;
+        *phase = ph;
+        *completed += n as u64;
+        sq.head = end;
+    }
+
+    /// Executes admin commands one at a time, as far as the admin CQ has room.
+    fn run_admin(&self, slot: &mut QueueSlot) {
+        loop {
+            let (Some(sq), Some(cq)) = (&mut slot.sq, &slot.cq) else {
+                return;
+            };
+            if sq.head == sq.tail || QueueSlot::cq_room(cq) == 0 {
+                return;
+            }
+            let cmd = sq
+                .region
+                .read_command(sq.offset + sq.head as usize * SQE_SIZE);
+            sq.head = (sq.head + 1) % sq.entries;
+            let sqhd = sq.head;
+            let (status, dw0) = match self.admin(&cmd) {
+                Ok(dw0) => (Status::SUCCESS, dw0),
+                Err(status) => (status, 0),
+            };
+            slot.post(0, sqhd, cmd.cdw0.cid(), status, dw0);
+        }
+    }
+
+    fn admin(&self, cmd: &Command) -> Outcome {
+        match AdminOpcode(cmd.cdw0.opcode()) {
+            AdminOpcode::IDENTIFY => self.identify(cmd),
+            AdminOpcode::SET_FEATURES | AdminOpcode::GET_FEATURES => self.features(cmd),
+            AdminOpcode::CREATE_IO_CQ => self.create_queue(cmd, false),
+            AdminOpcode::CREATE_IO_SQ => self.create_queue(cmd, true),
+            AdminOpcode::DELETE_IO_SQ => self.delete_queue(cmd, true),
+            AdminOpcode::DELETE_IO_CQ => self.delete_queue(cmd, false),
+            _ => Err(Status::generic(generic::INVALID_COMMAND_OPCODE)),
+        }
+    }
+
+    fn identify(&self, cmd: &Command) -> Outcome {
+        let cns = Cns(IdentifyCdw10::from(cmd.cdw10).cns());
+        let invalid_ns = || Status::generic(generic::INVALID_NAMESPACE_OR_FORMAT);
+        let page: Box<[u8]> = match cns {
+            Cns::CONTROLLER => identify_controller(&self.config).as_bytes().into(),
+            Cns::NAMESPACE if cmd.nsid == 1 => identify_namespace(&self.config).as_bytes().into(),
+            Cns::NAMESPACE => return Err(invalid_ns()),
+            Cns::ACTIVE_NAMESPACES if cmd.nsid >= 0xffff_fffe => return Err(invalid_ns()),
+            Cns::ACTIVE_NAMESPACES => {
+                let mut list = ActiveNamespaceList::new_zeroed();
+                if cmd.nsid == 0 {
+                    list.nsids[0] = 1;
+                }
+                list.as_bytes().into()
+            }
+            _ => return Err(invalid_field()),
+        };
+        self.send(cmd, &page)?;
+        Ok(0)
+    }
+
+    /// Writes `data` (at most two pages' worth) to the command's PRP1/PRP2.
+    fn send(&self, cmd: &Command, data: &[u8]) -> Result<(), Status> {
+        debug_assert_eq!(data.len(), IDENTIFY_DATA_SIZE);
+        let first = DMA_PAGE_SIZE - (cmd.prp1 % DMA_PAGE_SIZE as u64) as usize;
+        let first = first.min(data.len());
+        let transfer_error = || Status::generic(generic::DATA_TRANSFER_ERROR);
+        let (region, offset) = self
+            .memory
+            .translate(cmd.prp1, first)
+            .ok_or_else(transfer_error)?;
+        region.write(offset, &data[..first]);
+        if first < data.len() {
+            let rest = &data[first..];
+            let (region, offset) = self
+                .memory
+                .translate(cmd.prp2, rest.len())
+                .ok_or_else(transfer_error)?;
+            region.write(offset, rest);
+        }
+        Ok(())
+    }
+
+    fn features(&self, cmd: &Command) -> Outcome {
+        if FeatureId(FeaturesCdw10::from(cmd.cdw10).fid()) != FeatureId::NUMBER_OF_QUEUES {
+            return Err(invalid_field());
+        }
+        if AdminOpcode(cmd.cdw0.opcode()) == AdminOpcode::SET_FEATURES {
+            let asked = NumberOfQueues::from(cmd.cdw11);
+            if asked.nsq_z() == u16::MAX || asked.ncq_z() == u16::MAX {
+                return Err(invalid_field());
+            }
+            let max_z = self.config.max_io_queue_pairs - 1;
+            let granted = NumberOfQueues::new()
+                .with_nsq_z(asked.nsq_z().min(max_z))
+                .with_ncq_z(asked.ncq_z().min(max_z));
+            self.granted_z.store(granted.into(), Ordering::Relaxed);
+        }
+        Ok(self.granted_z.load(Ordering::Relaxed))
+    }
+
+    fn create_queue(&self, cmd: &Command, sq: bool) -> Outcome {
+        let cdw10 = CreateQueueCdw10::from(cmd.cdw10);
+        let qid = cdw10.qid();
+        let granted = NumberOfQueues::from(self.granted_z.load(Ordering::Relaxed));
+        let limit = if sq { granted.nsq_z() } else { granted.ncq_z() };
+        let invalid_qid = || Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER);
+        if qid == 0 || qid as usize >= self.queues.len() || qid > limit + 1 {
+            return Err(invalid_qid());
+        }
+        if cdw10.qsize_z() == 0 || cdw10.qsize_z() > MQES_Z {
+            return Err(Status::command_specific(
+                command_specific::INVALID_QUEUE_SIZE,
+            ));
+        }
+        let contiguous = if sq {
+            CreateSqCdw11::from(cmd.cdw11).pc()
+        } else {
+            CreateCqCdw11::from(cmd.cdw11).pc()
+        };
+        if !contiguous || cmd.prp1 % DMA_PAGE_SIZE as u64 != 0 {
+            return Err(invalid_field());
+        }
+        let entries = cdw10.qsize_z() as u32 + 1;
+        let size = if sq { SQE_SIZE } else { CQE_SIZE };
+        let (region, offset) = self
+            .memory
+            .translate(cmd.prp1, entries as usize * size)
+            .ok_or(invalid_field())?;
+        let mut slot = lock(&self.queues[qid as usize]);
+        if sq {
+            // Only the CQ of the same id (what the driver always creates).
+            if CreateSqCdw11::from(cmd.cdw11).cqid() != qid || slot.cq.is_none() {
+                return Err(Status::command_specific(
+                    command_specific::COMPLETION_QUEUE_INVALID,
+                ));
+            }
+            if slot.sq.is_some() {
+                return Err(invalid_qid());
+            }
+            slot.sq = Some(Ring::new(region, offset, entries));
+        } else {
+            if slot.cq.is_some() {
+                return Err(invalid_qid());
+            }
+            slot.cq = Some(Ring::new(region, offset, entries));
+            slot.phase = true;
+            slot.completed = 0;
+        }
+        Ok(0)
+    }
+
+    fn delete_queue(&self, cmd: &Command, sq: bool) -> Outcome {
+        let qid = DeleteQueueCdw10::from(cmd.cdw10).qid();
+        let invalid_qid = || Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER);
+        if qid == 0 || qid as usize >= self.queues.len() {
+            return Err(invalid_qid());
+        }
+        let mut slot = lock(&self.queues[qid as usize]);
+        if sq {
+            slot.sq.take().ok_or_else(invalid_qid)?;
+        } else {
+            if slot.sq.is_some() {
+                return Err(Status::command_specific(
+                    command_specific::INVALID_QUEUE_DELETION,
+                ));
+            }
+            slot.cq.take().ok_or_else(invalid_qid)?;
+        }
+        Ok(0)
+    }
+}
+
+impl RegisterIo for NullRegisters {
+    fn len(&self) -> usize {
+        DOORBELL_BASE + 2 * 4 * self.queues.len()
+    }
+
+    fn read_u32(&self, offset: usize) -> u32 {
+        assert!(
+            offset % 4 == 0 && offset < self.len(),
+            "register {offset:#x}"
+        );
+        match offset {
+            reg::CAP => self.cap() as u32,
+            o if o == reg::CAP + 4 => (self.cap() >> 32) as u32,
+            reg::VS => VERSION,
+            reg::CC => self.cc.load(Ordering::Acquire),
+            reg::CSTS => self.csts.load(Ordering::Acquire),
+            reg::AQA => self.aqa.load(Ordering::Relaxed),
+            o if o == reg::ASQ || o == reg::ASQ + 4 => {
+                self.asq[(o - reg::ASQ) / 4].load(Ordering::Relaxed)
+            }
+            o if o == reg::ACQ || o == reg::ACQ + 4 => {
+                self.acq[(o - reg::ACQ) / 4].load(Ordering::Relaxed)
+            }
+            _ => 0,
+        }
+    }
+
+    fn write_u32(&self, offset: usize, value: u32) {
+        assert!(
+            offset % 4 == 0 && offset < self.len(),
+            "register {offset:#x}"
+        );
+        match offset {
+            o if o >= DOORBELL_BASE => self.doorbell(o, value),
+            reg::CC => self.set_cc(value),
+            reg::AQA => self.aqa.store(value, Ordering::Relaxed),
+            o if o == reg::ASQ || o == reg::ASQ + 4 => {
+                self.asq[(o - reg::ASQ) / 4].store(value, Ordering::Relaxed)
+            }
+            o if o == reg::ACQ || o == reg::ACQ + 4 => {
+                self.acq[(o - reg::ACQ) / 4].store(value, Ordering::Relaxed)
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The null device's DMA memory: zeroed, page-aligned heap allocations with a synthetic device
+//! address, and the device-side accessors the null controller uses on them (the only `unsafe`
+//! in [`super`]).
+//!
+//! The driver reaches the same bytes through [`DmaMemory`]; this side plays the device's DMA.
+//! Neither side ever forms a Rust reference to the bytes: words shared with the driver are
+//! accessed as atomics (what a device's DMA engine does, seen from the memory model), bulk
+//! copies through raw pointers.
+// UNSAFETY: allocating, freeing and reaching into memory shared with the driver needs raw
+// pointers; every access is bounds-checked here, so callers stay safe.
+#![expect(unsafe_code)]
+
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner};
+use nvme_spec::Command;
+use nvme_spec::wire::SQE_SIZE;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use zerocopy::{FromZeros, IntoBytes};
+
+/// A zeroed, page-aligned heap allocation with a synthetic device address.
+pub(super) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    iova: u64,
+}
+
+// SAFETY: a plain heap allocation owned by this value; its bytes are reached only through raw
+// pointers and atomics, from any thread, as a device and a driver share memory.
+unsafe impl Send for Region {}
+// SAFETY: as above; no method hands out references into the allocation other than atomics.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// `len` bytes (a nonzero multiple of the page size) of zeroed memory, reached by the
+    /// device at `iova`; `None` when the allocation fails.
+    pub(super) fn new(len: usize, iova: u64) -> Option<Self> {
+        assert!(len > 0 && len % DMA_PAGE_SIZE == 0, "whole pages");
+        let layout = Layout::from_size_align(len, DMA_PAGE_SIZE).ok()?;
+        // SAFETY: `len` is at least one page, so the layout has a nonzero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        Some(Self {
+            ptr: NonNull::new(ptr)?,
+            len,
+            iova,
+        })
+    }
+
+    /// Length in bytes.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Device address of the first byte.
+    pub(super) fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// Writes a 16-byte completion queue entry at `offset` (16-byte aligned, inside the
+    /// region): dwords 0..=2 first, then dword 3 (the one with the phase tag) with Release, so
+    /// that a driver that sees the new phase (Acquire) sees the whole entry.
+    pub(super) fn store_cqe(&self, offset: usize, dw: [u32; 4]) {
+        assert!(
+            offset % 16 == 0 && offset.checked_add(16).is_some_and(|end| end <= self.len),
+            "CQE {offset} outside a region of {}",
+            self.len
+        );
+        // SAFETY: the 16 bytes are in bounds and aligned (checked; the base is page-aligned);
+        // atomics are how memory shared with the driver is touched.
+        let words = unsafe { &*self.ptr.as_ptr().add(offset).cast::<[AtomicU32; 4]>() };
+        words[0].store(dw[0], Ordering::Relaxed);
+        words[1].store(dw[1], Ordering::Relaxed);
+        words[2].store(dw[2], Ordering::Relaxed);
+        words[3].store(dw[3], Ordering::Release);
+    }
+
+    /// Copies `data` to `offset` (the device writing host memory by DMA).
+    pub(super) fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|end| end <= self.len)
+        );
+        // SAFETY: in bounds (checked); no Rust reference aliases the destination.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Copies the 64-byte command at `offset` out (the device fetching an SQE).
+    pub(super) fn read_command(&self, offset: usize) -> Command {
+        assert!(
+            offset
+                .checked_add(SQE_SIZE)
+                .is_some_and(|end| end <= self.len)
+        );
+        let mut cmd = Command::new_zeroed();
+        // SAFETY: in bounds (checked); the destination is a local value of exactly SQE_SIZE
+        // bytes, and any bytes are a valid `Command`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                cmd.as_mut_bytes().as_mut_ptr(),
+                SQE_SIZE,
+            )
+        }
+        cmd
+    }
+
+    /// The driver's handle on this region: a [`DmaMemory`] whose page `i` the device reaches
+    /// at `iova + i * 4096`, kept alive by `owner`, which must hold a clone of `region`.
+    pub(super) fn dma_memory(region: &Arc<Region>, owner: Box<dyn DmaOwner>) -> DmaMemory {
+        let pages = (0..region.len / DMA_PAGE_SIZE)
+            .map(|i| region.iova + (i * DMA_PAGE_SIZE) as u64)
+            .collect();
+        // SAFETY: `ptr` is page-aligned and valid for `len` bytes while `owner` holds the
+        // region (the caller's contract); the device reaches page `i` at `iova + i * 4096`
+        // (translated through the null device's registry), and dropping `owner` removes the
+        // registry entry before the allocation can be freed (queues still holding the region
+        // keep it alive until they are deleted). Nothing creates Rust references into it.
+        unsafe { DmaMemory::from_raw_parts(region.ptr, region.len, pages, owner) }
+    }
+}
+
+/// A ring of `entries` entries of `stride` bytes at `offset` of a [`Region`], checked once to
+/// lie inside it, so that each entry access checks only its index.
+pub(super) struct RingRef<'a> {
+    region: &'a Region,
+    offset: usize,
+    entries: u32,
+    stride: usize,
+}
+
+impl Region {
+    /// The ring at `offset` (aligned to `stride`, a power of two of at least 16), or `None` if
+    /// it does not fit the region.
+    pub(super) fn ring(&self, offset: usize, entries: u32, stride: usize) -> Option<RingRef<'_>> {
+        let end = (entries as usize)
+            .checked_mul(stride)
+            .and_then(|len| offset.checked_add(len))?;
+        let fits = stride.is_power_of_two() && stride >= 16 && offset % stride == 0;
+        (fits && end <= self.len).then_some(RingRef {
+            region: self,
+            offset,
+            entries,
+            stride,
+        })
+    }
+}
+
+impl RingRef<'_> {
+    /// The first quadword of entry `index` (CDW0 and the NSID of an SQE), loaded Relaxed.
+    ///
+    /// # Panics
+    /// If `index` is not below the ring's entry count (a bug in the null device).
+    pub(super) fn load_u64(&self, index: u32) -> u64 {
+        assert!(index < self.entries, "entry {index} of {}", self.entries);
+        let at = self.offset + index as usize * self.stride;
+        // SAFETY: `at..at + 8` is inside the region (the ring was checked to fit it when this
+        // view was made, and `index` is below its entry count) and 8-byte aligned (the base is
+        // page-aligned, `offset` and `stride` multiples of 16). An AtomicU64 has the layout of a
+        // u64, and atomics are how memory shared with the driver is touched.
+        let word = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<AtomicU64>() };
+        word.load(Ordering::Relaxed)
+    }
+
+    /// Writes entry `index` as a completion queue entry, dword 3 last with Release (see
+    /// [`Region::store_cqe`]).
+    ///
+    /// # Panics
+    /// If `index` is not below the ring's entry count (a bug in the null device).
+    pub(super) fn store_cqe(&self, index: u32, dw: [u32; 4]) {
+        assert!(index < self.entries, "entry {index} of {}", self.entries);
+        let at = self.offset + index as usize * self.stride;
+        // SAFETY: `at..at + 16` is inside the region and 16-byte aligned (as in `load_u64`);
+        // atomics are how memory shared with the driver is touched.
+        let words = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<[AtomicU32; 4]>() };
+        words[0].store(dw[0], Ordering::Relaxed);
+        words[1].store(dw[1], Ordering::Relaxed);
+        words[2].store(dw[2], Ordering::Relaxed);
+        words[3].store(dw[3], Ordering::Release);
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, DMA_PAGE_SIZE)
+            .unwrap_or_else(|_| unreachable!("checked at allocation"));
+        // SAFETY: allocated in `Region::new` with this layout, freed only here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
