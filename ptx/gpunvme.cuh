@@ -43,6 +43,9 @@
 //            (the SQ is read by the controller over PCIe or by copy engines: system scope).
 //  complete: ld.relaxed.sys CQE dword 3 (phase) -> fence.acq_rel.sys -> rest of the CQE and the
 //            command's data; then st.release.gpu slot.done -> waiter ld.acquire.gpu slot.done.
+//  Both fences are fence.acq_rel.gpu instead when queue_desc.flags has GPUNVME_QF_LOCAL_PEER
+//  (the GPU-resident controller model: its rings, doorbells and data stay in this GPU's memory).
+//  The host's abort word is read over PCIe at most every GPUNVME_HOST_POLL_NS per queue.
 //  The doorbell is only ever written, never read (GPU reads of NVMe BARs fail on some systems).
 #pragma once
 
@@ -91,6 +94,7 @@
 #define GPUNVME_QD_TIMEOUT_NS 88
 #define GPUNVME_QD_DEPTH 96
 #define GPUNVME_QD_QID 100
+#define GPUNVME_QD_FLAGS 102
 #define GPUNVME_QD_SLOT_BUFFER_BYTES 104
 #define GPUNVME_QD_MAX_TRANSFER 108
 #define GPUNVME_QUEUE_STATE_SIZE 128
@@ -102,6 +106,7 @@
 #define GPUNVME_QS_CQ_PHASE 72
 #define GPUNVME_QS_CQ_REAPED 76
 #define GPUNVME_QS_FAILED 96
+#define GPUNVME_QS_HOST_CHECKED_NS 104
 #define GPUNVME_SLOT_STATE_SIZE 16
 #define GPUNVME_SS_RELEASED 0
 #define GPUNVME_SS_TICKET 4
@@ -121,8 +126,17 @@
 
 // Host flags word (desc.host_flags): bit 0 = abort (controller fatal, device gone, shutdown).
 #define GPUNVME_HOST_ABORT 1u
-// Spins between two looks at the host's abort word (a PCIe read) and at the clock.
+// Spins between two looks at the clock (deadline, and whether the abort word is due).
 #define GPUNVME_ABORT_POLL 256
+// The host's abort word is read over PCIe at most this often per queue (by whichever waiter
+// finds it due): thousands of waiters reading host memory on their own collapse PCIe reads
+// (and every system-scope fence with them), see ../shared/design/gpu.md.
+#define GPUNVME_HOST_POLL_NS 50000
+
+// queue_desc.flags: bit 0 = the controller runs on this GPU (the GPU-resident controller
+// model): SQEs, CQEs and doorbells never leave GPU memory, so the protocol's fences are at GPU
+// scope instead of system scope.
+#define GPUNVME_QF_LOCAL_PEER 1u
 
 // slot.done: bit 31 set when a completion is stored; bits 15:0 the CQE status field with the
 // phase tag cleared (bit 0 = 0; SC in 8:1, SCT in 11:9, CRD 13:12, M 14, DNR 15).
@@ -151,7 +165,7 @@ struct queue_desc {
     uint64_t timeout_ns;       // bound of every wait
     uint32_t depth;            // entries of the SQ and of the CQ; a power of two
     uint16_t qid;              // NVMe queue id
-    uint16_t reserved0;
+    uint16_t flags;            // GPUNVME_QF_*
     uint32_t slot_buffer_bytes; // bytes of each slot buffer; its PRP list is pre-built
     uint32_t max_transfer;      // most bytes one command may move (MDTS, capped at 2 MiB)
     uint64_t reserved1[2];
@@ -171,7 +185,9 @@ struct queue_state {
     uint32_t cq_reaped;     // completions consumed so far (wraps)
     uint32_t pad2[4];
     uint32_t failed;        // 0, or the status that failed the queue
-    uint32_t pad3[7];
+    uint32_t pad3;
+    uint64_t host_checked_ns; // %globaltimer when a waiter last read the host's abort word
+    uint32_t pad4[4];
 };
 
 /// Per-slot (= per command id) state, in GPU memory.
@@ -209,6 +225,7 @@ static_assert(offsetof(queue_desc, host_flags) == GPUNVME_QD_HOST_FLAGS, "host_f
 static_assert(offsetof(queue_desc, timeout_ns) == GPUNVME_QD_TIMEOUT_NS, "timeout_ns");
 static_assert(offsetof(queue_desc, depth) == GPUNVME_QD_DEPTH, "depth");
 static_assert(offsetof(queue_desc, qid) == GPUNVME_QD_QID, "qid");
+static_assert(offsetof(queue_desc, flags) == GPUNVME_QD_FLAGS, "flags");
 static_assert(offsetof(queue_desc, slot_buffer_bytes) == GPUNVME_QD_SLOT_BUFFER_BYTES, "sbb");
 static_assert(offsetof(queue_desc, max_transfer) == GPUNVME_QD_MAX_TRANSFER, "max_transfer");
 static_assert(sizeof(queue_state) == GPUNVME_QUEUE_STATE_SIZE, "queue_state size");
@@ -220,6 +237,7 @@ static_assert(offsetof(queue_state, cq_head) == GPUNVME_QS_CQ_HEAD, "cq_head");
 static_assert(offsetof(queue_state, cq_phase) == GPUNVME_QS_CQ_PHASE, "cq_phase");
 static_assert(offsetof(queue_state, cq_reaped) == GPUNVME_QS_CQ_REAPED, "cq_reaped");
 static_assert(offsetof(queue_state, failed) == GPUNVME_QS_FAILED, "failed");
+static_assert(offsetof(queue_state, host_checked_ns) == GPUNVME_QS_HOST_CHECKED_NS, "host_chk");
 static_assert(sizeof(slot_state) == GPUNVME_SLOT_STATE_SIZE, "slot_state size");
 static_assert(offsetof(slot_state, released) == GPUNVME_SS_RELEASED, "released");
 static_assert(offsetof(slot_state, ticket) == GPUNVME_SS_TICKET, "ticket");
@@ -253,6 +271,19 @@ __device__ __forceinline__ slot_state* slot_of(const queue_desc& q, uint32_t s) 
     return reinterpret_cast<slot_state*>(q.slots) + s;
 }
 
+/// Whether the host has raised the abort word. Read over PCIe at most once per
+/// GPUNVME_HOST_POLL_NS per queue: the waiter that finds the queue's last look stale claims
+/// the next one (a relaxed store; two waiters racing both read, which is harmless).
+__device__ __forceinline__ bool host_aborted(const queue_desc& q, uint64_t now) {
+    uint64_t* checked = &state_of(q)->host_checked_ns;
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> c(*checked);
+    if (now - c.load(cuda::memory_order_relaxed) < GPUNVME_HOST_POLL_NS) return false;
+    c.store(now, cuda::memory_order_relaxed);
+    uint32_t flags =
+        sys_u32(*reinterpret_cast<uint32_t*>(q.host_flags)).load(cuda::memory_order_relaxed);
+    return flags & GPUNVME_HOST_ABORT;
+}
+
 /// A bounded wait: the deadline, the host's abort word, and a short sleep between polls.
 struct waiter {
     uint64_t deadline;
@@ -263,10 +294,9 @@ struct waiter {
     /// GPUNVME_OK to keep waiting, else why to stop.
     __device__ __forceinline__ status tick(const queue_desc& q) {
         if (++spins % GPUNVME_ABORT_POLL == 0) {
-            uint32_t flags = sys_u32(*reinterpret_cast<uint32_t*>(q.host_flags))
-                                 .load(cuda::memory_order_relaxed);
-            if (flags & GPUNVME_HOST_ABORT) return GPUNVME_ABORTED;
-            if (now_ns() > deadline) return GPUNVME_TIMEOUT;
+            const uint64_t now = now_ns();
+            if (host_aborted(q, now)) return GPUNVME_ABORTED;
+            if (now > deadline) return GPUNVME_TIMEOUT;
         }
         __nanosleep(sleep_ns);
         if (sleep_ns < 512) sleep_ns <<= 1;
@@ -274,6 +304,23 @@ struct waiter {
     }
     __device__ __forceinline__ void progressed() { sleep_ns = 32; }
 };
+
+/// The fences between this GPU and the queue's controller: system scope for a controller across
+/// PCIe (an SSD, or the host-side software controller), GPU scope for the GPU-resident
+/// controller model, whose rings and doorbells never leave this GPU's memory (a system-scope
+/// fence costs microseconds when host memory traffic is in flight).
+__device__ __forceinline__ void release_to_controller(const queue_desc& q) {
+    if (q.flags & GPUNVME_QF_LOCAL_PEER)
+        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+    else
+        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+}
+__device__ __forceinline__ void acquire_from_controller(const queue_desc& q) {
+    if (q.flags & GPUNVME_QF_LOCAL_PEER)
+        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+    else
+        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+}
 
 /// Marks the queue failed with `why` (the first reason sticks) and returns it.
 __device__ __forceinline__ status fail_queue(const queue_desc& q, status why) {
@@ -318,8 +365,8 @@ __device__ inline bool try_publish(const queue_desc& q) {
         ++p;
     }
     if (p != start) {
-        // Every SQE published so far is visible to the system before the doorbell says so.
-        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+        // Every SQE published so far is visible to the controller before the doorbell says so.
+        release_to_controller(q);
         doorbell_write(q.sq_doorbell, p & mask);
         dev_u32(st->sq_published).store(p, cuda::memory_order_relaxed);
     }
@@ -346,7 +393,7 @@ __device__ inline status try_reap(const queue_desc& q) {
                            .load(cuda::memory_order_relaxed);
         if (((dw3 >> 16) & 1u) != phase) break;
         // ... then acquire, and only then the rest of the entry and the command's data.
-        cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+        acquire_from_controller(q);
         uint32_t cid = dw3 & 0xffffu;
         uint32_t status_field = (dw3 >> 16) & 0xfffeu;
         uint32_t dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
@@ -372,7 +419,7 @@ __device__ inline status try_reap(const queue_desc& q) {
         st->cq_head = head;
         st->cq_phase = phase;
         dev_u32(st->cq_reaped).fetch_add(n, cuda::memory_order_release);
-        cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
+        release_to_controller(q);
         doorbell_write(q.cq_doorbell, head);
     }
     unlock(st->cq_lock);

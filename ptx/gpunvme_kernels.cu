@@ -339,6 +339,12 @@ using namespace gpunvme::ctrl;
 extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     gpunvme_controller(const ctrl_control* c) {
     __shared__ warp_tables tables[GPUNVME_CTRL_WARPS];
+    // The host's stop flag and table generation as this block last read them: warp 0's lane 0
+    // reads host memory at most every GPUNVME_CTRL_HOST_POLL_NS and every warp looks here.
+    // (Hundreds of warps reading host memory on their own made every pass ~30 µs and stalled
+    // clients' system-scope fences.) The host may ask for more dynamic shared memory than this
+    // kernel uses: that is how one block gets an SM to itself.
+    __shared__ volatile uint32_t host_stop, host_generation;
     const uint32_t full = 0xffffffffu;
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
     const uint32_t warps_total = gridDim.x * GPUNVME_CTRL_WARPS;
@@ -366,28 +372,48 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     uint32_t gen = 0;
     if (lane == 0) gen = ld_sys(&c->generation);
     gen = __shfl_sync(full, gen, 0);
+    if (threadIdx.x == 0) {
+        host_stop = 0;
+        host_generation = gen;
+    }
+    __syncthreads();
     reload(c, t, &q, lane);
     k.reloads++;
     if (lane == 0) {
-        st_sys(&ack[gw], gen);
+        // The block's SM first, so that a host that has seen every warp's ack sees every SM.
         if (warp == 0) {
             uint32_t sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
             st_sys(&ack[warps_total + blockIdx.x], sm + 1);
+            fence_sys();
         }
+        st_sys(&ack[gw], gen);
     }
     uint32_t sleep_ns = 32;
-    uint32_t since_control = 0;
+    uint64_t host_polled = start;
     for (;;) {
         k.passes++;
-        // The host's words, every 64 busy passes or 8 idle ones (a read of host memory).
-        if (++since_control >= 64) {
-            since_control = 0;
+        // The host's words: read over PCIe by one lane per block, at a bounded rate.
+        if (warp == 0 && lane == 0) {
+            const uint64_t now = now_ns();
+            if (now - host_polled >= GPUNVME_CTRL_HOST_POLL_NS) {
+                host_polled = now;
+                host_stop = ld_sys(&c->stop) != 0 || now - start > lifetime;
+                const uint32_t g = ld_sys(&c->generation);
+                // A new generation: acquire the host's table writes for the whole block before
+                // the warps that see it here fence again and reload (see TABLES).
+                if (g != host_generation) {
+                    fence_sys();
+                    host_generation = g;
+                }
+            }
+        }
+        if ((k.passes & 15) == 0) {
             int stop = 0;
             uint32_t g = gen;
             if (lane == 0) {
-                stop = ld_sys(&c->stop) != 0 || now_ns() - start > lifetime;
-                g = ld_sys(&c->generation);
+                stop = host_stop != 0 || now_ns() - start > lifetime;
+                g = host_generation;
             }
             stop = __shfl_sync(full, stop, 0);
             g = __shfl_sync(full, g, 0);
@@ -399,30 +425,32 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                 if (lane == 0) st_sys(&ack[gw], gen);
             }
         }
-        // Doorbells: each owning lane its queue's SQ tail and CQ head (GPU memory).
+        // Doorbells (GPU memory): each owning lane its queue's SQ tail, and its CQ head only
+        // when the CQ space it knows of would hold back new commands.
         uint32_t n = 0;
         if (q.sq) {
-            const uint32_t tail = ld_sys(q.sq_db);
+            const uint32_t tail = ld_gpu(q.sq_db);
             if (tail != q.sq_tail) {
                 if (tail < q.sq_entries) q.sq_tail = tail;
                 else if (tail != sq_bad) { sq_bad = tail; k.doorbell_errors++; }
             }
-            const uint32_t head = ld_sys(q.cq_db);
-            if (head != q.cq_head) {
-                const uint32_t posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
-                const uint32_t advance = (head + q.cq_entries - q.cq_head) % q.cq_entries;
-                if (head < q.cq_entries && advance <= posted) q.cq_head = head;
-                else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
-            }
             n = (q.sq_tail + q.sq_entries - q.sq_head) % q.sq_entries;
-            const uint32_t used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
-            const uint32_t space = q.cq_entries - 1 - used;
-            if (n > space) n = space;
+            uint32_t used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+            if (n > q.cq_entries - 1 - used) {
+                const uint32_t head = ld_gpu(q.cq_db);
+                if (head != q.cq_head) {
+                    const uint32_t advance = (head + q.cq_entries - q.cq_head) % q.cq_entries;
+                    if (head < q.cq_entries && advance <= used) q.cq_head = head;
+                    else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
+                }
+                used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+                const uint32_t space = q.cq_entries - 1 - used;
+                if (n > space) n = space;
+            }
         }
         uint32_t ready = __ballot_sync(full, n != 0);
         if (!ready) {
             k.idle_passes++;
-            since_control += 7;
             __nanosleep(sleep_ns);
             if (sleep_ns < idle_max) sleep_ns <<= 1;
             continue;

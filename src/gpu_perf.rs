@@ -453,6 +453,11 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             first_error.get_or_insert("no block written by the GPU reads back".into());
         }
     }
+    if gpu.done == 0 && errors == 0 {
+        // A run that moved nothing proves nothing: never report it as a success.
+        errors += 1;
+        first_error.get_or_insert("no I/O completed".into());
+    }
     let secs = gpu.elapsed.as_secs_f64().max(1e-9);
     let report = PerfReport {
         rw: cfg.rw,
@@ -502,6 +507,7 @@ fn start_model(
                 nvme_emu::Backend::File(p) => Some(p.clone()),
                 _ => None,
             },
+            read_only: c.read_only,
         })
         .collect();
     let info = ctrl.info();

@@ -50,8 +50,8 @@ pub struct QueueDesc {
     pub depth: u32,
     /// NVMe queue id.
     pub qid: u16,
-    /// Reserved.
-    pub reserved0: u16,
+    /// `QF_*` bits.
+    pub flags: u16,
     /// Bytes of each slot buffer.
     pub slot_buffer_bytes: u32,
     /// Most bytes one command may move.
@@ -88,7 +88,11 @@ pub struct QueueState {
     /// 0, or the [`DeviceStatus`] that failed the queue.
     pub failed: u32,
     /// Padding.
-    pub pad3: [u32; 7],
+    pub pad3: u32,
+    /// `%globaltimer` when a waiter last read the host's abort word.
+    pub host_checked_ns: u64,
+    /// Padding.
+    pub pad4: [u32; 4],
 }
 const _: () = assert!(size_of::<QueueState>() == 128);
 
@@ -209,6 +213,10 @@ pub const LAT_BUCKETS: usize = 1024;
 pub const DONE_BIT: u32 = 0x8000_0000;
 /// Host flags word: abort every wait.
 pub const HOST_ABORT: u32 = 1;
+
+/// [`QueueDesc::flags`]: the queue's controller runs on this GPU (the GPU-resident model), so
+/// the header's fences are at GPU scope (`GPUNVME_QF_LOCAL_PEER`).
+pub const QF_LOCAL_PEER: u16 = 1;
 
 /// Lower bound in nanoseconds of latency bucket `b` (inverse of the kernel's `lat_bucket`).
 pub fn lat_bucket_floor(b: usize) -> u64 {
@@ -333,9 +341,14 @@ pub struct CtrlNs {
     pub lba_shift: u32,
     /// `MEDIA_*`.
     pub kind: u32,
+    /// `NS_*` bits.
+    pub flags: u32,
     /// Reserved.
-    pub reserved: u64,
+    pub reserved: u32,
 }
+
+/// [`CtrlNs::flags`]: write protected (`GPUNVME_NS_READ_ONLY`).
+pub const NS_READ_ONLY: u32 = 1;
 
 /// Media kinds (`GPUNVME_MEDIA_*`).
 pub const MEDIA_NULL: u32 = 0;
@@ -468,6 +481,8 @@ mod tests {
             ("QD_TIMEOUT_NS", offset_of!(QueueDesc, timeout_ns)),
             ("QD_DEPTH", offset_of!(QueueDesc, depth)),
             ("QD_QID", offset_of!(QueueDesc, qid)),
+            ("QD_FLAGS", offset_of!(QueueDesc, flags)),
+            ("QF_LOCAL_PEER", QF_LOCAL_PEER as usize),
             (
                 "QD_SLOT_BUFFER_BYTES",
                 offset_of!(QueueDesc, slot_buffer_bytes),
@@ -482,6 +497,10 @@ mod tests {
             ("QS_CQ_PHASE", offset_of!(QueueState, cq_phase)),
             ("QS_CQ_REAPED", offset_of!(QueueState, cq_reaped)),
             ("QS_FAILED", offset_of!(QueueState, failed)),
+            (
+                "QS_HOST_CHECKED_NS",
+                offset_of!(QueueState, host_checked_ns),
+            ),
             ("SLOT_STATE_SIZE", size_of::<SlotState>()),
             ("SS_RELEASED", offset_of!(SlotState, released)),
             ("SS_TICKET", offset_of!(SlotState, ticket)),
@@ -512,6 +531,7 @@ mod tests {
             ("MEDIA_NULL", MEDIA_NULL as usize),
             ("MEDIA_HBM", MEDIA_HBM as usize),
             ("MEDIA_HOST", MEDIA_HOST as usize),
+            ("NS_READ_ONLY", NS_READ_ONLY as usize),
         ];
         for (name, value) in want {
             assert_eq!(

@@ -29,7 +29,7 @@ use zerocopy::{FromZeros, IntoBytes};
 
 use crate::desc::{
     CTRL_DOORBELL_STRIDE, CTRL_MAX_NS, CTRL_MAX_WINDOWS, CTRL_WARPS, CtrlControl, CtrlCounters,
-    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_NULL,
+    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_NULL, NS_READ_ONLY,
 };
 use crate::error::GpuError;
 use crate::ffi::{self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
@@ -80,6 +80,9 @@ pub struct NamespaceSpec {
     pub lba_size: u32,
     /// The image file behind it (read at start and written back, for `hbm`).
     pub image: Option<PathBuf>,
+    /// Write protected: Write, Write Zeroes and Dataset Management fail with Namespace Is
+    /// Write Protected, and `hbm` media is never written back.
+    pub read_only: bool,
 }
 
 /// How to run the model.
@@ -136,6 +139,7 @@ struct Layout {
     windows: usize,
     namespaces: usize,
     ack: usize,
+    blocks: usize,
     len: usize,
 }
 
@@ -151,6 +155,7 @@ impl Layout {
             windows,
             namespaces,
             ack,
+            blocks,
             len,
         }
     }
@@ -175,7 +180,9 @@ struct Shared {
     warps: usize,
     nqueues: usize,
     tables: Mutex<Tables>,
-    media: Vec<Option<(DeviceMemory, PathBuf)>>,
+    /// Per namespace: its media in GPU memory and the image to write it back to (None for
+    /// a read-only namespace).
+    media: Vec<Option<(DeviceMemory, Option<PathBuf>)>>,
 }
 
 /// The GPU-resident controller model, running.
@@ -263,9 +270,10 @@ impl GpuController {
                 } else {
                     MEDIA_NULL
                 },
+                flags: if ns.read_only { NS_READ_ONLY } else { 0 },
                 reserved: 0,
             };
-            media.push(loaded);
+            media.push(loaded.map(|(m, p)| (m, (!ns.read_only).then_some(p))));
         }
         control.write(layout.namespaces, ns_table.as_bytes());
         let header = CtrlControl {
@@ -304,10 +312,13 @@ impl GpuController {
             }),
             media,
         });
-        stream.launch(
+        // One block per SM (a second block on an SM would halve both blocks' polling rate).
+        let shared_bytes = kernels.controller.reserve_whole_sm(cuda)?;
+        stream.launch_with_shared(
             kernels.controller,
             blocks,
             CTRL_WARPS * 32,
+            shared_bytes,
             &[Arg::U64(shared.control.device_ptr())],
         )?;
         // From here until the kernel has ended, frees are held back (they would wait for it).
@@ -333,6 +344,17 @@ impl GpuController {
                 "the GPU controller did not start: {running} of {warps} controller warps \
                  running after {:?} (are {} SMs free for it?)",
                 opts.start_timeout, blocks
+            )));
+        }
+        let sms = ctrl.shared.block_sms();
+        let distinct: std::collections::BTreeSet<u32> = sms.iter().copied().collect();
+        if distinct.len() != sms.len() {
+            let _ = ctrl.stop();
+            return Err(GpuError::Unsupported(format!(
+                "the GPU controller's {} blocks landed on {} SMs ({sms:?}): they must have one \
+                 SM each",
+                sms.len(),
+                distinct.len()
             )));
         }
         emu.set_queue_server(Some(ctrl.shared.clone()));
@@ -487,6 +509,17 @@ fn load_image(
 
 impl Shared {
     /// Waits until every warp acknowledged `generation`; on timeout returns how many had.
+    /// The SM each controller block runs on (reported once it started).
+    fn block_sms(&self) -> Vec<u32> {
+        (0..self.layout.blocks)
+            .map(|b| {
+                self.control
+                    .load_u32(self.layout.ack + (self.warps + b) * 4)
+                    .wrapping_sub(1)
+            })
+            .collect()
+    }
+
     fn wait_acks(&self, generation: u32, timeout: Duration) -> Result<(), usize> {
         let start = Instant::now();
         loop {
@@ -571,6 +604,7 @@ impl Shared {
     fn write_back(&self) -> Result<(), GpuError> {
         use std::os::unix::fs::FileExt;
         for (mem, path) in self.media.iter().flatten() {
+            let Some(path) = path else { continue };
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .open(path)

@@ -16,7 +16,7 @@ use nvme::{Controller, CreatedQueuePair, DmaRegion, QueueRegions};
 use nvme_emu::{DeviceAddressMap, EmuDevice};
 use zerocopy::IntoBytes;
 
-use crate::desc::{QueueDesc, QueueState, SlotState};
+use crate::desc::{QF_LOCAL_PEER, QueueDesc, QueueState, SlotState};
 use crate::emu_dma::{CopyMode, DmaStats, GpuDma, GpuRegion, PinnedDoorbell};
 use crate::error::GpuError;
 use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
@@ -184,6 +184,68 @@ pub(crate) fn initial_state() -> QueueState {
     }
 }
 
+/// A queue's protocol state and slot states in GPU memory, initialised for the first command.
+pub(crate) fn alloc_protocol_state(
+    cuda: &Arc<Cuda>,
+    depth: u32,
+) -> Result<(Arc<DeviceMemory>, Arc<DeviceMemory>), GpuError> {
+    let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
+    let slots = Arc::new(DeviceMemory::alloc(
+        cuda,
+        depth as usize * size_of::<SlotState>(),
+    )?);
+    slots.write(0, initial_slots(depth).as_bytes())?;
+    state.write(0, initial_state().as_bytes())?;
+    Ok((state, slots))
+}
+
+/// What every queue of a set shares in its descriptor.
+pub(crate) struct DescCommon {
+    pub(crate) host_flags: u64,
+    pub(crate) timeout_ns: u64,
+    pub(crate) depth: u32,
+    pub(crate) flags: u16,
+    pub(crate) slot_buffer_bytes: u32,
+    pub(crate) max_transfer: u32,
+}
+
+/// Where one queue's pieces are: GPU pointers, and device addresses where they differ.
+pub(crate) struct DescParts {
+    pub(crate) sq: u64,
+    pub(crate) cq: u64,
+    pub(crate) doorbells: (u64, u64),
+    pub(crate) state: u64,
+    pub(crate) slots: u64,
+    pub(crate) prp_lists: (u64, u64),
+    pub(crate) slot_buffers: (u64, u64),
+    pub(crate) qid: u16,
+}
+
+impl DescCommon {
+    pub(crate) fn desc(&self, p: DescParts) -> QueueDesc {
+        QueueDesc {
+            sq: p.sq,
+            cq: p.cq,
+            sq_doorbell: p.doorbells.0,
+            cq_doorbell: p.doorbells.1,
+            state: p.state,
+            slots: p.slots,
+            prp_lists: p.prp_lists.0,
+            prp_lists_bus: p.prp_lists.1,
+            slot_buffers: p.slot_buffers.0,
+            slot_buffers_bus: p.slot_buffers.1,
+            host_flags: self.host_flags,
+            timeout_ns: self.timeout_ns,
+            depth: self.depth,
+            qid: p.qid,
+            flags: self.flags,
+            slot_buffer_bytes: self.slot_buffer_bytes,
+            max_transfer: self.max_transfer,
+            reserved1: [0; 2],
+        }
+    }
+}
+
 /// A GPU buffer the controller can reach: its GPU pointer and its device (bus) address.
 pub struct GpuBuffer {
     mem: Arc<DeviceMemory>,
@@ -324,6 +386,14 @@ impl GpuQueues {
         let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), kernels.clone())?;
         let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
         let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+        let common = DescCommon {
+            host_flags: host_flags.device_ptr(),
+            timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            depth,
+            flags: 0,
+            slot_buffer_bytes,
+            max_transfer,
+        };
         let map = emu.address_map().clone();
 
         let register_as = |mem: Arc<DeviceMemory>, sq: bool| -> Result<DmaRegion, GpuError> {
@@ -365,11 +435,7 @@ impl GpuQueues {
                 cuda,
                 depth as usize * slot_buffer_bytes as usize,
             )?);
-            let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
-            let slots = Arc::new(DeviceMemory::alloc(
-                cuda,
-                depth as usize * size_of::<SlotState>(),
-            )?);
+            let (state, slots) = alloc_protocol_state(cuda, depth)?;
 
             let sq_region = Arc::new(register_as(sq.clone(), true)?);
             let cq_region = Arc::new(register(cq.clone())?);
@@ -382,9 +448,6 @@ impl GpuQueues {
             if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
                 prp.write(0, lists.as_bytes())?;
             }
-            slots.write(0, initial_slots(depth).as_bytes())?;
-            state.write(0, initial_state().as_bytes())?;
-
             let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
             let cq_word = Arc::new(PinnedDoorbell::new(
                 doorbells.clone(),
@@ -406,26 +469,16 @@ impl GpuQueues {
                 },
             );
             let created = created?;
-            let desc = QueueDesc {
+            let desc = common.desc(DescParts {
                 sq: sq.ptr(),
                 cq: cq.ptr(),
-                sq_doorbell: sq_db,
-                cq_doorbell: cq_db,
+                doorbells: (sq_db, cq_db),
                 state: state.ptr(),
                 slots: slots.ptr(),
-                prp_lists: prp.ptr(),
-                prp_lists_bus: prp_bus,
-                slot_buffers: bufs.ptr(),
-                slot_buffers_bus: buf_bus,
-                host_flags: host_flags.device_ptr(),
-                timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-                depth,
+                prp_lists: (prp.ptr(), prp_bus),
+                slot_buffers: (bufs.ptr(), buf_bus),
                 qid: created.qid(),
-                reserved0: 0,
-                slot_buffer_bytes,
-                max_transfer,
-                reserved1: [0; 2],
-            };
+            });
             pairs.push(GpuQueuePair {
                 created: Some(created),
                 desc,
@@ -506,6 +559,14 @@ impl GpuQueues {
         .map(|(base, len)| gpu.register_window(base, len as u64))
         .collect::<Result<_, _>>()?;
         let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+        let common = DescCommon {
+            host_flags: host_flags.device_ptr(),
+            timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            depth,
+            flags: QF_LOCAL_PEER,
+            slot_buffer_bytes,
+            max_transfer,
+        };
         let client_stream = Stream::new(cuda, Placement::Client, Some(gpu.partition()))?;
         let region = |mem: &Arc<DeviceMemory>, base: u64, off: usize, len: usize| {
             DmaRegion::contiguous(base + off as u64, len, Box::new(mem.clone()))
@@ -520,37 +581,24 @@ impl GpuQueues {
             if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
                 prps.write((prp_bus - prps.ptr()) as usize, lists.as_bytes())?;
             }
-            let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
-            let slots = Arc::new(DeviceMemory::alloc(cuda, d * size_of::<SlotState>())?);
-            slots.write(0, initial_slots(depth).as_bytes())?;
-            state.write(0, initial_state().as_bytes())?;
+            let (state, slots) = alloc_protocol_state(cuda, depth)?;
             let created = controller.create_queue_pair_on(QueueRegions {
                 sq: Arc::new(region(&sqs, sq_base, sq_off, sq_bytes)),
                 sq_entries: depth,
                 cq: Arc::new(region(&cqs, cq_base, cq_off, cq_bytes)),
                 cq_entries: depth,
             })?;
-            let (sq_db, cq_db) = gpu.doorbells(created.qid())?;
-            let desc = QueueDesc {
+            // Identity device addresses: the model's windows are GPU pointers.
+            let desc = common.desc(DescParts {
                 sq: sq_base + sq_off as u64,
                 cq: cq_base + cq_off as u64,
-                sq_doorbell: sq_db,
-                cq_doorbell: cq_db,
+                doorbells: gpu.doorbells(created.qid())?,
                 state: state.ptr(),
                 slots: slots.ptr(),
-                prp_lists: prp_bus,
-                prp_lists_bus: prp_bus,
-                slot_buffers: buf_bus,
-                slot_buffers_bus: buf_bus,
-                host_flags: host_flags.device_ptr(),
-                timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-                depth,
+                prp_lists: (prp_bus, prp_bus),
+                slot_buffers: (buf_bus, buf_bus),
                 qid: created.qid(),
-                reserved0: 0,
-                slot_buffer_bytes,
-                max_transfer,
-                reserved1: [0; 2],
-            };
+            });
             pairs.push(GpuQueuePair {
                 created: Some(created),
                 desc,

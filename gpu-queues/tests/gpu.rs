@@ -505,19 +505,31 @@ fn gpu_and_cpu_queues_on_one_controller() {
 /// A controller over an image file at `path` (the pattern already in it, written by the CPU
 /// through the software controller), then the model with `media` and GPU queues on it.
 fn model_rig(path: &std::path::Path, lba: u32, media: MediaKind, queues: u16, depth: u32) -> Rig {
+    model_rig_with(path, lba, media, queues, depth, false)
+}
+
+/// `model_rig`, optionally with a write-protected namespace (then no pattern is written).
+fn model_rig_with(
+    path: &std::path::Path,
+    lba: u32,
+    media: MediaKind,
+    queues: u16,
+    depth: u32,
+    read_only: bool,
+) -> Rig {
     let config = EmuConfig {
         namespaces: vec![NamespaceConfig {
             backend: nvme_emu::Backend::File(path.to_path_buf()),
             blocks: NS_BYTES / lba as u64,
             lba_size: lba,
-            read_only: false,
+            read_only,
         }],
         max_io_queue_pairs: 16,
         ..EmuConfig::default()
     };
     let emu = EmuDevice::start(config).expect("software controller");
     let ctrl = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
-    {
+    if !read_only {
         // The pattern goes to the file through a CPU queue before the model loads it.
         let mut q = ctrl.create_io_queue_pair(64).expect("CPU queue");
         let chunk = (1u64 << 20) / lba as u64;
@@ -537,6 +549,7 @@ fn model_rig(path: &std::path::Path, lba: u32, media: MediaKind, queues: u16, de
             blocks: NS_BYTES / lba as u64,
             lba_size: lba,
             image: Some(path.to_path_buf()),
+            read_only,
         }],
         16,
         ctrl.info().max_transfer_bytes as u32,
@@ -752,6 +765,63 @@ fn model_fails_bad_commands_with_the_status_the_spec_requires() {
 
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_refuses_changes_to_a_write_protected_namespace() {
+    let path = image("ro");
+    std::fs::write(&path, vec![0x5au8; NS_BYTES as usize]).expect("image bytes");
+    let r = model_rig_with(&path, 512, MediaKind::Hbm, 2, 64, true);
+    let buf = r.gpu.alloc_buffer(1 << 20).expect("GPU buffer");
+    let read = IoReq {
+        slba: 8,
+        prp1: buf.bus(),
+        prp2: 0,
+        nsid: 1,
+        nlb_z: 7,
+        opcode: 2,
+        reserved: 0,
+    };
+    let cases: &[(&str, IoReq, u32)] = &[
+        ("write", IoReq { opcode: 1, ..read }, 0x20),
+        ("write zeroes", IoReq { opcode: 8, ..read }, 0x20),
+        ("read", read, 0),
+        (
+            "write out of range (range first, as nvme_emu checks)",
+            IoReq {
+                opcode: 1,
+                slba: NS_BYTES / 512,
+                ..read
+            },
+            0x80,
+        ),
+    ];
+    let reqs: Vec<IoReq> = cases.iter().map(|c| c.1).collect();
+    for warp in [false, true] {
+        let out = batch(&r, &reqs, warp);
+        for ((name, _, sc), (s, sf)) in cases.iter().zip(&out) {
+            if *sc == 0 {
+                assert_eq!(*s, DeviceStatus::Ok, "{name}: {sf:#x}");
+            } else {
+                assert_eq!(*s, DeviceStatus::NvmeError, "{name}");
+                assert_eq!((sf >> 1) & 0xff, *sc, "{name}: status field {sf:#x}");
+            }
+        }
+        // The read saw the image's bytes: nothing was written or zeroed.
+        let mut back = vec![0u8; 4096];
+        buf.read(0, &mut back).expect("read back");
+        assert!(back.iter().all(|&b| b == 0x5a), "read-only media changed");
+    }
+    r.model.as_ref().unwrap().stop().expect("stop");
+    drop(buf);
+    drop(r);
+    let bytes = std::fs::read(&path).expect("image");
+    assert!(
+        bytes.iter().all(|&b| b == 0x5a),
+        "read-only image written back"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn model_wraps_many_queues_with_both_clients_on_null_media() {
     let path = image("null");
     let r = model_rig(&path, 4096, MediaKind::Null, 16, 64);
@@ -803,6 +873,7 @@ fn model_without_free_sms_is_refused_not_hung() {
             blocks: NS_BYTES / 512,
             lba_size: 512,
             image: None,
+            read_only: false,
         }],
         8,
         1 << 17,

@@ -61,6 +61,9 @@ pub struct Cuda {
     name: String,
     sm_count: u32,
     compute_capability: (i32, i32),
+    /// Shared memory of one SM, and the most one block may opt in to (bytes).
+    shared_per_sm: u32,
+    shared_per_block: u32,
 }
 
 // SAFETY: CUDA driver handles may be used from any thread; every thread that calls into the
@@ -135,6 +138,8 @@ impl Cuda {
             let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
             let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
             let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let shared_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
+            let shared_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
             Ok(Arc::new(Cuda {
                 dev,
                 ctx,
@@ -142,6 +147,8 @@ impl Cuda {
                 name,
                 sm_count,
                 compute_capability: (major, minor),
+                shared_per_sm: shared_per_sm.max(0) as u32,
+                shared_per_block: shared_per_block.max(0) as u32,
             }))
         }
     }
@@ -170,6 +177,43 @@ impl Cuda {
     /// Device ordinal.
     pub fn ordinal(&self) -> i32 {
         self.ordinal
+    }
+}
+
+impl Kernel {
+    /// Makes one block of this kernel take an SM to itself: sets its dynamic shared memory to
+    /// more than half of an SM's (with what it declares statically), so that no second block
+    /// of any kernel that needs shared memory fits beside it. Returns the dynamic bytes to pass
+    /// at launch.
+    pub fn reserve_whole_sm(&self, cuda: &Cuda) -> Result<u32, GpuError> {
+        let mut static_bytes = 0;
+        // SAFETY: valid kernel handle and out-pointer.
+        check("cuKernelGetAttribute", unsafe {
+            sys::cuKernelGetAttribute(
+                &mut static_bytes,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                self.raw,
+                cuda.dev,
+            )
+        })?;
+        let static_bytes = static_bytes.max(0) as u32;
+        let want = (cuda.shared_per_sm / 2 + 1024).saturating_sub(static_bytes);
+        if want + static_bytes > cuda.shared_per_block {
+            return Err(GpuError::Unsupported(format!(
+                "cannot reserve an SM by shared memory ({} B per SM, {} B per block)",
+                cuda.shared_per_sm, cuda.shared_per_block
+            )));
+        }
+        // SAFETY: valid kernel handle; the value is within the device's opt-in limit.
+        check("cuKernelSetAttribute", unsafe {
+            sys::cuKernelSetAttribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                want as i32,
+                self.raw,
+                cuda.dev,
+            )
+        })?;
+        Ok(want)
     }
 }
 
@@ -736,6 +780,18 @@ impl Stream {
         block: u32,
         args: &[Arg],
     ) -> Result<(), GpuError> {
+        self.launch_with_shared(kernel, grid, block, 0, args)
+    }
+
+    /// Launches `kernel` with `shared` bytes of dynamic shared memory per block.
+    pub fn launch_with_shared(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
         let mut storage: Vec<u64> = args
             .iter()
             .map(|a| match *a {
@@ -762,7 +818,7 @@ impl Stream {
                 block,
                 1,
                 1,
-                0,
+                shared,
                 self.raw,
                 ptrs.as_mut_ptr(),
                 std::ptr::null_mut(),

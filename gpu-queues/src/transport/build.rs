@@ -7,14 +7,13 @@ use std::sync::Arc;
 use nvme::{Controller, DmaRegion, QueueRegions};
 use zerocopy::IntoBytes;
 
-use crate::desc::{QueueDesc, QueueState, SlotState};
 use crate::error::GpuError;
 use crate::ffi::os::Bar0Doorbells;
-use crate::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use crate::ffi::{Cuda, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 use crate::queues::{
-    GpuQueueOptions, GpuQueuePair, GpuQueues, TransportKind, initial_slots, initial_state, plan,
-    prebuilt_prp_lists,
+    DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, TransportKind,
+    alloc_protocol_state, plan, prebuilt_prp_lists,
 };
 
 /// Where one queue pair's SSD-visible pieces sit in its arena (byte offsets, each aligned to
@@ -99,6 +98,15 @@ pub(crate) fn build_queues(
     let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
     kernels.warm_up(&client_stream)?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+    // An SSD across PCIe: system-scope fences (no QF_LOCAL_PEER).
+    let common = DescCommon {
+        host_flags: host_flags.device_ptr(),
+        timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+        depth: p.depth,
+        flags: 0,
+        slot_buffer_bytes: p.slot_buffer_bytes,
+        max_transfer: p.max_transfer,
+    };
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, align);
 
     let mut pairs = Vec::with_capacity(p.count as usize);
@@ -125,13 +133,7 @@ pub(crate) fn build_queues(
         if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
             (a.write)(layout.prp, lists.as_bytes())?;
         }
-        let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
-        let slots = Arc::new(DeviceMemory::alloc(
-            cuda,
-            p.depth as usize * size_of::<SlotState>(),
-        )?);
-        slots.write(0, initial_slots(p.depth).as_bytes())?;
-        state.write(0, initial_state().as_bytes())?;
+        let (state, slots) = alloc_protocol_state(cuda, p.depth)?;
 
         let created = controller.create_queue_pair_on(QueueRegions {
             sq: region(layout.sq, layout.sq_len),
@@ -139,26 +141,19 @@ pub(crate) fn build_queues(
             cq: region(layout.cq, layout.cq_len),
             cq_entries: p.depth,
         })?;
-        let desc = QueueDesc {
+        let desc = common.desc(DescParts {
             sq: a.gpu + layout.sq as u64,
             cq: a.gpu + layout.cq as u64,
-            sq_doorbell: doorbells.doorbell(created.sq_tail_doorbell())?,
-            cq_doorbell: doorbells.doorbell(created.cq_head_doorbell())?,
+            doorbells: (
+                doorbells.doorbell(created.sq_tail_doorbell())?,
+                doorbells.doorbell(created.cq_head_doorbell())?,
+            ),
             state: state.ptr(),
             slots: slots.ptr(),
-            prp_lists: a.gpu + layout.prp as u64,
-            prp_lists_bus: prp_bus,
-            slot_buffers: a.gpu + layout.bufs as u64,
-            slot_buffers_bus: buf_bus,
-            host_flags: host_flags.device_ptr(),
-            timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-            depth: p.depth,
+            prp_lists: (a.gpu + layout.prp as u64, prp_bus),
+            slot_buffers: (a.gpu + layout.bufs as u64, buf_bus),
             qid: created.qid(),
-            reserved0: 0,
-            slot_buffer_bytes: p.slot_buffer_bytes,
-            max_transfer: p.max_transfer,
-            reserved1: [0; 2],
-        };
+        });
         pairs.push(GpuQueuePair {
             created: Some(created),
             desc,
