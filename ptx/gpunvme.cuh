@@ -537,6 +537,14 @@ __device__ inline status publish_thread(const queue_desc& q, uint32_t t) {
     }
 }
 
+/// Hands ticket t's slot on to ticket t + depth (after its completion was read).
+__device__ __forceinline__ void release_slot(const queue_desc& q, uint32_t t) {
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    dev_u32(slot->done).store(0u, cuda::memory_order_relaxed);
+    // Release: our reads of the data come first.
+    dev_u32(slot->released).store(t + q.depth, cuda::memory_order_release);
+}
+
 /// Waits (bounded) for ticket t's completion, releases the slot and returns the outcome:
 /// GPUNVME_OK, or GPUNVME_NVME_ERROR with the CQE status field in *nvme_status.
 __device__ inline status complete_thread(const queue_desc& q, uint32_t t, uint32_t* nvme_status,
@@ -559,9 +567,7 @@ __device__ inline status complete_thread(const queue_desc& q, uint32_t t, uint32
     uint32_t sf = done & 0xffffu;
     if (nvme_status) *nvme_status = sf;
     if (dw0) *dw0 = slot->dw0;
-    dev_u32(slot->done).store(0u, cuda::memory_order_relaxed);
-    // Release the slot to ticket t + depth (release: our reads of the data come first).
-    dev_u32(slot->released).store(t + q.depth, cuda::memory_order_release);
+    release_slot(q, t);
     return sf ? GPUNVME_NVME_ERROR : GPUNVME_OK;
 }
 
@@ -581,6 +587,162 @@ __device__ inline status io_thread(const queue_desc& q, const io_req& r, uint32_
 // warp's slots and one doorbell (usually) publishes them.
 
 __device__ __forceinline__ uint32_t lane_id() { return threadIdx.x & 31u; }
+
+/// Trailing set bits of `m` (lanes 0.. that all qualify).
+__device__ __forceinline__ uint32_t leading_run(uint32_t m) { return __ffs(~m) ? __ffs(~m) - 1 : 32; }
+
+/// try_publish with the whole warp: lane 0 takes the lock, every lane checks one ticket of
+/// the next 32 at once (instead of one lock holder loading them one after another), and lane
+/// 0 rings the doorbell once. All 32 lanes call it together. Returns whether the warp held
+/// the lock.
+__device__ inline bool try_publish_warp(const queue_desc& q) {
+    const uint32_t full = 0xffffffffu, lane = lane_id();
+    queue_state* st = state_of(q);
+    bool held = lane == 0 && try_lock(st->sq_lock);
+    if (!__shfl_sync(full, held, 0)) return false;
+    const uint32_t mask = q.depth - 1;
+    uint32_t p = 0, limit = 0;
+    if (lane == 0) {
+        p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+        limit = dev_u32(st->cq_reaped).load(cuda::memory_order_acquire) + mask;
+    }
+    p = __shfl_sync(full, p, 0);
+    limit = __shfl_sync(full, limit, 0);
+    const uint32_t start = p;
+    for (;;) {
+        const uint32_t t = p + lane;
+        bool ok = false;
+        if (lane < limit - p) {
+            // Acquire: the SQE stores of the ticket's owner happen before what follows.
+            ok = dev_u32(slot_of(q, t & mask)->ticket).load(cuda::memory_order_acquire) == t;
+        }
+        const uint32_t n = leading_run(__ballot_sync(full, ok));
+        p += n;
+        if (n < 32) break;
+    }
+    if (p != start) {
+        // Every lane's acquired SQEs are ordered before lane 0's release fence and doorbell
+        // (fence, warp barrier, fence: the pattern the controller uses for its CQEs).
+        release_to_controller(q);
+        __syncwarp();
+        if (lane == 0) {
+            release_to_controller(q);
+            doorbell_write(q.sq_doorbell, p & mask);
+            dev_u32(st->sq_published).store(p, cuda::memory_order_relaxed);
+        }
+    }
+    if (lane == 0) unlock(st->sq_lock);
+    __syncwarp();
+    return true;
+}
+
+/// try_reap with the whole warp: lane 0 takes the lock, lane i looks at CQ entry head + i, one
+/// acquire fence covers the 32 entries (instead of one per entry), each lane stores its
+/// entry's completion into the slot its command id names, and lane 0 rings the CQ head
+/// doorbell once. All 32 lanes call it together; every lane returns the same status.
+__device__ inline status try_reap_warp(const queue_desc& q) {
+    const uint32_t full = 0xffffffffu, lane = lane_id();
+    queue_state* st = state_of(q);
+    bool held = lane == 0 && try_lock(st->cq_lock);
+    if (!__shfl_sync(full, held, 0)) return GPUNVME_OK;
+    const uint32_t mask = q.depth - 1;
+    uint32_t head = 0, phase = 0;
+    if (lane == 0) {
+        head = st->cq_head;
+        phase = st->cq_phase;
+    }
+    head = __shfl_sync(full, head, 0);
+    phase = __shfl_sync(full, phase, 0);
+    const uint8_t* cq = reinterpret_cast<const uint8_t*>(q.cq);
+    uint32_t total = 0;
+    bool bad = false;
+    while (total < q.depth) {
+        const uint32_t pos = head + lane;
+        const bool wraps = pos > mask;
+        const uint32_t idx = pos & mask;
+        const uint32_t want = wraps ? phase ^ 1u : phase;
+        const uint8_t* cqe = cq + (size_t)idx * GPUNVME_CQE_SIZE;
+        bool ok = false;
+        uint32_t dw3 = 0;
+        if (lane < q.depth - total) {
+            // The phase dword first (the device may still be writing the rest of the entry).
+            dw3 = sys_u32(*const_cast<uint32_t*>(
+                              reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_CID)))
+                      .load(cuda::memory_order_relaxed);
+            ok = ((dw3 >> 16) & 1u) == want;
+        }
+        uint32_t n = leading_run(__ballot_sync(full, ok));
+        if (n == 0) break;
+        // Acquire the entries (and their commands' data); as a release fence it also orders
+        // them before the slot stores below.
+        acquire_from_controller(q);
+        bool mine = lane < n, in_flight = false;
+        slot_state* slot = nullptr;
+        const uint32_t cid = dw3 & 0xffffu;
+        if (mine && cid < q.depth) {
+            slot = slot_of(q, cid);
+            uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
+            uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
+            uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
+            in_flight = rel == tk && (tk & mask) == cid && dn == 0;
+        }
+        // Two entries naming one slot in a batch: the later one is not in flight.
+        const uint32_t same = __match_any_sync(full, mine ? cid : 0x10000u + lane);
+        if (mine && (same & ((1u << lane) - 1u))) in_flight = false;
+        const uint32_t good = leading_run(__ballot_sync(full, !mine || in_flight));
+        if (good < n) {
+            bad = true;
+            n = good;
+        }
+        if (lane < n) {
+            slot->dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
+            // Release: dw0 before done (the fence above ordered the entries before both).
+            dev_u32(slot->done).store(GPUNVME_DONE_BIT | ((dw3 >> 16) & 0xfffeu),
+                                      cuda::memory_order_release);
+        }
+        total += n;
+        if (head + n > mask) phase ^= 1u;
+        head = (head + n) & mask;
+        if (bad || n < 32) break;
+    }
+    if (total && lane == 0) {
+        st->cq_head = head;
+        st->cq_phase = phase;
+        dev_u32(st->cq_reaped).fetch_add(total, cuda::memory_order_release);
+        release_to_controller(q);
+        doorbell_write(q.cq_doorbell, head);
+    }
+    if (lane == 0) unlock(st->cq_lock);
+    __syncwarp();
+    return bad ? fail_queue(q, GPUNVME_BAD_COMPLETION) : GPUNVME_OK;
+}
+
+/// The warp's next step in a wait: GPUNVME_OK to keep waiting, else why to stop (lane 0's
+/// waiter decides for all lanes, so the warp stays converged).
+__device__ __forceinline__ status warp_tick(const queue_desc& q, waiter& w) {
+    status s = GPUNVME_OK;
+    if (lane_id() == 0) s = w.tick(q);  // the other lanes wait for it: they sleep too
+    return __shfl_sync(0xffffffffu, s, 0);
+}
+
+/// Waits (bounded) until every active lane's ticket t has its slot released to it, reaping
+/// and publishing with the whole warp meanwhile.
+__device__ inline status wait_released_warp(const queue_desc& q, bool active, uint32_t t) {
+    const uint32_t full = 0xffffffffu;
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    for (;;) {
+        bool ready = !active ||
+                     dev_u32(slot->released).load(cuda::memory_order_acquire) == t;
+        if (__all_sync(full, ready)) return GPUNVME_OK;
+        status f = __shfl_sync(full, lane_id() == 0 ? queue_failed(q) : 0, 0);
+        if (f) return f;
+        try_reap_warp(q);
+        try_publish_warp(q);
+        status s = warp_tick(q, w);
+        if (s) return fail_queue(q, s);
+    }
+}
 
 /// Reserves one ticket per active lane with a single atomic. The queue must have at least 32
 /// entries: a warp's tickets are consecutive, and lane k + depth would otherwise wait for lane
@@ -602,25 +764,84 @@ __device__ inline status reserve_warp(const queue_desc& q, bool active, uint32_t
     }
     base = __shfl_sync(full, base, leader);
     f = __shfl_sync(full, f, leader);
+    if (f) return active ? f : GPUNVME_OK;
+    if (!n) return GPUNVME_OK;
+    uint32_t t = base + __popc(want & ((1u << lane_id()) - 1u));
+    f = wait_released_warp(q, active, t);
     if (!active) return GPUNVME_OK;
     if (f) return f;
-    uint32_t t = base + __popc(want & ((1u << lane_id()) - 1u));
-    if ((f = wait_released(q, t))) return f;
     *ticket = t;
     return GPUNVME_OK;
 }
 
-/// Publishes the warp's filled tickets: lanes converge, then every lane makes sure its own
-/// ticket is published (in practice the first lane's try_publish covers the whole warp).
+/// Publishes the warp's filled tickets with the whole warp (usually one doorbell for all).
 __device__ inline status publish_warp(const queue_desc& q, bool active, uint32_t t) {
+    const uint32_t full = 0xffffffffu;
     __syncwarp();
-    return active ? publish_thread(q, t) : GPUNVME_OK;
+    queue_state* st = state_of(q);
+    waiter w(q);
+    for (;;) {
+        uint32_t p = 0;
+        if (lane_id() == 0) p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+        p = __shfl_sync(full, p, 0);
+        if (__all_sync(full, !active || (int32_t)(p - t) > 0)) return GPUNVME_OK;
+        status f = __shfl_sync(full, lane_id() == 0 ? queue_failed(q) : 0, 0);
+        if (f) return active ? f : GPUNVME_OK;
+        if (try_publish_warp(q)) {
+            if (lane_id() == 0) p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+            p = __shfl_sync(full, p, 0);
+            if (__all_sync(full, !active || (int32_t)(p - t) > 0)) return GPUNVME_OK;
+            // Held back by CQ space: completions must be consumed first.
+            if ((f = try_reap_warp(q))) return active ? f : GPUNVME_OK;
+        }
+        status s = warp_tick(q, w);
+        if (s) {
+            fail_queue(q, s);
+            return active ? s : GPUNVME_OK;
+        }
+    }
 }
 
-/// Waits for each active lane's ticket; lanes reap for one another.
+/// Waits (bounded) until each active lane's slot has its completion, reaping with the whole
+/// warp; *done gets the slot's done word (0 for inactive lanes). The slots stay owned.
+__device__ inline status wait_done_warp(const queue_desc& q, bool active, uint32_t t,
+                                        uint32_t* done) {
+    const uint32_t full = 0xffffffffu;
+    slot_state* slot = slot_of(q, t & (q.depth - 1));
+    waiter w(q);
+    uint32_t d = 0;
+    for (;;) {
+        if (active && !d) d = dev_u32(slot->done).load(cuda::memory_order_acquire);
+        if (__all_sync(full, !active || d)) break;
+        status f = __shfl_sync(full, lane_id() == 0 ? queue_failed(q) : 0, 0);
+        if (f) return active ? f : GPUNVME_OK;
+        if ((f = try_reap_warp(q))) return active ? f : GPUNVME_OK;
+        if (active && !d) d = dev_u32(slot->done).load(cuda::memory_order_acquire);
+        if (__all_sync(full, !active || d)) break;
+        try_publish_warp(q);
+        status s = warp_tick(q, w);
+        if (s) {
+            fail_queue(q, s);
+            return active ? s : GPUNVME_OK;
+        }
+    }
+    *done = d;
+    return GPUNVME_OK;
+}
+
+/// Waits for each active lane's ticket (the warp reaps together), releases the slots, and
+/// returns each lane's outcome as complete_thread does.
 __device__ inline status complete_warp(const queue_desc& q, bool active, uint32_t t,
                                        uint32_t* nvme_status, uint32_t* dw0) {
-    return active ? complete_thread(q, t, nvme_status, dw0) : GPUNVME_OK;
+    uint32_t done = 0;
+    status f = wait_done_warp(q, active, t, &done);
+    if (!active) return GPUNVME_OK;
+    if (f) return f;
+    uint32_t sf = done & 0xffffu;
+    if (nvme_status) *nvme_status = sf;
+    if (dw0) *dw0 = slot_of(q, t & (q.depth - 1))->dw0;
+    release_slot(q, t);
+    return sf ? GPUNVME_NVME_ERROR : GPUNVME_OK;
 }
 
 // ---------------------------------------------------------------------------------------------

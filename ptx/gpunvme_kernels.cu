@@ -150,12 +150,15 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
         s = p.warp_mode ? publish_warp(q, mine, t) : (mine ? publish_thread(q, t) : 0);
         if (mine && s) { perf_record_error(c, s, 0, lba); mine = false; running = false; }
         uint32_t sf = 0;
-        if (mine) {
-            // Wait for our own completion (lanes reap for each other), verify, then release.
+        // Wait for our own completion (lanes reap for each other; a warp together), verify,
+        // then release.
+        uint32_t done = 0;
+        status ws = GPUNVME_OK;
+        if (p.warp_mode) {
+            ws = wait_done_warp(q, mine, t, &done);
+        } else if (mine) {
             slot_state* ss = slot_of(q, slot);
             waiter w(q);
-            uint32_t done = 0;
-            status ws = GPUNVME_OK;
             for (;;) {
                 done = dev_u32(ss->done).load(cuda::memory_order_acquire);
                 if (done) break;
@@ -166,6 +169,8 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
                 try_publish(q);
                 if ((ws = w.tick(q))) { fail_queue(q, ws); break; }
             }
+        }
+        if (mine) {
             if (!done) {
                 perf_record_error(c, ws, 0, lba);
                 running = false;
@@ -184,8 +189,7 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
                     }
                     atomicAdd(&hist[lat_bucket(lat)], 1u);
                 }
-                dev_u32(ss->done).store(0u, cuda::memory_order_relaxed);
-                dev_u32(ss->released).store(t + q.depth, cuda::memory_order_release);
+                release_slot(q, t);
             }
         }
         if (p.ios && idx >= p.ios) running = false;

@@ -230,7 +230,13 @@ pub fn open_controller_and_transport(
 ) -> Result<(Controller, Backend)> {
     let Opened { device, backend } = open_transport(spec, opts)?;
     let describe = device.describe();
-    let ctrl = Controller::new(device, opts.controller.clone())
+    let mut copts = opts.controller.clone();
+    if matches!(backend, Backend::Software(_)) {
+        // Ask for every queue pair the software controller was configured to grant (the
+        // driver's default request is 64).
+        copts.io_queue_pairs_wanted = copts.io_queue_pairs_wanted.max(opts.controller_queue_pairs);
+    }
+    let ctrl = Controller::new(device, copts)
         .with_context(|| format!("bringing up the controller ({describe})"))?;
     Ok((ctrl, backend))
 }
