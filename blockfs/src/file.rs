@@ -19,7 +19,7 @@ use crate::device::{DataSink, DataSource, ReadReq, SinkReadReq, SourceWriteReq, 
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
 use crate::format::{FLAG_DATA_CRC, FLAG_IMMUTABLE, MAX_FILE_SIZE};
-use crate::fs::{FileStat, Inner, State, build_table};
+use crate::state::{FileStat, Inner, State};
 use crate::table::{ExtentTable, TableInput};
 
 /// How a file is opened.
@@ -407,14 +407,11 @@ impl File {
     pub fn extent_table(&self) -> Result<ExtentTable> {
         let st = self.inner.read_state();
         let i = st.inode(self.id, &self.name)?;
-        Ok(build_table(
-            &self.inner,
-            &[TableInput {
-                file_id: i.id,
-                size: i.size,
-                extents: &i.extents,
-            }],
-        ))
+        Ok(self.inner.build_table(&[TableInput {
+            file_id: i.id,
+            size: i.size,
+            extents: &i.extents,
+        }]))
     }
 
     /// Records `crc`, the CRC-32C of the file's bytes `0..len` as the caller wrote them (for
@@ -436,7 +433,7 @@ impl File {
     /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        crate::fs::sync_locked(&self.inner, &mut st)
+        crate::commit::sync_locked(&self.inner, &mut st)
     }
 }
 

@@ -16,8 +16,13 @@
 //! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
 //! - `checksum`: [`Crc32cPieces`], [`ChecksummedSource`], [`ChecksummedSink`]: a whole-file
 //!   CRC-32C from pieces the device lanes move out of order (the data checksums of FORMAT.md).
-//! - `fs`: the mounted [`FileSystem`]: namespace operations and the copy-on-write commit (new
-//!   chunks and root, flush, superblock into the other slot, flush).
+//! - `geometry`: [`Geometry`], the sizes fixed at mkfs, and the device check.
+//! - `superblock`: the two superblock slots: reading both, picking one, encoding the next.
+//! - `state`: the in-memory state of a mounted file system (inodes, names, chunks, allocator,
+//!   uncommitted changes) behind one lock.
+//! - `commit`: the copy-on-write commit (new chunks and root, flush, superblock into the other
+//!   slot, flush) and `sync`.
+//! - `fs`: the [`FileSystem`] API: mkfs, mount, probe and namespace operations.
 //! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
 //! - `load`: reading and cross-checking a generation; salvage for repair.
 //! - [`fsck`](fn@fsck): report and repair.
@@ -72,6 +77,7 @@
 
 mod alloc;
 mod checksum;
+mod commit;
 mod crash;
 pub mod device;
 mod error;
@@ -82,11 +88,14 @@ mod fs;
 mod fsck;
 #[doc(hidden)]
 pub mod fuzzing;
+mod geometry;
 mod load;
 mod mem;
 mod name;
 #[cfg(feature = "nvme")]
 mod nvme_dev;
+mod state;
+mod superblock;
 pub mod table;
 
 pub use checksum::{ChecksummedSink, ChecksummedSource, Crc32cPieces};
@@ -96,13 +105,13 @@ pub use device::{
 };
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
-pub use fs::{
-    Batch, CreateOptions, DataCheck, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
-};
+pub use fs::{Batch, CreateOptions, DataCheck, Existing, FileSystem, FsStats, MkfsOptions};
 pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
+pub use geometry::Geometry;
 pub use load::Problem;
 pub use mem::MemDevice;
 pub use name::check_name;
 #[cfg(feature = "nvme")]
 pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
+pub use state::FileStat;
 pub use table::ExtentTable;

@@ -10,7 +10,8 @@ use crate::format::{
     self, ChunkDesc, ChunkImage, Extent, FileRecord, RecordLimits, RootImage, Superblock,
     decode_chunk, decode_root,
 };
-use crate::fs::{ChunkSlot, Geometry, Inode, State};
+use crate::geometry::Geometry;
+use crate::state::{ChunkSlot, Inode, State};
 
 /// One inconsistency found in the metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
