@@ -274,7 +274,7 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
             i.modified = false;
         }
     }
-    alloc.release(new_gen - 1);
+    alloc.release(new_gen - 1, &crate::pin::lock(&inner.pins).runs());
     st.alloc = alloc;
     st.root = Some((root_bno, root_blocks as u32));
     st.generation = new_gen;

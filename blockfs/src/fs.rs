@@ -2,7 +2,7 @@
 //! [`FileSystem`], with their option and result types. The state they change lives in
 //! `state.rs`, the commit that makes it durable in `commit.rs`, file data in `file.rs`.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use crate::commit::{commit, sync_locked};
 use crate::device::{BlockDevice, WriteReq};
@@ -15,9 +15,10 @@ use crate::format::{
 use crate::geometry::{Geometry, check_device};
 use crate::load;
 use crate::name::validate_name;
+use crate::pin::PinnedTable;
 use crate::state::{FileStat, Inner, Inode, State};
 use crate::superblock::{pick_superblock, read_slots};
-use crate::table::{ExtentTable, TableInput};
+use crate::table::TableInput;
 
 /// Options for [`FileSystem::mkfs`].
 #[derive(Clone, Debug)]
@@ -63,6 +64,11 @@ pub struct FsStats {
     pub available_blocks: u64,
     /// Blocks freed by the last commits, free after up to two more commits.
     pub pending_blocks: u64,
+    /// Of the pending blocks, those an extent table still handed out names
+    /// ([`crate::PinnedTable`]): they stay pending until every such table is released.
+    pub pinned_blocks: u64,
+    /// Extent tables handed out and not yet released (device-write reservations included).
+    pub pinned_tables: u64,
     /// Files.
     pub files: u64,
     /// Generation of the last commit.
@@ -74,6 +80,10 @@ pub struct FsStats {
 pub enum DataCheck {
     /// The file has no recorded checksum (written without one, or changed since).
     NoChecksum,
+    /// The file has no checksum because a device (a GPU kernel) wrote its bytes through an
+    /// extent table and the commit recorded none ([`crate::DeviceWrite::commit`]): the host
+    /// never saw them, so nothing can be checked.
+    DeviceWritten,
     /// The bytes read match the recorded CRC-32C.
     Match,
     /// They do not: the data on the device is not what was written.
@@ -205,11 +215,7 @@ impl FileSystem {
             .alloc
             .insert_free(geo.reserved_blocks(), block_count - geo.reserved_blocks());
         let fs = Self {
-            inner: Arc::new(Inner {
-                dev,
-                geo,
-                state: RwLock::new(state),
-            }),
+            inner: Arc::new(Inner::new(dev, geo, state)),
         };
         {
             let mut st = fs.inner.write_state();
@@ -230,11 +236,7 @@ impl FileSystem {
         let raw = load::read_raw(dev.as_ref(), &geo, &sb)?;
         let state = load::strict_state(&geo, &raw)?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                dev,
-                geo,
-                state: RwLock::new(state),
-            }),
+            inner: Arc::new(Inner::new(dev, geo, state)),
         })
     }
 
@@ -267,11 +269,7 @@ impl FileSystem {
 
     pub(crate) fn from_parts(dev: Arc<dyn BlockDevice>, geo: Geometry, state: State) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                dev,
-                geo,
-                state: RwLock::new(state),
-            }),
+            inner: Arc::new(Inner::new(dev, geo, state)),
         }
     }
 
@@ -383,10 +381,11 @@ impl FileSystem {
                     file_id: i.id,
                     size: i.size,
                     extents: &i.extents,
+                    flags: 0,
                 }
             })
             .collect();
-        let table = self.inner.build_table(&inputs);
+        let table = self.inner.pinned_table(&inputs);
         let files = ids
             .iter()
             .map(|(n, id)| File::new(self.inner.clone(), *id, n.clone(), mode))
@@ -487,7 +486,11 @@ impl FileSystem {
         let file = self.open(name, OpenMode::ReadOnly)?;
         let st = file.stat()?;
         let Some(recorded) = st.data_crc else {
-            return Ok(DataCheck::NoChecksum);
+            return Ok(if st.device_written {
+                DataCheck::DeviceWritten
+            } else {
+                DataCheck::NoChecksum
+            });
         };
         const CALL: u64 = 256 << 20;
         let pieces = crate::Crc32cPieces::new();
@@ -528,6 +531,7 @@ impl FileSystem {
     /// Space accounting.
     pub fn df(&self) -> FsStats {
         let st = self.inner.read_state();
+        let pins = crate::pin::lock(&self.inner.pins);
         FsStats {
             block_size: self.inner.geo.block_size,
             total_blocks: self.inner.geo.block_count,
@@ -536,6 +540,8 @@ impl FileSystem {
             free_blocks: st.alloc.free_blocks(),
             available_blocks: st.available_blocks(self.inner.geo.block_size),
             pending_blocks: st.alloc.pending_blocks(),
+            pinned_blocks: st.alloc.pending_within(&pins.runs()),
+            pinned_tables: pins.count() as u64,
             files: st.inodes.len() as u64,
             generation: st.generation,
         }
@@ -583,6 +589,7 @@ pub struct Batch {
     pub names: Vec<String>,
     /// Handles, in table order.
     pub files: Vec<File>,
-    /// The extent table; file `i` of the table is `files[i]`.
-    pub table: ExtentTable,
+    /// The extent table; file `i` of the table is `files[i]`. Its blocks are pinned until the
+    /// batch (or the table) is dropped, as for [`File::extent_table`].
+    pub table: PinnedTable,
 }

@@ -80,6 +80,7 @@ mod checksum;
 mod commit;
 mod crash;
 pub mod device;
+mod device_write;
 mod error;
 mod extents;
 mod file;
@@ -94,6 +95,7 @@ mod mem;
 mod name;
 #[cfg(feature = "nvme")]
 mod nvme_dev;
+mod pin;
 mod state;
 mod superblock;
 pub mod table;
@@ -103,6 +105,7 @@ pub use crash::{CrashDevice, LoggedOp};
 pub use device::{
     BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
 };
+pub use device_write::DeviceWrite;
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
 pub use fs::{Batch, CreateOptions, DataCheck, Existing, FileSystem, FsStats, MkfsOptions};
@@ -113,5 +116,6 @@ pub use mem::MemDevice;
 pub use name::check_name;
 #[cfg(feature = "nvme")]
 pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
+pub use pin::PinnedTable;
 pub use state::FileStat;
 pub use table::ExtentTable;

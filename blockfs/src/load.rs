@@ -357,7 +357,7 @@ fn build(raw: &RawState) -> State {
     for p in &raw.root.pending {
         st.alloc.insert_pending(*p);
     }
-    st.alloc.release(raw.sb.generation.saturating_sub(1));
+    st.alloc.release(raw.sb.generation.saturating_sub(1), &[]);
     st
 }
 

@@ -9,8 +9,11 @@ use crate::alloc::Allocator;
 use crate::device::BlockDevice;
 use crate::error::{Error, Result};
 use crate::extents::ExtentList;
-use crate::format::{ChunkDesc, Extent, FLAG_DATA_CRC, FLAG_IMMUTABLE, FileRecord, root_len};
+use crate::format::{
+    ChunkDesc, Extent, FLAG_DATA_CRC, FLAG_DEVICE_WRITTEN, FLAG_IMMUTABLE, FileRecord, root_len,
+};
 use crate::geometry::Geometry;
+use crate::pin::{PinnedTable, SharedPins};
 use crate::table::{ExtentTable, TableInput};
 
 /// Speculative preallocation on growth stops doubling at this many bytes.
@@ -36,6 +39,10 @@ pub struct FileStat {
     /// CRC-32C of the file's bytes, if one was recorded ([`crate::File::set_data_crc`]) and nothing
     /// changed them since.
     pub data_crc: Option<u32>,
+    /// Whether the file's bytes were last changed by a device (a GPU kernel) writing through an
+    /// extent table, committed without a checksum ([`crate::DeviceWrite::commit`]): the host
+    /// never saw them, so `data_crc` is `None` and readers cannot verify them.
+    pub device_written: bool,
 }
 
 /// A file's in-memory metadata.
@@ -66,6 +73,7 @@ impl Inode {
             generation: self.generation,
             immutable: self.flags & FLAG_IMMUTABLE != 0,
             data_crc: (self.flags & FLAG_DATA_CRC != 0).then_some(self.data_crc),
+            device_written: self.flags & FLAG_DEVICE_WRITTEN != 0,
         }
     }
 
@@ -286,9 +294,44 @@ pub(crate) struct Inner {
     pub dev: Arc<dyn BlockDevice>,
     pub geo: Geometry,
     pub state: RwLock<State>,
+    /// Blocks named by extent tables handed out; a separate lock (taken after `state` when
+    /// both are held) so a table can be released from anywhere, callbacks included.
+    pub pins: SharedPins,
 }
 
 impl Inner {
+    pub fn new(dev: Arc<dyn BlockDevice>, geo: Geometry, state: State) -> Self {
+        Self {
+            dev,
+            geo,
+            state: RwLock::new(state),
+            pins: SharedPins::default(),
+        }
+    }
+
+    /// The state, locked for a change to file `id` (opened as `name`): fails if the file system
+    /// is poisoned, the file was removed, or it is immutable.
+    pub fn lock_for_change(&self, id: u64, name: &str) -> Result<RwLockWriteGuard<'_, State>> {
+        let st = self.write_state();
+        if st.poisoned {
+            return Err(Error::Poisoned);
+        }
+        if st.inode(id, name)?.flags & FLAG_IMMUTABLE != 0 {
+            return Err(Error::ReadOnly(name.to_owned()));
+        }
+        Ok(st)
+    }
+
+    /// Builds an extent table for `inputs` and pins the blocks it names. The caller holds the
+    /// state lock (read or write), so no commit frees them in between.
+    pub fn pinned_table(&self, inputs: &[TableInput<'_>]) -> PinnedTable {
+        let runs = inputs
+            .iter()
+            .flat_map(|i| i.extents.as_slice().iter().map(|e| (e.bno, e.len)))
+            .collect();
+        PinnedTable::new(&self.pins, self.build_table(inputs), runs)
+    }
+
     pub fn read_state(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
