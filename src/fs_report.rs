@@ -521,8 +521,8 @@ mod tests {
         let v = serde_json::to_value(&st).unwrap();
         assert_eq!(v["name"], "a\nb", "flattened");
         assert_eq!(
-            v["extent_list"][0]["nlb"], 10,
-            "LBAs holding the 5000 bytes"
+            v["extent_list"][0]["nlb"], 16,
+            "LBAs of the allocation: two 4 KiB blocks for the 5000 bytes"
         );
         assert!(st.to_string().contains("name:       a\\nb\n"));
         let df = DfReport::of(&fs);

@@ -10,7 +10,8 @@
 //! Bytes between the old end of file and a write that starts past it, and bytes added by
 //! [`File::set_len`], read as zeroes: they are written as zeroes (NVMe Write Zeroes for whole
 //! LBAs) before the size grows, so a file never exposes what its blocks held before it owned
-//! them.
+//! them. The one exception is a device-write commit ([`File::reserve_device_write`]), where
+//! the caller vouches that the device wrote those bytes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

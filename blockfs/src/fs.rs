@@ -397,8 +397,9 @@ impl FileSystem {
         })
     }
 
-    /// Removes a file. Its blocks become reusable two commits later; open handles to it fail
-    /// with [`Error::Removed`] from now on.
+    /// Removes a file. Its blocks become reusable two commits later (or, while an extent table
+    /// naming them is held, at the first commit after its [`crate::PinnedTable`] is released);
+    /// open handles to it fail with [`Error::Removed`] from now on.
     pub fn remove(&self, name: &str) -> Result<()> {
         let mut st = self.inner.write_state();
         if st.poisoned {
@@ -556,8 +557,9 @@ impl FileSystem {
     }
 
     /// Syncs, then commits again until every block freed before the call (by removals,
-    /// truncation or earlier commits) is reusable: two more generations. Use it before
-    /// reusing the space of a file just removed, on a nearly full file system.
+    /// truncation or earlier commits) is reusable: two more generations. Blocks that extent
+    /// tables still held name stay pending ([`crate::PinnedTable`]). Use it before reusing the
+    /// space of a file just removed, on a nearly full file system.
     pub fn reclaim(&self) -> Result<()> {
         let mut st = self.inner.write_state();
         let target = st.generation + 2;

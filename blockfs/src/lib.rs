@@ -26,7 +26,10 @@
 //! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
 //! - `load`: reading and cross-checking a generation; salvage for repair.
 //! - [`fsck`](fn@fsck): report and repair.
-//! - [`table`]: the GPU extent table.
+//! - [`table`]: the GPU extent table (the whole allocation, the length, a writable flag).
+//! - `pin`: [`PinnedTable`], the guard that keeps a handed-out table's blocks from reuse.
+//! - `device_write`: [`DeviceWrite`], a reservation a device writes through, committed as the
+//!   new length without zero fill.
 //! - `nvme_dev` (feature `nvme`, on by default): [`NvmeBlockDevice`], several queue pairs with
 //!   reused DMA bounce buffers, batches split at the maximum transfer size.
 //! - `fuzzing` (hidden): what the cargo-fuzz targets in `fuzz/` and the corpus test run.
@@ -42,8 +45,9 @@
 //! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
 //! [`FileSystem::reclaim`], [`FileSystem::df`], [`File::set_data_crc`] and
 //! [`FileSystem::verify_data`] (file data checksums), [`FileSystem::rename_replace`], [`fsck()`](fn@fsck) (report, or repair), and the
-//! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are
-//! short (0 bytes at or past it).
+//! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`] (each a [`PinnedTable`]),
+//! and device writes: [`File::reserve_device_write`], then [`DeviceWrite::commit`] or
+//! [`DeviceWrite::commit_with_crc`]. Reads past end of file are short (0 bytes at or past it).
 //!
 //! Names are flat, path-like UTF-8 strings up to [`format::MAX_NAME_LEN`] bytes with `/` as a
 //! separator (no directories to create); [`FileSystem::list`] lists by prefix.
@@ -54,7 +58,10 @@
 //! state or a later synced one, never a mix; file data written before a sync is durable with
 //! it. Data written after the last sync into blocks the file already had when it was synced
 //! (an in-place overwrite) may be found old or new per LBA after a crash, as with ext4's
-//! ordered mode; everything else written after the last sync is simply absent.
+//! ordered mode; everything else written after the last sync is simply absent. A
+//! device-write commit is durable with the next sync like any change: a crash before it
+//! mounts the old length, after it the new length with the device's bytes. Blocks named by a
+//! table still held are never reused, whatever happens to their file.
 //!
 //! # Not implemented
 //!
@@ -66,7 +73,8 @@
 //!   file (`flock`, exclusive for commands that change it, shared for read-only ones) and a
 //!   VFIO group is exclusive to one process.
 //! - Devices with LBAs larger than 4 KiB.
-//! - Writes through GPU extent tables (they are read-only snapshots for now).
+//! - Checksums of device-written data computed by the library (the device may supply one;
+//!   FORMAT.md, "Data checksums").
 //!
 //! # Key constants
 //!
