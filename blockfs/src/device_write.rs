@@ -27,6 +27,11 @@ use crate::table::{ExtentTable, TABLE_FILE_WRITABLE, TableInput};
 /// reservation is committed or dropped; dropping it without committing leaves the file's
 /// length and contents' metadata as they were (the allocation stays). Whatever the device
 /// wrote past the old end of file is then unreachable until something writes there again.
+///
+/// The host and the device share the file meanwhile without coordination: a host write past
+/// the end of file or a growing `set_len` zero-fills the bytes between the length and where it
+/// writes, over whatever the device put there, and a truncation makes the commit fail with
+/// [`Error::ReservationStale`]. Leave the file's length to the reservation until it commits.
 pub struct DeviceWrite {
     inner: Arc<Inner>,
     id: u64,

@@ -825,6 +825,20 @@ mod tests {
         assert!(img.error.is_some());
         let img = decode_chunk(&chunk[..chunk.len() - 8], 1, &limits());
         assert!(img.error.is_some());
+
+        // Device-written (bit 2) round-trips; with a checksum (bit 1) it is refused, as are
+        // unknown bits.
+        let mut dev = rec.clone();
+        dev.flags = FLAG_DEVICE_WRITTEN;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert_eq!((img.error, img.records), (None, vec![dev.clone()]));
+        dev.flags = FLAG_DEVICE_WRITTEN | FLAG_DATA_CRC;
+        dev.data_crc = 1;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert!(img.error.unwrap().contains("device-written"));
+        dev.flags = 1 << 3;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert!(img.error.unwrap().contains("unknown flags 0x8"));
     }
 
     #[test]
