@@ -159,6 +159,9 @@ pub struct TransferReport {
     pub crc32c: Option<u32>,
     /// Whether the bytes copied were checked against a recorded CRC-32C (`get`).
     pub verified: bool,
+    /// Whether the file's bytes were written by a device through an extent table and
+    /// committed without a checksum (`get`: why nothing was verified).
+    pub device_written: bool,
     /// Which transport carried the data.
     pub data_path: String,
 }
@@ -180,6 +183,10 @@ impl fmt::Display for TransferReport {
         match (self.op, self.crc32c) {
             ("put", Some(c)) => write!(f, "CRC-32C {c:#010x} recorded"),
             ("get", Some(c)) => write!(f, "CRC-32C {c:#010x} verified"),
+            ("get", None) if self.device_written => write!(
+                f,
+                "not verified: written by a device through an extent table, no checksum recorded"
+            ),
             ("get", None) => write!(f, "not verified: no checksum recorded for this file"),
             _ => Ok(()),
         }
@@ -285,6 +292,7 @@ pub fn put(
         extents: file.stat()?.extents,
         crc32c: crc,
         verified: false,
+        device_written: false,
         data_path: fs.device().describe(),
     })
 }
@@ -442,6 +450,7 @@ pub fn get(
         extents: stat.extents,
         crc32c: recorded,
         verified: recorded.is_some(),
+        device_written: stat.device_written,
         data_path: fs.device().describe(),
     })
 }

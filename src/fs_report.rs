@@ -85,6 +85,9 @@ pub struct FileEntry {
     pub immutable: bool,
     /// Recorded CRC-32C of its bytes.
     pub crc32c: Option<u32>,
+    /// Whether its bytes were last written by a device (a GPU kernel) through an extent table
+    /// and committed without a checksum.
+    pub device_written: bool,
 }
 
 impl From<&FileStat> for FileEntry {
@@ -98,6 +101,7 @@ impl From<&FileStat> for FileEntry {
             generation: s.generation,
             immutable: s.immutable,
             crc32c: s.data_crc,
+            device_written: s.device_written,
         }
     }
 }
@@ -232,6 +236,10 @@ impl fmt::Display for StatReport {
                 f,
                 "CRC-32C:    {c:#010x} (checked by fs get and fs fsck --data; GPU reads through extent tables are not checked)"
             )?,
+            None if s.device_written => writeln!(
+                f,
+                "CRC-32C:    none: written by a device through an extent table, the host never saw the bytes (reads are not checked)"
+            )?,
             None => writeln!(f, "CRC-32C:    none recorded (reads are not checked)")?,
         }
         write!(f, "GPU table:  {} bytes", self.gpu_table_bytes)?;
@@ -326,8 +334,11 @@ impl fmt::Display for DfReport {
 pub struct DataReport {
     /// Files whose bytes match their recorded CRC-32C.
     pub verified: u64,
-    /// Files without a recorded CRC-32C (not checked).
+    /// Files without a recorded CRC-32C (not checked), device-written ones included.
     pub unchecked: u64,
+    /// Of the unchecked files, those written by a device through an extent table, whose
+    /// commit recorded no checksum.
+    pub device_written: u64,
     /// Files whose bytes do not match.
     pub mismatched: Vec<String>,
 }
@@ -339,6 +350,10 @@ pub fn check_data(fs: &FileSystem) -> blockfs::Result<DataReport> {
         match fs.verify_data(&f.name)? {
             DataCheck::Match => r.verified += 1,
             DataCheck::NoChecksum => r.unchecked += 1,
+            DataCheck::DeviceWritten => {
+                r.unchecked += 1;
+                r.device_written += 1;
+            }
             DataCheck::Mismatch { .. } => r.mismatched.push(f.name),
         }
     }
@@ -457,9 +472,10 @@ impl fmt::Display for FsckView<'_> {
         }
         if let Some(d) = self.data {
             lines.push(format!(
-                "file data: {} file(s) match their CRC-32C, {} have none recorded (not checked), {} do not match",
+                "file data: {} file(s) match their CRC-32C, {} have none recorded (not checked; {} of them written by a device through an extent table), {} do not match",
                 d.verified,
                 d.unchecked,
+                d.device_written,
                 d.mismatched.len()
             ));
             for n in &d.mismatched {
@@ -505,8 +521,8 @@ mod tests {
         let v = serde_json::to_value(&st).unwrap();
         assert_eq!(v["name"], "a\nb", "flattened");
         assert_eq!(
-            v["extent_list"][0]["nlb"], 10,
-            "LBAs holding the 5000 bytes"
+            v["extent_list"][0]["nlb"], 16,
+            "LBAs of the allocation: two 4 KiB blocks for the 5000 bytes"
         );
         assert!(st.to_string().contains("name:       a\\nb\n"));
         let df = DfReport::of(&fs);

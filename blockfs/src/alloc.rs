@@ -166,17 +166,49 @@ impl Allocator {
         self.free_later(p.bno, p.len, p.freed_gen);
     }
 
-    /// Makes every run freed by generation `up_to_gen` or earlier free.
-    pub fn release(&mut self, up_to_gen: u64) {
-        let (ready, keep): (Vec<_>, Vec<_>) = self
-            .pending
-            .drain(..)
-            .partition(|p| p.freed_gen <= up_to_gen);
-        self.pending = keep;
-        for p in ready {
-            self.pending_blocks -= p.len;
-            self.insert_free(p.bno, p.len);
+    /// Makes every run freed by generation `up_to_gen` or earlier free, except the blocks in
+    /// `held` (sorted, non-overlapping `(bno, len)` runs: pinned by extent tables), which stay
+    /// pending with their old `freed_gen` until a later release finds them no longer held.
+    pub fn release(&mut self, up_to_gen: u64, held: &[(u64, u64)]) {
+        let pending = std::mem::take(&mut self.pending);
+        for p in pending {
+            if p.freed_gen > up_to_gen {
+                self.pending.push(p);
+                continue;
+            }
+            let end = p.bno + p.len;
+            let mut pos = p.bno;
+            let first = held.partition_point(|&(b, l)| b + l <= p.bno);
+            for &(hb, hl) in held[first..].iter().take_while(|&&(b, _)| b < end) {
+                let (hs, he) = (hb.max(pos), (hb + hl).min(end));
+                if hs > pos {
+                    self.pending_blocks -= hs - pos;
+                    self.insert_free(pos, hs - pos);
+                }
+                self.pending.push(PendingExtent {
+                    bno: hs,
+                    len: he - hs,
+                    freed_gen: p.freed_gen,
+                });
+                pos = he;
+            }
+            if pos < end {
+                self.pending_blocks -= end - pos;
+                self.insert_free(pos, end - pos);
+            }
         }
+    }
+
+    /// Pending blocks inside `held` (sorted, non-overlapping runs).
+    pub fn pending_within(&self, held: &[(u64, u64)]) -> u64 {
+        self.pending
+            .iter()
+            .map(|p| {
+                held.iter()
+                    .map(|&(b, l)| (b + l).min(p.bno + p.len).saturating_sub(b.max(p.bno)))
+                    .sum::<u64>()
+            })
+            .sum()
     }
 }
 
@@ -196,7 +228,7 @@ mod tests {
         assert_eq!(got, vec![Extent { bno: 13, len: 10 }]);
         // Make a small hole and check best fit picks it over the big run.
         a.free_later(13, 4, 5);
-        a.release(5);
+        a.release(5, &[]);
         assert_eq!(
             a.alloc_data(4, None).unwrap(),
             vec![Extent { bno: 13, len: 4 }]
@@ -229,10 +261,48 @@ mod tests {
         a.free_later(200, 1, 8);
         assert_eq!(a.pending_runs().len(), 2);
         assert_eq!(a.free_blocks(), 0);
-        a.release(6);
+        a.release(6, &[]);
         assert_eq!(a.free_blocks(), 0);
-        a.release(7);
+        a.release(7, &[]);
         assert_eq!(a.free_runs(), vec![FreeExtent { bno: 100, len: 15 }]);
         assert_eq!(a.pending_blocks(), 1);
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::*;
+
+    #[test]
+    fn held_blocks_stay_pending_until_no_longer_held() {
+        let mut a = Allocator::default();
+        a.free_later(100, 20, 3);
+        a.free_later(200, 5, 3);
+        // Blocks 105..110 and 118..125 (past the first run's end) and all of the second run.
+        let held = [(105, 5), (118, 7), (200, 5)];
+        assert_eq!(a.pending_within(&held), 2 + 5 + 5);
+        a.release(3, &held);
+        assert_eq!(
+            a.free_runs(),
+            vec![
+                FreeExtent { bno: 100, len: 5 },
+                FreeExtent { bno: 110, len: 8 }
+            ]
+        );
+        assert_eq!(a.pending_blocks(), 5 + 2 + 5);
+        assert_eq!(a.pending_within(&held), 12);
+        // Still held: nothing changes.
+        a.release(9, &held);
+        assert_eq!(a.pending_blocks(), 12);
+        // Released: everything becomes free.
+        a.release(9, &[]);
+        assert_eq!(a.pending_blocks(), 0);
+        assert_eq!(
+            a.free_runs(),
+            vec![
+                FreeExtent { bno: 100, len: 20 },
+                FreeExtent { bno: 200, len: 5 }
+            ]
+        );
     }
 }

@@ -89,6 +89,23 @@ pub enum Error {
     /// here: ids are 64-bit).
     #[error("no file ids left (the file table's next id is {0})")]
     OutOfFileIds(u64),
+    /// A device-write commit asked for a length past the allocation its reservation covers.
+    #[error(
+        "file {name:?}: length {len} is past the {allocated} bytes the device-write reservation covers"
+    )]
+    BeyondReservation {
+        /// The file.
+        name: String,
+        /// The length asked for.
+        len: u64,
+        /// Bytes the reservation's table lets the device write.
+        allocated: u64,
+    },
+    /// A device-write commit found that the file's blocks are no longer the ones its
+    /// reservation handed out (the file was truncated or reallocated meanwhile): what the
+    /// device wrote is not in the file, and the length stays as it was.
+    #[error("file {0:?} changed its blocks since the device-write reservation")]
+    ReservationStale(String),
     /// fsck could not produce a consistent file system.
     #[error("cannot repair: {0}")]
     Unrepairable(String),

@@ -10,17 +10,20 @@
 //! Bytes between the old end of file and a write that starts past it, and bytes added by
 //! [`File::set_len`], read as zeroes: they are written as zeroes (NVMe Write Zeroes for whole
 //! LBAs) before the size grows, so a file never exposes what its blocks held before it owned
-//! them.
+//! them. The one exception is a device-write commit ([`File::reserve_device_write`]), where
+//! the caller vouches that the device wrote those bytes.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::device::{DataSink, DataSource, ReadReq, SinkReadReq, SourceWriteReq, WriteReq};
+use crate::device_write::DeviceWrite;
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::extents::ExtentList;
-use crate::format::{FLAG_DATA_CRC, FLAG_IMMUTABLE, MAX_FILE_SIZE};
-use crate::fs::{FileStat, Inner, State, build_table};
-use crate::table::{ExtentTable, TableInput};
+use crate::format::{FLAG_DATA_CRC, FLAG_DEVICE_WRITTEN, MAX_FILE_SIZE};
+use crate::pin::PinnedTable;
+use crate::state::{FileStat, Inner, State};
+use crate::table::TableInput;
 
 /// How a file is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -311,14 +314,7 @@ impl File {
     /// The state, locked for a change to this file: fails if the file system is poisoned, the
     /// file was removed, or it was made immutable after this handle was opened.
     fn lock_for_change(&self) -> Result<std::sync::RwLockWriteGuard<'_, State>> {
-        let st = self.inner.write_state();
-        if st.poisoned {
-            return Err(Error::Poisoned);
-        }
-        if st.inode(self.id, &self.name)?.flags & FLAG_IMMUTABLE != 0 {
-            return Err(Error::ReadOnly(self.name.clone()));
-        }
-        Ok(st)
+        self.inner.lock_for_change(self.id, &self.name)
     }
 
     /// Writes all of `data` at `offset`, growing the file (and its allocation) as needed. A
@@ -382,7 +378,12 @@ impl File {
                 let bs = self.inner.geo.block_size as u64;
                 st.content_changed(self.id);
                 st.truncate_blocks(self.id, len.div_ceil(bs));
-                st.inode_mut(self.id, &self.name)?.size = len;
+                let inode = st.inode_mut(self.id, &self.name)?;
+                inode.size = len;
+                if len == 0 {
+                    // No byte a device wrote is left.
+                    inode.flags &= !FLAG_DEVICE_WRITTEN;
+                }
                 st.touch(self.id);
             }
             Ok(())
@@ -401,20 +402,34 @@ impl File {
         st.ensure_allocated(self.id, len.div_ceil(bs as u64), bs, false)
     }
 
-    /// The file's GPU extent table (see [`crate::table`]), a snapshot of its current extents.
+    /// The file's GPU extent table (see [`crate::table`]), a snapshot of its current extents:
+    /// its whole allocation (`alloc_bytes`, preallocation included) and its length
+    /// (`size_bytes`, where reads stop). Read-only: it has no
+    /// [`crate::table::TABLE_FILE_WRITABLE`] (device writes go through
+    /// [`File::reserve_device_write`]). The blocks it names are pinned until it is dropped: a
+    /// removal or truncation of the file meanwhile does not let them be reused.
+    ///
     /// Reads through it do not check the file's data checksum ([`File::set_data_crc`]); a
     /// caller that needs that checks [`crate::FileSystem::verify_data`] separately.
-    pub fn extent_table(&self) -> Result<ExtentTable> {
+    pub fn extent_table(&self) -> Result<PinnedTable> {
         let st = self.inner.read_state();
         let i = st.inode(self.id, &self.name)?;
-        Ok(build_table(
-            &self.inner,
-            &[TableInput {
-                file_id: i.id,
-                size: i.size,
-                extents: &i.extents,
-            }],
-        ))
+        Ok(self.inner.pinned_table(&[TableInput {
+            file_id: i.id,
+            size: i.size,
+            extents: &i.extents,
+            flags: 0,
+        }]))
+    }
+
+    /// Reserves the file for device writes up to `len` bytes: allocates what is missing
+    /// (nothing if the file already has `len` bytes allocated, by a size hint or
+    /// [`File::allocate`]) and hands out a [`DeviceWrite`] whose table the device (a GPU kernel)
+    /// writes through, up to the whole allocation. Nothing about the file's length or
+    /// contents changes until [`DeviceWrite::commit`]; see `DeviceWrite` for the sequence.
+    pub fn reserve_device_write(&self, len: u64) -> Result<DeviceWrite> {
+        self.check_writable()?;
+        DeviceWrite::reserve(&self.inner, self.id, &self.name, len)
     }
 
     /// Records `crc`, the CRC-32C of the file's bytes `0..len` as the caller wrote them (for
@@ -426,7 +441,7 @@ impl File {
         let mut st = self.lock_for_change()?;
         let inode = st.inode_mut(self.id, &self.name)?;
         if inode.flags & FLAG_DATA_CRC == 0 || inode.data_crc != crc {
-            inode.flags |= FLAG_DATA_CRC;
+            inode.flags = (inode.flags | FLAG_DATA_CRC) & !FLAG_DEVICE_WRITTEN;
             inode.data_crc = crc;
             st.touch(self.id);
         }
@@ -436,7 +451,7 @@ impl File {
     /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        crate::fs::sync_locked(&self.inner, &mut st)
+        crate::commit::sync_locked(&self.inner, &mut st)
     }
 }
 

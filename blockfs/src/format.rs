@@ -46,8 +46,12 @@ pub const FLAG_IMMUTABLE: u16 = 1 << 0;
 /// File flag: the record's `data_crc` (the header's otherwise reserved word) holds the
 /// CRC-32C of the file's bytes `0..size`, as recorded by whoever wrote them.
 pub const FLAG_DATA_CRC: u16 = 1 << 1;
+/// File flag: the file's bytes were last changed by a device writing through an extent table
+/// (a GPU kernel), committed without a checksum: the host never saw them, so there is no data
+/// checksum and readers say so. Never set together with [`FLAG_DATA_CRC`].
+pub const FLAG_DEVICE_WRITTEN: u16 = 1 << 2;
 /// Every file flag this build understands.
-pub const FLAGS_KNOWN: u16 = FLAG_IMMUTABLE | FLAG_DATA_CRC;
+pub const FLAGS_KNOWN: u16 = FLAG_IMMUTABLE | FLAG_DATA_CRC | FLAG_DEVICE_WRITTEN;
 
 /// Blocks reserved for the superblock slots at a given block size.
 pub const fn reserved_blocks(block_size: u32) -> u64 {
@@ -638,6 +642,12 @@ pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, us
     if h.flags & !FLAGS_KNOWN != 0 {
         return Err(format!("file {name:?}: unknown flags {:#x}", h.flags));
     }
+    if h.flags & FLAG_DATA_CRC != 0 && h.flags & FLAG_DEVICE_WRITTEN != 0 {
+        return Err(format!(
+            "file {name:?}: flags {:#x} say both checksummed and device-written",
+            h.flags
+        ));
+    }
     if h.generation > lim.generation {
         return Err(format!(
             "file {name:?}: generation {} newer than the root's {}",
@@ -815,6 +825,20 @@ mod tests {
         assert!(img.error.is_some());
         let img = decode_chunk(&chunk[..chunk.len() - 8], 1, &limits());
         assert!(img.error.is_some());
+
+        // Device-written (bit 2) round-trips; with a checksum (bit 1) it is refused, as are
+        // unknown bits.
+        let mut dev = rec.clone();
+        dev.flags = FLAG_DEVICE_WRITTEN;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert_eq!((img.error, img.records), (None, vec![dev.clone()]));
+        dev.flags = FLAG_DEVICE_WRITTEN | FLAG_DATA_CRC;
+        dev.data_crc = 1;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert!(img.error.unwrap().contains("device-written"));
+        dev.flags = 1 << 3;
+        let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
+        assert!(img.error.unwrap().contains("unknown flags 0x8"));
     }
 
     #[test]

@@ -4,15 +4,17 @@ use std::sync::Arc;
 
 use zerocopy::FromBytes;
 
+use crate::commit::commit;
 use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::format::{
     PendingExtent, ROOT_MAGIC, RootHeader, SUPERBLOCK_SLOTS, Superblock, crc, root_len,
     root_self_crc,
 };
-use crate::fs::Geometry;
-use crate::fs::{FileSystem, commit, pick_superblock, read_slots, slot_name};
+use crate::fs::FileSystem;
+use crate::geometry::Geometry;
 use crate::load::{Problem, RawState, check, geometry_of, read_raw, salvage};
+use crate::superblock::{pick_superblock, read_slots, slot_name};
 
 /// Options for [`fsck`].
 #[derive(Clone, Debug, Default)]
@@ -256,7 +258,7 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
 fn rewrite(
     dev: Arc<dyn BlockDevice>,
     geo: Geometry,
-    state: crate::fs::State,
+    state: crate::state::State,
     top: u64,
     mut repairs: Vec<String>,
     report: &mut FsckReport,

@@ -16,12 +16,20 @@
 //! - `alloc`: free-space runs plus runs freed by recent commits (reusable two commits later).
 //! - `checksum`: [`Crc32cPieces`], [`ChecksummedSource`], [`ChecksummedSink`]: a whole-file
 //!   CRC-32C from pieces the device lanes move out of order (the data checksums of FORMAT.md).
-//! - `fs`: the mounted [`FileSystem`]: namespace operations and the copy-on-write commit (new
-//!   chunks and root, flush, superblock into the other slot, flush).
+//! - `geometry`: [`Geometry`], the sizes fixed at mkfs, and the device check.
+//! - `superblock`: the two superblock slots: reading both, picking one, encoding the next.
+//! - `state`: the in-memory state of a mounted file system (inodes, names, chunks, allocator,
+//!   uncommitted changes) behind one lock.
+//! - `commit`: the copy-on-write commit (new chunks and root, flush, superblock into the other
+//!   slot, flush) and `sync`.
+//! - `fs`: the [`FileSystem`] API: mkfs, mount, probe and namespace operations.
 //! - `file`: [`File`] handles: reads and writes mapped through extents, one device batch per call.
 //! - `load`: reading and cross-checking a generation; salvage for repair.
 //! - [`fsck`](fn@fsck): report and repair.
-//! - [`table`]: the GPU extent table.
+//! - [`table`]: the GPU extent table (the whole allocation, the length, a writable flag).
+//! - `pin`: [`PinnedTable`], the guard that keeps a handed-out table's blocks from reuse.
+//! - `device_write`: [`DeviceWrite`], a reservation a device writes through, committed as the
+//!   new length without zero fill.
 //! - `nvme_dev` (feature `nvme`, on by default): [`NvmeBlockDevice`], several queue pairs with
 //!   reused DMA bounce buffers, batches split at the maximum transfer size.
 //! - `fuzzing` (hidden): what the cargo-fuzz targets in `fuzz/` and the corpus test run.
@@ -37,8 +45,9 @@
 //! [`FileSystem::list`] (by prefix), [`FileSystem::stat`], [`FileSystem::sync`],
 //! [`FileSystem::reclaim`], [`FileSystem::df`], [`File::set_data_crc`] and
 //! [`FileSystem::verify_data`] (file data checksums), [`FileSystem::rename_replace`], [`fsck()`](fn@fsck) (report, or repair), and the
-//! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`]. Reads past end of file are
-//! short (0 bytes at or past it).
+//! GPU tables [`File::extent_table`] and [`FileSystem::open_prefix`] (each a [`PinnedTable`]),
+//! and device writes: [`File::reserve_device_write`], then [`DeviceWrite::commit`] or
+//! [`DeviceWrite::commit_with_crc`]. Reads past end of file are short (0 bytes at or past it).
 //!
 //! Names are flat, path-like UTF-8 strings up to [`format::MAX_NAME_LEN`] bytes with `/` as a
 //! separator (no directories to create); [`FileSystem::list`] lists by prefix.
@@ -49,7 +58,10 @@
 //! state or a later synced one, never a mix; file data written before a sync is durable with
 //! it. Data written after the last sync into blocks the file already had when it was synced
 //! (an in-place overwrite) may be found old or new per LBA after a crash, as with ext4's
-//! ordered mode; everything else written after the last sync is simply absent.
+//! ordered mode; everything else written after the last sync is simply absent. A
+//! device-write commit is durable with the next sync like any change: a crash before it
+//! mounts the old length, after it the new length with the device's bytes. Blocks named by a
+//! table still held are never reused, whatever happens to their file.
 //!
 //! # Not implemented
 //!
@@ -61,7 +73,8 @@
 //!   file (`flock`, exclusive for commands that change it, shared for read-only ones) and a
 //!   VFIO group is exclusive to one process.
 //! - Devices with LBAs larger than 4 KiB.
-//! - Writes through GPU extent tables (they are read-only snapshots for now).
+//! - Checksums of device-written data computed by the library (the device may supply one;
+//!   FORMAT.md, "Data checksums").
 //!
 //! # Key constants
 //!
@@ -72,8 +85,10 @@
 
 mod alloc;
 mod checksum;
+mod commit;
 mod crash;
 pub mod device;
+mod device_write;
 mod error;
 mod extents;
 mod file;
@@ -82,11 +97,15 @@ mod fs;
 mod fsck;
 #[doc(hidden)]
 pub mod fuzzing;
+mod geometry;
 mod load;
 mod mem;
 mod name;
 #[cfg(feature = "nvme")]
 mod nvme_dev;
+mod pin;
+mod state;
+mod superblock;
 pub mod table;
 
 pub use checksum::{ChecksummedSink, ChecksummedSource, Crc32cPieces};
@@ -94,15 +113,17 @@ pub use crash::{CrashDevice, LoggedOp};
 pub use device::{
     BlockDevice, DataSink, DataSource, DeviceError, ReadReq, SinkReadReq, SourceWriteReq, WriteReq,
 };
+pub use device_write::DeviceWrite;
 pub use error::{Error, Result};
 pub use file::{File, OpenMode};
-pub use fs::{
-    Batch, CreateOptions, DataCheck, Existing, FileStat, FileSystem, FsStats, Geometry, MkfsOptions,
-};
+pub use fs::{Batch, CreateOptions, DataCheck, Existing, FileSystem, FsStats, MkfsOptions};
 pub use fsck::{FsckOptions, FsckReport, SlotReport, fsck};
+pub use geometry::Geometry;
 pub use load::Problem;
 pub use mem::MemDevice;
 pub use name::check_name;
 #[cfg(feature = "nvme")]
 pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
+pub use pin::PinnedTable;
+pub use state::FileStat;
 pub use table::ExtentTable;

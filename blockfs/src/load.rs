@@ -10,7 +10,8 @@ use crate::format::{
     self, ChunkDesc, ChunkImage, Extent, FileRecord, RecordLimits, RootImage, Superblock,
     decode_chunk, decode_root,
 };
-use crate::fs::{ChunkSlot, Geometry, Inode, State};
+use crate::geometry::Geometry;
+use crate::state::{ChunkSlot, Inode, State};
 
 /// One inconsistency found in the metadata.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -356,7 +357,7 @@ fn build(raw: &RawState) -> State {
     for p in &raw.root.pending {
         st.alloc.insert_pending(*p);
     }
-    st.alloc.release(raw.sb.generation.saturating_sub(1));
+    st.alloc.release(raw.sb.generation.saturating_sub(1), &[]);
     st
 }
 

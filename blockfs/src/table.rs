@@ -2,13 +2,16 @@
 //! maps a file offset to a device LBA with a binary search and no pointer chasing.
 //!
 //! Layout (FORMAT.md, "GPU extent table"; the constants below are the single source of truth for
-//! the CUDA side): a 64-byte [`TableHeader`], then `file_count` 32-byte [`TableFile`] entries,
+//! the CUDA side): a 64-byte [`TableHeader`], then `file_count` 48-byte [`TableFile`] entries,
 //! then `extent_count` 24-byte [`TableExtent`] entries. Every field is a little-endian integer at
 //! a naturally aligned offset; the whole table is 8-byte aligned.
 //!
-//! A table is a snapshot taken when it is built: it covers the first `ceil(size / lba_size)` LBAs
-//! of each file (never preallocated blocks past end of file), and later growth, truncation or
-//! removal of the file is not reflected in it.
+//! A table is a snapshot taken when it is built. It covers each file's whole allocation
+//! (`alloc_bytes`, preallocation included) and says the file's length (`size_bytes`): a reader
+//! stops at the length, a writer holding a table with [`TABLE_FILE_WRITABLE`] (from a
+//! device-write reservation, `File::reserve_device_write`) may write up to the allocation.
+//! Later growth, truncation or removal of the file is not reflected in it; the blocks it names
+//! stay out of reuse while the table is pinned (`PinnedTable`).
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -17,11 +20,11 @@ use crate::extents::ExtentList;
 /// `TableHeader::magic`: "BFXT" in little-endian byte order.
 pub const TABLE_MAGIC: u32 = u32::from_le_bytes(*b"BFXT");
 /// `TableHeader::version` this build writes.
-pub const TABLE_VERSION: u16 = 1;
+pub const TABLE_VERSION: u16 = 2;
 /// Size of [`TableHeader`].
 pub const TABLE_HEADER_SIZE: usize = 64;
 /// Size of [`TableFile`].
-pub const TABLE_FILE_SIZE: usize = 32;
+pub const TABLE_FILE_SIZE: usize = 48;
 /// Size of [`TableExtent`].
 pub const TABLE_EXTENT_SIZE: usize = 24;
 /// Byte offset of `TableHeader::lba_shift`.
@@ -42,6 +45,15 @@ pub const TABLE_FILE_SIZE_BYTES_OFFSET: usize = 0;
 pub const TABLE_FILE_FIRST_EXTENT_OFFSET: usize = 8;
 /// Byte offset of `TableFile::extent_count`.
 pub const TABLE_FILE_EXTENT_COUNT_OFFSET: usize = 16;
+/// Byte offset of `TableFile::file_id`.
+pub const TABLE_FILE_FILE_ID_OFFSET: usize = 24;
+/// Byte offset of `TableFile::alloc_bytes`.
+pub const TABLE_FILE_ALLOC_BYTES_OFFSET: usize = 32;
+/// Byte offset of `TableFile::flags`.
+pub const TABLE_FILE_FLAGS_OFFSET: usize = 40;
+/// `TableFile::flags` bit: the table was handed out by a device-write reservation; the device
+/// may write any offset below `alloc_bytes` (else the table is for reading only).
+pub const TABLE_FILE_WRITABLE: u32 = 1 << 0;
 /// Byte offset of `TableExtent::file_lba`.
 pub const TABLE_EXTENT_FILE_LBA_OFFSET: usize = 0;
 /// Byte offset of `TableExtent::lba`.
@@ -90,10 +102,17 @@ pub struct TableFile {
     pub size_bytes: u64,
     /// Index (into the extent array) of the file's first extent.
     pub first_extent: u64,
-    /// Extents of this file; they cover file LBAs `0..ceil(size_bytes / lba_size)` without gaps.
+    /// Extents of this file; they cover file LBAs `0..alloc_bytes / lba_size` without gaps.
     pub extent_count: u64,
     /// The file's id (FORMAT.md, "File record").
     pub file_id: u64,
+    /// Bytes the extents cover: the file's whole allocation, a multiple of the block size and at
+    /// least `size_bytes` (preallocated space past end of file included).
+    pub alloc_bytes: u64,
+    /// `TABLE_FILE_*` bits.
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 const _: () = assert!(size_of::<TableFile>() == TABLE_FILE_SIZE);
 
@@ -130,6 +149,8 @@ pub(crate) struct TableInput<'a> {
     pub file_id: u64,
     pub size: u64,
     pub extents: &'a ExtentList,
+    /// `TABLE_FILE_*` bits.
+    pub flags: u32,
 }
 
 impl ExtentTable {
@@ -140,13 +161,9 @@ impl ExtentTable {
         let mut extents: Vec<TableExtent> = Vec::new();
         for f in files {
             let first = extents.len() as u64;
-            let need = f.size.div_ceil(lba);
             let mut file_lba = 0u64;
             for e in f.extents.as_slice() {
-                if file_lba >= need {
-                    break;
-                }
-                let nlb = (e.len * spb).min(need - file_lba);
+                let nlb = e.len * spb;
                 extents.push(TableExtent {
                     file_lba,
                     lba: e.bno * spb,
@@ -159,6 +176,9 @@ impl ExtentTable {
                 first_extent: first,
                 extent_count: extents.len() as u64 - first,
                 file_id: f.file_id,
+                alloc_bytes: file_lba * lba,
+                flags: f.flags,
+                reserved: 0,
             });
         }
         let files_offset = TABLE_HEADER_SIZE as u64;
@@ -212,16 +232,37 @@ impl ExtentTable {
         <[TableExtent]>::ref_from_bytes(bytes).expect("8-byte aligned whole entries")
     }
 
-    /// Translates byte `offset` of file `file` (its index in the table) the way the GPU kernels
-    /// do: end of file gives `None`; one extent is a direct computation; otherwise a binary search
-    /// for the last extent whose `file_lba` is at most `offset >> lba_shift`.
+    /// Translates byte `offset` of file `file` (its index in the table) for a read, the way the
+    /// GPU kernels do: at or past `size_bytes` is end of file (`None`); one extent is a direct
+    /// computation; otherwise a binary search for the last extent whose `file_lba` is at most
+    /// `offset >> lba_shift`. `contiguous_lbas` stops at the LBA holding the last byte of the file.
     pub fn translate(&self, file: usize, offset: u64) -> Option<Translation> {
-        let h = self.header();
         let f = self.files().get(file)?;
-        if offset >= f.size_bytes {
+        let lba_shift = self.header().lba_shift;
+        let eof_lba = f.size_bytes.div_ceil(1u64 << lba_shift);
+        let mut t = self.lookup(f, offset, f.size_bytes)?;
+        let flba = offset >> lba_shift;
+        t.contiguous_lbas = t.contiguous_lbas.min(eof_lba - flba);
+        Some(t)
+    }
+
+    /// Translates byte `offset` of file `file` for a device write: only in a table with
+    /// [`TABLE_FILE_WRITABLE`], and only below `alloc_bytes` (past it is out of extent: `None`).
+    /// `contiguous_lbas` runs to the end of the extent.
+    pub fn translate_write(&self, file: usize, offset: u64) -> Option<Translation> {
+        let f = self.files().get(file)?;
+        if f.flags & TABLE_FILE_WRITABLE == 0 {
             return None;
         }
-        let flba = offset >> h.lba_shift;
+        self.lookup(f, offset, f.alloc_bytes)
+    }
+
+    /// The extent lookup shared by reads and writes: `offset` must be below `limit`.
+    fn lookup(&self, f: &TableFile, offset: u64, limit: u64) -> Option<Translation> {
+        if offset >= limit {
+            return None;
+        }
+        let flba = offset >> self.header().lba_shift;
         let all = self.extents();
         let ext = all.get(f.first_extent as usize..(f.first_extent + f.extent_count) as usize)?;
         let (mut lo, mut hi) = (0usize, ext.len());
@@ -288,12 +329,18 @@ mod tests {
             offset_of!(TableExtent, file_lba),
             TABLE_EXTENT_FILE_LBA_OFFSET
         );
+        assert_eq!(offset_of!(TableFile, file_id), TABLE_FILE_FILE_ID_OFFSET);
+        assert_eq!(
+            offset_of!(TableFile, alloc_bytes),
+            TABLE_FILE_ALLOC_BYTES_OFFSET
+        );
+        assert_eq!(offset_of!(TableFile, flags), TABLE_FILE_FLAGS_OFFSET);
         assert_eq!(offset_of!(TableExtent, lba), TABLE_EXTENT_LBA_OFFSET);
         assert_eq!(offset_of!(TableExtent, nlb), TABLE_EXTENT_NLB_OFFSET);
     }
 
     #[test]
-    fn builds_trims_to_eof_and_translates() {
+    fn builds_covers_allocation_and_translates() {
         // 4 KiB blocks, 512-byte LBAs: 8 LBAs per block.
         let a = ExtentList::from_vec(vec![Extent { bno: 10, len: 2 }, Extent { bno: 40, len: 3 }]);
         let b = ExtentList::from_vec(vec![Extent { bno: 100, len: 1 }]);
@@ -306,21 +353,31 @@ mod tests {
                     file_id: 7,
                     size: 3 * 4096 + 1,
                     extents: &a,
+                    flags: 0,
                 },
                 TableInput {
                     file_id: 8,
                     size: 0,
                     extents: &b,
+                    flags: TABLE_FILE_WRITABLE,
                 },
             ],
         );
         let h = t.header();
         assert_eq!(
-            (h.magic, h.lba_shift, h.nsid, h.file_count, h.extent_count),
-            (TABLE_MAGIC, 9, 1, 2, 2)
+            (
+                h.magic,
+                h.version,
+                h.lba_shift,
+                h.nsid,
+                h.file_count,
+                h.extent_count
+            ),
+            (TABLE_MAGIC, 2, 9, 1, 2, 3)
         );
         assert_eq!(h.total_bytes as usize, t.as_bytes().len());
-        assert_eq!(t.as_bytes().len(), 64 + 2 * 32 + 2 * 24);
+        assert_eq!(t.as_bytes().len(), 64 + 2 * 48 + 3 * 24);
+        // The whole allocation, preallocated blocks past end of file included.
         assert_eq!(
             t.extents(),
             &[
@@ -332,11 +389,22 @@ mod tests {
                 TableExtent {
                     file_lba: 16,
                     lba: 320,
-                    nlb: 9
+                    nlb: 24
+                },
+                TableExtent {
+                    file_lba: 0,
+                    lba: 800,
+                    nlb: 8
                 },
             ]
         );
-        assert_eq!(t.files()[1].extent_count, 0);
+        let f = t.files();
+        assert_eq!(
+            (f[0].size_bytes, f[0].alloc_bytes),
+            (3 * 4096 + 1, 5 * 4096)
+        );
+        assert_eq!((f[1].size_bytes, f[1].alloc_bytes), (0, 4096));
+        assert_eq!((f[1].first_extent, f[1].extent_count), (2, 1));
         assert_eq!(
             t.translate(0, 0),
             Some(Translation {
@@ -344,6 +412,7 @@ mod tests {
                 contiguous_lbas: 16
             })
         );
+        // Reads stop at the LBA holding the last byte.
         assert_eq!(
             t.translate(0, 2 * 4096 + 513),
             Some(Translation {
@@ -361,5 +430,15 @@ mod tests {
         assert_eq!(t.translate(0, 3 * 4096 + 1), None);
         assert_eq!(t.translate(1, 0), None);
         assert_eq!(t.translate(2, 0), None);
+        // Writes: only through a writable entry, up to the allocation.
+        assert_eq!(t.translate_write(0, 0), None);
+        assert_eq!(
+            t.translate_write(1, 4095),
+            Some(Translation {
+                lba: 807,
+                contiguous_lbas: 1
+            })
+        );
+        assert_eq!(t.translate_write(1, 4096), None);
     }
 }

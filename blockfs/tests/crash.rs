@@ -107,6 +107,34 @@ impl Workload {
         self.model.get_mut(name).unwrap().resize(len as usize, 0);
     }
 
+    /// A device write through a reservation (as a GPU kernel writes through its table, here
+    /// straight to the device), committed as length `new_len` without zero fill. `offset` is
+    /// at most the current length.
+    fn device_write(&mut self, name: &str, offset: u64, len: usize, new_len: u64) {
+        let data = random_bytes(&mut self.rng, len);
+        let id = self.id(name);
+        let f = self.fs.open(name, OpenMode::ReadWrite).unwrap();
+        let w = f
+            .reserve_device_write(new_len.max(offset + len as u64))
+            .unwrap();
+        self.events.push(WriteEvent {
+            log_start: self.dev.log_len(),
+            file_id: id,
+            offset,
+            data: data.clone(),
+        });
+        device_write(self.dev.as_ref(), w.table(), offset, &data);
+        w.commit(new_len).unwrap();
+        let m = self.model.get_mut(name).unwrap();
+        assert!(offset <= m.len() as u64);
+        let end = offset as usize + len;
+        if m.len() < end {
+            m.resize(end, 0);
+        }
+        m[offset as usize..end].copy_from_slice(&data);
+        m.resize(new_len as usize, 0);
+    }
+
     fn remove(&mut self, name: &str) {
         self.fs.remove(name).unwrap();
         self.model.remove(name);
@@ -221,7 +249,17 @@ fn record(lba_size: u32, seed: u64) -> (MemDevice, Vec<LoggedOp>, Vec<Snapshot>,
         w.write("big", 200_000 + round * 10_000, 10_000);
         w.sync();
     }
-    // 8. changes never synced.
+    // 8. device-write commits: into a preallocation, an append past the allocation (the
+    // partial LBA at the old end read-modify-written), an in-place rewrite that shrinks.
+    w.create("gpu/ckpt", 64 << 10);
+    w.device_write("gpu/ckpt", 0, 50_000, 50_000);
+    w.sync();
+    let big = w.model["big"].len() as u64;
+    w.device_write("big", big, 40_000, big + 40_000);
+    w.sync();
+    w.device_write("gpu/ckpt", 0, 20_000, 20_000);
+    w.sync();
+    // 9. changes never synced.
     w.create("tail", 0);
     w.write("tail", 0, 20_000);
     w.remove("w/one");

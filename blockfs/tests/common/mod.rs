@@ -87,3 +87,38 @@ pub fn assert_same(actual: &[u8], expected: &[u8], ctx: &str) {
         ))
     );
 }
+
+/// Writes `data` at file offset `offset` of file 0 of `table` straight to `dev`, as a GPU
+/// kernel does through a device-write reservation: whole LBAs, translated with
+/// `translate_write`, with the partial LBAs at either end read first (read-modify-write).
+/// One device write per contiguous run.
+pub fn device_write(dev: &dyn BlockDevice, table: &blockfs::ExtentTable, offset: u64, data: &[u8]) {
+    let l = 1u64 << table.header().lba_shift;
+    let end = offset + data.len() as u64;
+    let mut pos = offset;
+    while pos < end {
+        let run_start = pos / l * l;
+        let tr = table
+            .translate_write(0, run_start)
+            .expect("inside the reservation");
+        let n = tr.contiguous_lbas.min((end - run_start).div_ceil(l));
+        let run_end = run_start + n * l;
+        let mut buf = vec![0u8; (n * l) as usize];
+        if pos > run_start || end < run_end {
+            dev.read(&mut [blockfs::ReadReq {
+                lba: tr.lba,
+                buf: &mut buf,
+            }])
+            .expect("read for read-modify-write");
+        }
+        let stop = end.min(run_end);
+        buf[(pos - run_start) as usize..(stop - run_start) as usize]
+            .copy_from_slice(&data[(pos - offset) as usize..(stop - offset) as usize]);
+        dev.write(&[blockfs::WriteReq {
+            lba: tr.lba,
+            buf: &buf,
+        }])
+        .expect("device write");
+        pos = stop;
+    }
+}
