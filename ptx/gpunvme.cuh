@@ -335,8 +335,11 @@ __device__ __forceinline__ status queue_failed(const queue_desc& q) {
     return f ? GPUNVME_QUEUE_FAILED : GPUNVME_OK;
 }
 
-/// Tries to take a lock word without waiting.
+/// Tries to take a lock word without waiting. A plain load first: hundreds of waiters of one
+/// queue retrying a compare-and-swap on a held lock would serialise on its L2 line and slow the
+/// holder (test and test-and-set).
 __device__ __forceinline__ bool try_lock(uint32_t& word) {
+    if (dev_u32(word).load(cuda::memory_order_relaxed) != 0) return false;
     uint32_t expected = 0;
     return dev_u32(word).compare_exchange_strong(expected, 1u, cuda::memory_order_acquire,
                                                  cuda::memory_order_relaxed);

@@ -77,7 +77,7 @@ for lba in 512 4096; do
     rm -f "$img"
 done
 
-# 2b. The GPU-resident controller model (--controller gpu): verified runs on hbm media (the
+# 2b. The GPU-resident controller model (--controller gpu): verified runs on hbm and host media (the
 # CPU fills and checks the image through the software controller before and after), and the
 # protocol ceiling on null media with both client styles.
 model_ok() {  # model_ok IMG LBA ARGS...: a run on the model whose JSON reports zero errors
@@ -89,12 +89,14 @@ r=json.load(sys.stdin); m=r["gpu"]["model"]
 print("ios=%d iops=%.0f errors=%d model=%s" % (r["ios"], r["iops"], r["errors"], json.dumps(m)))
 sys.exit(1 if r["errors"] or r["ios"]==0 or m["errors"] or m["doorbell_errors"] else 0)'
 }
-for lba in 512 4096; do
-    img=$WORK/model$lba; truncate -s 1G "$img"
-    for rw in read write randread randwrite; do
-        check "model hbm --verify $rw lba=$lba" model_ok "$img" $lba --media hbm --verify --rw $rw --bs 4k --qd 32 --ios $IOS
+for media in hbm host; do
+    for lba in 512 4096; do
+        img=$WORK/model$lba; truncate -s 1G "$img"
+        for rw in read write randread randwrite; do
+            check "model $media --verify $rw lba=$lba" model_ok "$img" $lba --media $media --verify --rw $rw --bs 4k --qd 32 --ios $IOS
+        done
+        rm -f "$img"
     done
-    rm -f "$img"
 done
 img=$WORK/modelnull; truncate -s 1G "$img"
 for client in warp thread; do

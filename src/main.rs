@@ -176,7 +176,9 @@ struct PerfArgs {
     #[arg(long, value_enum, default_value = "emu", requires = "gpu")]
     controller: ControllerArg,
     /// Media of the GPU-resident controller: `hbm` (the image loaded into GPU memory, written
-    /// back at the end) or `null` (no data moves: the protocol ceiling).
+    /// back at the end), `host` (the image file mapped and registered with CUDA, read and
+    /// written over PCIe; writable only on tmpfs, e.g. /dev/shm) or `null` (no data moves: the
+    /// protocol ceiling).
     #[arg(long, value_enum, default_value = "hbm", requires = "gpu")]
     media: MediaArg,
     /// Run a write pattern or --verify (which writes its patterns first) even on a namespace
@@ -195,6 +197,7 @@ enum ControllerArg {
 enum MediaArg {
     Null,
     Hbm,
+    Host,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -362,6 +365,7 @@ fn run(args: Args) -> Result<()> {
                     model: (p.controller == ControllerArg::Gpu).then_some(match p.media {
                         MediaArg::Null => gpunvme::gpu_queues::MediaKind::Null,
                         MediaArg::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
+                        MediaArg::Host => gpunvme::gpu_queues::MediaKind::Host,
                     }),
                 };
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)

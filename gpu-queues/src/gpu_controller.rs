@@ -29,9 +29,10 @@ use zerocopy::{FromZeros, IntoBytes};
 
 use crate::desc::{
     CTRL_DOORBELL_STRIDE, CTRL_MAX_NS, CTRL_MAX_WINDOWS, CTRL_WARPS, CtrlControl, CtrlCounters,
-    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_NULL, NS_READ_ONLY,
+    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_HOST, MEDIA_NULL, NS_READ_ONLY,
 };
 use crate::error::GpuError;
+use crate::ffi::os::MappedImage;
 use crate::ffi::{self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 
@@ -47,6 +48,11 @@ pub enum MediaKind {
     Null,
     /// The image in GPU memory (loaded at start, written back at shutdown and stop).
     Hbm,
+    /// The image file itself, mapped and registered with CUDA: the controller reads (and
+    /// writes) its page-cache pages over PCIe. Writable namespaces need the image on tmpfs
+    /// (CUDA refuses read-write registration of ext4 file mappings); read-only ones work on
+    /// any file system.
+    Host,
 }
 
 impl MediaKind {
@@ -55,6 +61,7 @@ impl MediaKind {
         match self {
             Self::Null => "null",
             Self::Hbm => "hbm",
+            Self::Host => "host",
         }
     }
 }
@@ -65,8 +72,8 @@ impl std::str::FromStr for MediaKind {
         match s {
             "null" => Ok(Self::Null),
             "hbm" => Ok(Self::Hbm),
-            "host" => Err("--media host is not implemented yet (null and hbm are)".into()),
-            other => Err(format!("unknown media {other:?} (null or hbm)")),
+            "host" => Ok(Self::Host),
+            other => Err(format!("unknown media {other:?} (null, hbm or host)")),
         }
     }
 }
@@ -180,9 +187,8 @@ struct Shared {
     warps: usize,
     nqueues: usize,
     tables: Mutex<Tables>,
-    /// Per namespace: its media in GPU memory and the image to write it back to (None for
-    /// a read-only namespace).
-    media: Vec<Option<(DeviceMemory, Option<PathBuf>)>>,
+    /// Per namespace: its media (None: null media).
+    media: Vec<Option<NsMedia>>,
 }
 
 /// The GPU-resident controller model, running.
@@ -259,21 +265,44 @@ impl GpuController {
             };
             let loaded = match opts.media {
                 MediaKind::Null => None,
-                MediaKind::Hbm => Some(load_image(cuda, ns, i + 1)?),
+                MediaKind::Hbm => {
+                    let (mem, path) = load_image(cuda, ns, i + 1)?;
+                    Some(NsMedia::Hbm {
+                        mem,
+                        write_back: (!ns.read_only).then_some(path),
+                    })
+                }
+                MediaKind::Host => {
+                    let path = ns.image.as_ref().ok_or_else(|| {
+                        GpuError::InvalidArgument(format!(
+                            "namespace {}: host media needs an image file",
+                            i + 1
+                        ))
+                    })?;
+                    let len = usize::try_from(ns.blocks * ns.lba_size as u64).map_err(|_| {
+                        GpuError::InvalidArgument(format!("namespace {} too large", i + 1))
+                    })?;
+                    Some(NsMedia::Host(MappedImage::open(
+                        cuda,
+                        path,
+                        len,
+                        !ns.read_only,
+                    )?))
+                }
             };
             ns_table[i] = CtrlNs {
                 blocks: ns.blocks,
-                media: loaded.as_ref().map_or(0, |(m, _)| m.ptr()),
+                media: loaded.as_ref().map_or(0, NsMedia::device_ptr),
                 lba_shift: shift,
-                kind: if loaded.is_some() {
-                    MEDIA_HBM
-                } else {
-                    MEDIA_NULL
+                kind: match &loaded {
+                    None => MEDIA_NULL,
+                    Some(NsMedia::Hbm { .. }) => MEDIA_HBM,
+                    Some(NsMedia::Host(_)) => MEDIA_HOST,
                 },
                 flags: if ns.read_only { NS_READ_ONLY } else { 0 },
                 reserved: 0,
             };
-            media.push(loaded.map(|(m, p)| (m, (!ns.read_only).then_some(p))));
+            media.push(loaded);
         }
         control.write(layout.namespaces, ns_table.as_bytes());
         let header = CtrlControl {
@@ -479,6 +508,27 @@ impl Drop for WindowGuard {
     }
 }
 
+/// A namespace's media.
+#[derive(Debug)]
+enum NsMedia {
+    /// In GPU memory, written back to the image unless the namespace is read-only.
+    Hbm {
+        mem: DeviceMemory,
+        write_back: Option<PathBuf>,
+    },
+    /// The image's pages, mapped and registered.
+    Host(MappedImage),
+}
+
+impl NsMedia {
+    fn device_ptr(&self) -> u64 {
+        match self {
+            Self::Hbm { mem, .. } => mem.ptr(),
+            Self::Host(m) => m.device_ptr(),
+        }
+    }
+}
+
 /// Reads a namespace's image into GPU memory.
 fn load_image(
     cuda: &Arc<Cuda>,
@@ -603,8 +653,18 @@ impl Shared {
 
     fn write_back(&self) -> Result<(), GpuError> {
         use std::os::unix::fs::FileExt;
-        for (mem, path) in self.media.iter().flatten() {
-            let Some(path) = path else { continue };
+        for media in self.media.iter().flatten() {
+            let (mem, path) = match media {
+                NsMedia::Hbm {
+                    mem,
+                    write_back: Some(path),
+                } => (mem, path),
+                NsMedia::Hbm { .. } => continue,
+                NsMedia::Host(map) => {
+                    map.flush()?;
+                    continue;
+                }
+            };
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .open(path)

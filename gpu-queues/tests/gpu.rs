@@ -596,9 +596,16 @@ fn image(name: &str) -> std::path::PathBuf {
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn model_moves_every_transfer_shape_and_writes_back() {
-    for lba in [512u32, 4096] {
-        let path = image(&format!("shapes{lba}"));
-        let r = model_rig(&path, lba, MediaKind::Hbm, 4, 64);
+    // hbm (copied in and written back) and host (the image's pages over PCIe; /dev/shm is
+    // tmpfs, where CUDA registers a writable file mapping).
+    for (media, lba) in [
+        (MediaKind::Hbm, 512u32),
+        (MediaKind::Hbm, 4096),
+        (MediaKind::Host, 512),
+        (MediaKind::Host, 4096),
+    ] {
+        let path = image(&format!("shapes{lba}{}", media.name()));
+        let r = model_rig(&path, lba, media, 4, 64);
         let mdts = r.gpu.max_transfer() as u64;
         let buf = r.gpu.alloc_buffer(4 << 20).expect("GPU buffer");
         // PRP1 only, PRP2, a PRP list, exactly MDTS, above MDTS (split), at an in-page offset.

@@ -1053,10 +1053,29 @@ impl HostRegistration {
         len: usize,
         io_memory: bool,
     ) -> Result<Self, GpuError> {
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
+    }
+
+    /// [`HostRegistration::register`], optionally `CU_MEMHOSTREGISTER_READ_ONLY` (the GPU
+    /// only reads the range: what a read-only file mapping allows).
+    ///
+    /// # Safety
+    /// As for [`HostRegistration::register`].
+    pub unsafe fn register_with(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+        read_only: bool,
+    ) -> Result<Self, GpuError> {
         cuda.make_current()?;
         let mut flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
         if io_memory {
             flags |= sys::CU_MEMHOSTREGISTER_IOMEMORY;
+        }
+        if read_only {
+            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
         }
         // SAFETY: the caller keeps the range mapped until drop, which unregisters it.
         check("cuMemHostRegister", unsafe {

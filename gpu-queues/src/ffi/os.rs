@@ -506,3 +506,113 @@ mod tests {
         assert!(Mapping::anonymous(0).is_err());
     }
 }
+
+/// An image file mapped into this process and registered with CUDA, so GPU threads read (and,
+/// when writable, write) the file's page-cache pages over PCIe: the GPU-resident controller's
+/// `host` media. Writable registration of a shared file mapping works on tmpfs but not on ext4
+/// (`CUDA_ERROR_INVALID_VALUE`, ../shared/design/gpu.md); read-only registration works on both.
+pub struct MappedImage {
+    // Field order: the registration goes before the mapping it names.
+    reg: crate::ffi::HostRegistration,
+    map: ImageMap,
+}
+
+enum ImageMap {
+    ReadOnly(memmap2::Mmap),
+    Writable(memmap2::MmapMut),
+}
+
+impl std::fmt::Debug for MappedImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedImage")
+            .field("reg", &self.reg)
+            .field("writable", &matches!(self.map, ImageMap::Writable(_)))
+            .finish()
+    }
+}
+
+impl MappedImage {
+    /// Maps the first `len` bytes of `path` (shared) and registers them; `writable` maps and
+    /// registers read-write, else read-only. The file must be at least `len` bytes long.
+    pub fn open(
+        cuda: &Arc<crate::ffi::Cuda>,
+        path: &std::path::Path,
+        len: usize,
+        writable: bool,
+    ) -> Result<Self, GpuError> {
+        let what = |e: &dyn std::fmt::Display| {
+            GpuError::Unsupported(format!("host media {}: {e}", path.display()))
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(|e| what(&e))?;
+        let size = file.metadata().map_err(|e| what(&e))?.len();
+        if size < len as u64 {
+            return Err(what(&format!("{size} bytes, the namespace needs {len}")));
+        }
+        if len == 0 {
+            return Err(what(&"empty namespace"));
+        }
+        // SAFETY: a shared mapping of a file that another process could change or truncate;
+        // the controller holds the image's lock (nvme_emu) for as long as the model runs, and
+        // every access to the mapping is by the GPU through the registration (never a Rust
+        // reference), so a concurrent change cannot break Rust's aliasing rules here. A
+        // truncation would fault GPU reads (a CUDA error), not this process.
+        let mut map = unsafe {
+            if writable {
+                ImageMap::Writable(
+                    memmap2::MmapOptions::new()
+                        .len(len)
+                        .map_mut(&file)
+                        .map_err(|e| what(&e))?,
+                )
+            } else {
+                ImageMap::ReadOnly(
+                    memmap2::MmapOptions::new()
+                        .len(len)
+                        .map(&file)
+                        .map_err(|e| what(&e))?,
+                )
+            }
+        };
+        let ptr = match &mut map {
+            ImageMap::ReadOnly(m) => m.as_ptr().cast_mut(),
+            ImageMap::Writable(m) => m.as_mut_ptr(),
+        };
+        // SAFETY: `ptr..ptr + len` is this value's page-aligned mapping, unmapped only after
+        // the registration is dropped (field order).
+        let reg = unsafe {
+            crate::ffi::HostRegistration::register_with(cuda, ptr, len, false, !writable)
+        }
+        .map_err(|e| {
+            if writable {
+                GpuError::Unsupported(format!(
+                    "host media {}: read-write registration refused ({e}); CUDA registers \
+                     writable file mappings on tmpfs (e.g. /dev/shm) but not on ext4: put the \
+                     image on tmpfs, make the namespace read-only, or use --media hbm",
+                    path.display()
+                ))
+            } else {
+                e
+            }
+        })?;
+        Ok(Self { reg, map })
+    }
+
+    /// GPU address of the file's first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.reg.device_ptr()
+    }
+
+    /// Writes dirty pages back to the file (msync) for a writable mapping.
+    pub fn flush(&self) -> Result<(), GpuError> {
+        match &self.map {
+            ImageMap::Writable(m) => m
+                .flush()
+                .map_err(|e| GpuError::Unsupported(format!("msync of host media: {e}"))),
+            ImageMap::ReadOnly(_) => Ok(()),
+        }
+    }
+}
