@@ -126,10 +126,11 @@ impl Region {
 /// A ring of `entries` entries of `stride` bytes at `offset` of a [`Region`], checked once to
 /// lie inside it, so that each entry access checks only its index.
 pub(super) struct RingRef<'a> {
-    region: &'a Region,
-    offset: usize,
+    /// The ring's first byte (`offset` bytes into the region).
+    base: NonNull<u8>,
     entries: u32,
     stride: usize,
+    _region: std::marker::PhantomData<&'a Region>,
 }
 
 impl Region {
@@ -140,28 +141,51 @@ impl Region {
             .checked_mul(stride)
             .and_then(|len| offset.checked_add(len))?;
         let fits = stride.is_power_of_two() && stride >= 16 && offset % stride == 0;
-        (fits && end <= self.len).then_some(RingRef {
-            region: self,
-            offset,
+        (fits && end <= self.len).then(|| RingRef {
+            // SAFETY: `offset <= end <= len`: inside the allocation or one past its end.
+            base: unsafe { self.ptr.add(offset) },
             entries,
             stride,
+            _region: std::marker::PhantomData,
         })
     }
 }
 
+/// An entry index at or beyond a ring's entry count (a bug in the null device).
+#[cold]
+#[inline(never)]
+fn bad_entry(index: u32, entries: u32) -> ! {
+    panic!("entry {index} of a ring of {entries}")
+}
+
 impl RingRef<'_> {
+    /// Number of entries.
+    #[inline]
+    pub(super) fn entries(&self) -> u32 {
+        self.entries
+    }
+
     /// The first quadword of entry `index` (CDW0 and the NSID of an SQE), loaded Relaxed.
     ///
     /// # Panics
     /// If `index` is not below the ring's entry count (a bug in the null device).
+    #[inline]
     pub(super) fn load_u64(&self, index: u32) -> u64 {
-        assert!(index < self.entries, "entry {index} of {}", self.entries);
-        let at = self.offset + index as usize * self.stride;
-        // SAFETY: `at..at + 8` is inside the region (the ring was checked to fit it when this
-        // view was made, and `index` is below its entry count) and 8-byte aligned (the base is
-        // page-aligned, `offset` and `stride` multiples of 16). An AtomicU64 has the layout of a
-        // u64, and atomics are how memory shared with the driver is touched.
-        let word = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<AtomicU64>() };
+        if index >= self.entries {
+            bad_entry(index, self.entries);
+        }
+        // SAFETY: `index * stride..+ 8` is inside the ring (`index` is below its entry count),
+        // which was checked to fit the region when this view was made (the borrow keeps the
+        // region alive), and 8-byte aligned (the region is page-aligned, the ring's offset and
+        // stride multiples of 16). An AtomicU64 has the layout of a u64, and atomics are how
+        // memory shared with the driver is touched.
+        let word = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(index as usize * self.stride)
+                .cast::<AtomicU64>()
+        };
         word.load(Ordering::Relaxed)
     }
 
@@ -170,12 +194,20 @@ impl RingRef<'_> {
     ///
     /// # Panics
     /// If `index` is not below the ring's entry count (a bug in the null device).
+    #[inline]
     pub(super) fn store_cqe(&self, index: u32, dw: [u32; 4]) {
-        assert!(index < self.entries, "entry {index} of {}", self.entries);
-        let at = self.offset + index as usize * self.stride;
-        // SAFETY: `at..at + 16` is inside the region and 16-byte aligned (as in `load_u64`);
-        // atomics are how memory shared with the driver is touched.
-        let words = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<[AtomicU32; 4]>() };
+        if index >= self.entries {
+            bad_entry(index, self.entries);
+        }
+        // SAFETY: the 16 bytes of entry `index` are inside the ring and 16-byte aligned (as in
+        // `load_u64`); atomics are how memory shared with the driver is touched.
+        let words = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(index as usize * self.stride)
+                .cast::<[AtomicU32; 4]>()
+        };
         words[0].store(dw[0], Ordering::Relaxed);
         words[1].store(dw[1], Ordering::Relaxed);
         words[2].store(dw[2], Ordering::Relaxed);
