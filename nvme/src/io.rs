@@ -323,10 +323,10 @@ impl IoQueuePair {
         }
         match cmd {
             IoCommand::Read { nsid, lba, buf } => {
-                self.submit_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag, internal)
+                self.submit_rw(NvmOpcode::READ, nsid, lba, buf, tag, internal)
             }
             IoCommand::Write { nsid, lba, buf } => {
-                self.submit_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag, internal)
+                self.submit_rw(NvmOpcode::WRITE, nsid, lba, buf, tag, internal)
             }
             IoCommand::Flush { nsid } => {
                 self.namespace(nsid)?;
@@ -464,11 +464,9 @@ impl IoQueuePair {
     }
 
     /// A Read or Write whose buffer the caller hands over: the slot keeps it.
-    #[expect(clippy::too_many_arguments)]
     fn submit_rw(
         &mut self,
         opcode: NvmOpcode,
-        name: &'static str,
         nsid: u32,
         lba: u64,
         buf: DmaSlice,
@@ -476,14 +474,9 @@ impl IoQueuePair {
         internal: bool,
     ) -> Result<(), Error> {
         let blocks = self.rw_blocks(nsid, lba, &buf)?;
-        let op = Op {
-            name,
-            nsid,
-            lba: Some(lba),
-        };
         let cid = self.qp.issue_rw(
-            opcode.0,
-            op,
+            opcode,
+            nsid,
             lba,
             (blocks - 1) as u16,
             &buf,
@@ -500,7 +493,6 @@ impl IoQueuePair {
     fn queue_rw(
         &mut self,
         opcode: NvmOpcode,
-        name: &'static str,
         nsid: u32,
         lba: u64,
         buf: &DmaSlice,
@@ -510,14 +502,9 @@ impl IoQueuePair {
             return Err(Error::ShutDown);
         }
         let blocks = self.rw_blocks(nsid, lba, buf)?;
-        let op = Op {
-            name,
-            nsid,
-            lba: Some(lba),
-        };
         self.qp.issue_rw(
-            opcode.0,
-            op,
+            opcode,
+            nsid,
             lba,
             (blocks - 1) as u16,
             buf,
@@ -546,7 +533,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        self.queue_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag)
+        self.queue_rw(NvmOpcode::READ, nsid, lba, buf, tag)
     }
 
     /// Queues a Write of `buf` to block `lba` onward; see [`IoQueuePair::queue_read`].
@@ -558,7 +545,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        self.queue_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag)
+        self.queue_rw(NvmOpcode::WRITE, nsid, lba, buf, tag)
     }
 
     /// Drops the queue pair's pins on buffers that no command in flight uses (see

@@ -24,7 +24,7 @@
 #![forbid(unsafe_code)]
 
 use crate::device::Device;
-use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaRing, DmaSlice};
 use crate::error::{Error, Op};
 use crate::prp::{PRP_ENTRIES_PER_LIST, Prp, PrpError};
 use crate::queue::{CqRing, SqRing};
@@ -33,7 +33,7 @@ use crate::timeout::check_interval;
 use nvme_spec::wire::{
     CQE_CID, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD, SQE_SIZE,
 };
-use nvme_spec::{Command, CqeStatus};
+use nvme_spec::{Command, CqeStatus, NvmOpcode};
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
@@ -64,22 +64,134 @@ enum SlotState {
 }
 
 /// Per-CID bookkeeping (the CID table is a flat array of these, indexed by CID).
+///
+/// What an error message needs of the command ([`Op`]) is kept compact and rebuilt only when
+/// an error is reported ([`Slot::op`]): a Read or Write from [`QueuePair::issue_rw`] stores its
+/// opcode byte, namespace and LBA, not a 40-byte `Op`.
 struct Slot {
+    tag: u64,
+    /// Starting LBA, for error messages (when `has_lba`).
+    lba: u64,
+    /// Namespace, for error messages.
+    nsid: u32,
     state: SlotState,
     internal: bool,
-    /// Index into [`QueuePair::pins`] of the pin keeping the data buffer alive, or [`NO_PIN`].
+    /// Index into [`Pins`] of the pin keeping the data buffer alive, or [`NO_PIN`].
     pin: u8,
-    tag: u64,
+    /// The NVM opcode of a Read or Write (its name is the opcode's), or [`NAMED`]: the
+    /// command's name is in `name`.
+    rw_opcode: u8,
+    has_lba: bool,
+    /// The next free CID while this one is free (the free CIDs are a list through the table).
+    next_free: u16,
+    /// The command's name when `rw_opcode` is [`NAMED`].
+    name: &'static str,
     deadline: Instant,
-    op: Op,
     /// Keeps the data buffer alive while the controller may access it, when no pin does.
     buf: Option<DmaSlice>,
 }
 
+/// [`Slot::rw_opcode`] of a command whose name is in [`Slot::name`].
+const NAMED: u8 = u8::MAX;
+/// The end of the free list ([`QueuePair::free_head`] when every CID is in use). Never a CID:
+/// a queue has at most 65535 entries, so at most 65534 commands in flight.
+const NO_CID: u16 = u16::MAX;
+
+impl Slot {
+    /// Which command the slot holds, for an error message.
+    #[cold]
+    fn op(&self) -> Op {
+        let name = match self.rw_opcode {
+            NAMED => self.name,
+            opcode => NvmOpcode(opcode).name().unwrap_or("I/O command"),
+        };
+        Op {
+            name,
+            nsid: self.nsid,
+            lba: self.has_lba.then_some(self.lba),
+        }
+    }
+}
+
 /// [`Slot::pin`] when no pin is used.
 const NO_PIN: u8 = u8::MAX;
-/// Buffers a queue pair keeps pinned (see [`QueuePair::pin`]).
+/// Buffers a queue pair keeps pinned (see [`Pins::pin`]); a power of two.
 const PINS: usize = 4;
+
+/// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
+/// flight (or abandoned) use each. A pin with no users stays until it is replaced or the queue
+/// pair is dropped.
+#[derive(Default)]
+struct Pins {
+    mems: [Option<Arc<DmaMemory>>; PINS],
+    /// Users of each pin; one more entry, never a pin's, absorbs [`NO_PIN`]'s release (see
+    /// [`Pins::unpin`]).
+    users: [u32; PINS + 1],
+    /// The pin used last (looked at first); below [`PINS`].
+    last: usize,
+}
+
+impl Pins {
+    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
+    /// count only when the buffer is not pinned already. `None` when every pin is in use by
+    /// other buffers (the caller then keeps a clone in the slot instead).
+    #[inline(always)]
+    fn pin(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
+        let last = self.last % PINS;
+        if self.mems[last]
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, mem))
+        {
+            self.users[last] += 1;
+            return Some(last as u8);
+        }
+        self.pin_slow(mem)
+    }
+
+    #[cold]
+    fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
+        let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
+        let index = match self.mems.iter().position(hit) {
+            Some(i) => i,
+            None => {
+                let i = self.users[..PINS].iter().position(|&u| u == 0)?;
+                self.mems[i] = Some(mem.clone());
+                i
+            }
+        };
+        self.last = index;
+        self.users[index] += 1;
+        Some(index as u8)
+    }
+
+    /// Ends what `slot` holds for its buffer once the controller is done with it: a pin's
+    /// user, or the buffer clone kept in the slot ([`NO_PIN`]; its release lands in the spare
+    /// counter, so that the common case takes no branch).
+    #[inline(always)]
+    fn unpin(&mut self, slot: &mut Slot) {
+        let pin = slot.pin as usize;
+        let users = &mut self.users[pin.min(PINS)];
+        debug_assert!(
+            pin >= PINS || *users > 0,
+            "pin {pin} released more than taken"
+        );
+        *users = users.wrapping_sub(1);
+        if pin >= PINS {
+            slot.buf = None;
+        }
+    }
+
+    /// Drops the pins no command uses; returns how many were dropped.
+    fn unpin_idle(&mut self) -> usize {
+        let mut n = 0;
+        for (pin, &users) in self.mems.iter_mut().zip(&self.users) {
+            if users == 0 && pin.take().is_some() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
 
 /// One finished command, as handed to a reap sink.
 pub(crate) struct Reaped {
@@ -134,8 +246,8 @@ pub(crate) struct Doorbells {
 pub(crate) struct QueuePair {
     qid: u16,
     device: Arc<dyn Device>,
-    sq: DmaMemory,
-    cq: DmaMemory,
+    sq: DmaRing<SQE_SIZE>,
+    cq: DmaRing<CQE_SIZE>,
     prp: DmaMemory,
     prp_pages: usize,
     sq_ring: SqRing,
@@ -145,16 +257,9 @@ pub(crate) struct QueuePair {
     sq_db: usize,
     cq_db: usize,
     slots: Box<[Slot]>,
-    /// Free CIDs: a stack in `free[..free_len]`.
-    free: Box<[u16]>,
-    free_len: usize,
-    /// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
-    /// flight (or abandoned) use each. A pin with no users stays until it is replaced or the
-    /// queue pair is dropped.
-    pins: [Option<Arc<DmaMemory>>; PINS],
-    pin_users: [u32; PINS],
-    /// The pin used last (looked at first).
-    last_pin: usize,
+    /// The first free CID, or [`NO_CID`]; the rest follow through [`Slot::next_free`].
+    free_head: u16,
+    pins: Pins,
     in_flight: usize,
     timeout: Duration,
     failed: bool,
@@ -189,22 +294,30 @@ impl QueuePair {
         let capacity = depth as usize - 1;
         let now = Instant::now();
         let slots = (0..capacity)
-            .map(|_| Slot {
-                state: SlotState::Free,
+            .map(|cid| Slot {
                 tag: 0,
+                lba: 0,
+                nsid: 0,
+                state: SlotState::Free,
                 internal: false,
                 pin: NO_PIN,
+                rw_opcode: NAMED,
+                has_lba: false,
+                next_free: if cid + 1 < capacity {
+                    (cid + 1) as u16
+                } else {
+                    NO_CID
+                },
+                name: "",
                 deadline: now,
-                op: Op::admin(""),
                 buf: None,
             })
             .collect();
-        let free = (0..capacity as u16).rev().collect();
         Self {
             qid,
             device,
-            sq: mem.sq,
-            cq: mem.cq,
+            sq: DmaRing::new(mem.sq, depth32),
+            cq: DmaRing::new(mem.cq, depth32),
             prp: mem.prp,
             prp_pages,
             sq_ring: SqRing::new(depth32),
@@ -213,11 +326,8 @@ impl QueuePair {
             sq_db: doorbells.sq_tail,
             cq_db: doorbells.cq_head,
             slots,
-            free,
-            free_len: capacity,
-            pins: Default::default(),
-            pin_users: [0; PINS],
-            last_pin: 0,
+            free_head: 0,
+            pins: Pins::default(),
             in_flight: 0,
             timeout,
             failed: false,
@@ -254,40 +364,43 @@ impl QueuePair {
 
     /// The submission queue's memory.
     pub(crate) fn sq_memory(&self) -> &DmaMemory {
-        &self.sq
+        self.sq.memory()
     }
 
     /// The completion queue's memory.
     pub(crate) fn cq_memory(&self) -> &DmaMemory {
-        &self.cq
+        self.cq.memory()
     }
 
     /// Reserves a CID for a new command.
     pub(crate) fn begin(&mut self) -> Result<u16, Error> {
         if self.failed {
-            return Err(Error::QueueFailed { qid: self.qid });
+            return Err(self.failed_error());
         }
-        if self.free_len == 0 {
-            return Err(Error::QueueFull {
-                qid: self.qid,
-                capacity: self.slots.len(),
-            });
-        }
-        self.free_len -= 1;
-        Ok(self.free[self.free_len])
+        let cid = self.free_head;
+        let Some(slot) = self.slots.get(cid as usize) else {
+            return Err(Self::full_error_of(self.qid, self.slots.len()));
+        };
+        self.free_head = slot.next_free;
+        Ok(cid)
     }
 
-    /// Puts `cid` back on the free stack (never more than `capacity` entries: every CID is
-    /// either free or in a slot).
-    fn release(&mut self, cid: u16) {
-        self.free[self.free_len] = cid;
-        self.free_len += 1;
+    #[cold]
+    fn failed_error(&self) -> Error {
+        Error::QueueFailed { qid: self.qid }
+    }
+
+    #[cold]
+    fn full_error_of(qid: u16, capacity: usize) -> Error {
+        Error::QueueFull { qid, capacity }
     }
 
     /// Gives back a CID reserved by [`QueuePair::begin`] that was not issued.
     pub(crate) fn cancel(&mut self, cid: u16) {
-        debug_assert_eq!(self.slots[cid as usize].state, SlotState::Free);
-        self.release(cid);
+        let slot = &mut self.slots[cid as usize];
+        debug_assert_eq!(slot.state, SlotState::Free);
+        slot.next_free = self.free_head;
+        self.free_head = cid;
     }
 
     /// Byte offset in the PRP memory and device address of the list page for `cid`.
@@ -303,37 +416,69 @@ impl QueuePair {
     /// need no check: [`crate::DmaRegion`] refuses unaligned ones when it is built.
     #[inline]
     pub(crate) fn data_pointer(&self, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
+        Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)
+    }
+
+    /// [`QueuePair::data_pointer`] on the queue pair's PRP list memory, so that the hot path
+    /// can call it while it holds a slot. A transfer inside one page (PRP1) or two (PRP1 +
+    /// PRP2) costs one bounds check on the buffer's page table; anything else takes the
+    /// general path.
+    #[inline(always)]
+    fn data_pointer_in(
+        prp: &DmaMemory,
+        prp_pages: usize,
+        cid: u16,
+        buf: &DmaSlice,
+    ) -> Result<Prp, Error> {
         let in_page = buf.offset % DMA_PAGE_SIZE;
         if buf.len == 0 || in_page % 4 != 0 {
             return Err(Self::prp_error(buf));
         }
-        let pages = buf.pages();
-        let prp1 = pages[0] + in_page as u64;
-        match pages.len() {
-            1 => Ok(Prp {
-                prp1,
-                prp2: 0,
+        let pages = buf.mem.page_addresses();
+        let first = buf.offset / DMA_PAGE_SIZE;
+        let span = in_page.saturating_add(buf.len);
+        if span <= DMA_PAGE_SIZE {
+            if let Some(&page) = pages.get(first) {
+                return Ok(Prp {
+                    prp1: page + in_page as u64,
+                    prp2: 0,
+                    list_entries: 0,
+                });
+            }
+        } else if span <= 2 * DMA_PAGE_SIZE
+            && let Some(&[page, next]) = pages.get(first..first + 2)
+        {
+            return Ok(Prp {
+                prp1: page + in_page as u64,
+                prp2: next,
                 list_entries: 0,
-            }),
-            2 => Ok(Prp {
-                prp1,
-                prp2: pages[1],
-                list_entries: 0,
-            }),
-            _ => self.prp_list(cid, prp1, pages),
+            });
         }
+        Self::prp_list(prp, prp_pages, cid, buf)
     }
 
-    /// PRP1 and a list of `pages[1..]` in `cid`'s list page.
-    fn prp_list(&self, cid: u16, prp1: u64, pages: &[u64]) -> Result<Prp, Error> {
+    /// The general case: PRP1 and, for more than two pages, a list of the pages after the
+    /// first in `cid`'s list page. (Also any slice whose range does not fit its buffer, which
+    /// `DmaSlice::pages` refuses.)
+    #[inline(never)]
+    fn prp_list(prp: &DmaMemory, prp_pages: usize, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
+        let pages = buf.pages();
+        let prp1 = pages[0] + (buf.offset % DMA_PAGE_SIZE) as u64;
+        if pages.len() <= 2 {
+            return Ok(Prp {
+                prp1,
+                prp2: pages.get(1).copied().unwrap_or(0),
+                list_entries: 0,
+            });
+        }
         if pages.len() > PRP_ENTRIES_PER_LIST + 1 {
             return Err(PrpError::TooLarge { pages: pages.len() }.into());
         }
-        let (list_offset, list_address) = self.prp_page(cid);
-        self.prp.write_u64s(list_offset, &pages[1..]);
+        let list_offset = (cid as usize % prp_pages) * DMA_PAGE_SIZE;
+        prp.write_u64s(list_offset, &pages[1..]);
         Ok(Prp {
             prp1,
-            prp2: list_address,
+            prp2: prp.device_address(list_offset),
             list_entries: pages.len() - 1,
         })
     }
@@ -348,63 +493,16 @@ impl QueuePair {
         }
     }
 
-    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
-    /// count only when the buffer is not pinned already. `None` when every pin is in use by
-    /// other buffers (the caller then keeps a clone in the slot instead).
-    #[inline]
-    fn pin(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
-        let last = self.last_pin;
-        if self.pins[last]
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, mem))
-        {
-            self.pin_users[last] += 1;
-            return Some(last as u8);
-        }
-        self.pin_slow(mem)
-    }
-
-    #[cold]
-    fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
-        let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
-        let index = match self.pins.iter().position(hit) {
-            Some(i) => i,
-            None => {
-                let i = self.pin_users.iter().position(|&u| u == 0)?;
-                self.pins[i] = Some(mem.clone());
-                i
-            }
-        };
-        self.last_pin = index;
-        self.pin_users[index] += 1;
-        Some(index as u8)
-    }
-
     /// Drops the pins no command uses; returns how many were dropped.
     pub(crate) fn unpin_idle(&mut self) -> usize {
-        let mut n = 0;
-        for (pin, &users) in self.pins.iter_mut().zip(&self.pin_users) {
-            if users == 0 && pin.take().is_some() {
-                n += 1;
-            }
-        }
-        n
+        self.pins.unpin_idle()
     }
 
-    /// Ends what a slot holds for its buffer once the controller is done with it.
-    #[inline(always)]
-    fn unpin(pin_users: &mut [u32; PINS], slot: &mut Slot) {
-        if slot.pin != NO_PIN {
-            pin_users[slot.pin as usize] -= 1;
-            slot.pin = NO_PIN;
-        } else {
-            slot.buf = None;
-        }
-    }
-
-    /// Reserves a CID and issues a Read or Write of `buf` (`nlb_z`: blocks - 1), building the
-    /// SQE in place in the ring; rings no doorbell; returns the CID. The hot path: no clock,
-    /// no allocation, no atomic read-modify-write for a pinned buffer.
+    /// Reserves a CID and issues a Read or Write (`opcode`) of `buf` on `nsid` at `lba`
+    /// (`nlb_z`: blocks - 1), building the SQE in place in the ring; rings no doorbell;
+    /// returns the CID. The hot path: no clock, no allocation, no atomic read-modify-write for
+    /// a pinned buffer; the slot is looked up once (the free list's head), and filled only
+    /// once nothing can fail any more.
     ///
     /// With `pin`, the queue pair keeps `buf`'s memory alive itself (a pin, or a clone in the
     /// slot when every pin is taken); without, the caller must hand the slot the buffer with
@@ -413,8 +511,8 @@ impl QueuePair {
     #[inline(always)]
     pub(crate) fn issue_rw(
         &mut self,
-        opcode: u8,
-        op: Op,
+        opcode: NvmOpcode,
+        nsid: u32,
         lba: u64,
         nlb_z: u16,
         buf: &DmaSlice,
@@ -422,19 +520,19 @@ impl QueuePair {
         internal: bool,
         pin: bool,
     ) -> Result<u16, Error> {
-        let cid = self.begin()?;
-        let prp = match self.data_pointer(cid, buf) {
-            Ok(prp) => prp,
-            Err(e) => {
-                self.release(cid);
-                return Err(e);
-            }
+        if self.failed {
+            return Err(self.failed_error());
+        }
+        let cid = self.free_head;
+        let Some(slot) = self.slots.get_mut(cid as usize) else {
+            return Err(Self::full_error_of(self.qid, self.slots.len()));
         };
+        let prp = Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)?;
         // The SQE as eight quadwords (NVMe Base 2.0, Figure 88; NVM Command Set 1.0, Figure
         // 34 for Read and Write): CDW0 (opcode, CID) and NSID; CDW2-3 and MPTR 0; PRP1; PRP2;
         // CDW10-11 the SLBA; CDW12 NLB (zero-based); CDW13-15 0.
         let sqe = [
-            opcode as u64 | (cid as u64) << 16 | (op.nsid as u64) << 32,
+            opcode.0 as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
             0,
             0,
             prp.prp1,
@@ -443,23 +541,22 @@ impl QueuePair {
             nlb_z as u64,
             0,
         ];
-        let index = self.sq_ring.push();
-        self.sq.write_u64s(index as usize * SQE_SIZE, &sqe);
-        let pinned = if pin { self.pin(&buf.mem) } else { None };
-        let slot = &mut self.slots[cid as usize];
+        self.sq.write_u64s(self.sq_ring.push(), &sqe);
         debug_assert_eq!(slot.state, SlotState::Free);
         debug_assert!(slot.buf.is_none(), "a free slot holds no buffer");
+        self.free_head = slot.next_free;
         slot.state = SlotState::Issued;
-        slot.tag = tag;
         slot.internal = internal;
-        slot.op = op;
-        match pinned {
-            Some(index) => slot.pin = index,
-            None => {
-                slot.pin = NO_PIN;
-                if pin {
-                    slot.buf = Some(buf.clone());
-                }
+        slot.rw_opcode = opcode.0;
+        slot.has_lba = true;
+        slot.tag = tag;
+        slot.nsid = nsid;
+        slot.lba = lba;
+        slot.pin = NO_PIN;
+        if pin {
+            match self.pins.pin(&buf.mem) {
+                Some(index) => slot.pin = index,
+                None => slot.buf = Some(buf.clone()),
             }
         }
         self.in_flight += 1;
@@ -497,13 +594,19 @@ impl QueuePair {
     ) {
         cmd.cdw0.set_cid(cid);
         let index = self.sq_ring.push();
-        self.sq.write(index as usize * SQE_SIZE, cmd.as_bytes());
+        self.sq
+            .memory()
+            .write(index as usize * SQE_SIZE, cmd.as_bytes());
         let slot = &mut self.slots[cid as usize];
         debug_assert_eq!(slot.state, SlotState::Free);
         slot.state = SlotState::Issued;
         slot.tag = tag;
         slot.internal = internal;
-        slot.op = op;
+        slot.rw_opcode = NAMED;
+        slot.name = op.name;
+        slot.nsid = op.nsid;
+        slot.has_lba = op.lba.is_some();
+        slot.lba = op.lba.unwrap_or(0);
         slot.pin = NO_PIN;
         slot.buf = buf;
         self.in_flight += 1;
@@ -545,44 +648,49 @@ impl QueuePair {
         let mut garbage = None;
         let limit = max.min(self.slots.len());
         let depth = self.sq_ring.depth();
+        // Dword 2 of a completion of this queue's, but for its SQ head: SQID in the top half.
+        let own_sqid = (self.qid as u32) << SQID_SHIFT;
+        // The ring's head and phase live in registers for the round; stored back once.
+        let mut ring = self.cq_ring;
         while count < limit {
-            let base = self.cq_ring.head() as usize * CQE_SIZE;
             // Dword 3 (phase tag, CID, status) is loaded first with Acquire: the rest of the
             // entry, and the data the command moved, are read after the controller's write of
             // it is seen.
-            let [dw0, _, dw2, dw3] = self.cq.load_cqe(base);
-            if (dw3 >> STATUS_SHIFT) & 1 != self.cq_ring.phase() as u32 {
+            let [dw0, dw2, dw3] = self.cq.load_cqe(ring.head());
+            if (dw3 >> STATUS_SHIFT) & 1 != ring.phase() as u32 {
                 break;
             }
-            let cid = (dw3 >> CID_SHIFT) as u16;
-            let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
-            self.cq_ring.pop();
+            ring.pop();
             consumed += 1;
+            let cid = (dw3 >> CID_SHIFT) as u16;
+            // One compare for SQID and SQ head: with the right SQID the difference is the SQ
+            // head alone, which must be below the depth; with a wrong one it is 65536 or more.
+            let sq_ok = (dw2 ^ own_sqid) < depth;
             let slot = match self.slots.get_mut(cid as usize) {
-                Some(slot) if sqid == self.qid && (sqhd as u32) < depth => slot,
+                Some(slot) if sq_ok => slot,
                 _ => {
-                    garbage = Some((cid, sqid, Self::garbage_reason(self.qid, depth, sqid, sqhd)));
+                    garbage = Some(Self::garbage(self.qid, depth, cid, dw2));
                     break;
                 }
             };
             match slot.state {
                 SlotState::Issued | SlotState::Busy => {
                     slot.state = SlotState::Free;
-                    Self::unpin(&mut self.pin_users, slot);
+                    self.pins.unpin(slot);
                     // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
                     // Successful Completion, whatever CRD, More and DNR say.
                     let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
                         Ok(dw0)
                     } else {
-                        Err(Box::new(Self::status_error(slot.op, dw3)))
+                        Err(Box::new(Self::status_error(slot.op(), dw3)))
                     };
                     let reaped = Reaped {
                         tag: slot.tag,
                         internal: slot.internal,
                         result,
                     };
-                    self.release(cid);
-                    self.in_flight -= 1;
+                    slot.next_free = self.free_head;
+                    self.free_head = cid;
                     count += 1;
                     sink(reaped);
                 }
@@ -590,19 +698,20 @@ impl QueuePair {
                     // Late completion of a command already reported (timed out): the controller
                     // is done with its buffer now.
                     slot.state = SlotState::Free;
-                    Self::unpin(&mut self.pin_users, slot);
-                    self.release(cid);
+                    self.pins.unpin(slot);
+                    slot.next_free = self.free_head;
+                    self.free_head = cid;
                 }
                 SlotState::Free => {
-                    garbage = Some((cid, sqid, "command id not in flight"));
+                    garbage = Some((cid, (dw2 >> SQID_SHIFT) as u16, "command id not in flight"));
                     break;
                 }
             }
         }
+        self.cq_ring = ring;
+        self.in_flight -= count;
         if consumed > 0 {
-            self.device
-                .registers()
-                .write_u32(self.cq_db, self.cq_ring.head());
+            self.device.registers().write_u32(self.cq_db, ring.head());
         }
         if let Some((cid, sqid, reason)) = garbage {
             self.failed = true;
@@ -626,6 +735,14 @@ impl QueuePair {
             }
         }
         Ok(count)
+    }
+
+    /// The CID, SQID and reason of a completion that cannot be attributed (one of its fields
+    /// is wrong).
+    #[cold]
+    fn garbage(qid: u16, depth: u32, cid: u16, dw2: u32) -> (u16, u16, &'static str) {
+        let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
+        (cid, sqid, Self::garbage_reason(qid, depth, sqid, sqhd))
     }
 
     /// Why a completion with these fields cannot be attributed (one of them is wrong).
@@ -680,7 +797,7 @@ impl QueuePair {
                 _ if now >= slot.deadline => Error::Timeout {
                     qid: self.qid,
                     cid: cid as u16,
-                    op: slot.op,
+                    op: slot.op(),
                     timeout: self.timeout,
                 },
                 _ => continue,
