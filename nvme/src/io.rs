@@ -98,6 +98,8 @@ struct NsFast {
     nsid: u32,
     /// log2 of the LBA size (a power of two, 512..=4096).
     shift: u32,
+    /// LBA size - 1: the bits a buffer length must not have.
+    len_mask: usize,
     blocks: u64,
 }
 
@@ -105,6 +107,7 @@ impl NsFast {
     const NONE: Self = Self {
         nsid: 0,
         shift: 0,
+        len_mask: 0,
         blocks: 0,
     };
 }
@@ -424,12 +427,14 @@ impl IoQueuePair {
             self.switch_namespace(nsid)?;
         }
         let ns = self.last_ns;
-        let blocks = (buf.len >> ns.shift) as u64;
-        let bad = buf.len == 0
-            || buf.len & ((1 << ns.shift) - 1) != 0
-            || buf.len > self.max_transfer
-            || buf.offset % 4 != 0
-            || lba.checked_add(blocks).is_none_or(|end| end > ns.blocks);
+        let (len, offset) = (buf.len, buf.offset);
+        let blocks = (len >> ns.shift) as u64;
+        // Every check at once, one branch: length 1..=max_transfer (0 wraps around), a whole
+        // number of blocks, offset dword-aligned, and the range inside the namespace (added in
+        // 128 bits, so it cannot overflow).
+        let bad = (len.wrapping_sub(1) >= self.max_transfer)
+            | ((len & ns.len_mask) | (offset % 4) != 0)
+            | (lba as u128 + blocks as u128 > ns.blocks as u128);
         if bad {
             return Err(self.rw_error(nsid, lba, buf));
         }
@@ -443,6 +448,7 @@ impl IoQueuePair {
         self.last_ns = NsFast {
             nsid,
             shift: ns.lba_size.trailing_zeros(),
+            len_mask: ns.lba_size as usize - 1,
             blocks: ns.blocks,
         };
         Ok(())
@@ -582,9 +588,11 @@ impl IoQueuePair {
     pub fn poll_with(&mut self, mut f: impl FnMut(u64, Result<(), Error>)) -> Result<usize, Error> {
         self.qp.ring();
         let mut n = 0;
-        for c in self.stash.drain(..) {
-            f(c.tag, c.result);
-            n += 1;
+        if !self.stash.is_empty() {
+            for c in self.stash.drain(..) {
+                f(c.tag, c.result);
+                n += 1;
+            }
         }
         self.qp.reap(usize::MAX, |r: Reaped| {
             if !r.internal {

@@ -121,14 +121,24 @@ const PINS: usize = 4;
 /// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
 /// flight (or abandoned) use each. A pin with no users stays until it is replaced or the queue
 /// pair is dropped.
-#[derive(Default)]
 struct Pins {
     mems: [Option<Arc<DmaMemory>>; PINS],
-    /// Users of each pin; one more entry, never a pin's, absorbs [`NO_PIN`]'s release (see
-    /// [`Pins::unpin`]).
-    users: [u32; PINS + 1],
+    /// Users of each pin, indexed by [`Slot::pin`]: entries from [`PINS`] on are never a
+    /// pin's, and [`NO_PIN`]'s absorbs the releases of slots without a pin (see
+    /// [`Pins::unpin`]); indexing by a `u8` needs no bounds check.
+    users: [u32; 256],
     /// The pin used last (looked at first); below [`PINS`].
     last: usize,
+}
+
+impl Default for Pins {
+    fn default() -> Self {
+        Self {
+            mems: Default::default(),
+            users: [0; 256],
+            last: 0,
+        }
+    }
 }
 
 impl Pins {
@@ -169,14 +179,13 @@ impl Pins {
     /// counter, so that the common case takes no branch).
     #[inline(always)]
     fn unpin(&mut self, slot: &mut Slot) {
-        let pin = slot.pin as usize;
-        let users = &mut self.users[pin.min(PINS)];
+        let users = &mut self.users[slot.pin as usize];
         debug_assert!(
-            pin >= PINS || *users > 0,
-            "pin {pin} released more than taken"
+            slot.pin == NO_PIN || *users > 0,
+            "pin released more than taken"
         );
         *users = users.wrapping_sub(1);
-        if pin >= PINS {
+        if slot.pin == NO_PIN {
             slot.buf = None;
         }
     }
@@ -416,13 +425,16 @@ impl QueuePair {
     /// need no check: [`crate::DmaRegion`] refuses unaligned ones when it is built.
     #[inline]
     pub(crate) fn data_pointer(&self, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
+        if buf.len == 0 || buf.offset % 4 != 0 {
+            return Err(Self::prp_error(buf));
+        }
         Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)
     }
 
     /// [`QueuePair::data_pointer`] on the queue pair's PRP list memory, so that the hot path
-    /// can call it while it holds a slot. A transfer inside one page (PRP1) or two (PRP1 +
-    /// PRP2) costs one bounds check on the buffer's page table; anything else takes the
-    /// general path.
+    /// can call it while it holds a slot, for a buffer already known to be non-empty and
+    /// dword-aligned. A transfer inside one page (PRP1) or two (PRP1 + PRP2) costs one bounds
+    /// check on the buffer's page table; anything else takes the general path.
     #[inline(always)]
     fn data_pointer_in(
         prp: &DmaMemory,
@@ -430,14 +442,13 @@ impl QueuePair {
         cid: u16,
         buf: &DmaSlice,
     ) -> Result<Prp, Error> {
+        debug_assert!(buf.len > 0 && buf.offset % 4 == 0, "checked by the caller");
         let in_page = buf.offset % DMA_PAGE_SIZE;
-        if buf.len == 0 || in_page % 4 != 0 {
-            return Err(Self::prp_error(buf));
-        }
         let pages = buf.mem.page_addresses();
         let first = buf.offset / DMA_PAGE_SIZE;
-        let span = in_page.saturating_add(buf.len);
-        if span <= DMA_PAGE_SIZE {
+        // Bytes left in the first page (1..=4096): no sum that could overflow.
+        let room = DMA_PAGE_SIZE - in_page;
+        if buf.len <= room {
             if let Some(&page) = pages.get(first) {
                 return Ok(Prp {
                     prp1: page + in_page as u64,
@@ -445,7 +456,7 @@ impl QueuePair {
                     list_entries: 0,
                 });
             }
-        } else if span <= 2 * DMA_PAGE_SIZE
+        } else if buf.len - room <= DMA_PAGE_SIZE
             && let Some(&[page, next]) = pages.get(first..first + 2)
         {
             return Ok(Prp {
@@ -507,6 +518,9 @@ impl QueuePair {
     /// With `pin`, the queue pair keeps `buf`'s memory alive itself (a pin, or a clone in the
     /// slot when every pin is taken); without, the caller must hand the slot the buffer with
     /// [`QueuePair::hold`] before anything else touches the queue pair.
+    ///
+    /// The caller has checked the command against its namespace: `buf` is non-empty and
+    /// dword-aligned, and `nlb_z` matches its length.
     #[expect(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn issue_rw(
@@ -650,17 +664,25 @@ impl QueuePair {
         let depth = self.sq_ring.depth();
         // Dword 2 of a completion of this queue's, but for its SQ head: SQID in the top half.
         let own_sqid = (self.qid as u32) << SQID_SHIFT;
-        // The ring's head and phase live in registers for the round; stored back once.
-        let mut ring = self.cq_ring;
+        // The ring's head and phase live in registers for the round, the phase as the value of
+        // the phase tag's bit in dword 3; stored back once.
+        const PHASE_BIT: u32 = 1 << STATUS_SHIFT;
+        let cq_depth = self.cq_ring.depth();
+        let mut head = self.cq_ring.head();
+        let mut phase = if self.cq_ring.phase() { PHASE_BIT } else { 0 };
         while count < limit {
             // Dword 3 (phase tag, CID, status) is loaded first with Acquire: the rest of the
             // entry, and the data the command moved, are read after the controller's write of
             // it is seen.
-            let [dw0, dw2, dw3] = self.cq.load_cqe(ring.head());
-            if (dw3 >> STATUS_SHIFT) & 1 != ring.phase() as u32 {
+            let [dw0, dw2, dw3] = self.cq.load_cqe(head);
+            if dw3 & PHASE_BIT != phase {
                 break;
             }
-            ring.pop();
+            head += 1;
+            if head == cq_depth {
+                head = 0;
+                phase ^= PHASE_BIT;
+            }
             consumed += 1;
             let cid = (dw3 >> CID_SHIFT) as u16;
             // One compare for SQID and SQ head: with the right SQID the difference is the SQ
@@ -708,10 +730,10 @@ impl QueuePair {
                 }
             }
         }
-        self.cq_ring = ring;
+        self.cq_ring.set_position(head, phase != 0);
         self.in_flight -= count;
         if consumed > 0 {
-            self.device.registers().write_u32(self.cq_db, ring.head());
+            self.device.registers().write_u32(self.cq_db, head);
         }
         if let Some((cid, sqid, reason)) = garbage {
             self.failed = true;
