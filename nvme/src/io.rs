@@ -429,12 +429,13 @@ impl IoQueuePair {
         let ns = self.last_ns;
         let (len, offset) = (buf.len, buf.offset);
         let blocks = (len >> ns.shift) as u64;
-        // Every check at once, one branch: length 1..=max_transfer (0 wraps around), a whole
-        // number of blocks, offset dword-aligned, and the range inside the namespace (added in
-        // 128 bits, so it cannot overflow).
+        // Every check at once: length 1..=max_transfer (0 wraps around), a whole number of
+        // blocks, offset dword-aligned, and the range inside the namespace.
+        let (end, overflow) = lba.overflowing_add(blocks);
         let bad = (len.wrapping_sub(1) >= self.max_transfer)
             | ((len & ns.len_mask) | (offset % 4) != 0)
-            | (lba as u128 + blocks as u128 > ns.blocks as u128);
+            | overflow
+            | (end > ns.blocks);
         if bad {
             return Err(self.rw_error(nsid, lba, buf));
         }

@@ -27,7 +27,7 @@ use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaRing, DmaSlice};
 use crate::error::{Error, Op};
 use crate::prp::{PRP_ENTRIES_PER_LIST, Prp, PrpError};
-use crate::queue::{CqRing, SqRing};
+use crate::queue::CqRing;
 use crate::registers::Registers;
 use crate::timeout::check_interval;
 use nvme_spec::wire::{
@@ -50,17 +50,28 @@ const BUSY_CHECK_EVERY: u32 = 1024;
 /// How often (in polls that found nothing) an idle queue looks at the clock.
 const IDLE_CHECK_EVERY: u32 = 16;
 
+/// A CID's state. The two states of a command in flight are the odd values, so that a
+/// completion tells them from the rest with one bit test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum SlotState {
     /// Not in use.
-    Free,
+    Free = 0,
     /// Submitted, waiting for its completion; no deadline yet (the next deadline check gives
     /// it one, so that submitting reads no clock).
-    Issued,
-    /// Submitted, waiting for its completion, with a deadline.
-    Busy,
+    Issued = 1,
     /// Reported as timed out or failed; the controller may still complete it.
-    Abandoned,
+    Abandoned = 2,
+    /// Submitted, waiting for its completion, with a deadline.
+    Busy = 3,
+}
+
+impl SlotState {
+    /// Issued or Busy.
+    #[inline(always)]
+    fn in_flight(self) -> bool {
+        self as u8 & 1 != 0
+    }
 }
 
 /// Per-CID bookkeeping (the CID table is a flat array of these, indexed by CID).
@@ -142,23 +153,21 @@ impl Default for Pins {
 }
 
 impl Pins {
-    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
-    /// count only when the buffer is not pinned already. `None` when every pin is in use by
-    /// other buffers (the caller then keeps a clone in the slot instead).
-    #[inline(always)]
-    fn pin(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
-        let last = self.last % PINS;
-        if self.mems[last]
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, mem))
-        {
-            self.users[last] += 1;
-            return Some(last as u8);
+    /// Keeps `buf`'s memory alive for the command in `slot` when it is not the buffer pinned
+    /// last (which [`QueuePair::issue_rw`] looks at itself): with another pin, a new one, or,
+    /// when every pin is in use by other buffers, a clone of the buffer kept in the slot.
+    #[cold]
+    #[inline(never)]
+    fn pin_or_hold(&mut self, slot: &mut Slot, buf: &DmaSlice) {
+        match self.pin_slow(&buf.mem) {
+            Some(index) => slot.pin = index,
+            None => slot.buf = Some(buf.clone()),
         }
-        self.pin_slow(mem)
     }
 
-    #[cold]
+    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
+    /// count only when the buffer is not pinned already. `None` when every pin is in use by
+    /// other buffers.
     fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
         let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
         let index = match self.mems.iter().position(hit) {
@@ -259,7 +268,8 @@ pub(crate) struct QueuePair {
     cq: DmaRing<CQE_SIZE>,
     prp: DmaMemory,
     prp_pages: usize,
-    sq_ring: SqRing,
+    /// Entries per ring (both rings have as many).
+    depth: u32,
     /// Tail value last written to the SQ tail doorbell.
     committed_tail: u32,
     cq_ring: CqRing,
@@ -329,7 +339,7 @@ impl QueuePair {
             cq: DmaRing::new(mem.cq, depth32),
             prp: mem.prp,
             prp_pages,
-            sq_ring: SqRing::new(depth32),
+            depth: depth32,
             committed_tail: 0,
             cq_ring: CqRing::new(depth32),
             sq_db: doorbells.sq_tail,
@@ -353,7 +363,7 @@ impl QueuePair {
 
     /// Entries per ring.
     pub(crate) fn depth(&self) -> u16 {
-        self.sq_ring.depth() as u16
+        self.depth as u16
     }
 
     /// Most commands in flight at once.
@@ -555,7 +565,7 @@ impl QueuePair {
             nlb_z as u64,
             0,
         ];
-        self.sq.write_u64s(self.sq_ring.push(), &sqe);
+        self.sq.push_u64s(&sqe);
         debug_assert_eq!(slot.state, SlotState::Free);
         debug_assert!(slot.buf.is_none(), "a free slot holds no buffer");
         self.free_head = slot.next_free;
@@ -568,9 +578,17 @@ impl QueuePair {
         slot.lba = lba;
         slot.pin = NO_PIN;
         if pin {
-            match self.pins.pin(&buf.mem) {
-                Some(index) => slot.pin = index,
-                None => slot.buf = Some(buf.clone()),
+            // The buffer pinned last, or the slow path (another pin, a new pin, or a clone of
+            // the buffer kept in the slot).
+            let last = self.pins.last % PINS;
+            if self.pins.mems[last]
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, &buf.mem))
+            {
+                self.pins.users[last] += 1;
+                slot.pin = last as u8;
+            } else {
+                self.pins.pin_or_hold(slot, buf);
             }
         }
         self.in_flight += 1;
@@ -607,7 +625,7 @@ impl QueuePair {
         ring: bool,
     ) {
         cmd.cdw0.set_cid(cid);
-        let index = self.sq_ring.push();
+        let index = self.sq.advance();
         self.sq
             .memory()
             .write(index as usize * SQE_SIZE, cmd.as_bytes());
@@ -631,7 +649,7 @@ impl QueuePair {
 
     /// Rings the submission queue tail doorbell if commands were queued since the last ring.
     pub(crate) fn ring(&mut self) {
-        let tail = self.sq_ring.tail();
+        let tail = self.sq.tail();
         if tail == self.committed_tail {
             return;
         }
@@ -658,17 +676,17 @@ impl QueuePair {
         mut sink: impl FnMut(Reaped),
     ) -> Result<usize, Error> {
         let mut count = 0;
-        let mut consumed = 0u32;
         let mut garbage = None;
         let limit = max.min(self.slots.len());
-        let depth = self.sq_ring.depth();
+        let depth = self.depth;
         // Dword 2 of a completion of this queue's, but for its SQ head: SQID in the top half.
         let own_sqid = (self.qid as u32) << SQID_SHIFT;
         // The ring's head and phase live in registers for the round, the phase as the value of
         // the phase tag's bit in dword 3; stored back once.
         const PHASE_BIT: u32 = 1 << STATUS_SHIFT;
         let cq_depth = self.cq_ring.depth();
-        let mut head = self.cq_ring.head();
+        let start = self.cq_ring.head();
+        let mut head = start;
         let mut phase = if self.cq_ring.phase() { PHASE_BIT } else { 0 };
         while count < limit {
             // Dword 3 (phase tag, CID, status) is loaded first with Acquire: the rest of the
@@ -680,10 +698,8 @@ impl QueuePair {
             }
             head += 1;
             if head == cq_depth {
-                head = 0;
-                phase ^= PHASE_BIT;
+                (head, phase) = Self::wrap(phase);
             }
-            consumed += 1;
             let cid = (dw3 >> CID_SHIFT) as u16;
             // One compare for SQID and SQ head: with the right SQID the difference is the SQ
             // head alone, which must be below the depth; with a wrong one it is 65536 or more.
@@ -695,44 +711,43 @@ impl QueuePair {
                     break;
                 }
             };
-            match slot.state {
-                SlotState::Issued | SlotState::Busy => {
-                    slot.state = SlotState::Free;
-                    self.pins.unpin(slot);
-                    // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
-                    // Successful Completion, whatever CRD, More and DNR say.
-                    let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
-                        Ok(dw0)
-                    } else {
-                        Err(Box::new(Self::status_error(slot.op(), dw3)))
-                    };
-                    let reaped = Reaped {
-                        tag: slot.tag,
-                        internal: slot.internal,
-                        result,
-                    };
-                    slot.next_free = self.free_head;
-                    self.free_head = cid;
-                    count += 1;
-                    sink(reaped);
-                }
-                SlotState::Abandoned => {
-                    // Late completion of a command already reported (timed out): the controller
-                    // is done with its buffer now.
-                    slot.state = SlotState::Free;
-                    self.pins.unpin(slot);
-                    slot.next_free = self.free_head;
-                    self.free_head = cid;
-                }
-                SlotState::Free => {
-                    garbage = Some((cid, (dw2 >> SQID_SHIFT) as u16, "command id not in flight"));
-                    break;
-                }
+            if slot.state.in_flight() {
+                slot.state = SlotState::Free;
+                self.pins.unpin(slot);
+                // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
+                // Successful Completion, whatever CRD, More and DNR say.
+                let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
+                    Ok(dw0)
+                } else {
+                    Err(Box::new(Self::status_error(slot.op(), dw3)))
+                };
+                let reaped = Reaped {
+                    tag: slot.tag,
+                    internal: slot.internal,
+                    result,
+                };
+                slot.next_free = self.free_head;
+                self.free_head = cid;
+                count += 1;
+                sink(reaped);
+            } else if slot.state == SlotState::Abandoned {
+                // Late completion of a command already reported (timed out): the controller is
+                // done with its buffer now.
+                slot.state = SlotState::Free;
+                self.pins.unpin(slot);
+                slot.next_free = self.free_head;
+                self.free_head = cid;
+            } else {
+                garbage = Some((cid, (dw2 >> SQID_SHIFT) as u16, "command id not in flight"));
+                break;
             }
         }
         self.cq_ring.set_position(head, phase != 0);
         self.in_flight -= count;
-        if consumed > 0 {
+        // Every entry consumed in a round but a last, garbage one completes a distinct command
+        // in flight or abandoned (at most `depth - 1`), so without garbage the head moved if
+        // and only if something was consumed.
+        if head != start || garbage.is_some() {
             self.device.registers().write_u32(self.cq_db, head);
         }
         if let Some((cid, sqid, reason)) = garbage {
@@ -757,6 +772,14 @@ impl QueuePair {
             }
         }
         Ok(count)
+    }
+
+    /// The head and phase after the head wrapped: entry 0 and the other phase. Out of line, so
+    /// that the common case is a compare and a branch not taken.
+    #[cold]
+    #[inline(never)]
+    fn wrap(phase: u32) -> (u32, u32) {
+        (0, phase ^ (1 << STATUS_SHIFT))
     }
 
     /// The CID, SQID and reason of a completion that cannot be attributed (one of its fields
@@ -803,7 +826,7 @@ impl QueuePair {
             if count == max {
                 break;
             }
-            if !matches!(slot.state, SlotState::Issued | SlotState::Busy) {
+            if !slot.state.in_flight() {
                 continue;
             }
             let error = match &fatal {
@@ -849,7 +872,7 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("qid", &self.qid)
-            .field("depth", &self.sq_ring.depth())
+            .field("depth", &self.depth)
             .field("in_flight", &self.in_flight)
             .field("failed", &self.failed)
             .finish()
