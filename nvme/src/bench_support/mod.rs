@@ -52,7 +52,7 @@ use nvme_spec::{
     ActiveNamespaceList, AdminOpcode, Aqa, Cap, Cc, Cns, Command, CqeStatus, Csts, FeatureId,
     IdentifyController, IdentifyNamespace, LbaFormat, NvmOpcode, Oncs, Status,
 };
-use region::{Region, RingRef};
+use region::{Region, RingRef, complete_run};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -487,13 +487,32 @@ impl NullRegisters {
         else {
             return;
         };
-        let pending = (sq.tail + sq.entries - sq.head) % sq.entries;
-        let n = pending.min(QueueSlot::cq_room(cq));
+        // Nothing submitted: the usual case of a CQ head doorbell.
+        if sq.head == sq.tail {
+            return;
+        }
+        // Ring distances without divisions (heads and tails are below the entry counts).
+        let gap = |from: u32, to: u32, entries: u32| {
+            if to >= from {
+                to - from
+            } else {
+                to + entries - from
+            }
+        };
+        let pending = gap(sq.head, sq.tail, sq.entries);
+        let cq_room = gap(cq.tail, cq.head, cq.entries)
+            .checked_sub(1)
+            .unwrap_or(cq.entries - 1);
+        let n = pending.min(cq_room);
         if n == 0 {
             return;
         }
         let entries = sq.entries;
-        let end = (sq.head + n) % entries;
+        let end = if sq.head + n >= entries {
+            sq.head + n - entries
+        } else {
+            sq.head + n
+        };
         // Both rings were checked to fit their regions when created; check once more here so
         // that each entry access needs only an index check.
         let (Some(sq_ring), Some(cq_ring)) = (
@@ -533,8 +552,9 @@ impl NullRegisters {
     }
 
     /// Completes `n` commands from SQ entry `head` on, in order; each completion reports the SQ
-    /// head just past its own entry. Returns the CQ's new tail and phase. The CQ is filled in
-    /// runs up to its end, so that the tail's wrap and the phase flip are looked at once per run.
+    /// head just past its own entry. Returns the CQ's new tail and phase. Commands are taken in
+    /// runs that end where either ring wraps, so that the rings' indices are checked and
+    /// wrapped once per run ([`complete_run`]).
     fn complete_in_order(
         sq: &RingRef<'_>,
         cq: &RingRef<'_>,
@@ -543,26 +563,27 @@ impl NullRegisters {
         sqid: u32,
         (mut tail, mut ph): (u32, bool),
     ) -> (u32, bool) {
-        let sq_entries = sq.entries();
+        let (sq_entries, cq_entries) = (sq.entries(), cq.entries());
         let mut index = head;
         let mut left = n;
         while left > 0 {
-            let run_end = tail + left.min(cq.entries() - tail);
-            left -= run_end - tail;
+            let run = left.min(cq_entries - tail).min(sq_entries - index);
             let phase = ph as u32;
-            for t in tail..run_end {
+            complete_run(sq, cq, index, tail, run, |k, qw0| {
                 // CDW0 (opcode, CID) and the NSID: all the null device looks at.
-                let qw0 = sq.load_u64(index);
-                index += 1;
-                if index == sq_entries {
-                    index = 0;
-                }
+                let next = index + k + 1;
+                let sqhd = if next == sq_entries { 0 } else { next };
                 let cid = (qw0 >> 16) as u16 as u32;
                 let status = Self::status_of(qw0, phase);
-                cq.store_cqe(t, [0, 0, index | sqid, cid | status << 16]);
+                [0, 0, sqhd | sqid, cid | status << 16]
+            });
+            left -= run;
+            index += run;
+            if index == sq_entries {
+                index = 0;
             }
-            tail = run_end;
-            if tail == cq.entries() {
+            tail += run;
+            if tail == cq_entries {
                 tail = 0;
                 ph = !ph;
             }

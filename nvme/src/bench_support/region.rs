@@ -215,6 +215,51 @@ impl RingRef<'_> {
     }
 }
 
+/// Posts the completions of a run of `len` commands: SQ entries `sq_at..sq_at + len` of `sq`
+/// and CQ entries `cq_at..cq_at + len` of `cq`, both checked once here to lie inside their
+/// rings, so that each command costs no index check. `f(k, qw0)` gives the four dwords of the
+/// `k`th command's CQE from the first quadword of its SQE (CDW0 and the NSID, loaded Relaxed);
+/// each CQE is written as [`RingRef::store_cqe`] writes it, dword 3 last with Release.
+///
+/// # Panics
+/// If a range does not fit its ring (a bug in the null device).
+#[inline(always)]
+pub(super) fn complete_run(
+    sq: &RingRef<'_>,
+    cq: &RingRef<'_>,
+    sq_at: u32,
+    cq_at: u32,
+    len: u32,
+    mut f: impl FnMut(u32, u64) -> [u32; 4],
+) {
+    let fits = |ring: &RingRef<'_>, at: u32| at as u64 + len as u64 <= ring.entries as u64;
+    if !fits(sq, sq_at) || !fits(cq, cq_at) {
+        bad_entry(
+            sq_at.max(cq_at).saturating_add(len),
+            sq.entries.min(cq.entries),
+        );
+    }
+    // SAFETY: both ranges lie inside their rings (checked above), which were checked to fit
+    // their regions when the views were made (the borrows keep the regions alive): every
+    // pointer below, `k < len` strides past the range's start, points at an entry of its
+    // ring. Strides are at least 16, so the first 8 bytes of an SQE and the 16 of a CQE are
+    // inside the entry, and aligned (regions are page-aligned, offsets and strides multiples
+    // of 16). Atomics are how memory shared with the driver is touched.
+    unsafe {
+        let sqe = sq.base.as_ptr().add(sq_at as usize * sq.stride);
+        let cqe = cq.base.as_ptr().add(cq_at as usize * cq.stride);
+        for k in 0..len as usize {
+            let qw0 = (*sqe.add(k * sq.stride).cast::<AtomicU64>()).load(Ordering::Relaxed);
+            let dw = f(k as u32, qw0);
+            let words = &*cqe.add(k * cq.stride).cast::<[AtomicU32; 4]>();
+            words[0].store(dw[0], Ordering::Relaxed);
+            words[1].store(dw[1], Ordering::Relaxed);
+            words[2].store(dw[2], Ordering::Relaxed);
+            words[3].store(dw[3], Ordering::Release);
+        }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         let layout = Layout::from_size_align(self.len, DMA_PAGE_SIZE)
