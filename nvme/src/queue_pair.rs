@@ -17,9 +17,13 @@
 //! a command is therefore reported no sooner than the timeout after it was submitted and, while
 //! the caller keeps polling, no later than the timeout plus two check intervals.
 //!
-//! Memory shared with the controller is only touched through [`DmaMemory`]'s copy and atomic
-//! accessors: SQEs are copied in before a Release fence and the doorbell write; the CQE dword
-//! holding the phase tag is loaded with Acquire before the rest of the entry is read.
+//! Memory shared with the controller is only touched through [`DmaMemory`]'s and
+//! `DmaRing`'s copy and atomic accessors: SQEs are copied in before a Release fence and the
+//! doorbell write; the CQE dword holding the phase tag is loaded with Acquire before the rest of
+//! the entry is read. The rings are `DmaRing` views, checked once to fit their memory, so that
+//! an entry access costs one index compare (none for the SQ tail, which the view keeps below
+//! the entry count itself). Free CIDs form a list threaded through the CID table, so that a
+//! submission finds its slot with one lookup and a completion frees its CID with two stores.
 
 #![forbid(unsafe_code)]
 
@@ -126,7 +130,7 @@ impl Slot {
 
 /// [`Slot::pin`] when no pin is used.
 const NO_PIN: u8 = u8::MAX;
-/// Buffers a queue pair keeps pinned (see [`Pins::pin`]); a power of two.
+/// Buffers a queue pair keeps pinned (see [`QueuePair::issue_rw`] and [`Pins::pin_or_hold`]); a power of two.
 const PINS: usize = 4;
 
 /// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
