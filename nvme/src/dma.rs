@@ -366,6 +366,133 @@ impl DmaMemory {
     }
 }
 
+/// A ring of `entries` entries of `STRIDE` bytes at the start of a [`DmaMemory`] (a
+/// submission queue of 64-byte SQEs, a completion queue of 16-byte CQEs), checked once to fit
+/// the memory, so that each entry access checks only its index: one compare where
+/// [`DmaMemory`]'s byte-range accessors compute and check an end offset. A producer (the SQ)
+/// also keeps its tail here: always below the entry count, so writing at it needs no check.
+pub(crate) struct DmaRing<const STRIDE: usize> {
+    mem: DmaMemory,
+    entries: u32,
+    /// The next entry [`DmaRing::push_u64s`] writes; below `entries`.
+    tail: u32,
+}
+
+impl<const STRIDE: usize> DmaRing<STRIDE> {
+    /// The ring of `entries` entries at the start of `mem`.
+    ///
+    /// # Panics
+    /// If `entries` is 0, the entries do not fit `mem`, or `STRIDE` is not a power of two of
+    /// at least 16 (caller bugs).
+    pub(crate) fn new(mem: DmaMemory, entries: u32) -> Self {
+        const { assert!(STRIDE.is_power_of_two() && STRIDE >= 16) };
+        assert!(entries > 0, "empty ring");
+        assert!(
+            (entries as usize)
+                .checked_mul(STRIDE)
+                .is_some_and(|len| len <= mem.len()),
+            "{entries} entries of {STRIDE} bytes do not fit {} bytes",
+            mem.len()
+        );
+        Self {
+            mem,
+            entries,
+            tail: 0,
+        }
+    }
+
+    /// Index of the entry the next push writes (the SQ tail doorbell value after the entries
+    /// before it).
+    #[inline]
+    pub(crate) fn tail(&self) -> u32 {
+        self.tail
+    }
+
+    /// Claims the entry at the tail and advances the tail, wrapping at the entry count;
+    /// returns the claimed index.
+    #[inline(always)]
+    pub(crate) fn advance(&mut self) -> u32 {
+        let index = self.tail;
+        self.tail = if index + 1 == self.entries {
+            0
+        } else {
+            index + 1
+        };
+        index
+    }
+
+    /// Writes `words` (at most `STRIDE / 8` quadwords, native byte order) as the entry at the
+    /// tail, advances the tail and returns the index written: an SQE built in place. No index
+    /// check: the tail is always below the entry count. Like [`DmaMemory::write_u64s`], the
+    /// words become visible to the device at the next Release fence (the driver issues one
+    /// before every doorbell write).
+    #[inline(always)]
+    pub(crate) fn push_u64s(&mut self, words: &[u64]) -> u32 {
+        assert!(size_of_val(words) <= STRIDE, "entry of {STRIDE} bytes");
+        let index = self.advance();
+        // SAFETY: `index < entries` (the tail's invariant: 0 at first, and `advance` wraps it
+        // to 0 at `entries`), so `index * STRIDE + STRIDE <= entries * STRIDE <= len` (checked
+        // in `new`); the entry is 8-byte aligned (the base is page-aligned, STRIDE a multiple
+        // of 16); at most STRIDE bytes are written. The destination is valid for writes per
+        // `DmaMemory`'s contract and no Rust reference aliases it; the source is a distinct
+        // Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                words.as_ptr().cast::<u8>(),
+                self.mem.ptr.as_ptr().add(index as usize * STRIDE),
+                size_of_val(words),
+            )
+        }
+        index
+    }
+
+    /// The memory the ring lies in.
+    pub(crate) fn memory(&self) -> &DmaMemory {
+        &self.mem
+    }
+
+    /// A pointer to entry `index`.
+    ///
+    /// # Panics
+    /// If `index` is not below the entry count (a driver bug: ring indices come from the
+    /// driver's own ring arithmetic, never from the device).
+    #[inline(always)]
+    fn entry(&self, index: u32) -> *mut u8 {
+        if index >= self.entries {
+            ring_index_panic(index, self.entries);
+        }
+        // SAFETY: `index * STRIDE + STRIDE <= entries * STRIDE <= len` (checked in `new`), so
+        // the offset stays inside the allocation.
+        unsafe { self.mem.ptr.as_ptr().add(index as usize * STRIDE) }
+    }
+
+    /// Loads entry `index` as a completion queue entry: dword 3 (the phase tag) first with
+    /// Acquire, then dwords 0 and 2 Relaxed (dword 1 is reserved and not read); returns
+    /// `[dw0, dw2, dw3]`. When the phase tag says the entry is new, the other dwords are the
+    /// controller's.
+    #[inline(always)]
+    pub(crate) fn load_cqe(&self, index: u32) -> [u32; 3] {
+        const { assert!(STRIDE >= 16) };
+        let at = self.entry(index);
+        // SAFETY: the entry's first 16 bytes are inside the memory (see `entry`) and 16-byte
+        // aligned; four AtomicU32 have the layout of [u32; 4], and atomics are the sanctioned
+        // way to share words with a device that may write them concurrently.
+        let words = unsafe { &*at.cast::<[AtomicU32; 4]>() };
+        let dw3 = words[3].load(Ordering::Acquire);
+        [
+            words[0].load(Ordering::Relaxed),
+            words[2].load(Ordering::Relaxed),
+            dw3,
+        ]
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn ring_index_panic(index: u32, entries: u32) -> ! {
+    panic!("ring entry {index} of {entries}")
+}
+
 /// A byte range of a shared DMA buffer: what I/O commands transfer into or out of.
 ///
 /// Holding the `Arc` keeps the memory (and the device's access to it) alive while a command

@@ -98,6 +98,8 @@ struct NsFast {
     nsid: u32,
     /// log2 of the LBA size (a power of two, 512..=4096).
     shift: u32,
+    /// LBA size - 1: the bits a buffer length must not have.
+    len_mask: usize,
     blocks: u64,
 }
 
@@ -105,6 +107,7 @@ impl NsFast {
     const NONE: Self = Self {
         nsid: 0,
         shift: 0,
+        len_mask: 0,
         blocks: 0,
     };
 }
@@ -323,10 +326,10 @@ impl IoQueuePair {
         }
         match cmd {
             IoCommand::Read { nsid, lba, buf } => {
-                self.submit_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag, internal)
+                self.submit_rw(NvmOpcode::READ, nsid, lba, buf, tag, internal)
             }
             IoCommand::Write { nsid, lba, buf } => {
-                self.submit_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag, internal)
+                self.submit_rw(NvmOpcode::WRITE, nsid, lba, buf, tag, internal)
             }
             IoCommand::Flush { nsid } => {
                 self.namespace(nsid)?;
@@ -424,12 +427,15 @@ impl IoQueuePair {
             self.switch_namespace(nsid)?;
         }
         let ns = self.last_ns;
-        let blocks = (buf.len >> ns.shift) as u64;
-        let bad = buf.len == 0
-            || buf.len & ((1 << ns.shift) - 1) != 0
-            || buf.len > self.max_transfer
-            || buf.offset % 4 != 0
-            || lba.checked_add(blocks).is_none_or(|end| end > ns.blocks);
+        let (len, offset) = (buf.len, buf.offset);
+        let blocks = (len >> ns.shift) as u64;
+        // Every check at once: length 1..=max_transfer (0 wraps around), a whole number of
+        // blocks, offset dword-aligned, and the range inside the namespace.
+        let (end, overflow) = lba.overflowing_add(blocks);
+        let bad = (len.wrapping_sub(1) >= self.max_transfer)
+            | ((len & ns.len_mask) | (offset % 4) != 0)
+            | overflow
+            | (end > ns.blocks);
         if bad {
             return Err(self.rw_error(nsid, lba, buf));
         }
@@ -443,6 +449,7 @@ impl IoQueuePair {
         self.last_ns = NsFast {
             nsid,
             shift: ns.lba_size.trailing_zeros(),
+            len_mask: ns.lba_size as usize - 1,
             blocks: ns.blocks,
         };
         Ok(())
@@ -464,11 +471,9 @@ impl IoQueuePair {
     }
 
     /// A Read or Write whose buffer the caller hands over: the slot keeps it.
-    #[expect(clippy::too_many_arguments)]
     fn submit_rw(
         &mut self,
         opcode: NvmOpcode,
-        name: &'static str,
         nsid: u32,
         lba: u64,
         buf: DmaSlice,
@@ -476,14 +481,9 @@ impl IoQueuePair {
         internal: bool,
     ) -> Result<(), Error> {
         let blocks = self.rw_blocks(nsid, lba, &buf)?;
-        let op = Op {
-            name,
-            nsid,
-            lba: Some(lba),
-        };
         let cid = self.qp.issue_rw(
-            opcode.0,
-            op,
+            opcode,
+            nsid,
             lba,
             (blocks - 1) as u16,
             &buf,
@@ -500,7 +500,6 @@ impl IoQueuePair {
     fn queue_rw(
         &mut self,
         opcode: NvmOpcode,
-        name: &'static str,
         nsid: u32,
         lba: u64,
         buf: &DmaSlice,
@@ -510,14 +509,9 @@ impl IoQueuePair {
             return Err(Error::ShutDown);
         }
         let blocks = self.rw_blocks(nsid, lba, buf)?;
-        let op = Op {
-            name,
-            nsid,
-            lba: Some(lba),
-        };
         self.qp.issue_rw(
-            opcode.0,
-            op,
+            opcode,
+            nsid,
             lba,
             (blocks - 1) as u16,
             buf,
@@ -546,7 +540,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        self.queue_rw(NvmOpcode::READ, "Read", nsid, lba, buf, tag)
+        self.queue_rw(NvmOpcode::READ, nsid, lba, buf, tag)
     }
 
     /// Queues a Write of `buf` to block `lba` onward; see [`IoQueuePair::queue_read`].
@@ -558,7 +552,7 @@ impl IoQueuePair {
         buf: &DmaSlice,
         tag: u64,
     ) -> Result<(), Error> {
-        self.queue_rw(NvmOpcode::WRITE, "Write", nsid, lba, buf, tag)
+        self.queue_rw(NvmOpcode::WRITE, nsid, lba, buf, tag)
     }
 
     /// Drops the queue pair's pins on buffers that no command in flight uses (see
@@ -595,9 +589,11 @@ impl IoQueuePair {
     pub fn poll_with(&mut self, mut f: impl FnMut(u64, Result<(), Error>)) -> Result<usize, Error> {
         self.qp.ring();
         let mut n = 0;
-        for c in self.stash.drain(..) {
-            f(c.tag, c.result);
-            n += 1;
+        if !self.stash.is_empty() {
+            for c in self.stash.drain(..) {
+                f(c.tag, c.result);
+                n += 1;
+            }
         }
         self.qp.reap(usize::MAX, |r: Reaped| {
             if !r.internal {

@@ -79,6 +79,18 @@ impl CqRing {
         self.phase
     }
 
+    /// Moves the head to `head` with phase tag `phase`: where a consumer that followed the
+    /// ring itself (its head and phase in registers for a round of [`CqRing::pop`]'s
+    /// arithmetic) leaves it.
+    ///
+    /// # Panics
+    /// If `head` is not below the depth.
+    pub fn set_position(&mut self, head: u32, phase: bool) {
+        assert!(head < self.depth, "head {head} of {}", self.depth);
+        self.head = head;
+        self.phase = phase;
+    }
+
     /// Consumes the entry at the head; the phase flips when the head wraps.
     pub fn pop(&mut self) {
         self.head = next(self.head, self.depth);

@@ -17,23 +17,27 @@
 //! a command is therefore reported no sooner than the timeout after it was submitted and, while
 //! the caller keeps polling, no later than the timeout plus two check intervals.
 //!
-//! Memory shared with the controller is only touched through [`DmaMemory`]'s copy and atomic
-//! accessors: SQEs are copied in before a Release fence and the doorbell write; the CQE dword
-//! holding the phase tag is loaded with Acquire before the rest of the entry is read.
+//! Memory shared with the controller is only touched through [`DmaMemory`]'s and
+//! `DmaRing`'s copy and atomic accessors: SQEs are copied in before a Release fence and the
+//! doorbell write; the CQE dword holding the phase tag is loaded with Acquire before the rest of
+//! the entry is read. The rings are `DmaRing` views, checked once to fit their memory, so that
+//! an entry access costs one index compare (none for the SQ tail, which the view keeps below
+//! the entry count itself). Free CIDs form a list threaded through the CID table, so that a
+//! submission finds its slot with one lookup and a completion frees its CID with two stores.
 
 #![forbid(unsafe_code)]
 
 use crate::device::Device;
-use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
+use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaRing, DmaSlice};
 use crate::error::{Error, Op};
 use crate::prp::{PRP_ENTRIES_PER_LIST, Prp, PrpError};
-use crate::queue::{CqRing, SqRing};
+use crate::queue::CqRing;
 use crate::registers::Registers;
 use crate::timeout::check_interval;
 use nvme_spec::wire::{
     CQE_CID, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD, SQE_SIZE,
 };
-use nvme_spec::{Command, CqeStatus};
+use nvme_spec::{Command, CqeStatus, NvmOpcode};
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 use std::time::{Duration, Instant};
@@ -50,36 +54,166 @@ const BUSY_CHECK_EVERY: u32 = 1024;
 /// How often (in polls that found nothing) an idle queue looks at the clock.
 const IDLE_CHECK_EVERY: u32 = 16;
 
+/// A CID's state. The two states of a command in flight are the odd values, so that a
+/// completion tells them from the rest with one bit test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum SlotState {
     /// Not in use.
-    Free,
+    Free = 0,
     /// Submitted, waiting for its completion; no deadline yet (the next deadline check gives
     /// it one, so that submitting reads no clock).
-    Issued,
-    /// Submitted, waiting for its completion, with a deadline.
-    Busy,
+    Issued = 1,
     /// Reported as timed out or failed; the controller may still complete it.
-    Abandoned,
+    Abandoned = 2,
+    /// Submitted, waiting for its completion, with a deadline.
+    Busy = 3,
+}
+
+impl SlotState {
+    /// Issued or Busy.
+    #[inline(always)]
+    fn in_flight(self) -> bool {
+        self as u8 & 1 != 0
+    }
 }
 
 /// Per-CID bookkeeping (the CID table is a flat array of these, indexed by CID).
+///
+/// What an error message needs of the command ([`Op`]) is kept compact and rebuilt only when
+/// an error is reported ([`Slot::op`]): a Read or Write from [`QueuePair::issue_rw`] stores its
+/// opcode byte, namespace and LBA, not a 40-byte `Op`.
 struct Slot {
+    tag: u64,
+    /// Starting LBA, for error messages (when `has_lba`).
+    lba: u64,
+    /// Namespace, for error messages.
+    nsid: u32,
     state: SlotState,
     internal: bool,
-    /// Index into [`QueuePair::pins`] of the pin keeping the data buffer alive, or [`NO_PIN`].
+    /// Index into [`Pins`] of the pin keeping the data buffer alive, or [`NO_PIN`].
     pin: u8,
-    tag: u64,
+    /// The NVM opcode of a Read or Write (its name is the opcode's), or [`NAMED`]: the
+    /// command's name is in `name`.
+    rw_opcode: u8,
+    has_lba: bool,
+    /// The next free CID while this one is free (the free CIDs are a list through the table).
+    next_free: u16,
+    /// The command's name when `rw_opcode` is [`NAMED`].
+    name: &'static str,
     deadline: Instant,
-    op: Op,
     /// Keeps the data buffer alive while the controller may access it, when no pin does.
     buf: Option<DmaSlice>,
 }
 
+/// [`Slot::rw_opcode`] of a command whose name is in [`Slot::name`].
+const NAMED: u8 = u8::MAX;
+/// The end of the free list ([`QueuePair::free_head`] when every CID is in use). Never a CID:
+/// a queue has at most 65535 entries, so at most 65534 commands in flight.
+const NO_CID: u16 = u16::MAX;
+
+impl Slot {
+    /// Which command the slot holds, for an error message.
+    #[cold]
+    fn op(&self) -> Op {
+        let name = match self.rw_opcode {
+            NAMED => self.name,
+            opcode => NvmOpcode(opcode).name().unwrap_or("I/O command"),
+        };
+        Op {
+            name,
+            nsid: self.nsid,
+            lba: self.has_lba.then_some(self.lba),
+        }
+    }
+}
+
 /// [`Slot::pin`] when no pin is used.
 const NO_PIN: u8 = u8::MAX;
-/// Buffers a queue pair keeps pinned (see [`QueuePair::pin`]).
+/// Buffers a queue pair keeps pinned (see [`QueuePair::issue_rw`] and [`Pins::pin_or_hold`]); a power of two.
 const PINS: usize = 4;
+
+/// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
+/// flight (or abandoned) use each. A pin with no users stays until it is replaced or the queue
+/// pair is dropped.
+struct Pins {
+    mems: [Option<Arc<DmaMemory>>; PINS],
+    /// Users of each pin, indexed by [`Slot::pin`]: entries from [`PINS`] on are never a
+    /// pin's, and [`NO_PIN`]'s absorbs the releases of slots without a pin (see
+    /// [`Pins::unpin`]); indexing by a `u8` needs no bounds check.
+    users: [u32; 256],
+    /// The pin used last (looked at first); below [`PINS`].
+    last: usize,
+}
+
+impl Default for Pins {
+    fn default() -> Self {
+        Self {
+            mems: Default::default(),
+            users: [0; 256],
+            last: 0,
+        }
+    }
+}
+
+impl Pins {
+    /// Keeps `buf`'s memory alive for the command in `slot` when it is not the buffer pinned
+    /// last (which [`QueuePair::issue_rw`] looks at itself): with another pin, a new one, or,
+    /// when every pin is in use by other buffers, a clone of the buffer kept in the slot.
+    #[cold]
+    #[inline(never)]
+    fn pin_or_hold(&mut self, slot: &mut Slot, buf: &DmaSlice) {
+        match self.pin_slow(&buf.mem) {
+            Some(index) => slot.pin = index,
+            None => slot.buf = Some(buf.clone()),
+        }
+    }
+
+    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
+    /// count only when the buffer is not pinned already. `None` when every pin is in use by
+    /// other buffers.
+    fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
+        let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
+        let index = match self.mems.iter().position(hit) {
+            Some(i) => i,
+            None => {
+                let i = self.users[..PINS].iter().position(|&u| u == 0)?;
+                self.mems[i] = Some(mem.clone());
+                i
+            }
+        };
+        self.last = index;
+        self.users[index] += 1;
+        Some(index as u8)
+    }
+
+    /// Ends what `slot` holds for its buffer once the controller is done with it: a pin's
+    /// user, or the buffer clone kept in the slot ([`NO_PIN`]; its release lands in the spare
+    /// counter, so that the common case takes no branch).
+    #[inline(always)]
+    fn unpin(&mut self, slot: &mut Slot) {
+        let users = &mut self.users[slot.pin as usize];
+        debug_assert!(
+            slot.pin == NO_PIN || *users > 0,
+            "pin released more than taken"
+        );
+        *users = users.wrapping_sub(1);
+        if slot.pin == NO_PIN {
+            slot.buf = None;
+        }
+    }
+
+    /// Drops the pins no command uses; returns how many were dropped.
+    fn unpin_idle(&mut self) -> usize {
+        let mut n = 0;
+        for (pin, &users) in self.mems.iter_mut().zip(&self.users) {
+            if users == 0 && pin.take().is_some() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
 
 /// One finished command, as handed to a reap sink.
 pub(crate) struct Reaped {
@@ -134,27 +268,21 @@ pub(crate) struct Doorbells {
 pub(crate) struct QueuePair {
     qid: u16,
     device: Arc<dyn Device>,
-    sq: DmaMemory,
-    cq: DmaMemory,
+    sq: DmaRing<SQE_SIZE>,
+    cq: DmaRing<CQE_SIZE>,
     prp: DmaMemory,
     prp_pages: usize,
-    sq_ring: SqRing,
+    /// Entries per ring (both rings have as many).
+    depth: u32,
     /// Tail value last written to the SQ tail doorbell.
     committed_tail: u32,
     cq_ring: CqRing,
     sq_db: usize,
     cq_db: usize,
     slots: Box<[Slot]>,
-    /// Free CIDs: a stack in `free[..free_len]`.
-    free: Box<[u16]>,
-    free_len: usize,
-    /// Buffers pinned for commands submitted with a borrowed buffer, and how many commands in
-    /// flight (or abandoned) use each. A pin with no users stays until it is replaced or the
-    /// queue pair is dropped.
-    pins: [Option<Arc<DmaMemory>>; PINS],
-    pin_users: [u32; PINS],
-    /// The pin used last (looked at first).
-    last_pin: usize,
+    /// The first free CID, or [`NO_CID`]; the rest follow through [`Slot::next_free`].
+    free_head: u16,
+    pins: Pins,
     in_flight: usize,
     timeout: Duration,
     failed: bool,
@@ -189,35 +317,40 @@ impl QueuePair {
         let capacity = depth as usize - 1;
         let now = Instant::now();
         let slots = (0..capacity)
-            .map(|_| Slot {
-                state: SlotState::Free,
+            .map(|cid| Slot {
                 tag: 0,
+                lba: 0,
+                nsid: 0,
+                state: SlotState::Free,
                 internal: false,
                 pin: NO_PIN,
+                rw_opcode: NAMED,
+                has_lba: false,
+                next_free: if cid + 1 < capacity {
+                    (cid + 1) as u16
+                } else {
+                    NO_CID
+                },
+                name: "",
                 deadline: now,
-                op: Op::admin(""),
                 buf: None,
             })
             .collect();
-        let free = (0..capacity as u16).rev().collect();
         Self {
             qid,
             device,
-            sq: mem.sq,
-            cq: mem.cq,
+            sq: DmaRing::new(mem.sq, depth32),
+            cq: DmaRing::new(mem.cq, depth32),
             prp: mem.prp,
             prp_pages,
-            sq_ring: SqRing::new(depth32),
+            depth: depth32,
             committed_tail: 0,
             cq_ring: CqRing::new(depth32),
             sq_db: doorbells.sq_tail,
             cq_db: doorbells.cq_head,
             slots,
-            free,
-            free_len: capacity,
-            pins: Default::default(),
-            pin_users: [0; PINS],
-            last_pin: 0,
+            free_head: 0,
+            pins: Pins::default(),
             in_flight: 0,
             timeout,
             failed: false,
@@ -234,7 +367,7 @@ impl QueuePair {
 
     /// Entries per ring.
     pub(crate) fn depth(&self) -> u16 {
-        self.sq_ring.depth() as u16
+        self.depth as u16
     }
 
     /// Most commands in flight at once.
@@ -254,40 +387,43 @@ impl QueuePair {
 
     /// The submission queue's memory.
     pub(crate) fn sq_memory(&self) -> &DmaMemory {
-        &self.sq
+        self.sq.memory()
     }
 
     /// The completion queue's memory.
     pub(crate) fn cq_memory(&self) -> &DmaMemory {
-        &self.cq
+        self.cq.memory()
     }
 
     /// Reserves a CID for a new command.
     pub(crate) fn begin(&mut self) -> Result<u16, Error> {
         if self.failed {
-            return Err(Error::QueueFailed { qid: self.qid });
+            return Err(self.failed_error());
         }
-        if self.free_len == 0 {
-            return Err(Error::QueueFull {
-                qid: self.qid,
-                capacity: self.slots.len(),
-            });
-        }
-        self.free_len -= 1;
-        Ok(self.free[self.free_len])
+        let cid = self.free_head;
+        let Some(slot) = self.slots.get(cid as usize) else {
+            return Err(Self::full_error_of(self.qid, self.slots.len()));
+        };
+        self.free_head = slot.next_free;
+        Ok(cid)
     }
 
-    /// Puts `cid` back on the free stack (never more than `capacity` entries: every CID is
-    /// either free or in a slot).
-    fn release(&mut self, cid: u16) {
-        self.free[self.free_len] = cid;
-        self.free_len += 1;
+    #[cold]
+    fn failed_error(&self) -> Error {
+        Error::QueueFailed { qid: self.qid }
+    }
+
+    #[cold]
+    fn full_error_of(qid: u16, capacity: usize) -> Error {
+        Error::QueueFull { qid, capacity }
     }
 
     /// Gives back a CID reserved by [`QueuePair::begin`] that was not issued.
     pub(crate) fn cancel(&mut self, cid: u16) {
-        debug_assert_eq!(self.slots[cid as usize].state, SlotState::Free);
-        self.release(cid);
+        let slot = &mut self.slots[cid as usize];
+        debug_assert_eq!(slot.state, SlotState::Free);
+        slot.next_free = self.free_head;
+        self.free_head = cid;
     }
 
     /// Byte offset in the PRP memory and device address of the list page for `cid`.
@@ -303,37 +439,71 @@ impl QueuePair {
     /// need no check: [`crate::DmaRegion`] refuses unaligned ones when it is built.
     #[inline]
     pub(crate) fn data_pointer(&self, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
-        let in_page = buf.offset % DMA_PAGE_SIZE;
-        if buf.len == 0 || in_page % 4 != 0 {
+        if buf.len == 0 || buf.offset % 4 != 0 {
             return Err(Self::prp_error(buf));
         }
-        let pages = buf.pages();
-        let prp1 = pages[0] + in_page as u64;
-        match pages.len() {
-            1 => Ok(Prp {
-                prp1,
-                prp2: 0,
-                list_entries: 0,
-            }),
-            2 => Ok(Prp {
-                prp1,
-                prp2: pages[1],
-                list_entries: 0,
-            }),
-            _ => self.prp_list(cid, prp1, pages),
-        }
+        Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)
     }
 
-    /// PRP1 and a list of `pages[1..]` in `cid`'s list page.
-    fn prp_list(&self, cid: u16, prp1: u64, pages: &[u64]) -> Result<Prp, Error> {
+    /// [`QueuePair::data_pointer`] on the queue pair's PRP list memory, so that the hot path
+    /// can call it while it holds a slot, for a buffer already known to be non-empty and
+    /// dword-aligned. A transfer inside one page (PRP1) or two (PRP1 + PRP2) costs one bounds
+    /// check on the buffer's page table; anything else takes the general path.
+    #[inline(always)]
+    fn data_pointer_in(
+        prp: &DmaMemory,
+        prp_pages: usize,
+        cid: u16,
+        buf: &DmaSlice,
+    ) -> Result<Prp, Error> {
+        debug_assert!(buf.len > 0 && buf.offset % 4 == 0, "checked by the caller");
+        let in_page = buf.offset % DMA_PAGE_SIZE;
+        let pages = buf.mem.page_addresses();
+        let first = buf.offset / DMA_PAGE_SIZE;
+        // Bytes left in the first page (1..=4096): no sum that could overflow.
+        let room = DMA_PAGE_SIZE - in_page;
+        if buf.len <= room {
+            if let Some(&page) = pages.get(first) {
+                return Ok(Prp {
+                    prp1: page + in_page as u64,
+                    prp2: 0,
+                    list_entries: 0,
+                });
+            }
+        } else if buf.len - room <= DMA_PAGE_SIZE
+            && let Some(&[page, next]) = pages.get(first..first + 2)
+        {
+            return Ok(Prp {
+                prp1: page + in_page as u64,
+                prp2: next,
+                list_entries: 0,
+            });
+        }
+        Self::prp_list(prp, prp_pages, cid, buf)
+    }
+
+    /// The general case: PRP1 and, for more than two pages, a list of the pages after the
+    /// first in `cid`'s list page. (Also any slice whose range does not fit its buffer, which
+    /// `DmaSlice::pages` refuses.)
+    #[inline(never)]
+    fn prp_list(prp: &DmaMemory, prp_pages: usize, cid: u16, buf: &DmaSlice) -> Result<Prp, Error> {
+        let pages = buf.pages();
+        let prp1 = pages[0] + (buf.offset % DMA_PAGE_SIZE) as u64;
+        if pages.len() <= 2 {
+            return Ok(Prp {
+                prp1,
+                prp2: pages.get(1).copied().unwrap_or(0),
+                list_entries: 0,
+            });
+        }
         if pages.len() > PRP_ENTRIES_PER_LIST + 1 {
             return Err(PrpError::TooLarge { pages: pages.len() }.into());
         }
-        let (list_offset, list_address) = self.prp_page(cid);
-        self.prp.write_u64s(list_offset, &pages[1..]);
+        let list_offset = (cid as usize % prp_pages) * DMA_PAGE_SIZE;
+        prp.write_u64s(list_offset, &pages[1..]);
         Ok(Prp {
             prp1,
-            prp2: list_address,
+            prp2: prp.device_address(list_offset),
             list_entries: pages.len() - 1,
         })
     }
@@ -348,73 +518,29 @@ impl QueuePair {
         }
     }
 
-    /// Pins `mem` for a command in flight: returns the index of its pin, taking the reference
-    /// count only when the buffer is not pinned already. `None` when every pin is in use by
-    /// other buffers (the caller then keeps a clone in the slot instead).
-    #[inline]
-    fn pin(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
-        let last = self.last_pin;
-        if self.pins[last]
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, mem))
-        {
-            self.pin_users[last] += 1;
-            return Some(last as u8);
-        }
-        self.pin_slow(mem)
-    }
-
-    #[cold]
-    fn pin_slow(&mut self, mem: &Arc<DmaMemory>) -> Option<u8> {
-        let hit = |p: &Option<Arc<DmaMemory>>| p.as_ref().is_some_and(|p| Arc::ptr_eq(p, mem));
-        let index = match self.pins.iter().position(hit) {
-            Some(i) => i,
-            None => {
-                let i = self.pin_users.iter().position(|&u| u == 0)?;
-                self.pins[i] = Some(mem.clone());
-                i
-            }
-        };
-        self.last_pin = index;
-        self.pin_users[index] += 1;
-        Some(index as u8)
-    }
-
     /// Drops the pins no command uses; returns how many were dropped.
     pub(crate) fn unpin_idle(&mut self) -> usize {
-        let mut n = 0;
-        for (pin, &users) in self.pins.iter_mut().zip(&self.pin_users) {
-            if users == 0 && pin.take().is_some() {
-                n += 1;
-            }
-        }
-        n
+        self.pins.unpin_idle()
     }
 
-    /// Ends what a slot holds for its buffer once the controller is done with it.
-    #[inline(always)]
-    fn unpin(pin_users: &mut [u32; PINS], slot: &mut Slot) {
-        if slot.pin != NO_PIN {
-            pin_users[slot.pin as usize] -= 1;
-            slot.pin = NO_PIN;
-        } else {
-            slot.buf = None;
-        }
-    }
-
-    /// Reserves a CID and issues a Read or Write of `buf` (`nlb_z`: blocks - 1), building the
-    /// SQE in place in the ring; rings no doorbell; returns the CID. The hot path: no clock,
-    /// no allocation, no atomic read-modify-write for a pinned buffer.
+    /// Reserves a CID and issues a Read or Write (`opcode`) of `buf` on `nsid` at `lba`
+    /// (`nlb_z`: blocks - 1), building the SQE in place in the ring; rings no doorbell;
+    /// returns the CID. The hot path: no clock, no allocation, no atomic read-modify-write for
+    /// a pinned buffer; the slot is looked up once (the free list's head), and filled only
+    /// once nothing can fail any more.
     ///
     /// With `pin`, the queue pair keeps `buf`'s memory alive itself (a pin, or a clone in the
     /// slot when every pin is taken); without, the caller must hand the slot the buffer with
     /// [`QueuePair::hold`] before anything else touches the queue pair.
+    ///
+    /// The caller has checked the command against its namespace: `buf` is non-empty and
+    /// dword-aligned, and `nlb_z` matches its length.
     #[expect(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn issue_rw(
         &mut self,
-        opcode: u8,
-        op: Op,
+        opcode: NvmOpcode,
+        nsid: u32,
         lba: u64,
         nlb_z: u16,
         buf: &DmaSlice,
@@ -422,19 +548,19 @@ impl QueuePair {
         internal: bool,
         pin: bool,
     ) -> Result<u16, Error> {
-        let cid = self.begin()?;
-        let prp = match self.data_pointer(cid, buf) {
-            Ok(prp) => prp,
-            Err(e) => {
-                self.release(cid);
-                return Err(e);
-            }
+        if self.failed {
+            return Err(self.failed_error());
+        }
+        let cid = self.free_head;
+        let Some(slot) = self.slots.get_mut(cid as usize) else {
+            return Err(Self::full_error_of(self.qid, self.slots.len()));
         };
+        let prp = Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)?;
         // The SQE as eight quadwords (NVMe Base 2.0, Figure 88; NVM Command Set 1.0, Figure
         // 34 for Read and Write): CDW0 (opcode, CID) and NSID; CDW2-3 and MPTR 0; PRP1; PRP2;
         // CDW10-11 the SLBA; CDW12 NLB (zero-based); CDW13-15 0.
         let sqe = [
-            opcode as u64 | (cid as u64) << 16 | (op.nsid as u64) << 32,
+            opcode.0 as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
             0,
             0,
             prp.prp1,
@@ -443,23 +569,30 @@ impl QueuePair {
             nlb_z as u64,
             0,
         ];
-        let index = self.sq_ring.push();
-        self.sq.write_u64s(index as usize * SQE_SIZE, &sqe);
-        let pinned = if pin { self.pin(&buf.mem) } else { None };
-        let slot = &mut self.slots[cid as usize];
+        self.sq.push_u64s(&sqe);
         debug_assert_eq!(slot.state, SlotState::Free);
         debug_assert!(slot.buf.is_none(), "a free slot holds no buffer");
+        self.free_head = slot.next_free;
         slot.state = SlotState::Issued;
-        slot.tag = tag;
         slot.internal = internal;
-        slot.op = op;
-        match pinned {
-            Some(index) => slot.pin = index,
-            None => {
-                slot.pin = NO_PIN;
-                if pin {
-                    slot.buf = Some(buf.clone());
-                }
+        slot.rw_opcode = opcode.0;
+        slot.has_lba = true;
+        slot.tag = tag;
+        slot.nsid = nsid;
+        slot.lba = lba;
+        slot.pin = NO_PIN;
+        if pin {
+            // The buffer pinned last, or the slow path (another pin, a new pin, or a clone of
+            // the buffer kept in the slot).
+            let last = self.pins.last % PINS;
+            if self.pins.mems[last]
+                .as_ref()
+                .is_some_and(|p| Arc::ptr_eq(p, &buf.mem))
+            {
+                self.pins.users[last] += 1;
+                slot.pin = last as u8;
+            } else {
+                self.pins.pin_or_hold(slot, buf);
             }
         }
         self.in_flight += 1;
@@ -496,14 +629,20 @@ impl QueuePair {
         ring: bool,
     ) {
         cmd.cdw0.set_cid(cid);
-        let index = self.sq_ring.push();
-        self.sq.write(index as usize * SQE_SIZE, cmd.as_bytes());
+        let index = self.sq.advance();
+        self.sq
+            .memory()
+            .write(index as usize * SQE_SIZE, cmd.as_bytes());
         let slot = &mut self.slots[cid as usize];
         debug_assert_eq!(slot.state, SlotState::Free);
         slot.state = SlotState::Issued;
         slot.tag = tag;
         slot.internal = internal;
-        slot.op = op;
+        slot.rw_opcode = NAMED;
+        slot.name = op.name;
+        slot.nsid = op.nsid;
+        slot.has_lba = op.lba.is_some();
+        slot.lba = op.lba.unwrap_or(0);
         slot.pin = NO_PIN;
         slot.buf = buf;
         self.in_flight += 1;
@@ -514,7 +653,7 @@ impl QueuePair {
 
     /// Rings the submission queue tail doorbell if commands were queued since the last ring.
     pub(crate) fn ring(&mut self) {
-        let tail = self.sq_ring.tail();
+        let tail = self.sq.tail();
         if tail == self.committed_tail {
             return;
         }
@@ -541,68 +680,79 @@ impl QueuePair {
         mut sink: impl FnMut(Reaped),
     ) -> Result<usize, Error> {
         let mut count = 0;
-        let mut consumed = 0u32;
         let mut garbage = None;
         let limit = max.min(self.slots.len());
-        let depth = self.sq_ring.depth();
+        let depth = self.depth;
+        // Dword 2 of a completion of this queue's, but for its SQ head: SQID in the top half.
+        let own_sqid = (self.qid as u32) << SQID_SHIFT;
+        // The ring's head and phase live in registers for the round, the phase as the value of
+        // the phase tag's bit in dword 3; stored back once.
+        const PHASE_BIT: u32 = 1 << STATUS_SHIFT;
+        let cq_depth = self.cq_ring.depth();
+        let start = self.cq_ring.head();
+        let mut head = start;
+        let mut phase = if self.cq_ring.phase() { PHASE_BIT } else { 0 };
         while count < limit {
-            let base = self.cq_ring.head() as usize * CQE_SIZE;
             // Dword 3 (phase tag, CID, status) is loaded first with Acquire: the rest of the
             // entry, and the data the command moved, are read after the controller's write of
             // it is seen.
-            let [dw0, _, dw2, dw3] = self.cq.load_cqe(base);
-            if (dw3 >> STATUS_SHIFT) & 1 != self.cq_ring.phase() as u32 {
+            let [dw0, dw2, dw3] = self.cq.load_cqe(head);
+            if dw3 & PHASE_BIT != phase {
                 break;
             }
+            head += 1;
+            if head == cq_depth {
+                (head, phase) = Self::wrap(phase);
+            }
             let cid = (dw3 >> CID_SHIFT) as u16;
-            let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
-            self.cq_ring.pop();
-            consumed += 1;
+            // One compare for SQID and SQ head: with the right SQID the difference is the SQ
+            // head alone, which must be below the depth; with a wrong one it is 65536 or more.
+            let sq_ok = (dw2 ^ own_sqid) < depth;
             let slot = match self.slots.get_mut(cid as usize) {
-                Some(slot) if sqid == self.qid && (sqhd as u32) < depth => slot,
+                Some(slot) if sq_ok => slot,
                 _ => {
-                    garbage = Some((cid, sqid, Self::garbage_reason(self.qid, depth, sqid, sqhd)));
+                    garbage = Some(Self::garbage(self.qid, depth, cid, dw2));
                     break;
                 }
             };
-            match slot.state {
-                SlotState::Issued | SlotState::Busy => {
-                    slot.state = SlotState::Free;
-                    Self::unpin(&mut self.pin_users, slot);
-                    // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
-                    // Successful Completion, whatever CRD, More and DNR say.
-                    let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
-                        Ok(dw0)
-                    } else {
-                        Err(Box::new(Self::status_error(slot.op, dw3)))
-                    };
-                    let reaped = Reaped {
-                        tag: slot.tag,
-                        internal: slot.internal,
-                        result,
-                    };
-                    self.release(cid);
-                    self.in_flight -= 1;
-                    count += 1;
-                    sink(reaped);
-                }
-                SlotState::Abandoned => {
-                    // Late completion of a command already reported (timed out): the controller
-                    // is done with its buffer now.
-                    slot.state = SlotState::Free;
-                    Self::unpin(&mut self.pin_users, slot);
-                    self.release(cid);
-                }
-                SlotState::Free => {
-                    garbage = Some((cid, sqid, "command id not in flight"));
-                    break;
-                }
+            if slot.state.in_flight() {
+                slot.state = SlotState::Free;
+                self.pins.unpin(slot);
+                // Status Code and Status Code Type (bits 1..=11 of the status field) zero:
+                // Successful Completion, whatever CRD, More and DNR say.
+                let result = if (dw3 >> (STATUS_SHIFT + 1)) & 0x7ff == 0 {
+                    Ok(dw0)
+                } else {
+                    Err(Box::new(Self::status_error(slot.op(), dw3)))
+                };
+                let reaped = Reaped {
+                    tag: slot.tag,
+                    internal: slot.internal,
+                    result,
+                };
+                slot.next_free = self.free_head;
+                self.free_head = cid;
+                count += 1;
+                sink(reaped);
+            } else if slot.state == SlotState::Abandoned {
+                // Late completion of a command already reported (timed out): the controller is
+                // done with its buffer now.
+                slot.state = SlotState::Free;
+                self.pins.unpin(slot);
+                slot.next_free = self.free_head;
+                self.free_head = cid;
+            } else {
+                garbage = Some((cid, (dw2 >> SQID_SHIFT) as u16, "command id not in flight"));
+                break;
             }
         }
-        if consumed > 0 {
-            self.device
-                .registers()
-                .write_u32(self.cq_db, self.cq_ring.head());
+        self.cq_ring.set_position(head, phase != 0);
+        self.in_flight -= count;
+        // Every entry consumed in a round but a last, garbage one completes a distinct command
+        // in flight or abandoned (at most `depth - 1`), so without garbage the head moved if
+        // and only if something was consumed.
+        if head != start || garbage.is_some() {
+            self.device.registers().write_u32(self.cq_db, head);
         }
         if let Some((cid, sqid, reason)) = garbage {
             self.failed = true;
@@ -626,6 +776,22 @@ impl QueuePair {
             }
         }
         Ok(count)
+    }
+
+    /// The head and phase after the head wrapped: entry 0 and the other phase. Out of line, so
+    /// that the common case is a compare and a branch not taken.
+    #[cold]
+    #[inline(never)]
+    fn wrap(phase: u32) -> (u32, u32) {
+        (0, phase ^ (1 << STATUS_SHIFT))
+    }
+
+    /// The CID, SQID and reason of a completion that cannot be attributed (one of its fields
+    /// is wrong).
+    #[cold]
+    fn garbage(qid: u16, depth: u32, cid: u16, dw2: u32) -> (u16, u16, &'static str) {
+        let (sqhd, sqid) = ((dw2 >> SQHD_SHIFT) as u16, (dw2 >> SQID_SHIFT) as u16);
+        (cid, sqid, Self::garbage_reason(qid, depth, sqid, sqhd))
     }
 
     /// Why a completion with these fields cannot be attributed (one of them is wrong).
@@ -664,7 +830,7 @@ impl QueuePair {
             if count == max {
                 break;
             }
-            if !matches!(slot.state, SlotState::Issued | SlotState::Busy) {
+            if !slot.state.in_flight() {
                 continue;
             }
             let error = match &fatal {
@@ -680,7 +846,7 @@ impl QueuePair {
                 _ if now >= slot.deadline => Error::Timeout {
                     qid: self.qid,
                     cid: cid as u16,
-                    op: slot.op,
+                    op: slot.op(),
                     timeout: self.timeout,
                 },
                 _ => continue,
@@ -710,7 +876,7 @@ impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueuePair")
             .field("qid", &self.qid)
-            .field("depth", &self.sq_ring.depth())
+            .field("depth", &self.depth)
             .field("in_flight", &self.in_flight)
             .field("failed", &self.failed)
             .finish()

@@ -126,10 +126,11 @@ impl Region {
 /// A ring of `entries` entries of `stride` bytes at `offset` of a [`Region`], checked once to
 /// lie inside it, so that each entry access checks only its index.
 pub(super) struct RingRef<'a> {
-    region: &'a Region,
-    offset: usize,
+    /// The ring's first byte (`offset` bytes into the region).
+    base: NonNull<u8>,
     entries: u32,
     stride: usize,
+    _region: std::marker::PhantomData<&'a Region>,
 }
 
 impl Region {
@@ -140,28 +141,51 @@ impl Region {
             .checked_mul(stride)
             .and_then(|len| offset.checked_add(len))?;
         let fits = stride.is_power_of_two() && stride >= 16 && offset % stride == 0;
-        (fits && end <= self.len).then_some(RingRef {
-            region: self,
-            offset,
+        (fits && end <= self.len).then(|| RingRef {
+            // SAFETY: `offset <= end <= len`: inside the allocation or one past its end.
+            base: unsafe { self.ptr.add(offset) },
             entries,
             stride,
+            _region: std::marker::PhantomData,
         })
     }
 }
 
+/// An entry index at or beyond a ring's entry count (a bug in the null device).
+#[cold]
+#[inline(never)]
+fn bad_entry(index: u32, entries: u32) -> ! {
+    panic!("entry {index} of a ring of {entries}")
+}
+
 impl RingRef<'_> {
+    /// Number of entries.
+    #[inline]
+    pub(super) fn entries(&self) -> u32 {
+        self.entries
+    }
+
     /// The first quadword of entry `index` (CDW0 and the NSID of an SQE), loaded Relaxed.
     ///
     /// # Panics
     /// If `index` is not below the ring's entry count (a bug in the null device).
+    #[inline]
     pub(super) fn load_u64(&self, index: u32) -> u64 {
-        assert!(index < self.entries, "entry {index} of {}", self.entries);
-        let at = self.offset + index as usize * self.stride;
-        // SAFETY: `at..at + 8` is inside the region (the ring was checked to fit it when this
-        // view was made, and `index` is below its entry count) and 8-byte aligned (the base is
-        // page-aligned, `offset` and `stride` multiples of 16). An AtomicU64 has the layout of a
-        // u64, and atomics are how memory shared with the driver is touched.
-        let word = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<AtomicU64>() };
+        if index >= self.entries {
+            bad_entry(index, self.entries);
+        }
+        // SAFETY: `index * stride..+ 8` is inside the ring (`index` is below its entry count),
+        // which was checked to fit the region when this view was made (the borrow keeps the
+        // region alive), and 8-byte aligned (the region is page-aligned, the ring's offset and
+        // stride multiples of 16). An AtomicU64 has the layout of a u64, and atomics are how
+        // memory shared with the driver is touched.
+        let word = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(index as usize * self.stride)
+                .cast::<AtomicU64>()
+        };
         word.load(Ordering::Relaxed)
     }
 
@@ -170,16 +194,69 @@ impl RingRef<'_> {
     ///
     /// # Panics
     /// If `index` is not below the ring's entry count (a bug in the null device).
+    #[inline]
     pub(super) fn store_cqe(&self, index: u32, dw: [u32; 4]) {
-        assert!(index < self.entries, "entry {index} of {}", self.entries);
-        let at = self.offset + index as usize * self.stride;
-        // SAFETY: `at..at + 16` is inside the region and 16-byte aligned (as in `load_u64`);
-        // atomics are how memory shared with the driver is touched.
-        let words = unsafe { &*self.region.ptr.as_ptr().add(at).cast::<[AtomicU32; 4]>() };
+        if index >= self.entries {
+            bad_entry(index, self.entries);
+        }
+        // SAFETY: the 16 bytes of entry `index` are inside the ring and 16-byte aligned (as in
+        // `load_u64`); atomics are how memory shared with the driver is touched.
+        let words = unsafe {
+            &*self
+                .base
+                .as_ptr()
+                .add(index as usize * self.stride)
+                .cast::<[AtomicU32; 4]>()
+        };
         words[0].store(dw[0], Ordering::Relaxed);
         words[1].store(dw[1], Ordering::Relaxed);
         words[2].store(dw[2], Ordering::Relaxed);
         words[3].store(dw[3], Ordering::Release);
+    }
+}
+
+/// Posts the completions of a run of `len` commands: SQ entries `sq_at..sq_at + len` of `sq`
+/// and CQ entries `cq_at..cq_at + len` of `cq`, both checked once here to lie inside their
+/// rings, so that each command costs no index check. `f(k, qw0)` gives the four dwords of the
+/// `k`th command's CQE from the first quadword of its SQE (CDW0 and the NSID, loaded Relaxed);
+/// each CQE is written as [`RingRef::store_cqe`] writes it, dword 3 last with Release.
+///
+/// # Panics
+/// If a range does not fit its ring (a bug in the null device).
+#[inline(always)]
+pub(super) fn complete_run(
+    sq: &RingRef<'_>,
+    cq: &RingRef<'_>,
+    sq_at: u32,
+    cq_at: u32,
+    len: u32,
+    mut f: impl FnMut(u32, u64) -> [u32; 4],
+) {
+    let fits = |ring: &RingRef<'_>, at: u32| at as u64 + len as u64 <= ring.entries as u64;
+    if !fits(sq, sq_at) || !fits(cq, cq_at) {
+        bad_entry(
+            sq_at.max(cq_at).saturating_add(len),
+            sq.entries.min(cq.entries),
+        );
+    }
+    // SAFETY: both ranges lie inside their rings (checked above), which were checked to fit
+    // their regions when the views were made (the borrows keep the regions alive): every
+    // pointer below, `k < len` strides past the range's start, points at an entry of its
+    // ring. Strides are at least 16, so the first 8 bytes of an SQE and the 16 of a CQE are
+    // inside the entry, and aligned (regions are page-aligned, offsets and strides multiples
+    // of 16). Atomics are how memory shared with the driver is touched.
+    unsafe {
+        let sqe = sq.base.as_ptr().add(sq_at as usize * sq.stride);
+        let cqe = cq.base.as_ptr().add(cq_at as usize * cq.stride);
+        for k in 0..len as usize {
+            let qw0 = (*sqe.add(k * sq.stride).cast::<AtomicU64>()).load(Ordering::Relaxed);
+            let dw = f(k as u32, qw0);
+            let words = &*cqe.add(k * cq.stride).cast::<[AtomicU32; 4]>();
+            words[0].store(dw[0], Ordering::Relaxed);
+            words[1].store(dw[1], Ordering::Relaxed);
+            words[2].store(dw[2], Ordering::Relaxed);
+            words[3].store(dw[3], Ordering::Release);
+        }
     }
 }
 
