@@ -3,25 +3,10 @@
 //! `fs` commands.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// Runs `gpunvme` in `dir` with a command line split at whitespace.
-fn gpunvme(dir: &Path, cmdline: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpunvme"))
-        .current_dir(dir)
-        .args(cmdline.split_whitespace())
-        .output()
-        .expect("run gpunvme")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "gpunvme failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
+mod common;
+use common::{gpunvme, ok};
 
 /// A failed command: non-zero exit and a one-line error on stderr containing `needle`.
 fn fails_with(out: &Output, needle: &str) {

@@ -8,27 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gpunvme"))
-}
-
-/// Runs `gpunvme` in `dir` with a command line split at whitespace.
-fn gpunvme(dir: &Path, cmdline: &str) -> Output {
-    bin()
-        .current_dir(dir)
-        .args(cmdline.split_whitespace())
-        .output()
-        .expect("run gpunvme")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "gpunvme failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
+mod common;
+use common::{bin, gpunvme, ok};
 
 /// The one `gpunvme: error:` line of a failed command.
 fn error_line(out: &Output) -> String {

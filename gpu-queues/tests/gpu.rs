@@ -580,6 +580,22 @@ fn model_rig_with(
     }
 }
 
+/// Each case's outcome: success for status code 0, else an NVMe error with that generic status
+/// code and Do Not Retry.
+fn expect_statuses(cases: &[(&str, IoReq, u32)], out: &[(DeviceStatus, u32)]) {
+    assert_eq!(cases.len(), out.len());
+    for ((name, _, sc), (s, sf)) in cases.iter().zip(out) {
+        if *sc == 0 {
+            assert_eq!(*s, DeviceStatus::Ok, "{name}: {sf:#x}");
+        } else {
+            assert_eq!(*s, DeviceStatus::NvmeError, "{name}");
+            assert_eq!((sf >> 1) & 0xff, *sc, "{name}: status field {sf:#x}");
+            assert_eq!((sf >> 9) & 7, 0, "{name}: generic status type");
+            assert_ne!(sf & 0x8000, 0, "{name}: Do Not Retry");
+        }
+    }
+}
+
 fn image(name: &str) -> std::path::PathBuf {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         std::path::PathBuf::from("/dev/shm")
@@ -748,17 +764,7 @@ fn model_fails_bad_commands_with_the_status_the_spec_requires() {
     ];
     let reqs: Vec<IoReq> = cases.iter().map(|c| c.1).collect();
     for warp in [false, true] {
-        let out = batch(&r, &reqs, warp);
-        for ((name, _, sc), (s, sf)) in cases.iter().zip(&out) {
-            if *sc == 0 {
-                assert_eq!(*s, DeviceStatus::Ok, "{name}: {sf:#x}");
-            } else {
-                assert_eq!(*s, DeviceStatus::NvmeError, "{name}");
-                assert_eq!((sf >> 1) & 0xff, *sc, "{name}: status field {sf:#x}");
-                assert_eq!((sf >> 9) & 7, 0, "{name}: generic status type");
-                assert_ne!(sf & 0x8000, 0, "{name}: Do Not Retry");
-            }
-        }
+        expect_statuses(cases, &batch(&r, &reqs, warp));
     }
     let stats = r.model.as_ref().unwrap().stop().expect("stop");
     assert_eq!(
@@ -802,15 +808,7 @@ fn model_refuses_changes_to_a_write_protected_namespace() {
     ];
     let reqs: Vec<IoReq> = cases.iter().map(|c| c.1).collect();
     for warp in [false, true] {
-        let out = batch(&r, &reqs, warp);
-        for ((name, _, sc), (s, sf)) in cases.iter().zip(&out) {
-            if *sc == 0 {
-                assert_eq!(*s, DeviceStatus::Ok, "{name}: {sf:#x}");
-            } else {
-                assert_eq!(*s, DeviceStatus::NvmeError, "{name}");
-                assert_eq!((sf >> 1) & 0xff, *sc, "{name}: status field {sf:#x}");
-            }
-        }
+        expect_statuses(cases, &batch(&r, &reqs, warp));
         // The read saw the image's bytes: nothing was written or zeroed.
         let mut back = vec![0u8; 4096];
         buf.read(0, &mut back).expect("read back");

@@ -488,25 +488,6 @@ impl HostArena {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gdrdrv_request_numbers_match_the_header() {
-        // _IOWR(0xDA, 1, 40-byte struct), _IOWR(0xDA, 2, pointer), _IOWR(0xDA, 255, pointer).
-        assert_eq!(GDRDRV_IOC_PIN_BUFFER, 0xC028_DA01);
-        assert_eq!(GDRDRV_IOC_UNPIN_BUFFER, 0xC008_DA02);
-        assert_eq!(GDRDRV_IOC_GET_VERSION, 0xC008_DAFF);
-        assert_eq!(std::mem::offset_of!(GdrPinParams, handle), 32);
-    }
-
-    #[test]
-    fn empty_mappings_are_refused() {
-        assert!(Mapping::anonymous(0).is_err());
-    }
-}
-
 /// An image file mapped into this process and registered with CUDA, so GPU threads read (and,
 /// when writable, write) the file's page-cache pages over PCIe: the GPU-resident controller's
 /// `host` media. Writable registration of a shared file mapping works on tmpfs but not on ext4
@@ -614,5 +595,24 @@ impl MappedImage {
                 .map_err(|e| GpuError::Unsupported(format!("msync of host media: {e}"))),
             ImageMap::ReadOnly(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gdrdrv_request_numbers_match_the_header() {
+        // _IOWR(0xDA, 1, 40-byte struct), _IOWR(0xDA, 2, pointer), _IOWR(0xDA, 255, pointer).
+        assert_eq!(GDRDRV_IOC_PIN_BUFFER, 0xC028_DA01);
+        assert_eq!(GDRDRV_IOC_UNPIN_BUFFER, 0xC008_DA02);
+        assert_eq!(GDRDRV_IOC_GET_VERSION, 0xC008_DAFF);
+        assert_eq!(std::mem::offset_of!(GdrPinParams, handle), 32);
+    }
+
+    #[test]
+    fn empty_mappings_are_refused() {
+        assert!(Mapping::anonymous(0).is_err());
     }
 }
