@@ -840,11 +840,22 @@ fn ctrl_c_during_perf_prints_the_partial_result() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Once it holds the image (exclusively), its Ctrl-C handler is in place.
+    // Once it holds the image (exclusively), its Ctrl-C handler is in place. Watched in the
+    // kernel's lock table, not by trying the image: a probing `identify` holding its shared
+    // lock at the moment perf starts would make perf refuse the image and exit.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while gpunvme(d, "--device disk.img identify").status.success() {
-        assert!(Instant::now() < deadline, "perf never took the image");
-        std::thread::sleep(Duration::from_millis(10));
+    let pid = child.id().to_string();
+    if std::path::Path::new("/proc/locks").exists() {
+        while !std::fs::read_to_string("/proc/locks")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().nth(4) == Some(pid.as_str()))
+        {
+            assert!(Instant::now() < deadline, "perf never took the image");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    } else {
+        std::thread::sleep(Duration::from_secs(3));
     }
     let started = Instant::now();
     assert!(
