@@ -21,8 +21,10 @@ use crate::open::Backend;
 pub struct GpuFsOptions {
     /// Who serves the GPU queues.
     pub serving: Serving,
-    /// GPU queue pairs (default: every one the controller has left).
+    /// GPU queue pairs (default: every one the controller granted beyond `cpu_queues`).
     pub queues: Option<u16>,
+    /// Queue pairs the file system's own device holds (CPU queues: metadata, host checksums).
+    pub cpu_queues: u16,
     /// SMs reserved for the controller's kernels.
     pub controller_sms: u32,
 }
@@ -32,6 +34,7 @@ impl Default for GpuFsOptions {
         Self {
             serving: Serving::Device,
             queues: None,
+            cpu_queues: 1,
             controller_sms: 8,
         }
     }
@@ -188,8 +191,21 @@ fn setup(
             )?)
         }
     };
+    let granted = ctrl.info().max_io_queue_pairs;
+    let queues = match opts.queues {
+        Some(q) => q,
+        None => {
+            ensure!(
+                granted > opts.cpu_queues,
+                "the controller granted {granted} I/O queue pairs and the file system holds \
+                 {}: none is left for GPU queues",
+                opts.cpu_queues
+            );
+            granted - opts.cpu_queues
+        }
+    };
     let qopts = GpuQueueOptions {
-        queues: opts.queues,
+        queues: Some(queues),
         controller_sms: opts.controller_sms,
         ..Default::default()
     };

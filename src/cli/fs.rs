@@ -154,6 +154,7 @@ impl GpuFsArgs {
             },
             queues: self.gpu_queues,
             controller_sms: self.controller_sms,
+            ..GpuFsOptions::default()
         }
     }
 }
@@ -192,8 +193,19 @@ pub fn run(
     cmd: FsCommand,
     json: bool,
 ) -> Result<()> {
+    // With --gpu the file system's own device takes one queue pair (metadata and the host's
+    // checksum); the GPU queues take the rest.
+    let gpu = matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu);
+    let dev_opts = NvmeDeviceOptions {
+        queues: if gpu {
+            GpuFsOptions::default().cpu_queues as usize
+        } else {
+            NvmeDeviceOptions::default().queues
+        },
+        ..NvmeDeviceOptions::default()
+    };
     let dev = Arc::new(
-        NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
+        NvmeBlockDevice::new(ctrl, nsid, &dev_opts)
             .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
     );
     let mount = || match FileSystem::mount(dev.clone()) {
