@@ -6,6 +6,7 @@
 // gpu-queues/src/desc.rs; their layout numbers are checked on both sides like gpunvme.cuh's.
 #include "gpunvme.cuh"
 #include "gpunvme_controller.cuh"
+#include "gpunvme_file.cuh"
 
 #define GPUNVME_PERF_PARAMS_SIZE 96
 #define GPUNVME_PERF_COUNTERS_SIZE 64
@@ -550,4 +551,174 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
         reinterpret_cast<ctrl_counters*>(ld_sys64(&c->counters))[gw] = k;
         fence_sys();
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files on the GPU (gpunvme_file.cuh): batched reads and writes of byte ranges of blockfs files,
+// and CRC-32C of GPU memory. Host side: gpu_queues::files.
+
+#define GPUNVME_FILE_IO_SIZE 72
+#define GPUNVME_FILE_PARAMS_SIZE 64
+#define GPUNVME_CRC32C_COMBINE_THREADS 1024
+
+/// One byte range of one file, as gpunvme_file_rw takes it (a batch is an array of these).
+struct file_io {
+    uint64_t table;        // GPU pointer: the file's extent table (blockfs layout)
+    uint64_t offset;       // first byte of the file
+    uint64_t len;          // bytes (> 0)
+    uint64_t ptr;          // GPU pointer of the memory for byte `offset`
+    uint64_t bus;          // its device address (PRPs)
+    uint64_t scratch;      // GPU pointer: 2 LBAs for a write's partial head and tail (0: none)
+    uint64_t first_chunk;  // chunks of the ranges before this one (prefix sum)
+    uint32_t file;         // index of the file in the table
+    uint32_t write;        // 1: write the memory into the file; 0: read the file into it
+    uint32_t status;       // out: 0, or the first failure's gpunvme status
+    uint32_t nvme_status;  // out: its CQE status field (GPUNVME_NVME_ERROR)
+};
+
+/// What gpunvme_file_rw is asked.
+struct file_params {
+    uint64_t queues;        // queue_desc[nqueues]
+    uint64_t ios;           // file_io[nios]
+    uint64_t total_chunks;  // chunks of all ranges
+    uint32_t nqueues;
+    uint32_t nios;
+    uint32_t chunk_bytes;   // chunk size: a multiple of 4096 (so of every LBA size)
+    uint32_t warp_mode;     // 1: lanes of a warp together (rw_file_warp), 0: threads alone
+    uint64_t reserved[3];
+};
+
+static_assert(sizeof(file_io) == GPUNVME_FILE_IO_SIZE, "file_io size");
+static_assert(sizeof(file_params) == GPUNVME_FILE_PARAMS_SIZE, "file_params size");
+
+/// Records the first failure of a range.
+__device__ inline void file_io_fail(file_io* io, status s, uint32_t sf) {
+    if (atomicCAS(&io->status, 0u, (uint32_t)s) == 0u) io->nvme_status = sf;
+}
+
+/// Sets up chunk c of the batch: its range, table and file. false (after recording why, or
+/// when its range failed already): nothing to do.
+__device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_io** io_out,
+                                        fs::table* t, const fs::table_file** f, uint64_t* cs,
+                                        uint64_t* ce) {
+    file_io* ios = reinterpret_cast<file_io*>(p.ios);
+    // The range holding chunk c: the last whose first_chunk is <= c.
+    uint32_t lo = 0, hi = p.nios;
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (ios[mid].first_chunk <= c) lo = mid;
+        else hi = mid;
+    }
+    file_io* io = &ios[lo];
+    *io_out = io;
+    if (dev_u32(io->status).load(cuda::memory_order_relaxed)) return false;
+    status s = fs::table_open(reinterpret_cast<const void*>(io->table), t);
+    if (!s) s = fs::table_file_at(*t, io->file, f);
+    if (s) { file_io_fail(io, s, 0); return false; }
+    fs::chunk_of(io->offset, io->len, p.chunk_bytes, c - io->first_chunk, cs, ce);
+    return true;
+}
+
+/// Batched file I/O: every range of `ios` is cut into chunks (fs::chunk_of) and the chunks
+/// are spread over the grid, one per thread (warp_mode 0, fs::rw_file_thread) or one per
+/// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. Each
+/// range's first failure is stored in it; the other ranges go on.
+extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
+    const file_params p = *pp;
+    if (p.nios == 0 || p.nqueues == 0 || p.chunk_bytes == 0) return;  // warm-up launch
+    const queue_desc* queues = reinterpret_cast<const queue_desc*>(p.queues);
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
+    if (p.warp_mode) {
+        // blockDim.x is a multiple of 32: every warp is whole.
+        const uint64_t warp = gtid / 32;
+        const queue_desc& q = queues[warp % p.nqueues];
+        for (uint64_t base = warp * 32; base < p.total_chunks; base += nthreads) {
+            const uint64_t c = base + lane_id();
+            file_io* io = nullptr;
+            fs::table t{};
+            const fs::table_file* f = nullptr;
+            uint64_t cs = 0, ce = 0;
+            bool active = c < p.total_chunks && file_chunk_setup(p, c, &io, &t, &f, &cs, &ce);
+            uint64_t ptr = 0, bus = 0, scratch = 0;
+            if (active) {
+                ptr = io->ptr + (cs - io->offset);
+                bus = io->bus + (cs - io->offset);
+                // A partial head is in the range's first chunk, a partial tail in its last.
+                if (io->scratch)
+                    scratch = io->scratch + (cs == io->offset ? 0 : (1u << t.lba_shift));
+            }
+            uint32_t sf = 0;
+            status s = fs::rw_file_warp(q, t, f, active && io->write, active, cs, ce, ptr, bus,
+                                        reinterpret_cast<uint8_t*>(scratch), &sf);
+            if (active && s) file_io_fail(io, s, sf);
+        }
+    } else {
+        const queue_desc& q = queues[gtid % p.nqueues];
+        for (uint64_t c = gtid; c < p.total_chunks; c += nthreads) {
+            file_io* io = nullptr;
+            fs::table t{};
+            const fs::table_file* f = nullptr;
+            uint64_t cs = 0, ce = 0;
+            if (!file_chunk_setup(p, c, &io, &t, &f, &cs, &ce)) continue;
+            uint64_t scratch = 0;
+            if (io->scratch) scratch = io->scratch + (cs == io->offset ? 0 : (1u << t.lba_shift));
+            uint32_t sf = 0;
+            status s = fs::rw_file_thread(q, t, *f, io->write != 0, cs, ce,
+                                          io->ptr + (cs - io->offset), io->bus + (cs - io->offset),
+                                          reinterpret_cast<uint8_t*>(scratch), &sf);
+            if (s) file_io_fail(io, s, sf);
+        }
+    }
+}
+
+/// CRC-32C of segment i (bytes [i * seg, min(len, (i + 1) * seg))) of `data` into crcs[i].
+extern "C" __global__ void gpunvme_crc32c(const uint8_t* data, uint64_t len, uint32_t seg,
+                                          uint32_t* crcs) {
+    __shared__ uint32_t table[256];
+    fs::crc32c_table_init(table);
+    __syncthreads();
+    if (seg == 0) return;
+    const uint64_t nseg = (len + seg - 1) / seg;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nseg;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t s = i * seg;
+        const uint64_t n = len - s < seg ? len - s : seg;
+        crcs[i] = fs::crc32c_bytes(table, data + s, n);
+    }
+}
+
+/// Combines the nseg segment CRCs of gpunvme_crc32c (segments of `seg` bytes, the last one
+/// shorter, `len` bytes in all) into *out: one block of GPUNVME_CRC32C_COMBINE_THREADS
+/// threads, each folding a run of segments, then a tree over the runs.
+extern "C" __global__ void __launch_bounds__(GPUNVME_CRC32C_COMBINE_THREADS)
+    gpunvme_crc32c_combine(const uint32_t* crcs, uint64_t nseg, uint32_t seg, uint64_t len,
+                           uint32_t* out) {
+    __shared__ uint32_t crc[GPUNVME_CRC32C_COMBINE_THREADS];
+    __shared__ uint64_t bytes[GPUNVME_CRC32C_COMBINE_THREADS];
+    const uint32_t tid = threadIdx.x, nt = blockDim.x;
+    const uint64_t per = (nseg + nt - 1) / nt;
+    const uint64_t first = tid * per;
+    const uint64_t last = first + per < nseg ? first + per : nseg;
+    const uint32_t shift_seg = fs::crc32c_x8n(seg);
+    uint32_t c = 0;  // the CRC of nothing
+    uint64_t b = 0;
+    for (uint64_t i = first; i < last; ++i) {
+        const uint64_t s = i * seg;
+        const uint64_t n = len - s < seg ? len - s : seg;
+        c = (n == seg ? fs::crc32c_multmodp(shift_seg, c) : fs::crc32c_multmodp(fs::crc32c_x8n(n), c)) ^
+            crcs[i];
+        b += n;
+    }
+    crc[tid] = c;
+    bytes[tid] = b;
+    __syncthreads();
+    for (uint32_t stride = 1; stride < nt; stride *= 2) {
+        if (tid % (2 * stride) == 0 && tid + stride < nt) {
+            crc[tid] = fs::crc32c_combine(crc[tid], crc[tid + stride], bytes[tid + stride]);
+            bytes[tid] += bytes[tid + stride];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) *out = crc[0];
 }

@@ -6,9 +6,11 @@
 #
 # 1. the GPU tests (gpu-queues/tests/gpu.rs) with --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
-#    error, dropped completion, controller fatal, GPU and CPU queues together;
+#    error, dropped completion, controller fatal, GPU and CPU queues together; blockfs files
+#    read and written by GPU-issued commands (files::*);
 # 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
 #    --cpu-queues 2), each checked for zero errors;
+# 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
 # 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs and the
 #    transfer-shape test, each required to report 0 errors.
 # Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
@@ -104,6 +106,40 @@ for client in warp thread; do
 done
 rm -f "$img"
 
+# 2c. blockfs files on the GPU (gpu_queues::files, ptx/gpunvme_file.cuh): a file of unaligned
+# size put by the CPU and loaded by `fs get --gpu` (its CRC-32C computed on the GPU must equal
+# the host's and the one `fs put` recorded), on the software controller and on the GPU-resident
+# model; and `fs put --gpu` (GPU-issued writes into a reservation) read back by a CPU `fs get`.
+gpu_get_ok() {  # gpu_get_ok IMG LBA NAME SRC ARGS...: fs get --gpu reports matching checksums
+    local img=$1 lba=$2 name=$3 src=$4; shift 4
+    local out; out=$("$G" --device "$img" --lba-size "$lba" --json fs get --gpu "$name" "$@") || return 1
+    echo "$out" | python3 -c 'import json,sys,os
+r=json.load(sys.stdin); size=os.path.getsize(sys.argv[1])
+print("bytes=%d GB/s=%.2f gpu=%s host=%s recorded=%s path=%s" % (r["bytes"], r["bytes_per_sec"]/1e9, r["gpu_crc32c"], r["host_crc32c"], r["recorded_crc32c"], r["data_path"]))
+sys.exit(0 if r["bytes"]==size and r["gpu_crc32c"]==r["host_crc32c"]==r["recorded_crc32c"] else 1)' "$src"
+}
+gpu_put_ok() {  # gpu_put_ok IMG LBA SRC NAME: fs put --gpu, then a CPU fs get equals SRC
+    local img=$1 lba=$2 src=$3 name=$4
+    "$G" --device "$img" --lba-size "$lba" --json fs put --gpu "$src" "$name" || return 1
+    "$G" --device "$img" --lba-size "$lba" fs get "$name" "$WORK/back" || return 1
+    cmp "$src" "$WORK/back"
+}
+FSBYTES=$((256 * 1024 * 1024 + 12345)); [ $QUICK = 1 ] && FSBYTES=$((16 * 1024 * 1024 + 12345))
+head -c $FSBYTES /dev/urandom > "$WORK/src"
+head -c $((FSBYTES / 4 + 777)) /dev/urandom > "$WORK/src2"
+for lba in 512 4096; do
+    img=$WORK/fs$lba; truncate -s 2G "$img"
+    "$G" --device "$img" --lba-size $lba fs mkfs >>"$LOG" 2>&1
+    "$G" --device "$img" --lba-size $lba fs put "$WORK/src" data/big >>"$LOG" 2>&1
+    check "fs get --gpu lba=$lba" gpu_get_ok "$img" $lba data/big "$WORK/src"
+    check "fs get --gpu --controller gpu lba=$lba" gpu_get_ok "$img" $lba data/big "$WORK/src" \
+        --controller gpu
+    check "fs put --gpu lba=$lba" gpu_put_ok "$img" $lba "$WORK/src2" data/gpu-written
+    check "fs get --gpu of a GPU-written file lba=$lba" gpu_get_ok "$img" $lba data/gpu-written "$WORK/src2"
+    rm -f "$img"
+done
+rm -f "$WORK/src" "$WORK/src2" "$WORK/back"
+
 # 3. compute-sanitizer.
 if [ $SAN = 1 ]; then
     if command -v compute-sanitizer >/dev/null; then
@@ -120,6 +156,10 @@ if [ $SAN = 1 ]; then
         done
         check "sanitizer memcheck transfer shapes" compute-sanitizer --tool memcheck --error-exitcode 3 \
             "$BIN/gpu-tests" --include-ignored --exact every_transfer_shape_into_arbitrary_gpu_buffers --test-threads=1
+        for t in files::byte_ranges_at_odd_offsets_match_the_host files::gpu_writes_into_a_preallocated_file_read_back_after_remount; do
+            check "sanitizer memcheck $t" compute-sanitizer --tool memcheck --error-exitcode 3 \
+                "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
+        done
     else
         echo "FAIL compute-sanitizer not found"; fail=$((fail + 1))
     fi

@@ -11,12 +11,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gpu_queues::gpu_controller::NamespaceSpec;
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::transport::{self, Source, TransportOptions};
-use gpu_queues::{
-    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind,
-};
+use gpu_queues::{Cuda, GpuQueueOptions, MediaKind};
 use nvme::Controller;
 use serde::Serialize;
 
@@ -194,12 +190,6 @@ fn cpu_check(
 pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<GpuPerfReport> {
     let cfg = &args.perf;
     let cuda = Cuda::open(0).context("perf --gpu")?;
-    // The transport source: the software controller (a), or the VFIO device behind `ctrl`
-    // ((b), then (c)).
-    let source = match backend {
-        Backend::Software(emu) => Source::SoftwareController(emu),
-        Backend::Vfio(v) => Source::Vfio(v.clone()),
-    };
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
     ensure!(
@@ -242,15 +232,14 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         None => cfg.qd,
     };
     ensure!(qd >= 1, "--qd must be at least 1");
-    let model = match (args.model, backend) {
-        (None, _) => None,
-        (Some(media), Backend::Software(emu)) => Some((media, emu.clone())),
-        (Some(_), Backend::Vfio(_)) => bail!(
+    let model = args.model;
+    if model.is_some() && !matches!(backend, Backend::Software(_)) {
+        bail!(
             "--controller gpu is a model that takes the software controller's place: give an \
              image file as --device"
-        ),
-    };
-    if let Some((media, _)) = &model {
+        );
+    }
+    if let Some(media) = &model {
         ensure!(
             args.cpu_queues == 0,
             "--cpu-queues with --controller gpu: CPU queues cannot reach the model's GPU media"
@@ -277,46 +266,29 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     };
     // The GPU-resident controller model starts after the CPU fill (which went to the image
     // through the software controller) and loads the image; it writes it back when stopped.
-    let gpu_ctrl = match &model {
+    let gpu_ctrl = match model {
         None => None,
-        Some((media, emu)) => Some(start_model(&cuda, ctrl, emu, *media, args.controller_sms)?),
+        Some(media) => Some(crate::gpu::start_model(
+            &cuda,
+            ctrl,
+            backend,
+            media,
+            args.controller_sms,
+        )?),
     };
-    let (queues, transport) = match &gpu_ctrl {
-        Some(g) => {
-            let opts = GpuQueueOptions {
-                // One slot buffer per command of --bs: the model's runs use many queues.
-                slot_buffer_bytes: Some(
-                    u32::try_from(cfg.bs.next_multiple_of(4096)).context("--bs")?,
-                ),
-                ..opts
-            };
-            let q = GpuQueues::on_gpu_controller(&cuda, ctrl, g, &opts)
-                .context("creating GPU queues on the GPU controller")?;
-            let t = format!(
-                "gpu-controller model ({} media) on {} ({} SMs for the controller, {} for clients)",
-                g.media().name(),
-                cuda.name(),
-                g.partition().controller_sms(),
-                g.partition().client_sms()
-            );
-            (q, t)
-        }
-        None => {
-            let (queues, choice) =
-                transport::open(&cuda, ctrl, source, &opts, &TransportOptions::default())
-                    .context("creating GPU queues")?;
-            let t = if choice.skipped.is_empty() {
-                queues.describe()
-            } else {
-                format!(
-                    "{}; skipped {}",
-                    queues.describe(),
-                    transport::list_skipped(&choice.skipped)
-                )
-            };
-            (queues, t)
-        }
+    let opts = match &gpu_ctrl {
+        // One slot buffer per command of --bs: the model's runs use many queues.
+        Some(_) => GpuQueueOptions {
+            slot_buffer_bytes: Some(u32::try_from(cfg.bs.next_multiple_of(4096)).context("--bs")?),
+            ..opts
+        },
+        None => opts,
     };
+    let crate::gpu::GpuSetup {
+        queues,
+        model: gpu_ctrl,
+        transport,
+    } = crate::gpu::open_queues(&cuda, ctrl, backend, gpu_ctrl, &opts)?;
     tracing::info!(%transport, "perf --gpu");
     let gcfg = GpuPerfConfig {
         rw: gpu_rw(cfg.rw),
@@ -343,26 +315,11 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         size: Some(region),
         ..cfg.clone()
     };
-    let watched = backend.emu().cloned();
-    let model_ref = gpu_ctrl.as_ref();
+    let watchdog = crate::gpu::watchdog(ctrl, backend, gpu_ctrl.as_ref());
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0)
             .then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg).map_err(anyhow::Error::from)));
-        let gpu = gpu_queues::perf::run(&queues, &gcfg, move || match &watched {
-            _ if model_ref.is_some_and(|g| !g.is_running()) => {
-                Some("the GPU controller kernel stopped".to_string())
-            }
-            Some(emu) => emu
-                .csts()
-                .cfs()
-                .then(|| "the controller reported fatal status".to_string()),
-            None => match ctrl.csts() {
-                Ok(csts) => csts
-                    .cfs()
-                    .then(|| "the controller reported fatal status".to_string()),
-                Err(e) => Some(format!("reading CSTS: {e}")),
-            },
-        });
+        let gpu = gpu_queues::perf::run(&queues, &gcfg, watchdog);
         let cpu = cpu.map(|h| {
             h.join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("CPU side panicked")))
@@ -486,42 +443,4 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         gpu: side,
         cpu,
     })
-}
-
-/// Starts the GPU-resident controller model in place of `emu`'s I/O threads, over the same
-/// namespaces.
-fn start_model(
-    cuda: &std::sync::Arc<Cuda>,
-    ctrl: &Controller,
-    emu: &std::sync::Arc<nvme_emu::EmuDevice>,
-    media: MediaKind,
-    controller_sms: u32,
-) -> Result<std::sync::Arc<GpuController>> {
-    let specs: Vec<NamespaceSpec> = emu
-        .namespace_configs()
-        .iter()
-        .map(|c| NamespaceSpec {
-            blocks: c.blocks,
-            lba_size: c.lba_size,
-            image: match &c.backend {
-                nvme_emu::Backend::File(p) => Some(p.clone()),
-                _ => None,
-            },
-            read_only: c.read_only,
-        })
-        .collect();
-    let info = ctrl.info();
-    GpuController::start(
-        cuda,
-        emu,
-        &specs,
-        info.max_io_queue_pairs,
-        u32::try_from(info.max_transfer_bytes).unwrap_or(u32::MAX),
-        &GpuControllerOptions {
-            controller_sms,
-            media,
-            ..Default::default()
-        },
-    )
-    .context("starting the GPU-resident controller")
 }

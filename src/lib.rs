@@ -11,6 +11,8 @@
 
 pub mod copy;
 pub mod fs_report;
+pub mod gpu;
+pub mod gpu_fs;
 pub mod gpu_perf;
 pub mod open;
 pub mod perf;

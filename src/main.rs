@@ -385,7 +385,7 @@ fn run(args: Args) -> Result<()> {
             }
         })(),
         Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
-        Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, nsid, cmd, args.json),
+        Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
     };
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");

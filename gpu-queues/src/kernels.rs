@@ -29,6 +29,12 @@ pub struct Kernels {
     pub gather: Kernel,
     /// `gpunvme_warmup`.
     pub warmup: Kernel,
+    /// `gpunvme_file_rw` (batched byte ranges of blockfs files).
+    pub file_rw: Kernel,
+    /// `gpunvme_crc32c` (segment CRCs).
+    pub crc32c: Kernel,
+    /// `gpunvme_crc32c_combine`.
+    pub crc32c_combine: Kernel,
     /// `gpunvme_controller` (the GPU-resident controller model).
     pub controller: Kernel,
 }
@@ -51,6 +57,9 @@ impl Kernels {
             scatter: lib.kernel("gpunvme_scatter")?,
             gather: lib.kernel("gpunvme_gather")?,
             warmup: lib.kernel("gpunvme_warmup")?,
+            file_rw: lib.kernel("gpunvme_file_rw")?,
+            crc32c: lib.kernel("gpunvme_crc32c")?,
+            crc32c_combine: lib.kernel("gpunvme_crc32c_combine")?,
             controller: lib.kernel("gpunvme_controller")?,
             _lib: lib,
         }))
@@ -105,6 +114,26 @@ impl Kernels {
             Arg::U64(p + 2048),
         ];
         stream.launch(self.pattern, 1, 32, &pattern)?;
+        // A file_params with nios = 0; segment size 0; no segments to combine.
+        stream.launch(self.file_rw, 1, 32, &[Arg::U64(p)])?;
+        stream.launch(
+            self.crc32c,
+            1,
+            32,
+            &[Arg::U64(p), Arg::U64(0), Arg::U32(0), Arg::U64(p + 2048)],
+        )?;
+        stream.launch(
+            self.crc32c_combine,
+            1,
+            32,
+            &[
+                Arg::U64(p),
+                Arg::U64(0),
+                Arg::U32(4096),
+                Arg::U64(0),
+                Arg::U64(p + 2048),
+            ],
+        )?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

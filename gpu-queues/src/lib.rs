@@ -22,6 +22,11 @@
 //!   SMs serving queues in GPU memory at GPU speed, behind the software controller's admin
 //!   queue ([`nvme_emu::QueueServer`]); `null` and `hbm` media.
 //! - [`perf`]: the GPU side of `gpunvme perf --gpu`.
+//! - [`files`]: blockfs files on the GPU, cuFile-like ([`files::GpuFiles`]): extent tables
+//!   uploaded to GPU memory (pinned while in use), byte ranges of files read and written by
+//!   GPU-issued commands (`ptx/gpunvme_file.cuh`), batched over many files, synchronously or on
+//!   a stream, device writes committed through blockfs's device-write reservations; CRC-32C of
+//!   GPU memory computed on the GPU.
 //!
 //! # Transports
 //! Chosen at run time by [`transport::open`], the choice logged and returned
@@ -46,6 +51,7 @@ pub mod desc;
 pub mod emu_dma;
 pub mod error;
 pub mod ffi;
+pub mod files;
 pub mod gpu_controller;
 pub mod kernels;
 pub mod pattern;
@@ -56,5 +62,6 @@ pub mod transport;
 pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;
 pub use ffi::{Cuda, cuda_present};
+pub use files::{GpuFile, GpuFiles, GpuSpan};
 pub use gpu_controller::{GpuController, GpuControllerOptions, MediaKind};
 pub use queues::{GpuBuffer, GpuQueueOptions, GpuQueues, TransportKind};

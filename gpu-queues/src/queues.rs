@@ -761,6 +761,13 @@ impl GpuQueues {
         &self.client_stream
     }
 
+    /// A new stream in the clients' SM partition, for work of a caller's own that must be
+    /// ordered with GPU file transfers ([`crate::files::GpuFiles::submit_on`]). Client kernels
+    /// that wait on the queues must run there, not on the SMs reserved for the controller.
+    pub fn new_client_stream(&self) -> Result<Stream, GpuError> {
+        Stream::new(&self.cuda, Placement::Client, Some(&self.partition))
+    }
+
     /// The loaded kernels.
     pub fn kernels(&self) -> &Arc<Kernels> {
         &self.kernels

@@ -896,3 +896,317 @@ fn model_without_free_sms_is_refused_not_hung() {
     eprintln!("refused as expected: {err}");
     let _ = std::fs::remove_file(&path);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Files on the GPU (gpu_queues::files, ptx/gpunvme_file.cuh): blockfs on the same controller,
+// extent tables in GPU memory, byte ranges read and written by GPU-issued commands.
+
+mod files {
+    use super::*;
+    use blockfs::{
+        CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+    };
+    use gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+
+    fn data(seed: u64, n: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn blockfs_dev(r: &Rig) -> Arc<NvmeBlockDevice> {
+        let opts = NvmeDeviceOptions {
+            queues: 2,
+            ..NvmeDeviceOptions::default()
+        };
+        Arc::new(NvmeBlockDevice::new(&r.ctrl, 1, &opts).expect("blockfs device"))
+    }
+
+    /// A file system with `dir/a` and `dir/b` of `len` bytes each whose appends interleave (so
+    /// both are spread over many extents); returns the bytes of `dir/a`.
+    fn fragmented(fs: &FileSystem, len: usize) -> Vec<u8> {
+        let d = data(len as u64, len);
+        let a = fs
+            .create("dir/a", &CreateOptions::default())
+            .expect("create a");
+        let b = fs
+            .create("dir/b", &CreateOptions::default())
+            .expect("create b");
+        let step = 64 * 1024 + 512;
+        let mut at = 0;
+        while at < len {
+            let n = step.min(len - at);
+            a.write_at(at as u64, &d[at..at + n]).expect("write a");
+            b.write_at(at as u64, &d[at..at + n]).expect("write b");
+            at += n;
+        }
+        fs.sync().expect("sync");
+        d
+    }
+
+    fn host_bytes(buf: &gpu_queues::GpuBuffer, off: usize, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        buf.read(off, &mut v).expect("GPU buffer read");
+        v
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn file_of_unaligned_size_loads_with_gpu_checksum() {
+        for lba in [512u32, 4096] {
+            let r = rig(lba, 4, 256);
+            let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+            let len = (5 << 20) + 333;
+            let want = fragmented(&fs, len);
+            let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+            for warp in [true, false] {
+                let files = GpuFiles::new(
+                    &r.gpu,
+                    GpuFilesOptions {
+                        warp,
+                        ..Default::default()
+                    },
+                );
+                let g = files.open(&file).expect("open for the GPU");
+                assert!(g.table().extents().len() > 3, "fragmented");
+                let buf = r.gpu.alloc_buffer(len).expect("buffer");
+                let got = files
+                    .read(&g, GpuSpan::all(&buf), 0)
+                    .expect("GPU read of the whole file");
+                assert_eq!(got, len as u64);
+                let crc = files.crc32c(buf.ptr(), len as u64).expect("GPU crc");
+                assert_eq!(
+                    crc,
+                    crc32c::crc32c(&want),
+                    "lba {lba} warp {warp}: GPU CRC-32C"
+                );
+                assert!(
+                    host_bytes(&buf, 0, len) == want,
+                    "lba {lba} warp {warp}: bytes"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn byte_ranges_at_odd_offsets_match_the_host() {
+        for lba in [512u32, 4096] {
+            let r = rig(lba, 2, 64);
+            let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+            let len = 3 * 1024 * 1024 + 4097;
+            let want = fragmented(&fs, len);
+            let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+            let cases: &[(u64, u64)] = &[
+                (0, 1),
+                (1, 1),
+                (511, 2),
+                (4095, 4098),
+                (12_345, 1_000_000),
+                (len as u64 - 1, 1),
+                (len as u64 - 5000, 5000),
+                (65_536 + 511, 3 * 65_536 + 3),
+                (7, len as u64 - 7),
+            ];
+            for (warp, chunk) in [
+                (true, None),
+                (false, None),
+                (true, Some(8192)),
+                (false, Some(4096)),
+            ] {
+                let files = GpuFiles::new(
+                    &r.gpu,
+                    GpuFilesOptions {
+                        warp,
+                        chunk_bytes: chunk,
+                        ..Default::default()
+                    },
+                );
+                let g = files.open(&file).expect("open for the GPU");
+                // One batch: every range into its own place of one buffer, at addresses that
+                // are aligned, odd and 2 mod 4 (those bounce through slot buffers).
+                let total: u64 = cases.iter().map(|c| c.1 + 8).sum();
+                let buf = r.gpu.alloc_buffer(total as usize).expect("buffer");
+                let mut at = 0u64;
+                let mut ranges = Vec::new();
+                for (i, &(off, n)) in cases.iter().enumerate() {
+                    let skew = [0u64, 1, 2, 3, 4][i % 5];
+                    ranges.push((at + skew, off, n));
+                    at += n + 8;
+                }
+                let reqs: Vec<FileRange<'_>> = ranges
+                    .iter()
+                    .map(|&(b, off, n)| FileRange::read(&g, off, GpuSpan::of(&buf, b, n).unwrap()))
+                    .collect();
+                let res = files
+                    .run(&reqs)
+                    .expect("batch")
+                    .into_first_error()
+                    .expect("ranges");
+                for &(b, off, n) in &ranges {
+                    assert!(
+                        host_bytes(&buf, b as usize, n as usize)
+                            == want[off as usize..(off + n) as usize],
+                        "lba {lba} warp {warp} chunk {chunk:?}: {off}+{n} at buffer {b}"
+                    );
+                }
+                assert_eq!(res.bytes(), cases.iter().map(|c| c.1).sum::<u64>());
+                // Reads stop at the length (pread): 3 bytes asked at len - 1, 1 read.
+                let small = r.gpu.alloc_buffer(4096).expect("buffer");
+                let got = files
+                    .read(&g, GpuSpan::of(&small, 0, 3).unwrap(), len as u64 - 1)
+                    .expect("read at the end");
+                assert_eq!(got, 1);
+                assert_eq!(host_bytes(&small, 0, 1), want[len - 1..]);
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn gpu_writes_into_a_preallocated_file_read_back_after_remount() {
+        for lba in [512u32, 4096] {
+            let r = rig(lba, 2, 64);
+            let dev = blockfs_dev(&r);
+            let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
+            let len = 2 * 1024 * 1024 + 1001;
+            let mut want: Vec<Vec<u8>> = Vec::new();
+            for (i, warp) in [true, false].into_iter().enumerate() {
+                let name = format!("ckpt/{i}");
+                let f = fs
+                    .create(
+                        &name,
+                        &CreateOptions {
+                            size_hint: len as u64,
+                        },
+                    )
+                    .expect("create");
+                // Old contents below 10000 bytes: the GPU's partial LBAs keep their neighbours.
+                let mut expect = data(100 + i as u64, 10_000);
+                f.write_at(0, &expect).expect("host write");
+                fs.sync().expect("sync");
+                expect.resize(len, 0);
+                let files = GpuFiles::new(
+                    &r.gpu,
+                    GpuFilesOptions {
+                        warp,
+                        ..Default::default()
+                    },
+                );
+                let g = files.reserve(&f, len as u64).expect("reserve");
+                assert!(g.is_writable() && g.alloc_bytes() >= len as u64);
+                let src = data(7 + i as u64, len);
+                let buf = r.gpu.alloc_buffer(len + 64).expect("buffer");
+                buf.write(0, &src).expect("upload");
+                // The tail from an unaligned file offset, then overwrites at odd places, some
+                // from odd buffer addresses.
+                let writes: &[(u64, u64, u64)] = &[
+                    (10_000, 10_000, len as u64 - 10_000),
+                    (1, 3, 700),
+                    (513, 4095, 10_000),
+                    (0, 0, 1),
+                    (4096, 65_536, 200_000),
+                ];
+                for &(b, off, n) in writes {
+                    files
+                        .write(&g, GpuSpan::of(&buf, b, n).unwrap(), off)
+                        .unwrap_or_else(|e| panic!("write {off}+{n}: {e}"));
+                    expect[off as usize..(off + n) as usize]
+                        .copy_from_slice(&src[b as usize..(b + n) as usize]);
+                }
+                // Past the allocation: refused before anything runs.
+                assert!(
+                    files
+                        .write(&g, GpuSpan::of(&buf, 0, 2).unwrap(), g.alloc_bytes() - 1)
+                        .is_err()
+                );
+                g.commit(len as u64).expect("commit");
+                want.push(expect);
+            }
+            fs.sync().expect("sync");
+            fs.unmount().expect("unmount");
+            let fs = FileSystem::mount(blockfs_dev(&r)).expect("remount");
+            for (i, expect) in want.iter().enumerate() {
+                let f = fs
+                    .open(&format!("ckpt/{i}"), OpenMode::ReadOnly)
+                    .expect("open");
+                assert_eq!(f.len().unwrap(), len as u64);
+                let mut back = vec![0u8; len];
+                f.read_at(0, &mut back).expect("CPU read");
+                assert!(
+                    &back == expect,
+                    "lba {lba} file {i}: the CPU reads what the GPU wrote"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn batch_open_by_prefix_reads_every_file() {
+        let r = rig(512, 4, 128);
+        let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+        let sizes = [
+            0usize,
+            1,
+            511,
+            512,
+            4096,
+            4097,
+            100_000,
+            1 << 20,
+            (1 << 20) + 3,
+            77,
+        ];
+        let mut want = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let d = data(i as u64 + 50, n);
+            let f = fs
+                .create(&format!("shard/{i:02}"), &CreateOptions::default())
+                .expect("create");
+            f.write_at(0, &d).expect("write");
+            want.push(d);
+        }
+        fs.create("other", &CreateOptions::default())
+            .expect("create");
+        fs.sync().expect("sync");
+        let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
+        let handles = files.open_prefix(&fs, "shard/").expect("batch open");
+        assert_eq!(handles.len(), sizes.len());
+        assert!(
+            handles
+                .iter()
+                .all(|h| h.table_ptr() == handles[0].table_ptr()),
+            "one table"
+        );
+        let total: usize = sizes.iter().map(|n| n + 1).sum();
+        let buf = r.gpu.alloc_buffer(total).expect("buffer");
+        let mut at = 0u64;
+        let mut reqs = Vec::new();
+        for h in &handles {
+            reqs.push(FileRange::read(
+                h,
+                0,
+                GpuSpan::of(&buf, at, h.size()).unwrap(),
+            ));
+            at += h.size() + 1;
+        }
+        files
+            .run(&reqs)
+            .expect("batch")
+            .into_first_error()
+            .expect("ranges");
+        let mut at = 0usize;
+        for (i, h) in handles.iter().enumerate() {
+            assert_eq!(h.name(), format!("shard/{i:02}"));
+            assert!(host_bytes(&buf, at, sizes[i]) == want[i], "shard {i}");
+            at += sizes[i] + 1;
+        }
+    }
+}

@@ -16,6 +16,9 @@ use gpunvme::copy;
 use gpunvme::fs_report::{
     DfReport, FsckView, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport, check_data,
 };
+use gpunvme::gpu::Serving;
+use gpunvme::gpu_fs::{self, GpuFsOptions};
+use gpunvme::open::Backend;
 use gpunvme::units::parse_size;
 
 use crate::cli::{Refusal, StdoutError, escape};
@@ -54,8 +57,12 @@ pub enum FsCommand {
         force: bool,
         /// Bytes per file-system call (default: the whole file in one call). The device stays
         /// busy within a call and drains between calls, so smaller values only cost speed.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_size, conflicts_with = "gpu")]
         chunk: Option<u64>,
+        /// GPU data path: the file goes into GPU memory, GPU threads write it into a
+        /// device-write reservation, the length is committed with the GPU's CRC-32C.
+        #[command(flatten)]
+        gpu: GpuFsArgs,
     },
     /// Copy a file out of the file system (`-` for standard output). A regular-file destination
     /// is written under a temporary name beside it and renamed into place once complete and
@@ -63,13 +70,18 @@ pub enum FsCommand {
     Get {
         /// Name in the file system.
         name: String,
-        /// Host file to create or truncate.
-        dst: PathBuf,
+        /// Host file to create or truncate (not with --gpu).
+        #[arg(required_unless_present = "gpu", conflicts_with = "gpu")]
+        dst: Option<PathBuf>,
         /// Bytes per file-system call (default: the whole file in one call, or 16m where the
         /// destination takes no positioned writes, e.g. a pipe). The device stays busy within a
         /// call and drains between calls, so smaller values only cost speed.
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = parse_size, conflicts_with = "gpu")]
         chunk: Option<u64>,
+        /// GPU data path: load the file into GPU memory with GPU-issued reads, print GB/s, the
+        /// path that ran and a CRC-32C computed on the GPU (checked against the host's).
+        #[command(flatten)]
+        gpu: GpuFsArgs,
     },
     /// Remove a file.
     Rm {
@@ -104,11 +116,54 @@ pub enum FsCommand {
     },
 }
 
+/// The GPU options of `fs get` and `fs put`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GpuFsArgs {
+    /// Move the data between the file and GPU memory with commands GPU threads issue on NVMe
+    /// queues in GPU memory (needs an NVIDIA GPU).
+    #[arg(long)]
+    pub gpu: bool,
+    /// Who serves the GPU queues: `emu`, the software controller's threads, or `gpu`, the
+    /// GPU-resident controller model (the image loaded into GPU memory, written back at the
+    /// end).
+    #[arg(long, value_enum, default_value = "emu", requires = "gpu")]
+    pub controller: FsController,
+    /// SMs reserved for the controller's kernels.
+    #[arg(long, default_value_t = 8, requires = "gpu")]
+    pub controller_sms: u32,
+    /// GPU queue pairs (default: every one the controller grants).
+    #[arg(long, requires = "gpu")]
+    pub gpu_queues: Option<u16>,
+}
+
+/// `--controller` of the GPU file commands.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsController {
+    /// The software controller's threads (or a real SSD through VFIO).
+    Emu,
+    /// The GPU-resident controller model with its media in GPU memory.
+    Gpu,
+}
+
+impl GpuFsArgs {
+    fn options(&self) -> GpuFsOptions {
+        GpuFsOptions {
+            serving: match self.controller {
+                FsController::Emu => Serving::Device,
+                FsController::Gpu => Serving::Model(gpunvme::gpu_queues::MediaKind::Hbm),
+            },
+            queues: self.gpu_queues,
+            controller_sms: self.controller_sms,
+            ..GpuFsOptions::default()
+        }
+    }
+}
+
 impl FsCommand {
     /// The host file the command writes, if any.
     pub fn output_path(&self) -> Option<&Path> {
         match self {
-            FsCommand::Get { dst, .. } => Some(dst),
+            FsCommand::Get { dst, .. } => dst.as_deref(),
             _ => None,
         }
     }
@@ -131,9 +186,26 @@ impl FsCommand {
 }
 
 /// Runs a blockfs command on namespace `nsid` of `ctrl`.
-pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<()> {
+pub fn run(
+    ctrl: &Controller,
+    backend: &Backend,
+    nsid: u32,
+    cmd: FsCommand,
+    json: bool,
+) -> Result<()> {
+    // With --gpu the file system's own device takes one queue pair (metadata and the host's
+    // checksum); the GPU queues take the rest.
+    let gpu = matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu);
+    let dev_opts = NvmeDeviceOptions {
+        queues: if gpu {
+            GpuFsOptions::default().cpu_queues as usize
+        } else {
+            NvmeDeviceOptions::default().queues
+        },
+        ..NvmeDeviceOptions::default()
+    };
     let dev = Arc::new(
-        NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
+        NvmeBlockDevice::new(ctrl, nsid, &dev_opts)
             .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
     );
     let mount = || match FileSystem::mount(dev.clone()) {
@@ -176,7 +248,24 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             src,
             name,
             force,
+            gpu,
+            ..
+        } if gpu.gpu => {
+            let fs = mount()?;
+            let report = gpu_fs::put(ctrl, backend, &fs, &src, &name, force, &gpu.options())?;
+            print_report(&report, json, false)
+        }
+        FsCommand::Get { name, gpu, .. } if gpu.gpu => {
+            let fs = mount()?;
+            let report = gpu_fs::get(ctrl, backend, &fs, &name, &gpu.options())?;
+            print_report(&report, json, false)
+        }
+        FsCommand::Put {
+            src,
+            name,
+            force,
             chunk,
+            ..
         } => {
             copy::check_chunk(chunk)?;
             let fs = mount()?;
@@ -188,7 +277,10 @@ pub fn run(ctrl: &Controller, nsid: u32, cmd: FsCommand, json: bool) -> Result<(
             bar.finish_and_clear();
             print_report(&report, json, false)
         }
-        FsCommand::Get { name, dst, chunk } => {
+        FsCommand::Get {
+            name, dst, chunk, ..
+        } => {
+            let dst = dst.context("a destination file (or --gpu)")?;
             copy::check_chunk(chunk)?;
             let fs = mount()?;
             let to_stdout = dst == Path::new("-");

@@ -91,6 +91,9 @@ pub fn error_kind(e: &anyhow::Error) -> &'static str {
                 _ => {}
             }
         }
+        if cause.is::<gpunvme::gpu_fs::GpuChecksumMismatch>() {
+            return "corrupt";
+        }
         if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
             return blockfs_kind(e);
         }

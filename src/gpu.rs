@@ -1,0 +1,159 @@
+//! Bringing GPU queues up on an opened controller, shared by `perf --gpu` and `fs get/put
+//! --gpu`: the transport ((a) software controller, or VFIO (b)/(c)) chosen at run time, or the
+//! GPU-resident controller model in the software controller's place; the line saying which ran;
+//! and the watchdog that aborts device-side waits when the controller dies.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use gpu_queues::gpu_controller::NamespaceSpec;
+use gpu_queues::transport::{self, Source, TransportOptions};
+use gpu_queues::{
+    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind,
+};
+use nvme::Controller;
+
+use crate::open::Backend;
+
+/// GPU queues and, for the model, the controller serving them. Field order is drop order: the
+/// queues are deleted before the model stops.
+pub struct GpuSetup {
+    /// The queues.
+    pub queues: GpuQueues,
+    /// The GPU-resident controller model, when it serves them.
+    pub model: Option<Arc<GpuController>>,
+    /// Which transport (or the model) carries doorbells and data, in words.
+    pub transport: String,
+}
+
+/// Which controller serves GPU queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// The device's own: the software controller's threads (transport (a)), or a real SSD
+    /// through VFIO ((b), (c)).
+    Device,
+    /// The GPU-resident controller model with this media, in the software controller's place.
+    Model(MediaKind),
+}
+
+/// Starts the GPU-resident controller model in place of `backend`'s software controller's I/O
+/// threads, over the same namespaces (an image namespace is loaded into the model's media and
+/// written back when it stops, unless read-only).
+pub fn start_model(
+    cuda: &Arc<Cuda>,
+    ctrl: &Controller,
+    backend: &Backend,
+    media: MediaKind,
+    controller_sms: u32,
+) -> Result<Arc<GpuController>> {
+    let Backend::Software(emu) = backend else {
+        bail!(
+            "--controller gpu is a model that takes the software controller's place: give an \
+             image file as --device"
+        );
+    };
+    let specs: Vec<NamespaceSpec> = emu
+        .namespace_configs()
+        .iter()
+        .map(|c| NamespaceSpec {
+            blocks: c.blocks,
+            lba_size: c.lba_size,
+            image: match &c.backend {
+                nvme_emu::Backend::File(p) => Some(p.clone()),
+                _ => None,
+            },
+            read_only: c.read_only,
+        })
+        .collect();
+    let info = ctrl.info();
+    GpuController::start(
+        cuda,
+        emu,
+        &specs,
+        info.max_io_queue_pairs,
+        u32::try_from(info.max_transfer_bytes).unwrap_or(u32::MAX),
+        &GpuControllerOptions {
+            controller_sms,
+            media,
+            ..Default::default()
+        },
+    )
+    .context("starting the GPU-resident controller")
+}
+
+/// Creates GPU queues on `ctrl`: on `model` when given (started by [`start_model`]), else on
+/// the transport [`transport::open`] picks for `backend`.
+pub fn open_queues(
+    cuda: &Arc<Cuda>,
+    ctrl: &Controller,
+    backend: &Backend,
+    model: Option<Arc<GpuController>>,
+    opts: &GpuQueueOptions,
+) -> Result<GpuSetup> {
+    match model {
+        Some(g) => {
+            let queues = GpuQueues::on_gpu_controller(cuda, ctrl, &g, opts)
+                .context("creating GPU queues on the GPU controller")?;
+            let transport = format!(
+                "gpu-controller model ({} media) on {} ({} SMs for the controller, {} for clients)",
+                g.media().name(),
+                cuda.name(),
+                g.partition().controller_sms(),
+                g.partition().client_sms()
+            );
+            Ok(GpuSetup {
+                queues,
+                model: Some(g),
+                transport,
+            })
+        }
+        None => {
+            let source = match backend {
+                Backend::Software(emu) => Source::SoftwareController(emu),
+                Backend::Vfio(v) => Source::Vfio(v.clone()),
+            };
+            let (queues, choice) =
+                transport::open(cuda, ctrl, source, opts, &TransportOptions::default())
+                    .context("creating GPU queues")?;
+            let transport = if choice.skipped.is_empty() {
+                queues.describe()
+            } else {
+                format!(
+                    "{}; skipped {}",
+                    queues.describe(),
+                    transport::list_skipped(&choice.skipped)
+                )
+            };
+            Ok(GpuSetup {
+                queues,
+                model: None,
+                transport,
+            })
+        }
+    }
+}
+
+/// A watchdog for device-side waits: a reason to abort once the model's kernel stopped or the
+/// controller reports fatal status (or cannot be read).
+pub fn watchdog<'a>(
+    ctrl: &'a Controller,
+    backend: &Backend,
+    model: Option<&'a Arc<GpuController>>,
+) -> impl FnMut() -> Option<String> + Send + 'a {
+    let watched = backend.emu().cloned();
+    move || match &watched {
+        _ if model.is_some_and(|g| !g.is_running()) => {
+            Some("the GPU controller kernel stopped".to_string())
+        }
+        Some(emu) => emu
+            .csts()
+            .cfs()
+            .then(|| "the controller reported fatal status".to_string()),
+        None => match ctrl.csts() {
+            Ok(csts) => csts
+                .cfs()
+                .then(|| "the controller reported fatal status".to_string()),
+            Err(e) => Some(format!("reading CSTS: {e}")),
+        },
+    }
+}

@@ -1,0 +1,424 @@
+//! `gpunvme fs get --gpu` and `fs put --gpu`: a blockfs file loaded into GPU memory by
+//! GPU-issued reads, or written from GPU memory by GPU-issued writes into a device-write
+//! reservation, with a CRC-32C computed on the GPU and compared with the host's
+//! ([`gpu_queues::files`] does the work; this module sets the GPU up and reports).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail, ensure};
+use blockfs::{CreateOptions, FileSystem, OpenMode};
+use gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+use gpu_queues::{Cuda, GpuQueueOptions, MediaKind};
+use nvme::Controller;
+use serde::Serialize;
+
+use crate::gpu::{self, GpuSetup, Serving};
+use crate::open::Backend;
+
+/// How to bring the GPU side up.
+#[derive(Clone, Debug)]
+pub struct GpuFsOptions {
+    /// Who serves the GPU queues.
+    pub serving: Serving,
+    /// GPU queue pairs (default: every one the controller granted beyond `cpu_queues`).
+    pub queues: Option<u16>,
+    /// Queue pairs the file system's own device holds (CPU queues: metadata, host checksums).
+    pub cpu_queues: u16,
+    /// SMs reserved for the controller's kernels.
+    pub controller_sms: u32,
+}
+
+impl Default for GpuFsOptions {
+    fn default() -> Self {
+        Self {
+            serving: Serving::Device,
+            queues: None,
+            cpu_queues: 1,
+            controller_sms: 8,
+        }
+    }
+}
+
+/// A checksum disagreement between the GPU's and the host's view of a file.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{name}: CRC-32C computed on the GPU {gpu:#010x} differs from {what} {host:#010x}: the bytes \
+     in GPU memory are not the file's"
+)]
+pub struct GpuChecksumMismatch {
+    /// The file.
+    pub name: String,
+    /// What the GPU computed.
+    pub gpu: u32,
+    /// What it was compared with.
+    pub host: u32,
+    /// "the host's" or "the recorded checksum".
+    pub what: &'static str,
+}
+
+/// What `fs get --gpu` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuGetReport {
+    /// The file.
+    pub name: String,
+    /// Bytes loaded into GPU memory.
+    pub bytes: u64,
+    /// Seconds from the kernel's launch to its end.
+    pub seconds: f64,
+    /// Bytes per second (10^9 = GB/s).
+    pub bytes_per_sec: f64,
+    /// The data path that ran, in words.
+    pub data_path: String,
+    /// The transport (or model) carrying doorbells and data.
+    pub transport: String,
+    /// The GPU.
+    pub device: String,
+    /// Chunks, grid and chunk size of the kernel.
+    pub chunks: u64,
+    /// Blocks × threads.
+    pub grid: (u32, u32),
+    /// Chunk size in bytes.
+    pub chunk_bytes: u32,
+    /// CRC-32C of the bytes in GPU memory, computed on the GPU.
+    pub gpu_crc32c: String,
+    /// CRC-32C of the file computed on the host (read through blockfs by CPU queues).
+    pub host_crc32c: String,
+    /// The checksum blockfs recorded for the file, if any.
+    pub recorded_crc32c: Option<String>,
+}
+
+impl std::fmt::Display for GpuGetReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{}: {} bytes into GPU memory in {:.3} s ({:.2} GB/s)",
+            self.name,
+            self.bytes,
+            self.seconds,
+            self.bytes_per_sec / 1e9
+        )?;
+        writeln!(f, "data path: {}", self.data_path)?;
+        writeln!(
+            f,
+            "kernel: {} chunks of {} bytes, grid {}x{}",
+            self.chunks, self.chunk_bytes, self.grid.0, self.grid.1
+        )?;
+        write!(
+            f,
+            "crc32c: GPU {} = host {}{}",
+            self.gpu_crc32c,
+            self.host_crc32c,
+            match &self.recorded_crc32c {
+                Some(r) => format!(" = recorded {r}"),
+                None => String::new(),
+            }
+        )
+    }
+}
+
+/// What `fs put --gpu` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuPutReport {
+    /// The file.
+    pub name: String,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Seconds of the GPU write kernel.
+    pub seconds: f64,
+    /// Bytes per second.
+    pub bytes_per_sec: f64,
+    /// The data path that ran, in words.
+    pub data_path: String,
+    /// The transport (or model).
+    pub transport: String,
+    /// The GPU.
+    pub device: String,
+    /// CRC-32C of the GPU buffer, computed on the GPU (recorded as the file's checksum).
+    pub gpu_crc32c: String,
+    /// CRC-32C of the host file.
+    pub host_crc32c: String,
+    /// Whether the file was read back through blockfs on the CPU after the commit and matched.
+    pub verified: bool,
+}
+
+impl std::fmt::Display for GpuPutReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{}: {} bytes written from GPU memory in {:.3} s ({:.2} GB/s), committed",
+            self.name,
+            self.bytes,
+            self.seconds,
+            self.bytes_per_sec / 1e9
+        )?;
+        writeln!(f, "data path: {}", self.data_path)?;
+        write!(
+            f,
+            "crc32c: GPU {} = host {}; CPU read-back {}",
+            self.gpu_crc32c,
+            self.host_crc32c,
+            if self.verified { "matches" } else { "skipped" }
+        )
+    }
+}
+
+fn hex(c: u32) -> String {
+    format!("{c:08x}")
+}
+
+/// Brings the GPU queues up for a file command (the model after the file system is mounted,
+/// so it loads the image as blockfs left it).
+fn setup(
+    ctrl: &Controller,
+    backend: &Backend,
+    opts: &GpuFsOptions,
+) -> Result<(Arc<Cuda>, GpuSetup)> {
+    let cuda = Cuda::open(0).context("--gpu")?;
+    let model = match opts.serving {
+        Serving::Device => None,
+        Serving::Model(media) => {
+            ensure!(
+                media != MediaKind::Null,
+                "the null media keeps no data: files need --media hbm"
+            );
+            Some(gpu::start_model(
+                &cuda,
+                ctrl,
+                backend,
+                media,
+                opts.controller_sms,
+            )?)
+        }
+    };
+    let granted = ctrl.info().max_io_queue_pairs;
+    let queues = match opts.queues {
+        Some(q) => q,
+        None => {
+            ensure!(
+                granted > opts.cpu_queues,
+                "the controller granted {granted} I/O queue pairs and the file system holds \
+                 {}: none is left for GPU queues",
+                opts.cpu_queues
+            );
+            granted - opts.cpu_queues
+        }
+    };
+    let qopts = GpuQueueOptions {
+        queues: Some(queues),
+        controller_sms: opts.controller_sms,
+        ..Default::default()
+    };
+    let setup = gpu::open_queues(&cuda, ctrl, backend, model, &qopts)?;
+    Ok((cuda, setup))
+}
+
+/// Stops the model (writing its media back to the image) after the queues are gone.
+fn teardown(setup: GpuSetup) -> Result<()> {
+    let GpuSetup { queues, model, .. } = setup;
+    drop(queues);
+    if let Some(m) = model {
+        m.stop().context("stopping the GPU controller")?;
+    }
+    Ok(())
+}
+
+fn data_path(setup: &GpuSetup, write: bool) -> String {
+    format!(
+        "GPU threads (a warp lane per chunk) issue NVMe {} on GPU queues, data {} GPU memory by \
+         PRPs; unaligned head/tail through slot buffers{}; extent table in GPU memory; {}",
+        if write { "writes" } else { "reads" },
+        if write {
+            "straight from"
+        } else {
+            "straight into"
+        },
+        if write { " (read-modify-write)" } else { "" },
+        setup.transport
+    )
+}
+
+/// CRC-32C of a blockfs file read on the host through `fs` (CPU queues).
+fn host_crc(fs: &FileSystem, name: &str) -> Result<u32> {
+    let f = fs.open(name, OpenMode::ReadOnly)?;
+    let len = f.len()?;
+    let mut buf = vec![0u8; (16u64 << 20).min(len.max(1)) as usize];
+    let mut crc = 0u32;
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        let got = f.read_at(at, &mut buf[..n])?;
+        ensure!(got == n, "short host read of {name} at {at}");
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        at += n as u64;
+    }
+    Ok(crc)
+}
+
+/// `fs get --gpu`: loads `name` into GPU memory with GPU-issued reads, checksums it on the GPU
+/// and compares with the host's CRC-32C of the file (and the recorded one).
+pub fn get(
+    ctrl: &Controller,
+    backend: &Backend,
+    fs: &FileSystem,
+    name: &str,
+    opts: &GpuFsOptions,
+) -> Result<GpuGetReport> {
+    let file = fs.open(name, OpenMode::ReadOnly)?;
+    let stat = file.stat()?;
+    let host = host_crc(fs, name)?;
+    let (cuda, setup) = setup(ctrl, backend, opts)?;
+    let result = (|| {
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let gfile = files.open(&file).context("opening the file for the GPU")?;
+        let size = gfile.size();
+        let buf = setup
+            .queues
+            .alloc_buffer(size.max(1) as usize)
+            .context("allocating GPU memory for the file")?;
+        let span = GpuSpan::of(&buf, 0, size)?;
+        let pending = files.submit(&[FileRange::read(&gfile, 0, span)])?;
+        let r = pending
+            .wait_watched(gpu::watchdog(ctrl, backend, setup.model.as_ref()))?
+            .into_first_error()?;
+        let got = r.bytes();
+        ensure!(got == size, "the GPU read {got} of {size} bytes");
+        let gpu_crc = files.crc32c(buf.ptr(), size)?;
+        let recorded = stat.data_crc;
+        if gpu_crc != host {
+            return Err(GpuChecksumMismatch {
+                name: name.to_owned(),
+                gpu: gpu_crc,
+                host,
+                what: "the host's",
+            }
+            .into());
+        }
+        if let Some(rec) = recorded
+            && rec != gpu_crc
+        {
+            return Err(GpuChecksumMismatch {
+                name: name.to_owned(),
+                gpu: gpu_crc,
+                host: rec,
+                what: "the recorded checksum",
+            }
+            .into());
+        }
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        Ok(GpuGetReport {
+            name: name.to_owned(),
+            bytes: size,
+            seconds: secs,
+            bytes_per_sec: size as f64 / secs,
+            data_path: data_path(&setup, false),
+            transport: setup.transport.clone(),
+            device: cuda.name().to_owned(),
+            chunks: r.shape.chunks,
+            grid: r.shape.grid,
+            chunk_bytes: r.shape.chunk_bytes,
+            gpu_crc32c: hex(gpu_crc),
+            host_crc32c: hex(host),
+            recorded_crc32c: recorded.map(hex),
+        })
+    })();
+    let down = teardown(setup);
+    let report = result?;
+    down?;
+    Ok(report)
+}
+
+/// `fs put --gpu`: copies host file `src` into GPU memory, writes it into blockfs file `name`
+/// with GPU-issued writes through a device-write reservation (no zero fill), checks the GPU's
+/// CRC-32C of the buffer against the host's, commits the length with that checksum, syncs, and
+/// reads the file back through blockfs on the CPU to check it. `force` replaces an existing
+/// file (written under a temporary name first, then swapped in by one commit).
+pub fn put(
+    ctrl: &Controller,
+    backend: &Backend,
+    fs: &FileSystem,
+    src: &Path,
+    name: &str,
+    force: bool,
+    opts: &GpuFsOptions,
+) -> Result<GpuPutReport> {
+    let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+    let len = data.len() as u64;
+    let host = crc32c::crc32c(&data);
+    let exists = fs.stat(name).is_ok();
+    if exists && !force {
+        return Err(blockfs::Error::AlreadyExists(name.to_owned()).into());
+    }
+    let target = if exists {
+        format!("{name}.gpu-put-{}", std::process::id())
+    } else {
+        name.to_owned()
+    };
+    let file = fs.create(&target, &CreateOptions { size_hint: len })?;
+    let (cuda, setup) = setup(ctrl, backend, opts)?;
+    let result = (|| -> Result<(f64, u32)> {
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let buf = setup
+            .queues
+            .alloc_buffer(len.max(1) as usize)
+            .context("allocating GPU memory")?;
+        buf.write(0, &data)
+            .context("copying the file into GPU memory")?;
+        let gpu_crc = files.crc32c(buf.ptr(), len)?;
+        if gpu_crc != host {
+            bail!(GpuChecksumMismatch {
+                name: name.to_owned(),
+                gpu: gpu_crc,
+                host,
+                what: "the host's",
+            });
+        }
+        let gfile = files.reserve(&file, len).context("reserving the file")?;
+        let span = GpuSpan::of(&buf, 0, len)?;
+        let pending = files.submit(&[FileRange::write(&gfile, 0, span)])?;
+        let r = pending
+            .wait_watched(gpu::watchdog(ctrl, backend, setup.model.as_ref()))?
+            .into_first_error()?;
+        gfile.commit_with_crc(len, gpu_crc)?;
+        Ok((r.elapsed.as_secs_f64().max(1e-9), gpu_crc))
+    })();
+    let path = data_path(&setup, true);
+    let transport = setup.transport.clone();
+    // The model writes its media back to the image when it stops: before blockfs commits
+    // (through the software controller) what it wrote.
+    let down = teardown(setup);
+    let (secs, gpu_crc) = match (result, down) {
+        (Ok(v), Ok(())) => v,
+        (Err(e), _) | (Ok(_), Err(e)) => {
+            let _ = fs.remove(&target);
+            let _ = fs.sync();
+            return Err(e);
+        }
+    };
+    if exists {
+        fs.rename_replace(&target, name)?;
+    }
+    fs.sync().context("committing the file")?;
+    // The CPU reads what the GPU wrote, and checks the recorded checksum.
+    let back = host_crc(fs, name)?;
+    if back != host {
+        bail!(GpuChecksumMismatch {
+            name: name.to_owned(),
+            gpu: gpu_crc,
+            host: back,
+            what: "a CPU read-back of the committed file",
+        });
+    }
+    Ok(GpuPutReport {
+        name: name.to_owned(),
+        bytes: len,
+        seconds: secs,
+        bytes_per_sec: len as f64 / secs,
+        data_path: path,
+        transport,
+        device: cuda.name().to_owned(),
+        gpu_crc32c: hex(gpu_crc),
+        host_crc32c: hex(host),
+        verified: true,
+    })
+}
