@@ -15,7 +15,7 @@ use gpu_queues::gpu_controller::NamespaceSpec;
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
 use gpu_queues::transport::{self, Source, TransportOptions};
 use gpu_queues::{
-    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind,
+    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind, SsdModel,
 };
 use nvme::Controller;
 use serde::Serialize;
@@ -44,6 +44,9 @@ pub struct GpuPerfArgs {
     /// `Some(media)`: the I/O queues are served by the GPU-resident controller model with that
     /// media (`--controller gpu`); `None`: by the software controller's threads.
     pub model: Option<MediaKind>,
+    /// The SSD timing model of every namespace of the GPU-resident controller model
+    /// (`--ssd-model`; needs `--controller gpu`).
+    pub ssd_model: Option<SsdModel>,
 }
 
 /// The GPU half of the report.
@@ -92,6 +95,62 @@ pub struct ModelSide {
     pub passes: u64,
     /// Passes with nothing to do.
     pub idle_passes: u64,
+    /// Completions dropped by fault injection.
+    pub dropped: u64,
+    /// Completions held by the timing model and never posted (still due at stop).
+    pub abandoned: u64,
+    /// Completions each controller warp can hold (the timing model's in-flight bound per
+    /// warp).
+    pub pending_per_warp: u32,
+    /// The SSD timing model (`--ssd-model`), or null: completions as fast as the controller
+    /// goes.
+    pub ssd_model: Option<SsdModelReport>,
+}
+
+/// The SSD timing model's parameters, as every result prints them. A model, not a
+/// measurement (gpu_queues::ssd_model).
+#[derive(Debug, Clone, Serialize)]
+pub struct SsdModelReport {
+    /// The `--ssd-model` form (parses back to the same model).
+    pub spec: String,
+    /// In words.
+    pub description: String,
+    /// Fixed read latency after service, µs.
+    pub read_us: f64,
+    /// Fixed write latency after service, µs.
+    pub write_us: f64,
+    /// Commands per second per drive (0: no cap).
+    pub iops_per_drive: u64,
+    /// Bytes per second per drive (0: no cap).
+    pub bw_bytes_per_drive: u64,
+    /// Drives striped behind each namespace.
+    pub drives: u32,
+    /// Stripe unit in bytes.
+    pub stripe_bytes: u64,
+    /// The model's ceiling for this run's block size: commands per second, all drives (null:
+    /// uncapped).
+    pub max_iops_at_bs: Option<f64>,
+    /// Bytes per second of that ceiling (null: uncapped).
+    pub max_bw_bytes_at_bs: Option<f64>,
+}
+
+impl SsdModelReport {
+    /// The report of `m` for commands of `bs` bytes.
+    pub fn new(m: &SsdModel, bs: u64) -> Self {
+        let max = m.max_iops(bs);
+        Self {
+            spec: m.to_string(),
+            description: m.describe(),
+            read_us: m.read_latency.as_secs_f64() * 1e6,
+            write_us: m.write_latency.as_secs_f64() * 1e6,
+            iops_per_drive: m.iops,
+            bw_bytes_per_drive: m.bandwidth,
+            drives: m.drives,
+            stripe_bytes: m.stripe,
+            max_iops_at_bs: max.is_finite().then_some(max),
+            max_bw_bytes_at_bs: max.is_finite().then_some(max * bs as f64),
+        }
+    }
 }
 
 /// Where the software controller's time went while it served the GPU queues.
@@ -193,6 +252,10 @@ fn cpu_check(
 /// Runs `perf --gpu` on `ctrl`, whose device is `backend`.
 pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<GpuPerfReport> {
     let cfg = &args.perf;
+    ensure!(
+        args.ssd_model.is_none() || args.model.is_some(),
+        "--ssd-model is a parameter of the GPU-resident controller model: add --controller gpu"
+    );
     let cuda = Cuda::open(0).context("perf --gpu")?;
     // The transport source: the software controller (a), or the VFIO device behind `ctrl`
     // ((b), then (c)).
@@ -260,6 +323,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             "--verify needs media that keeps data: --media hbm (null moves no data)"
         );
     }
+
     let seed = cfg.seed.unwrap_or_else(rand::random);
     let old_seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0;
     if cfg.verify {
@@ -279,7 +343,14 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     // through the software controller) and loads the image; it writes it back when stopped.
     let gpu_ctrl = match &model {
         None => None,
-        Some((media, emu)) => Some(start_model(&cuda, ctrl, emu, *media, args.controller_sms)?),
+        Some((media, emu)) => Some(start_model(
+            &cuda,
+            ctrl,
+            emu,
+            *media,
+            args.controller_sms,
+            args.ssd_model,
+        )?),
     };
     let (queues, transport) = match &gpu_ctrl {
         Some(g) => {
@@ -293,8 +364,13 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             let q = GpuQueues::on_gpu_controller(&cuda, ctrl, g, &opts)
                 .context("creating GPU queues on the GPU controller")?;
             let t = format!(
-                "gpu-controller model ({} media) on {} ({} SMs for the controller, {} for clients)",
+                "gpu-controller model ({} media{}) on {} ({} SMs for the controller, {} for \
+                 clients)",
                 g.media().name(),
+                match &args.ssd_model {
+                    Some(m) => format!(", {}", m.describe()),
+                    None => String::new(),
+                },
                 cuda.name(),
                 g.partition().controller_sms(),
                 g.partition().client_sms()
@@ -411,6 +487,15 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
                 doorbell_errors: st.doorbell_errors,
                 passes: st.passes,
                 idle_passes: st.idle_passes,
+                dropped: st.dropped,
+                abandoned: st.abandoned,
+                pending_per_warp: g.pending_per_warp(),
+                ssd_model: g
+                    .ssd_models()
+                    .get(cfg.nsid as usize - 1)
+                    .copied()
+                    .flatten()
+                    .map(|m| SsdModelReport::new(&m, cfg.bs as u64)),
             })
         }
         None => None,
@@ -496,6 +581,7 @@ fn start_model(
     emu: &std::sync::Arc<nvme_emu::EmuDevice>,
     media: MediaKind,
     controller_sms: u32,
+    ssd_model: Option<SsdModel>,
 ) -> Result<std::sync::Arc<GpuController>> {
     let specs: Vec<NamespaceSpec> = emu
         .namespace_configs()
@@ -508,6 +594,7 @@ fn start_model(
                 _ => None,
             },
             read_only: c.read_only,
+            ssd_model,
         })
         .collect();
     let info = ctrl.info();
