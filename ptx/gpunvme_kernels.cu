@@ -347,9 +347,11 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     // The host's stop flag and table generation as this block last read them: warp 0's lane 0
     // reads host memory at most every GPUNVME_CTRL_HOST_POLL_NS and every warp looks here.
     // (Hundreds of warps reading host memory on their own made every pass ~30 µs and stalled
-    // clients' system-scope fences.) The host may ask for more dynamic shared memory than this
-    // kernel uses: that is how one block gets an SM to itself.
+    // clients' system-scope fences.) The host asks for more dynamic shared memory than the
+    // tables need: that is how one block gets an SM to itself, and the model's held
+    // completions live there (one slice per warp, MODEL).
     __shared__ volatile uint32_t host_stop, host_generation;
+    extern __shared__ __align__(16) unsigned char ctrl_dynamic[];
     const uint32_t full = 0xffffffffu;
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
     const uint32_t warps_total = gridDim.x * GPUNVME_CTRL_WARPS;
@@ -361,6 +363,21 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     const uint32_t idle_max = ld_sys(&c->idle_ns);
     const uint32_t nqueues = ld_sys(&c->nqueues);
     uint32_t* doorbells = reinterpret_cast<uint32_t*>(ld_sys64(&c->doorbells));
+
+    // This warp's slice of the dynamic shared memory: selection slots, then held completions.
+    uint32_t dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    const uint32_t slice = (dynamic_bytes / GPUNVME_CTRL_WARPS) & ~15u;
+    pending_list pl;
+    pl.sel = reinterpret_cast<uint32_t*>(ctrl_dynamic + (size_t)warp * slice);
+    pl.e = reinterpret_cast<ctrl_pending*>(ctrl_dynamic + (size_t)warp * slice +
+                                           GPUNVME_CTRL_SEL_BYTES);
+    pl.cap = slice > GPUNVME_CTRL_SEL_BYTES
+                 ? (slice - GPUNVME_CTRL_SEL_BYTES) / (uint32_t)sizeof(ctrl_pending)
+                 : 0;
+    pl.count = 0;
+    pl.seq = 0;
+    pl.next_due = ~0ull;
 
     // Lane `lane` of this warp owns queue index blockIdx + C * (warp + W * lane): consecutive
     // queue ids go to different blocks first, then to different warps.
@@ -422,16 +439,23 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
             }
             stop = __shfl_sync(full, stop, 0);
             g = __shfl_sync(full, g, 0);
+            // Held completions do not delay the stop: they are abandoned (MODEL).
             if (stop) break;
             if (g != gen) {
                 gen = g;
-                reload(c, t, &q, lane);
+                const bool changed = reload(c, t, &q, lane);
                 k.reloads++;
+                // Completions held for a queue that was deleted or replaced are discarded.
+                const uint32_t gone = __ballot_sync(full, changed);
+                if (gone && pl.count) k.abandoned += pending_purge(pl, gone, lane);
                 if (lane == 0) st_sys(&ack[gw], gen);
             }
         }
+        // The model's path (MODEL): a timing model or a fault is set, or completions are held.
+        const bool slow = t->slow || pl.count != 0;
         // Doorbells (GPU memory): each owning lane its queue's SQ tail, and its CQ head only
-        // when the CQ space it knows of would hold back new commands.
+        // when the CQ space it knows of would hold back new commands. CQ entries reserved for
+        // held completions count as used.
         uint32_t n = 0;
         if (q.sq) {
             const uint32_t tail = ld_gpu(q.sq_db);
@@ -440,20 +464,40 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                 else if (tail != sq_bad) { sq_bad = tail; k.doorbell_errors++; }
             }
             n = (q.sq_tail + q.sq_entries - q.sq_head) % q.sq_entries;
-            uint32_t used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
-            if (n > q.cq_entries - 1 - used) {
+            uint32_t posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+            if (n > q.cq_entries - 1 - posted - q.cq_pending) {
                 const uint32_t head = ld_gpu(q.cq_db);
                 if (head != q.cq_head) {
                     const uint32_t advance = (head + q.cq_entries - q.cq_head) % q.cq_entries;
-                    if (head < q.cq_entries && advance <= used) q.cq_head = head;
+                    if (head < q.cq_entries && advance <= posted) q.cq_head = head;
                     else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
                 }
-                used = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
-                const uint32_t space = q.cq_entries - 1 - used;
+                posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
+                const uint32_t space = q.cq_entries - 1 - posted - q.cq_pending;
                 if (n > space) n = space;
             }
         }
         uint32_t ready = __ballot_sync(full, n != 0);
+        if (slow) {
+            // Due completions first: they free CQ entries and list room for new commands.
+            const uint32_t took = pending_post(pl, q, *t, lane, k);
+            if (pl.count >= pl.cap) ready = 0;  // full: no fetching until some are posted
+            if (!ready) {
+                if (!took) {
+                    k.idle_passes++;
+                    // Sleep as when idle, but wake for the earliest held completion.
+                    uint32_t s = sleep_ns;
+                    if (pl.count) {
+                        const unsigned long long now = now_ns();
+                        const unsigned long long left = pl.next_due > now ? pl.next_due - now : 0;
+                        if (left < s) s = left < 32 ? 32 : (uint32_t)left;
+                    }
+                    __nanosleep(s);
+                    if (sleep_ns < idle_max) sleep_ns <<= 1;
+                }
+                continue;
+            }
+        }
         if (!ready) {
             k.idle_passes++;
             __nanosleep(sleep_ns);
@@ -472,8 +516,14 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
             const uint32_t head = __shfl_sync(full, q.sq_head, src);
             const uint32_t tail = __shfl_sync(full, q.cq_tail, src);
             const uint32_t phase = __shfl_sync(full, q.cq_phase, src);
-            const uint32_t qn = __shfl_sync(full, n, src);
+            uint32_t qn = __shfl_sync(full, n, src);
             const uint32_t qid = __shfl_sync(full, q.qid, src);
+            if (slow) {
+                // Room in the held list bounds what this queue may fetch now.
+                const uint32_t room = pl.cap - pl.count;
+                if (qn > room) qn = room;
+                if (qn == 0) continue;
+            }
             for (uint32_t base = 0; base < qn; base += 32) {
                 const uint32_t kk = qn - base < 32 ? qn - base : 32;
                 const bool mine = lane < kk;
@@ -481,6 +531,8 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                 if (mine) {
                     const uint32_t s = (head + base + lane) % sqe_n;
                     d = decode_and_check(*t, reinterpret_cast<const uint8_t*>(sq) + (size_t)s * 64);
+                    // Injected media errors (MODEL; none unless the warp is on its path).
+                    if (slow) d.status = media_error_status(*t, d);
                 }
                 // Data: the warp executes each command that moves or checks anything.
                 const bool work = mine && d.status == 0 && d.opcode != OPC_FLUSH &&
@@ -503,6 +555,12 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                     const uint32_t st = warp_execute(*t, e, lane, &k.bytes);
                     if (lane == j) d.status = st;
                 }
+                if (slow) {
+                    // MODEL: the completions wait in the held list until due (CQ entries
+                    // reserved below, for the owning lane).
+                    pending_hold(pl, *t, d, mine, src, lane);
+                    continue;
+                }
                 // Completions: dwords 0-2 and the data, a fence, then the phase dwords.
                 uint32_t* cqe = nullptr;
                 uint32_t dw3 = 0;
@@ -515,9 +573,7 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                     cqe = reinterpret_cast<uint32_t*>(cq + (size_t)slot * 16);
                     *reinterpret_cast<uint2*>(cqe) = make_uint2(0u, 0u);
                     cqe[2] = sqhd | (qid << 16);
-                    // SCT 0 for every status here; DNR set on failures (retrying cannot help).
-                    const uint32_t sf = d.status ? ((d.status & 0xffu) << 1) | 0x8000u : 0u;
-                    dw3 = d.cid | (ph << 16) | (sf << 16);
+                    dw3 = d.cid | (ph << 16) | (status_field(d.status) << 16);
                     if (d.status) k.errors++;
                 }
                 fence_gpu();
@@ -527,19 +583,24 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
             }
             if (lane == src) {
                 q.sq_head = (q.sq_head + qn) % q.sq_entries;
-                const uint32_t pos = q.cq_tail + qn;
-                if (pos >= q.cq_entries) {
-                    q.cq_tail = pos - q.cq_entries;
-                    q.cq_phase ^= 1u;
+                if (slow) {
+                    q.cq_pending += qn;
                 } else {
-                    q.cq_tail = pos;
+                    const uint32_t pos = q.cq_tail + qn;
+                    if (pos >= q.cq_entries) {
+                        q.cq_tail = pos - q.cq_entries;
+                        q.cq_phase ^= 1u;
+                    } else {
+                        q.cq_tail = pos;
+                    }
                 }
             }
-            k.commands += qn;
+            if (!slow) k.commands += qn;
         }
     }
-    // Commands, bytes, passes and reloads are warp-uniform; errors and doorbell errors were
-    // counted by the lanes that saw them.
+    k.abandoned += pl.count;
+    // Commands, bytes, passes, reloads, dropped and abandoned are warp-uniform; errors and
+    // doorbell errors were counted by the lanes that saw them.
     unsigned long long errs = k.errors, dbe = k.doorbell_errors;
     for (int o = 16; o > 0; o >>= 1) {
         errs += __shfl_down_sync(full, errs, o);

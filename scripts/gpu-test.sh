@@ -6,8 +6,9 @@
 #
 # 1. the GPU tests (gpu-queues/tests/gpu.rs) with --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
-#    error, dropped completion, controller fatal, GPU and CPU queues together; blockfs files
-#    read and written by GPU-issued commands (files::*);
+#    error, dropped completion, controller fatal, GPU and CPU queues together; the same faults
+#    and the SSD timing model's bounds on the GPU-resident controller model (model_*); blockfs
+#    files read and written by GPU-issued commands (files::*);
 # 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
 #    --cpu-queues 2), each checked for zero errors;
 # 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
@@ -104,6 +105,27 @@ img=$WORK/modelnull; truncate -s 1G "$img"
 for client in warp thread; do
     check "model null $client" model_ok "$img" 4096 --media null --client $client --rw randread --bs 4k --qd 64 --queues 64 --ios $((IOS * 50))
 done
+rm -f "$img"
+# The SSD timing model (--ssd-model): verified runs through it on hbm media, and on null media
+# the model's one guarantee about rate: never above drives x IOPS (2 % slack for the host's
+# clock, which only lowers the measured rate); its parameters must be in the result.
+SSD=read_us=80,write_us=20,iops=1M,bw=7GB/s,drives=4
+model_ssd_ok() {  # model_ssd_ok IMG LBA ARGS...: model_ok, plus the SSD model's report and cap
+    local img=$1 lba=$2; shift 2
+    local out; out=$("$G" --device "$img" --lba-size "$lba" --controller-queue-pairs 64 --json \
+        perf --gpu --controller gpu --ssd-model "$SSD" "$@") || return 1
+    echo "$out" | python3 -c 'import json,sys
+r=json.load(sys.stdin); m=r["gpu"]["model"]; s=m.get("ssd_model")
+print("ios=%d iops=%.0f lat_mean_us=%.1f errors=%d ssd_model=%s" % (r["ios"], r["iops"], r["lat_ns"]["mean"]/1e3, r["errors"], json.dumps(s)))
+cap=(s or {}).get("max_iops_at_bs")
+bad=r["errors"] or r["ios"]==0 or m["errors"] or m["doorbell_errors"] or s is None or (cap is not None and r["iops"] > cap*1.02)
+sys.exit(1 if bad else 0)'
+}
+img=$WORK/modelssd; truncate -s 1G "$img"
+for rw in randread randwrite; do
+    check "model hbm --ssd-model --verify $rw" model_ssd_ok "$img" 4096 --media hbm --verify --rw $rw --bs 4k --qd 32 --ios $IOS
+done
+check "model null --ssd-model randread (rate <= cap)" model_ssd_ok "$img" 4096 --media null --rw randread --bs 4k --qd 64 --queues 64 --ios $((IOS * 5))
 rm -f "$img"
 
 # 2c. blockfs files on the GPU (gpu_queues::files, ptx/gpunvme_file.cuh): a file of unaligned

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use gpu_queues::gpu_controller::NamespaceSpec;
 use gpu_queues::transport::{self, Source, TransportOptions};
 use gpu_queues::{
-    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind,
+    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind, SsdModel,
 };
 use nvme::Controller;
 
@@ -45,6 +45,7 @@ pub fn start_model(
     backend: &Backend,
     media: MediaKind,
     controller_sms: u32,
+    ssd_model: Option<SsdModel>,
 ) -> Result<Arc<GpuController>> {
     let Backend::Software(emu) = backend else {
         bail!(
@@ -63,6 +64,7 @@ pub fn start_model(
                 _ => None,
             },
             read_only: c.read_only,
+            ssd_model,
         })
         .collect();
     let info = ctrl.info();
@@ -94,9 +96,21 @@ pub fn open_queues(
         Some(g) => {
             let queues = GpuQueues::on_gpu_controller(cuda, ctrl, &g, opts)
                 .context("creating GPU queues on the GPU controller")?;
+            let ssd: Vec<String> = g
+                .ssd_models()
+                .iter()
+                .flatten()
+                .map(|m| m.describe())
+                .collect();
             let transport = format!(
-                "gpu-controller model ({} media) on {} ({} SMs for the controller, {} for clients)",
+                "gpu-controller model ({} media{}) on {} ({} SMs for the controller, {} for \
+                 clients)",
                 g.media().name(),
+                if ssd.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", ssd.join("; "))
+                },
                 cuda.name(),
                 g.partition().controller_sms(),
                 g.partition().client_sms()

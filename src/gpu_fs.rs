@@ -188,6 +188,7 @@ fn setup(
                 backend,
                 media,
                 opts.controller_sms,
+                None,
             )?)
         }
     };

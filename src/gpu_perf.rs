@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::{Cuda, GpuQueueOptions, MediaKind};
+use gpu_queues::{Cuda, GpuQueueOptions, MediaKind, SsdModel};
 use nvme::Controller;
 use serde::Serialize;
 
@@ -40,6 +40,9 @@ pub struct GpuPerfArgs {
     /// `Some(media)`: the I/O queues are served by the GPU-resident controller model with that
     /// media (`--controller gpu`); `None`: by the software controller's threads.
     pub model: Option<MediaKind>,
+    /// The SSD timing model of every namespace of the GPU-resident controller model
+    /// (`--ssd-model`; needs `--controller gpu`).
+    pub ssd_model: Option<SsdModel>,
 }
 
 /// The GPU half of the report.
@@ -88,6 +91,62 @@ pub struct ModelSide {
     pub passes: u64,
     /// Passes with nothing to do.
     pub idle_passes: u64,
+    /// Completions dropped by fault injection.
+    pub dropped: u64,
+    /// Completions held by the timing model and never posted (still due at stop).
+    pub abandoned: u64,
+    /// Completions each controller warp can hold (the timing model's in-flight bound per
+    /// warp).
+    pub pending_per_warp: u32,
+    /// The SSD timing model (`--ssd-model`), or null: completions as fast as the controller
+    /// goes.
+    pub ssd_model: Option<SsdModelReport>,
+}
+
+/// The SSD timing model's parameters, as every result prints them. A model, not a
+/// measurement (gpu_queues::ssd_model).
+#[derive(Debug, Clone, Serialize)]
+pub struct SsdModelReport {
+    /// The `--ssd-model` form (parses back to the same model).
+    pub spec: String,
+    /// In words.
+    pub description: String,
+    /// Fixed read latency after service, µs.
+    pub read_us: f64,
+    /// Fixed write latency after service, µs.
+    pub write_us: f64,
+    /// Commands per second per drive (0: no cap).
+    pub iops_per_drive: u64,
+    /// Bytes per second per drive (0: no cap).
+    pub bw_bytes_per_drive: u64,
+    /// Drives striped behind each namespace.
+    pub drives: u32,
+    /// Stripe unit in bytes.
+    pub stripe_bytes: u64,
+    /// The model's ceiling for this run's block size: commands per second, all drives (null:
+    /// uncapped).
+    pub max_iops_at_bs: Option<f64>,
+    /// Bytes per second of that ceiling (null: uncapped).
+    pub max_bw_bytes_at_bs: Option<f64>,
+}
+
+impl SsdModelReport {
+    /// The report of `m` for commands of `bs` bytes.
+    pub fn new(m: &SsdModel, bs: u64) -> Self {
+        let max = m.max_iops(bs);
+        Self {
+            spec: m.to_string(),
+            description: m.describe(),
+            read_us: m.read_latency.as_secs_f64() * 1e6,
+            write_us: m.write_latency.as_secs_f64() * 1e6,
+            iops_per_drive: m.iops,
+            bw_bytes_per_drive: m.bandwidth,
+            drives: m.drives,
+            stripe_bytes: m.stripe,
+            max_iops_at_bs: max.is_finite().then_some(max),
+            max_bw_bytes_at_bs: max.is_finite().then_some(max * bs as f64),
+        }
+    }
 }
 
 /// Where the software controller's time went while it served the GPU queues.
@@ -189,6 +248,10 @@ fn cpu_check(
 /// Runs `perf --gpu` on `ctrl`, whose device is `backend`.
 pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<GpuPerfReport> {
     let cfg = &args.perf;
+    ensure!(
+        args.ssd_model.is_none() || args.model.is_some(),
+        "--ssd-model is a parameter of the GPU-resident controller model: add --controller gpu"
+    );
     let cuda = Cuda::open(0).context("perf --gpu")?;
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
@@ -249,6 +312,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             "--verify needs media that keeps data: --media hbm (null moves no data)"
         );
     }
+
     let seed = cfg.seed.unwrap_or_else(rand::random);
     let old_seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0;
     if cfg.verify {
@@ -274,6 +338,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             backend,
             media,
             args.controller_sms,
+            args.ssd_model,
         )?),
     };
     let opts = match &gpu_ctrl {
@@ -368,6 +433,15 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
                 doorbell_errors: st.doorbell_errors,
                 passes: st.passes,
                 idle_passes: st.idle_passes,
+                dropped: st.dropped,
+                abandoned: st.abandoned,
+                pending_per_warp: g.pending_per_warp(),
+                ssd_model: g
+                    .ssd_models()
+                    .get(cfg.nsid as usize - 1)
+                    .copied()
+                    .flatten()
+                    .map(|m| SsdModelReport::new(&m, cfg.bs as u64)),
             })
         }
         None => None,

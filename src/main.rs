@@ -181,6 +181,12 @@ struct PerfArgs {
     /// protocol ceiling).
     #[arg(long, value_enum, default_value = "hbm", requires = "gpu")]
     media: MediaArg,
+    /// SSD timing model of the GPU-resident controller's namespaces (--controller gpu), e.g.
+    /// `read_us=80,write_us=20,iops=1M,bw=7GB/s,drives=4,stripe=128k`: per drive a fixed read
+    /// and write latency after service, IOPS and bandwidth caps, drives striped by LBA. A
+    /// model, printed with every result; keys left out keep those defaults (drives=1).
+    #[arg(long, requires = "gpu", value_parser = parse_ssd_model)]
+    ssd_model: Option<gpunvme::gpu_queues::SsdModel>,
     /// Run a write pattern or --verify (which writes its patterns first) even on a namespace
     /// that holds a blockfs, destroying it.
     #[arg(long)]
@@ -204,6 +210,11 @@ enum MediaArg {
 enum ClientArg {
     Warp,
     Thread,
+}
+
+/// `--ssd-model`'s value (gpu_queues::ssd_model: keys, units and defaults).
+fn parse_ssd_model(s: &str) -> Result<gpunvme::gpu_queues::SsdModel, String> {
+    s.parse()
 }
 
 fn main() -> ExitCode {
@@ -367,6 +378,7 @@ fn run(args: Args) -> Result<()> {
                         MediaArg::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
                         MediaArg::Host => gpunvme::gpu_queues::MediaKind::Host,
                     }),
+                    ssd_model: p.ssd_model,
                 };
                 gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))

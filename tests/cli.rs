@@ -415,3 +415,34 @@ fn perf_gpu_without_cuda_says_so_in_one_line() {
     );
     fails_with(&out, "no GPU");
 }
+
+#[test]
+fn ssd_model_is_checked_before_any_gpu_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 64 << 20);
+    let img = img.display();
+    // A parameter of the GPU-resident controller model only.
+    fails_with(
+        &gpunvme(
+            d,
+            &format!("--device {img} perf --gpu --ssd-model read_us=80,drives=4"),
+        ),
+        "--controller gpu",
+    );
+    // Malformed values are refused by the parser, naming what is wrong.
+    for (value, needle) in [
+        ("bogus=1", "unknown key"),
+        ("drives=65", "drives=65"),
+        ("stripe=3000", "stripe=3000"),
+        ("bw=7XB/s", "unknown unit"),
+    ] {
+        let out = gpunvme(
+            d,
+            &format!("--device {img} perf --gpu --controller gpu --ssd-model {value}"),
+        );
+        assert!(!out.status.success(), "{value} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{value}: {err}");
+    }
+}

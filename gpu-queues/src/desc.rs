@@ -441,8 +441,8 @@ pub struct CtrlControl {
     pub idle_ns: u32,
     /// MDTS in bytes.
     pub max_transfer: u32,
-    /// Reserved.
-    pub reserved0: u32,
+    /// Entries of the media error table in use.
+    pub nmedia_errors: u32,
     /// Mapped pointer: `[CtrlQueue; nqueues]`.
     pub queues: u64,
     /// Mapped pointer: `[CtrlWindow; CTRL_MAX_WINDOWS]`.
@@ -457,8 +457,72 @@ pub struct CtrlControl {
     pub ack: u64,
     /// The kernel stops by itself after this long.
     pub lifetime_ns: u64,
+    /// Mapped pointer: `[CtrlNsModel; CTRL_MAX_NS]`.
+    pub models: u64,
+    /// Mapped pointer: `[CtrlMediaError; CTRL_MAX_MEDIA_ERRORS]`.
+    pub media_errors: u64,
+    /// GPU pointer: completions still to drop, `u64` per queue id (`[0]`: on any queue;
+    /// `u64::MAX`: every one).
+    pub drops: u64,
+    /// `FAULT_*` bits.
+    pub faults: u32,
+    /// Added to every completion's due time, nanoseconds ([`FAULT_DELAY`]).
+    pub delay_ns: u32,
     /// Reserved.
-    pub reserved1: [u64; 5],
+    pub reserved1: u64,
+}
+
+/// A namespace's SSD timing model as the controller kernel takes it
+/// (`gpunvme::ctrl::ctrl_ns_model`); built by [`crate::ssd_model::SsdModel::to_ctrl`].
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct CtrlNsModel {
+    /// GPU pointer: per drive the `%globaltimer` nanosecond until which it is busy,
+    /// [`CTRL_DRIVE_STRIDE`] bytes apart.
+    pub busy: u64,
+    /// Bytes per second per drive (0: no bandwidth cap).
+    pub bw: u64,
+    /// Fixed latency of a Read after its service, nanoseconds.
+    pub read_ns: u32,
+    /// Fixed latency of a Write after its service, nanoseconds.
+    pub write_ns: u32,
+    /// Nanoseconds per command per drive, `ceil(1e9 / IOPS)` (0: no IOPS cap).
+    pub op_ns: u32,
+    /// Drives striped behind the namespace (0: no timing model).
+    pub drives: u16,
+    /// log2 of the stripe unit in bytes.
+    pub stripe_shift: u16,
+}
+
+/// An injected media error of the GPU-resident controller (`gpunvme::ctrl::ctrl_media_error`).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct CtrlMediaError {
+    /// First LBA.
+    pub slba: u64,
+    /// LBAs.
+    pub nlb: u64,
+    /// Namespace.
+    pub nsid: u32,
+    /// Reserved.
+    pub reserved: u32,
+}
+
+/// A completion the model holds until it is due (`gpunvme::ctrl::ctrl_pending`, in the
+/// controller warps' shared memory; mirrored for its size only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CtrlPending {
+    /// `%globaltimer` nanosecond from which it may be posted.
+    pub due: u64,
+    /// CID and status field, without the phase tag.
+    pub dw3: u32,
+    /// Owning lane and fetch sequence.
+    pub meta: u32,
 }
 
 /// What one controller warp did (`gpunvme::ctrl::ctrl_counters`).
@@ -479,8 +543,10 @@ pub struct CtrlCounters {
     pub idle_passes: u64,
     /// Table generations taken.
     pub reloads: u64,
-    /// Reserved.
-    pub reserved: u64,
+    /// Completions dropped (fault injection).
+    pub dropped: u32,
+    /// Held completions never posted (the model stopped, or their queue was deleted).
+    pub abandoned: u32,
 }
 
 /// Windows per controller (`GPUNVME_CTRL_MAX_WINDOWS`).
@@ -491,6 +557,31 @@ pub const CTRL_MAX_NS: usize = 16;
 pub const CTRL_WARPS: u32 = 16;
 /// Bytes between two queues' doorbell pairs (`GPUNVME_CTRL_DOORBELL_STRIDE`).
 pub const CTRL_DOORBELL_STRIDE: usize = 32;
+/// Injected media error ranges per controller (`GPUNVME_CTRL_MAX_MEDIA_ERRORS`).
+pub const CTRL_MAX_MEDIA_ERRORS: usize = 16;
+/// Drives of one namespace's timing model (`GPUNVME_CTRL_MAX_DRIVES`).
+pub const CTRL_MAX_DRIVES: usize = 64;
+/// Bytes between two drives' busy-until words (`GPUNVME_CTRL_DRIVE_STRIDE`).
+pub const CTRL_DRIVE_STRIDE: usize = 32;
+/// Bytes of selection slots before each warp's held completions (`GPUNVME_CTRL_SEL_BYTES`).
+pub const CTRL_SEL_BYTES: usize = 128;
+/// Smallest stripe unit, log2 bytes (`GPUNVME_CTRL_MIN_STRIPE_SHIFT`).
+pub const CTRL_MIN_STRIPE_SHIFT: u32 = 12;
+/// Largest stripe unit, log2 bytes (`GPUNVME_CTRL_MAX_STRIPE_SHIFT`).
+pub const CTRL_MAX_STRIPE_SHIFT: u32 = 30;
+/// [`CtrlControl::faults`]: drop counters may be non-zero (`GPUNVME_FAULT_DROPS`).
+pub const FAULT_DROPS: u32 = 1;
+/// [`CtrlControl::faults`]: [`CtrlControl::delay_ns`] applies (`GPUNVME_FAULT_DELAY`).
+pub const FAULT_DELAY: u32 = 2;
+/// [`CtrlControl::faults`]: media error ranges are set (`GPUNVME_FAULT_MEDIA`).
+pub const FAULT_MEDIA: u32 = 4;
+
+/// Held completions per controller warp when the kernel gets `dynamic_bytes` of dynamic shared
+/// memory per block (the kernel's own arithmetic: its slice, less the selection slots).
+pub fn pending_capacity(dynamic_bytes: u32) -> u32 {
+    let slice = (dynamic_bytes / CTRL_WARPS) & !15;
+    slice.saturating_sub(CTRL_SEL_BYTES as u32) / size_of::<CtrlPending>() as u32
+}
 
 /// Every `#define GPUNVME_NAME <integer>` in `text`, as (NAME without the prefix, value).
 pub fn header_defines(text: &str) -> Vec<(String, u64)> {
@@ -648,6 +739,24 @@ mod tests {
             ("CC_QUEUES", offset_of!(CtrlControl, queues)),
             ("CC_ACK", offset_of!(CtrlControl, ack)),
             ("CC_LIFETIME_NS", offset_of!(CtrlControl, lifetime_ns)),
+            ("CC_NMEDIA_ERRORS", offset_of!(CtrlControl, nmedia_errors)),
+            ("CC_MODELS", offset_of!(CtrlControl, models)),
+            ("CC_MEDIA_ERRORS", offset_of!(CtrlControl, media_errors)),
+            ("CC_DROPS", offset_of!(CtrlControl, drops)),
+            ("CC_FAULTS", offset_of!(CtrlControl, faults)),
+            ("CC_DELAY_NS", offset_of!(CtrlControl, delay_ns)),
+            ("CTRL_NS_MODEL_SIZE", size_of::<CtrlNsModel>()),
+            ("CTRL_MEDIA_ERROR_SIZE", size_of::<CtrlMediaError>()),
+            ("CTRL_PENDING_SIZE", size_of::<CtrlPending>()),
+            ("CTRL_MAX_MEDIA_ERRORS", CTRL_MAX_MEDIA_ERRORS),
+            ("CTRL_MAX_DRIVES", CTRL_MAX_DRIVES),
+            ("CTRL_DRIVE_STRIDE", CTRL_DRIVE_STRIDE),
+            ("CTRL_SEL_BYTES", CTRL_SEL_BYTES),
+            ("CTRL_MIN_STRIPE_SHIFT", CTRL_MIN_STRIPE_SHIFT as usize),
+            ("CTRL_MAX_STRIPE_SHIFT", CTRL_MAX_STRIPE_SHIFT as usize),
+            ("FAULT_DROPS", FAULT_DROPS as usize),
+            ("FAULT_DELAY", FAULT_DELAY as usize),
+            ("FAULT_MEDIA", FAULT_MEDIA as usize),
             ("CTRL_MAX_WINDOWS", CTRL_MAX_WINDOWS),
             ("CTRL_MAX_NS", CTRL_MAX_NS),
             ("CTRL_WARPS", CTRL_WARPS as usize),
@@ -678,6 +787,21 @@ mod tests {
             };
             assert_eq!(d.get(name).copied(), Some(code as u64), "GPUNVME_{name}");
         }
+    }
+
+    #[test]
+    fn model_tables_have_the_kernels_layout() {
+        // reload() reads drives and stripe_shift as one 32-bit word at `drives`.
+        assert_eq!(offset_of!(CtrlNsModel, drives), 28);
+        assert_eq!(offset_of!(CtrlNsModel, stripe_shift), 30);
+        assert_eq!(offset_of!(CtrlMediaError, nsid), 16);
+        assert_eq!(size_of::<CtrlControl>(), 128);
+        assert_eq!(size_of::<CtrlCounters>(), 64);
+        // H100: 227 KiB per block less ~39 KiB of tables, or just over half of 228 KiB.
+        assert_eq!(pending_capacity(232_448 - 39_568), 745);
+        assert_eq!(pending_capacity(117_760 - 39_568), 297);
+        assert_eq!(pending_capacity(0), 0);
+        assert_eq!(pending_capacity(100), 0);
     }
 
     #[test]
@@ -753,6 +877,8 @@ mod tests {
             );
         }
         assert!(KERNELS_PTX.contains(".target sm_80"));
+        // The model's held completions use the kernel's dynamic shared memory.
+        assert!(KERNELS_PTX.contains("%dynamic_smem_size"));
         assert!(KERNELS_PTX.contains("st.mmio.relaxed.sys.global.u32"));
     }
 }

@@ -18,6 +18,14 @@
 //! acknowledge them; [`GpuController::stop`] (and drop) stops the kernel within
 //! [`STOP_TIMEOUT`], and the kernel stops by itself after
 //! [`GpuControllerOptions::lifetime`] whatever the host does.
+//!
+//! The model (optional): a namespace may carry an [`SsdModel`] (latency, IOPS and bandwidth
+//! caps of `drives` striped drives; see [`crate::ssd_model`]), and [`GpuController::faults`]
+//! injects media errors, dropped completions and a completion delay while the kernel runs,
+//! with `nvme_emu::Faults`' names. With neither, the kernel's fast path is unchanged: each
+//! command completes in the pass that fetched it. With either, completions are held in the
+//! controller warps' shared memory until due; at stop the ones still held are never posted
+//! (counted in [`GpuControllerStats::abandoned`]) and do not delay the stop.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -28,18 +36,27 @@ use nvme_emu::{EmuDevice, QueueServer, QueueServerRefusal};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::desc::{
-    CTRL_DOORBELL_STRIDE, CTRL_MAX_NS, CTRL_MAX_WINDOWS, CTRL_WARPS, CtrlControl, CtrlCounters,
-    CtrlNs, CtrlQueue, CtrlWindow, MEDIA_HBM, MEDIA_HOST, MEDIA_NULL, NS_READ_ONLY,
+    CTRL_DOORBELL_STRIDE, CTRL_DRIVE_STRIDE, CTRL_MAX_DRIVES, CTRL_MAX_MEDIA_ERRORS, CTRL_MAX_NS,
+    CTRL_MAX_WINDOWS, CTRL_WARPS, CtrlControl, CtrlCounters, CtrlMediaError, CtrlNs, CtrlNsModel,
+    CtrlQueue, CtrlWindow, FAULT_DELAY, FAULT_DROPS, FAULT_MEDIA, MEDIA_HBM, MEDIA_HOST,
+    MEDIA_NULL, NS_READ_ONLY, pending_capacity,
 };
 use crate::error::GpuError;
 use crate::ffi::os::MappedImage;
 use crate::ffi::{self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
+pub use crate::ssd_model::SsdModel;
 
 /// How long [`GpuController::stop`] waits for the kernel.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a table change waits for every controller warp to acknowledge it.
 const ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Fewest held completions per controller warp the model starts with (it needs room for at
+/// least one 32-command batch; a few hundred fit beside the tables on Ampere and Hopper).
+const MIN_PENDING: u32 = 64;
+/// [`GpuFaults::drop_completions`] count meaning "every completion, until cleared"
+/// (`nvme_emu::DROP_ALL`).
+pub const DROP_ALL: u64 = u64::MAX;
 
 /// Where a namespace's blocks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +96,7 @@ impl std::str::FromStr for MediaKind {
 }
 
 /// One namespace as the model serves it: the same geometry the software controller reports.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct NamespaceSpec {
     /// Logical blocks.
     pub blocks: u64,
@@ -90,6 +107,9 @@ pub struct NamespaceSpec {
     /// Write protected: Write, Write Zeroes and Dataset Management fail with Namespace Is
     /// Write Protected, and `hbm` media is never written back.
     pub read_only: bool,
+    /// The SSD timing model of the namespace (None: completions as fast as the controller
+    /// goes).
+    pub ssd_model: Option<SsdModel>,
 }
 
 /// How to run the model.
@@ -138,6 +158,11 @@ pub struct GpuControllerStats {
     pub idle_passes: u64,
     /// Distinct SMs the controller's blocks ran on.
     pub sms: u32,
+    /// Completions dropped by [`GpuFaults::drop_completions`] (their commands executed).
+    pub dropped: u64,
+    /// Completions the model held and never posted: still due when it stopped, or for a
+    /// queue deleted meanwhile.
+    pub abandoned: u64,
 }
 
 /// Offsets in the pinned control area.
@@ -145,6 +170,8 @@ struct Layout {
     queues: usize,
     windows: usize,
     namespaces: usize,
+    models: usize,
+    media_errors: usize,
     ack: usize,
     blocks: usize,
     len: usize,
@@ -155,12 +182,16 @@ impl Layout {
         let queues = size_of::<CtrlControl>();
         let windows = queues + nqueues * size_of::<CtrlQueue>();
         let namespaces = windows + CTRL_MAX_WINDOWS * size_of::<CtrlWindow>();
-        let ack = namespaces + CTRL_MAX_NS * size_of::<CtrlNs>();
+        let models = namespaces + CTRL_MAX_NS * size_of::<CtrlNs>();
+        let media_errors = models + CTRL_MAX_NS * size_of::<CtrlNsModel>();
+        let ack = media_errors + CTRL_MAX_MEDIA_ERRORS * size_of::<CtrlMediaError>();
         let len = ack + (warps + blocks) * 4;
         Self {
             queues,
             windows,
             namespaces,
+            models,
+            media_errors,
             ack,
             blocks,
             len,
@@ -176,6 +207,12 @@ struct Tables {
     /// Completion queues created, waiting for their submission queue: (addr, entries).
     cqs: Vec<Option<(u64, u32)>>,
     failed: Option<String>,
+    /// Injected media errors, as the kernel's table holds them.
+    media_errors: Vec<CtrlMediaError>,
+    /// Drop counters the host armed (index 0: any queue), not known to have run out.
+    drops_armed: std::collections::BTreeSet<u16>,
+    /// Completion delay, nanoseconds.
+    delay_ns: u32,
 }
 
 /// The state the software controller's admin thread and the owner share.
@@ -189,6 +226,10 @@ struct Shared {
     tables: Mutex<Tables>,
     /// Per namespace: its media (None: null media).
     media: Vec<Option<NsMedia>>,
+    /// The drives' busy-until words of every namespace's timing model.
+    _busy: DeviceMemory,
+    /// Completions still to drop, u64 per queue id (index 0: on any queue).
+    drops: DeviceMemory,
 }
 
 /// The GPU-resident controller model, running.
@@ -202,6 +243,9 @@ pub struct GpuController {
     counters: DeviceMemory,
     blocks: u32,
     media: MediaKind,
+    ssd_models: Vec<Option<SsdModel>>,
+    pending_per_warp: u32,
+    faults: GpuFaults,
     stopped: Mutex<Option<GpuControllerStats>>,
 }
 
@@ -249,6 +293,18 @@ impl GpuController {
         control.write(0, &vec![0u8; layout.len]);
         let doorbells = DeviceMemory::alloc(cuda, nq.max(1) * CTRL_DOORBELL_STRIDE)?;
         let counters = DeviceMemory::alloc(cuda, warps * size_of::<CtrlCounters>())?;
+        let drive_bytes = CTRL_MAX_DRIVES * CTRL_DRIVE_STRIDE;
+        let busy = DeviceMemory::alloc(cuda, CTRL_MAX_NS * drive_bytes)?;
+        let drops = DeviceMemory::alloc(cuda, (nq + 1) * 8)?;
+        let mut models = vec![CtrlNsModel::default(); CTRL_MAX_NS];
+        for (i, ns) in namespaces.iter().enumerate() {
+            if let Some(m) = &ns.ssd_model {
+                m.validate().map_err(|e| {
+                    GpuError::InvalidArgument(format!("namespace {}: SSD model: {e}", i + 1))
+                })?;
+                models[i] = m.to_ctrl(busy.ptr() + (i * drive_bytes) as u64);
+            }
+        }
 
         let mut media = Vec::with_capacity(namespaces.len());
         let mut ns_table = vec![CtrlNs::default(); CTRL_MAX_NS];
@@ -305,6 +361,7 @@ impl GpuController {
             media.push(loaded);
         }
         control.write(layout.namespaces, ns_table.as_bytes());
+        control.write(layout.models, models.as_bytes());
         let header = CtrlControl {
             stop: 0,
             generation: 1,
@@ -320,6 +377,9 @@ impl GpuController {
             counters: counters.ptr(),
             ack: control.device_ptr() + layout.ack as u64,
             lifetime_ns: opts.lifetime.as_nanos().clamp(1, u64::MAX as u128) as u64,
+            models: control.device_ptr() + layout.models as u64,
+            media_errors: control.device_ptr() + layout.media_errors as u64,
+            drops: drops.ptr(),
             ..CtrlControl::new_zeroed()
         };
         control.write(0, header.as_bytes());
@@ -338,11 +398,26 @@ impl GpuController {
                 windows: Vec::new(),
                 cqs: vec![None; nq + 1],
                 failed: None,
+                media_errors: Vec::new(),
+                drops_armed: Default::default(),
+                delay_ns: 0,
             }),
             media,
+            _busy: busy,
+            drops,
         });
         // One block per SM (a second block on an SM would halve both blocks' polling rate).
-        let shared_bytes = kernels.controller.reserve_whole_sm(cuda)?;
+        // With a timing model, all the shared memory a block may have: the held completions
+        // live there (MODEL in gpunvme_controller.cuh); without, just over half an SM's.
+        let timed = namespaces.iter().any(|n| n.ssd_model.is_some());
+        let shared_bytes = kernels.controller.reserve_whole_sm(cuda, timed)?;
+        let pending_per_warp = pending_capacity(shared_bytes);
+        if pending_per_warp < MIN_PENDING {
+            return Err(GpuError::Unsupported(format!(
+                "the GPU controller's warps would hold {pending_per_warp} completions each \
+                 ({shared_bytes} B of dynamic shared memory per block); the model needs {MIN_PENDING}"
+            )));
+        }
         stream.launch_with_shared(
             kernels.controller,
             blocks,
@@ -353,6 +428,9 @@ impl GpuController {
         // From here until the kernel has ended, frees are held back (they would wait for it).
         ffi::persistent_kernel_started();
         let ctrl = Arc::new(Self {
+            faults: GpuFaults {
+                shared: shared.clone(),
+            },
             shared,
             emu: emu.clone(),
             stream,
@@ -362,6 +440,8 @@ impl GpuController {
             counters,
             blocks,
             media: opts.media,
+            ssd_models: namespaces.iter().map(|n| n.ssd_model).collect(),
+            pending_per_warp,
             stopped: Mutex::new(None),
         });
         // Every warp must report in: a block that never became resident (no free SMs) would
@@ -391,6 +471,8 @@ impl GpuController {
             blocks,
             warps,
             media = opts.media.name(),
+            pending_per_warp,
+            timed,
             "GPU-resident controller started"
         );
         Ok(ctrl)
@@ -436,6 +518,23 @@ impl GpuController {
         self.media
     }
 
+    /// Each namespace's SSD timing model (index nsid - 1).
+    pub fn ssd_models(&self) -> &[Option<SsdModel>] {
+        &self.ssd_models
+    }
+
+    /// How many completions each controller warp can hold (timing model or faults): at most
+    /// this many commands of the queues a warp owns are in flight inside the model.
+    pub fn pending_per_warp(&self) -> u32 {
+        self.pending_per_warp
+    }
+
+    /// Fault injection while the kernel runs (media errors, dropped completions, a completion
+    /// delay), with `nvme_emu::Faults`' names.
+    pub fn faults(&self) -> &GpuFaults {
+        &self.faults
+    }
+
     /// Controller blocks (one per SM of the partition).
     pub fn blocks(&self) -> u32 {
         self.blocks
@@ -467,6 +566,8 @@ impl GpuController {
             s.doorbell_errors += c.doorbell_errors;
             s.passes += c.passes;
             s.idle_passes += c.idle_passes;
+            s.dropped += c.dropped as u64;
+            s.abandoned += c.abandoned as u64;
         }
         let mut sms: Vec<u32> = (0..self.blocks as usize)
             .map(|b| {
@@ -505,6 +606,144 @@ impl Drop for WindowGuard {
         if let Err(e) = self.shared.remove_window(self.base) {
             tracing::warn!(error = %e, "unregistering a GPU controller window");
         }
+    }
+}
+
+/// Fault injection on a running [`GpuController`] ([`GpuController::faults`]), mirroring
+/// `nvme_emu::Faults`: each change is published to the kernel through the table generation
+/// (bounded wait for every warp's acknowledgement) and applies to commands fetched after it
+/// returns. Any fault set puts the kernel on the model's path (completions held until due);
+/// clearing every fault returns it to the fast path.
+pub struct GpuFaults {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for GpuFaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuFaults").finish_non_exhaustive()
+    }
+}
+
+impl GpuFaults {
+    /// Makes every read covering `lba` of namespace `nsid` fail with Unrecovered Read Error
+    /// and every write covering it (Write, Write Zeroes, Dataset Management deallocate) with
+    /// Write Fault (Media and Data Integrity Errors, Do Not Retry); no data moves.
+    pub fn add_media_error(&self, nsid: u32, lba: u64) -> Result<(), GpuError> {
+        self.add_media_error_range(nsid, lba, 1)
+    }
+
+    /// [`GpuFaults::add_media_error`] for LBAs `slba..slba + nlb` (one table entry; at most
+    /// `CTRL_MAX_MEDIA_ERRORS` ranges at a time).
+    pub fn add_media_error_range(&self, nsid: u32, slba: u64, nlb: u64) -> Result<(), GpuError> {
+        if nsid == 0 || nlb == 0 || slba.checked_add(nlb).is_none() {
+            return Err(GpuError::InvalidArgument(format!(
+                "media error range nsid {nsid}, LBAs {slba}+{nlb}"
+            )));
+        }
+        let mut t = self.shared.lock_tables();
+        let e = CtrlMediaError {
+            slba,
+            nlb,
+            nsid,
+            reserved: 0,
+        };
+        if t.media_errors.contains(&e) {
+            return Ok(());
+        }
+        if t.media_errors.len() >= CTRL_MAX_MEDIA_ERRORS {
+            return Err(GpuError::Unsupported(format!(
+                "more than {CTRL_MAX_MEDIA_ERRORS} media error ranges on the GPU controller"
+            )));
+        }
+        t.media_errors.push(e);
+        self.shared.publish_faults(&mut t)
+    }
+
+    /// Removes the media error [`GpuFaults::add_media_error`] set; returns whether it was set.
+    pub fn remove_media_error(&self, nsid: u32, lba: u64) -> Result<bool, GpuError> {
+        self.remove_media_error_range(nsid, lba, 1)
+    }
+
+    /// Removes a range [`GpuFaults::add_media_error_range`] set; returns whether it was set.
+    pub fn remove_media_error_range(
+        &self,
+        nsid: u32,
+        slba: u64,
+        nlb: u64,
+    ) -> Result<bool, GpuError> {
+        let mut t = self.shared.lock_tables();
+        let before = t.media_errors.len();
+        t.media_errors
+            .retain(|e| (e.nsid, e.slba, e.nlb) != (nsid, slba, nlb));
+        if t.media_errors.len() == before {
+            return Ok(false);
+        }
+        self.shared.publish_faults(&mut t).map(|()| true)
+    }
+
+    /// Removes every injected media error.
+    pub fn clear_media_errors(&self) -> Result<(), GpuError> {
+        let mut t = self.shared.lock_tables();
+        t.media_errors.clear();
+        self.shared.publish_faults(&mut t)
+    }
+
+    /// Executes the next `count` I/O commands (on any queue) but never posts their
+    /// completions ([`DROP_ALL`]: every one, until set to 0); their clients' bounded waits
+    /// time out.
+    pub fn drop_completions(&self, count: u64) -> Result<(), GpuError> {
+        self.set_drops(0, count)
+    }
+
+    /// [`GpuFaults::drop_completions`] for the completions of queue `qid` only (taken before
+    /// the controller-wide count). Creating a queue on `qid` clears its count.
+    pub fn drop_completions_on(&self, qid: u16, count: u64) -> Result<(), GpuError> {
+        if qid == 0 || qid as usize > self.shared.nqueues {
+            return Err(GpuError::InvalidArgument(format!("queue id {qid}")));
+        }
+        self.set_drops(qid, count)
+    }
+
+    /// How many more completions will be dropped on any queue ([`DROP_ALL`] for all).
+    pub fn drops_remaining(&self) -> Result<u64, GpuError> {
+        self.shared.drops_at(0)
+    }
+
+    /// How many more completions of queue `qid` will be dropped.
+    pub fn drops_remaining_on(&self, qid: u16) -> Result<u64, GpuError> {
+        if qid == 0 || qid as usize > self.shared.nqueues {
+            return Err(GpuError::InvalidArgument(format!("queue id {qid}")));
+        }
+        self.shared.drops_at(qid)
+    }
+
+    /// Delays every I/O completion by `delay` after the command would have completed (zero
+    /// turns delays off; at most ~4.29 s). Delayed completions do not block the controller.
+    pub fn set_completion_delay(&self, delay: Duration) -> Result<(), GpuError> {
+        let ns = u32::try_from(delay.as_nanos()).map_err(|_| {
+            GpuError::InvalidArgument(format!("completion delay {delay:?} (at most 4.29 s)"))
+        })?;
+        let mut t = self.shared.lock_tables();
+        t.delay_ns = ns;
+        self.shared.publish_faults(&mut t)
+    }
+
+    /// The current completion delay.
+    pub fn completion_delay(&self) -> Duration {
+        Duration::from_nanos(self.shared.lock_tables().delay_ns as u64)
+    }
+
+    fn set_drops(&self, qid: u16, count: u64) -> Result<(), GpuError> {
+        let mut t = self.shared.lock_tables();
+        self.shared
+            .drops
+            .write(qid as usize * 8, &count.to_le_bytes())?;
+        if count == 0 {
+            t.drops_armed.remove(&qid);
+        } else {
+            t.drops_armed.insert(qid);
+        }
+        self.shared.publish_faults(&mut t)
     }
 }
 
@@ -558,7 +797,41 @@ fn load_image(
 }
 
 impl Shared {
-    /// Waits until every warp acknowledged `generation`; on timeout returns how many had.
+    fn lock_tables(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the fault tables and bits of `t` and publishes them.
+    fn publish_faults(&self, t: &mut Tables) -> Result<(), GpuError> {
+        self.control
+            .write(self.layout.media_errors, t.media_errors.as_bytes());
+        let mut faults = 0;
+        if !t.media_errors.is_empty() {
+            faults |= FAULT_MEDIA;
+        }
+        if !t.drops_armed.is_empty() {
+            faults |= FAULT_DROPS;
+        }
+        if t.delay_ns != 0 {
+            faults |= FAULT_DELAY;
+        }
+        self.control.store_u32(
+            std::mem::offset_of!(CtrlControl, nmedia_errors),
+            t.media_errors.len() as u32,
+        );
+        self.control
+            .store_u32(std::mem::offset_of!(CtrlControl, delay_ns), t.delay_ns);
+        self.control
+            .store_u32(std::mem::offset_of!(CtrlControl, faults), faults);
+        self.publish(t)
+    }
+
+    fn drops_at(&self, qid: u16) -> Result<u64, GpuError> {
+        let mut b = [0u8; 8];
+        self.drops.read(qid as usize * 8, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
     /// The SM each controller block runs on (reported once it started).
     fn block_sms(&self) -> Vec<u32> {
         (0..self.layout.blocks)
@@ -570,6 +843,7 @@ impl Shared {
             .collect()
     }
 
+    /// Waits until every warp acknowledged `generation`; on timeout returns how many had.
     fn wait_acks(&self, generation: u32, timeout: Duration) -> Result<(), usize> {
         let start = Instant::now();
         loop {
@@ -718,13 +992,19 @@ impl QueueServer for Shared {
         if !Self::reachable(&t, addr, entries as u64 * 64) {
             return Err(QueueServerRefusal::Unreachable { addr });
         }
-        // A fresh queue's doorbells read 0 before the controller takes it.
+        // A fresh queue's doorbells read 0 before the controller takes it, and it drops no
+        // completions an earlier queue on its id was told to.
         let off = (qid as usize - 1) * CTRL_DOORBELL_STRIDE;
-        if let Err(e) = self.doorbells.write(off, &[0u8; 8]) {
+        if let Err(e) = self
+            .doorbells
+            .write(off, &[0u8; 8])
+            .and_then(|()| self.drops.write(qid as usize * 8, &[0u8; 8]))
+        {
             return Err(QueueServerRefusal::Unsupported(format!(
                 "zeroing doorbells: {e}"
             )));
         }
+        t.drops_armed.remove(&qid);
         t.serial = t.serial.wrapping_add(1);
         let entry = CtrlQueue {
             sq: addr,

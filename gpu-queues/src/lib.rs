@@ -20,7 +20,8 @@
 //!   copies (one scatter kernel per controller batch) in an SM partition of its own.
 //! - [`gpu_controller`]: the GPU-resident controller model — a persistent kernel on reserved
 //!   SMs serving queues in GPU memory at GPU speed, behind the software controller's admin
-//!   queue ([`nvme_emu::QueueServer`]); `null` and `hbm` media.
+//!   queue ([`nvme_emu::QueueServer`]); `null`, `hbm` and `host` media, an optional SSD timing
+//!   model per namespace ([`ssd_model`]) and fault injection ([`GpuFaults`]).
 //! - [`perf`]: the GPU side of `gpunvme perf --gpu`.
 //! - [`files`]: blockfs files on the GPU, cuFile-like ([`files::GpuFiles`]): extent tables
 //!   uploaded to GPU memory (pinned while in use), byte ranges of files read and written by
@@ -57,11 +58,13 @@ pub mod kernels;
 pub mod pattern;
 pub mod perf;
 pub mod queues;
+pub mod ssd_model;
 pub mod transport;
 
 pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;
 pub use ffi::{Cuda, cuda_present};
 pub use files::{GpuFile, GpuFiles, GpuSpan};
-pub use gpu_controller::{GpuController, GpuControllerOptions, MediaKind};
+pub use gpu_controller::{GpuController, GpuControllerOptions, GpuFaults, MediaKind};
 pub use queues::{GpuBuffer, GpuQueueOptions, GpuQueues, TransportKind};
+pub use ssd_model::SsdModel;

@@ -48,6 +48,34 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
                 c.gpu_wait_ms
             );
         }
+        if let Some(m) = &g.model {
+            outln!(
+                "  GPU controller model: {} media, {} blocks on {} SMs; {} commands ({} errors, \
+                 {} dropped, {} abandoned), {} doorbell errors, {} of {} passes idle",
+                m.media,
+                m.blocks,
+                m.sms,
+                m.commands,
+                m.errors,
+                m.dropped,
+                m.abandoned,
+                m.doorbell_errors,
+                m.idle_passes,
+                m.passes
+            );
+            match &m.ssd_model {
+                Some(s) => outln!(
+                    "  {} (a model: --ssd-model {}); ceiling at this block size: {}",
+                    s.description,
+                    s.spec,
+                    match (s.max_iops_at_bs, s.max_bw_bytes_at_bs) {
+                        (Some(i), Some(b)) => format!("{:.0} IOPS, {:.2} GB/s", i, b / 1e9),
+                        _ => "uncapped".to_string(),
+                    }
+                ),
+                None => outln!("  SSD model: none (completions as fast as the controller goes)"),
+            }
+        }
     }
     let gpu_result = if as_json {
         report_errors(&r.report)

@@ -183,9 +183,10 @@ impl Cuda {
 impl Kernel {
     /// Makes one block of this kernel take an SM to itself: sets its dynamic shared memory to
     /// more than half of an SM's (with what it declares statically), so that no second block
-    /// of any kernel that needs shared memory fits beside it. Returns the dynamic bytes to pass
-    /// at launch.
-    pub fn reserve_whole_sm(&self, cuda: &Cuda) -> Result<u32, GpuError> {
+    /// of any kernel that needs shared memory fits beside it. With `all`, asks for all the
+    /// shared memory a block may have instead (the controller model's held completions use
+    /// it). Returns the dynamic bytes to pass at launch.
+    pub fn reserve_whole_sm(&self, cuda: &Cuda, all: bool) -> Result<u32, GpuError> {
         let mut static_bytes = 0;
         // SAFETY: valid kernel handle and out-pointer.
         check("cuKernelGetAttribute", unsafe {
@@ -197,7 +198,11 @@ impl Kernel {
             )
         })?;
         let static_bytes = static_bytes.max(0) as u32;
-        let want = (cuda.shared_per_sm / 2 + 1024).saturating_sub(static_bytes);
+        let want = if all {
+            cuda.shared_per_block.saturating_sub(static_bytes)
+        } else {
+            (cuda.shared_per_sm / 2 + 1024).saturating_sub(static_bytes)
+        };
         if want + static_bytes > cuda.shared_per_block {
             return Err(GpuError::Unsupported(format!(
                 "cannot reserve an SM by shared memory ({} B per SM, {} B per block)",
