@@ -131,7 +131,7 @@
 // The host's abort word is read over PCIe at most this often per queue (by whichever waiter
 // finds it due): thousands of waiters reading host memory on their own collapse PCIe reads
 // (and every system-scope fence with them), see ../shared/design/gpu.md.
-#define GPUNVME_HOST_POLL_NS 50000
+#define GPUNVME_HOST_POLL_NS 500000
 
 // queue_desc.flags: bit 0 = the controller runs on this GPU (the GPU-resident controller
 // model): SQEs, CQEs and doorbells never leave GPU memory, so the protocol's fences are at GPU

@@ -34,17 +34,26 @@
 //             then fences (acquire), reads a whole entry and the data. Held completions (MODEL)
 //             are posted the same way: their data was stored in an earlier pass by the same
 //             warp, before the posting batch's fence.acq_rel.gpu + __syncwarp + fence.
-//   tables:   (warp 0, lane 0 of each block, every GPUNVME_CTRL_HOST_POLL_NS) ld.relaxed.sys
-//             generation -> fence.acq_rel.sys -> shared-memory copy; (each warp) shared copy ->
-//             fence.acq_rel.sys -> table loads; ack after reload.
+//   tables:   (warp 0, lane 0 of block 0, every GPUNVME_CTRL_HOST_POLL_NS) ld.relaxed.sys
+//             generation -> fence.acq_rel.sys -> shared-memory copy and st.relaxed.gpu mirror;
+//             (warp 0, lane 0 of the other blocks) ld.relaxed.gpu mirror -> fence.acq_rel.sys
+//             -> shared-memory copy; (each warp) shared copy -> fence.acq_rel.sys -> table
+//             loads; ack after reload.
 //   model:    drive busy-until words (GPU memory): atomicCAS / atomicMax / atomicAdd, relaxed at
 //             GPU scope; they order nothing but themselves (they only carry model time). Drop
 //             counters (GPU memory, written by the host with cuMemcpyHtoD before it publishes
 //             the GPUNVME_FAULT_DROPS bit through the generation): ld.relaxed.gpu + atomicCAS.
 //             Pending completions live in the warp's own shared memory (__syncwarp between
 //             lanes' writes and reads).
-//   No other controller load touches host memory: a few hundred warps polling host memory
-//   made each pass ~30 µs and slowed clients' system-scope fences to ~10 µs (measured, H100).
+//
+// HOST WORDS. One lane of the whole controller (block 0, warp 0, lane 0) reads the host's stop
+// and generation words, every GPUNVME_CTRL_HOST_POLL_NS, and mirrors them into GPU memory; the
+// other blocks' leaders read the mirror. No other controller load touches host memory during
+// a run. A few hundred warps polling host memory made each pass ~30 µs and slowed clients'
+// system-scope fences to ~10 µs (measured, H100); with one host reader per block, 16 blocks
+// (800 k small PCIe reads a second) were ~30x slower than 8 — the suspected cause, not yet
+// confirmed on a GPU, is that rate of non-posted reads, which stalls the reading warps, one of
+// which serves queue 1.
 //
 // MODEL (optional; nothing of it runs while no namespace has a timing model and no fault is
 // set: the warp's `slow` flag is off and every command completes in the pass that fetched it).
@@ -96,6 +105,7 @@
 #define GPUNVME_CC_QUEUES 32
 #define GPUNVME_CC_ACK 72
 #define GPUNVME_CC_LIFETIME_NS 80
+#define GPUNVME_CC_MIRROR 120
 #define GPUNVME_CC_NMEDIA_ERRORS 28
 #define GPUNVME_CC_MODELS 88
 #define GPUNVME_CC_MEDIA_ERRORS 96
@@ -181,7 +191,8 @@ struct ctrl_control {
                             //   to drop ([0]: on any queue; ~0: every one)
     uint32_t faults;        // GPUNVME_FAULT_*
     uint32_t delay_ns;      // added to every completion's due time (GPUNVME_FAULT_DELAY)
-    uint64_t reserved1;
+    uint64_t mirror;        // GPU pointer (GPU memory): uint32 stop, uint32 generation as
+                            //   block 0 last read them (HOST WORDS); the host initialises (0, 1)
 };
 
 /// A namespace's SSD timing model (MODEL), indexed by nsid - 1. Host-written.
@@ -234,6 +245,7 @@ static_assert(offsetof(ctrl_control, generation) == GPUNVME_CC_GENERATION, "gene
 static_assert(offsetof(ctrl_control, queues) == GPUNVME_CC_QUEUES, "queues");
 static_assert(offsetof(ctrl_control, ack) == GPUNVME_CC_ACK, "ack");
 static_assert(offsetof(ctrl_control, lifetime_ns) == GPUNVME_CC_LIFETIME_NS, "lifetime_ns");
+static_assert(offsetof(ctrl_control, mirror) == GPUNVME_CC_MIRROR, "mirror");
 static_assert(offsetof(ctrl_control, nmedia_errors) == GPUNVME_CC_NMEDIA_ERRORS, "nmedia_errors");
 static_assert(offsetof(ctrl_control, models) == GPUNVME_CC_MODELS, "models");
 static_assert(offsetof(ctrl_control, media_errors) == GPUNVME_CC_MEDIA_ERRORS, "media_errors");
@@ -300,6 +312,9 @@ __device__ __forceinline__ unsigned long long ld_gpu64(const void* p) {
     unsigned long long v;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+__device__ __forceinline__ void st_gpu(uint32_t* p, uint32_t v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ void st_sys(uint32_t* p, uint32_t v) {
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

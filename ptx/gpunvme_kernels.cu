@@ -344,14 +344,15 @@ using namespace gpunvme::ctrl;
 extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     gpunvme_controller(const ctrl_control* c) {
     __shared__ warp_tables tables[GPUNVME_CTRL_WARPS];
-    // The host's stop flag and table generation as this block last read them: warp 0's lane 0
-    // reads host memory at most every GPUNVME_CTRL_HOST_POLL_NS and every warp looks here.
-    // (Hundreds of warps reading host memory on their own made every pass ~30 µs and stalled
-    // clients' system-scope fences.) The host asks for more dynamic shared memory than the
+    // The host's stop flag and table generation as this block last saw them (HOST WORDS): warp
+    // 0's lane 0 refreshes them every GPUNVME_CTRL_HOST_POLL_NS and every warp looks here.
+    // The host asks for more dynamic shared memory than the
     // tables need: that is how one block gets an SM to itself, and the model's held
     // completions live there (one slice per warp, MODEL).
     __shared__ volatile uint32_t host_stop, host_generation;
     extern __shared__ __align__(16) unsigned char ctrl_dynamic[];
+    // (stop, generation) as block 0's leader last read them from the host (HOST WORDS).
+    uint32_t* mirror = reinterpret_cast<uint32_t*>(ld_sys64(&c->mirror));
     const uint32_t full = 0xffffffffu;
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
     const uint32_t warps_total = gridDim.x * GPUNVME_CTRL_WARPS;
@@ -415,19 +416,31 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     uint64_t host_polled = start;
     for (;;) {
         k.passes++;
-        // The host's words: read over PCIe by one lane per block, at a bounded rate.
+        // The host's words (HOST WORDS): block 0's leader reads them over PCIe and mirrors
+        // them into GPU memory; the other blocks' leaders read the mirror.
         if (warp == 0 && lane == 0) {
             const uint64_t now = now_ns();
             if (now - host_polled >= GPUNVME_CTRL_HOST_POLL_NS) {
                 host_polled = now;
-                host_stop = ld_sys(&c->stop) != 0 || now - start > lifetime;
-                const uint32_t g = ld_sys(&c->generation);
-                // A new generation: acquire the host's table writes for the whole block before
-                // the warps that see it here fence again and reload (see TABLES).
+                uint32_t stop_word, g;
+                if (blockIdx.x == 0) {
+                    stop_word = ld_sys(&c->stop);
+                    g = ld_sys(&c->generation);
+                } else {
+                    stop_word = ld_gpu(&mirror[0]);
+                    g = ld_gpu(&mirror[1]);
+                }
+                // A new generation: acquire the host's table writes (block 0: from the host;
+                // the others: through the mirror) for the whole block before the warps that
+                // see it here fence again and reload (see TABLES); block 0 then releases it
+                // to the mirror.
                 if (g != host_generation) {
                     fence_sys();
                     host_generation = g;
+                    if (blockIdx.x == 0) st_gpu(&mirror[1], g);
                 }
+                if (blockIdx.x == 0 && stop_word) st_gpu(&mirror[0], 1u);
+                host_stop = stop_word != 0 || now - start > lifetime;
             }
         }
         if ((k.passes & 15) == 0) {

@@ -468,8 +468,8 @@ pub struct CtrlControl {
     pub faults: u32,
     /// Added to every completion's due time, nanoseconds ([`FAULT_DELAY`]).
     pub delay_ns: u32,
-    /// Reserved.
-    pub reserved1: u64,
+    /// GPU pointer: `[stop, generation]` (u32 each) as block 0's leader last read them.
+    pub mirror: u64,
 }
 
 /// A namespace's SSD timing model as the controller kernel takes it
@@ -739,6 +739,7 @@ mod tests {
             ("CC_QUEUES", offset_of!(CtrlControl, queues)),
             ("CC_ACK", offset_of!(CtrlControl, ack)),
             ("CC_LIFETIME_NS", offset_of!(CtrlControl, lifetime_ns)),
+            ("CC_MIRROR", offset_of!(CtrlControl, mirror)),
             ("CC_NMEDIA_ERRORS", offset_of!(CtrlControl, nmedia_errors)),
             ("CC_MODELS", offset_of!(CtrlControl, models)),
             ("CC_MEDIA_ERRORS", offset_of!(CtrlControl, media_errors)),

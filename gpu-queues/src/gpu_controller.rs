@@ -241,6 +241,8 @@ pub struct GpuController {
     kernels: Arc<Kernels>,
     partition: Arc<GreenPartition>,
     counters: DeviceMemory,
+    /// Block 0's mirror of the host's words (read by the kernel while it runs).
+    _mirror: DeviceMemory,
     blocks: u32,
     media: MediaKind,
     ssd_models: Vec<Option<SsdModel>>,
@@ -293,6 +295,10 @@ impl GpuController {
         control.write(0, &vec![0u8; layout.len]);
         let doorbells = DeviceMemory::alloc(cuda, nq.max(1) * CTRL_DOORBELL_STRIDE)?;
         let counters = DeviceMemory::alloc(cuda, warps * size_of::<CtrlCounters>())?;
+        // Block 0's mirror of (stop, generation) for the other blocks, starting as the header
+        // below says.
+        let mirror = DeviceMemory::alloc(cuda, 64)?;
+        mirror.write(0, [0u32, 1u32].as_bytes())?;
         let drive_bytes = CTRL_MAX_DRIVES * CTRL_DRIVE_STRIDE;
         let busy = DeviceMemory::alloc(cuda, CTRL_MAX_NS * drive_bytes)?;
         let drops = DeviceMemory::alloc(cuda, (nq + 1) * 8)?;
@@ -377,6 +383,7 @@ impl GpuController {
             counters: counters.ptr(),
             ack: control.device_ptr() + layout.ack as u64,
             lifetime_ns: opts.lifetime.as_nanos().clamp(1, u64::MAX as u128) as u64,
+            mirror: mirror.ptr(),
             models: control.device_ptr() + layout.models as u64,
             media_errors: control.device_ptr() + layout.media_errors as u64,
             drops: drops.ptr(),
@@ -438,6 +445,7 @@ impl GpuController {
             kernels,
             partition,
             counters,
+            _mirror: mirror,
             blocks,
             media: opts.media,
             ssd_models: namespaces.iter().map(|n| n.ssd_model).collect(),
