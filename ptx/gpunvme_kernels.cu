@@ -430,11 +430,12 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                     stop_word = ld_gpu(&mirror[0]);
                     g = ld_gpu(&mirror[1]);
                 }
-                // A new generation: acquire the host's table writes (block 0: from the host;
-                // the others: through the mirror) for the whole block before the warps that
-                // see it here fence again and reload (see TABLES); block 0 then releases it
-                // to the mirror.
-                if (g != host_generation) {
+                // A newer generation (the host only bumps it; a mirror that has not caught up
+                // with what this block read at start is older, and ignored): acquire the host's
+                // table writes (block 0: from the host; the others: through the mirror) for the
+                // whole block before the warps that see it here fence again and reload (see
+                // TABLES); block 0 then releases it to the mirror.
+                if ((int32_t)(g - host_generation) > 0) {
                     fence_sys();
                     host_generation = g;
                     if (blockIdx.x == 0) st_gpu(&mirror[1], g);
