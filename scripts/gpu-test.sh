@@ -154,8 +154,10 @@ for lba in 512 4096; do
     "$G" --device "$img" --lba-size $lba fs mkfs >>"$LOG" 2>&1
     "$G" --device "$img" --lba-size $lba fs put "$WORK/src" data/big >>"$LOG" 2>&1
     check "fs get --gpu lba=$lba" gpu_get_ok "$img" $lba data/big "$WORK/src"
-    check "fs get --gpu --controller gpu lba=$lba" gpu_get_ok "$img" $lba data/big "$WORK/src" \
-        --controller gpu
+    check "fs get --gpu --controller gpu (host media) lba=$lba" gpu_get_ok "$img" $lba data/big \
+        "$WORK/src" --controller gpu
+    check "fs get --gpu --controller gpu --media hbm lba=$lba" gpu_get_ok "$img" $lba data/big \
+        "$WORK/src" --controller gpu --media hbm
     check "fs put --gpu lba=$lba" gpu_put_ok "$img" $lba "$WORK/src2" data/gpu-written
     check "fs get --gpu of a GPU-written file lba=$lba" gpu_get_ok "$img" $lba data/gpu-written "$WORK/src2"
     rm -f "$img"

@@ -267,7 +267,6 @@ pub fn get(
 ) -> Result<GpuGetReport> {
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let stat = file.stat()?;
-    let host = host_crc(fs, name)?;
     let (cuda, setup) = setup(ctrl, backend, opts)?;
     let result = (|| {
         let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
@@ -285,6 +284,9 @@ pub fn get(
         let got = r.bytes();
         ensure!(got == size, "the GPU read {got} of {size} bytes");
         let gpu_crc = files.crc32c(buf.ptr(), size)?;
+        // The host's checksum after the load: reading the file first would warm the page
+        // cache for the GPU's reads (a cold load would not be cold).
+        let host = host_crc(fs, name)?;
         let recorded = stat.data_crc;
         if gpu_crc != host {
             return Err(GpuChecksumMismatch {

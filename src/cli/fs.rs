@@ -124,10 +124,15 @@ pub struct GpuFsArgs {
     #[arg(long)]
     pub gpu: bool,
     /// Who serves the GPU queues: `emu`, the software controller's threads, or `gpu`, the
-    /// GPU-resident controller model (the image loaded into GPU memory, written back at the
-    /// end).
+    /// GPU-resident controller model (with --media).
     #[arg(long, value_enum, default_value = "emu", requires = "gpu")]
     pub controller: FsController,
+    /// Media of the GPU-resident controller: `host` (the image's page-cache pages, read over
+    /// PCIe by the controller kernel; writable only for an image on tmpfs) or `hbm` (the image
+    /// copied into GPU memory when the model starts, written back when it stops: the load
+    /// itself is then not what is timed).
+    #[arg(long, value_enum, default_value = "host", requires = "gpu")]
+    pub media: FsMedia,
     /// SMs reserved for the controller's kernels.
     #[arg(long, default_value_t = 8, requires = "gpu")]
     pub controller_sms: u32,
@@ -136,12 +141,21 @@ pub struct GpuFsArgs {
     pub gpu_queues: Option<u16>,
 }
 
+/// `--media` of the GPU file commands.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsMedia {
+    /// The image file's pages, mapped and registered with CUDA.
+    Host,
+    /// The image in GPU memory.
+    Hbm,
+}
+
 /// `--controller` of the GPU file commands.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsController {
     /// The software controller's threads (or a real SSD through VFIO).
     Emu,
-    /// The GPU-resident controller model with its media in GPU memory.
+    /// The GPU-resident controller model.
     Gpu,
 }
 
@@ -150,7 +164,10 @@ impl GpuFsArgs {
         GpuFsOptions {
             serving: match self.controller {
                 FsController::Emu => Serving::Device,
-                FsController::Gpu => Serving::Model(gpunvme::gpu_queues::MediaKind::Hbm),
+                FsController::Gpu => Serving::Model(match self.media {
+                    FsMedia::Host => gpunvme::gpu_queues::MediaKind::Host,
+                    FsMedia::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
+                }),
             },
             queues: self.gpu_queues,
             controller_sms: self.controller_sms,
