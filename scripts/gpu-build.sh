@@ -6,12 +6,18 @@
 #   .gpu-bin/gpu-tests      gpu-queues/tests/gpu.rs (the GPU suite; its tests are #[ignore]d
 #                           here and run with --include-ignored there)
 #   .gpu-bin/cpu-client     gpu-queues/tests/cpu_client.rs (the protocol from CPU threads), if built
+#   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu-bin}
 mkdir -p "$OUT"
 cargo build --release -p gpunvme
 cp target/release/gpunvme "$OUT/gpunvme"
+EXAMPLES="gpu_read gpu_random gpu_write load_safetensors"
+for ex in $EXAMPLES; do
+    cargo build --release -p gpunvme --example "$ex"
+    cp "target/release/examples/$ex" "$OUT/$ex"
+done
 bin_of() {  # the test executable cargo built for --test $1 of crate $2
     cargo test --release -p "$2" --test "$1" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
@@ -28,4 +34,5 @@ fi
 cp scripts/gpu-test.sh "$OUT/"
 # Stripped: the carried tree must stay under 64 MiB.
 strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client 2>/dev/null || true
+for ex in $EXAMPLES; do strip "$OUT/$ex"; done
 ls -la "$OUT"

@@ -12,6 +12,8 @@
 # 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
 #    --cpu-queues 2), each checked for zero errors;
 # 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
+# 2d. the four GPU file examples (gpu_read, gpu_random, gpu_write, load_safetensors) on both
+#     controllers, each verifying its data;
 # 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs and the
 #    transfer-shape test, each required to report 0 errors.
 # Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
@@ -164,6 +166,23 @@ for lba in 512 4096; do
 done
 rm -f "$WORK/src" "$WORK/src2" "$WORK/back"
 
+# 2d. The examples (examples/*.rs, built by gpu-build.sh): each verifies its data and exits
+# non-zero on a mismatch; here it must also have run (not "skipped: no GPU") and say OK.
+example_ok() {  # example_ok NAME ARGS...: runs $BIN/NAME on a fresh image in $WORK
+    local name=$1 out; shift
+    out=$("$BIN/$name" --device "$WORK/ex-$name.img" "$@" 2>&1); local rc=$?
+    rm -f "$WORK/ex-$name.img"
+    echo "$out"
+    [ $rc = 0 ] && ! grep -q "skipped: no GPU" <<<"$out" && grep -q "^$name: OK" <<<"$out"
+}
+EXSIZE=256M; [ $QUICK = 1 ] && EXSIZE=32M
+for ctl in emu gpu; do
+    check "example gpu_read --controller $ctl" example_ok gpu_read --size $EXSIZE --controller $ctl
+    check "example gpu_random --controller $ctl" example_ok gpu_random --size $EXSIZE --reads 1M --controller $ctl
+    check "example gpu_write --controller $ctl" example_ok gpu_write --size $EXSIZE --controller $ctl
+    check "example load_safetensors --controller $ctl" example_ok load_safetensors --controller $ctl
+done
+
 # 3. compute-sanitizer.
 if [ $SAN = 1 ]; then
     if command -v compute-sanitizer >/dev/null; then
@@ -183,6 +202,13 @@ if [ $SAN = 1 ]; then
         for t in files::byte_ranges_at_odd_offsets_match_the_host files::gpu_writes_into_a_preallocated_file_read_back_after_remount; do
             check "sanitizer memcheck $t" compute-sanitizer --tool memcheck --error-exitcode 3 \
                 "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
+        done
+        for ex in "gpu_read --size 16M" "gpu_random --size 16M --reads 8192 --gather 256" \
+            "gpu_write --size 16M" "load_safetensors"; do
+            set -- $ex
+            check "sanitizer memcheck example $ex" compute-sanitizer --tool memcheck --error-exitcode 3 \
+                "$BIN/$1" --device "$WORK/san-$1.img" "${@:2}"
+            rm -f "$WORK/san-$1.img"
         done
     else
         echo "FAIL compute-sanitizer not found"; fail=$((fail + 1))

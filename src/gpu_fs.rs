@@ -167,9 +167,12 @@ fn hex(c: u32) -> String {
     format!("{c:08x}")
 }
 
-/// Brings the GPU queues up for a file command (the model after the file system is mounted,
-/// so it loads the image as blockfs left it).
-fn setup(
+/// Brings the GPU queues up for a file command on `ctrl` (shared by `fs get/put --gpu` and the
+/// examples): opens GPU 0, starts the GPU-resident controller model when `opts` asks for it
+/// (after the file system is mounted and synced, so it loads the image as blockfs left it), and
+/// creates the GPU queues. With the model, do the file system's own (CPU) I/O before this or
+/// after [`teardown`]: the model serves the image from its own copy meanwhile.
+pub fn setup(
     ctrl: &Controller,
     backend: &Backend,
     opts: &GpuFsOptions,
@@ -214,8 +217,9 @@ fn setup(
     Ok((cuda, setup))
 }
 
-/// Stops the model (writing its media back to the image) after the queues are gone.
-fn teardown(setup: GpuSetup) -> Result<()> {
+/// Deletes the GPU queues of [`setup`], then stops the model if one ran (writing its media
+/// back to the image).
+pub fn teardown(setup: GpuSetup) -> Result<()> {
     let GpuSetup { queues, model, .. } = setup;
     drop(queues);
     if let Some(m) = model {
@@ -224,7 +228,8 @@ fn teardown(setup: GpuSetup) -> Result<()> {
     Ok(())
 }
 
-fn data_path(setup: &GpuSetup, write: bool) -> String {
+/// The data path GPU file reads (`write` false) or writes take on `setup`, in words.
+pub fn data_path(setup: &GpuSetup, write: bool) -> String {
     format!(
         "GPU threads (a warp lane per chunk) issue NVMe {} on GPU queues, data {} GPU memory by \
          PRPs; unaligned head/tail through slot buffers{}; extent table in GPU memory; {}",

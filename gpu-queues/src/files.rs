@@ -893,6 +893,85 @@ impl<'q> GpuFiles<'q> {
     pub fn crc32c(&self, ptr: u64, len: u64) -> Result<u32, GpuError> {
         crc32c_on(self.queues, self.queues.client_stream(), ptr, len)
     }
+
+    /// Fills `blocks` blocks of `1 << block_shift` bytes of GPU memory at `ptr` (8-byte
+    /// aligned) with the verification pattern of [`crate::pattern`] — block `b` holds
+    /// `pattern::fill(.., seed, nsid, first + b, 1 << block_shift)` — on the GPU
+    /// (`gpunvme_pattern`), and waits. For data whose every block is a known function of its
+    /// index (examples, tests), generated where it is used.
+    pub fn pattern_fill(
+        &self,
+        ptr: u64,
+        seed: u64,
+        nsid: u32,
+        first: u64,
+        blocks: u64,
+        block_shift: u32,
+    ) -> Result<(), GpuError> {
+        self.pattern(ptr, seed, nsid, first, blocks, block_shift, false)
+            .map(|_| ())
+    }
+
+    /// Checks, on the GPU, `blocks` blocks at `ptr` against the pattern
+    /// [`GpuFiles::pattern_fill`] writes; returns how many blocks differ (0: all match).
+    pub fn pattern_check(
+        &self,
+        ptr: u64,
+        seed: u64,
+        nsid: u32,
+        first: u64,
+        blocks: u64,
+        block_shift: u32,
+    ) -> Result<u64, GpuError> {
+        self.pattern(ptr, seed, nsid, first, blocks, block_shift, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pattern(
+        &self,
+        ptr: u64,
+        seed: u64,
+        nsid: u32,
+        first: u64,
+        blocks: u64,
+        block_shift: u32,
+        check: bool,
+    ) -> Result<u64, GpuError> {
+        if ptr % 8 != 0 || !(3..=20).contains(&block_shift) {
+            return Err(GpuError::InvalidArgument(format!(
+                "pattern of {}-byte blocks at {ptr:#x} (8-byte aligned memory, blocks of 8 B to \
+                 1 MiB)",
+                1u64 << block_shift.min(63)
+            )));
+        }
+        if blocks == 0 {
+            return Ok(0);
+        }
+        let q = self.queues;
+        let bad = DeviceMemory::alloc(q.cuda(), 8)?;
+        bad.write(0, &[0u8; 8])?;
+        let grid = blocks.min(1 << 16) as u32;
+        let stream = q.client_stream();
+        stream.launch(
+            q.kernels().pattern,
+            grid,
+            128,
+            &[
+                Arg::U64(ptr),
+                Arg::U64(seed),
+                Arg::U32(nsid),
+                Arg::U64(first),
+                Arg::U64(blocks),
+                Arg::U32(block_shift),
+                Arg::U32(check as u32),
+                Arg::U64(bad.ptr()),
+            ],
+        )?;
+        stream.wait_idle(self.opts.timeout)?;
+        let mut b = [0u8; 8];
+        bad.read(0, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
 }
 
 /// CRC-32C of GPU memory on `stream` (see [`GpuFiles::crc32c`]).

@@ -1,0 +1,269 @@
+//! What the GPU file examples share: the GPU check that makes them skip visibly on a machine
+//! without one, the device (an image file served by the software controller, `--device PATH`,
+//! by default a new sparse file in /dev/shm or the temp dir, removed at the end), blockfs on it
+//! (mounted, or made when the image holds none), and the GPU side brought up the way
+//! `gpunvme fs get --gpu` does it ([`gpunvme::gpu_fs::setup`]).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use gpunvme::blockfs::{
+    CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
+};
+use gpunvme::gpu::{GpuSetup, Serving};
+use gpunvme::gpu_fs::{self, GpuFsOptions};
+use gpunvme::gpu_queues::{Cuda, GpuError, MediaKind, cuda_present, pattern};
+use gpunvme::nvme::Controller;
+use gpunvme::nvme_emu::EmuConfig;
+use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};
+use gpunvme::units::parse_size;
+
+/// Who serves the GPU queues (`--controller`, as in `gpunvme fs get --gpu`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerKind {
+    /// The software controller's threads.
+    Emu,
+    /// The GPU-resident controller model, the image in GPU memory (hbm media).
+    Gpu,
+}
+
+/// The device and GPU options every example takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Image file served by the software controller (created sparse if missing; its blockfs is
+    /// used, or one is made when it holds none). Default: a new sparse file in /dev/shm (or the
+    /// temp dir), removed at the end.
+    #[arg(long)]
+    pub device: Option<PathBuf>,
+    /// Size of an image the example creates (default: what the example needs, with room).
+    #[arg(long, value_parser = parse_size)]
+    pub image_size: Option<u64>,
+    /// Who serves the GPU queues.
+    #[arg(long, value_enum, default_value = "emu")]
+    pub controller: ControllerKind,
+    /// SMs reserved for the controller's kernels.
+    #[arg(long, default_value_t = 8)]
+    pub controller_sms: u32,
+    /// GPU queue pairs (default: every one the controller grants beyond the file system's).
+    #[arg(long)]
+    pub gpu_queues: Option<u16>,
+}
+
+/// `Some(gpu)` when there is a GPU to run on; otherwise prints "`name`: skipped: no GPU (why)"
+/// and returns `None` (the example then exits 0).
+pub fn gpu_or_skip(name: &str) -> Result<Option<Arc<Cuda>>> {
+    if !cuda_present() {
+        println!("{name}: skipped: no GPU (libcuda cannot be loaded)");
+        return Ok(None);
+    }
+    match Cuda::open(0) {
+        Ok(c) => Ok(Some(c)),
+        Err(GpuError::NoCuda { reason }) => {
+            println!("{name}: skipped: no GPU ({reason})");
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("opening GPU 0")),
+    }
+}
+
+/// An image file the example created, removed when dropped.
+pub struct OwnImage(PathBuf);
+
+impl Drop for OwnImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The controller, the blockfs device on namespace 1 and the file system, opened for an
+/// example. Field order is drop order.
+pub struct Opened {
+    /// The mounted file system.
+    pub fs: FileSystem,
+    /// Its device (one CPU queue pair; the GPU queues take the rest).
+    pub dev: Arc<NvmeBlockDevice>,
+    /// The controller.
+    pub ctrl: Controller,
+    /// What serves it.
+    pub backend: Backend,
+    /// The image, when the example made it.
+    pub own: Option<OwnImage>,
+    /// The image's path.
+    pub path: PathBuf,
+}
+
+impl Opened {
+    /// Mounts the file system again from the device, as after a restart: what was not synced
+    /// is gone (the old mount is dropped without unmounting).
+    pub fn remount(&mut self) -> Result<()> {
+        let fs = FileSystem::mount(self.dev.clone()).context("remounting blockfs")?;
+        let _old = std::mem::replace(&mut self.fs, fs);
+        Ok(())
+    }
+
+    /// The GPU options of `args`.
+    pub fn gpu_options(args: &DeviceArgs) -> GpuFsOptions {
+        GpuFsOptions {
+            serving: match args.controller {
+                ControllerKind::Emu => Serving::Device,
+                ControllerKind::Gpu => Serving::Model(MediaKind::Hbm),
+            },
+            queues: args.gpu_queues,
+            controller_sms: args.controller_sms,
+            ..GpuFsOptions::default()
+        }
+    }
+
+    /// Brings the GPU queues up (the file system must be synced first: with
+    /// `--controller gpu` the model loads the image now).
+    pub fn gpu(&self, args: &DeviceArgs) -> Result<GpuSetup> {
+        let (_cuda, setup) = gpu_fs::setup(&self.ctrl, &self.backend, &Self::gpu_options(args))?;
+        Ok(setup)
+    }
+}
+
+/// Takes the GPU queues down (and stops the model, writing its media back to the image).
+pub fn gpu_down(setup: GpuSetup) -> Result<()> {
+    gpu_fs::teardown(setup)
+}
+
+/// Opens `args.device` (or a new image of `need` bytes plus room) and mounts blockfs on it,
+/// making one when the image holds none.
+pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
+    let size = args
+        .image_size
+        .unwrap_or_else(|| (need + need / 4 + (256 << 20)).next_multiple_of(1 << 20));
+    let mut created = true;
+    let (path, own) = match &args.device {
+        Some(p) if p.exists() => {
+            created = false;
+            (p.clone(), None)
+        }
+        Some(p) => {
+            EmuConfig::create_image(p, size)
+                .with_context(|| format!("creating {}", p.display()))?;
+            (p.clone(), None)
+        }
+        None => {
+            let dir = if std::fs::metadata("/dev/shm").is_ok_and(|m| m.is_dir()) {
+                PathBuf::from("/dev/shm")
+            } else {
+                std::env::temp_dir()
+            };
+            let p = dir.join(format!("gpunvme-{name}-{}.img", std::process::id()));
+            EmuConfig::create_image(&p, size)
+                .with_context(|| format!("creating {}", p.display()))?;
+            (p.clone(), Some(OwnImage(p)))
+        }
+    };
+    let spec = DeviceSpec::Image(path.clone());
+    let (ctrl, backend) = open::open_controller_and_transport(&spec, &OpenOptions::default())?;
+    let dev = Arc::new(
+        NvmeBlockDevice::new(
+            &ctrl,
+            1,
+            &NvmeDeviceOptions {
+                queues: GpuFsOptions::default().cpu_queues as usize,
+                ..NvmeDeviceOptions::default()
+            },
+        )
+        .context("opening namespace 1 for blockfs")?,
+    );
+    let found = FileSystem::probe(dev.clone()).context("looking for blockfs")?;
+    let fs = if found.is_blockfs() {
+        FileSystem::mount(dev.clone()).with_context(|| format!("mounting {found}"))?
+    } else if !created {
+        bail!(
+            "{} holds no blockfs: make one with `gpunvme fs mkfs --device {}` (this example \
+             does not format an image it did not create)",
+            path.display(),
+            path.display()
+        );
+    } else {
+        FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).context("mkfs")?
+    };
+    println!(
+        "device: {} (software controller{})",
+        path.display(),
+        if found.is_blockfs() {
+            format!(", {found}")
+        } else {
+            ", new blockfs".to_string()
+        }
+    );
+    Ok(Opened {
+        fs,
+        dev,
+        ctrl,
+        backend,
+        own,
+        path,
+    })
+}
+
+/// Removes `name` if it exists (the examples' own files, from an earlier run).
+pub fn remove_if_present(fs: &FileSystem, name: &str) -> Result<()> {
+    if fs.stat(name).is_ok() {
+        fs.remove(name)
+            .with_context(|| format!("removing {name}"))?;
+    }
+    Ok(())
+}
+
+/// Fails with `what` unless `ok`.
+pub fn verify(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    if !ok {
+        bail!("MISMATCH: {}", what());
+    }
+    Ok(())
+}
+
+/// GB/s of `bytes` in `secs`.
+pub fn gbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-9) / 1e9
+}
+
+/// Bytes of the pattern blocks the examples write: block `i` of a file holds
+/// `gpu_queues::pattern` block `i` of (seed, [`PATTERN_NSID`]).
+pub const PATTERN_BLOCK: u64 = 4096;
+/// log2 of [`PATTERN_BLOCK`].
+pub const PATTERN_SHIFT: u32 = 12;
+/// The namespace field of the examples' pattern.
+pub const PATTERN_NSID: u32 = 1;
+
+/// Creates `name` (replacing an earlier run's) with `size` bytes of the pattern of `seed`,
+/// written by the CPU through blockfs (preallocated, in 16 MiB writes), synced; returns the file
+/// and the host's CRC-32C of its bytes.
+pub fn write_pattern_file(
+    fs: &FileSystem,
+    name: &str,
+    size: u64,
+    seed: u64,
+) -> Result<(gpunvme::blockfs::File, u32)> {
+    remove_if_present(fs, name)?;
+    let file = fs.create(name, &CreateOptions { size_hint: size })?;
+    let piece = 16u64 << 20;
+    let mut buf = vec![0u8; piece as usize];
+    let mut crc = 0u32;
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(piece);
+        let whole = n.next_multiple_of(PATTERN_BLOCK) as usize;
+        pattern::fill(
+            &mut buf[..whole],
+            seed,
+            PATTERN_NSID,
+            at / PATTERN_BLOCK,
+            PATTERN_BLOCK as usize,
+        );
+        file.write_at(at, &buf[..n as usize])
+            .with_context(|| format!("writing {name} at {at}"))?;
+        crc = crc32c::crc32c_append(crc, &buf[..n as usize]);
+        at += n;
+    }
+    fs.sync().context("syncing the file")?;
+    println!("{name}: {size} bytes written by the CPU, crc32c {crc:08x}");
+    Ok((file, crc))
+}
