@@ -199,6 +199,14 @@ pub(crate) fn alloc_protocol_state(
     Ok((state, slots))
 }
 
+/// The queues' descriptors, in GPU memory for kernels (`const queue_desc*`).
+fn upload_descs(cuda: &Arc<Cuda>, pairs: &[GpuQueuePair]) -> Result<DeviceMemory, GpuError> {
+    let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
+    let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
+    descs.write(0, all.as_bytes())?;
+    Ok(descs)
+}
+
 /// What every queue of a set shares in its descriptor.
 pub(crate) struct DescCommon {
     pub(crate) host_flags: u64,
@@ -490,9 +498,7 @@ impl GpuQueues {
                 ],
             });
         }
-        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
-        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
-        descs.write(0, all.as_bytes())?;
+        let descs = upload_descs(cuda, &pairs)?;
         tracing::info!(
             queues = count,
             depth,
@@ -606,9 +612,7 @@ impl GpuQueues {
                 _keep: vec![Box::new(vec![state, slots])],
             });
         }
-        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
-        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
-        descs.write(0, all.as_bytes())?;
+        let descs = upload_descs(cuda, &pairs)?;
         tracing::info!(
             queues = count,
             depth,
@@ -650,9 +654,7 @@ impl GpuQueues {
         partition: Arc<GreenPartition>,
         plan: Plan,
     ) -> Result<Self, GpuError> {
-        let all: Vec<QueueDesc> = pairs.iter().map(|p| p.desc).collect();
-        let descs = DeviceMemory::alloc(cuda, all.as_bytes().len())?;
-        descs.write(0, all.as_bytes())?;
+        let descs = upload_descs(cuda, &pairs)?;
         Ok(Self {
             pairs,
             descs,
