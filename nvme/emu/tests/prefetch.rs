@@ -192,7 +192,11 @@ fn write_then_read_batch(
     let map = h.dev.address_map().clone();
     let base = map.register_region(region.clone()).unwrap();
     let owner = h.dev.thread_for_cq(2);
-    let mut q = h.create_io_pair(2, 128, 128);
+    // A completion queue with room for both batches: the thread may take the read batch in
+    // with a head doorbell value seen before the host consumed the write batch (it reads the
+    // heads, then the tails, and may be descheduled in between), and a smaller queue would
+    // then split that batch in two, and its prefetch call with it.
+    let mut q = h.create_io_pair(2, 128, 256);
     // Lists 32 bytes apart (three entries each), all in the first page.
     let list = |i: usize| LISTS + i * 32;
     let data = |i: usize| DATA + i * CMD;
