@@ -49,7 +49,12 @@
 //  The doorbell is only ever written, never read (GPU reads of NVMe BARs fail on some systems).
 #pragma once
 
+#ifdef GPUNVME_HOST_BUILD
+// Compiled for the host by g++ (ptx/host/: the CPU harness of gpu_queues' host-gpu feature).
+#include "host/gpunvme_host.h"
+#else
 #include <cuda/atomic>
+#endif
 #include <stdint.h>
 
 // ---------------------------------------------------------------------------------------------
@@ -253,15 +258,23 @@ using sys_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_system>;
 
 /// Nanoseconds from the GPU's global timer.
 __device__ __forceinline__ uint64_t now_ns() {
+#ifdef GPUNVME_HOST_BUILD
+    return gpunvme_host::global_timer_ns();
+#else
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+#endif
 }
 
 /// The doorbell write: an MMIO store at system scope, never merged or reordered with other
 /// MMIO stores (PTX ISA 8.2+, "st.mmio"; sm_70+). Callers issue the release fence first.
 __device__ __forceinline__ void doorbell_write(uint64_t addr, uint32_t value) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_store_n(reinterpret_cast<uint32_t*>(addr), value, __ATOMIC_RELAXED);
+#else
     asm volatile("st.mmio.relaxed.sys.global.u32 [%0], %1;" ::"l"(addr), "r"(value) : "memory");
+#endif
 }
 
 __device__ __forceinline__ queue_state* state_of(const queue_desc& q) {

@@ -293,6 +293,35 @@ struct warp_tables {
     uint32_t slow;      // model path: a namespace has a timing model or a fault is set
 };
 
+#ifdef GPUNVME_HOST_BUILD
+// The CPU harness (ptx/host/): relaxed atomic accesses and full fences.
+__device__ __forceinline__ uint32_t ld_sys(const uint32_t* p) {
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ uint64_t ld_sys64(const void* p) {
+    return __atomic_load_n(static_cast<const uint64_t*>(p), __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ uint32_t ld_gpu(const uint32_t* p) {
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ unsigned long long ld_gpu64(const void* p) {
+    return __atomic_load_n(static_cast<const unsigned long long*>(p), __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ void st_gpu(uint32_t* p, uint32_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ void st_sys(uint32_t* p, uint32_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+__device__ __forceinline__ uint4 ld_gpu4(const void* p) {
+    const uint32_t* w = static_cast<const uint32_t*>(p);
+    return make_uint4(__atomic_load_n(w, __ATOMIC_RELAXED), __atomic_load_n(w + 1, __ATOMIC_RELAXED),
+                      __atomic_load_n(w + 2, __ATOMIC_RELAXED),
+                      __atomic_load_n(w + 3, __ATOMIC_RELAXED));
+}
+__device__ __forceinline__ void fence_gpu() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+__device__ __forceinline__ void fence_sys() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+#else
 __device__ __forceinline__ uint32_t ld_sys(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -329,6 +358,7 @@ __device__ __forceinline__ uint4 ld_gpu4(const void* p) {
 }
 __device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+#endif
 
 /// The CQE status field (bits 15:1 of CQE dword 3's upper half; bit 0, the phase, left 0) of a
 /// status SC | SCT << 8: Do Not Retry on every failure (retrying cannot help).

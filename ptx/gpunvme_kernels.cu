@@ -8,6 +8,13 @@
 #include "gpunvme_controller.cuh"
 #include "gpunvme_file.cuh"
 
+// Shared variables of the kernels below. nvcc: __shared__ declarations. The CPU harness
+// (ptx/host/gpunvme_host.h, GPUNVME_HOST_BUILD) defines both macros as per-block objects.
+#ifndef GPUNVME_HOST_BUILD
+#define GPUNVME_SHARED(type, name) __shared__ type name
+#define GPUNVME_SHARED_ARRAY(type, name, n) __shared__ type name[n]
+#endif
+
 #define GPUNVME_PERF_PARAMS_SIZE 96
 #define GPUNVME_PERF_COUNTERS_SIZE 64
 #define GPUNVME_COPY_DESC_SIZE 16
@@ -295,7 +302,7 @@ extern "C" __global__ void gpunvme_scatter(const copy_desc* descs, uint32_t n,
     }
     __threadfence();
     __syncthreads();
-    __shared__ bool last;
+    GPUNVME_SHARED(bool, last);
     if (threadIdx.x == 0) last = atomicAdd(done_blocks, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
@@ -343,14 +350,19 @@ using namespace gpunvme::ctrl;
 
 extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     gpunvme_controller(const ctrl_control* c) {
-    __shared__ warp_tables tables[GPUNVME_CTRL_WARPS];
+    GPUNVME_SHARED_ARRAY(warp_tables, tables, GPUNVME_CTRL_WARPS);
     // The host's stop flag and table generation as this block last saw them (HOST WORDS): warp
     // 0's lane 0 refreshes them every GPUNVME_CTRL_HOST_POLL_NS and every warp looks here.
     // The host asks for more dynamic shared memory than the
     // tables need: that is how one block gets an SM to itself, and the model's held
     // completions live there (one slice per warp, MODEL).
-    __shared__ volatile uint32_t host_stop, host_generation;
+    GPUNVME_SHARED(volatile uint32_t, host_stop);
+    GPUNVME_SHARED(volatile uint32_t, host_generation);
+#ifdef GPUNVME_HOST_BUILD
+    unsigned char* ctrl_dynamic = gpunvme_host::dynamic_shared();
+#else
     extern __shared__ __align__(16) unsigned char ctrl_dynamic[];
+#endif
     // (stop, generation) as block 0's leader last read them from the host (HOST WORDS).
     uint32_t* mirror = reinterpret_cast<uint32_t*>(ld_sys64(&c->mirror));
     const uint32_t full = 0xffffffffu;
@@ -367,7 +379,11 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
 
     // This warp's slice of the dynamic shared memory: selection slots, then held completions.
     uint32_t dynamic_bytes;
+#ifdef GPUNVME_HOST_BUILD
+    dynamic_bytes = gpunvme_host::dynamic_shared_size();
+#else
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+#endif
     const uint32_t slice = (dynamic_bytes / GPUNVME_CTRL_WARPS) & ~15u;
     pending_list pl;
     pl.sel = reinterpret_cast<uint32_t*>(ctrl_dynamic + (size_t)warp * slice);
@@ -406,7 +422,11 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
         // The block's SM first, so that a host that has seen every warp's ack sees every SM.
         if (warp == 0) {
             uint32_t sm;
+#ifdef GPUNVME_HOST_BUILD
+            sm = gpunvme_host::sm_id();
+#else
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#endif
             st_sys(&ack[warps_total + blockIdx.x], sm + 1);
             fence_sys();
         }
@@ -750,7 +770,7 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
 /// CRC-32C of segment i (bytes [i * seg, min(len, (i + 1) * seg))) of `data` into crcs[i].
 extern "C" __global__ void gpunvme_crc32c(const uint8_t* data, uint64_t len, uint32_t seg,
                                           uint32_t* crcs) {
-    __shared__ uint32_t table[256];
+    GPUNVME_SHARED_ARRAY(uint32_t, table, 256);
     fs::crc32c_table_init(table);
     __syncthreads();
     if (seg == 0) return;
@@ -769,8 +789,8 @@ extern "C" __global__ void gpunvme_crc32c(const uint8_t* data, uint64_t len, uin
 extern "C" __global__ void __launch_bounds__(GPUNVME_CRC32C_COMBINE_THREADS)
     gpunvme_crc32c_combine(const uint32_t* crcs, uint64_t nseg, uint32_t seg, uint64_t len,
                            uint32_t* out) {
-    __shared__ uint32_t crc[GPUNVME_CRC32C_COMBINE_THREADS];
-    __shared__ uint64_t bytes[GPUNVME_CRC32C_COMBINE_THREADS];
+    GPUNVME_SHARED_ARRAY(uint32_t, crc, GPUNVME_CRC32C_COMBINE_THREADS);
+    GPUNVME_SHARED_ARRAY(uint64_t, bytes, GPUNVME_CRC32C_COMBINE_THREADS);
     const uint32_t tid = threadIdx.x, nt = blockDim.x;
     const uint64_t per = (nseg + nt - 1) / nt;
     const uint64_t first = tid * per;
