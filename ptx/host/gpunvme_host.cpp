@@ -242,12 +242,19 @@ uint64_t global_timer_ns() {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+namespace {
+/// Threads of every grid running now.
+std::atomic<unsigned> live_threads{0};
+}  // namespace
+
 void nanosleep_ns(unsigned ns) {
-    // At least GPUNVME_HOST_GPU_SLEEP_NS (default 20 us): hundreds of polling threads must leave
-    // two cores to the threads they wait for (the software controller's among them).
+    // At least GPUNVME_HOST_GPU_SLEEP_NS (default 20 us), and 2 us per kernel thread alive (at
+    // most 5 ms): hundreds of polling threads must leave a few cores to the threads they wait
+    // for (the software controller's among them). Waits get coarser, never shorter than asked.
     static const unsigned floor_ns = env_unsigned("GPUNVME_HOST_GPU_SLEEP_NS", 20000);
     if (current) current->block->grid->check();
-    const unsigned d = std::max(ns, floor_ns);
+    const unsigned crowd = std::min(live_threads.load(std::memory_order_relaxed) * 2000u, 5000000u);
+    const unsigned d = std::max({ns, floor_ns, crowd});
     timespec ts{(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
     nanosleep(&ts, nullptr);
 }
@@ -309,6 +316,7 @@ struct thread_start {
 void* thread_main(void* p) {
     thread_start* s = static_cast<thread_start*>(p);
     current = &s->ctx;
+    live_threads.fetch_add(1);
     block_ctx& b = *s->ctx.block;
     try {
         s->kernel->call(s->args);
@@ -334,6 +342,7 @@ void* thread_main(void* p) {
         }
         b.cv.notify_all();
     }
+    live_threads.fetch_sub(1);
     current = nullptr;
     return nullptr;
 }
