@@ -11,7 +11,10 @@
 //!   against the header's `GPUNVME_*` numbers and `nvme_spec::wire` by tests.
 //! - [`ffi`] (the only module with `unsafe`): the CUDA driver API through cudarc's dynamically
 //!   loaded `sys` bindings, so this crate builds and its CPU tests run without CUDA, and in
-//!   [`ffi::os`] the mmaps, ioctls and VFIO mappings of transports (b) and (c).
+//!   [`ffi::os`] the mmaps, ioctls and VFIO mappings of transports (b) and (c). With the
+//!   `host-gpu` feature the same API is a CPU backend instead: the kernels' CUDA sources
+//!   compiled for the host by g++ (`ptx/host/`) and run on CPU threads, GPU memory being host
+//!   memory — a correctness harness for CI without a GPU, not a GPU and no performance claim.
 //! - [`kernels`]: the embedded PTX, loaded eagerly and warmed up before anything spins.
 //! - [`queues`]: [`GpuQueues`] — rings, protocol state, PRP-list pages and slot buffers in GPU
 //!   memory, created with `nvme::Controller::create_queue_pair_on_with` on the same controller

@@ -1,0 +1,1265 @@
+//! The `host-gpu` backend of [`super`]: **not a GPU**. The project's CUDA sources
+//! (`ptx/gpunvme_kernels.cu` and the headers it includes) are compiled for the host by g++
+//! against `ptx/host/gpunvme_host.h` (see `build.rs`), and a kernel launch runs them on CPU
+//! threads (`ptx/host/gpunvme_host.cpp`: one OS thread per GPU thread). It is a correctness
+//! harness, so that the GPU test suite's logic runs in CI on machines without a GPU; nothing
+//! measured through it means anything about GPU performance, and the host's memory model is
+//! stronger than the GPU's (a fence the GPU needs may be missing without anything showing
+//! here).
+//!
+//! The API is that of the CUDA backend, type for type and method for method:
+//! - "GPU memory" ([`DeviceMemory`]) is anonymous host memory mapped in 64 KiB units (the CUDA
+//!   driver's granularity), lazily zeroed; its "device address" is its host address, so the
+//!   software controller, the kernels' CPU threads and the CPU side all reach it directly.
+//!   [`PinnedMemory`] and [`HostRegistration`] likewise: device address == host address.
+//! - [`Library::load_ptx`] ignores the PTX (the kernels are compiled in) and
+//!   [`Library::kernel`] asks the C++ runtime whether it has a kernel of that name.
+//! - A [`Stream`] is a worker thread running its queue of jobs (launches, copies, event
+//!   records) in order; a launch blocks that thread until the grid has ended. A failed launch
+//!   makes the stream's error sticky, as a CUDA context's is.
+//! - [`Cuda`] reports `sm_count` 16 (environment `GPUNVME_HOST_GPU_SMS` overrides it), compute
+//!   capability 9.0 and an H100's shared-memory sizes; [`GreenPartition`] only does the
+//!   arithmetic of a split (every launch gets threads of its own; nothing is partitioned).
+//! - Frees wait, as with CUDA, while a persistent kernel runs ([`super::persistent_kernel_started`]);
+//!   here they also wait while any stream has work queued or running, since CPU threads of a
+//!   kernel may still read the memory (with CUDA a free synchronises with the device instead).
+// UNSAFETY: this module is the FFI boundary to the C++ runtime that runs the kernels on CPU
+// threads (launches with untyped argument arrays) and owns the "GPU" memory those threads and
+// the software controller share: raw mmap/munmap, copies through raw addresses that callers
+// pass as device addresses, and volatile word accesses to memory other threads write.
+#![expect(unsafe_code)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::{Arg, Deferred, Placement, defer_free, persistent_kernel_count_ended, poll_until};
+use crate::error::GpuError;
+
+// SAFETY: these are the declarations of `ptx/host/gpunvme_host.cpp`'s two `extern "C"`
+// functions (same parameter types: `uint32_t` = u32, `size_t` = usize, `void* const*` =
+// `*const *mut c_void`); build.rs compiles and links that file whenever this module is built.
+unsafe extern "C" {
+    /// 1 if the host build has a kernel of that name, else 0.
+    fn gpunvme_host_kernel_exists(name: *const c_char) -> c_int;
+    /// Runs kernel `name` to completion on CPU threads (blocks concurrently, `block` threads
+    /// each, `shared_bytes` of dynamic shared memory per block). `args[i]` points at parameter
+    /// i's value (as cuLaunchKernel's kernelParams), `nargs` of them. Returns 0, or nonzero
+    /// with a NUL-terminated message written into `err[..err_len]`.
+    fn gpunvme_host_launch(
+        name: *const c_char,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: *const *mut c_void,
+        nargs: u32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> c_int;
+}
+
+/// The granularity and alignment of [`DeviceMemory`] (the CUDA driver's).
+const DEVICE_UNIT: usize = 64 << 10;
+/// The granularity and alignment of [`PinnedMemory`].
+const PINNED_UNIT: usize = 4096;
+/// SMs reported when `GPUNVME_HOST_GPU_SMS` is not set.
+const DEFAULT_SMS: u32 = 16;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Always true: the host backend needs no driver.
+pub fn cuda_present() -> bool {
+    true
+}
+
+/// The stand-in GPU: what the CUDA backend's `Cuda` reports, with fixed numbers (see the
+/// module doc). There is one, ordinal 0.
+pub struct Cuda {
+    ordinal: i32,
+    name: String,
+    sm_count: u32,
+    compute_capability: (i32, i32),
+    /// Shared memory of one SM, and the most one block may opt in to (bytes).
+    shared_per_sm: u32,
+    shared_per_block: u32,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}
+
+impl Cuda {
+    /// Opens the stand-in GPU (`ordinal` 0 only). Its SM count is 16 unless the environment
+    /// variable `GPUNVME_HOST_GPU_SMS` gives another (a positive integer).
+    pub fn open(ordinal: i32) -> Result<Arc<Cuda>, GpuError> {
+        if ordinal != 0 {
+            return Err(GpuError::NoCuda {
+                reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
+            });
+        }
+        let sm_count = match std::env::var("GPUNVME_HOST_GPU_SMS") {
+            Err(std::env::VarError::NotPresent) => DEFAULT_SMS,
+            Ok(v) => match v.trim().parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(GpuError::InvalidArgument(format!(
+                        "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
+                    )));
+                }
+            },
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(GpuError::InvalidArgument(format!(
+                    "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
+                )));
+            }
+        };
+        Ok(Arc::new(Cuda {
+            ordinal,
+            name: "host-gpu (CPU threads running the CUDA sources; not a GPU)".into(),
+            sm_count,
+            compute_capability: (9, 0),
+            shared_per_sm: 233_472,
+            shared_per_block: 232_448,
+        }))
+    }
+
+    /// Nothing to do: there is no context (kept for the CUDA backend's API).
+    pub fn make_current(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    /// The stand-in's name (says that it is not a GPU).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Streaming multiprocessors reported (16, or `GPUNVME_HOST_GPU_SMS`).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Compute capability reported: (9, 0).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// Device ordinal (0).
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// Refused: the stand-in is on no PCI bus, so the real-SSD transports (b) and (c) skip it.
+    pub fn pci_bus_id(&self) -> Result<String, GpuError> {
+        Err(GpuError::Unsupported(
+            "the host-gpu build has no GPU on a PCI bus (no PCI bus id)".into(),
+        ))
+    }
+}
+
+impl Kernel {
+    /// What the CUDA backend returns for one block to take an SM to itself: the dynamic shared
+    /// memory to pass at launch (kernels declare none statically in the host build). With
+    /// `all`, all the shared memory a block may have; else just over half an SM's.
+    pub fn reserve_whole_sm(&self, cuda: &Cuda, all: bool) -> Result<u32, GpuError> {
+        let static_bytes = 0u32;
+        let want = if all {
+            cuda.shared_per_block.saturating_sub(static_bytes)
+        } else {
+            (cuda.shared_per_sm / 2 + 1024).saturating_sub(static_bytes)
+        };
+        if want + static_bytes > cuda.shared_per_block {
+            return Err(GpuError::Unsupported(format!(
+                "cannot reserve an SM by shared memory ({} B per SM, {} B per block)",
+                cuda.shared_per_sm, cuda.shared_per_block
+            )));
+        }
+        Ok(want)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory: anonymous mappings, freed when nothing may still read them.
+
+/// Maps `len` bytes (a multiple of the page size) of zeroed memory aligned to `align` (a
+/// multiple of the page size, a power of two); returns its address.
+fn map_zeroed(len: usize, align: usize, what: &str) -> Result<*mut u8, GpuError> {
+    let reserve = len
+        .checked_add(align)
+        .ok_or_else(|| GpuError::InvalidArgument(format!("{what}: {len} bytes is too many")))?;
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it
+    // overlaps nothing.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserve,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(GpuError::Os {
+            op: format!("mmap of {len} bytes of {what}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let base = base.cast::<u8>();
+    let head = base.addr().next_multiple_of(align) - base.addr();
+    let tail = reserve - head - len;
+    // SAFETY: `head <= align`, so `base + head .. + len` lies within the mapping just made; the
+    // trimmed ends are page-aligned pieces of it that nothing refers to.
+    unsafe {
+        let start = base.add(head);
+        if head > 0 {
+            libc::munmap(base.cast(), head);
+        }
+        if tail > 0 {
+            libc::munmap(start.add(len).cast(), tail);
+        }
+        Ok(start)
+    }
+}
+
+/// The mapped length of a [`DeviceMemory`] of `len` bytes.
+fn device_map_len(len: usize) -> usize {
+    len.max(1).next_multiple_of(DEVICE_UNIT)
+}
+
+/// Unmaps memory of a dropped [`DeviceMemory`] or [`PinnedMemory`] now.
+fn free_now(what: Deferred) {
+    let (addr, len) = match what {
+        Deferred::Device { ptr, len } => (ptr as usize, device_map_len(len)),
+        Deferred::Host { ptr, len } => (ptr, len),
+    };
+    let p = std::ptr::with_exposed_provenance_mut::<c_void>(addr);
+    // SAFETY: `addr..addr + len` is exactly one mapping made by `map_zeroed` for an owner that
+    // has been dropped, and no job that might still use it is queued or running (`release`);
+    // it is unmapped once, here.
+    unsafe {
+        libc::munmap(p, len);
+    }
+}
+
+/// Jobs queued or running on all streams, and the frees held back until there are none.
+struct Busy {
+    jobs: usize,
+    held: Vec<Deferred>,
+}
+
+static BUSY: Mutex<Busy> = Mutex::new(Busy {
+    jobs: 0,
+    held: Vec::new(),
+});
+
+/// Frees `what` now if no stream has work queued or running (a kernel's CPU threads or a
+/// queued copy may still use it), else once none has.
+fn release(what: Deferred) {
+    {
+        let mut b = lock(&BUSY);
+        if b.jobs > 0 {
+            b.held.push(what);
+            return;
+        }
+    }
+    free_now(what);
+}
+
+/// Counts a job as finished; performs the held frees when it was the last one in flight.
+fn job_finished() {
+    let held = {
+        let mut b = lock(&BUSY);
+        b.jobs -= 1;
+        if b.jobs > 0 {
+            return;
+        }
+        std::mem::take(&mut b.held)
+    };
+    for d in held {
+        free_now(d);
+    }
+}
+
+/// "GPU memory": anonymous host memory in 64 KiB units, zeroed on allocation, whose device
+/// address is its host address.
+pub struct DeviceMemory {
+    _cuda: Arc<Cuda>,
+    /// Device address == host address (exposed provenance).
+    ptr: u64,
+    len: usize,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory({:#x}+{:#x})", self.ptr, self.len)
+    }
+}
+
+impl DeviceMemory {
+    /// Allocates `len` bytes (mapped in 64 KiB units, as the CUDA driver rounds), zeroed.
+    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        let p = map_zeroed(device_map_len(len), DEVICE_UNIT, "host-gpu device memory")?;
+        Ok(Self {
+            _cuda: cuda.clone(),
+            ptr: p.expose_provenance() as u64,
+            len,
+        })
+    }
+
+    /// Device address (here the host address) of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
+            _ => Err(GpuError::InvalidArgument(format!(
+                "GPU memory access {offset:#x}+{len:#x} outside {:#x} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies `data` to `offset` (synchronous; set-up and test path, not the hot path).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), GpuError> {
+        let dst = self.range(offset, data.len())?;
+        if !data.is_empty() {
+            let p = std::ptr::with_exposed_provenance_mut::<u8>(dst as usize);
+            // SAFETY: the destination range lies in this live allocation (checked above); the
+            // source is a live slice; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) }
+        }
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` into `buf` (synchronous).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), GpuError> {
+        let src = self.range(offset, buf.len())?;
+        if !buf.is_empty() {
+            let p = std::ptr::with_exposed_provenance::<u8>(src as usize);
+            // SAFETY: the source range lies in this live allocation (checked above); the
+            // destination is a live slice; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(p, buf.as_mut_ptr(), buf.len()) }
+        }
+        Ok(())
+    }
+
+    /// Refused: there is no GPU memory to export (transport (b) skips the host build).
+    pub fn export_dma_buf(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<std::os::fd::OwnedFd, GpuError> {
+        self.range(offset, len)?;
+        Err(GpuError::Unsupported(
+            "dma-buf export of GPU memory: the host-gpu build has no GPU".into(),
+        ))
+    }
+
+    /// Nothing to do (host memory copies are synchronous already).
+    pub fn set_sync_memops(&self) -> Result<(), GpuError> {
+        Ok(())
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        let what = Deferred::Device {
+            ptr: self.ptr,
+            len: self.len,
+        };
+        if defer_free(what) {
+            return;
+        }
+        release(what);
+    }
+}
+
+/// Marks a persistent kernel as ended (its stream is idle); when none runs any more, performs
+/// the frees held back meanwhile (each once no stream has work in flight).
+pub fn persistent_kernel_ended(_cuda: &Cuda) {
+    for d in persistent_kernel_count_ended() {
+        release(d);
+    }
+}
+
+/// "Pinned" memory: zeroed anonymous host memory in whole pages, whose device address is its
+/// host address: doorbell pages, the host's abort word, staging areas.
+pub struct PinnedMemory {
+    _cuda: Arc<Cuda>,
+    host: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
+// volatile word accesses, which any thread may perform (the kernels' threads do too).
+unsafe impl Send for PinnedMemory {}
+// SAFETY: as above: no method hands out references into the memory.
+unsafe impl Sync for PinnedMemory {}
+
+impl std::fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedMemory(host {:p}, gpu {:#x}, {:#x})",
+            self.host,
+            self.device_ptr(),
+            self.len
+        )
+    }
+}
+
+impl PinnedMemory {
+    /// Allocates `len` bytes (rounded up to whole 4 KiB pages) of zeroed memory.
+    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        let len = len.max(1).next_multiple_of(PINNED_UNIT);
+        let host = map_zeroed(len, PINNED_UNIT, "host-gpu pinned memory")?;
+        host.expose_provenance();
+        Ok(Self {
+            _cuda: cuda.clone(),
+            host,
+            len,
+        })
+    }
+
+    /// The device address of the first byte: the host address.
+    pub fn device_ptr(&self) -> u64 {
+        self.host.addr() as u64
+    }
+
+    /// The host address of the first byte (never turned into a Rust reference).
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "pinned access {offset:#x}+{len:#x} outside {:#x}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above).
+        unsafe { self.host.add(offset) }
+    }
+
+    /// Loads the 32-bit word at `offset` (4-byte aligned) as a word a kernel may be writing:
+    /// a volatile load, then an Acquire fence (what was written before it is visible after).
+    pub fn load_u32(&self, offset: usize) -> u32 {
+        assert_eq!(offset % 4, 0);
+        let p = self.at(offset, 4).cast::<u32>();
+        // SAFETY: in bounds and aligned; volatile because kernels write it behind our back.
+        let v = unsafe { p.read_volatile() };
+        fence(Ordering::Acquire);
+        v
+    }
+
+    /// Stores the 32-bit word at `offset`: a Release fence, then a volatile store.
+    pub fn store_u32(&self, offset: usize, value: u32) {
+        assert_eq!(offset % 4, 0);
+        let p = self.at(offset, 4).cast::<u32>();
+        fence(Ordering::Release);
+        // SAFETY: in bounds and aligned; volatile because kernels read it behind our back.
+        unsafe { p.write_volatile(value) }
+    }
+
+    /// Copies `data` in at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        let p = self.at(offset, data.len());
+        // SAFETY: in bounds; the source is a distinct live slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    }
+
+    /// Copies bytes at `offset` out into `buf`.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        let p = self.at(offset, buf.len());
+        // SAFETY: in bounds; the destination is a distinct live slice.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        let what = Deferred::Host {
+            ptr: self.host.addr(),
+            len: self.len,
+        };
+        if defer_free(what) {
+            return;
+        }
+        release(what);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+/// The kernels compiled into this build. Loading PTX is a formality here.
+pub struct Library {
+    _cuda: Arc<Cuda>,
+}
+
+/// A kernel of a [`Library`]: its name, as the C++ runtime knows it.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    name: &'static CStr,
+}
+
+/// Kernel names handed out, each leaked once so that [`Kernel`] stays `Copy`.
+static KERNEL_NAMES: Mutex<BTreeMap<String, &'static CStr>> = Mutex::new(BTreeMap::new());
+
+impl Library {
+    /// Ignores the PTX text: the kernels are compiled into this build from the CUDA sources.
+    pub fn load_ptx(cuda: &Arc<Cuda>, _ptx: &str) -> Result<Self, GpuError> {
+        Ok(Self {
+            _cuda: cuda.clone(),
+        })
+    }
+
+    /// The kernel named `name` (an `extern "C"` entry point of `gpunvme_kernels.cu`), if the
+    /// host build has it; else `CUDA_ERROR_NOT_FOUND` from `cuLibraryGetKernel`, as CUDA says.
+    pub fn kernel(&self, name: &str) -> Result<Kernel, GpuError> {
+        let c = CString::new(name).map_err(|_| GpuError::InvalidArgument(name.into()))?;
+        // SAFETY: a NUL-terminated string that outlives the call; the function only reads it.
+        if unsafe { gpunvme_host_kernel_exists(c.as_ptr()) } != 1 {
+            return Err(GpuError::Cuda {
+                call: "cuLibraryGetKernel",
+                code: 500,
+                message: format!("CUDA_ERROR_NOT_FOUND (the host-gpu build has no kernel {name})"),
+            });
+        }
+        let mut names = lock(&KERNEL_NAMES);
+        let name = *names
+            .entry(name.to_owned())
+            .or_insert_with(|| Box::leak(c.into_boxed_c_str()));
+        Ok(Kernel { name })
+    }
+}
+
+/// SM partitions as the CUDA backend splits them, by count only: the controller's SMs and the
+/// rest for clients. The host runs every launch on threads of its own, so nothing is reserved.
+pub struct GreenPartition {
+    controller_sms: u32,
+    client_sms: u32,
+    _cuda: Arc<Cuda>,
+}
+
+impl GreenPartition {
+    /// Splits the reported SMs: `controller_sms` (at least 1) for the controller, the rest for
+    /// clients; refused if none would be left for clients.
+    pub fn split(cuda: &Arc<Cuda>, controller_sms: u32) -> Result<Arc<Self>, GpuError> {
+        let controller_sms = controller_sms.max(1);
+        let client_sms = cuda.sm_count.saturating_sub(controller_sms);
+        if client_sms == 0 {
+            return Err(GpuError::Unsupported(format!(
+                "cannot reserve {controller_sms} SMs for the controller: {} SMs in all",
+                cuda.sm_count
+            )));
+        }
+        Ok(Arc::new(Self {
+            controller_sms,
+            client_sms,
+            _cuda: cuda.clone(),
+        }))
+    }
+
+    /// SMs reserved for the controller.
+    pub fn controller_sms(&self) -> u32 {
+        self.controller_sms
+    }
+
+    /// SMs left for client kernels.
+    pub fn client_sms(&self) -> u32 {
+        self.client_sms
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams and events.
+
+/// A failure that sticks to a stream (or to the event recorded after it).
+#[derive(Clone, Debug)]
+struct Failure {
+    call: &'static str,
+    code: i32,
+    message: String,
+}
+
+impl Failure {
+    fn error(&self) -> GpuError {
+        GpuError::Cuda {
+            call: self.call,
+            code: self.code,
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// One unit of a stream's work, run by its worker in order.
+enum Job {
+    /// A kernel launch, its arguments each in a 64-bit slot.
+    Launch {
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: Vec<u64>,
+    },
+    /// A copy between raw addresses (pinned memory and device addresses).
+    Copy { dst: usize, src: usize, len: usize },
+    /// A copy of bytes taken at enqueue time to a device address.
+    Upload { dst: usize, data: Vec<u8> },
+    /// An event's record: marks generation `generation` of `event` reached.
+    Record {
+        event: Arc<Mutex<EventState>>,
+        generation: u64,
+    },
+}
+
+struct StreamState {
+    queue: VecDeque<Job>,
+    /// Whether the worker is running a job it took off the queue.
+    running: bool,
+    /// The first failure, sticky.
+    failure: Option<Failure>,
+    /// The `Stream` was dropped: the worker leaves once the queue is empty.
+    closed: bool,
+}
+
+struct StreamShared {
+    state: Mutex<StreamState>,
+    wake: Condvar,
+}
+
+/// A stream: a worker thread running its jobs (launches, copies, event records) in order.
+pub struct Stream {
+    shared: Arc<StreamShared>,
+    _cuda: Arc<Cuda>,
+    _partition: Option<Arc<GreenPartition>>,
+}
+
+impl Stream {
+    /// A new stream with a worker thread of its own. `placement` is checked as the CUDA
+    /// backend checks it (`partition` is required for the green-context placements) and
+    /// otherwise has no effect.
+    pub fn new(
+        cuda: &Arc<Cuda>,
+        placement: Placement,
+        partition: Option<&Arc<GreenPartition>>,
+    ) -> Result<Self, GpuError> {
+        if placement != Placement::Anywhere && partition.is_none() {
+            return Err(GpuError::InvalidArgument(
+                "a green-context stream needs a partition".into(),
+            ));
+        }
+        let shared = Arc::new(StreamShared {
+            state: Mutex::new(StreamState {
+                queue: VecDeque::new(),
+                running: false,
+                failure: None,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let worker = shared.clone();
+        std::thread::Builder::new()
+            .name("host-gpu-stream".into())
+            .spawn(move || run_stream(&worker))
+            .map_err(|source| GpuError::Os {
+                op: "starting a host-gpu stream's worker thread".into(),
+                source,
+            })?;
+        Ok(Self {
+            shared,
+            _cuda: cuda.clone(),
+            _partition: partition.cloned(),
+        })
+    }
+
+    /// Queues `job`, unless the stream has failed (then its error, as CUDA returns a sticky
+    /// error from every later call).
+    fn enqueue(&self, job: Job) -> Result<(), GpuError> {
+        self.try_enqueue(job).map_err(|f| f.error())
+    }
+
+    /// [`Stream::enqueue`], the failure as it sticks to the stream.
+    fn try_enqueue(&self, job: Job) -> Result<(), Failure> {
+        let mut st = lock(&self.shared.state);
+        if let Some(f) = &st.failure {
+            return Err(f.clone());
+        }
+        lock(&BUSY).jobs += 1;
+        st.queue.push_back(job);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Launches `kernel` with `args` (each passed by value).
+    pub fn launch(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        self.launch_with_shared(kernel, grid, block, 0, args)
+    }
+
+    /// Launches `kernel` with `shared` bytes of dynamic shared memory per block.
+    pub fn launch_with_shared(
+        &self,
+        kernel: Kernel,
+        grid: u32,
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        if grid == 0 || block == 0 || block > 1024 {
+            // What cuLaunchKernel says at once for such a configuration (not sticky).
+            return Err(GpuError::Cuda {
+                call: "cuLaunchKernel",
+                code: 1,
+                message: format!(
+                    "CUDA_ERROR_INVALID_VALUE ({grid} blocks of {block} threads of {:?})",
+                    kernel.name
+                ),
+            });
+        }
+        self.enqueue(Job::Launch {
+            kernel,
+            grid,
+            block,
+            shared,
+            args: args.iter().map(|a| a.slot()).collect(),
+        })
+    }
+
+    /// Queues a copy of `len` bytes from device address `src` into pinned memory at `offset`.
+    pub fn copy_to_pinned(
+        &self,
+        dst: &PinnedMemory,
+        offset: usize,
+        src: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let p = dst.at(offset, len);
+        self.enqueue(Job::Copy {
+            dst: p.expose_provenance(),
+            src: src as usize,
+            len,
+        })
+    }
+
+    /// Queues a copy of `len` bytes from pinned memory at `offset` to device address `dst`. The
+    /// caller keeps those pinned bytes unchanged until the copy has run (an event after it).
+    pub fn copy_from_pinned(
+        &self,
+        src: &PinnedMemory,
+        offset: usize,
+        dst: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let p = src.at(offset, len);
+        self.enqueue(Job::Copy {
+            dst: dst as usize,
+            src: p.expose_provenance(),
+            len,
+        })
+    }
+
+    /// Whether all work queued so far has finished (an error if any of it failed).
+    pub fn is_idle(&self) -> Result<bool, GpuError> {
+        let st = lock(&self.shared.state);
+        if let Some(f) = &st.failure {
+            return Err(f.error());
+        }
+        Ok(st.queue.is_empty() && !st.running)
+    }
+
+    /// Waits for the stream, at most `timeout`, polling.
+    pub fn wait_idle(&self, timeout: Duration) -> Result<(), GpuError> {
+        poll_until("GPU stream", timeout, || self.is_idle())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Queued work still runs (as with cuStreamDestroy); the worker is not joined, since a
+        // persistent kernel may keep it for a long time.
+        lock(&self.shared.state).closed = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+/// A stream's worker: runs its jobs in order until the stream is dropped and the queue drained.
+fn run_stream(shared: &StreamShared) {
+    loop {
+        let (job, failed) = {
+            let mut st = lock(&shared.state);
+            loop {
+                if let Some(job) = st.queue.pop_front() {
+                    st.running = true;
+                    break (job, st.failure.clone());
+                }
+                if st.closed {
+                    return;
+                }
+                st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let result = run_job(job, failed);
+        {
+            let mut st = lock(&shared.state);
+            st.running = false;
+            if let Err(f) = result {
+                st.failure.get_or_insert(f);
+            }
+        }
+        job_finished();
+    }
+}
+
+/// Runs one job; `failed`: the stream's sticky failure, if any (then launches and copies are
+/// skipped, and an event record carries the failure).
+fn run_job(job: Job, failed: Option<Failure>) -> Result<(), Failure> {
+    match job {
+        Job::Record { event, generation } => {
+            let mut e = lock(&event);
+            e.completed = e.completed.max(generation);
+            if generation == e.recorded {
+                e.failure = failed;
+            }
+            Ok(())
+        }
+        _ if failed.is_some() => Ok(()),
+        Job::Launch {
+            kernel,
+            grid,
+            block,
+            shared,
+            mut args,
+        } => launch_now(kernel, grid, block, shared, &mut args),
+        Job::Copy { dst, src, len } => {
+            if len > 0 {
+                let d = std::ptr::with_exposed_provenance_mut::<u8>(dst);
+                let s = std::ptr::with_exposed_provenance::<u8>(src);
+                // SAFETY: one side is a range of live pinned memory checked by `at` when the
+                // job was queued; the other a device address the caller vouches for (an
+                // allocation or a registered range), as with cuMemcpy*Async. Neither can have
+                // been freed since: frees wait while any job is queued or running (`release`).
+                unsafe { std::ptr::copy(s, d, len) }
+            }
+            Ok(())
+        }
+        Job::Upload { dst, data } => {
+            if !data.is_empty() {
+                let d = std::ptr::with_exposed_provenance_mut::<u8>(dst);
+                // SAFETY: `dst` is a device address the caller vouches for, holding
+                // `data.len()` bytes (as with cuMemcpyHtoDAsync); the source is owned here.
+                unsafe { std::ptr::copy(data.as_ptr(), d, data.len()) }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs a kernel to completion on CPU threads through the C++ runtime.
+fn launch_now(
+    kernel: Kernel,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    args: &mut [u64],
+) -> Result<(), Failure> {
+    // Little-endian: a u32 parameter is read from the low half of its u64 slot.
+    let ptrs: Vec<*mut c_void> = args
+        .iter_mut()
+        .map(|v| (v as *mut u64).cast::<c_void>())
+        .collect();
+    let nargs = u32::try_from(ptrs.len()).unwrap_or(u32::MAX);
+    let mut err = [0u8; 1024];
+    // SAFETY: `kernel.name` is a NUL-terminated static string; `ptrs` points at one live
+    // value per kernel parameter, in order, each at least as large as the parameter (u64, or
+    // u32 on a little-endian target), and the runtime checks the count against the kernel's;
+    // the caller passes the kernel's signature (checked by the tests of each launch site), as
+    // with cuLaunchKernel. `err` is writable for the length passed.
+    let rc = unsafe {
+        gpunvme_host_launch(
+            kernel.name.as_ptr(),
+            grid,
+            block,
+            shared,
+            ptrs.as_ptr(),
+            nargs,
+            err.as_mut_ptr().cast::<c_char>(),
+            err.len(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let message = CStr::from_bytes_until_nul(&err)
+        .ok()
+        .map(|m| m.to_string_lossy().into_owned())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| format!("{:?}: host launch failed", kernel.name));
+    Err(Failure {
+        call: "cuLaunchKernel",
+        code: rc,
+        message,
+    })
+}
+
+/// Copies `data` into GPU memory at `dst` on `stream`: the bytes are taken now (the caller
+/// may reuse `data` at once), the copy runs in stream order.
+pub fn copy_to_gpu(stream: &Stream, dst: u64, data: &[u8]) -> Result<(), GpuError> {
+    stream.enqueue(Job::Upload {
+        dst: dst as usize,
+        data: data.to_vec(),
+    })
+}
+
+/// An event's records and completions, by generation (each record a new one).
+struct EventState {
+    recorded: u64,
+    completed: u64,
+    /// The failure of the stream the last record ran on, if it had failed.
+    failure: Option<Failure>,
+}
+
+/// A completion marker on a stream.
+pub struct Event {
+    state: Arc<Mutex<EventState>>,
+    _cuda: Arc<Cuda>,
+}
+
+impl Event {
+    /// A new event (not yet recorded: it counts as complete).
+    pub fn new(cuda: &Arc<Cuda>) -> Result<Self, GpuError> {
+        Ok(Self {
+            state: Arc::new(Mutex::new(EventState {
+                recorded: 0,
+                completed: 0,
+                failure: None,
+            })),
+            _cuda: cuda.clone(),
+        })
+    }
+
+    /// Marks the point in `stream` reached by the work queued so far.
+    pub fn record(&self, stream: &Stream) -> Result<(), GpuError> {
+        let generation = {
+            let mut e = lock(&self.state);
+            e.recorded += 1;
+            e.failure = None;
+            e.recorded
+        };
+        stream
+            .try_enqueue(Job::Record {
+                event: self.state.clone(),
+                generation,
+            })
+            .map_err(|f| {
+                // The stream had failed: this record stands for that failure (as the sticky
+                // error CUDA would report for it), not for work that never finishes.
+                let mut e = lock(&self.state);
+                if e.recorded == generation {
+                    e.completed = generation;
+                    e.failure = Some(f.clone());
+                }
+                f.error()
+            })
+    }
+
+    /// Whether the work before the last `record` has finished (an error if the stream had
+    /// failed by then).
+    pub fn is_done(&self) -> Result<bool, GpuError> {
+        let e = lock(&self.state);
+        if let Some(f) = &e.failure {
+            return Err(f.error());
+        }
+        Ok(e.completed >= e.recorded)
+    }
+
+    /// Waits for it, at most `timeout`, polling.
+    pub fn wait(&self, timeout: Duration) -> Result<(), GpuError> {
+        poll_until("GPU event", timeout, || self.is_done())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transports (b) and (c): host ranges "registered" (device address == host address).
+
+/// A host range made reachable by kernels: here a no-op, the device address being the host
+/// address. It does not own the range: whoever creates it keeps the range mapped for as long
+/// as it lives (see [`HostRegistration::register`]).
+pub struct HostRegistration {
+    _cuda: Arc<Cuda>,
+    host: *mut u8,
+    len: usize,
+}
+
+// SAFETY: this type holds the range's host address only as a number to report and never
+// dereferences it.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above: no method reads or writes the range.
+unsafe impl Sync for HostRegistration {}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HostRegistration(host {:p}, gpu {:#x}, {:#x})",
+            self.host,
+            self.device_ptr(),
+            self.len
+        )
+    }
+}
+
+impl HostRegistration {
+    /// "Registers" `len` bytes at `host`: nothing to do on the host; the device address is
+    /// the host address. `io_memory` is accepted and ignored.
+    ///
+    /// # Safety
+    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
+    /// returned value is dropped (kernels may reach it through the device address meanwhile).
+    pub unsafe fn register(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+    ) -> Result<Self, GpuError> {
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
+    }
+
+    /// [`HostRegistration::register`]; `read_only` is accepted and ignored (nothing enforces
+    /// it on the host).
+    ///
+    /// # Safety
+    /// As for [`HostRegistration::register`].
+    pub unsafe fn register_with(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        _io_memory: bool,
+        _read_only: bool,
+    ) -> Result<Self, GpuError> {
+        host.expose_provenance();
+        Ok(Self {
+            _cuda: cuda.clone(),
+            host,
+            len,
+        })
+    }
+
+    /// Device address of the first byte: the host address.
+    pub fn device_ptr(&self) -> u64 {
+        self.host.addr() as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of the byte at `offset` (`device_ptr() + offset`), after checking
+    /// that the registration covers it.
+    pub fn verify(&self, offset: usize) -> Result<u64, GpuError> {
+        if offset >= self.len {
+            return Err(GpuError::InvalidArgument(format!(
+                "offset {offset:#x} outside a registration of {:#x} bytes",
+                self.len
+            )));
+        }
+        Ok(self.device_ptr() + offset as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(60);
+
+    fn cuda() -> Arc<Cuda> {
+        Cuda::open(0).expect("host-gpu opens")
+    }
+
+    #[test]
+    fn reports_the_stand_in_and_only_gpu_0() {
+        let cuda = cuda();
+        assert!(cuda_present());
+        assert!(cuda.name().contains("not a GPU"));
+        assert_eq!(cuda.compute_capability(), (9, 0));
+        assert!(matches!(Cuda::open(1), Err(GpuError::NoCuda { .. })));
+        assert!(matches!(cuda.pci_bus_id(), Err(GpuError::Unsupported(_))));
+    }
+
+    #[test]
+    fn device_memory_is_zeroed_aligned_and_bounds_checked() {
+        let cuda = cuda();
+        let m = DeviceMemory::alloc(&cuda, 100).unwrap();
+        assert_eq!(m.ptr() % DEVICE_UNIT as u64, 0);
+        let mut b = [0xffu8; 100];
+        m.read(0, &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0));
+        m.write(10, &[1, 2, 3]).unwrap();
+        let mut c = [0u8; 3];
+        m.read(10, &mut c).unwrap();
+        assert_eq!(c, [1, 2, 3]);
+        assert!(matches!(
+            m.write(99, &[1, 2]),
+            Err(GpuError::InvalidArgument(_))
+        ));
+        assert!(m.export_dma_buf(0, 100).is_err());
+        let empty = DeviceMemory::alloc(&cuda, 0).unwrap();
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn pinned_memory_device_address_is_its_host_address() {
+        let cuda = cuda();
+        let p = PinnedMemory::alloc(&cuda, 10).unwrap();
+        assert_eq!(p.len(), 4096);
+        assert_eq!(p.device_ptr(), p.host_ptr() as u64);
+        assert_eq!(p.load_u32(8), 0);
+        p.store_u32(8, 0xdead_beef);
+        assert_eq!(p.load_u32(8), 0xdead_beef);
+        // SAFETY: the range is the live pinned allocation above, which outlives `reg`.
+        let reg =
+            unsafe { HostRegistration::register(&cuda, p.host_ptr(), p.len(), false) }.unwrap();
+        assert_eq!(reg.device_ptr(), p.device_ptr());
+        assert_eq!(reg.verify(4095).unwrap(), p.device_ptr() + 4095);
+        assert!(reg.verify(4096).is_err());
+    }
+
+    #[test]
+    fn kernels_are_looked_up_by_name() {
+        let cuda = cuda();
+        let lib = Library::load_ptx(&cuda, "").unwrap();
+        let k = lib.kernel("gpunvme_warmup").unwrap();
+        assert_eq!(k.name, c"gpunvme_warmup");
+        match lib.kernel("gpunvme_no_such_kernel") {
+            Err(GpuError::Cuda { call, code, .. }) => {
+                assert_eq!((call, code), ("cuLibraryGetKernel", 500));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(k.reserve_whole_sm(&cuda, true).unwrap(), 232_448);
+        assert_eq!(
+            k.reserve_whole_sm(&cuda, false).unwrap(),
+            233_472 / 2 + 1024
+        );
+    }
+
+    #[test]
+    fn partitions_split_the_reported_sms() {
+        let cuda = cuda();
+        let p = GreenPartition::split(&cuda, 0).unwrap();
+        assert_eq!(p.controller_sms() + p.client_sms(), cuda.sm_count());
+        assert_eq!(p.controller_sms(), 1);
+        assert!(GreenPartition::split(&cuda, cuda.sm_count()).is_err());
+        assert!(Stream::new(&cuda, Placement::Client, None).is_err());
+        Stream::new(&cuda, Placement::Client, Some(&p)).unwrap();
+    }
+
+    #[test]
+    fn stream_runs_launches_copies_and_records_in_order() {
+        let cuda = cuda();
+        let lib = Library::load_ptx(&cuda, "").unwrap();
+        let warmup = lib.kernel("gpunvme_warmup").unwrap();
+        let s = Stream::new(&cuda, Placement::Anywhere, None).unwrap();
+        let ev = Event::new(&cuda).unwrap();
+        assert!(ev.is_done().unwrap());
+        let mem = DeviceMemory::alloc(&cuda, 4096).unwrap();
+        let pinned = PinnedMemory::alloc(&cuda, 4096).unwrap();
+        s.launch(warmup, 2, 64, &[Arg::U64(0)]).unwrap();
+        let mut data = vec![7u8; 64];
+        copy_to_gpu(&s, mem.ptr() + 128, &data).unwrap();
+        data.fill(0); // the copy took the bytes at the call
+        s.copy_to_pinned(&pinned, 0, mem.ptr() + 128, 64).unwrap();
+        ev.record(&s).unwrap();
+        ev.wait(WAIT).unwrap();
+        let mut out = [0u8; 64];
+        pinned.read(0, &mut out);
+        assert_eq!(out, [7u8; 64]);
+        pinned.write(0, &[9u8; 16]);
+        s.copy_from_pinned(&pinned, 0, mem.ptr(), 16).unwrap();
+        s.wait_idle(WAIT).unwrap();
+        let mut back = [0u8; 16];
+        mem.read(0, &mut back).unwrap();
+        assert_eq!(back, [9u8; 16]);
+        assert!(
+            s.launch(warmup, 0, 32, &[Arg::U64(0)]).is_err(),
+            "an empty grid is refused at once"
+        );
+        assert!(s.is_idle().unwrap(), "that refusal does not stick");
+    }
+
+    #[test]
+    fn a_failed_launch_sticks_to_its_stream() {
+        let cuda = cuda();
+        let lib = Library::load_ptx(&cuda, "").unwrap();
+        let warmup = lib.kernel("gpunvme_warmup").unwrap();
+        let s = Stream::new(&cuda, Placement::Anywhere, None).unwrap();
+        // One parameter too many: the runtime refuses the launch.
+        s.launch(warmup, 1, 32, &[Arg::U64(0), Arg::U32(1)])
+            .unwrap();
+        let err = poll_until("failure", WAIT, || match s.is_idle() {
+            Ok(_) => Ok(false),
+            Err(GpuError::Cuda { call, code, .. }) => {
+                assert_eq!(call, "cuLaunchKernel");
+                assert_ne!(code, 0);
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        });
+        err.unwrap();
+        assert!(s.is_idle().is_err(), "sticky");
+        assert!(s.launch(warmup, 1, 32, &[Arg::U64(0)]).is_err());
+        let ev = Event::new(&cuda).unwrap();
+        assert!(ev.record(&s).is_err());
+        assert!(ev.is_done().is_err());
+        // Other streams are unaffected.
+        let t = Stream::new(&cuda, Placement::Anywhere, None).unwrap();
+        t.launch(warmup, 1, 32, &[Arg::U64(0)]).unwrap();
+        t.wait_idle(WAIT).unwrap();
+    }
+}
