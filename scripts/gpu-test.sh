@@ -2,7 +2,7 @@
 # The GPU suite, run ON THE GPU MACHINE with binaries built on the CPU machine by
 # scripts/gpu-build.sh and carried in .gpu-bin/ (the GPU machine has no cargo):
 #
-#   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer] [--quick]
+#   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]
 #
 # 1. the GPU tests (gpu-queues/tests/gpu.rs) with --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
@@ -19,13 +19,14 @@
 # Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=.gpu-bin SAN=1 QUICK=0
+BIN=.gpu-bin SAN=1 QUICK=0 SUITE=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN=$2; shift 2 ;;
         --no-sanitizer) SAN=0; shift ;;
         --quick) QUICK=1; shift ;;
-        *) echo "usage: $0 [--bin DIR] [--no-sanitizer] [--quick]" >&2; exit 2 ;;
+        --sanitizer-only) SUITE=0; shift ;;
+        *) echo "usage: $0 [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]" >&2; exit 2 ;;
     esac
 done
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
@@ -46,6 +47,9 @@ check() {  # check NAME CMD...: runs CMD, PASS if it exits 0
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
+G=$BIN/gpunvme
+
+if [ $SUITE = 1 ]; then
 # 1. The GPU tests.
 if [ -x "$BIN/gpu-tests" ]; then
     for t in $("$BIN/gpu-tests" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
@@ -61,7 +65,6 @@ if [ -x "$BIN/cpu-client" ]; then
 fi
 
 # 2. perf --gpu acceptance runs on images in tmpfs.
-G=$BIN/gpunvme
 perf_ok() {  # perf_ok IMG LBA ARGS...: a verified run whose JSON reports zero errors
     local img=$1 lba=$2; shift 2
     local out; out=$("$G" --device "$img" --lba-size "$lba" --json perf --gpu --verify "$@") || return 1
@@ -182,6 +185,8 @@ for ctl in emu gpu; do
     check "example gpu_write --controller $ctl" example_ok gpu_write --size $EXSIZE --controller $ctl
     check "example load_safetensors --controller $ctl" example_ok load_safetensors --controller $ctl
 done
+
+fi  # SUITE
 
 # 3. compute-sanitizer.
 if [ $SAN = 1 ]; then
