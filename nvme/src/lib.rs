@@ -54,7 +54,7 @@
 //! # Unsafe
 //! Only [`dma`] uses `unsafe` (raw-pointer access to DMA memory), and, in builds with the
 //! `bench-support` feature, `bench_support::region` (the null device's side of the same
-//! memory); every other module is `#![forbid(unsafe_code)]` or under the workspace's
+//! memory) and `bench_support::spin` (its queue lock); every other module is `#![forbid(unsafe_code)]` or under the workspace's
 //! `deny(unsafe_code)`.
 
 mod admin;
