@@ -39,7 +39,9 @@ pub struct GpuQueueOptions {
     pub depth: Option<u32>,
     /// Bytes of each slot's data buffer (default: the controller's maximum transfer).
     pub slot_buffer_bytes: Option<u32>,
-    /// Bound of every device-side wait.
+    /// Bound of every device-side wait (default 10 s, or `GPUNVME_GPU_TIMEOUT_S` seconds: tools
+    /// that slow kernels down many times, compute-sanitizer or the `host-gpu` build, need
+    /// more).
     pub timeout: Duration,
     /// SMs reserved for the controller's own kernels (green context; default 8, the minimum
     /// partition on Hopper).
@@ -52,9 +54,33 @@ impl Default for GpuQueueOptions {
             queues: None,
             depth: None,
             slot_buffer_bytes: None,
-            timeout: Duration::from_secs(10),
+            timeout: default_timeout(),
             controller_sms: 8,
         }
+    }
+}
+
+/// The environment variable that sets [`GpuQueueOptions::timeout`]'s default, in seconds.
+pub const TIMEOUT_ENV: &str = "GPUNVME_GPU_TIMEOUT_S";
+
+/// 10 s, or [`TIMEOUT_ENV`] when it holds a number of seconds from 1 to 3600 (anything else is
+/// reported once and ignored: an options default cannot fail).
+fn default_timeout() -> Duration {
+    const DEFAULT: Duration = Duration::from_secs(10);
+    match std::env::var(TIMEOUT_ENV) {
+        Err(_) => DEFAULT,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(s) if (1..=3600).contains(&s) => Duration::from_secs(s),
+            _ => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        "{TIMEOUT_ENV}={v:?} ignored: expected whole seconds, 1 to 3600"
+                    );
+                });
+                DEFAULT
+            }
+        },
     }
 }
 
