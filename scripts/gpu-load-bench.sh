@@ -88,7 +88,13 @@ try:
     else:  # gpunvme fs get --gpu
         ok = r["gpu_crc32c"] == r["host_crc32c"] and r.get("recorded_crc32c") in (None, r["gpu_crc32c"])
         row.update({"gbytes_per_s": round(r["bytes_per_sec"] / 1e9, 3), "bytes": r["bytes"],
-                    "verified": ok, "data_path": r["data_path"]})
+                    "verified": ok, "data_path": r["data_path"],
+                    "setup_s": round(r["setup_seconds"], 3),
+                    "gbytes_per_s_with_setup": round(r["bytes"] / (r["bytes"] / r["bytes_per_sec"] + r["setup_seconds"]) / 1e9, 3)})
+        if row["method"] == "gpunvme-gpu-host" and row["cache"] == "cold":
+            row["note"] = ("the model registers the image with CUDA during setup, which faults "
+                           "every page in: the cold read is in setup_s; gbytes_per_s_with_setup "
+                           "is the cold figure")
     if os.environ["RC"] != "0": row.setdefault("error", "exit status " + os.environ["RC"])
 except Exception:
     row["error"] = "exit %s: %s" % (os.environ["RC"], text.strip()[-300:])
@@ -127,7 +133,11 @@ done
 python3 - "$ROWS" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-good = {(r["size"], r["cache"], r["method"]): r["gbytes_per_s"]
+def rate(r):  # the model's cold read happens in its setup (see the row's note)
+    if r["method"] == "gpunvme-gpu-host" and r["cache"] == "cold":
+        return r.get("gbytes_per_s_with_setup", r["gbytes_per_s"])
+    return r["gbytes_per_s"]
+good = {(r["size"], r["cache"], r["method"]): rate(r)
         for r in rows if r.get("verified") and "error" not in r}
 summary = {}
 for size in sorted({r["size"] for r in rows}):

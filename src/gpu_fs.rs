@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
@@ -68,6 +69,11 @@ pub struct GpuGetReport {
     pub seconds: f64,
     /// Bytes per second (10^9 = GB/s).
     pub bytes_per_sec: f64,
+    /// Seconds to bring the GPU side up before the timed load: the CUDA context, the GPU
+    /// queues and, with the GPU-resident controller model, its start, which for `host` media
+    /// maps the image and registers it with CUDA (faulting every page in: a cold page cache
+    /// is read here, not in `seconds`) and for `hbm` media copies the image into GPU memory.
+    pub setup_seconds: f64,
     /// The data path that ran, in words.
     pub data_path: String,
     /// The transport (or model) carrying doorbells and data.
@@ -97,6 +103,11 @@ impl std::fmt::Display for GpuGetReport {
             self.bytes,
             self.seconds,
             self.bytes_per_sec / 1e9
+        )?;
+        writeln!(
+            f,
+            "setup before the load (not timed above): {:.3} s",
+            self.setup_seconds
         )?;
         writeln!(f, "data path: {}", self.data_path)?;
         writeln!(
@@ -166,6 +177,13 @@ impl std::fmt::Display for GpuPutReport {
 fn hex(c: u32) -> String {
     format!("{c:08x}")
 }
+
+/// The I/O queue pairs a software controller should grant when the GPU-resident controller
+/// model serves the GPU queues (the CLI's default `--controller-queue-pairs` then, and the
+/// examples'): each controller lane owns queues, so few queues leave most of the model's SMs
+/// idle (`fs get --gpu --controller gpu --media host` of 1 GiB on the H100, 2026-11-23: 8
+/// queue pairs 14.7 GB/s; `perf` at 128 KiB with 32 queues about 50 GB/s).
+pub const MODEL_QUEUE_PAIRS: u16 = 64;
 
 /// Brings the GPU queues up for a file command on `ctrl` (shared by `fs get/put --gpu` and the
 /// examples): opens GPU 0, starts the GPU-resident controller model when `opts` asks for it
@@ -272,7 +290,9 @@ pub fn get(
 ) -> Result<GpuGetReport> {
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let stat = file.stat()?;
+    let started = Instant::now();
     let (cuda, setup) = setup(ctrl, backend, opts)?;
+    let setup_seconds = started.elapsed().as_secs_f64();
     let result = (|| {
         let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
         let gfile = files.open(&file).context("opening the file for the GPU")?;
@@ -319,6 +339,7 @@ pub fn get(
             bytes: size,
             seconds: secs,
             bytes_per_sec: size as f64 / secs,
+            setup_seconds,
             data_path: data_path(&setup, false),
             transport: setup.transport.clone(),
             device: cuda.name().to_owned(),

@@ -159,7 +159,11 @@ pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
         }
     };
     let spec = DeviceSpec::Image(path.clone());
-    let (ctrl, backend) = open::open_controller_and_transport(&spec, &OpenOptions::default())?;
+    let mut oopts = OpenOptions::default();
+    if args.controller == ControllerKind::Gpu {
+        oopts.controller_queue_pairs = gpu_fs::MODEL_QUEUE_PAIRS;
+    }
+    let (ctrl, backend) = open::open_controller_and_transport(&spec, &oopts)?;
     let dev = Arc::new(
         NvmeBlockDevice::new(
             &ctrl,

@@ -185,6 +185,17 @@ impl FsCommand {
         }
     }
 
+    /// Whether the command moves data on the GPU through the GPU-resident controller model
+    /// (`fs get/put --gpu --controller gpu`).
+    pub fn on_gpu_controller(&self) -> bool {
+        match self {
+            FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } => {
+                gpu.gpu && gpu.controller == FsController::Gpu
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the command only reads the file system (and may share the device with other
     /// readers).
     pub fn is_read_only(&self) -> bool {
