@@ -657,6 +657,9 @@ struct lane_queue {
 /// the old queue must then be discarded.
 __device__ inline bool reload(const ctrl_control* c, warp_tables* t, lane_queue* q,
                               uint32_t lane) {
+    // Every lane's reads of the tables (since the last reload) come before this reload's
+    // writes (compute-sanitizer racecheck: a lane could still be reading `t->slow`).
+    __syncwarp();
     fence_sys();  // acquire: the tables the host wrote before bumping the generation
     const uint32_t nwin = ld_sys(&c->nwindows), nns = ld_sys(&c->nns);
     const ctrl_window* w = reinterpret_cast<const ctrl_window*>(ld_sys64(&c->windows));

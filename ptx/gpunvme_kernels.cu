@@ -356,8 +356,10 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     // The host asks for more dynamic shared memory than the
     // tables need: that is how one block gets an SM to itself, and the model's held
     // completions live there (one slice per warp, MODEL).
-    GPUNVME_SHARED(volatile uint32_t, host_stop);
-    GPUNVME_SHARED(volatile uint32_t, host_generation);
+    // Written by warp 0's lane 0, read by every warp's lane 0 with no barrier in between:
+    // through shared-memory atomics (a plain access would be a data race; racecheck saw it).
+    GPUNVME_SHARED(uint32_t, host_stop);
+    GPUNVME_SHARED(uint32_t, host_generation);
 #ifdef GPUNVME_HOST_BUILD
     unsigned char* ctrl_dynamic = gpunvme_host::dynamic_shared();
 #else
@@ -412,8 +414,8 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
     if (lane == 0) gen = ld_sys(&c->generation);
     gen = __shfl_sync(full, gen, 0);
     if (threadIdx.x == 0) {
-        host_stop = 0;
-        host_generation = gen;
+        atomicExch(&host_stop, 0u);
+        atomicExch(&host_generation, gen);
     }
     __syncthreads();
     reload(c, t, &q, lane);
@@ -455,21 +457,21 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                 // table writes (block 0: from the host; the others: through the mirror) for the
                 // whole block before the warps that see it here fence again and reload (see
                 // TABLES); block 0 then releases it to the mirror.
-                if ((int32_t)(g - host_generation) > 0) {
+                if ((int32_t)(g - atomicAdd(&host_generation, 0u)) > 0) {
                     fence_sys();
-                    host_generation = g;
+                    atomicExch(&host_generation, g);
                     if (blockIdx.x == 0) st_gpu(&mirror[1], g);
                 }
                 if (blockIdx.x == 0 && stop_word) st_gpu(&mirror[0], 1u);
-                host_stop = stop_word != 0 || now - start > lifetime;
+                atomicExch(&host_stop, (uint32_t)(stop_word != 0 || now - start > lifetime));
             }
         }
         if ((k.passes & 15) == 0) {
             int stop = 0;
             uint32_t g = gen;
             if (lane == 0) {
-                stop = host_stop != 0 || now_ns() - start > lifetime;
-                g = host_generation;
+                stop = atomicAdd(&host_stop, 0u) != 0 || now_ns() - start > lifetime;
+                g = atomicAdd(&host_generation, 0u);
             }
             stop = __shfl_sync(full, stop, 0);
             g = __shfl_sync(full, g, 0);

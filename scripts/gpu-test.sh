@@ -14,8 +14,9 @@
 # 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
 # 2d. the four GPU file examples (gpu_read, gpu_random, gpu_write, load_safetensors) on both
 #     controllers, each verifying its data;
-# 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs and the
-#    transfer-shape test, each required to report 0 errors.
+# 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs, the
+#    GPU-resident controller's kernel (driven by a host-thread client; racecheck and synccheck),
+#    the transfer-shape and file tests and the examples, each required to report 0 errors.
 # Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -205,6 +206,17 @@ if [ $SAN = 1 ]; then
                 check "sanitizer $tool perf --gpu $rw" compute-sanitizer --tool $tool --error-exitcode 3 \
                     "$G" --device "$img" perf --gpu --verify --rw $rw --bs 4k --qd 32 --queues 2 --ios 4000 --size 64m
             done
+        done
+        # The GPU-resident controller model, its kernel the only one running (a host thread
+        # plays the client: the sanitizer's one-kernel-at-a-time rule rules GPU clients out).
+        # Not memcheck: it judges a running kernel's accesses against the allocations made
+        # before its launch, and the persistent controller is launched before the queues'
+        # rings exist (benches/probes/memcheck_late_alloc.cu shows the same report for any
+        # late allocation; H100, 2026-11-23).
+        for tool in racecheck synccheck; do
+            check "sanitizer $tool model controller kernel (host-thread client)" \
+                compute-sanitizer --tool $tool --error-exitcode 3 \
+                "$BIN/gpu-tests" --include-ignored --exact model_serves_a_host_thread_client --test-threads=1
         done
         check "sanitizer memcheck transfer shapes" compute-sanitizer --tool memcheck --error-exitcode 3 \
             "$BIN/gpu-tests" --include-ignored --exact every_transfer_shape_into_arbitrary_gpu_buffers --test-threads=1

@@ -813,6 +813,157 @@ fn model_fails_bad_commands_with_the_status_the_spec_requires() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// A host thread playing the client of one of the model's queues: SQEs, the doorbell words and
+/// CQEs move with `cuMemcpy` on a stream, so the controller kernel is the only kernel running.
+struct HostClient {
+    desc: gpu_queues::desc::QueueDesc,
+    stream: gpu_queues::ffi::Stream,
+    cqe: gpu_queues::ffi::PinnedMemory,
+    sq_tail: u32,
+    cq_head: u32,
+    phase: bool,
+}
+
+impl HostClient {
+    const WAIT: Duration = Duration::from_secs(60);
+
+    fn new(r: &Rig, queue: usize) -> Self {
+        let desc = r.gpu.descs()[queue];
+        let cqe = gpu_queues::ffi::PinnedMemory::alloc(r.gpu.cuda(), 16).expect("pinned CQE");
+        let stream = r.gpu.new_client_stream().expect("stream");
+        Self {
+            desc,
+            stream,
+            cqe,
+            sq_tail: 0,
+            cq_head: 0,
+            phase: true,
+        }
+    }
+
+    fn copy_in(&self, dst: u64, bytes: &[u8]) {
+        gpu_queues::ffi::copy_to_gpu(&self.stream, dst, bytes).expect("copy to GPU");
+        self.stream.wait_idle(Self::WAIT).expect("copy to GPU done");
+    }
+
+    /// Writes the commands at the SQ tail, then (after the copies ran) the tail doorbell word.
+    fn submit(&mut self, cmds: &[nvme_spec::Command]) {
+        for c in cmds {
+            self.copy_in(self.desc.sq + self.sq_tail as u64 * 64, c.as_bytes());
+            self.sq_tail = (self.sq_tail + 1) % self.desc.depth;
+        }
+        self.copy_in(self.desc.sq_doorbell, &self.sq_tail.to_ne_bytes());
+    }
+
+    /// Reaps `n` completions (bounded), then writes the CQ head doorbell word.
+    fn reap(&mut self, n: usize) -> Vec<nvme_spec::Completion> {
+        use zerocopy::FromBytes;
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Self::WAIT;
+        while out.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "no completion within {:?}",
+                Self::WAIT
+            );
+            let at = self.desc.cq + self.cq_head as u64 * 16;
+            self.stream
+                .copy_to_pinned(&self.cqe, 0, at, 16)
+                .expect("copy CQE");
+            self.stream.wait_idle(Self::WAIT).expect("CQE copied");
+            let mut raw = [0u8; 16];
+            self.cqe.read(0, &mut raw);
+            let c = nvme_spec::Completion::read_from_bytes(&raw).expect("16 bytes");
+            if c.status.p() != self.phase {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            out.push(c);
+            self.cq_head += 1;
+            if self.cq_head == self.desc.depth {
+                self.cq_head = 0;
+                self.phase = !self.phase;
+            }
+        }
+        self.copy_in(self.desc.cq_doorbell, &self.cq_head.to_ne_bytes());
+        out
+    }
+}
+
+fn io_command(opcode: u8, cid: u16, slba: u64, blocks: u32, prp1: u64) -> nvme_spec::Command {
+    use zerocopy::FromZeros;
+    let mut c = nvme_spec::Command::new_zeroed();
+    c.cdw0 = nvme_spec::command::Cdw0::new()
+        .with_opcode(opcode)
+        .with_cid(cid);
+    c.nsid = 1;
+    c.prp1 = prp1;
+    c.cdw10 = slba as u32;
+    c.cdw11 = (slba >> 32) as u32;
+    c.cdw12 = blocks - 1;
+    c
+}
+
+/// A Flush of namespace 1.
+fn flush_command(cid: u16) -> nvme_spec::Command {
+    use zerocopy::FromZeros;
+    let mut c = nvme_spec::Command::new_zeroed();
+    c.cdw0 = nvme_spec::command::Cdw0::new().with_opcode(0).with_cid(cid);
+    c.nsid = 1;
+    c
+}
+
+/// The GPU-resident controller serving a client that is a host thread (commands and
+/// completions moved with cuMemcpy): the controller kernel is then the only kernel on the GPU,
+/// which is how `scripts/gpu-test.sh` checks it under compute-sanitizer (the sanitizer runs
+/// one kernel at a time, so GPU clients cannot run beside the persistent controller). Writes,
+/// reads back, strict statuses, and several wraps of the rings with the phase flipping.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn model_serves_a_host_thread_client() {
+    let path = image("hostclient");
+    let lba = 512u32;
+    let r = model_rig_opts(&path, lba, MediaKind::Hbm, 1, 16, ModelRigOpts::default());
+    let mut c = HostClient::new(&r, 0);
+    let buf = r.gpu.alloc_buffer(2 << 20).expect("GPU buffer");
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    buf.write(0, &data).expect("fill");
+    let per = 4096 / lba;
+    let slba = 1000;
+    c.submit(&[io_command(1, 0, slba, per, buf.bus()), flush_command(1)]);
+    let done = c.reap(2);
+    for d in &done {
+        assert_eq!(d.status.sc(), 0, "cid {}: status {:?}", d.cid, d.status());
+    }
+    // Reads of what was written, an LBA out of range and an invalid opcode, round after round
+    // until both rings wrapped several times (depth 16).
+    for round in 0..6u16 {
+        let cmds = [
+            io_command(2, 0, slba, per, buf.bus() + 4096),
+            io_command(2, 1, NS_BYTES / lba as u64, 1, buf.bus() + 8192),
+            io_command(0x7f, 2, slba, 1, buf.bus() + 8192),
+            io_command(2, 3, slba, per, buf.bus() + 4096 * (4 + round as u64)),
+            io_command(2, 4, slba + per as u64, per, buf.bus() + (1 << 20)),
+        ];
+        c.submit(&cmds);
+        let mut done = c.reap(cmds.len());
+        done.sort_by_key(|d| d.cid);
+        let sc: Vec<u8> = done.iter().map(|d| d.status.sc()).collect();
+        assert_eq!(sc, [0, 0x80, 0x01, 0, 0], "round {round}: statuses by CID");
+        assert!(
+            done[1].status.dnr() && done[2].status.dnr(),
+            "round {round}: errors carry DNR"
+        );
+        assert!(done.iter().all(|d| d.sqid == 1), "round {round}: SQ id");
+        for at in [4096, 4096 * (4 + round as usize)] {
+            let mut back = vec![0u8; 4096];
+            buf.read(at, &mut back).expect("read back");
+            assert_eq!(back, data, "round {round}: bytes read at {at}");
+        }
+    }
+    r.model.as_ref().unwrap().stop().expect("stop");
+}
+
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn model_refuses_changes_to_a_write_protected_namespace() {

@@ -233,6 +233,10 @@ T atomicAdd(T* p, T v) {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 template <class T>
+T atomicExch(T* p, T v) {
+    return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
+}
+template <class T>
 T atomicCAS(T* p, T expected, T desired) {
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return expected;
