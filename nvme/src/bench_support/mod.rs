@@ -56,7 +56,7 @@ use nvme_spec::{
     ActiveNamespaceList, AdminOpcode, Aqa, Cap, Cc, Cns, Command, CqeStatus, Csts, FeatureId,
     IdentifyController, IdentifyNamespace, LbaFormat, NvmOpcode, Oncs, Status,
 };
-use region::{Region, RingRef, complete_run};
+use region::{CheckedRing, Region, RingRef, complete_run};
 use spin::SpinMutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -236,7 +236,9 @@ impl Drop for NullDmaOwner {
 
 /// A ring in DMA memory, as the device tracks it.
 struct Ring {
-    region: Arc<Region>,
+    /// The ring's memory, checked to fit once (at creation).
+    mem: CheckedRing,
+    /// Byte offset of the ring in its region.
     offset: usize,
     entries: u32,
     /// SQ: next entry to fetch; CQ: head from the doorbell.
@@ -246,14 +248,16 @@ struct Ring {
 }
 
 impl Ring {
-    fn new(region: Arc<Region>, offset: usize, entries: u32) -> Self {
-        Self {
-            region,
+    /// The ring of `entries` entries of `stride` bytes at `offset` of `region`, or `None` if it
+    /// does not fit.
+    fn new(region: Arc<Region>, offset: usize, entries: u32, stride: usize) -> Option<Self> {
+        Some(Self {
+            mem: CheckedRing::new(region, offset, entries, stride)?,
             offset,
             entries,
             head: 0,
             tail: 0,
-        }
+        })
     }
 }
 
@@ -307,7 +311,7 @@ impl QueueSlot {
     fn post(&mut self, qid: u16, sqhd: u32, cid: u16, status: Status, dw0: u32) {
         let Some(cq) = &mut self.cq else { return };
         let st = CqeStatus::from_status(status, self.phase).into_bits();
-        cq.region.store_cqe(
+        cq.mem.region().store_cqe(
             cq.offset + cq.tail as usize * CQE_SIZE,
             [
                 dw0,
@@ -463,9 +467,15 @@ impl NullRegisters {
         if sq_entries < 2 || cq_entries < 2 || sq_off % DMA_PAGE_SIZE != 0 {
             return false;
         }
+        let (Some(sq), Some(cq)) = (
+            Ring::new(sq, sq_off, sq_entries, SQE_SIZE),
+            Ring::new(cq, cq_off, cq_entries, CQE_SIZE),
+        ) else {
+            return false;
+        };
         *self.queues[0].state.lock() = QueueSlot {
-            sq: Some(Ring::new(sq, sq_off, sq_entries)),
-            cq: Some(Ring::new(cq, cq_off, cq_entries)),
+            sq: Some(sq),
+            cq: Some(cq),
             phase: true,
             completed: 0,
         };
@@ -565,14 +575,8 @@ impl NullRegisters {
         } else {
             sq.head + n
         };
-        // Both rings were checked to fit their regions when created; check once more here so
-        // that each entry access needs only an index check.
-        let (Some(sq_ring), Some(cq_ring)) = (
-            sq.region.ring(sq.offset, sq.entries, SQE_SIZE),
-            cq.region.ring(cq.offset, cq.entries, CQE_SIZE),
-        ) else {
-            return;
-        };
+        // Both rings were checked to fit their regions when created.
+        let (sq_ring, cq_ring) = (sq.mem.view(), cq.mem.view());
         let sqid = (qid as u32) << 16;
         let (tail, ph) = if self.reverse.load(Ordering::Relaxed) {
             Self::complete_reversed(&sq_ring, &cq_ring, sq.head, n, end, sqid, (cq.tail, *phase))
@@ -684,7 +688,8 @@ impl NullRegisters {
                 return;
             }
             let cmd = sq
-                .region
+                .mem
+                .region()
                 .read_command(sq.offset + sq.head as usize * SQE_SIZE);
             sq.head = (sq.head + 1) % sq.entries;
             let sqhd = sq.head;
@@ -793,9 +798,10 @@ impl NullRegisters {
         }
         let entries = cdw10.qsize_z() as u32 + 1;
         let size = if sq { SQE_SIZE } else { CQE_SIZE };
-        let (region, offset) = self
+        let ring = self
             .memory
             .translate(cmd.prp1, entries as usize * size)
+            .and_then(|(region, offset)| Ring::new(region, offset, entries, size))
             .ok_or(invalid_field())?;
         let entry = &self.queues[qid as usize];
         let mut slot = entry.state.lock();
@@ -809,12 +815,12 @@ impl NullRegisters {
             if slot.sq.is_some() {
                 return Err(invalid_qid());
             }
-            slot.sq = Some(Ring::new(region, offset, entries));
+            slot.sq = Some(ring);
         } else {
             if slot.cq.is_some() {
                 return Err(invalid_qid());
             }
-            slot.cq = Some(Ring::new(region, offset, entries));
+            slot.cq = Some(ring);
             slot.phase = true;
             slot.completed = 0;
             entry.cq_head.store(0, Ordering::Relaxed);

@@ -133,6 +133,60 @@ pub(super) struct RingRef<'a> {
     _region: std::marker::PhantomData<&'a Region>,
 }
 
+/// A ring checked once, when its queue is created, to lie inside its region, which it keeps
+/// alive: [`CheckedRing::view`] then costs no check (a doorbell on the hot path needs both
+/// rings' views every time).
+pub(super) struct CheckedRing {
+    region: Arc<Region>,
+    base: NonNull<u8>,
+    entries: u32,
+    stride: usize,
+}
+
+// SAFETY: `base` points into `region`, which this value keeps alive and which is Send and Sync
+// itself; the pointer is only used to build views (atomics and raw copies behind them).
+unsafe impl Send for CheckedRing {}
+// SAFETY: as above; no method hands out anything but views bound to `&self`.
+unsafe impl Sync for CheckedRing {}
+
+impl CheckedRing {
+    /// The ring at `offset` of `region` (as [`Region::ring`] checks it), or `None` if it does
+    /// not fit.
+    pub(super) fn new(
+        region: Arc<Region>,
+        offset: usize,
+        entries: u32,
+        stride: usize,
+    ) -> Option<Self> {
+        let (base, entries, stride) = {
+            let r = region.ring(offset, entries, stride)?;
+            (r.base, r.entries, r.stride)
+        };
+        Some(Self {
+            region,
+            base,
+            entries,
+            stride,
+        })
+    }
+
+    /// The region the ring lies in.
+    pub(super) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    /// The ring's entries, for as long as this value is borrowed (which keeps the region).
+    #[inline(always)]
+    pub(super) fn view(&self) -> RingRef<'_> {
+        RingRef {
+            base: self.base,
+            entries: self.entries,
+            stride: self.stride,
+            _region: std::marker::PhantomData,
+        }
+    }
+}
+
 impl Region {
     /// The ring at `offset` (aligned to `stride`, a power of two of at least 16), or `None` if
     /// it does not fit the region.
