@@ -7,7 +7,6 @@
 #![expect(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_void};
-use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -227,8 +226,8 @@ impl Drop for Cuda {
 /// controller and must stay put). Zeroed on allocation.
 pub struct DeviceMemory {
     cuda: Arc<Cuda>,
-    ptr: u64,
-    len: usize,
+    pub(super) ptr: u64,
+    pub(super) len: usize,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -252,31 +251,6 @@ impl DeviceMemory {
             };
             check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, len.max(1)))?;
             Ok(mem)
-        }
-    }
-
-    /// GPU address of the first byte.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the allocation is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
-            _ => Err(GpuError::InvalidArgument(format!(
-                "GPU memory access {offset:#x}+{len:#x} outside {:#x} bytes",
-                self.len
-            ))),
         }
     }
 
@@ -345,9 +319,9 @@ pub fn persistent_kernel_ended(cuda: &Cuda) {
 /// DEVICEMAP | PORTABLE): doorbell pages, the host's abort word, staging areas.
 pub struct PinnedMemory {
     cuda: Arc<Cuda>,
-    host: *mut u8,
+    pub(super) host: *mut u8,
     dev: u64,
-    len: usize,
+    pub(super) len: usize,
 }
 
 // SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
@@ -402,65 +376,6 @@ impl PinnedMemory {
     /// The GPU's address of the first byte.
     pub fn device_ptr(&self) -> u64 {
         self.dev
-    }
-
-    /// The host address of the first byte (never turned into a Rust reference).
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.host
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the allocation is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn at(&self, offset: usize, len: usize) -> *mut u8 {
-        assert!(
-            offset.checked_add(len).is_some_and(|e| e <= self.len),
-            "pinned access {offset:#x}+{len:#x} outside {:#x}",
-            self.len
-        );
-        // SAFETY: in bounds (checked above).
-        unsafe { self.host.add(offset) }
-    }
-
-    /// Loads the 32-bit word at `offset` (4-byte aligned) as a word the GPU may be writing:
-    /// a volatile load, then an Acquire fence (what the GPU wrote before it is visible after).
-    pub fn load_u32(&self, offset: usize) -> u32 {
-        assert_eq!(offset % 4, 0);
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: in bounds and aligned; volatile because the GPU writes it behind our back.
-        let v = unsafe { p.read_volatile() };
-        fence(Ordering::Acquire);
-        v
-    }
-
-    /// Stores the 32-bit word at `offset`: a Release fence, then a volatile store.
-    pub fn store_u32(&self, offset: usize, value: u32) {
-        assert_eq!(offset % 4, 0);
-        let p = self.at(offset, 4).cast::<u32>();
-        fence(Ordering::Release);
-        // SAFETY: in bounds and aligned; volatile because the GPU reads it behind our back.
-        unsafe { p.write_volatile(value) }
-    }
-
-    /// Copies `data` in at `offset`.
-    pub fn write(&self, offset: usize, data: &[u8]) {
-        let p = self.at(offset, data.len());
-        // SAFETY: in bounds; the source is a distinct live slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-    }
-
-    /// Copies bytes at `offset` out into `buf`.
-    pub fn read(&self, offset: usize, buf: &mut [u8]) {
-        let p = self.at(offset, buf.len());
-        // SAFETY: in bounds; the destination is a distinct live slice.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
     }
 }
 

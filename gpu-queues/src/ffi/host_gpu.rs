@@ -31,7 +31,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -295,8 +294,8 @@ fn job_finished() {
 pub struct DeviceMemory {
     _cuda: Arc<Cuda>,
     /// Device address == host address (exposed provenance).
-    ptr: u64,
-    len: usize,
+    pub(super) ptr: u64,
+    pub(super) len: usize,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -314,31 +313,6 @@ impl DeviceMemory {
             ptr: p.expose_provenance() as u64,
             len,
         })
-    }
-
-    /// Device address (here the host address) of the first byte.
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the allocation is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
-            _ => Err(GpuError::InvalidArgument(format!(
-                "GPU memory access {offset:#x}+{len:#x} outside {:#x} bytes",
-                self.len
-            ))),
-        }
     }
 
     /// Copies `data` to `offset` (synchronous; set-up and test path, not the hot path).
@@ -408,8 +382,8 @@ pub fn persistent_kernel_ended(_cuda: &Cuda) {
 /// host address: doorbell pages, the host's abort word, staging areas.
 pub struct PinnedMemory {
     _cuda: Arc<Cuda>,
-    host: *mut u8,
-    len: usize,
+    pub(super) host: *mut u8,
+    pub(super) len: usize,
 }
 
 // SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
@@ -446,65 +420,6 @@ impl PinnedMemory {
     /// The device address of the first byte: the host address.
     pub fn device_ptr(&self) -> u64 {
         self.host.addr() as u64
-    }
-
-    /// The host address of the first byte (never turned into a Rust reference).
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.host
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the allocation is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn at(&self, offset: usize, len: usize) -> *mut u8 {
-        assert!(
-            offset.checked_add(len).is_some_and(|e| e <= self.len),
-            "pinned access {offset:#x}+{len:#x} outside {:#x}",
-            self.len
-        );
-        // SAFETY: in bounds (checked above).
-        unsafe { self.host.add(offset) }
-    }
-
-    /// Loads the 32-bit word at `offset` (4-byte aligned) as a word a kernel may be writing:
-    /// a volatile load, then an Acquire fence (what was written before it is visible after).
-    pub fn load_u32(&self, offset: usize) -> u32 {
-        assert_eq!(offset % 4, 0);
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: in bounds and aligned; volatile because kernels write it behind our back.
-        let v = unsafe { p.read_volatile() };
-        fence(Ordering::Acquire);
-        v
-    }
-
-    /// Stores the 32-bit word at `offset`: a Release fence, then a volatile store.
-    pub fn store_u32(&self, offset: usize, value: u32) {
-        assert_eq!(offset % 4, 0);
-        let p = self.at(offset, 4).cast::<u32>();
-        fence(Ordering::Release);
-        // SAFETY: in bounds and aligned; volatile because kernels read it behind our back.
-        unsafe { p.write_volatile(value) }
-    }
-
-    /// Copies `data` in at `offset`.
-    pub fn write(&self, offset: usize, data: &[u8]) {
-        let p = self.at(offset, data.len());
-        // SAFETY: in bounds; the source is a distinct live slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-    }
-
-    /// Copies bytes at `offset` out into `buf`.
-    pub fn read(&self, offset: usize, buf: &mut [u8]) {
-        let p = self.at(offset, buf.len());
-        // SAFETY: in bounds; the destination is a distinct live slice.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
     }
 }
 

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::GpuError;
 
+mod host_memory;
 pub mod os;
 
 #[cfg(not(feature = "host-gpu"))]
