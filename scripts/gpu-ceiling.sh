@@ -49,7 +49,8 @@ try:
     row.update({
         "ios": r["ios"],
         "mcmds_per_s": round(r["iops"] / 1e6, 2),
-        "gbytes_per_s": round(r["bw_bytes"] / 1e9, 2),
+        # null media moves no data: its byte rate would be nominal (block size x rate).
+        "gbytes_per_s": None if r["gpu"]["model"]["media"] == "null" else round(r["bw_bytes"] / 1e9, 2),
         "errors": r["errors"],
         "lat_us": {k: round(lat[k] / 1e3, 1) for k in ("mean", "p50", "p99", "p999", "max")},
         "threads": r["gpu"]["threads"],
@@ -66,7 +67,7 @@ EOF
     tail -1 "$ROWS" | python3 -c 'import json,sys
 r=json.loads(sys.stdin.read())
 print("gpu-ceiling: %s q=%d qd=%d sms=%d: %s" % (r["client"], r["queues"], r["qd"], r["controller_sms"],
-      r.get("error") or "%.2f M cmds/s, %.2f GB/s, p50 %.1f us" % (r["mcmds_per_s"], r["gbytes_per_s"], r["lat_us"]["p50"])))' >&2
+      r.get("error") or "%.2f M cmds/s, %s GB/s, p50 %.1f us" % (r["mcmds_per_s"], r["gbytes_per_s"], r["lat_us"]["p50"])))' >&2
 }
 
 for sms in $SMS; do
@@ -98,7 +99,7 @@ for k, v in best.items():
             ratio["warp_over_thread@" + k[5:]] = round(v / t, 2)
 best_gb = {}
 for r in rows:
-    if "error" not in r and not r["errors"]:
+    if "error" not in r and not r["errors"] and r["gbytes_per_s"] is not None:
         k = "%s@%dsm" % (r["client"], r["controller_sms"])
         best_gb[k] = max(best_gb.get(k, 0), r["gbytes_per_s"])
 print(json.dumps({"config": {"media": sys.argv[2], "bs": sys.argv[3], "rw": sys.argv[4]},
