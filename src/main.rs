@@ -98,8 +98,6 @@ enum Command {
 }
 
 impl Command {
-    /// Whether the command only reads the device: it then opens an image read-only under a
-    /// shared lock (README, "One process per device").
     /// The I/O queue pairs the software controller grants when `--controller-queue-pairs` is
     /// not given: more for the GPU-resident controller model, which serves each queue from
     /// one controller lane (8 queues measured 14.7 GB/s on `fs get --gpu --media host`, 32
@@ -117,6 +115,8 @@ impl Command {
         }
     }
 
+    /// Whether the command only reads the device: it then opens an image read-only under a
+    /// shared lock (README, "One process per device").
     fn is_read_only(&self) -> bool {
         match self {
             Command::Identify | Command::Read { .. } => true,
@@ -423,4 +423,66 @@ fn run(args: Args) -> Result<()> {
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");
     result.and(shutdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Args, Parser};
+
+    fn default_pairs(argv: &[&str]) -> (Option<u16>, u16) {
+        let args = Args::try_parse_from(argv).expect("arguments");
+        (
+            args.controller_queue_pairs,
+            args.command.default_queue_pairs(),
+        )
+    }
+
+    #[test]
+    fn commands_on_the_gpu_controller_default_to_more_queue_pairs() {
+        let model = gpunvme::gpu_fs::MODEL_QUEUE_PAIRS;
+        let emu = gpunvme::open::OpenOptions::default().controller_queue_pairs;
+        assert!(model > emu);
+        for (argv, want) in [
+            (&["gpunvme", "perf"][..], emu),
+            (&["gpunvme", "perf", "--gpu"][..], emu),
+            (
+                &["gpunvme", "perf", "--gpu", "--controller", "gpu"][..],
+                model,
+            ),
+            (&["gpunvme", "fs", "get", "a", "out"][..], emu),
+            (&["gpunvme", "fs", "get", "--gpu", "a"][..], emu),
+            (
+                &["gpunvme", "fs", "get", "--gpu", "a", "--controller", "gpu"][..],
+                model,
+            ),
+            (
+                &[
+                    "gpunvme",
+                    "fs",
+                    "put",
+                    "--gpu",
+                    "in",
+                    "a",
+                    "--controller",
+                    "gpu",
+                ][..],
+                model,
+            ),
+            (&["gpunvme", "identify"][..], emu),
+        ] {
+            assert_eq!(default_pairs(argv), (None, want), "{argv:?}");
+        }
+        // Given explicitly, the flag wins.
+        let args = Args::try_parse_from([
+            "gpunvme",
+            "--controller-queue-pairs",
+            "3",
+            "perf",
+            "--gpu",
+            "--controller",
+            "gpu",
+        ])
+        .expect("arguments");
+        assert_eq!(args.controller_queue_pairs, Some(3));
+    }
 }
