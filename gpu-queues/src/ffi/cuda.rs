@@ -230,12 +230,6 @@ pub struct DeviceMemory {
     pub(super) len: usize,
 }
 
-impl std::fmt::Debug for DeviceMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceMemory({:#x}+{:#x})", self.ptr, self.len)
-    }
-}
-
 impl DeviceMemory {
     /// Allocates `len` bytes (rounded up to 64 KiB granularity by the driver), zeroed.
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
@@ -329,16 +323,6 @@ pub struct PinnedMemory {
 unsafe impl Send for PinnedMemory {}
 // SAFETY: as above: no method hands out references into the memory.
 unsafe impl Sync for PinnedMemory {}
-
-impl std::fmt::Debug for PinnedMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "PinnedMemory(host {:p}, gpu {:#x}, {:#x})",
-            self.host, self.dev, self.len
-        )
-    }
-}
 
 impl PinnedMemory {
     /// Allocates `len` bytes of zeroed pinned memory mapped into the GPU.
@@ -840,8 +824,8 @@ impl Cuda {
 /// (see [`HostRegistration::register`]).
 pub struct HostRegistration {
     cuda: Arc<Cuda>,
-    host: *mut u8,
-    len: usize,
+    pub(super) host: *mut u8,
+    pub(super) len: usize,
     dev: u64,
 }
 
@@ -851,36 +835,7 @@ unsafe impl Send for HostRegistration {}
 // SAFETY: as above: no method reads or writes the range.
 unsafe impl Sync for HostRegistration {}
 
-impl std::fmt::Debug for HostRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "HostRegistration(host {:p}, gpu {:#x}, {:#x})",
-            self.host, self.dev, self.len
-        )
-    }
-}
-
 impl HostRegistration {
-    /// Registers `len` bytes at `host` with CUDA and looks up the GPU address of the first
-    /// byte. `io_memory`: the range is device memory (a BAR mapping), registered with
-    /// `CU_MEMHOSTREGISTER_IOMEMORY` (root only: `CUDA_ERROR_NOT_PERMITTED` otherwise). The
-    /// caller touches every page first where the mapping needs it (BAR0 through VFIO does).
-    ///
-    /// # Safety
-    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
-    /// returned value is dropped (CUDA keeps a translation for it; unmapping first would leave
-    /// the GPU a dangling mapping).
-    pub unsafe fn register(
-        cuda: &Arc<Cuda>,
-        host: *mut u8,
-        len: usize,
-        io_memory: bool,
-    ) -> Result<Self, GpuError> {
-        // SAFETY: forwarded: the caller's promise.
-        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
-    }
-
     /// [`HostRegistration::register`], optionally `CU_MEMHOSTREGISTER_READ_ONLY` (the GPU
     /// only reads the range: what a read-only file mapping allows).
     ///
@@ -928,16 +883,6 @@ impl HostRegistration {
     /// GPU address of the first byte.
     pub fn device_ptr(&self) -> u64 {
         self.dev
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Asks the driver again for the GPU address of the byte at `offset` (a doorbell page,

@@ -298,12 +298,6 @@ pub struct DeviceMemory {
     pub(super) len: usize,
 }
 
-impl std::fmt::Debug for DeviceMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceMemory({:#x}+{:#x})", self.ptr, self.len)
-    }
-}
-
 impl DeviceMemory {
     /// Allocates `len` bytes (mapped in 64 KiB units, as the CUDA driver rounds), zeroed.
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
@@ -391,18 +385,6 @@ pub struct PinnedMemory {
 unsafe impl Send for PinnedMemory {}
 // SAFETY: as above: no method hands out references into the memory.
 unsafe impl Sync for PinnedMemory {}
-
-impl std::fmt::Debug for PinnedMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "PinnedMemory(host {:p}, gpu {:#x}, {:#x})",
-            self.host,
-            self.device_ptr(),
-            self.len
-        )
-    }
-}
 
 impl PinnedMemory {
     /// Allocates `len` bytes (rounded up to whole 4 KiB pages) of zeroed memory.
@@ -940,8 +922,8 @@ impl Event {
 /// as it lives (see [`HostRegistration::register`]).
 pub struct HostRegistration {
     _cuda: Arc<Cuda>,
-    host: *mut u8,
-    len: usize,
+    pub(super) host: *mut u8,
+    pub(super) len: usize,
 }
 
 // SAFETY: this type holds the range's host address only as a number to report and never
@@ -950,35 +932,7 @@ unsafe impl Send for HostRegistration {}
 // SAFETY: as above: no method reads or writes the range.
 unsafe impl Sync for HostRegistration {}
 
-impl std::fmt::Debug for HostRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "HostRegistration(host {:p}, gpu {:#x}, {:#x})",
-            self.host,
-            self.device_ptr(),
-            self.len
-        )
-    }
-}
-
 impl HostRegistration {
-    /// "Registers" `len` bytes at `host`: nothing to do on the host; the device address is
-    /// the host address. `io_memory` is accepted and ignored.
-    ///
-    /// # Safety
-    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
-    /// returned value is dropped (kernels may reach it through the device address meanwhile).
-    pub unsafe fn register(
-        cuda: &Arc<Cuda>,
-        host: *mut u8,
-        len: usize,
-        io_memory: bool,
-    ) -> Result<Self, GpuError> {
-        // SAFETY: forwarded: the caller's promise.
-        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
-    }
-
     /// [`HostRegistration::register`]; `read_only` is accepted and ignored (nothing enforces
     /// it on the host).
     ///
@@ -1002,16 +956,6 @@ impl HostRegistration {
     /// Device address of the first byte: the host address.
     pub fn device_ptr(&self) -> u64 {
         self.host.addr() as u64
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The device address of the byte at `offset` (`device_ptr() + offset`), after checking

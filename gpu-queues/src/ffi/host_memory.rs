@@ -1,14 +1,17 @@
-//! The host-side parts of [`DeviceMemory`] and [`PinnedMemory`] that both backends share
-//! (their fields are the same: `ptr`/`len` of device memory, `host`/`len` of pinned memory):
-//! bounds checks, and access to pinned memory by volatile words and raw copies. Allocation,
-//! copies to and from the GPU, and freeing are each backend's own.
+//! The host-side parts of [`DeviceMemory`], [`PinnedMemory`] and [`HostRegistration`] that both
+//! backends share (their fields are the same: `ptr`/`len` of device memory, `host`/`len` of
+//! pinned memory and registrations): bounds checks, access to pinned memory by volatile words
+//! and raw copies, and how they print. Allocation, copies to and from the GPU, registering and
+//! freeing are each backend's own.
 // UNSAFETY: pinned memory is shared with the GPU, so the host reaches it only through raw
 // pointers (volatile words, copies), never references; every access is bounds-checked first.
 #![expect(unsafe_code)]
 
 use std::sync::atomic::{Ordering, fence};
 
-use super::{DeviceMemory, PinnedMemory};
+use std::sync::Arc;
+
+use super::{Cuda, DeviceMemory, HostRegistration, PinnedMemory};
 use crate::error::GpuError;
 
 impl DeviceMemory {
@@ -102,5 +105,67 @@ impl PinnedMemory {
         let p = self.at(offset, buf.len());
         // SAFETY: in bounds of this live allocation; the destination is a distinct live slice.
         unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+    }
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory({:#x}+{:#x})", self.ptr, self.len)
+    }
+}
+
+impl std::fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedMemory(host {:p}, gpu {:#x}, {:#x})",
+            self.host,
+            self.device_ptr(),
+            self.len
+        )
+    }
+}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "HostRegistration(host {:p}, gpu {:#x}, {:#x})",
+            self.host,
+            self.device_ptr(),
+            self.len
+        )
+    }
+}
+
+impl HostRegistration {
+    /// Makes `len` bytes at `host` reachable by kernels and returns the registration
+    /// ([`HostRegistration::register_with`], not read-only). `io_memory`: the range is device
+    /// memory (a BAR mapping), registered with `CU_MEMHOSTREGISTER_IOMEMORY` (root only:
+    /// `CUDA_ERROR_NOT_PERMITTED` otherwise; the `host-gpu` build ignores it). The caller
+    /// touches every page first where the mapping needs it (BAR0 through VFIO does).
+    ///
+    /// # Safety
+    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
+    /// returned value is dropped (the GPU keeps a translation for it; unmapping first would
+    /// leave it a dangling mapping).
+    pub unsafe fn register(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+    ) -> Result<Self, GpuError> {
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
