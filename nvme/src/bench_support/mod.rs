@@ -240,7 +240,6 @@ struct Ring {
     mem: CheckedRing,
     /// Byte offset of the ring in its region.
     offset: usize,
-    entries: u32,
     /// SQ: next entry to fetch; CQ: head from the doorbell.
     head: u32,
     /// SQ: tail from the doorbell; CQ: next entry to post.
@@ -248,13 +247,17 @@ struct Ring {
 }
 
 impl Ring {
+    /// Number of entries.
+    fn entries(&self) -> u32 {
+        self.mem.view().entries()
+    }
+
     /// The ring of `entries` entries of `stride` bytes at `offset` of `region`, or `None` if it
     /// does not fit.
     fn new(region: Arc<Region>, offset: usize, entries: u32, stride: usize) -> Option<Self> {
         Some(Self {
             mem: CheckedRing::new(region, offset, entries, stride)?,
             offset,
-            entries,
             head: 0,
             tail: 0,
         })
@@ -304,7 +307,7 @@ struct QueueSlot {
 impl QueueSlot {
     /// Entries the CQ can still take.
     fn cq_room(cq: &Ring) -> u32 {
-        (cq.head + cq.entries - cq.tail - 1) % cq.entries
+        (cq.head + cq.entries() - cq.tail - 1) % cq.entries()
     }
 
     /// Posts one completion (dword 3 last, with Release).
@@ -321,7 +324,7 @@ impl QueueSlot {
             ],
         );
         cq.tail += 1;
-        if cq.tail == cq.entries {
+        if cq.tail == cq.entries() {
             cq.tail = 0;
             self.phase = !self.phase;
         }
@@ -512,7 +515,7 @@ impl NullRegisters {
         // A doorbell of a queue that does not exist, or a value beyond the ring, is ignored
         // (a real controller would raise an asynchronous event).
         let Some(ring) = ring else { return };
-        if value >= ring.entries {
+        if value >= ring.entries() {
             return;
         }
         if index % 2 == 0 {
@@ -557,10 +560,10 @@ impl NullRegisters {
         };
         // The head from the lock-free CQ doorbell (in range: checked when it was rung).
         cq.head = entry.cq_head.load(Ordering::Relaxed);
-        let pending = gap(sq.head, sq.tail, sq.entries);
-        let cq_room = gap(cq.tail, cq.head, cq.entries)
+        let pending = gap(sq.head, sq.tail, sq.entries());
+        let cq_room = gap(cq.tail, cq.head, cq.entries())
             .checked_sub(1)
-            .unwrap_or(cq.entries - 1);
+            .unwrap_or(cq.entries() - 1);
         let n = pending.min(cq_room);
         let full = n < pending;
         if full != entry.cq_full.load(Ordering::Relaxed) {
@@ -569,7 +572,7 @@ impl NullRegisters {
         if n == 0 {
             return;
         }
-        let entries = sq.entries;
+        let entries = sq.entries();
         let end = if sq.head + n >= entries {
             sq.head + n - entries
         } else {
@@ -691,7 +694,7 @@ impl NullRegisters {
                 .mem
                 .region()
                 .read_command(sq.offset + sq.head as usize * SQE_SIZE);
-            sq.head = (sq.head + 1) % sq.entries;
+            sq.head = (sq.head + 1) % sq.entries();
             let sqhd = sq.head;
             let (status, dw0) = match self.admin(&cmd) {
                 Ok(dw0) => (Status::SUCCESS, dw0),
