@@ -253,3 +253,36 @@ fn poll_with_hands_over_every_completion_including_stashed_ones() -> Result<()> 
     assert_eq!(qp.in_flight(), 0);
     Ok(())
 }
+
+#[test]
+fn single_commands_complete_at_once_across_many_ring_wraps() -> Result<()> {
+    // One command per doorbell (the null device's QD 1 fast path) on a 4-entry queue pair:
+    // 50 rounds wrap both rings and flip the CQ phase a dozen times, with a batch now and then
+    // (its general path) and reversed completions in between.
+    let (null, ctrl) = start()?;
+    let mut qp = ctrl.create_io_queue_pair(4)?;
+    let mem = Arc::new(ctrl.device().alloc_dma(3 * 4096)?);
+    let bufs: Vec<DmaSlice> = (0..3)
+        .map(|i| DmaSlice::new(mem.clone(), i * 4096, 4096))
+        .collect();
+    let before = null.io_commands_completed();
+    let mut expected = 0u64;
+    for round in 0..50u64 {
+        null.set_reverse_completions(round % 7 == 3);
+        let batch = if round % 5 == 4 { 3 } else { 1 };
+        for (i, buf) in bufs[..batch].iter().enumerate() {
+            qp.queue_read(1, round * 8, buf, round * 10 + i as u64)?;
+        }
+        qp.ring();
+        // Completed inside the doorbell write: one poll finds them all.
+        let mut tags = Vec::new();
+        qp.poll_with(|tag, result| tags.push((tag, result.is_ok())))?;
+        tags.sort_unstable();
+        let want: Vec<_> = (0..batch as u64).map(|i| (round * 10 + i, true)).collect();
+        assert_eq!(tags, want, "round {round}");
+        expected += batch as u64;
+        assert_eq!(null.io_commands_completed() - before, expected);
+    }
+    assert_eq!(qp.in_flight(), 0);
+    Ok(())
+}

@@ -29,8 +29,11 @@ pub(super) struct SpinMutex<T> {
 unsafe impl<T: Send> Sync for SpinMutex<T> {}
 
 impl<T> SpinMutex<T> {
-    /// Takes the lock, spinning (then yielding) while another thread holds it.
-    pub(super) fn lock(&self) -> SpinGuard<'_, T> {
+    /// The wait when the first try failed: out of line, so that the uncontended lock is one
+    /// compare-and-swap with nothing to spill around it.
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
         let mut spins = 0u32;
         while self
             .locked
@@ -43,6 +46,18 @@ impl<T> SpinMutex<T> {
             } else {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// Takes the lock, spinning (then yielding) while another thread holds it.
+    #[inline]
+    pub(super) fn lock(&self) -> SpinGuard<'_, T> {
+        if self
+            .locked
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
         }
         SpinGuard { lock: self }
     }
