@@ -580,9 +580,7 @@ impl CpuQueue {
             // Every SQE published so far is visible to the controller before the doorbell says
             // so (the header's fence.acq_rel.sys before st.mmio).
             fence(Ordering::Release);
-            self.device
-                .registers()
-                .write_u32(self.sq_doorbell, p & mask);
+            self.device.write_doorbell(self.sq_doorbell, p & mask);
             self.sq_doorbells.fetch_add(1, Ordering::Relaxed);
             st.sq_published.store(p, Ordering::Relaxed);
         }
@@ -649,7 +647,7 @@ impl CpuQueue {
             st.cq_reaped.fetch_add(n, Ordering::Release);
             // Our reads of the entries come before the controller may reuse them.
             fence(Ordering::Release);
-            self.device.registers().write_u32(self.cq_doorbell, head);
+            self.device.write_doorbell(self.cq_doorbell, head);
             self.cq_doorbells.fetch_add(1, Ordering::Relaxed);
             if reordered != 0 {
                 self.out_of_order.fetch_add(reordered, Ordering::Relaxed);

@@ -12,6 +12,9 @@
 //! - `prp2_8k`: 8 KiB, page-aligned (PRP1 + PRP2);
 //! - `prp_list_16k`: 16 KiB, page-aligned (PRP1 + a 3-entry PRP list).
 //!
+//! `reference/locked_rmw` times one uncontended atomic lock and unlock on this host (see
+//! [`reference`]).
+//!
 //! Throughput is in commands, so criterion's "elem/s" inverts to ns per command.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -115,5 +118,28 @@ fn hot_path(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, hot_path);
+/// Reference costs of this host, measured beside the driver so that its figures can be read:
+/// `reference/locked_rmw` is an uncontended lock and unlock of the kind the null device takes
+/// once per SQ doorbell (a compare-and-swap and a release store), the one atomic
+/// read-modify-write in a QD 1 round trip.
+fn reference(c: &mut Criterion) {
+    use std::hint::black_box;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let flag = AtomicBool::new(false);
+    let mut g = c.benchmark_group("reference");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("locked_rmw", |b| {
+        b.iter(|| {
+            let flag = black_box(&flag);
+            let taken = flag
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok();
+            flag.store(false, Ordering::Release);
+            taken
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, hot_path, reference);
 criterion_main!(benches);

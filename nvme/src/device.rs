@@ -62,6 +62,15 @@ pub trait Device: Send + Sync {
     /// The controller's register window (BAR0).
     fn registers(&self) -> &dyn RegisterIo;
 
+    /// Writes a doorbell register (`offset` at or past 0x1000 in the window). The same as
+    /// `self.registers().write_u32(offset, value)`, which is what it does unless a transport
+    /// overrides it: the queue pairs ring doorbells through here, once per batch and per reap
+    /// round, and an override saves the second dynamic call (and lets the register write be
+    /// inlined into it).
+    fn write_doorbell(&self, offset: usize, value: u32) {
+        self.registers().write_u32(offset, value);
+    }
+
     /// Allocates `len` bytes (rounded up to whole 4 KiB pages) of zeroed memory that the
     /// controller can read and write, with a device address for every page.
     fn alloc_dma(&self, len: usize) -> Result<DmaMemory, DmaAllocError>;

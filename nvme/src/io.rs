@@ -316,6 +316,7 @@ impl IoQueuePair {
     }
 
     /// Rings the submission queue tail doorbell if commands were queued since the last ring.
+    #[inline]
     pub fn ring(&mut self) {
         self.qp.ring();
     }

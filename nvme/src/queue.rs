@@ -85,10 +85,19 @@ impl CqRing {
     ///
     /// # Panics
     /// If `head` is not below the depth.
+    #[inline]
     pub fn set_position(&mut self, head: u32, phase: bool) {
-        assert!(head < self.depth, "head {head} of {}", self.depth);
+        if head >= self.depth {
+            Self::bad_head(head, self.depth);
+        }
         self.head = head;
         self.phase = phase;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_head(head: u32, depth: u32) -> ! {
+        panic!("head {head} of {depth}")
     }
 
     /// Consumes the entry at the head; the phase flips when the head wraps.

@@ -652,6 +652,7 @@ impl QueuePair {
     }
 
     /// Rings the submission queue tail doorbell if commands were queued since the last ring.
+    #[inline]
     pub(crate) fn ring(&mut self) {
         let tail = self.sq.tail();
         if tail == self.committed_tail {
@@ -660,7 +661,7 @@ impl QueuePair {
         // Release: the SQEs, PRP lists and data written before must be visible to the
         // controller before it sees the new tail.
         fence(Ordering::Release);
-        self.device.registers().write_u32(self.sq_db, tail);
+        self.device.write_doorbell(self.sq_db, tail);
         self.committed_tail = tail;
     }
 
@@ -752,7 +753,7 @@ impl QueuePair {
         // in flight or abandoned (at most `depth - 1`), so without garbage the head moved if
         // and only if something was consumed.
         if head != start || garbage.is_some() {
-            self.device.registers().write_u32(self.cq_db, head);
+            self.device.write_doorbell(self.cq_db, head);
         }
         if let Some((cid, sqid, reason)) = garbage {
             self.failed = true;

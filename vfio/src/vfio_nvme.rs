@@ -187,6 +187,10 @@ impl nvme::Device for VfioNvme {
         &self.bar
     }
 
+    fn write_doorbell(&self, offset: usize, value: u32) {
+        nvme::RegisterIo::write_u32(&self.bar, offset, value);
+    }
+
     fn alloc_dma(&self, len: usize) -> Result<nvme::DmaMemory, nvme::DmaAllocError> {
         self.dma.alloc(len).map_err(|e| e.into_dma_alloc_error(len))
     }

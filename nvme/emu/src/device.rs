@@ -252,6 +252,10 @@ impl Device for EmuDevice {
         &*self.regs
     }
 
+    fn write_doorbell(&self, offset: usize, value: u32) {
+        self.regs.write_u32(offset, value);
+    }
+
     fn alloc_dma(&self, len: usize) -> Result<DmaMemory, DmaAllocError> {
         crate::host_memory::alloc_dma(&self.shared.map, len)
     }

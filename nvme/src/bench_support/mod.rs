@@ -172,6 +172,10 @@ impl Device for NullDevice {
         &self.regs
     }
 
+    fn write_doorbell(&self, offset: usize, value: u32) {
+        self.regs.write_u32(offset, value);
+    }
+
     fn alloc_dma(&self, len: usize) -> Result<DmaMemory, DmaAllocError> {
         let len = len.max(1).div_ceil(DMA_PAGE_SIZE) * DMA_PAGE_SIZE;
         let memory = &self.regs.memory;
