@@ -54,7 +54,8 @@
 //! # Unsafe
 //! Only [`dma`] uses `unsafe` (raw-pointer access to DMA memory), and, in builds with the
 //! `bench-support` feature, `bench_support::region` (the null device's side of the same
-//! memory) and `bench_support::spin` (its queue lock); every other module is `#![forbid(unsafe_code)]` or under the workspace's
+//! memory), `bench_support::spin` (its admin queue's lock) and `bench_support::published` (its
+//! lock-free I/O queue states); every other module is `#![forbid(unsafe_code)]` or under the workspace's
 //! `deny(unsafe_code)`.
 
 mod admin;

@@ -23,22 +23,24 @@
 //! - [`NullDevice::set_reverse_completions`] posts each doorbell's batch in reverse order, to
 //!   exercise out-of-order completion.
 //!
-//! Each queue id has its own lock ([`spin::SpinMutex`]: one atomic read-modify-write), taken by SQ tail doorbells and admin commands (uncontended on
-//! a queue pair's path); an I/O CQ head doorbell is a plain atomic store outside it unless
-//! commands wait for CQ room (see [`QueueEntry`]). An SQ must post to the CQ of the same id (the
-//! driver always asks for that).
+//! The admin queue has a lock (`spin::SpinMutex`); the I/O queues have none: a doorbell
+//! reaches a queue's state with one pointer load and changes it with plain atomic loads and
+//! stores (see `IoQueue`), so a QD 1 round trip costs no atomic read-modify-write. An SQ must
+//! post to the CQ of the same id (the driver always asks for that).
 //!
 //! DMA memory comes from page-aligned heap allocations; device addresses are synthetic (a
 //! counter, never host pointers), translated only when a queue is created or admin data is
-//! written. A queue keeps its memory alive until it is deleted, so a driver that frees ring
-//! memory early cannot make the device write into freed memory.
+//! written. An I/O queue's ring memory stays alive until the device is dropped (the admin
+//! queue's until it is replaced), so neither a driver that frees ring memory early nor a
+//! doorbell racing with a queue's deletion can make the device touch freed memory.
 //!
 //! Built only with the `bench-support` cargo feature, which the crate's own benches, examples
 //! and tests switch on (through a dev-dependency on the crate itself); it is not part of the
 //! driver's API and carries no stability promise.
 
 // No `unsafe` here (the workspace denies it); the raw memory access lives in `region`, the
-// queue lock in `spin`.
+// admin queue's lock in `spin`, the lock-free I/O queue states in `published`.
+mod published;
 mod region;
 mod spin;
 
@@ -56,6 +58,7 @@ use nvme_spec::{
     ActiveNamespaceList, AdminOpcode, Aqa, Cap, Cc, Cns, Command, CqeStatus, Csts, FeatureId,
     IdentifyController, IdentifyNamespace, LbaFormat, NvmOpcode, Oncs, Status,
 };
+use published::Published;
 use region::{CheckedRing, Region, RingRef, complete_run};
 use spin::SpinMutex;
 use std::collections::BTreeMap;
@@ -125,8 +128,8 @@ impl NullDevice {
             (1..=1024).contains(&config.max_io_queue_pairs),
             "1..=1024 I/O queue pairs"
         );
-        let queues = (0..=config.max_io_queue_pairs)
-            .map(|_| QueueEntry::default())
+        let io = (0..config.max_io_queue_pairs)
+            .map(|_| IoQueue::default())
             .collect();
         Arc::new(Self {
             regs: NullRegisters {
@@ -142,7 +145,8 @@ impl NullDevice {
                     regions: Mutex::new(BTreeMap::new()),
                     next_iova: AtomicU64::new(IOVA_BASE),
                 }),
-                queues,
+                admin: SpinMutex::default(),
+                io,
             },
         })
     }
@@ -155,9 +159,11 @@ impl NullDevice {
 
     /// I/O commands (any status) completed so far on the I/O queues that still exist.
     pub fn io_commands_completed(&self) -> u64 {
-        self.regs.queues[1..]
+        self.regs
+            .io
             .iter()
-            .map(|q| q.state.lock().completed)
+            .filter(|q| q.cq.get().is_some())
+            .map(|q| q.completed.load(Ordering::Relaxed))
             .sum()
     }
 
@@ -268,39 +274,55 @@ impl Ring {
     }
 }
 
-/// Queue `qid`: its state behind a lock, and the I/O CQ head doorbell's words outside it.
+/// I/O queue pair `qid`: its SQ and the CQ it posts to (same id), each published lock-free
+/// ([`Published`]) while it exists.
 ///
-/// Why outside: the driver rings the CQ head doorbell once per reap round, and an uncontended
-/// lock and unlock are two atomic read-modify-writes (tens of ns each on some hosts), which
-/// would count against the driver whose cost this device exists to measure. The words are
-/// written and read by the thread driving the queue pair (the driver takes `&mut` for both
-/// doorbells); two threads ringing one queue's doorbells at once is a driver bug, after which
-/// commands may wait for the next doorbell, never memory-unsafe.
+/// Why no lock: both doorbells of a queue pair are rung by the thread driving it (the driver
+/// takes `&mut` for them), once per batch and once per reap round, and an uncontended lock is
+/// an atomic read-modify-write (11 ns on the GPU machine's host), which would count against
+/// the driver whose cost this device exists to measure. So the heads, tails and phase are
+/// atomics read and written with plain loads and stores, never read-modify-writes. Two threads
+/// ringing one queue's doorbells at once is a driver bug, after which completions may be lost
+/// or repeated; it is never memory-unsafe: every ring index is checked against its ring, whose
+/// memory a published queue keeps alive until the device is dropped.
 #[derive(Default)]
-struct QueueEntry {
-    state: SpinMutex<QueueSlot>,
-    /// Entries of the I/O CQ (0: no CQ), for the doorbell's range check.
-    cq_entries: AtomicU32,
-    /// The last CQ head doorbell value of the I/O CQ.
-    cq_head: AtomicU32,
-    /// An SQ doorbell left commands unexecuted for want of CQ room: the next CQ head doorbell
-    /// takes the lock and runs them.
-    cq_full: AtomicBool,
+struct IoQueue {
+    sq: Published<IoSq>,
+    cq: Published<IoCq>,
+    /// Commands completed since the CQ was created (a statistic: load and store, no
+    /// read-modify-write).
+    completed: AtomicU64,
 }
 
-impl QueueEntry {
-    /// Controller reset: the queue is gone.
-    fn reset(&self) {
-        *self.state.lock() = QueueSlot::default();
-        self.cq_entries.store(0, Ordering::Relaxed);
-        self.cq_head.store(0, Ordering::Relaxed);
-        self.cq_full.store(false, Ordering::Relaxed);
-    }
+/// An I/O submission queue, as the device tracks it. Heads and tails are below the ring's
+/// entry count (every value stored is).
+struct IoSq {
+    /// The ring's memory, checked to fit once (at creation).
+    ring: CheckedRing,
+    /// Next entry to fetch.
+    head: AtomicU32,
+    /// The tail from the doorbell.
+    tail: AtomicU32,
 }
 
-/// Queue `qid`'s state: its submission queue and the completion queue it posts to (same id).
+/// An I/O completion queue, as the device tracks it.
+struct IoCq {
+    /// The ring's memory, checked to fit once (at creation).
+    ring: CheckedRing,
+    /// The head from the doorbell.
+    head: AtomicU32,
+    /// Next entry to post.
+    tail: AtomicU32,
+    /// Phase tag of the next completion posted.
+    phase: AtomicBool,
+    /// An SQ doorbell left commands unexecuted for want of room: the next head doorbell runs
+    /// them.
+    full: AtomicBool,
+}
+
+/// The admin queue's state: its submission and completion queues.
 #[derive(Default)]
-struct QueueSlot {
+struct AdminQueue {
     sq: Option<Ring>,
     cq: Option<Ring>,
     /// Phase tag of the next completion posted.
@@ -308,7 +330,7 @@ struct QueueSlot {
     completed: u64,
 }
 
-impl QueueSlot {
+impl AdminQueue {
     /// Entries the CQ can still take.
     fn cq_room(cq: &Ring) -> u32 {
         (cq.head + cq.entries() - cq.tail - 1) % cq.entries()
@@ -406,8 +428,10 @@ struct NullRegisters {
     granted_z: AtomicU32,
     reverse: AtomicBool,
     memory: Arc<Memory>,
-    /// Index = queue id; 0 is the admin queue.
-    queues: Box<[QueueEntry]>,
+    /// The admin queue, behind a lock (admin commands are rare and may come from any thread).
+    admin: SpinMutex<AdminQueue>,
+    /// I/O queue pair `qid` at index `qid - 1`.
+    io: Box<[IoQueue]>,
 }
 
 type Outcome = Result<u32, Status>;
@@ -433,10 +457,15 @@ impl NullRegisters {
         let old = Cc::from(self.cc.swap(value, Ordering::AcqRel));
         let new = Cc::from(value);
         if old.en() && !new.en() {
-            // Controller reset: every queue goes away.
-            for q in self.queues.iter() {
-                q.reset();
+            // Controller reset: every queue goes away (under the admin lock, so that no admin
+            // command creates one meanwhile).
+            let mut admin = self.admin.lock();
+            *admin = AdminQueue::default();
+            for q in self.io.iter() {
+                q.sq.clear();
+                q.cq.clear();
             }
+            drop(admin);
             self.granted_z.store(0, Ordering::Relaxed);
             self.csts.store(0, Ordering::Release);
             return;
@@ -480,7 +509,7 @@ impl NullRegisters {
         ) else {
             return false;
         };
-        *self.queues[0].state.lock() = QueueSlot {
+        *self.admin.lock() = AdminQueue {
             sq: Some(sq),
             cq: Some(cq),
             phase: true,
@@ -496,51 +525,46 @@ impl NullRegisters {
     fn doorbell(&self, offset: usize, value: u32) {
         let index = (offset - DOORBELL_BASE) / 4;
         let qid = index / 2;
-        let Some(entry) = self.queues.get(qid) else {
-            bad_register(offset);
-        };
-        if offset % 4 != 0 {
+        if offset % 4 != 0 || qid > self.io.len() {
             bad_register(offset);
         }
         if !Csts::from(self.csts.load(Ordering::Acquire)).rdy() {
             return;
         }
-        if qid != 0 && index % 2 == 1 {
-            // An I/O CQ head doorbell: a store, and the lock only when commands wait for room.
-            if value >= entry.cq_entries.load(Ordering::Relaxed) {
-                return;
-            }
-            entry.cq_head.store(value, Ordering::Relaxed);
-            if entry.cq_full.load(Ordering::Relaxed) {
-                self.run_waiting(entry, qid as u16);
-            }
+        let Some(q) = qid.checked_sub(1).and_then(|i| self.io.get(i)) else {
+            self.admin_doorbell(index, value);
+            return;
+        };
+        if index % 2 == 0 {
+            self.io_sq_doorbell(q, qid as u16, value);
             return;
         }
-        if qid != 0 {
-            self.io_sq_doorbell(entry, qid as u16, value);
-        } else {
-            self.admin_doorbell(entry, index, value);
+        // An I/O CQ head doorbell: a store, and more only when commands wait for room. A
+        // doorbell of a queue that does not exist, or a value beyond the ring, is ignored (a
+        // real controller would raise an asynchronous event).
+        let Some(cq) = q.cq.get() else { return };
+        if value >= cq.ring.view().entries() {
+            return;
         }
-    }
-
-    /// An I/O SQ tail doorbell: under the queue's lock, out of line, and apart from the admin
-    /// path so that it saves only the registers it uses.
-    #[inline(never)]
-    fn io_sq_doorbell(&self, entry: &QueueEntry, qid: u16, value: u32) {
-        self.io_sq_tail(&mut entry.state.lock(), entry, qid, value);
+        cq.head.store(value, Ordering::Relaxed);
+        if cq.full.load(Ordering::Relaxed) {
+            self.run_waiting(q, qid as u16);
+        }
     }
 
     /// The CQ head moved while commands wait for CQ room: runs them.
     #[cold]
     #[inline(never)]
-    fn run_waiting(&self, entry: &QueueEntry, qid: u16) {
-        self.run_io(&mut entry.state.lock(), entry, qid);
+    fn run_waiting(&self, q: &IoQueue, qid: u16) {
+        if let (Some(sq), Some(cq)) = (q.sq.get(), q.cq.get()) {
+            self.run_io(q, sq, cq, qid);
+        }
     }
 
     /// An admin SQ tail or CQ head doorbell (`index` 0 or 1), under the admin queue's lock.
     #[inline(never)]
-    fn admin_doorbell(&self, entry: &QueueEntry, index: usize, value: u32) {
-        let mut guard = entry.state.lock();
+    fn admin_doorbell(&self, index: usize, value: u32) {
+        let mut guard = self.admin.lock();
         let slot = &mut *guard;
         let ring = if index % 2 == 0 {
             &mut slot.sq
@@ -561,59 +585,50 @@ impl NullRegisters {
         self.run_admin(slot);
     }
 
-    /// An I/O SQ tail doorbell of `value` (the queue's lock held). The QD 1 round trip (one new
-    /// command, completions in order, room in the CQ) is completed here with one SQE load and
-    /// one CQE store; anything else goes to [`Self::run_io`]'s general loop.
-    #[inline(always)]
-    fn io_sq_tail(&self, slot: &mut QueueSlot, entry: &QueueEntry, qid: u16, value: u32) {
-        let QueueSlot {
-            sq: Some(sq),
-            cq: Some(cq),
-            phase,
-            completed,
-        } = slot
-        else {
+    /// An I/O SQ tail doorbell of `value`. The QD 1 round trip (one new command, completions
+    /// in order, room in the CQ) is completed here with one SQE load and one CQE store;
+    /// anything else goes to [`Self::run_io`]'s general loop.
+    #[inline(never)]
+    fn io_sq_doorbell(&self, q: &IoQueue, qid: u16, value: u32) {
+        let (Some(sq), Some(cq)) = (q.sq.get(), q.cq.get()) else {
             return;
         };
-        // A value beyond the ring is ignored (a real controller would raise an asynchronous
-        // event).
-        let entries = sq.entries();
+        let sq_ring = sq.ring.view();
+        let entries = sq_ring.entries();
         if value >= entries {
             return;
         }
-        let one_past_head = if sq.head + 1 == entries {
-            0
-        } else {
-            sq.head + 1
-        };
+        let head = sq.head.load(Ordering::Relaxed);
         // Nothing was pending (so no command waits for CQ room either) and exactly one is new.
-        let single = sq.tail == sq.head && value == one_past_head;
-        sq.tail = value;
+        let single = sq.tail.load(Ordering::Relaxed) == head
+            && value == if head + 1 == entries { 0 } else { head + 1 };
+        sq.tail.store(value, Ordering::Relaxed);
         if single && !self.reverse.load(Ordering::Relaxed) {
-            cq.head = entry.cq_head.load(Ordering::Relaxed);
-            let cq_next = if cq.tail + 1 == cq.entries() {
+            let cq_ring = cq.ring.view();
+            let tail = cq.tail.load(Ordering::Relaxed);
+            let next = if tail + 1 == cq_ring.entries() {
                 0
             } else {
-                cq.tail + 1
+                tail + 1
             };
-            if cq_next != cq.head {
-                let qw0 = sq.mem.view().load_u64(sq.head);
-                let status = Self::status_of(qw0, *phase as u32);
+            if next != cq.head.load(Ordering::Relaxed) {
+                let qw0 = sq_ring.load_u64(head);
+                let phase = cq.phase.load(Ordering::Relaxed);
+                let status = Self::status_of(qw0, phase as u32);
                 let cid = (qw0 >> 16) as u16 as u32;
                 let dw2 = value | (qid as u32) << 16;
-                cq.mem
-                    .view()
-                    .store_cqe(cq.tail, [0, 0, dw2, cid | status << 16]);
-                cq.tail = cq_next;
-                if cq_next == 0 {
-                    *phase = !*phase;
+                cq_ring.store_cqe(tail, [0, 0, dw2, cid | status << 16]);
+                cq.tail.store(next, Ordering::Relaxed);
+                if next == 0 {
+                    cq.phase.store(!phase, Ordering::Relaxed);
                 }
-                *completed += 1;
-                sq.head = value;
+                let done = q.completed.load(Ordering::Relaxed);
+                q.completed.store(done + 1, Ordering::Relaxed);
+                sq.head.store(value, Ordering::Relaxed);
                 return;
             }
         }
-        self.run_io(slot, entry, qid);
+        self.run_io(q, sq, cq, qid);
     }
 
     /// Completes the I/O commands between the SQ head and tail, as far as the CQ has room.
@@ -621,20 +636,17 @@ impl NullRegisters {
     /// Out of line and with its per-command loop kept to loads, compares and stores: it runs
     /// inside every doorbell write the benchmarks make, and its cost counts against the driver's.
     #[inline(never)]
-    fn run_io(&self, slot: &mut QueueSlot, entry: &QueueEntry, qid: u16) {
-        let QueueSlot {
-            sq: Some(sq),
-            cq: Some(cq),
-            phase,
-            completed,
-        } = slot
-        else {
-            return;
-        };
+    fn run_io(&self, q: &IoQueue, sq: &IoSq, cq: &IoCq, qid: u16) {
+        let (head, tail) = (
+            sq.head.load(Ordering::Relaxed),
+            sq.tail.load(Ordering::Relaxed),
+        );
         // Nothing submitted: the usual case of a CQ head doorbell.
-        if sq.head == sq.tail {
+        if head == tail {
             return;
         }
+        let (sq_ring, cq_ring) = (sq.ring.view(), cq.ring.view());
+        let (sq_entries, cq_entries) = (sq_ring.entries(), cq_ring.entries());
         // Ring distances without divisions (heads and tails are below the entry counts).
         let gap = |from: u32, to: u32, entries: u32| {
             if to >= from {
@@ -643,38 +655,36 @@ impl NullRegisters {
                 to + entries - from
             }
         };
-        // The head from the lock-free CQ doorbell (in range: checked when it was rung).
-        cq.head = entry.cq_head.load(Ordering::Relaxed);
-        let pending = gap(sq.head, sq.tail, sq.entries());
-        let cq_room = gap(cq.tail, cq.head, cq.entries())
+        let cq_tail = cq.tail.load(Ordering::Relaxed);
+        let pending = gap(head, tail, sq_entries);
+        let cq_room = gap(cq_tail, cq.head.load(Ordering::Relaxed), cq_entries)
             .checked_sub(1)
-            .unwrap_or(cq.entries() - 1);
+            .unwrap_or(cq_entries - 1);
         let n = pending.min(cq_room);
         let full = n < pending;
-        if full != entry.cq_full.load(Ordering::Relaxed) {
-            entry.cq_full.store(full, Ordering::Relaxed);
+        if full != cq.full.load(Ordering::Relaxed) {
+            cq.full.store(full, Ordering::Relaxed);
         }
         if n == 0 {
             return;
         }
-        let entries = sq.entries();
-        let end = if sq.head + n >= entries {
-            sq.head + n - entries
+        let end = if head + n >= sq_entries {
+            head + n - sq_entries
         } else {
-            sq.head + n
+            head + n
         };
-        // Both rings were checked to fit their regions when created.
-        let (sq_ring, cq_ring) = (sq.mem.view(), cq.mem.view());
         let sqid = (qid as u32) << 16;
-        let (tail, ph) = if self.reverse.load(Ordering::Relaxed) {
-            Self::complete_reversed(&sq_ring, &cq_ring, sq.head, n, end, sqid, (cq.tail, *phase))
+        let phase = cq.phase.load(Ordering::Relaxed);
+        let (new_tail, ph) = if self.reverse.load(Ordering::Relaxed) {
+            Self::complete_reversed(&sq_ring, &cq_ring, head, n, end, sqid, (cq_tail, phase))
         } else {
-            Self::complete_in_order(&sq_ring, &cq_ring, sq.head, n, sqid, (cq.tail, *phase))
+            Self::complete_in_order(&sq_ring, &cq_ring, head, n, sqid, (cq_tail, phase))
         };
-        cq.tail = tail;
-        *phase = ph;
-        *completed += n as u64;
-        sq.head = end;
+        cq.tail.store(new_tail, Ordering::Relaxed);
+        cq.phase.store(ph, Ordering::Relaxed);
+        let done = q.completed.load(Ordering::Relaxed);
+        q.completed.store(done + n as u64, Ordering::Relaxed);
+        sq.head.store(end, Ordering::Relaxed);
     }
 
     /// The status field (phase tag included) of the completion for an SQE whose first quadword
@@ -767,12 +777,12 @@ impl NullRegisters {
     }
 
     /// Executes admin commands one at a time, as far as the admin CQ has room.
-    fn run_admin(&self, slot: &mut QueueSlot) {
+    fn run_admin(&self, slot: &mut AdminQueue) {
         loop {
             let (Some(sq), Some(cq)) = (&mut slot.sq, &slot.cq) else {
                 return;
             };
-            if sq.head == sq.tail || QueueSlot::cq_room(cq) == 0 {
+            if sq.head == sq.tail || AdminQueue::cq_room(cq) == 0 {
                 return;
             }
             let cmd = sq
@@ -868,7 +878,7 @@ impl NullRegisters {
         let granted = NumberOfQueues::from(self.granted_z.load(Ordering::Relaxed));
         let limit = if sq { granted.nsq_z() } else { granted.ncq_z() };
         let invalid_qid = || Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER);
-        if qid == 0 || qid as usize >= self.queues.len() || qid > limit + 1 {
+        if qid == 0 || qid as usize > self.io.len() || qid > limit + 1 {
             return Err(invalid_qid());
         }
         if cdw10.qsize_z() == 0 || cdw10.qsize_z() > MQES_Z {
@@ -889,31 +899,38 @@ impl NullRegisters {
         let ring = self
             .memory
             .translate(cmd.prp1, entries as usize * size)
-            .and_then(|(region, offset)| Ring::new(region, offset, entries, size))
+            .and_then(|(region, offset)| CheckedRing::new(region, offset, entries, size))
             .ok_or(invalid_field())?;
-        let entry = &self.queues[qid as usize];
-        let mut slot = entry.state.lock();
+        // Admin commands run one at a time (under the admin queue's lock), so nothing else
+        // creates or deletes this queue meanwhile.
+        let q = &self.io[qid as usize - 1];
         if sq {
             // Only the CQ of the same id (what the driver always creates).
-            if CreateSqCdw11::from(cmd.cdw11).cqid() != qid || slot.cq.is_none() {
+            if CreateSqCdw11::from(cmd.cdw11).cqid() != qid || q.cq.get().is_none() {
                 return Err(Status::command_specific(
                     command_specific::COMPLETION_QUEUE_INVALID,
                 ));
             }
-            if slot.sq.is_some() {
+            if q.sq.get().is_some() {
                 return Err(invalid_qid());
             }
-            slot.sq = Some(ring);
+            q.sq.set(IoSq {
+                ring,
+                head: AtomicU32::new(0),
+                tail: AtomicU32::new(0),
+            });
         } else {
-            if slot.cq.is_some() {
+            if q.cq.get().is_some() {
                 return Err(invalid_qid());
             }
-            slot.cq = Some(ring);
-            slot.phase = true;
-            slot.completed = 0;
-            entry.cq_head.store(0, Ordering::Relaxed);
-            entry.cq_full.store(false, Ordering::Relaxed);
-            entry.cq_entries.store(entries, Ordering::Relaxed);
+            q.completed.store(0, Ordering::Relaxed);
+            q.cq.set(IoCq {
+                ring,
+                head: AtomicU32::new(0),
+                tail: AtomicU32::new(0),
+                phase: AtomicBool::new(true),
+                full: AtomicBool::new(false),
+            });
         }
         Ok(0)
     }
@@ -921,21 +938,22 @@ impl NullRegisters {
     fn delete_queue(&self, cmd: &Command, sq: bool) -> Outcome {
         let qid = DeleteQueueCdw10::from(cmd.cdw10).qid();
         let invalid_qid = || Status::command_specific(command_specific::INVALID_QUEUE_IDENTIFIER);
-        if qid == 0 || qid as usize >= self.queues.len() {
+        let Some(q) = (qid as usize).checked_sub(1).and_then(|i| self.io.get(i)) else {
             return Err(invalid_qid());
-        }
-        let entry = &self.queues[qid as usize];
-        let mut slot = entry.state.lock();
+        };
+        // The queue's memory stays alive (see [`IoQueue`]): a doorbell racing with the deletion
+        // still finds valid rings.
         if sq {
-            slot.sq.take().ok_or_else(invalid_qid)?;
+            q.sq.get().ok_or_else(invalid_qid)?;
+            q.sq.clear();
         } else {
-            if slot.sq.is_some() {
+            if q.sq.get().is_some() {
                 return Err(Status::command_specific(
                     command_specific::INVALID_QUEUE_DELETION,
                 ));
             }
-            slot.cq.take().ok_or_else(invalid_qid)?;
-            entry.cq_entries.store(0, Ordering::Relaxed);
+            q.cq.get().ok_or_else(invalid_qid)?;
+            q.cq.clear();
         }
         Ok(0)
     }
@@ -943,7 +961,7 @@ impl NullRegisters {
 
 impl RegisterIo for NullRegisters {
     fn len(&self) -> usize {
-        DOORBELL_BASE + 2 * 4 * self.queues.len()
+        DOORBELL_BASE + 2 * 4 * (self.io.len() + 1)
     }
 
     fn read_u32(&self, offset: usize) -> u32 {

@@ -1,12 +1,9 @@
-//! [`SpinMutex`]: the lock around each of the null device's queues.
+//! [`SpinMutex`]: the lock around the null device's admin queue.
 //!
 //! Why not `std::sync::Mutex`: its uncontended lock and unlock are two atomic
 //! read-modify-writes (the unlock swaps, to learn whether a waiter must be woken). This lock's
-//! unlock is a plain release store, so an SQ doorbell costs one read-modify-write. The null
-//! device exists to measure the driver's own cost per command, and on some hosts each locked
-//! instruction costs tens of nanoseconds, which would be counted against the driver. A queue's
-//! lock is uncontended on a queue pair's path (its owner rings both doorbells); under
-//! contention a waiter spins briefly, then yields its CPU.
+//! unlock is a plain release store. Admin commands are rare; the I/O queues take no lock at all
+//! (see `published`). Under contention a waiter spins briefly, then yields its CPU.
 // UNSAFETY: a lock hands out `&mut T` from `&self`, which needs an `UnsafeCell`; exclusive
 // access is what the flag's acquire/release protocol guarantees.
 #![expect(unsafe_code)]
