@@ -15,6 +15,14 @@ fn start() -> Result<(Arc<NullDevice>, Controller)> {
     Ok((null, ctrl))
 }
 
+/// `n` 4 KiB buffers, one per page of one DMA allocation.
+fn page_buffers(ctrl: &Controller, n: usize) -> Result<Vec<DmaSlice>> {
+    let mem = Arc::new(ctrl.device().alloc_dma(n * 4096)?);
+    Ok((0..n)
+        .map(|i| DmaSlice::new(mem.clone(), i * 4096, 4096))
+        .collect())
+}
+
 #[test]
 fn bring_up_reports_the_configured_namespace() -> Result<()> {
     let (_null, ctrl) = start()?;
@@ -227,10 +235,7 @@ fn borrowed_commands_are_checked_like_owned_ones() -> Result<()> {
 fn poll_with_hands_over_every_completion_including_stashed_ones() -> Result<()> {
     let (null, ctrl) = start()?;
     let mut qp = ctrl.create_io_queue_pair(16)?;
-    let mem = Arc::new(ctrl.device().alloc_dma(4 * 4096)?);
-    let bufs: Vec<DmaSlice> = (0..4)
-        .map(|i| DmaSlice::new(mem.clone(), i * 4096, 4096))
-        .collect();
+    let bufs = page_buffers(&ctrl, 4)?;
     null.set_reverse_completions(true);
     for (i, buf) in bufs.iter().enumerate() {
         qp.queue_read(1, i as u64 * 8, buf, 100 + i as u64)?;
@@ -261,10 +266,7 @@ fn single_commands_complete_at_once_across_many_ring_wraps() -> Result<()> {
     // (its general path) and reversed completions in between.
     let (null, ctrl) = start()?;
     let mut qp = ctrl.create_io_queue_pair(4)?;
-    let mem = Arc::new(ctrl.device().alloc_dma(3 * 4096)?);
-    let bufs: Vec<DmaSlice> = (0..3)
-        .map(|i| DmaSlice::new(mem.clone(), i * 4096, 4096))
-        .collect();
+    let bufs = page_buffers(&ctrl, 3)?;
     let before = null.io_commands_completed();
     let mut expected = 0u64;
     for round in 0..50u64 {

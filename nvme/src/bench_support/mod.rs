@@ -614,10 +614,8 @@ impl NullRegisters {
             if next != cq.head.load(Ordering::Relaxed) {
                 let qw0 = sq_ring.load_u64(head);
                 let phase = cq.phase.load(Ordering::Relaxed);
-                let status = Self::status_of(qw0, phase as u32);
-                let cid = (qw0 >> 16) as u16 as u32;
                 let dw2 = value | (qid as u32) << 16;
-                cq_ring.store_cqe(tail, [0, 0, dw2, cid | status << 16]);
+                cq_ring.store_cqe(tail, Self::io_cqe(qw0, dw2, phase as u32));
                 cq.tail.store(next, Ordering::Relaxed);
                 if next == 0 {
                     cq.phase.store(!phase, Ordering::Relaxed);
@@ -687,6 +685,15 @@ impl NullRegisters {
         sq.head.store(end, Ordering::Relaxed);
     }
 
+    /// The completion of an I/O command whose SQE starts with `qw0` (CDW0 and NSID: all the
+    /// null device looks at): dword 2 as given (SQ head and SQ id), dword 3 the CID and the
+    /// status of [`Self::status_of`] with phase tag `ph`.
+    #[inline(always)]
+    fn io_cqe(qw0: u64, dw2: u32, ph: u32) -> [u32; 4] {
+        let cid = (qw0 >> 16) as u16 as u32;
+        [0, 0, dw2, cid | Self::status_of(qw0, ph) << 16]
+    }
+
     /// The status field (phase tag included) of the completion for an SQE whose first quadword
     /// (CDW0 and NSID) is `qw0`: Successful Completion, a status of zero but for the phase tag,
     /// for a Read or Write on namespace 1 (one compare on the opcode byte and the NSID), else
@@ -727,9 +734,7 @@ impl NullRegisters {
                 // CDW0 (opcode, CID) and the NSID: all the null device looks at.
                 let next = index + k + 1;
                 let sqhd = if next == sq_entries { 0 } else { next };
-                let cid = (qw0 >> 16) as u16 as u32;
-                let status = Self::status_of(qw0, phase);
-                [0, 0, sqhd | sqid, cid | status << 16]
+                Self::io_cqe(qw0, sqhd | sqid, phase)
             });
             left -= run;
             index += run;
@@ -764,9 +769,7 @@ impl NullRegisters {
                 head + k
             };
             let qw0 = sq.load_u64(index);
-            let cid = (qw0 >> 16) as u16 as u32;
-            let status = Self::status_of(qw0, ph as u32);
-            cq.store_cqe(tail, [0, 0, end | sqid, cid | status << 16]);
+            cq.store_cqe(tail, Self::io_cqe(qw0, end | sqid, ph as u32));
             tail += 1;
             if tail == cq.entries() {
                 tail = 0;

@@ -1,6 +1,6 @@
 //! The null device's DMA memory: zeroed, page-aligned heap allocations with a synthetic device
-//! address, and the device-side accessors the null controller uses on them (with `spin`, the
-//! only `unsafe` in [`super`]).
+//! address, and the device-side accessors the null controller uses on them (with `spin` and
+//! `published`, the only `unsafe` in [`super`]).
 //!
 //! The driver reaches the same bytes through [`DmaMemory`]; this side plays the device's DMA.
 //! Neither side ever forms a Rust reference to the bytes: words shared with the driver are
