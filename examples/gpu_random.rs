@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The CPU writes the file: 4 KiB block `i` holds `gpu_queues::pattern` block `i`. Then, through
-//! `gpu_queues::files` (one batch of ranges per kernel, a warp lane per 4 KiB range):
+//! `blockfs_gpu` (one batch of ranges per kernel, a warp lane per 4 KiB range):
 //! - **scatter rounds**: each round reads every block of the file once, in a random order, block
 //!   `i` into slot `i` of a GPU buffer the size of the file (poisoned with another seed first);
 //!   a GPU kernel (`GpuFiles::pattern_check`) then checks every slot against the pattern of its
@@ -22,9 +22,9 @@ mod common;
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
+use gpunvme::blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu;
 use gpunvme::gpu_fs;
-use gpunvme::gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu_queues::pattern;
 use gpunvme::units::parse_size;
 use rand::rngs::SmallRng;

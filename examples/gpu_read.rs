@@ -8,7 +8,7 @@
 //!
 //! The CPU writes the file (bytes: `gpu_queues::pattern`, a function of the 4 KiB block index)
 //! through blockfs and syncs; the GPU side comes up as in `gpunvme fs get --gpu`; one batch
-//! (`gpu_queues::files`) reads the whole file into one GPU buffer, a warp lane per chunk. Prints
+//! (`blockfs_gpu`) reads the whole file into one GPU buffer, a warp lane per chunk. Prints
 //! GB/s and the data path. Exits non-zero on any mismatch; without a GPU prints
 //! "skipped: no GPU" and exits 0.
 
@@ -16,9 +16,9 @@ mod common;
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
+use gpunvme::blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu;
 use gpunvme::gpu_fs;
-use gpunvme::gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::units::parse_size;
 
 use common::{

@@ -28,9 +28,9 @@ mod common;
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs::{CreateOptions, FileSystem, OpenMode};
+use gpunvme::blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu;
 use gpunvme::gpu_fs;
-use gpunvme::gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu_queues::pattern;
 use gpunvme::units::parse_size;
 

@@ -12,7 +12,7 @@
 //! into blockfs by the CPU; its header (8-byte little-endian length, then JSON with `dtype`,
 //! `shape` and `data_offsets` per tensor) is read back through blockfs and parsed on the host;
 //! then, in waves of at most 32 tensors (the GPU-resident controller registers each buffer as a
-//! window, and has 64), one batch of `gpu_queues::files` ranges reads each tensor into its own
+//! window, and has 64), one batch of `blockfs_gpu` ranges reads each tensor into its own
 //! GPU buffer. Each tensor is checked twice: CRC-32C computed on the GPU against the host's
 //! CRC of the original file's bytes, and a copy back compared byte for byte.
 //!
@@ -26,9 +26,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use gpunvme::blockfs::{CreateOptions, OpenMode};
+use gpunvme::blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu;
 use gpunvme::gpu_fs;
-use gpunvme::gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use serde_json::{Map, Value, json};
 
 use common::{DeviceArgs, gbps, verify};

@@ -1,7 +1,8 @@
 //! With the `host-gpu` feature, compiles the project's CUDA sources for the host: g++ builds
-//! `ptx/host/gpunvme_host.cpp` (the CPU runtime, which includes `ptx/gpunvme_kernels.cu` against
-//! `ptx/host/gpunvme_host.h`) into the static library `gpunvme_host` that `src/ffi/host_gpu.rs`
-//! calls. Without the feature (the default, CUDA build) it does nothing.
+//! `ptx/host/gpunvme_host.cpp` (the CPU runtime standing in for the GPU, which includes
+//! `ptx/kernels/gpunvme_kernels.cu` and the emulated controllers' `ptx/emu/gpunvme_emu_kernels.cu`
+//! against `ptx/host/gpunvme_host.h`) into the static library `gpunvme_host` that
+//! `src/ffi/host_gpu.rs` calls. Without the feature (the default, CUDA build) it does nothing.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -15,17 +16,18 @@ fn main() {
 fn host_gpu() {
     for path in [
         "../ptx/host",
-        "../ptx/gpunvme.cuh",
-        "../ptx/gpunvme_controller.cuh",
-        "../ptx/gpunvme_file.cuh",
-        "../ptx/gpunvme_kernels.cu",
+        "../ptx/include",
+        "../ptx/kernels/gpunvme_kernels.cu",
+        "../ptx/emu/gpunvme_controller.cuh",
+        "../ptx/emu/gpunvme_emu_kernels.cu",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }
     cc::Build::new()
         .cpp(true)
         .file("../ptx/host/gpunvme_host.cpp")
-        .include("../ptx")
+        .include("../ptx/include")
+        .include("../ptx/emu")
         .define("GPUNVME_HOST_BUILD", "1")
         .flag("-std=c++20")
         .flag("-O2")

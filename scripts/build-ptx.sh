@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates ptx/gpunvme_kernels.ptx from ptx/gpunvme_kernels.cu with nvcc 13.0 (PyPI wheels),
-# and, with --check, fails if the committed PTX differs or if ptxas cannot assemble it for
+# Regenerates the committed PTX of the two kernel modules with nvcc 13.0 (PyPI wheels):
+#   ptx/kernels/gpunvme_kernels.ptx      the project's kernels (embedded by gpu_queues)
+#   ptx/emu/gpunvme_emu_kernels.ptx      the emulated controllers' kernels (embedded by gpu_emu)
+# and, with --check, fails if a committed PTX differs or if ptxas cannot assemble it for
 # sm_80 and sm_90. The compiler is pinned: the GPU machine's driver (580, CUDA 13.0) cannot load
 # PTX from newer compilers.
 #
@@ -27,27 +29,34 @@ if [ ! -x "$NVCC" ] || ! "$NVCC" --version | grep -q 'release 13.0, V13.0.88'; t
         nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
 fi
 export PATH=$DIR/nvidia/cu13/bin:$PATH
-OUT=ptx/gpunvme_kernels.ptx
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-# compute_80: the PTX runs on Ampere and newer (the driver JIT-compiles it); st.mmio needs
-# PTX ISA 8.2+, which nvcc 13.0 emits (.version 9.0).
-"$NVCC" -ptx -arch=compute_80 -O3 -std=c++17 -Xptxas -Werror \
-    -I"$DIR/nvidia/cu13/include/cccl" -o "$TMP/k.ptx" ptx/gpunvme_kernels.cu
-# Drop the compiler's build-identifying comment lines so the output depends on the source only.
-grep -v '^// Cuda compilation tools\|^// Based on\|^// Compiler Build ID' "$TMP/k.ptx" > "$TMP/clean.ptx"
-for arch in sm_80 sm_90; do
-    "$PTXAS" -arch=$arch -O3 -o "$TMP/k_$arch.cubin" "$TMP/clean.ptx"
-done
-echo "ptxas: assembled for sm_80 and sm_90" >&2
-if [ $CHECK = 1 ]; then
-    if ! cmp -s "$TMP/clean.ptx" "$OUT"; then
-        echo "error: $OUT is stale: run scripts/build-ptx.sh and commit the result" >&2
-        diff "$OUT" "$TMP/clean.ptx" | head -20 >&2 || true
-        exit 1
+status=0
+build() {  # build SRC OUT: one module
+    local src=$1 out=$2 name; name=$(basename "$out" .ptx)
+    # compute_80: the PTX runs on Ampere and newer (the driver JIT-compiles it); st.mmio needs
+    # PTX ISA 8.2+, which nvcc 13.0 emits (.version 9.0).
+    "$NVCC" -ptx -arch=compute_80 -O3 -std=c++17 -Xptxas -Werror \
+        -I"$DIR/nvidia/cu13/include/cccl" -Iptx/include -Iptx/emu -o "$TMP/$name.raw" "$src"
+    # Drop the compiler's build-identifying comment lines so the output depends on the source only.
+    grep -v '^// Cuda compilation tools\|^// Based on\|^// Compiler Build ID' "$TMP/$name.raw" > "$TMP/$name.ptx"
+    for arch in sm_80 sm_90; do
+        "$PTXAS" -arch=$arch -O3 -o "$TMP/${name}_$arch.cubin" "$TMP/$name.ptx"
+    done
+    echo "ptxas: $out assembled for sm_80 and sm_90" >&2
+    if [ $CHECK = 1 ]; then
+        if ! cmp -s "$TMP/$name.ptx" "$out"; then
+            echo "error: $out is stale: run scripts/build-ptx.sh and commit the result" >&2
+            diff "$out" "$TMP/$name.ptx" | head -20 >&2 || true
+            status=1
+            return
+        fi
+        echo "ptx: $out matches its source" >&2
+    else
+        cp "$TMP/$name.ptx" "$out"
+        echo "wrote $out ($(wc -l < "$out") lines)" >&2
     fi
-    echo "ptx: $OUT matches its source" >&2
-else
-    cp "$TMP/clean.ptx" "$OUT"
-    echo "wrote $OUT ($(wc -l < "$OUT") lines)" >&2
-fi
+}
+build ptx/kernels/gpunvme_kernels.cu ptx/kernels/gpunvme_kernels.ptx
+build ptx/emu/gpunvme_emu_kernels.cu ptx/emu/gpunvme_emu_kernels.ptx
+exit $status

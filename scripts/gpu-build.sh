@@ -3,7 +3,7 @@
 # copies them under stable names into .gpu-bin/ (ignored by git: add `/.gpu-bin/` to
 # .git/info/exclude), to be carried there:
 #   .gpu-bin/gpunvme        the CLI
-#   .gpu-bin/gpu-tests      gpu-queues/tests/gpu.rs (the GPU suite; its tests are #[ignore]d
+#   .gpu-bin/gpu-tests      tests/gpu.rs (the GPU suite; its tests are #[ignore]d
 #                           here and run with --include-ignored there)
 #   .gpu-bin/cpu-client     gpu-queues/tests/cpu_client.rs (the protocol from CPU threads), if built
 #   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples
@@ -27,7 +27,7 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]:
         print(m["executable"])' "$1" | tail -1
 }
-cp "$(bin_of gpu gpu_queues)" "$OUT/gpu-tests"
+cp "$(bin_of gpu gpunvme)" "$OUT/gpu-tests"
 if [ -f gpu-queues/tests/cpu_client.rs ]; then
     cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
 fi

@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]
 #
-# 1. the GPU tests (gpu-queues/tests/gpu.rs) with --include-ignored: every transfer shape,
+# 1. the GPU tests (tests/gpu.rs) with --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
 #    error, dropped completion, controller fatal, GPU and CPU queues together; the same faults
 #    and the SSD timing model's bounds on the GPU-resident controller model (model_*); blockfs
@@ -134,7 +134,7 @@ done
 check "model null --ssd-model randread (rate <= cap)" model_ssd_ok "$img" 4096 --media null --rw randread --bs 4k --qd 64 --queues 64 --ios $((IOS * 5))
 rm -f "$img"
 
-# 2c. blockfs files on the GPU (gpu_queues::files, ptx/gpunvme_file.cuh): a file of unaligned
+# 2c. blockfs files on the GPU (blockfs_gpu, ptx/include/gpunvme_file.cuh): a file of unaligned
 # size put by the CPU and loaded by `fs get --gpu` (its CRC-32C computed on the GPU must equal
 # the host's and the one `fs put` recorded), on the software controller and on the GPU-resident
 # model; and `fs put --gpu` (GPU-issued writes into a reservation) read back by a CPU `fs get`.

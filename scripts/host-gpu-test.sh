@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU suite's logic on CPU threads, no GPU needed (`host-gpu` feature of gpu_queues: the
-# project's CUDA sources compiled by g++ and run with one OS thread per GPU thread; see the
-# README's Testing section). CI runs the default subset: the tests that finish in seconds to
+# The GPU suite's logic on CPU threads, no GPU needed (`host-gpu` feature: the project's CUDA
+# sources compiled by g++ and run with one OS thread per GPU thread; see docs/testing.md). The
+# suite is the top-level package's tests/gpu.rs (runtime, both emulated controllers, files and
+# perf on the GPU). CI runs the default subset: the tests that finish in seconds to
 # half a minute each on 2 cores, covering the device code of the header (every transfer shape,
-# media errors, controller fatal), the file layer (`ptx/gpunvme_file.cuh`: all four `files::`
+# media errors, controller fatal), the file layer (`ptx/include/gpunvme_file.cuh`: all four `files::`
 # tests) and the GPU-resident controller (strict statuses, write protection, a host-thread
 # client through six ring wraps, the refusal without free SMs).
 #
@@ -40,5 +41,5 @@ elif [ $# -gt 0 ]; then
     exit 2
 fi
 export GPUNVME_GPU_TIMEOUT_S=${GPUNVME_GPU_TIMEOUT_S:-120}
-cargo test -p gpu_queues --features host-gpu --test gpu -- --ignored --test-threads=1 \
+cargo test -p gpunvme --features host-gpu --test gpu -- --ignored --test-threads=1 \
     --exact "${TESTS[@]}"

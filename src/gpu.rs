@@ -6,11 +6,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use gpu_queues::gpu_controller::NamespaceSpec;
-use gpu_queues::transport::{self, Source, TransportOptions};
-use gpu_queues::{
-    Cuda, GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind, SsdModel,
-};
+use gpu_emu::model::NamespaceSpec;
+use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
+use gpu_queues::transport::{self, TransportOptions};
+use gpu_queues::{Cuda, GpuQueueOptions, GpuQueues};
 use nvme::Controller;
 
 use crate::open::Backend;
@@ -84,7 +83,8 @@ pub fn start_model(
 }
 
 /// Creates GPU queues on `ctrl`: on `model` when given (started by [`start_model`]), else on
-/// the transport [`transport::open`] picks for `backend`.
+/// the software controller's GPU transport (`gpu_emu::software`) for an image, or the
+/// transport [`transport::open`] picks for a VFIO device.
 pub fn open_queues(
     cuda: &Arc<Cuda>,
     ctrl: &Controller,
@@ -122,13 +122,13 @@ pub fn open_queues(
             })
         }
         None => {
-            let source = match backend {
-                Backend::Software(emu) => Source::SoftwareController(emu),
-                Backend::Vfio(v) => Source::Vfio(v.clone()),
-            };
-            let (queues, choice) =
-                transport::open(cuda, ctrl, source, opts, &TransportOptions::default())
-                    .context("creating GPU queues")?;
+            let (queues, choice) = match backend {
+                Backend::Software(emu) => gpu_emu::software::open(cuda, ctrl, emu, opts),
+                Backend::Vfio(v) => {
+                    transport::open(cuda, ctrl, v.clone(), opts, &TransportOptions::default())
+                }
+            }
+            .context("creating GPU queues")?;
             let transport = if choice.skipped.is_empty() {
                 queues.describe()
             } else {

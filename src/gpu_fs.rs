@@ -1,7 +1,7 @@
 //! `gpunvme fs get --gpu` and `fs put --gpu`: a blockfs file loaded into GPU memory by
 //! GPU-issued reads, or written from GPU memory by GPU-issued writes into a device-write
 //! reservation, with a CRC-32C computed on the GPU and compared with the host's
-//! ([`gpu_queues::files`] does the work; this module sets the GPU up and reports).
+//! ([`blockfs_gpu`] does the work; this module sets the GPU up and reports).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
-use gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
-use gpu_queues::{Cuda, GpuQueueOptions, MediaKind};
+use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+use gpu_emu::MediaKind;
+use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
 

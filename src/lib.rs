@@ -1,19 +1,27 @@
-//! gpunvme: a userspace NVMe driver with a software controller for machines without an SSD.
+//! gpunvme's CLI library: what the `gpunvme` command, the examples and the top-level benches
+//! and tests share, above the layers (layer: CLI). The CLI (`main.rs`, `cli/`) parses and
+//! prints; the logic it runs lives here, where it is tested.
 //!
-//! This facade crate holds what the `gpunvme` CLI, the examples and the top-level benches share:
-//! choosing and opening a device ([`open`]), the fio-style load generator ([`perf`]), copies
-//! between host files and blockfs ([`copy`]), what each `fs` command reports ([`fs_report`]:
-//! `Serialize` for `--json`, `Display` for text; [`report`] for `identify`, `read`, `write`) and
-//! the size/duration parsers ([`units`]). The layers themselves live in their own crates, re-exported
-//! here: [`nvme_spec`] (spec types), [`nvme`] (driver), [`nvme_emu`] (software controller),
-//! [`vfio`] (real PCI devices) and [`blockfs`] (file layer).
+//! - [`open`]: device specs (`--device`: an image for the software controller, or a PCI
+//!   address bound to vfio-pci) and the one-owner rule;
+//! - [`perf`]: the perf engine for CPU and GPU queues (`perf`, `perf --gpu`);
+//! - [`gpu`]: GPU queues on an opened controller (the runtime's transports, or an emulated
+//!   controller in the software controller's place) and the watchdog, shared by `perf --gpu`
+//!   and `fs get/put --gpu`; [`gpu_fs`]: `fs get/put --gpu`;
+//! - [`copy`]: copies between host files and blockfs; [`fs_report`] and [`report`]: what each
+//!   command reports (`Serialize` for `--json`, `Display` for text); [`units`]: sizes and
+//!   durations.
+//!
+//! The layers are re-exported: [`nvme_spec`] (spec types), [`nvme`] (driver), [`vfio`] (real
+//! PCI devices), [`gpu_queues`] (the GPU runtime), [`blockfs`] and [`blockfs_gpu`] (files, and
+//! files on the GPU), and the emulated controllers [`nvme_emu`] (software NVMe controller) and
+//! [`gpu_emu`] (its GPU transport and the GPU-resident model).
 #![forbid(unsafe_code)]
 
 pub mod copy;
 pub mod fs_report;
 pub mod gpu;
 pub mod gpu_fs;
-pub mod gpu_perf;
 pub mod open;
 pub mod perf;
 pub mod report;
@@ -23,6 +31,8 @@ pub mod units;
 pub use gpu_queues::pattern;
 
 pub use blockfs;
+pub use blockfs_gpu;
+pub use gpu_emu;
 pub use gpu_queues;
 pub use nvme;
 pub use nvme_emu;

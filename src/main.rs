@@ -1,5 +1,7 @@
-//! `gpunvme`: identify, raw namespace I/O, perf and file operations on an NVMe controller
-//! reached through VFIO or the built-in software controller.
+//! `gpunvme`, the command: identify, raw namespace I/O, perf (CPU and GPU queues) and file
+//! operations (CPU and GPU) on an NVMe controller reached through VFIO or the built-in software
+//! controller. It parses and prints; the logic lives in the `gpunvme` library and the crates
+//! below it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -84,7 +86,7 @@ enum Command {
     },
     /// Measure IOPS, bandwidth and latency, fio-style (one thread per queue).
     Perf(PerfArgs),
-    /// Run the GPU queue protocol (ptx/gpunvme.cuh) from CPU threads on queues whose rings
+    /// Run the GPU queue protocol (ptx/include/gpunvme.cuh) from CPU threads on queues whose rings
     /// this command allocates: write, read back and check LBA-stamped data; fails on any error.
     ProtocolCheck(cli::protocol::ProtocolCheckArgs),
     /// File operations on blockfs.
@@ -205,7 +207,7 @@ struct PerfArgs {
     /// and write latency after service, IOPS and bandwidth caps, drives striped by LBA. A
     /// model, printed with every result; keys left out keep those defaults (drives=1).
     #[arg(long, requires = "gpu", value_parser = parse_ssd_model)]
-    ssd_model: Option<gpunvme::gpu_queues::SsdModel>,
+    ssd_model: Option<gpunvme::gpu_emu::SsdModel>,
     /// Run a write pattern or --verify (which writes its patterns first) even on a namespace
     /// that holds a blockfs, destroying it.
     #[arg(long)]
@@ -231,8 +233,8 @@ enum ClientArg {
     Thread,
 }
 
-/// `--ssd-model`'s value (gpu_queues::ssd_model: keys, units and defaults).
-fn parse_ssd_model(s: &str) -> Result<gpunvme::gpu_queues::SsdModel, String> {
+/// `--ssd-model`'s value (gpu_emu::ssd_model: keys, units and defaults).
+fn parse_ssd_model(s: &str) -> Result<gpunvme::gpu_emu::SsdModel, String> {
     s.parse()
 }
 
@@ -384,24 +386,24 @@ fn run(args: Args) -> Result<()> {
                 interrupt: Some(&INTERRUPTED),
             };
             if p.gpu {
-                let gargs = gpunvme::gpu_perf::GpuPerfArgs {
+                let gargs = gpunvme::perf::gpu::GpuPerfArgs {
                     perf: cfg,
                     gpu_threads: p.gpu_threads,
                     style: match p.client {
-                        ClientArg::Warp => gpunvme::gpu_queues::perf::ClientStyle::Warp,
-                        ClientArg::Thread => gpunvme::gpu_queues::perf::ClientStyle::Thread,
+                        ClientArg::Warp => gpunvme::perf::kernel::ClientStyle::Warp,
+                        ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
                     },
                     cpu_queues: p.cpu_queues,
                     depth: p.gpu_depth,
                     controller_sms: p.controller_sms,
                     model: (p.controller == ControllerArg::Gpu).then_some(match p.media {
-                        MediaArg::Null => gpunvme::gpu_queues::MediaKind::Null,
-                        MediaArg::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
-                        MediaArg::Host => gpunvme::gpu_queues::MediaKind::Host,
+                        MediaArg::Null => gpunvme::gpu_emu::MediaKind::Null,
+                        MediaArg::Hbm => gpunvme::gpu_emu::MediaKind::Hbm,
+                        MediaArg::Host => gpunvme::gpu_emu::MediaKind::Host,
                     }),
                     ssd_model: p.ssd_model,
                 };
-                gpunvme::gpu_perf::run(&ctrl, &backend, &gargs)
+                gpunvme::perf::gpu::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
                 let result = perf::run(&ctrl, &cfg)

@@ -33,8 +33,8 @@ pub const MAX_LBA_SIZE: u32 = 4096;
 pub const MIN_BLOCK_SIZE: u32 = 4096;
 /// Largest file system block size.
 pub const MAX_BLOCK_SIZE: u32 = 1 << 20;
-/// Longest file name in bytes.
-pub const MAX_NAME_LEN: usize = 1024;
+/// Longest file name in bytes (defined with the naming rules).
+pub use crate::name::MAX_NAME_LEN;
 /// Largest file size in bytes (2^62).
 pub const MAX_FILE_SIZE: u64 = 1 << 62;
 /// Incompatible feature bits this build understands (none yet).

@@ -2,7 +2,8 @@
 //! per-file extent tables are flat arrays GPU threads can translate offsets with.
 //!
 //! Layer: above the `nvme` driver (through [`NvmeBlockDevice`]) or any other [`BlockDevice`];
-//! below the `gpunvme fs` CLI and future GPU kernels, which read [`ExtentTable`]s. The on-disk
+//! below the `gpunvme fs` CLI and `blockfs_gpu` (files on the GPU), whose kernels read
+//! [`ExtentTable`]s. The on-disk
 //! format, the commit protocol and the extent table layout are specified in `FORMAT.md` next to
 //! this crate (format version [`format::FORMAT_VERSION`]).
 //!

@@ -1,7 +1,9 @@
 //! File name rules: path-like UTF-8 with `/` as separator (FORMAT.md, "Names").
 
 use crate::error::{Error, Result};
-use crate::format::MAX_NAME_LEN;
+
+/// Longest file name in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
 
 /// Checks a file name against the naming rules, returning the broken rule.
 pub fn check_name(name: &str) -> Result<(), &'static str> {

@@ -13,8 +13,9 @@ use gpunvme::blockfs::{
     CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
 };
 use gpunvme::gpu::{GpuSetup, Serving};
+use gpunvme::gpu_emu::MediaKind;
 use gpunvme::gpu_fs::{self, GpuFsOptions};
-use gpunvme::gpu_queues::{Cuda, GpuError, MediaKind, cuda_present, pattern};
+use gpunvme::gpu_queues::{Cuda, GpuError, cuda_present, pattern};
 use gpunvme::nvme::Controller;
 use gpunvme::nvme_emu::EmuConfig;
 use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};

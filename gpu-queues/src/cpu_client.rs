@@ -1,4 +1,4 @@
-//! [`CpuQueue`]: the queue protocol of the device header (`ptx/gpunvme.cuh`) transliterated to
+//! [`CpuQueue`]: the queue protocol of the device header (`ptx/include/gpunvme.cuh`) transliterated to
 //! Rust for CPU threads, so that the protocol itself is tested on machines with no GPU, against
 //! the software controller and, through VFIO, against QEMU's NVMe controller.
 //!

@@ -26,9 +26,10 @@ pub enum GpuError {
     /// The NVMe driver failed (queue creation or deletion, admin commands).
     #[error("NVMe driver")]
     Nvme(#[from] nvme::Error),
-    /// The software controller refused (registration of GPU memory or doorbells).
-    #[error("software controller")]
-    Emu(#[from] nvme_emu::EmuError),
+    /// The controller serving the queues refused, in its own terms (an emulated controller's
+    /// registration of GPU memory or doorbells).
+    #[error("the controller serving the GPU queues refused")]
+    Controller(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A transport or configuration this build or machine cannot do.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -49,40 +50,6 @@ pub enum GpuError {
         /// The header's status code.
         status: DeviceStatus,
         /// The CQE status field (SCT/SC/DNR), for NVMe errors.
-        nvme_status: u16,
-    },
-    /// A blockfs call failed (opening a file for the GPU, reserving it, committing).
-    #[error("file system")]
-    Fs(#[from] blockfs::Error),
-    /// A byte range outside what the file lets the device touch: past its length for a read,
-    /// past its allocation (or through a read-only table) for a write.
-    #[error("{name}: bytes {offset}..{end} are outside the file's {what} ({limit} bytes)")]
-    OutOfFile {
-        /// The file.
-        name: String,
-        /// First byte asked for.
-        offset: u64,
-        /// End of the range.
-        end: u64,
-        /// "length" (reads) or "allocation" (writes through a reservation) or "read-only table".
-        what: &'static str,
-        /// The limit in bytes.
-        limit: u64,
-    },
-    /// A file transfer failed on the GPU.
-    #[error("GPU {op} of {name} bytes {offset}..{end} failed: {status}{}", nvme_suffix(*.nvme_status))]
-    FileIo {
-        /// "read" or "write".
-        op: &'static str,
-        /// The file.
-        name: String,
-        /// First byte of the range.
-        offset: u64,
-        /// End of the range.
-        end: u64,
-        /// The device-side status.
-        status: DeviceStatus,
-        /// The CQE status field, for NVMe errors.
         nvme_status: u16,
     },
     /// VFIO refused (mapping memory for the SSD).
@@ -129,17 +96,16 @@ pub enum GpuError {
         reason: String,
     },
     /// No transport could serve GPU queues on this controller; every one tried, with why.
-    #[error("no GPU queue transport works here: {}", crate::transport::list_skipped(.skipped))]
+    #[error("no GPU queue transport works here: {}", crate::transport_kind::list_skipped(.skipped))]
     NoTransport {
         /// Each transport in the order tried, with the reason it was skipped.
-        skipped: Vec<crate::transport::Skipped>,
+        skipped: Vec<crate::transport_kind::Skipped>,
     },
 }
 
-fn nvme_suffix(sf: u16) -> String {
-    if sf == 0 {
-        String::new()
-    } else {
-        format!(" (CQE status field {sf:#06x})")
+impl GpuError {
+    /// [`GpuError::Controller`] from the serving controller's own error.
+    pub fn controller(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Controller(Box::new(e))
     }
 }

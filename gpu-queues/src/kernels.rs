@@ -1,4 +1,6 @@
-//! The project's kernels, loaded once per GPU from the embedded PTX.
+//! The project's kernels (`ptx/kernels/gpunvme_kernels.cu`: perf, batches, byte ranges, files,
+//! CRC-32C), loaded from the embedded PTX. The emulated controllers load their own module
+//! (`gpu_emu::kernels`).
 //!
 //! Every kernel is loaded (and launched once, empty) before any kernel that spins is started:
 //! with lazy loading, the first launch of a kernel while a persistent kernel holds the GPU was
@@ -12,7 +14,7 @@ use crate::desc::KERNELS_PTX;
 use crate::error::GpuError;
 use crate::ffi::{Arg, Cuda, DeviceMemory, Kernel, Library, Stream};
 
-/// The loaded kernels of `ptx/gpunvme_kernels.cu`.
+/// The loaded kernels of `ptx/kernels/gpunvme_kernels.cu`.
 pub struct Kernels {
     _lib: Library,
     /// `gpunvme_perf`.
@@ -23,10 +25,6 @@ pub struct Kernels {
     pub rw_range: Kernel,
     /// `gpunvme_pattern`.
     pub pattern: Kernel,
-    /// `gpunvme_scatter`.
-    pub scatter: Kernel,
-    /// `gpunvme_gather`.
-    pub gather: Kernel,
     /// `gpunvme_warmup`.
     pub warmup: Kernel,
     /// `gpunvme_file_rw` (batched byte ranges of blockfs files).
@@ -35,8 +33,6 @@ pub struct Kernels {
     pub crc32c: Kernel,
     /// `gpunvme_crc32c_combine`.
     pub crc32c_combine: Kernel,
-    /// `gpunvme_controller` (the GPU-resident controller model).
-    pub controller: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -54,13 +50,10 @@ impl Kernels {
             io_batch: lib.kernel("gpunvme_io_batch")?,
             rw_range: lib.kernel("gpunvme_rw_range")?,
             pattern: lib.kernel("gpunvme_pattern")?,
-            scatter: lib.kernel("gpunvme_scatter")?,
-            gather: lib.kernel("gpunvme_gather")?,
             warmup: lib.kernel("gpunvme_warmup")?,
             file_rw: lib.kernel("gpunvme_file_rw")?,
             crc32c: lib.kernel("gpunvme_crc32c")?,
             crc32c_combine: lib.kernel("gpunvme_crc32c_combine")?,
-            controller: lib.kernel("gpunvme_controller")?,
             _lib: lib,
         }))
     }

@@ -1,5 +1,5 @@
 //! Verification patterns: bytes that are a pure function of (seed, namespace, LBA, offset) — the
-//! same function as `gpunvme::pattern_word` in ptx/gpunvme.cuh, so CPU and GPU check each
+//! same function as `gpunvme::pattern_word` in ptx/include/gpunvme.cuh, so CPU and GPU check each
 //! other's bytes.
 //!
 //! Because a block's content depends only on where it lives, concurrent or repeated writes of

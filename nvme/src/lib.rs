@@ -1,8 +1,9 @@
 //! Userspace NVMe driver core (layer: controller and queues, above a transport).
 //!
 //! Reaches the controller only through [`device::Device`]: a register window and DMA memory.
-//! The same code runs over VFIO (`vfio` crate), the software controller (`nvme_emu`) and,
-//! later, GPU-memory queues.
+//! The same code runs over VFIO (`vfio` crate) and the software controller (`nvme_emu`); the
+//! GPU runtime (`gpu_queues`) creates its queues in GPU memory through this driver's admin
+//! queue ([`Controller::create_queue_pair_on`]).
 //!
 //! Spec revisions: [NVM Express Base Specification 2.0 and NVM Command Set Specification
 //! 1.0](https://nvmexpress.org/specifications/); data types live in [`nvme_spec`].

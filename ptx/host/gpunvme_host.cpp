@@ -1,6 +1,9 @@
-// gpunvme_host.cpp — runs the project's CUDA kernels (gpunvme_kernels.cu, compiled here by g++
-// against gpunvme_host.h) on CPU threads: the runtime behind gpu_queues' `host-gpu` feature.
-// See gpunvme_host.h for what this harness is and is not.
+// gpunvme_host.cpp — runs the project's CUDA kernels (ptx/kernels/gpunvme_kernels.cu and the
+// emulated controllers' ptx/emu/gpunvme_emu_kernels.cu, compiled here by g++ against
+// gpunvme_host.h) on CPU threads: the runtime behind gpu_queues' `host-gpu` feature. It stands in
+// for the GPU, so every module of the project's device code is loaded in it, as a GPU can load
+// any; the Rust crates still load only their own module by name. See gpunvme_host.h for what
+// this harness is and is not.
 //
 // A launch: blocks run concurrently up to a residency limit (GPUNVME_HOST_GPU_THREADS threads
 // in all, default 4096; further blocks start as earlier ones end, as on a GPU whose SMs are
@@ -33,7 +36,8 @@
 #include <utility>
 #include <vector>
 
-#include "../gpunvme_kernels.cu"
+#include "../kernels/gpunvme_kernels.cu"
+#include "../emu/gpunvme_emu_kernels.cu"
 
 namespace gpunvme_host {
 
@@ -298,7 +302,7 @@ const kernel_entry KERNELS[] = {
     GPUNVME_HOST_KERNEL(gpunvme_scatter),    GPUNVME_HOST_KERNEL(gpunvme_gather),
     GPUNVME_HOST_KERNEL(gpunvme_warmup),     GPUNVME_HOST_KERNEL(gpunvme_controller),
     GPUNVME_HOST_KERNEL(gpunvme_file_rw),    GPUNVME_HOST_KERNEL(gpunvme_crc32c),
-    GPUNVME_HOST_KERNEL(gpunvme_crc32c_combine),
+    GPUNVME_HOST_KERNEL(gpunvme_crc32c_combine), GPUNVME_HOST_KERNEL(gpunvme_emu_warmup),
 };
 
 const kernel_entry* find_kernel(const char* name) {

@@ -1,4 +1,4 @@
-// gpunvme_host.h — the CUDA device vocabulary that ptx/*.cuh and ptx/gpunvme_kernels.cu use,
+// gpunvme_host.h — the CUDA device vocabulary that ptx/{include,emu}/*.cuh and ptx/*/*.cu use,
 // defined for the host, so that g++ compiles the project's own device code unchanged and CPU
 // threads run it (the `host-gpu` feature of gpu_queues; runtime in gpunvme_host.cpp).
 //

@@ -8,7 +8,7 @@
 #   3. moves every controller to vfio-pci and, through our driver (`gpunvme`): compares
 #      identify with nvme-cli's fields, reads step 2's bytes back, runs perf --verify for
 #      read, write, randread and randwrite, runs protocol-check (the GPU queue protocol of
-#      ptx/gpunvme.cuh driven by CPU threads on rings gpunvme allocated itself, every byte
+#      ptx/include/gpunvme.cuh driven by CPU threads on rings gpunvme allocated itself, every byte
 #      read back checked), and writes new random bytes;
 #   4. moves the controllers back to the kernel driver and reads step 3's bytes through
 #      /dev/nvmeXnY;

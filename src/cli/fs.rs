@@ -165,8 +165,8 @@ impl GpuFsArgs {
             serving: match self.controller {
                 FsController::Emu => Serving::Device,
                 FsController::Gpu => Serving::Model(match self.media {
-                    FsMedia::Host => gpunvme::gpu_queues::MediaKind::Host,
-                    FsMedia::Hbm => gpunvme::gpu_queues::MediaKind::Hbm,
+                    FsMedia::Host => gpunvme::gpu_emu::MediaKind::Host,
+                    FsMedia::Hbm => gpunvme::gpu_emu::MediaKind::Hbm,
                 }),
             },
             queues: self.gpu_queues,

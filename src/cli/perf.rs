@@ -1,8 +1,8 @@
 //! `gpunvme perf`: printing a run's report.
 
 use anyhow::Result;
-use gpunvme::gpu_perf::GpuPerfReport;
 use gpunvme::perf::PerfReport;
+use gpunvme::perf::gpu::GpuPerfReport;
 
 /// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.

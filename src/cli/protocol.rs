@@ -1,4 +1,4 @@
-//! `gpunvme protocol-check`: the device header's queue protocol (`ptx/gpunvme.cuh`) run from
+//! `gpunvme protocol-check`: the device header's queue protocol (`ptx/include/gpunvme.cuh`) run from
 //! CPU threads on queues the driver did not allocate, on whatever controller was opened
 //! ([`gpu_queues::cpu_client::run_stress`] does the work); this file parses and prints.
 

@@ -12,8 +12,8 @@ use crate::ffi::os::Bar0Doorbells;
 use crate::ffi::{Cuda, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 use crate::queues::{
-    DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, TransportKind,
-    alloc_protocol_state, plan, prebuilt_prp_lists,
+    DescCommon, DescParts, FixedMemory, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts,
+    TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
 };
 
 /// Where one queue pair's SSD-visible pieces sit in its arena (byte offsets, each aligned to
@@ -158,7 +158,7 @@ pub(crate) fn build_queues(
             created: Some(created),
             desc,
             state: state.clone(),
-            _keep: vec![Box::new(a.owner), Box::new((state, slots))],
+            keep: vec![Box::new(a.owner), Box::new((state, slots))],
         });
     }
     tracing::info!(
@@ -169,15 +169,18 @@ pub(crate) fn build_queues(
         doorbell_pages_touched = doorbells.pages_touched(),
         "GPU queues created on a VFIO controller"
     );
-    GpuQueues::from_parts(
+    GpuQueues::assemble(
         cuda,
-        kind,
-        pairs,
-        host_flags,
-        Box::new(doorbells),
-        client_stream,
-        kernels,
-        partition,
-        p,
+        QueueSetParts {
+            kind,
+            pairs,
+            host_flags,
+            keep: Box::new(doorbells),
+            client_stream,
+            kernels,
+            partition,
+            plan: p,
+            backend: Arc::new(FixedMemory),
+        },
     )
 }

@@ -1,8 +1,9 @@
 //! Choosing how GPU queues reach the controller, at run time, always saying why.
 //!
 //! Transports, in the order tried:
-//! - (a) [`TransportKind::SoftwareController`]: the software controller
-//!   ([`GpuQueues::on_software_controller`]); the only choice when the controller is one.
+//! - (a) [`TransportKind::SoftwareController`]: the software controller, an emulator (the
+//!   `gpu_emu` crate builds its queues, and reports its choice through [`select`] too); never
+//!   a choice for a real controller.
 //! - (b) [`TransportKind::VfioP2p`] ([`p2p`]): a real SSD behind VFIO; its BAR0 doorbells
 //!   registered with CUDA ([`crate::ffi::os::Bar0Doorbells`]), rings and data in GPU memory that VFIO maps
 //!   for the SSD through a CPU mapping of the GPU's BAR1 ([`bar1`]). Needs VFIO type1.
@@ -29,48 +30,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use nvme::Controller;
-use nvme_emu::EmuDevice;
 
 use crate::error::GpuError;
 use crate::ffi::Cuda;
 use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
-
-/// A transport that was not used, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Skipped {
-    /// The transport.
-    pub kind: TransportKind,
-    /// Why it was skipped or failed, in words a user can act on.
-    pub reason: String,
-}
-
-/// `"(a) software-controller: reason; (b) ..."`.
-pub fn list_skipped(skipped: &[Skipped]) -> String {
-    skipped
-        .iter()
-        .map(|s| format!("{}: {}", s.kind, s.reason))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Which transport runs, and why each one tried before it did not.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TransportChoice {
-    /// The transport in use.
-    pub chosen: TransportKind,
-    /// Every transport tried before it, in order, with its reason.
-    pub skipped: Vec<Skipped>,
-}
-
-impl std::fmt::Display for TransportChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.chosen)?;
-        if !self.skipped.is_empty() {
-            write!(f, " (skipped {})", list_skipped(&self.skipped))?;
-        }
-        Ok(())
-    }
-}
+pub use crate::transport_kind::{Skipped, TransportChoice, list_skipped};
 
 /// One entry of the order [`select`] walks.
 pub enum Candidate<'a, T> {
@@ -119,14 +83,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// What the GPU queues run on.
-pub enum Source<'a> {
-    /// The software controller serving the controller.
-    SoftwareController(&'a Arc<EmuDevice>),
-    /// A real controller bound to vfio-pci.
-    Vfio(Arc<vfio::VfioNvme>),
-}
-
 /// Where transports (b) and (c) look on the system (tests and containers point elsewhere).
 #[derive(Clone, Debug)]
 pub struct TransportOptions {
@@ -148,38 +104,31 @@ impl Default for TransportOptions {
     }
 }
 
-/// Builds GPU queues on `controller` with the first transport that works for `source`: (a) for
-/// the software controller; (b), then (c), for a VFIO device. The choice is logged and
-/// returned for the caller to print.
+/// Builds GPU queues on `controller`, a real controller bound to vfio-pci (`dev`), with the
+/// first transport that works: (b), then (c). The choice is logged and returned for the caller
+/// to print; (a), the software controller, is listed as skipped (it serves only its own
+/// emulated controller).
 pub fn open(
     cuda: &Arc<Cuda>,
     controller: &Controller,
-    source: Source<'_>,
+    dev: Arc<vfio::VfioNvme>,
     opts: &GpuQueueOptions,
     topts: &TransportOptions,
 ) -> Result<(GpuQueues, TransportChoice), GpuError> {
-    match source {
-        Source::SoftwareController(emu) => select(vec![Candidate::Try(
-            TransportKind::SoftwareController,
-            Box::new(|| GpuQueues::on_software_controller(cuda, controller, emu, opts)),
-        )]),
-        Source::Vfio(dev) => {
-            let not_emu = format!(
-                "{} is a real controller behind VFIO, not the software controller",
-                dev.address()
-            );
-            let d2 = dev.clone();
-            select(vec![
-                Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
-                Candidate::Try(
-                    TransportKind::VfioP2p,
-                    Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
-                ),
-                Candidate::Try(
-                    TransportKind::HostMemory,
-                    Box::new(|| host::build(cuda, controller, d2, opts, topts)),
-                ),
-            ])
-        }
-    }
+    let not_emu = format!(
+        "{} is a real controller behind VFIO, not the software controller",
+        dev.address()
+    );
+    let d2 = dev.clone();
+    select(vec![
+        Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
+        Candidate::Try(
+            TransportKind::VfioP2p,
+            Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
+        ),
+        Candidate::Try(
+            TransportKind::HostMemory,
+            Box::new(|| host::build(cuda, controller, d2, opts, topts)),
+        ),
+    ])
 }

@@ -36,7 +36,7 @@ pub struct Command {
     /// Command Dword 15.
     pub cdw15: u32,
 }
-const _: () = assert!(size_of::<Command>() == 64);
+const _: () = assert!(size_of::<Command>() == 64 && size_of::<Command>() == SQE_SIZE);
 
 /// The spec's name for [`Command`].
 pub type SubmissionQueueEntry = Command;
@@ -45,6 +45,7 @@ pub type SubmissionQueueEntry = Command;
 pub use crate::wire::SQE_SIZE;
 /// log2 of [`SQE_SIZE`], the value for CC.IOSQES.
 pub const SQE_SIZE_LOG2: u8 = 6;
+const _: () = assert!(1 << SQE_SIZE_LOG2 == SQE_SIZE);
 
 /// Command Dword 0 (NVMe Base 2.0, Figure 88 "Command Dword 0").
 #[bitfield(u32)]

@@ -21,12 +21,13 @@ pub struct Completion {
     /// Phase Tag and Status.
     pub status: CqeStatus,
 }
-const _: () = assert!(size_of::<Completion>() == 16);
+const _: () = assert!(size_of::<Completion>() == 16 && size_of::<Completion>() == CQE_SIZE);
 
 /// Size of a completion queue entry in bytes (CC.IOCQES = 4); defined in [`crate::wire`].
 pub use crate::wire::CQE_SIZE;
 /// log2 of [`CQE_SIZE`], the value for CC.IOCQES.
 pub const CQE_SIZE_LOG2: u8 = 4;
+const _: () = assert!(1 << CQE_SIZE_LOG2 == CQE_SIZE);
 /// Byte offset, within a [`Completion`], of the dword holding CID, phase tag and status; the
 /// driver loads it first (Acquire) to see whether the entry is new. The same number as
 /// [`crate::wire::CQE_STATUS_DWORD`], under its older name.

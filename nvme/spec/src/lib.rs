@@ -2,7 +2,8 @@
 //! status codes, Identify data structures and log pages.
 //!
 //! Layer: the bottom of gpunvme. Data only, no I/O, `no_std`, no `unsafe`. Shared by the driver
-//! (`nvme`), the software controller (`nvme_emu`) and, later, the GPU queue mirrors.
+//! (`nvme`), the software controller (`nvme_emu`) and the GPU runtime (`gpu_queues`, whose
+//! device header is checked against [`wire`]).
 //!
 //! Spec revisions: [NVM Express Base Specification 2.0](https://nvmexpress.org/specifications/)
 //! and NVM Command Set Specification 1.0. Names follow the spec's mnemonics; zero-based fields

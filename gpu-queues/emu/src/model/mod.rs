@@ -1,9 +1,10 @@
 //! [`GpuController`]: the GPU-resident NVMe controller model. A persistent kernel
-//! (`ptx/gpunvme_controller.cuh`) on SMs reserved for it serves I/O queues whose rings and
+//! (`ptx/emu/gpunvme_controller.cuh`) on SMs reserved for it serves I/O queues whose rings and
 //! doorbells live in GPU memory; the software controller keeps the admin queue, Identify,
 //! features and queue bookkeeping, and hands every I/O queue it creates to this model through
 //! [`nvme_emu::QueueServer`]. So the `nvme` driver brings it up unchanged and creates GPU
-//! queues the normal way ([`crate::GpuQueues::on_gpu_controller`]).
+//! queues the normal way ([`queues`], or `GpuQueues::on_gpu_controller` through
+//! [`crate::GpuQueuesExt`]).
 //!
 //! Media per namespace: `null` (no data moves: the protocol ceiling), `hbm` (the namespace's
 //! image file loaded into GPU memory at start and written back at shutdown and when the model
@@ -12,7 +13,7 @@
 //! Transfer Error.
 //!
 //! Lifetime and bounds: the kernel is launched before any client and before any queue exists,
-//! with every client kernel already loaded ([`crate::kernels::Kernels::warm_up_clients`]);
+//! with every client kernel already loaded ([`gpu_queues::kernels::Kernels::warm_up_clients`]);
 //! start fails (and the kernel is stopped) unless every controller warp reports in within
 //! [`GpuControllerOptions::start_timeout`]; table changes wait, bounded, for every warp to
 //! acknowledge them; [`GpuController::stop`] (and drop) stops the kernel within
@@ -41,11 +42,20 @@ use crate::desc::{
     CtrlQueue, CtrlWindow, FAULT_DELAY, FAULT_DROPS, FAULT_MEDIA, MEDIA_HBM, MEDIA_HOST,
     MEDIA_NULL, NS_READ_ONLY, pending_capacity,
 };
-use crate::error::GpuError;
-use crate::ffi::os::MappedImage;
-use crate::ffi::{self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
-use crate::kernels::Kernels;
+use gpu_queues::GpuError;
+use gpu_queues::ffi::os::MappedImage;
+use gpu_queues::ffi::{
+    self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream,
+};
+use gpu_queues::kernels::Kernels;
+
+use crate::kernels::EmuKernels;
 pub use crate::ssd_model::SsdModel;
+
+mod faults;
+mod queues;
+pub use faults::GpuFaults;
+pub use queues::{ModelTransport, queues};
 
 /// How long [`GpuController::stop`] waits for the kernel.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -239,6 +249,7 @@ pub struct GpuController {
     stream: Stream,
     client_stream: Stream,
     kernels: Arc<Kernels>,
+    _emu_kernels: Arc<EmuKernels>,
     partition: Arc<GreenPartition>,
     counters: DeviceMemory,
     /// Block 0's mirror of the host's words (read by the kernel while it runs).
@@ -280,10 +291,12 @@ impl GpuController {
             )));
         }
         let kernels = Kernels::load(cuda)?;
+        let emu_kernels = EmuKernels::load(cuda)?;
         let partition = GreenPartition::split(cuda, opts.controller_sms)?;
         let stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
         let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
         // Every kernel loaded in both partitions before anything spins.
+        emu_kernels.warm_up(&stream)?;
         kernels.warm_up(&stream)?;
         kernels.warm_up_clients(cuda, &client_stream)?;
 
@@ -417,7 +430,7 @@ impl GpuController {
         // With a timing model, all the shared memory a block may have: the held completions
         // live there (MODEL in gpunvme_controller.cuh); without, just over half an SM's.
         let timed = namespaces.iter().any(|n| n.ssd_model.is_some());
-        let shared_bytes = kernels.controller.reserve_whole_sm(cuda, timed)?;
+        let shared_bytes = emu_kernels.controller.reserve_whole_sm(cuda, timed)?;
         let pending_per_warp = pending_capacity(shared_bytes);
         if pending_per_warp < MIN_PENDING {
             return Err(GpuError::Unsupported(format!(
@@ -426,7 +439,7 @@ impl GpuController {
             )));
         }
         stream.launch_with_shared(
-            kernels.controller,
+            emu_kernels.controller,
             blocks,
             CTRL_WARPS * 32,
             shared_bytes,
@@ -443,6 +456,7 @@ impl GpuController {
             stream,
             client_stream,
             kernels,
+            _emu_kernels: emu_kernels,
             partition,
             counters,
             _mirror: mirror,
@@ -516,7 +530,7 @@ impl GpuController {
         &self.client_stream
     }
 
-    /// The loaded kernels.
+    /// The runtime's kernels, loaded and warmed up for clients before the controller started.
     pub fn kernels(&self) -> &Arc<Kernels> {
         &self.kernels
     }
@@ -614,144 +628,6 @@ impl Drop for WindowGuard {
         if let Err(e) = self.shared.remove_window(self.base) {
             tracing::warn!(error = %e, "unregistering a GPU controller window");
         }
-    }
-}
-
-/// Fault injection on a running [`GpuController`] ([`GpuController::faults`]), mirroring
-/// `nvme_emu::Faults`: each change is published to the kernel through the table generation
-/// (bounded wait for every warp's acknowledgement) and applies to commands fetched after it
-/// returns. Any fault set puts the kernel on the model's path (completions held until due);
-/// clearing every fault returns it to the fast path.
-pub struct GpuFaults {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for GpuFaults {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuFaults").finish_non_exhaustive()
-    }
-}
-
-impl GpuFaults {
-    /// Makes every read covering `lba` of namespace `nsid` fail with Unrecovered Read Error
-    /// and every write covering it (Write, Write Zeroes, Dataset Management deallocate) with
-    /// Write Fault (Media and Data Integrity Errors, Do Not Retry); no data moves.
-    pub fn add_media_error(&self, nsid: u32, lba: u64) -> Result<(), GpuError> {
-        self.add_media_error_range(nsid, lba, 1)
-    }
-
-    /// [`GpuFaults::add_media_error`] for LBAs `slba..slba + nlb` (one table entry; at most
-    /// `CTRL_MAX_MEDIA_ERRORS` ranges at a time).
-    pub fn add_media_error_range(&self, nsid: u32, slba: u64, nlb: u64) -> Result<(), GpuError> {
-        if nsid == 0 || nlb == 0 || slba.checked_add(nlb).is_none() {
-            return Err(GpuError::InvalidArgument(format!(
-                "media error range nsid {nsid}, LBAs {slba}+{nlb}"
-            )));
-        }
-        let mut t = self.shared.lock_tables();
-        let e = CtrlMediaError {
-            slba,
-            nlb,
-            nsid,
-            reserved: 0,
-        };
-        if t.media_errors.contains(&e) {
-            return Ok(());
-        }
-        if t.media_errors.len() >= CTRL_MAX_MEDIA_ERRORS {
-            return Err(GpuError::Unsupported(format!(
-                "more than {CTRL_MAX_MEDIA_ERRORS} media error ranges on the GPU controller"
-            )));
-        }
-        t.media_errors.push(e);
-        self.shared.publish_faults(&mut t)
-    }
-
-    /// Removes the media error [`GpuFaults::add_media_error`] set; returns whether it was set.
-    pub fn remove_media_error(&self, nsid: u32, lba: u64) -> Result<bool, GpuError> {
-        self.remove_media_error_range(nsid, lba, 1)
-    }
-
-    /// Removes a range [`GpuFaults::add_media_error_range`] set; returns whether it was set.
-    pub fn remove_media_error_range(
-        &self,
-        nsid: u32,
-        slba: u64,
-        nlb: u64,
-    ) -> Result<bool, GpuError> {
-        let mut t = self.shared.lock_tables();
-        let before = t.media_errors.len();
-        t.media_errors
-            .retain(|e| (e.nsid, e.slba, e.nlb) != (nsid, slba, nlb));
-        if t.media_errors.len() == before {
-            return Ok(false);
-        }
-        self.shared.publish_faults(&mut t).map(|()| true)
-    }
-
-    /// Removes every injected media error.
-    pub fn clear_media_errors(&self) -> Result<(), GpuError> {
-        let mut t = self.shared.lock_tables();
-        t.media_errors.clear();
-        self.shared.publish_faults(&mut t)
-    }
-
-    /// Executes the next `count` I/O commands (on any queue) but never posts their
-    /// completions ([`DROP_ALL`]: every one, until set to 0); their clients' bounded waits
-    /// time out.
-    pub fn drop_completions(&self, count: u64) -> Result<(), GpuError> {
-        self.set_drops(0, count)
-    }
-
-    /// [`GpuFaults::drop_completions`] for the completions of queue `qid` only (taken before
-    /// the controller-wide count). Creating a queue on `qid` clears its count.
-    pub fn drop_completions_on(&self, qid: u16, count: u64) -> Result<(), GpuError> {
-        if qid == 0 || qid as usize > self.shared.nqueues {
-            return Err(GpuError::InvalidArgument(format!("queue id {qid}")));
-        }
-        self.set_drops(qid, count)
-    }
-
-    /// How many more completions will be dropped on any queue ([`DROP_ALL`] for all).
-    pub fn drops_remaining(&self) -> Result<u64, GpuError> {
-        self.shared.drops_at(0)
-    }
-
-    /// How many more completions of queue `qid` will be dropped.
-    pub fn drops_remaining_on(&self, qid: u16) -> Result<u64, GpuError> {
-        if qid == 0 || qid as usize > self.shared.nqueues {
-            return Err(GpuError::InvalidArgument(format!("queue id {qid}")));
-        }
-        self.shared.drops_at(qid)
-    }
-
-    /// Delays every I/O completion by `delay` after the command would have completed (zero
-    /// turns delays off; at most ~4.29 s). Delayed completions do not block the controller.
-    pub fn set_completion_delay(&self, delay: Duration) -> Result<(), GpuError> {
-        let ns = u32::try_from(delay.as_nanos()).map_err(|_| {
-            GpuError::InvalidArgument(format!("completion delay {delay:?} (at most 4.29 s)"))
-        })?;
-        let mut t = self.shared.lock_tables();
-        t.delay_ns = ns;
-        self.shared.publish_faults(&mut t)
-    }
-
-    /// The current completion delay.
-    pub fn completion_delay(&self) -> Duration {
-        Duration::from_nanos(self.shared.lock_tables().delay_ns as u64)
-    }
-
-    fn set_drops(&self, qid: u16, count: u64) -> Result<(), GpuError> {
-        let mut t = self.shared.lock_tables();
-        self.shared
-            .drops
-            .write(qid as usize * 8, &count.to_le_bytes())?;
-        if count == 0 {
-            t.drops_armed.remove(&qid);
-        } else {
-            t.drops_armed.insert(qid);
-        }
-        self.shared.publish_faults(&mut t)
     }
 }
 

@@ -18,7 +18,7 @@
 //! - Flush, Write Zeroes, Dataset Management and failed commands are not timed (they complete
 //!   at once); injected media errors are timed like the command they fail.
 //!
-//! The controller kernel (`ptx/gpunvme_controller.cuh`: `service_ns`, `drive_reserve`,
+//! The controller kernel (`ptx/emu/gpunvme_controller.cuh`: `service_ns`, `drive_reserve`,
 //! `model_due`) does this arithmetic on the GPU with one busy-until word per drive in GPU
 //! memory; [`SsdTwin`] is the same arithmetic on the CPU, and the tests below check the model's
 //! shapes with it (latency flat at low depth, throughput capped at `drives × iops` at high
@@ -307,7 +307,7 @@ impl std::str::FromStr for SsdModel {
 }
 
 /// The model's arithmetic on the CPU: the drives' busy-until times, advanced as the kernel
-/// advances them (`model_due` in `ptx/gpunvme_controller.cuh` mirrors [`SsdTwin::submit`]).
+/// advances them (`model_due` in `ptx/emu/gpunvme_controller.cuh` mirrors [`SsdTwin::submit`]).
 #[derive(Clone, Debug)]
 pub struct SsdTwin {
     model: CtrlNsModel,

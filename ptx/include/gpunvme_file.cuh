@@ -5,7 +5,7 @@
 //
 // Header-only, namespace gpunvme::fs, built only on gpunvme.cuh's calls: every wait is bounded
 // by the queue's timeout and abort word, nothing traps or prints. The host side is the Rust
-// module gpu_queues::files (GpuFiles), which uploads the tables, plans the grid and checks the
+// module blockfs_gpu (GpuFiles), which uploads the tables, plans the grid and checks the
 // results; its pure functions (plan_piece, chunk_of, crc32c_*) are the Rust twins of the
 // functions below and are unit-tested on machines without a GPU.
 //
@@ -73,7 +73,7 @@
 // table_file.flags: the device may write below alloc_bytes (a device-write reservation).
 #define GPUNVME_TABLE_FILE_WRITABLE 1u
 
-// Piece kinds (gpu_queues::files::PieceKind).
+// Piece kinds (blockfs_gpu::plan::PieceKind).
 #define GPUNVME_PIECE_DIRECT 0
 #define GPUNVME_PIECE_BOUNCE 1
 #define GPUNVME_PIECE_RMW 2
@@ -243,7 +243,7 @@ struct piece {
     uint32_t kind;    // GPUNVME_PIECE_*
 };
 
-/// The piece of [pos, end) of file f that starts at pos (gpu_queues::files::plan_piece is its
+/// The piece of [pos, end) of file f that starts at pos (blockfs_gpu::plan::plan_piece is its
 /// twin). `aligned`: the GPU address of byte pos is 4-byte aligned (PRPs can point at it);
 /// `max_blocks`: LBAs per command (blocks_per_command); `bounce_blocks`: LBAs a slot buffer
 /// holds. GPUNVME_OUT_OF_EXTENT past the readable (or writable) part of the file.

@@ -62,7 +62,7 @@
 //   cut at stripe boundaries; each piece reserves service = max(op_ns, ceil(bytes * 1e9 / bw))
 //   of its drive's time, starting no earlier than now (model_due: CAS loop, bounded, then a
 //   wait-free atomicMax + atomicAdd); the completion is due when its last piece's service ends
-//   plus the fixed read or write latency. gpu_queues::ssd_model::SsdTwin is the same
+//   plus the fixed read or write latency. gpu_emu::ssd_model::SsdTwin is the same
 //   arithmetic on the CPU, with the tests of the model's shapes. The warp moves the data when it
 //   fetches (a model: only the completion waits).
 //   Held completions: in model mode every completion goes to the warp's pending list (dynamic
@@ -757,7 +757,7 @@ __device__ inline bool reload(const ctrl_control* c, warp_tables* t, lane_queue*
 // MODEL: SSD timing, held completions, dropped completions.
 
 /// Service time in ns of one command piece of `bytes` on a drive: max(op_ns, ceil(bytes * 1e9 /
-/// bw)). Mirrors gpu_queues::ssd_model::service_ns.
+/// bw)). Mirrors gpu_emu::ssd_model::service_ns.
 __device__ __forceinline__ uint64_t service_ns(const ctrl_ns_model& m, uint64_t bytes) {
     uint64_t s = m.op_ns;
     if (m.bw) {
@@ -770,7 +770,7 @@ __device__ __forceinline__ uint64_t service_ns(const ctrl_ns_model& m, uint64_t 
 /// Reserves `svc` ns of a drive's time starting no earlier than `now`; returns the start.
 /// Intervals never overlap and never start before `now` (a CAS loop of at most 8 tries, then
 /// the wait-free atomicMax + atomicAdd, whose start may be later than the exact one by the
-/// other lanes' skew, never earlier). Mirrors gpu_queues::ssd_model::SsdTwin::reserve.
+/// other lanes' skew, never earlier). Mirrors gpu_emu::ssd_model::SsdTwin::reserve.
 __device__ __forceinline__ uint64_t drive_reserve(unsigned long long* busy, uint64_t now,
                                                   uint64_t svc) {
     unsigned long long old = ld_gpu64(busy);
@@ -787,7 +787,7 @@ __device__ __forceinline__ uint64_t drive_reserve(unsigned long long* busy, uint
 /// When a timed Read or Write of `len` bytes at byte `offset` of its namespace is due: each
 /// stripe piece reserves its drive (drive = stripe unit % drives), the completion is due when
 /// the last piece's service ends, plus the read or write latency. Mirrors
-/// gpu_queues::ssd_model::SsdTwin::submit (which takes one `now`; here each piece reads the
+/// gpu_emu::ssd_model::SsdTwin::submit (which takes one `now`; here each piece reads the
 /// clock just before its reservation). Bounded: len <= MDTS, pieces >= 4 KiB.
 __device__ inline uint64_t model_due(const ctrl_ns_model& m, bool write, uint64_t offset,
                                      uint64_t len) {

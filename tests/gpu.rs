@@ -1,4 +1,6 @@
-//! The GPU suite: GPU threads drive NVMe queues in GPU memory on the software controller.
+//! The GPU suite: GPU threads drive NVMe queues in GPU memory (the runtime, `gpu_queues`) on
+//! both emulated controllers (`gpu_emu`: the software controller and the GPU-resident model),
+//! through the perf kernel (`gpunvme::perf`) and files on the GPU (`blockfs_gpu`).
 //!
 //! Every test needs an NVIDIA GPU and is `#[ignore]`d with the reason "skipped: no GPU", so a
 //! plain `cargo test` lists them as ignored instead of passing them. `scripts/gpu-test.sh` runs
@@ -8,14 +10,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpu_emu::model::{NamespaceSpec, STOP_TIMEOUT};
+use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::desc::lat_bucket_floor;
 use gpu_queues::desc::{DeviceStatus, IoReq};
 use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
-use gpu_queues::gpu_controller::{NamespaceSpec, STOP_TIMEOUT};
-use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::{
-    GpuController, GpuControllerOptions, GpuQueueOptions, GpuQueues, MediaKind, SsdModel,
-};
+use gpu_queues::{GpuQueueOptions, GpuQueues};
+use gpunvme::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use nvme::{Controller, ControllerOptions, DmaSlice};
 use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
 use zerocopy::IntoBytes;
@@ -100,7 +101,7 @@ fn perf(
     qd: u32,
     style: ClientStyle,
     ios: u64,
-) -> gpu_queues::perf::GpuPerfResult {
+) -> gpunvme::perf::kernel::GpuPerfResult {
     let cfg = GpuPerfConfig {
         rw,
         nsid: 1,
@@ -115,7 +116,7 @@ fn perf(
         region_blocks: NS_BYTES / r.lba as u64,
     };
     let emu = r.emu.clone();
-    gpu_queues::perf::run(&r.gpu, &cfg, move || {
+    gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".to_string())
     })
     .expect("perf run")
@@ -455,7 +456,7 @@ fn controller_fatal_aborts_every_gpu_waiter() {
         region_blocks: 4096,
     };
     let emu = r.emu.clone();
-    let res = gpu_queues::perf::run(&r.gpu, &cfg, move || {
+    let res = gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".into())
     })
     .unwrap();
@@ -1032,7 +1033,7 @@ fn model_wraps_many_queues_with_both_clients_on_null_media() {
             seed: SEED,
             region_blocks: NS_BYTES / 4096,
         };
-        let res = gpu_queues::perf::run(&r.gpu, &cfg, || None).expect("perf on the model");
+        let res = gpunvme::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model");
         assert_eq!(res.errors, 0, "{style:?}");
         assert!(res.done >= 200_000, "{style:?}: {} done", res.done);
     }
@@ -1087,7 +1088,7 @@ fn model_without_free_sms_is_refused_not_hung() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Files on the GPU (gpu_queues::files, ptx/gpunvme_file.cuh): blockfs on the same controller,
+// Files on the GPU (blockfs_gpu, ptx/include/gpunvme_file.cuh): blockfs on the same controller,
 // extent tables in GPU memory, byte ranges read and written by GPU-issued commands.
 
 mod files {
@@ -1095,7 +1096,7 @@ mod files {
     use blockfs::{
         CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
     };
-    use gpu_queues::files::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+    use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 
     fn data(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed | 1;
@@ -1401,7 +1402,7 @@ mod files {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The model's faults and SSD timing (MODEL in ptx/gpunvme_controller.cuh): the software
+// The model's faults and SSD timing (MODEL in ptx/emu/gpunvme_controller.cuh): the software
 // controller's fault tests above, on the GPU-resident controller, and what the timing model
 // guarantees (lower bounds on latency, upper bounds on rate: the GPU machine's timings are
 // noisy, the model's bounds are not).
@@ -1522,11 +1523,11 @@ fn model_dropped_completion_times_out_on_the_gpu() {
     );
     // DROP_ALL on one queue id, then cleared: the counters take their values as nvme_emu's.
     faults
-        .drop_completions_on(1, gpu_queues::gpu_controller::DROP_ALL)
+        .drop_completions_on(1, gpu_emu::model::DROP_ALL)
         .unwrap();
     assert_eq!(
         faults.drops_remaining_on(1).unwrap(),
-        gpu_queues::gpu_controller::DROP_ALL
+        gpu_emu::model::DROP_ALL
     );
     faults.drop_completions_on(1, 0).unwrap();
     faults.drop_completions(0).unwrap();
@@ -1589,7 +1590,7 @@ fn model_perf(
     qd: u32,
     style: ClientStyle,
     ios: u64,
-) -> gpu_queues::perf::GpuPerfResult {
+) -> gpunvme::perf::kernel::GpuPerfResult {
     let cfg = GpuPerfConfig {
         rw,
         nsid: 1,
@@ -1603,11 +1604,11 @@ fn model_perf(
         seed: SEED,
         region_blocks: NS_BYTES / r.lba as u64,
     };
-    gpu_queues::perf::run(&r.gpu, &cfg, || None).expect("perf on the model")
+    gpunvme::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model")
 }
 
 /// The floor of the lowest latency bucket with a sample: at most the shortest latency.
-fn min_latency_floor(res: &gpu_queues::perf::GpuPerfResult) -> u64 {
+fn min_latency_floor(res: &gpunvme::perf::kernel::GpuPerfResult) -> u64 {
     let b = res
         .latency_buckets
         .iter()

@@ -51,7 +51,7 @@
 
 #ifdef GPUNVME_HOST_BUILD
 // Compiled for the host by g++ (ptx/host/: the CPU harness of gpu_queues' host-gpu feature).
-#include "host/gpunvme_host.h"
+#include "../host/gpunvme_host.h"
 #else
 #include <cuda/atomic>
 #endif

@@ -1,5 +1,7 @@
 //! Transport (a): the software controller (`nvme_emu`) serving queues whose rings and data live
-//! in GPU memory.
+//! in GPU memory — an emulated controller standing in for an SSD, built on the runtime's
+//! [`QueueTransport`] seam ([`queues`] builds the queue pairs, [`SoftwareTransport`] serves
+//! them).
 //!
 //! The controller reaches GPU memory only through [`GpuRegion`]s registered in its device-address
 //! map, and its doorbells for these queues are words in a pinned host page that GPU threads
@@ -29,15 +31,26 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nvme_emu::{DoorbellWord, MemoryRegion, RegionError};
+use gpu_queues::GpuError;
+use gpu_queues::ffi::{
+    Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
+};
+use gpu_queues::kernels::Kernels;
+use gpu_queues::queues::{
+    DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan,
+    QueueSetParts, QueueTransport, TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
+};
+use gpu_queues::transport::{Candidate, TransportChoice, select};
+use nvme::{Controller, DmaRegion, QueueRegions};
+use nvme_emu::{DeviceAddressMap, DoorbellWord, EmuDevice, MemoryRegion, RegionError};
 use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
-use crate::error::GpuError;
-use crate::ffi::{
-    Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
-};
-use crate::kernels::Kernels;
+use crate::kernels::EmuKernels;
+
+/// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
+/// so the controller's polling of one queue does not share a line with another's writes).
+const DOORBELL_STRIDE: usize = 64;
 
 /// Pieces one staging area holds before it is flushed.
 const MAX_PIECES: usize = 8192;
@@ -162,7 +175,7 @@ impl CopyMode {
 /// (`nvme_emu::controller_thread_index` picks it).
 pub struct GpuDma {
     cuda: Arc<Cuda>,
-    kernels: Arc<Kernels>,
+    kernels: Arc<EmuKernels>,
     engines: Vec<Engine>,
     mode: CopyMode,
 }
@@ -201,7 +214,7 @@ impl GpuDma {
         cuda: &Arc<Cuda>,
         partition: &Arc<GreenPartition>,
         threads: usize,
-        kernels: Arc<Kernels>,
+        kernels: Arc<EmuKernels>,
     ) -> Result<Arc<Self>, GpuError> {
         let area = || -> Result<Staging, GpuError> {
             Ok(Staging {
@@ -625,4 +638,250 @@ impl DoorbellWord for PinnedDoorbell {
     fn load(&self) -> u32 {
         self.page.load_u32(self.offset)
     }
+}
+
+/// Removes a region from the software controller's address map when the last user goes.
+struct Unregister {
+    map: Arc<DeviceAddressMap>,
+    base: u64,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.map.unregister_region(self.base);
+    }
+}
+
+/// Registers `mem` in the software controller's address map as a region reached through
+/// `engine` (a submission queue ring when `sq`): its device address range, unregistered when
+/// the returned region's last holder drops.
+fn register_region(
+    map: &Arc<DeviceAddressMap>,
+    engine: &Arc<GpuDma>,
+    mem: Arc<DeviceMemory>,
+    sq: bool,
+) -> Result<DmaRegion, GpuError> {
+    let region = Arc::new(if sq {
+        GpuRegion::submission_queue(engine.clone(), mem.clone())
+    } else {
+        GpuRegion::new(engine.clone(), mem.clone())
+    });
+    let base = map.register_region(region).map_err(GpuError::controller)?;
+    let len = mem.len().next_multiple_of(4096);
+    Ok(DmaRegion::contiguous(
+        base,
+        len,
+        Box::new((
+            Unregister {
+                map: map.clone(),
+                base,
+            },
+            mem,
+        )),
+    ))
+}
+
+/// Transport (a) as the runtime sees it: the software controller and its copy engines.
+pub struct SoftwareTransport {
+    emu: Arc<EmuDevice>,
+    engine: Arc<GpuDma>,
+}
+
+impl std::fmt::Debug for SoftwareTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftwareTransport")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SoftwareTransport {
+    /// The transport of `queues`, when it is the software controller.
+    pub fn of(queues: &GpuQueues) -> Option<&Self> {
+        queues.backend().as_any().downcast_ref::<Self>()
+    }
+
+    /// What the copy engines did (totals over the controller's threads).
+    pub fn dma_stats(&self) -> DmaStats {
+        self.engine.stats()
+    }
+
+    /// How the software controller moves batches.
+    pub fn copy_mode(&self) -> CopyMode {
+        self.engine.mode()
+    }
+
+    /// Controller threads with a copy engine of their own.
+    pub fn controller_threads(&self) -> usize {
+        self.engine.engines()
+    }
+}
+
+impl QueueTransport for SoftwareTransport {
+    fn alloc_buffer(&self, cuda: &Arc<Cuda>, len: usize) -> Result<GpuBuffer, GpuError> {
+        let mem = Arc::new(DeviceMemory::alloc(cuda, len.next_multiple_of(4096))?);
+        let region = register_region(self.emu.address_map(), &self.engine, mem.clone(), false)?;
+        Ok(GpuBuffer::new(mem, 0, region))
+    }
+
+    fn queue_deleted(&self, qid: u16) {
+        self.emu.detach_external_doorbells(qid);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// [`queues`], with the choice reported as [`gpu_queues::transport::open`] reports its own:
+/// for callers that print which transport ran.
+pub fn open(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    emu: &Arc<EmuDevice>,
+    opts: &GpuQueueOptions,
+) -> Result<(GpuQueues, TransportChoice), GpuError> {
+    select(vec![Candidate::Try(
+        TransportKind::SoftwareController,
+        Box::new(|| queues(cuda, controller, emu, opts)),
+    )])
+}
+
+/// Builds queue pairs in GPU memory on `controller`, whose transport is the software
+/// controller `emu` (transport (a)): GPU memory is registered in its device-address map and
+/// each queue's doorbells are attached as pinned-host-page words before the queue exists.
+pub fn queues(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    emu: &Arc<EmuDevice>,
+    opts: &GpuQueueOptions,
+) -> Result<GpuQueues, GpuError> {
+    let Plan {
+        depth,
+        slot_buffer_bytes,
+        count,
+        max_transfer,
+    } = plan(controller.info(), opts)?;
+
+    let kernels = Kernels::load(cuda)?;
+    let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+    let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+    kernels.warm_up(&client_stream)?;
+    // One copy engine per controller thread, each warmed up on its own stream.
+    let emu_kernels = EmuKernels::load(cuda)?;
+    let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
+    let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
+    let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+    let common = DescCommon {
+        host_flags: host_flags.device_ptr(),
+        timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
+        depth,
+        flags: 0,
+        slot_buffer_bytes,
+        max_transfer,
+    };
+    let map = emu.address_map();
+    let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
+    let register = |mem: Arc<DeviceMemory>| register_region(map, &engine, mem, false);
+
+    let mut pairs = Vec::with_capacity(count as usize);
+    for q in 0..count as usize {
+        let sq = Arc::new(DeviceMemory::alloc(
+            cuda,
+            (depth as usize * 64).next_multiple_of(4096),
+        )?);
+        let cq = Arc::new(DeviceMemory::alloc(
+            cuda,
+            (depth as usize * 16).next_multiple_of(4096),
+        )?);
+        // Two list pages per slot: the slot buffer's pre-built list, and one for `build_prps`.
+        let prp = Arc::new(DeviceMemory::alloc(cuda, depth as usize * 2 * 4096)?);
+        let bufs = Arc::new(DeviceMemory::alloc(
+            cuda,
+            depth as usize * slot_buffer_bytes as usize,
+        )?);
+        let (state, slots) = alloc_protocol_state(cuda, depth)?;
+
+        let sq_region = Arc::new(register_as(sq.clone(), true)?);
+        let cq_region = Arc::new(register(cq.clone())?);
+        let prp_region = register(prp.clone())?;
+        let buf_region = register(bufs.clone())?;
+        let prp_bus = prp_region.device_address(0);
+        let buf_bus = buf_region.device_address(0);
+
+        // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
+        if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
+            prp.write(0, lists.as_bytes())?;
+        }
+        let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
+        let cq_word = Arc::new(PinnedDoorbell::new(
+            doorbells.clone(),
+            q * DOORBELL_STRIDE + 4,
+        ));
+        sq_word.reset();
+        cq_word.reset();
+        let (sq_db, cq_db) = (sq_word.device_ptr(), cq_word.device_ptr());
+        let created = controller.create_queue_pair_on_with(
+            QueueRegions {
+                sq: sq_region,
+                sq_entries: depth,
+                cq: cq_region,
+                cq_entries: depth,
+            },
+            |qid| {
+                emu.attach_external_doorbells(qid, sq_word, cq_word)
+                    .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
+            },
+        );
+        let created = created?;
+        let desc = common.desc(DescParts {
+            sq: sq.ptr(),
+            cq: cq.ptr(),
+            doorbells: (sq_db, cq_db),
+            state: state.ptr(),
+            slots: slots.ptr(),
+            prp_lists: (prp.ptr(), prp_bus),
+            slot_buffers: (bufs.ptr(), buf_bus),
+            qid: created.qid(),
+        });
+        pairs.push(GpuQueuePair {
+            created: Some(created),
+            desc,
+            state: state.clone(),
+            keep: vec![
+                Box::new(prp_region),
+                Box::new(buf_region),
+                Box::new(vec![sq, cq, prp, bufs, state, slots]),
+            ],
+        });
+    }
+    tracing::info!(
+        queues = count,
+        depth,
+        slot_buffer_bytes,
+        controller_sms = partition.controller_sms(),
+        "GPU queues created on the software controller"
+    );
+    GpuQueues::assemble(
+        cuda,
+        QueueSetParts {
+            kind: TransportKind::SoftwareController,
+            pairs,
+            host_flags,
+            keep: Box::new(doorbells),
+            client_stream,
+            kernels,
+            partition,
+            plan: Plan {
+                depth,
+                slot_buffer_bytes,
+                count,
+                max_transfer,
+            },
+            backend: Arc::new(SoftwareTransport {
+                emu: emu.clone(),
+                engine,
+            }),
+        },
+    )
 }

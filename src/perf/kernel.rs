@@ -1,16 +1,16 @@
 //! The GPU side of `gpunvme perf --gpu`: launch the perf kernel on the clients' SM partition,
 //! wait for it (bounded, with a watchdog that aborts the device-side waits), and read back its
-//! counters and latency histogram. Printing and the CPU side live in the CLI.
+//! counters and latency histogram (the kernel is `gpunvme_perf` in
+//! `ptx/kernels/gpunvme_kernels.cu`). The run around it is [`super::gpu`].
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
 use zerocopy::IntoBytes;
 
-use crate::desc::{DeviceStatus, LAT_BUCKETS, PerfCounters, PerfParams, lat_bucket_floor};
-use crate::error::GpuError;
-use crate::ffi::{Arg, DeviceMemory};
-use crate::queues::GpuQueues;
+use gpu_queues::desc::{DeviceStatus, LAT_BUCKETS, PerfCounters, PerfParams, lat_bucket_floor};
+use gpu_queues::ffi::{Arg, DeviceMemory};
+use gpu_queues::{GpuError, GpuQueues};
 
 /// Access pattern (fio's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,13 +11,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gpu_queues::perf::{ClientStyle, GpuPerfConfig, GpuRw};
-use gpu_queues::{Cuda, GpuQueueOptions, MediaKind, SsdModel};
+use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
+use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
 
 use crate::open::Backend;
 use crate::pattern;
+use crate::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use crate::perf::{self, DEFAULT_REGION_BYTES, Latency, PerfConfig, PerfReport, RwMode, Stop};
 
 /// One `perf --gpu` run.
@@ -104,7 +105,7 @@ pub struct ModelSide {
 }
 
 /// The SSD timing model's parameters, as every result prints them. A model, not a
-/// measurement (gpu_queues::ssd_model).
+/// measurement (gpu_emu::ssd_model).
 #[derive(Debug, Clone, Serialize)]
 pub struct SsdModelReport {
     /// The `--ssd-model` form (parses back to the same model).
@@ -384,7 +385,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0)
             .then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg).map_err(anyhow::Error::from)));
-        let gpu = gpu_queues::perf::run(&queues, &gcfg, watchdog);
+        let gpu = crate::perf::kernel::run(&queues, &gcfg, watchdog);
         let cpu = cpu.map(|h| {
             h.join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("CPU side panicked")))
@@ -406,7 +407,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         controller: dma.map(|d| ControllerSide {
             threads: queues.controller_threads().unwrap_or(0),
             copy_mode: match queues.copy_mode() {
-                Some(gpu_queues::emu_dma::CopyMode::Memcpy) => "memcpy",
+                Some(gpu_emu::CopyMode::Memcpy) => "memcpy",
                 _ => "kernels",
             },
             scatters: d.scatters,

@@ -1,7 +1,7 @@
 //! A fio-style load generator over the driver's I/O queue pairs: one thread per queue pair,
 //! `qd` I/Os in flight on each, latency recorded per I/O, optional byte-for-byte verification.
 //!
-//! Verification uses [`crate::pattern`]: every block's content is a function of the run's seed
+//! Verification uses [`gpu_queues::pattern`]: every block's content is a function of the run's seed
 //! and its LBA. Reads check every byte of every completed I/O against a region written with the
 //! pattern beforehand (not timed); writes write the pattern and, after the timed phase, every
 //! unit written is read back and checked.

@@ -1,0 +1,86 @@
+//! Names of the transports and of the choice between them ([`TransportKind`],
+//! [`TransportChoice`], [`Skipped`]): plain data that errors, queues and the transport
+//! selection all speak of, kept apart so that none of them imports another for it.
+#![forbid(unsafe_code)]
+
+/// Which path carries doorbells and data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// (a) The software controller: rings and data in GPU memory reached with batched CUDA
+    /// copies, doorbells in pinned host memory.
+    SoftwareController,
+    /// (b) A real SSD behind VFIO: rings and data in GPU memory, mapped for the SSD through a
+    /// CPU mapping of the GPU's BAR1; the SSD's BAR0 doorbells registered with CUDA.
+    VfioP2p,
+    /// (c) A real SSD behind VFIO: rings and data in hugepage host memory mapped for the SSD and
+    /// registered with CUDA; only the doorbell write goes peer to peer.
+    HostMemory,
+    /// The GPU-resident controller model (`gpu_emu::model`): rings, doorbells and media in GPU
+    /// memory, served by a persistent kernel on reserved SMs.
+    GpuController,
+}
+
+impl TransportKind {
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SoftwareController => "software-controller",
+            Self::VfioP2p => "vfio-p2p",
+            Self::HostMemory => "host-memory",
+            Self::GpuController => "gpu-controller",
+        }
+    }
+
+    /// The letter the design gives it: "(a)", "(b)", "(c)".
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::SoftwareController => "(a)",
+            Self::VfioP2p => "(b)",
+            Self::HostMemory => "(c)",
+            Self::GpuController => "(model)",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.label(), self.name())
+    }
+}
+
+/// A transport that was not used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The transport.
+    pub kind: TransportKind,
+    /// Why it was skipped or failed, in words a user can act on.
+    pub reason: String,
+}
+
+/// `"(a) software-controller: reason; (b) ..."`.
+pub fn list_skipped(skipped: &[Skipped]) -> String {
+    skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.kind, s.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Which transport runs, and why each one tried before it did not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportChoice {
+    /// The transport in use.
+    pub chosen: TransportKind,
+    /// Every transport tried before it, in order, with its reason.
+    pub skipped: Vec<Skipped>,
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.chosen)?;
+        if !self.skipped.is_empty() {
+            write!(f, " (skipped {})", list_skipped(&self.skipped))?;
+        }
+        Ok(())
+    }
+}
