@@ -118,7 +118,7 @@ impl Command {
     }
 
     /// Whether the command only reads the device: it then opens an image read-only under a
-    /// shared lock (README, "One process per device").
+    /// shared lock (docs/cli.md, "One process per device").
     fn is_read_only(&self) -> bool {
         match self {
             Command::Identify | Command::Read { .. } => true,

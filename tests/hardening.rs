@@ -1,5 +1,5 @@
 //! Issue 11, process-level: what two `gpunvme` processes on one image, read-only images, and
-//! the other everyday hazards (README, "One process per device", "What `--force` does") do.
+//! the other everyday hazards (docs/cli.md, "One process per device", "What is refused, and what `--force` does") do.
 //! Each test reproduces a way data was lost or corrupted before.
 
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! Printing and argument handling of each `gpunvme` command; the work itself lives in the
 //! library crates.
 //!
-//! Output conventions (README, "Output and exit status"): everything a command reports goes to
+//! Output conventions (docs/cli.md, "Output and exit status"): everything a command reports goes to
 //! standard output through [`outln!`], whose write errors become [`StdoutError`]s: a closed
 //! pipe ends the command quietly (exit 0), any other write error is a one-line error. Errors
 //! are one line on standard error, and with `--json` also a JSON object on standard output
