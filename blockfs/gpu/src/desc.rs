@@ -75,20 +75,12 @@ pub const PIECE_RMW: u32 = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_queues::desc::{KERNELS_CU, header_defines};
-    use std::collections::HashMap;
+    use gpu_queues::desc::{KERNELS_CU, check_defines};
     use std::mem::offset_of;
-
-    fn defines() -> HashMap<String, u64> {
-        let mut m: HashMap<String, u64> = header_defines(FILE_CUH).into_iter().collect();
-        m.extend(header_defines(KERNELS_CU));
-        m
-    }
 
     #[test]
     fn file_header_matches_blockfs_tables() {
         use blockfs::table::*;
-        let d = defines();
         let want: &[(&str, u64)] = &[
             ("TABLE_MAGIC", TABLE_MAGIC as u64),
             ("TABLE_VERSION", TABLE_VERSION as u64),
@@ -126,13 +118,7 @@ mod tests {
             ("FILE_IO_SIZE", size_of::<FileIo>() as u64),
             ("FILE_PARAMS_SIZE", size_of::<FileParams>() as u64),
         ];
-        for (name, value) in want {
-            assert_eq!(
-                d.get(*name).copied(),
-                Some(*value),
-                "GPUNVME_{name} in the CUDA sources vs blockfs / the Rust layout"
-            );
-        }
+        check_defines(&[FILE_CUH, KERNELS_CU], want, "blockfs / Rust layout").unwrap();
         // The field offsets of the kernel structs, as the CUDA side lays them out (naturally
         // aligned, in declaration order).
         assert_eq!(offset_of!(FileIo, first_chunk), 48);

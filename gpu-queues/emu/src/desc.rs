@@ -249,19 +249,11 @@ pub fn pending_capacity(dynamic_bytes: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_queues::desc::header_defines;
-    use std::collections::HashMap;
+    use gpu_queues::desc::check_defines;
     use std::mem::offset_of;
-
-    fn defines() -> HashMap<String, u64> {
-        let mut m: HashMap<String, u64> = header_defines(CONTROLLER_CUH).into_iter().collect();
-        m.extend(header_defines(EMU_KERNELS_CU));
-        m
-    }
 
     #[test]
     fn sources_match_rust_layouts() {
-        let d = defines();
         let want: &[(&str, usize)] = &[
             ("COPY_DESC_SIZE", size_of::<CopyDesc>()),
             ("COPY_LATE", COPY_LATE as usize),
@@ -303,13 +295,7 @@ mod tests {
             ("MEDIA_HOST", MEDIA_HOST as usize),
             ("NS_READ_ONLY", NS_READ_ONLY as usize),
         ];
-        for (name, value) in want {
-            assert_eq!(
-                d.get(*name).copied(),
-                Some(*value as u64),
-                "GPUNVME_{name} in the CUDA sources vs the Rust layout"
-            );
-        }
+        check_defines(&[CONTROLLER_CUH, EMU_KERNELS_CU], want, "Rust layout").unwrap();
     }
 
     #[test]

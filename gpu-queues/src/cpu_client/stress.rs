@@ -564,4 +564,3 @@ pub fn run_stress(controller: &Controller, cfg: &StressConfig) -> Result<StressR
         elapsed,
     })
 }
-
