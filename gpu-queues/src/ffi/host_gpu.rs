@@ -7,18 +7,19 @@
 //! stronger than the GPU's (a fence the GPU needs may be missing without anything showing
 //! here).
 //!
-//! The API is that of the CUDA backend, type for type and method for method:
+//! The API is the one both backends share (`gpu.rs`, `memory.rs`); this module holds the raw
+//! parts behind it, with the names of the CUDA backend's (`cuda.rs`):
 //! - "GPU memory" ([`DeviceMemory`]) is anonymous host memory mapped in 64 KiB units (the CUDA
 //!   driver's granularity), lazily zeroed; its "device address" is its host address, so the
 //!   software controller, the kernels' CPU threads and the CPU side all reach it directly.
 //!   [`PinnedMemory`] and [`HostRegistration`] likewise: device address == host address.
-//! - [`Library::load_ptx`] ignores the PTX (the kernels are compiled in) and
-//!   [`Library::kernel`] asks the C++ runtime whether it has a kernel of that name.
-//! - A [`Stream`] is a worker thread running its queue of jobs (launches, copies, event
-//!   records) in order; a launch blocks that thread until the grid has ended. A failed launch
-//!   makes the stream's error sticky, as a CUDA context's is.
+//! - [`RawLibrary::load_ptx`] ignores the PTX (the kernels are compiled in) and
+//!   [`RawLibrary::kernel`] asks the C++ runtime whether it has a kernel of that name.
+//! - A stream ([`RawStream`]) is a worker thread running its queue of jobs (launches, copies,
+//!   event records) in order; a launch blocks that thread until the grid has ended. A failed
+//!   launch makes the stream's error sticky, as a CUDA context's is.
 //! - [`Cuda`] reports `sm_count` 16 (environment `GPUNVME_HOST_GPU_SMS` overrides it), compute
-//!   capability 9.0 and an H100's shared-memory sizes; [`GreenPartition`] only does the
+//!   capability 9.0 and an H100's shared-memory sizes; [`RawPartition::split`] only does the
 //!   arithmetic of a split (every launch gets threads of its own; nothing is partitioned).
 //! - Frees wait, as with CUDA, while a persistent kernel runs ([`super::persistent_kernel_started`]);
 //!   here they also wait while any stream has work queued or running, since CPU threads of a
@@ -32,9 +33,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
 
-use super::{Arg, Deferred, Placement, defer_free, persistent_kernel_count_ended, poll_until};
+use super::memory::Deferred;
+use super::{Cuda, DeviceMemory, HostRegistration, PinnedMemory, Placement, param_pointers};
 use crate::error::GpuError;
 
 // SAFETY: these are the declarations of `ptx/host/gpunvme_host.cpp`'s two `extern "C"`
@@ -75,114 +76,55 @@ pub fn cuda_present() -> bool {
     true
 }
 
-/// The stand-in GPU: what the CUDA backend's `Cuda` reports, with fixed numbers (see the
-/// module doc). There is one, ordinal 0.
-pub struct Cuda {
-    ordinal: i32,
-    name: String,
-    sm_count: u32,
-    compute_capability: (i32, i32),
-    /// Shared memory of one SM, and the most one block may opt in to (bytes).
-    shared_per_sm: u32,
-    shared_per_block: u32,
-}
+/// [`Cuda`]'s backend part: nothing (there is no driver, no context).
+pub(super) struct RawCuda;
 
-impl std::fmt::Debug for Cuda {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cuda")
-            .field("ordinal", &self.ordinal)
-            .field("name", &self.name)
-            .field("sm_count", &self.sm_count)
-            .finish()
+/// [`Cuda::open`]: the stand-in GPU (`ordinal` 0 only), with fixed numbers (see the module
+/// doc); its SM count is 16 unless `GPUNVME_HOST_GPU_SMS` gives another (a positive integer).
+pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
+    if ordinal != 0 {
+        return Err(GpuError::NoCuda {
+            reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
+        });
     }
-}
-
-impl Cuda {
-    /// Opens the stand-in GPU (`ordinal` 0 only). Its SM count is 16 unless the environment
-    /// variable `GPUNVME_HOST_GPU_SMS` gives another (a positive integer).
-    pub fn open(ordinal: i32) -> Result<Arc<Cuda>, GpuError> {
-        if ordinal != 0 {
-            return Err(GpuError::NoCuda {
-                reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
-            });
-        }
-        let sm_count = match std::env::var("GPUNVME_HOST_GPU_SMS") {
-            Err(std::env::VarError::NotPresent) => DEFAULT_SMS,
-            Ok(v) => match v.trim().parse::<u32>() {
-                Ok(n) if n > 0 => n,
-                _ => {
-                    return Err(GpuError::InvalidArgument(format!(
-                        "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
-                    )));
-                }
-            },
-            Err(std::env::VarError::NotUnicode(v)) => {
+    let sm_count = match std::env::var("GPUNVME_HOST_GPU_SMS") {
+        Err(std::env::VarError::NotPresent) => DEFAULT_SMS,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => {
                 return Err(GpuError::InvalidArgument(format!(
                     "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
                 )));
             }
-        };
-        Ok(Arc::new(Cuda {
-            ordinal,
-            name: "host-gpu (CPU threads running the CUDA sources; not a GPU)".into(),
-            sm_count,
-            compute_capability: (9, 0),
-            shared_per_sm: 233_472,
-            shared_per_block: 232_448,
-        }))
-    }
+        },
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(GpuError::InvalidArgument(format!(
+                "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
+            )));
+        }
+    };
+    Ok(Cuda {
+        raw: RawCuda,
+        ordinal,
+        name: "host-gpu (CPU threads running the CUDA sources; not a GPU)".into(),
+        sm_count,
+        compute_capability: (9, 0),
+        shared_per_sm: 233_472,
+        shared_per_block: 232_448,
+    })
+}
 
-    /// Nothing to do: there is no context (kept for the CUDA backend's API).
-    pub fn make_current(&self) -> Result<(), GpuError> {
+impl RawCuda {
+    /// Nothing to do: there is no context.
+    pub(super) fn make_current(&self) -> Result<(), GpuError> {
         Ok(())
     }
 
-    /// The stand-in's name (says that it is not a GPU).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Streaming multiprocessors reported (16, or `GPUNVME_HOST_GPU_SMS`).
-    pub fn sm_count(&self) -> u32 {
-        self.sm_count
-    }
-
-    /// Compute capability reported: (9, 0).
-    pub fn compute_capability(&self) -> (i32, i32) {
-        self.compute_capability
-    }
-
-    /// Device ordinal (0).
-    pub fn ordinal(&self) -> i32 {
-        self.ordinal
-    }
-
-    /// Refused: the stand-in is on no PCI bus, so the real-SSD transports (b) and (c) skip it.
-    pub fn pci_bus_id(&self) -> Result<String, GpuError> {
+    /// Refused: the stand-in is on no PCI bus.
+    pub(super) fn pci_bus_id(&self) -> Result<String, GpuError> {
         Err(GpuError::Unsupported(
             "the host-gpu build has no GPU on a PCI bus (no PCI bus id)".into(),
         ))
-    }
-}
-
-impl Kernel {
-    /// What the CUDA backend returns for one block to take an SM to itself: the dynamic shared
-    /// memory to pass at launch (kernels declare none statically in the host build). With
-    /// `all`, all the shared memory a block may have; else just over half an SM's.
-    pub fn reserve_whole_sm(&self, cuda: &Cuda, all: bool) -> Result<u32, GpuError> {
-        let static_bytes = 0u32;
-        let want = if all {
-            cuda.shared_per_block.saturating_sub(static_bytes)
-        } else {
-            (cuda.shared_per_sm / 2 + 1024).saturating_sub(static_bytes)
-        };
-        if want + static_bytes > cuda.shared_per_block {
-            return Err(GpuError::Unsupported(format!(
-                "cannot reserve an SM by shared memory ({} B per SM, {} B per block)",
-                cuda.shared_per_sm, cuda.shared_per_block
-            )));
-        }
-        Ok(want)
     }
 }
 
@@ -289,166 +231,144 @@ fn job_finished() {
     }
 }
 
-/// "GPU memory": anonymous host memory in 64 KiB units, zeroed on allocation, whose device
-/// address is its host address.
-pub struct DeviceMemory {
-    _cuda: Arc<Cuda>,
-    /// Device address == host address (exposed provenance).
-    pub(super) ptr: u64,
-    pub(super) len: usize,
+/// [`DeviceMemory::alloc`]: anonymous memory mapped in 64 KiB units (as the CUDA driver
+/// rounds), zeroed; its device address is its host address (provenance exposed).
+pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
+    let p = map_zeroed(device_map_len(len), DEVICE_UNIT, "host-gpu device memory")?;
+    Ok(DeviceMemory {
+        cuda: cuda.clone(),
+        ptr: p.expose_provenance() as u64,
+        len,
+    })
 }
 
-impl DeviceMemory {
-    /// Allocates `len` bytes (mapped in 64 KiB units, as the CUDA driver rounds), zeroed.
-    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
-        let p = map_zeroed(device_map_len(len), DEVICE_UNIT, "host-gpu device memory")?;
-        Ok(Self {
-            _cuda: cuda.clone(),
-            ptr: p.expose_provenance() as u64,
-            len,
-        })
+/// [`DeviceMemory::write`]: a copy to the device address, which is a host address.
+///
+/// # Safety
+/// `dst..dst + data.len()` lies in a live allocation.
+pub(super) unsafe fn write_device(_cuda: &Cuda, dst: u64, data: &[u8]) -> Result<(), GpuError> {
+    if !data.is_empty() {
+        let p = std::ptr::with_exposed_provenance_mut::<u8>(dst as usize);
+        // SAFETY: the destination range lies in a live allocation (the caller's promise),
+        // whose provenance was exposed when it was made; the source is a live slice; `copy`
+        // tolerates overlap.
+        unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) }
     }
-
-    /// Copies `data` to `offset` (synchronous; set-up and test path, not the hot path).
-    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), GpuError> {
-        let dst = self.range(offset, data.len())?;
-        if !data.is_empty() {
-            let p = std::ptr::with_exposed_provenance_mut::<u8>(dst as usize);
-            // SAFETY: the destination range lies in this live allocation (checked above); the
-            // source is a live slice; `copy` tolerates overlap.
-            unsafe { std::ptr::copy(data.as_ptr(), p, data.len()) }
-        }
-        Ok(())
-    }
-
-    /// Copies bytes at `offset` into `buf` (synchronous).
-    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), GpuError> {
-        let src = self.range(offset, buf.len())?;
-        if !buf.is_empty() {
-            let p = std::ptr::with_exposed_provenance::<u8>(src as usize);
-            // SAFETY: the source range lies in this live allocation (checked above); the
-            // destination is a live slice; `copy` tolerates overlap.
-            unsafe { std::ptr::copy(p, buf.as_mut_ptr(), buf.len()) }
-        }
-        Ok(())
-    }
-
-    /// Refused: there is no GPU memory to export (transport (b) skips the host build).
-    pub fn export_dma_buf(
-        &self,
-        offset: usize,
-        len: usize,
-    ) -> Result<std::os::fd::OwnedFd, GpuError> {
-        self.range(offset, len)?;
-        Err(GpuError::Unsupported(
-            "dma-buf export of GPU memory: the host-gpu build has no GPU".into(),
-        ))
-    }
-
-    /// Nothing to do (host memory copies are synchronous already).
-    pub fn set_sync_memops(&self) -> Result<(), GpuError> {
-        Ok(())
-    }
+    Ok(())
 }
 
-impl Drop for DeviceMemory {
-    fn drop(&mut self) {
-        let what = Deferred::Device {
-            ptr: self.ptr,
-            len: self.len,
-        };
-        if defer_free(what) {
-            return;
-        }
-        release(what);
+/// [`DeviceMemory::read`]: a copy from the device address, which is a host address.
+///
+/// # Safety
+/// `src..src + buf.len()` lies in a live allocation.
+pub(super) unsafe fn read_device(_cuda: &Cuda, src: u64, buf: &mut [u8]) -> Result<(), GpuError> {
+    if !buf.is_empty() {
+        let p = std::ptr::with_exposed_provenance::<u8>(src as usize);
+        // SAFETY: the source range lies in a live allocation (the caller's promise), whose
+        // provenance was exposed when it was made; the destination is a live slice; `copy`
+        // tolerates overlap.
+        unsafe { std::ptr::copy(p, buf.as_mut_ptr(), buf.len()) }
     }
+    Ok(())
 }
 
-/// Marks a persistent kernel as ended (its stream is idle); when none runs any more, performs
-/// the frees held back meanwhile (each once no stream has work in flight).
-pub fn persistent_kernel_ended(_cuda: &Cuda) {
-    for d in persistent_kernel_count_ended() {
-        release(d);
-    }
+/// Refused: there is no GPU memory to export (transport (b) skips the host build).
+pub(super) fn export_dma_buf(
+    _cuda: &Cuda,
+    _ptr: u64,
+    _len: usize,
+) -> Result<std::os::fd::OwnedFd, GpuError> {
+    Err(GpuError::Unsupported(
+        "dma-buf export of GPU memory: the host-gpu build has no GPU".into(),
+    ))
 }
 
-/// "Pinned" memory: zeroed anonymous host memory in whole pages, whose device address is its
-/// host address: doorbell pages, the host's abort word, staging areas.
-pub struct PinnedMemory {
-    _cuda: Arc<Cuda>,
-    pub(super) host: *mut u8,
-    pub(super) len: usize,
+/// Nothing to do (host memory copies are synchronous already).
+pub(super) fn set_sync_memops(_cuda: &Cuda, _ptr: u64) -> Result<(), GpuError> {
+    Ok(())
 }
 
-// SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
-// volatile word accesses, which any thread may perform (the kernels' threads do too).
-unsafe impl Send for PinnedMemory {}
-// SAFETY: as above: no method hands out references into the memory.
-unsafe impl Sync for PinnedMemory {}
-
-impl PinnedMemory {
-    /// Allocates `len` bytes (rounded up to whole 4 KiB pages) of zeroed memory.
-    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
-        let len = len.max(1).next_multiple_of(PINNED_UNIT);
-        let host = map_zeroed(len, PINNED_UNIT, "host-gpu pinned memory")?;
-        host.expose_provenance();
-        Ok(Self {
-            _cuda: cuda.clone(),
-            host,
-            len,
-        })
-    }
-
-    /// The device address of the first byte: the host address.
-    pub fn device_ptr(&self) -> u64 {
-        self.host.addr() as u64
-    }
+/// [`PinnedMemory::alloc`]: zeroed anonymous memory in whole pages, whose device address is its
+/// host address (provenance exposed).
+pub(super) fn alloc_pinned(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory, GpuError> {
+    let len = len.max(1).next_multiple_of(PINNED_UNIT);
+    let host = map_zeroed(len, PINNED_UNIT, "host-gpu pinned memory")?;
+    Ok(PinnedMemory {
+        cuda: cuda.clone(),
+        host,
+        dev: host.expose_provenance() as u64,
+        len,
+    })
 }
 
-impl Drop for PinnedMemory {
-    fn drop(&mut self) {
-        let what = Deferred::Host {
-            ptr: self.host.addr(),
-            len: self.len,
-        };
-        if defer_free(what) {
-            return;
-        }
-        release(what);
-    }
+/// Frees the memory of a dropped owner: unmaps it now if no stream has work in flight, else
+/// once none has ([`release`]).
+///
+/// # Safety
+/// `what` is an allocation of this crate whose owner is gone (nothing refers to it), freed
+/// once.
+pub(super) unsafe fn free(_cuda: &Cuda, what: Deferred) {
+    release(what);
 }
+
+/// [`HostRegistration::register_with`]: nothing to register; the device address is the host
+/// address (provenance exposed). `io_memory` and `read_only` are accepted and ignored.
+///
+/// # Safety
+/// As for [`HostRegistration::register`].
+pub(super) unsafe fn register(
+    cuda: &Arc<Cuda>,
+    host: *mut u8,
+    len: usize,
+    _io_memory: bool,
+    _read_only: bool,
+) -> Result<HostRegistration, GpuError> {
+    Ok(HostRegistration {
+        cuda: cuda.clone(),
+        host,
+        len,
+        dev: host.expose_provenance() as u64,
+    })
+}
+
+/// The device address of the registered byte at `offset`: its host address.
+pub(super) fn registered_address(reg: &HostRegistration, offset: usize) -> Result<u64, GpuError> {
+    Ok(reg.dev + offset as u64)
+}
+
+/// Nothing to unregister.
+///
+/// # Safety
+/// Called once, from its drop (nothing is done either way).
+pub(super) unsafe fn unregister(_cuda: &Cuda, _host: *mut u8) {}
 
 // ---------------------------------------------------------------------------------------------
 // Kernels.
 
-/// The kernels compiled into this build. Loading PTX is a formality here.
-pub struct Library {
-    _cuda: Arc<Cuda>,
-}
+/// [`super::Library`]'s backend part: nothing; the kernels are compiled into this build, and
+/// loading PTX is a formality.
+pub(super) struct RawLibrary;
 
-/// A kernel of a [`Library`]: its name, as the C++ runtime knows it.
+/// [`super::Kernel`]'s backend part: its name, as the C++ runtime knows it.
 #[derive(Clone, Copy, Debug)]
-pub struct Kernel {
-    name: &'static CStr,
+pub(super) struct RawKernel {
+    pub(super) name: &'static CStr,
 }
 
-/// Kernel names handed out, each leaked once so that [`Kernel`] stays `Copy`.
+/// Kernel names handed out, each leaked once so that [`RawKernel`] stays `Copy`.
 static KERNEL_NAMES: Mutex<BTreeMap<String, &'static CStr>> = Mutex::new(BTreeMap::new());
 
-impl Library {
+impl RawLibrary {
     /// Ignores the PTX text: the kernels are compiled into this build from the CUDA sources.
-    pub fn load_ptx(cuda: &Arc<Cuda>, _ptx: &str) -> Result<Self, GpuError> {
-        Ok(Self {
-            _cuda: cuda.clone(),
-        })
+    pub(super) fn load_ptx(_cuda: &Cuda, _ptx: &str) -> Result<Self, GpuError> {
+        Ok(Self)
     }
 
-    /// The kernel named `name` (an `extern "C"` entry point of `gpunvme_kernels.cu`), if the
-    /// host build has it; else `CUDA_ERROR_NOT_FOUND` from `cuLibraryGetKernel`, as CUDA says.
-    pub fn kernel(&self, name: &str) -> Result<Kernel, GpuError> {
-        let c = CString::new(name).map_err(|_| GpuError::InvalidArgument(name.into()))?;
+    /// The kernel named `name`, if the host build has it; else `CUDA_ERROR_NOT_FOUND` from
+    /// `cuLibraryGetKernel`, as CUDA says.
+    pub(super) fn kernel(&self, name: &str, c_name: CString) -> Result<RawKernel, GpuError> {
         // SAFETY: a NUL-terminated string that outlives the call; the function only reads it.
-        if unsafe { gpunvme_host_kernel_exists(c.as_ptr()) } != 1 {
+        if unsafe { gpunvme_host_kernel_exists(c_name.as_ptr()) } != 1 {
             return Err(GpuError::Cuda {
                 call: "cuLibraryGetKernel",
                 code: 500,
@@ -458,23 +378,31 @@ impl Library {
         let mut names = lock(&KERNEL_NAMES);
         let name = *names
             .entry(name.to_owned())
-            .or_insert_with(|| Box::leak(c.into_boxed_c_str()));
-        Ok(Kernel { name })
+            .or_insert_with(|| Box::leak(c_name.into_boxed_c_str()));
+        Ok(RawKernel { name })
     }
 }
 
-/// SM partitions as the CUDA backend splits them, by count only: the controller's SMs and the
-/// rest for clients. The host runs every launch on threads of its own, so nothing is reserved.
-pub struct GreenPartition {
-    controller_sms: u32,
-    client_sms: u32,
-    _cuda: Arc<Cuda>,
+impl RawKernel {
+    /// None: kernels declare no shared memory statically in the host build.
+    pub(super) fn static_shared_bytes(self, _cuda: &Cuda) -> Result<u32, GpuError> {
+        Ok(0)
+    }
+
+    /// Nothing to set: the host runtime allocates what a launch asks for.
+    pub(super) fn set_max_dynamic_shared(self, _cuda: &Cuda, _bytes: u32) -> Result<(), GpuError> {
+        Ok(())
+    }
 }
 
-impl GreenPartition {
-    /// Splits the reported SMs: `controller_sms` (at least 1) for the controller, the rest for
-    /// clients; refused if none would be left for clients.
-    pub fn split(cuda: &Arc<Cuda>, controller_sms: u32) -> Result<Arc<Self>, GpuError> {
+/// [`super::GreenPartition`]'s backend part: nothing; the host runs every launch on threads of
+/// its own, so nothing is reserved.
+pub(super) struct RawPartition;
+
+impl RawPartition {
+    /// The split by count only: `controller_sms` (at least 1) for the controller, the rest of
+    /// the reported SMs for clients; refused if none would be left for clients.
+    pub(super) fn split(cuda: &Cuda, controller_sms: u32) -> Result<(Self, u32, u32), GpuError> {
         let controller_sms = controller_sms.max(1);
         let client_sms = cuda.sm_count.saturating_sub(controller_sms);
         if client_sms == 0 {
@@ -483,21 +411,7 @@ impl GreenPartition {
                 cuda.sm_count
             )));
         }
-        Ok(Arc::new(Self {
-            controller_sms,
-            client_sms,
-            _cuda: cuda.clone(),
-        }))
-    }
-
-    /// SMs reserved for the controller.
-    pub fn controller_sms(&self) -> u32 {
-        self.controller_sms
-    }
-
-    /// SMs left for client kernels.
-    pub fn client_sms(&self) -> u32 {
-        self.client_sms
+        Ok((Self, controller_sms, client_sms))
     }
 }
 
@@ -526,7 +440,7 @@ impl Failure {
 enum Job {
     /// A kernel launch, its arguments each in a 64-bit slot.
     Launch {
-        kernel: Kernel,
+        kernel: RawKernel,
         grid: u32,
         block: u32,
         shared: u32,
@@ -558,27 +472,19 @@ struct StreamShared {
     wake: Condvar,
 }
 
-/// A stream: a worker thread running its jobs (launches, copies, event records) in order.
-pub struct Stream {
+/// [`super::Stream`]'s backend part: a worker thread running its jobs (launches, copies, event
+/// records) in order.
+pub(super) struct RawStream {
     shared: Arc<StreamShared>,
-    _cuda: Arc<Cuda>,
-    _partition: Option<Arc<GreenPartition>>,
 }
 
-impl Stream {
-    /// A new stream with a worker thread of its own. `placement` is checked as the CUDA
-    /// backend checks it (`partition` is required for the green-context placements) and
-    /// otherwise has no effect.
-    pub fn new(
-        cuda: &Arc<Cuda>,
-        placement: Placement,
-        partition: Option<&Arc<GreenPartition>>,
+impl RawStream {
+    /// A new stream with a worker thread of its own. The placement (`green`, checked by the
+    /// caller) has no effect.
+    pub(super) fn new(
+        _cuda: &Cuda,
+        _green: Option<(&RawPartition, Placement)>,
     ) -> Result<Self, GpuError> {
-        if placement != Placement::Anywhere && partition.is_none() {
-            return Err(GpuError::InvalidArgument(
-                "a green-context stream needs a partition".into(),
-            ));
-        }
         let shared = Arc::new(StreamShared {
             state: Mutex::new(StreamState {
                 queue: VecDeque::new(),
@@ -596,11 +502,7 @@ impl Stream {
                 op: "starting a host-gpu stream's worker thread".into(),
                 source,
             })?;
-        Ok(Self {
-            shared,
-            _cuda: cuda.clone(),
-            _partition: partition.cloned(),
-        })
+        Ok(Self { shared })
     }
 
     /// Queues `job`, unless the stream has failed (then its error, as CUDA returns a sticky
@@ -609,7 +511,7 @@ impl Stream {
         self.try_enqueue(job).map_err(|f| f.error())
     }
 
-    /// [`Stream::enqueue`], the failure as it sticks to the stream.
+    /// [`RawStream::enqueue`], the failure as it sticks to the stream.
     fn try_enqueue(&self, job: Job) -> Result<(), Failure> {
         let mut st = lock(&self.shared.state);
         if let Some(f) = &st.failure {
@@ -621,25 +523,17 @@ impl Stream {
         Ok(())
     }
 
-    /// Launches `kernel` with `args` (each passed by value).
-    pub fn launch(
+    /// Queues a launch of `kernel`, its arguments each in a 64-bit slot of `args`; refuses an
+    /// empty grid or block, or more than 1024 threads a block, at once (not sticky), as
+    /// cuLaunchKernel does.
+    pub(super) fn launch(
         &self,
-        kernel: Kernel,
-        grid: u32,
-        block: u32,
-        args: &[Arg],
-    ) -> Result<(), GpuError> {
-        self.launch_with_shared(kernel, grid, block, 0, args)
-    }
-
-    /// Launches `kernel` with `shared` bytes of dynamic shared memory per block.
-    pub fn launch_with_shared(
-        &self,
-        kernel: Kernel,
+        _cuda: &Cuda,
+        kernel: RawKernel,
         grid: u32,
         block: u32,
         shared: u32,
-        args: &[Arg],
+        args: Vec<u64>,
     ) -> Result<(), GpuError> {
         if grid == 0 || block == 0 || block > 1024 {
             // What cuLaunchKernel says at once for such a configuration (not sticky).
@@ -657,45 +551,55 @@ impl Stream {
             grid,
             block,
             shared,
-            args: args.iter().map(|a| a.slot()).collect(),
+            args,
         })
     }
 
-    /// Queues a copy of `len` bytes from device address `src` into pinned memory at `offset`.
-    pub fn copy_to_pinned(
+    /// Queues a copy of `len` bytes from device address `src` to host memory `dst`.
+    ///
+    /// # Safety
+    /// `dst..dst + len` stays live until the copy has run.
+    pub(super) unsafe fn copy_to_host(
         &self,
-        dst: &PinnedMemory,
-        offset: usize,
+        dst: *mut u8,
         src: u64,
         len: usize,
     ) -> Result<(), GpuError> {
-        let p = dst.at(offset, len);
         self.enqueue(Job::Copy {
-            dst: p.expose_provenance(),
+            dst: dst.expose_provenance(),
             src: src as usize,
             len,
         })
     }
 
-    /// Queues a copy of `len` bytes from pinned memory at `offset` to device address `dst`. The
-    /// caller keeps those pinned bytes unchanged until the copy has run (an event after it).
-    pub fn copy_from_pinned(
+    /// Queues a copy of `len` bytes from host memory `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// `src..src + len` stays live and unchanged until the copy has run.
+    pub(super) unsafe fn copy_from_host(
         &self,
-        src: &PinnedMemory,
-        offset: usize,
+        src: *const u8,
         dst: u64,
         len: usize,
     ) -> Result<(), GpuError> {
-        let p = src.at(offset, len);
         self.enqueue(Job::Copy {
             dst: dst as usize,
-            src: p.expose_provenance(),
+            src: src.expose_provenance(),
             len,
         })
     }
 
-    /// Whether all work queued so far has finished (an error if any of it failed).
-    pub fn is_idle(&self) -> Result<bool, GpuError> {
+    /// [`super::copy_to_gpu`]: the bytes are taken now (the caller may reuse `data` at once),
+    /// the copy runs in stream order.
+    pub(super) fn upload(&self, _cuda: &Cuda, dst: u64, data: &[u8]) -> Result<(), GpuError> {
+        self.enqueue(Job::Upload {
+            dst: dst as usize,
+            data: data.to_vec(),
+        })
+    }
+
+    /// Whether the queue is empty and no job runs (an error if one failed).
+    pub(super) fn is_idle(&self) -> Result<bool, GpuError> {
         let st = lock(&self.shared.state);
         if let Some(f) = &st.failure {
             return Err(f.error());
@@ -703,16 +607,12 @@ impl Stream {
         Ok(st.queue.is_empty() && !st.running)
     }
 
-    /// Waits for the stream, at most `timeout`, polling.
-    pub fn wait_idle(&self, timeout: Duration) -> Result<(), GpuError> {
-        poll_until("GPU stream", timeout, || self.is_idle())
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // Queued work still runs (as with cuStreamDestroy); the worker is not joined, since a
-        // persistent kernel may keep it for a long time.
+    /// Closes the stream: queued work still runs (as with cuStreamDestroy); the worker is not
+    /// joined, since a persistent kernel may keep it for a long time.
+    ///
+    /// # Safety
+    /// Called once, by the owner's drop (nothing is queued after).
+    pub(super) unsafe fn destroy(&self, _cuda: &Cuda) {
         lock(&self.shared.state).closed = true;
         self.shared.wake.notify_all();
     }
@@ -792,17 +692,13 @@ fn run_job(job: Job, failed: Option<Failure>) -> Result<(), Failure> {
 
 /// Runs a kernel to completion on CPU threads through the C++ runtime.
 fn launch_now(
-    kernel: Kernel,
+    kernel: RawKernel,
     grid: u32,
     block: u32,
     shared: u32,
     args: &mut [u64],
 ) -> Result<(), Failure> {
-    // Little-endian: a u32 parameter is read from the low half of its u64 slot.
-    let ptrs: Vec<*mut c_void> = args
-        .iter_mut()
-        .map(|v| (v as *mut u64).cast::<c_void>())
-        .collect();
+    let ptrs = param_pointers(args);
     let nargs = u32::try_from(ptrs.len()).unwrap_or(u32::MAX);
     let mut err = [0u8; 1024];
     // SAFETY: `kernel.name` is a NUL-terminated static string; `ptrs` points at one live
@@ -837,15 +733,6 @@ fn launch_now(
     })
 }
 
-/// Copies `data` into GPU memory at `dst` on `stream`: the bytes are taken now (the caller
-/// may reuse `data` at once), the copy runs in stream order.
-pub fn copy_to_gpu(stream: &Stream, dst: u64, data: &[u8]) -> Result<(), GpuError> {
-    stream.enqueue(Job::Upload {
-        dst: dst as usize,
-        data: data.to_vec(),
-    })
-}
-
 /// An event's records and completions, by generation (each record a new one).
 struct EventState {
     recorded: u64,
@@ -854,27 +741,26 @@ struct EventState {
     failure: Option<Failure>,
 }
 
-/// A completion marker on a stream.
-pub struct Event {
+/// [`super::Event`]'s backend part: its records and completions, shared with the jobs that
+/// record it.
+pub(super) struct RawEvent {
     state: Arc<Mutex<EventState>>,
-    _cuda: Arc<Cuda>,
 }
 
-impl Event {
+impl RawEvent {
     /// A new event (not yet recorded: it counts as complete).
-    pub fn new(cuda: &Arc<Cuda>) -> Result<Self, GpuError> {
+    pub(super) fn new(_cuda: &Cuda) -> Result<Self, GpuError> {
         Ok(Self {
             state: Arc::new(Mutex::new(EventState {
                 recorded: 0,
                 completed: 0,
                 failure: None,
             })),
-            _cuda: cuda.clone(),
         })
     }
 
-    /// Marks the point in `stream` reached by the work queued so far.
-    pub fn record(&self, stream: &Stream) -> Result<(), GpuError> {
+    /// Queues a record on `stream`: a new generation, completed when the job runs.
+    pub(super) fn record(&self, stream: &RawStream) -> Result<(), GpuError> {
         let generation = {
             let mut e = lock(&self.state);
             e.recorded += 1;
@@ -898,9 +784,8 @@ impl Event {
             })
     }
 
-    /// Whether the work before the last `record` has finished (an error if the stream had
-    /// failed by then).
-    pub fn is_done(&self) -> Result<bool, GpuError> {
+    /// Whether the last record has completed (an error if the stream had failed by then).
+    pub(super) fn is_done(&self) -> Result<bool, GpuError> {
         let e = lock(&self.state);
         if let Some(f) = &e.failure {
             return Err(f.error());
@@ -908,72 +793,20 @@ impl Event {
         Ok(e.completed >= e.recorded)
     }
 
-    /// Waits for it, at most `timeout`, polling.
-    pub fn wait(&self, timeout: Duration) -> Result<(), GpuError> {
-        poll_until("GPU event", timeout, || self.is_done())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Transports (b) and (c): host ranges "registered" (device address == host address).
-
-/// A host range made reachable by kernels: here a no-op, the device address being the host
-/// address. It does not own the range: whoever creates it keeps the range mapped for as long
-/// as it lives (see [`HostRegistration::register`]).
-pub struct HostRegistration {
-    _cuda: Arc<Cuda>,
-    pub(super) host: *mut u8,
-    pub(super) len: usize,
-}
-
-// SAFETY: this type holds the range's host address only as a number to report and never
-// dereferences it.
-unsafe impl Send for HostRegistration {}
-// SAFETY: as above: no method reads or writes the range.
-unsafe impl Sync for HostRegistration {}
-
-impl HostRegistration {
-    /// [`HostRegistration::register`]; `read_only` is accepted and ignored (nothing enforces
-    /// it on the host).
+    /// Nothing to destroy.
     ///
     /// # Safety
-    /// As for [`HostRegistration::register`].
-    pub unsafe fn register_with(
-        cuda: &Arc<Cuda>,
-        host: *mut u8,
-        len: usize,
-        _io_memory: bool,
-        _read_only: bool,
-    ) -> Result<Self, GpuError> {
-        host.expose_provenance();
-        Ok(Self {
-            _cuda: cuda.clone(),
-            host,
-            len,
-        })
-    }
-
-    /// Device address of the first byte: the host address.
-    pub fn device_ptr(&self) -> u64 {
-        self.host.addr() as u64
-    }
-
-    /// The device address of the byte at `offset` (`device_ptr() + offset`), after checking
-    /// that the registration covers it.
-    pub fn verify(&self, offset: usize) -> Result<u64, GpuError> {
-        if offset >= self.len {
-            return Err(GpuError::InvalidArgument(format!(
-                "offset {offset:#x} outside a registration of {:#x} bytes",
-                self.len
-            )));
-        }
-        Ok(self.device_ptr() + offset as u64)
-    }
+    /// Called once, by the owner's drop (nothing is done either way).
+    pub(super) unsafe fn destroy(&self, _cuda: &Cuda) {}
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::{
+        Arg, DeviceMemory, Event, GreenPartition, Library, Stream, copy_to_gpu, poll_until,
+    };
     use super::*;
+    use std::time::Duration;
 
     const WAIT: Duration = Duration::from_secs(60);
 
@@ -1034,7 +867,7 @@ mod tests {
         let cuda = cuda();
         let lib = Library::load_ptx(&cuda, "").unwrap();
         let k = lib.kernel("gpunvme_warmup").unwrap();
-        assert_eq!(k.name, c"gpunvme_warmup");
+        assert_eq!(k.raw.name, c"gpunvme_warmup");
         match lib.kernel("gpunvme_no_such_kernel") {
             Err(GpuError::Cuda { call, code, .. }) => {
                 assert_eq!((call, code), ("cuLibraryGetKernel", 500));

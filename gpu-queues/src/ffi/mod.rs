@@ -14,28 +14,45 @@
 //!   GPU: it is not a GPU, and nothing measured through it says anything about GPU
 //!   performance.
 //!
+//! The public types are defined once, for both backends: `gpu.rs` ([`Cuda`], [`Library`],
+//! [`Kernel`], [`GreenPartition`], [`Stream`], [`Event`], [`copy_to_gpu`]) and `memory.rs`
+//! ([`DeviceMemory`], [`PinnedMemory`], [`HostRegistration`], the frees held back while a
+//! persistent kernel runs), with what the backends share: the API and its documentation,
+//! argument and bounds checks, host-side access to pinned memory, waits. Each holds its
+//! backend's raw part, and the backend module (`backend`: `cuda.rs` or `host_gpu.rs`, with the
+//! same names in both) has only what differs: the driver's calls, or the host runtime's.
+//!
 //! Memory the GPU or a controller may change is never reached through Rust references here:
 //! host-side access to pinned memory is by volatile loads and stores and raw copies, with the
 //! fences named where ordering matters.
 //!
 //! [`GpuError::NoCuda`]: crate::error::GpuError::NoCuda
 
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use crate::error::GpuError;
 
-mod host_memory;
+mod gpu;
+mod memory;
 pub mod os;
 
 #[cfg(not(feature = "host-gpu"))]
 mod cuda;
 #[cfg(not(feature = "host-gpu"))]
-pub use cuda::*;
+use cuda as backend;
 
 #[cfg(feature = "host-gpu")]
 mod host_gpu;
 #[cfg(feature = "host-gpu")]
-pub use host_gpu::*;
+use host_gpu as backend;
+
+pub use backend::cuda_present;
+pub use gpu::{Cuda, Event, GreenPartition, Kernel, Library, Stream, copy_to_gpu};
+pub use memory::{
+    DeviceMemory, HostRegistration, PinnedMemory, persistent_kernel_ended,
+    persistent_kernel_started,
+};
 
 /// One kernel argument, passed by value.
 #[derive(Clone, Copy, Debug)]
@@ -100,57 +117,12 @@ fn poll_until(
     }
 }
 
-/// Memory whose free waits until no persistent kernel runs.
-#[derive(Clone, Copy, Debug)]
-enum Deferred {
-    /// GPU memory: its device address and the length asked for.
-    Device {
-        /// Device address of the first byte.
-        ptr: u64,
-        /// Length the owner was allocated with (the host backend's layout; CUDA needs none).
-        #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
-        len: usize,
-    },
-    /// Pinned host memory: its host address and length.
-    Host {
-        /// Host address of the first byte.
-        ptr: usize,
-        /// Length the owner was allocated with (the host backend's layout; CUDA needs none).
-        #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
-        len: usize,
-    },
-}
-
-/// Persistent kernels running (the GPU-resident controller), and the frees held back
-/// meanwhile: with CUDA, `cuMemFree` and `cuMemFreeHost` synchronise with the whole device, so
-/// a free while a persistent kernel runs would wait for it to end (a hang); with `host-gpu`,
-/// the CPU threads of a persistent kernel may still read the memory.
-static PERSISTENT: std::sync::Mutex<(usize, Vec<Deferred>)> =
-    std::sync::Mutex::new((0, Vec::new()));
-
-/// Holds `what` back if a persistent kernel runs; returns whether it did.
-fn defer_free(what: Deferred) -> bool {
-    let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
-    if p.0 == 0 {
-        return false;
-    }
-    p.1.push(what);
-    true
-}
-
-/// Marks a persistent kernel as running: until [`persistent_kernel_ended`], frees of GPU and
-/// pinned memory are held back instead of synchronising with the device.
-pub fn persistent_kernel_started() {
-    PERSISTENT.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
-}
-
-/// Counts a persistent kernel as ended; returns the frees held back meanwhile once none runs
-/// any more (for the backend's `persistent_kernel_ended` to perform), else nothing.
-fn persistent_kernel_count_ended() -> Vec<Deferred> {
-    let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
-    p.0 = p.0.saturating_sub(1);
-    if p.0 > 0 {
-        return Vec::new();
-    }
-    std::mem::take(&mut p.1)
+/// The kernel parameter array of a launch (cuLaunchKernel's `kernelParams`, which the host
+/// runtime takes too): a pointer to each argument's 64-bit slot, in order. Little-endian: a
+/// `u32` parameter is read from the low half of its slot.
+fn param_pointers(slots: &mut [u64]) -> Vec<*mut c_void> {
+    slots
+        .iter_mut()
+        .map(|v| (v as *mut u64).cast::<c_void>())
+        .collect()
 }

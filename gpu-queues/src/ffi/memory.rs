@@ -1,0 +1,423 @@
+//! The memory types of both backends, defined once: [`DeviceMemory`], [`PinnedMemory`] and
+//! [`HostRegistration`], with what they share (bounds checks, access to pinned memory by
+//! volatile words and raw copies, how they print, frees held back while a persistent kernel
+//! runs). Allocating, copying to and from the GPU, registering and freeing are each backend's
+//! (`alloc_device`, `write_device`, `free`, `register`, ... in `cuda.rs` and `host_gpu.rs`).
+// UNSAFETY: pinned memory is shared with the GPU, so the host reaches it only through raw
+// pointers (volatile words, copies), never references; every access is bounds-checked first.
+// The backend calls behind copies, frees and registrations are unsafe functions whose
+// preconditions (a checked range, an owner that is gone) are met here.
+#![expect(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use super::{Cuda, backend};
+use crate::error::GpuError;
+
+/// GPU memory, zeroed on allocation. With CUDA, from `cuMemAlloc` (not a stream-ordered pool:
+/// this memory is registered with a controller and must stay put); with `host-gpu`, anonymous
+/// host memory in 64 KiB units whose device address is its host address.
+pub struct DeviceMemory {
+    pub(super) cuda: Arc<Cuda>,
+    /// Device address of the first byte (with `host-gpu`: the host address, its provenance
+    /// exposed).
+    pub(super) ptr: u64,
+    /// Length asked for.
+    pub(super) len: usize,
+}
+
+impl DeviceMemory {
+    /// Allocates `len` bytes, zeroed (CUDA rounds up to 64 KiB granularity; `host-gpu` maps
+    /// 64 KiB units likewise).
+    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        backend::alloc_device(cuda, len)
+    }
+
+    /// GPU address of the first byte (with `host-gpu`: the host address).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device address of `offset..offset + len`, or an error if it leaves the allocation.
+    fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
+            _ => Err(GpuError::InvalidArgument(format!(
+                "GPU memory access {offset:#x}+{len:#x} outside {:#x} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies `data` to `offset` (synchronous; set-up and test path, not the hot path).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), GpuError> {
+        let dst = self.range(offset, data.len())?;
+        // SAFETY: `range` checked that the destination lies in this allocation, which is live
+        // (borrowed through `self`).
+        unsafe { backend::write_device(&self.cuda, dst, data) }
+    }
+
+    /// Copies bytes at `offset` into `buf` (synchronous).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), GpuError> {
+        let src = self.range(offset, buf.len())?;
+        // SAFETY: `range` checked that the source lies in this allocation, which is live
+        // (borrowed through `self`).
+        unsafe { backend::read_device(&self.cuda, src, buf) }
+    }
+
+    /// Exports `len` bytes at `offset` as a dma-buf file descriptor
+    /// (`cuMemGetHandleForAddressRange`, `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`). The range must
+    /// be aligned to the GPU's page (64 KiB on current GPUs) or the driver refuses it. Refused
+    /// by the `host-gpu` build, which has no GPU memory to export (transport (b) skips it).
+    pub fn export_dma_buf(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> Result<std::os::fd::OwnedFd, GpuError> {
+        let ptr = self.range(offset, len)?;
+        backend::export_dma_buf(&self.cuda, ptr, len)
+    }
+
+    /// Sets `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation, as GDRCopy asks of memory a
+    /// third party reaches through BAR1: CUDA copies to it then complete before they return.
+    /// Nothing to do with `host-gpu` (host memory copies are synchronous already).
+    pub fn set_sync_memops(&self) -> Result<(), GpuError> {
+        backend::set_sync_memops(&self.cuda, self.ptr)
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        free_or_defer(
+            &self.cuda,
+            Deferred::Device {
+                ptr: self.ptr,
+                len: self.len,
+            },
+        );
+    }
+}
+
+/// Page-locked host memory mapped into the GPU's address space: doorbell pages, the host's
+/// abort word, staging areas. With CUDA, `cuMemHostAlloc` with DEVICEMAP | PORTABLE; with
+/// `host-gpu`, zeroed anonymous host memory in whole pages whose device address is its host
+/// address.
+pub struct PinnedMemory {
+    pub(super) cuda: Arc<Cuda>,
+    /// Host address of the first byte (page-aligned).
+    pub(super) host: *mut u8,
+    /// Device address of the first byte.
+    pub(super) dev: u64,
+    /// Length in bytes (whole pages).
+    pub(super) len: usize,
+}
+
+// SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
+// volatile word accesses, which any thread may perform (the GPU, or the host-gpu kernels'
+// threads, do too).
+unsafe impl Send for PinnedMemory {}
+// SAFETY: as above: no method hands out references into the memory.
+unsafe impl Sync for PinnedMemory {}
+
+impl PinnedMemory {
+    /// Allocates `len` bytes of zeroed pinned memory mapped into the GPU (rounded up to whole
+    /// 4 KiB pages).
+    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        backend::alloc_pinned(cuda, len)
+    }
+
+    /// The GPU's address of the first byte (with `host-gpu`: the host address).
+    pub fn device_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// The host address of the first byte (never turned into a Rust reference).
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The host address of `offset`, after checking that `offset..offset + len` is inside.
+    ///
+    /// # Panics
+    /// If it is not (a caller's bug: offsets into pinned memory come from the crate's layouts).
+    pub(super) fn at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "pinned access {offset:#x}+{len:#x} outside {:#x}",
+            self.len
+        );
+        self.host.wrapping_add(offset)
+    }
+
+    /// Loads the 32-bit word at `offset` (4-byte aligned) as a word the GPU may be writing:
+    /// a volatile load, then an Acquire fence (what the GPU wrote before it is visible after).
+    pub fn load_u32(&self, offset: usize) -> u32 {
+        assert_eq!(offset % 4, 0);
+        let p = self.at(offset, 4).cast::<u32>();
+        // SAFETY: in bounds of this live allocation and aligned (checked above; the allocation
+        // is page-aligned); volatile because the GPU writes it behind our back.
+        let v = unsafe { p.read_volatile() };
+        fence(Ordering::Acquire);
+        v
+    }
+
+    /// Stores the 32-bit word at `offset`: a Release fence, then a volatile store.
+    pub fn store_u32(&self, offset: usize, value: u32) {
+        assert_eq!(offset % 4, 0);
+        let p = self.at(offset, 4).cast::<u32>();
+        fence(Ordering::Release);
+        // SAFETY: in bounds and aligned (as in `load_u32`); volatile because the GPU reads it
+        // behind our back.
+        unsafe { p.write_volatile(value) }
+    }
+
+    /// Copies `data` in at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        let p = self.at(offset, data.len());
+        // SAFETY: in bounds of this live allocation; the source is a distinct live slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    }
+
+    /// Copies bytes at `offset` out into `buf`.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        let p = self.at(offset, buf.len());
+        // SAFETY: in bounds of this live allocation; the destination is a distinct live slice.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+    }
+}
+
+impl Drop for PinnedMemory {
+    fn drop(&mut self) {
+        free_or_defer(
+            &self.cuda,
+            Deferred::Host {
+                ptr: self.host.expose_provenance(),
+                len: self.len,
+            },
+        );
+    }
+}
+
+/// A host range made reachable by GPU threads; unregistered on drop. With CUDA,
+/// `cuMemHostRegister` (DEVICEMAP | PORTABLE, plus IOMEMORY for device registers); with
+/// `host-gpu`, nothing is registered: the device address is the host address.
+///
+/// It does not own the range: whoever creates it keeps the range mapped for as long as it lives
+/// (see [`HostRegistration::register`]).
+pub struct HostRegistration {
+    pub(super) cuda: Arc<Cuda>,
+    /// Host address of the first byte (a key for the driver; never dereferenced here).
+    pub(super) host: *mut u8,
+    /// Length in bytes.
+    pub(super) len: usize,
+    /// Device address of the first byte.
+    pub(super) dev: u64,
+}
+
+// SAFETY: the registration is a driver-side object (none with `host-gpu`); this type holds only
+// its host address, as a key and a number to report, and never dereferences it.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above: no method reads or writes the range.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Makes `len` bytes at `host` reachable by kernels and returns the registration
+    /// ([`HostRegistration::register_with`], not read-only). `io_memory`: the range is device
+    /// memory (a BAR mapping), registered with `CU_MEMHOSTREGISTER_IOMEMORY` (root only:
+    /// `CUDA_ERROR_NOT_PERMITTED` otherwise; the `host-gpu` build ignores it). The caller
+    /// touches every page first where the mapping needs it (BAR0 through VFIO does).
+    ///
+    /// # Safety
+    /// `host..host + len` is mapped in this process, page-aligned, and stays mapped until the
+    /// returned value is dropped (the GPU keeps a translation for it; unmapping first would
+    /// leave it a dangling mapping).
+    pub unsafe fn register(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+    ) -> Result<Self, GpuError> {
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { Self::register_with(cuda, host, len, io_memory, false) }
+    }
+
+    /// [`HostRegistration::register`], optionally `CU_MEMHOSTREGISTER_READ_ONLY` (the GPU
+    /// only reads the range: what a read-only file mapping allows; the `host-gpu` build accepts
+    /// and ignores it, nothing enforcing it on the host).
+    ///
+    /// # Safety
+    /// As for [`HostRegistration::register`].
+    pub unsafe fn register_with(
+        cuda: &Arc<Cuda>,
+        host: *mut u8,
+        len: usize,
+        io_memory: bool,
+        read_only: bool,
+    ) -> Result<Self, GpuError> {
+        // SAFETY: forwarded: the caller's promise, which is the backend's precondition.
+        unsafe { backend::register(cuda, host, len, io_memory, read_only) }
+    }
+
+    /// GPU address of the first byte (with `host-gpu`: the host address).
+    pub fn device_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Checks that the registration covers the byte at `offset` (a doorbell page, say) and
+    /// returns its GPU address, `device_ptr() + offset`: CUDA is asked again for the address
+    /// (`cuMemHostGetDevicePointer`), which must be that one.
+    pub fn verify(&self, offset: usize) -> Result<u64, GpuError> {
+        if offset >= self.len {
+            return Err(GpuError::InvalidArgument(format!(
+                "offset {offset:#x} outside a registration of {:#x} bytes",
+                self.len
+            )));
+        }
+        let got = backend::registered_address(self, offset)?;
+        let want = self.dev + offset as u64;
+        if got != want {
+            return Err(GpuError::Unsupported(format!(
+                "CUDA maps byte {offset:#x} of the registered range at {got:#x}, not {want:#x}: \
+                 the registration does not cover that page as one range"
+            )));
+        }
+        Ok(got)
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        // SAFETY: the registration made when `self` was created, unregistered once, here; the
+        // range is still mapped (the creator's contract).
+        unsafe { backend::unregister(&self.cuda, self.host) }
+    }
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory({:#x}+{:#x})", self.ptr, self.len)
+    }
+}
+
+/// How [`PinnedMemory`] and [`HostRegistration`] print: `Type(host 0x…, gpu 0x…, 0x…)`.
+fn fmt_host_range(
+    f: &mut std::fmt::Formatter<'_>,
+    ty: &str,
+    host: *mut u8,
+    dev: u64,
+    len: usize,
+) -> std::fmt::Result {
+    write!(f, "{ty}(host {host:p}, gpu {dev:#x}, {len:#x})")
+}
+
+impl std::fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fmt_host_range(f, "PinnedMemory", self.host, self.dev, self.len)
+    }
+}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fmt_host_range(f, "HostRegistration", self.host, self.dev, self.len)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frees held back while a persistent kernel runs.
+
+/// Memory whose free waits until no persistent kernel runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Deferred {
+    /// GPU memory: its device address and the length asked for.
+    Device {
+        /// Device address of the first byte.
+        ptr: u64,
+        /// Length the owner was allocated with (the host backend's layout; CUDA needs none).
+        #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
+        len: usize,
+    },
+    /// Pinned host memory: its host address (provenance exposed) and length.
+    Host {
+        /// Host address of the first byte.
+        ptr: usize,
+        /// Length the owner was allocated with (the host backend's layout; CUDA needs none).
+        #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
+        len: usize,
+    },
+}
+
+/// Persistent kernels running (the GPU-resident controller), and the frees held back
+/// meanwhile: with CUDA, `cuMemFree` and `cuMemFreeHost` synchronise with the whole device, so
+/// a free while a persistent kernel runs would wait for it to end (a hang); with `host-gpu`,
+/// the CPU threads of a persistent kernel may still read the memory.
+static PERSISTENT: std::sync::Mutex<(usize, Vec<Deferred>)> =
+    std::sync::Mutex::new((0, Vec::new()));
+
+/// Frees the memory of a dropped owner (`what`), or holds it back if a persistent kernel runs.
+fn free_or_defer(cuda: &Cuda, what: Deferred) {
+    {
+        let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
+        if p.0 > 0 {
+            p.1.push(what);
+            return;
+        }
+    }
+    // SAFETY: `what` is the allocation of an owner being dropped (nothing refers to it any
+    // more), freed once, here.
+    unsafe { backend::free(cuda, what) }
+}
+
+/// Marks a persistent kernel as running: until [`persistent_kernel_ended`], frees of GPU and
+/// pinned memory are held back instead of synchronising with the device.
+pub fn persistent_kernel_started() {
+    PERSISTENT.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+}
+
+/// Marks a persistent kernel as ended (its stream is idle); when none runs any more, performs
+/// the frees held back meanwhile (with `host-gpu`, each once no stream has work in flight).
+pub fn persistent_kernel_ended(cuda: &Cuda) {
+    let held = {
+        let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
+        p.0 = p.0.saturating_sub(1);
+        if p.0 > 0 {
+            return;
+        }
+        std::mem::take(&mut p.1)
+    };
+    for what in held {
+        // SAFETY: each was an allocation of this crate whose owner was dropped (so nothing
+        // refers to it); it was held back once, and is freed once, here.
+        unsafe { backend::free(cuda, what) }
+    }
+}
