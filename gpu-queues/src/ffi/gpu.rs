@@ -110,7 +110,7 @@ impl Library {
         })
     }
 
-    /// The kernel named `name` (an `extern "C"` entry point of `gpunvme_kernels.cu`); with
+    /// The kernel named `name` (an `extern "C"` entry point of the library's PTX); with
     /// `host-gpu`, `CUDA_ERROR_NOT_FOUND` from `cuLibraryGetKernel` where the host build has no
     /// kernel of that name, as CUDA says.
     pub fn kernel(&self, name: &str) -> Result<Kernel, GpuError> {

@@ -1,5 +1,6 @@
 //! The `host-gpu` backend of [`super`]: **not a GPU**. The project's CUDA sources
-//! (`ptx/kernels/gpunvme_kernels.cu` and the headers it includes) are compiled for the host by g++
+//! (`ptx/kernels/gpunvme_kernels.cu`, `ptx/emu/gpunvme_emu_kernels.cu` and the headers they
+//! include) are compiled for the host by g++
 //! against `ptx/host/gpunvme_host.h` (see `build.rs`), and a kernel launch runs them on CPU
 //! threads (`ptx/host/gpunvme_host.cpp`: one OS thread per GPU thread). It is a correctness
 //! harness, so that the GPU test suite's logic runs in CI on machines without a GPU; nothing

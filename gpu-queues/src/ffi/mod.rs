@@ -8,7 +8,8 @@
 //!   [`Cuda::open`] checks that libcuda can be loaded before the first CUDA call (cudarc panics
 //!   otherwise) and returns [`GpuError::NoCuda`];
 //! - with the `host-gpu` feature, a CPU stand-in (`host_gpu.rs`): the project's CUDA sources
-//!   (`ptx/kernels/gpunvme_kernels.cu`) compiled for the host by g++ against `ptx/host/gpunvme_host.h`
+//!   (`ptx/kernels/`, and the emulated controllers' `ptx/emu/`) compiled for the host by g++
+//!   against `ptx/host/gpunvme_host.h`
 //!   and run on CPU threads, "GPU memory" being host memory whose device address is its host
 //!   address. It is a correctness harness, so that the GPU tests' logic runs in CI without a
 //!   GPU: it is not a GPU, and nothing measured through it says anything about GPU
