@@ -51,4 +51,21 @@ impl EmuKernels {
         stream.launch(self.warmup, 1, 32, &[Arg::U64(0)])?;
         stream.wait_idle(Duration::from_secs(10))
     }
+
+    /// Launches the scatter and gather kernels once on `stream` with no pieces (the scatter's
+    /// block counter at `done_blocks`, which it leaves at 0) and waits: CUDA's lazy loading
+    /// loads a kernel on its first launch, and that load may need a context synchronisation
+    /// (the CUDA Programming Guide, "Lazy Loading", "Concurrent execution"): a first launch
+    /// while a client kernel spins on the copy it would make could wait for that client, which
+    /// waits for the copy, until the client's bound runs out.
+    pub fn warm_up_copies(&self, stream: &Stream, done_blocks: u64) -> Result<(), GpuError> {
+        stream.launch(
+            self.scatter,
+            1,
+            32,
+            &[Arg::U64(0), Arg::U32(0), Arg::U64(0), Arg::U64(done_blocks)],
+        )?;
+        stream.launch(self.gather, 1, 32, &[Arg::U64(0), Arg::U32(0), Arg::U64(0)])?;
+        stream.wait_idle(Duration::from_secs(10))
+    }
 }

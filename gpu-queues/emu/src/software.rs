@@ -227,10 +227,15 @@ impl GpuDma {
         let mut engines = Vec::with_capacity(threads.max(1));
         for _ in 0..threads.max(1) {
             let stream = Stream::new(cuda, Placement::Controller, Some(partition))?;
+            let done_blocks = DeviceMemory::alloc(cuda, 256)?;
+            // Every kernel this engine launches is loaded on its stream now, while nothing
+            // spins: a first launch (lazy loading) during a client kernel's wait may need a
+            // context synchronisation, which waits for that client, which waits for this copy.
             kernels.warm_up(&stream)?;
+            kernels.warm_up_copies(&stream, done_blocks.ptr())?;
             engines.push(Engine {
                 stream,
-                done_blocks: DeviceMemory::alloc(cuda, 256)?,
+                done_blocks,
                 state: Mutex::new(EngineState {
                     areas: [area()?, area()?],
                     cur: 0,
@@ -766,7 +771,9 @@ pub fn queues(
     let kernels = Kernels::load(cuda)?;
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
     let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
-    kernels.warm_up(&client_stream)?;
+    // Every client kernel loaded before any of them spins (lazy loading: see
+    // `Kernels::warm_up_clients`).
+    kernels.warm_up_clients(cuda, &client_stream)?;
     // One copy engine per controller thread, each warmed up on its own stream.
     let emu_kernels = EmuKernels::load(cuda)?;
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;

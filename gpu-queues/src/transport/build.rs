@@ -96,7 +96,9 @@ pub(crate) fn build_queues(
     let kernels = Kernels::load(cuda)?;
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
     let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
-    kernels.warm_up(&client_stream)?;
+    // Every client kernel loaded before any of them spins (lazy loading: see
+    // `Kernels::warm_up_clients`).
+    kernels.warm_up_clients(cuda, &client_stream)?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
     // An SSD across PCIe: system-scope fences (no QF_LOCAL_PEER).
     let common = DescCommon {
