@@ -196,11 +196,14 @@ if [ $SAN = 1 ]; then
         # compute-sanitizer runs one kernel at a time: the controller's scatter/gather kernels
         # would queue behind the client kernel that waits for them (every I/O times out).
         # Under the sanitizer the software controller moves data with cuMemcpyAsync instead.
-        export GPUNVME_EMU_DMA=memcpy
+        # (The software controller detects the sanitizer and copies with cuMemcpyAsync by itself;
+        # GPUNVME_EMU_DMA=kernels|memcpy would force either mode.)
         # The sanitizer slows kernels (and instruments each on its first launch): the GPU
         # queues' 10 s bound on every wait timed out in the bounced file paths on the H100
         # (files::byte_ranges_at_odd_offsets, gpu_write), which pass with 120 s in seconds.
-        export GPUNVME_GPU_TIMEOUT_S=120
+        # (The GPU queues detect the sanitizer and bound their waits at 120 s by themselves.)
+        # Neither variable is set here, so these runs show that the detection works.
+        unset GPUNVME_EMU_DMA GPUNVME_GPU_TIMEOUT_S
         for tool in memcheck racecheck synccheck; do
             for rw in randread randwrite; do
                 check "sanitizer $tool perf --gpu $rw" compute-sanitizer --tool $tool --error-exitcode 3 \

@@ -63,13 +63,26 @@ impl Default for GpuQueueOptions {
 /// The environment variable that sets [`GpuQueueOptions::timeout`]'s default, in seconds.
 pub const TIMEOUT_ENV: &str = "GPUNVME_GPU_TIMEOUT_S";
 
-/// 10 s, or [`TIMEOUT_ENV`] when it holds a number of seconds from 1 to 3600 (anything else is
-/// reported once and ignored: an options default cannot fail).
+/// 10 s (120 s under compute-sanitizer, which slows kernels many times), or [`TIMEOUT_ENV`]
+/// when it holds a number of seconds from 1 to 3600 (anything else is reported once and
+/// ignored: an options default cannot fail).
 fn default_timeout() -> Duration {
-    const DEFAULT: Duration = Duration::from_secs(10);
-    match std::env::var(TIMEOUT_ENV) {
-        Err(_) => DEFAULT,
-        Ok(v) => match v.trim().parse::<u64>() {
+    timeout_from(
+        std::env::var(TIMEOUT_ENV).ok().as_deref(),
+        under_compute_sanitizer(),
+    )
+}
+
+/// [`default_timeout`] from the variable's value and whether the sanitizer runs.
+fn timeout_from(var: Option<&str>, sanitizer: bool) -> Duration {
+    let default = if sanitizer {
+        Duration::from_secs(120)
+    } else {
+        Duration::from_secs(10)
+    };
+    match var {
+        None => default,
+        Some(v) => match v.trim().parse::<u64>() {
             Ok(s) if (1..=3600).contains(&s) => Duration::from_secs(s),
             _ => {
                 static WARNED: std::sync::Once = std::sync::Once::new();
@@ -78,10 +91,28 @@ fn default_timeout() -> Duration {
                         "{TIMEOUT_ENV}={v:?} ignored: expected whole seconds, 1 to 3600"
                     );
                 });
-                DEFAULT
+                default
             }
         },
     }
+}
+
+/// Whether this process runs under NVIDIA's compute-sanitizer, told by the injection
+/// environment the sanitizer gives the programs it launches (`NV_SANITIZER_INJECTION_*`, or an
+/// `*_INJECTION64_PATH` naming its library; seen with compute-sanitizer 2025.3, CUDA 13.0).
+/// The sanitizer runs one kernel at a time and slows each many times, so the GPU queues' waits
+/// get a longer default bound and the software controller copies without kernels of its own.
+pub fn under_compute_sanitizer() -> bool {
+    sanitizer_in(|k| std::env::var(k).ok())
+}
+
+/// [`under_compute_sanitizer`] over any environment.
+fn sanitizer_in(get: impl Fn(&str) -> Option<String>) -> bool {
+    get("NV_SANITIZER_INJECTION_PORT_BASE").is_some()
+        || get("NV_SANITIZER_INJECTION_TRANSPORT_TYPE").is_some()
+        || ["CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH"]
+            .iter()
+            .any(|k| get(k).is_some_and(|v| v.contains("sanitizer")))
 }
 
 /// Queue geometry every transport derives the same way from the controller and the options.
@@ -599,6 +630,37 @@ mod tests {
             l[512..1024].iter().all(|&e| e == 0),
             "second page of a slot is left empty"
         );
+    }
+
+    #[test]
+    fn the_sanitizer_is_told_by_its_injection_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(!sanitizer_in(env(&[])));
+        assert!(!sanitizer_in(env(&[(
+            "CUDA_INJECTION64_PATH",
+            "libnsys.so"
+        )])));
+        assert!(sanitizer_in(env(&[(
+            "NVTX_INJECTION64_PATH",
+            "libsanitizer-collection.so"
+        )])));
+        assert!(sanitizer_in(env(&[(
+            "NV_SANITIZER_INJECTION_PORT_BASE",
+            "49152"
+        )])));
+        // The default bound follows; the variable still rules.
+        assert_eq!(timeout_from(None, false), Duration::from_secs(10));
+        assert_eq!(timeout_from(None, true), Duration::from_secs(120));
+        assert_eq!(timeout_from(Some("30"), true), Duration::from_secs(30));
+        assert_eq!(timeout_from(Some("0"), false), Duration::from_secs(10));
+        assert_eq!(timeout_from(Some("x"), true), Duration::from_secs(120));
     }
 
     #[test]

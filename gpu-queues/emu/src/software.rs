@@ -154,17 +154,35 @@ pub enum CopyMode {
     /// One `cuMemcpyAsync` per piece, no kernels: for `compute-sanitizer`, which runs one
     /// kernel at a time, so the controller's kernels would wait behind the client kernel that
     /// waits for them. About 0.3 M commands/s (../shared/design/gpu.md): for checking only.
-    /// Chosen with `GPUNVME_EMU_DMA=memcpy`.
+    /// Chosen under compute-sanitizer, or with `GPUNVME_EMU_DMA=memcpy`.
     Memcpy,
 }
 
 impl CopyMode {
-    /// The mode `GPUNVME_EMU_DMA` asks for (`kernels`, the default, or `memcpy`).
+    /// The mode `GPUNVME_EMU_DMA` asks for (`kernels` or `memcpy`); unset, `memcpy` under
+    /// compute-sanitizer ([`gpu_queues::queues::under_compute_sanitizer`], logged) and
+    /// `kernels` otherwise.
     pub fn from_env() -> Result<Self, GpuError> {
-        match std::env::var("GPUNVME_EMU_DMA").as_deref() {
-            Err(_) | Ok("") | Ok("kernels") => Ok(Self::Kernels),
-            Ok("memcpy") => Ok(Self::Memcpy),
-            Ok(other) => Err(GpuError::InvalidArgument(format!(
+        let var = std::env::var("GPUNVME_EMU_DMA").ok();
+        Self::choose(
+            var.as_deref(),
+            gpu_queues::queues::under_compute_sanitizer(),
+        )
+    }
+
+    /// [`CopyMode::from_env`] from the variable's value and whether the sanitizer runs.
+    fn choose(var: Option<&str>, sanitizer: bool) -> Result<Self, GpuError> {
+        match var {
+            None | Some("") if sanitizer => {
+                tracing::info!(
+                    "compute-sanitizer detected: the software controller copies with \
+                     cuMemcpyAsync (GPUNVME_EMU_DMA=kernels overrides)"
+                );
+                Ok(Self::Memcpy)
+            }
+            None | Some("") | Some("kernels") => Ok(Self::Kernels),
+            Some("memcpy") => Ok(Self::Memcpy),
+            Some(other) => Err(GpuError::InvalidArgument(format!(
                 "GPUNVME_EMU_DMA={other}: expected `kernels` or `memcpy`"
             ))),
         }
@@ -891,4 +909,25 @@ pub fn queues(
             }),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CopyMode;
+
+    #[test]
+    fn copy_mode_follows_the_variable_then_the_sanitizer() {
+        assert_eq!(CopyMode::choose(None, false).unwrap(), CopyMode::Kernels);
+        assert_eq!(CopyMode::choose(None, true).unwrap(), CopyMode::Memcpy);
+        assert_eq!(CopyMode::choose(Some(""), true).unwrap(), CopyMode::Memcpy);
+        assert_eq!(
+            CopyMode::choose(Some("kernels"), true).unwrap(),
+            CopyMode::Kernels
+        );
+        assert_eq!(
+            CopyMode::choose(Some("memcpy"), false).unwrap(),
+            CopyMode::Memcpy
+        );
+        assert!(CopyMode::choose(Some("dma"), false).is_err());
+    }
 }
