@@ -258,6 +258,19 @@ pub struct DescParts {
 }
 
 impl DescCommon {
+    /// What every queue of a set built to `plan` shares: the host's abort word at
+    /// `host_flags`, every device-side wait bounded by `timeout`, `flags` (`QF_*`).
+    pub fn new(plan: &Plan, host_flags: &PinnedMemory, timeout: Duration, flags: u16) -> Self {
+        Self {
+            host_flags: host_flags.device_ptr(),
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            depth: plan.depth,
+            flags,
+            slot_buffer_bytes: plan.slot_buffer_bytes,
+            max_transfer: plan.max_transfer,
+        }
+    }
+
     /// The descriptor of one queue.
     pub fn desc(&self, p: DescParts) -> QueueDesc {
         QueueDesc {

@@ -779,12 +779,13 @@ pub fn queues(
     emu: &Arc<EmuDevice>,
     opts: &GpuQueueOptions,
 ) -> Result<GpuQueues, GpuError> {
+    let p = plan(controller.info(), opts)?;
     let Plan {
         depth,
         slot_buffer_bytes,
         count,
-        max_transfer,
-    } = plan(controller.info(), opts)?;
+        ..
+    } = p;
 
     let kernels = Kernels::load(cuda)?;
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
@@ -797,14 +798,7 @@ pub fn queues(
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common = DescCommon {
-        host_flags: host_flags.device_ptr(),
-        timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-        depth,
-        flags: 0,
-        slot_buffer_bytes,
-        max_transfer,
-    };
+    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0);
     let map = emu.address_map();
     let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
     let register = |mem: Arc<DeviceMemory>| register_region(map, &engine, mem, false);
@@ -897,12 +891,7 @@ pub fn queues(
             client_stream,
             kernels,
             partition,
-            plan: Plan {
-                depth,
-                slot_buffer_bytes,
-                count,
-                max_transfer,
-            },
+            plan: p,
             backend: Arc::new(SoftwareTransport {
                 emu: emu.clone(),
                 engine,

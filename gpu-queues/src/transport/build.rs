@@ -101,14 +101,7 @@ pub(crate) fn build_queues(
     kernels.warm_up_clients(cuda, &client_stream)?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
     // An SSD across PCIe: system-scope fences (no QF_LOCAL_PEER).
-    let common = DescCommon {
-        host_flags: host_flags.device_ptr(),
-        timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-        depth: p.depth,
-        flags: 0,
-        slot_buffer_bytes: p.slot_buffer_bytes,
-        max_transfer: p.max_transfer,
-    };
+    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0);
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, align);
 
     let mut pairs = Vec::with_capacity(p.count as usize);

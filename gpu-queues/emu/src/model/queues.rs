@@ -68,7 +68,7 @@ pub fn queues(
         depth,
         slot_buffer_bytes,
         count,
-        max_transfer,
+        ..
     } = plan;
     let n = count as usize;
     let d = depth as usize;
@@ -92,14 +92,7 @@ pub fn queues(
     .map(|(base, len)| gpu.register_window(base, len as u64))
     .collect::<Result<_, _>>()?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common = DescCommon {
-        host_flags: host_flags.device_ptr(),
-        timeout_ns: opts.timeout.as_nanos().min(u64::MAX as u128) as u64,
-        depth,
-        flags: QF_LOCAL_PEER,
-        slot_buffer_bytes,
-        max_transfer,
-    };
+    let common = DescCommon::new(&plan, &host_flags, opts.timeout, QF_LOCAL_PEER);
     let client_stream = Stream::new(cuda, Placement::Client, Some(gpu.partition()))?;
     let region = |mem: &Arc<DeviceMemory>, base: u64, off: usize, len: usize| {
         DmaRegion::contiguous(base + off as u64, len, Box::new(mem.clone()))
