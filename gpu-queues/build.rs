@@ -18,6 +18,7 @@ fn host_gpu() {
         "../ptx/host",
         "../ptx/include",
         "../ptx/kernels/gpunvme_kernels.cu",
+        "../ptx/kernels/gpunvme_cache_kernels.cu",
         "../ptx/emu/gpunvme_controller.cuh",
         "../ptx/emu/gpunvme_emu_kernels.cu",
     ] {

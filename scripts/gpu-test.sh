@@ -227,6 +227,14 @@ if [ $SAN = 1 ]; then
             check "sanitizer memcheck $t" compute-sanitizer --tool memcheck --error-exitcode 3 \
                 "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
         done
+        # The page cache: its state machine under all three tools (racecheck sees shared memory
+        # only, which the cache does not use; synccheck checks every warp mask it passes).
+        for tool in memcheck racecheck synccheck; do
+            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value; do
+                check "sanitizer $tool $t" compute-sanitizer --tool $tool --error-exitcode 3 \
+                    "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
+            done
+        done
         for ex in "gpu_read --size 16M" "gpu_random --size 16M --reads 8192 --gather 256" \
             "gpu_write --size 16M" "load_safetensors"; do
             set -- $ex

@@ -17,6 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=(
+    cache::concurrent_readers_of_one_page_issue_one_command
+    cache::eviction_under_pressure_keeps_every_value
+    cache::media_error_reaches_every_waiter
+    cache::dropped_completion_returns_to_every_waiter
+    cache::all_referenced_returns_cache_full
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum

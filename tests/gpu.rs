@@ -1690,3 +1690,317 @@ fn model_ssd_timing_bounds_latency_and_rate() {
     drop(r);
     let _ = std::fs::remove_file(&path);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The page cache (gpu_queues::cache, ptx/include/gpunvme_cache.cuh): elements of an LBA range
+// read through a cache in GPU memory, on the software controller. The data is the perf pattern,
+// whose every 8-byte word encodes its LBA, so a stale or wrong frame shows.
+
+mod cache {
+    use super::*;
+    use gpu_queues::cache::{CacheOptions, CacheStats, GpuCache};
+
+    /// Elements (8-byte words) per 4 KiB page.
+    const PER_PAGE: u64 = 512;
+
+    /// The pattern word of element `i` of a range that starts at LBA 0.
+    fn expected(lba_size: u32, i: u64) -> u64 {
+        let byte = i * 8;
+        gpu_queues::pattern::word(
+            SEED,
+            1,
+            byte / lba_size as u64,
+            ((byte % lba_size as u64) / 8) as usize,
+        )
+    }
+
+    fn cache_of(r: &Rig, frames: u64, full_wait: Option<Duration>) -> GpuCache<'_> {
+        GpuCache::new(
+            &r.gpu,
+            CacheOptions {
+                page_size: 4096,
+                capacity: frames * 4096,
+                full_wait,
+                ..Default::default()
+            },
+        )
+        .expect("cache")
+    }
+
+    /// A cache over the first `pages` 4 KiB pages of namespace 1, prefilled with the pattern.
+    fn cached_range(r: &Rig, pages: u64, frames: u64, full_wait: Option<Duration>) -> GpuCache<'_> {
+        let blocks = pages * 4096 / r.lba as u64;
+        cpu_prefill(r, blocks);
+        let mut c = cache_of(r, frames, full_wait);
+        let id = c.bind_lba_range(1, r.lba, 0, blocks).expect("bind");
+        assert_eq!(id.index(), 0);
+        c
+    }
+
+    /// Runs `gpunvme_cache_test`: `threads` threads (whole warps launched) each read `per`
+    /// elements, thread t the indices `idx[t * per..]`; returns each value and status.
+    fn read_elements(
+        r: &Rig,
+        c: &GpuCache<'_>,
+        warp: bool,
+        threads: u32,
+        per: u32,
+        idx: &[u64],
+    ) -> (Vec<u64>, Vec<DeviceStatus>) {
+        let n = threads as usize * per as usize;
+        assert_eq!(idx.len(), n);
+        let cuda = r.gpu.cuda();
+        let idx_mem = DeviceMemory::alloc(cuda, n * 8).unwrap();
+        idx_mem.write(0, idx.as_bytes()).unwrap();
+        let values = DeviceMemory::alloc(cuda, n * 8).unwrap();
+        let statuses = DeviceMemory::alloc(cuda, n * 4).unwrap();
+        let block = threads.next_multiple_of(32).min(128);
+        let grid = threads.div_ceil(block);
+        let s = r.gpu.client_stream();
+        s.launch(
+            r.gpu.kernels().cache_test,
+            grid,
+            block,
+            &[
+                Arg::U64(c.descriptor()),
+                Arg::U32(0),
+                Arg::U32(warp as u32),
+                Arg::U32(per),
+                Arg::U64(threads as u64),
+                Arg::U64(idx_mem.ptr()),
+                Arg::U64(values.ptr()),
+                Arg::U64(statuses.ptr()),
+            ],
+        )
+        .unwrap();
+        s.wait_idle(Duration::from_secs(300))
+            .expect("cache kernel ends");
+        let mut v = vec![0u64; n];
+        values.read(0, v.as_mut_bytes()).unwrap();
+        let mut st = vec![0u32; n];
+        statuses.read(0, st.as_mut_bytes()).unwrap();
+        (v, st.into_iter().map(DeviceStatus::from_code).collect())
+    }
+
+    fn assert_values(r: &Rig, idx: &[u64], v: &[u64], st: &[DeviceStatus]) {
+        for (k, (&i, (&got, &s))) in idx.iter().zip(v.iter().zip(st)).enumerate() {
+            assert_eq!(s, DeviceStatus::Ok, "access {k} (element {i})");
+            assert_eq!(got, expected(r.lba, i), "access {k}: element {i}");
+        }
+    }
+
+    fn invariants(c: &GpuCache<'_>) {
+        if let Err(e) = c.check_invariants() {
+            panic!("cache invariants: {e}");
+        }
+    }
+
+    fn seeded(seed: u64, n: usize, below: u64) -> Vec<u64> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % below
+            })
+            .collect()
+    }
+
+    fn stats(c: &GpuCache<'_>) -> CacheStats {
+        c.stats().expect("cache statistics")
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn concurrent_readers_of_one_page_issue_one_command() {
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 64, 16, None);
+        let before = r.emu.stats();
+        // 256 threads in 8 warps, every lane on page 5: one lookup per warp, one fill in all.
+        let idx: Vec<u64> = (0..256)
+            .map(|t| 5 * PER_PAGE + (t * 7) % PER_PAGE)
+            .collect();
+        let (v, st) = read_elements(&r, &c, true, 256, 1, &idx);
+        assert_values(&r, &idx, &v, &st);
+        let s = stats(&c);
+        assert_eq!((s.misses, s.read_cmds), (1, 1), "{s:?}");
+        // Every access is a hit, a wait for another warp's fill, or one of the filling warp's.
+        assert_eq!(s.hits + s.waits + 32, 256, "{s:?}");
+        assert_eq!(
+            r.emu.stats().reads - before.reads,
+            1,
+            "the controller saw one read"
+        );
+        invariants(&c);
+        // Alone (thread variant), on pages 5 (cached) and 9 (not): one more command.
+        let idx: Vec<u64> = (0..128)
+            .map(|t| [5, 9][t as usize % 2] * PER_PAGE + t)
+            .collect();
+        let (v, st) = read_elements(&r, &c, false, 128, 1, &idx);
+        assert_values(&r, &idx, &v, &st);
+        let s = stats(&c);
+        assert_eq!((s.misses, s.read_cmds, s.errors), (2, 2, 0), "{s:?}");
+        assert_eq!(r.emu.stats().reads - before.reads, 2);
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn eviction_under_pressure_keeps_every_value() {
+        let r = rig(512, 2, 64);
+        // 256 pages through 8 frames, threads alone: every thread holds one page at a time.
+        let c = cached_range(&r, 256, 8, None);
+        let idx = seeded(0x5eed, 64 * 32, 256 * PER_PAGE);
+        let (v, st) = read_elements(&r, &c, false, 64, 32, &idx);
+        assert_values(&r, &idx, &v, &st);
+        let s = stats(&c);
+        assert!(s.evictions > 0 && s.misses >= 256 - 8, "{s:?}");
+        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
+        invariants(&c);
+        // Warps: 64 frames for 2 warps of 32 lanes (a warp's fills hold up to 32 frames).
+        drop(c);
+        let c = cached_range(&r, 256, 64, None);
+        let idx = seeded(0xbeef, 64 * 32, 256 * PER_PAGE);
+        let (v, st) = read_elements(&r, &c, true, 64, 32, &idx);
+        assert_values(&r, &idx, &v, &st);
+        let s = stats(&c);
+        assert!(s.evictions > 0 && s.misses >= 256 - 64, "{s:?}");
+        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn media_error_reaches_every_waiter() {
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 64, 16, None);
+        // Page 3 is LBAs 24..32.
+        r.emu.faults().add_media_error(1, 27);
+        let before = r.emu.stats();
+        // 8 warps; half-warps alternate between pages 3 and 4.
+        let idx: Vec<u64> = (0..256u64)
+            .map(|t| [3, 4][(t / 16) as usize % 2] * PER_PAGE + t)
+            .collect();
+        let (v, st) = read_elements(&r, &c, true, 256, 1, &idx);
+        for (k, &i) in idx.iter().enumerate() {
+            if i / PER_PAGE == 3 {
+                assert_eq!(st[k], DeviceStatus::NvmeError, "access {k}");
+            } else {
+                assert_eq!(st[k], DeviceStatus::Ok, "access {k}");
+                assert_eq!(v[k], expected(r.lba, i), "access {k}");
+            }
+        }
+        let s = stats(&c);
+        let failed = r.emu.stats().errors - before.errors;
+        assert!(
+            failed >= 1 && s.errors == failed,
+            "{s:?}: {failed} failed reads"
+        );
+        assert_eq!(s.misses, 1, "page 4 filled once: {s:?}");
+        let f = s.first_failure.expect("first failure recorded");
+        assert_eq!((f.status, f.range, f.page), (DeviceStatus::NvmeError, 0, 3));
+        assert_eq!(
+            (f.nvme_status >> 9) & 7,
+            2,
+            "SCT media error: {:#x}",
+            f.nvme_status
+        );
+        invariants(&c);
+        // The error is not cached: once the fault is gone, page 3 reads.
+        r.emu.faults().clear_media_errors();
+        let idx: Vec<u64> = (0..64).map(|t| 3 * PER_PAGE + t).collect();
+        let (v, st) = read_elements(&r, &c, true, 64, 1, &idx);
+        assert_values(&r, &idx, &v, &st);
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn dropped_completion_returns_to_every_waiter() {
+        let r = rig_with(
+            512,
+            |_| {},
+            GpuQueueOptions {
+                queues: Some(1),
+                depth: Some(64),
+                timeout: Duration::from_secs(2),
+                ..Default::default()
+            },
+        );
+        let c = cached_range(&r, 16, 16, None);
+        r.emu.faults().drop_completions(nvme_emu::DROP_ALL);
+        let idx: Vec<u64> = (0..64u64).map(|t| (t % 4) * PER_PAGE + t).collect();
+        let start = Instant::now();
+        let (_, st) = read_elements(&r, &c, true, 64, 1, &idx);
+        let took = start.elapsed();
+        r.emu.faults().drop_completions(0);
+        assert!(took < Duration::from_secs(60), "bounded: {took:?}");
+        assert!(
+            st.iter().all(|s| matches!(
+                s,
+                DeviceStatus::Timeout | DeviceStatus::QueueFailed | DeviceStatus::Aborted
+            )),
+            "{st:?}"
+        );
+        let s = stats(&c);
+        assert!(
+            s.quarantined >= 1,
+            "a frame a late DMA may hit is never reused: {s:?}"
+        );
+        assert_eq!(s.misses, 0, "{s:?}");
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn all_referenced_returns_cache_full() {
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 16, 4, Some(Duration::from_secs(1)));
+        let cuda = r.gpu.cuda();
+        let pages = DeviceMemory::alloc(cuda, 5 * 8).unwrap();
+        pages.write(0, [0u64, 1, 2, 3, 4].as_bytes()).unwrap();
+        let words = DeviceMemory::alloc(cuda, 8).unwrap();
+        let statuses = DeviceMemory::alloc(cuda, 5 * 4).unwrap();
+        let s = r.gpu.client_stream();
+        // Warps 0-3 pin pages 0-3 (every frame); warp 4 asks for page 4.
+        s.launch(
+            r.gpu.kernels().cache_pin_test,
+            1,
+            160,
+            &[
+                Arg::U64(c.descriptor()),
+                Arg::U32(0),
+                Arg::U64(pages.ptr()),
+                Arg::U32(4),
+                Arg::U64(words.ptr()),
+                Arg::U64(statuses.ptr()),
+                Arg::U64(60_000_000_000),
+            ],
+        )
+        .unwrap();
+        s.wait_idle(Duration::from_secs(300))
+            .expect("pin kernel ends");
+        let mut st = [0u32; 5];
+        statuses.read(0, st.as_mut_bytes()).unwrap();
+        let st = st.map(DeviceStatus::from_code);
+        assert_eq!(
+            st,
+            [
+                DeviceStatus::Ok,
+                DeviceStatus::Ok,
+                DeviceStatus::Ok,
+                DeviceStatus::Ok,
+                DeviceStatus::CacheFull
+            ]
+        );
+        let stats = stats(&c);
+        assert_eq!((stats.full, stats.misses), (1, 4), "{stats:?}");
+        invariants(&c);
+        // Nothing is held any more: page 4 reads.
+        let idx: Vec<u64> = (0..32).map(|t| 4 * PER_PAGE + t).collect();
+        let (v, st) = read_elements(&r, &c, true, 32, 1, &idx);
+        assert_values(&r, &idx, &v, &st);
+        invariants(&c);
+    }
+}

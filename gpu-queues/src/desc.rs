@@ -14,6 +14,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const HEADER: &str = include_str!("../../ptx/include/gpunvme.cuh");
 /// The file layer's device header (extent tables, file ranges, CRC-32C), as committed.
 pub const FILE_CUH: &str = include_str!("../../ptx/include/gpunvme_file.cuh");
+/// The page cache's device header (`gpunvme::cache`, `gpunvme::array<T>`), as committed.
+pub const CACHE_CUH: &str = include_str!("../../ptx/include/gpunvme_cache.cuh");
 /// The project's kernels' source, as committed.
 pub const KERNELS_CU: &str = include_str!("../../ptx/kernels/gpunvme_kernels.cu");
 /// The project's kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded at run time.
@@ -194,6 +196,181 @@ pub struct PerfCounters {
 }
 const _: () = assert!(size_of::<PerfCounters>() == 64);
 
+/// A page cache as kernels see it (`gpunvme::cache::cache_desc`); built by
+/// [`crate::cache::GpuCache`], read-only on the GPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CacheDesc {
+    /// GPU pointer: `nframes * page_size` bytes of frames.
+    pub frames: u64,
+    /// Device address of the frames (the controller's view).
+    pub frames_bus: u64,
+    /// GPU pointer: `[FrameState; nframes]`.
+    pub frame_states: u64,
+    /// GPU pointer: [`CacheState`].
+    pub state: u64,
+    /// GPU pointer: `[CacheStatsSlot; CACHE_STAT_SLOTS]`.
+    pub stats: u64,
+    /// GPU pointer: `[RangeDesc; nranges]`.
+    pub ranges: u64,
+    /// GPU pointer: `[QueueDesc; nqueues]`, the queues fills issue on.
+    pub queues: u64,
+    /// Frames.
+    pub nframes: u64,
+    /// Bound of a search for a free frame, in nanoseconds.
+    pub full_wait_ns: u64,
+    /// Bound ranges.
+    pub nranges: u32,
+    /// Queues.
+    pub nqueues: u32,
+    /// log2 of the page size.
+    pub page_shift: u32,
+    /// `CF_*` bits.
+    pub flags: u32,
+    /// Reserved.
+    pub reserved: [u64; 5],
+}
+const _: () = assert!(size_of::<CacheDesc>() == 128);
+
+/// One range bound to a cache (`gpunvme::cache::range_desc`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct RangeDesc {
+    /// GPU pointer: `[PageEntry; npages]`.
+    pub entries: u64,
+    /// Pages (the last may be partial).
+    pub npages: u64,
+    /// Bytes of the range.
+    pub bytes: u64,
+    /// First LBA.
+    pub first_lba: u64,
+    /// File ranges: GPU pointer of the blockfs extent table (0 for LBA ranges).
+    pub table: u64,
+    /// Namespace.
+    pub nsid: u32,
+    /// log2 of the LBA size.
+    pub lba_shift: u32,
+    /// File ranges: index of the file in the table.
+    pub file: u32,
+    /// `RF_*` bits.
+    pub flags: u32,
+    /// Reserved.
+    pub reserved: u64,
+}
+const _: () = assert!(size_of::<RangeDesc>() == 64);
+
+/// The translation of one page (`gpunvme::cache::page_entry`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct PageEntry {
+    /// The page state word (`PS_*` bits and the reference count).
+    pub state: u32,
+    /// The frame holding the page while it is valid.
+    pub frame: u32,
+}
+const _: () = assert!(size_of::<PageEntry>() == 8);
+
+/// One frame's state (`gpunvme::cache::frame_state`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct FrameState {
+    /// `FS_*` bits.
+    pub flags: u32,
+    /// Owner range, or [`FRAME_EMPTY`].
+    pub range: u32,
+    /// Owner page.
+    pub page: u64,
+}
+const _: () = assert!(size_of::<FrameState>() == 16);
+
+/// The cache's shared words (`gpunvme::cache::cache_state`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CacheState {
+    /// Clock hand (steps taken).
+    pub hand: u64,
+    /// Padding (separate sector).
+    pub pad0: [u64; 3],
+    /// [`DeviceStatus`] code of the first failed fill (0: none).
+    pub first_status: u32,
+    /// Its CQE status field.
+    pub first_nvme_status: u32,
+    /// Its range.
+    pub first_range: u32,
+    /// Frames quarantined by fills that timed out or were aborted.
+    pub quarantined: u32,
+    /// Its page.
+    pub first_page: u64,
+    /// Reserved.
+    pub reserved: u64,
+}
+const _: () = assert!(size_of::<CacheState>() == 64);
+
+/// One slot of the cache's counters (`gpunvme::cache::cache_stats`); the host sums the
+/// [`CACHE_STAT_SLOTS`] slots.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct CacheStatsSlot {
+    /// Element accesses served from a valid page.
+    pub hits: u64,
+    /// Fills (one per missing page).
+    pub misses: u64,
+    /// Element accesses that waited for another warp's fill.
+    pub waits: u64,
+    /// Pages evicted to make room.
+    pub evictions: u64,
+    /// Dirty pages written back.
+    pub writebacks: u64,
+    /// NVMe reads issued by fills.
+    pub read_cmds: u64,
+    /// NVMe writes issued by write-backs.
+    pub write_cmds: u64,
+    /// NVMe Flush commands.
+    pub flush_cmds: u64,
+    /// Bytes read by fills.
+    pub bytes_read: u64,
+    /// Bytes written back.
+    pub bytes_written: u64,
+    /// Fills that ended in [`DeviceStatus::CacheFull`].
+    pub full: u64,
+    /// Fills that failed for any other reason.
+    pub errors: u64,
+    /// Reserved.
+    pub reserved: [u64; 4],
+}
+const _: () = assert!(size_of::<CacheStatsSlot>() == 128);
+
+/// Statistics slots of a cache (one per `blockIdx.x % CACHE_STAT_SLOTS`).
+pub const CACHE_STAT_SLOTS: usize = 64;
+/// Page state: the frame holds the page.
+pub const PS_VALID: u32 = 0x8000_0000;
+/// Page state: one thread owns the page's fill.
+pub const PS_BUSY: u32 = 0x4000_0000;
+/// Page state: the frame holds stores not yet written back.
+pub const PS_DIRTY: u32 = 0x2000_0000;
+/// Page state: the last fill failed (the status in bits 27:24).
+pub const PS_ERROR: u32 = 0x1000_0000;
+/// Page state: where the failed fill's status sits.
+pub const PS_STATUS_SHIFT: u32 = 24;
+/// Page state: threads holding or waiting for the page.
+pub const PS_REFS_MASK: u32 = 0x00ff_ffff;
+/// Frame flag: used since the clock hand last passed.
+pub const FS_REF: u32 = 1;
+/// Frame flag: an evictor or filler owns the frame.
+pub const FS_LOCKED: u32 = 2;
+/// Frame flag: a command that timed out may still write the frame; never reused.
+pub const FS_QUARANTINED: u32 = 4;
+/// [`FrameState::range`] of a frame that holds no page.
+pub const FRAME_EMPTY: u32 = 0xffff_ffff;
+/// [`CacheDesc::flags`]: fills go through slot buffers (not implemented yet).
+pub const CF_BOUNCE: u32 = 1;
+/// [`RangeDesc::flags`]: a blockfs file.
+pub const RF_FILE: u32 = 1;
+/// [`RangeDesc::flags`]: the device may store into the range.
+pub const RF_WRITABLE: u32 = 2;
+/// [`RangeDesc::flags`]: every extent boundary of the file is a page boundary.
+pub const RF_ALIGNED: u32 = 4;
+
 /// Buckets of the perf kernel's latency histogram.
 pub const LAT_BUCKETS: usize = 1024;
 /// `SlotState::done` flag.
@@ -232,8 +409,10 @@ pub enum DeviceStatus {
     InvalidArgument,
     /// The controller posted a completion for no command in flight.
     BadCompletion,
-    /// A file access past the file's extents.
+    /// A file access past the file's extents (or an element past a cached range's end).
     OutOfExtent,
+    /// A page cache found every frame referenced for its whole wait.
+    CacheFull,
     /// A code this build does not know.
     Unknown(u32),
 }
@@ -250,6 +429,7 @@ impl DeviceStatus {
             5 => Self::InvalidArgument,
             6 => Self::BadCompletion,
             7 => Self::OutOfExtent,
+            8 => Self::CacheFull,
             c => Self::Unknown(c),
         }
     }
@@ -265,6 +445,7 @@ impl DeviceStatus {
             Self::InvalidArgument => 5,
             Self::BadCompletion => 6,
             Self::OutOfExtent => 7,
+            Self::CacheFull => 8,
             Self::Unknown(c) => c,
         }
     }
@@ -281,6 +462,7 @@ impl std::fmt::Display for DeviceStatus {
             Self::InvalidArgument => "invalid argument (GPUNVME_INVALID_ARGUMENT)",
             Self::BadCompletion => "completion for no command in flight (GPUNVME_BAD_COMPLETION)",
             Self::OutOfExtent => "outside the file's extents (GPUNVME_OUT_OF_EXTENT)",
+            Self::CacheFull => "every cache frame referenced (GPUNVME_CACHE_FULL)",
             Self::Unknown(c) => return write!(f, "unknown status {c}"),
         };
         f.write_str(s)
@@ -341,6 +523,7 @@ mod tests {
     fn defines() -> HashMap<String, u64> {
         let mut m: HashMap<String, u64> = header_defines(HEADER).into_iter().collect();
         m.extend(header_defines(KERNELS_CU));
+        m.extend(header_defines(CACHE_CUH));
         m
     }
 
@@ -399,7 +582,7 @@ mod tests {
             ("HOST_ABORT", HOST_ABORT as usize),
         ];
         check_defines(&[HEADER, KERNELS_CU], want, "Rust layout").unwrap();
-        for code in 0..8 {
+        for code in 0..9 {
             let name = match DeviceStatus::from_code(code) {
                 DeviceStatus::Ok => "OK",
                 DeviceStatus::Timeout => "TIMEOUT",
@@ -409,10 +592,93 @@ mod tests {
                 DeviceStatus::InvalidArgument => "INVALID_ARGUMENT",
                 DeviceStatus::BadCompletion => "BAD_COMPLETION",
                 DeviceStatus::OutOfExtent => "OUT_OF_EXTENT",
+                DeviceStatus::CacheFull => "CACHE_FULL",
                 DeviceStatus::Unknown(_) => unreachable!(),
             };
             assert_eq!(d.get(name).copied(), Some(code as u64), "GPUNVME_{name}");
         }
+    }
+
+    #[test]
+    fn cache_header_matches_rust_layouts() {
+        let want: &[(&str, usize)] = &[
+            ("CACHE_DESC_SIZE", size_of::<CacheDesc>()),
+            ("CD_FRAMES", offset_of!(CacheDesc, frames)),
+            ("CD_FRAMES_BUS", offset_of!(CacheDesc, frames_bus)),
+            ("CD_FRAME_STATES", offset_of!(CacheDesc, frame_states)),
+            ("CD_STATE", offset_of!(CacheDesc, state)),
+            ("CD_STATS", offset_of!(CacheDesc, stats)),
+            ("CD_RANGES", offset_of!(CacheDesc, ranges)),
+            ("CD_QUEUES", offset_of!(CacheDesc, queues)),
+            ("CD_NFRAMES", offset_of!(CacheDesc, nframes)),
+            ("CD_FULL_WAIT_NS", offset_of!(CacheDesc, full_wait_ns)),
+            ("CD_NRANGES", offset_of!(CacheDesc, nranges)),
+            ("CD_NQUEUES", offset_of!(CacheDesc, nqueues)),
+            ("CD_PAGE_SHIFT", offset_of!(CacheDesc, page_shift)),
+            ("CD_FLAGS", offset_of!(CacheDesc, flags)),
+            ("RANGE_DESC_SIZE", size_of::<RangeDesc>()),
+            ("RD_ENTRIES", offset_of!(RangeDesc, entries)),
+            ("RD_NPAGES", offset_of!(RangeDesc, npages)),
+            ("RD_BYTES", offset_of!(RangeDesc, bytes)),
+            ("RD_FIRST_LBA", offset_of!(RangeDesc, first_lba)),
+            ("RD_TABLE", offset_of!(RangeDesc, table)),
+            ("RD_NSID", offset_of!(RangeDesc, nsid)),
+            ("RD_LBA_SHIFT", offset_of!(RangeDesc, lba_shift)),
+            ("RD_FILE", offset_of!(RangeDesc, file)),
+            ("RD_FLAGS", offset_of!(RangeDesc, flags)),
+            ("PAGE_ENTRY_SIZE", size_of::<PageEntry>()),
+            ("PE_STATE", offset_of!(PageEntry, state)),
+            ("PE_FRAME", offset_of!(PageEntry, frame)),
+            ("FRAME_STATE_SIZE", size_of::<FrameState>()),
+            ("FRS_FLAGS", offset_of!(FrameState, flags)),
+            ("FRS_RANGE", offset_of!(FrameState, range)),
+            ("FRS_PAGE", offset_of!(FrameState, page)),
+            ("CACHE_STATE_SIZE", size_of::<CacheState>()),
+            ("CS_HAND", offset_of!(CacheState, hand)),
+            ("CS_FIRST_STATUS", offset_of!(CacheState, first_status)),
+            (
+                "CS_FIRST_NVME_STATUS",
+                offset_of!(CacheState, first_nvme_status),
+            ),
+            ("CS_FIRST_RANGE", offset_of!(CacheState, first_range)),
+            ("CS_QUARANTINED", offset_of!(CacheState, quarantined)),
+            ("CS_FIRST_PAGE", offset_of!(CacheState, first_page)),
+            ("CACHE_STATS_SIZE", size_of::<CacheStatsSlot>()),
+            ("CACHE_STAT_SLOTS", CACHE_STAT_SLOTS),
+            ("ST_HITS", offset_of!(CacheStatsSlot, hits)),
+            ("ST_MISSES", offset_of!(CacheStatsSlot, misses)),
+            ("ST_WAITS", offset_of!(CacheStatsSlot, waits)),
+            ("ST_EVICTIONS", offset_of!(CacheStatsSlot, evictions)),
+            ("ST_WRITEBACKS", offset_of!(CacheStatsSlot, writebacks)),
+            ("ST_READ_CMDS", offset_of!(CacheStatsSlot, read_cmds)),
+            ("ST_WRITE_CMDS", offset_of!(CacheStatsSlot, write_cmds)),
+            ("ST_FLUSH_CMDS", offset_of!(CacheStatsSlot, flush_cmds)),
+            ("ST_BYTES_READ", offset_of!(CacheStatsSlot, bytes_read)),
+            (
+                "ST_BYTES_WRITTEN",
+                offset_of!(CacheStatsSlot, bytes_written),
+            ),
+            ("ST_FULL", offset_of!(CacheStatsSlot, full)),
+            ("ST_ERRORS", offset_of!(CacheStatsSlot, errors)),
+        ];
+        check_defines(&[CACHE_CUH], want, "Rust layout").unwrap();
+        let bits: &[(&str, u32)] = &[
+            ("PS_VALID", PS_VALID),
+            ("PS_BUSY", PS_BUSY),
+            ("PS_DIRTY", PS_DIRTY),
+            ("PS_ERROR", PS_ERROR),
+            ("PS_STATUS_SHIFT", PS_STATUS_SHIFT),
+            ("PS_REFS_MASK", PS_REFS_MASK),
+            ("FS_REF", FS_REF),
+            ("FS_LOCKED", FS_LOCKED),
+            ("FS_QUARANTINED", FS_QUARANTINED),
+            ("FRAME_EMPTY", FRAME_EMPTY),
+            ("CF_BOUNCE", CF_BOUNCE),
+            ("RF_FILE", RF_FILE),
+            ("RF_WRITABLE", RF_WRITABLE),
+            ("RF_ALIGNED", RF_ALIGNED),
+        ];
+        check_defines(&[CACHE_CUH], bits, "Rust constant").unwrap();
     }
 
     #[test]
@@ -471,6 +737,8 @@ mod tests {
             "gpunvme_file_rw",
             "gpunvme_crc32c",
             "gpunvme_crc32c_combine",
+            "gpunvme_cache_test",
+            "gpunvme_cache_pin_test",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

@@ -1,5 +1,5 @@
 //! The project's kernels (`ptx/kernels/gpunvme_kernels.cu`: perf, batches, byte ranges, files,
-//! CRC-32C), loaded from the embedded PTX. The emulated controllers load their own module
+//! CRC-32C, the page cache's), loaded from the embedded PTX. The emulated controllers load their own module
 //! (`gpu_emu::kernels`).
 //!
 //! Every kernel is loaded (and launched once, empty) before any kernel that spins is started:
@@ -33,6 +33,10 @@ pub struct Kernels {
     pub crc32c: Kernel,
     /// `gpunvme_crc32c_combine`.
     pub crc32c_combine: Kernel,
+    /// `gpunvme_cache_test` (element reads through a page cache, for tests and tools).
+    pub cache_test: Kernel,
+    /// `gpunvme_cache_pin_test` (a cache whose every frame is referenced).
+    pub cache_pin_test: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -54,6 +58,8 @@ impl Kernels {
             file_rw: lib.kernel("gpunvme_file_rw")?,
             crc32c: lib.kernel("gpunvme_crc32c")?,
             crc32c_combine: lib.kernel("gpunvme_crc32c_combine")?,
+            cache_test: lib.kernel("gpunvme_cache_test")?,
+            cache_pin_test: lib.kernel("gpunvme_cache_pin_test")?,
             _lib: lib,
         }))
     }
@@ -127,6 +133,28 @@ impl Kernels {
                 Arg::U64(p + 2048),
             ],
         )?;
+        // A null cache descriptor: both return at once.
+        let no_cache = [
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U32(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+        ];
+        stream.launch(self.cache_test, 1, 32, &no_cache)?;
+        let no_pins = [
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+        ];
+        stream.launch(self.cache_pin_test, 1, 32, &no_pins)?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

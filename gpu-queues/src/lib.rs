@@ -20,6 +20,9 @@
 //!   memory — a correctness harness for CI without a GPU, not a GPU and no performance claim.
 //! - [`kernels`]: the project's kernels (`ptx/kernels/`: perf, batches, byte ranges, files,
 //!   CRC-32C), loaded eagerly and warmed up before anything spins.
+//! - [`cache`]: the host side of the page cache (`ptx/include/gpunvme_cache.cuh`,
+//!   `gpunvme::array<T>`): GPU threads read storage ranges as arrays through a cache in GPU
+//!   memory; only misses become NVMe commands on these queues.
 //! - [`queues`]: [`GpuQueues`] — rings, protocol state, PRP-list pages and slot buffers in GPU
 //!   memory, created with `nvme::Controller::create_queue_pair_on` by a [`QueueTransport`]
 //!   and assembled here ([`GpuQueues::assemble`]).
@@ -46,6 +49,7 @@
 //! SGLs; queues deeper than 65536; more than one namespace per kernel call (each call names
 //! its namespace).
 
+pub mod cache;
 pub mod cpu_client;
 pub mod desc;
 pub mod error;

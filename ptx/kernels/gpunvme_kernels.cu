@@ -436,3 +436,6 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CRC32C_COMBINE_THREADS)
     }
     if (tid == 0) *out = crc[0];
 }
+
+// The page cache's kernels: same module, same PTX.
+#include "gpunvme_cache_kernels.cu"

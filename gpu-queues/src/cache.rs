@@ -1,0 +1,714 @@
+//! The host side of the page cache (`ptx/include/gpunvme_cache.cuh`, embedded as
+//! [`crate::desc::CACHE_CUH`]): a BaM-style software cache in GPU memory over storage ranges,
+//! through which GPU threads read elements (`gpunvme::array<T>`); hits are served from GPU
+//! memory, the lanes of a warp on one page share one lookup, and only misses become NVMe
+//! commands on the queues of a [`GpuQueues`]. Design: `docs/design/cache.md`.
+//!
+//! [`GpuCache`] allocates the frames (GPU memory the controller can reach, from
+//! [`GpuQueues::alloc_buffer`]), the frame states, the per-range direct maps of page entries,
+//! the shared words and the statistics slots, and hands kernels one pointer
+//! ([`GpuCache::descriptor`]). Ranges are bound, and statistics read, **between kernels
+//! only**: nothing here synchronises with a kernel that is running.
+//!
+//! What this slice does: read-only caching of namespace LBA ranges, fills straight into the
+//! frames (the DIRECT data path: the software controller and the GPU-resident model, whose
+//! buffers can be mapped after set-up). Not yet: stores, write-back and flush, blockfs files,
+//! and the BOUNCE path for transports whose GPU memory is fixed at set-up (refused with
+//! [`GpuError::Unsupported`]).
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::time::Duration;
+
+use zerocopy::IntoBytes;
+
+use crate::desc::{
+    CACHE_STAT_SLOTS, CacheDesc, CacheState, CacheStatsSlot, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
+    FrameState, PS_BUSY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc, RangeDesc,
+};
+use crate::error::GpuError;
+use crate::ffi::DeviceMemory;
+use crate::queues::{GpuBuffer, GpuQueues};
+
+/// Smallest page size (the NVMe memory page).
+pub const MIN_PAGE_SIZE: u32 = 4096;
+/// Largest page size.
+pub const MAX_PAGE_SIZE: u32 = 65536;
+/// Most ranges one cache may bind (the device packs the range into a 16-bit key).
+pub const MAX_RANGES: u32 = 4096;
+/// Most pages of one range (the device packs the page into a 48-bit key).
+pub const MAX_RANGE_PAGES: u64 = 1 << 48;
+
+/// Where fills put the data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataPath {
+    /// DIRECT where the queues can map more GPU memory for the controller.
+    #[default]
+    Auto,
+    /// Commands move data straight between the device and the frames.
+    Direct,
+    /// Through the queues' slot buffers, for transports whose GPU memory is fixed at set-up
+    /// (not implemented yet: refused).
+    Bounce,
+}
+
+/// How to build a cache.
+#[derive(Clone, Debug)]
+pub struct CacheOptions {
+    /// Bytes per page: a power of two from 4 KiB to 64 KiB, at most the queues' largest
+    /// transfer and a multiple of every bound range's LBA size (default 4 KiB).
+    pub page_size: u32,
+    /// Bytes of frames (rounded down to whole pages; default 64 MiB).
+    pub capacity: u64,
+    /// The queues fills issue on, as indices into the [`GpuQueues`] (default all); warp `w`
+    /// fills on the range's queue `w % len`.
+    pub queues: Option<Range<usize>>,
+    /// Where fills put the data (default [`DataPath::Auto`]).
+    pub data_path: DataPath,
+    /// How long a fill looks for a free frame before it returns `GPUNVME_CACHE_FULL` (default:
+    /// the queues' timeout).
+    pub full_wait: Option<Duration>,
+    /// Ranges the cache may bind (1 to [`MAX_RANGES`]; default 16).
+    pub max_ranges: u32,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            page_size: 4096,
+            capacity: 64 << 20,
+            queues: None,
+            data_path: DataPath::Auto,
+            full_wait: None,
+            max_ranges: 16,
+        }
+    }
+}
+
+/// A bound range: the `range` argument device calls take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RangeId(pub u32);
+
+impl RangeId {
+    /// The index kernels pass.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// The first fill that failed, as the device recorded it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheFailure {
+    /// Its status.
+    pub status: DeviceStatus,
+    /// The CQE status field, for [`DeviceStatus::NvmeError`].
+    pub nvme_status: u32,
+    /// The range.
+    pub range: u32,
+    /// The page.
+    pub page: u64,
+}
+
+/// What a cache did, summed over its statistics slots (since creation or
+/// [`GpuCache::reset_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Element accesses that found their page valid.
+    pub hits: u64,
+    /// Fills that succeeded (one per missing page).
+    pub misses: u64,
+    /// Element accesses that waited for another warp's fill.
+    pub waits: u64,
+    /// Pages evicted to make room.
+    pub evictions: u64,
+    /// Dirty pages written back.
+    pub writebacks: u64,
+    /// NVMe reads issued by fills.
+    pub read_cmds: u64,
+    /// NVMe writes issued by write-backs.
+    pub write_cmds: u64,
+    /// NVMe Flush commands.
+    pub flush_cmds: u64,
+    /// Bytes read by fills.
+    pub bytes_read: u64,
+    /// Bytes written back.
+    pub bytes_written: u64,
+    /// Fills that found every frame referenced ([`DeviceStatus::CacheFull`]).
+    pub full: u64,
+    /// Fills that failed for any other reason.
+    pub errors: u64,
+    /// Frames never to be reused: a fill on them timed out or was aborted, and its command
+    /// might still write them.
+    pub quarantined: u32,
+    /// The first failed fill.
+    pub first_failure: Option<CacheFailure>,
+}
+
+/// The geometry [`GpuCache::new`] derives from its options (a pure function, tested without
+/// a GPU).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachePlan {
+    /// Frames.
+    pub nframes: u64,
+    /// log2 of the page size.
+    pub page_shift: u32,
+    /// The queues fills issue on.
+    pub queues: Range<usize>,
+    /// Bound of a frame search, in nanoseconds.
+    pub full_wait_ns: u64,
+}
+
+fn invalid(msg: String) -> GpuError {
+    GpuError::InvalidArgument(msg)
+}
+
+/// Checks `opts` against queues of `max_transfer` bytes per command (`queues` of them, whose
+/// waits are bounded at `timeout_ns`).
+pub fn plan(
+    opts: &CacheOptions,
+    max_transfer: u32,
+    queues: usize,
+    timeout_ns: u64,
+) -> Result<CachePlan, GpuError> {
+    let p = opts.page_size;
+    if !p.is_power_of_two() || !(MIN_PAGE_SIZE..=MAX_PAGE_SIZE).contains(&p) {
+        return Err(invalid(format!(
+            "cache page size {p}: a power of two from {MIN_PAGE_SIZE} to {MAX_PAGE_SIZE} bytes"
+        )));
+    }
+    if p > max_transfer {
+        return Err(invalid(format!(
+            "cache page size {p} is more than one command moves on these queues ({max_transfer})"
+        )));
+    }
+    let nframes = opts.capacity / p as u64;
+    if nframes == 0 {
+        return Err(invalid(format!(
+            "cache capacity {} holds no {p}-byte page",
+            opts.capacity
+        )));
+    }
+    if nframes >= FRAME_EMPTY as u64 {
+        return Err(invalid(format!(
+            "cache of {nframes} frames: at most {} (32-bit frame numbers)",
+            FRAME_EMPTY - 1
+        )));
+    }
+    let q = opts.queues.clone().unwrap_or(0..queues);
+    if q.is_empty() || q.end > queues {
+        return Err(invalid(format!(
+            "cache queues {q:?}: a non-empty range within the {queues} GPU queues"
+        )));
+    }
+    if !(1..=MAX_RANGES).contains(&opts.max_ranges) {
+        return Err(invalid(format!(
+            "cache max_ranges {}: 1 to {MAX_RANGES}",
+            opts.max_ranges
+        )));
+    }
+    let full_wait_ns = match opts.full_wait {
+        Some(d) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+        None => timeout_ns,
+    };
+    Ok(CachePlan {
+        nframes,
+        page_shift: p.trailing_zeros(),
+        queues: q,
+        full_wait_ns,
+    })
+}
+
+/// Pages and bytes of a range of `blocks` LBAs of `lba_size` bytes from `first_lba`, cached
+/// in `page_size` pages (the last page may be partial).
+pub fn range_geometry(
+    page_size: u32,
+    lba_size: u32,
+    first_lba: u64,
+    blocks: u64,
+) -> Result<(u64, u64), GpuError> {
+    if !lba_size.is_power_of_two() || !(512..=4096).contains(&lba_size) {
+        return Err(invalid(format!(
+            "LBA size {lba_size}: a power of two from 512 to 4096"
+        )));
+    }
+    if page_size % lba_size != 0 {
+        return Err(invalid(format!(
+            "cache page size {page_size} is not a multiple of the LBA size {lba_size}"
+        )));
+    }
+    if blocks == 0 || first_lba.checked_add(blocks).is_none() {
+        return Err(invalid(format!(
+            "LBA range {first_lba}+{blocks}: empty or past the end of LBA space"
+        )));
+    }
+    let bytes = blocks
+        .checked_mul(lba_size as u64)
+        .ok_or_else(|| invalid(format!("LBA range of {blocks} blocks overflows")))?;
+    let npages = bytes.div_ceil(page_size as u64);
+    if npages > MAX_RANGE_PAGES {
+        return Err(invalid(format!(
+            "range of {npages} pages: at most {MAX_RANGE_PAGES}"
+        )));
+    }
+    Ok((npages, bytes))
+}
+
+/// Byte offsets of the cache's shared words in its control allocation.
+const OFF_DESC: usize = 0;
+const OFF_STATE: usize = 128;
+const OFF_STATS: usize = OFF_STATE + size_of::<CacheState>();
+const OFF_RANGES: usize = OFF_STATS + CACHE_STAT_SLOTS * size_of::<CacheStatsSlot>();
+
+/// A page cache in GPU memory over ranges of storage, filled through GPU queues.
+pub struct GpuCache<'q> {
+    queues: &'q GpuQueues,
+    desc: CacheDesc,
+    /// The descriptor, the shared words, the statistics slots and the range descriptors.
+    control: DeviceMemory,
+    frame_states: DeviceMemory,
+    _frames: GpuBuffer,
+    /// Page entries of each bound range.
+    entries: Vec<DeviceMemory>,
+    ranges: Vec<RangeDesc>,
+    max_ranges: u32,
+    data_path: DataPath,
+}
+
+impl std::fmt::Debug for GpuCache<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuCache")
+            .field("page_size", &self.page_size())
+            .field("frames", &self.desc.nframes)
+            .field("ranges", &self.ranges.len())
+            .field("data_path", &self.data_path)
+            .finish()
+    }
+}
+
+impl<'q> GpuCache<'q> {
+    /// Builds an empty cache that fills on `queues` (see [`CacheOptions`]).
+    pub fn new(queues: &'q GpuQueues, opts: CacheOptions) -> Result<Self, GpuError> {
+        let descs: Vec<QueueDesc> = queues.descs();
+        let timeout_ns = descs.first().map_or(10_000_000_000, |d| d.timeout_ns);
+        let plan = plan(&opts, queues.max_transfer(), descs.len(), timeout_ns)?;
+        if opts.data_path == DataPath::Bounce {
+            return Err(bounce_unsupported());
+        }
+        let frame_bytes = usize::try_from(plan.nframes << plan.page_shift)
+            .map_err(|_| invalid("cache capacity exceeds the address space".into()))?;
+        let frames = match queues.alloc_buffer(frame_bytes) {
+            Ok(b) => b,
+            Err(GpuError::Unsupported(why)) => {
+                return Err(GpuError::Unsupported(format!(
+                    "{} ({why})",
+                    bounce_unsupported_text()
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let cuda = queues.cuda();
+        let control = DeviceMemory::alloc(
+            cuda,
+            OFF_RANGES + opts.max_ranges as usize * size_of::<RangeDesc>(),
+        )?;
+        let nframes = plan.nframes as usize;
+        let frame_states = DeviceMemory::alloc(cuda, nframes * size_of::<FrameState>())?;
+        let empty = vec![
+            FrameState {
+                flags: 0,
+                range: FRAME_EMPTY,
+                page: 0,
+            };
+            nframes
+        ];
+        frame_states.write(0, empty.as_bytes())?;
+        let desc = CacheDesc {
+            frames: frames.ptr(),
+            frames_bus: frames.bus(),
+            frame_states: frame_states.ptr(),
+            state: control.ptr() + OFF_STATE as u64,
+            stats: control.ptr() + OFF_STATS as u64,
+            ranges: control.ptr() + OFF_RANGES as u64,
+            queues: queues.descriptors() + (plan.queues.start * size_of::<QueueDesc>()) as u64,
+            nframes: plan.nframes,
+            full_wait_ns: plan.full_wait_ns,
+            nranges: 0,
+            nqueues: plan.queues.len() as u32,
+            page_shift: plan.page_shift,
+            flags: 0,
+            reserved: [0; 5],
+        };
+        control.write(OFF_DESC, desc.as_bytes())?;
+        Ok(Self {
+            queues,
+            desc,
+            control,
+            frame_states,
+            _frames: frames,
+            entries: Vec::new(),
+            ranges: Vec::new(),
+            max_ranges: opts.max_ranges,
+            data_path: DataPath::Direct,
+        })
+    }
+
+    /// Binds `blocks` LBAs of `lba_size` bytes from `first_lba` of namespace `nsid`, read-only;
+    /// kernels reach it as range [`RangeId::index`]. Between kernels only.
+    pub fn bind_lba_range(
+        &mut self,
+        nsid: u32,
+        lba_size: u32,
+        first_lba: u64,
+        blocks: u64,
+    ) -> Result<RangeId, GpuError> {
+        if self.ranges.len() >= self.max_ranges as usize {
+            return Err(invalid(format!(
+                "the cache binds at most {} ranges (CacheOptions::max_ranges)",
+                self.max_ranges
+            )));
+        }
+        if nsid == 0 || nsid == u32::MAX {
+            return Err(invalid(format!("namespace id {nsid:#x}")));
+        }
+        let (npages, bytes) = range_geometry(self.page_size(), lba_size, first_lba, blocks)?;
+        let len = usize::try_from(npages * size_of::<PageEntry>() as u64)
+            .map_err(|_| invalid(format!("{npages} page entries exceed the address space")))?;
+        let entries = DeviceMemory::alloc(self.queues.cuda(), len.max(8))?;
+        let r = RangeDesc {
+            entries: entries.ptr(),
+            npages,
+            bytes,
+            first_lba,
+            table: 0,
+            nsid,
+            lba_shift: lba_size.trailing_zeros(),
+            file: 0,
+            flags: 0,
+            reserved: 0,
+        };
+        let id = self.ranges.len() as u32;
+        self.control.write(
+            OFF_RANGES + id as usize * size_of::<RangeDesc>(),
+            r.as_bytes(),
+        )?;
+        self.desc.nranges = id + 1;
+        self.control.write(OFF_DESC, self.desc.as_bytes())?;
+        self.entries.push(entries);
+        self.ranges.push(r);
+        Ok(RangeId(id))
+    }
+
+    /// GPU pointer of the cache's descriptor: the argument kernels take
+    /// (`const gpunvme::cache::cache_desc*`).
+    pub fn descriptor(&self) -> u64 {
+        self.control.ptr() + OFF_DESC as u64
+    }
+
+    /// The data path fills take.
+    pub fn data_path(&self) -> DataPath {
+        self.data_path
+    }
+
+    /// Frames.
+    pub fn nframes(&self) -> u64 {
+        self.desc.nframes
+    }
+
+    /// Bytes per page.
+    pub fn page_size(&self) -> u32 {
+        1 << self.desc.page_shift
+    }
+
+    /// The descriptor of a bound range.
+    pub fn range(&self, id: RangeId) -> Option<RangeDesc> {
+        self.ranges.get(id.0 as usize).copied()
+    }
+
+    /// The statistics, summed over the slots (between kernels).
+    pub fn stats(&self) -> Result<CacheStats, GpuError> {
+        let mut slots = vec![CacheStatsSlot::default(); CACHE_STAT_SLOTS];
+        self.control.read(OFF_STATS, slots.as_mut_bytes())?;
+        let mut state = CacheState::default();
+        self.control.read(OFF_STATE, state.as_mut_bytes())?;
+        let mut s = CacheStats {
+            quarantined: state.quarantined,
+            first_failure: (state.first_status != 0).then(|| CacheFailure {
+                status: DeviceStatus::from_code(state.first_status),
+                nvme_status: state.first_nvme_status,
+                range: state.first_range,
+                page: state.first_page,
+            }),
+            ..CacheStats::default()
+        };
+        for x in &slots {
+            s.hits += x.hits;
+            s.misses += x.misses;
+            s.waits += x.waits;
+            s.evictions += x.evictions;
+            s.writebacks += x.writebacks;
+            s.read_cmds += x.read_cmds;
+            s.write_cmds += x.write_cmds;
+            s.flush_cmds += x.flush_cmds;
+            s.bytes_read += x.bytes_read;
+            s.bytes_written += x.bytes_written;
+            s.full += x.full;
+            s.errors += x.errors;
+        }
+        Ok(s)
+    }
+
+    /// Zeroes the statistics and the first-failure record (not the quarantine count, which
+    /// describes frames, nor the clock hand). Between kernels.
+    pub fn reset_stats(&self) -> Result<(), GpuError> {
+        let zero = vec![0u8; CACHE_STAT_SLOTS * size_of::<CacheStatsSlot>()];
+        self.control.write(OFF_STATS, &zero)?;
+        let mut state = CacheState::default();
+        self.control.read(OFF_STATE, state.as_mut_bytes())?;
+        state.first_status = 0;
+        state.first_nvme_status = 0;
+        state.first_range = 0;
+        state.first_page = 0;
+        self.control.write(OFF_STATE, state.as_bytes())
+    }
+
+    /// Checks the cache's structures between kernels (for tests): no page held, filling or in
+    /// error, no frame locked, and every valid page and its frame naming each other. Returns
+    /// the first problems found.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let read_err = |e: GpuError| format!("reading the cache: {e}");
+        let nframes = self.desc.nframes as usize;
+        let mut frames = vec![FrameState::default(); nframes];
+        self.frame_states
+            .read(0, frames.as_mut_bytes())
+            .map_err(read_err)?;
+        let mut entries = Vec::with_capacity(self.ranges.len());
+        for (r, mem) in self.ranges.iter().zip(&self.entries) {
+            let mut e = vec![PageEntry::default(); r.npages as usize];
+            mem.read(0, e.as_mut_bytes()).map_err(read_err)?;
+            entries.push(e);
+        }
+        let problems = invariant_problems(&self.ranges, &entries, &frames);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
+
+/// Everything [`GpuCache::check_invariants`] finds wrong (at most 8 problems).
+fn invariant_problems(
+    ranges: &[RangeDesc],
+    entries: &[Vec<PageEntry>],
+    frames: &[FrameState],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut owner: Vec<Option<(usize, usize)>> = vec![None; frames.len()];
+    for (r, es) in entries.iter().enumerate() {
+        for (p, e) in es.iter().enumerate() {
+            let refs = e.state & PS_REFS_MASK;
+            if refs != 0 || e.state & (PS_BUSY | PS_ERROR) != 0 {
+                out.push(format!(
+                    "range {r} page {p}: state {:#010x} (held, filling or failed)",
+                    e.state
+                ));
+            }
+            if e.state & PS_VALID != 0 {
+                let f = e.frame as usize;
+                match frames.get(f) {
+                    None => out.push(format!("range {r} page {p}: frame {f} out of range")),
+                    Some(fs) if (fs.range as usize, fs.page as usize) != (r, p) => {
+                        out.push(format!(
+                            "range {r} page {p} is valid in frame {f}, which names range {} page {}",
+                            fs.range, fs.page
+                        ))
+                    }
+                    Some(_) => {
+                        if let Some((r2, p2)) = owner[f].replace((r, p)) {
+                            out.push(format!(
+                                "frame {f} holds range {r2} page {p2} and range {r} page {p}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (f, fs) in frames.iter().enumerate() {
+        if fs.flags & FS_LOCKED != 0 {
+            out.push(format!("frame {f} left locked"));
+        }
+        if fs.range != FRAME_EMPTY {
+            let (r, p) = (fs.range as usize, fs.page as usize);
+            let ok = ranges.get(r).is_some()
+                && entries
+                    .get(r)
+                    .and_then(|es| es.get(p))
+                    .is_some_and(|e| e.state & PS_VALID != 0 && e.frame as usize == f);
+            if !ok {
+                out.push(format!(
+                    "frame {f} names range {r} page {p}, which is not valid in it"
+                ));
+            }
+        }
+    }
+    out.truncate(8);
+    out
+}
+
+fn bounce_unsupported_text() -> &'static str {
+    "the page cache's BOUNCE data path (fills through slot buffers, for transports whose GPU \
+     memory is fixed at set-up) is not implemented yet"
+}
+
+fn bounce_unsupported() -> GpuError {
+    GpuError::Unsupported(bounce_unsupported_text().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desc::FS_REF;
+
+    fn opts(page_size: u32, capacity: u64) -> CacheOptions {
+        CacheOptions {
+            page_size,
+            capacity,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plan_accepts_the_documented_options_and_refuses_the_rest() {
+        let p = plan(&opts(4096, 1 << 20), 1 << 20, 4, 7).unwrap();
+        assert_eq!(
+            p,
+            CachePlan {
+                nframes: 256,
+                page_shift: 12,
+                queues: 0..4,
+                full_wait_ns: 7
+            }
+        );
+        let p = plan(
+            &CacheOptions {
+                queues: Some(1..3),
+                full_wait: Some(Duration::from_millis(2)),
+                ..opts(65536, (1 << 20) + 5)
+            },
+            1 << 20,
+            4,
+            7,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.nframes, p.page_shift, p.queues, p.full_wait_ns),
+            (16, 16, 1..3, 2_000_000)
+        );
+        let refused = |o: CacheOptions, mt: u32| {
+            assert!(
+                matches!(plan(&o, mt, 4, 7), Err(GpuError::InvalidArgument(_))),
+                "{o:?}"
+            )
+        };
+        refused(opts(2048, 1 << 20), 1 << 20); // below 4 KiB
+        refused(opts(12288, 1 << 20), 1 << 20); // not a power of two
+        refused(opts(131072, 1 << 20), 1 << 20); // above 64 KiB
+        refused(opts(65536, 1 << 20), 32768); // more than one command
+        refused(opts(4096, 4095), 1 << 20); // no whole page
+        refused(
+            CacheOptions {
+                queues: Some(2..2),
+                ..opts(4096, 1 << 20)
+            },
+            1 << 20,
+        );
+        refused(
+            CacheOptions {
+                queues: Some(3..5),
+                ..opts(4096, 1 << 20)
+            },
+            1 << 20,
+        );
+        refused(
+            CacheOptions {
+                max_ranges: 0,
+                ..opts(4096, 1 << 20)
+            },
+            1 << 20,
+        );
+        refused(opts(4096, 4096 * (FRAME_EMPTY as u64)), 1 << 20);
+    }
+
+    #[test]
+    fn range_geometry_counts_a_partial_last_page_and_refuses_bad_ranges() {
+        assert_eq!(range_geometry(4096, 512, 0, 8).unwrap(), (1, 4096));
+        assert_eq!(range_geometry(4096, 512, 100, 9).unwrap(), (2, 4608));
+        assert_eq!(range_geometry(65536, 4096, 7, 17).unwrap(), (2, 17 * 4096));
+        for (page, lba, first, blocks) in [
+            (4096, 1024 * 3, 0, 1),        // LBA size not a power of two
+            (4096, 256, 0, 1),             // below 512
+            (4096, 8192, 0, 1),            // above 4096 (and above the page)
+            (4096, 512, 0, 0),             // empty
+            (4096, 512, u64::MAX, 2),      // past LBA space
+            (4096, 4096, 0, u64::MAX / 2), // bytes overflow
+        ] {
+            assert!(
+                matches!(
+                    range_geometry(page, lba, first, blocks),
+                    Err(GpuError::InvalidArgument(_))
+                ),
+                "{page} {lba} {first} {blocks}"
+            );
+        }
+    }
+
+    fn range(npages: u64) -> RangeDesc {
+        RangeDesc {
+            npages,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn invariants_catch_held_pages_locked_frames_and_crossed_owners() {
+        let ranges = [range(4)];
+        let empty = FrameState {
+            flags: 0,
+            range: FRAME_EMPTY,
+            page: 0,
+        };
+        let mut entries = vec![vec![PageEntry::default(); 4]];
+        let mut frames = vec![empty; 2];
+        assert!(invariant_problems(&ranges, &entries, &frames).is_empty());
+        // Page 2 valid in frame 1, both naming each other: fine.
+        entries[0][2] = PageEntry {
+            state: PS_VALID,
+            frame: 1,
+        };
+        frames[1] = FrameState {
+            flags: FS_REF,
+            range: 0,
+            page: 2,
+        };
+        assert!(invariant_problems(&ranges, &entries, &frames).is_empty());
+        // A reference left behind.
+        entries[0][2].state = PS_VALID | 1;
+        assert_eq!(invariant_problems(&ranges, &entries, &frames).len(), 1);
+        entries[0][2].state = PS_VALID;
+        // A frame left locked, and one naming a page that is not valid in it.
+        frames[0] = FrameState {
+            flags: FS_LOCKED,
+            range: 0,
+            page: 3,
+        };
+        assert_eq!(invariant_problems(&ranges, &entries, &frames).len(), 2);
+        frames[0] = empty;
+        // A valid page whose frame names another page.
+        entries[0][3] = PageEntry {
+            state: PS_VALID,
+            frame: 1,
+        };
+        assert!(!invariant_problems(&ranges, &entries, &frames).is_empty());
+    }
+}

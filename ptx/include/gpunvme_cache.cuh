@@ -1,0 +1,770 @@
+// gpunvme_cache.cuh — a BaM-style page cache in GPU memory over storage ranges, and
+// gpunvme::array<T>: GPU threads index storage as arrays, hits are served from GPU memory, warp
+// accesses to one page are coalesced, and only misses become NVMe commands (on gpunvme.cuh's
+// queues). Design and its reasons: docs/design/cache.md.
+//
+// Header-only, namespace gpunvme::cache (and gpunvme::array), no host state; nothing traps,
+// prints or waits without a bound: every call returns a gpunvme::status. The host side is the
+// Rust module gpu_queues::cache (GpuCache), which allocates the structures below, binds ranges
+// and reads the statistics between kernels.
+//
+// Layout contract: the structs below are mirrored by #[repr(C)] structs in gpu-queues/src/desc.rs
+// (CacheDesc, RangeDesc, PageEntry, FrameState, CacheState, CacheStats); the GPUNVME_* numbers
+// are checked here by static_assert and on the Rust side by a test that parses this file.
+//
+// THE CACHE:
+//  * Translation: one 8-byte page_entry per page of each bound range (a direct map, BaM's):
+//    lookup is one load, and miss deduplication is one compare-and-swap on the entry.
+//  * Page state word (page_entry.state), changed only by atomics:
+//      bit 31 VALID   the frame page_entry.frame holds the page's bytes
+//      bit 30 BUSY    one thread owns the page's fill
+//      bit 29 DIRTY   (writes: a later slice)
+//      bit 28 ERROR   the last fill failed; bits 27:24 hold the status every holder returns
+//      23:0   refs    threads holding OR WAITING FOR the page: a page someone waits for is
+//                     never evicted.
+//    Legal values: refs (INVALID), BUSY|refs (filling), VALID|refs, ERROR|code|refs.
+//  * Frames: nframes frames of page_size bytes (one allocation the controller can reach), each
+//    with a frame_state {flags, owner range, owner page}; flags FS_REF (clock bit), FS_LOCKED
+//    (an evictor or filler owns the frame: only ever tried, never waited for), FS_QUARANTINED
+//    (a fill on it timed out or was aborted: the command may still write it, so it is never
+//    reused). The owner fields are written only under FS_LOCKED. Invariant: a frame whose owner
+//    is a page (not GPUNVME_FRAME_EMPTY) holds it, and that page is VALID with entry.frame ==
+//    the frame; a failed fill resets the owner to EMPTY before unlocking.
+//  * Replacement: a clock over the frames (cache_state.hand, one fetch_add per step): locked or
+//    quarantined frames are skipped, a set REF bit is cleared (second chance), otherwise the
+//    frame is try-locked and its page evicted by one exact CAS VALID -> 0, which fails if anyone
+//    holds or waits for it. The search is bounded by full_wait_ns and the host's abort word: a
+//    cache whose every frame is referenced returns GPUNVME_CACHE_FULL, never spins forever.
+//
+// TRANSITIONS (r = refs, n = the lanes of one warp on the page; their leader acts for them):
+//   1 any -> +n            leader: fetch_add(n, acquire); the old value decides: VALID -> hit,
+//                          ERROR -> 5, BUSY -> wait, else -> 2
+//   2 r -> BUSY|r          the filler: CAS (acquire) from a value without VALID|BUSY|ERROR;
+//                          at most one thread wins per fill episode (losers wait)
+//   3 BUSY|r -> VALID|r    filler, data in the frame: fetch_add(VALID - BUSY, release)
+//   4 BUSY|r -> ERROR|c|r  filler, fill failed: fetch_add(ERROR + (c << 24) - BUSY, release)
+//   5 ERROR|c|r -> r - n   every holder: fetch_sub(n); whoever leaves refs 0 CASes ERROR|c -> 0
+//                          (a failed CAS means a newcomer, who does it on its way out); the
+//                          next access after that retries the read
+//   6 VALID|r -> r - n     leader after its lanes read: fetch_sub(n, release)
+//   8 VALID -> 0           evictor, exact (r = 0): CAS acq_rel
+//
+// FENCE DISCIPLINE (PTX ISA 9.0, "Memory Consistency Model"; on top of gpunvme.cuh's):
+//  fill:  atom.cas.acquire entry(BUSY) -> atom.cas.acquire frame(LOCKED) -> st owner,
+//         st entry.frame -> fill_slot st.release ticket -> publisher fence (sys | gpu) ->
+//         doorbell -> device DMA into the frame -> reaper ld phase, fence (sys | gpu),
+//         st.release slot.done -> filler ld.acquire slot.done -> atom.add.release entry
+//         (VALID - BUSY) -> st.release frame.flags (REF)
+//  hit:   atom.add.acquire entry (sees VALID; the gpu-scope acquire also invalidates the SM's L1)
+//         -> ld entry.frame -> ld frame data -> __syncwarp(peers) -> leader atom.sub.release.
+//         Frames are NEVER read through the non-coherent path (ld.global.nc, __ldg, const
+//         __restrict__): a reused frame would return the previous page's bytes.
+//  evict -> reuse: holders' atom.sub.release -> evictor atom.cas.acq_rel (VALID -> 0) ->
+//         fill_slot st.release -> publisher fence -> doorbell -> the device writes the frame
+//         (every holder's reads came first).
+//  The fences between the queue and its controller are gpunvme.cuh's (system scope, or GPU
+//  scope for the GPU-resident controller model).
+//
+// WAITING AND DEADLOCK. A page waiter waits (bounded by 2 x the queue's timeout, and the host's
+// abort word) for that page's filler, a running thread; a filler waits for its queue (one
+// ticket at a time: gpunvme.cuh's rule) and for a free frame (bounded by full_wait_ns). Entry
+// BUSY, frame LOCKED and victim entries are only ever tried. A warp runs its own fills before
+// its lanes wait for other warps' fills, so two warps never wait on each other; hit lanes read
+// and release before the warp's fills. What can still hold and wait: a warp's fill lanes hold
+// references on the pages they filled until the whole warp's fills are done, so a cache needs
+// at least 32 frames per warp that misses at once; below that, fills end in GPUNVME_CACHE_FULL
+// after full_wait_ns (a status, not a hang).
+#pragma once
+
+#include "gpunvme.cuh"
+
+// Layout of the structs shared with Rust (gpu-queues/src/desc.rs).
+#define GPUNVME_CACHE_DESC_SIZE 128
+#define GPUNVME_CD_FRAMES 0
+#define GPUNVME_CD_FRAMES_BUS 8
+#define GPUNVME_CD_FRAME_STATES 16
+#define GPUNVME_CD_STATE 24
+#define GPUNVME_CD_STATS 32
+#define GPUNVME_CD_RANGES 40
+#define GPUNVME_CD_QUEUES 48
+#define GPUNVME_CD_NFRAMES 56
+#define GPUNVME_CD_FULL_WAIT_NS 64
+#define GPUNVME_CD_NRANGES 72
+#define GPUNVME_CD_NQUEUES 76
+#define GPUNVME_CD_PAGE_SHIFT 80
+#define GPUNVME_CD_FLAGS 84
+#define GPUNVME_RANGE_DESC_SIZE 64
+#define GPUNVME_RD_ENTRIES 0
+#define GPUNVME_RD_NPAGES 8
+#define GPUNVME_RD_BYTES 16
+#define GPUNVME_RD_FIRST_LBA 24
+#define GPUNVME_RD_TABLE 32
+#define GPUNVME_RD_NSID 40
+#define GPUNVME_RD_LBA_SHIFT 44
+#define GPUNVME_RD_FILE 48
+#define GPUNVME_RD_FLAGS 52
+#define GPUNVME_PAGE_ENTRY_SIZE 8
+#define GPUNVME_PE_STATE 0
+#define GPUNVME_PE_FRAME 4
+#define GPUNVME_FRAME_STATE_SIZE 16
+#define GPUNVME_FRS_FLAGS 0
+#define GPUNVME_FRS_RANGE 4
+#define GPUNVME_FRS_PAGE 8
+#define GPUNVME_CACHE_STATE_SIZE 64
+#define GPUNVME_CS_HAND 0
+#define GPUNVME_CS_FIRST_STATUS 32
+#define GPUNVME_CS_FIRST_NVME_STATUS 36
+#define GPUNVME_CS_FIRST_RANGE 40
+#define GPUNVME_CS_QUARANTINED 44
+#define GPUNVME_CS_FIRST_PAGE 48
+#define GPUNVME_CACHE_STATS_SIZE 128
+#define GPUNVME_CACHE_STAT_SLOTS 64
+#define GPUNVME_ST_HITS 0
+#define GPUNVME_ST_MISSES 8
+#define GPUNVME_ST_WAITS 16
+#define GPUNVME_ST_EVICTIONS 24
+#define GPUNVME_ST_WRITEBACKS 32
+#define GPUNVME_ST_READ_CMDS 40
+#define GPUNVME_ST_WRITE_CMDS 48
+#define GPUNVME_ST_FLUSH_CMDS 56
+#define GPUNVME_ST_BYTES_READ 64
+#define GPUNVME_ST_BYTES_WRITTEN 72
+#define GPUNVME_ST_FULL 80
+#define GPUNVME_ST_ERRORS 88
+
+// Page state word.
+#define GPUNVME_PS_VALID 0x80000000u
+#define GPUNVME_PS_BUSY 0x40000000u
+#define GPUNVME_PS_DIRTY 0x20000000u
+#define GPUNVME_PS_ERROR 0x10000000u
+#define GPUNVME_PS_STATUS_SHIFT 24
+#define GPUNVME_PS_REFS_MASK 0x00ffffffu
+// Frame flags, and the owner range of a frame that holds no page.
+#define GPUNVME_FS_REF 1u
+#define GPUNVME_FS_LOCKED 2u
+#define GPUNVME_FS_QUARANTINED 4u
+#define GPUNVME_FRAME_EMPTY 0xffffffffu
+// cache_desc.flags: fills go through slot buffers (a later slice; refused by this one).
+#define GPUNVME_CF_BOUNCE 1u
+// range_desc.flags.
+#define GPUNVME_RF_FILE 1u
+#define GPUNVME_RF_WRITABLE 2u
+#define GPUNVME_RF_ALIGNED 4u
+// The status of an access that found every frame referenced for full_wait_ns.
+#define GPUNVME_CACHE_FULL 8
+
+namespace gpunvme {
+namespace cache {
+
+/// A cache as kernels see it. Built by the host (GpuCache::descriptor()); read-only on the GPU.
+struct cache_desc {
+    uint64_t frames;        // GPU pointer: nframes * page_size bytes
+    uint64_t frames_bus;    // device address of the frames (the controller's view)
+    uint64_t frame_states;  // GPU pointer: frame_state[nframes]
+    uint64_t state;         // GPU pointer: cache_state
+    uint64_t stats;         // GPU pointer: cache_stats[GPUNVME_CACHE_STAT_SLOTS]
+    uint64_t ranges;        // GPU pointer: range_desc[nranges]
+    uint64_t queues;        // GPU pointer: queue_desc[nqueues], the queues fills issue on
+    uint64_t nframes;       // frames
+    uint64_t full_wait_ns;  // bound of a search for a free frame
+    uint32_t nranges;       // bound ranges
+    uint32_t nqueues;       // queues (warp w fills on queue w % nqueues)
+    uint32_t page_shift;    // log2 of the page size (12..16)
+    uint32_t flags;         // GPUNVME_CF_*
+    uint64_t reserved[5];
+};
+
+/// One bound range: an LBA range of a namespace (or, later, a blockfs file).
+struct range_desc {
+    uint64_t entries;    // GPU pointer: page_entry[npages]
+    uint64_t npages;     // pages of the range (the last one may be partial)
+    uint64_t bytes;      // bytes of the range: elements stop here
+    uint64_t first_lba;  // first LBA of the range
+    uint64_t table;      // file ranges: GPU pointer of the blockfs extent table; 0 otherwise
+    uint32_t nsid;       // namespace
+    uint32_t lba_shift;  // log2 of its LBA size
+    uint32_t file;       // file ranges: index in the table
+    uint32_t flags;      // GPUNVME_RF_*
+    uint64_t reserved;
+};
+
+/// The translation of one page of a range.
+struct page_entry {
+    uint32_t state;  // the page state word above
+    uint32_t frame;  // the frame holding the page while VALID
+};
+
+/// One frame's state.
+struct frame_state {
+    uint32_t flags;  // GPUNVME_FS_*
+    uint32_t range;  // owner range, or GPUNVME_FRAME_EMPTY
+    uint64_t page;   // owner page
+};
+
+/// The cache's shared words (each role's on its own 32-byte sector).
+struct cache_state {
+    uint64_t hand;               // clock hand (steps taken)
+    uint64_t pad0[3];
+    uint32_t first_status;       // gpunvme status of the first failed fill (0: none)
+    uint32_t first_nvme_status;  // its CQE status field
+    uint32_t first_range;        // its range
+    uint32_t quarantined;        // frames quarantined by fills that timed out or were aborted
+    uint64_t first_page;         // its page
+    uint64_t reserved;
+};
+
+/// Counters, one set per slot (blockIdx.x % GPUNVME_CACHE_STAT_SLOTS); the host sums them.
+struct cache_stats {
+    unsigned long long hits;           // element accesses served from a VALID page
+    unsigned long long misses;         // fills (one per missing page)
+    unsigned long long waits;          // element accesses that waited for another warp's fill
+    unsigned long long evictions;      // pages evicted to make room
+    unsigned long long writebacks;     // dirty pages written back (a later slice)
+    unsigned long long read_cmds;      // NVMe reads issued by fills
+    unsigned long long write_cmds;     // NVMe writes issued by write-backs
+    unsigned long long flush_cmds;     // NVMe Flush commands
+    unsigned long long bytes_read;     // bytes read by fills
+    unsigned long long bytes_written;  // bytes written back
+    unsigned long long full;           // fills that ended in GPUNVME_CACHE_FULL
+    unsigned long long errors;         // fills that failed for any other reason
+    unsigned long long reserved[4];
+};
+
+static_assert(sizeof(cache_desc) == GPUNVME_CACHE_DESC_SIZE, "cache_desc size");
+static_assert(offsetof(cache_desc, frames) == GPUNVME_CD_FRAMES, "frames");
+static_assert(offsetof(cache_desc, frames_bus) == GPUNVME_CD_FRAMES_BUS, "frames_bus");
+static_assert(offsetof(cache_desc, frame_states) == GPUNVME_CD_FRAME_STATES, "frame_states");
+static_assert(offsetof(cache_desc, state) == GPUNVME_CD_STATE, "state");
+static_assert(offsetof(cache_desc, stats) == GPUNVME_CD_STATS, "stats");
+static_assert(offsetof(cache_desc, ranges) == GPUNVME_CD_RANGES, "ranges");
+static_assert(offsetof(cache_desc, queues) == GPUNVME_CD_QUEUES, "queues");
+static_assert(offsetof(cache_desc, nframes) == GPUNVME_CD_NFRAMES, "nframes");
+static_assert(offsetof(cache_desc, full_wait_ns) == GPUNVME_CD_FULL_WAIT_NS, "full_wait_ns");
+static_assert(offsetof(cache_desc, nranges) == GPUNVME_CD_NRANGES, "nranges");
+static_assert(offsetof(cache_desc, nqueues) == GPUNVME_CD_NQUEUES, "nqueues");
+static_assert(offsetof(cache_desc, page_shift) == GPUNVME_CD_PAGE_SHIFT, "page_shift");
+static_assert(offsetof(cache_desc, flags) == GPUNVME_CD_FLAGS, "flags");
+static_assert(sizeof(range_desc) == GPUNVME_RANGE_DESC_SIZE, "range_desc size");
+static_assert(offsetof(range_desc, entries) == GPUNVME_RD_ENTRIES, "entries");
+static_assert(offsetof(range_desc, npages) == GPUNVME_RD_NPAGES, "npages");
+static_assert(offsetof(range_desc, bytes) == GPUNVME_RD_BYTES, "bytes");
+static_assert(offsetof(range_desc, first_lba) == GPUNVME_RD_FIRST_LBA, "first_lba");
+static_assert(offsetof(range_desc, table) == GPUNVME_RD_TABLE, "table");
+static_assert(offsetof(range_desc, nsid) == GPUNVME_RD_NSID, "nsid");
+static_assert(offsetof(range_desc, lba_shift) == GPUNVME_RD_LBA_SHIFT, "lba_shift");
+static_assert(offsetof(range_desc, file) == GPUNVME_RD_FILE, "file");
+static_assert(offsetof(range_desc, flags) == GPUNVME_RD_FLAGS, "rd flags");
+static_assert(sizeof(page_entry) == GPUNVME_PAGE_ENTRY_SIZE, "page_entry size");
+static_assert(offsetof(page_entry, state) == GPUNVME_PE_STATE, "pe state");
+static_assert(offsetof(page_entry, frame) == GPUNVME_PE_FRAME, "pe frame");
+static_assert(sizeof(frame_state) == GPUNVME_FRAME_STATE_SIZE, "frame_state size");
+static_assert(offsetof(frame_state, flags) == GPUNVME_FRS_FLAGS, "frs flags");
+static_assert(offsetof(frame_state, range) == GPUNVME_FRS_RANGE, "frs range");
+static_assert(offsetof(frame_state, page) == GPUNVME_FRS_PAGE, "frs page");
+static_assert(sizeof(cache_state) == GPUNVME_CACHE_STATE_SIZE, "cache_state size");
+static_assert(offsetof(cache_state, hand) == GPUNVME_CS_HAND, "hand");
+static_assert(offsetof(cache_state, first_status) == GPUNVME_CS_FIRST_STATUS, "first_status");
+static_assert(offsetof(cache_state, first_nvme_status) == GPUNVME_CS_FIRST_NVME_STATUS, "fns");
+static_assert(offsetof(cache_state, first_range) == GPUNVME_CS_FIRST_RANGE, "first_range");
+static_assert(offsetof(cache_state, quarantined) == GPUNVME_CS_QUARANTINED, "quarantined");
+static_assert(offsetof(cache_state, first_page) == GPUNVME_CS_FIRST_PAGE, "first_page");
+static_assert(sizeof(cache_stats) == GPUNVME_CACHE_STATS_SIZE, "cache_stats size");
+static_assert(offsetof(cache_stats, hits) == GPUNVME_ST_HITS, "hits");
+static_assert(offsetof(cache_stats, misses) == GPUNVME_ST_MISSES, "misses");
+static_assert(offsetof(cache_stats, waits) == GPUNVME_ST_WAITS, "waits");
+static_assert(offsetof(cache_stats, evictions) == GPUNVME_ST_EVICTIONS, "evictions");
+static_assert(offsetof(cache_stats, writebacks) == GPUNVME_ST_WRITEBACKS, "writebacks");
+static_assert(offsetof(cache_stats, read_cmds) == GPUNVME_ST_READ_CMDS, "read_cmds");
+static_assert(offsetof(cache_stats, write_cmds) == GPUNVME_ST_WRITE_CMDS, "write_cmds");
+static_assert(offsetof(cache_stats, flush_cmds) == GPUNVME_ST_FLUSH_CMDS, "flush_cmds");
+static_assert(offsetof(cache_stats, bytes_read) == GPUNVME_ST_BYTES_READ, "bytes_read");
+static_assert(offsetof(cache_stats, bytes_written) == GPUNVME_ST_BYTES_WRITTEN, "bytes_w");
+static_assert(offsetof(cache_stats, full) == GPUNVME_ST_FULL, "full");
+static_assert(offsetof(cache_stats, errors) == GPUNVME_ST_ERRORS, "errors");
+
+// ---------------------------------------------------------------------------------------------
+// Primitives.
+
+__device__ __forceinline__ const range_desc& range_of(const cache_desc& c, uint32_t r) {
+    return reinterpret_cast<const range_desc*>(c.ranges)[r];
+}
+__device__ __forceinline__ page_entry* entry_of(const range_desc& r, uint64_t page) {
+    return reinterpret_cast<page_entry*>(r.entries) + page;
+}
+__device__ __forceinline__ frame_state* frame_of(const cache_desc& c, uint64_t f) {
+    return reinterpret_cast<frame_state*>(c.frame_states) + f;
+}
+__device__ __forceinline__ cache_state* state_of(const cache_desc& c) {
+    return reinterpret_cast<cache_state*>(c.state);
+}
+/// The bytes of frame f. Read them with plain loads, never the non-coherent path.
+__device__ __forceinline__ uint8_t* frame_data(const cache_desc& c, uint32_t f) {
+    return reinterpret_cast<uint8_t*>(c.frames + ((uint64_t)f << c.page_shift));
+}
+/// This block's statistics slot (one slot per block would be 64 K slots; 64 spread the atomics).
+__device__ __forceinline__ cache_stats* stats_of(const cache_desc& c) {
+    return reinterpret_cast<cache_stats*>(c.stats) + (blockIdx.x % GPUNVME_CACHE_STAT_SLOTS);
+}
+__device__ __forceinline__ void count(unsigned long long& counter, uint64_t n) {
+    if (n) atomicAdd(&counter, (unsigned long long)n);
+}
+/// The queue this thread's warp fills on.
+__device__ __forceinline__ const queue_desc& queue_for(const cache_desc& c) {
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    return reinterpret_cast<const queue_desc*>(c.queues)[(gtid / 32) % c.nqueues];
+}
+
+/// Why an access to byte `byte` (and `len` bytes from it) of range `range` cannot be served,
+/// or GPUNVME_OK.
+__device__ __forceinline__ status check_access(const cache_desc& c, uint32_t range,
+                                               uint64_t byte, uint64_t len) {
+    if (range >= c.nranges || c.nqueues == 0 || c.nframes == 0) return GPUNVME_INVALID_ARGUMENT;
+    const uint64_t bytes = range_of(c, range).bytes;
+    if (byte >= bytes || len > bytes - byte) return GPUNVME_OUT_OF_EXTENT;
+    return GPUNVME_OK;
+}
+
+/// Records the first failed fill for the host (cache_state.first_*).
+__device__ inline void record_failure(const cache_desc& c, status s, uint32_t nvme_status,
+                                      uint32_t range, uint64_t page) {
+    cache_state* st = state_of(c);
+    uint32_t expected = 0;
+    if (dev_u32(st->first_status)
+            .compare_exchange_strong(expected, (uint32_t)s, cuda::memory_order_relaxed)) {
+        st->first_nvme_status = nvme_status;
+        st->first_range = range;
+        st->first_page = page;
+    }
+}
+
+/// Gives back n references (transitions 5 and 6). Release: the holders' reads of the frame
+/// happen before an evictor's CAS sees refs reach 0. Whoever leaves an ERROR page without
+/// holders resets it, so that the next access retries the read.
+__device__ inline void release_refs(page_entry* e, uint32_t n) {
+    uint32_t old = dev_u32(e->state).fetch_sub(n, cuda::memory_order_release);
+    if ((old & GPUNVME_PS_ERROR) && (old & GPUNVME_PS_REFS_MASK) == n) {
+        uint32_t expected = old - n;
+        dev_u32(e->state).compare_exchange_strong(expected, 0u, cuda::memory_order_relaxed);
+    }
+}
+
+/// Sets the frame's clock bit if it is clear (a load first: hot frames are not re-written).
+__device__ __forceinline__ void touch(const cache_desc& c, uint32_t f) {
+    uint32_t& flags = frame_of(c, f)->flags;
+    if (!(dev_u32(flags).load(cuda::memory_order_relaxed) & GPUNVME_FS_REF))
+        dev_u32(flags).fetch_or(GPUNVME_FS_REF, cuda::memory_order_relaxed);
+}
+
+// How an access stands after its lookup.
+enum : uint32_t {
+    ACQ_NONE = 0,  // the lane asks for nothing
+    ACQ_HIT,       // the page is VALID in *frame and referenced
+    ACQ_FILL,      // this thread owns the page's fill (BUSY)
+    ACQ_WAIT,      // another thread fills it
+    ACQ_FAILED,    // *s says why; the references are still held
+};
+
+/// Decides from the state `cur` (which includes the caller's references) how the access
+/// stands, taking the fill (transition 2) when nobody has it. The CAS is retried only while
+/// other threads change the reference count.
+__device__ inline uint32_t classify(page_entry* e, uint32_t cur, status* s, uint32_t* frame) {
+    for (;;) {
+        if (cur & GPUNVME_PS_VALID) {
+            // Ordered after the acquire that saw VALID (transition 3's release published it).
+            *frame = e->frame;
+            return ACQ_HIT;
+        }
+        if (cur & GPUNVME_PS_ERROR) {
+            *s = (status)((cur >> GPUNVME_PS_STATUS_SHIFT) & 15u);
+            return ACQ_FAILED;
+        }
+        if (cur & GPUNVME_PS_BUSY) return ACQ_WAIT;
+        if (dev_u32(e->state).compare_exchange_weak(cur, cur | GPUNVME_PS_BUSY,
+                                                    cuda::memory_order_acquire,
+                                                    cuda::memory_order_acquire))
+            return ACQ_FILL;
+    }
+}
+
+/// Transition 1 for the leader of n lanes: take the references, then classify.
+__device__ __forceinline__ uint32_t lookup(page_entry* e, uint32_t n, status* s,
+                                           uint32_t* frame) {
+    uint32_t old = dev_u32(e->state).fetch_add(n, cuda::memory_order_acquire);
+    if ((old & GPUNVME_PS_REFS_MASK) + n > (GPUNVME_PS_REFS_MASK >> 1)) {
+        // 2^23 holders: far beyond any GPU's resident threads; refuse rather than overflow.
+        *s = GPUNVME_INVALID_ARGUMENT;
+        return ACQ_FAILED;
+    }
+    return classify(e, old + n, s, frame);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replacement and fills.
+
+/// Finds a frame for a fill and returns it LOCKED (*frame), evicting its clean, unreferenced
+/// page; bounded by full_wait_ns and the host's abort word (GPUNVME_CACHE_FULL, ABORTED).
+__device__ inline status find_frame(const cache_desc& c, const queue_desc& q, uint32_t* frame,
+                                    uint64_t* evictions) {
+    cache_state* st = state_of(c);
+    cuda::atomic_ref<uint64_t, cuda::thread_scope_device> hand(st->hand);
+    const uint64_t n = c.nframes;
+    const uint64_t deadline = now_ns() + c.full_wait_ns;
+    uint32_t sleep_ns = 32;
+    for (uint64_t step = 1;; ++step) {
+        const uint64_t f = hand.fetch_add(1, cuda::memory_order_relaxed) % n;
+        frame_state* fs = frame_of(c, f);
+        uint32_t fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed);
+        if (!(fl & (GPUNVME_FS_LOCKED | GPUNVME_FS_QUARANTINED))) {
+            if (fl & GPUNVME_FS_REF) {
+                // Second chance: used since the hand last passed.
+                dev_u32(fs->flags).fetch_and(~GPUNVME_FS_REF, cuda::memory_order_relaxed);
+            } else if (dev_u32(fs->flags).compare_exchange_strong(
+                           fl, fl | GPUNVME_FS_LOCKED, cuda::memory_order_acquire,
+                           cuda::memory_order_relaxed)) {
+                // Ours: the owner fields are stable until we unlock.
+                const uint32_t owner = fs->range;
+                if (owner == GPUNVME_FRAME_EMPTY) {
+                    *frame = (uint32_t)f;
+                    return GPUNVME_OK;
+                }
+                if (owner < c.nranges && fs->page < range_of(c, owner).npages) {
+                    // Transition 8: only a VALID page nobody holds or waits for.
+                    uint32_t expected = GPUNVME_PS_VALID;
+                    if (dev_u32(entry_of(range_of(c, owner), fs->page)->state)
+                            .compare_exchange_strong(expected, 0u, cuda::memory_order_acq_rel,
+                                                     cuda::memory_order_relaxed)) {
+                        ++*evictions;
+                        *frame = (uint32_t)f;
+                        return GPUNVME_OK;
+                    }
+                }
+                dev_u32(fs->flags).store(fl, cuda::memory_order_release);
+            }
+        }
+        if (step % GPUNVME_ABORT_POLL == 0) {
+            const uint64_t now = now_ns();
+            if (host_aborted(q, now)) return GPUNVME_ABORTED;
+            if (now > deadline ||
+                dev_u32(st->quarantined).load(cuda::memory_order_relaxed) >= n)
+                return GPUNVME_CACHE_FULL;
+        }
+        if (step >= 2 * n) {
+            // A whole sweep found nothing: every frame is held, locked or just used. Back
+            // off so that holders run.
+            __nanosleep(sleep_ns);
+            if (sleep_ns < 4096) sleep_ns <<= 1;
+        }
+    }
+}
+
+/// The fill of page `page` of range `range` by the thread that owns it (BUSY): a frame, the
+/// read, then transition 3 (VALID) or 4 (ERROR with the status). Returns the outcome; on
+/// success *frame holds the page.
+__device__ inline status fill_page(const cache_desc& c, const queue_desc& q, uint32_t range,
+                                   uint64_t page, page_entry* e, uint32_t* frame) {
+    const range_desc& r = range_of(c, range);
+    cache_stats* k = stats_of(c);
+    uint64_t evictions = 0;
+    uint32_t sf = 0, f = 0;
+    // A failed queue takes no command: fail before taking (and quarantining) a frame.
+    status s = queue_failed(q);
+    if (!s) s = find_frame(c, q, &f, &evictions);
+    count(k->evictions, evictions);
+    if (!s) {
+        frame_state* fs = frame_of(c, f);
+        fs->range = range;
+        fs->page = page;
+        e->frame = f;  // published by transition 3's release
+        // The page's blocks: a whole page, or the range's tail.
+        const uint32_t shift = c.page_shift - r.lba_shift;
+        const uint64_t first = page << shift;
+        const uint64_t range_blocks = r.bytes >> r.lba_shift;
+        uint64_t blocks = range_blocks - first;
+        if (blocks > (1ull << shift)) blocks = 1ull << shift;
+        const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
+        count(k->read_cmds, per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
+        s = rw_thread(q, OPC_READ, r.nsid, r.lba_shift, r.first_lba + first, blocks,
+                      c.frames_bus + ((uint64_t)f << c.page_shift), &sf);
+        if (!s) {
+            count(k->misses, 1);
+            count(k->bytes_read, blocks << r.lba_shift);
+            // Transition 3; then unlock with the clock bit set (the new page's second chance).
+            dev_u32(e->state).fetch_add(GPUNVME_PS_VALID - GPUNVME_PS_BUSY,
+                                        cuda::memory_order_release);
+            dev_u32(fs->flags).store(GPUNVME_FS_REF, cuda::memory_order_release);
+            *frame = f;
+            return GPUNVME_OK;
+        }
+        // The frame holds no page. After a timeout, an abort or a failed queue the command may
+        // still be in flight and write the frame later (review M3): never reuse it.
+        fs->range = GPUNVME_FRAME_EMPTY;
+        fs->page = 0;
+        if (s == GPUNVME_NVME_ERROR || s == GPUNVME_INVALID_ARGUMENT) {
+            dev_u32(fs->flags).store(0u, cuda::memory_order_release);
+        } else {
+            dev_u32(fs->flags).store(GPUNVME_FS_QUARANTINED, cuda::memory_order_release);
+            dev_u32(state_of(c)->quarantined).fetch_add(1u, cuda::memory_order_relaxed);
+        }
+    }
+    count(s == GPUNVME_CACHE_FULL ? k->full : k->errors, 1);
+    record_failure(c, s, sf, range, page);
+    // Transition 4 (wrapping arithmetic: BUSY is set, ERROR and the status bits are clear).
+    const uint32_t code = (uint32_t)s & 15u;
+    dev_u32(e->state).fetch_add(GPUNVME_PS_ERROR + (code << GPUNVME_PS_STATUS_SHIFT) -
+                                    GPUNVME_PS_BUSY,
+                                cuda::memory_order_release);
+    return s;
+}
+
+/// A page waiter's bound: twice the queue's, so that the filler's own bounded outcome (an
+/// ERROR page with TIMEOUT or QUEUE_FAILED) normally reaches the waiter first.
+__device__ __forceinline__ waiter page_waiter(const queue_desc& q) {
+    waiter w(q);
+    w.deadline += q.timeout_ns;
+    return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread variants: any thread, alone (no coalescing; still one fill per missing page).
+
+/// Acquires page `page` of range `range`: on GPUNVME_OK *data points at its bytes, which stay
+/// valid until release_thread. Every wait is bounded.
+__device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uint64_t page,
+                                        uint8_t** data) {
+    if (range >= c.nranges || c.nqueues == 0 || c.nframes == 0) return GPUNVME_INVALID_ARGUMENT;
+    const range_desc& r = range_of(c, range);
+    if (page >= r.npages) return GPUNVME_OUT_OF_EXTENT;
+    const queue_desc& q = queue_for(c);
+    page_entry* e = entry_of(r, page);
+    cache_stats* k = stats_of(c);
+    status s = GPUNVME_OK;
+    uint32_t f = 0;
+    uint32_t how = lookup(e, 1, &s, &f);
+    if (how == ACQ_HIT) count(k->hits, 1);
+    if (how == ACQ_WAIT) {
+        count(k->waits, 1);
+        waiter w = page_waiter(q);
+        while (how == ACQ_WAIT) {
+            uint32_t cur = dev_u32(e->state).load(cuda::memory_order_acquire);
+            how = classify(e, cur, &s, &f);
+            if (how != ACQ_WAIT) break;
+            status t = w.tick(q);  // not a queue wait: the queue is not failed for it
+            if (t) { s = t; how = ACQ_FAILED; }
+        }
+    }
+    if (how == ACQ_FILL) how = (s = fill_page(c, q, range, page, e, &f)) ? ACQ_FAILED : ACQ_HIT;
+    if (how != ACQ_HIT) {
+        release_refs(e, 1);
+        return s;
+    }
+    touch(c, f);
+    *data = frame_data(c, f);
+    return GPUNVME_OK;
+}
+
+/// Gives back a page acquire_thread returned GPUNVME_OK for.
+__device__ inline void release_thread(const cache_desc& c, uint32_t range, uint64_t page) {
+    release_refs(entry_of(range_of(c, range), page), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp variants: all 32 lanes call together (active == false: a lane that asks for nothing).
+// One lookup per distinct page per warp: the lanes on one page elect a leader
+// (__match_any_sync) who takes their references with one atomic and acts for them.
+
+/// One lane's view of a warp access.
+struct warp_access {
+    page_entry* e;    // the page's entry (lanes that ask for something)
+    uint32_t leader;  // lowest lane on the same page
+    uint32_t n;       // lanes on the page
+    uint32_t how;     // ACQ_*: the leader's, for every lane of the group
+    status s;         // the outcome when ACQ_FAILED (or the argument check's)
+    uint32_t frame;   // the frame when ACQ_HIT
+    bool lead;        // this lane is its group's leader and asks for something
+};
+
+/// Phase A: coalesce, and let each leader look its page up (transition 1). `pre` is the
+/// lane's argument check; lanes with one ask for nothing.
+__device__ inline warp_access lookup_warp(const cache_desc& c, bool active, status pre,
+                                          uint32_t range, uint64_t page) {
+    const uint32_t full = 0xffffffffu, lane = lane_id();
+    const bool in = active && pre == GPUNVME_OK;
+    // Inactive lanes get a key of their own (ranges are < 4096, so no real page has it).
+    const uint64_t key = in ? ((uint64_t)range << 48 | page) : (0xffffull << 48 | lane);
+    uint32_t peers;
+    if (__all_sync(full, key == __shfl_sync(full, key, 0))) peers = full;  // one page: no match
+    else peers = __match_any_sync(full, key);
+    warp_access a;
+    a.leader = __ffs(peers) - 1;
+    a.n = __popc(peers);
+    a.lead = in && lane == a.leader;
+    a.e = in ? entry_of(range_of(c, range), page) : nullptr;
+    a.how = in ? ACQ_NONE : ACQ_FAILED;
+    a.s = pre;
+    a.frame = 0;
+    if (!active) a.how = ACQ_NONE;
+    if (a.lead) a.how = lookup(a.e, a.n, &a.s, &a.frame);
+    const uint32_t hits = __reduce_add_sync(full, a.lead && a.how == ACQ_HIT ? a.n : 0u);
+    if (lane == 0 && hits) count(stats_of(c)->hits, hits);
+    a.how = __shfl_sync(full, a.how, a.leader);
+    a.s = __shfl_sync(full, a.s, a.leader);
+    a.frame = __shfl_sync(full, a.frame, a.leader);
+    return a;
+}
+
+/// Phases B and C: leaders that own fills run them (thread variant, divergent, one ticket per
+/// lane), then the warp waits, converged, for the pages other warps fill. Afterwards every
+/// asking lane's group is ACQ_HIT or ACQ_FAILED, and failed groups hold no references.
+__device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_t page,
+                                    warp_access& a) {
+    const uint32_t full = 0xffffffffu;
+    const queue_desc& q = queue_for(c);
+    if (a.lead && a.how == ACQ_FILL)
+        a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame)) ? ACQ_FAILED : ACQ_HIT;
+    if (__any_sync(full, a.lead && a.how == ACQ_WAIT)) {
+        if (a.lead && a.how == ACQ_WAIT) count(stats_of(c)->waits, a.n);
+        waiter w = page_waiter(q);
+        for (;;) {
+            if (a.lead && a.how == ACQ_WAIT) {
+                uint32_t cur = dev_u32(a.e->state).load(cuda::memory_order_acquire);
+                a.how = classify(a.e, cur, &a.s, &a.frame);
+                if (a.how == ACQ_HIT) touch(c, a.frame);
+                if (a.how == ACQ_FILL)  // the page's last fill failed meanwhile: ours now
+                    a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame)) ? ACQ_FAILED
+                                                                               : ACQ_HIT;
+            }
+            if (!__any_sync(full, a.lead && a.how == ACQ_WAIT)) break;
+            status t = warp_tick(q, w);  // not a queue wait: the queue is not failed for it
+            if (t) {
+                if (a.lead && a.how == ACQ_WAIT) {
+                    a.how = ACQ_FAILED;
+                    a.s = t;
+                }
+                break;
+            }
+        }
+    }
+    if (a.lead && a.how == ACQ_FAILED) release_refs(a.e, a.n);
+    a.how = __shfl_sync(full, a.how, a.leader);
+    a.s = __shfl_sync(full, a.s, a.leader);
+    a.frame = __shfl_sync(full, a.frame, a.leader);
+}
+
+/// Acquires page `page` of range `range` for every active lane (warp-collective): on
+/// GPUNVME_OK *data points at the page's bytes until release_warp. Lanes on one page share
+/// one lookup and at most one fill.
+__device__ inline status acquire_warp(const cache_desc& c, bool active, uint32_t range,
+                                      uint64_t page, uint8_t** data) {
+    status pre = GPUNVME_OK;
+    if (active) {
+        if (range >= c.nranges || c.nqueues == 0 || c.nframes == 0)
+            pre = GPUNVME_INVALID_ARGUMENT;
+        else if (page >= range_of(c, range).npages)
+            pre = GPUNVME_OUT_OF_EXTENT;
+    }
+    warp_access a = lookup_warp(c, active, pre, range, page);
+    if (a.lead && a.how == ACQ_HIT) touch(c, a.frame);
+    resolve_warp(c, range, page, a);
+    if (!active) return GPUNVME_OK;
+    if (a.how != ACQ_HIT) return a.s ? a.s : GPUNVME_INVALID_ARGUMENT;
+    *data = frame_data(c, a.frame);
+    return GPUNVME_OK;
+}
+
+/// Gives back what acquire_warp acquired (warp-collective; `held` = that call returned
+/// GPUNVME_OK for this lane, with the same range and page).
+__device__ inline void release_warp(const cache_desc& c, bool held, uint32_t range,
+                                    uint64_t page) {
+    const uint32_t full = 0xffffffffu, lane = lane_id();
+    const uint64_t key = held ? ((uint64_t)range << 48 | page) : (0xffffull << 48 | lane);
+    uint32_t peers;
+    if (__all_sync(full, key == __shfl_sync(full, key, 0))) peers = full;
+    else peers = __match_any_sync(full, key);
+    // Every lane's reads of the frame come before its leader's release.
+    __syncwarp();
+    if (held && lane == (uint32_t)(__ffs(peers) - 1))
+        release_refs(entry_of(range_of(c, range), page), __popc(peers));
+}
+
+}  // namespace cache
+
+// ---------------------------------------------------------------------------------------------
+// gpunvme::array<T>: a device view of a cached range as elements of T.
+
+/// Elements of type T over range `range` of a cache. T is trivially copyable and its size a
+/// power of two up to 4096 (so it divides every page). load() and operator[] are
+/// warp-collective (all 32 lanes together); the _thread forms are for divergent code.
+template <class T>
+struct array {
+    static_assert(sizeof(T) <= 4096 && (sizeof(T) & (sizeof(T) - 1)) == 0,
+                  "array<T>: sizeof(T) must be a power of two up to 4096");
+    const cache::cache_desc* c;
+    uint32_t range;
+    status first;  // the first failure operator[] met (GPUNVME_OK if none)
+
+    __device__ array(const cache::cache_desc* cache, uint32_t r)
+        : c(cache), range(r), first(GPUNVME_OK) {}
+
+    /// Elements in the range (0 for a range that is not bound).
+    __device__ uint64_t size() const {
+        return range < c->nranges ? cache::range_of(*c, range).bytes / sizeof(T) : 0;
+    }
+
+    /// Element i into *out (warp-collective; inactive lanes pass active = false). Hits read
+    /// and release before the warp's fills, so their pages are not held while it misses.
+    __device__ status load(uint64_t i, T* out, bool active = true) {
+        using namespace cache;
+        const uint32_t full = 0xffffffffu;
+        status pre = GPUNVME_OK;
+        uint64_t byte = 0;
+        if (active) {
+            if (i > ~0ull / sizeof(T)) pre = GPUNVME_OUT_OF_EXTENT;
+            else pre = check_access(*c, range, byte = i * sizeof(T), sizeof(T));
+        }
+        const uint64_t page = byte >> c->page_shift;
+        const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
+        warp_access a = lookup_warp(*c, active, pre, range, page);
+        const bool early = active && a.how == ACQ_HIT;
+        if (early) *out = *reinterpret_cast<const T*>(frame_data(*c, a.frame) + off);
+        __syncwarp();
+        if (early && a.lead) {
+            touch(*c, a.frame);
+            release_refs(a.e, a.n);
+        }
+        if (early) a.how = ACQ_NONE;  // done: the resolve phase leaves it alone
+        resolve_warp(*c, range, page, a);
+        const bool late = active && !early && a.how == ACQ_HIT;
+        if (late) *out = *reinterpret_cast<const T*>(frame_data(*c, a.frame) + off);
+        __syncwarp(full);
+        if (late && a.lead) release_refs(a.e, a.n);
+        if (!active || early || late) return GPUNVME_OK;
+        return a.s ? a.s : GPUNVME_INVALID_ARGUMENT;
+    }
+
+    /// Element i, alone.
+    __device__ status load_thread(uint64_t i, T* out) {
+        if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
+        const uint64_t byte = i * sizeof(T);
+        status s = cache::check_access(*c, range, byte, sizeof(T));
+        if (s) return s;
+        const uint64_t page = byte >> c->page_shift;
+        uint8_t* data = nullptr;
+        if ((s = cache::acquire_thread(*c, range, page, &data))) return s;
+        *out = *reinterpret_cast<const T*>(data + (byte & ((1ull << c->page_shift) - 1)));
+        cache::release_thread(*c, range, page);
+        return GPUNVME_OK;
+    }
+
+    /// Element i (warp-collective like load()); T{} on failure, the first failure in error().
+    __device__ T operator[](uint64_t i) {
+        T v{};
+        status s = load(i, &v);
+        if (s && !first) first = s;
+        return v;
+    }
+
+    /// The first failure operator[] met, or GPUNVME_OK.
+    __device__ status error() const { return first; }
+};
+
+}  // namespace gpunvme

@@ -1,0 +1,74 @@
+// gpunvme_cache_kernels.cu — the project's kernels over the page cache
+// (ptx/include/gpunvme_cache.cuh): thin loops over its calls, for the tests and tools.
+// #included at the end of gpunvme_kernels.cu, so they are the same module and PTX (loaded, and
+// launched once, before a GPU-resident controller spins: Kernels::warm_up_clients).
+#include "gpunvme_cache.cuh"
+
+/// Test and tool kernel: thread i reads the 8-byte elements idx[i * per_thread + j] of `range`
+/// through the cache (warp_mode 1: array::load, the warp's lanes together; 0: load_thread,
+/// each thread alone), writing each value and status. Threads at or past `nthreads` take part
+/// in the warp calls without asking for anything. A null cache returns at once (warm-up).
+extern "C" __global__ void gpunvme_cache_test(const cache::cache_desc* c, uint32_t range,
+                                              uint32_t warp_mode, uint32_t per_thread,
+                                              uint64_t nthreads, const uint64_t* idx,
+                                              uint64_t* values, uint32_t* statuses) {
+    if (c == nullptr) return;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool mine = gtid < nthreads;
+    gpunvme::array<uint64_t> a(c, range);
+    for (uint32_t j = 0; j < per_thread; ++j) {
+        const uint64_t k = gtid * per_thread + j;
+        uint64_t v = 0;
+        status s = GPUNVME_OK;
+        if (warp_mode) s = a.load(mine ? idx[k] : 0, &v, mine);
+        else if (mine) s = a.load_thread(idx[k], &v);
+        if (mine) {
+            values[k] = v;
+            statuses[k] = (uint32_t)s;
+        }
+    }
+}
+
+/// Test kernel for a cache whose every frame is referenced: warps 0 .. pinners-1 each acquire
+/// page pages[w] (acquire_warp) and hold it until words[1] is set or hold_ns pass; warp
+/// `pinners`, once words[0] says every pinner has its page, asks for page pages[pinners], then
+/// sets words[1]. statuses[w] gets each warp's acquire status. Launch whole warps, at least
+/// pinners + 1 of them, all resident at once. A null cache returns at once (warm-up).
+extern "C" __global__ void gpunvme_cache_pin_test(const cache::cache_desc* c, uint32_t range,
+                                                  const uint64_t* pages, uint32_t pinners,
+                                                  uint32_t* words, uint32_t* statuses,
+                                                  uint64_t hold_ns) {
+    if (c == nullptr) return;
+    const uint32_t full = 0xffffffffu, lane = threadIdx.x & 31u;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (warp > pinners) return;
+    const uint64_t until = now_ns() + hold_ns;
+    uint8_t* data = nullptr;
+    if (warp < pinners) {
+        status s = cache::acquire_warp(*c, true, range, pages[warp], &data);
+        if (lane == 0) {
+            statuses[warp] = (uint32_t)s;
+            dev_u32(words[0]).fetch_add(1u, cuda::memory_order_release);
+        }
+        for (;;) {  // hold, bounded
+            bool stop = lane == 0 && (dev_u32(words[1]).load(cuda::memory_order_acquire) != 0 ||
+                                      now_ns() > until);
+            if (__shfl_sync(full, stop, 0)) break;
+            __nanosleep(1000);
+        }
+        cache::release_warp(*c, s == GPUNVME_OK, range, pages[warp]);
+        return;
+    }
+    for (;;) {  // until every pinner holds its page, bounded
+        bool go = lane == 0 && (dev_u32(words[0]).load(cuda::memory_order_acquire) >= pinners ||
+                                now_ns() > until);
+        if (__shfl_sync(full, go, 0)) break;
+        __nanosleep(1000);
+    }
+    status s = cache::acquire_warp(*c, true, range, pages[warp], &data);
+    cache::release_warp(*c, s == GPUNVME_OK, range, pages[warp]);
+    if (lane == 0) {
+        statuses[warp] = (uint32_t)s;
+        dev_u32(words[1]).store(1u, cuda::memory_order_release);
+    }
+}
