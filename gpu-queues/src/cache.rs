@@ -253,10 +253,13 @@ pub fn range_geometry(
     Ok((npages, bytes))
 }
 
-/// Byte offsets of the cache's shared words in its control allocation.
+/// Byte offsets of the cache's shared words in its control allocation (which starts at least
+/// 256-byte aligned). The statistics slots start on a 128-byte boundary so that each slot is one
+/// L2 line of its own: slots exist to spread the counters' atomics, and a slot straddling two
+/// lines would share them with its neighbours.
 const OFF_DESC: usize = 0;
 const OFF_STATE: usize = 128;
-const OFF_STATS: usize = OFF_STATE + size_of::<CacheState>();
+const OFF_STATS: usize = (OFF_STATE + size_of::<CacheState>()).next_multiple_of(128);
 const OFF_RANGES: usize = OFF_STATS + CACHE_STAT_SLOTS * size_of::<CacheStatsSlot>();
 
 /// A page cache in GPU memory over ranges of storage, filled through GPU queues.
@@ -289,7 +292,10 @@ impl<'q> GpuCache<'q> {
     /// Builds an empty cache that fills on `queues` (see [`CacheOptions`]).
     pub fn new(queues: &'q GpuQueues, opts: CacheOptions) -> Result<Self, GpuError> {
         let descs: Vec<QueueDesc> = queues.descs();
-        let timeout_ns = descs.first().map_or(10_000_000_000, |d| d.timeout_ns);
+        // The default frame-search bound is the wait bound of the first queue fills use (a
+        // missing one is refused by `plan`, so the fallback is never used).
+        let first = opts.queues.as_ref().map_or(0, |q| q.start);
+        let timeout_ns = descs.get(first).map_or(10_000_000_000, |d| d.timeout_ns);
         let plan = plan(&opts, queues.max_transfer(), descs.len(), timeout_ns)?;
         if opts.data_path == DataPath::Bounce {
             return Err(bounce_unsupported());

@@ -69,11 +69,14 @@
 // abort word) for that page's filler, a running thread; a filler waits for its queue (one
 // ticket at a time: gpunvme.cuh's rule) and for a free frame (bounded by full_wait_ns). Entry
 // BUSY, frame LOCKED and victim entries are only ever tried. A warp runs its own fills before
-// its lanes wait for other warps' fills, so two warps never wait on each other; hit lanes read
-// and release before the warp's fills. What can still hold and wait: a warp's fill lanes hold
-// references on the pages they filled until the whole warp's fills are done, so a cache needs
-// at least 32 frames per warp that misses at once; below that, fills end in GPUNVME_CACHE_FULL
-// after full_wait_ns (a status, not a hang).
+// its lanes wait for other warps' fills, so two warps never wait on each other. array::load
+// holds no page while it looks for a frame: hits read and release before the warp's fills,
+// and fills run in rounds (a fill that finds no frame soon is given back, the pages already
+// filled are read and released, then it retries), so any cache with a frame free of
+// in-flight fills makes progress. acquire_warp / acquire_thread callers hold pages by
+// contract: a warp holding up to 32 pages while others look for frames can exhaust a small
+// cache, and the search then ends in GPUNVME_CACHE_FULL after full_wait_ns (a status, not a
+// hang).
 #pragma once
 
 #include "gpunvme.cuh"
@@ -362,6 +365,8 @@ enum : uint32_t {
     ACQ_FILL,      // this thread owns the page's fill (BUSY)
     ACQ_WAIT,      // another thread fills it
     ACQ_FAILED,    // *s says why; the references are still held
+    ACQ_RETRY,     // the fill was given back (no frame yet); the references are still held
+    ACQ_DONE,      // read and released, or failed and released (array::load's rounds)
 };
 
 /// Decides from the state `cur` (which includes the caller's references) how the access
@@ -402,13 +407,13 @@ __device__ __forceinline__ uint32_t lookup(page_entry* e, uint32_t n, status* s,
 // Replacement and fills.
 
 /// Finds a frame for a fill and returns it LOCKED (*frame), evicting its clean, unreferenced
-/// page; bounded by full_wait_ns and the host's abort word (GPUNVME_CACHE_FULL, ABORTED).
+/// page; bounded by `deadline` (%globaltimer ns) and the host's abort word
+/// (GPUNVME_CACHE_FULL, ABORTED). At least GPUNVME_ABORT_POLL steps are tried.
 __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, uint32_t* frame,
-                                    uint64_t* evictions) {
+                                    uint64_t* evictions, uint64_t deadline) {
     cache_state* st = state_of(c);
     cuda::atomic_ref<uint64_t, cuda::thread_scope_device> hand(st->hand);
     const uint64_t n = c.nframes;
-    const uint64_t deadline = now_ns() + c.full_wait_ns;
     uint32_t sleep_ns = 32;
     for (uint64_t step = 1;; ++step) {
         const uint64_t f = hand.fetch_add(1, cuda::memory_order_relaxed) % n;
@@ -457,19 +462,31 @@ __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, ui
     }
 }
 
-/// The fill of page `page` of range `range` by the thread that owns it (BUSY): a frame, the
-/// read, then transition 3 (VALID) or 4 (ERROR with the status). Returns the outcome; on
-/// success *frame holds the page.
+/// What fill_page returns when it gave the fill back (`give_back`): no frame was free by the
+/// deadline; the page is no longer BUSY and its holders keep their references. Never a
+/// status any public call returns.
+#define GPUNVME_CACHE_FILL_GIVEN_BACK (-1)
+
+/// The fill of page `page` of range `range` by the thread that owns it (BUSY): a frame (looked
+/// for until `deadline`), the read, then transition 3 (VALID) or 4 (ERROR with the status).
+/// Returns the outcome; on success *frame holds the page. With `give_back`, a fill that
+/// finds no frame drops BUSY instead of failing the page (GPUNVME_CACHE_FILL_GIVEN_BACK), so
+/// that a warp can release what it holds and retry (array::load).
 __device__ inline status fill_page(const cache_desc& c, const queue_desc& q, uint32_t range,
-                                   uint64_t page, page_entry* e, uint32_t* frame) {
+                                   uint64_t page, page_entry* e, uint32_t* frame,
+                                   uint64_t deadline, bool give_back = false) {
     const range_desc& r = range_of(c, range);
     cache_stats* k = stats_of(c);
     uint64_t evictions = 0;
     uint32_t sf = 0, f = 0;
     // A failed queue takes no command: fail before taking (and quarantining) a frame.
     status s = queue_failed(q);
-    if (!s) s = find_frame(c, q, &f, &evictions);
+    if (!s) s = find_frame(c, q, &f, &evictions, deadline);
     count(k->evictions, evictions);
+    if (s == GPUNVME_CACHE_FULL && give_back) {
+        dev_u32(e->state).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_relaxed);
+        return GPUNVME_CACHE_FILL_GIVEN_BACK;
+    }
     if (!s) {
         frame_state* fs = frame_of(c, f);
         fs->range = range;
@@ -552,7 +569,9 @@ __device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uin
             if (t) { s = t; how = ACQ_FAILED; }
         }
     }
-    if (how == ACQ_FILL) how = (s = fill_page(c, q, range, page, e, &f)) ? ACQ_FAILED : ACQ_HIT;
+    if (how == ACQ_FILL)
+        how = (s = fill_page(c, q, range, page, e, &f, now_ns() + c.full_wait_ns)) ? ACQ_FAILED
+                                                                                   : ACQ_HIT;
     if (how != ACQ_HIT) {
         release_refs(e, 1);
         return s;
@@ -620,7 +639,9 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
     const uint32_t full = 0xffffffffu;
     const queue_desc& q = queue_for(c);
     if (a.lead && a.how == ACQ_FILL)
-        a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame)) ? ACQ_FAILED : ACQ_HIT;
+        a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame, now_ns() + c.full_wait_ns))
+                    ? ACQ_FAILED
+                    : ACQ_HIT;
     if (__any_sync(full, a.lead && a.how == ACQ_WAIT)) {
         if (a.lead && a.how == ACQ_WAIT) count(stats_of(c)->waits, a.n);
         waiter w = page_waiter(q);
@@ -630,8 +651,10 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
                 a.how = classify(a.e, cur, &a.s, &a.frame);
                 if (a.how == ACQ_HIT) touch(c, a.frame);
                 if (a.how == ACQ_FILL)  // the page's last fill failed meanwhile: ours now
-                    a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame)) ? ACQ_FAILED
-                                                                               : ACQ_HIT;
+                    a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame,
+                                             now_ns() + c.full_wait_ns))
+                                ? ACQ_FAILED
+                                : ACQ_HIT;
             }
             if (!__any_sync(full, a.lead && a.how == ACQ_WAIT)) break;
             status t = warp_tick(q, w);  // not a queue wait: the queue is not failed for it
@@ -648,6 +671,71 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
     a.how = __shfl_sync(full, a.how, a.leader);
     a.s = __shfl_sync(full, a.s, a.leader);
     a.frame = __shfl_sync(full, a.frame, a.leader);
+}
+
+/// How long one round's fill in array::load looks for a frame before giving the fill back.
+#define GPUNVME_CACHE_ROUND_NS 20000
+
+/// Phases B and C for accesses that read at once (array::load), in rounds, so that a warp
+/// never holds the pages it has read while its other lanes look for frames (that hold-and-wait
+/// would need 32 free frames per missing warp). Each round: leaders that own fills fill with a
+/// short frame search (GPUNVME_CACHE_ROUND_NS; a fill that finds no frame is given back and
+/// retried); groups whose page is valid call read(frame) and their leaders release; failed
+/// groups release; waiting and given-back groups look at their page again; the warp sleeps
+/// (bounded by lane 0's page waiter and the host's abort word) when nothing moved. A fill still
+/// without a frame once full_wait_ns has passed makes a last search and fails the page with
+/// GPUNVME_CACHE_FULL. Returns with every asking lane's group done; a.s is its outcome.
+template <class F>
+__device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range, uint64_t page,
+                                            warp_access& a, F&& read) {
+    const uint32_t full = 0xffffffffu;
+    const queue_desc& q = queue_for(c);
+    uint64_t give_up = lane_id() == 0 ? now_ns() + c.full_wait_ns : 0;
+    give_up = __shfl_sync(full, give_up, 0);
+    if (a.lead && a.how == ACQ_WAIT) count(stats_of(c)->waits, a.n);
+    waiter w = page_waiter(q);
+    for (;;) {
+        // B: fills (divergent: the thread variant's calls, one ticket per lane).
+        if (a.lead && a.how == ACQ_FILL) {
+            const uint64_t now = now_ns();
+            const bool last = now > give_up;
+            const status s = fill_page(c, q, range, page, a.e, &a.frame,
+                                       last ? now : now + GPUNVME_CACHE_ROUND_NS, !last);
+            a.s = s;
+            a.how = s == GPUNVME_OK                      ? ACQ_HIT
+                    : s == GPUNVME_CACHE_FILL_GIVEN_BACK ? ACQ_RETRY
+                                                         : ACQ_FAILED;
+        }
+        // Settle: groups with a valid page read it and release it; failed groups release.
+        const uint32_t how = __shfl_sync(full, a.how, a.leader);
+        const uint32_t frame = __shfl_sync(full, a.frame, a.leader);
+        if (how == ACQ_HIT) read(frame);
+        __syncwarp();  // every lane's reads before its leader's release
+        if (a.lead && (a.how == ACQ_HIT || a.how == ACQ_FAILED)) {
+            release_refs(a.e, a.n);
+            if (a.how == ACQ_HIT) a.s = GPUNVME_OK;
+            a.how = ACQ_DONE;
+        }
+        if (!__any_sync(full, a.lead && a.how != ACQ_DONE && a.how != ACQ_NONE)) break;
+        // C: waiting and given-back groups look at their page again.
+        bool moved = false;
+        if (a.lead && (a.how == ACQ_WAIT || a.how == ACQ_RETRY)) {
+            const uint32_t cur = dev_u32(a.e->state).load(cuda::memory_order_acquire);
+            const uint32_t was = a.how;
+            a.how = classify(a.e, cur, &a.s, &a.frame);
+            if (a.how == ACQ_HIT) touch(c, a.frame);
+            if (was == ACQ_RETRY && a.how == ACQ_WAIT) count(stats_of(c)->waits, a.n);
+            moved = a.how != ACQ_WAIT;
+        }
+        if (__any_sync(full, moved)) continue;
+        const status t = warp_tick(q, w);  // not a queue wait: the queue is not failed for it
+        if (t && a.lead && a.how == ACQ_WAIT) {
+            a.how = ACQ_FAILED;
+            a.s = t;
+        }
+    }
+    a.how = __shfl_sync(full, a.how, a.leader);
+    a.s = __shfl_sync(full, a.s, a.leader);
 }
 
 /// Acquires page `page` of range `range` for every active lane (warp-collective): on
@@ -710,11 +798,12 @@ struct array {
         return range < c->nranges ? cache::range_of(*c, range).bytes / sizeof(T) : 0;
     }
 
-    /// Element i into *out (warp-collective; inactive lanes pass active = false). Hits read
-    /// and release before the warp's fills, so their pages are not held while it misses.
+    /// Element i into *out (warp-collective; inactive lanes pass active = false). Lanes on one
+    /// page share one lookup and at most one fill; hits read and release before the warp's
+    /// fills, and fills run in rounds (resolve_warp_reading), so a warp holds no page while
+    /// it looks for frames.
     __device__ status load(uint64_t i, T* out, bool active = true) {
         using namespace cache;
-        const uint32_t full = 0xffffffffu;
         status pre = GPUNVME_OK;
         uint64_t byte = 0;
         if (active) {
@@ -724,6 +813,7 @@ struct array {
         const uint64_t page = byte >> c->page_shift;
         const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
         warp_access a = lookup_warp(*c, active, pre, range, page);
+        // The hit path: read, then the leaders release.
         const bool early = active && a.how == ACQ_HIT;
         if (early) *out = *reinterpret_cast<const T*>(frame_data(*c, a.frame) + off);
         __syncwarp();
@@ -731,14 +821,15 @@ struct array {
             touch(*c, a.frame);
             release_refs(a.e, a.n);
         }
-        if (early) a.how = ACQ_NONE;  // done: the resolve phase leaves it alone
-        resolve_warp(*c, range, page, a);
-        const bool late = active && !early && a.how == ACQ_HIT;
-        if (late) *out = *reinterpret_cast<const T*>(frame_data(*c, a.frame) + off);
-        __syncwarp(full);
-        if (late && a.lead) release_refs(a.e, a.n);
-        if (!active || early || late) return GPUNVME_OK;
-        return a.s ? a.s : GPUNVME_INVALID_ARGUMENT;
+        if (early) a.how = ACQ_DONE;
+        if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
+                                               a.how == ACQ_FAILED))) {
+            resolve_warp_reading(*c, range, page, a, [&](uint32_t f) {
+                *out = *reinterpret_cast<const T*>(frame_data(*c, f) + off);
+            });
+        }
+        if (!active || early) return GPUNVME_OK;
+        return a.s;
     }
 
     /// Element i, alone.
