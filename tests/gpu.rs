@@ -2005,4 +2005,54 @@ mod cache {
         assert_values(&r, &idx, &v, &st);
         invariants(&c);
     }
+
+    /// The cache at GPU scale on `r`: 8192 threads reading random elements of the whole 64 MiB
+    /// namespace through 1024 frames (mostly misses), the same alone, then a hot set that fits
+    /// (mostly hits); every value checked.
+    fn at_scale(r: &Rig) {
+        let pages = NS_BYTES / 4096;
+        let mut c = cache_of(r, 1024, None);
+        c.bind_lba_range(1, r.lba, 0, NS_BYTES / r.lba as u64)
+            .expect("bind");
+        let (threads, per) = (8192u32, 64u32);
+        let n = (threads * per) as usize;
+        let idx = seeded(0x5ca1e, n, pages * PER_PAGE);
+        let (v, st) = read_elements(r, &c, true, threads, per, &idx);
+        assert_values(r, &idx, &v, &st);
+        let s = stats(&c);
+        assert_eq!((s.errors, s.full, s.quarantined), (0, 0, 0), "{s:?}");
+        assert!(s.misses > n as u64 / 2 && s.evictions > 0, "{s:?}");
+        invariants(&c);
+        let idx = seeded(0x5ca1f, 2048 * 64, pages * PER_PAGE);
+        let (v, st) = read_elements(r, &c, false, 2048, 64, &idx);
+        assert_values(r, &idx, &v, &st);
+        invariants(&c);
+        // A hot set of 512 pages through 1024 frames: after its first touches, hits.
+        c.reset_stats().unwrap();
+        let idx = seeded(0x407, n, 512 * PER_PAGE);
+        let (v, st) = read_elements(r, &c, true, threads, per, &idx);
+        assert_values(r, &idx, &v, &st);
+        let s = stats(&c);
+        assert!(s.misses <= 1024 && s.hits >= n as u64 * 9 / 10, "{s:?}");
+        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn at_scale_on_the_software_controller() {
+        let r = rig(512, 4, 256);
+        cpu_prefill(&r, NS_BYTES / 512);
+        at_scale(&r);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn at_scale_on_the_gpu_controller_model() {
+        let path = image("cache-scale");
+        let r = model_rig(&path, 512, MediaKind::Hbm, 8, 256);
+        at_scale(&r);
+        drop(r);
+        let _ = std::fs::remove_file(&path);
+    }
 }
