@@ -7,13 +7,14 @@
 #                           here and run with --include-ignored there)
 #   .gpu-bin/cpu-client     gpu-queues/tests/cpu_client.rs (the protocol from CPU threads), if built
 #   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples
+#   .gpu-bin/gpu_cache_bench                                      the page cache microbenchmarks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu-bin}
 mkdir -p "$OUT"
 cargo build --release -p gpunvme
 cp target/release/gpunvme "$OUT/gpunvme"
-EXAMPLES="gpu_read gpu_random gpu_write load_safetensors"
+EXAMPLES="gpu_read gpu_random gpu_write load_safetensors gpu_cache_bench"
 for ex in $EXAMPLES; do
     cargo build --release -p gpunvme --example "$ex"
     cp "target/release/examples/$ex" "$OUT/$ex"

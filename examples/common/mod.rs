@@ -72,6 +72,13 @@ pub fn gpu_or_skip(name: &str) -> Result<Option<Arc<Cuda>>> {
 /// An image file the example created, removed when dropped.
 pub struct OwnImage(PathBuf);
 
+impl OwnImage {
+    /// Takes `path` (already created) to remove when dropped.
+    pub fn new(path: PathBuf) -> Self {
+        Self(path)
+    }
+}
+
 impl Drop for OwnImage {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);

@@ -739,6 +739,7 @@ mod tests {
             "gpunvme_crc32c_combine",
             "gpunvme_cache_test",
             "gpunvme_cache_pin_test",
+            "gpunvme_cache_bench",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

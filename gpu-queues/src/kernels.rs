@@ -37,6 +37,8 @@ pub struct Kernels {
     pub cache_test: Kernel,
     /// `gpunvme_cache_pin_test` (a cache whose every frame is referenced).
     pub cache_pin_test: Kernel,
+    /// `gpunvme_cache_bench` (element loads through a cache or from a plain buffer).
+    pub cache_bench: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -60,6 +62,7 @@ impl Kernels {
             crc32c_combine: lib.kernel("gpunvme_crc32c_combine")?,
             cache_test: lib.kernel("gpunvme_cache_test")?,
             cache_pin_test: lib.kernel("gpunvme_cache_pin_test")?,
+            cache_bench: lib.kernel("gpunvme_cache_bench")?,
             _lib: lib,
         }))
     }
@@ -155,6 +158,18 @@ impl Kernels {
             Arg::U64(0),
         ];
         stream.launch(self.cache_pin_test, 1, 32, &no_pins)?;
+        let no_bench = [
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U32(4),
+            Arg::U64(1),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+        ];
+        stream.launch(self.cache_bench, 1, 32, &no_bench)?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

@@ -72,3 +72,67 @@ extern "C" __global__ void gpunvme_cache_pin_test(const cache::cache_desc* c, ui
         dev_u32(words[1]).store(1u, cuda::memory_order_release);
     }
 }
+
+/// A plain GPU buffer behind array<T>'s load interface: the benchmark's denominator.
+template <class T>
+struct plain_array {
+    const T* p;
+    __device__ status load(uint64_t i, T* out, bool active = true) {
+        if (active) *out = p[i];
+        return GPUNVME_OK;
+    }
+};
+
+template <class T, class A>
+__device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_t iters,
+                                        uint64_t seed, unsigned long long* out) {
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
+    const uint64_t mask = n - 1;
+    unsigned long long sum = 0, errors = 0;
+    for (uint64_t k = 0; k < iters; ++k) {
+        // 0: random elements; 1: sequential (a warp's lanes read 32 consecutive elements).
+        const uint64_t i = mode == 0 ? pattern_mix(seed ^ (gtid * iters + k)) & mask
+                                     : (gtid + k * nthreads) & mask;
+        T v{};
+        if (a.load(i, &v, true)) ++errors;
+        sum += (unsigned long long)v;
+    }
+    // One atomic per warp for each result.
+    for (int d = 16; d > 0; d >>= 1) {
+        sum += __shfl_down_sync(0xffffffffu, sum, d);
+        errors += __shfl_down_sync(0xffffffffu, errors, d);
+    }
+    if ((threadIdx.x & 31u) == 0) {
+        atomicAdd(&out[0], sum);
+        atomicAdd(&out[1], errors);
+    }
+}
+
+/// The page cache's element benchmark: every thread loads `iters` elements of `elem_bytes` (4
+/// or 8) out of `n` (a power of two), random or sequential (`mode`), through the cache's range
+/// `range` (plain == null) or from the plain buffer `plain` (the same kernel, the same access
+/// stream: the denominator of the cache's overhead). out[0] += the elements' sum (equal for
+/// both when they hold the same bytes), out[1] += failed loads. Launch whole warps. Both
+/// pointers null: returns at once (warm-up).
+extern "C" __global__ void gpunvme_cache_bench(const cache::cache_desc* c, uint32_t range,
+                                               const uint8_t* plain, uint32_t mode,
+                                               uint32_t elem_bytes, uint64_t n, uint64_t iters,
+                                               uint64_t seed, unsigned long long* out) {
+    if (c == nullptr && plain == nullptr) return;
+    if (plain != nullptr) {
+        if (elem_bytes == 4) {
+            plain_array<uint32_t> a{reinterpret_cast<const uint32_t*>(plain)};
+            cache_bench_loop<uint32_t>(a, mode, n, iters, seed, out);
+        } else {
+            plain_array<uint64_t> a{reinterpret_cast<const uint64_t*>(plain)};
+            cache_bench_loop<uint64_t>(a, mode, n, iters, seed, out);
+        }
+    } else if (elem_bytes == 4) {
+        gpunvme::array<uint32_t> a(c, range);
+        cache_bench_loop<uint32_t>(a, mode, n, iters, seed, out);
+    } else {
+        gpunvme::array<uint64_t> a(c, range);
+        cache_bench_loop<uint64_t>(a, mode, n, iters, seed, out);
+    }
+}
