@@ -11,7 +11,8 @@
 //!   cache that holds all of it, warmed by one sequential pass; then timed passes of 4- and
 //!   8-byte elements, random and sequential, by the same kernel (`gpunvme_cache_bench`) once
 //!   through `gpunvme::array<T>` and once from a plain GPU buffer holding the same bytes (the
-//!   denominator). Each row: elements/s of both and their ratio; the two passes' sums must be
+//!   denominator); and warp-wide `read_range` of 4 KiB runs into per-warp scratch, beside the
+//!   same copy from the plain buffer. Each row: elements/s of both and their ratio; the two passes' sums must be
 //!   equal and the timed pass must miss nothing, or the example fails.
 //! - **miss**: random elements over `--range` bytes through a `--cache` 64 times smaller (so
 //!   nearly every access misses), on the GPU-resident controller with `--ssd-model`: achieved
@@ -184,6 +185,15 @@ fn pass(
 ) -> Result<(f64, u64, u64)> {
     let q = &setup.queues;
     let out = DeviceMemory::alloc(q.cuda(), 16)?;
+    // Mode 2: 4 KiB of scratch per warp.
+    let scratch = DeviceMemory::alloc(
+        q.cuda(),
+        if mode == 2 {
+            threads as usize / 32 * 4096
+        } else {
+            8
+        },
+    )?;
     let block = 256u64;
     let grid = u32::try_from(threads.div_ceil(block)).context("--threads")?;
     let s = q.client_stream();
@@ -201,6 +211,7 @@ fn pass(
             Arg::U64(n),
             Arg::U64(iters),
             Arg::U64(SEED),
+            Arg::U64(scratch.ptr()),
             Arg::U64(out.ptr()),
         ],
     )?;
@@ -267,13 +278,22 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
         format!("warm pass: {warm:?}")
     })?;
     for elem in [4u32, 8] {
-        for (mode, name) in [(0u32, "random"), (1, "sequential")] {
+        for (mode, name) in [
+            (0u32, "random"),
+            (1, "sequential"),
+            (2, "warp_read_range_4k"),
+        ] {
             let n = bytes / elem as u64;
             let before = cache.stats()?;
             let (tc, sc, ec) = pass(setup, Some(&cache), None, mode, elem, n, threads, iters)?;
             let after = cache.stats()?;
             let (tp, sp, _) = pass(setup, None, Some(&plain), mode, elem, n, threads, iters)?;
-            let loads = threads * iters;
+            // Elements loaded: one per thread per iteration, or 4 KiB per warp per iteration.
+            let loads = if mode == 2 {
+                threads / 32 * iters * (4096 / elem as u64)
+            } else {
+                threads * iters
+            };
             verify(ec == 0, || format!("{ec} failed loads through the cache"))?;
             verify(sc == sp, || {
                 format!(

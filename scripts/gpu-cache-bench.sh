@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The page cache's benchmarks (issue 21) in one run on the GPU machine, one JSON table on
 # stdout (rows as they come on stderr):
-#   hit   4- and 8-byte elements, random and sequential per lane, cache warm (the timed passes
-#         must miss nothing), beside the same kernel over a plain GPU buffer of the same bytes:
-#         "ratio" = cache / plain elements per second;
+#   hit   4- and 8-byte elements, random and sequential per lane, and warp-wide read_range of
+#         4 KiB runs, cache warm (the timed passes must miss nothing), beside the same kernel over
+#         a plain GPU buffer of the same bytes: "ratio" = cache / plain elements per second;
 #   miss  random 4 KiB pages through the cache on the GPU-resident controller (hbm media) with
 #         --ssd-model drives=1, 4, 16: "ratio" = fills per second / the model's cap.
-# Not yet here (issue 21's later slices): warp-wide read_range, BFS and embedding against
-# all-in-GPU-memory and unified memory.
+# Not yet here (issue 21's later slices): BFS and embedding against all-in-GPU-memory and
+# unified memory.
 #
 #   scripts/gpu-cache-bench.sh            binaries from scripts/gpu-build.sh (.gpu-bin/)
 #   BIN=target/release/examples scripts/gpu-cache-bench.sh

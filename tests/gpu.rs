@@ -2006,6 +2006,66 @@ mod cache {
         invariants(&c);
     }
 
+    /// One launch of `gpunvme_cache_bench` (through `c`, or from `plain`): (sum, failures).
+    fn bench_sum(
+        r: &Rig,
+        c: Option<&GpuCache<'_>>,
+        plain: Option<&DeviceMemory>,
+        mode: u32,
+        elem: u32,
+        n: u64,
+    ) -> (u64, u64) {
+        let cuda = r.gpu.cuda();
+        let scratch = DeviceMemory::alloc(cuda, 2 * 4096).unwrap();
+        let out = DeviceMemory::alloc(cuda, 16).unwrap();
+        let s = r.gpu.client_stream();
+        s.launch(
+            r.gpu.kernels().cache_bench,
+            1,
+            64,
+            &[
+                Arg::U64(c.map_or(0, |c| c.descriptor())),
+                Arg::U32(0),
+                Arg::U64(plain.map_or(0, |p| p.ptr())),
+                Arg::U32(mode),
+                Arg::U32(elem),
+                Arg::U64(n),
+                Arg::U64(16),
+                Arg::U64(SEED),
+                Arg::U64(scratch.ptr()),
+                Arg::U64(out.ptr()),
+            ],
+        )
+        .unwrap();
+        s.wait_idle(Duration::from_secs(300))
+            .expect("bench kernel ends");
+        let mut o = [0u64; 2];
+        out.read(0, o.as_mut_bytes()).unwrap();
+        (o[0], o[1])
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn benchmark_kernel_reads_what_a_plain_buffer_holds() {
+        // 64 pages through 8 frames: random elements (4 and 8 bytes) and warp-wide read_range
+        // of 4 KiB runs, each sum equal to the same kernel's over a plain copy of the bytes.
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 64, 8, None);
+        let plain = DeviceMemory::alloc(r.gpu.cuda(), 64 * 4096).unwrap();
+        plain
+            .write(0, &pattern(0, 64 * 4096 / r.lba as u64, r.lba))
+            .unwrap();
+        for (mode, elem) in [(0, 4), (0, 8), (2, 4), (2, 8)] {
+            let n = 64 * 4096 / elem as u64;
+            let cached = bench_sum(&r, Some(&c), None, mode, elem, n);
+            let direct = bench_sum(&r, None, Some(&plain), mode, elem, n);
+            assert_eq!(cached, direct, "mode {mode}, {elem}-byte elements");
+            assert_ne!(direct.0, 0);
+            invariants(&c);
+        }
+        assert!(stats(&c).evictions > 0);
+    }
+
     /// The cache at GPU scale on `r`: 8192 threads reading random elements of the whole 64 MiB
     /// namespace through 1024 frames (mostly misses), the same alone, then a hot set that fits
     /// (mostly hits); every value checked.

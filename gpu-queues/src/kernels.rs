@@ -168,6 +168,7 @@ impl Kernels {
             Arg::U64(0),
             Arg::U64(0),
             Arg::U64(0),
+            Arg::U64(0),
         ];
         stream.launch(self.cache_bench, 1, 32, &no_bench)?;
         stream.wait_idle(Duration::from_secs(10))

@@ -846,6 +846,41 @@ struct array {
         return GPUNVME_OK;
     }
 
+    /// Elements [i, i + n) into dst (GPU memory), by the whole warp: every lane passes the same
+    /// arguments. One page at a time: lane 0 acquires it (acquire_thread: one lookup, at most
+    /// one fill), the lanes copy their share (16-byte words when the ends allow), lane 0
+    /// releases it. Every lane returns the same status; on failure dst holds the elements
+    /// before the failing page.
+    __device__ status read_range(uint64_t i, uint64_t n, T* dst) {
+        const uint32_t full = 0xffffffffu, lane = lane_id();
+        if (n == 0) return GPUNVME_OK;
+        if (i > ~0ull / sizeof(T) || n > ~0ull / sizeof(T) - i) return GPUNVME_OUT_OF_EXTENT;
+        const uint64_t first = i * sizeof(T), len = n * sizeof(T);
+        status s = cache::check_access(*c, range, first, len);
+        if (s) return s;
+        const uint64_t page_bytes = 1ull << c->page_shift;
+        uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+        for (uint64_t done = 0; done < len;) {
+            const uint64_t at = first + done;
+            const uint64_t page = at >> c->page_shift;
+            const uint64_t off = at & (page_bytes - 1);
+            const uint32_t chunk =
+                (uint32_t)(len - done < page_bytes - off ? len - done : page_bytes - off);
+            uint8_t* data = nullptr;
+            s = GPUNVME_OK;
+            if (lane == 0) s = cache::acquire_thread(*c, range, page, &data);
+            s = __shfl_sync(full, s, 0);
+            if (s) return s;
+            data = reinterpret_cast<uint8_t*>(
+                __shfl_sync(full, reinterpret_cast<uint64_t>(data), 0));
+            copy_bytes(out + done, data + off, chunk, lane, 32);
+            __syncwarp();  // every lane's reads of the frame before lane 0's release
+            if (lane == 0) cache::release_thread(*c, range, page);
+            done += chunk;
+        }
+        return GPUNVME_OK;
+    }
+
     /// Element i (warp-collective like load()); T{} on failure, the first failure in error().
     __device__ T operator[](uint64_t i) {
         T v{};

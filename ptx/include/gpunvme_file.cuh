@@ -292,23 +292,6 @@ __device__ __forceinline__ void fence_gpu_acq_rel() {
     cuda::atomic_thread_fence(cuda::memory_order_acq_rel, cuda::thread_scope_device);
 }
 
-/// Copies n bytes from src to dst with `lanes` threads, this one being `lane` (16-byte words
-/// when both ends and n allow, else bytes).
-__device__ __forceinline__ void copy_bytes(uint8_t* dst, const uint8_t* src, uint32_t n,
-                                           uint32_t lane, uint32_t lanes) {
-    if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) == 0) {
-        uint4* d = reinterpret_cast<uint4*>(dst);
-        const uint4* s = reinterpret_cast<const uint4*>(src);
-        for (uint32_t k = lane; k < n / 16; k += lanes) d[k] = s[k];
-    } else if ((((uintptr_t)dst | (uintptr_t)src | n) & 3) == 0) {
-        uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-        const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-        for (uint32_t k = lane; k < n / 4; k += lanes) d[k] = s[k];
-    } else {
-        for (uint32_t k = lane; k < n; k += lanes) dst[k] = src[k];
-    }
-}
-
 /// The slot buffer (GPU pointer) of ticket t.
 __device__ __forceinline__ uint8_t* slot_buffer(const queue_desc& q, uint32_t t) {
     return reinterpret_cast<uint8_t*>(q.slot_buffers +

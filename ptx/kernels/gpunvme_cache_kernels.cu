@@ -81,16 +81,34 @@ struct plain_array {
         if (active) *out = p[i];
         return GPUNVME_OK;
     }
+    __device__ status read_range(uint64_t i, uint64_t n, T* dst) {
+        copy_bytes(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(p + i),
+                   (uint32_t)(n * sizeof(T)), threadIdx.x & 31u, 32);
+        __syncwarp();
+        return GPUNVME_OK;
+    }
 };
 
 template <class T, class A>
 __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_t iters,
-                                        uint64_t seed, unsigned long long* out) {
+                                        uint64_t seed, uint8_t* scratch,
+                                        unsigned long long* out) {
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
     const uint64_t mask = n - 1;
     unsigned long long sum = 0, errors = 0;
-    for (uint64_t k = 0; k < iters; ++k) {
+    // 2: warp-wide sequential reads of 4 KiB (read_range into the warp's 4 KiB of scratch),
+    // then each lane sums its share of the scratch.
+    const uint64_t per = 4096 / sizeof(T), warp = gtid / 32, nwarps = nthreads / 32;
+    T* mine = reinterpret_cast<T*>(scratch + warp * 4096);
+    for (uint64_t k = 0; mode == 2 && k < iters; ++k) {
+        const uint64_t chunk = (warp + k * nwarps) & ((n / per) - 1);
+        if (a.read_range(chunk * per, per, mine)) ++errors;
+        __syncwarp();
+        for (uint64_t e = threadIdx.x & 31u; e < per; e += 32) sum += (unsigned long long)mine[e];
+        __syncwarp();
+    }
+    for (uint64_t k = 0; mode != 2 && k < iters; ++k) {
         // 0: random elements; 1: sequential (a warp's lanes read 32 consecutive elements).
         const uint64_t i = mode == 0 ? pattern_mix(seed ^ (gtid * iters + k)) & mask
                                      : (gtid + k * nthreads) & mask;
@@ -110,29 +128,31 @@ __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_
 }
 
 /// The page cache's element benchmark: every thread loads `iters` elements of `elem_bytes` (4
-/// or 8) out of `n` (a power of two), random or sequential (`mode`), through the cache's range
-/// `range` (plain == null) or from the plain buffer `plain` (the same kernel, the same access
-/// stream: the denominator of the cache's overhead). out[0] += the elements' sum (equal for
-/// both when they hold the same bytes), out[1] += failed loads. Launch whole warps. Both
-/// pointers null: returns at once (warm-up).
+/// or 8) out of `n` (a power of two, at least 4 KiB of elements), random (mode 0) or
+/// sequential per lane (1), or every warp reads `iters` 4 KiB runs with read_range into its 4
+/// KiB of `scratch` (2); through the cache's range `range` (plain == null) or from the plain
+/// buffer `plain` (the same kernel, the same access stream: the denominator of the cache's
+/// overhead). out[0] += the elements' sum (equal for both when they hold the same bytes),
+/// out[1] += failed loads. Launch whole warps. Both pointers null: returns at once (warm-up).
 extern "C" __global__ void gpunvme_cache_bench(const cache::cache_desc* c, uint32_t range,
                                                const uint8_t* plain, uint32_t mode,
                                                uint32_t elem_bytes, uint64_t n, uint64_t iters,
-                                               uint64_t seed, unsigned long long* out) {
+                                               uint64_t seed, uint8_t* scratch,
+                                               unsigned long long* out) {
     if (c == nullptr && plain == nullptr) return;
     if (plain != nullptr) {
         if (elem_bytes == 4) {
             plain_array<uint32_t> a{reinterpret_cast<const uint32_t*>(plain)};
-            cache_bench_loop<uint32_t>(a, mode, n, iters, seed, out);
+            cache_bench_loop<uint32_t>(a, mode, n, iters, seed, scratch, out);
         } else {
             plain_array<uint64_t> a{reinterpret_cast<const uint64_t*>(plain)};
-            cache_bench_loop<uint64_t>(a, mode, n, iters, seed, out);
+            cache_bench_loop<uint64_t>(a, mode, n, iters, seed, scratch, out);
         }
     } else if (elem_bytes == 4) {
         gpunvme::array<uint32_t> a(c, range);
-        cache_bench_loop<uint32_t>(a, mode, n, iters, seed, out);
+        cache_bench_loop<uint32_t>(a, mode, n, iters, seed, scratch, out);
     } else {
         gpunvme::array<uint64_t> a(c, range);
-        cache_bench_loop<uint64_t>(a, mode, n, iters, seed, out);
+        cache_bench_loop<uint64_t>(a, mode, n, iters, seed, scratch, out);
     }
 }
