@@ -544,10 +544,10 @@ __device__ __forceinline__ waiter page_waiter(const queue_desc& q) {
 // ---------------------------------------------------------------------------------------------
 // Thread variants: any thread, alone (no coalescing; still one fill per missing page).
 
-/// Acquires page `page` of range `range`: on GPUNVME_OK *data points at its bytes, which stay
-/// valid until release_thread. Every wait is bounded.
-__device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uint64_t page,
-                                        uint8_t** data) {
+/// acquire_thread without the clock bit: *frame holds the page on GPUNVME_OK (the caller sets
+/// the bit with touch() before it releases, off the path to the data).
+__device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint64_t page,
+                                      uint32_t* frame) {
     if (range >= c.nranges || c.nqueues == 0 || c.nframes == 0) return GPUNVME_INVALID_ARGUMENT;
     const range_desc& r = range_of(c, range);
     if (page >= r.npages) return GPUNVME_OUT_OF_EXTENT;
@@ -576,6 +576,17 @@ __device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uin
         release_refs(e, 1);
         return s;
     }
+    *frame = f;
+    return GPUNVME_OK;
+}
+
+/// Acquires page `page` of range `range`: on GPUNVME_OK *data points at its bytes, which stay
+/// valid until release_thread. Every wait is bounded.
+__device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uint64_t page,
+                                        uint8_t** data) {
+    uint32_t f = 0;
+    status s = acquire_page(c, range, page, &f);
+    if (s) return s;
     touch(c, f);
     *data = frame_data(c, f);
     return GPUNVME_OK;
@@ -866,16 +877,18 @@ struct array {
             const uint64_t off = at & (page_bytes - 1);
             const uint32_t chunk =
                 (uint32_t)(len - done < page_bytes - off ? len - done : page_bytes - off);
-            uint8_t* data = nullptr;
+            uint32_t f = 0;
             s = GPUNVME_OK;
-            if (lane == 0) s = cache::acquire_thread(*c, range, page, &data);
+            if (lane == 0) s = cache::acquire_page(*c, range, page, &f);
             s = __shfl_sync(full, s, 0);
             if (s) return s;
-            data = reinterpret_cast<uint8_t*>(
-                __shfl_sync(full, reinterpret_cast<uint64_t>(data), 0));
-            copy_bytes(out + done, data + off, chunk, lane, 32);
+            f = __shfl_sync(full, f, 0);
+            copy_bytes(out + done, cache::frame_data(*c, f) + off, chunk, lane, 32);
             __syncwarp();  // every lane's reads of the frame before lane 0's release
-            if (lane == 0) cache::release_thread(*c, range, page);
+            if (lane == 0) {
+                cache::touch(*c, f);  // after the copy: off the path to the data
+                cache::release_thread(*c, range, page);
+            }
             done += chunk;
         }
         return GPUNVME_OK;
