@@ -274,7 +274,7 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
         n4.div_ceil(threads),
     )?;
     let warm = cache.stats()?;
-    verify(warm.errors == 0 && warm.full == 0, || {
+    verify(warm.counters.errors == 0 && warm.counters.full == 0, || {
         format!("warm pass: {warm:?}")
     })?;
     for elem in [4u32, 8] {
@@ -300,7 +300,7 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
                     "{elem}-byte {name}: the cache's sum {sc:#x} differs from the plain buffer's {sp:#x}"
                 )
             })?;
-            let misses = after.misses - before.misses;
+            let misses = after.counters.misses - before.counters.misses;
             verify(misses == 0, || {
                 format!("the timed pass missed {misses} pages")
             })?;
@@ -340,7 +340,7 @@ fn miss(args: &Args, setup: &gpu::GpuSetup, lba: u32, bytes: u64) -> Result<()> 
     let (secs, _, errors) = pass(setup, Some(&cache), None, 0, 4, n, threads, iters)?;
     let s = cache.stats()?;
     verify(errors == 0, || format!("{errors} failed loads: {s:?}"))?;
-    let misses = s.misses - before.misses;
+    let misses = s.counters.misses - before.counters.misses;
     let rate = misses as f64 / secs;
     let cap = args.ssd_model.map(|m| m.max_iops(page as u64));
     println!(
@@ -349,8 +349,8 @@ fn miss(args: &Args, setup: &gpu::GpuSetup, lba: u32, bytes: u64) -> Result<()> 
          \"model_cap_iops\":{},\"ratio\":{},\"page_size\":{page},\"frames\":{},\
          \"range_bytes\":{bytes},\"ssd_model\":{},\"transport\":{:?}}}",
         threads * iters,
-        s.hits - before.hits,
-        s.waits - before.waits,
+        s.counters.hits - before.counters.hits,
+        s.counters.waits - before.counters.waits,
         cap.map_or("null".into(), |c| format!("{c:.4e}")),
         cap.map_or("null".into(), |c| format!("{:.3}", rate / c)),
         cache.nframes(),

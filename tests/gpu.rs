@@ -1824,9 +1824,9 @@ mod cache {
         let (v, st) = read_elements(&r, &c, true, 256, 1, &idx);
         assert_values(&r, &idx, &v, &st);
         let s = stats(&c);
-        assert_eq!((s.misses, s.read_cmds), (1, 1), "{s:?}");
+        assert_eq!((s.counters.misses, s.counters.read_cmds), (1, 1), "{s:?}");
         // Every access is a hit, a wait for another warp's fill, or one of the filling warp's.
-        assert_eq!(s.hits + s.waits + 32, 256, "{s:?}");
+        assert_eq!(s.counters.hits + s.counters.waits + 32, 256, "{s:?}");
         assert_eq!(
             r.emu.stats().reads - before.reads,
             1,
@@ -1840,7 +1840,11 @@ mod cache {
         let (v, st) = read_elements(&r, &c, false, 128, 1, &idx);
         assert_values(&r, &idx, &v, &st);
         let s = stats(&c);
-        assert_eq!((s.misses, s.read_cmds, s.errors), (2, 2, 0), "{s:?}");
+        assert_eq!(
+            (s.counters.misses, s.counters.read_cmds, s.counters.errors),
+            (2, 2, 0),
+            "{s:?}"
+        );
         assert_eq!(r.emu.stats().reads - before.reads, 2);
         invariants(&c);
     }
@@ -1849,27 +1853,20 @@ mod cache {
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn eviction_under_pressure_keeps_every_value() {
         let r = rig(512, 2, 64);
-        // 256 pages through 8 frames, threads alone: every thread holds one page at a time.
-        let c = cached_range(&r, 256, 8, None);
-        let idx = seeded(0x5eed, 64 * 32, 256 * PER_PAGE);
-        let (v, st) = read_elements(&r, &c, false, 64, 32, &idx);
-        assert_values(&r, &idx, &v, &st);
-        let s = stats(&c);
-        assert!(s.evictions > 0 && s.misses >= 256 - 8, "{s:?}");
-        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
-        invariants(&c);
-        // Warps whose 32 lanes want up to 32 pages each, through the same 8 frames: fills run
-        // in rounds (a fill without a frame is given back while the warp releases what it
-        // read), so no warp holds pages while it looks for frames.
-        drop(c);
-        let c = cached_range(&r, 256, 8, None);
-        let idx = seeded(0xbeef, 64 * 32, 256 * PER_PAGE);
-        let (v, st) = read_elements(&r, &c, true, 64, 32, &idx);
-        assert_values(&r, &idx, &v, &st);
-        let s = stats(&c);
-        assert!(s.evictions > 0 && s.misses >= 256 - 8, "{s:?}");
-        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
-        invariants(&c);
+        // 256 pages through 8 frames: threads alone (each holds one page at a time), then
+        // warps whose 32 lanes want up to 32 pages each (fills run in rounds: a fill without a
+        // frame is given back while the warp releases what it read, so no warp holds pages
+        // while it looks for frames).
+        for (warp, seed) in [(false, 0x5eed), (true, 0xbeef)] {
+            let c = cached_range(&r, 256, 8, None);
+            let idx = seeded(seed, 64 * 32, 256 * PER_PAGE);
+            let (v, st) = read_elements(&r, &c, warp, 64, 32, &idx);
+            assert_values(&r, &idx, &v, &st);
+            let s = stats(&c).counters;
+            assert!(s.evictions > 0 && s.misses >= 256 - 8, "warp {warp}: {s:?}");
+            assert_eq!((s.errors, s.full), (0, 0), "warp {warp}: {s:?}");
+            invariants(&c);
+        }
     }
 
     #[test]
@@ -1896,10 +1893,10 @@ mod cache {
         let s = stats(&c);
         let failed = r.emu.stats().errors - before.errors;
         assert!(
-            failed >= 1 && s.errors == failed,
+            failed >= 1 && s.counters.errors == failed,
             "{s:?}: {failed} failed reads"
         );
-        assert_eq!(s.misses, 1, "page 4 filled once: {s:?}");
+        assert_eq!(s.counters.misses, 1, "page 4 filled once: {s:?}");
         let f = s.first_failure.expect("first failure recorded");
         assert_eq!((f.status, f.range, f.page), (DeviceStatus::NvmeError, 0, 3));
         assert_eq!(
@@ -1950,7 +1947,7 @@ mod cache {
             s.quarantined >= 1,
             "a frame a late DMA may hit is never reused: {s:?}"
         );
-        assert_eq!(s.misses, 0, "{s:?}");
+        assert_eq!(s.counters.misses, 0, "{s:?}");
         invariants(&c);
     }
 
@@ -1997,7 +1994,11 @@ mod cache {
             ]
         );
         let stats = stats(&c);
-        assert_eq!((stats.full, stats.misses), (1, 4), "{stats:?}");
+        assert_eq!(
+            (stats.counters.full, stats.counters.misses),
+            (1, 4),
+            "{stats:?}"
+        );
         invariants(&c);
         // Nothing is held any more: page 4 reads.
         let idx: Vec<u64> = (0..32).map(|t| 4 * PER_PAGE + t).collect();
@@ -2063,7 +2064,7 @@ mod cache {
             assert_ne!(direct.0, 0);
             invariants(&c);
         }
-        assert!(stats(&c).evictions > 0);
+        assert!(stats(&c).counters.evictions > 0);
     }
 
     /// The cache at GPU scale on `r`: 8192 threads reading random elements of the whole 64 MiB
@@ -2080,8 +2081,15 @@ mod cache {
         let (v, st) = read_elements(r, &c, true, threads, per, &idx);
         assert_values(r, &idx, &v, &st);
         let s = stats(&c);
-        assert_eq!((s.errors, s.full, s.quarantined), (0, 0, 0), "{s:?}");
-        assert!(s.misses > n as u64 / 2 && s.evictions > 0, "{s:?}");
+        assert_eq!(
+            (s.counters.errors, s.counters.full, s.quarantined),
+            (0, 0, 0),
+            "{s:?}"
+        );
+        assert!(
+            s.counters.misses > n as u64 / 2 && s.counters.evictions > 0,
+            "{s:?}"
+        );
         invariants(&c);
         let idx = seeded(0x5ca1f, 2048 * 64, pages * PER_PAGE);
         let (v, st) = read_elements(r, &c, false, 2048, 64, &idx);
@@ -2093,8 +2101,11 @@ mod cache {
         let (v, st) = read_elements(r, &c, true, threads, per, &idx);
         assert_values(r, &idx, &v, &st);
         let s = stats(&c);
-        assert!(s.misses <= 1024 && s.hits >= n as u64 * 9 / 10, "{s:?}");
-        assert_eq!((s.errors, s.full), (0, 0), "{s:?}");
+        assert!(
+            s.counters.misses <= 1024 && s.counters.hits >= n as u64 * 9 / 10,
+            "{s:?}"
+        );
+        assert_eq!((s.counters.errors, s.counters.full), (0, 0), "{s:?}");
         invariants(&c);
     }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use zerocopy::IntoBytes;
 
 use crate::desc::{
-    CACHE_STAT_SLOTS, CacheDesc, CacheState, CacheStatsSlot, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
+    CACHE_STAT_SLOTS, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
     FrameState, PS_BUSY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc, RangeDesc,
 };
 use crate::error::GpuError;
@@ -113,30 +113,9 @@ pub struct CacheFailure {
 /// [`GpuCache::reset_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
-    /// Element accesses that found their page valid.
-    pub hits: u64,
-    /// Fills that succeeded (one per missing page).
-    pub misses: u64,
-    /// Element accesses that waited for another warp's fill.
-    pub waits: u64,
-    /// Pages evicted to make room.
-    pub evictions: u64,
-    /// Dirty pages written back.
-    pub writebacks: u64,
-    /// NVMe reads issued by fills.
-    pub read_cmds: u64,
-    /// NVMe writes issued by write-backs.
-    pub write_cmds: u64,
-    /// NVMe Flush commands.
-    pub flush_cmds: u64,
-    /// Bytes read by fills.
-    pub bytes_read: u64,
-    /// Bytes written back.
-    pub bytes_written: u64,
-    /// Fills that found every frame referenced ([`DeviceStatus::CacheFull`]).
-    pub full: u64,
-    /// Fills that failed for any other reason.
-    pub errors: u64,
+    /// Hits, misses (successful fills), waits, evictions, commands, bytes, fills that found
+    /// every frame referenced (`full`) and fills that failed otherwise (`errors`).
+    pub counters: CacheCounters,
     /// Frames never to be reused: a fill on them timed out or was aborted, and its command
     /// might still write them.
     pub quarantined: u32,
@@ -260,7 +239,7 @@ pub fn range_geometry(
 const OFF_DESC: usize = 0;
 const OFF_STATE: usize = 128;
 const OFF_STATS: usize = (OFF_STATE + size_of::<CacheState>()).next_multiple_of(128);
-const OFF_RANGES: usize = OFF_STATS + CACHE_STAT_SLOTS * size_of::<CacheStatsSlot>();
+const OFF_RANGES: usize = OFF_STATS + CACHE_STAT_SLOTS * size_of::<CacheCounters>();
 
 /// A page cache in GPU memory over ranges of storage, filled through GPU queues.
 pub struct GpuCache<'q> {
@@ -432,7 +411,7 @@ impl<'q> GpuCache<'q> {
 
     /// The statistics, summed over the slots (between kernels).
     pub fn stats(&self) -> Result<CacheStats, GpuError> {
-        let mut slots = vec![CacheStatsSlot::default(); CACHE_STAT_SLOTS];
+        let mut slots = vec![CacheCounters::default(); CACHE_STAT_SLOTS];
         self.control.read(OFF_STATS, slots.as_mut_bytes())?;
         let mut state = CacheState::default();
         self.control.read(OFF_STATE, state.as_mut_bytes())?;
@@ -447,18 +426,7 @@ impl<'q> GpuCache<'q> {
             ..CacheStats::default()
         };
         for x in &slots {
-            s.hits += x.hits;
-            s.misses += x.misses;
-            s.waits += x.waits;
-            s.evictions += x.evictions;
-            s.writebacks += x.writebacks;
-            s.read_cmds += x.read_cmds;
-            s.write_cmds += x.write_cmds;
-            s.flush_cmds += x.flush_cmds;
-            s.bytes_read += x.bytes_read;
-            s.bytes_written += x.bytes_written;
-            s.full += x.full;
-            s.errors += x.errors;
+            s.counters.add(x);
         }
         Ok(s)
     }
@@ -466,7 +434,7 @@ impl<'q> GpuCache<'q> {
     /// Zeroes the statistics and the first-failure record (not the quarantine count, which
     /// describes frames, nor the clock hand). Between kernels.
     pub fn reset_stats(&self) -> Result<(), GpuError> {
-        let zero = vec![0u8; CACHE_STAT_SLOTS * size_of::<CacheStatsSlot>()];
+        let zero = vec![0u8; CACHE_STAT_SLOTS * size_of::<CacheCounters>()];
         self.control.write(OFF_STATS, &zero)?;
         let mut state = CacheState::default();
         self.control.read(OFF_STATE, state.as_mut_bytes())?;

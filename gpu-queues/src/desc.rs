@@ -209,7 +209,7 @@ pub struct CacheDesc {
     pub frame_states: u64,
     /// GPU pointer: [`CacheState`].
     pub state: u64,
-    /// GPU pointer: `[CacheStatsSlot; CACHE_STAT_SLOTS]`.
+    /// GPU pointer: `[CacheCounters; CACHE_STAT_SLOTS]`.
     pub stats: u64,
     /// GPU pointer: `[RangeDesc; nranges]`.
     pub ranges: u64,
@@ -306,11 +306,13 @@ pub struct CacheState {
 }
 const _: () = assert!(size_of::<CacheState>() == 64);
 
-/// One slot of the cache's counters (`gpunvme::cache::cache_stats`); the host sums the
-/// [`CACHE_STAT_SLOTS`] slots.
+/// A cache's counters (`gpunvme::cache::cache_stats`): one set per statistics slot on the GPU,
+/// and their sum on the host ([`crate::cache::CacheStats::counters`]).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct CacheStatsSlot {
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct CacheCounters {
     /// Element accesses served from a valid page.
     pub hits: u64,
     /// Fills (one per missing page).
@@ -338,7 +340,25 @@ pub struct CacheStatsSlot {
     /// Reserved.
     pub reserved: [u64; 4],
 }
-const _: () = assert!(size_of::<CacheStatsSlot>() == 128);
+const _: () = assert!(size_of::<CacheCounters>() == 128);
+
+impl CacheCounters {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Self) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.waits += o.waits;
+        self.evictions += o.evictions;
+        self.writebacks += o.writebacks;
+        self.read_cmds += o.read_cmds;
+        self.write_cmds += o.write_cmds;
+        self.flush_cmds += o.flush_cmds;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+        self.full += o.full;
+        self.errors += o.errors;
+    }
+}
 
 /// Statistics slots of a cache (one per `blockIdx.x % CACHE_STAT_SLOTS`).
 pub const CACHE_STAT_SLOTS: usize = 64;
@@ -643,23 +663,20 @@ mod tests {
             ("CS_FIRST_RANGE", offset_of!(CacheState, first_range)),
             ("CS_QUARANTINED", offset_of!(CacheState, quarantined)),
             ("CS_FIRST_PAGE", offset_of!(CacheState, first_page)),
-            ("CACHE_STATS_SIZE", size_of::<CacheStatsSlot>()),
+            ("CACHE_STATS_SIZE", size_of::<CacheCounters>()),
             ("CACHE_STAT_SLOTS", CACHE_STAT_SLOTS),
-            ("ST_HITS", offset_of!(CacheStatsSlot, hits)),
-            ("ST_MISSES", offset_of!(CacheStatsSlot, misses)),
-            ("ST_WAITS", offset_of!(CacheStatsSlot, waits)),
-            ("ST_EVICTIONS", offset_of!(CacheStatsSlot, evictions)),
-            ("ST_WRITEBACKS", offset_of!(CacheStatsSlot, writebacks)),
-            ("ST_READ_CMDS", offset_of!(CacheStatsSlot, read_cmds)),
-            ("ST_WRITE_CMDS", offset_of!(CacheStatsSlot, write_cmds)),
-            ("ST_FLUSH_CMDS", offset_of!(CacheStatsSlot, flush_cmds)),
-            ("ST_BYTES_READ", offset_of!(CacheStatsSlot, bytes_read)),
-            (
-                "ST_BYTES_WRITTEN",
-                offset_of!(CacheStatsSlot, bytes_written),
-            ),
-            ("ST_FULL", offset_of!(CacheStatsSlot, full)),
-            ("ST_ERRORS", offset_of!(CacheStatsSlot, errors)),
+            ("ST_HITS", offset_of!(CacheCounters, hits)),
+            ("ST_MISSES", offset_of!(CacheCounters, misses)),
+            ("ST_WAITS", offset_of!(CacheCounters, waits)),
+            ("ST_EVICTIONS", offset_of!(CacheCounters, evictions)),
+            ("ST_WRITEBACKS", offset_of!(CacheCounters, writebacks)),
+            ("ST_READ_CMDS", offset_of!(CacheCounters, read_cmds)),
+            ("ST_WRITE_CMDS", offset_of!(CacheCounters, write_cmds)),
+            ("ST_FLUSH_CMDS", offset_of!(CacheCounters, flush_cmds)),
+            ("ST_BYTES_READ", offset_of!(CacheCounters, bytes_read)),
+            ("ST_BYTES_WRITTEN", offset_of!(CacheCounters, bytes_written)),
+            ("ST_FULL", offset_of!(CacheCounters, full)),
+            ("ST_ERRORS", offset_of!(CacheCounters, errors)),
         ];
         check_defines(&[CACHE_CUH], want, "Rust layout").unwrap();
         let bits: &[(&str, u32)] = &[
