@@ -235,7 +235,7 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
             ..Default::default()
         },
     )?;
-    cache.bind_lba_range(1, lba, 0, bytes / lba as u64)?;
+    cache.bind_lba_range(1, lba, 0, bytes / lba as u64, false)?;
     // The plain buffer: the same bytes, made on the GPU by the pattern kernel.
     let plain = DeviceMemory::alloc(cuda, bytes as usize)?;
     let bad = DeviceMemory::alloc(cuda, 8)?;
@@ -331,7 +331,7 @@ fn miss(args: &Args, setup: &gpu::GpuSetup, lba: u32, bytes: u64) -> Result<()> 
             ..Default::default()
         },
     )?;
-    cache.bind_lba_range(1, lba, 0, bytes / lba as u64)?;
+    cache.bind_lba_range(1, lba, 0, bytes / lba as u64, false)?;
     let threads = args.threads.unwrap_or(16 << 10).next_multiple_of(256);
     let iters = args.iters.unwrap_or(256);
     // One element per page: the random element stream touches pages at random.

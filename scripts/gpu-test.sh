@@ -230,7 +230,7 @@ if [ $SAN = 1 ]; then
         # The page cache: its state machine under all three tools (racecheck sees shared memory
         # only, which the cache does not use; synccheck checks every warp mask it passes).
         for tool in memcheck racecheck synccheck; do
-            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value; do
+            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value cache::dirty_pages_reach_the_device_after_flush; do
                 check "sanitizer $tool $t" compute-sanitizer --tool $tool --error-exitcode 3 \
                     "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
             done

@@ -23,6 +23,8 @@ TESTS=(
     cache::dropped_completion_returns_to_every_waiter
     cache::all_referenced_returns_cache_full
     cache::benchmark_kernel_reads_what_a_plain_buffer_holds
+    cache::dirty_pages_reach_the_device_after_flush
+    cache::stores_to_a_read_only_range_are_refused
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum

@@ -1705,13 +1705,7 @@ mod cache {
 
     /// The pattern word of element `i` of a range that starts at LBA 0.
     fn expected(lba_size: u32, i: u64) -> u64 {
-        let byte = i * 8;
-        gpu_queues::pattern::word(
-            SEED,
-            1,
-            byte / lba_size as u64,
-            ((byte % lba_size as u64) / 8) as usize,
-        )
+        word_of(SEED, lba_size, i)
     }
 
     fn cache_of(r: &Rig, frames: u64, full_wait: Option<Duration>) -> GpuCache<'_> {
@@ -1732,7 +1726,7 @@ mod cache {
         let blocks = pages * 4096 / r.lba as u64;
         cpu_prefill(r, blocks);
         let mut c = cache_of(r, frames, full_wait);
-        let id = c.bind_lba_range(1, r.lba, 0, blocks).expect("bind");
+        let id = c.bind_lba_range(1, r.lba, 0, blocks, false).expect("bind");
         assert_eq!(id.index(), 0);
         c
     }
@@ -1747,12 +1741,40 @@ mod cache {
         per: u32,
         idx: &[u64],
     ) -> (Vec<u64>, Vec<DeviceStatus>) {
+        access_elements(r, c, warp as u32, threads, per, idx, None)
+    }
+
+    /// Stores `vals` at `idx` (as `read_elements` reads); returns each status.
+    fn store_elements(
+        r: &Rig,
+        c: &GpuCache<'_>,
+        warp: bool,
+        threads: u32,
+        per: u32,
+        idx: &[u64],
+        vals: &[u64],
+    ) -> Vec<DeviceStatus> {
+        access_elements(r, c, warp as u32 | 2, threads, per, idx, Some(vals)).1
+    }
+
+    fn access_elements(
+        r: &Rig,
+        c: &GpuCache<'_>,
+        flags: u32,
+        threads: u32,
+        per: u32,
+        idx: &[u64],
+        stores: Option<&[u64]>,
+    ) -> (Vec<u64>, Vec<DeviceStatus>) {
         let n = threads as usize * per as usize;
         assert_eq!(idx.len(), n);
         let cuda = r.gpu.cuda();
         let idx_mem = DeviceMemory::alloc(cuda, n * 8).unwrap();
         idx_mem.write(0, idx.as_bytes()).unwrap();
         let values = DeviceMemory::alloc(cuda, n * 8).unwrap();
+        if let Some(v) = stores {
+            values.write(0, v.as_bytes()).unwrap();
+        }
         let statuses = DeviceMemory::alloc(cuda, n * 4).unwrap();
         let block = threads.next_multiple_of(32).min(128);
         let grid = threads.div_ceil(block);
@@ -1764,7 +1786,7 @@ mod cache {
             &[
                 Arg::U64(c.descriptor()),
                 Arg::U32(0),
-                Arg::U32(warp as u32),
+                Arg::U32(flags),
                 Arg::U32(per),
                 Arg::U64(threads as u64),
                 Arg::U64(idx_mem.ptr()),
@@ -2007,6 +2029,94 @@ mod cache {
         invariants(&c);
     }
 
+    /// The pattern word of element `i` under `seed` (a range from LBA 0).
+    fn word_of(seed: u64, lba_size: u32, i: u64) -> u64 {
+        let byte = i * 8;
+        gpu_queues::pattern::word(
+            seed,
+            1,
+            byte / lba_size as u64,
+            ((byte % lba_size as u64) / 8) as usize,
+        )
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn dirty_pages_reach_the_device_after_flush() {
+        const SEED2: u64 = 0x5eed_0002;
+        for warp in [true, false] {
+            let r = rig(512, 2, 64);
+            let blocks = 64 * 4096 / r.lba as u64;
+            cpu_prefill(&r, blocks);
+            let mut c = cache_of(&r, 8, None);
+            c.bind_lba_range(1, r.lba, 0, blocks, true).expect("bind");
+            let flushes = r.emu.stats().flushes;
+            // Every element of 64 pages through 8 frames: lanes of a warp on consecutive
+            // elements, so pages are written back as they are evicted.
+            let n = 64 * PER_PAGE;
+            let idx: Vec<u64> = (0..n).map(|k| (k % 512) * 64 + k / 512).collect();
+            let vals: Vec<u64> = idx.iter().map(|&i| word_of(SEED2, r.lba, i)).collect();
+            let st = store_elements(&r, &c, warp, 64, 512, &idx, &vals);
+            assert!(
+                st.iter().all(|&s| s == DeviceStatus::Ok),
+                "warp {warp}: {st:?}"
+            );
+            invariants(&c);
+            let dirty = c.dirty_pages().unwrap();
+            assert!(
+                (1..=8).contains(&dirty),
+                "the last pages stored are dirty: {dirty}"
+            );
+            // Read your writes through the cache, from frames and from pages written back
+            // (which also writes back the dirty ones as their frames are reused).
+            let (v, st) = read_elements(&r, &c, warp, 64, 512, &idx);
+            assert!(st.iter().all(|&s| s == DeviceStatus::Ok), "warp {warp}");
+            assert!(v == vals, "warp {warp}: loads after stores");
+            // Four pages stored again stay in the cache, dirty, until the flush.
+            const SEED3: u64 = 0x5eed_0003;
+            let idx3: Vec<u64> = (0..4 * PER_PAGE).collect();
+            let vals3: Vec<u64> = idx3.iter().map(|&i| word_of(SEED3, r.lba, i)).collect();
+            let st = store_elements(&r, &c, warp, 64, 32, &idx3, &vals3);
+            assert!(st.iter().all(|&s| s == DeviceStatus::Ok), "warp {warp}");
+            assert_eq!(c.dirty_pages().unwrap(), 4);
+            let report = c.flush().expect("flush");
+            assert_eq!(c.dirty_pages().unwrap(), 0);
+            assert_eq!((report.pages_written, report.flush_cmds), (4, 1));
+            let s = stats(&c).counters;
+            assert!(
+                s.writebacks >= 64 && s.write_cmds >= 64,
+                "warp {warp}: {s:?}"
+            );
+            assert_eq!(s.errors, 0, "{s:?}");
+            assert_eq!(r.emu.stats().flushes - flushes, 1, "one NVMe Flush");
+            // What the GPU stored, a CPU queue reads.
+            let mut want = vec![0u8; (blocks * r.lba as u64) as usize];
+            gpu_queues::pattern::fill(&mut want, SEED2, 1, 0, r.lba as usize);
+            gpu_queues::pattern::fill(&mut want[..4 * 4096], SEED3, 1, 0, r.lba as usize);
+            assert!(
+                cpu_read(&r, 0, blocks) == want,
+                "warp {warp}: device bytes after flush"
+            );
+            invariants(&c);
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn stores_to_a_read_only_range_are_refused() {
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 16, 8, None);
+        let idx: Vec<u64> = (0..64).map(|t| t * 3).collect();
+        for warp in [true, false] {
+            let st = store_elements(&r, &c, warp, 64, 1, &idx, &idx);
+            assert!(st.iter().all(|&s| s == DeviceStatus::OutOfExtent), "{st:?}");
+        }
+        assert_eq!(c.dirty_pages().unwrap(), 0);
+        let (v, st) = read_elements(&r, &c, true, 64, 1, &idx);
+        assert_values(&r, &idx, &v, &st);
+        assert_eq!(c.flush().expect("flush").pages_written, 0);
+    }
+
     /// One launch of `gpunvme_cache_bench` (through `c`, or from `plain`): (sum, failures).
     fn bench_sum(
         r: &Rig,
@@ -2073,7 +2183,7 @@ mod cache {
     fn at_scale(r: &Rig) {
         let pages = NS_BYTES / 4096;
         let mut c = cache_of(r, 1024, None);
-        c.bind_lba_range(1, r.lba, 0, NS_BYTES / r.lba as u64)
+        c.bind_lba_range(1, r.lba, 0, NS_BYTES / r.lba as u64, false)
             .expect("bind");
         let (threads, per) = (8192u32, 64u32);
         let n = (threads * per) as usize;
@@ -2107,6 +2217,42 @@ mod cache {
         );
         assert_eq!((s.counters.errors, s.counters.full), (0, 0), "{s:?}");
         invariants(&c);
+        drop(c);
+        // Stores: 524 k distinct random elements (an odd multiplier permutes the indices)
+        // through 1024 frames by warps, flushed; a new cache then reads them back from the
+        // device, and an element nobody stored still holds the old pattern.
+        const SEED4: u64 = 0x5eed_0004;
+        let elems = NS_BYTES / 8;
+        let idx: Vec<u64> = (0..n as u64)
+            .map(|k| k.wrapping_mul(0x9e37_79b1) & (elems - 1))
+            .collect();
+        let vals: Vec<u64> = idx.iter().map(|&i| word_of(SEED4, r.lba, i)).collect();
+        let mut w = cache_of(r, 1024, None);
+        w.bind_lba_range(1, r.lba, 0, NS_BYTES / r.lba as u64, true)
+            .expect("bind");
+        let st = store_elements(r, &w, true, threads, per, &idx, &vals);
+        assert!(st.iter().all(|&s| s == DeviceStatus::Ok));
+        let report = w.flush().expect("flush");
+        let s = stats(&w);
+        assert_eq!((s.counters.errors, s.counters.full), (0, 0), "{s:?}");
+        assert!(
+            s.counters.writebacks > n as u64 / 2 / 64,
+            "{s:?} {report:?}"
+        );
+        invariants(&w);
+        drop(w);
+        let mut c = cache_of(r, 1024, None);
+        c.bind_lba_range(1, r.lba, 0, NS_BYTES / r.lba as u64, false)
+            .expect("bind");
+        let (v, st) = read_elements(r, &c, true, threads, per, &idx);
+        assert!(st.iter().all(|&s| s == DeviceStatus::Ok));
+        assert!(v == vals, "stored elements read back through a new cache");
+        let untouched = (0..elems)
+            .find(|i| !idx.contains(i))
+            .expect("an element nobody stored");
+        let probe = vec![untouched; 32];
+        let (v, st) = read_elements(r, &c, true, 32, 1, &probe);
+        assert_values(r, &probe, &v, &st);
     }
 
     #[test]

@@ -24,9 +24,11 @@ use zerocopy::IntoBytes;
 
 use crate::desc::{
     CACHE_STAT_SLOTS, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
-    FrameState, PS_BUSY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc, RangeDesc,
+    FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc,
+    RF_WRITABLE, RangeDesc,
 };
 use crate::error::GpuError;
+use crate::ffi::Arg;
 use crate::ffi::DeviceMemory;
 use crate::queues::{GpuBuffer, GpuQueues};
 
@@ -337,14 +339,16 @@ impl<'q> GpuCache<'q> {
         })
     }
 
-    /// Binds `blocks` LBAs of `lba_size` bytes from `first_lba` of namespace `nsid`, read-only;
-    /// kernels reach it as range [`RangeId::index`]. Between kernels only.
+    /// Binds `blocks` LBAs of `lba_size` bytes from `first_lba` of namespace `nsid`; kernels
+    /// reach it as range [`RangeId::index`], and may store into it when `writable` (dirty pages
+    /// reach the device when evicted and on [`GpuCache::flush`]). Between kernels only.
     pub fn bind_lba_range(
         &mut self,
         nsid: u32,
         lba_size: u32,
         first_lba: u64,
         blocks: u64,
+        writable: bool,
     ) -> Result<RangeId, GpuError> {
         if self.ranges.len() >= self.max_ranges as usize {
             return Err(invalid(format!(
@@ -368,7 +372,7 @@ impl<'q> GpuCache<'q> {
             nsid,
             lba_shift: lba_size.trailing_zeros(),
             file: 0,
-            flags: 0,
+            flags: if writable { RF_WRITABLE } else { 0 },
             reserved: 0,
         };
         let id = self.ranges.len() as u32;
@@ -445,6 +449,125 @@ impl<'q> GpuCache<'q> {
         self.control.write(OFF_STATE, state.as_bytes())
     }
 
+    /// Writes every dirty page back (`gpunvme_cache_flush`: the frames shared among GPU
+    /// threads, each write on the queues fills use), then sends one NVMe Flush per namespace
+    /// with a writable range, so the data is on stable media when it returns. Between kernels:
+    /// a store during the flush may stay dirty. Every wait is bounded (the kernel by the
+    /// queues' own bounds; the host by twice the queue timeout per step).
+    pub fn flush(&self) -> Result<FlushReport, GpuError> {
+        let q = self.queues;
+        let before = self.stats()?.counters;
+        let out = DeviceMemory::alloc(q.cuda(), 4)?;
+        let threads = self
+            .desc
+            .nframes
+            .div_ceil(64)
+            .clamp(32, 8192)
+            .next_multiple_of(32);
+        let block = threads.min(256) as u32;
+        let bound = self.wait_bound();
+        let stream = q.client_stream();
+        stream.launch(
+            q.kernels().cache_flush,
+            threads.div_ceil(block as u64) as u32,
+            block,
+            &[Arg::U64(self.descriptor()), Arg::U64(out.ptr())],
+        )?;
+        stream.wait_idle(bound)?;
+        let mut code = [0u8; 4];
+        out.read(0, &mut code)?;
+        let status = DeviceStatus::from_code(u32::from_le_bytes(code));
+        if status != DeviceStatus::Ok {
+            return Err(GpuError::Device {
+                status,
+                nvme_status: self
+                    .stats()?
+                    .first_failure
+                    .map_or(0, |f| f.nvme_status as u16),
+            });
+        }
+        // One Flush per namespace with a writable range, after every write-back completed
+        // (the kernel boundary orders them).
+        let mut nsids: Vec<u32> = self
+            .ranges
+            .iter()
+            .filter(|r| r.flags & RF_WRITABLE != 0)
+            .map(|r| r.nsid)
+            .collect();
+        nsids.sort_unstable();
+        nsids.dedup();
+        let qdesc = self.desc.queues;
+        for &nsid in &nsids {
+            let req = IoReq {
+                nsid,
+                opcode: 0, // Flush
+                ..IoReq::default()
+            };
+            let reqs = DeviceMemory::alloc(q.cuda(), size_of::<IoReq>())?;
+            reqs.write(0, req.as_bytes())?;
+            let res = DeviceMemory::alloc(q.cuda(), 8)?;
+            stream.launch(
+                q.kernels().io_batch,
+                1,
+                32,
+                &[
+                    Arg::U64(qdesc),
+                    Arg::U32(1),
+                    Arg::U64(reqs.ptr()),
+                    Arg::U32(1),
+                    Arg::U64(res.ptr()),
+                    Arg::U32(0),
+                ],
+            )?;
+            stream.wait_idle(bound)?;
+            let mut r = [0u8; 8];
+            res.read(0, &mut r)?;
+            let status = DeviceStatus::from_code(u32::from_le_bytes([r[0], r[1], r[2], r[3]]));
+            if status != DeviceStatus::Ok {
+                return Err(GpuError::Device {
+                    status,
+                    nvme_status: u16::from_le_bytes([r[4], r[5]]),
+                });
+            }
+        }
+        let after = self.stats()?.counters;
+        Ok(FlushReport {
+            pages_written: after.writebacks - before.writebacks,
+            bytes_written: after.bytes_written - before.bytes_written,
+            flush_cmds: nsids.len() as u32,
+        })
+    }
+
+    /// Pages that hold stores not yet written back (between kernels).
+    pub fn dirty_pages(&self) -> Result<u64, GpuError> {
+        let mut n = 0;
+        for (r, mem) in self.ranges.iter().zip(&self.entries) {
+            if r.flags & RF_WRITABLE == 0 {
+                continue;
+            }
+            let mut e = vec![PageEntry::default(); r.npages as usize];
+            mem.read(0, e.as_mut_bytes())?;
+            n += e.iter().filter(|e| e.state & PS_DIRTY != 0).count() as u64;
+        }
+        Ok(n)
+    }
+
+    /// Flushes, then takes the cache down.
+    pub fn close(self) -> Result<FlushReport, GpuError> {
+        self.flush()
+    }
+
+    /// The host's bound on one kernel of the cache: twice the queues' wait bound, plus a
+    /// minute for the kernel's own work.
+    fn wait_bound(&self) -> Duration {
+        let ns = self
+            .queues
+            .descs()
+            .first()
+            .map_or(10_000_000_000, |d| d.timeout_ns);
+        Duration::from_nanos(ns.saturating_mul(2)) + Duration::from_secs(60)
+    }
+
     /// Checks the cache's structures between kernels (for tests): no page held, filling or in
     /// error, no frame locked, and every valid page and its frame naming each other. Returns
     /// the first problems found.
@@ -468,6 +591,31 @@ impl<'q> GpuCache<'q> {
             Err(problems.join("; "))
         }
     }
+}
+
+impl Drop for GpuCache<'_> {
+    fn drop(&mut self) {
+        // Writing back here could block or fail with nowhere to report it: say so instead.
+        match self.dirty_pages() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                pages = n,
+                "a GPU page cache dropped with dirty pages: they are lost (call flush or close)"
+            ),
+            Err(e) => tracing::warn!(error = %e, "a GPU page cache dropped unchecked"),
+        }
+    }
+}
+
+/// What [`GpuCache::flush`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Dirty pages written back.
+    pub pages_written: u64,
+    /// Their bytes.
+    pub bytes_written: u64,
+    /// NVMe Flush commands sent (one per namespace with a writable range).
+    pub flush_cmds: u32,
 }
 
 /// Everything [`GpuCache::check_invariants`] finds wrong (at most 8 problems).

@@ -757,6 +757,7 @@ mod tests {
             "gpunvme_cache_test",
             "gpunvme_cache_pin_test",
             "gpunvme_cache_bench",
+            "gpunvme_cache_flush",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

@@ -39,6 +39,8 @@ pub struct Kernels {
     pub cache_pin_test: Kernel,
     /// `gpunvme_cache_bench` (element loads through a cache or from a plain buffer).
     pub cache_bench: Kernel,
+    /// `gpunvme_cache_flush` (every dirty page written back).
+    pub cache_flush: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -63,6 +65,7 @@ impl Kernels {
             cache_test: lib.kernel("gpunvme_cache_test")?,
             cache_pin_test: lib.kernel("gpunvme_cache_pin_test")?,
             cache_bench: lib.kernel("gpunvme_cache_bench")?,
+            cache_flush: lib.kernel("gpunvme_cache_flush")?,
             _lib: lib,
         }))
     }
@@ -171,6 +174,7 @@ impl Kernels {
             Arg::U64(0),
         ];
         stream.launch(self.cache_bench, 1, 32, &no_bench)?;
+        stream.launch(self.cache_flush, 1, 32, &[Arg::U64(0), Arg::U64(0)])?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

@@ -304,7 +304,7 @@ const kernel_entry KERNELS[] = {
     GPUNVME_HOST_KERNEL(gpunvme_file_rw),    GPUNVME_HOST_KERNEL(gpunvme_crc32c),
     GPUNVME_HOST_KERNEL(gpunvme_crc32c_combine), GPUNVME_HOST_KERNEL(gpunvme_emu_warmup),
     GPUNVME_HOST_KERNEL(gpunvme_cache_test), GPUNVME_HOST_KERNEL(gpunvme_cache_pin_test),
-    GPUNVME_HOST_KERNEL(gpunvme_cache_bench),
+    GPUNVME_HOST_KERNEL(gpunvme_cache_bench), GPUNVME_HOST_KERNEL(gpunvme_cache_flush),
 };
 
 const kernel_entry* find_kernel(const char* name) {

@@ -18,11 +18,12 @@
 //  * Page state word (page_entry.state), changed only by atomics:
 //      bit 31 VALID   the frame page_entry.frame holds the page's bytes
 //      bit 30 BUSY    one thread owns the page's fill
-//      bit 29 DIRTY   (writes: a later slice)
+//      bit 29 DIRTY   the frame holds stores not yet written back
 //      bit 28 ERROR   the last fill failed; bits 27:24 hold the status every holder returns
 //      23:0   refs    threads holding OR WAITING FOR the page: a page someone waits for is
 //                     never evicted.
-//    Legal values: refs (INVALID), BUSY|refs (filling), VALID|refs, ERROR|code|refs.
+//    Legal values: refs (INVALID), BUSY|refs (filling), VALID|refs, VALID|DIRTY|refs,
+//    VALID|BUSY[|DIRTY]|refs (a write-back in flight: reads and stores go on), ERROR|code|refs.
 //  * Frames: nframes frames of page_size bytes (one allocation the controller can reach), each
 //    with a frame_state {flags, owner range, owner page}; flags FS_REF (clock bit), FS_LOCKED
 //    (an evictor or filler owns the frame: only ever tried, never waited for), FS_QUARANTINED
@@ -47,7 +48,15 @@
 //                          (a failed CAS means a newcomer, who does it on its way out); the
 //                          next access after that retries the read
 //   6 VALID|r -> r - n     leader after its lanes read: fetch_sub(n, release)
-//   8 VALID -> 0           evictor, exact (r = 0): CAS acq_rel
+//   7 VALID.. -> |DIRTY    leader after its lanes stored: fetch_or(DIRTY, release), then 6
+//   8 VALID -> 0           evictor, exact (r = 0, clean): CAS acq_rel
+//   9 VALID|DIRTY -> VALID|BUSY   evictor, exact (r = 0): CAS acquire (DIRTY cleared before
+//                          the write; the acquire orders the writers' stores before its DMA)
+//  9f VALID|DIRTY|r -> VALID|BUSY|r   flusher (any r), holding the frame's lock: CAS acquire
+//  10 VALID|BUSY.. -> VALID..     after a write-back (flusher; evictor that lost 11):
+//                          fetch_sub(BUSY, release); a DIRTY set meanwhile by a writer stays
+//  11 VALID|BUSY -> 0      evictor after its write-back, exact (r = 0, clean): CAS acq_rel
+//  12 VALID|BUSY.. -> VALID|DIRTY..   write-back failed: CAS loop; the page stays cached
 //
 // FENCE DISCIPLINE (PTX ISA 9.0, "Memory Consistency Model"; on top of gpunvme.cuh's):
 //  fill:  atom.cas.acquire entry(BUSY) -> atom.cas.acquire frame(LOCKED) -> st owner,
@@ -59,6 +68,11 @@
 //         -> ld entry.frame -> ld frame data -> __syncwarp(peers) -> leader atom.sub.release.
 //         Frames are NEVER read through the non-coherent path (ld.global.nc, __ldg, const
 //         __restrict__): a reused frame would return the previous page's bytes.
+//  store: as hit, st frame data -> __syncwarp(peers) -> leader atom.or.release DIRTY ->
+//         atom.sub.release.
+//  write-back: writers' atom.or.release DIRTY -> evictor / flusher atom.cas.acquire ->
+//         fill_slot st.release -> publisher fence (sys | gpu) -> doorbell -> device reads the
+//         frame.
 //  evict -> reuse: holders' atom.sub.release -> evictor atom.cas.acq_rel (VALID -> 0) ->
 //         fill_slot st.release -> publisher fence -> doorbell -> the device writes the frame
 //         (every holder's reads came first).
@@ -406,8 +420,63 @@ __device__ __forceinline__ uint32_t lookup(page_entry* e, uint32_t n, status* s,
 // ---------------------------------------------------------------------------------------------
 // Replacement and fills.
 
+/// Whether a command that ended with status `s` may still be in flight (and so move data to or
+/// from its frame later): anything but a completion or a refusal before submission (review M3).
+__device__ __forceinline__ bool late_dma_possible(status s) {
+    return s != GPUNVME_OK && s != GPUNVME_NVME_ERROR && s != GPUNVME_INVALID_ARGUMENT;
+}
+
+/// Reads (OPC_READ) or writes (OPC_WRITE) page `page` of range `r` between the device and
+/// frame f: the whole page, or the range's tail (bytes of the frame past the range's end are
+/// never written to the device). *bytes gets the bytes moved.
+__device__ inline status page_io(const cache_desc& c, const queue_desc& q, const range_desc& r,
+                                 uint64_t page, uint32_t f, uint8_t opcode, uint32_t* sf,
+                                 uint64_t* bytes) {
+    const uint32_t shift = c.page_shift - r.lba_shift;
+    const uint64_t first = page << shift;
+    const uint64_t range_blocks = r.bytes >> r.lba_shift;
+    uint64_t blocks = range_blocks - first;
+    if (blocks > (1ull << shift)) blocks = 1ull << shift;
+    const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
+    cache_stats* k = stats_of(c);
+    count(opcode == OPC_READ ? k->read_cmds : k->write_cmds,
+          per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
+    *bytes = blocks << r.lba_shift;
+    return rw_thread(q, opcode, r.nsid, r.lba_shift, r.first_lba + first, blocks,
+                     c.frames_bus + ((uint64_t)f << c.page_shift), sf);
+}
+
+/// Writes back the VALID|BUSY page in frame f (its owner, which the caller has locked): the
+/// write, then on success clears BUSY only (transition 10; the caller may try 11 first), on
+/// failure makes the page DIRTY again and not BUSY (12), records the failure, and quarantines
+/// the frame when the write may still be in flight (the frame keeps the page, which stays
+/// served and dirty). Returns the write's status.
+__device__ inline status write_back(const cache_desc& c, const queue_desc& q, uint32_t owner,
+                                    uint64_t page, uint32_t f, page_entry* e) {
+    cache_stats* k = stats_of(c);
+    uint32_t sf = 0;
+    uint64_t bytes = 0;
+    const status w = page_io(c, q, range_of(c, owner), page, f, OPC_WRITE, &sf, &bytes);
+    if (w == GPUNVME_OK) {
+        count(k->writebacks, 1);
+        count(k->bytes_written, bytes);
+        return w;
+    }
+    uint32_t cur = dev_u32(e->state).load(cuda::memory_order_relaxed);
+    while (!dev_u32(e->state).compare_exchange_weak(
+        cur, (cur | GPUNVME_PS_DIRTY) & ~GPUNVME_PS_BUSY, cuda::memory_order_relaxed)) {
+    }
+    count(k->errors, 1);
+    record_failure(c, w, sf, owner, page);
+    if (late_dma_possible(w)) {
+        dev_u32(frame_of(c, f)->flags).fetch_or(GPUNVME_FS_QUARANTINED, cuda::memory_order_relaxed);
+        dev_u32(state_of(c)->quarantined).fetch_add(1u, cuda::memory_order_relaxed);
+    }
+    return w;
+}
+
 /// Finds a frame for a fill and returns it LOCKED (*frame), evicting its clean, unreferenced
-/// page; bounded by `deadline` (%globaltimer ns) and the host's abort word
+/// page (a dirty one is written back first, on the caller's queue); bounded by `deadline` (%globaltimer ns) and the host's abort word
 /// (GPUNVME_CACHE_FULL, ABORTED). At least GPUNVME_ABORT_POLL steps are tried.
 __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, uint32_t* frame,
                                     uint64_t* evictions, uint64_t deadline) {
@@ -433,14 +502,39 @@ __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, ui
                     return GPUNVME_OK;
                 }
                 if (owner < c.nranges && fs->page < range_of(c, owner).npages) {
+                    page_entry* v = entry_of(range_of(c, owner), fs->page);
                     // Transition 8: only a VALID page nobody holds or waits for.
                     uint32_t expected = GPUNVME_PS_VALID;
-                    if (dev_u32(entry_of(range_of(c, owner), fs->page)->state)
-                            .compare_exchange_strong(expected, 0u, cuda::memory_order_acq_rel,
-                                                     cuda::memory_order_relaxed)) {
+                    if (dev_u32(v->state).compare_exchange_strong(expected, 0u,
+                                                                  cuda::memory_order_acq_rel,
+                                                                  cuda::memory_order_relaxed)) {
                         ++*evictions;
                         *frame = (uint32_t)f;
                         return GPUNVME_OK;
+                    }
+                    // Transition 9: a dirty page nobody holds is written back first (the
+                    // acquire orders the writers' stores, published by their release of
+                    // DIRTY, before the write's DMA). Readers and writers may come meanwhile:
+                    // VALID stays set.
+                    expected = GPUNVME_PS_VALID | GPUNVME_PS_DIRTY;
+                    if (dev_u32(v->state).compare_exchange_strong(
+                            expected, GPUNVME_PS_VALID | GPUNVME_PS_BUSY,
+                            cuda::memory_order_acquire, cuda::memory_order_relaxed)) {
+                        if (write_back(c, q, owner, fs->page, (uint32_t)f, v) == GPUNVME_OK) {
+                            // Transition 11, or 10 when someone came meanwhile.
+                            expected = GPUNVME_PS_VALID | GPUNVME_PS_BUSY;
+                            if (dev_u32(v->state).compare_exchange_strong(
+                                    expected, 0u, cuda::memory_order_acq_rel,
+                                    cuda::memory_order_relaxed)) {
+                                ++*evictions;
+                                *frame = (uint32_t)f;
+                                return GPUNVME_OK;
+                            }
+                            dev_u32(v->state).fetch_sub(GPUNVME_PS_BUSY,
+                                                        cuda::memory_order_release);
+                        }
+                        fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed) &
+                             ~GPUNVME_FS_LOCKED;  // QUARANTINED, when write_back set it
                     }
                 }
                 dev_u32(fs->flags).store(fl, cuda::memory_order_release);
@@ -492,19 +586,11 @@ __device__ inline status fill_page(const cache_desc& c, const queue_desc& q, uin
         fs->range = range;
         fs->page = page;
         e->frame = f;  // published by transition 3's release
-        // The page's blocks: a whole page, or the range's tail.
-        const uint32_t shift = c.page_shift - r.lba_shift;
-        const uint64_t first = page << shift;
-        const uint64_t range_blocks = r.bytes >> r.lba_shift;
-        uint64_t blocks = range_blocks - first;
-        if (blocks > (1ull << shift)) blocks = 1ull << shift;
-        const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
-        count(k->read_cmds, per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
-        s = rw_thread(q, OPC_READ, r.nsid, r.lba_shift, r.first_lba + first, blocks,
-                      c.frames_bus + ((uint64_t)f << c.page_shift), &sf);
+        uint64_t bytes = 0;
+        s = page_io(c, q, r, page, f, OPC_READ, &sf, &bytes);
         if (!s) {
             count(k->misses, 1);
-            count(k->bytes_read, blocks << r.lba_shift);
+            count(k->bytes_read, bytes);
             // Transition 3; then unlock with the clock bit set (the new page's second chance).
             dev_u32(e->state).fetch_add(GPUNVME_PS_VALID - GPUNVME_PS_BUSY,
                                         cuda::memory_order_release);
@@ -516,7 +602,7 @@ __device__ inline status fill_page(const cache_desc& c, const queue_desc& q, uin
         // still be in flight and write the frame later (review M3): never reuse it.
         fs->range = GPUNVME_FRAME_EMPTY;
         fs->page = 0;
-        if (s == GPUNVME_NVME_ERROR || s == GPUNVME_INVALID_ARGUMENT) {
+        if (!late_dma_possible(s)) {
             dev_u32(fs->flags).store(0u, cuda::memory_order_release);
         } else {
             dev_u32(fs->flags).store(GPUNVME_FS_QUARANTINED, cuda::memory_order_release);
@@ -687,18 +773,26 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
 /// How long one round's fill in array::load looks for a frame before giving the fill back.
 #define GPUNVME_CACHE_ROUND_NS 20000
 
-/// Phases B and C for accesses that read at once (array::load), in rounds, so that a warp
+/// Phases B and C for accesses that use the page at once (array::load, store), in rounds, so that a warp
 /// never holds the pages it has read while its other lanes look for frames (that hold-and-wait
 /// would need 32 free frames per missing warp). Each round: leaders that own fills fill with a
 /// short frame search (GPUNVME_CACHE_ROUND_NS; a fill that finds no frame is given back and
 /// retried); groups whose page is valid call read(frame) and their leaders release; failed
-/// groups release; waiting and given-back groups look at their page again; the warp sleeps
+/// groups release (marking the page DIRTY first when `wrote`); waiting and given-back groups look at their page again; the warp sleeps
 /// (bounded by lane 0's page waiter and the host's abort word) when nothing moved. A fill still
 /// without a frame once full_wait_ns has passed makes a last search and fails the page with
 /// GPUNVME_CACHE_FULL. Returns with every asking lane's group done; a.s is its outcome.
+/// Gives back a group's references after its lanes accessed the page (transition 6), marking it
+/// DIRTY first when they stored (transition 7). The caller's __syncwarp ordered every lane's
+/// accesses before this leader's release.
+__device__ __forceinline__ void release_after_access(page_entry* e, uint32_t n, bool wrote) {
+    if (wrote) dev_u32(e->state).fetch_or(GPUNVME_PS_DIRTY, cuda::memory_order_release);
+    release_refs(e, n);
+}
+
 template <class F>
 __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range, uint64_t page,
-                                            warp_access& a, F&& read) {
+                                            warp_access& a, bool wrote, F&& read) {
     const uint32_t full = 0xffffffffu;
     const queue_desc& q = queue_for(c);
     uint64_t give_up = lane_id() == 0 ? now_ns() + c.full_wait_ns : 0;
@@ -723,7 +817,7 @@ __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range,
         if (how == ACQ_HIT) read(frame);
         __syncwarp();  // every lane's reads before its leader's release
         if (a.lead && (a.how == ACQ_HIT || a.how == ACQ_FAILED)) {
-            release_refs(a.e, a.n);
+            release_after_access(a.e, a.n, wrote && a.how == ACQ_HIT);
             if (a.how == ACQ_HIT) a.s = GPUNVME_OK;
             a.how = ACQ_DONE;
         }
@@ -785,6 +879,65 @@ __device__ inline void release_warp(const cache_desc& c, bool held, uint32_t ran
         release_refs(entry_of(range_of(c, range), page), __popc(peers));
 }
 
+/// Writes back every dirty page of frames [first, first + count) with this thread alone (the
+/// flush kernel gives each thread its frames): takes each frame's lock (waiting, bounded, for
+/// an evictor that holds it), then transition 9f (VALID|DIRTY -> VALID|BUSY, DIRTY cleared
+/// before the write), the write, 10 or 12. Run it when no kernel stores into the cache: a store
+/// during the write re-dirties the page, which the next flush writes. Returns the first failure
+/// (GPUNVME_OK if none); a frame quarantined with a dirty page in it counts as failed
+/// (GPUNVME_QUEUE_FAILED: its earlier write-back may still be in flight).
+__device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first, uint64_t count) {
+    const queue_desc& q = queue_for(c);
+    status out = GPUNVME_OK;
+    for (uint64_t f = first; f < first + count && f < c.nframes; ++f) {
+        frame_state* fs = frame_of(c, f);
+        waiter w(q);
+        uint32_t fl = 0;
+        status s = GPUNVME_OK;
+        for (;;) {
+            fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed);
+            if (!(fl & GPUNVME_FS_LOCKED) &&
+                dev_u32(fs->flags).compare_exchange_strong(fl, fl | GPUNVME_FS_LOCKED,
+                                                           cuda::memory_order_acquire,
+                                                           cuda::memory_order_relaxed))
+                break;
+            if ((s = w.tick(q))) break;
+        }
+        if (s) {
+            if (!out) out = s;
+            continue;
+        }
+        const uint32_t owner = fs->range;
+        if (owner < c.nranges && fs->page < range_of(c, owner).npages) {
+            page_entry* e = entry_of(range_of(c, owner), fs->page);
+            uint32_t cur = dev_u32(e->state).load(cuda::memory_order_relaxed);
+            bool mine = false;
+            while ((cur & (GPUNVME_PS_VALID | GPUNVME_PS_DIRTY | GPUNVME_PS_BUSY)) ==
+                   (GPUNVME_PS_VALID | GPUNVME_PS_DIRTY)) {
+                if (fl & GPUNVME_FS_QUARANTINED) break;
+                if (dev_u32(e->state).compare_exchange_weak(
+                        cur, (cur & ~GPUNVME_PS_DIRTY) | GPUNVME_PS_BUSY,
+                        cuda::memory_order_acquire, cuda::memory_order_relaxed)) {
+                    mine = true;
+                    break;
+                }
+            }
+            if (mine) {
+                s = write_back(c, q, owner, fs->page, (uint32_t)f, e);
+                if (s == GPUNVME_OK)
+                    dev_u32(e->state).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_release);
+                else if (!out)
+                    out = s;
+                fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed) & ~GPUNVME_FS_LOCKED;
+            } else if ((fl & GPUNVME_FS_QUARANTINED) && (cur & GPUNVME_PS_DIRTY) && !out) {
+                out = GPUNVME_QUEUE_FAILED;
+            }
+        }
+        dev_u32(fs->flags).store(fl, cuda::memory_order_release);
+    }
+    return out;
+}
+
 }  // namespace cache
 
 // ---------------------------------------------------------------------------------------------
@@ -835,12 +988,63 @@ struct array {
         if (early) a.how = ACQ_DONE;
         if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
                                                a.how == ACQ_FAILED))) {
-            resolve_warp_reading(*c, range, page, a, [&](uint32_t f) {
+            resolve_warp_reading(*c, range, page, a, false, [&](uint32_t f) {
                 *out = *reinterpret_cast<const T*>(frame_data(*c, f) + off);
             });
         }
         if (!active || early) return GPUNVME_OK;
         return a.s;
+    }
+
+    /// Stores v as element i (warp-collective like load(); the range must be writable, else
+    /// GPUNVME_OUT_OF_EXTENT). A missing page is read first (read-modify-write of the page);
+    /// the page is DIRTY until written back on eviction or by GpuCache::flush. Two lanes
+    /// storing one element: either value wins.
+    __device__ status store(uint64_t i, const T& v, bool active = true) {
+        using namespace cache;
+        status pre = GPUNVME_OK;
+        uint64_t byte = 0;
+        if (active) {
+            if (i > ~0ull / sizeof(T)) pre = GPUNVME_OUT_OF_EXTENT;
+            else pre = check_access(*c, range, byte = i * sizeof(T), sizeof(T));
+            if (!pre && !(range_of(*c, range).flags & GPUNVME_RF_WRITABLE))
+                pre = GPUNVME_OUT_OF_EXTENT;
+        }
+        const uint64_t page = byte >> c->page_shift;
+        const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
+        warp_access a = lookup_warp(*c, active, pre, range, page);
+        const bool early = active && a.how == ACQ_HIT;
+        if (early) *reinterpret_cast<T*>(frame_data(*c, a.frame) + off) = v;
+        __syncwarp();
+        if (early && a.lead) {
+            touch(*c, a.frame);
+            release_after_access(a.e, a.n, true);
+        }
+        if (early) a.how = ACQ_DONE;
+        if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
+                                               a.how == ACQ_FAILED))) {
+            resolve_warp_reading(*c, range, page, a, true, [&](uint32_t f) {
+                *reinterpret_cast<T*>(frame_data(*c, f) + off) = v;
+            });
+        }
+        if (!active || early) return GPUNVME_OK;
+        return a.s;
+    }
+
+    /// Element i stored alone (see store()).
+    __device__ status store_thread(uint64_t i, const T& v) {
+        if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
+        const uint64_t byte = i * sizeof(T);
+        status s = cache::check_access(*c, range, byte, sizeof(T));
+        if (s) return s;
+        if (!(cache::range_of(*c, range).flags & GPUNVME_RF_WRITABLE)) return GPUNVME_OUT_OF_EXTENT;
+        const uint64_t page = byte >> c->page_shift;
+        uint32_t f = 0;
+        if ((s = cache::acquire_page(*c, range, page, &f))) return s;
+        *reinterpret_cast<T*>(cache::frame_data(*c, f) + (byte & ((1ull << c->page_shift) - 1))) = v;
+        cache::touch(*c, f);
+        cache::release_after_access(cache::entry_of(cache::range_of(*c, range), page), 1, true);
+        return GPUNVME_OK;
     }
 
     /// Element i, alone.

@@ -4,28 +4,51 @@
 // launched once, before a GPU-resident controller spins: Kernels::warm_up_clients).
 #include "gpunvme_cache.cuh"
 
-/// Test and tool kernel: thread i reads the 8-byte elements idx[i * per_thread + j] of `range`
-/// through the cache (warp_mode 1: array::load, the warp's lanes together; 0: load_thread,
-/// each thread alone), writing each value and status. Threads at or past `nthreads` take part
-/// in the warp calls without asking for anything. A null cache returns at once (warm-up).
+#define GPUNVME_CACHE_TEST_WARP 1u
+#define GPUNVME_CACHE_TEST_STORE 2u
+
+/// Test and tool kernel: thread i accesses the 8-byte elements idx[i * per_thread + j] of
+/// `range` through the cache: loads into values[k] (or, with GPUNVME_CACHE_TEST_STORE in
+/// `flags`, stores values[k]), by the warp's lanes together (GPUNVME_CACHE_TEST_WARP:
+/// array::load / store) or each thread alone (load_thread / store_thread), writing each status.
+/// Threads at or past `nthreads` take part in the warp calls without asking for anything. A
+/// null cache returns at once (warm-up).
 extern "C" __global__ void gpunvme_cache_test(const cache::cache_desc* c, uint32_t range,
-                                              uint32_t warp_mode, uint32_t per_thread,
+                                              uint32_t flags, uint32_t per_thread,
                                               uint64_t nthreads, const uint64_t* idx,
                                               uint64_t* values, uint32_t* statuses) {
     if (c == nullptr) return;
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool mine = gtid < nthreads;
+    const bool warp = flags & GPUNVME_CACHE_TEST_WARP, store = flags & GPUNVME_CACHE_TEST_STORE;
     gpunvme::array<uint64_t> a(c, range);
     for (uint32_t j = 0; j < per_thread; ++j) {
         const uint64_t k = gtid * per_thread + j;
-        uint64_t v = 0;
+        const uint64_t i = mine ? idx[k] : 0;
+        uint64_t v = mine && store ? values[k] : 0;
         status s = GPUNVME_OK;
-        if (warp_mode) s = a.load(mine ? idx[k] : 0, &v, mine);
-        else if (mine) s = a.load_thread(idx[k], &v);
+        if (warp) s = store ? a.store(i, v, mine) : a.load(i, &v, mine);
+        else if (mine) s = store ? a.store_thread(i, v) : a.load_thread(i, &v);
         if (mine) {
-            values[k] = v;
+            if (!store) values[k] = v;
             statuses[k] = (uint32_t)s;
         }
+    }
+}
+
+/// Writes back every dirty page of the cache (GpuCache::flush): thread t takes a contiguous
+/// share of the frames (cache::flush_frames_thread) and the first failure goes to *out (which
+/// the host zeroes). Launch when no kernel stores into the cache. A null cache returns at once
+/// (warm-up).
+extern "C" __global__ void gpunvme_cache_flush(const cache::cache_desc* c, uint32_t* out) {
+    if (c == nullptr) return;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
+    const uint64_t per = (c->nframes + nthreads - 1) / nthreads;
+    const status s = cache::flush_frames_thread(*c, gtid * per, per);
+    if (s) {
+        uint32_t expected = 0;
+        dev_u32(*out).compare_exchange_strong(expected, (uint32_t)s, cuda::memory_order_relaxed);
     }
 }
 
