@@ -256,6 +256,8 @@ pub struct GpuCache<'q> {
     ranges: Vec<RangeDesc>,
     max_ranges: u32,
     data_path: DataPath,
+    /// The wait bound of the queues fills use, in nanoseconds.
+    queue_timeout_ns: u64,
 }
 
 impl std::fmt::Debug for GpuCache<'_> {
@@ -336,6 +338,7 @@ impl<'q> GpuCache<'q> {
             ranges: Vec::new(),
             max_ranges: opts.max_ranges,
             data_path: DataPath::Direct,
+            queue_timeout_ns: timeout_ns,
         })
     }
 
@@ -560,12 +563,7 @@ impl<'q> GpuCache<'q> {
     /// The host's bound on one kernel of the cache: twice the queues' wait bound, plus a
     /// minute for the kernel's own work.
     fn wait_bound(&self) -> Duration {
-        let ns = self
-            .queues
-            .descs()
-            .first()
-            .map_or(10_000_000_000, |d| d.timeout_ns);
-        Duration::from_nanos(ns.saturating_mul(2)) + Duration::from_secs(60)
+        Duration::from_nanos(self.queue_timeout_ns.saturating_mul(2)) + Duration::from_secs(60)
     }
 
     /// Checks the cache's structures between kernels (for tests): no page held, filling or in

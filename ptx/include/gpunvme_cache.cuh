@@ -967,33 +967,8 @@ struct array {
     /// fills, and fills run in rounds (resolve_warp_reading), so a warp holds no page while
     /// it looks for frames.
     __device__ status load(uint64_t i, T* out, bool active = true) {
-        using namespace cache;
-        status pre = GPUNVME_OK;
-        uint64_t byte = 0;
-        if (active) {
-            if (i > ~0ull / sizeof(T)) pre = GPUNVME_OUT_OF_EXTENT;
-            else pre = check_access(*c, range, byte = i * sizeof(T), sizeof(T));
-        }
-        const uint64_t page = byte >> c->page_shift;
-        const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
-        warp_access a = lookup_warp(*c, active, pre, range, page);
-        // The hit path: read, then the leaders release.
-        const bool early = active && a.how == ACQ_HIT;
-        if (early) *out = *reinterpret_cast<const T*>(frame_data(*c, a.frame) + off);
-        __syncwarp();
-        if (early && a.lead) {
-            touch(*c, a.frame);
-            release_refs(a.e, a.n);
-        }
-        if (early) a.how = ACQ_DONE;
-        if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
-                                               a.how == ACQ_FAILED))) {
-            resolve_warp_reading(*c, range, page, a, false, [&](uint32_t f) {
-                *out = *reinterpret_cast<const T*>(frame_data(*c, f) + off);
-            });
-        }
-        if (!active || early) return GPUNVME_OK;
-        return a.s;
+        return access_warp(i, active, false,
+                           [&](uint8_t* p) { *out = *reinterpret_cast<const T*>(p); });
     }
 
     /// Stores v as element i (warp-collective like load(); the range must be writable, else
@@ -1001,68 +976,78 @@ struct array {
     /// the page is DIRTY until written back on eviction or by GpuCache::flush. Two lanes
     /// storing one element: either value wins.
     __device__ status store(uint64_t i, const T& v, bool active = true) {
+        return access_warp(i, active, true, [&](uint8_t* p) { *reinterpret_cast<T*>(p) = v; });
+    }
+
+    /// Element i, alone.
+    __device__ status load_thread(uint64_t i, T* out) {
+        return access_thread(i, false,
+                             [&](uint8_t* p) { *out = *reinterpret_cast<const T*>(p); });
+    }
+
+    /// Element i stored alone (see store()).
+    __device__ status store_thread(uint64_t i, const T& v) {
+        return access_thread(i, true, [&](uint8_t* p) { *reinterpret_cast<T*>(p) = v; });
+    }
+
+    /// Why element i cannot be loaded (or, with `write`, stored), or GPUNVME_OK with *byte its
+    /// offset in the range.
+    __device__ status element(uint64_t i, bool write, uint64_t* byte) const {
+        if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
+        *byte = i * sizeof(T);
+        status s = cache::check_access(*c, range, *byte, sizeof(T));
+        if (!s && write && !(cache::range_of(*c, range).flags & GPUNVME_RF_WRITABLE))
+            s = GPUNVME_OUT_OF_EXTENT;
+        return s;
+    }
+
+    /// load() and store(): `op` reads or writes the element at the pointer it is given, by
+    /// every lane whose group holds the page; the leaders then release (marking the page
+    /// DIRTY when `write`).
+    template <class F>
+    __device__ status access_warp(uint64_t i, bool active, bool write, F&& op) {
         using namespace cache;
         status pre = GPUNVME_OK;
         uint64_t byte = 0;
-        if (active) {
-            if (i > ~0ull / sizeof(T)) pre = GPUNVME_OUT_OF_EXTENT;
-            else pre = check_access(*c, range, byte = i * sizeof(T), sizeof(T));
-            if (!pre && !(range_of(*c, range).flags & GPUNVME_RF_WRITABLE))
-                pre = GPUNVME_OUT_OF_EXTENT;
-        }
+        if (active) pre = element(i, write, &byte);
         const uint64_t page = byte >> c->page_shift;
         const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
         warp_access a = lookup_warp(*c, active, pre, range, page);
+        // The hit path: access, then the leaders release.
         const bool early = active && a.how == ACQ_HIT;
-        if (early) *reinterpret_cast<T*>(frame_data(*c, a.frame) + off) = v;
+        if (early) op(frame_data(*c, a.frame) + off);
         __syncwarp();
         if (early && a.lead) {
             touch(*c, a.frame);
-            release_after_access(a.e, a.n, true);
+            release_after_access(a.e, a.n, write);
         }
         if (early) a.how = ACQ_DONE;
         if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
                                                a.how == ACQ_FAILED))) {
-            resolve_warp_reading(*c, range, page, a, true, [&](uint32_t f) {
-                *reinterpret_cast<T*>(frame_data(*c, f) + off) = v;
-            });
+            resolve_warp_reading(*c, range, page, a, write,
+                                 [&](uint32_t f) { op(frame_data(*c, f) + off); });
         }
         if (!active || early) return GPUNVME_OK;
         return a.s;
     }
 
-    /// Element i stored alone (see store()).
-    __device__ status store_thread(uint64_t i, const T& v) {
-        if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
-        const uint64_t byte = i * sizeof(T);
-        status s = cache::check_access(*c, range, byte, sizeof(T));
+    /// load_thread() and store_thread().
+    template <class F>
+    __device__ status access_thread(uint64_t i, bool write, F&& op) {
+        uint64_t byte = 0;
+        status s = element(i, write, &byte);
         if (s) return s;
-        if (!(cache::range_of(*c, range).flags & GPUNVME_RF_WRITABLE)) return GPUNVME_OUT_OF_EXTENT;
         const uint64_t page = byte >> c->page_shift;
         uint32_t f = 0;
         if ((s = cache::acquire_page(*c, range, page, &f))) return s;
-        *reinterpret_cast<T*>(cache::frame_data(*c, f) + (byte & ((1ull << c->page_shift) - 1))) = v;
+        op(cache::frame_data(*c, f) + (byte & ((1ull << c->page_shift) - 1)));
         cache::touch(*c, f);
-        cache::release_after_access(cache::entry_of(cache::range_of(*c, range), page), 1, true);
-        return GPUNVME_OK;
-    }
-
-    /// Element i, alone.
-    __device__ status load_thread(uint64_t i, T* out) {
-        if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
-        const uint64_t byte = i * sizeof(T);
-        status s = cache::check_access(*c, range, byte, sizeof(T));
-        if (s) return s;
-        const uint64_t page = byte >> c->page_shift;
-        uint8_t* data = nullptr;
-        if ((s = cache::acquire_thread(*c, range, page, &data))) return s;
-        *out = *reinterpret_cast<const T*>(data + (byte & ((1ull << c->page_shift) - 1)));
-        cache::release_thread(*c, range, page);
+        cache::release_after_access(cache::entry_of(cache::range_of(*c, range), page), 1, write);
         return GPUNVME_OK;
     }
 
     /// Elements [i, i + n) into dst (GPU memory), by the whole warp: every lane passes the same
-    /// arguments. One page at a time: lane 0 acquires it (acquire_thread: one lookup, at most
+    /// arguments. One page at a time: lane 0 acquires it (acquire_page: one lookup, at most
     /// one fill), the lanes copy their share (16-byte words when the ends allow), lane 0
     /// releases it. Every lane returns the same status; on failure dst holds the elements
     /// before the failing page.
