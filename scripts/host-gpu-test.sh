@@ -25,6 +25,7 @@ TESTS=(
     cache::benchmark_kernel_reads_what_a_plain_buffer_holds
     cache::dirty_pages_reach_the_device_after_flush
     cache::stores_to_a_read_only_range_are_refused
+    cache::file_ranges_read_and_write_through_the_extent_table
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum

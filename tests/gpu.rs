@@ -1098,7 +1098,7 @@ mod files {
     };
     use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 
-    fn data(seed: u64, n: usize) -> Vec<u8> {
+    pub(super) fn data(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed | 1;
         (0..n)
             .map(|_| {
@@ -1110,7 +1110,7 @@ mod files {
             .collect()
     }
 
-    fn blockfs_dev(r: &Rig) -> Arc<NvmeBlockDevice> {
+    pub(super) fn blockfs_dev(r: &Rig) -> Arc<NvmeBlockDevice> {
         let opts = NvmeDeviceOptions {
             queues: 2,
             ..NvmeDeviceOptions::default()
@@ -1120,7 +1120,7 @@ mod files {
 
     /// A file system with `dir/a` and `dir/b` of `len` bytes each whose appends interleave (so
     /// both are spread over many extents); returns the bytes of `dir/a`.
-    fn fragmented(fs: &FileSystem, len: usize) -> Vec<u8> {
+    pub(super) fn fragmented(fs: &FileSystem, len: usize) -> Vec<u8> {
         let d = data(len as u64, len);
         let a = fs
             .create("dir/a", &CreateOptions::default())
@@ -2118,6 +2118,100 @@ mod cache {
     }
 
     /// One launch of `gpunvme_cache_bench` (through `c`, or from `plain`): (sum, failures).
+    /// Little-endian u64 element `i` of `bytes`.
+    fn le_word(bytes: &[u8], i: u64) -> u64 {
+        let at = i as usize * 8;
+        u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn file_ranges_read_and_write_through_the_extent_table() {
+        use blockfs::{CreateOptions, FileSystem, MkfsOptions, OpenMode};
+        use blockfs_gpu::{GpuFiles, GpuFilesOptions, cache::bind_file};
+        for lba in [512u32, 4096] {
+            let r = rig(lba, 2, 64);
+            let fs = FileSystem::mkfs(super::files::blockfs_dev(&r), &MkfsOptions::default())
+                .expect("mkfs");
+            // A fragmented file whose length is not a multiple of the LBA size, in 16 KiB
+            // pages (extents are 4 KiB blocks, so pages span them) through 8 frames.
+            let len = 1_200_000 + 24;
+            let want = super::files::fragmented(&fs, len);
+            let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+            let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
+            let g = files.open(&file).expect("open for the GPU");
+            assert!(g.table().extents().len() > 3, "fragmented");
+            let out = CacheOptions {
+                page_size: 16384,
+                capacity: 8 * 16384,
+                ..Default::default()
+            };
+            let mut c = GpuCache::new(&r.gpu, out.clone()).expect("cache");
+            let id = bind_file(&mut c, &g).expect("bind");
+            assert_eq!((id.index(), c.range(id).unwrap().bytes), (0, len as u64));
+            drop(g); // the cache keeps the table (and the pin) alive
+            let n = len as u64 / 8;
+            let mut idx = seeded(lba as u64, 128 * 8, n);
+            idx[7] = n - 1; // the last element, in the partial last LBA
+            for warp in [true, false] {
+                let (v, st) = read_elements(&r, &c, warp, 128, 8, &idx);
+                for (k, &i) in idx.iter().enumerate() {
+                    assert_eq!(
+                        st[k],
+                        DeviceStatus::Ok,
+                        "lba {lba} warp {warp}: element {i}"
+                    );
+                    assert_eq!(
+                        v[k],
+                        le_word(&want, i),
+                        "lba {lba} warp {warp}: element {i}"
+                    );
+                }
+            }
+            let (_, st) = read_elements(&r, &c, false, 1, 1, &[n]);
+            assert_eq!(st[0], DeviceStatus::OutOfExtent, "past the end");
+            let k = stats(&c).counters;
+            assert!(k.misses > 8 && k.evictions > 0, "{k:?}");
+            assert!(k.read_cmds > k.misses, "some pages span extents: {k:?}");
+            invariants(&c);
+            drop(c);
+
+            // A reservation through the cache: stores, close (write-back + NVMe Flush),
+            // commit, and the CPU reads them after a remount.
+            let f = fs
+                .create("dir/new", &CreateOptions { size_hint: 0 })
+                .expect("create");
+            let new_len = 200_000u64 + 40;
+            let g = files.reserve(&f, new_len).expect("reserve");
+            let mut c = GpuCache::new(&r.gpu, out.clone()).expect("cache");
+            let id = bind_file(&mut c, &g).expect("bind a reservation");
+            let bytes = c.range(id).unwrap().bytes;
+            assert!(bytes >= new_len);
+            let idx: Vec<u64> = (0..new_len / 8).step_by(13).collect();
+            let n = idx.len() as u64 / 64 * 64;
+            let idx = &idx[..n as usize];
+            let vals: Vec<u64> = idx.iter().map(|&i| word_of(99, lba, i)).collect();
+            let st = store_elements(&r, &c, true, 64, (n / 64) as u32, idx, &vals);
+            assert!(st.iter().all(|&s| s == DeviceStatus::Ok), "stores");
+            let report = c.close().expect("close");
+            assert!(
+                report.pages_written > 0 && report.flush_cmds == 1,
+                "{report:?}"
+            );
+            g.commit(new_len).expect("commit after the cache let go");
+            fs.sync().expect("sync");
+            drop((f, file));
+            fs.unmount().expect("unmount");
+            let fs = FileSystem::mount(super::files::blockfs_dev(&r)).expect("remount");
+            let back_file = fs.open("dir/new", OpenMode::ReadOnly).expect("open");
+            let mut back = vec![0u8; new_len as usize];
+            back_file.read_at(0, &mut back).expect("CPU read");
+            for (&i, &v) in idx.iter().zip(&vals) {
+                assert_eq!(le_word(&back, i), v, "lba {lba}: element {i} after remount");
+            }
+        }
+    }
+
     fn bench_sum(
         r: &Rig,
         c: Option<&GpuCache<'_>>,

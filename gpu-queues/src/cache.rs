@@ -25,7 +25,7 @@ use zerocopy::IntoBytes;
 use crate::desc::{
     CACHE_STAT_SLOTS, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
     FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc,
-    RF_WRITABLE, RangeDesc,
+    RF_FILE, RF_WRITABLE, RangeDesc,
 };
 use crate::error::GpuError;
 use crate::ffi::Arg;
@@ -52,6 +52,23 @@ pub enum DataPath {
     /// Through the queues' slot buffers, for transports whose GPU memory is fixed at set-up
     /// (not implemented yet: refused).
     Bounce,
+}
+
+/// A file of an extent table in GPU memory, for [`GpuCache::bind_table`].
+#[derive(Clone, Copy, Debug)]
+pub struct TableRange {
+    /// GPU pointer of the table (`gpunvme::fs::table_header`).
+    pub table: u64,
+    /// The file's index in the table.
+    pub file: u32,
+    /// The table's namespace.
+    pub nsid: u32,
+    /// The table's LBA size in bytes.
+    pub lba_size: u32,
+    /// Bytes of the file the cache serves: at most its length (or, writable, its allocation).
+    pub bytes: u64,
+    /// Whether kernels may store into it (the table's entry must allow device writes).
+    pub writable: bool,
 }
 
 /// How to build a cache.
@@ -258,6 +275,9 @@ pub struct GpuCache<'q> {
     data_path: DataPath,
     /// The wait bound of the queues fills use, in nanoseconds.
     queue_timeout_ns: u64,
+    /// What keeps bound tables alive (see [`GpuCache::bind_table`]); dropped after the frames'
+    /// last write-back.
+    keep: Vec<Box<dyn Send + Sync>>,
 }
 
 impl std::fmt::Debug for GpuCache<'_> {
@@ -339,6 +359,7 @@ impl<'q> GpuCache<'q> {
             max_ranges: opts.max_ranges,
             data_path: DataPath::Direct,
             queue_timeout_ns: timeout_ns,
+            keep: Vec::new(),
         })
     }
 
@@ -353,31 +374,76 @@ impl<'q> GpuCache<'q> {
         blocks: u64,
         writable: bool,
     ) -> Result<RangeId, GpuError> {
+        let (npages, bytes) = range_geometry(self.page_size(), lba_size, first_lba, blocks)?;
+        self.bind(
+            RangeDesc {
+                npages,
+                bytes,
+                first_lba,
+                nsid,
+                lba_shift: lba_size.trailing_zeros(),
+                flags: if writable { RF_WRITABLE } else { 0 },
+                ..Default::default()
+            },
+            None,
+        )
+    }
+
+    /// Binds a file of an extent table in GPU memory (`gpunvme_file.cuh`'s layout): fills find
+    /// a page's LBAs through the table. `keep` is held until the cache is closed or dropped:
+    /// whatever keeps the table's memory alive and its blocks out of reuse (the file layer's
+    /// `blockfs_gpu::cache::bind_file` passes the file's pinned table). Between kernels only.
+    pub fn bind_table(
+        &mut self,
+        t: TableRange,
+        keep: Box<dyn Send + Sync>,
+    ) -> Result<RangeId, GpuError> {
+        if t.table == 0 || t.table % 8 != 0 {
+            return Err(invalid(format!("extent table pointer {:#x}", t.table)));
+        }
+        if t.bytes == 0 {
+            return Err(invalid("an empty file has no pages to cache".into()));
+        }
+        let blocks = t.bytes.div_ceil(t.lba_size as u64);
+        let (npages, _) = range_geometry(self.page_size(), t.lba_size, 0, blocks)?;
+        self.bind(
+            RangeDesc {
+                npages,
+                bytes: t.bytes,
+                table: t.table,
+                nsid: t.nsid,
+                lba_shift: t.lba_size.trailing_zeros(),
+                file: t.file,
+                flags: RF_FILE | if t.writable { RF_WRITABLE } else { 0 },
+                ..Default::default()
+            },
+            Some(keep),
+        )
+    }
+
+    /// Allocates the page entries of range `r` (npages set) and publishes it.
+    fn bind(
+        &mut self,
+        mut r: RangeDesc,
+        keep: Option<Box<dyn Send + Sync>>,
+    ) -> Result<RangeId, GpuError> {
         if self.ranges.len() >= self.max_ranges as usize {
             return Err(invalid(format!(
                 "the cache binds at most {} ranges (CacheOptions::max_ranges)",
                 self.max_ranges
             )));
         }
-        if nsid == 0 || nsid == u32::MAX {
-            return Err(invalid(format!("namespace id {nsid:#x}")));
+        if r.nsid == 0 || r.nsid == u32::MAX {
+            return Err(invalid(format!("namespace id {:#x}", r.nsid)));
         }
-        let (npages, bytes) = range_geometry(self.page_size(), lba_size, first_lba, blocks)?;
-        let len = usize::try_from(npages * size_of::<PageEntry>() as u64)
-            .map_err(|_| invalid(format!("{npages} page entries exceed the address space")))?;
+        let len = usize::try_from(r.npages * size_of::<PageEntry>() as u64).map_err(|_| {
+            invalid(format!(
+                "{} page entries exceed the address space",
+                r.npages
+            ))
+        })?;
         let entries = DeviceMemory::alloc(self.queues.cuda(), len.max(8))?;
-        let r = RangeDesc {
-            entries: entries.ptr(),
-            npages,
-            bytes,
-            first_lba,
-            table: 0,
-            nsid,
-            lba_shift: lba_size.trailing_zeros(),
-            file: 0,
-            flags: if writable { RF_WRITABLE } else { 0 },
-            reserved: 0,
-        };
+        r.entries = entries.ptr();
         let id = self.ranges.len() as u32;
         self.control.write(
             OFF_RANGES + id as usize * size_of::<RangeDesc>(),
@@ -387,6 +453,7 @@ impl<'q> GpuCache<'q> {
         self.control.write(OFF_DESC, self.desc.as_bytes())?;
         self.entries.push(entries);
         self.ranges.push(r);
+        self.keep.extend(keep);
         Ok(RangeId(id))
     }
 

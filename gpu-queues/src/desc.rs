@@ -388,8 +388,6 @@ pub const CF_BOUNCE: u32 = 1;
 pub const RF_FILE: u32 = 1;
 /// [`RangeDesc::flags`]: the device may store into the range.
 pub const RF_WRITABLE: u32 = 2;
-/// [`RangeDesc::flags`]: every extent boundary of the file is a page boundary.
-pub const RF_ALIGNED: u32 = 4;
 
 /// Buckets of the perf kernel's latency histogram.
 pub const LAT_BUCKETS: usize = 1024;
@@ -693,7 +691,6 @@ mod tests {
             ("CF_BOUNCE", CF_BOUNCE),
             ("RF_FILE", RF_FILE),
             ("RF_WRITABLE", RF_WRITABLE),
-            ("RF_ALIGNED", RF_ALIGNED),
         ];
         check_defines(&[CACHE_CUH], bits, "Rust constant").unwrap();
     }

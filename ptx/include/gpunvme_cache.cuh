@@ -94,6 +94,7 @@
 #pragma once
 
 #include "gpunvme.cuh"
+#include "gpunvme_file.cuh"
 
 // Layout of the structs shared with Rust (gpu-queues/src/desc.rs).
 #define GPUNVME_CACHE_DESC_SIZE 128
@@ -166,7 +167,6 @@
 // range_desc.flags.
 #define GPUNVME_RF_FILE 1u
 #define GPUNVME_RF_WRITABLE 2u
-#define GPUNVME_RF_ALIGNED 4u
 // The status of an access that found every frame referenced for full_wait_ns.
 #define GPUNVME_CACHE_FULL 8
 
@@ -191,7 +191,8 @@ struct cache_desc {
     uint64_t reserved[5];
 };
 
-/// One bound range: an LBA range of a namespace (or, later, a blockfs file).
+/// One bound range: an LBA range of a namespace, or a blockfs file (RF_FILE: its pages are found
+/// through the file's extent table; first_lba unused).
 struct range_desc {
     uint64_t entries;    // GPU pointer: page_entry[npages]
     uint64_t npages;     // pages of the range (the last one may be partial)
@@ -426,24 +427,91 @@ __device__ __forceinline__ bool late_dma_possible(status s) {
     return s != GPUNVME_OK && s != GPUNVME_NVME_ERROR && s != GPUNVME_INVALID_ARGUMENT;
 }
 
+/// The part of page `page` of range `r` that exists: bytes [*pos, *end) of the range (the
+/// whole page, or the range's tail).
+__device__ __forceinline__ void page_span(const cache_desc& c, const range_desc& r,
+                                          uint64_t page, uint64_t* pos, uint64_t* end) {
+    *pos = page << c.page_shift;
+    const uint64_t e = *pos + (1ull << c.page_shift);
+    *end = e < r.bytes ? e : r.bytes;
+}
+
+/// page_io for a blockfs file range: the page's LBAs found through the file's extent table
+/// (GPU memory, pinned by the host for the cache's lifetime), one command per run of
+/// contiguous LBAs (a page inside one extent: one command). The last LBA of a file may hold
+/// bytes past its end; the caller zeroes them in the frame after a read.
+__device__ inline status file_page_io(const cache_desc& c, const queue_desc& q,
+                                      const range_desc& r, uint64_t page, uint32_t f,
+                                      uint8_t opcode, uint32_t* sf, uint64_t* bytes) {
+    fs::table t;
+    const fs::table_file* tf = nullptr;
+    status s = fs::table_open(reinterpret_cast<const void*>(r.table), &t);
+    if (!s) s = fs::table_file_at(t, r.file, &tf);
+    if (s) return s;
+    if (t.lba_shift != r.lba_shift || t.nsid != r.nsid) return GPUNVME_INVALID_ARGUMENT;
+    const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
+    if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
+    uint64_t pos, end;
+    page_span(c, r, page, &pos, &end);
+    const uint64_t bus = c.frames_bus + ((uint64_t)f << c.page_shift);
+    uint64_t cmds = 0, moved = 0;
+    for (uint64_t off = pos; off < end && !s;) {
+        // r.bytes is at most the file's readable (or, writable, allocated) length: the
+        // lookup's limit. A hole is a corrupt table: refused, like the file reads refuse it.
+        uint64_t lba = 0, contig = 0;
+        if (!fs::lookup(t, *tf, off, r.bytes, &lba, &contig)) {
+            s = GPUNVME_OUT_OF_EXTENT;
+            break;
+        }
+        uint64_t n = (end - off + (1ull << r.lba_shift) - 1) >> r.lba_shift;
+        if (n > contig) n = contig;
+        if (n > per_cmd) n = per_cmd;
+        s = rw_piece(q, opcode, r.nsid, lba, (uint32_t)n, bus + (off - pos),
+                     (uint32_t)(n << r.lba_shift), sf);
+        ++cmds;
+        moved += n << r.lba_shift;
+        off += n << r.lba_shift;
+    }
+    count(opcode == OPC_READ ? stats_of(c)->read_cmds : stats_of(c)->write_cmds, cmds);
+    *bytes = moved;
+    return s;
+}
+
 /// Reads (OPC_READ) or writes (OPC_WRITE) page `page` of range `r` between the device and
 /// frame f: the whole page, or the range's tail (bytes of the frame past the range's end are
-/// never written to the device). *bytes gets the bytes moved.
+/// never written to the device; after a read they are zero). *bytes gets the bytes moved.
 __device__ inline status page_io(const cache_desc& c, const queue_desc& q, const range_desc& r,
                                  uint64_t page, uint32_t f, uint8_t opcode, uint32_t* sf,
                                  uint64_t* bytes) {
-    const uint32_t shift = c.page_shift - r.lba_shift;
-    const uint64_t first = page << shift;
-    const uint64_t range_blocks = r.bytes >> r.lba_shift;
-    uint64_t blocks = range_blocks - first;
-    if (blocks > (1ull << shift)) blocks = 1ull << shift;
-    const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
-    cache_stats* k = stats_of(c);
-    count(opcode == OPC_READ ? k->read_cmds : k->write_cmds,
-          per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
-    *bytes = blocks << r.lba_shift;
-    return rw_thread(q, opcode, r.nsid, r.lba_shift, r.first_lba + first, blocks,
-                     c.frames_bus + ((uint64_t)f << c.page_shift), sf);
+    status s;
+    if (r.flags & GPUNVME_RF_FILE) {
+        s = file_page_io(c, q, r, page, f, opcode, sf, bytes);
+    } else {
+        const uint32_t shift = c.page_shift - r.lba_shift;
+        const uint64_t first = page << shift;
+        const uint64_t range_blocks = r.bytes >> r.lba_shift;
+        uint64_t blocks = range_blocks - first;
+        if (blocks > (1ull << shift)) blocks = 1ull << shift;
+        const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
+        count(opcode == OPC_READ ? stats_of(c)->read_cmds : stats_of(c)->write_cmds,
+              per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
+        *bytes = blocks << r.lba_shift;
+        s = rw_thread(q, opcode, r.nsid, r.lba_shift, r.first_lba + first, blocks,
+                      c.frames_bus + ((uint64_t)f << c.page_shift), sf);
+    }
+    if (s == GPUNVME_OK && opcode == OPC_READ) {
+        // The range's end inside the page: the bytes after it are zero, not what the last LBA
+        // (or the frame's previous page) held. Plain stores after the completion was seen
+        // (acquire), published with the page by transition 3's release.
+        uint64_t pos, end;
+        page_span(c, r, page, &pos, &end);
+        uint8_t* d = frame_data(c, f);
+        uint64_t i = end - pos;
+        const uint64_t size = 1ull << c.page_shift;
+        for (; i < size && (i & 7); ++i) d[i] = 0;
+        for (; i < size; i += 8) *reinterpret_cast<uint64_t*>(d + i) = 0;
+    }
+    return s;
 }
 
 /// Writes back the VALID|BUSY page in frame f (its owner, which the caller has locked): the

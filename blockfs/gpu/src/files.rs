@@ -112,6 +112,12 @@ impl GpuFile {
         self.table.device.ptr()
     }
 
+    /// What keeps the file's table in GPU memory and its blocks pinned (or its reservation
+    /// open): a share of the handle's table, for holders such as the page cache.
+    pub(crate) fn keep_alive(&self) -> Box<dyn Send + Sync> {
+        Box::new(self.table.clone())
+    }
+
     fn entry(&self) -> &blockfs::table::TableFile {
         &self.table.table.files()[self.index as usize]
     }

@@ -436,52 +436,8 @@ pub fn range_of_chunk(ios: &[FileIo], c: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use blockfs::{CreateOptions, FileSystem, MemDevice, MkfsOptions, OpenMode};
-    use std::sync::Arc;
-
-    /// A small deterministic generator (no dependency for the tests).
-    struct Lcg(u64);
-    impl Lcg {
-        fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            self.0 >> 17
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            if n == 0 { 0 } else { self.next() % n }
-        }
-    }
-
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut g = Lcg(seed);
-        (0..n).map(|_| g.next() as u8).collect()
-    }
-
-    /// A file system on memory with `name` of `len` bytes spread over many extents (its
-    /// appends interleave with another file's), and the device to look at its blocks.
-    fn fragmented(lba: u32, len: usize) -> (Arc<MemDevice>, FileSystem, Vec<u8>) {
-        let dev = Arc::new(MemDevice::new(lba, (64 << 20) / lba as u64));
-        let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).expect("mkfs");
-        let data = bytes(len as u64 ^ lba as u64, len);
-        let a = fs
-            .create("dir/a", &CreateOptions::default())
-            .expect("create");
-        let b = fs
-            .create("dir/b", &CreateOptions::default())
-            .expect("create");
-        let step = 4096 * 3 + 512;
-        let mut at = 0;
-        while at < len {
-            let n = step.min(len - at);
-            a.write_at(at as u64, &data[at..at + n]).expect("write a");
-            b.write_at(at as u64, &data[at..at + n]).expect("write b");
-            at += n;
-        }
-        fs.sync().expect("sync");
-        (dev, fs, data)
-    }
+    use crate::testutil::{Lcg, bytes, fragmented};
+    use blockfs::{FileSystem, MemDevice, OpenMode};
 
     /// The device model: runs `pieces` of a range whose memory is `mem` (byte `start` of the
     /// file at mem[0]) against the blocks of `dev`, as the kernels do (bounce and RMW through a
