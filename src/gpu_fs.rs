@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
-use gpu_emu::MediaKind;
+use gpu_emu::{MediaKind, SsdModel};
 use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
@@ -29,6 +29,8 @@ pub struct GpuFsOptions {
     pub cpu_queues: u16,
     /// SMs reserved for the controller's kernels.
     pub controller_sms: u32,
+    /// The model's SSD timing model (with [`Serving::Model`]; `None`: untimed).
+    pub ssd_model: Option<SsdModel>,
 }
 
 impl Default for GpuFsOptions {
@@ -38,6 +40,7 @@ impl Default for GpuFsOptions {
             queues: None,
             cpu_queues: 1,
             controller_sms: 8,
+            ssd_model: None,
         }
     }
 }
@@ -210,7 +213,7 @@ pub fn setup(
                 backend,
                 media,
                 opts.controller_sms,
-                None,
+                opts.ssd_model,
             )?)
         }
     };

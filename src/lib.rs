@@ -10,7 +10,8 @@
 //!   and `fs get/put --gpu`; [`gpu_fs`]: `fs get/put --gpu`;
 //! - [`copy`]: copies between host files and blockfs; [`fs_report`] and [`report`]: what each
 //!   command reports (`Serialize` for `--json`, `Display` for text); [`units`]: sizes and
-//!   durations.
+//!   durations; [`workloads`]: the page cache's BFS and embedding workloads (data, CPU
+//!   references, GPU runs) for its examples and benchmark.
 //!
 //! The layers are re-exported: [`nvme_spec`] (spec types), [`nvme`] (driver), [`vfio`] (real
 //! PCI devices), [`gpu_queues`] (the GPU runtime), [`blockfs`] and [`blockfs_gpu`] (files, and
@@ -26,6 +27,7 @@ pub mod open;
 pub mod perf;
 pub mod report;
 pub mod units;
+pub mod workloads;
 
 /// The verification patterns (shared with the GPU kernels; they live in `gpu_queues`).
 pub use gpu_queues::pattern;

@@ -2212,6 +2212,71 @@ mod cache {
         }
     }
 
+    /// Writes `bytes` (padded to whole LBAs) at `lba` through a CPU queue; returns the LBAs.
+    fn cpu_write(r: &Rig, lba: u64, bytes: &[u8]) -> u64 {
+        let mut buf = bytes.to_vec();
+        buf.resize(bytes.len().next_multiple_of(r.lba as usize), 0);
+        let mut q = r.ctrl.create_io_queue_pair(64).expect("CPU queue");
+        q.write_from(1, lba, &buf).expect("CPU write");
+        (buf.len() / r.lba as usize) as u64
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn bfs_and_gather_through_the_cache_match_the_cpu() {
+        use gpunvme::workloads::{Source, embedding, graph};
+        let r = rig(512, 2, 64);
+        // A graph of 36 KiB and a table of 32 KiB through 4 frames of 4 KiB.
+        let g = graph::rmat(9, 8, 11).expect("graph");
+        let off_blocks = cpu_write(&r, 0, g.offsets.as_bytes());
+        let col_lba = off_blocks.next_multiple_of(8);
+        let col_blocks = cpu_write(&r, col_lba, g.cols.as_bytes());
+        let (rows, dim) = (256u64, 32u32);
+        let mut table = vec![0u8; (rows * dim as u64 * 4) as usize];
+        embedding::table_bytes(SEED, 0, &mut table);
+        let table_lba = (col_lba + col_blocks).next_multiple_of(8);
+        let table_blocks = cpu_write(&r, table_lba, &table);
+        let mut c = cache_of(&r, 4, None);
+        let ranges = [
+            c.bind_lba_range(1, 512, 0, off_blocks, false).unwrap(),
+            c.bind_lba_range(1, 512, col_lba, col_blocks, false)
+                .unwrap(),
+            c.bind_lba_range(1, 512, table_lba, table_blocks, false)
+                .unwrap(),
+        ];
+        let root = graph::root(&g, 3);
+        let want = graph::cpu_bfs(&g, root);
+        let run = graph::gpu_bfs(&r.gpu, Source::Cache(&c, &ranges[..2]), g.vertices(), root)
+            .expect("BFS through the cache");
+        assert_eq!(graph::first_mismatch(&run.levels, &want), None, "levels");
+        assert!(run.depth > 2 && run.reached > 400, "{run:?}");
+        let k = stats(&c).counters;
+        assert!(k.evictions > 0, "the graph does not fit: {k:?}");
+        invariants(&c);
+        // The same kernel over plain GPU memory.
+        let cuda = r.gpu.cuda();
+        let po = DeviceMemory::alloc(cuda, g.offsets.len() * 8).unwrap();
+        po.write(0, g.offsets.as_bytes()).unwrap();
+        let pc = DeviceMemory::alloc(cuda, g.cols.len() * 4).unwrap();
+        pc.write(0, g.cols.as_bytes()).unwrap();
+        let plain = graph::gpu_bfs(
+            &r.gpu,
+            Source::Plain(&[po.ptr(), pc.ptr()]),
+            g.vertices(),
+            root,
+        )
+        .expect("BFS over GPU memory");
+        assert_eq!(plain.levels, want);
+        // Embedding rows, Zipf-distributed, through the cache.
+        let idx = embedding::zipf_indices(rows, 200, 0.99, 5).unwrap();
+        let got = embedding::gpu_gather(&r.gpu, Source::Cache(&c, &ranges[2..]), dim, &idx)
+            .expect("gather");
+        assert_eq!(embedding::first_mismatch(&got.out, &idx, dim, SEED), None);
+        invariants(&c);
+        // A wrong seed must not pass the check.
+        assert!(embedding::first_mismatch(&got.out, &idx, dim, SEED + 1).is_some());
+    }
+
     fn bench_sum(
         r: &Rig,
         c: Option<&GpuCache<'_>>,

@@ -13,7 +13,7 @@ use gpunvme::blockfs::{
     CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
 };
 use gpunvme::gpu::{GpuSetup, Serving};
-use gpunvme::gpu_emu::MediaKind;
+use gpunvme::gpu_emu::{MediaKind, SsdModel};
 use gpunvme::gpu_fs::{self, GpuFsOptions};
 use gpunvme::gpu_queues::{Cuda, GpuError, cuda_present, pattern};
 use gpunvme::nvme::Controller;
@@ -50,6 +50,10 @@ pub struct DeviceArgs {
     /// GPU queue pairs (default: every one the controller grants beyond the file system's).
     #[arg(long)]
     pub gpu_queues: Option<u16>,
+    /// The GPU-resident controller model's SSD timing model (with `--controller gpu`), e.g.
+    /// `drives=4`.
+    #[arg(long)]
+    pub ssd_model: Option<SsdModel>,
 }
 
 /// `Some(gpu)` when there is a GPU to run on; otherwise prints "`name`: skipped: no GPU (why)"
@@ -120,6 +124,7 @@ impl Opened {
             },
             queues: args.gpu_queues,
             controller_sms: args.controller_sms,
+            ssd_model: args.ssd_model,
             ..GpuFsOptions::default()
         }
     }
@@ -140,6 +145,11 @@ pub fn gpu_down(setup: GpuSetup) -> Result<()> {
 /// Opens `args.device` (or a new image of `need` bytes plus room) and mounts blockfs on it,
 /// making one when the image holds none.
 pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
+    if args.ssd_model.is_some() && args.controller != ControllerKind::Gpu {
+        bail!(
+            "--ssd-model is a parameter of the GPU-resident controller model: add --controller gpu"
+        );
+    }
     let size = args
         .image_size
         .unwrap_or_else(|| (need + need / 4 + (256 << 20)).next_multiple_of(1 << 20));

@@ -755,6 +755,8 @@ mod tests {
             "gpunvme_cache_pin_test",
             "gpunvme_cache_bench",
             "gpunvme_cache_flush",
+            "gpunvme_cache_bfs_level",
+            "gpunvme_cache_gather",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

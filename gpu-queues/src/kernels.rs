@@ -41,6 +41,10 @@ pub struct Kernels {
     pub cache_bench: Kernel,
     /// `gpunvme_cache_flush` (every dirty page written back).
     pub cache_flush: Kernel,
+    /// `gpunvme_cache_bfs_level` (one BFS level through a cache or over plain pointers).
+    pub cache_bfs_level: Kernel,
+    /// `gpunvme_cache_gather` (embedding rows through a cache or from a plain pointer).
+    pub cache_gather: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -66,6 +70,8 @@ impl Kernels {
             cache_pin_test: lib.kernel("gpunvme_cache_pin_test")?,
             cache_bench: lib.kernel("gpunvme_cache_bench")?,
             cache_flush: lib.kernel("gpunvme_cache_flush")?,
+            cache_bfs_level: lib.kernel("gpunvme_cache_bfs_level")?,
+            cache_gather: lib.kernel("gpunvme_cache_gather")?,
             _lib: lib,
         }))
     }
@@ -175,6 +181,23 @@ impl Kernels {
         ];
         stream.launch(self.cache_bench, 1, 32, &no_bench)?;
         stream.launch(self.cache_flush, 1, 32, &[Arg::U64(0), Arg::U64(0)])?;
+        let mut no_bfs = [Arg::U64(0); 13];
+        no_bfs[1..3].copy_from_slice(&[Arg::U32(0), Arg::U32(0)]);
+        no_bfs[5] = Arg::U32(0);
+        no_bfs[8] = Arg::U32(0);
+        no_bfs[11] = Arg::U32(0);
+        stream.launch(self.cache_bfs_level, 1, 32, &no_bfs)?;
+        let no_gather = [
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U32(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+            Arg::U64(0),
+        ];
+        stream.launch(self.cache_gather, 1, 32, &no_gather)?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }

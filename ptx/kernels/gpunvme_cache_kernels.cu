@@ -179,3 +179,102 @@ extern "C" __global__ void gpunvme_cache_bench(const cache::cache_desc* c, uint3
         cache_bench_loop<uint64_t>(a, mode, n, iters, seed, scratch, out);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The examples' kernels (examples/gpu_bfs.rs, examples/gpu_embedding.rs; host side in the
+// gpunvme crate's `workloads` module): the same source reads through a cache (array<T>) or
+// from a plain pointer (GPU memory, or unified memory: the baselines).
+
+#define GPUNVME_BFS_UNVISITED 0xffffffffu
+
+/// One BFS level over a CSR graph: a warp per vertex of the frontier `in` (warps stride over
+/// it); the vertex's row offsets by one warp-wide load (every lane the same element: one
+/// lookup), its neighbours 32 at a time (lane l the column start + l + 32k); a neighbour u
+/// still UNVISITED gets level + 1 by a CAS, and the lane that won appends it to `out`.
+/// Failed loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt
+/// graph) are counted in *errors and skipped.
+template <class O, class C>
+__device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
+                                 const uint32_t* in, uint32_t n_in, uint32_t* out,
+                                 uint32_t* n_out, uint32_t level, unsigned long long* errors) {
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
+    const uint32_t lane = threadIdx.x & 31u;
+    unsigned long long bad = 0;
+    // Warp-uniform bounds: every lane runs the same iterations (the loads are collective).
+    for (uint64_t w = gtid / 32; w < n_in; w += nwarps) {
+        const uint32_t v = in[w];
+        uint64_t start = 0, end = 0;
+        status s = offsets.load(v, &start, true);
+        if (!s) s = offsets.load((uint64_t)v + 1, &end, true);
+        if (s || end < start) {
+            bad += lane == 0;
+            continue;
+        }
+        for (uint64_t b = start; b < end; b += 32) {
+            const uint64_t e = b + lane;
+            const bool active = e < end;
+            uint32_t u = 0;
+            s = cols.load(e, &u, active);
+            if (!active) continue;
+            if (s || u >= nvertices) {
+                ++bad;
+                continue;
+            }
+            // Relaxed is enough: the level word is the only thing claimed, and the kernel
+            // boundary orders `out` and the levels before the next level reads them.
+            if (atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) == GPUNVME_BFS_UNVISITED)
+                out[atomicAdd(n_out, 1u)] = u;
+        }
+    }
+    for (int d = 16; d > 0; d >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, d);
+    if (lane == 0 && bad) atomicAdd(errors, bad);
+}
+
+/// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
+/// cols_range of c) or over plain pointers. Launch whole warps. Everything null: returns at
+/// once (warm-up).
+extern "C" __global__ void gpunvme_cache_bfs_level(
+    const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
+    const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
+    uint32_t* levels, const uint32_t* in, uint32_t n_in, uint32_t* out, uint32_t* n_out,
+    uint32_t level, unsigned long long* errors) {
+    if (c == nullptr && plain_offsets == nullptr) return;
+    if (plain_offsets != nullptr) {
+        plain_array<uint64_t> o{plain_offsets};
+        plain_array<uint32_t> k{plain_cols};
+        bfs_level(o, k, nvertices, levels, in, n_in, out, n_out, level, errors);
+    } else {
+        gpunvme::array<uint64_t> o(c, offsets_range);
+        gpunvme::array<uint32_t> k(c, cols_range);
+        bfs_level(o, k, nvertices, levels, in, n_in, out, n_out, level, errors);
+    }
+}
+
+/// Embedding lookups: a warp per index (warps stride over them) copies row idx[k] (dim 4-byte
+/// words, row r at word r * dim) into out + k * dim with a warp-wide read_range, through the
+/// cache (plain null) or from a plain pointer. Failed rows are counted in *errors (and their
+/// words left as they were). Launch whole warps. Everything null: returns at once (warm-up).
+extern "C" __global__ void gpunvme_cache_gather(const cache::cache_desc* c, uint32_t range,
+                                                const uint32_t* plain, uint32_t dim,
+                                                const uint64_t* idx, uint64_t n,
+                                                uint32_t* out, unsigned long long* errors) {
+    if (c == nullptr && plain == nullptr) return;
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
+    unsigned long long bad = 0;
+    for (uint64_t k = gtid / 32; k < n; k += nwarps) {
+        const uint64_t first = idx[k] * dim;
+        status s;
+        if (plain != nullptr) {
+            plain_array<uint32_t> a{plain};
+            s = a.read_range(first, dim, out + k * dim);
+        } else {
+            gpunvme::array<uint32_t> a(c, range);
+            s = a.read_range(first, dim, out + k * dim);
+        }
+        bad += s != GPUNVME_OK && (threadIdx.x & 31u) == 0;
+    }
+    for (int d = 16; d > 0; d >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, d);
+    if ((threadIdx.x & 31u) == 0 && bad) atomicAdd(errors, bad);
+}

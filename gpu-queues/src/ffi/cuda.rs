@@ -189,6 +189,38 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
     }
 }
 
+/// [`ManagedMemory::alloc`](super::ManagedMemory::alloc): `cuMemAllocManaged` with
+/// `CU_MEM_ATTACH_GLOBAL` (not zeroed here: the caller zeroes it from the CPU, which keeps its
+/// pages on the host). Freed by `cuMemFree` as device memory is.
+pub(super) fn alloc_managed(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
+    cuda.make_current()?;
+    let mut ptr = 0;
+    // SAFETY: valid out-pointer; the flag is CU_MEM_ATTACH_GLOBAL. The memory is owned from
+    // the moment it is allocated.
+    unsafe {
+        check(
+            "cuMemAllocManaged",
+            sys::cuMemAllocManaged(&mut ptr, len.max(1), 1),
+        )?;
+    }
+    Ok(DeviceMemory {
+        cuda: cuda.clone(),
+        ptr,
+        len,
+    })
+}
+
+/// [`Cuda::memory_info`](super::Cuda::memory_info): `cuMemGetInfo`.
+pub(super) fn memory_info(cuda: &Cuda) -> Result<(u64, u64), GpuError> {
+    cuda.make_current()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    check("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok((free as u64, total as u64))
+}
+
 /// [`DeviceMemory::write`]: `cuMemcpyHtoD`.
 ///
 /// # Safety

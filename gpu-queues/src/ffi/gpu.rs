@@ -73,6 +73,11 @@ impl Cuda {
         self.compute_capability
     }
 
+    /// Free and total bytes of GPU memory now (`cuMemGetInfo`; refused by `host-gpu`).
+    pub fn memory_info(&self) -> Result<(u64, u64), GpuError> {
+        backend::memory_info(self)
+    }
+
     /// Device ordinal.
     pub fn ordinal(&self) -> i32 {
         self.ordinal

@@ -243,6 +243,18 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
     })
 }
 
+/// [`ManagedMemory::alloc`](super::ManagedMemory::alloc): host memory, as device memory is here.
+pub(super) fn alloc_managed(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
+    alloc_device(cuda, len)
+}
+
+/// [`Cuda::memory_info`](super::Cuda::memory_info): refused, the stand-in has no GPU memory.
+pub(super) fn memory_info(_cuda: &Cuda) -> Result<(u64, u64), GpuError> {
+    Err(GpuError::Unsupported(
+        "GPU memory information: the host-gpu build has no GPU".into(),
+    ))
+}
+
 /// [`DeviceMemory::write`]: a copy to the device address, which is a host address.
 ///
 /// # Safety

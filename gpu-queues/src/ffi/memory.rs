@@ -109,6 +109,85 @@ impl Drop for DeviceMemory {
     }
 }
 
+/// Unified (managed) memory, `cuMemAllocManaged` with `CU_MEM_ATTACH_GLOBAL`: one address the
+/// CPU and the GPU both use, pages migrating on demand (the baseline BaM's paper compares its
+/// cache against). Written by the CPU ([`ManagedMemory::write`]), so its pages start on the
+/// host and a kernel's first touches fault them over. With `host-gpu`: host memory, as
+/// [`DeviceMemory`] is there.
+pub struct ManagedMemory {
+    /// The allocation (freed by `cuMemFree` like device memory).
+    mem: DeviceMemory,
+}
+
+impl ManagedMemory {
+    /// Allocates `len` bytes of managed memory, zeroed by the CPU (so resident on the host).
+    pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        let mem = backend::alloc_managed(cuda, len)?;
+        let m = Self { mem };
+        m.fill_host(0, len, None)?;
+        Ok(m)
+    }
+
+    /// The address kernels (and the CPU) use.
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.len
+    }
+
+    /// Whether the allocation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len == 0
+    }
+
+    /// Copies `data` to `offset` with CPU stores (the pages it touches become the host's).
+    /// No kernel may be using the memory.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), GpuError> {
+        self.fill_host(offset, data.len(), Some(data))
+    }
+
+    /// Copies bytes at `offset` into `buf` with CPU loads (pages migrate back to the host).
+    /// No kernel may be using the memory.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<(), GpuError> {
+        let src = self.mem.range(offset, buf.len())?;
+        if !buf.is_empty() {
+            // Kernels that wrote it have ended (the caller's promise) and the driver makes
+            // their stores visible to the faulting CPU; a fence orders our loads after that.
+            fence(Ordering::Acquire);
+            let p = std::ptr::with_exposed_provenance::<u8>(src as usize);
+            // SAFETY: the range lies in this live allocation (checked), which the CPU may
+            // address (managed memory: one address for both); the destination is a live slice
+            // distinct from it.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) }
+        }
+        Ok(())
+    }
+
+    /// Writes `len` bytes at `offset`: `data`, or zeros.
+    fn fill_host(&self, offset: usize, len: usize, data: Option<&[u8]>) -> Result<(), GpuError> {
+        let dst = self.mem.range(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let p = std::ptr::with_exposed_provenance_mut::<u8>(dst as usize);
+        // SAFETY: the range lies in this live allocation (checked), which the CPU may address
+        // (managed memory); no kernel is using it (the caller's promise); the source, if any,
+        // is a live slice of `len` bytes distinct from it.
+        unsafe {
+            match data {
+                Some(d) => std::ptr::copy_nonoverlapping(d.as_ptr(), p, len),
+                None => std::ptr::write_bytes(p, 0, len),
+            }
+        }
+        // Our stores before any kernel launched after this call.
+        fence(Ordering::Release);
+        Ok(())
+    }
+}
+
 /// Page-locked host memory mapped into the GPU's address space: doorbell pages, the host's
 /// abort word, staging areas. With CUDA, `cuMemHostAlloc` with DEVICEMAP | PORTABLE; with
 /// `host-gpu`, zeroed anonymous host memory in whole pages whose device address is its host

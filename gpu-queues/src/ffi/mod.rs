@@ -51,7 +51,7 @@ use host_gpu as backend;
 pub use backend::cuda_present;
 pub use gpu::{Cuda, Event, GreenPartition, Kernel, Library, Stream, copy_to_gpu};
 pub use memory::{
-    DeviceMemory, HostRegistration, PinnedMemory, persistent_kernel_ended,
+    DeviceMemory, HostRegistration, ManagedMemory, PinnedMemory, persistent_kernel_ended,
     persistent_kernel_started,
 };
 

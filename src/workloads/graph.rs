@@ -1,0 +1,264 @@
+//! Graphs for the page cache's BFS: seeded R-MAT generation (Graph500's a, b, c = .57, .19,
+//! .19), CSR form (`u64` row offsets, `u32` column indices: the two arrays the GPU reads
+//! through the cache), a CPU BFS as the reference, and the GPU BFS (a kernel per level).
+
+use std::time::Instant;
+
+use anyhow::{Result, ensure};
+use gpu_queues::GpuQueues;
+use gpu_queues::ffi::{Arg, DeviceMemory};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use zerocopy::IntoBytes;
+
+use super::{Source, grid_for, wait};
+
+/// A vertex's level before BFS reaches it.
+pub const UNVISITED: u32 = u32::MAX;
+
+/// A graph in compressed sparse row form: vertex v's neighbours are
+/// `cols[offsets[v]..offsets[v + 1]]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Csr {
+    /// `vertices + 1` row offsets.
+    pub offsets: Vec<u64>,
+    /// Column indices (neighbours).
+    pub cols: Vec<u32>,
+}
+
+impl Csr {
+    /// Vertices.
+    pub fn vertices(&self) -> u32 {
+        (self.offsets.len() - 1) as u32
+    }
+
+    /// Bytes of both arrays (what the cache's capacity is a share of).
+    pub fn bytes(&self) -> u64 {
+        (self.offsets.len() * 8 + self.cols.len() * 4) as u64
+    }
+
+    /// Vertex v's degree.
+    pub fn degree(&self, v: u32) -> u64 {
+        self.offsets[v as usize + 1] - self.offsets[v as usize]
+    }
+}
+
+/// An undirected R-MAT graph of `2^scale` vertices and `edge_factor * 2^scale` edges (each
+/// stored in both directions; self loops and duplicates kept, as Graph500's generator keeps
+/// them), its vertex numbers scrambled by a bijection so that high degrees are not clustered
+/// at low numbers. The same seed gives the same graph.
+pub fn rmat(scale: u32, edge_factor: u32, seed: u64) -> Result<Csr> {
+    ensure!((1..=28).contains(&scale), "scale {scale}: 1 to 28");
+    ensure!(edge_factor >= 1, "edge factor 0");
+    let n = 1u64 << scale;
+    let edges = n * edge_factor as u64;
+    ensure!(edges * 2 <= u32::MAX as u64 * 4, "too many edges");
+    let mask = n - 1;
+    let scramble = |v: u64| (v.wrapping_mul(0x9e37_79b9_7f4a_7c15 | 1) ^ (seed & mask)) & mask;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut pairs: Vec<(u32, u32)> = Vec::with_capacity(edges as usize);
+    for _ in 0..edges {
+        let (mut u, mut v) = (0u64, 0u64);
+        for bit in (0..scale).rev() {
+            let r: f64 = rng.random();
+            // a = .57, b = .19, c = .19, d = .05.
+            let (du, dv) = if r < 0.57 {
+                (0, 0)
+            } else if r < 0.76 {
+                (0, 1)
+            } else if r < 0.95 {
+                (1, 0)
+            } else {
+                (1, 1)
+            };
+            u |= du << bit;
+            v |= dv << bit;
+        }
+        pairs.push((scramble(u) as u32, scramble(v) as u32));
+    }
+    // Counting sort into CSR, both directions.
+    let mut offsets = vec![0u64; n as usize + 1];
+    for &(u, v) in &pairs {
+        offsets[u as usize + 1] += 1;
+        offsets[v as usize + 1] += 1;
+    }
+    for i in 0..n as usize {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut at: Vec<u64> = offsets[..n as usize].to_vec();
+    let mut cols = vec![0u32; offsets[n as usize] as usize];
+    for &(u, v) in &pairs {
+        cols[at[u as usize] as usize] = v;
+        at[u as usize] += 1;
+        cols[at[v as usize] as usize] = u;
+        at[v as usize] += 1;
+    }
+    Ok(Csr { offsets, cols })
+}
+
+/// A root with neighbours: the first vertex from a seeded position with a degree above zero.
+pub fn root(g: &Csr, seed: u64) -> u32 {
+    let n = g.vertices();
+    let start = (seed % n as u64) as u32;
+    (0..n)
+        .map(|k| (start + k) % n)
+        .find(|&v| g.degree(v) > 0)
+        .unwrap_or(start)
+}
+
+/// BFS levels from `root` on the CPU (the reference): level of every vertex, [`UNVISITED`]
+/// where unreachable.
+pub fn cpu_bfs(g: &Csr, root: u32) -> Vec<u32> {
+    let mut level = vec![UNVISITED; g.vertices() as usize];
+    level[root as usize] = 0;
+    let mut frontier = vec![root];
+    let mut d = 0;
+    while !frontier.is_empty() {
+        let mut next = Vec::new();
+        for &v in &frontier {
+            let (s, e) = (g.offsets[v as usize], g.offsets[v as usize + 1]);
+            for &u in &g.cols[s as usize..e as usize] {
+                if level[u as usize] == UNVISITED {
+                    level[u as usize] = d + 1;
+                    next.push(u);
+                }
+            }
+        }
+        frontier = next;
+        d += 1;
+    }
+    level
+}
+
+/// The outcome of a GPU BFS.
+#[derive(Clone, Debug)]
+pub struct BfsRun {
+    /// Every vertex's level.
+    pub levels: Vec<u32>,
+    /// Levels run (kernels launched).
+    pub depth: u32,
+    /// Seconds of the level kernels, from the root's launch to the last level's end.
+    pub secs: f64,
+    /// Vertices reached.
+    pub reached: u64,
+}
+
+/// BFS from `root` over a graph of `vertices` vertices read from `src` (array 0: the row
+/// offsets, array 1: the columns): one `gpunvme_cache_bfs_level` kernel per level on the
+/// queues' client stream, the frontiers and levels in GPU memory. Fails if any load failed
+/// (a fill's status, a corrupt row).
+pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Result<BfsRun> {
+    ensure!(root < vertices, "root {root} of {vertices} vertices");
+    let cuda = q.cuda();
+    let n = vertices as usize;
+    let mut levels = vec![UNVISITED; n];
+    levels[root as usize] = 0;
+    let lv = DeviceMemory::alloc(cuda, n * 4)?;
+    lv.write(0, levels.as_bytes())?;
+    let fa = DeviceMemory::alloc(cuda, n * 4)?;
+    let fb = DeviceMemory::alloc(cuda, n * 4)?;
+    fa.write(0, root.as_bytes())?;
+    // Word 0: the next frontier's length; words 2..4: failed loads (u64).
+    let counters = DeviceMemory::alloc(cuda, 16)?;
+    let (cache, r_off, p_off) = src.array(0);
+    let (_, r_col, p_col) = src.array(1);
+    let (mut cur, mut next) = (&fa, &fb);
+    let mut n_in = 1u32;
+    let mut depth = 0u32;
+    let start = Instant::now();
+    while n_in > 0 {
+        counters.write(0, 0u32.as_bytes())?;
+        q.client_stream().launch(
+            q.kernels().cache_bfs_level,
+            grid_for(q, n_in as u64),
+            super::BLOCK,
+            &[
+                Arg::U64(cache),
+                Arg::U32(r_off),
+                Arg::U32(r_col),
+                Arg::U64(p_off),
+                Arg::U64(p_col),
+                Arg::U32(vertices),
+                Arg::U64(lv.ptr()),
+                Arg::U64(cur.ptr()),
+                Arg::U32(n_in),
+                Arg::U64(next.ptr()),
+                Arg::U64(counters.ptr()),
+                Arg::U32(depth),
+                Arg::U64(counters.ptr() + 8),
+            ],
+        )?;
+        wait(q, "a BFS level")?;
+        let mut words = [0u32; 4];
+        counters.read(0, words.as_mut_bytes())?;
+        let errors = words[2] as u64 | (words[3] as u64) << 32;
+        ensure!(
+            errors == 0,
+            "BFS level {depth}: {errors} loads failed (see the cache's statistics)"
+        );
+        n_in = words[0];
+        ensure!(n_in <= vertices, "BFS level {depth}: frontier of {n_in}");
+        std::mem::swap(&mut cur, &mut next);
+        depth += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lv.read(0, levels.as_mut_bytes())?;
+    let reached = levels.iter().filter(|&&l| l != UNVISITED).count() as u64;
+    Ok(BfsRun {
+        levels,
+        depth,
+        secs,
+        reached,
+    })
+}
+
+/// The first vertex whose GPU level differs from the CPU's, if any.
+pub fn first_mismatch(gpu: &[u32], cpu: &[u32]) -> Option<(usize, u32, u32)> {
+    gpu.iter()
+        .zip(cpu)
+        .enumerate()
+        .find(|(_, (g, c))| g != c)
+        .map(|(i, (&g, &c))| (i, g, c))
+        .or_else(|| (gpu.len() != cpu.len()).then_some((gpu.len().min(cpu.len()), 0, 0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmat_is_seeded_symmetric_and_skewed() {
+        let g = rmat(10, 8, 1).unwrap();
+        assert_eq!(g, rmat(10, 8, 1).unwrap());
+        assert_ne!(g, rmat(10, 8, 2).unwrap());
+        assert_eq!(g.vertices(), 1024);
+        assert_eq!(g.cols.len(), 2 * 8 * 1024);
+        assert!(g.offsets.windows(2).all(|w| w[0] <= w[1]));
+        // Every edge is stored both ways.
+        let has = |u: u32, v: u32| {
+            g.cols[g.offsets[u as usize] as usize..g.offsets[u as usize + 1] as usize].contains(&v)
+        };
+        for u in (0..1024).step_by(37) {
+            for k in g.offsets[u as usize]..g.offsets[u as usize + 1] {
+                assert!(has(g.cols[k as usize], u));
+            }
+        }
+        // Power law: the largest degree is far above the mean of 16.
+        let max = (0..1024).map(|v| g.degree(v)).max().unwrap();
+        assert!(max > 100, "max degree {max}");
+    }
+
+    #[test]
+    fn cpu_bfs_levels_on_a_path_and_a_star() {
+        // 0-1-2-3 and 4 alone.
+        let g = Csr {
+            offsets: vec![0, 1, 3, 5, 6, 6],
+            cols: vec![1, 0, 2, 1, 3, 2],
+        };
+        assert_eq!(cpu_bfs(&g, 0), [0, 1, 2, 3, UNVISITED]);
+        assert_eq!(cpu_bfs(&g, 2), [2, 1, 0, 1, UNVISITED]);
+        assert_eq!(root(&g, 4), 0);
+        assert_eq!(first_mismatch(&[0, 1], &[0, 2]), Some((1, 1, 2)));
+        assert_eq!(first_mismatch(&[0, 1], &[0, 1]), None);
+    }
+}
