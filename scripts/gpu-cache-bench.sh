@@ -6,35 +6,47 @@
 #         a plain GPU buffer of the same bytes: "ratio" = cache / plain elements per second;
 #   miss  random 4 KiB pages through the cache on the GPU-resident controller (hbm media) with
 #         --ssd-model drives=1, 4, 16: "ratio" = fills per second / the model's cap.
-# Not yet here (issue 21's later slices): BFS and embedding against all-in-GPU-memory and
-# unified memory.
+#   bfs, embedding  the two examples (gpu_bfs, gpu_embedding) on the GPU-resident controller
+#         with --ssd-model drives=4, the cache at 25, 10 and 50 % of the data (cold at the start
+#         of each run), beside the same kernel over the data wholly in GPU memory (the upper
+#         bound), in unified memory written by the CPU, and in unified memory with free GPU
+#         memory limited to 25 % of the data (a balloon allocation; BaM's comparison).
 #
 #   scripts/gpu-cache-bench.sh            binaries from scripts/gpu-build.sh (.gpu-bin/)
 #   BIN=target/release/examples scripts/gpu-cache-bench.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.gpu-bin}
-B=$BIN/gpu_cache_bench
-[ -x "$B" ] || { echo "gpu-cache-bench: $B missing (scripts/gpu-build.sh)" >&2; exit 2; }
+# gpu-build.sh packs the binaries: unpack them once.
+if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
+    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
+fi
+for b in gpu_cache_bench gpu_bfs gpu_embedding; do
+    [ -x "$BIN/$b" ] || { echo "gpu-cache-bench: $BIN/$b missing (scripts/gpu-build.sh)" >&2; exit 2; }
+done
+BFS_SCALE=${BFS_SCALE:-21} EMB_ROWS=${EMB_ROWS:-2M}
 ROWS=$(mktemp)
 trap 'rm -f "$ROWS"' EXIT
 fail=0
-run() {  # run ARGS...: one invocation, its JSON rows kept, its command recorded in each
-    local out
-    if ! out=$(timeout 300 "$B" "$@" 2>&1); then
-        echo "gpu-cache-bench: FAIL $B $*" >&2
+run() {  # run NAME ARGS...: one invocation, its JSON rows kept, its command recorded in each
+    local name=$1 out; shift
+    if ! out=$(timeout 600 "$BIN/$name" "$@" 2>&1); then
+        echo "gpu-cache-bench: FAIL $name $*" >&2
         echo "$out" | tail -5 >&2
         fail=1
         return
     fi
     echo "$out" | grep '^{' | while read -r row; do
-        echo "${row%\}},\"command\":\"gpu_cache_bench $*\"}" | tee -a "$ROWS" >&2
+        echo "${row%\}},\"command\":\"$name $*\"}" | tee -a "$ROWS" >&2
     done
 }
-run --part hit
+run gpu_cache_bench --part hit
 for d in 1 4 16; do
-    run --part miss --controller gpu --ssd-model drives=$d
+    run gpu_cache_bench --part miss --controller gpu --ssd-model drives=$d
 done
+MODEL="--controller gpu --ssd-model drives=4 --cache 25%,10%,50% --baselines --json"
+run gpu_bfs --scale "$BFS_SCALE" $MODEL
+run gpu_embedding --rows "$EMB_ROWS" $MODEL
 python3 - "$ROWS" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -12,8 +12,8 @@
 # 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
 #    --cpu-queues 2), each checked for zero errors;
 # 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
-# 2d. the four GPU file examples (gpu_read, gpu_random, gpu_write, load_safetensors) on both
-#     controllers, each verifying its data;
+# 2d. the GPU file examples (gpu_read, gpu_random, gpu_write, load_safetensors) and the page
+#     cache's (gpu_bfs, gpu_embedding) on both controllers, each verifying its data;
 # 3. compute-sanitizer (memcheck, racecheck, synccheck) over short verified perf runs, the
 #    GPU-resident controller's kernel (driven by a host-thread client; racecheck and synccheck),
 #    the transfer-shape and file tests and the examples, each required to report 0 errors.
@@ -33,6 +33,10 @@ done
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 pass=0 fail=0
+# gpu-build.sh packs the binaries: unpack them once.
+if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
+    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
+fi
 WORK=$(mktemp -d /dev/shm/gpunvme-test.XXXXXX 2>/dev/null || mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 LOG=${OUT:-$WORK}/gpu-test.log
@@ -179,12 +183,16 @@ example_ok() {  # example_ok NAME ARGS...: runs $BIN/NAME on a fresh image in $W
     echo "$out"
     [ $rc = 0 ] && ! grep -q "skipped: no GPU" <<<"$out" && grep -q "^$name: OK" <<<"$out"
 }
-EXSIZE=256M; [ $QUICK = 1 ] && EXSIZE=32M
+EXSIZE=256M BFS_SCALE=20 EMB_ROWS=1M
+[ $QUICK = 1 ] && EXSIZE=32M BFS_SCALE=17 EMB_ROWS=128K
 for ctl in emu gpu; do
     check "example gpu_read --controller $ctl" example_ok gpu_read --size $EXSIZE --controller $ctl
     check "example gpu_random --controller $ctl" example_ok gpu_random --size $EXSIZE --reads 1M --controller $ctl
     check "example gpu_write --controller $ctl" example_ok gpu_write --size $EXSIZE --controller $ctl
     check "example load_safetensors --controller $ctl" example_ok load_safetensors --controller $ctl
+    # The page cache's examples, the data 4 to 10 times the cache.
+    check "example gpu_bfs --controller $ctl" example_ok gpu_bfs --scale $BFS_SCALE --cache 10%,25% --controller $ctl
+    check "example gpu_embedding --controller $ctl" example_ok gpu_embedding --rows $EMB_ROWS --cache 25% --controller $ctl
 done
 
 fi  # SUITE
@@ -230,7 +238,7 @@ if [ $SAN = 1 ]; then
         # The page cache: its state machine under all three tools (racecheck sees shared memory
         # only, which the cache does not use; synccheck checks every warp mask it passes).
         for tool in memcheck racecheck synccheck; do
-            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value cache::dirty_pages_reach_the_device_after_flush; do
+            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value cache::dirty_pages_reach_the_device_after_flush cache::file_ranges_read_and_write_through_the_extent_table cache::bfs_and_gather_through_the_cache_match_the_cpu; do
                 check "sanitizer $tool $t" compute-sanitizer --tool $tool --error-exitcode 3 \
                     "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
             done

@@ -264,6 +264,26 @@ pub fn write_pattern_file(
     size: u64,
     seed: u64,
 ) -> Result<(gpunvme::blockfs::File, u32)> {
+    write_file_with(fs, name, size, &|at, buf| {
+        pattern::fill(
+            buf,
+            seed,
+            PATTERN_NSID,
+            at / PATTERN_BLOCK,
+            PATTERN_BLOCK as usize,
+        )
+    })
+}
+
+/// Creates `name` (replacing an earlier run's) with `size` bytes from `fill(offset, buf)`
+/// (offsets multiples of 16 MiB; `buf` whole 4 KiB blocks, past `size` at the end), written by the CPU through blockfs (preallocated, in 16 MiB
+/// writes), synced; returns the file and the host's CRC-32C of its bytes.
+pub fn write_file_with(
+    fs: &FileSystem,
+    name: &str,
+    size: u64,
+    fill: &dyn Fn(u64, &mut [u8]),
+) -> Result<(gpunvme::blockfs::File, u32)> {
     remove_if_present(fs, name)?;
     let file = fs.create(name, &CreateOptions { size_hint: size })?;
     let piece = 16u64 << 20;
@@ -271,21 +291,58 @@ pub fn write_pattern_file(
     let mut crc = 0u32;
     let mut at = 0u64;
     while at < size {
-        let n = (size - at).min(piece);
-        let whole = n.next_multiple_of(PATTERN_BLOCK) as usize;
-        pattern::fill(
-            &mut buf[..whole],
-            seed,
-            PATTERN_NSID,
-            at / PATTERN_BLOCK,
-            PATTERN_BLOCK as usize,
-        );
-        file.write_at(at, &buf[..n as usize])
+        let n = (size - at).min(piece) as usize;
+        fill(at, &mut buf[..n.next_multiple_of(PATTERN_BLOCK as usize)]);
+        file.write_at(at, &buf[..n])
             .with_context(|| format!("writing {name} at {at}"))?;
-        crc = crc32c::crc32c_append(crc, &buf[..n as usize]);
-        at += n;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        at += n as u64;
     }
     fs.sync().context("syncing the file")?;
     println!("{name}: {size} bytes written by the CPU, crc32c {crc:08x}");
     Ok((file, crc))
+}
+
+/// The page cache options the cache examples share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// Cache capacities, each a share of the data ("25%") or a size ("2G"); one run each.
+    #[arg(long, value_delimiter = ',', default_value = "25%")]
+    pub cache: Vec<String>,
+    /// Cache page size.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub page_size: u64,
+    /// Also run the baselines: the data wholly in GPU memory, in unified memory, and in unified
+    /// memory with GPU memory limited to the first capacity.
+    #[arg(long)]
+    pub baselines: bool,
+    /// One JSON object per run on stdout (lines starting with `{`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CacheArgs {
+    /// The capacities in bytes for `data` bytes of data, each with its share of the data (%).
+    pub fn capacities(&self, data: u64) -> Result<Vec<(u64, f64)>> {
+        self.cache
+            .iter()
+            .map(|c| {
+                let bytes = match c.strip_suffix('%') {
+                    Some(p) => {
+                        let p: f64 = p
+                            .trim()
+                            .parse()
+                            .with_context(|| format!("--cache {c}: a percentage"))?;
+                        if !(p > 0.0 && p <= 1000.0) {
+                            bail!("--cache {c}: a share above 0 %");
+                        }
+                        (data as f64 * p / 100.0) as u64
+                    }
+                    None => parse_size(c).map_err(|e| anyhow::anyhow!("--cache {c}: {e}"))?,
+                };
+                let bytes = bytes.max(4 * self.page_size) / self.page_size * self.page_size;
+                Ok((bytes, bytes as f64 * 100.0 / data as f64))
+            })
+            .collect()
+    }
 }

@@ -1,0 +1,215 @@
+//! Embedding lookups on the GPU from a table stored in blockfs, read through the GPU page cache
+//! (`gpunvme::array<T>::read_range`): the skewed row traffic of recommendation and retrieval
+//! models, with the table larger than the cache.
+//!
+//! ```text
+//! cargo run --release --example gpu_embedding -- [--rows 1M] [--dim 64] [--lookups 1M]
+//!     [--cache 10%,25%,50%] [--baselines] [--controller emu|gpu] [--ssd-model drives=4] [--json]
+//! ```
+//!
+//! The table (`--rows` rows of `--dim` `u32` words) is a blockfs file whose bytes are the
+//! verification pattern of their position, written by the CPU; the lookups are Zipf(0.99)
+//! row indices (seeded). For each `--cache` capacity a new cache binds the file and one kernel
+//! gathers every looked-up row (a warp per lookup, `gpunvme_cache_gather`); every gathered
+//! word is checked against the pattern or the example fails. `--baselines` runs the same kernel
+//! over the table wholly in GPU memory, in unified memory, and in unified memory with free GPU
+//! memory limited to the first capacity. Without a GPU prints "skipped: no GPU" and exits 0.
+
+mod common;
+
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use gpunvme::blockfs_gpu::cache::bind_file;
+use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
+use gpunvme::gpu_queues::cache::{CacheOptions, GpuCache};
+use gpunvme::units::parse_size;
+use gpunvme::workloads::embedding;
+use gpunvme::workloads::{self, Placement, Source};
+use serde_json::json;
+
+use common::{CacheArgs, DeviceArgs, verify};
+
+const TABLE: &str = "examples/embedding/table.u32";
+
+/// Embedding gathers from a blockfs-resident table through the GPU page cache, checked.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Rows of the table.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    rows: u64,
+    /// `u32` words per row.
+    #[arg(long, default_value_t = 64)]
+    dim: u32,
+    /// Rows looked up (Zipf-distributed).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    lookups: u64,
+    /// Zipf exponent of the lookups.
+    #[arg(long, default_value_t = 0.99)]
+    zipf: f64,
+    /// Table and lookup seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    #[command(flatten)]
+    cache: CacheArgs,
+    #[command(flatten)]
+    dev: DeviceArgs,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let Some(_cuda) = common::gpu_or_skip("gpu_embedding")? else {
+        return Ok(());
+    };
+    ensure!(
+        args.dim > 0 && args.rows > 0,
+        "--rows and --dim must be positive"
+    );
+    let bytes = args
+        .rows
+        .checked_mul(args.dim as u64 * 4)
+        .context("table size")?;
+    let idx = embedding::zipf_indices(
+        args.rows,
+        usize::try_from(args.lookups)?,
+        args.zipf,
+        args.seed,
+    )?;
+    let distinct = {
+        let mut d = idx.clone();
+        d.sort_unstable();
+        d.dedup();
+        d.len()
+    };
+    println!(
+        "table: {} rows x {} words ({bytes} bytes); {} Zipf({}) lookups of {distinct} distinct rows",
+        args.rows, args.dim, args.lookups, args.zipf
+    );
+    let capacities = args.cache.capacities(bytes)?;
+    let opened = common::open("gpu_embedding", &args.dev, bytes)?;
+    let seed = args.seed;
+    let (table, _) = common::write_file_with(&opened.fs, TABLE, bytes, &|at, buf| {
+        embedding::table_bytes(seed, at, buf)
+    })?;
+    let setup = opened.gpu(&args.dev)?;
+    let q = &setup.queues;
+    let row_bytes = args.dim as u64 * 4;
+    let row = |mode: &str, secs: f64, extra: serde_json::Value| {
+        let mut r = json!({
+            "workload": "embedding", "mode": mode, "rows": args.rows, "dim": args.dim,
+            "data_bytes": bytes, "lookups": args.lookups, "distinct_rows": distinct,
+            "zipf": args.zipf, "seconds": secs,
+            "lookups_per_s": args.lookups as f64 / secs,
+            "gathered_gb_per_s": (args.lookups * row_bytes) as f64 / secs / 1e9,
+            "controller": format!("{:?}", args.dev.controller).to_lowercase(),
+            "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
+            "transport": setup.transport,
+        });
+        if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        r
+    };
+    let mut rows = Vec::new();
+    let result = (|| -> Result<()> {
+        let files = GpuFiles::new(q, GpuFilesOptions::default());
+        let gtable = files.open(&table)?;
+        for &(capacity, pct) in &capacities {
+            let mut cache = GpuCache::new(
+                q,
+                CacheOptions {
+                    page_size: u32::try_from(args.cache.page_size).context("--page-size")?,
+                    capacity,
+                    ..Default::default()
+                },
+            )?;
+            let range = [bind_file(&mut cache, &gtable)?];
+            let run = embedding::gpu_gather(q, Source::Cache(&cache, &range), args.dim, &idx)?;
+            check(
+                &run,
+                &idx,
+                args.dim,
+                seed,
+                &format!("cache of {capacity} bytes"),
+            )?;
+            let k = cache.stats()?.counters;
+            rows.push(row(
+                "cache",
+                run.secs,
+                json!({
+                    "capacity_bytes": capacity, "capacity_pct": pct,
+                    "page_size": cache.page_size(), "frames": cache.nframes(),
+                    "hits": k.hits, "misses": k.misses, "waits": k.waits,
+                    "evictions": k.evictions, "read_cmds": k.read_cmds,
+                    "bytes_read": k.bytes_read, "data_path": format!("{:?}", cache.data_path()),
+                }),
+            ));
+            report(&args.cache, rows.last().expect("a row"));
+        }
+        if args.cache.baselines {
+            let headroom = args.lookups * (row_bytes + 8) + (64 << 20);
+            for placement in [
+                Placement::GpuMemory,
+                Placement::Unified,
+                Placement::UnifiedOversubscribed(capacities[0].0),
+            ] {
+                let placed = workloads::place(
+                    q,
+                    &[bytes],
+                    &|_, at, buf| embedding::table_bytes(seed, at, buf),
+                    placement,
+                    headroom,
+                )?;
+                let run = embedding::gpu_gather(q, Source::Plain(&placed.ptrs), args.dim, &idx)?;
+                check(&run, &idx, args.dim, seed, placement.name())?;
+                rows.push(row(
+                    placement.name(),
+                    run.secs,
+                    json!({ "gpu_free_bytes": placed.gpu_free_bytes }),
+                ));
+                report(&args.cache, rows.last().expect("a row"));
+            }
+        }
+        Ok(())
+    })();
+    let down = common::gpu_down(setup);
+    result?;
+    down?;
+    println!(
+        "verified: every gathered word equals the table's in {} runs",
+        rows.len()
+    );
+    println!("gpu_embedding: OK");
+    Ok(())
+}
+
+/// Fails unless every gathered word is the table's.
+fn check(run: &embedding::GatherRun, idx: &[u64], dim: u32, seed: u64, what: &str) -> Result<()> {
+    let bad = embedding::first_mismatch(&run.out, idx, dim, seed);
+    verify(bad.is_none(), || {
+        let (k, w, got, want) = bad.unwrap_or_default();
+        format!(
+            "{what}: lookup {k} (row {}) word {w} is {got:#x}, the table holds {want:#x}",
+            idx[k]
+        )
+    })
+}
+
+/// Prints a run: its JSON object with --json, else a line.
+fn report(args: &CacheArgs, r: &serde_json::Value) {
+    if args.json {
+        println!("{r}");
+    } else {
+        println!(
+            "{}{}: {:.4} s, {:.3e} lookups/s{}",
+            r["mode"].as_str().unwrap_or("?"),
+            r["capacity_pct"]
+                .as_f64()
+                .map_or(String::new(), |p| format!(" at {p:.0} % of the table")),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["lookups_per_s"].as_f64().unwrap_or(0.0),
+            r["misses"]
+                .as_u64()
+                .map_or(String::new(), |m| format!(", {m} misses")),
+        );
+    }
+}
