@@ -136,8 +136,9 @@ fn main() -> Result<()> {
             report(&args.cache, rows.last().expect("a row"));
         }
         if args.cache.baselines {
-            // The run's own buffers (levels, two frontiers) beside the oversubscribed limit.
-            let headroom = g.vertices() as u64 * 12 + (64 << 20);
+            // The run's own buffers (levels, two frontiers; 8 MiB for counters and rounding)
+            // beside the oversubscribed limit.
+            let headroom = g.vertices() as u64 * 12 + (8 << 20);
             for placement in [
                 Placement::GpuMemory,
                 Placement::Unified,

@@ -146,7 +146,8 @@ fn main() -> Result<()> {
             report(&args.cache, rows.last().expect("a row"));
         }
         if args.cache.baselines {
-            let headroom = args.lookups * (row_bytes + 8) + (64 << 20);
+            // The run's own buffers (indices, gathered rows; 8 MiB for rounding).
+            let headroom = args.lookups * (row_bytes + 8) + (8 << 20);
             for placement in [
                 Placement::GpuMemory,
                 Placement::Unified,

@@ -10,7 +10,8 @@
 #         with --ssd-model drives=4, the cache at 25, 10 and 50 % of the data (cold at the start
 #         of each run), beside the same kernel over the data wholly in GPU memory (the upper
 #         bound), in unified memory written by the CPU, and in unified memory with free GPU
-#         memory limited to 25 % of the data (a balloon allocation; BaM's comparison).
+#         memory limited to 25 % of the data (a balloon allocation; BaM's comparison); BFS
+#         again with 64 KiB pages on 4 drives and on 16.
 #
 #   scripts/gpu-cache-bench.sh            binaries from scripts/gpu-build.sh (.gpu-bin/)
 #   BIN=target/release/examples scripts/gpu-cache-bench.sh
@@ -46,6 +47,10 @@ for d in 1 4 16; do
 done
 MODEL="--controller gpu --ssd-model drives=4 --cache 25%,10%,50% --baselines --json"
 run gpu_bfs --scale "$BFS_SCALE" $MODEL
+# Larger pages: fewer, larger reads (the 4 drives' bandwidth, not their IOPS, bounds them);
+# and 16 drives.
+run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=4 --cache 25%,10%,50% --page-size 64K --json
+run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=16 --cache 25% --page-size 64K --json
 run gpu_embedding --rows "$EMB_ROWS" $MODEL
 python3 - "$ROWS" <<'PY'
 import json, sys

@@ -181,11 +181,10 @@ impl Kernels {
         ];
         stream.launch(self.cache_bench, 1, 32, &no_bench)?;
         stream.launch(self.cache_flush, 1, 32, &[Arg::U64(0), Arg::U64(0)])?;
-        let mut no_bfs = [Arg::U64(0); 13];
+        let mut no_bfs = [Arg::U64(0); 10];
         no_bfs[1..3].copy_from_slice(&[Arg::U32(0), Arg::U32(0)]);
         no_bfs[5] = Arg::U32(0);
-        no_bfs[8] = Arg::U32(0);
-        no_bfs[11] = Arg::U32(0);
+        no_bfs[7] = Arg::U32(0);
         stream.launch(self.cache_bfs_level, 1, 32, &no_bfs)?;
         let no_gather = [
             Arg::U64(0),

@@ -4,6 +4,10 @@
 // launched once, before a GPU-resident controller spins: Kernels::warm_up_clients).
 #include "gpunvme_cache.cuh"
 
+// The kernels that time hits are bounded to 128 registers (__launch_bounds__(256, 2): two
+// blocks of 256 per SM): the miss path (fills, write-backs, file extents) is inlined into
+// array<T>'s calls, and at 150 registers one block fits, a third of the hit rate (H100,
+// 2026-11-25). The spills land in the miss path, where an NVMe command dwarfs them.
 #define GPUNVME_CACHE_TEST_WARP 1u
 #define GPUNVME_CACHE_TEST_STORE 2u
 
@@ -157,7 +161,7 @@ __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_
 /// buffer `plain` (the same kernel, the same access stream: the denominator of the cache's
 /// overhead). out[0] += the elements' sum (equal for both when they hold the same bytes),
 /// out[1] += failed loads. Launch whole warps. Both pointers null: returns at once (warm-up).
-extern "C" __global__ void gpunvme_cache_bench(const cache::cache_desc* c, uint32_t range,
+extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const cache::cache_desc* c, uint32_t range,
                                                const uint8_t* plain, uint32_t mode,
                                                uint32_t elem_bytes, uint64_t n, uint64_t iters,
                                                uint64_t seed, uint8_t* scratch,
@@ -187,67 +191,90 @@ extern "C" __global__ void gpunvme_cache_bench(const cache::cache_desc* c, uint3
 
 #define GPUNVME_BFS_UNVISITED 0xffffffffu
 
-/// One BFS level over a CSR graph: a warp per vertex of the frontier `in` (warps stride over
-/// it); the vertex's row offsets by one warp-wide load (every lane the same element: one
-/// lookup), its neighbours 32 at a time (lane l the column start + l + 32k); a neighbour u
-/// still UNVISITED gets level + 1 by a CAS, and the lane that won appends it to `out`.
-/// Failed loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt
-/// graph) are counted in *errors and skipped.
+/// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape): warp w takes a
+/// run of consecutive vertices (the vertices split evenly over the grid's warps) and expands
+/// those at `level` in order, so each warp reads its column pages in order, one fill each,
+/// while the warps running at once are spread over the whole graph and so over every drive
+/// of a striped volume. (A frontier queue's order is the order CASes were won: random pages,
+/// each read again and again once the columns exceed the cache, 5x the misses; warps taking
+/// vertices w, w + nwarps, ... read in order together but crowd one stripe at a time.)
+/// The row offsets of 32 vertices come by two warp-wide loads (consecutive elements: one
+/// lookup per page), skipped when none of the 32 is at `level`; each vertex at `level` has its
+/// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still UNVISITED gets level + 1 by a CAS, counted in *visited. Failed
+/// loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt graph) are
+/// counted in *errors and skipped.
 template <class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
-                                 const uint32_t* in, uint32_t n_in, uint32_t* out,
-                                 uint32_t* n_out, uint32_t level, unsigned long long* errors) {
+                                 uint32_t level, unsigned long long* visited,
+                                 unsigned long long* errors) {
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
     const uint32_t lane = threadIdx.x & 31u;
-    unsigned long long bad = 0;
-    // Warp-uniform bounds: every lane runs the same iterations (the loads are collective).
-    for (uint64_t w = gtid / 32; w < n_in; w += nwarps) {
-        const uint32_t v = in[w];
+    unsigned long long bad = 0, won = 0;
+    // Warp-uniform bounds and conditions: every lane runs the same iterations (the loads are
+    // collective).
+    const uint64_t per = (nvertices + nwarps - 1) / nwarps, first = gtid / 32 * per;
+    const uint64_t last = first + per < nvertices ? first + per : nvertices;
+    const uint32_t full = 0xffffffffu;
+    // 32 vertices at a time: lane l's vertex g + l; the row offsets of all 32 by two warp-wide
+    // loads (consecutive elements: one lookup per page), skipped when none is at `level`.
+    for (uint64_t g = first; g < last; g += 32) {
+        const uint64_t v = g + lane;
+        const bool mine = v < last;
+        uint32_t todo = __ballot_sync(full, mine && levels[v] == level);
+        if (!todo) continue;
         uint64_t start = 0, end = 0;
-        status s = offsets.load(v, &start, true);
-        if (!s) s = offsets.load((uint64_t)v + 1, &end, true);
-        if (s || end < start) {
-            bad += lane == 0;
-            continue;
-        }
-        for (uint64_t b = start; b < end; b += 32) {
-            const uint64_t e = b + lane;
-            const bool active = e < end;
-            uint32_t u = 0;
-            s = cols.load(e, &u, active);
-            if (!active) continue;
-            if (s || u >= nvertices) {
-                ++bad;
-                continue;
+        status s = offsets.load(v, &start, mine);
+        status s2 = offsets.load(v + 1, &end, mine);
+        const bool broken = ((todo >> lane) & 1u) && (s || s2 || end < start);
+        bad += broken;
+        todo &= ~__ballot_sync(full, broken);
+        while (todo) {
+            const uint32_t j = __ffs(todo) - 1;
+            todo &= todo - 1;
+            const uint64_t b0 = __shfl_sync(full, start, j), e0 = __shfl_sync(full, end, j);
+            for (uint64_t b = b0; b < e0; b += 32) {
+                const uint64_t e = b + lane;
+                const bool active = e < e0;
+                uint32_t u = 0;
+                s = cols.load(e, &u, active);
+                if (!active) continue;
+                if (s || u >= nvertices) {
+                    ++bad;
+                    continue;
+                }
+                // Relaxed is enough: the level word is the only thing claimed, and the kernel
+                // boundary orders the levels before the next level reads them.
+                won += atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) ==
+                       GPUNVME_BFS_UNVISITED;
             }
-            // Relaxed is enough: the level word is the only thing claimed, and the kernel
-            // boundary orders `out` and the levels before the next level reads them.
-            if (atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) == GPUNVME_BFS_UNVISITED)
-                out[atomicAdd(n_out, 1u)] = u;
         }
     }
-    for (int d = 16; d > 0; d >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, d);
+    for (int d = 16; d > 0; d >>= 1) {
+        bad += __shfl_down_sync(0xffffffffu, bad, d);
+        won += __shfl_down_sync(0xffffffffu, won, d);
+    }
     if (lane == 0 && bad) atomicAdd(errors, bad);
+    if (lane == 0 && won) atomicAdd(visited, won);
 }
 
 /// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
 /// cols_range of c) or over plain pointers. Launch whole warps. Everything null: returns at
 /// once (warm-up).
-extern "C" __global__ void gpunvme_cache_bfs_level(
+extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
     const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
-    uint32_t* levels, const uint32_t* in, uint32_t n_in, uint32_t* out, uint32_t* n_out,
-    uint32_t level, unsigned long long* errors) {
+    uint32_t* levels, uint32_t level, unsigned long long* visited,
+    unsigned long long* errors) {
     if (c == nullptr && plain_offsets == nullptr) return;
     if (plain_offsets != nullptr) {
         plain_array<uint64_t> o{plain_offsets};
         plain_array<uint32_t> k{plain_cols};
-        bfs_level(o, k, nvertices, levels, in, n_in, out, n_out, level, errors);
+        bfs_level(o, k, nvertices, levels, level, visited, errors);
     } else {
         gpunvme::array<uint64_t> o(c, offsets_range);
         gpunvme::array<uint32_t> k(c, cols_range);
-        bfs_level(o, k, nvertices, levels, in, n_in, out, n_out, level, errors);
+        bfs_level(o, k, nvertices, levels, level, visited, errors);
     }
 }
 
@@ -255,7 +282,7 @@ extern "C" __global__ void gpunvme_cache_bfs_level(
 /// words, row r at word r * dim) into out + k * dim with a warp-wide read_range, through the
 /// cache (plain null) or from a plain pointer. Failed rows are counted in *errors (and their
 /// words left as they were). Launch whole warps. Everything null: returns at once (warm-up).
-extern "C" __global__ void gpunvme_cache_gather(const cache::cache_desc* c, uint32_t range,
+extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_gather(const cache::cache_desc* c, uint32_t range,
                                                 const uint32_t* plain, uint32_t dim,
                                                 const uint64_t* idx, uint64_t n,
                                                 uint32_t* out, unsigned long long* errors) {

@@ -135,9 +135,9 @@ pub fn cpu_bfs(g: &Csr, root: u32) -> Vec<u32> {
 pub struct BfsRun {
     /// Every vertex's level.
     pub levels: Vec<u32>,
-    /// Levels run (kernels launched).
+    /// Kernels launched (the last one finds no vertex to visit).
     pub depth: u32,
-    /// Seconds of the level kernels, from the root's launch to the last level's end.
+    /// Seconds of the level kernels, from the first launch to the last kernel's end.
     pub secs: f64,
     /// Vertices reached.
     pub reached: u64,
@@ -145,8 +145,10 @@ pub struct BfsRun {
 
 /// BFS from `root` over a graph of `vertices` vertices read from `src` (array 0: the row
 /// offsets, array 1: the columns): one `gpunvme_cache_bfs_level` kernel per level on the
-/// queues' client stream, the frontiers and levels in GPU memory. Fails if any load failed
-/// (a fill's status, a corrupt row).
+/// queues' client stream (vertex-centric: every level scans the level array in GPU memory and
+/// expands the vertices at that level, each warp a run of consecutive vertices), until a level
+/// visits nothing. Fails
+/// if any load failed (a fill's status, a corrupt row).
 pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Result<BfsRun> {
     ensure!(root < vertices, "root {root} of {vertices} vertices");
     let cuda = q.cuda();
@@ -155,22 +157,18 @@ pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Resu
     levels[root as usize] = 0;
     let lv = DeviceMemory::alloc(cuda, n * 4)?;
     lv.write(0, levels.as_bytes())?;
-    let fa = DeviceMemory::alloc(cuda, n * 4)?;
-    let fb = DeviceMemory::alloc(cuda, n * 4)?;
-    fa.write(0, root.as_bytes())?;
-    // Word 0: the next frontier's length; words 2..4: failed loads (u64).
+    // Word 0: vertices the level visited; word 1: failed loads.
     let counters = DeviceMemory::alloc(cuda, 16)?;
     let (cache, r_off, p_off) = src.array(0);
     let (_, r_col, p_col) = src.array(1);
-    let (mut cur, mut next) = (&fa, &fb);
-    let mut n_in = 1u32;
+    let grid = grid_for(q, vertices as u64);
     let mut depth = 0u32;
     let start = Instant::now();
-    while n_in > 0 {
-        counters.write(0, 0u32.as_bytes())?;
+    loop {
+        counters.write(0, [0u64; 2].as_bytes())?;
         q.client_stream().launch(
             q.kernels().cache_bfs_level,
-            grid_for(q, n_in as u64),
+            grid,
             super::BLOCK,
             &[
                 Arg::U64(cache),
@@ -180,26 +178,24 @@ pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Resu
                 Arg::U64(p_col),
                 Arg::U32(vertices),
                 Arg::U64(lv.ptr()),
-                Arg::U64(cur.ptr()),
-                Arg::U32(n_in),
-                Arg::U64(next.ptr()),
-                Arg::U64(counters.ptr()),
                 Arg::U32(depth),
+                Arg::U64(counters.ptr()),
                 Arg::U64(counters.ptr() + 8),
             ],
         )?;
         wait(q, "a BFS level")?;
-        let mut words = [0u32; 4];
+        let mut words = [0u64; 2];
         counters.read(0, words.as_mut_bytes())?;
-        let errors = words[2] as u64 | (words[3] as u64) << 32;
         ensure!(
-            errors == 0,
-            "BFS level {depth}: {errors} loads failed (see the cache's statistics)"
+            words[1] == 0,
+            "BFS level {depth}: {} loads failed (see the cache's statistics)",
+            words[1]
         );
-        n_in = words[0];
-        ensure!(n_in <= vertices, "BFS level {depth}: frontier of {n_in}");
-        std::mem::swap(&mut cur, &mut next);
         depth += 1;
+        if words[0] == 0 {
+            break;
+        }
+        ensure!(depth < vertices, "BFS: more levels than vertices");
     }
     let secs = start.elapsed().as_secs_f64();
     lv.read(0, levels.as_mut_bytes())?;
