@@ -11,8 +11,8 @@
 //!   cache that holds all of it, warmed by one sequential pass; then timed passes of 4- and
 //!   8-byte elements, random and sequential, by the same kernel (`gpunvme_cache_bench`) once
 //!   through `gpunvme::array<T>` and once from a plain GPU buffer holding the same bytes (the
-//!   denominator); and warp-wide `read_range` of 4 KiB runs into per-warp scratch, beside the
-//!   same copy from the plain buffer. Each row: elements/s of both and their ratio; the two passes' sums must be
+//!   denominator); and warp-wide `read_range` of 4 KiB and of 64 KiB runs into per-warp
+//!   scratch, beside the same copy from the plain buffer. Each row: elements/s of both and their ratio; the two passes' sums must be
 //!   equal and the timed pass must miss nothing, or the example fails.
 //! - **miss**: random elements over `--range` bytes through a `--cache` 64 times smaller (so
 //!   nearly every access misses), on the GPU-resident controller with `--ssd-model`: achieved
@@ -171,6 +171,16 @@ fn cpu_fill(ctrl: &Controller, lba: u32, bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// The bytes a warp reads per iteration with read_range in `mode` (2: 4 KiB, 3: 64 KiB; the
+/// element modes: 0), and so its scratch.
+fn run_bytes(mode: u32) -> u64 {
+    match mode {
+        2 => 4096,
+        3 => 65536,
+        _ => 0,
+    }
+}
+
 /// One timed launch of `gpunvme_cache_bench`: (seconds, sum, failed loads).
 #[allow(clippy::too_many_arguments)]
 fn pass(
@@ -185,15 +195,7 @@ fn pass(
 ) -> Result<(f64, u64, u64)> {
     let q = &setup.queues;
     let out = DeviceMemory::alloc(q.cuda(), 16)?;
-    // Mode 2: 4 KiB of scratch per warp.
-    let scratch = DeviceMemory::alloc(
-        q.cuda(),
-        if mode == 2 {
-            threads as usize / 32 * 4096
-        } else {
-            8
-        },
-    )?;
+    let scratch = DeviceMemory::alloc(q.cuda(), (threads / 32 * run_bytes(mode)).max(8) as usize)?;
     let block = 256u64;
     let grid = u32::try_from(threads.div_ceil(block)).context("--threads")?;
     let s = q.client_stream();
@@ -282,17 +284,23 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
             (0u32, "random"),
             (1, "sequential"),
             (2, "warp_read_range_4k"),
+            (3, "warp_read_range_64k"),
         ] {
             let n = bytes / elem as u64;
+            // 64 KiB runs: a sixteenth of the iterations, the same bytes as 4 KiB runs.
+            let iters = if mode == 3 {
+                (iters / 16).max(1)
+            } else {
+                iters
+            };
             let before = cache.stats()?;
             let (tc, sc, ec) = pass(setup, Some(&cache), None, mode, elem, n, threads, iters)?;
             let after = cache.stats()?;
             let (tp, sp, _) = pass(setup, None, Some(&plain), mode, elem, n, threads, iters)?;
-            // Elements loaded: one per thread per iteration, or 4 KiB per warp per iteration.
-            let loads = if mode == 2 {
-                threads / 32 * iters * (4096 / elem as u64)
-            } else {
-                threads * iters
+            // Elements loaded: one per thread per iteration, or a run per warp per iteration.
+            let loads = match run_bytes(mode) {
+                0 => threads * iters,
+                run => threads / 32 * iters * (run / elem as u64),
             };
             verify(ec == 0, || format!("{ec} failed loads through the cache"))?;
             verify(sc == sp, || {

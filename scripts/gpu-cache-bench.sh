@@ -11,7 +11,7 @@
 #         of each run), beside the same kernel over the data wholly in GPU memory (the upper
 #         bound), in unified memory written by the CPU, and in unified memory with free GPU
 #         memory limited to 25 % of the data (a balloon allocation; BaM's comparison); BFS
-#         again with 64 KiB pages on 4 drives and on 16.
+#         again with 64 KiB pages on 4 drives and on 16, and on 4 Gen5-class drives (16 and 64 KiB).
 #
 #   scripts/gpu-cache-bench.sh            binaries from scripts/gpu-build.sh (.gpu-bin/)
 #   BIN=target/release/examples scripts/gpu-cache-bench.sh
@@ -51,6 +51,11 @@ run gpu_bfs --scale "$BFS_SCALE" $MODEL
 # and 16 drives.
 run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=4 --cache 25%,10%,50% --page-size 64K --json
 run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=16 --cache 25% --page-size 64K --json
+# 4 Gen5-class drives (14 GB/s, 2.5 M IOPS each; the default model is Gen4-class: 7 GB/s, 1 M).
+GEN5="drives=4,iops=2500000,bw=14GB/s"
+for ps in 16K 64K; do
+    run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model "$GEN5" --cache 25% --page-size $ps --json
+done
 run gpu_embedding --rows "$EMB_ROWS" $MODEL
 python3 - "$ROWS" <<'PY'
 import json, sys

@@ -2286,7 +2286,7 @@ mod cache {
         n: u64,
     ) -> (u64, u64) {
         let cuda = r.gpu.cuda();
-        let scratch = DeviceMemory::alloc(cuda, 2 * 4096).unwrap();
+        let scratch = DeviceMemory::alloc(cuda, 2 * 65536).unwrap();
         let out = DeviceMemory::alloc(cuda, 16).unwrap();
         let s = r.gpu.client_stream();
         s.launch(
@@ -2318,14 +2318,15 @@ mod cache {
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn benchmark_kernel_reads_what_a_plain_buffer_holds() {
         // 64 pages through 8 frames: random elements (4 and 8 bytes) and warp-wide read_range
-        // of 4 KiB runs, each sum equal to the same kernel's over a plain copy of the bytes.
+        // of 4 KiB and of 64 KiB runs (16 pages, twice the frames: batches end at the first page
+        // that is not a hit), each sum equal to the same kernel's over a plain copy of the bytes.
         let r = rig(512, 2, 64);
         let c = cached_range(&r, 64, 8, None);
         let plain = DeviceMemory::alloc(r.gpu.cuda(), 64 * 4096).unwrap();
         plain
             .write(0, &pattern(0, 64 * 4096 / r.lba as u64, r.lba))
             .unwrap();
-        for (mode, elem) in [(0, 4), (0, 8), (2, 4), (2, 8)] {
+        for (mode, elem) in [(0, 4), (0, 8), (2, 4), (2, 8), (3, 4), (3, 8)] {
             let n = 64 * 4096 / elem as u64;
             let cached = bench_sum(&r, Some(&c), None, mode, elem, n);
             let direct = bench_sum(&r, None, Some(&plain), mode, elem, n);

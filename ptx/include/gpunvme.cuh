@@ -277,6 +277,32 @@ __device__ __forceinline__ void doorbell_write(uint64_t addr, uint32_t value) {
 #endif
 }
 
+/// Atomics at device scope whose old value nobody needs: PTX `red`, a reduction the issuing
+/// warp does not wait for. libcu++'s atomic_ref emits `atom` with a destination register even
+/// when the result is unused, and ptxas keeps it as an ATOM: an L2 round trip on the caller's
+/// path (seen in the H100's SASS, 2026-11-25). Same ordering as the atomic_ref forms.
+__device__ __forceinline__ void red_add_release(uint32_t* p, uint32_t v) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+__device__ __forceinline__ void red_or_release(uint32_t* p, uint32_t v) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_fetch_or(p, v, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+__device__ __forceinline__ void red_or_relaxed(uint32_t* p, uint32_t v) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+#else
+    asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
 __device__ __forceinline__ queue_state* state_of(const queue_desc& q) {
     return reinterpret_cast<queue_state*>(q.state);
 }

@@ -366,11 +366,20 @@ __device__ inline void release_refs(page_entry* e, uint32_t n) {
     }
 }
 
-/// Sets the frame's clock bit if it is clear (a load first: hot frames are not re-written).
+/// Gives back n references to a page the caller holds VALID (a hit; transition 6). While any
+/// reference is held the page is neither evicted (transition 8 needs no holders) nor failed
+/// (only a fill sets ERROR, on a page that is not VALID), so there is no ERROR page to reset
+/// and the old value is not needed: a reduction the warp does not wait for (release_refs'
+/// returning atomic is an L2 round trip per access). Release: as release_refs.
+__device__ __forceinline__ void release_hit(page_entry* e, uint32_t n) {
+    red_add_release(&e->state, 0u - n);
+}
+
+/// Sets the frame's clock bit: a reduction the warp does not wait for (a load first, to spare
+/// hot frames the write, put an L2 round trip and a branch on it on every hit's path).
+/// Relaxed: the bit is a replacement hint only.
 __device__ __forceinline__ void touch(const cache_desc& c, uint32_t f) {
-    uint32_t& flags = frame_of(c, f)->flags;
-    if (!(dev_u32(flags).load(cuda::memory_order_relaxed) & GPUNVME_FS_REF))
-        dev_u32(flags).fetch_or(GPUNVME_FS_REF, cuda::memory_order_relaxed);
+    red_or_relaxed(&frame_of(c, f)->flags, GPUNVME_FS_REF);
 }
 
 // How an access stands after its lookup.
@@ -734,6 +743,21 @@ __device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint6
     return GPUNVME_OK;
 }
 
+/// Takes a reference to page `page` (of a checked range) only if it is VALID: never fills and
+/// never waits, so a caller may hold other pages while it asks (read_range's batches). On
+/// true *frame holds the page until release_hit; not counted (the caller counts its hits).
+__device__ inline bool try_hit(const cache_desc& c, uint32_t range, uint64_t page,
+                               uint32_t* frame) {
+    page_entry* e = entry_of(range_of(c, range), page);
+    const uint32_t old = dev_u32(e->state).fetch_add(1u, cuda::memory_order_acquire);
+    if ((old & GPUNVME_PS_VALID) && (old & GPUNVME_PS_REFS_MASK) < (GPUNVME_PS_REFS_MASK >> 1)) {
+        *frame = e->frame;  // ordered after the acquire that saw VALID, as in classify
+        return true;
+    }
+    release_refs(e, 1);  // not a hit: give the reference back (resetting an ERROR page)
+    return false;
+}
+
 /// Acquires page `page` of range `range`: on GPUNVME_OK *data points at its bytes, which stay
 /// valid until release_thread. Every wait is bounded.
 __device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uint64_t page,
@@ -748,7 +772,7 @@ __device__ inline status acquire_thread(const cache_desc& c, uint32_t range, uin
 
 /// Gives back a page acquire_thread returned GPUNVME_OK for.
 __device__ inline void release_thread(const cache_desc& c, uint32_t range, uint64_t page) {
-    release_refs(entry_of(range_of(c, range), page), 1);
+    release_hit(entry_of(range_of(c, range), page), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -854,8 +878,8 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
 /// DIRTY first when they stored (transition 7). The caller's __syncwarp ordered every lane's
 /// accesses before this leader's release.
 __device__ __forceinline__ void release_after_access(page_entry* e, uint32_t n, bool wrote) {
-    if (wrote) dev_u32(e->state).fetch_or(GPUNVME_PS_DIRTY, cuda::memory_order_release);
-    release_refs(e, n);
+    if (wrote) red_or_release(&e->state, GPUNVME_PS_DIRTY);
+    release_hit(e, n);
 }
 
 template <class F>
@@ -885,7 +909,8 @@ __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range,
         if (how == ACQ_HIT) read(frame);
         __syncwarp();  // every lane's reads before its leader's release
         if (a.lead && (a.how == ACQ_HIT || a.how == ACQ_FAILED)) {
-            release_after_access(a.e, a.n, wrote && a.how == ACQ_HIT);
+            if (a.how == ACQ_HIT) release_after_access(a.e, a.n, wrote);
+            else release_refs(a.e, a.n);
             if (a.how == ACQ_HIT) a.s = GPUNVME_OK;
             a.how = ACQ_DONE;
         }
@@ -944,7 +969,7 @@ __device__ inline void release_warp(const cache_desc& c, bool held, uint32_t ran
     // Every lane's reads of the frame come before its leader's release.
     __syncwarp();
     if (held && lane == (uint32_t)(__ffs(peers) - 1))
-        release_refs(entry_of(range_of(c, range), page), __popc(peers));
+        release_hit(entry_of(range_of(c, range), page), __popc(peers));
 }
 
 /// Writes back every dirty page of frames [first, first + count) with this thread alone (the
@@ -1115,10 +1140,14 @@ struct array {
     }
 
     /// Elements [i, i + n) into dst (GPU memory), by the whole warp: every lane passes the same
-    /// arguments. One page at a time: lane 0 acquires it (acquire_page: one lookup, at most
-    /// one fill), the lanes copy their share (16-byte words when the ends allow), lane 0
-    /// releases it. Every lane returns the same status; on failure dst holds the elements
-    /// before the failing page.
+    /// arguments. In batches of up to 32 pages: lane 0 acquires the batch's first page
+    /// (acquire_page: one lookup, at most one fill); then, holding only that VALID page, lane j
+    /// takes page j if it is a hit (try_hit: no fill, no wait, so a warp never holds pages while
+    /// it waits for a frame and a full cache cannot deadlock it). The batch is its first page
+    /// and the hits right after it; the lanes copy them (16-byte words when the ends allow),
+    /// then each holder sets its frame's clock bit and releases, both reductions the warp does
+    /// not wait for. Two L2 round trips per batch instead of one per page. Every lane returns
+    /// the same status; on failure dst holds the elements before the failing page.
     __device__ status read_range(uint64_t i, uint64_t n, T* dst) {
         const uint32_t full = 0xffffffffu, lane = lane_id();
         if (n == 0) return GPUNVME_OK;
@@ -1126,27 +1155,35 @@ struct array {
         const uint64_t first = i * sizeof(T), len = n * sizeof(T);
         status s = cache::check_access(*c, range, first, len);
         if (s) return s;
-        const uint64_t page_bytes = 1ull << c->page_shift;
+        const uint32_t shift = c->page_shift;
+        const uint64_t page_bytes = 1ull << shift, last_page = (first + len - 1) >> shift;
         uint8_t* out = reinterpret_cast<uint8_t*>(dst);
         for (uint64_t done = 0; done < len;) {
-            const uint64_t at = first + done;
-            const uint64_t page = at >> c->page_shift;
-            const uint64_t off = at & (page_bytes - 1);
-            const uint32_t chunk =
-                (uint32_t)(len - done < page_bytes - off ? len - done : page_bytes - off);
+            const uint64_t p0 = (first + done) >> shift;
+            const uint32_t np = last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
             uint32_t f = 0;
             s = GPUNVME_OK;
-            if (lane == 0) s = cache::acquire_page(*c, range, page, &f);
+            if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
             s = __shfl_sync(full, s, 0);
             if (s) return s;
-            f = __shfl_sync(full, f, 0);
-            copy_bytes(out + done, cache::frame_data(*c, f) + off, chunk, lane, 32);
-            __syncwarp();  // every lane's reads of the frame before lane 0's release
-            if (lane == 0) {
-                cache::touch(*c, f);  // after the copy: off the path to the data
-                cache::release_thread(*c, range, page);
+            const bool held = lane == 0 || (lane < np && cache::try_hit(*c, range, p0 + lane, &f));
+            const uint32_t got = __ballot_sync(full, held);
+            // Pages 0..k-1 held in a row; a hit past the first gap is given back at once.
+            const uint32_t k = ~got == 0 ? 32u : (uint32_t)__ffs(~got) - 1;
+            if (held && lane >= k) cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+            if (lane == 0 && k > 1) cache::count(cache::stats_of(*c)->hits, k - 1);
+            for (uint32_t j = 0; j < k && done < len; ++j) {
+                const uint32_t fj = __shfl_sync(full, f, j);
+                const uint64_t off = (first + done) & (page_bytes - 1);
+                const uint64_t chunk = len - done < page_bytes - off ? len - done : page_bytes - off;
+                copy_bytes(out + done, cache::frame_data(*c, fj) + off, (uint32_t)chunk, lane, 32);
+                done += chunk;
             }
-            done += chunk;
+            __syncwarp();  // every lane's reads of the frames before their holders' releases
+            if (held && lane < k) {
+                cache::touch(*c, f);
+                cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+            }
         }
         return GPUNVME_OK;
     }

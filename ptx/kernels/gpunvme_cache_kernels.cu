@@ -124,18 +124,19 @@ __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_
     const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
     const uint64_t mask = n - 1;
     unsigned long long sum = 0, errors = 0;
-    // 2: warp-wide sequential reads of 4 KiB (read_range into the warp's 4 KiB of scratch),
-    // then each lane sums its share of the scratch.
-    const uint64_t per = 4096 / sizeof(T), warp = gtid / 32, nwarps = nthreads / 32;
-    T* mine = reinterpret_cast<T*>(scratch + warp * 4096);
-    for (uint64_t k = 0; mode == 2 && k < iters; ++k) {
+    // 2, 3: warp-wide sequential reads of 4 KiB or 64 KiB runs (read_range into the warp's run
+    // of scratch), then each lane sums its share of the scratch.
+    const uint64_t run = mode == 3 ? 65536 : 4096;
+    const uint64_t per = run / sizeof(T), warp = gtid / 32, nwarps = nthreads / 32;
+    T* mine = reinterpret_cast<T*>(scratch + warp * run);
+    for (uint64_t k = 0; (mode == 2 || mode == 3) && k < iters; ++k) {
         const uint64_t chunk = (warp + k * nwarps) & ((n / per) - 1);
         if (a.read_range(chunk * per, per, mine)) ++errors;
         __syncwarp();
         for (uint64_t e = threadIdx.x & 31u; e < per; e += 32) sum += (unsigned long long)mine[e];
         __syncwarp();
     }
-    for (uint64_t k = 0; mode != 2 && k < iters; ++k) {
+    for (uint64_t k = 0; mode < 2 && k < iters; ++k) {
         // 0: random elements; 1: sequential (a warp's lanes read 32 consecutive elements).
         const uint64_t i = mode == 0 ? pattern_mix(seed ^ (gtid * iters + k)) & mask
                                      : (gtid + k * nthreads) & mask;
@@ -156,8 +157,8 @@ __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_
 
 /// The page cache's element benchmark: every thread loads `iters` elements of `elem_bytes` (4
 /// or 8) out of `n` (a power of two, at least 4 KiB of elements), random (mode 0) or
-/// sequential per lane (1), or every warp reads `iters` 4 KiB runs with read_range into its 4
-/// KiB of `scratch` (2); through the cache's range `range` (plain == null) or from the plain
+/// sequential per lane (1), or every warp reads `iters` 4 KiB (2) or 64 KiB (3) runs with
+/// read_range into its run of `scratch`; through the cache's range `range` (plain == null) or from the plain
 /// buffer `plain` (the same kernel, the same access stream: the denominator of the cache's
 /// overhead). out[0] += the elements' sum (equal for both when they hold the same bytes),
 /// out[1] += failed loads. Launch whole warps. Both pointers null: returns at once (warm-up).
@@ -191,34 +192,39 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 
 #define GPUNVME_BFS_UNVISITED 0xffffffffu
 
-/// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape): warp w takes a
-/// run of consecutive vertices (the vertices split evenly over the grid's warps) and expands
-/// those at `level` in order, so each warp reads its column pages in order, one fill each,
-/// while the warps running at once are spread over the whole graph and so over every drive
-/// of a striped volume. (A frontier queue's order is the order CASes were won: random pages,
-/// each read again and again once the columns exceed the cache, 5x the misses; warps taking
-/// vertices w, w + nwarps, ... read in order together but crowd one stripe at a time.)
+/// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape): block b takes a
+/// run of consecutive vertices (the vertices split evenly over the grid's blocks), its warps
+/// take the run's groups of 32 vertices in turn and expand those at `level`, so a block reads
+/// its column pages in order, each page shared by its warps, while the blocks running at once
+/// are spread over the whole graph and so over every drive of a striped volume. Pages in use at
+/// once: about two per block. With a run per warp it was two per warp (~4,000 on an H100),
+/// more than a small cache of large pages holds: at 10 % of a 272 MiB graph in 64 KiB pages
+/// (435 frames) warps evicted each other's pages between their own loads and read 54 GB; runs
+/// per block read 3.5 GB (H100, 2026-11-25). A frontier queue's order is the order CASes were
+/// won: random pages, read again and again once the columns exceed the cache (5x the misses of
+/// vertex order).
 /// The row offsets of 32 vertices come by two warp-wide loads (consecutive elements: one
 /// lookup per page), skipped when none of the 32 is at `level`; each vertex at `level` has its
-/// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still UNVISITED gets level + 1 by a CAS, counted in *visited. Failed
-/// loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt graph) are
-/// counted in *errors and skipped.
+/// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still
+/// UNVISITED gets level + 1 by a CAS, counted in *visited. Failed loads, rows whose offsets go
+/// backwards and neighbours past nvertices (a corrupt graph) are counted in *errors and
+/// skipped.
 template <class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                  uint32_t level, unsigned long long* visited,
                                  unsigned long long* errors) {
-    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint64_t nwarps = (uint64_t)gridDim.x * blockDim.x / 32;
     const uint32_t lane = threadIdx.x & 31u;
     unsigned long long bad = 0, won = 0;
     // Warp-uniform bounds and conditions: every lane runs the same iterations (the loads are
-    // collective).
-    const uint64_t per = (nvertices + nwarps - 1) / nwarps, first = gtid / 32 * per;
+    // collective). Runs are whole groups of 32.
+    const uint64_t per = ((nvertices + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
+    const uint64_t first = (uint64_t)blockIdx.x * per;
     const uint64_t last = first + per < nvertices ? first + per : nvertices;
+    const uint64_t warps = blockDim.x / 32, step = 32 * warps;
     const uint32_t full = 0xffffffffu;
     // 32 vertices at a time: lane l's vertex g + l; the row offsets of all 32 by two warp-wide
     // loads (consecutive elements: one lookup per page), skipped when none is at `level`.
-    for (uint64_t g = first; g < last; g += 32) {
+    for (uint64_t g = first + 32 * (threadIdx.x / 32); g < last; g += step) {
         const uint64_t v = g + lane;
         const bool mine = v < last;
         uint32_t todo = __ballot_sync(full, mine && levels[v] == level);
