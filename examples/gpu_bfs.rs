@@ -21,11 +21,10 @@ mod common;
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::gpu_queues::cache::{CacheOptions, GpuCache};
 use gpunvme::workloads::graph::{self, Csr};
 use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
@@ -87,7 +86,7 @@ fn main() -> Result<()> {
     let setup = opened.gpu(&args.dev)?;
     let q = &setup.queues;
     let row = |mode: &str, secs: f64, extra: serde_json::Value| {
-        let mut r = json!({
+        let r = json!({
             "workload": "bfs", "mode": mode, "scale": args.scale,
             "edge_factor": args.edge_factor, "vertices": g.vertices(), "data_bytes": g.bytes(),
             "root": root, "reached": reached, "traversed_edges": traversed,
@@ -96,44 +95,31 @@ fn main() -> Result<()> {
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
             "transport": setup.transport,
         });
-        if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
-            o.extend(e.clone());
-        }
-        r
+        common::with_fields(r, extra)
+    };
+    let report = |r: &serde_json::Value| {
+        let gteps = r["gteps"].as_f64().unwrap_or(0.0);
+        args.cache.report(r, "graph", &format!("{gteps:.3} GTEPS"));
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
         let files = GpuFiles::new(q, GpuFilesOptions::default());
         let gfiles = [files.open(&offsets_file)?, files.open(&cols_file)?];
         for &(capacity, pct) in &capacities {
-            let mut cache = GpuCache::new(
-                q,
-                CacheOptions {
-                    page_size: u32::try_from(args.cache.page_size).context("--page-size")?,
-                    capacity,
-                    ..Default::default()
-                },
-            )?;
+            let mut cache = args.cache.new_cache(q, capacity)?;
             let ranges = [
                 bind_file(&mut cache, &gfiles[0])?,
                 bind_file(&mut cache, &gfiles[1])?,
             ];
             let run = graph::gpu_bfs(q, Source::Cache(&cache, &ranges), g.vertices(), root)?;
             check(&run, &want, &format!("cache of {capacity} bytes"))?;
-            let s = cache.stats()?;
-            let k = &s.counters;
+            let fields = CacheArgs::cache_fields(&cache, capacity, pct)?;
             rows.push(row(
                 "cache",
                 run.secs,
-                json!({
-                    "capacity_bytes": capacity, "capacity_pct": pct, "depth": run.depth,
-                    "page_size": cache.page_size(), "frames": cache.nframes(),
-                    "hits": k.hits, "misses": k.misses, "waits": k.waits,
-                    "evictions": k.evictions, "read_cmds": k.read_cmds,
-                    "bytes_read": k.bytes_read, "data_path": format!("{:?}", cache.data_path()),
-                }),
+                common::with_fields(fields, json!({ "depth": run.depth })),
             ));
-            report(&args.cache, rows.last().expect("a row"));
+            report(rows.last().expect("a row"));
         }
         if args.cache.baselines {
             // The run's own buffers (levels, two frontiers; 8 MiB for counters and rounding)
@@ -159,7 +145,7 @@ fn main() -> Result<()> {
                         },
                     }),
                 ));
-                report(&args.cache, rows.last().expect("a row"));
+                report(rows.last().expect("a row"));
             }
             let mem = rows
                 .iter()
@@ -231,24 +217,4 @@ fn check(run: &graph::BfsRun, want: &[u32], what: &str) -> Result<()> {
         let (v, got, exp) = graph::first_mismatch(&run.levels, want).unwrap_or_default();
         format!("{what}: vertex {v} at level {got} on the GPU, {exp} on the CPU")
     })
-}
-
-/// Prints a run: its JSON object with --json, else a line.
-fn report(args: &CacheArgs, r: &serde_json::Value) {
-    if args.json {
-        println!("{r}");
-    } else {
-        println!(
-            "{}{}: {:.4} s, {:.3} GTEPS{}",
-            r["mode"].as_str().unwrap_or("?"),
-            r["capacity_pct"]
-                .as_f64()
-                .map_or(String::new(), |p| format!(" at {p:.0} % of the graph")),
-            r["seconds"].as_f64().unwrap_or(0.0),
-            r["gteps"].as_f64().unwrap_or(0.0),
-            r["misses"]
-                .as_u64()
-                .map_or(String::new(), |m| format!(", {m} misses")),
-        );
-    }
 }

@@ -21,7 +21,6 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::gpu_queues::cache::{CacheOptions, GpuCache};
 use gpunvme::units::parse_size;
 use gpunvme::workloads::embedding;
 use gpunvme::workloads::{self, Placement, Source};
@@ -94,7 +93,7 @@ fn main() -> Result<()> {
     let q = &setup.queues;
     let row_bytes = args.dim as u64 * 4;
     let row = |mode: &str, secs: f64, extra: serde_json::Value| {
-        let mut r = json!({
+        let r = json!({
             "workload": "embedding", "mode": mode, "rows": args.rows, "dim": args.dim,
             "data_bytes": bytes, "lookups": args.lookups, "distinct_rows": distinct,
             "zipf": args.zipf, "seconds": secs,
@@ -104,24 +103,19 @@ fn main() -> Result<()> {
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
             "transport": setup.transport,
         });
-        if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
-            o.extend(e.clone());
-        }
-        r
+        common::with_fields(r, extra)
+    };
+    let report = |r: &serde_json::Value| {
+        let rate = r["lookups_per_s"].as_f64().unwrap_or(0.0);
+        args.cache
+            .report(r, "table", &format!("{rate:.3e} lookups/s"));
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
         let files = GpuFiles::new(q, GpuFilesOptions::default());
         let gtable = files.open(&table)?;
         for &(capacity, pct) in &capacities {
-            let mut cache = GpuCache::new(
-                q,
-                CacheOptions {
-                    page_size: u32::try_from(args.cache.page_size).context("--page-size")?,
-                    capacity,
-                    ..Default::default()
-                },
-            )?;
+            let mut cache = args.cache.new_cache(q, capacity)?;
             let range = [bind_file(&mut cache, &gtable)?];
             let run = embedding::gpu_gather(q, Source::Cache(&cache, &range), args.dim, &idx)?;
             check(
@@ -131,19 +125,12 @@ fn main() -> Result<()> {
                 seed,
                 &format!("cache of {capacity} bytes"),
             )?;
-            let k = cache.stats()?.counters;
             rows.push(row(
                 "cache",
                 run.secs,
-                json!({
-                    "capacity_bytes": capacity, "capacity_pct": pct,
-                    "page_size": cache.page_size(), "frames": cache.nframes(),
-                    "hits": k.hits, "misses": k.misses, "waits": k.waits,
-                    "evictions": k.evictions, "read_cmds": k.read_cmds,
-                    "bytes_read": k.bytes_read, "data_path": format!("{:?}", cache.data_path()),
-                }),
+                CacheArgs::cache_fields(&cache, capacity, pct)?,
             ));
-            report(&args.cache, rows.last().expect("a row"));
+            report(rows.last().expect("a row"));
         }
         if args.cache.baselines {
             // The run's own buffers (indices, gathered rows; 8 MiB for rounding).
@@ -167,7 +154,7 @@ fn main() -> Result<()> {
                     run.secs,
                     json!({ "gpu_free_bytes": placed.gpu_free_bytes }),
                 ));
-                report(&args.cache, rows.last().expect("a row"));
+                report(rows.last().expect("a row"));
             }
         }
         Ok(())
@@ -193,24 +180,4 @@ fn check(run: &embedding::GatherRun, idx: &[u64], dim: u32, seed: u64, what: &st
             idx[k]
         )
     })
-}
-
-/// Prints a run: its JSON object with --json, else a line.
-fn report(args: &CacheArgs, r: &serde_json::Value) {
-    if args.json {
-        println!("{r}");
-    } else {
-        println!(
-            "{}{}: {:.4} s, {:.3e} lookups/s{}",
-            r["mode"].as_str().unwrap_or("?"),
-            r["capacity_pct"]
-                .as_f64()
-                .map_or(String::new(), |p| format!(" at {p:.0} % of the table")),
-            r["seconds"].as_f64().unwrap_or(0.0),
-            r["lookups_per_s"].as_f64().unwrap_or(0.0),
-            r["misses"]
-                .as_u64()
-                .map_or(String::new(), |m| format!(", {m} misses")),
-        );
-    }
 }

@@ -345,4 +345,64 @@ impl CacheArgs {
             })
             .collect()
     }
+
+    /// A cache of `capacity` bytes in `--page-size` pages on `q`'s queues.
+    pub fn new_cache<'q>(
+        &self,
+        q: &'q gpunvme::gpu_queues::GpuQueues,
+        capacity: u64,
+    ) -> Result<gpunvme::gpu_queues::cache::GpuCache<'q>> {
+        Ok(gpunvme::gpu_queues::cache::GpuCache::new(
+            q,
+            gpunvme::gpu_queues::cache::CacheOptions {
+                page_size: u32::try_from(self.page_size).context("--page-size")?,
+                capacity,
+                ..Default::default()
+            },
+        )?)
+    }
+
+    /// A cache run's JSON fields: its size and page size and its statistics after the run.
+    pub fn cache_fields(
+        cache: &gpunvme::gpu_queues::cache::GpuCache<'_>,
+        capacity: u64,
+        pct: f64,
+    ) -> Result<serde_json::Value> {
+        let k = cache.stats()?.counters;
+        Ok(serde_json::json!({
+            "capacity_bytes": capacity, "capacity_pct": pct,
+            "page_size": cache.page_size(), "frames": cache.nframes(),
+            "hits": k.hits, "misses": k.misses, "waits": k.waits,
+            "evictions": k.evictions, "read_cmds": k.read_cmds,
+            "bytes_read": k.bytes_read, "data_path": format!("{:?}", cache.data_path()),
+        }))
+    }
+
+    /// Prints a run: its JSON object with --json, else one line of its mode, its share of the
+    /// `data` ("graph", "table"), its time, `rate` and its misses.
+    pub fn report(&self, r: &serde_json::Value, data: &str, rate: &str) {
+        if self.json {
+            println!("{r}");
+            return;
+        }
+        println!(
+            "{}{}: {:.4} s, {rate}{}",
+            r["mode"].as_str().unwrap_or("?"),
+            r["capacity_pct"]
+                .as_f64()
+                .map_or(String::new(), |p| format!(" at {p:.0} % of the {data}")),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["misses"]
+                .as_u64()
+                .map_or(String::new(), |m| format!(", {m} misses")),
+        );
+    }
+}
+
+/// `base` with `extra`'s fields added (both JSON objects).
+pub fn with_fields(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(o), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    base
 }

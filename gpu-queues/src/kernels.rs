@@ -145,58 +145,23 @@ impl Kernels {
                 Arg::U64(p + 2048),
             ],
         )?;
-        // A null cache descriptor: both return at once.
-        let no_cache = [
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U32(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-        ];
-        stream.launch(self.cache_test, 1, 32, &no_cache)?;
-        let no_pins = [
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-        ];
-        stream.launch(self.cache_pin_test, 1, 32, &no_pins)?;
-        let no_bench = [
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U32(4),
-            Arg::U64(1),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-        ];
-        stream.launch(self.cache_bench, 1, 32, &no_bench)?;
-        stream.launch(self.cache_flush, 1, 32, &[Arg::U64(0), Arg::U64(0)])?;
-        let mut no_bfs = [Arg::U64(0); 10];
-        no_bfs[1..3].copy_from_slice(&[Arg::U32(0), Arg::U32(0)]);
-        no_bfs[5] = Arg::U32(0);
-        no_bfs[7] = Arg::U32(0);
-        stream.launch(self.cache_bfs_level, 1, 32, &no_bfs)?;
-        let no_gather = [
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U32(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-            Arg::U64(0),
-        ];
-        stream.launch(self.cache_gather, 1, 32, &no_gather)?;
+        // The cache's kernels with null pointers return at once. `nulls` spells a parameter
+        // list: 'u' a u32, anything else a u64 or pointer.
+        let nulls = |sig: &str| -> Vec<Arg> {
+            sig.bytes()
+                .map(|b| if b == b'u' { Arg::U32(0) } else { Arg::U64(0) })
+                .collect()
+        };
+        stream.launch(self.cache_test, 1, 32, &nulls("puuupppp"))?;
+        stream.launch(self.cache_pin_test, 1, 32, &nulls("pupuppp"))?;
+        // (elem_bytes 4 and n 1: valid even if the null check moved.)
+        let mut bench = nulls("pupuuppppp");
+        bench[4] = Arg::U32(4);
+        bench[5] = Arg::U64(1);
+        stream.launch(self.cache_bench, 1, 32, &bench)?;
+        stream.launch(self.cache_flush, 1, 32, &nulls("pp"))?;
+        stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupp"))?;
+        stream.launch(self.cache_gather, 1, 32, &nulls("pupupppp"))?;
         stream.wait_idle(Duration::from_secs(10))
     }
 }
