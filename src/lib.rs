@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod copy;
+pub mod error_kind;
 pub mod fs_report;
 pub mod gpu;
 pub mod gpu_fs;

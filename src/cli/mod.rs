@@ -59,67 +59,10 @@ pub fn error_kind(e: &anyhow::Error) -> &'static str {
     if stdout_error(e).is_some() {
         return "stdout";
     }
-    for cause in e.chain() {
-        if cause.is::<Refusal>() {
-            return "refused";
-        }
-        if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
-            return match e {
-                nvme_emu::EmuError::ImageBusy { .. } => "busy",
-                nvme_emu::EmuError::OpenImage { .. }
-                | nvme_emu::EmuError::CreateImage { .. }
-                | nvme_emu::EmuError::InvalidImage { .. } => "image",
-                _ => "device",
-            };
-        }
-        if let Some(e) = cause.downcast_ref::<vfio::Error>() {
-            return match e {
-                vfio::Error::GroupBusy { .. } => "busy",
-                _ => "device",
-            };
-        }
-        if let Some(e) = cause.downcast_ref::<gpunvme::copy::CopyError>() {
-            use gpunvme::copy::CopyError as C;
-            match e {
-                C::DataMismatch { .. } => return "corrupt",
-                C::NotRegular(_) | C::IsDirectory(_) | C::NoFileName(_) | C::Chunk(_) => {
-                    return "invalid_argument";
-                }
-                C::SourceChanged { .. } | C::Host { .. } => return "io",
-                // Transparent: the chain goes on past it.
-                C::Fs(e) => return blockfs_kind(e),
-                _ => {}
-            }
-        }
-        if cause.is::<gpunvme::gpu_fs::GpuChecksumMismatch>() {
-            return "corrupt";
-        }
-        if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
-            return blockfs_kind(e);
-        }
-        if cause.is::<nvme::Error>() {
-            return "device";
-        }
-        if cause.is::<std::io::Error>() {
-            return "io";
-        }
+    if e.chain().any(|c| c.is::<Refusal>()) {
+        return "refused";
     }
-    "error"
-}
-
-fn blockfs_kind(e: &blockfs::Error) -> &'static str {
-    use blockfs::Error as E;
-    match e {
-        E::NotFound(_) => "not_found",
-        E::AlreadyExists(_) => "exists",
-        E::NoSpace { .. } => "no_space",
-        E::ReadOnly(_) => "read_only",
-        E::NotBlockfs(_) => "no_file_system",
-        E::Corrupt { .. } | E::Unsupported(_) => "corrupt",
-        E::InvalidName { .. } | E::TooLarge(_) => "invalid_argument",
-        E::Device { .. } => "device",
-        _ => "file_system",
-    }
+    gpunvme::error_kind::ErrorKind::of(e).as_str()
 }
 
 /// The JSON form of an error: `{"error": {"kind": ..., "message": ...}}`.

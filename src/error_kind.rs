@@ -1,0 +1,135 @@
+//! What kind of failure an error is, for callers that answer per kind: the CLI's `--json`
+//! error objects, the Python package's exception classes. Found by walking the error's chain
+//! for the typed errors of the crates underneath.
+
+/// The kinds of failure a caller may want to tell apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Another process (or handle) owns the device or image.
+    Busy,
+    /// No such file.
+    NotFound,
+    /// The file exists.
+    Exists,
+    /// The file system is full.
+    NoSpace,
+    /// The file is open read-only.
+    ReadOnly,
+    /// The namespace holds no blockfs.
+    NoFileSystem,
+    /// On-disk data failed its checks (metadata checksum, data checksum, format).
+    Corrupt,
+    /// A caller's argument is not acceptable (a name, a size, an offset, a host path's kind).
+    InvalidArgument,
+    /// A host file or stream failed.
+    Io,
+    /// The image file cannot be opened, created or used.
+    Image,
+    /// The device (controller, VFIO, a command) failed.
+    Device,
+    /// Another file-system error.
+    FileSystem,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// The kind's name in JSON error objects: `busy`, `not_found`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Busy => "busy",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Exists => "exists",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::ReadOnly => "read_only",
+            ErrorKind::NoFileSystem => "no_file_system",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Io => "io",
+            ErrorKind::Image => "image",
+            ErrorKind::Device => "device",
+            ErrorKind::FileSystem => "file_system",
+            ErrorKind::Other => "error",
+        }
+    }
+
+    /// The kind of `e`: the first typed error in its chain that says one.
+    pub fn of(e: &anyhow::Error) -> ErrorKind {
+        e.chain().find_map(kind_of).unwrap_or(ErrorKind::Other)
+    }
+}
+
+/// The kind one error of a chain says, if it is one of the typed errors underneath.
+fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
+        return Some(match e {
+            nvme_emu::EmuError::ImageBusy { .. } => ErrorKind::Busy,
+            nvme_emu::EmuError::OpenImage { .. }
+            | nvme_emu::EmuError::CreateImage { .. }
+            | nvme_emu::EmuError::InvalidImage { .. } => ErrorKind::Image,
+            _ => ErrorKind::Device,
+        });
+    }
+    if let Some(e) = cause.downcast_ref::<vfio::Error>() {
+        return Some(match e {
+            vfio::Error::GroupBusy { .. } => ErrorKind::Busy,
+            _ => ErrorKind::Device,
+        });
+    }
+    if let Some(e) = cause.downcast_ref::<crate::copy::CopyError>() {
+        use crate::copy::CopyError as C;
+        match e {
+            C::DataMismatch { .. } => return Some(ErrorKind::Corrupt),
+            C::NotRegular(_) | C::IsDirectory(_) | C::NoFileName(_) | C::Chunk(_) => {
+                return Some(ErrorKind::InvalidArgument);
+            }
+            C::SourceChanged { .. } | C::Host { .. } => return Some(ErrorKind::Io),
+            // Transparent: the chain goes on past it.
+            C::Fs(e) => return Some(blockfs_kind(e)),
+            _ => {}
+        }
+    }
+    if cause.is::<crate::gpu_fs::GpuChecksumMismatch>() {
+        return Some(ErrorKind::Corrupt);
+    }
+    if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
+        return Some(blockfs_kind(e));
+    }
+    if cause.is::<nvme::Error>() {
+        return Some(ErrorKind::Device);
+    }
+    if cause.is::<std::io::Error>() {
+        return Some(ErrorKind::Io);
+    }
+    None
+}
+
+fn blockfs_kind(e: &blockfs::Error) -> ErrorKind {
+    use blockfs::Error as E;
+    match e {
+        E::NotFound(_) => ErrorKind::NotFound,
+        E::AlreadyExists(_) => ErrorKind::Exists,
+        E::NoSpace { .. } => ErrorKind::NoSpace,
+        E::ReadOnly(_) => ErrorKind::ReadOnly,
+        E::NotBlockfs(_) => ErrorKind::NoFileSystem,
+        E::Corrupt { .. } | E::Unsupported(_) => ErrorKind::Corrupt,
+        E::InvalidName { .. } | E::TooLarge(_) => ErrorKind::InvalidArgument,
+        E::Device { .. } => ErrorKind::Device,
+        _ => ErrorKind::FileSystem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_typed_error_in_the_chain_decides() {
+        let e = anyhow::Error::new(blockfs::Error::NotFound("a".into())).context("getting a");
+        assert_eq!(ErrorKind::of(&e), ErrorKind::NotFound);
+        let e = anyhow::Error::new(std::io::Error::other("x")).context("reading");
+        assert_eq!(ErrorKind::of(&e), ErrorKind::Io);
+        assert_eq!(ErrorKind::of(&anyhow::anyhow!("plain")), ErrorKind::Other);
+        assert_eq!(ErrorKind::NoSpace.as_str(), "no_space");
+    }
+}
