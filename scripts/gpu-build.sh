@@ -40,7 +40,20 @@ for ex in $EXAMPLES; do strip "$OUT/$ex"; done
 # Packed: the binaries embed the same PTX, so they compress about 4:1 (67 MiB -> 17 MiB, 2026-11-25)
 # and the carried tree stays under its 64 MiB. gpu-test.sh and gpu-cache-bench.sh unpack
 # bins.tgz by themselves; elsewhere `tar xzf .gpu-bin/bins.tgz -C .gpu-bin` first.
-BINS=$(cd "$OUT" && ls | grep -v -e '\.sh$' -e '^bins\.tgz$')
+BINS=$(cd "$OUT" && ls | grep -v -e '\.sh$' -e '^bins\.tgz$' -e '^wheels$')
 tar czf "$OUT/bins.tgz" -C "$OUT" $BINS
 (cd "$OUT" && rm -f $BINS)
 ls -la "$OUT"
+# The Python package as an abi3 wheel (plain linux tag: it runs where these binaries run), with
+# pytest's wheels: scripts/py-gpu-test.sh installs them there (no network on the GPU machine).
+rm -rf "$OUT/wheels"
+VENV=target/py-venv
+if [ ! -x "$VENV/bin/maturin" ]; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "maturin>=1.9,<2" "pytest>=7"
+fi
+(cd python && "../$VENV/bin/maturin" build -q --release --compatibility linux -o "../$OUT/wheels")
+"$VENV/bin/pip" download -q --disable-pip-version-check pytest --only-binary=:all: \
+    --python-version 3.12 --platform manylinux2014_x86_64 -d "$OUT/wheels"
+cp scripts/py-gpu-test.sh "$OUT/"
+ls -la "$OUT/wheels"

@@ -89,6 +89,15 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
             _ => {}
         }
     }
+    if let Some(e) = cause.downcast_ref::<crate::safetensors::SafetensorsError>() {
+        use crate::safetensors::SafetensorsError as S;
+        return Some(match e {
+            S::Format { .. } => ErrorKind::Corrupt,
+            S::Duplicate { .. } => ErrorKind::InvalidArgument,
+            S::Fs(e) => blockfs_kind(e),
+            S::Gpu(_) => ErrorKind::Device,
+        });
+    }
     if cause.is::<crate::gpu_fs::GpuChecksumMismatch>() {
         return Some(ErrorKind::Corrupt);
     }

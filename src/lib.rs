@@ -27,6 +27,7 @@ pub mod gpu_fs;
 pub mod open;
 pub mod perf;
 pub mod report;
+pub mod safetensors;
 pub mod units;
 pub mod workloads;
 

@@ -19,6 +19,7 @@ subclass of :class:`GpunvmeError` per error kind (:class:`NotFoundError`, :class
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Dict, List, Optional, Union
 
@@ -45,6 +46,7 @@ __version__: str = _native.__version__
 __all__ = [
     "Device",
     "open",
+    "cuda_available",
     "GpunvmeError",
     "BusyError",
     "ClosedError",
@@ -63,6 +65,32 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+_log = logging.getLogger("gpunvme")
+
+# safetensors dtype names -> torch dtype attribute names (as safetensors.torch maps them).
+_TORCH_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+}
+
+
+def cuda_available() -> bool:
+    """Whether this machine has a CUDA driver (the GPU calls need one)."""
+    return _native.cuda_available()
+
 
 class Device:
     """An open device and blockfs on one of its namespaces (see :func:`open`).
@@ -73,6 +101,8 @@ class Device:
 
     def __init__(self, native: _native.Device) -> None:
         self._d = native
+        #: The last load_safetensors' figures: files, tensors, bytes, seconds, data path.
+        self.last_load: Optional[Dict[str, Any]] = None
 
     def __enter__(self) -> "Device":
         return self
@@ -122,6 +152,39 @@ class Device:
     def rm(self, name: str) -> Dict[str, Any]:
         """Removes ``name``."""
         return json.loads(self._d.rm(name))
+
+    def load_safetensors(
+        self,
+        name_or_prefix: str,
+        device: Any = "cuda:0",
+        *,
+        controller: str = "emu",
+        media: str = "host",
+    ) -> Dict[str, Any]:
+        """Loads a ``.safetensors`` file (or every ``.safetensors`` file whose name starts with
+        ``name_or_prefix``: a sharded model) into CUDA tensors: the headers are parsed on the
+        host, then every tensor is read by GPU-issued NVMe commands into one GPU allocation in
+        one batch, and each tensor is a view into it (the allocation is freed with the last of
+        them). Returns ``{name: torch.Tensor}`` like ``safetensors.torch.load_file``.
+
+        ``controller``: ``"emu"`` (the device's own controller) or ``"gpu"`` (the GPU-resident
+        controller model, with ``media`` ``"host"`` or ``"hbm"``). The load's figures (bytes,
+        seconds, data path) are in :attr:`last_load` and logged at DEBUG on ``gpunvme``.
+        torch is imported here, not at package import.
+        """
+        if str(device) not in ("cuda", "cuda:0"):
+            raise InvalidArgumentError(f"device must be cuda:0 (GPU 0), not {device!r}")
+        cap, tensors, report = self._d.load_safetensors(name_or_prefix, controller, media)
+        import torch  # a run-time dependency of this call only
+
+        arena = torch.from_dlpack(cap)
+        out: Dict[str, Any] = {}
+        for name, dtype, shape, offset, nbytes in tensors:
+            t = arena[offset : offset + nbytes].view(getattr(torch, _TORCH_DTYPES[dtype]))
+            out[name] = t.reshape(shape)
+        self.last_load = json.loads(report)
+        _log.debug("load_safetensors %s: %s", name_or_prefix, self.last_load)
+        return out
 
     def fsck(self, *, repair: bool = False, data: bool = False) -> Dict[str, Any]:
         """Checks the file system; with ``repair`` fixes what can be fixed, with ``data`` also

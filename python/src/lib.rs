@@ -10,13 +10,22 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[allow(unsafe_code)]
+mod dlpack;
+
 use anyhow::{Context, Result};
-use gpunvme::blockfs::{self, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice};
+use gpunvme::blockfs::{
+    self, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+};
 use gpunvme::copy;
 use gpunvme::error_kind::ErrorKind;
 use gpunvme::fs_report::{FsckView, ListReport, MkfsReport, RemoveReport, StatReport, check_data};
+use gpunvme::gpu::{self, Serving};
+use gpunvme::gpu_emu::MediaKind;
+use gpunvme::gpu_fs::{self, GpuFsOptions};
 use gpunvme::nvme::Controller;
-use gpunvme::open::{self, DeviceSpec, OpenOptions};
+use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};
+use gpunvme::safetensors;
 use parking_lot::Mutex;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -149,22 +158,26 @@ struct Opened {
     nsid: u32,
     describe: String,
     dev: Arc<NvmeBlockDevice>,
+    /// I/O queue pairs the block device holds (GPU queues take the rest).
+    cpu_queues: u16,
+    backend: Backend,
     // Dropped after the block device (field order): its queues are the controller's.
-    _ctrl: Controller,
+    ctrl: Controller,
 }
 
 impl Opened {
     fn open(device: Option<&str>, opts: OpenOptions, nsid: u32) -> Result<Self> {
         let spec = DeviceSpec::parse(device)?;
-        let (ctrl, _backend) = open::open_controller_and_transport(&spec, &opts)?;
+        let (ctrl, backend) = open::open_controller_and_transport(&spec, &opts)?;
         let info = ctrl.info();
         let describe = format!(
             "{} serial {} (namespace {nsid}, {spec:?})",
             info.mn.trim(),
             info.sn.trim()
         );
+        let dev_opts = NvmeDeviceOptions::default();
         let dev = Arc::new(
-            NvmeBlockDevice::new(&ctrl, nsid, &Default::default())
+            NvmeBlockDevice::new(&ctrl, nsid, &dev_opts)
                 .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
         );
         Ok(Self {
@@ -173,7 +186,9 @@ impl Opened {
             nsid,
             describe,
             dev,
-            _ctrl: ctrl,
+            cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
+            backend,
+            ctrl,
         })
     }
 
@@ -335,6 +350,51 @@ impl Device {
         })
     }
 
+    /// Loads every tensor of a `.safetensors` file (or of every `.safetensors` file whose name
+    /// starts with `name`) into one GPU arena by GPU-issued reads: (a `dltensor` capsule of the
+    /// arena's bytes, [(name, dtype, shape, offset, bytes)], report JSON).
+    #[allow(clippy::type_complexity)]
+    fn load_safetensors<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        controller: &str,
+        media: &str,
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Vec<(String, &'static str, Vec<u64>, u64, u64)>,
+        String,
+    )> {
+        let serving = match (controller, media) {
+            ("emu", _) => Serving::Device,
+            ("gpu", "host") => Serving::Model(MediaKind::Host),
+            ("gpu", "hbm") => Serving::Model(MediaKind::Hbm),
+            _ => {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "controller must be \"emu\" or \"gpu\" and media \"host\" or \"hbm\", \
+                     not {controller:?} and {media:?}"
+                )));
+            }
+        };
+        let (loaded, report) = self.with(py, |o| load(o, &name, serving))?;
+        let tensors = loaded
+            .tensors
+            .iter()
+            .map(|p| {
+                (
+                    p.info.name.clone(),
+                    p.info.dtype.name(),
+                    p.info.shape.clone(),
+                    p.offset,
+                    p.info.bytes(),
+                )
+            })
+            .collect();
+        let len = loaded.arena.len() as u64;
+        let cap = dlpack::gpu_bytes(py, loaded.arena.ptr(), len, 0, loaded.arena.clone())?;
+        Ok((cap, tensors, report))
+    }
+
     /// Checks the file system (unmounted): (report, consistent, data_mismatches).
     fn fsck(
         &self,
@@ -363,6 +423,73 @@ impl Device {
     }
 }
 
+/// The files `name` means: itself if it exists, else every `.safetensors` file under it.
+fn safetensors_files(fs: &FileSystem, name: &str) -> Result<Vec<String>> {
+    if fs.stat(name).is_ok() {
+        return Ok(vec![name.to_owned()]);
+    }
+    let mut names: Vec<String> = fs
+        .list(name)
+        .into_iter()
+        .map(|st| st.name)
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(
+            blockfs::Error::NotFound(format!("{name} (nor any {name}*.safetensors)")).into(),
+        );
+    }
+    Ok(names)
+}
+
+/// load_safetensors on the open device: headers on the host, then one GPU batch.
+fn load(o: &Opened, name: &str, serving: Serving) -> Result<(safetensors::Loaded, String)> {
+    let fs = o.mount()?;
+    let names = safetensors_files(&fs, name)?;
+    let files = names
+        .iter()
+        .map(|n| fs.open(n, OpenMode::ReadOnly))
+        .collect::<Result<Vec<_>, _>>()?;
+    let headers = names
+        .iter()
+        .zip(&files)
+        .map(|(n, f)| safetensors::read_header(n, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Every refusal that needs no GPU comes before the GPU is touched.
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    safetensors::layout(&refs, &headers)?;
+    if !gpunvme::gpu_queues::cuda_present() {
+        anyhow::bail!("no GPU: no CUDA driver on this machine (the headers were checked)");
+    }
+    let opts = GpuFsOptions {
+        serving,
+        cpu_queues: o.cpu_queues,
+        ..GpuFsOptions::default()
+    };
+    let (_cuda, setup) = gpu_fs::setup(&o.ctrl, &o.backend, &opts)?;
+    let result = (|| {
+        let pairs: Vec<_> = files.iter().zip(&headers).collect();
+        let watch = gpu::watchdog(&o.ctrl, &o.backend, setup.model.as_ref());
+        let loaded = safetensors::load(&setup, &refs, &pairs, watch)?;
+        let report = serde_json::json!({
+            "files": names,
+            "tensors": loaded.tensors.len(),
+            "bytes": loaded.bytes,
+            "seconds": loaded.secs,
+            "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
+            "arena_bytes": loaded.arena.len(),
+            "transport": setup.transport,
+            "data_path": gpu_fs::data_path(&setup, false),
+        });
+        anyhow::Ok((loaded, report.to_string()))
+    })();
+    let down = gpu_fs::teardown(setup);
+    let out = result?;
+    down?;
+    Ok(out)
+}
+
 /// Refuses a host output path that is the device's own image.
 fn refuse_own_image(o: &Opened, dst: &Path) -> Result<()> {
     if o.spec.is_own_image(&o.opts, dst) {
@@ -375,12 +502,19 @@ fn refuse_own_image(o: &Opened, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether a CUDA driver is present (GPU calls need one).
+#[pyfunction]
+fn cuda_available() -> bool {
+    gpunvme::gpu_queues::cuda_present()
+}
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Device>()?;
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add("GpunvmeError", py.get_type::<GpunvmeError>())?;
     m.add("BusyError", py.get_type::<BusyError>())?;
     m.add("NotFoundError", py.get_type::<NotFoundError>())?;

@@ -1,0 +1,137 @@
+"""load_safetensors: header checks and argument errors everywhere; on a GPU machine (torch
+and safetensors installed), a sharded synthetic model whose every tensor must equal
+safetensors.torch.load_file's, byte for byte, on both controllers."""
+
+import json
+import os
+import struct
+
+import pytest
+
+import gpunvme
+
+
+def image(tmp_path, size=256 << 20):
+    path = tmp_path / "dev.img"
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+def safetensors_bytes(tensors):
+    """A .safetensors file of {name: (dtype, shape, raw bytes)}, written by hand (no torch)."""
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def put(dev, tmp_path, name, blob):
+    p = tmp_path / "blob"
+    p.write_bytes(blob)
+    dev.put(p, name, force=True)
+
+
+def test_argument_and_header_errors_need_no_gpu(tmp_path):
+    with gpunvme.open(image(tmp_path)) as dev:
+        dev.mkfs()
+        with pytest.raises(gpunvme.NotFoundError):
+            dev.load_safetensors("models/missing")
+        with pytest.raises(gpunvme.InvalidArgumentError):
+            dev.load_safetensors("x", device="cpu")
+        put(dev, tmp_path, "ok.safetensors", safetensors_bytes({"a": ("F32", [2], os.urandom(8))}))
+        with pytest.raises(gpunvme.InvalidArgumentError):
+            dev.load_safetensors("ok.safetensors", controller="fpga")
+        # Offsets past the data section, a shape that disagrees with them, not JSON at all.
+        bad = safetensors_bytes({"a": ("F32", [4], os.urandom(8))})
+        put(dev, tmp_path, "bad/shape.safetensors", bad)
+        with pytest.raises(gpunvme.CorruptError, match="is 16 bytes"):
+            dev.load_safetensors("bad/shape.safetensors")
+        put(dev, tmp_path, "bad/json.safetensors", struct.pack("<Q", 8) + b"not json")
+        with pytest.raises(gpunvme.CorruptError, match="header JSON"):
+            dev.load_safetensors("bad/json.safetensors")
+        put(dev, tmp_path, "bad/len.safetensors", struct.pack("<Q", 1 << 40) + b"{}")
+        with pytest.raises(gpunvme.CorruptError, match="header of"):
+            dev.load_safetensors("bad/len.safetensors")
+        # Two shards that hold one name.
+        one = safetensors_bytes({"w": ("U8", [3], b"abc")})
+        put(dev, tmp_path, "dup/a.safetensors", one)
+        put(dev, tmp_path, "dup/b.safetensors", one)
+        with pytest.raises(gpunvme.InvalidArgumentError, match="in both"):
+            dev.load_safetensors("dup/")
+        if not gpunvme.cuda_available():
+            with pytest.raises(gpunvme.GpunvmeError, match="no GPU"):
+                dev.load_safetensors("ok.safetensors")
+
+
+def synthetic_model(torch):
+    """Many tensors of realistic shapes and dtypes (bf16, fp16, fp32, int8 and a few odd ones),
+    deterministic, in three shards."""
+    g = torch.Generator().manual_seed(7)
+    shards = [{}, {}, {}]
+    hidden, inter, vocab = 256, 704, 1000
+    shards[0]["model.embed_tokens.weight"] = torch.randn(vocab, hidden, generator=g).to(torch.bfloat16)
+    for layer in range(12):
+        s = shards[1 + layer % 2]
+        p = f"model.layers.{layer}."
+        for proj, shape in [("q", (hidden, hidden)), ("k", (64, hidden)), ("v", (64, hidden)), ("o", (hidden, hidden))]:
+            s[p + f"self_attn.{proj}_proj.weight"] = torch.randn(*shape, generator=g).to(torch.bfloat16)
+        s[p + "self_attn.q_proj.bias"] = torch.randn(hidden, generator=g).to(torch.float16)
+        for proj, shape in [("gate", (inter, hidden)), ("up", (inter, hidden)), ("down", (hidden, inter))]:
+            s[p + f"mlp.{proj}_proj.weight"] = torch.randn(*shape, generator=g).to(torch.bfloat16)
+        s[p + "input_layernorm.weight"] = torch.randn(hidden, generator=g)
+        s[p + "mlp.down_proj.qweight"] = torch.randint(-128, 127, (hidden, 33), generator=g, dtype=torch.int8)
+    shards[0]["model.norm.weight"] = torch.randn(hidden, generator=g)
+    shards[0]["lm_head.weight"] = torch.randn(vocab, hidden, generator=g).to(torch.float16)
+    shards[0]["rope.inv_freq"] = torch.randn(33, generator=g, dtype=torch.float64)
+    shards[0]["position_ids"] = torch.arange(1, 4097, dtype=torch.int64).reshape(1, 4096)
+    shards[0]["attention.mask"] = torch.rand(3, 5, 7, generator=g) > 0.5
+    shards[0]["scale"] = torch.tensor(0.125)
+    shards[0]["empty"] = torch.zeros(0, 16)
+    return shards
+
+
+# The GPU-resident model with hbm media: the image copied into GPU memory when it starts
+# (host media needs an image on tmpfs: CUDA does not register writable ext4 mappings).
+@pytest.mark.parametrize("controller,media", [("emu", "host"), ("gpu", "hbm")])
+def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media):
+    if not gpunvme.cuda_available():
+        pytest.skip("skipped: no GPU")
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    if not torch.cuda.is_available():
+        pytest.skip("skipped: no GPU (torch sees none)")
+    shards = synthetic_model(torch)
+    with gpunvme.open(image(tmp_path, size=512 << 20)) as dev:
+        dev.mkfs()
+        paths = []
+        for i, s in enumerate(shards):
+            p = tmp_path / f"model-{i + 1:05d}-of-00003.safetensors"
+            st.save_file(s, str(p))
+            dev.put(p, f"models/m/{p.name}")
+            paths.append(p)
+        dev.put(paths[0], "single.safetensors")
+        got = dev.load_safetensors("models/m/", controller=controller, media=media)
+        want = {}
+        for p in paths:
+            want.update(st.load_file(str(p), device="cuda:0"))
+        assert sorted(got) == sorted(want)
+        for name, w in want.items():
+            g = got[name]
+            assert g.device.type == "cuda", name
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            # Bit for bit (NaNs included): both as bytes.
+            gb, wb = (t.contiguous().reshape(-1).view(torch.uint8) for t in (g, w))
+            assert torch.equal(gb, wb), name
+        report = dev.last_load
+        assert report["tensors"] == len(want)
+        assert report["bytes"] == sum(t.numel() * t.element_size() for t in want.values())
+        # One file by its name; the tensors outlive the handle's GPU queues and each other.
+        one = dev.load_safetensors("single.safetensors", controller=controller, media=media)
+        assert sorted(one) == sorted(shards[0])
+        del got
+        torch.cuda.synchronize()
+        assert torch.equal(one["model.embed_tokens.weight"].cpu(), shards[0]["model.embed_tokens.weight"])

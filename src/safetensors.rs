@@ -1,0 +1,468 @@
+//! `.safetensors` files in blockfs loaded into GPU memory by GPU-issued reads.
+//!
+//! The format: an 8-byte little-endian header length, a JSON header (per tensor `dtype`,
+//! `shape` and `data_offsets` into the data section, plus an optional `__metadata__` map of
+//! strings), then the data section. [`read_header`] parses and checks a header on the host
+//! through blockfs; [`load`] reads every tensor of one or more files into one GPU arena (each
+//! tensor at a 256-byte aligned offset) with one batch of GPU file reads, so the per-tensor
+//! cost is a range in a batch, not a call.
+
+use std::sync::Arc;
+
+use blockfs::File;
+use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+use gpu_queues::GpuBuffer;
+use serde_json::Value;
+
+use crate::gpu::GpuSetup;
+
+/// The largest header accepted (the format's own readers refuse more than 100 MB).
+pub const MAX_HEADER_BYTES: u64 = 100 << 20;
+
+/// Where tensors start in the arena: a multiple of this.
+pub const ARENA_ALIGN: u64 = 256;
+
+/// Why a file cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SafetensorsError {
+    /// The header is not a valid safetensors header.
+    #[error("{file}: not a valid safetensors file: {why}")]
+    Format {
+        /// The file's name.
+        file: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Two files of one load hold tensors of the same name.
+    #[error("tensor {name:?} is in both {first} and {second}")]
+    Duplicate {
+        /// The tensor's name.
+        name: String,
+        /// The file that held it first.
+        first: String,
+        /// The file that holds it again.
+        second: String,
+    },
+    /// blockfs failed.
+    #[error(transparent)]
+    Fs(#[from] blockfs::Error),
+    /// A GPU read failed, or the GPU could not be used.
+    #[error("loading on the GPU: {0}")]
+    Gpu(String),
+}
+
+/// An element type of the format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// `BOOL`
+    Bool,
+    /// `U8`
+    U8,
+    /// `I8`
+    I8,
+    /// `F8_E4M3`
+    F8E4M3,
+    /// `F8_E5M2`
+    F8E5M2,
+    /// `U16`
+    U16,
+    /// `I16`
+    I16,
+    /// `F16`
+    F16,
+    /// `BF16`
+    BF16,
+    /// `U32`
+    U32,
+    /// `I32`
+    I32,
+    /// `F32`
+    F32,
+    /// `U64`
+    U64,
+    /// `I64`
+    I64,
+    /// `F64`
+    F64,
+}
+
+impl Dtype {
+    const ALL: [(Dtype, &'static str, u64); 15] = [
+        (Dtype::Bool, "BOOL", 1),
+        (Dtype::U8, "U8", 1),
+        (Dtype::I8, "I8", 1),
+        (Dtype::F8E4M3, "F8_E4M3", 1),
+        (Dtype::F8E5M2, "F8_E5M2", 1),
+        (Dtype::U16, "U16", 2),
+        (Dtype::I16, "I16", 2),
+        (Dtype::F16, "F16", 2),
+        (Dtype::BF16, "BF16", 2),
+        (Dtype::U32, "U32", 4),
+        (Dtype::I32, "I32", 4),
+        (Dtype::F32, "F32", 4),
+        (Dtype::U64, "U64", 8),
+        (Dtype::I64, "I64", 8),
+        (Dtype::F64, "F64", 8),
+    ];
+
+    /// The dtype a header names, if the format has it.
+    pub fn parse(s: &str) -> Option<Dtype> {
+        Self::ALL.iter().find(|e| e.1 == s).map(|e| e.0)
+    }
+
+    /// Its name in headers (`"BF16"`).
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|e| e.0 == self).map_or("?", |e| e.1)
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        Self::ALL.iter().find(|e| e.0 == self).map_or(1, |e| e.2)
+    }
+}
+
+/// One tensor of a header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Its name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: Dtype,
+    /// Its shape (empty: a scalar).
+    pub shape: Vec<u64>,
+    /// Its bytes in the data section: `begin..end`.
+    pub begin: u64,
+    /// See `begin`.
+    pub end: u64,
+}
+
+impl TensorInfo {
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.end - self.begin
+    }
+}
+
+/// A parsed header.
+#[derive(Clone, Debug)]
+pub struct Header {
+    /// The tensors, by their offset in the data section.
+    pub tensors: Vec<TensorInfo>,
+    /// Where the data section starts in the file (8 + the header's length).
+    pub data_start: u64,
+}
+
+fn bad(file: &str, why: impl Into<String>) -> SafetensorsError {
+    SafetensorsError::Format {
+        file: file.into(),
+        why: why.into(),
+    }
+}
+
+/// Parses header JSON for a data section of `data_len` bytes: every tensor's dtype known, its
+/// shape's byte count equal to its offsets' span, its span inside the data section and
+/// overlapping no other tensor's. `file` names the file in errors.
+pub fn parse_header(
+    file: &str,
+    json: &[u8],
+    data_len: u64,
+) -> Result<Vec<TensorInfo>, SafetensorsError> {
+    let v: Value =
+        serde_json::from_slice(json).map_err(|e| bad(file, format!("header JSON: {e}")))?;
+    let Value::Object(map) = v else {
+        return Err(bad(file, "the header is not a JSON object"));
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (name, t) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype_name = t["dtype"]
+            .as_str()
+            .ok_or_else(|| bad(file, format!("{name}: no dtype")))?;
+        let dtype = Dtype::parse(dtype_name)
+            .ok_or_else(|| bad(file, format!("{name}: unknown dtype {dtype_name:?}")))?;
+        let shape = t["shape"]
+            .as_array()
+            .ok_or_else(|| bad(file, format!("{name}: no shape")))?
+            .iter()
+            .map(|d| {
+                d.as_u64()
+                    .ok_or_else(|| bad(file, format!("{name}: a dimension is not a count")))
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        let offs = t["data_offsets"]
+            .as_array()
+            .filter(|a| a.len() == 2)
+            .ok_or_else(|| bad(file, format!("{name}: no data_offsets pair")))?;
+        let (Some(begin), Some(end)) = (offs[0].as_u64(), offs[1].as_u64()) else {
+            return Err(bad(file, format!("{name}: data_offsets are not counts")));
+        };
+        if begin > end || end > data_len {
+            return Err(bad(
+                file,
+                format!("{name}: data_offsets {begin}..{end} outside the {data_len} data bytes"),
+            ));
+        }
+        let want = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| bad(file, format!("{name}: shape {shape:?} overflows")))?;
+        if want != end - begin {
+            return Err(bad(
+                file,
+                format!(
+                    "{name}: {dtype_name} {shape:?} is {want} bytes, its offsets span {}",
+                    end - begin
+                ),
+            ));
+        }
+        out.push(TensorInfo {
+            name,
+            dtype,
+            shape,
+            begin,
+            end,
+        });
+    }
+    out.sort_by_key(|t| (t.begin, t.end));
+    for w in out.windows(2) {
+        if w[1].begin < w[0].end {
+            return Err(bad(
+                file,
+                format!("tensors {} and {} overlap", w[0].name, w[1].name),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads and parses the header of blockfs file `f` (named `name` in errors).
+pub fn read_header(name: &str, f: &File) -> Result<Header, SafetensorsError> {
+    let len = f.stat()?.size;
+    let mut n8 = [0u8; 8];
+    if len < 8 || f.read_at(0, &mut n8)? != 8 {
+        return Err(bad(name, format!("{len} bytes: shorter than a header")));
+    }
+    let hlen = u64::from_le_bytes(n8);
+    if hlen > len - 8 || hlen > MAX_HEADER_BYTES {
+        return Err(bad(
+            name,
+            format!("a header of {hlen} bytes in a {len}-byte file"),
+        ));
+    }
+    let mut json = vec![0u8; hlen as usize];
+    if f.read_at(8, &mut json)? != json.len() {
+        return Err(bad(name, "short header read"));
+    }
+    let data_start = 8 + hlen;
+    let tensors = parse_header(name, &json, len - data_start)?;
+    Ok(Header {
+        tensors,
+        data_start,
+    })
+}
+
+/// One tensor in the arena.
+#[derive(Clone, Debug)]
+pub struct Placed {
+    /// Which of the loaded files holds it (index into the `files` of [`load`]).
+    pub file: usize,
+    /// The tensor.
+    pub info: TensorInfo,
+    /// Its first byte in the arena.
+    pub offset: u64,
+}
+
+/// The arena's layout for `headers`: each tensor at an [`ARENA_ALIGN`]ed offset, in file and
+/// data order; (placements, arena bytes). Refuses a name held by two files.
+pub fn layout(names: &[&str], headers: &[Header]) -> Result<(Vec<Placed>, u64), SafetensorsError> {
+    let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut placed = Vec::new();
+    let mut at = 0u64;
+    for (i, h) in headers.iter().enumerate() {
+        for t in &h.tensors {
+            if let Some(&first) = seen.get(t.name.as_str()) {
+                return Err(SafetensorsError::Duplicate {
+                    name: t.name.clone(),
+                    first: names[first].to_owned(),
+                    second: names[i].to_owned(),
+                });
+            }
+            seen.insert(t.name.as_str(), i);
+            placed.push(Placed {
+                file: i,
+                info: t.clone(),
+                offset: at,
+            });
+            at = at
+                .checked_add(t.bytes().next_multiple_of(ARENA_ALIGN))
+                .ok_or_else(|| bad(names[i], "tensors larger than the address space"))?;
+        }
+    }
+    Ok((placed, at))
+}
+
+/// Tensors loaded into one GPU allocation.
+pub struct Loaded {
+    /// The arena (GPU memory the controller reached; kept alive by whoever holds this).
+    pub arena: Arc<GpuBuffer>,
+    /// Every tensor and its place in the arena.
+    pub tensors: Vec<Placed>,
+    /// Data bytes read.
+    pub bytes: u64,
+    /// Seconds the batch took on the GPU.
+    pub secs: f64,
+}
+
+/// Reads every tensor of `files` (blockfs files with their parsed headers, named `names`)
+/// into one new GPU arena on `setup`'s queues, by one batch of GPU file reads; `watch` is the
+/// batch's watchdog ([`crate::gpu::watchdog`]).
+pub fn load(
+    setup: &GpuSetup,
+    names: &[&str],
+    files: &[(&File, &Header)],
+    watch: impl FnMut() -> Option<String> + Send,
+) -> Result<Loaded, SafetensorsError> {
+    let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
+    let (tensors, total) = layout(names, &headers)?;
+    let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
+    let arena = setup
+        .queues
+        .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
+        .map_err(|e| gpu(&e))?;
+    let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let opened = files
+        .iter()
+        .map(|(f, _)| gfiles.open(f))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| gpu(&e))?;
+    let ranges = tensors
+        .iter()
+        .filter(|p| p.info.bytes() > 0)
+        .map(|p| {
+            let span = GpuSpan::of(&arena, p.offset, p.info.bytes())?;
+            Ok(FileRange::read(
+                &opened[p.file],
+                headers[p.file].data_start + p.info.begin,
+                span,
+            ))
+        })
+        .collect::<Result<Vec<_>, blockfs_gpu::FilesError>>()
+        .map_err(|e| gpu(&e))?;
+    let (bytes, secs) = if ranges.is_empty() {
+        (0, 0.0)
+    } else {
+        let r = gfiles
+            .submit(&ranges)
+            .and_then(|p| p.wait_watched(watch))
+            .and_then(|r| r.into_first_error())
+            .map_err(|e| gpu(&e))?;
+        (r.bytes(), r.elapsed.as_secs_f64())
+    };
+    let want: u64 = tensors.iter().map(|p| p.info.bytes()).sum();
+    if bytes != want {
+        return Err(SafetensorsError::Gpu(format!(
+            "the GPU read {bytes} of {want} tensor bytes"
+        )));
+    }
+    Ok(Loaded {
+        arena: Arc::new(arena),
+        tensors,
+        bytes,
+        secs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(entries: &[(&str, &str, &[u64], u64, u64)]) -> Vec<u8> {
+        let mut m = serde_json::Map::new();
+        m.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+        for (name, dtype, shape, b, e) in entries {
+            m.insert(
+                (*name).into(),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, e]}),
+            );
+        }
+        serde_json::to_vec(&Value::Object(m)).unwrap()
+    }
+
+    #[test]
+    fn a_valid_header_parses_in_data_order() {
+        let h = header(&[
+            ("b", "BF16", &[3, 5], 24, 54),
+            ("a", "F32", &[2, 3], 0, 24),
+            ("s", "I64", &[], 54, 62),
+            ("e", "F16", &[0, 4], 62, 62),
+        ]);
+        let t = parse_header("m", &h, 62).unwrap();
+        let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "s", "e"]);
+        assert_eq!(t[1].dtype, Dtype::BF16);
+        assert_eq!(t[1].shape, [3, 5]);
+        assert_eq!(t[2].bytes(), 8);
+    }
+
+    #[test]
+    fn bad_headers_are_refused_with_the_reason() {
+        let cases: Vec<(Vec<u8>, u64, &str)> = vec![
+            (b"not json".to_vec(), 10, "header JSON"),
+            (b"[1,2]".to_vec(), 10, "not a JSON object"),
+            (header(&[("a", "F33", &[1], 0, 4)]), 4, "unknown dtype"),
+            (header(&[("a", "F32", &[2], 0, 4)]), 4, "is 8 bytes"),
+            (header(&[("a", "F32", &[1], 0, 4)]), 3, "outside"),
+            (header(&[("a", "F32", &[1], 4, 0)]), 8, "outside"),
+            (
+                header(&[("a", "F32", &[1], 0, 4), ("b", "F32", &[1], 2, 6)]),
+                8,
+                "overlap",
+            ),
+            (header(&[("a", "U8", &[u64::MAX, 2], 0, 4)]), 8, "overflows"),
+        ];
+        for (json, len, why) in cases {
+            let e = parse_header("m.safetensors", &json, len).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(why), "{msg:?} should say {why:?}");
+            assert!(msg.contains("m.safetensors"), "{msg:?} names the file");
+        }
+    }
+
+    #[test]
+    fn layout_aligns_every_tensor_and_refuses_duplicates() {
+        let t = |name: &str, b: u64, e: u64| TensorInfo {
+            name: name.into(),
+            dtype: Dtype::U8,
+            shape: vec![e - b],
+            begin: b,
+            end: e,
+        };
+        let h1 = Header {
+            tensors: vec![t("a", 0, 3), t("b", 3, 300)],
+            data_start: 64,
+        };
+        let h2 = Header {
+            tensors: vec![t("c", 0, 0), t("d", 0, 1)],
+            data_start: 72,
+        };
+        let (placed, total) = layout(&["x", "y"], &[h1.clone(), h2]).unwrap();
+        let offs: Vec<u64> = placed.iter().map(|p| p.offset).collect();
+        assert_eq!(offs, [0, 256, 768, 768]);
+        assert_eq!(total, 1024);
+        assert!(placed.iter().all(|p| p.offset % ARENA_ALIGN == 0));
+        let e = layout(&["x", "y"], &[h1.clone(), h1]).unwrap_err();
+        assert!(matches!(e, SafetensorsError::Duplicate { ref name, .. } if name == "a"));
+    }
+
+    #[test]
+    fn dtype_names_round_trip() {
+        for (d, name, size) in Dtype::ALL {
+            assert_eq!(Dtype::parse(name), Some(d));
+            assert_eq!(d.name(), name);
+            assert_eq!(d.size(), size);
+        }
+        assert_eq!(Dtype::parse("bf16"), None);
+    }
+}
