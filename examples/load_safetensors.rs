@@ -23,12 +23,13 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs::{CreateOptions, OpenMode};
 use gpunvme::blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpunvme::gpu;
 use gpunvme::gpu_fs;
+use gpunvme::safetensors::{self, Dtype};
 use serde_json::{Map, Value, json};
 
 use common::{DeviceArgs, gbps, verify};
@@ -47,28 +48,6 @@ struct Args {
     dev: DeviceArgs,
 }
 
-/// One tensor of the header.
-#[derive(Debug, Clone)]
-struct Tensor {
-    name: String,
-    dtype: String,
-    shape: Vec<u64>,
-    /// Byte range in the data section.
-    begin: u64,
-    end: u64,
-}
-
-fn dtype_bytes(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 1,
-        "U16" | "I16" | "F16" | "BF16" => 2,
-        "U32" | "I32" | "F32" => 4,
-        "U64" | "I64" | "F64" => 8,
-        _ => return None,
-    })
-}
-
-/// Builds a small safetensors file: (name, dtype, shape) with deterministic bytes.
 fn build_model() -> Vec<u8> {
     let specs: &[(&str, &str, &[u64])] = &[
         ("embed.weight", "F32", &[1000, 257]),
@@ -89,7 +68,7 @@ fn build_model() -> Vec<u8> {
     );
     let mut data = Vec::new();
     for (i, (name, dtype, shape)) in specs.iter().enumerate() {
-        let n = shape.iter().product::<u64>() * dtype_bytes(dtype).expect("known dtype");
+        let n = shape.iter().product::<u64>() * Dtype::parse(dtype).expect("known dtype").size();
         let begin = data.len() as u64;
         let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (i as u64 + 1);
         data.extend((0..n).map(|_| {
@@ -113,59 +92,6 @@ fn build_model() -> Vec<u8> {
 }
 
 /// Parses a safetensors header (the JSON after the 8-byte length): the tensors, in data order.
-fn parse_header(json: &[u8], data_len: u64) -> Result<Vec<Tensor>> {
-    let v: Value = serde_json::from_slice(json).context("the header is not JSON")?;
-    let Value::Object(map) = v else {
-        bail!("the header is not a JSON object");
-    };
-    let mut out = Vec::new();
-    for (name, t) in map {
-        if name == "__metadata__" {
-            continue;
-        }
-        let dtype = t["dtype"]
-            .as_str()
-            .with_context(|| format!("{name}: no dtype"))?
-            .to_owned();
-        let shape = t["shape"]
-            .as_array()
-            .with_context(|| format!("{name}: no shape"))?
-            .iter()
-            .map(|d| d.as_u64().context("a dimension"))
-            .collect::<Result<Vec<u64>>>()?;
-        let offs = t["data_offsets"]
-            .as_array()
-            .filter(|a| a.len() == 2)
-            .with_context(|| format!("{name}: no data_offsets"))?;
-        let (begin, end) = (
-            offs[0].as_u64().context("an offset")?,
-            offs[1].as_u64().context("an offset")?,
-        );
-        ensure!(
-            begin <= end && end <= data_len,
-            "{name}: data_offsets {begin}..{end} outside the {data_len} data bytes"
-        );
-        if let Some(b) = dtype_bytes(&dtype) {
-            let want = shape.iter().product::<u64>() * b;
-            ensure!(
-                want == end - begin,
-                "{name}: {dtype} {shape:?} is {want} bytes, its offsets say {}",
-                end - begin
-            );
-        }
-        out.push(Tensor {
-            name,
-            dtype,
-            shape,
-            begin,
-            end,
-        });
-    }
-    out.sort_by_key(|t| t.begin);
-    Ok(out)
-}
-
-/// The source file: bytes in memory (built here) or a host file read at offsets.
 enum Source {
     Built(Vec<u8>),
     Host(std::fs::File, u64),
@@ -224,20 +150,9 @@ fn main() -> Result<()> {
     // The header, read back through blockfs and parsed on the host.
     opened.remount()?;
     let file = opened.fs.open(NAME, OpenMode::ReadOnly)?;
-    let mut n8 = [0u8; 8];
-    ensure!(file.read_at(0, &mut n8)? == 8, "short header read");
-    let hlen = u64::from_le_bytes(n8);
-    ensure!(
-        hlen <= len - 8 && hlen <= 100 << 20,
-        "header of {hlen} bytes in a {len}-byte file"
-    );
-    let mut hjson = vec![0u8; hlen as usize];
-    ensure!(
-        file.read_at(8, &mut hjson)? == hlen as usize,
-        "short header read"
-    );
-    let base = 8 + hlen;
-    let tensors = parse_header(&hjson, len - base)?;
+    let header = safetensors::read_header(NAME, &file)?;
+    let (base, tensors) = (header.data_start, header.tensors);
+    let hlen = base - 8;
     let total: u64 = tensors.iter().map(|t| t.end - t.begin).sum();
     println!(
         "header: {hlen} bytes, {} tensors, {total} data bytes",
@@ -297,7 +212,7 @@ fn main() -> Result<()> {
                 println!(
                     "  {:<32} {:>5} {:<16} {:>10} bytes  crc32c {gpu_crc:08x} ok",
                     t.name,
-                    t.dtype,
+                    t.dtype.name(),
                     format!("{:?}", t.shape),
                     n
                 );
