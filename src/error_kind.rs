@@ -27,6 +27,8 @@ pub enum ErrorKind {
     Image,
     /// The device (controller, VFIO, a command) failed.
     Device,
+    /// Refused before anything changed: the call would destroy data.
+    Refused,
     /// Another file-system error.
     FileSystem,
     /// Anything else.
@@ -48,6 +50,7 @@ impl ErrorKind {
             ErrorKind::Io => "io",
             ErrorKind::Image => "image",
             ErrorKind::Device => "device",
+            ErrorKind::Refused => "refused",
             ErrorKind::FileSystem => "file_system",
             ErrorKind::Other => "error",
         }
@@ -61,6 +64,9 @@ impl ErrorKind {
 
 /// The kind one error of a chain says, if it is one of the typed errors underneath.
 fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    if cause.is::<crate::handle::Refused>() {
+        return Some(ErrorKind::Refused);
+    }
     if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
         return Some(match e {
             nvme_emu::EmuError::ImageBusy { .. } => ErrorKind::Busy,

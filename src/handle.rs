@@ -1,0 +1,264 @@
+//! An open device for embedders (the Python package, the C ABI): a controller brought up the
+//! way the CLI does it, blockfs on one namespace, and the file-system calls of `gpunvme fs`
+//! returning the CLI's report types. Refusals that protect data are [`Refused`] errors.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use blockfs::{FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode};
+use nvme::Controller;
+
+use crate::copy;
+use crate::fs_report::{FsckView, ListReport, MkfsReport, RemoveReport, StatReport, check_data};
+use crate::gpu::{self, Serving};
+use crate::gpu_fs::{self, GpuFsOptions};
+use crate::open::{self, Backend, DeviceSpec, OpenOptions};
+use crate::safetensors;
+
+/// A call refused before anything changed, because it would destroy data.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// An fsck's outcome.
+pub struct FsckOutcome {
+    /// The report as `gpunvme --json fs fsck` prints it.
+    pub json: serde_json::Value,
+    /// Whether the file system is consistent.
+    pub consistent: bool,
+    /// Files whose data did not match their recorded CRC-32C (with `data`).
+    pub mismatched: Vec<String>,
+}
+
+/// An open device: its controller and the block device blockfs runs on.
+pub struct DeviceHandle {
+    spec: DeviceSpec,
+    opts: OpenOptions,
+    nsid: u32,
+    describe: String,
+    dev: Arc<NvmeBlockDevice>,
+    /// I/O queue pairs the block device holds (GPU queues take the rest).
+    cpu_queues: u16,
+    backend: Backend,
+    // Dropped after the block device (field order): its queues are the controller's.
+    ctrl: Controller,
+}
+
+impl DeviceHandle {
+    /// Opens `device` (as `--device`: a PCI address, an image path, or None for the default
+    /// image) and blockfs's block device on namespace `nsid`.
+    pub fn open(device: Option<&str>, opts: OpenOptions, nsid: u32) -> Result<Self> {
+        let spec = DeviceSpec::parse(device)?;
+        let (ctrl, backend) = open::open_controller_and_transport(&spec, &opts)?;
+        let info = ctrl.info();
+        let describe = format!(
+            "{} serial {} (namespace {nsid}, {spec:?})",
+            info.mn.trim(),
+            info.sn.trim()
+        );
+        let dev_opts = NvmeDeviceOptions::default();
+        let dev = Arc::new(
+            NvmeBlockDevice::new(&ctrl, nsid, &dev_opts)
+                .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
+        );
+        Ok(Self {
+            spec,
+            opts,
+            nsid,
+            describe,
+            dev,
+            cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
+            backend,
+            ctrl,
+        })
+    }
+
+    /// What the device is: model, serial, namespace.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// Mounts blockfs (each call reads it afresh).
+    pub fn mount(&self) -> Result<FileSystem> {
+        let nsid = self.nsid;
+        FileSystem::mount(self.dev.clone()).map_err(|e| match e {
+            e @ blockfs::Error::NotBlockfs(_) => anyhow::Error::new(e).context(format!(
+                "namespace {nsid} holds no blockfs (make one with mkfs)"
+            )),
+            e => anyhow::Error::new(e).context(format!(
+                "mounting blockfs on namespace {nsid} (fsck says more)"
+            )),
+        })
+    }
+
+    /// Makes a new, empty file system; [`Refused`] where one exists unless `force`.
+    pub fn mkfs(&self, block_size: u32, force: bool) -> Result<MkfsReport> {
+        if !force {
+            let found =
+                FileSystem::probe(self.dev.clone()).context("looking for a file system to keep")?;
+            if found.is_blockfs() {
+                return Err(Refused(format!(
+                    "namespace {} holds {found}; mkfs would destroy it (force it to do so)",
+                    self.nsid
+                ))
+                .into());
+            }
+        }
+        let opts = MkfsOptions {
+            block_size,
+            ..MkfsOptions::default()
+        };
+        let fs = FileSystem::mkfs(self.dev.clone(), &opts).context("mkfs")?;
+        Ok(MkfsReport::of(&fs))
+    }
+
+    /// The files whose names start with `prefix`.
+    pub fn ls(&self, prefix: &str) -> Result<ListReport> {
+        Ok(ListReport::of(&self.mount()?, prefix))
+    }
+
+    /// Copies host file `src` in as `name` (replacing it by one commit with `force`).
+    pub fn put(&self, src: &Path, name: &str, force: bool) -> Result<copy::TransferReport> {
+        let fs = self.mount()?;
+        let opts = copy::PutOptions { force, chunk: None };
+        Ok(copy::put(&fs, src, name, &opts, &|_| {})?)
+    }
+
+    /// Copies `name` out to host file `dst`; [`Refused`] onto the device's own image.
+    pub fn get(&self, name: &str, dst: &Path) -> Result<copy::TransferReport> {
+        if self.spec.is_own_image(&self.opts, dst) {
+            return Err(Refused(format!(
+                "{} is the device's own image file: writing the output there would destroy it",
+                dst.display()
+            ))
+            .into());
+        }
+        let fs = self.mount()?;
+        let dest = copy::Destination::Path(dst);
+        Ok(copy::get(
+            &fs,
+            name,
+            dest,
+            &copy::GetOptions { chunk: None },
+            &|_| {},
+        )?)
+    }
+
+    /// `name`'s size, allocation, extents and generation.
+    pub fn stat(&self, name: &str) -> Result<StatReport> {
+        Ok(StatReport::of(&self.mount()?, name)?)
+    }
+
+    /// Reads up to `buf.len()` bytes of `name` from `offset` into host memory: the count read
+    /// (short only at the end of the file).
+    pub fn read_at(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let fs = self.mount()?;
+        let f = fs.open(name, OpenMode::ReadOnly)?;
+        Ok(f.read_at(offset, buf)?)
+    }
+
+    /// Removes `name`.
+    pub fn rm(&self, name: &str) -> Result<RemoveReport> {
+        let fs = self.mount()?;
+        fs.remove(name)?;
+        fs.sync()?;
+        Ok(RemoveReport {
+            removed: name.to_owned(),
+        })
+    }
+
+    /// Checks the file system (unmounted); `repair` fixes what can be fixed, `data` also reads
+    /// every file with a recorded checksum.
+    pub fn fsck(&self, repair: bool, data: bool) -> Result<FsckOutcome> {
+        let report = blockfs::fsck(self.dev.clone(), &FsckOptions { repair })?;
+        let data_report = if data && report.is_consistent() {
+            Some(check_data(&FileSystem::mount(self.dev.clone())?)?)
+        } else {
+            None
+        };
+        let view = FsckView {
+            report: &report,
+            repair,
+            data: data_report.as_ref(),
+        };
+        Ok(FsckOutcome {
+            json: serde_json::to_value(&view)?,
+            consistent: report.is_consistent(),
+            mismatched: data_report.map(|d| d.mismatched).unwrap_or_default(),
+        })
+    }
+
+    /// Loads every tensor of the `.safetensors` file `name` (or of every `.safetensors` file
+    /// under the prefix `name`) into one GPU arena by GPU-issued reads on queues served as
+    /// `serving` says; also the load's report (files, tensors, bytes, seconds, data path).
+    /// Every refusal that needs no GPU (names, headers, duplicates) comes before the GPU.
+    pub fn load_safetensors(
+        &self,
+        name: &str,
+        serving: Serving,
+    ) -> Result<(safetensors::Loaded, serde_json::Value)> {
+        let fs = self.mount()?;
+        let names = safetensors_files(&fs, name)?;
+        let files = names
+            .iter()
+            .map(|n| fs.open(n, OpenMode::ReadOnly))
+            .collect::<Result<Vec<_>, _>>()?;
+        let headers = names
+            .iter()
+            .zip(&files)
+            .map(|(n, f)| safetensors::read_header(n, f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        safetensors::layout(&refs, &headers)?;
+        if !gpu_queues::cuda_present() {
+            anyhow::bail!("no GPU: no CUDA driver on this machine (the headers were checked)");
+        }
+        let opts = GpuFsOptions {
+            serving,
+            cpu_queues: self.cpu_queues,
+            ..GpuFsOptions::default()
+        };
+        let (_cuda, setup) = gpu_fs::setup(&self.ctrl, &self.backend, &opts)?;
+        let result = (|| {
+            let pairs: Vec<_> = files.iter().zip(&headers).collect();
+            let watch = gpu::watchdog(&self.ctrl, &self.backend, setup.model.as_ref());
+            let loaded = safetensors::load(&setup, &refs, &pairs, watch)?;
+            let report = serde_json::json!({
+                "files": names,
+                "tensors": loaded.tensors.len(),
+                "bytes": loaded.bytes,
+                "seconds": loaded.secs,
+                "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
+                "arena_bytes": loaded.arena.len(),
+                "transport": setup.transport,
+                "data_path": gpu_fs::data_path(&setup, false),
+            });
+            anyhow::Ok((loaded, report))
+        })();
+        let down = gpu_fs::teardown(setup);
+        let out = result?;
+        down?;
+        Ok(out)
+    }
+}
+
+/// The files `name` means: itself if it exists, else every `.safetensors` file under it.
+fn safetensors_files(fs: &FileSystem, name: &str) -> Result<Vec<String>> {
+    if fs.stat(name).is_ok() {
+        return Ok(vec![name.to_owned()]);
+    }
+    let mut names: Vec<String> = fs
+        .list(name)
+        .into_iter()
+        .map(|st| st.name)
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(
+            blockfs::Error::NotFound(format!("{name} (nor any {name}*.safetensors)")).into(),
+        );
+    }
+    Ok(names)
+}
