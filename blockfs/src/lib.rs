@@ -108,6 +108,7 @@ mod pin;
 mod state;
 mod superblock;
 pub mod table;
+pub mod volume;
 
 pub use checksum::{ChecksummedSink, ChecksummedSource, Crc32cPieces};
 pub use crash::{CrashDevice, LoggedOp};
@@ -128,3 +129,4 @@ pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
 pub use pin::PinnedTable;
 pub use state::FileStat;
 pub use table::ExtentTable;
+pub use volume::{StripedVolume, VolumeError, VolumeLabel};

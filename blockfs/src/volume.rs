@@ -1,0 +1,669 @@
+//! A striped volume (RAID-0) over several block devices, itself a [`BlockDevice`], so blockfs
+//! runs on it unchanged.
+//!
+//! Layout: every member starts with a label area of [`LABEL_BYTES`] (one 4 KiB block, or one
+//! LBA where LBAs are larger) holding a [`VolumeLabel`]; the volume's LBAs follow, in stripe
+//! units of `stripe_lbas`: unit `u` lives on member `u % n` at member LBA
+//! `label_lbas + (u / n) * stripe_lbas`. Every member holds the same number of data LBAs (the
+//! smallest member's, rounded down to whole units).
+//!
+//! [`StripedVolume::open`] takes the members in their order and refuses a set that is not the
+//! volume's, naming the member: one without a label, one of another volume, a duplicate, a
+//! missing or extra member, a member out of place. A single device needs no volume (blockfs on
+//! it directly), so images made before volumes existed stay mountable.
+
+use std::sync::Arc;
+
+use crate::device::{BlockDevice, DeviceError, ReadReq, WriteReq};
+
+/// Bytes reserved for the label at the start of every member (at least one LBA).
+pub const LABEL_BYTES: u64 = 4096;
+
+/// The label's first bytes.
+pub const LABEL_MAGIC: [u8; 8] = *b"GPNVVOL1";
+
+/// The label format's version.
+pub const LABEL_VERSION: u32 = 1;
+
+/// What every member records about its volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeLabel {
+    /// The volume's identity, the same on every member.
+    pub volume_id: [u8; 16],
+    /// This member's place (0-based).
+    pub member: u32,
+    /// Members of the volume.
+    pub members: u32,
+    /// Stripe unit in bytes (a multiple of the LBA size).
+    pub stripe_bytes: u64,
+    /// Data LBAs on each member (after the label area).
+    pub member_lbas: u64,
+    /// LBA size of every member.
+    pub lba_size: u32,
+}
+
+impl VolumeLabel {
+    /// The label's bytes (64; the rest of the label area is zero).
+    pub fn encode(&self) -> [u8; 64] {
+        let mut b = [0u8; 64];
+        b[0..8].copy_from_slice(&LABEL_MAGIC);
+        b[8..12].copy_from_slice(&LABEL_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&self.lba_size.to_le_bytes());
+        b[16..32].copy_from_slice(&self.volume_id);
+        b[32..36].copy_from_slice(&self.member.to_le_bytes());
+        b[36..40].copy_from_slice(&self.members.to_le_bytes());
+        b[40..48].copy_from_slice(&self.stripe_bytes.to_le_bytes());
+        b[48..56].copy_from_slice(&self.member_lbas.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..56]);
+        b[56..60].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The label in `b` (a member's first bytes): `Ok(None)` where there is no label (another
+    /// magic), an error where one is damaged or from a newer format.
+    pub fn decode(b: &[u8]) -> Result<Option<Self>, String> {
+        if b.len() < 64 || b[0..8] != LABEL_MAGIC {
+            return Ok(None);
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(56) != crc32c::crc32c(&b[0..56]) {
+            return Err("the volume label fails its checksum".into());
+        }
+        if u32_at(8) != LABEL_VERSION {
+            return Err(format!("volume label version {} is not known", u32_at(8)));
+        }
+        let mut volume_id = [0u8; 16];
+        volume_id.copy_from_slice(&b[16..32]);
+        Ok(Some(Self {
+            volume_id,
+            member: u32_at(32),
+            members: u32_at(36),
+            stripe_bytes: u64_at(40),
+            member_lbas: u64_at(48),
+            lba_size: u32_at(12),
+        }))
+    }
+}
+
+/// Why a set of devices is not a volume.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// No devices, or more than the label can count.
+    #[error("a volume needs 1 to {max} members, not {got}", max = u32::MAX)]
+    Count {
+        /// Devices given.
+        got: usize,
+    },
+    /// The members' geometry does not allow the volume.
+    #[error("volume geometry: {0}")]
+    Geometry(String),
+    /// A device holds no volume label.
+    #[error("device {position} holds no volume label (not a member of any volume)")]
+    NotAMember {
+        /// Its position in the given list.
+        position: usize,
+    },
+    /// A device's label is damaged or from a newer format.
+    #[error("device {position}: {why}")]
+    BadLabel {
+        /// Its position in the given list.
+        position: usize,
+        /// What is wrong.
+        why: String,
+    },
+    /// A device belongs to another volume (or its label disagrees with the first member's).
+    #[error("device {position} belongs to another volume than device 0 ({what})")]
+    WrongVolume {
+        /// Its position in the given list.
+        position: usize,
+        /// What differs.
+        what: String,
+    },
+    /// Two devices are the same member.
+    #[error("devices {first} and {second} are both member {member} of the volume")]
+    Duplicate {
+        /// The member index both hold.
+        member: u32,
+        /// The first device's position.
+        first: usize,
+        /// The second's.
+        second: usize,
+    },
+    /// Members of the volume are not among the devices.
+    #[error("member(s) {missing:?} of the {members}-member volume are missing")]
+    Missing {
+        /// The missing members' indices.
+        missing: Vec<u32>,
+        /// The volume's member count.
+        members: u32,
+    },
+    /// A member is not in its place.
+    #[error("device {position} is member {member} of the volume: give the members in order")]
+    Reordered {
+        /// Its position in the given list.
+        position: usize,
+        /// The member it is.
+        member: u32,
+    },
+    /// A member's device failed.
+    #[error("volume member {position}")]
+    Device {
+        /// Its position.
+        position: usize,
+        /// The device's error.
+        #[source]
+        source: DeviceError,
+    },
+}
+
+/// A RAID-0 volume over member block devices.
+pub struct StripedVolume {
+    members: Vec<Arc<dyn BlockDevice>>,
+    label: VolumeLabel,
+    stripe_lbas: u64,
+    label_lbas: u64,
+}
+
+impl std::fmt::Debug for StripedVolume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StripedVolume")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One piece of a volume request on one member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The member.
+    pub member: usize,
+    /// First LBA on the member.
+    pub member_lba: u64,
+    /// LBAs.
+    pub lbas: u64,
+    /// LBAs of the request before this piece.
+    pub offset: u64,
+}
+
+fn label_lbas(lba_size: u32) -> u64 {
+    LABEL_BYTES.div_ceil(lba_size as u64).max(1)
+}
+
+fn member_err(position: usize) -> impl FnOnce(DeviceError) -> VolumeError {
+    move |source| VolumeError::Device { position, source }
+}
+
+impl StripedVolume {
+    /// Makes a new volume over `members` (in this order) with stripe unit `stripe_bytes`,
+    /// writing every member's label (then flushing). Whatever the members held is lost.
+    pub fn create(
+        members: Vec<Arc<dyn BlockDevice>>,
+        stripe_bytes: u64,
+        volume_id: [u8; 16],
+    ) -> Result<Self, VolumeError> {
+        let n = u32::try_from(members.len())
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or(VolumeError::Count { got: members.len() })?;
+        let lba_size = members[0].lba_size();
+        if let Some(p) = members.iter().position(|m| m.lba_size() != lba_size) {
+            return Err(VolumeError::Geometry(format!(
+                "device {p} has {}-byte LBAs, device 0 {lba_size}-byte",
+                members[p].lba_size()
+            )));
+        }
+        if stripe_bytes == 0 || stripe_bytes % lba_size as u64 != 0 {
+            return Err(VolumeError::Geometry(format!(
+                "a stripe of {stripe_bytes} bytes is not a whole number of {lba_size}-byte LBAs"
+            )));
+        }
+        let stripe_lbas = stripe_bytes / lba_size as u64;
+        let reserved = label_lbas(lba_size);
+        let smallest = members.iter().map(|m| m.lba_count()).min().unwrap_or(0);
+        let member_lbas = smallest.saturating_sub(reserved) / stripe_lbas * stripe_lbas;
+        if member_lbas == 0 {
+            return Err(VolumeError::Geometry(format!(
+                "the smallest member ({smallest} LBAs) holds no whole stripe after its label"
+            )));
+        }
+        let mut area = vec![0u8; (reserved * lba_size as u64) as usize];
+        for (i, m) in members.iter().enumerate() {
+            let label = VolumeLabel {
+                volume_id,
+                member: i as u32,
+                members: n,
+                stripe_bytes,
+                member_lbas,
+                lba_size,
+            };
+            area[..64].copy_from_slice(&label.encode());
+            m.write(&[WriteReq { lba: 0, buf: &area }])
+                .map_err(member_err(i))?;
+        }
+        for (i, m) in members.iter().enumerate() {
+            m.flush().map_err(member_err(i))?;
+        }
+        Self::open(members)
+    }
+
+    /// Assembles the volume whose members are `members`, in order; refuses any other set.
+    pub fn open(members: Vec<Arc<dyn BlockDevice>>) -> Result<Self, VolumeError> {
+        if members.is_empty() || u32::try_from(members.len()).is_err() {
+            return Err(VolumeError::Count { got: members.len() });
+        }
+        let mut labels = Vec::with_capacity(members.len());
+        for (i, m) in members.iter().enumerate() {
+            let lba_size = m.lba_size();
+            let mut area = vec![0u8; (label_lbas(lba_size) * lba_size as u64) as usize];
+            m.read(&mut [ReadReq {
+                lba: 0,
+                buf: &mut area,
+            }])
+            .map_err(member_err(i))?;
+            let label = VolumeLabel::decode(&area)
+                .map_err(|why| VolumeError::BadLabel { position: i, why })?
+                .ok_or(VolumeError::NotAMember { position: i })?;
+            labels.push(label);
+        }
+        let first = labels[0];
+        for (i, l) in labels.iter().enumerate().skip(1) {
+            let what = if l.volume_id != first.volume_id {
+                "its volume id differs"
+            } else if (l.members, l.stripe_bytes, l.member_lbas, l.lba_size)
+                != (
+                    first.members,
+                    first.stripe_bytes,
+                    first.member_lbas,
+                    first.lba_size,
+                )
+            {
+                "its geometry differs"
+            } else {
+                continue;
+            };
+            return Err(VolumeError::WrongVolume {
+                position: i,
+                what: what.into(),
+            });
+        }
+        let mut seen: Vec<Option<usize>> = vec![None; first.members as usize];
+        for (i, l) in labels.iter().enumerate() {
+            let slot = seen
+                .get_mut(l.member as usize)
+                .ok_or_else(|| VolumeError::BadLabel {
+                    position: i,
+                    why: format!("member {} of a {}-member volume", l.member, l.members),
+                })?;
+            if let Some(f) = *slot {
+                return Err(VolumeError::Duplicate {
+                    member: l.member,
+                    first: f,
+                    second: i,
+                });
+            }
+            *slot = Some(i);
+        }
+        let missing: Vec<u32> = (0..first.members)
+            .filter(|&k| seen[k as usize].is_none())
+            .collect();
+        if !missing.is_empty() {
+            return Err(VolumeError::Missing {
+                missing,
+                members: first.members,
+            });
+        }
+        if let Some((i, l)) = labels
+            .iter()
+            .enumerate()
+            .find(|(i, l)| l.member as usize != *i)
+        {
+            return Err(VolumeError::Reordered {
+                position: i,
+                member: l.member,
+            });
+        }
+        let lba = first.lba_size as u64;
+        let reserved = label_lbas(first.lba_size);
+        let stripe_lbas = first.stripe_bytes / lba;
+        for (i, m) in members.iter().enumerate() {
+            if m.lba_size() != first.lba_size
+                || m.lba_count() < reserved + first.member_lbas
+                || stripe_lbas == 0
+                || first.stripe_bytes % lba != 0
+            {
+                return Err(VolumeError::Geometry(format!(
+                    "device {i} ({} LBAs of {} bytes) cannot hold its part of the volume",
+                    m.lba_count(),
+                    m.lba_size()
+                )));
+            }
+        }
+        Ok(Self {
+            members,
+            label: first,
+            stripe_lbas,
+            label_lbas: reserved,
+        })
+    }
+
+    /// The volume's label (member 0's).
+    pub fn label(&self) -> &VolumeLabel {
+        &self.label
+    }
+
+    /// Members.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Where volume LBA `lba` lives: (member, member LBA).
+    pub fn locate(&self, lba: u64) -> (usize, u64) {
+        let n = self.members.len() as u64;
+        let unit = lba / self.stripe_lbas;
+        let member = (unit % n) as usize;
+        let member_lba = self.label_lbas + (unit / n) * self.stripe_lbas + lba % self.stripe_lbas;
+        (member, member_lba)
+    }
+
+    /// The pieces of `lbas` LBAs from volume LBA `lba`, in order (each within one unit).
+    pub fn pieces(&self, lba: u64, lbas: u64) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < lbas {
+            let at = lba + done;
+            let n = (self.stripe_lbas - at % self.stripe_lbas).min(lbas - done);
+            let (member, member_lba) = self.locate(at);
+            out.push(Piece {
+                member,
+                member_lba,
+                lbas: n,
+                offset: done,
+            });
+            done += n;
+        }
+        out
+    }
+
+    fn check(&self, lba: u64, len: usize) -> Result<u64, DeviceError> {
+        let size = self.label.lba_size as usize;
+        if len % size != 0 {
+            return Err(DeviceError::Misaligned {
+                len,
+                lba_size: self.label.lba_size,
+            });
+        }
+        let n = (len / size) as u64;
+        match lba.checked_add(n) {
+            Some(end) if end <= self.lba_count() => Ok(n),
+            _ => Err(DeviceError::OutOfRange {
+                lba,
+                end: lba.saturating_add(n),
+                blocks: self.lba_count(),
+            }),
+        }
+    }
+
+    /// Runs `f` on every member with work, one thread each; the first error after all finished.
+    fn on_members<T: Send>(
+        &self,
+        work: Vec<Vec<T>>,
+        f: impl Fn(&dyn BlockDevice, Vec<T>) -> Result<(), DeviceError> + Sync,
+    ) -> Result<(), DeviceError> {
+        let busy: Vec<(usize, Vec<T>)> = work
+            .into_iter()
+            .enumerate()
+            .filter(|(_, w)| !w.is_empty())
+            .collect();
+        if busy.len() == 1 {
+            let (i, w) = busy.into_iter().next().expect("one");
+            return f(self.members[i].as_ref(), w);
+        }
+        std::thread::scope(|s| {
+            let handles: Vec<_> = busy
+                .into_iter()
+                .map(|(i, w)| {
+                    let m = self.members[i].as_ref();
+                    let f = &f;
+                    s.spawn(move || f(m, w))
+                })
+                .collect();
+            let mut first = Ok(());
+            for h in handles {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(DeviceError::Io {
+                        op: "volume member",
+                        lba: 0,
+                        source: Box::new(std::io::Error::other("a member's thread panicked")),
+                    })
+                });
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        })
+    }
+}
+
+impl BlockDevice for StripedVolume {
+    fn lba_size(&self) -> u32 {
+        self.label.lba_size
+    }
+
+    fn lba_count(&self) -> u64 {
+        self.label.member_lbas * self.members.len() as u64
+    }
+
+    fn read(&self, reqs: &mut [ReadReq<'_>]) -> Result<(), DeviceError> {
+        let size = self.label.lba_size as usize;
+        let mut work: Vec<Vec<ReadReq<'_>>> = (0..self.members.len()).map(|_| Vec::new()).collect();
+        for r in reqs.iter_mut() {
+            self.check(r.lba, r.buf.len())?;
+            let mut rest: &mut [u8] = &mut *r.buf;
+            for p in self.pieces(r.lba, (rest.len() / size) as u64) {
+                let (head, tail) = rest.split_at_mut(p.lbas as usize * size);
+                work[p.member].push(ReadReq {
+                    lba: p.member_lba,
+                    buf: head,
+                });
+                rest = tail;
+            }
+        }
+        self.on_members(work, |m, mut batch| m.read(&mut batch))
+    }
+
+    fn write(&self, reqs: &[WriteReq<'_>]) -> Result<(), DeviceError> {
+        let size = self.label.lba_size as usize;
+        let mut work: Vec<Vec<WriteReq<'_>>> =
+            (0..self.members.len()).map(|_| Vec::new()).collect();
+        for r in reqs {
+            self.check(r.lba, r.buf.len())?;
+            for p in self.pieces(r.lba, (r.buf.len() / size) as u64) {
+                let at = p.offset as usize * size;
+                work[p.member].push(WriteReq {
+                    lba: p.member_lba,
+                    buf: &r.buf[at..at + p.lbas as usize * size],
+                });
+            }
+        }
+        self.on_members(work, |m, batch| m.write(&batch))
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        let work: Vec<Vec<()>> = (0..self.members.len()).map(|_| vec![()]).collect();
+        self.on_members(work, |m, _| m.flush())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "striped volume of {} members ({} KiB stripe): {}",
+            self.members.len(),
+            self.label.stripe_bytes >> 10,
+            self.members
+                .iter()
+                .map(|m| m.describe())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemDevice;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn mems(n: usize, lba: u32, lbas: u64) -> Vec<Arc<dyn BlockDevice>> {
+        (0..n)
+            .map(|_| Arc::new(MemDevice::new(lba, lbas)) as Arc<dyn BlockDevice>)
+            .collect()
+    }
+
+    #[test]
+    fn labels_round_trip_and_damage_is_seen() {
+        let l = VolumeLabel {
+            volume_id: [7; 16],
+            member: 2,
+            members: 3,
+            stripe_bytes: 128 << 10,
+            member_lbas: 1000,
+            lba_size: 512,
+        };
+        let mut b = l.encode().to_vec();
+        assert_eq!(VolumeLabel::decode(&b), Ok(Some(l)));
+        b[40] ^= 1;
+        assert!(VolumeLabel::decode(&b).unwrap_err().contains("checksum"));
+        assert_eq!(VolumeLabel::decode(&[0u8; 64]), Ok(None));
+    }
+
+    /// The stripe arithmetic against a byte-by-byte reference: every volume LBA maps to the
+    /// reference member and member LBA, pieces tile every request in order and never cross a
+    /// unit, and no two volume LBAs share a place.
+    #[test]
+    fn stripe_arithmetic_matches_a_reference_model() {
+        let mut rng = SmallRng::seed_from_u64(11);
+        for n in 1..=5usize {
+            for stripe_lbas in [1u64, 8, 256] {
+                let lba = 512u32;
+                let per_member = 3 * stripe_lbas + (stripe_lbas - 1) + label_lbas(lba);
+                let v = StripedVolume::create(mems(n, lba, per_member), stripe_lbas * 512, [1; 16])
+                    .unwrap();
+                assert_eq!(v.lba_count(), n as u64 * 3 * stripe_lbas);
+                let mut seen = std::collections::HashSet::new();
+                for x in 0..v.lba_count() {
+                    let (m, ml) = v.locate(x);
+                    let unit = x / stripe_lbas;
+                    assert_eq!(m as u64, unit % n as u64);
+                    assert_eq!(ml, 8 + (unit / n as u64) * stripe_lbas + x % stripe_lbas);
+                    assert!(ml >= label_lbas(lba) && ml < per_member);
+                    assert!(seen.insert((m, ml)), "two volume LBAs share a place");
+                }
+                for _ in 0..200 {
+                    let start = rng.random_range(0..v.lba_count());
+                    let len = rng.random_range(1..=v.lba_count() - start);
+                    let ps = v.pieces(start, len);
+                    let mut at = 0;
+                    for p in &ps {
+                        assert_eq!(p.offset, at);
+                        assert_eq!((p.member, p.member_lba), v.locate(start + at));
+                        assert_eq!(
+                            (start + at) / stripe_lbas,
+                            (start + at + p.lbas - 1) / stripe_lbas,
+                            "a piece crosses a unit"
+                        );
+                        at += p.lbas;
+                    }
+                    assert_eq!(at, len);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_land_where_the_layout_says() {
+        let members = mems(3, 512, 8 + 64);
+        let v = StripedVolume::create(members.clone(), 4096, [2; 16]).unwrap();
+        let data: Vec<u8> = (0..v.lba_count() as usize * 512)
+            .map(|i| (i * 7 + i / 512) as u8)
+            .collect();
+        v.write(&[WriteReq { lba: 0, buf: &data }]).unwrap();
+        for x in 0..v.lba_count() {
+            let (m, ml) = v.locate(x);
+            let mut b = vec![0u8; 512];
+            members[m]
+                .read(&mut [ReadReq {
+                    lba: ml,
+                    buf: &mut b,
+                }])
+                .unwrap();
+            assert_eq!(b, data[x as usize * 512..][..512], "volume LBA {x}");
+        }
+        let mut back = vec![0u8; 5 * 512];
+        v.read(&mut [ReadReq {
+            lba: 13,
+            buf: &mut back,
+        }])
+        .unwrap();
+        assert_eq!(back, data[13 * 512..18 * 512]);
+        let mut past = vec![0u8; 1024];
+        assert!(matches!(
+            v.read(&mut [ReadReq {
+                lba: v.lba_count() - 1,
+                buf: &mut past
+            }]),
+            Err(DeviceError::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn every_wrong_member_set_is_refused_by_name() {
+        let a = mems(3, 512, 200);
+        StripedVolume::create(a.clone(), 4096, [3; 16]).unwrap();
+        let b = mems(2, 512, 200);
+        StripedVolume::create(b.clone(), 4096, [4; 16]).unwrap();
+        let blank = mems(1, 512, 200);
+        let open = |v: Vec<&Arc<dyn BlockDevice>>| {
+            StripedVolume::open(v.into_iter().cloned().collect()).unwrap_err()
+        };
+        assert!(StripedVolume::open(a.clone()).is_ok());
+        assert!(matches!(
+            open(vec![&a[0], &a[1]]),
+            VolumeError::Missing { ref missing, members: 3 } if missing == &[2]
+        ));
+        assert!(matches!(
+            open(vec![&a[0], &a[1], &a[2], &a[2]]),
+            VolumeError::Duplicate {
+                member: 2,
+                first: 2,
+                second: 3
+            }
+        ));
+        assert!(matches!(
+            open(vec![&a[0], &a[2], &a[1]]),
+            VolumeError::Reordered {
+                position: 1,
+                member: 2
+            }
+        ));
+        assert!(matches!(
+            open(vec![&a[0], &a[1], &b[1]]),
+            VolumeError::WrongVolume { position: 2, .. }
+        ));
+        assert!(matches!(
+            open(vec![&a[0], &blank[0], &a[2]]),
+            VolumeError::NotAMember { position: 1 }
+        ));
+        assert!(matches!(
+            StripedVolume::open(Vec::new()).unwrap_err(),
+            VolumeError::Count { got: 0 }
+        ));
+        let msg = open(vec![&a[0], &a[2], &a[1]]).to_string();
+        assert!(
+            msg.contains("device 1") && msg.contains("member 2"),
+            "{msg}"
+        );
+    }
+}
