@@ -23,9 +23,10 @@ mod cli;
 struct Args {
     /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
     /// by the software controller. Default: ./gpunvme.img (perf: ./gpunvme-perf.img, its own
-    /// scratch image), created by the first command that writes (1 GiB, sparse).
-    #[arg(long, global = true, value_name = "SPEC")]
-    device: Option<String>,
+    /// scratch image), created by the first command that writes (1 GiB, sparse). Several
+    /// (repeated, or comma-separated) make a striped volume for `fs` (without --gpu).
+    #[arg(long, global = true, value_name = "SPEC", value_delimiter = ',')]
+    device: Vec<String>,
 
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
@@ -324,7 +325,10 @@ fn run(args: Args) -> Result<()> {
             }
         });
     }
-    let spec = DeviceSpec::parse(args.device.as_deref())?;
+    if args.device.len() > 1 {
+        return run_volume(args, controller_queue_pairs);
+    }
+    let spec = DeviceSpec::parse(args.device.first().map(String::as_str))?;
     let opts = OpenOptions {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
@@ -424,6 +428,61 @@ fn run(args: Args) -> Result<()> {
     };
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");
+    result.and(shutdown)
+}
+
+/// `fs` over several --device: a striped volume, one controller per device (each under its
+/// own lock), shut down in order whatever happened.
+fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
+    let Command::Fs { nsid, cmd } = args.command else {
+        return Err(cli::Refusal(
+            "several --device make a striped volume, which only `fs` commands use so far".into(),
+        )
+        .into());
+    };
+    let opts = OpenOptions {
+        lba_size: args.lba_size,
+        controller_threads: args.controller_threads,
+        controller_queue_pairs,
+        read_only: cmd.is_read_only(),
+        ..Default::default()
+    };
+    let specs = args
+        .device
+        .iter()
+        .map(|d| DeviceSpec::parse(Some(d)))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(out) = cmd.output_path()
+        && let Some(s) = specs.iter().find(|s| s.is_own_image(&opts, out))
+    {
+        return Err(cli::Refusal(format!(
+            "{} is a device's own image file ({s:?}): writing the output there would destroy it",
+            out.display()
+        ))
+        .into());
+    }
+    let mut ctrls = Vec::with_capacity(specs.len());
+    for (spec, name) in specs.iter().zip(&args.device) {
+        match open_controller_and_transport(spec, &opts) {
+            Ok((c, _)) => ctrls.push(c),
+            Err(e) => {
+                for c in ctrls {
+                    let _ = c.shutdown();
+                }
+                return Err(e.context(format!("opening --device {name}")));
+            }
+        }
+    }
+    let result = cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json);
+    let mut shutdown = Ok(());
+    for (c, name) in ctrls.into_iter().zip(&args.device) {
+        let r = c
+            .shutdown()
+            .with_context(|| format!("shutting the controller of {name} down"));
+        if shutdown.is_ok() {
+            shutdown = r;
+        }
+    }
     result.and(shutdown)
 }
 

@@ -446,3 +446,64 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
         assert!(err.contains(needle), "{value}: {err}");
     }
 }
+
+/// `fs` over several `--device`: a striped volume made by mkfs, files through it, and every
+/// wrong member set refused by name with nothing changed.
+#[test]
+fn fs_on_a_volume_of_three_images() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        std::fs::File::create(dir.path().join(format!("m{i}.img")))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+    }
+    let data: Vec<u8> = (0..2_500_000u32).map(|i| (i * 31 / 7) as u8).collect();
+    std::fs::write(dir.path().join("src.bin"), &data).unwrap();
+    let all = "--device m0.img,m1.img,m2.img";
+    ok(&gpunvme(dir.path(), &format!("{all} fs mkfs --stripe 64k")));
+    ok(&gpunvme(
+        dir.path(),
+        "--device m0.img --device m1.img --device m2.img fs put src.bin d/a",
+    ));
+    ok(&gpunvme(dir.path(), &format!("{all} fs get d/a out.bin")));
+    assert_eq!(std::fs::read(dir.path().join("out.bin")).unwrap(), data);
+    // The data really is striped: 64 KiB units, member 1 holds the file's second unit.
+    let m1 = std::fs::read(dir.path().join("m1.img")).unwrap();
+    let unit = 64 << 10;
+    assert!(
+        m1.windows(64).any(|w| w == &data[unit..unit + 64]),
+        "member 1 holds no piece of the file's second stripe unit"
+    );
+    fails_with(
+        &gpunvme(dir.path(), "--device m0.img,m2.img,m1.img fs ls"),
+        "device 1 is member 2",
+    );
+    fails_with(
+        &gpunvme(dir.path(), "--device m0.img,m1.img fs ls"),
+        "member(s) [2] of the 3-member volume are missing",
+    );
+    fails_with(
+        &gpunvme(dir.path(), "--device m0.img,m1.img,m1.img fs ls"),
+        "m1.img",
+    );
+    fails_with(
+        &gpunvme(dir.path(), "--device m1.img fs ls"),
+        "member 1 of a 3-member striped volume",
+    );
+    fails_with(
+        &gpunvme(dir.path(), "--device m0.img fs mkfs"),
+        "member 0 of a 3-member striped volume",
+    );
+    fails_with(
+        &gpunvme(dir.path(), &format!("{all} fs mkfs")),
+        "already make a striped volume, holding a blockfs",
+    );
+    fails_with(
+        &gpunvme(dir.path(), &format!("{all} identify")),
+        "only `fs`",
+    );
+    let ls = ok(&gpunvme(dir.path(), &format!("{all} --json fs ls")));
+    assert!(ls.contains("\"d/a\""), "{ls}");
+    ok(&gpunvme(dir.path(), &format!("{all} fs fsck --data")));
+}

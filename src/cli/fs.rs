@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use blockfs::{Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions};
+use blockfs::device::ReadReq;
+use blockfs::{
+    BlockDevice, Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice,
+    NvmeDeviceOptions, StripedVolume, VolumeLabel,
+};
 use gpunvme::copy;
 use gpunvme::fs_report::{
     DfReport, FsckView, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport, check_data,
@@ -36,6 +40,10 @@ pub enum FsCommand {
         /// File system block size (4k to 1m, a power of two).
         #[arg(long, default_value = "4k", value_parser = parse_size)]
         block_size: u64,
+        /// Stripe unit of a volume over several --device (default: the smallest maximum
+        /// transfer of the controllers, at most 1m).
+        #[arg(long, value_parser = parse_size)]
+        stripe: Option<u64>,
         /// Make it even if the namespace holds a blockfs, destroying its files.
         #[arg(long)]
         force: bool,
@@ -236,6 +244,126 @@ pub fn run(
         NvmeBlockDevice::new(ctrl, nsid, &dev_opts)
             .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
     );
+    if let FsCommand::Mkfs {
+        stripe: Some(_), ..
+    } = &cmd
+    {
+        bail!("--stripe is for a volume over several --device");
+    }
+    // A member of a volume alone: mkfs would break the volume, anything else finds no blockfs.
+    if !matches!(
+        &cmd,
+        FsCommand::Mkfs { force: true, .. } | FsCommand::Fsck { repair: true, .. }
+    ) {
+        refuse_volume_member(dev.as_ref(), &format!("namespace {nsid}"))?;
+    }
+    run_on(dev, Some((ctrl, backend)), nsid, cmd, json)
+}
+
+/// Runs a blockfs command on a striped volume over namespace `nsid` of each of `ctrls` (in
+/// order; `specs` name them in errors): `mkfs` makes the volume (its labels) and the file
+/// system, every other command assembles it first, refusing a wrong set of members.
+pub fn run_volume(
+    ctrls: &[Controller],
+    specs: &[String],
+    nsid: u32,
+    cmd: FsCommand,
+    json: bool,
+) -> Result<()> {
+    if matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu) {
+        bail!("--gpu on a volume over several --device is not supported yet");
+    }
+    let named = || {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{i} = {s}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let members = ctrls
+        .iter()
+        .zip(specs)
+        .map(|(c, spec)| {
+            NvmeBlockDevice::new(c, nsid, &NvmeDeviceOptions::default())
+                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                .with_context(|| format!("opening namespace {nsid} of {spec}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let volume = if let FsCommand::Mkfs { force, stripe, .. } = &cmd {
+        if !force {
+            if let Ok(v) = StripedVolume::open(members.clone()) {
+                let found = FileSystem::probe(Arc::new(v))
+                    .context("looking for a file system to keep on the volume")?;
+                return Err(Refusal(format!(
+                    "--device {} already make a striped volume, holding {found}; mkfs would \
+                     destroy it (add --force to do so)",
+                    specs.join(",")
+                ))
+                .into());
+            }
+            for (m, spec) in members.iter().zip(specs) {
+                refuse_volume_member(m.as_ref(), spec)?;
+                let found = FileSystem::probe(m.clone())
+                    .with_context(|| format!("looking for a file system to keep on {spec}"))?;
+                if found.is_blockfs() {
+                    return Err(Refusal(format!(
+                        "{spec} holds {found}; mkfs would destroy it (add --force to do so)"
+                    ))
+                    .into());
+                }
+            }
+        }
+        let stripe = match stripe {
+            Some(s) => *s,
+            None => ctrls
+                .iter()
+                .map(|c| c.info().max_transfer_bytes as u64)
+                .min()
+                .unwrap_or(128 << 10)
+                .clamp(4096, 1 << 20)
+                .next_power_of_two()
+                .min(1 << 20),
+        };
+        let id: [u8; 16] = rand::random();
+        StripedVolume::create(members, stripe, id)
+            .with_context(|| format!("making a volume of --device {}", named()))?
+    } else {
+        StripedVolume::open(members)
+            .with_context(|| format!("assembling the volume of --device {}", named()))?
+    };
+    run_on(Arc::new(volume), None, nsid, cmd, json)
+}
+
+/// Refuses a member of a volume used alone (mkfs would break the volume; other commands would
+/// find no blockfs).
+fn refuse_volume_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {
+    let lba = dev.lba_size() as usize;
+    let mut area = vec![0u8; (blockfs::volume::LABEL_BYTES as usize).max(lba)];
+    dev.read(&mut [ReadReq {
+        lba: 0,
+        buf: &mut area,
+    }])
+    .with_context(|| format!("looking for a volume label on {what}"))?;
+    if let Ok(Some(l)) = VolumeLabel::decode(&area) {
+        return Err(Refusal(format!(
+            "{what} is member {} of a {}-member striped volume: give all its devices in order \
+             (--device A,B,...), or mkfs --force to destroy it",
+            l.member, l.members
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// Runs a blockfs command on `dev`; GPU commands need the controller (`gpu`).
+fn run_on(
+    dev: Arc<dyn BlockDevice>,
+    gpu_ctrl: Option<(&Controller, &Backend)>,
+    nsid: u32,
+    cmd: FsCommand,
+    json: bool,
+) -> Result<()> {
     let mount = || match FileSystem::mount(dev.clone()) {
         Ok(fs) => Ok(fs),
         Err(e @ blockfs::Error::NotBlockfs(_)) => Err(anyhow::Error::new(e).context(format!(
@@ -246,7 +374,9 @@ pub fn run(
         ))),
     };
     match cmd {
-        FsCommand::Mkfs { block_size, force } => {
+        FsCommand::Mkfs {
+            block_size, force, ..
+        } => {
             let opts = MkfsOptions {
                 block_size: u32::try_from(block_size).context("--block-size is too large")?,
                 ..MkfsOptions::default()
@@ -279,11 +409,13 @@ pub fn run(
             gpu,
             ..
         } if gpu.gpu => {
+            let (ctrl, backend) = gpu_ctrl.context("--gpu needs one controller")?;
             let fs = mount()?;
             let report = gpu_fs::put(ctrl, backend, &fs, &src, &name, force, &gpu.options())?;
             print_report(&report, json, false)
         }
         FsCommand::Get { name, gpu, .. } if gpu.gpu => {
+            let (ctrl, backend) = gpu_ctrl.context("--gpu needs one controller")?;
             let fs = mount()?;
             let report = gpu_fs::get(ctrl, backend, &fs, &name, &gpu.options())?;
             print_report(&report, json, false)
