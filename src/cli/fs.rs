@@ -251,10 +251,7 @@ pub fn run(
         bail!("--stripe is for a volume over several --device");
     }
     // A member of a volume alone: mkfs would break the volume, anything else finds no blockfs.
-    if !matches!(
-        &cmd,
-        FsCommand::Mkfs { force: true, .. } | FsCommand::Fsck { repair: true, .. }
-    ) {
+    if !matches!(&cmd, FsCommand::Mkfs { force: true, .. }) {
         refuse_volume_member(dev.as_ref(), &format!("namespace {nsid}"))?;
     }
     run_on(dev, Some((ctrl, backend)), nsid, cmd, json)
