@@ -12,17 +12,7 @@ use blockfs::{
     NvmeDeviceOptions, OpenMode, ReadReq, fsck,
 };
 use common::*;
-use nvme::{Controller, ControllerOptions};
-use nvme_emu::{EmuConfig, EmuDevice, config::NamespaceConfig};
-
-fn controller(bytes: u64, lba_size: u32) -> Controller {
-    let cfg = EmuConfig {
-        namespaces: vec![NamespaceConfig::memory(bytes, lba_size)],
-        ..EmuConfig::default()
-    };
-    let dev = EmuDevice::start(cfg).expect("software controller");
-    Controller::new(dev, ControllerOptions::default()).expect("controller bring-up")
-}
+use nvme::Controller;
 
 fn device(ctrl: &Controller) -> Arc<NvmeBlockDevice> {
     Arc::new(

@@ -12,8 +12,7 @@ use blockfs::{
     NvmeDeviceOptions, StripedVolume, VolumeError, fsck,
 };
 use common::*;
-use nvme::{Controller, ControllerOptions};
-use nvme_emu::{EmuConfig, EmuDevice, config::NamespaceConfig};
+use nvme::Controller;
 
 /// Writes files of awkward sizes, syncs, assembles the volume again from `members` and checks
 /// every file, fsck, and that the member bytes are the volume's as the layout places them.
@@ -82,15 +81,6 @@ fn blockfs_on_volumes_of_one_to_four_memory_devices() {
             files_survive_reassembly(members, stripe, n as u64);
         }
     }
-}
-
-fn controller(bytes: u64, lba_size: u32) -> Controller {
-    let cfg = EmuConfig {
-        namespaces: vec![NamespaceConfig::memory(bytes, lba_size)],
-        ..EmuConfig::default()
-    };
-    let dev = EmuDevice::start(cfg).expect("software controller");
-    Controller::new(dev, ControllerOptions::default()).expect("controller bring-up")
 }
 
 #[test]

@@ -7,6 +7,16 @@ use blockfs::{BlockDevice, CreateOptions, FileSystem, MemDevice, MkfsOptions, Op
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
+/// A software NVMe controller with one memory namespace of `bytes` bytes, brought up.
+pub fn controller(bytes: u64, lba_size: u32) -> nvme::Controller {
+    let cfg = nvme_emu::EmuConfig {
+        namespaces: vec![nvme_emu::config::NamespaceConfig::memory(bytes, lba_size)],
+        ..nvme_emu::EmuConfig::default()
+    };
+    let dev = nvme_emu::EmuDevice::start(cfg).expect("software controller");
+    nvme::Controller::new(dev, nvme::ControllerOptions::default()).expect("controller bring-up")
+}
+
 pub fn rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
 }
