@@ -114,6 +114,7 @@ export EXPECT_MDTS=$mdts EXPECT_QPAIRS=$qpairs PERF_IOS=$perf_ios
 export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
 export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
 export BLOCKFS=$([ "$name" = default ] || [ "$name" = lba4k ] && echo 1 || echo 0)
+export VOLUME=$([ "$name" = twoctrl ] && echo 1 || echo 0)
 . /usr/share/gpunvme/suite.sh
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"

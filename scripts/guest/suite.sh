@@ -20,7 +20,10 @@
 #      put of a few MiB of random bytes under a path-like name, ls (with and without a
 #      prefix), get and compare, stat, then reads the file's bytes through /dev/nvmeXnY at
 #      the LBAs of stat's extent list (controller moved to the kernel driver and back), then
-#      mv, rm, df and fsck.
+#      mv, rm, df and fsck;
+#   8. makes a striped volume over the first two controllers (`--device B0,B1 fs mkfs`), puts
+#      and gets a file, and reads its bytes through the kernel driver at the member LBAs the
+#      stripe layout gives.
 #
 # Input (environment, set by the host in run.sh):
 #   GN_TOKEN        token that marks result lines (the host ignores lines without it)
@@ -35,6 +38,9 @@
 #   SETUP_SH        1: run step 6 (needs /opt/gpunvme/scripts/setup.sh and bash; 2 MiB
 #                   hugepages; it reformats namespace 1 of the first controller)
 #   BLOCKFS         1: run step 7 (makes a blockfs on namespace 1 of the first controller)
+#   VOLUME          1: run step 8 (a striped volume over namespace 1 of the first two
+#                   controllers: makes it, puts a file, reads its bytes through the kernel
+#                   driver at the stripe layout's LBAs)
 #
 # Output: one line per check, `GN-RESULT <token> PASS|FAIL <check> [detail]`, and exit status
 # 1 if any check failed.
@@ -757,6 +763,103 @@ fs_step() {
 if [ "${BLOCKFS:-0}" = 1 ]; then
     bdf=$(echo "$BDFS" | head -n 1)
     fs_step
+fi
+
+# ---- step 8: a striped volume over the first two controllers ------------------------------
+
+# volume_step: both controllers on vfio-pci, `gpunvme --device B0,B1 fs mkfs --stripe 64k`, a
+# put, a get compared, the members given in the wrong order refused; then, on the kernel
+# driver, each member's label (magic, member index) and the file's bytes read from the two
+# /dev/nvmeXn1 at the LBAs the stripe layout gives for stat's volume LBAs, compared with put's.
+volume_step() {
+    local b0 b1 b blk0 blk1 sl=$((65536 / EXPECT_LBA)) hl flba lba nlb at n unit m mlba dev
+    local vsrc="$T/vol.src"
+    b0=$(echo "$BDFS" | sed -n 1p)
+    b1=$(echo "$BDFS" | sed -n 2p)
+    hl=$((4096 / EXPECT_LBA))
+    [ "$hl" -ge 1 ] || hl=1
+    for b in $b0 $b1; do
+        gn_bind "$b" vfio-pci || {
+            fail "volume: bind $b to vfio-pci"
+            return
+        }
+    done
+    if ours "$T/vol-mkfs" --device "$b0,$b1" fs mkfs --stripe 64k --force --json; then
+        pass "volume: fs mkfs --stripe 64k over $b0,$b1"
+    else
+        fs_fail "volume: fs mkfs over $b0,$b1" "$T/vol-mkfs"
+        return
+    fi
+    head -c "$FS_BYTES" /dev/urandom >"$vsrc"
+    if ! ours "$T/vol-put" --device "$b0,$b1" fs put "$vsrc" vol/data --json; then
+        fs_fail "volume: fs put" "$T/vol-put"
+        return
+    fi
+    rm -f "$T/vol.got"
+    if ours "$T/vol-get" --device "$b0,$b1" fs get vol/data "$T/vol.got" --json &&
+        cmp -s "$vsrc" "$T/vol.got"; then
+        pass "volume: fs get: same bytes as put ($FS_BYTES)"
+    else
+        fail "volume: fs get" "$(tail -n 2 "$T/vol-get.err" 2>/dev/null)"
+    fi
+    if ours "$T/vol-rev" --device "$b1,$b0" fs ls; then
+        fail "volume: members in the wrong order were accepted"
+    elif grep -q "device 0 is member 1" "$T/vol-rev.err"; then
+        pass "volume: members in the wrong order refused ($(grep -m1 error "$T/vol-rev.err"))"
+    else
+        fail "volume: wrong-order refusal" "$(tail -n 1 "$T/vol-rev.err")"
+    fi
+    if ! ours "$T/vol-stat" --device "$b0,$b1" fs stat vol/data --json ||
+        ! jq -r '.extent_list[] | "\(.file_lba) \(.lba) \(.nlb)"' "$T/vol-stat.out" >"$T/vol.extents"; then
+        fs_fail "volume: fs stat" "$T/vol-stat"
+        return
+    fi
+    for b in $b0 $b1; do
+        gn_bind "$b" nvme || {
+            fail "volume: bind $b to nvme"
+            return
+        }
+    done
+    if ! blk0=$(gn_blockdev "$b0" 1) || ! blk1=$(gn_blockdev "$b1" 1); then
+        fail "volume: no block devices after rebinding to nvme"
+        return
+    fi
+    m=0
+    for dev in $blk0 $blk1; do
+        dd if="$dev" bs=4096 count=1 iflag=direct 2>/dev/null >"$T/vol.label$m"
+        check_eq "volume: $dev label magic" GPNVVOL1 "$(head -c 8 "$T/vol.label$m")"
+        check_eq "volume: $dev member index" "$m" "$(od -An -tu4 -j32 -N4 "$T/vol.label$m" | tr -d ' ')"
+        m=$((m + 1))
+    done
+    : >"$T/vol.kread.all"
+    while read -r flba lba nlb; do
+        at=0
+        while [ "$at" -lt "$nlb" ]; do
+            unit=$(((lba + at) / sl))
+            n=$((sl - (lba + at) % sl))
+            [ "$n" -le $((nlb - at)) ] || n=$((nlb - at))
+            m=$((unit % 2))
+            mlba=$((hl + (unit / 2) * sl + (lba + at) % sl))
+            if [ "$m" = 0 ]; then dev=$blk0; else dev=$blk1; fi
+            timeout "$CMD_TIMEOUT" dd if="$dev" bs="$EXPECT_LBA" skip="$mlba" count="$n" \
+                iflag=direct 2>>"$T/vol.kdd.err" >>"$T/vol.kread.all" || {
+                fail "volume: dd from $dev" "$(tail -n 1 "$T/vol.kdd.err")"
+                return
+            }
+            at=$((at + n))
+        done
+    done <"$T/vol.extents"
+    head -c "$FS_BYTES" "$T/vol.kread.all" >"$T/vol.kread"
+    if cmp -s "$vsrc" "$T/vol.kread"; then
+        pass "volume: the file read through $blk0 and $blk1 at the stripe layout's LBAs: same bytes as put"
+    else
+        fail "volume: the file through the kernel at the layout's LBAs" \
+            "$(cmp "$vsrc" "$T/vol.kread" 2>&1 | head -n 1)"
+    fi
+}
+
+if [ "${VOLUME:-0}" = 1 ]; then
+    volume_step
 fi
 
 exit "$FAILED"
