@@ -49,7 +49,8 @@ typedef struct gpunvme_device gpunvme_device;
 // How [`gpunvme_open`] opens a device; start from [`gpunvme_open_options_default`].
 typedef struct {
   // A PCI address bound to vfio-pci (`"0000:01:00.0"`), an image file's path, or NULL for
-  // `./gpunvme.img` (1 GiB, sparse, created on first use unless `read_only`).
+  // `./gpunvme.img` (1 GiB, sparse, created on first use unless `read_only`); several,
+  // comma-separated, make a striped volume.
   const char *device;
   // The block size of an image's namespace: 512 or 4096.
   uint32_t lba_size;
@@ -91,7 +92,8 @@ gpunvme_error gpunvme_open(const gpunvme_open_options *opts, gpunvme_device **ou
 void gpunvme_close(gpunvme_device *dev);
 
 // Makes a new, empty file system (`block_size` 4096 to 1 MiB, a power of two); refused
-// (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`.
+// (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`. On a volume (several devices,
+// comma-separated in the options' `device`) makes the volume first, with the default stripe.
 //
 // # Safety
 // `dev` is a live handle.

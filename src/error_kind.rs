@@ -2,6 +2,11 @@
 //! error objects, the Python package's exception classes. Found by walking the error's chain
 //! for the typed errors of the crates underneath.
 
+/// A call refused before anything changed, because it would destroy data.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
 /// The kinds of failure a caller may want to tell apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
@@ -64,7 +69,7 @@ impl ErrorKind {
 
 /// The kind one error of a chain says, if it is one of the typed errors underneath.
 fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
-    if cause.is::<crate::handle::Refused>() {
+    if cause.is::<Refused>() {
         return Some(ErrorKind::Refused);
     }
     if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
@@ -106,6 +111,15 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     }
     if cause.is::<crate::gpu_fs::GpuChecksumMismatch>() {
         return Some(ErrorKind::Corrupt);
+    }
+    if let Some(e) = cause.downcast_ref::<blockfs::VolumeError>() {
+        use blockfs::VolumeError as V;
+        return Some(match e {
+            V::BadLabel { .. } => ErrorKind::Corrupt,
+            V::Device { .. } => ErrorKind::Device,
+            // The wrong devices for the volume, or a geometry that cannot make one.
+            _ => ErrorKind::InvalidArgument,
+        });
     }
     if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
         return Some(blockfs_kind(e));

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use blockfs::{FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode};
+use blockfs::{
+    BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
+};
 use nvme::Controller;
 
 use crate::copy;
@@ -15,11 +17,9 @@ use crate::gpu::{self, Serving};
 use crate::gpu_fs::{self, GpuFsOptions};
 use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
+use crate::volume;
 
-/// A call refused before anything changed, because it would destroy data.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
+pub use crate::error_kind::Refused;
 
 /// An fsck's outcome.
 pub struct FsckOutcome {
@@ -31,47 +31,101 @@ pub struct FsckOutcome {
     pub mismatched: Vec<String>,
 }
 
-/// An open device: its controller and the block device blockfs runs on.
+/// An open device: its controller and the block device blockfs runs on; or several devices,
+/// one controller each, making a striped volume.
 pub struct DeviceHandle {
-    spec: DeviceSpec,
+    specs: Vec<DeviceSpec>,
+    names: Vec<String>,
     opts: OpenOptions,
     nsid: u32,
     describe: String,
-    dev: Arc<NvmeBlockDevice>,
+    /// One device: its block device; several: the volume's members.
+    members: Vec<Arc<dyn BlockDevice>>,
     /// I/O queue pairs the block device holds (GPU queues take the rest).
     cpu_queues: u16,
     backend: Backend,
-    // Dropped after the block device (field order): its queues are the controller's.
-    ctrl: Controller,
+    // Dropped after the block devices (field order): their queues are the controllers'.
+    ctrls: Vec<Controller>,
 }
 
 impl DeviceHandle {
-    /// Opens `device` (as `--device`: a PCI address, an image path, or None for the default
-    /// image) and blockfs's block device on namespace `nsid`.
+    /// Opens `device` (as `--device`: a PCI address, an image path, None for the default
+    /// image, or several of them comma-separated for a striped volume) and blockfs's block
+    /// device on namespace `nsid` of each.
     pub fn open(device: Option<&str>, opts: OpenOptions, nsid: u32) -> Result<Self> {
-        let spec = DeviceSpec::parse(device)?;
-        let (ctrl, backend) = open::open_controller_and_transport(&spec, &opts)?;
-        let info = ctrl.info();
-        let describe = format!(
-            "{} serial {} (namespace {nsid}, {spec:?})",
-            info.mn.trim(),
-            info.sn.trim()
-        );
+        let names: Vec<String> = match device {
+            Some(d) => d.split(',').map(str::to_owned).collect(),
+            None => vec![opts.default_image.display().to_string()],
+        };
+        let specs = match device {
+            Some(_) => names
+                .iter()
+                .map(|n| DeviceSpec::parse(Some(n)))
+                .collect::<Result<Vec<_>>>()?,
+            None => vec![DeviceSpec::parse(None)?],
+        };
+        let mut ctrls = Vec::with_capacity(specs.len());
+        let mut backend = None;
+        for (spec, name) in specs.iter().zip(&names) {
+            let (c, b) = open::open_controller_and_transport(spec, &opts)
+                .with_context(|| format!("opening {name}"))?;
+            ctrls.push(c);
+            backend.get_or_insert(b);
+        }
+        let backend = backend.context("no device")?;
+        let describe = ctrls
+            .iter()
+            .zip(&names)
+            .map(|(c, n)| {
+                let info = c.info();
+                format!(
+                    "{} serial {} ({n}, namespace {nsid})",
+                    info.mn.trim(),
+                    info.sn.trim()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
         let dev_opts = NvmeDeviceOptions::default();
-        let dev = Arc::new(
-            NvmeBlockDevice::new(&ctrl, nsid, &dev_opts)
-                .with_context(|| format!("opening namespace {nsid} for blockfs"))?,
-        );
+        let members = ctrls
+            .iter()
+            .zip(&names)
+            .map(|(c, n)| {
+                NvmeBlockDevice::new(c, nsid, &dev_opts)
+                    .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
+                    .with_context(|| format!("opening namespace {nsid} of {n} for blockfs"))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            spec,
+            specs,
+            names,
             opts,
             nsid,
             describe,
-            dev,
+            members,
             cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
             backend,
-            ctrl,
+            ctrls,
         })
+    }
+
+    /// Whether the handle is a striped volume over several devices.
+    pub fn is_volume(&self) -> bool {
+        self.members.len() > 1
+    }
+
+    /// The block device blockfs runs on: the one device (refused if it is a volume member), or
+    /// the volume assembled from the members (refused if they are not one).
+    fn block(&self) -> Result<Arc<dyn BlockDevice>> {
+        if self.is_volume() {
+            Ok(Arc::new(volume::assemble(
+                self.members.clone(),
+                &self.names,
+            )?))
+        } else {
+            volume::refuse_member(self.members[0].as_ref(), &self.names[0])?;
+            Ok(self.members[0].clone())
+        }
     }
 
     /// What the device is: model, serial, namespace.
@@ -82,7 +136,7 @@ impl DeviceHandle {
     /// Mounts blockfs (each call reads it afresh).
     pub fn mount(&self) -> Result<FileSystem> {
         let nsid = self.nsid;
-        FileSystem::mount(self.dev.clone()).map_err(|e| match e {
+        FileSystem::mount(self.block()?).map_err(|e| match e {
             e @ blockfs::Error::NotBlockfs(_) => anyhow::Error::new(e).context(format!(
                 "namespace {nsid} holds no blockfs (make one with mkfs)"
             )),
@@ -92,11 +146,32 @@ impl DeviceHandle {
         })
     }
 
-    /// Makes a new, empty file system; [`Refused`] where one exists unless `force`.
-    pub fn mkfs(&self, block_size: u32, force: bool) -> Result<MkfsReport> {
+    /// Makes a new, empty file system; [`Refused`] where one exists unless `force`. On a
+    /// volume, makes the volume first (labels on every member; `stripe` bytes per unit, by
+    /// default the smallest maximum transfer of the controllers).
+    pub fn mkfs(&self, block_size: u32, force: bool, stripe: Option<u64>) -> Result<MkfsReport> {
+        let dev: Arc<dyn BlockDevice> = if self.is_volume() {
+            let refs: Vec<&Controller> = self.ctrls.iter().collect();
+            let stripe = stripe.unwrap_or_else(|| volume::default_stripe(&refs));
+            Arc::new(volume::make(
+                self.members.clone(),
+                &self.names,
+                stripe,
+                force,
+            )?)
+        } else {
+            anyhow::ensure!(
+                stripe.is_none(),
+                "a stripe is for a volume over several devices"
+            );
+            if !force {
+                volume::refuse_member(self.members[0].as_ref(), &self.names[0])?;
+            }
+            self.members[0].clone()
+        };
         if !force {
             let found =
-                FileSystem::probe(self.dev.clone()).context("looking for a file system to keep")?;
+                FileSystem::probe(dev.clone()).context("looking for a file system to keep")?;
             if found.is_blockfs() {
                 return Err(Refused(format!(
                     "namespace {} holds {found}; mkfs would destroy it (force it to do so)",
@@ -109,7 +184,7 @@ impl DeviceHandle {
             block_size,
             ..MkfsOptions::default()
         };
-        let fs = FileSystem::mkfs(self.dev.clone(), &opts).context("mkfs")?;
+        let fs = FileSystem::mkfs(dev, &opts).context("mkfs")?;
         Ok(MkfsReport::of(&fs))
     }
 
@@ -127,7 +202,7 @@ impl DeviceHandle {
 
     /// Copies `name` out to host file `dst`; [`Refused`] onto the device's own image.
     pub fn get(&self, name: &str, dst: &Path) -> Result<copy::TransferReport> {
-        if self.spec.is_own_image(&self.opts, dst) {
+        if self.specs.iter().any(|s| s.is_own_image(&self.opts, dst)) {
             return Err(Refused(format!(
                 "{} is the device's own image file: writing the output there would destroy it",
                 dst.display()
@@ -171,9 +246,10 @@ impl DeviceHandle {
     /// Checks the file system (unmounted); `repair` fixes what can be fixed, `data` also reads
     /// every file with a recorded checksum.
     pub fn fsck(&self, repair: bool, data: bool) -> Result<FsckOutcome> {
-        let report = blockfs::fsck(self.dev.clone(), &FsckOptions { repair })?;
+        let dev = self.block()?;
+        let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
         let data_report = if data && report.is_consistent() {
-            Some(check_data(&FileSystem::mount(self.dev.clone())?)?)
+            Some(check_data(&FileSystem::mount(dev)?)?)
         } else {
             None
         };
@@ -198,6 +274,10 @@ impl DeviceHandle {
         name: &str,
         serving: Serving,
     ) -> Result<(safetensors::Loaded, serde_json::Value)> {
+        anyhow::ensure!(
+            !self.is_volume(),
+            "GPU loads from a striped volume are not supported yet"
+        );
         let fs = self.mount()?;
         let names = safetensors_files(&fs, name)?;
         let files = names
@@ -219,10 +299,11 @@ impl DeviceHandle {
             cpu_queues: self.cpu_queues,
             ..GpuFsOptions::default()
         };
-        let (_cuda, setup) = gpu_fs::setup(&self.ctrl, &self.backend, &opts)?;
+        let ctrl = &self.ctrls[0];
+        let (_cuda, setup) = gpu_fs::setup(ctrl, &self.backend, &opts)?;
         let result = (|| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
-            let watch = gpu::watchdog(&self.ctrl, &self.backend, setup.model.as_ref());
+            let watch = gpu::watchdog(ctrl, &self.backend, setup.model.as_ref());
             let loaded = safetensors::load(&setup, &refs, &pairs, watch)?;
             let report = serde_json::json!({
                 "files": names,

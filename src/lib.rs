@@ -30,6 +30,7 @@ pub mod perf;
 pub mod report;
 pub mod safetensors;
 pub mod units;
+pub mod volume;
 pub mod workloads;
 
 /// The verification patterns (shared with the GPU kernels; they live in `gpu_queues`).

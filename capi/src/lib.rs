@@ -84,7 +84,8 @@ impl From<ErrorKind> for GpunvmeError {
 #[derive(Clone, Copy, Debug)]
 pub struct GpunvmeOpenOptions {
     /// A PCI address bound to vfio-pci (`"0000:01:00.0"`), an image file's path, or NULL for
-    /// `./gpunvme.img` (1 GiB, sparse, created on first use unless `read_only`).
+    /// `./gpunvme.img` (1 GiB, sparse, created on first use unless `read_only`); several,
+    /// comma-separated, make a striped volume.
     pub device: *const c_char,
     /// The block size of an image's namespace: 512 or 4096.
     pub lba_size: u32,
@@ -285,7 +286,8 @@ pub unsafe extern "C" fn gpunvme_close(dev: *mut GpunvmeDevice) {
 }
 
 /// Makes a new, empty file system (`block_size` 4096 to 1 MiB, a power of two); refused
-/// (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`.
+/// (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`. On a volume (several devices,
+/// comma-separated in the options' `device`) makes the volume first, with the default stripe.
 ///
 /// # Safety
 /// `dev` is a live handle.
@@ -298,7 +300,7 @@ pub unsafe extern "C" fn gpunvme_mkfs(
     call(|| {
         // SAFETY: forwarded contract.
         let d = unsafe { dev_arg(dev) }?;
-        d.inner.lock().mkfs(block_size, force)?;
+        d.inner.lock().mkfs(block_size, force, None)?;
         Ok(())
     })
 }

@@ -126,10 +126,14 @@ class Device:
         """What the device is: model, serial, namespace."""
         return self._d.describe()
 
-    def mkfs(self, *, block_size: int = 4096, force: bool = False) -> Dict[str, Any]:
+    def mkfs(
+        self, *, block_size: int = 4096, force: bool = False, stripe: Optional[int] = None
+    ) -> Dict[str, Any]:
         """Makes a new, empty file system; raises :class:`RefusedError` where one exists
-        unless ``force`` (which destroys its files)."""
-        return json.loads(self._d.mkfs(block_size, force))
+        unless ``force`` (which destroys its files). On a striped volume (several devices)
+        makes the volume first: ``stripe`` bytes per unit (default: the smallest maximum
+        transfer of the controllers)."""
+        return json.loads(self._d.mkfs(block_size, force, stripe))
 
     def ls(self, prefix: str = "") -> List[Dict[str, Any]]:
         """The files whose names start with ``prefix`` (all files by default)."""
@@ -211,7 +215,7 @@ class Device:
 
 
 def open(
-    device: Optional[str] = None,
+    device: Union[None, str, List[str]] = None,
     *,
     lba_size: int = 512,
     read_only: bool = False,
@@ -221,10 +225,15 @@ def open(
     """Opens a device and brings its controller up.
 
     ``device``: a PCI address (bound to vfio-pci), an image file's path, or ``None`` for
-    ``./gpunvme.img`` (1 GiB, sparse, created on first use unless ``read_only``).
+    ``./gpunvme.img`` (1 GiB, sparse, created on first use unless ``read_only``); a list of
+    them (or a comma-separated string) makes a striped volume, members in order.
     ``lba_size``: 512 or 4096, the block size of an image's namespace. ``read_only``: open an
     image under a shared lock with its namespace write-protected. ``controller_threads``: the
     software controller's threads (0: automatic). ``nsid``: the namespace blockfs lives on.
     Raises :class:`BusyError` when another process or handle holds the device.
     """
+    if isinstance(device, (list, tuple)):
+        device = ",".join(os.fspath(d) for d in device)
+    elif device is not None:
+        device = os.fspath(device)
     return Device(_native.Device(device, lba_size, read_only, controller_threads, nsid))

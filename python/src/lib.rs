@@ -207,8 +207,15 @@ impl Device {
     }
 
     /// Makes a new, empty file system; refused where one exists unless `force`.
-    fn mkfs(&self, py: Python<'_>, block_size: u32, force: bool) -> PyResult<String> {
-        self.with(py, |o| json(&o.mkfs(block_size, force)?))
+    #[pyo3(signature = (block_size, force, stripe=None))]
+    fn mkfs(
+        &self,
+        py: Python<'_>,
+        block_size: u32,
+        force: bool,
+        stripe: Option<u64>,
+    ) -> PyResult<String> {
+        self.with(py, |o| json(&o.mkfs(block_size, force, stripe)?))
     }
 
     /// The files whose names start with `prefix`.

@@ -211,3 +211,28 @@ def test_exceptions_form_one_hierarchy():
     ):
         assert issubclass(cls, gpunvme.GpunvmeError)
     assert issubclass(gpunvme.GpunvmeError, Exception)
+
+
+def test_a_striped_volume_over_three_images(tmp_path):
+    paths = [image(tmp_path, size=32 << 20, name=f"m{i}.img") for i in range(3)]
+    data = os.urandom(5 * 1024 * 1024 + 77)
+    with gpunvme.open(paths) as dev:
+        dev.mkfs(stripe=65536)
+        dev.put(host_file(tmp_path, "src", data), "v/data")
+    # Assembled again, also from a comma-separated string.
+    with gpunvme.open(",".join(paths), read_only=True) as dev:
+        dev.get("v/data", tmp_path / "back")
+        assert dev.fsck(data=True)["consistent"] is True
+    assert (tmp_path / "back").read_bytes() == data
+    # A member alone, the members out of order, one missing: refused by name, nothing written.
+    with gpunvme.open(paths[0]) as one:
+        with pytest.raises(gpunvme.RefusedError, match="member 0 of a 3-member"):
+            one.ls()
+    with gpunvme.open([paths[1], paths[0], paths[2]]) as wrong:
+        with pytest.raises(gpunvme.InvalidArgumentError, match="device 0 is member 1"):
+            wrong.ls()
+    with gpunvme.open(paths[:2]) as short:
+        with pytest.raises(gpunvme.InvalidArgumentError, match="missing"):
+            short.ls()
+    with gpunvme.open(paths) as dev:
+        assert [f["name"] for f in dev.ls()] == ["v/data"]

@@ -11,10 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use blockfs::device::ReadReq;
 use blockfs::{
-    BlockDevice, Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice,
-    NvmeDeviceOptions, StripedVolume, VolumeLabel,
+    BlockDevice, Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
 };
 use gpunvme::copy;
 use gpunvme::fs_report::{
@@ -24,6 +22,7 @@ use gpunvme::gpu::Serving;
 use gpunvme::gpu_fs::{self, GpuFsOptions};
 use gpunvme::open::Backend;
 use gpunvme::units::parse_size;
+use gpunvme::volume;
 
 use crate::cli::{Refusal, StdoutError, escape};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -252,7 +251,7 @@ pub fn run(
     }
     // A member of a volume alone: mkfs would break the volume, anything else finds no blockfs.
     if !matches!(&cmd, FsCommand::Mkfs { force: true, .. }) {
-        refuse_volume_member(dev.as_ref(), &format!("namespace {nsid}"))?;
+        volume::refuse_member(dev.as_ref(), &format!("namespace {nsid}"))?;
     }
     run_on(dev, Some((ctrl, backend)), nsid, cmd, json)
 }
@@ -270,87 +269,15 @@ pub fn run_volume(
     if matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu) {
         bail!("--gpu on a volume over several --device is not supported yet");
     }
-    let named = || {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| format!("{i} = {s}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let members = ctrls
-        .iter()
-        .zip(specs)
-        .map(|(c, spec)| {
-            NvmeBlockDevice::new(c, nsid, &NvmeDeviceOptions::default())
-                .map(|d| Arc::new(d) as Arc<dyn BlockDevice>)
-                .with_context(|| format!("opening namespace {nsid} of {spec}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<&Controller> = ctrls.iter().collect();
+    let members = volume::members(&refs, specs, nsid)?;
     let volume = if let FsCommand::Mkfs { force, stripe, .. } = &cmd {
-        if !force {
-            if let Ok(v) = StripedVolume::open(members.clone()) {
-                let found = FileSystem::probe(Arc::new(v))
-                    .context("looking for a file system to keep on the volume")?;
-                return Err(Refusal(format!(
-                    "--device {} already make a striped volume, holding {found}; mkfs would \
-                     destroy it (add --force to do so)",
-                    specs.join(",")
-                ))
-                .into());
-            }
-            for (m, spec) in members.iter().zip(specs) {
-                refuse_volume_member(m.as_ref(), spec)?;
-                let found = FileSystem::probe(m.clone())
-                    .with_context(|| format!("looking for a file system to keep on {spec}"))?;
-                if found.is_blockfs() {
-                    return Err(Refusal(format!(
-                        "{spec} holds {found}; mkfs would destroy it (add --force to do so)"
-                    ))
-                    .into());
-                }
-            }
-        }
-        let stripe = match stripe {
-            Some(s) => *s,
-            None => ctrls
-                .iter()
-                .map(|c| c.info().max_transfer_bytes as u64)
-                .min()
-                .unwrap_or(128 << 10)
-                .clamp(4096, 1 << 20)
-                .next_power_of_two()
-                .min(1 << 20),
-        };
-        let id: [u8; 16] = rand::random();
-        StripedVolume::create(members, stripe, id)
-            .with_context(|| format!("making a volume of --device {}", named()))?
+        let stripe = stripe.unwrap_or_else(|| volume::default_stripe(&refs));
+        volume::make(members, specs, stripe, *force)?
     } else {
-        StripedVolume::open(members)
-            .with_context(|| format!("assembling the volume of --device {}", named()))?
+        volume::assemble(members, specs)?
     };
     run_on(Arc::new(volume), None, nsid, cmd, json)
-}
-
-/// Refuses a member of a volume used alone (mkfs would break the volume; other commands would
-/// find no blockfs).
-fn refuse_volume_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {
-    let lba = dev.lba_size() as usize;
-    let mut area = vec![0u8; (blockfs::volume::LABEL_BYTES as usize).max(lba)];
-    dev.read(&mut [ReadReq {
-        lba: 0,
-        buf: &mut area,
-    }])
-    .with_context(|| format!("looking for a volume label on {what}"))?;
-    if let Ok(Some(l)) = VolumeLabel::decode(&area) {
-        return Err(Refusal(format!(
-            "{what} is member {} of a {}-member striped volume: give all its devices in order \
-             (--device A,B,...), or mkfs --force to destroy it",
-            l.member, l.members
-        ))
-        .into());
-    }
-    Ok(())
 }
 
 /// Runs a blockfs command on `dev`; GPU commands need the controller (`gpu`).
