@@ -431,20 +431,25 @@ fn run(args: Args) -> Result<()> {
     result.and(shutdown)
 }
 
-/// `fs` over several --device: a striped volume, one controller per device (each under its
-/// own lock), shut down in order whatever happened.
+/// Several --device: `identify` of each controller, or `fs` on a striped volume; one
+/// controller per device (each under its own lock), shut down in order whatever happened.
 fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
-    let Command::Fs { nsid, cmd } = args.command else {
-        return Err(cli::Refusal(
-            "several --device make a striped volume, which only `fs` commands use so far".into(),
-        )
-        .into());
+    let (nsid, cmd) = match args.command {
+        Command::Fs { nsid, cmd } => (nsid, Some(cmd)),
+        Command::Identify => (1, None),
+        _ => {
+            return Err(cli::Refusal(
+                "several --device: only `identify` and `fs` (a striped volume) take them so far"
+                    .into(),
+            )
+            .into());
+        }
     };
     let opts = OpenOptions {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
         controller_queue_pairs,
-        read_only: cmd.is_read_only(),
+        read_only: cmd.as_ref().is_none_or(|c| c.is_read_only()),
         ..Default::default()
     };
     let specs = args
@@ -452,7 +457,7 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
         .iter()
         .map(|d| DeviceSpec::parse(Some(d)))
         .collect::<Result<Vec<_>>>()?;
-    if let Some(out) = cmd.output_path()
+    if let Some(out) = cmd.as_ref().and_then(|c| c.output_path())
         && let Some(s) = specs.iter().find(|s| s.is_own_image(&opts, out))
     {
         return Err(cli::Refusal(format!(
@@ -473,7 +478,10 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             }
         }
     }
-    let result = cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json);
+    let result = match cmd {
+        Some(cmd) => cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json),
+        None => cli::identify::run_all(&ctrls, args.json),
+    };
     let mut shutdown = Ok(());
     for (c, name) in ctrls.into_iter().zip(&args.device) {
         let r = c

@@ -99,6 +99,50 @@ impl fmt::Display for IdentifyReport {
     }
 }
 
+/// `identify` over several devices: each controller, then the totals.
+#[derive(Clone, Debug, Serialize)]
+pub struct IdentifyAllReport {
+    /// Each controller, in `--device` order.
+    pub controllers: Vec<IdentifyReport>,
+    /// Controllers.
+    pub total_controllers: usize,
+    /// Active namespaces over all controllers.
+    pub total_namespaces: usize,
+    /// Bytes of all those namespaces.
+    pub total_bytes: u64,
+}
+
+impl IdentifyAllReport {
+    /// The report of `ctrls`.
+    pub fn of<'a>(ctrls: impl IntoIterator<Item = &'a Controller>) -> Self {
+        let controllers: Vec<IdentifyReport> = ctrls.into_iter().map(IdentifyReport::of).collect();
+        let namespaces = controllers.iter().flat_map(|c| &c.namespaces);
+        Self {
+            total_controllers: controllers.len(),
+            total_namespaces: namespaces.clone().count(),
+            total_bytes: namespaces
+                .map(|ns| ns.blocks.saturating_mul(ns.lba_size as u64))
+                .fold(0u64, u64::saturating_add),
+            controllers,
+        }
+    }
+}
+
+impl fmt::Display for IdentifyAllReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.controllers.iter().enumerate() {
+            writeln!(f, "controller {i}:\n{c}\n")?;
+        }
+        write!(
+            f,
+            "total:              {} controllers, {} namespaces, {}",
+            self.total_controllers,
+            self.total_namespaces,
+            format_bytes(self.total_bytes as f64)
+        )
+    }
+}
+
 /// `read` or `write`: raw namespace I/O.
 #[derive(Clone, Debug, Serialize)]
 pub struct RawIoReport {

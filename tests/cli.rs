@@ -500,9 +500,18 @@ fn fs_on_a_volume_of_three_images() {
         "already make a striped volume, holding a blockfs",
     );
     fails_with(
-        &gpunvme(dir.path(), &format!("{all} identify")),
-        "only `fs`",
+        &gpunvme(dir.path(), &format!("{all} perf")),
+        "only `identify` and `fs`",
     );
+    let id = ok(&gpunvme(dir.path(), &format!("{all} --json identify")));
+    let v: serde_json::Value = serde_json::from_str(&id).unwrap();
+    assert_eq!(v["controllers"].as_array().map(Vec::len), Some(3), "{id}");
+    assert_eq!(v["total_controllers"], 3);
+    assert_eq!(v["total_bytes"], 3 * (64u64 << 20), "{id}");
+    for (i, c) in v["controllers"].as_array().unwrap().iter().enumerate() {
+        let dev = c["device"].as_str().unwrap();
+        assert!(dev.contains(&format!("m{i}.img")), "controller {i}: {dev}");
+    }
     let ls = ok(&gpunvme(dir.path(), &format!("{all} --json fs ls")));
     assert!(ls.contains("\"d/a\""), "{ls}");
     ok(&gpunvme(dir.path(), &format!("{all} fs fsck --data")));
