@@ -323,22 +323,30 @@ impl StripedVolume {
                 member: l.member,
             });
         }
-        let lba = first.lba_size as u64;
-        let reserved = label_lbas(first.lba_size);
-        let stripe_lbas = first.stripe_bytes / lba;
+        // The label's geometry is data from a disk: checked against the members before any
+        // arithmetic with it (an LBA size of 0 would divide by zero).
         for (i, m) in members.iter().enumerate() {
-            if m.lba_size() != first.lba_size
-                || m.lba_count() < reserved + first.member_lbas
-                || stripe_lbas == 0
-                || first.stripe_bytes % lba != 0
-            {
+            let lba = m.lba_size() as u64;
+            let fits = m.lba_size() == first.lba_size
+                && first.stripe_bytes >= lba
+                && first.stripe_bytes % lba == 0
+                && label_lbas(m.lba_size())
+                    .checked_add(first.member_lbas)
+                    .is_some_and(|need| need <= m.lba_count());
+            if !fits {
                 return Err(VolumeError::Geometry(format!(
-                    "device {i} ({} LBAs of {} bytes) cannot hold its part of the volume",
+                    "device {i} ({} LBAs of {} bytes) cannot hold its part of the volume \
+                     ({} data LBAs of {} bytes, {}-byte stripe)",
                     m.lba_count(),
-                    m.lba_size()
+                    m.lba_size(),
+                    first.member_lbas,
+                    first.lba_size,
+                    first.stripe_bytes
                 )));
             }
         }
+        let reserved = label_lbas(first.lba_size);
+        let stripe_lbas = first.stripe_bytes / first.lba_size as u64;
         Ok(Self {
             members,
             label: first,
@@ -452,7 +460,9 @@ impl BlockDevice for StripedVolume {
     }
 
     fn lba_count(&self) -> u64 {
-        self.label.member_lbas * self.members.len() as u64
+        self.label
+            .member_lbas
+            .saturating_mul(self.members.len() as u64)
     }
 
     fn read(&self, reqs: &mut [ReadReq<'_>]) -> Result<(), DeviceError> {
@@ -616,6 +626,36 @@ mod tests {
             }]),
             Err(DeviceError::OutOfRange { .. })
         ));
+    }
+
+    /// A label is data from a disk: a well-formed one with an impossible geometry (checksum
+    /// right) is an error, never a panic.
+    #[test]
+    fn impossible_label_geometry_is_an_error() {
+        for (lba_size, stripe, member_lbas) in [
+            (0u32, 4096u64, 10u64),
+            (512, 0, 10),
+            (512, 700, 10),
+            (512, 4096, u64::MAX),
+            (4096, 512, 10),
+        ] {
+            let m = mems(1, 512, 64);
+            let label = VolumeLabel {
+                volume_id: [8; 16],
+                member: 0,
+                members: 1,
+                stripe_bytes: stripe,
+                member_lbas,
+                lba_size,
+            };
+            let mut area = vec![0u8; 4096];
+            area[..64].copy_from_slice(&label.encode());
+            m[0].write(&[WriteReq { lba: 0, buf: &area }]).unwrap();
+            assert!(
+                matches!(StripedVolume::open(m), Err(VolumeError::Geometry(_))),
+                "{label:?}"
+            );
+        }
     }
 
     #[test]
