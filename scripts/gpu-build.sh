@@ -40,7 +40,8 @@ for ex in $EXAMPLES; do strip "$OUT/$ex"; done
 # Packed: the binaries embed the same PTX, so they compress about 4:1 (67 MiB -> 17 MiB, 2026-11-25)
 # and the carried tree stays under its 64 MiB. gpu-test.sh and gpu-cache-bench.sh unpack
 # bins.tgz by themselves; elsewhere `tar xzf .gpu-bin/bins.tgz -C .gpu-bin` first.
-BINS=$(cd "$OUT" && ls | grep -v -e '\.sh$' -e '^bins\.tgz$' -e '^wheels$')
+# Only the plain files just built: folders (wheels, anything carried beside) stay as they are.
+BINS=$(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.sh' ! -name bins.tgz -printf '%f\n')
 tar czf "$OUT/bins.tgz" -C "$OUT" $BINS
 (cd "$OUT" && rm -f $BINS)
 ls -la "$OUT"

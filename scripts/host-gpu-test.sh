@@ -30,6 +30,7 @@ TESTS=(
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum
+    files::image_reads_take_the_chosen_path
     files::gpu_writes_into_a_preallocated_file_read_back_after_remount
     every_transfer_shape_into_arbitrary_gpu_buffers
     media_error_is_a_per_command_status
@@ -53,3 +54,8 @@ fi
 export GPUNVME_GPU_TIMEOUT_S=${GPUNVME_GPU_TIMEOUT_S:-120}
 cargo test -p gpunvme --features host-gpu --test gpu -- --ignored --test-threads=1 \
     --exact "${TESTS[@]}"
+# The software controller's other way of reading image data (the default is pread).
+for mode in registered; do
+    GPUNVME_EMU_READS=$mode cargo test -p gpunvme --features host-gpu --test gpu -- --ignored \
+        --test-threads=1 --exact files::image_reads_take_the_chosen_path
+done

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
-use gpu_emu::{MediaKind, SsdModel};
+use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
@@ -96,6 +96,44 @@ pub struct GpuGetReport {
     pub host_crc32c: String,
     /// The checksum blockfs recorded for the file, if any.
     pub recorded_crc32c: Option<String>,
+    /// How the software controller moved the Reads' data (absent for other controllers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_copies: Option<ControllerCopies>,
+}
+
+/// How the software controller moved Read data into GPU memory: straight from registered
+/// page-cache windows of the image by copy engines, or read into pinned staging memory and
+/// scattered (`gpu_emu::image_windows`).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ControllerCopies {
+    /// How Read data left the image: `pread` (read into pinned staging memory, then
+    /// scattered) or `registered` (copy engines from registered page-cache windows);
+    /// `GPUNVME_EMU_READS` chooses.
+    pub read_mode: &'static str,
+    /// Bytes copied straight from registered windows.
+    pub direct_bytes: u64,
+    /// Copy-engine copies issued for them (adjacent ranges merged).
+    pub direct_copies: u64,
+    /// Bytes read into pinned staging memory first (`pread`), then scattered.
+    pub staged_bytes: u64,
+    /// Image windows registered.
+    pub windows_registered: u64,
+    /// Windows left to the staged path because their pages were not all in the page cache.
+    pub windows_not_resident: u64,
+}
+
+/// What the software controller's copy engines did so far, when it serves `setup`'s queues.
+pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
+    let d = setup.queues.dma_stats()?;
+    let (mode, w) = setup.queues.window_stats()?;
+    Some(ControllerCopies {
+        read_mode: mode.name(),
+        direct_bytes: d.direct_bytes,
+        direct_copies: d.direct_copies,
+        staged_bytes: d.staged_file_bytes,
+        windows_registered: w.registered,
+        windows_not_resident: w.not_resident,
+    })
 }
 
 impl std::fmt::Display for GpuGetReport {
@@ -353,6 +391,7 @@ pub fn get(
             gpu_crc32c: hex(gpu_crc),
             host_crc32c: hex(host),
             recorded_crc32c: recorded.map(hex),
+            controller_copies: controller_copies(&setup),
         })
     })();
     let down = teardown(setup);

@@ -314,6 +314,7 @@ impl DeviceHandle {
                 "arena_bytes": loaded.arena.len(),
                 "transport": setup.transport,
                 "data_path": gpu_fs::data_path(&setup, false),
+                "controller_copies": gpu_fs::controller_copies(&setup),
             });
             anyhow::Ok((loaded, report))
         })();

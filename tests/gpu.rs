@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpu_emu::image_reads::ReadMode;
 use gpu_emu::model::{NamespaceSpec, STOP_TIMEOUT};
 use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::desc::lat_bucket_floor;
@@ -1144,6 +1145,70 @@ mod files {
         let mut v = vec![0u8; n];
         buf.read(off, &mut v).expect("GPU buffer read");
         v
+    }
+
+    /// A file system on an image file: the software controller moves Read data the way
+    /// `GPUNVME_EMU_READS` says (pread into staging, or registered page-cache windows, every page
+    /// being resident since the file system was just written through it), and the GPU gets the
+    /// file's bytes, whole and at odd offsets. scripts/host-gpu-test.sh runs it in each mode.
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn image_reads_take_the_chosen_path() {
+        let path = image("windows");
+        let r = rig_with(
+            4096,
+            |c| {
+                c.namespaces = vec![NamespaceConfig {
+                    backend: nvme_emu::Backend::File(path.clone()),
+                    blocks: NS_BYTES / 4096,
+                    lba_size: 4096,
+                    read_only: false,
+                }]
+            },
+            GpuQueueOptions {
+                queues: Some(4),
+                depth: Some(256),
+                ..Default::default()
+            },
+        );
+        let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+        let len = (3 << 20) + 4097;
+        let want = fragmented(&fs, len);
+        let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+        let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
+        let g = files.open(&file).expect("open for the GPU");
+        let buf = r.gpu.alloc_buffer(len).expect("buffer");
+        let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
+        assert_eq!(got, len as u64);
+        assert!(host_bytes(&buf, 0, len) == want, "bytes of the whole file");
+        let (off, n) = (12_345u64, 1_000_003u64);
+        let odd = r.gpu.alloc_buffer(n as usize + 3).expect("buffer");
+        let span = GpuSpan::of(&odd, 3, n).expect("span");
+        let res = files
+            .run(&[FileRange::read(&g, off, span)])
+            .expect("batch")
+            .into_first_error()
+            .expect("range");
+        assert_eq!(res.bytes(), n);
+        assert!(
+            host_bytes(&odd, 3, n as usize) == want[off as usize..(off + n) as usize],
+            "bytes at an odd offset"
+        );
+        let d = r.gpu.dma_stats().expect("software controller");
+        let (mode, w) = r.gpu.window_stats().expect("software controller");
+        eprintln!("{}: {d:?} {w:?}", mode.name());
+        match mode {
+            ReadMode::Registered => {
+                assert!(w.registered >= 1, "a window was registered: {w:?}");
+                assert!(d.direct_bytes >= len as u64, "data from the windows: {d:?}");
+            }
+            ReadMode::Pread => {
+                assert_eq!((d.direct_bytes, w.registered), (0, 0));
+                assert!(d.staged_file_bytes >= len as u64, "data staged: {d:?}");
+            }
+        }
+        drop(r);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -37,7 +37,18 @@ __device__ __forceinline__ void copy_piece(const copy_desc& d, const uint8_t* st
     if ((((uintptr_t)src | (uintptr_t)dst | len) & 15) == 0) {
         const uint4* s4 = reinterpret_cast<const uint4*>(src);
         uint4* d4 = reinterpret_cast<uint4*>(dst);
-        for (uint32_t k = lane; k < len / 16; k += lanes) d4[k] = s4[k];
+        const uint32_t n = len / 16;
+        uint32_t k = lane;
+        // Four loads in flight per lane before their stores: the source is pinned host memory
+        // read over PCIe (a microsecond away), so one load at a time would leave a warp idle.
+        for (; k + 3 * lanes < n; k += 4 * lanes) {
+            uint4 a = s4[k], b = s4[k + lanes], c = s4[k + 2 * lanes], e = s4[k + 3 * lanes];
+            d4[k] = a;
+            d4[k + lanes] = b;
+            d4[k + 2 * lanes] = c;
+            d4[k + 3 * lanes] = e;
+        }
+        for (; k < n; k += lanes) d4[k] = s4[k];
     } else if ((((uintptr_t)src | (uintptr_t)dst | len) & 3) == 0) {
         const uint32_t* s1 = reinterpret_cast<const uint32_t*>(src);
         uint32_t* d1 = reinterpret_cast<uint32_t*>(dst);

@@ -37,7 +37,8 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
         if let Some(c) = &g.controller {
             outln!(
                 "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
-                 pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU",
+                 pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU; read data: {} \
+                 MiB by DMA from registered image windows ({} copies), {} MiB staged",
                 c.threads,
                 c.scatters,
                 c.scattered_pieces,
@@ -45,7 +46,10 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
                 c.gathered_pieces,
                 c.gather_hits,
                 c.sync_reads,
-                c.gpu_wait_ms
+                c.gpu_wait_ms,
+                c.direct_bytes >> 20,
+                c.direct_copies,
+                c.staged_file_bytes >> 20
             );
         }
         if let Some(m) = &g.model {

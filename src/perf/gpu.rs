@@ -171,6 +171,12 @@ pub struct ControllerSide {
     pub sync_reads: u64,
     /// Milliseconds the controller threads spent waiting for the GPU, summed over threads.
     pub gpu_wait_ms: f64,
+    /// Read bytes copied straight from registered page-cache windows of the image.
+    pub direct_bytes: u64,
+    /// Copy-engine copies issued for them.
+    pub direct_copies: u64,
+    /// Read bytes from the image staged through pinned memory (`pread`) and scattered.
+    pub staged_file_bytes: u64,
 }
 
 /// `perf`'s report plus the GPU configuration, and the CPU side when it ran.
@@ -417,6 +423,9 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             gather_hits: d.hits,
             sync_reads: d.sync_reads,
             gpu_wait_ms: d.wait_ns as f64 / 1e6,
+            direct_bytes: d.direct_bytes,
+            direct_copies: d.direct_copies,
+            staged_file_bytes: d.staged_file_bytes,
         }),
         model: None,
     };

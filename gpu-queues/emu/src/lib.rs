@@ -24,6 +24,7 @@
 //! model's media kind).
 
 pub mod desc;
+pub mod image_reads;
 pub mod kernels;
 pub mod model;
 pub mod software;
@@ -68,6 +69,10 @@ pub trait GpuQueuesExt: Sized {
 
     /// The software controller's threads with a copy engine, when it serves these queues.
     fn controller_threads(&self) -> Option<usize>;
+
+    /// How the software controller reads image data for Reads, and its registered windows'
+    /// counters, when it serves these queues.
+    fn window_stats(&self) -> Option<(image_reads::ReadMode, image_reads::WindowStats)>;
 }
 
 impl GpuQueuesExt for GpuQueues {
@@ -99,5 +104,9 @@ impl GpuQueuesExt for GpuQueues {
 
     fn controller_threads(&self) -> Option<usize> {
         SoftwareTransport::of(self).map(SoftwareTransport::controller_threads)
+    }
+
+    fn window_stats(&self) -> Option<(image_reads::ReadMode, image_reads::WindowStats)> {
+        SoftwareTransport::of(self).map(SoftwareTransport::window_stats)
     }
 }

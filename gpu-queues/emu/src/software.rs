@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_queues::GpuError;
+use gpu_queues::ffi::os::MappedImage;
 use gpu_queues::ffi::{
     Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
 };
@@ -46,6 +47,7 @@ use nvme_emu::{DeviceAddressMap, DoorbellWord, EmuDevice, MemoryRegion, RegionEr
 use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
+use crate::image_reads::{ImageWindows, ReadMode, WindowStats};
 use crate::kernels::EmuKernels;
 
 /// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
@@ -60,6 +62,9 @@ const STAGING_BYTES: usize = 32 << 20;
 const MAX_GATHER_PIECES: usize = 8192;
 /// Data bytes one gather moves.
 const GATHER_BYTES: usize = 32 << 20;
+/// Largest piece one scatter warp copies: a long run (a big Read's data) is cut into pieces of
+/// this size so that many warps move it at once, not one warp the whole run.
+const PIECE_BYTES: usize = 32 << 10;
 /// Bound on any single wait for the GPU inside the controller.
 const GPU_WAIT: Duration = Duration::from_secs(10);
 /// Warps per block of the scatter and gather kernels (one warp per piece).
@@ -76,8 +81,23 @@ fn launch_per_piece(
     stream.launch(kernel, grid, WARPS_PER_BLOCK * 32, args)
 }
 
+/// A Read's data copied straight from a registered image window ([`ImageWindows`]) by a copy
+/// engine, issued at the flush of the staging area it was noted in, before that area's scatter
+/// (which carries the command's completion).
+struct Direct {
+    dst: u64,
+    window: Arc<MappedImage>,
+    offset: usize,
+    len: usize,
+}
+
+/// Direct copies one staging area notes before it is flushed.
+const MAX_DIRECT: usize = 4096;
+
 struct Staging {
     mem: PinnedMemory,
+    /// Direct copies to issue, in order, before this area's scatter.
+    direct: Vec<Direct>,
     /// Finished when the scatter that read this area is done.
     drained: Event,
     pieces: usize,
@@ -110,6 +130,12 @@ pub struct DmaStats {
     pub sync_reads: u64,
     /// Nanoseconds the controller thread spent waiting for the GPU (reads, full staging).
     pub wait_ns: u64,
+    /// Copies issued straight from registered image windows (adjacent ranges merged).
+    pub direct_copies: u64,
+    /// Bytes those copies moved.
+    pub direct_bytes: u64,
+    /// Bytes of Reads staged through pinned memory from the image file (`pread`).
+    pub staged_file_bytes: u64,
 }
 
 impl DmaStats {
@@ -121,6 +147,9 @@ impl DmaStats {
         self.hits += o.hits;
         self.sync_reads += o.sync_reads;
         self.wait_ns += o.wait_ns;
+        self.direct_copies += o.direct_copies;
+        self.direct_bytes += o.direct_bytes;
+        self.staged_file_bytes += o.staged_file_bytes;
     }
 }
 
@@ -196,6 +225,23 @@ pub struct GpuDma {
     kernels: Arc<EmuKernels>,
     engines: Vec<Engine>,
     mode: CopyMode,
+    /// How Read data leaves the image.
+    read_mode: ReadMode,
+    /// Registered windows of the image(s) Reads copy from directly ([`ReadMode::Registered`]);
+    /// dropped after the engines' streams are idle (see `Drop`).
+    windows: ImageWindows,
+}
+
+impl Drop for GpuDma {
+    fn drop(&mut self) {
+        // Direct copies read the windows' registered pages: let every queued copy finish
+        // (bounded) before the windows are unregistered and unmapped.
+        for e in &self.engines {
+            if let Err(err) = e.stream.wait_idle(GPU_WAIT) {
+                tracing::warn!("software controller's copy stream did not drain: {err}");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for GpuDma {
@@ -237,11 +283,13 @@ impl GpuDma {
         let area = || -> Result<Staging, GpuError> {
             Ok(Staging {
                 mem: PinnedMemory::alloc(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES)?,
+                direct: Vec::new(),
                 drained: Event::new(cuda)?,
                 pieces: 0,
                 bytes: 0,
             })
         };
+        let read_mode = ReadMode::from_env()?;
         let mut engines = Vec::with_capacity(threads.max(1));
         for _ in 0..threads.max(1) {
             let stream = Stream::new(cuda, Placement::Controller, Some(partition))?;
@@ -272,6 +320,8 @@ impl GpuDma {
             kernels,
             engines,
             mode: CopyMode::from_env()?,
+            read_mode,
+            windows: ImageWindows::for_mode(cuda, read_mode),
         }))
     }
 
@@ -289,6 +339,16 @@ impl GpuDma {
     fn engine(&self) -> &Engine {
         let i = nvme_emu::controller_thread_index().unwrap_or(0);
         &self.engines[i % self.engines.len()]
+    }
+
+    /// The registered image windows' counters.
+    pub fn window_stats(&self) -> WindowStats {
+        self.windows.stats()
+    }
+
+    /// How Read data leaves the image.
+    pub fn read_mode(&self) -> ReadMode {
+        self.read_mode
     }
 
     /// Totals over every engine.
@@ -318,25 +378,111 @@ impl GpuDma {
                 continue;
             }
             let area = &mut st.areas[st.cur];
-            let n = (data.len() - done).min(STAGING_BYTES - area.bytes);
+            let room = (MAX_PIECES - area.pieces) * PIECE_BYTES;
+            let n = (data.len() - done)
+                .min(STAGING_BYTES - area.bytes)
+                .min(room);
             let src = area.bytes;
             area.mem.write(
                 MAX_PIECES * size_of::<CopyDesc>() + src,
                 &data[done..done + n],
             );
+            Self::describe(area, dst + done as u64, src, n, late);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Stages `len` bytes for GPU address `dst` straight from `file` at `file_offset` (a
+    /// positioned read into the staging area: the file's bytes are copied once on the host).
+    /// `None` when gathered bytes overlap `dst` (they would have to be updated too: the caller
+    /// takes the general path); else the file's result.
+    fn stage_from_file(
+        &self,
+        dst: u64,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Result<Option<std::io::Result<()>>, GpuError> {
+        let e = self.engine();
+        let mut guard = lock(e);
+        let st = &mut *guard;
+        let end = dst + len as u64;
+        if st
+            .fetched
+            .iter()
+            .any(|f| dst < f.gpu + f.len as u64 && f.gpu < end)
+        {
+            return Ok(None);
+        }
+        if let Some(w) = self.windows.lookup(file, file_offset, len) {
+            let area = &st.areas[st.cur];
+            if area.direct.len() == MAX_DIRECT {
+                self.flush_locked(e, st)?;
+            }
+            let area = &mut st.areas[st.cur];
+            match area.direct.last_mut() {
+                Some(last)
+                    if Arc::ptr_eq(&last.window, &w.window)
+                        && last.offset + last.len == w.offset
+                        && last.dst + last.len as u64 == dst =>
+                {
+                    last.len += len;
+                }
+                _ => area.direct.push(Direct {
+                    dst,
+                    window: w.window,
+                    offset: w.offset,
+                    len,
+                }),
+            }
+            st.stats.direct_bytes += len as u64;
+            return Ok(Some(Ok(())));
+        }
+        st.stats.staged_file_bytes += len as u64;
+        let mut done = 0;
+        while done < len {
+            let area = &st.areas[st.cur];
+            if area.pieces + 1 >= MAX_PIECES || area.bytes == STAGING_BYTES {
+                self.flush_locked(e, st)?;
+                continue;
+            }
+            let area = &mut st.areas[st.cur];
+            // As much as the area has room for, in pieces and in bytes.
+            let room = (MAX_PIECES - area.pieces) * PIECE_BYTES;
+            let n = (len - done).min(STAGING_BYTES - area.bytes).min(room);
+            let src = area.bytes;
+            let base = MAX_PIECES * size_of::<CopyDesc>();
+            let at = file_offset + done as u64;
+            if let Err(err) = area.mem.read_file_at(base + src, n, file, at) {
+                // Nothing of this range was described: the staged bytes are never copied.
+                return Ok(Some(Err(err)));
+            }
+            Self::describe(area, dst + done as u64, src, n, false);
+            done += n;
+        }
+        Ok(Some(Ok(())))
+    }
+
+    /// Adds descriptors for `n` bytes at `src` of `area`'s data, bound for `dst`, in pieces
+    /// of at most [`PIECE_BYTES`] (the caller checked there is room for them), and moves the
+    /// area's fill mark past them.
+    fn describe(area: &mut Staging, dst: u64, src: usize, n: usize, late: bool) {
+        let mut at = 0;
+        while at < n {
+            let m = (n - at).min(PIECE_BYTES);
             let desc = CopyDesc {
-                dst: dst + done as u64,
-                src: src as u32,
-                len: n as u32 | if late { COPY_LATE } else { 0 },
+                dst: dst + at as u64,
+                src: (src + at) as u32,
+                len: m as u32 | if late { COPY_LATE } else { 0 },
             };
             area.mem
                 .write(area.pieces * size_of::<CopyDesc>(), desc.as_bytes());
             area.pieces += 1;
-            // Keep 16-byte alignment of pieces in the staging area (vector copies).
-            area.bytes = (src + n).next_multiple_of(16).min(STAGING_BYTES);
-            done += n;
+            at += m;
         }
-        Ok(())
+        // Keep 16-byte alignment of pieces in the staging area (vector copies).
+        area.bytes = (src + n).next_multiple_of(16).min(STAGING_BYTES);
     }
 
     /// Launches the scatter of the current staging area (if it holds anything) and switches to
@@ -344,14 +490,22 @@ impl GpuDma {
     fn flush_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
         let cur = st.cur;
         let pieces = st.areas[cur].pieces;
-        if pieces == 0 {
+        if pieces == 0 && st.areas[cur].direct.is_empty() {
             return Ok(());
         }
         self.cuda.make_current()?;
+        // Direct copies first: a command's completion is among this area's pieces, and must
+        // not become visible before its data.
+        for d in st.areas[cur].direct.drain(..) {
+            e.stream
+                .copy_from_registered(d.window.registration(), d.offset, d.dst, d.len)?;
+            st.stats.direct_copies += 1;
+        }
         let area = &st.areas[cur];
         let base = area.mem.device_ptr();
         let data = MAX_PIECES * size_of::<CopyDesc>();
         match self.mode {
+            CopyMode::Kernels if pieces == 0 => {}
             CopyMode::Kernels => {
                 launch_per_piece(
                     &e.stream,
@@ -625,6 +779,25 @@ impl MemoryRegion for GpuRegion {
         self.engine.flush().map_err(region_error)
     }
 
+    fn read_from_file(
+        &self,
+        offset: u64,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Option<std::io::Result<()>> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.len as u64)
+        {
+            return Some(Err(std::io::ErrorKind::InvalidInput.into()));
+        }
+        // An engine failure (a GPU error) is None: the general path reports it as a DMA error.
+        self.engine
+            .stage_from_file(self.ptr + offset, len, file, file_offset)
+            .unwrap_or_default()
+    }
+
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
         let ptr = self.ptr;
         self.engine
@@ -737,6 +910,11 @@ impl SoftwareTransport {
     /// Controller threads with a copy engine of their own.
     pub fn controller_threads(&self) -> usize {
         self.engine.engines()
+    }
+
+    /// How Read data leaves the image, and the registered windows' counters.
+    pub fn window_stats(&self) -> (ReadMode, WindowStats) {
+        (self.engine.read_mode(), self.engine.window_stats())
     }
 }
 

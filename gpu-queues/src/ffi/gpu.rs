@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Arg, PinnedMemory, Placement, backend, poll_until};
+use super::{Arg, HostRegistration, PinnedMemory, Placement, backend, poll_until};
 use crate::error::GpuError;
 
 /// An opened GPU: what it reports, and the backend's handle (with CUDA, the device and its
@@ -275,6 +275,29 @@ impl Stream {
         let p = src.at(offset, len);
         // SAFETY: `at` checked that `p..p + len` lies in `src`, kept alive (as in
         // `copy_to_pinned`) and unchanged (the caller) until the stream passes the copy; the
+        // destination is a GPU address the caller vouches for.
+        unsafe { self.raw.copy_from_host(p.cast_const(), dst, len) }
+    }
+
+    /// Queues a copy of `len` bytes at `offset` of a registered host range to GPU address
+    /// `dst` (a DMA by a copy engine, reading the host pages over PCIe). The caller keeps the
+    /// registration alive until the copy has run (an event after it, or the stream idle).
+    pub fn copy_from_registered(
+        &self,
+        src: &HostRegistration,
+        offset: usize,
+        dst: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        if offset.checked_add(len).is_none_or(|end| end > src.len) {
+            return Err(GpuError::InvalidArgument(format!(
+                "copy of {offset:#x}+{len:#x} outside a registration of {:#x} bytes",
+                src.len
+            )));
+        }
+        let p = src.host.wrapping_add(offset);
+        // SAFETY: `p..p + len` lies in the registered, still mapped range (checked above; the
+        // caller keeps it registered and mapped until the stream passes the copy); the
         // destination is a GPU address the caller vouches for.
         unsafe { self.raw.copy_from_host(p.cast_const(), dst, len) }
     }

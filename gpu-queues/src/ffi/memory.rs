@@ -278,6 +278,52 @@ impl PinnedMemory {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
     }
 
+    /// Fills `offset..offset + len` from `file` at `file_offset` with positioned reads
+    /// (`pread`, repeated until done): the file's bytes land here with one copy by the kernel.
+    /// A file shorter than the range is [`std::io::ErrorKind::UnexpectedEof`] (the bytes read
+    /// so far are left in place).
+    ///
+    /// The caller makes sure no GPU work reads or writes the range meanwhile (the memory is
+    /// written behind the GPU's back, as by [`PinnedMemory::write`]).
+    pub fn read_file_at(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let p = self.at(offset, len);
+        let mut done = 0usize;
+        while done < len {
+            let at = file_offset
+                .checked_add(done as u64)
+                .and_then(|o| libc::off_t::try_from(o).ok())
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+            // SAFETY: `p + done .. p + len` is inside this live allocation (checked by `at`);
+            // the kernel writes it as plain memory, never through a Rust reference.
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    p.wrapping_add(done).cast(),
+                    len - done,
+                    at,
+                )
+            };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Copies bytes at `offset` out into `buf`.
     pub fn read(&self, offset: usize, buf: &mut [u8]) {
         let p = self.at(offset, buf.len());

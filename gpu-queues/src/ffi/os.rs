@@ -488,6 +488,48 @@ impl HostArena {
     }
 }
 
+/// The run of allocated data of `file` (no holes: `SEEK_DATA`/`SEEK_HOLE`) that holds byte
+/// `offset`, clipped to `lo..hi` and widened to whole host pages; `None` when `offset` is in a
+/// hole or past the end. A file system without hole reporting shows the whole file as data.
+/// Moves the descriptor's file position (positioned I/O does not use it).
+pub fn data_run(file: &File, offset: u64, lo: u64, hi: u64) -> io::Result<Option<(u64, u64)>> {
+    let seek = |pos: u64, whence: i32| -> io::Result<Option<u64>> {
+        let pos = libc::off_t::try_from(pos).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: lseek on a descriptor this process owns (borrowed from `file`); no memory.
+        let r = unsafe { libc::lseek(file.as_raw_fd(), pos, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data (or no hole) at or after `pos`.
+            return if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(r as u64))
+    };
+    let page = host_page_size() as u64;
+    let mut pos = lo;
+    while pos < hi {
+        let Some(d) = seek(pos, libc::SEEK_DATA)? else {
+            return Ok(None);
+        };
+        if d > offset || d >= hi {
+            return Ok(None);
+        }
+        let Some(h) = seek(d, libc::SEEK_HOLE)? else {
+            return Ok(None);
+        };
+        if offset < h {
+            let start = (d - d % page).max(lo);
+            let end = h.min(hi).next_multiple_of(page);
+            return Ok(Some((start, end)));
+        }
+        pos = h;
+    }
+    Ok(None)
+}
+
 /// An image file mapped into this process and registered with CUDA, so GPU threads read (and,
 /// when writable, write) the file's page-cache pages over PCIe: the GPU-resident controller's
 /// `host` media. Writable registration of a shared file mapping works on tmpfs but not on ext4
@@ -582,6 +624,68 @@ impl MappedImage {
         Ok(Self { reg, map })
     }
 
+    /// A read-only window of `file`: `len` bytes at `offset` (a multiple of the host page
+    /// size) mapped shared and registered with CUDA, so that copies read the file's page-cache
+    /// pages straight over PCIe; but only if every page of the window is in the page cache now
+    /// (`mincore`): `Ok(None)` otherwise, before anything is registered (registering faults
+    /// every missing page in, one at a time, far slower than reading the file). The window must
+    /// lie inside the file (its last page may be partial).
+    pub fn resident_window(
+        cuda: &Arc<crate::ffi::Cuda>,
+        file: &File,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<Self>, GpuError> {
+        let what = |e: &dyn std::fmt::Display| GpuError::Unsupported(format!("image window: {e}"));
+        let host_page = host_page_size();
+        if len == 0 || offset % host_page as u64 != 0 {
+            return Err(what(&format!(
+                "window {offset:#x}+{len:#x} is not page-aligned"
+            )));
+        }
+        // Whole pages (the last one may run past the end of the file, within its page).
+        let len = len.next_multiple_of(host_page);
+        // SAFETY: as in `open`: a shared mapping of the image that the controller holds locked;
+        // it is read only by the GPU through the registration and by `mincore` (which reads
+        // no bytes), never through a Rust reference.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map(file)
+        }
+        .map_err(|e| what(&e))?;
+        let mut vec = vec![0u8; len.div_ceil(host_page)];
+        // SAFETY: `map` is one live mapping of `len` bytes; `vec` holds a byte per host page.
+        let r = unsafe { libc::mincore(map.as_ptr().cast_mut().cast(), len, vec.as_mut_ptr()) };
+        if r != 0 {
+            return Err(what(&io::Error::last_os_error()));
+        }
+        if vec.iter().any(|b| b & 1 == 0) {
+            return Ok(None);
+        }
+        // SAFETY: the page-aligned mapping `map`, unmapped only after the registration is
+        // dropped (field order).
+        let reg = unsafe {
+            crate::ffi::HostRegistration::register_with(
+                cuda,
+                map.as_ptr().cast_mut(),
+                len,
+                false,
+                true,
+            )
+        }?;
+        Ok(Some(Self {
+            reg,
+            map: ImageMap::ReadOnly(map),
+        }))
+    }
+
+    /// The registration (for copies out of the mapping).
+    pub fn registration(&self) -> &crate::ffi::HostRegistration {
+        &self.reg
+    }
+
     /// GPU address of the file's first byte.
     pub fn device_ptr(&self) -> u64 {
         self.reg.device_ptr()
@@ -601,6 +705,48 @@ impl MappedImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_runs_skip_holes_and_stay_inside_their_bounds() {
+        use std::os::unix::fs::FileExt;
+        let path = std::env::temp_dir().join(format!("gpunvme-data-run-{}", std::process::id()));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let page = host_page_size() as u64;
+        // Data in pages 0-1 and 256, holes elsewhere; 300 pages long.
+        f.write_all_at(&vec![1u8; 2 * page as usize], 0).unwrap();
+        f.write_all_at(&vec![2u8; page as usize], 256 * page)
+            .unwrap();
+        f.set_len(300 * page).unwrap();
+        let end = 300 * page;
+        assert_eq!(data_run(&f, 100, 0, end).unwrap(), Some((0, 2 * page)));
+        assert_eq!(
+            data_run(&f, 256 * page + 5, 0, end).unwrap(),
+            Some((256 * page, 257 * page))
+        );
+        // Clipped to the bounds asked for.
+        assert_eq!(
+            data_run(&f, page + 1, page, end).unwrap(),
+            Some((page, 2 * page))
+        );
+        assert_eq!(data_run(&f, 5, 0, page).unwrap(), Some((0, page)));
+        // Past the end: nothing.
+        assert_eq!(data_run(&f, end + 1, 0, end + 2 * page).unwrap(), None);
+        match data_run(&f, 100 * page, 0, end).unwrap() {
+            None => {}
+            // A file system that reports no holes shows the whole file as data.
+            Some(run) => {
+                eprintln!("{}: no hole reporting here", path.display());
+                assert_eq!(run, (0, end));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn gdrdrv_request_numbers_match_the_header() {
