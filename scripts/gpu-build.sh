@@ -57,4 +57,9 @@ fi
 "$VENV/bin/pip" download -q --disable-pip-version-check pytest --only-binary=:all: \
     --python-version 3.12 --platform manylinux2014_x86_64 -d "$OUT/wheels"
 cp scripts/py-gpu-test.sh "$OUT/"
+# The loaders scripts/py-load-bench.sh compares with (their wheels; no network there).
+rm -rf "$OUT/bench-wheels"
+"$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.12 --platform manylinux_2_28_x86_64 -d "$OUT/bench-wheels" \
+    instanttensor==0.2.2 fastsafetensors==0.5.0
 ls -la "$OUT/wheels"

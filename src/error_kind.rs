@@ -7,6 +7,12 @@
 #[error("{0}")]
 pub struct Refused(pub String);
 
+/// A caller's argument that cannot work (a combination of options, a value out of range):
+/// [`ErrorKind::InvalidArgument`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidArgument(pub String);
+
 /// The kinds of failure a caller may want to tell apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
@@ -71,6 +77,9 @@ impl ErrorKind {
 fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     if cause.is::<Refused>() {
         return Some(ErrorKind::Refused);
+    }
+    if cause.is::<InvalidArgument>() {
+        return Some(ErrorKind::InvalidArgument);
     }
     if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
         return Some(match e {

@@ -19,7 +19,7 @@ use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
 use crate::volume;
 
-pub use crate::error_kind::Refused;
+pub use crate::error_kind::{InvalidArgument, Refused};
 
 /// An fsck's outcome.
 pub struct FsckOutcome {
@@ -267,17 +267,26 @@ impl DeviceHandle {
 
     /// Loads every tensor of the `.safetensors` file `name` (or of every `.safetensors` file
     /// under the prefix `name`) into one GPU arena by GPU-issued reads on queues served as
-    /// `serving` says; also the load's report (files, tensors, bytes, seconds, data path).
+    /// `serving` says (with the GPU-resident model, `ssd_model` times its media); also the
+    /// load's report (files, tensors, bytes, seconds, data path, how the controller copied).
     /// Every refusal that needs no GPU (names, headers, duplicates) comes before the GPU.
     pub fn load_safetensors(
         &self,
         name: &str,
         serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<(safetensors::Loaded, serde_json::Value)> {
         anyhow::ensure!(
             !self.is_volume(),
             "GPU loads from a striped volume are not supported yet"
         );
+        if ssd_model.is_some() && !matches!(serving, Serving::Model(_)) {
+            return Err(InvalidArgument(
+                "an SSD timing model needs the GPU-resident controller model (controller \"gpu\")"
+                    .into(),
+            )
+            .into());
+        }
         let fs = self.mount()?;
         let names = safetensors_files(&fs, name)?;
         let files = names
@@ -297,6 +306,7 @@ impl DeviceHandle {
         let opts = GpuFsOptions {
             serving,
             cpu_queues: self.cpu_queues,
+            ssd_model,
             ..GpuFsOptions::default()
         };
         let ctrl = &self.ctrls[0];
@@ -313,6 +323,9 @@ impl DeviceHandle {
                 "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
                 "arena_bytes": loaded.arena.len(),
                 "transport": setup.transport,
+                "ssd_model": ssd_model.map(|m| m.to_string()),
+                // What the modelled drives can move for large reads (bandwidth, all drives).
+                "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
                 "data_path": gpu_fs::data_path(&setup, false),
                 "controller_copies": gpu_fs::controller_copies(&setup),
             });

@@ -164,6 +164,7 @@ class Device:
         *,
         controller: str = "emu",
         media: str = "host",
+        ssd_model: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Loads a ``.safetensors`` file (or every ``.safetensors`` file whose name starts with
         ``name_or_prefix``: a sharded model) into CUDA tensors: the headers are parsed on the
@@ -172,13 +173,17 @@ class Device:
         them). Returns ``{name: torch.Tensor}`` like ``safetensors.torch.load_file``.
 
         ``controller``: ``"emu"`` (the device's own controller) or ``"gpu"`` (the GPU-resident
-        controller model, with ``media`` ``"host"`` or ``"hbm"``). The load's figures (bytes,
+        controller model, with ``media`` ``"host"`` or ``"hbm"``, and optionally an SSD timing
+        model such as ``"drives=4,bw=14GB/s,iops=2500000"``, the CLI's ``--ssd-model``). The
+        load's figures (bytes,
         seconds, data path) are in :attr:`last_load` and logged at DEBUG on ``gpunvme``.
         torch is imported here, not at package import.
         """
         if str(device) not in ("cuda", "cuda:0"):
             raise InvalidArgumentError(f"device must be cuda:0 (GPU 0), not {device!r}")
-        cap, tensors, report = self._d.load_safetensors(name_or_prefix, controller, media)
+        cap, tensors, report = self._d.load_safetensors(
+            name_or_prefix, controller, media, ssd_model
+        )
         import torch  # a run-time dependency of this call only
 
         arena = torch.from_dlpack(cap)
@@ -221,6 +226,7 @@ def open(
     read_only: bool = False,
     controller_threads: int = 0,
     nsid: int = 1,
+    controller_queue_pairs: int = 64,
 ) -> Device:
     """Opens a device and brings its controller up.
 
@@ -229,11 +235,18 @@ def open(
     them (or a comma-separated string) makes a striped volume, members in order.
     ``lba_size``: 512 or 4096, the block size of an image's namespace. ``read_only``: open an
     image under a shared lock with its namespace write-protected. ``controller_threads``: the
-    software controller's threads (0: automatic). ``nsid``: the namespace blockfs lives on.
+    software controller's threads (0: automatic, a quarter of the CPUs up to 4; GPU loads run
+    faster with more, up to one per CPU). ``controller_queue_pairs``: I/O queue pairs the
+    software controller grants (GPU loads spread over all of them). ``nsid``: the namespace
+    blockfs lives on.
     Raises :class:`BusyError` when another process or handle holds the device.
     """
     if isinstance(device, (list, tuple)):
         device = ",".join(os.fspath(d) for d in device)
     elif device is not None:
         device = os.fspath(device)
-    return Device(_native.Device(device, lba_size, read_only, controller_threads, nsid))
+    return Device(
+        _native.Device(
+            device, lba_size, read_only, controller_threads, nsid, controller_queue_pairs
+        )
+    )

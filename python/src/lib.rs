@@ -161,7 +161,7 @@ impl Device {
     /// Opens `device` (a PCI address, an image path, or None for ./gpunvme.img, created on
     /// first use unless read_only) and brings its controller up.
     #[new]
-    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1))]
+    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1, controller_queue_pairs=64))]
     fn new(
         py: Python<'_>,
         device: Option<String>,
@@ -169,15 +169,22 @@ impl Device {
         read_only: bool,
         controller_threads: usize,
         nsid: u32,
+        controller_queue_pairs: u16,
     ) -> PyResult<Self> {
         if lba_size != 512 && lba_size != 4096 {
             return Err(InvalidArgumentError::new_err(format!(
                 "lba_size must be 512 or 4096, not {lba_size}"
             )));
         }
+        if !(1..=1024).contains(&controller_queue_pairs) {
+            return Err(InvalidArgumentError::new_err(format!(
+                "controller_queue_pairs must be 1 to 1024, not {controller_queue_pairs}"
+            )));
+        }
         let opts = OpenOptions {
             lba_size,
             controller_threads,
+            controller_queue_pairs,
             read_only,
             ..OpenOptions::default()
         };
@@ -253,6 +260,7 @@ impl Device {
         name: String,
         controller: &str,
         media: &str,
+        ssd_model: Option<&str>,
     ) -> PyResult<(
         Bound<'py, PyAny>,
         Vec<(String, &'static str, Vec<u64>, u64, u64)>,
@@ -269,7 +277,11 @@ impl Device {
                 )));
             }
         };
-        let (loaded, report) = self.with(py, |o| o.load_safetensors(&name, serving))?;
+        let ssd_model = ssd_model
+            .map(|m| m.parse::<gpunvme::gpu_emu::SsdModel>())
+            .transpose()
+            .map_err(|e| InvalidArgumentError::new_err(format!("ssd_model: {e}")))?;
+        let (loaded, report) = self.with(py, |o| o.load_safetensors(&name, serving, ssd_model))?;
         let tensors = loaded
             .tensors
             .iter()

@@ -141,6 +141,8 @@ def test_invalid_arguments(dev, tmp_path):
         dev.put(tmp_path, "a-directory")
     with pytest.raises(gpunvme.InvalidArgumentError):
         gpunvme.open(image(tmp_path, name="other.img"), lba_size=1000)
+    with pytest.raises(gpunvme.InvalidArgumentError, match="controller_queue_pairs"):
+        gpunvme.open(image(tmp_path, name="other.img"), controller_queue_pairs=0)
     assert dev.ls() == []
 
 

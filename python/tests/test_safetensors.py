@@ -45,6 +45,11 @@ def test_argument_and_header_errors_need_no_gpu(tmp_path):
         put(dev, tmp_path, "ok.safetensors", safetensors_bytes({"a": ("F32", [2], os.urandom(8))}))
         with pytest.raises(gpunvme.InvalidArgumentError):
             dev.load_safetensors("ok.safetensors", controller="fpga")
+        # An SSD timing model that does not parse, or on a controller that cannot time.
+        with pytest.raises(gpunvme.InvalidArgumentError, match="ssd_model"):
+            dev.load_safetensors("ok.safetensors", controller="gpu", ssd_model="drives=0")
+        with pytest.raises(gpunvme.InvalidArgumentError, match="GPU-resident"):
+            dev.load_safetensors("ok.safetensors", ssd_model="drives=2")
         # Offsets past the data section, a shape that disagrees with them, not JSON at all.
         bad = safetensors_bytes({"a": ("F32", [4], os.urandom(8))})
         put(dev, tmp_path, "bad/shape.safetensors", bad)

@@ -1,0 +1,351 @@
+"""Model loads into CUDA tensors, gpunvme against the loaders users pick instead (issue 22).
+
+Run on the GPU machine by scripts/py-load-bench.sh (which installs the carried wheels). For
+each model shape it writes a synthetic model as `.safetensors` shards on one disk, puts the same
+files into a blockfs image on that disk, then loads it into CUDA tensors with
+
+  - gpunvme, software controller (GPU-issued reads, `controller="emu"`);
+  - gpunvme, GPU-resident controller model with HBM media and an SSD timing model of 1 and 4
+    Gen5-like drives (the figure to read is the fraction of the modelled drives' cap);
+  - safetensors.torch.load_file(device="cuda:0"), fastsafetensors (no GDS), InstantTensor
+    (its default direct I/O, BackendPolicy.BUFFERED, Backend.MMAP);
+  - and the ceiling: one pinned host buffer copied to the GPU.
+
+warm (files read once before) and cold (evicted with posix_fadvise DONTNEED, then checked with
+mincore: a cold figure whose eviction did not happen is dropped). Every load is verified
+tensor by tensor (bitwise) against a reference loaded once by safetensors. A loader that fails
+is a row with "error"; the run goes on. Prints one JSON object on stdout; progress on stderr.
+"""
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import sys
+import time
+
+import torch
+
+MODELS = {
+    # Qwen3-0.6B-shaped: 28 layers of 11 tensors, tied embeddings; ~1.19 GB bf16, one file.
+    "0.6b": dict(hidden=1024, inter=3072, layers=28, q=2048, kv=1024, vocab=151936, norms=True,
+                 lm_head=False, shards=1),
+    # Llama-7B-shaped: 32 layers of 9 tensors, untied lm_head; ~13.5 GB bf16 in 4 shards.
+    "7b": dict(hidden=4096, inter=11008, layers=32, q=4096, kv=4096, vocab=32000, norms=False,
+               lm_head=True, shards=4),
+}
+
+
+def say(*a):
+    print("py-load-bench:", *a, file=sys.stderr, flush=True)
+
+
+def shapes(m):
+    h, i = m["hidden"], m["inter"]
+    out = [("model.embed_tokens.weight", [m["vocab"], h])]
+    for l in range(m["layers"]):
+        p = f"model.layers.{l}."
+        out += [
+            (p + "self_attn.q_proj.weight", [m["q"], h]),
+            (p + "self_attn.k_proj.weight", [m["kv"], h]),
+            (p + "self_attn.v_proj.weight", [m["kv"], h]),
+            (p + "self_attn.o_proj.weight", [h, m["q"]]),
+            (p + "mlp.gate_proj.weight", [i, h]),
+            (p + "mlp.up_proj.weight", [i, h]),
+            (p + "mlp.down_proj.weight", [h, i]),
+            (p + "input_layernorm.weight", [h]),
+            (p + "post_attention_layernorm.weight", [h]),
+        ]
+        if m["norms"]:
+            out += [(p + "self_attn.q_norm.weight", [128]), (p + "self_attn.k_norm.weight", [128])]
+    out.append(("model.norm.weight", [h]))
+    if m["lm_head"]:
+        out.append(("lm_head.weight", [m["vocab"], h]))
+    return out
+
+
+def write_model(dirname, m, seed):
+    """Random bf16 tensors (generated on the GPU), sharded by bytes; returns the file paths."""
+    from safetensors.torch import save_file
+
+    os.makedirs(dirname, exist_ok=True)
+    specs = shapes(m)
+    total = sum(2 * n for n in (int(torch.tensor(s).prod()) for _, s in specs))
+    per = -(-total // m["shards"])
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    files, cur, size = [], {}, 0
+
+    def flush():
+        nonlocal cur, size
+        if cur:
+            path = os.path.join(dirname, f"model-{len(files) + 1:05d}-of-{m['shards']:05d}.safetensors")
+            save_file(cur, path)
+            files.append(path)
+            cur, size = {}, 0
+
+    for name, shape in specs:
+        n = int(torch.tensor(shape).prod())
+        raw = torch.randint(0, 256, (2 * n,), dtype=torch.uint8, device="cuda", generator=g)
+        cur[name] = raw.view(torch.bfloat16).view(shape).cpu()
+        size += 2 * n
+        if size >= per:
+            flush()
+    flush()
+    return files, total
+
+
+# --- the page cache ---------------------------------------------------------------------------
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident_fraction(paths):
+    """Fraction of the files' pages in the page cache (mincore on a fresh mapping)."""
+    have = tot = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for p in paths:
+        n = os.path.getsize(p)
+        if n == 0:
+            continue
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), "mmap")
+            vec = ctypes.create_string_buffer((n + page - 1) // page)
+            if libc.mincore(addr, n, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+            have += sum(b & 1 for b in vec.raw)
+            tot += len(vec.raw)
+            libc.munmap(addr, n)
+        finally:
+            os.close(fd)
+    return have / max(tot, 1)
+
+
+def evict(paths):
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    return resident_fraction(paths)
+
+
+def warm(paths):
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+    return resident_fraction(paths)
+
+
+# --- loaders ------------------------------------------------------------------------------------
+
+def load_safetensors(files, **_):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in files:
+        out.update(load_file(f, device="cuda:0"))
+    return out, {}
+
+
+def load_fastsafetensors(files, **_):
+    from fastsafetensors import fastsafe_open
+
+    out = {}
+    with fastsafe_open(filenames=files, framework="pt", device="cuda:0", nogds=True) as f:
+        for k in f.keys():
+            out[k] = f.get_tensor(k)
+    return out, {}
+
+
+def load_instanttensor(files, backend=None, **_):
+    from instanttensor import Backend, BackendPolicy, safe_open
+
+    b = {"direct": None, "buffered": BackendPolicy.BUFFERED, "mmap": Backend.MMAP}[backend]
+    out = {}
+    with safe_open(files, framework="pt", device=0, backend=b) as f:
+        for name, t in f.tensors():
+            out[name] = t
+    return out, {}
+
+
+def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=None, threads=0,
+                 **_):
+    import gpunvme
+
+    with gpunvme.open(image, lba_size=4096, read_only=True, controller_threads=threads,
+                      controller_queue_pairs=64) as dev:
+        out = dev.load_safetensors(prefix, controller=controller,
+                                   media="hbm" if controller == "gpu" else "host",
+                                   ssd_model=ssd_model)
+        return out, dev.last_load
+
+
+def verify(ref, got):
+    if set(ref) != set(got):
+        return f"names differ: {len(set(ref) ^ set(got))} not in both"
+    for k, r in ref.items():
+        t = got[k]
+        if t.device.type != "cuda" or t.dtype != r.dtype or list(t.shape) != list(r.shape):
+            return f"{k}: {t.device} {t.dtype} {list(t.shape)} vs {r.dtype} {list(r.shape)}"
+        if not torch.equal(t.contiguous().view(torch.uint8), r.view(torch.uint8)):
+            return f"{k}: bytes differ"
+    return None
+
+
+def pinned_ceiling(nbytes=1 << 30, reps=3):
+    h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    h.fill_(7)
+    d = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, nbytes / (time.perf_counter() - t) / 1e9)
+    del h, d
+    return round(best, 2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/tmp/gpunvme-pyload")
+    ap.add_argument("--models", default="0.6b,7b")
+    ap.add_argument("--caches", default="warm,cold")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 4,
+                    help="software controller threads for gpunvme (default: one per CPU)")
+    ap.add_argument("--gpunvme", default=os.environ.get("GPUNVME_BIN", ""),
+                    help="the gpunvme CLI (mkfs and put of the image)")
+    args = ap.parse_args()
+    import subprocess
+
+    rows = []
+    ceiling = pinned_ceiling()
+    say(f"pinned host->GPU ceiling {ceiling} GB/s")
+    gen5 = "read_us=80,iops=2500000,bw=14GB/s"
+    for model in args.models.split(","):
+        m = MODELS[model]
+        d = os.path.join(args.dir, model)
+        say(f"{model}: writing the model")
+        files, total = write_model(d, m, seed=22)
+        img = os.path.join(args.dir, f"{model}.img")
+        if os.path.exists(img):
+            os.unlink(img)
+        with open(img, "wb") as f:
+            f.truncate(total + total // 8 + (1 << 30))
+        g = args.gpunvme
+        subprocess.run([g, "--device", img, "--lba-size", "4096", "fs", "mkfs"], check=True,
+                       stdout=subprocess.DEVNULL)
+        for p in files:
+            subprocess.run([g, "--device", img, "--lba-size", "4096", "fs", "put", p,
+                            f"{model}/{os.path.basename(p)}"], check=True,
+                           stdout=subprocess.DEVNULL)
+        say(f"{model}: {len(files)} files, {total / 1e9:.2f} GB; reference load")
+        warm(files)
+        ref, _ = load_safetensors(files)
+        ntensors = len(ref)
+        loaders = [
+            ("gpunvme-emu", load_gpunvme, dict(controller="emu", threads=args.threads)),
+            ("gpunvme-model-1xgen5", load_gpunvme, dict(controller="gpu",
+                                                        ssd_model=gen5 + ",drives=1")),
+            ("gpunvme-model-4xgen5", load_gpunvme, dict(controller="gpu",
+                                                        ssd_model=gen5 + ",drives=4")),
+            ("safetensors", load_safetensors, {}),
+            ("fastsafetensors", load_fastsafetensors, {}),
+            ("instanttensor-direct", load_instanttensor, dict(backend="direct")),
+            ("instanttensor-buffered", load_instanttensor, dict(backend="buffered")),
+            ("instanttensor-mmap", load_instanttensor, dict(backend="mmap")),
+        ]
+        for cache in args.caches.split(","):
+            for name, fn, kw in loaders:
+                ours = name.startswith("gpunvme")
+                if ours and cache == "cold" and "model" in name:
+                    continue  # HBM media: the image is copied in before the load; nothing cold
+                paths = [img] if ours else files
+                row = {"model": model, "tensors": ntensors, "bytes": total, "cache": cache,
+                       "method": name}
+                resident = warm(paths) if cache == "warm" else evict(paths)
+                row["resident_before"] = round(resident, 3)
+                if cache == "cold" and resident > 0.05:
+                    row["error"] = f"eviction did not happen ({resident:.0%} resident): dropped"
+                    rows.append(row)
+                    say(json.dumps(row))
+                    continue
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                try:
+                    out, info = fn(files, image=img, prefix=f"{model}/", **kw)
+                    torch.cuda.synchronize()
+                    secs = time.perf_counter() - t
+                    row["seconds"] = round(secs, 4)
+                    row["gbytes_per_s"] = round(total / secs / 1e9, 3)
+                    err = verify(ref, out)
+                    row["verified"] = err is None
+                    if err:
+                        row["error"] = err
+                    if info:
+                        row["load_seconds"] = info.get("seconds")
+                        row["load_gbytes_per_s"] = round(info.get("bytes_per_sec", 0) / 1e9, 3)
+                        row["controller_copies"] = info.get("controller_copies")
+                        cap = info.get("model_cap_bytes_per_sec")
+                        if cap:
+                            # The model's HBM media is filled from the image before the load:
+                            # the fraction of the drives' cap is the load's own time.
+                            row["model_cap_gbytes_per_s"] = round(cap / 1e9, 2)
+                            row["fraction_of_cap"] = round(
+                                info.get("bytes_per_sec", 0) / cap, 3)
+                    del out
+                except Exception as e:  # a baseline that cannot run here is a row, not a stop
+                    row["error"] = f"{type(e).__name__}: {e}"[:400]
+                    row["verified"] = False
+                torch.cuda.empty_cache()
+                rows.append(row)
+                say(json.dumps(row))
+        del ref
+        torch.cuda.empty_cache()
+        os.unlink(img)
+        for p in files:
+            os.unlink(p)
+
+    summary = {}
+    for model in args.models.split(","):
+        for cache in args.caches.split(","):
+            ok = [r for r in rows if r["model"] == model and r["cache"] == cache
+                  and r.get("verified")]
+            base = [r for r in ok if not r["method"].startswith("gpunvme")]
+            best = max(base, key=lambda r: r["gbytes_per_s"], default=None)
+            emu = next((r for r in ok if r["method"] == "gpunvme-emu"), None)
+            s = {"best_baseline": best and best["method"],
+                 "best_baseline_gbytes_per_s": best and best["gbytes_per_s"]}
+            if emu:
+                s["gpunvme_emu_gbytes_per_s"] = emu["gbytes_per_s"]
+                if best:
+                    s["gpunvme_emu_over_best"] = round(emu["gbytes_per_s"] / best["gbytes_per_s"], 3)
+                if cache == "warm":
+                    s["gpunvme_emu_over_pinned_ceiling"] = round(emu["gbytes_per_s"] / ceiling, 3)
+            for r in ok:
+                if "fraction_of_cap" in r:
+                    s[r["method"] + "_fraction_of_cap"] = r["fraction_of_cap"]
+            summary[f"{model}/{cache}"] = s
+    print(json.dumps({
+        "machine": torch.cuda.get_device_name(0),
+        "date": time.strftime("%Y-%m-%d"),
+        "pinned_ceiling_gbytes_per_s": ceiling,
+        "gpunvme_controller_threads": args.threads,
+        "rows": rows,
+        "summary": summary,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
