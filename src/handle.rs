@@ -287,6 +287,7 @@ impl DeviceHandle {
             )
             .into());
         }
+        let t0 = std::time::Instant::now();
         let fs = self.mount()?;
         let names = safetensors_files(&fs, name)?;
         let files = names
@@ -310,7 +311,9 @@ impl DeviceHandle {
             ..GpuFsOptions::default()
         };
         let ctrl = &self.ctrls[0];
+        let t_headers = t0.elapsed().as_secs_f64();
         let (_cuda, setup) = gpu_fs::setup(ctrl, &self.backend, &opts)?;
+        let t_setup = t0.elapsed().as_secs_f64();
         let result = (|| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
             let watch = gpu::watchdog(ctrl, &self.backend, setup.model.as_ref());
@@ -331,9 +334,18 @@ impl DeviceHandle {
             });
             anyhow::Ok((loaded, report))
         })();
+        let t_loaded = t0.elapsed().as_secs_f64();
         let down = gpu_fs::teardown(setup);
-        let out = result?;
+        let mut out = result?;
         down?;
+        // Where the call's time went (seconds): mount and headers, GPU setup (queues; the
+        // model's start and media), the load with its arena, teardown.
+        out.1["phases"] = serde_json::json!({
+            "mount_and_headers": t_headers,
+            "gpu_setup": t_setup - t_headers,
+            "load": t_loaded - t_setup,
+            "teardown": t0.elapsed().as_secs_f64() - t_loaded,
+        });
         Ok(out)
     }
 }

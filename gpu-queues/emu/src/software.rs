@@ -56,12 +56,16 @@ const DOORBELL_STRIDE: usize = 64;
 
 /// Pieces one staging area holds before it is flushed.
 const MAX_PIECES: usize = 8192;
-/// Data bytes one staging area holds before it is flushed.
-const STAGING_BYTES: usize = 32 << 20;
+/// Data bytes one staging area holds before it is flushed. Small enough that a controller of
+/// many threads allocates its pinned memory quickly (every thread has three such areas: 32 MiB
+/// each made 16 threads spend a second in `cuMemHostAlloc` before a load, 2026-11-25), large
+/// enough for a batch of MDTS-sized reads to stage while the other area drains.
+const STAGING_BYTES: usize = 4 << 20;
 /// Ranges one gather moves.
 const MAX_GATHER_PIECES: usize = 8192;
-/// Data bytes one gather moves.
-const GATHER_BYTES: usize = 32 << 20;
+/// Data bytes one gather moves (PRP lists, write data; a read larger than this is copied in
+/// pieces of this size).
+const GATHER_BYTES: usize = 4 << 20;
 /// Largest piece one scatter warp copies: a long run (a big Read's data) is cut into pieces of
 /// this size so that many warps move it at once, not one warp the whole run.
 const PIECE_BYTES: usize = 32 << 10;
@@ -965,7 +969,9 @@ pub fn queues(
         ..
     } = p;
 
+    let started = Instant::now();
     let kernels = Kernels::load(cuda)?;
+    let t_kernels = started.elapsed();
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
     let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
     // Every client kernel loaded before any of them spins (lazy loading: see
@@ -973,7 +979,9 @@ pub fn queues(
     kernels.warm_up_clients(cuda, &client_stream)?;
     // One copy engine per controller thread, each warmed up on its own stream.
     let emu_kernels = EmuKernels::load(cuda)?;
+    let t_warm = started.elapsed();
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
+    let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
     let common = DescCommon::new(&p, &host_flags, opts.timeout, 0);
@@ -1057,6 +1065,10 @@ pub fn queues(
         depth,
         slot_buffer_bytes,
         controller_sms = partition.controller_sms(),
+        kernels_ms = t_kernels.as_millis() as u64,
+        warm_up_ms = (t_warm - t_kernels).as_millis() as u64,
+        copy_engines_ms = (t_engines - t_warm).as_millis() as u64,
+        queue_pairs_ms = (started.elapsed() - t_engines).as_millis() as u64,
         "GPU queues created on the software controller"
     );
     GpuQueues::assemble(
