@@ -303,6 +303,46 @@ pub fn layout(names: &[&str], headers: &[Header]) -> Result<(Vec<Placed>, u64), 
     Ok((placed, at))
 }
 
+/// One read of a load: `len` bytes of file `file`'s data section from `begin` into the arena at
+/// `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaRead {
+    /// Which file (index into the loaded files).
+    pub file: usize,
+    /// First byte in the file's data section.
+    pub begin: u64,
+    /// First byte in the arena.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The reads that fill the arena of `placed` ([`layout`]'s order): tensors that follow each
+/// other in a file and in the arena at the same distance are one read (a file whose tensors
+/// all start at [`ARENA_ALIGN`]ed offsets is read whole, as one range: no per-tensor heads and
+/// tails through slot buffers, no LBA read twice); empty tensors read nothing.
+pub fn arena_reads(placed: &[Placed]) -> Vec<ArenaRead> {
+    let mut reads: Vec<ArenaRead> = Vec::new();
+    for p in placed.iter().filter(|p| p.info.bytes() > 0) {
+        if let Some(last) = reads.last_mut()
+            && last.file == p.file
+            && p.info.begin >= last.begin + last.len
+            && p.offset >= last.offset + last.len
+            && p.info.begin - last.begin == p.offset - last.offset
+        {
+            last.len = p.info.end - last.begin;
+            continue;
+        }
+        reads.push(ArenaRead {
+            file: p.file,
+            begin: p.info.begin,
+            offset: p.offset,
+            len: p.info.bytes(),
+        });
+    }
+    reads
+}
+
 /// Tensors loaded into one GPU allocation.
 pub struct Loaded {
     /// The arena (GPU memory the controller reached; kept alive by whoever holds this).
@@ -337,14 +377,14 @@ pub fn load(
         .map(|(f, _)| gfiles.open(f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| gpu(&e))?;
-    let ranges = tensors
+    let reads = arena_reads(&tensors);
+    let ranges = reads
         .iter()
-        .filter(|p| p.info.bytes() > 0)
-        .map(|p| {
-            let span = GpuSpan::of(&arena, p.offset, p.info.bytes())?;
+        .map(|r| {
+            let span = GpuSpan::of(&arena, r.offset, r.len)?;
             Ok(FileRange::read(
-                &opened[p.file],
-                headers[p.file].data_start + p.info.begin,
+                &opened[r.file],
+                headers[r.file].data_start + r.begin,
                 span,
             ))
         })
@@ -360,7 +400,7 @@ pub fn load(
             .map_err(|e| gpu(&e))?;
         (r.bytes(), r.elapsed.as_secs_f64())
     };
-    let want: u64 = tensors.iter().map(|p| p.info.bytes()).sum();
+    let want: u64 = reads.iter().map(|r| r.len).sum();
     if bytes != want {
         return Err(SafetensorsError::Gpu(format!(
             "the GPU read {bytes} of {want} tensor bytes"
@@ -454,6 +494,63 @@ mod tests {
         assert!(placed.iter().all(|p| p.offset % ARENA_ALIGN == 0));
         let e = layout(&["x", "y"], &[h1.clone(), h1]).unwrap_err();
         assert!(matches!(e, SafetensorsError::Duplicate { ref name, .. } if name == "a"));
+    }
+
+    #[test]
+    fn aligned_files_are_read_whole_and_others_per_tensor() {
+        let t = |name: &str, b: u64, e: u64| TensorInfo {
+            name: name.into(),
+            dtype: Dtype::U8,
+            shape: vec![e - b],
+            begin: b,
+            end: e,
+        };
+        // x: every tensor starts 256-aligned (one read of the whole data section, the last
+        // tensor's odd length included); y: "f" starts at 3, so "f" and "g" read apart;
+        // empty tensors read nothing.
+        let hx = Header {
+            tensors: vec![
+                t("a", 0, 512),
+                t("e0", 512, 512),
+                t("b", 512, 1024),
+                t("c", 1024, 1100),
+            ],
+            data_start: 64,
+        };
+        let hy = Header {
+            tensors: vec![t("d", 0, 3), t("f", 3, 300), t("g", 300, 301)],
+            data_start: 80,
+        };
+        let (placed, _) = layout(&["x", "y"], &[hx, hy]).unwrap();
+        let reads = arena_reads(&placed);
+        let r = |file, begin, offset, len| ArenaRead {
+            file,
+            begin,
+            offset,
+            len,
+        };
+        assert_eq!(
+            reads,
+            [
+                r(0, 0, 0, 1100),
+                r(1, 0, 1280, 3),
+                r(1, 3, 1536, 297),
+                r(1, 300, 2048, 1)
+            ]
+        );
+        // Every tensor's bytes lie inside exactly one read, at its arena offset.
+        for p in placed.iter().filter(|p| p.info.bytes() > 0) {
+            let n = reads
+                .iter()
+                .filter(|q| {
+                    q.file == p.file
+                        && q.begin <= p.info.begin
+                        && p.info.end <= q.begin + q.len
+                        && q.offset + (p.info.begin - q.begin) == p.offset
+                })
+                .count();
+            assert_eq!(n, 1, "{}", p.info.name);
+        }
     }
 
     #[test]
