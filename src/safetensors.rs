@@ -470,15 +470,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn layout_aligns_every_tensor_and_refuses_duplicates() {
-        let t = |name: &str, b: u64, e: u64| TensorInfo {
+    /// A U8 tensor at `b..e` of the data section.
+    fn t(name: &str, b: u64, e: u64) -> TensorInfo {
+        TensorInfo {
             name: name.into(),
             dtype: Dtype::U8,
             shape: vec![e - b],
             begin: b,
             end: e,
-        };
+        }
+    }
+
+    #[test]
+    fn layout_aligns_every_tensor_and_refuses_duplicates() {
         let h1 = Header {
             tensors: vec![t("a", 0, 3), t("b", 3, 300)],
             data_start: 64,
@@ -498,13 +502,6 @@ mod tests {
 
     #[test]
     fn aligned_files_are_read_whole_and_others_per_tensor() {
-        let t = |name: &str, b: u64, e: u64| TensorInfo {
-            name: name.into(),
-            dtype: Dtype::U8,
-            shape: vec![e - b],
-            begin: b,
-            end: e,
-        };
         // x: every tensor starts 256-aligned (one read of the whole data section, the last
         // tensor's odd length included); y: "f" starts at 3, so "f" and "g" read apart;
         // empty tensors read nothing.
