@@ -24,7 +24,8 @@ struct Args {
     /// The controller: a PCI address bound to vfio-pci (0000:01:00.0), or an image file served
     /// by the software controller. Default: ./gpunvme.img (perf: ./gpunvme-perf.img, its own
     /// scratch image), created by the first command that writes (1 GiB, sparse). Several
-    /// (repeated, or comma-separated) make a striped volume for `fs` (without --gpu).
+    /// (repeated, or comma-separated): a striped volume for `fs` (without --gpu), the same job
+    /// on every controller at once for `perf` (without --gpu), each controller for `identify`.
     #[arg(long, global = true, value_name = "SPEC", value_delimiter = ',')]
     device: Vec<String>,
 
@@ -361,34 +362,8 @@ fn run(args: Args) -> Result<()> {
             output,
         } => cli::io::read(&ctrl, nsid, lba, bytes, &output, args.json),
         Command::Perf(p) => (|| {
-            let writes = p.rw.is_write() || p.verify;
-            if writes && !p.force {
-                let found = cli::fs::probe(&ctrl, p.nsid)?;
-                if found.is_blockfs() {
-                    return Err(cli::Refusal(format!(
-                        "namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
-                        p.nsid,
-                        if p.verify { "--verify" } else { "in a write mode" }
-                    ))
-                    .into());
-                }
-            }
-            let cfg = PerfConfig {
-                rw: p.rw,
-                bs: usize::try_from(p.bs).context("--bs is too large")?,
-                qd: p.qd,
-                queues: p.queues.unwrap_or(if p.gpu { 0 } else { 1 }),
-                stop: match (p.runtime, p.ios) {
-                    (_, Some(n)) => Stop::Ios(n),
-                    (Some(d), None) => Stop::Runtime(d),
-                    (None, None) => Stop::Runtime(std::time::Duration::from_secs(5)),
-                },
-                verify: p.verify,
-                nsid: p.nsid,
-                size: p.size,
-                seed: p.seed,
-                interrupt: Some(&INTERRUPTED),
-            };
+            refuse_perf_over_a_file_system(&ctrl, &p, None)?;
+            let cfg = perf_config(&p)?;
             if p.gpu {
                 let gargs = gpunvme::perf::gpu::GpuPerfArgs {
                     perf: cfg,
@@ -431,15 +406,72 @@ fn run(args: Args) -> Result<()> {
     result.and(shutdown)
 }
 
-/// Several --device: `identify` of each controller, or `fs` on a striped volume; one
-/// controller per device (each under its own lock), shut down in order whatever happened.
+/// The CPU engine's job that `perf`'s arguments describe.
+fn perf_config(p: &PerfArgs) -> Result<PerfConfig> {
+    Ok(PerfConfig {
+        rw: p.rw,
+        bs: usize::try_from(p.bs).context("--bs is too large")?,
+        qd: p.qd,
+        queues: p.queues.unwrap_or(if p.gpu { 0 } else { 1 }),
+        stop: match (p.runtime, p.ios) {
+            (_, Some(n)) => Stop::Ios(n),
+            (Some(d), None) => Stop::Runtime(d),
+            (None, None) => Stop::Runtime(std::time::Duration::from_secs(5)),
+        },
+        verify: p.verify,
+        nsid: p.nsid,
+        size: p.size,
+        seed: p.seed,
+        interrupt: Some(&INTERRUPTED),
+    })
+}
+
+/// Refuses a `perf` that writes (a write mode, or `--verify`'s pattern) over a blockfs file
+/// system without `--force`; `device` names the device when there are several.
+fn refuse_perf_over_a_file_system(
+    ctrl: &nvme::Controller,
+    p: &PerfArgs,
+    device: Option<&str>,
+) -> Result<()> {
+    if (p.rw.is_write() || p.verify) && !p.force {
+        let found = cli::fs::probe(ctrl, p.nsid)?;
+        if found.is_blockfs() {
+            return Err(cli::Refusal(format!(
+                "{}namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
+                device.map(|d| format!("{d}: ")).unwrap_or_default(),
+                p.nsid,
+                if p.verify { "--verify" } else { "in a write mode" }
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Several --device: `identify` of each controller, `perf` on every one at once, or `fs` on a
+/// striped volume; one controller per device (each under its own lock), shut down in order
+/// whatever happened.
 fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
-    let (nsid, cmd) = match args.command {
-        Command::Fs { nsid, cmd } => (nsid, Some(cmd)),
-        Command::Identify => (1, None),
+    enum Several {
+        Identify,
+        Perf(Box<PerfArgs>),
+        Fs(u32, cli::fs::FsCommand),
+    }
+    let read_only = args.command.is_read_only();
+    let job = match args.command {
+        Command::Fs { nsid, cmd } => Several::Fs(nsid, cmd),
+        Command::Identify => Several::Identify,
+        Command::Perf(p) if !p.gpu => Several::Perf(Box::new(p)),
+        Command::Perf(_) => {
+            return Err(cli::Refusal(
+                "several --device: `perf --gpu` runs on one controller so far".into(),
+            )
+            .into());
+        }
         _ => {
             return Err(cli::Refusal(
-                "several --device: only `identify` and `fs` (a striped volume) take them so far"
+                "several --device: only `identify`, `perf` (each controller at once) and `fs` \
+                 (a striped volume) take them so far"
                     .into(),
             )
             .into());
@@ -449,8 +481,12 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
         lba_size: args.lba_size,
         controller_threads: args.controller_threads,
         controller_queue_pairs,
-        read_only: cmd.as_ref().is_none_or(|c| c.is_read_only()),
+        read_only,
         ..Default::default()
+    };
+    let cmd = match &job {
+        Several::Fs(_, cmd) => Some(cmd),
+        _ => None,
     };
     let specs = args
         .device
@@ -478,9 +514,18 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             }
         }
     }
-    let result = match cmd {
-        Some(cmd) => cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json),
-        None => cli::identify::run_all(&ctrls, args.json),
+    let result = match job {
+        Several::Fs(nsid, cmd) => cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json),
+        Several::Identify => cli::identify::run_all(&ctrls, args.json),
+        Several::Perf(p) => (|| {
+            for (c, name) in ctrls.iter().zip(&args.device) {
+                refuse_perf_over_a_file_system(c, &p, Some(name))?;
+            }
+            let cfg = perf_config(&p)?;
+            let refs: Vec<&nvme::Controller> = ctrls.iter().collect();
+            let report = perf::run_several(&refs, &args.device, &cfg)?;
+            cli::perf::print_several(&report, args.json)
+        })(),
     };
     let mut shutdown = Ok(());
     for (c, name) in ctrls.into_iter().zip(&args.device) {

@@ -500,8 +500,11 @@ fn fs_on_a_volume_of_three_images() {
         "already make a striped volume, holding a blockfs",
     );
     fails_with(
-        &gpunvme(dir.path(), &format!("{all} perf")),
-        "only `identify` and `fs`",
+        &gpunvme(
+            dir.path(),
+            &format!("{all} read --lba 0 --bytes 4096 --output x.bin"),
+        ),
+        "only `identify`, `perf` (each controller at once) and `fs`",
     );
     let id = ok(&gpunvme(dir.path(), &format!("{all} --json identify")));
     let v: serde_json::Value = serde_json::from_str(&id).unwrap();
@@ -515,4 +518,56 @@ fn fs_on_a_volume_of_three_images() {
     let ls = ok(&gpunvme(dir.path(), &format!("{all} --json fs ls")));
     assert!(ls.contains("\"d/a\""), "{ls}");
     ok(&gpunvme(dir.path(), &format!("{all} fs fsck --data")));
+}
+
+/// `perf` over several controllers: the same verified job on each at once, a report per
+/// controller and totals that add up; `--gpu` with several refused; a member holding a file
+/// system protected by name.
+#[test]
+fn perf_runs_on_every_controller_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..3 {
+        std::fs::File::create(dir.path().join(format!("p{i}.img")))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+    }
+    let all = "--device p0.img,p1.img,p2.img";
+    let out = ok(&gpunvme(
+        dir.path(),
+        &format!("{all} --json perf --rw randwrite --bs 4k --qd 4 --ios 600 --verify --size 8m"),
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ctrls = v["controllers"].as_array().unwrap();
+    let names: Vec<&str> = ctrls
+        .iter()
+        .map(|c| c["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["p0.img", "p1.img", "p2.img"]);
+    for c in ctrls {
+        assert_eq!(c["ios"], 600);
+        assert_eq!(c["errors"], 0);
+        assert!(c["verified_bytes"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(v["total"]["controllers"], 3);
+    assert_eq!(v["total"]["ios"], 1800);
+    let sum: f64 = ctrls.iter().map(|c| c["iops"].as_f64().unwrap()).sum();
+    assert!((v["total"]["iops"].as_f64().unwrap() - sum).abs() < 1e-6 * sum);
+    // Every image holds the written pattern now (nothing went to a wrong device).
+    for i in 0..3 {
+        let img = std::fs::read(dir.path().join(format!("p{i}.img"))).unwrap();
+        assert!(
+            img[..8 << 20].iter().any(|&b| b != 0),
+            "p{i}.img was written"
+        );
+    }
+    fails_with(
+        &gpunvme(dir.path(), &format!("{all} perf --gpu --ios 10")),
+        "`perf --gpu` runs on one controller so far",
+    );
+    ok(&gpunvme(dir.path(), "--device p1.img fs mkfs"));
+    fails_with(
+        &gpunvme(dir.path(), &format!("{all} perf --rw write --ios 10")),
+        "p1.img: namespace 1 holds",
+    );
 }

@@ -1,8 +1,8 @@
 //! `gpunvme perf`: printing a run's report.
 
 use anyhow::Result;
-use gpunvme::perf::PerfReport;
 use gpunvme::perf::gpu::GpuPerfReport;
+use gpunvme::perf::{PerfReport, SeveralReport};
 
 /// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
@@ -14,6 +14,47 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
     }
     if let Some(e) = &r.first_error {
         anyhow::bail!("{} of {} I/Os failed; first: {e}", r.errors, r.ios);
+    }
+    Ok(())
+}
+
+/// Prints a run over several controllers: each one's report, then the totals (text), or one
+/// JSON object `{controllers: [{device, ...perf's keys}], total}`. Fails when any controller
+/// had errors.
+pub fn print_several(r: &SeveralReport, as_json: bool) -> Result<()> {
+    use gpunvme::units::{format_bytes, format_ns};
+    if as_json {
+        outln!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        for c in &r.controllers {
+            outln!("{}:", c.device);
+            outln!("{}", c.report);
+        }
+        let t = &r.total;
+        outln!(
+            "total over {} controllers: IOPS={:.0}, BW={}/s, ios={}, errors={}; lat mean={}, \
+             worst p99={}",
+            t.controllers,
+            t.iops,
+            format_bytes(t.bw_bytes),
+            t.ios,
+            t.errors,
+            format_ns(t.lat_mean_ns),
+            format_ns(t.lat_p99_worst_ns as f64)
+        );
+    }
+    if let Some(c) = r
+        .controllers
+        .iter()
+        .find(|c| c.report.first_error.is_some())
+    {
+        anyhow::bail!(
+            "{} of {} I/Os failed; first, on {}: {}",
+            r.total.errors,
+            r.total.ios,
+            c.device,
+            c.report.first_error.as_deref().unwrap_or_default()
+        );
     }
     Ok(())
 }

@@ -5,11 +5,14 @@
 //! - `cpu` (re-exported here): the load generator over the driver's CPU I/O queue pairs.
 //! - [`gpu`]: `perf --gpu` — GPU queues set up on the opened controller (optionally beside CPU
 //!   queues running the CPU engine), verification by CPU and GPU together, the report.
+//! - `several` (re-exported): the CPU engine on several controllers at once, with totals.
 //! - [`kernel`]: the perf kernel's host side — launch on the clients' SM partition, bounded
 //!   wait with a watchdog, counters and latency histogram read back.
 
 mod cpu;
 pub mod gpu;
 pub mod kernel;
+mod several;
 
 pub use cpu::*;
+pub use several::{NamedReport, PerfTotals, SeveralError, SeveralReport, run_several};

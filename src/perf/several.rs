@@ -1,0 +1,177 @@
+//! `perf` over several controllers at once (`--device a,b,...`): the same job on every
+//! controller, each on its own queues and threads, started together; a report per controller
+//! and the totals.
+
+use nvme::Controller;
+use serde::Serialize;
+
+use super::cpu::{PerfConfig, PerfError, PerfReport, run};
+
+/// The totals of a run over several controllers.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PerfTotals {
+    /// Controllers that ran the job.
+    pub controllers: usize,
+    /// I/Os completed, all controllers.
+    pub ios: u64,
+    /// I/Os per second, the controllers' rates added.
+    pub iops: f64,
+    /// Bytes per second, the controllers' rates added.
+    pub bw_bytes: f64,
+    /// Mean latency over every I/O (each controller's mean weighted by its I/Os), ns.
+    pub lat_mean_ns: f64,
+    /// The highest of the controllers' 99th percentiles, ns.
+    pub lat_p99_worst_ns: u64,
+    /// Failed I/Os plus verification mismatches, all controllers.
+    pub errors: u64,
+    /// Of `errors`, mismatching blocks.
+    pub verify_errors: u64,
+    /// Bytes checked against the pattern.
+    pub verified_bytes: u64,
+    /// The longest controller's timed phase, ns.
+    pub runtime_ns: u64,
+}
+
+impl PerfTotals {
+    /// The totals of `reports`.
+    pub fn of(reports: &[PerfReport]) -> Self {
+        let ios: u64 = reports.iter().map(|r| r.ios).sum();
+        let weighted: f64 = reports.iter().map(|r| r.lat_ns.mean * r.ios as f64).sum();
+        Self {
+            controllers: reports.len(),
+            ios,
+            iops: reports.iter().map(|r| r.iops).sum(),
+            bw_bytes: reports.iter().map(|r| r.bw_bytes).sum(),
+            lat_mean_ns: if ios > 0 { weighted / ios as f64 } else { 0.0 },
+            lat_p99_worst_ns: reports.iter().map(|r| r.lat_ns.p99).max().unwrap_or(0),
+            errors: reports.iter().map(|r| r.errors).sum(),
+            verify_errors: reports.iter().map(|r| r.verify_errors).sum(),
+            verified_bytes: reports.iter().map(|r| r.verified_bytes).sum(),
+            runtime_ns: reports.iter().map(|r| r.runtime_ns).max().unwrap_or(0),
+        }
+    }
+}
+
+/// A run over several controllers: each one's report (in the order given), then the totals.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeveralReport {
+    /// Per controller, with the name it was given.
+    pub controllers: Vec<NamedReport>,
+    /// Over all of them.
+    pub total: PerfTotals,
+}
+
+/// One controller's report and its name.
+#[derive(Debug, Clone, Serialize)]
+pub struct NamedReport {
+    /// The device as given (`--device`).
+    pub device: String,
+    /// What ran on it.
+    #[serde(flatten)]
+    pub report: PerfReport,
+}
+
+/// Why a run over several controllers failed: which controller, and its error.
+#[derive(Debug, thiserror::Error)]
+#[error("{device}: {source}")]
+pub struct SeveralError {
+    /// The device as given.
+    pub device: String,
+    /// Its run's error.
+    #[source]
+    pub source: PerfError,
+}
+
+/// Runs `cfg` on every controller of `ctrls` (named by `names`) at once, a thread each (which
+/// starts the job's own queue threads), and waits for all of them. The first controller whose
+/// run fails (in the order given) is the error; the others still finish first.
+pub fn run_several(
+    ctrls: &[&Controller],
+    names: &[String],
+    cfg: &PerfConfig,
+) -> Result<SeveralReport, SeveralError> {
+    let results: Vec<Result<PerfReport, PerfError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ctrls.iter().map(|c| s.spawn(|| run(c, cfg))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut controllers = Vec::with_capacity(results.len());
+    for (r, name) in results.into_iter().zip(names) {
+        match r {
+            Ok(report) => controllers.push(NamedReport {
+                device: name.clone(),
+                report,
+            }),
+            Err(source) => {
+                return Err(SeveralError {
+                    device: name.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    let reports: Vec<PerfReport> = controllers.iter().map(|c| c.report.clone()).collect();
+    Ok(SeveralReport {
+        total: PerfTotals::of(&reports),
+        controllers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::{Latency, RwMode};
+
+    fn report(
+        ios: u64,
+        iops: f64,
+        mean: f64,
+        p99: u64,
+        errors: u64,
+        runtime_ns: u64,
+    ) -> PerfReport {
+        PerfReport {
+            rw: RwMode::RandRead,
+            bs: 4096,
+            qd: 8,
+            queues: 1,
+            ios,
+            iops,
+            bw_bytes: iops * 4096.0,
+            lat_ns: Latency {
+                mean,
+                p50: p99 / 2,
+                p99,
+                p999: p99 * 2,
+                max: p99 * 3,
+            },
+            errors,
+            verify_errors: errors / 2,
+            verified_bytes: ios * 4096,
+            runtime_ns,
+            first_error: None,
+            data_path: "test".into(),
+        }
+    }
+
+    #[test]
+    fn totals_add_rates_weight_the_mean_and_keep_the_worst_tail() {
+        let t = PerfTotals::of(&[
+            report(100, 1000.0, 10.0, 50, 0, 7),
+            report(300, 3000.0, 30.0, 20, 4, 9),
+        ]);
+        assert_eq!(t.controllers, 2);
+        assert_eq!(t.ios, 400);
+        assert_eq!(t.iops, 4000.0);
+        assert_eq!(t.bw_bytes, 4000.0 * 4096.0);
+        assert_eq!(t.lat_mean_ns, 25.0);
+        assert_eq!(t.lat_p99_worst_ns, 50);
+        assert_eq!((t.errors, t.verify_errors), (4, 2));
+        assert_eq!(t.verified_bytes, 400 * 4096);
+        assert_eq!(t.runtime_ns, 9);
+        let none = PerfTotals::of(&[]);
+        assert_eq!((none.ios, none.lat_mean_ns, none.runtime_ns), (0, 0.0, 0));
+    }
+}
