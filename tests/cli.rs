@@ -20,6 +20,16 @@ fn fails_with(out: &Output, needle: &str) {
     assert!(lines[0].contains(needle), "{:?} lacks {needle:?}", lines[0]);
 }
 
+/// `n` sparse 64 MiB images `{prefix}0.img`, `{prefix}1.img`, ... in `dir`.
+fn images(dir: &Path, prefix: &str, n: usize) {
+    for i in 0..n {
+        std::fs::File::create(dir.join(format!("{prefix}{i}.img")))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+    }
+}
+
 fn image(dir: &Path, bytes: u64) -> PathBuf {
     let p = dir.join("disk.img");
     std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
@@ -452,12 +462,7 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
 #[test]
 fn fs_on_a_volume_of_three_images() {
     let dir = tempfile::tempdir().unwrap();
-    for i in 0..3 {
-        std::fs::File::create(dir.path().join(format!("m{i}.img")))
-            .unwrap()
-            .set_len(64 << 20)
-            .unwrap();
-    }
+    images(dir.path(), "m", 3);
     let data: Vec<u8> = (0..2_500_000u32).map(|i| (i * 31 / 7) as u8).collect();
     std::fs::write(dir.path().join("src.bin"), &data).unwrap();
     let all = "--device m0.img,m1.img,m2.img";
@@ -526,12 +531,7 @@ fn fs_on_a_volume_of_three_images() {
 #[test]
 fn perf_runs_on_every_controller_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    for i in 0..3 {
-        std::fs::File::create(dir.path().join(format!("p{i}.img")))
-            .unwrap()
-            .set_len(64 << 20)
-            .unwrap();
-    }
+    images(dir.path(), "p", 3);
     let all = "--device p0.img,p1.img,p2.img";
     let out = ok(&gpunvme(
         dir.path(),
