@@ -40,6 +40,7 @@ CONFIGS=(
     "ioqpairs1|1|1|512|max_ioqpairs=1|524288|1|iommu|0"
     "twons|1|2|512||524288|64|iommu|64"
     "twoctrl|2|1|512||524288|64|iommu|64"
+    "fourctrl|4|1|512||524288|64|iommu|64"
     "noiommu|1|1|512||524288|64|noiommu|64"
 )
 
@@ -114,7 +115,7 @@ export EXPECT_MDTS=$mdts EXPECT_QPAIRS=$qpairs PERF_IOS=$perf_ios
 export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
 export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
 export BLOCKFS=$([ "$name" = default ] || [ "$name" = lba4k ] && echo 1 || echo 0)
-export VOLUME=$([ "$name" = twoctrl ] && echo 1 || echo 0)
+export VOLUME=$([ "$name" = twoctrl ] || [ "$name" = fourctrl ] && echo 1 || echo 0)
 . /usr/share/gpunvme/suite.sh
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"

@@ -767,65 +767,85 @@ fi
 
 # ---- step 8: a striped volume over the first two controllers ------------------------------
 
-# volume_step: both controllers on vfio-pci, `gpunvme --device B0,B1 fs mkfs --stripe 64k`, a
-# put, a get compared, the members given in the wrong order refused; then, on the kernel
-# driver, each member's label (magic, member index) and the file's bytes read from the two
-# /dev/nvmeXn1 at the LBAs the stripe layout gives for stat's volume LBAs, compared with put's.
+# volume_step: every controller on vfio-pci, `gpunvme --device B0,B1,... fs mkfs --stripe 64k`,
+# a put, a get compared, the first two members given in the wrong order refused; then, on the
+# kernel driver, each member's label (magic, member index) and the file's bytes read from the
+# members' /dev/nvmeXn1 at the LBAs the stripe layout gives for stat's volume LBAs, compared
+# with put's.
+# nth N WORD...: the Nth word (1-based).
+nth() {
+    local i=$1
+    shift
+    shift $((i - 1))
+    echo "$1"
+}
+
 volume_step() {
-    local b0 b1 b blk0 blk1 sl=$((65536 / EXPECT_LBA)) hl flba lba nlb at n unit m mlba dev
+    local b all rev k b0 b1 rest blks="" sl=$((65536 / EXPECT_LBA)) hl flba lba nlb at n unit m mlba dev
     local vsrc="$T/vol.src"
+    k=$(echo "$BDFS" | grep -c .)
+    [ "$k" -ge 2 ] || {
+        fail "volume: $k controllers, a volume needs 2"
+        return
+    }
+    all=$(echo "$BDFS" | grep . | tr '\n' ',' | sed 's/,$//')
     b0=$(echo "$BDFS" | sed -n 1p)
     b1=$(echo "$BDFS" | sed -n 2p)
+    rest=$(echo "$BDFS" | sed -n '3,$p' | grep . | tr '\n' ',' | sed 's/,$//')
+    rev="$b1,$b0${rest:+,$rest}"
     hl=$((4096 / EXPECT_LBA))
     [ "$hl" -ge 1 ] || hl=1
-    for b in $b0 $b1; do
+    for b in $(echo "$BDFS" | grep .); do
         gn_bind "$b" vfio-pci || {
             fail "volume: bind $b to vfio-pci"
             return
         }
     done
-    if ours "$T/vol-mkfs" --device "$b0,$b1" fs mkfs --stripe 64k --force --json; then
-        pass "volume: fs mkfs --stripe 64k over $b0,$b1"
+    if ours "$T/vol-mkfs" --device "$all" fs mkfs --stripe 64k --force --json; then
+        pass "volume: fs mkfs --stripe 64k over $k members ($all)"
     else
-        fs_fail "volume: fs mkfs over $b0,$b1" "$T/vol-mkfs"
+        fs_fail "volume: fs mkfs over $all" "$T/vol-mkfs"
         return
     fi
     head -c "$FS_BYTES" /dev/urandom >"$vsrc"
-    if ! ours "$T/vol-put" --device "$b0,$b1" fs put "$vsrc" vol/data --json; then
+    if ! ours "$T/vol-put" --device "$all" fs put "$vsrc" vol/data --json; then
         fs_fail "volume: fs put" "$T/vol-put"
         return
     fi
     rm -f "$T/vol.got"
-    if ours "$T/vol-get" --device "$b0,$b1" fs get vol/data "$T/vol.got" --json &&
+    if ours "$T/vol-get" --device "$all" fs get vol/data "$T/vol.got" --json &&
         cmp -s "$vsrc" "$T/vol.got"; then
         pass "volume: fs get: same bytes as put ($FS_BYTES)"
     else
         fail "volume: fs get" "$(tail -n 2 "$T/vol-get.err" 2>/dev/null)"
     fi
-    if ours "$T/vol-rev" --device "$b1,$b0" fs ls; then
+    if ours "$T/vol-rev" --device "$rev" fs ls; then
         fail "volume: members in the wrong order were accepted"
     elif grep -q "device 0 is member 1" "$T/vol-rev.err"; then
         pass "volume: members in the wrong order refused ($(grep -m1 error "$T/vol-rev.err"))"
     else
         fail "volume: wrong-order refusal" "$(tail -n 1 "$T/vol-rev.err")"
     fi
-    if ! ours "$T/vol-stat" --device "$b0,$b1" fs stat vol/data --json ||
+    if ! ours "$T/vol-stat" --device "$all" fs stat vol/data --json ||
         ! jq -r '.extent_list[] | "\(.file_lba) \(.lba) \(.nlb)"' "$T/vol-stat.out" >"$T/vol.extents"; then
         fs_fail "volume: fs stat" "$T/vol-stat"
         return
     fi
-    for b in $b0 $b1; do
+    for b in $(echo "$BDFS" | grep .); do
         gn_bind "$b" nvme || {
             fail "volume: bind $b to nvme"
             return
         }
     done
-    if ! blk0=$(gn_blockdev "$b0" 1) || ! blk1=$(gn_blockdev "$b1" 1); then
-        fail "volume: no block devices after rebinding to nvme"
-        return
-    fi
+    for b in $(echo "$BDFS" | grep .); do
+        if ! dev=$(gn_blockdev "$b" 1); then
+            fail "volume: no block device for $b after rebinding to nvme"
+            return
+        fi
+        blks="$blks $dev"
+    done
     m=0
-    for dev in $blk0 $blk1; do
+    for dev in $blks; do
         dd if="$dev" bs=4096 count=1 iflag=direct 2>/dev/null >"$T/vol.label$m"
         check_eq "volume: $dev label magic" GPNVVOL1 "$(head -c 8 "$T/vol.label$m")"
         check_eq "volume: $dev member index" "$m" "$(od -An -tu4 -j32 -N4 "$T/vol.label$m" | tr -d ' ')"
@@ -838,9 +858,10 @@ volume_step() {
             unit=$(((lba + at) / sl))
             n=$((sl - (lba + at) % sl))
             [ "$n" -le $((nlb - at)) ] || n=$((nlb - at))
-            m=$((unit % 2))
-            mlba=$((hl + (unit / 2) * sl + (lba + at) % sl))
-            if [ "$m" = 0 ]; then dev=$blk0; else dev=$blk1; fi
+            m=$((unit % k))
+            mlba=$((hl + (unit / k) * sl + (lba + at) % sl))
+            # shellcheck disable=SC2086 # the member list splits into words on purpose
+            dev=$(nth $((m + 1)) $blks)
             timeout "$CMD_TIMEOUT" dd if="$dev" bs="$EXPECT_LBA" skip="$mlba" count="$n" \
                 iflag=direct 2>>"$T/vol.kdd.err" >>"$T/vol.kread.all" || {
                 fail "volume: dd from $dev" "$(tail -n 1 "$T/vol.kdd.err")"
@@ -851,7 +872,7 @@ volume_step() {
     done <"$T/vol.extents"
     head -c "$FS_BYTES" "$T/vol.kread.all" >"$T/vol.kread"
     if cmp -s "$vsrc" "$T/vol.kread"; then
-        pass "volume: the file read through $blk0 and $blk1 at the stripe layout's LBAs: same bytes as put"
+        pass "volume: the file read through$blks at the stripe layout's LBAs: same bytes as put"
     else
         fail "volume: the file through the kernel at the layout's LBAs" \
             "$(cmp "$vsrc" "$T/vol.kread" 2>&1 | head -n 1)"
