@@ -215,11 +215,6 @@ impl ImageWindows {
         }
     }
 
-    /// Whether the fast path is on.
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
     /// Counters so far.
     pub fn stats(&self) -> WindowStats {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).stats

@@ -374,27 +374,46 @@ impl GpuDma {
         data: &[u8],
         late: bool,
     ) -> Result<(), GpuError> {
+        self.stage_with(e, st, dst, data.len(), late, |mem, at, done, n| {
+            mem.write(at, &data[done..done + n]);
+            Ok(())
+        })
+        // The fill above never fails.
+        .map(|_always_ok| ())
+    }
+
+    /// Stages `len` bytes for GPU address `dst`, flushing whenever the current area is full;
+    /// `fill(mem, at, done, n)` puts bytes `done..done + n` of the range at `at` of `mem`. The
+    /// first `fill` error ends the staging (what was described before it is still copied).
+    fn stage_with(
+        &self,
+        e: &Engine,
+        st: &mut EngineState,
+        dst: u64,
+        len: usize,
+        late: bool,
+        mut fill: impl FnMut(&PinnedMemory, usize, usize, usize) -> std::io::Result<()>,
+    ) -> Result<std::io::Result<()>, GpuError> {
         let mut done = 0;
-        while done < data.len() {
+        while done < len {
             let area = &st.areas[st.cur];
             if area.pieces == MAX_PIECES || area.bytes == STAGING_BYTES {
                 self.flush_locked(e, st)?;
                 continue;
             }
             let area = &mut st.areas[st.cur];
+            // As much as the area has room for, in pieces and in bytes.
             let room = (MAX_PIECES - area.pieces) * PIECE_BYTES;
-            let n = (data.len() - done)
-                .min(STAGING_BYTES - area.bytes)
-                .min(room);
+            let n = (len - done).min(STAGING_BYTES - area.bytes).min(room);
             let src = area.bytes;
-            area.mem.write(
-                MAX_PIECES * size_of::<CopyDesc>() + src,
-                &data[done..done + n],
-            );
+            if let Err(err) = fill(&area.mem, MAX_PIECES * size_of::<CopyDesc>() + src, done, n) {
+                // Nothing of this piece was described: its staged bytes are never copied.
+                return Ok(Err(err));
+            }
             Self::describe(area, dst + done as u64, src, n, late);
             done += n;
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// Stages `len` bytes for GPU address `dst` straight from `file` at `file_offset` (a
@@ -444,28 +463,10 @@ impl GpuDma {
             return Ok(Some(Ok(())));
         }
         st.stats.staged_file_bytes += len as u64;
-        let mut done = 0;
-        while done < len {
-            let area = &st.areas[st.cur];
-            if area.pieces + 1 >= MAX_PIECES || area.bytes == STAGING_BYTES {
-                self.flush_locked(e, st)?;
-                continue;
-            }
-            let area = &mut st.areas[st.cur];
-            // As much as the area has room for, in pieces and in bytes.
-            let room = (MAX_PIECES - area.pieces) * PIECE_BYTES;
-            let n = (len - done).min(STAGING_BYTES - area.bytes).min(room);
-            let src = area.bytes;
-            let base = MAX_PIECES * size_of::<CopyDesc>();
-            let at = file_offset + done as u64;
-            if let Err(err) = area.mem.read_file_at(base + src, n, file, at) {
-                // Nothing of this range was described: the staged bytes are never copied.
-                return Ok(Some(Err(err)));
-            }
-            Self::describe(area, dst + done as u64, src, n, false);
-            done += n;
-        }
-        Ok(Some(Ok(())))
+        self.stage_with(e, st, dst, len, false, |mem, at, done, n| {
+            mem.read_file_at(at, n, file, file_offset + done as u64)
+        })
+        .map(Some)
     }
 
     /// Adds descriptors for `n` bytes at `src` of `area`'s data, bound for `dst`, in pieces
