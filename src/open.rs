@@ -1,4 +1,5 @@
-//! Choosing the device a command runs on: a PCI address (VFIO) or an image file (software
+//! Choosing the device a command runs on: a PCI address (VFIO), a vfio-user socket (a controller
+//! served by another process, e.g. SPDK's NVMe-oF target) or an image file (software
 //! controller), and bringing its controller up.
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
 pub enum DeviceSpec {
     /// A PCI function bound to vfio-pci.
     Pci(vfio::PciAddress),
+    /// A controller served over vfio-user at this socket (`vfio-user:PATH`).
+    VfioUser(PathBuf),
     /// An image file served by the software controller.
     Image(PathBuf),
     /// No `--device`: the software controller over [`OpenOptions::default_image`]
@@ -37,6 +40,15 @@ impl DeviceSpec {
     pub fn parse(arg: Option<&str>) -> Result<Self> {
         match arg {
             None => Ok(Self::DefaultImage),
+            Some(s) if s.starts_with(vfio::user::SPEC_PREFIX) => {
+                let path = &s[vfio::user::SPEC_PREFIX.len()..];
+                if path.is_empty() {
+                    bail!(
+                        "--device {s}: give the server's socket, e.g. vfio-user:/tmp/spdk/malloc512/cntrl"
+                    );
+                }
+                Ok(Self::VfioUser(PathBuf::from(path)))
+            }
             // A PCI address, or something meant as one (a colon, no slash, no such file): parse
             // it as one so a typo gets a PCI address error rather than "no such image".
             Some(s)
@@ -55,7 +67,7 @@ impl DeviceSpec {
     /// The image file the software controller serves, if it is one.
     pub fn image_path<'a>(&'a self, opts: &'a OpenOptions) -> Option<&'a Path> {
         match self {
-            Self::Pci(_) => None,
+            Self::Pci(_) | Self::VfioUser(_) => None,
             Self::Image(p) => Some(p),
             Self::DefaultImage => Some(&opts.default_image),
         }
@@ -119,6 +131,8 @@ pub enum Backend {
     Software(Arc<EmuDevice>),
     /// A controller bound to vfio-pci.
     Vfio(Arc<vfio::VfioNvme>),
+    /// A controller served over vfio-user.
+    VfioUser(Arc<vfio::VfioUserNvme>),
 }
 
 impl Backend {
@@ -126,7 +140,7 @@ impl Backend {
     pub fn emu(&self) -> Option<&Arc<EmuDevice>> {
         match self {
             Self::Software(e) => Some(e),
-            Self::Vfio(_) => None,
+            Self::Vfio(_) | Self::VfioUser(_) => None,
         }
     }
 }
@@ -153,6 +167,14 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
             return Ok(Opened {
                 device: dev.clone(),
                 backend: Backend::Vfio(dev),
+            });
+        }
+        DeviceSpec::VfioUser(path) => {
+            // vfio's errors name the socket and say what to do.
+            let dev = vfio::VfioUserNvme::open(path, &vfio::VfioUserOptions::default())?;
+            return Ok(Opened {
+                device: dev.clone(),
+                backend: Backend::VfioUser(dev),
             });
         }
         DeviceSpec::Image(path) => open_image(path, opts)?,
@@ -256,5 +278,10 @@ mod tests {
             DeviceSpec::parse(Some("0000:01:00.0")).unwrap(),
             DeviceSpec::Pci(_)
         ));
+        assert_eq!(
+            DeviceSpec::parse(Some("vfio-user:/run/spdk/cntrl")).unwrap(),
+            DeviceSpec::VfioUser(PathBuf::from("/run/spdk/cntrl"))
+        );
+        assert!(DeviceSpec::parse(Some("vfio-user:")).is_err());
     }
 }

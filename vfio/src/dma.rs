@@ -22,6 +22,7 @@
 #![expect(unsafe_code)]
 
 use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,7 +37,8 @@ use crate::{Error, sys};
 
 /// Size of a chunk: one 2 MiB hugepage, and the unit of IOMMU mapping.
 pub const CHUNK_SIZE: usize = 2 << 20;
-/// Requests larger than this get a chunk of their own instead of a slice of a shared one.
+/// Requests larger than this get a chunk of their own instead of a slice of a shared one (half
+/// the chunk size: mappers with larger chunks, vfio-user's, move it up with them).
 pub const DEDICATED_ABOVE: usize = CHUNK_SIZE / 2;
 /// `MAP_HUGE_2MB >> MAP_HUGE_SHIFT`.
 const HUGEPAGE_SHIFT: u8 = 21;
@@ -67,7 +69,27 @@ pub(crate) trait Mapper: Send + Sync {
     /// # Safety
     /// `vaddr..vaddr + len` stays allocated, and holds nothing the device must not touch, until
     /// [`Mapper::unmap`] of the returned addresses has succeeded.
-    unsafe fn map(&self, vaddr: usize, len: usize, align: usize) -> Result<DeviceAddrs, Error>;
+    /// `fd` is the memory's file descriptor, for mappers that share memory by descriptor
+    /// (vfio-user); the memory is the whole of the file, from offset 0.
+    unsafe fn map(
+        &self,
+        vaddr: usize,
+        len: usize,
+        align: usize,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<DeviceAddrs, Error>;
+
+    /// Host memory for a chunk of `len` bytes: anonymous memory (hugepages if preferred and
+    /// free) unless the mapper needs something else.
+    fn host_memory(&self, len: usize, prefer_hugepages: bool) -> Result<HostMemory, Error> {
+        alloc_host(len, prefer_hugepages, self.needs_mlock())
+    }
+
+    /// Size of the chunks small buffers are carved from ([`CHUNK_SIZE`] unless the mapper
+    /// needs fewer, larger mappings).
+    fn chunk_size(&self) -> usize {
+        CHUNK_SIZE
+    }
 
     /// Whether memory this crate did not allocate can be mapped (needs an IOMMU).
     fn can_map_external(&self) -> bool;
@@ -101,7 +123,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Mapper for Type1Mapper {
-    unsafe fn map(&self, vaddr: usize, len: usize, align: usize) -> Result<DeviceAddrs, Error> {
+    unsafe fn map(
+        &self,
+        vaddr: usize,
+        len: usize,
+        align: usize,
+        _fd: Option<BorrowedFd<'_>>,
+    ) -> Result<DeviceAddrs, Error> {
         let iova = lock(&self.iova)
             .alloc(len as u64, align as u64)
             .ok_or(Error::IovaExhausted { len })?;
@@ -151,7 +179,13 @@ impl NoIommuMapper {
 }
 
 impl Mapper for NoIommuMapper {
-    unsafe fn map(&self, vaddr: usize, len: usize, _align: usize) -> Result<DeviceAddrs, Error> {
+    unsafe fn map(
+        &self,
+        vaddr: usize,
+        len: usize,
+        _align: usize,
+        _fd: Option<BorrowedFd<'_>>,
+    ) -> Result<DeviceAddrs, Error> {
         Ok(DeviceAddrs::Pages(self.pagemap.translate(
             vaddr,
             len,
@@ -175,10 +209,13 @@ impl Mapper for NoIommuMapper {
     }
 }
 
-/// Anonymous host memory backing one chunk.
-struct HostMemory {
-    map: MmapRaw,
-    hugepages: bool,
+/// Host memory backing one chunk: anonymous, or a shared mapping of a file (memfd) whose
+/// descriptor is handed to the device's server.
+pub(crate) struct HostMemory {
+    pub(crate) map: MmapRaw,
+    pub(crate) hugepages: bool,
+    /// The file the mapping is of, for mappers that share memory by descriptor.
+    pub(crate) file: Option<std::fs::File>,
 }
 
 impl HostMemory {
@@ -217,6 +254,7 @@ fn alloc_host(len: usize, prefer_hugepages: bool, mlock: bool) -> Result<HostMem
                 return Ok(HostMemory {
                     map: m.into(),
                     hugepages: true,
+                    file: None,
                 });
             }
             Err(e) => {
@@ -255,6 +293,7 @@ fn alloc_host(len: usize, prefer_hugepages: bool, mlock: bool) -> Result<HostMem
     Ok(HostMemory {
         map: m.into(),
         hugepages: false,
+        file: None,
     })
 }
 
@@ -322,12 +361,13 @@ impl Shared {
             Some(m) if m.len() == len => m,
             other => {
                 st.spare = other;
-                alloc_host(len, self.prefer_hugepages, self.mapper.needs_mlock())?
+                self.mapper.host_memory(len, self.prefer_hugepages)?
             }
         };
+        let fd = mem.file.as_ref().map(|f| f.as_fd());
         // SAFETY: `mem` lives in `st.chunks` until `release` has unmapped it successfully; on an
         // unmap failure it is leaked, never freed. Nothing else uses it.
-        let addrs = unsafe { self.mapper.map(mem.ptr() as usize, len, CHUNK_SIZE) }?;
+        let addrs = unsafe { self.mapper.map(mem.ptr() as usize, len, CHUNK_SIZE, fd) }?;
         let id = st.next_id;
         st.next_id += 1;
         st.chunks.insert(
@@ -358,7 +398,7 @@ impl Shared {
         }
         match self.mapper.unmap(&chunk.addrs, chunk.mem.len()) {
             Ok(()) => {
-                if chunk.mem.len() == CHUNK_SIZE && st.spare.is_none() {
+                if chunk.mem.len() == self.mapper.chunk_size() && st.spare.is_none() {
                     st.spare = Some(chunk.mem);
                 }
                 // Otherwise the memory is unmapped from the process here.
@@ -477,7 +517,7 @@ impl DmaPool {
             DMA_PAGE_SIZE
         };
         // SAFETY: the caller keeps the memory valid until the mapping is dropped, which unmaps.
-        let addrs = unsafe { sh.mapper.map(vaddr, len, align) }?;
+        let addrs = unsafe { sh.mapper.map(vaddr, len, align, None) }?;
         let DeviceAddrs::Contiguous(iova) = addrs else {
             unreachable!("mappers that can map external memory give contiguous IOVAs")
         };
@@ -507,7 +547,8 @@ impl DmaPool {
             .ok_or(Error::IovaExhausted { len })?;
         let sh = &self.shared;
         let mut st = lock(&sh.state);
-        let id = if len > DEDICATED_ABOVE {
+        let chunk_size = sh.mapper.chunk_size();
+        let id = if len > chunk_size / 2 {
             let size = len
                 .checked_next_multiple_of(CHUNK_SIZE)
                 .ok_or(Error::IovaExhausted { len })?;
@@ -516,7 +557,7 @@ impl DmaPool {
             match st.current {
                 Some(id) if st.chunks[&id].bump + len <= st.chunks[&id].mem.len() => id,
                 _ => {
-                    let id = sh.new_chunk(&mut st, CHUNK_SIZE)?;
+                    let id = sh.new_chunk(&mut st, chunk_size)?;
                     st.current = Some(id);
                     id
                 }
@@ -593,6 +634,7 @@ mod tests {
             vaddr: usize,
             len: usize,
             _align: usize,
+            _fd: Option<BorrowedFd<'_>>,
         ) -> Result<DeviceAddrs, Error> {
             let iova = 0x1_0000_0000 + self.next.fetch_add(len as u64, Ordering::Relaxed);
             lock(&self.log).push(Event::Map { vaddr, len, iova });

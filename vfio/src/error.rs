@@ -372,6 +372,87 @@ pub enum Error {
         /// Its virtual address.
         vaddr: usize,
     },
+
+    /// The vfio-user socket cannot be reached.
+    #[error(
+        "cannot connect to the vfio-user socket {}: {source} (is the target running? e.g. \
+         scripts/spdk-target.sh start DIR)",
+        path.display()
+    )]
+    VfioUserConnect {
+        /// The socket path given.
+        path: PathBuf,
+        /// What connect (or stat) said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The path given as a vfio-user socket is something else.
+    #[error("{} is not a Unix socket: give the vfio-user server's socket (e.g. DIR/cntrl)", path.display())]
+    VfioUserNotSocket {
+        /// The path given.
+        path: PathBuf,
+    },
+
+    /// The vfio-user server stopped answering, or the connection to it was lost.
+    #[error("vfio-user server at {} is gone: {what}", path.display())]
+    VfioUserGone {
+        /// The socket path.
+        path: PathBuf,
+        /// What happened, in words.
+        what: String,
+    },
+
+    /// The vfio-user server answered a request with an error.
+    #[error("vfio-user server at {} refused {command}", path.display())]
+    VfioUserRefused {
+        /// The socket path.
+        path: PathBuf,
+        /// The request (`VFIO_USER_*`).
+        command: &'static str,
+        /// The errno it replied with.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The vfio-user server sent something that does not follow the protocol.
+    #[error("vfio-user server at {} broke the protocol in {command}: {what}", path.display())]
+    VfioUserProtocol {
+        /// The socket path.
+        path: PathBuf,
+        /// The request being answered (`VFIO_USER_*`).
+        command: &'static str,
+        /// What was wrong.
+        what: String,
+    },
+
+    /// The device behind a vfio-user socket is not an NVMe controller.
+    #[error(
+        "the vfio-user device at {} is not an NVMe controller (class 0x{class:06x})",
+        path.display()
+    )]
+    VfioUserNotNvme {
+        /// The socket path.
+        path: PathBuf,
+        /// Its 24-bit class code.
+        class: u32,
+    },
+
+    /// A mapping the vfio-user server handed over cannot be mapped here.
+    #[error("cannot mmap {what} of the vfio-user device at {}", path.display())]
+    VfioUserMap {
+        /// The socket path.
+        path: PathBuf,
+        /// Which mapping.
+        what: &'static str,
+        /// What mmap said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Memory not backed by a file descriptor cannot be shared with a vfio-user server.
+    #[error("a vfio-user server can only reach memory shared as a file descriptor (memfd)")]
+    VfioUserNeedsFd,
 }
 
 impl Error {
@@ -390,7 +471,10 @@ impl Error {
             | Error::MapDma { source, .. }
             | Error::UnmapDma { source, .. }
             | Error::HostMemory { source, .. }
-            | Error::Pagemap { source } => Some(Box::new(source)),
+            | Error::Pagemap { source }
+            | Error::VfioUserConnect { source, .. }
+            | Error::VfioUserRefused { source, .. }
+            | Error::VfioUserMap { source, .. } => Some(Box::new(source)),
             _ => None,
         };
         nvme::DmaAllocError {

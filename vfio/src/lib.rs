@@ -25,11 +25,15 @@
 //!   into an [`nvme::DmaRegion`] (device addresses plus the mapping as owner), on which
 //!   `nvme::Controller::create_queue_pair_on` can create queues.
 //!
+//! - [`user`]: the same driver seam over vfio-user, a VFIO-like protocol on a Unix socket, for
+//!   controllers served by another process (SPDK's NVMe-oF target): [`VfioUserNvme`].
+//!
 //! `examples/vfio_probe.rs` exercises all of it on a real device: BAR0 registers, DMA buffers,
 //! and an Identify Controller through a hand-built admin queue.
 //!
 //! Unsafe code lives only in `sys` (ioctls), `mmio` (volatile MMIO) and `dma` (wrapping mapped
-//! memory as [`nvme::DmaMemory`]).
+//! memory as [`nvme::DmaMemory`]); `user` has
+//! none (it implements the mapper's unsafe `map`, performing no unsafe operation).
 //!
 //! # Why not vfio-ioctls
 //! vfio-ioctls (0.10, default features off) was weighed for the container, group and device
@@ -64,6 +68,7 @@ mod pagemap;
 mod pci;
 mod sys;
 pub mod sysfs;
+pub mod user;
 mod vfio_nvme;
 
 pub use caps::{IommuInfo, RegionInfo};
@@ -73,6 +78,7 @@ pub use iova::IovaAllocator;
 pub use mmio::Bar;
 pub use pci::{PciAddress, looks_like_pci_address};
 pub use sysfs::{Preflight, SysRoots, preflight};
+pub use user::{VfioUserNvme, VfioUserOptions};
 pub use vfio_nvme::{VfioNvme, VfioOptions};
 
 use std::fmt;

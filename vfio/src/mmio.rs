@@ -1,22 +1,58 @@
-//! BAR0 as the driver's register window: mmapped from the VFIO device file, accessed with
-//! volatile 32-bit loads and stores.
+//! BAR0 as the driver's register window: the mmappable parts mapped and accessed with volatile
+//! 32-bit loads and stores, the rest through a slower port.
 //!
-//! If the kernel lets only parts of the BAR be mmapped (a sparse-mmap capability, e.g. around an
-//! MSI-X table), accesses outside those parts go through pread/pwrite on the device file, which
-//! VFIO turns into the same MMIO accesses. A failed pread reads as all-ones, which the driver
-//! already treats as "device gone".
+//! If only parts of the BAR may be mmapped (a sparse-mmap capability: around an MSI-X table for
+//! vfio-pci; only the doorbell page for a vfio-user server such as SPDK's), accesses outside
+//! those parts go through a [`RegionPort`]: pread/pwrite on the VFIO device file, which VFIO
+//! turns into the same MMIO accesses, or region read/write messages to a vfio-user server. A
+//! failed access reads as all-ones, which the driver already treats as "device gone".
 // UNSAFETY: volatile loads and stores through the pointer of an mmapped BAR.
 #![expect(unsafe_code)]
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::caps::RegionInfo;
-use crate::{Error, PciAddress};
+
+/// Register accesses the mapping does not cover: offsets are within the region.
+pub(crate) trait RegionPort: Send + Sync {
+    /// Reads `buf.len()` bytes at `offset` in the region.
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at `offset` in the region.
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+}
+
+/// The VFIO device file at the region's offset.
+pub(crate) struct FilePort {
+    /// The device file.
+    pub file: Arc<File>,
+    /// Offset of the region in the device file.
+    pub region_offset: u64,
+}
+
+impl RegionPort for FilePort {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file.read_exact_at(buf, self.region_offset + offset)
+    }
+    fn write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(buf, self.region_offset + offset)
+    }
+}
+
+/// Why a BAR cannot be mapped.
+#[derive(Debug)]
+pub(crate) enum BarError {
+    /// The region's description does not make sense (reason in words).
+    Layout(String),
+    /// mmap failed.
+    Map(io::Error),
+}
 
 struct MappedArea {
     /// Offset of the area in the BAR.
@@ -26,20 +62,22 @@ struct MappedArea {
     map: MmapRaw,
 }
 
-/// A device's BAR, mapped for MMIO.
+/// A device's BAR, mapped for MMIO where it may be.
 pub struct Bar {
-    addr: PciAddress,
+    /// Which device, for logs ("0000:01:00.0", "vfio-user /run/x/cntrl").
+    label: String,
     len: usize,
     areas: Vec<MappedArea>,
-    file: Arc<File>,
-    /// Offset of the region in the device file.
-    region_offset: u64,
+    port: Box<dyn RegionPort>,
+    /// Set once a port access has failed and been logged (later failures are not logged again:
+    /// the driver may poll a register many times before it gives up).
+    port_failed: AtomicBool,
 }
 
 impl std::fmt::Debug for Bar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bar")
-            .field("addr", &self.addr)
+            .field("device", &self.label)
             .field("len", &self.len)
             .field(
                 "mmapped",
@@ -54,30 +92,35 @@ impl std::fmt::Debug for Bar {
 }
 
 impl Bar {
-    /// Maps every mmappable area of `region` from the device file.
+    /// Maps every mmappable area of `region` from `file` (at the region's offset in it), and
+    /// reaches the rest through `port`.
     pub(crate) fn map(
-        addr: PciAddress,
-        file: Arc<File>,
+        label: String,
+        file: Option<&File>,
         region: &RegionInfo,
-    ) -> Result<Self, Error> {
-        let len = usize::try_from(region.size).map_err(|_| Error::Bar0 {
-            addr,
-            reason: format!("size 0x{:x} is too large", region.size),
-        })?;
+        port: Box<dyn RegionPort>,
+    ) -> Result<Self, BarError> {
+        let len = usize::try_from(region.size)
+            .map_err(|_| BarError::Layout(format!("size 0x{:x} is too large", region.size)))?;
         let mut areas = Vec::new();
-        for (off, size) in region.mmap_areas() {
+        let mappable = if file.is_some() {
+            region.mmap_areas()
+        } else {
+            Vec::new()
+        };
+        for (off, size) in mappable {
             let end = off.checked_add(size).filter(|&e| e <= region.size);
             let (Ok(start), Some(end)) = (usize::try_from(off), end) else {
-                return Err(Error::Bar0 {
-                    addr,
-                    reason: format!("mmap area 0x{off:x}+0x{size:x} lies outside the BAR"),
-                });
+                return Err(BarError::Layout(format!(
+                    "mmap area 0x{off:x}+0x{size:x} lies outside the BAR"
+                )));
             };
+            let file = file.expect("areas only when a file is given");
             let map = MmapOptions::new()
                 .offset(region.offset + off)
                 .len(size as usize)
-                .map_raw(&*file)
-                .map_err(|source| Error::MapBar { addr, source })?;
+                .map_raw(file)
+                .map_err(BarError::Map)?;
             areas.push(MappedArea {
                 start,
                 end: end as usize,
@@ -85,14 +128,14 @@ impl Bar {
             });
         }
         if areas.is_empty() {
-            tracing::warn!(%addr, "BAR0 cannot be mmapped; register accesses go through pread/pwrite");
+            tracing::warn!(device = %label, "BAR0 cannot be mmapped; every register access is a slow one");
         }
         Ok(Self {
-            addr,
+            label,
             len,
             areas,
-            file,
-            region_offset: region.offset,
+            port,
+            port_failed: AtomicBool::new(false),
         })
     }
 
@@ -103,6 +146,15 @@ impl Bar {
         (a.start == 0 && a.end == self.len)
             .then(|| NonNull::new(a.map.as_mut_ptr()).map(|p| (p, self.len)))
             .flatten()
+    }
+
+    /// The mapped areas, as (offset in the BAR, host pointer, length). Never turn a pointer
+    /// into a Rust reference.
+    pub fn mapped_areas(&self) -> Vec<(usize, NonNull<u8>, usize)> {
+        self.areas
+            .iter()
+            .filter_map(|a| NonNull::new(a.map.as_mut_ptr()).map(|p| (a.start, p, a.end - a.start)))
+            .collect()
     }
 
     fn check(&self, offset: usize) {
@@ -126,6 +178,12 @@ impl Bar {
         // SAFETY: `offset - a.start + 4 <= a.map.len()`, so the result stays inside the mapping.
         Some(unsafe { a.map.as_mut_ptr().add(offset - a.start) }.cast::<u32>())
     }
+
+    fn port_error(&self, op: &str, offset: usize, e: &io::Error) {
+        if !self.port_failed.swap(true, Ordering::Relaxed) {
+            tracing::error!(device = %self.label, offset, error = %e, "BAR0 {op} failed (later failures are not logged)");
+        }
+    }
 }
 
 impl nvme::RegisterIo for Bar {
@@ -142,13 +200,10 @@ impl nvme::RegisterIo for Bar {
             return unsafe { p.read_volatile() };
         }
         let mut buf = [0u8; 4];
-        match self
-            .file
-            .read_exact_at(&mut buf, self.region_offset + offset as u64)
-        {
+        match self.port.read(offset as u64, &mut buf) {
             Ok(()) => u32::from_le_bytes(buf),
             Err(e) => {
-                tracing::error!(addr = %self.addr, offset, error = %e, "BAR0 read failed");
+                self.port_error("read", offset, &e);
                 u32::MAX
             }
         }
@@ -161,11 +216,8 @@ impl nvme::RegisterIo for Bar {
             unsafe { p.write_volatile(value) };
             return;
         }
-        if let Err(e) = self
-            .file
-            .write_all_at(&value.to_le_bytes(), self.region_offset + offset as u64)
-        {
-            tracing::error!(addr = %self.addr, offset, error = %e, "BAR0 write failed");
+        if let Err(e) = self.port.write(offset as u64, &value.to_le_bytes()) {
+            self.port_error("write", offset, &e);
         }
     }
 }
@@ -201,7 +253,11 @@ mod tests {
             offset: 0,
             sparse_mmap: sparse,
         };
-        let bar = Bar::map("0000:00:03.0".parse().unwrap(), file, &region).unwrap();
+        let port = Box::new(FilePort {
+            file: Arc::clone(&file),
+            region_offset: 0,
+        });
+        let bar = Bar::map("0000:00:03.0".into(), Some(&file), &region, port).unwrap();
         (f, bar)
     }
 

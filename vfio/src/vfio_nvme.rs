@@ -9,7 +9,7 @@ use crate::container::Container;
 use crate::device::VfioDevice;
 use crate::dma::{DmaPool, DmaStats, NoIommuMapper, Type1Mapper};
 use crate::iova::IovaAllocator;
-use crate::mmio::Bar;
+use crate::mmio::{Bar, BarError, FilePort};
 use crate::pagemap::Pagemap;
 use crate::sysfs::{self, SysRoots};
 use crate::{Error, IommuMode, PciAddress, sys};
@@ -109,7 +109,23 @@ impl VfioNvme {
                 ),
             });
         }
-        let bar = Bar::map(*addr, Arc::clone(device.file()), &region)?;
+        let port = Box::new(FilePort {
+            file: Arc::clone(device.file()),
+            region_offset: region.offset,
+        });
+        let bar =
+            Bar::map(addr.to_string(), Some(device.file()), &region, port).map_err(
+                |e| match e {
+                    BarError::Layout(reason) => Error::Bar0 {
+                        addr: *addr,
+                        reason,
+                    },
+                    BarError::Map(source) => Error::MapBar {
+                        addr: *addr,
+                        source,
+                    },
+                },
+            )?;
 
         let dma = match pre.mode {
             IommuMode::Type1 => {
