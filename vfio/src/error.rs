@@ -375,7 +375,7 @@ pub enum Error {
 
     /// The vfio-user socket cannot be reached.
     #[error(
-        "cannot connect to the vfio-user socket {}: {source} (is the target running? e.g. \
+        "cannot connect to the vfio-user socket {} (is the target running? e.g. \
          scripts/spdk-target.sh start DIR)",
         path.display()
     )]

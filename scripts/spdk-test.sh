@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+#
+# spdk-test.sh: the CPU stack against a third-party NVMe controller, SPDK's NVMe-oF target
+# (v24.01, vfio-user transport; scripts/spdk-target.sh), reached through gpunvme's vfio-user
+# client (`--device vfio-user:SOCKET`). For each of SPDK's three controllers (malloc bdevs of
+# 512- and 4096-byte blocks, an AIO bdev over a file): identify compared field by field with
+# SPDK's own client (spdk_nvme_identify), perf --verify in four patterns (4 KiB at QD 32; 512 B
+# on the 512-byte namespace; 1 MiB at QD 16, which the driver splits at SPDK's 128 KiB MDTS),
+# protocol-check (the GPU header's queue protocol from CPU threads), blockfs mkfs/put/get/fsck
+# with the bytes compared; perf on two of the controllers at once. Then: the target killed in the middle of a perf run (a typed error
+# within seconds, no hang), and a missing socket, a plain file and a socket nobody serves
+# refused by name.
+#
+# Usage: scripts/spdk-test.sh [--no-build] [--keep DIR]
+#   --no-build  use target/release/gpunvme as it is
+#   --keep DIR  state directory to use and keep (default: a temporary one, removed)
+#
+# Needs root (nvmf_tgt; hugepages for spdk_nvme_identify, which are restored afterwards) and the
+# SPDK bundle (see scripts/spdk-target.sh). Prints PASS/FAIL per check, then `N passed, M
+# failed` and one JSON line with the suite's timing; exits 1 on any failure, 2 on a harness
+# error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+build=yes keep=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) build=no; shift ;;
+        --keep) keep=$2; shift 2 ;;
+        *) sed -n '3,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    esac
+done
+
+SPDK=${GPUNVME_SPDK_DIR:-$ROOT/../shared/tools/spdk}
+[ -x "$SPDK/bin/spdk_nvme_identify" ] || { echo "spdk-test: no SPDK bundle at $SPDK" >&2; exit 2; }
+if [ "$build" = yes ]; then cargo build --release -q -p gpunvme; fi
+G=$ROOT/target/release/gpunvme
+[ -x "$G" ] || { echo "spdk-test: $G missing (build it, or drop --no-build)" >&2; exit 2; }
+
+STATE=${keep:-$(mktemp -d /tmp/gpunvme-spdk-test.XXXXXX)}
+mkdir -p "$STATE"
+WORK=$STATE/work
+mkdir -p "$WORK"
+t_start=$(date +%s.%N)
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+hp_before=$(cat /proc/sys/vm/nr_hugepages)
+hp_mounted=no
+cleanup() {
+    scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1 || true
+    [ "$hp_mounted" = yes ] && umount /dev/hugepages 2>/dev/null || true
+    echo "$hp_before" > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+    rm -f /dev/hugepages/spdk_pid* 2>/dev/null || true
+    [ -n "$keep" ] || rm -rf "$STATE"
+}
+trap cleanup EXIT
+
+# --- sockets that are not a running controller: refused by name, quickly ---------------------
+refused() { # what, device spec, expected text in the error
+    local out rc=0 t0 dt
+    t0=$(date +%s)
+    out=$(timeout 60 "$G" identify --device "$2" 2>&1) || rc=$?
+    dt=$(( $(date +%s) - t0 ))
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q -- "$3" <<<"$out" && [ $dt -lt 30 ]; then
+        ok "$1: refused in ${dt}s: $(tail -1 <<<"$out")"
+    else
+        bad "$1: rc=$rc after ${dt}s, wanted an error with \`$3\`: $out"
+    fi
+}
+refused "missing socket" "vfio-user:$WORK/nope/cntrl" "cannot connect to the vfio-user socket"
+: > "$WORK/plain"
+refused "plain file as socket" "vfio-user:$WORK/plain" "is not a Unix socket"
+python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$WORK/stale"
+refused "socket nobody serves" "vfio-user:$WORK/stale" "Connection refused"
+refused "empty vfio-user spec" "vfio-user:" "give the server's socket"
+
+# --- the target -----------------------------------------------------------------------------
+t0=$(date +%s.%N)
+mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 128 --aio-mib 256)
+t_target=$(echo "$(date +%s.%N) - $t0" | bc)
+[ ${#CTRLS[@]} -eq 3 ] || { echo "spdk-test: target did not start: ${CTRLS[*]}" >&2; exit 2; }
+ok "spdk-target.sh start: ${#CTRLS[@]} controllers in ${t_target}s"
+
+# SPDK's own client needs hugepages (it shares its memory as hugetlbfs files).
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 300 ]; then echo 300 > /proc/sys/vm/nr_hugepages; fi
+if ! mountpoint -q /dev/hugepages; then
+    mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages && hp_mounted=yes
+fi
+
+spdk_field() { # file, label -> value after the colon, trimmed
+    grep -m1 "^$2:" "$1" | sed 's/^[^:]*:[[:space:]]*//; s/[[:space:]]*$//'
+}
+json_field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$1" "$2"; }
+
+for line in "${CTRLS[@]}"; do
+    read -r name sock bs <<<"$line"
+    dev="vfio-user:$sock"
+    nqn="nqn.2019-07.io.spdk:gpunvme-$name"
+
+    # identify, against SPDK's client
+    if timeout 60 env LD_LIBRARY_PATH="$SPDK/lib" "$SPDK/bin/spdk_nvme_identify" -g \
+        -r "trtype:VFIOUSER traddr:$(dirname "$sock") subnqn:$nqn" > "$WORK/$name.spdk" 2>&1 &&
+        timeout 60 "$G" identify --json --device "$dev" > "$WORK/$name.json" 2> "$WORK/$name.err"; then
+        mism=""
+        cmp_field() { # label, ours, theirs
+            [ "$2" = "$3" ] || mism="$mism $1(ours=$2 spdk=$3)"
+        }
+        cmp_field sn "$(json_field "$WORK/$name.json" 'd["sn"]')" "$(spdk_field "$WORK/$name.spdk" "Serial Number")"
+        cmp_field mn "$(json_field "$WORK/$name.json" 'd["mn"]')" "$(spdk_field "$WORK/$name.spdk" "Model Number")"
+        cmp_field fr "$(json_field "$WORK/$name.json" 'd["fr"]')" "$(spdk_field "$WORK/$name.spdk" "Firmware Version")"
+        cmp_field vid "$(json_field "$WORK/$name.json" '"%x" % d["vid"]')" "$(spdk_field "$WORK/$name.spdk" "Vendor ID")"
+        cmp_field ssvid "$(json_field "$WORK/$name.json" '"%x" % d["ssvid"]')" "$(spdk_field "$WORK/$name.spdk" "Subsystem Vendor ID")"
+        cmp_field mdts "$(json_field "$WORK/$name.json" 'd["mdts_bytes"]')" "$(spdk_field "$WORK/$name.spdk" "Max Data Transfer Size")"
+        cmp_field lba_size "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["lba_size"]')" \
+            "$(grep -m1 'LBA Format #00: Data Size:' "$WORK/$name.spdk" | awk '{print $6}')"
+        cmp_field blocks "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["blocks"]')" \
+            "$(spdk_field "$WORK/$name.spdk" "Size (in LBAs)" | awk '{print $1}')"
+        cmp_field block_size_configured "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["lba_size"]')" "$bs"
+        if [ -z "$mism" ]; then
+            ok "$name: identify = spdk_nvme_identify (sn, mn, fr, vid, ssvid, mdts, LBA size $bs, blocks)"
+        else
+            bad "$name: identify differs from spdk_nvme_identify:$mism"
+        fi
+    else
+        bad "$name: identify failed: $(tail -3 "$WORK/$name.spdk" "$WORK/$name.err" 2>/dev/null)"
+    fi
+
+    # perf --verify: four patterns at 4 KiB, QD 32; 512 B on the 512-byte namespace; 1 MiB
+    # (eight commands each at SPDK's 128 KiB MDTS).
+    shapes="4k:20000"
+    [ "$bs" = 512 ] && shapes="$shapes 512:20000"
+    shapes="$shapes 1m:300"   # (QD 16 below: 8 commands per I/O in 256-entry queues)
+    for shape in $shapes; do
+        size=${shape%%:*} ios=${shape##*:} qd=32
+        [ "$size" = 1m ] && qd=16
+        for rw in write read randwrite randread; do
+            res=""
+            if out=$(timeout 120 "$G" perf --device "$dev" --rw "$rw" --bs "$size" --qd "$qd" --ios "$ios" \
+                --verify --json 2>&1) &&
+                res=$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["errors"] == 0 and j["verify_errors"] == 0, "errors %d, verify errors %d" % (j["errors"], j["verify_errors"])
+assert j["ios"] == int(sys.argv[2]), "ios %d" % j["ios"]
+assert j["verified_bytes"] > 0, "nothing verified"
+print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6, j["verified_bytes"]))
+' "$out" "$ios" 2>&1); then
+                ok "$name: perf --rw $rw --bs $size --qd $qd --verify: $res"
+            else
+                bad "$name: perf --rw $rw --bs $size --verify: ${res:-} $(tail -3 <<<"$out")"
+            fi
+        done
+    done
+
+    if out=$(timeout 120 "$G" protocol-check --device "$dev" 2>&1) && grep -q '^PASS' <<<"$out"; then
+        ok "$name: protocol-check: $(grep -m1 'commands' <<<"$out" | sed 's/^ *//')"
+    else
+        bad "$name: protocol-check: $(tail -5 <<<"$out")"
+    fi
+
+    if [ "$name" != malloc4096 ]; then
+        head -c 23456789 /dev/urandom > "$WORK/in.bin"
+        if timeout 60 "$G" fs mkfs --device "$dev" > /dev/null 2>&1 &&
+            timeout 60 "$G" fs put "$WORK/in.bin" data/in.bin --device "$dev" > /dev/null 2>&1 &&
+            timeout 60 "$G" fs get data/in.bin "$WORK/out.bin" --device "$dev" > /dev/null 2>&1 &&
+            cmp -s "$WORK/in.bin" "$WORK/out.bin" &&
+            fsck=$(timeout 60 "$G" fs fsck --device "$dev" 2>&1) && grep -q '^clean' <<<"$fsck"; then
+            ok "$name: blockfs mkfs, put 23456789 bytes, get (same bytes), fsck clean"
+        else
+            bad "$name: blockfs round trip failed"
+        fi
+        rm -f "$WORK/in.bin" "$WORK/out.bin"
+    fi
+done
+
+# --- several controllers at once (perf --device A,B: the same job on each, with totals) ------
+read -r _ sock_a _ <<<"${CTRLS[0]}"
+read -r _ sock_b _ <<<"${CTRLS[1]}"
+for rw in randwrite randread; do
+    if out=$(timeout 120 "$G" perf --device "vfio-user:$sock_a,vfio-user:$sock_b" --rw $rw --bs 4k \
+        --qd 32 --ios 20000 --verify --force 2>&1) && grep -q '^total over 2 controllers:.*errors=0' <<<"$out" &&
+        ! grep -q '[1-9][0-9]* mismatching' <<<"$out"; then
+        ok "perf --rw $rw --verify on malloc512 and malloc4096 at once: $(grep '^total' <<<"$out")"
+    else
+        bad "perf --rw $rw over two SPDK controllers: $(tail -4 <<<"$out")"
+    fi
+done
+
+# --- the target dies in the middle of a run -------------------------------------------------
+read -r _ sock _ <<<"${CTRLS[2]}"
+timeout 120 "$G" perf --device "vfio-user:$sock" --rw randread --bs 4k --qd 32 --runtime 60s \
+    > "$WORK/killed.out" 2>&1 &
+perf_pid=$!
+sleep 3
+t0=$(date +%s.%N)
+scripts/spdk-target.sh kill "$STATE" > /dev/null
+rc=0
+wait $perf_pid || rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'gpunvme: error:.*\(gone\|vfio-user\)' "$WORK/killed.out"; then
+    ok "target killed mid-run: perf exited $rc after ${dt}s: $(grep 'gpunvme: error' "$WORK/killed.out")"
+else
+    bad "target killed mid-run: rc=$rc after ${dt}s: $(tail -3 "$WORK/killed.out")"
+fi
+refused "socket of a killed target" "vfio-user:$sock" "vfio-user"
+
+t_all=$(echo "$(date +%s.%N) - $t_start" | bc)
+echo "$pass passed, $fail failed"
+printf '{"suite":"spdk","passed":%d,"failed":%d,"seconds":%.1f,"target_start_seconds":%.2f}\n' \
+    "$pass" "$fail" "$t_all" "$t_target"
+[ "$fail" -eq 0 ]
