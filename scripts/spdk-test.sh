@@ -11,9 +11,16 @@
 # within seconds, no hang), and a missing socket, a plain file and a socket nobody serves
 # refused by name.
 #
-# Usage: scripts/spdk-test.sh [--no-build] [--keep DIR]
-#   --no-build  use target/release/gpunvme as it is
+# With --host-gpu, also GPU queues on SPDK's controller (transport (c'), vfio-user) with the
+# CUDA sources running on CPU threads (the `host-gpu` build; no GPU): `perf --gpu --verify` in
+# four patterns on the 512- and the 4096-byte namespace, `fs get --gpu` (CRCs compared) and
+# `fs put --gpu` (read back through CPU queues) of a 100 MB file on the AIO controller.
+#
+# Usage: scripts/spdk-test.sh [--no-build] [--keep DIR] [--host-gpu]
+#   --no-build  use target/release/gpunvme (and target/debug/gpunvme for --host-gpu) as they are
 #   --keep DIR  state directory to use and keep (default: a temporary one, removed)
+#   --host-gpu  the GPU checks above (builds `cargo build -p gpunvme --features host-gpu`, the
+#               debug profile scripts/host-gpu-test.sh also uses; needs g++)
 #
 # Needs root (nvmf_tgt; hugepages for spdk_nvme_identify, which are restored afterwards) and the
 # SPDK bundle (see scripts/spdk-target.sh). Prints PASS/FAIL per check, then `N passed, M
@@ -23,11 +30,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-build=yes keep=""
+build=yes keep="" host_gpu=no
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) build=no; shift ;;
         --keep) keep=$2; shift 2 ;;
+        --host-gpu) host_gpu=yes; shift ;;
         *) sed -n '3,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
@@ -37,6 +45,11 @@ SPDK=${GPUNVME_SPDK_DIR:-$ROOT/../shared/tools/spdk}
 if [ "$build" = yes ]; then cargo build --release -q -p gpunvme; fi
 G=$ROOT/target/release/gpunvme
 [ -x "$G" ] || { echo "spdk-test: $G missing (build it, or drop --no-build)" >&2; exit 2; }
+HG=$ROOT/target/debug/gpunvme
+if [ "$host_gpu" = yes ]; then
+    if [ "$build" = yes ]; then cargo build -q -p gpunvme --features host-gpu; fi
+    "$HG" perf --help | grep -q -- '--gpu' || { echo "spdk-test: $HG is not a host-gpu build" >&2; exit 2; }
+fi
 
 STATE=${keep:-$(mktemp -d /tmp/gpunvme-spdk-test.XXXXXX)}
 mkdir -p "$STATE"
@@ -175,6 +188,55 @@ print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6,
         rm -f "$WORK/in.bin" "$WORK/out.bin"
     fi
 done
+
+# --- GPU queues on SPDK's controller, the CUDA sources on CPU threads (host-gpu) --------------
+if [ "$host_gpu" = yes ]; then
+    for line in "${CTRLS[@]:0:2}"; do
+        read -r name sock bs <<<"$line"
+        for rw in write read randwrite randread; do
+            res=""
+            if out=$(timeout 300 "$HG" perf --gpu --device "vfio-user:$sock" --rw "$rw" --bs 4k --qd 8 \
+                --ios 4000 --verify --force --json 2>&1) &&
+                res=$(python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["errors"] == 0 and j["verify_errors"] == 0, "errors %d, verify errors %d" % (j["errors"], j["verify_errors"])
+assert j["ios"] == 4000, "ios %d" % j["ios"]
+assert j["verified_bytes"] > 0, "nothing verified"
+assert "vfio-user" in json.dumps(j.get("data_path", "")), "data path %s" % j.get("data_path")
+print("%d IOPS on CPU threads, %d bytes verified" % (j["iops"], j["verified_bytes"]))
+' "$(sed -n '/^{/,$p' <<<"$out")" 2>&1); then
+                ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over vfio-user (c'): $res"
+            else
+                bad "$name: host-gpu perf --gpu --rw $rw: ${res:-} $(tail -3 <<<"$out")"
+            fi
+        done
+    done
+fi
+
+# --- files on the GPU over vfio-user (host-gpu): fs get --gpu with CRCs, fs put --gpu read back --
+if [ "$host_gpu" = yes ]; then
+    read -r name sock _ <<<"${CTRLS[2]}"
+    dev="vfio-user:$sock"
+    head -c 100000000 /dev/urandom > "$WORK/in.bin"
+    if timeout 120 "$G" fs mkfs --device "$dev" > /dev/null 2>&1 &&
+        timeout 120 "$G" fs put "$WORK/in.bin" in.bin --device "$dev" > /dev/null 2>&1 &&
+        out=$(timeout 300 "$HG" fs get in.bin --gpu --device "$dev" 2>&1) &&
+        line=$(grep -m1 '^crc32c: GPU' <<<"$out") &&
+        read -r _ _ a _ b _ c <<<"$line" && [ "$a" = "$b" ] && [ "$b" = "$c" ]; then
+        ok "$name: host-gpu fs get --gpu of 100000000 bytes over vfio-user: $line"
+    else
+        bad "$name: host-gpu fs get --gpu: $(tail -3 <<<"${out:-}")"
+    fi
+    if out=$(timeout 300 "$HG" fs put "$WORK/in.bin" out.bin --gpu --device "$dev" 2>&1) &&
+        timeout 120 "$G" fs get out.bin "$WORK/out.bin" --device "$dev" > /dev/null 2>&1 &&
+        cmp -s "$WORK/in.bin" "$WORK/out.bin"; then
+        ok "$name: host-gpu fs put --gpu of 100000000 bytes over vfio-user, read back by CPU queues"
+    else
+        bad "$name: host-gpu fs put --gpu: $(tail -3 <<<"${out:-}")"
+    fi
+    rm -f "$WORK/in.bin" "$WORK/out.bin"
+fi
 
 # --- several controllers at once (perf --device A,B: the same job on each, with totals) ------
 read -r _ sock_a _ <<<"${CTRLS[0]}"

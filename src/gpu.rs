@@ -127,11 +127,7 @@ pub fn open_queues(
                 Backend::Vfio(v) => {
                     transport::open(cuda, ctrl, v.clone(), opts, &TransportOptions::default())
                 }
-                Backend::VfioUser(v) => Err(gpu_queues::GpuError::Unsupported(format!(
-                    "GPU queues over vfio-user ({}) are not written yet: run CPU commands on it, \
-                     or GPU ones on a PCI device or the software controller",
-                    v.socket_path().display()
-                ))),
+                Backend::VfioUser(v) => transport::open_vfio_user(cuda, ctrl, v.clone(), opts),
             }
             .context("creating GPU queues")?;
             let transport = if choice.skipped.is_empty() {

@@ -407,7 +407,11 @@ pub fn lat_bucket_floor(b: usize) -> u64 {
     }
     let e = (b / 16) as u32 + 3;
     let sub = (b % 16) as u64;
-    (1u64 << e) + (sub << (e - 4))
+    // Buckets from 61 * 16 on start past u64: saturate (no latency gets there).
+    if e >= 64 {
+        return u64::MAX;
+    }
+    (1u64 << e).saturating_add(sub << (e - 4))
 }
 
 /// A device-side call's outcome (the header's `GPUNVME_*` status codes).
@@ -738,6 +742,13 @@ mod tests {
             assert!(lat_bucket_floor(b) <= ns, "{ns}");
             assert!(lat_bucket_floor(b + 1) > ns, "{ns}");
         }
+    }
+
+    #[test]
+    fn latency_bucket_floors_rise_and_saturate_without_overflow() {
+        let floors: Vec<u64> = (0..=LAT_BUCKETS).map(lat_bucket_floor).collect();
+        assert!(floors.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(floors[LAT_BUCKETS], u64::MAX);
     }
 
     #[test]

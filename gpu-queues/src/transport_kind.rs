@@ -18,6 +18,10 @@ pub enum TransportKind {
     /// The GPU-resident controller model (`gpu_emu::model`): rings, doorbells and media in GPU
     /// memory, served by a persistent kernel on reserved SMs.
     GpuController,
+    /// A controller another process serves over vfio-user (SPDK's NVMe-oF target): rings and
+    /// data in memfd memory shared with the server and registered with CUDA, doorbells in the
+    /// page the server shares and polls; (c)'s layout on ordinary shared memory.
+    VfioUser,
 }
 
 impl TransportKind {
@@ -28,6 +32,7 @@ impl TransportKind {
             Self::VfioP2p => "vfio-p2p",
             Self::HostMemory => "host-memory",
             Self::GpuController => "gpu-controller",
+            Self::VfioUser => "vfio-user",
         }
     }
 
@@ -38,6 +43,7 @@ impl TransportKind {
             Self::VfioP2p => "(b)",
             Self::HostMemory => "(c)",
             Self::GpuController => "(model)",
+            Self::VfioUser => "(c')",
         }
     }
 }

@@ -134,7 +134,10 @@ impl GpuPerfResult {
         let mut total = 0u64;
         let mut sum = 0f64;
         for (b, &c) in self.latency_buckets.iter().enumerate() {
-            let mid = (lat_bucket_floor(b) + lat_bucket_floor(b + 1)) as f64 / 2.0;
+            if c == 0 {
+                continue;
+            }
+            let mid = (lat_bucket_floor(b) as f64 + lat_bucket_floor(b + 1) as f64) / 2.0;
             total += c as u64;
             sum += mid * c as f64;
         }
@@ -290,4 +293,32 @@ pub fn run(
         threads: launched,
         style,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A debug build once panicked (integer overflow) summing the floors of the top buckets,
+    /// which every mean visited; and an I/O slower than the histogram's range lands in the last.
+    #[test]
+    fn latency_summaries_cover_every_bucket() {
+        let mut buckets = vec![0u32; LAT_BUCKETS];
+        buckets[100] = 3;
+        buckets[LAT_BUCKETS - 1] = 1;
+        let r = GpuPerfResult {
+            done: 4,
+            errors: 0,
+            mismatches: 0,
+            first_failure: None,
+            first_bad_lba: None,
+            elapsed: Duration::from_millis(1),
+            latency_buckets: buckets,
+            threads: 1,
+            style: ClientStyle::Thread,
+        };
+        assert!(r.latency_mean() > lat_bucket_floor(100) as f64);
+        assert_eq!(r.latency_quantile(0.5), lat_bucket_floor(101) - 1);
+        assert!(r.latency_quantile(1.0) >= lat_bucket_floor(LAT_BUCKETS - 1));
+    }
 }

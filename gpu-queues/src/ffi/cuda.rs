@@ -183,6 +183,7 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
             cuda: cuda.clone(),
             ptr,
             len,
+            owner: None,
         };
         check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, len.max(1)))?;
         Ok(mem)
@@ -207,6 +208,7 @@ pub(super) fn alloc_managed(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory
         cuda: cuda.clone(),
         ptr,
         len,
+        owner: None,
     })
 }
 

@@ -240,6 +240,7 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
         cuda: cuda.clone(),
         ptr: p.expose_provenance() as u64,
         len,
+        owner: None,
     })
 }
 

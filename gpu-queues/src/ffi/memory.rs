@@ -25,9 +25,34 @@ pub struct DeviceMemory {
     pub(super) ptr: u64,
     /// Length asked for.
     pub(super) len: usize,
+    /// For memory registered elsewhere ([`DeviceMemory::from_registered`]): what keeps it
+    /// registered; dropped instead of freeing anything.
+    pub(super) owner: Option<Box<dyn Send + Sync>>,
 }
 
 impl DeviceMemory {
+    /// GPU addresses of memory that is not GPU memory but is mapped into the GPU's address
+    /// space elsewhere (host memory registered with CUDA), presented as device memory so code
+    /// that takes [`DeviceMemory`] (buffers, copies, kernels' pointers) works on it. Dropping
+    /// it drops `owner`, which must undo the registration; nothing is freed here.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` are GPU addresses of memory valid for reads and writes, from the GPU
+    /// and through CUDA copies, for as long as `owner` lives, and nothing else frees it.
+    pub(crate) unsafe fn from_registered(
+        cuda: &Arc<Cuda>,
+        ptr: u64,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Self {
+        Self {
+            cuda: cuda.clone(),
+            ptr,
+            len,
+            owner: Some(owner),
+        }
+    }
+
     /// Allocates `len` bytes, zeroed (CUDA rounds up to 64 KiB granularity; `host-gpu` maps
     /// 64 KiB units likewise).
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
@@ -99,6 +124,10 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // Registered elsewhere: the owner (dropped with the fields) unregisters it.
+            return;
+        }
         free_or_defer(
             &self.cuda,
             Deferred::Device {

@@ -376,13 +376,16 @@ impl SsdMapping {
     }
 }
 
-/// An SSD's BAR0 (its doorbells) touched page by page and registered with CUDA as I/O memory,
-/// so GPU threads can write doorbells. Field order is drop order: unregistered before the VFIO
-/// device (and with it the BAR0 mapping) can go.
+/// A controller's doorbells registered with CUDA, so GPU threads can write them: an SSD's BAR0
+/// touched page by page and registered as I/O memory, or the doorbell page a vfio-user server
+/// shares as ordinary memory (and polls). Field order is drop order: unregistered before the
+/// device (and with it the mapping) can go.
 pub struct Bar0Doorbells {
     reg: crate::ffi::HostRegistration,
+    /// BAR0 offset of the registration's first byte.
+    base: usize,
     pages_touched: usize,
-    _vfio: Arc<vfio::VfioNvme>,
+    _device: Arc<dyn Send + Sync>,
 }
 
 impl std::fmt::Debug for Bar0Doorbells {
@@ -435,15 +438,62 @@ impl Bar0Doorbells {
         );
         Ok(Self {
             reg,
+            base: 0,
             pages_touched,
-            _vfio: vfio,
+            _device: vfio,
+        })
+    }
+
+    /// Registers the doorbell page a vfio-user server shares (BAR0 from 0x1000; SPDK polls it)
+    /// with `cuMemHostRegister(DEVICEMAP | PORTABLE)`: ordinary shared memory, so no root and no
+    /// peer-to-peer path is needed; GPU stores reach it over PCIe like stores to any registered
+    /// host memory.
+    pub fn register_shared(
+        cuda: &Arc<crate::ffi::Cuda>,
+        dev: Arc<vfio::VfioUserNvme>,
+    ) -> Result<Self, GpuError> {
+        let areas = dev.bar0_mapped_areas();
+        let Some(&(base, ptr, len)) = areas
+            .iter()
+            .find(|&&(off, _, len)| off <= 0x1000 && 0x1000 < off + len)
+        else {
+            return Err(GpuError::Unsupported(format!(
+                "the vfio-user server at {} shares no memory holding the doorbells (BAR0 0x1000); \
+                 GPU threads cannot ring them",
+                dev.socket_path().display()
+            )));
+        };
+        // SAFETY: the area is a shared mapping of BAR0 made by `dev`, readable, page-aligned,
+        // kept mapped while `dev` lives; we hold `dev`.
+        let pages_touched = unsafe { touch_pages(ptr, len) };
+        // SAFETY: as above; the registration is dropped before `_device` (field order).
+        let reg =
+            unsafe { crate::ffi::HostRegistration::register(cuda, ptr.as_ptr(), len, false) }?;
+        tracing::info!(
+            socket = %dev.socket_path().display(),
+            bar0_offset = base,
+            bytes = len,
+            gpu_ptr = format_args!("{:#x}", reg.device_ptr()),
+            "vfio-user doorbells registered with CUDA"
+        );
+        Ok(Self {
+            reg,
+            base,
+            pages_touched,
+            _device: dev,
         })
     }
 
     /// The GPU address of the register at BAR0 byte `offset` (a doorbell), after checking that
     /// CUDA maps that page where the first page's address says it should.
     pub fn doorbell(&self, offset: usize) -> Result<u64, GpuError> {
-        self.reg.verify(offset)
+        let rel = offset.checked_sub(self.base).ok_or_else(|| {
+            GpuError::InvalidArgument(format!(
+                "BAR0 offset {offset:#x} lies before the registered doorbells at {:#x}",
+                self.base
+            ))
+        })?;
+        self.reg.verify(rel)
     }
 
     /// Pages touched before registering.
@@ -485,6 +535,33 @@ impl HostArena {
     /// The memory (host side and device addresses).
     pub fn memory(&self) -> &nvme::DmaMemory {
         &self.mem
+    }
+
+    /// The first `len` bytes as [`crate::ffi::DeviceMemory`] (GPU addresses of this host
+    /// memory; CUDA copies and kernels reach it over PCIe), keeping the arena registered for
+    /// as long as the result lives.
+    pub fn as_device_memory(
+        self: &Arc<Self>,
+        cuda: &Arc<crate::ffi::Cuda>,
+        len: usize,
+    ) -> Result<crate::ffi::DeviceMemory, GpuError> {
+        if len > self.mem.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "{len:#x} bytes of a {:#x}-byte host arena",
+                self.mem.len()
+            )));
+        }
+        // SAFETY: the registration covers `self.mem.len() >= len` bytes from `gpu_ptr()`, valid
+        // from the GPU and for CUDA copies while the registration (held by the arena, which the
+        // owner keeps alive) lives; the arena frees its memory only after unregistering.
+        Ok(unsafe {
+            crate::ffi::DeviceMemory::from_registered(
+                cuda,
+                self.gpu_ptr(),
+                len,
+                Box::new(self.clone()),
+            )
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use crate::ffi::os::Bar0Doorbells;
 use crate::ffi::{Cuda, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 use crate::queues::{
-    DescCommon, DescParts, FixedMemory, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts,
+    DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts, QueueTransport,
     TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
 };
 
@@ -81,17 +81,33 @@ pub(crate) struct Arena {
     pub(crate) write: ArenaWriter,
 }
 
-/// Builds the queues of `kind`: `arena(len)` supplies each pair's memory; doorbells are the
-/// SSD's own, registered in `doorbells`.
+/// What a transport brings to [`build_queues`] besides the pairs' memory.
+pub(crate) struct Transport {
+    /// Which transport.
+    pub(crate) kind: TransportKind,
+    /// The controller's doorbells, registered with CUDA.
+    pub(crate) doorbells: Bar0Doorbells,
+    /// Alignment of each piece of a pair's arena (a multiple of 4 KiB).
+    pub(crate) align: usize,
+    /// Buffers for commands into arbitrary memory, where the transport has them.
+    pub(crate) backend: Arc<dyn QueueTransport>,
+}
+
+/// Builds the queues of `t.kind`: `arena(len)` supplies each pair's memory; doorbells are the
+/// controller's own, registered in `t.doorbells`.
 pub(crate) fn build_queues(
     cuda: &Arc<Cuda>,
     controller: &Controller,
-    kind: TransportKind,
-    doorbells: Bar0Doorbells,
+    t: Transport,
     opts: &GpuQueueOptions,
-    align: usize,
     mut arena: impl FnMut(usize) -> Result<Arena, GpuError>,
 ) -> Result<GpuQueues, GpuError> {
+    let Transport {
+        kind,
+        doorbells,
+        align,
+        backend,
+    } = t;
     let p = plan(controller.info(), opts)?;
     let kernels = Kernels::load(cuda)?;
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
@@ -175,7 +191,7 @@ pub(crate) fn build_queues(
             kernels,
             partition,
             plan: p,
-            backend: Arc::new(FixedMemory),
+            backend,
         },
     )
 }

@@ -15,9 +15,9 @@ use nvme::Controller;
 use crate::error::GpuError;
 use crate::ffi::Cuda;
 use crate::ffi::os::{Bar0Doorbells, HostArena};
-use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
+use crate::queues::{FixedMemory, GpuQueueOptions, GpuQueues, TransportKind};
 use crate::transport::TransportOptions;
-use crate::transport::build::{Arena, build_queues};
+use crate::transport::build::{Arena, Transport, build_queues};
 use crate::transport::p2p::check_gpu_doorbells;
 
 /// Smallest request that gets a VFIO DMA chunk of its own (vfio's `DEDICATED_ABOVE` + a page),
@@ -37,10 +37,13 @@ pub fn build(
     build_queues(
         cuda,
         controller,
-        TransportKind::HostMemory,
-        doorbells,
+        Transport {
+            kind: TransportKind::HostMemory,
+            doorbells,
+            align: 4096,
+            backend: Arc::new(FixedMemory),
+        },
         opts,
-        4096,
         |len| host_arena(cuda, controller, len),
     )
 }

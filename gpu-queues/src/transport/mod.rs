@@ -9,6 +9,9 @@
 //!   for the SSD through a CPU mapping of the GPU's BAR1 ([`bar1`]). Needs VFIO type1.
 //! - (c) [`TransportKind::HostMemory`] ([`host`]): rings and data in the SSD's hugepage host
 //!   memory registered with CUDA; only the doorbell write crosses PCIe peer to peer.
+//! - (c') [`TransportKind::VfioUser`] ([`vfio_user`]): a controller served by another process
+//!   over vfio-user; (c)'s layout in memory shared with that process, doorbells included. The
+//!   only transport for such a controller ([`open_vfio_user`]).
 //!
 //! (b) and (c) both refuse unless the GPU's own DMA is untranslated ([`iommu`]): a GPU in a
 //! translating IOMMU domain never lands its doorbell writes. [`select`] tries the candidates in
@@ -25,6 +28,7 @@ pub use build::QueueLayout;
 pub mod host;
 pub mod iommu;
 pub mod p2p;
+pub mod vfio_user;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,6 +106,31 @@ impl Default for TransportOptions {
             resource1_offset: None,
         }
     }
+}
+
+/// Builds GPU queues on `controller`, served over vfio-user by `dev`'s server: transport (c'),
+/// the only one that applies ((a) serves only the software controller; (b) and (c) need a PCI
+/// function).
+pub fn open_vfio_user(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    dev: Arc<vfio::VfioUserNvme>,
+    opts: &GpuQueueOptions,
+) -> Result<(GpuQueues, TransportChoice), GpuError> {
+    let socket = dev.socket_path().display().to_string();
+    let not_pci = format!("{socket} is served over vfio-user, not a PCI function");
+    select(vec![
+        Candidate::Unavailable(
+            TransportKind::SoftwareController,
+            format!("{socket} is served over vfio-user, not the software controller"),
+        ),
+        Candidate::Unavailable(TransportKind::VfioP2p, not_pci.clone()),
+        Candidate::Unavailable(TransportKind::HostMemory, not_pci),
+        Candidate::Try(
+            TransportKind::VfioUser,
+            Box::new(|| vfio_user::build(cuda, controller, dev, opts)),
+        ),
+    ])
 }
 
 /// Builds GPU queues on `controller`, a real controller bound to vfio-pci (`dev`), with the

@@ -15,10 +15,10 @@ use nvme::Controller;
 use crate::error::GpuError;
 use crate::ffi::os::{Bar0Doorbells, SsdMapping};
 use crate::ffi::{Cuda, DeviceMemory};
-use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
+use crate::queues::{FixedMemory, GpuQueueOptions, GpuQueues, TransportKind};
 use crate::transport::TransportOptions;
 use crate::transport::bar1::{self, Bar1Env, GPU_PAGE};
-use crate::transport::build::{Arena, build_queues};
+use crate::transport::build::{Arena, Transport, build_queues};
 use crate::transport::iommu;
 
 /// Arena granularity: cuMemAlloc of whole 2 MiB pages comes back 2 MiB aligned.
@@ -62,10 +62,13 @@ pub fn build(
     build_queues(
         cuda,
         controller,
-        TransportKind::VfioP2p,
-        doorbells,
+        Transport {
+            kind: TransportKind::VfioP2p,
+            doorbells,
+            align: GPU_PAGE as usize,
+            backend: Arc::new(FixedMemory),
+        },
         opts,
-        GPU_PAGE as usize,
         |len| gpu_arena(cuda, &vfio, &env, len),
     )
 }
