@@ -9,6 +9,7 @@
 #   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples
 #   .gpu-bin/gpu_cache_bench                                      the page cache microbenchmarks
 #   .gpu-bin/gpu_bfs, gpu_embedding                               the page cache examples
+#   .gpu-bin/spdk/          SPDK's nvmf_tgt bundle, for scripts/spdk-gpu-test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu-bin}
@@ -34,6 +35,14 @@ if [ -f gpu-queues/tests/cpu_client.rs ]; then
     cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
 fi
 cp scripts/gpu-test.sh "$OUT/"
+# SPDK's NVMe-oF target for scripts/spdk-gpu-test.sh (16 MB; GPUNVME_SPDK_DIR or the bundle
+# beside this repository).
+SPDK_BUNDLE=${GPUNVME_SPDK_DIR:-../shared/tools/spdk}
+if [ -x "$SPDK_BUNDLE/bin/nvmf_tgt" ]; then
+    rm -rf "$OUT/spdk" && cp -r "$SPDK_BUNDLE" "$OUT/spdk" && chmod -R u+w "$OUT/spdk"
+else
+    echo "gpu-build: no SPDK bundle at $SPDK_BUNDLE: spdk-gpu-test.sh will not run there" >&2
+fi
 # Stripped: the carried tree must stay under 64 MiB.
 strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client 2>/dev/null || true
 for ex in $EXAMPLES; do strip "$OUT/$ex"; done

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# GPU threads against a controller we did not write, ON THE GPU MACHINE: SPDK's NVMe-oF target
+# over vfio-user (transport (c'), docs/spdk.md), with binaries and the SPDK bundle built and
+# packed on the CPU machine by scripts/gpu-build.sh and carried in .gpu-bin/:
+#
+#   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer] [--file-mib N] [--secs S]
+#
+# 1. `perf --gpu --verify` in four patterns on SPDK's 512- and 4096-byte malloc namespaces;
+# 2. `fs get --gpu` of a file of --file-mib MiB (default 1100: over 1 GiB) on the AIO namespace,
+#    the GPU's CRC-32C compared with the host's and the recorded one; `fs put --gpu` read back;
+# 3. compute-sanitizer racecheck and synccheck on short verified perf runs (client kernels);
+# 4. one JSON line per figure: 4 KiB random reads at QD 1 (one thread) and QD 32 (one queue),
+#    GPU queues beside CPU queues and spdk_nvme_perf on the same target (--secs each).
+# Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure. Needs root.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=.gpu-bin SAN=1 FILE_MIB=1100 SECS=5
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin) BIN=$2; shift 2 ;;
+        --no-sanitizer) SAN=0; shift ;;
+        --file-mib) FILE_MIB=$2; shift 2 ;;
+        --secs) SECS=$2; shift 2 ;;
+        *) sed -n '2,15p' "$0" >&2; exit 2 ;;
+    esac
+done
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export PATH=/usr/local/cuda/bin:$PATH
+if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
+    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
+fi
+G=$(realpath "$BIN/gpunvme")
+export GPUNVME_SPDK_DIR=${GPUNVME_SPDK_DIR:-$(realpath "$BIN/spdk")}
+SPDK=$GPUNVME_SPDK_DIR
+STATE=$(mktemp -d /tmp/gpunvme-spdk-gpu.XXXXXX)
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+trap 'scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1; rm -rf "$STATE"' EXIT
+
+mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 1024 \
+    --aio-mib $((FILE_MIB * 2 + 256)))
+[ ${#CTRLS[@]} -eq 3 ] || { echo "spdk-gpu-test: the target did not start" >&2; exit 2; }
+sock() { for l in "${CTRLS[@]}"; do read -r n s _ <<<"$l"; [ "$n" = "$1" ] && echo "$s"; done; }
+
+perf_json() { # device, args... -> JSON summary on stdout, non-zero unless 0 errors, 0 mismatches
+    local out; out=$(timeout 300 "$G" perf --device "$1" --json "${@:2}" 2>"$STATE/err") || {
+        tail -3 "$STATE/err" >&2; return 1; }
+    python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["errors"] == 0 and j["verify_errors"] == 0, j
+print(json.dumps({k: j.get(k) for k in ("rw", "bs", "qd", "queues", "ios", "iops", "bw_bytes", "lat_ns", "verified_bytes", "data_path")}))
+' "$(sed -n '/^{/,$p' <<<"$out")"
+}
+
+# 1. perf --gpu --verify, four patterns, both block sizes.
+for name in malloc512 malloc4096; do
+    dev="vfio-user:$(sock $name)"
+    for rw in write read randwrite randread; do
+        if r=$(perf_json "$dev" --gpu --verify --force --rw $rw --bs 4k --qd 32 --ios 200000); then
+            ok "$name perf --gpu --verify $rw: $r"
+        else
+            bad "$name perf --gpu --verify $rw"
+        fi
+    done
+done
+
+# 2. files over (c'): fs get --gpu of more than 1 GiB, CRCs compared; fs put --gpu read back.
+dev="vfio-user:$(sock aio)"
+head -c $((FILE_MIB << 20)) /dev/urandom > "$STATE/in.bin"
+if "$G" fs mkfs --device "$dev" >/dev/null && "$G" fs put "$STATE/in.bin" in.bin --device "$dev" >/dev/null &&
+    out=$(timeout 600 "$G" fs get in.bin --gpu --device "$dev" 2>&1) &&
+    line=$(grep -m1 '^crc32c: GPU' <<<"$out") && read -r _ _ a _ b _ c <<<"$line" &&
+    [ "$a" = "$b" ] && [ "$b" = "$c" ]; then
+    ok "fs get --gpu of $FILE_MIB MiB over vfio-user: $line; $(grep -m1 'GB/s' <<<"$out")"
+else
+    bad "fs get --gpu: $(tail -4 <<<"${out:-}")"
+fi
+if out=$(timeout 600 "$G" fs put "$STATE/in.bin" out.bin --gpu --device "$dev" 2>&1) &&
+    "$G" fs get out.bin "$STATE/out.bin" --device "$dev" >/dev/null && cmp -s "$STATE/in.bin" "$STATE/out.bin"; then
+    ok "fs put --gpu of $FILE_MIB MiB, read back through CPU queues: $(grep -m1 'GB/s' <<<"$out")"
+else
+    bad "fs put --gpu: $(tail -4 <<<"${out:-}")"
+fi
+rm -f "$STATE/in.bin" "$STATE/out.bin"
+
+# 3. compute-sanitizer on the client kernels.
+if [ "$SAN" = 1 ]; then
+    dev="vfio-user:$(sock malloc512)"
+    for tool in racecheck synccheck; do
+        for rw in randwrite randread; do
+            if out=$(timeout 600 compute-sanitizer --tool $tool --error-exitcode 3 "$G" perf --device "$dev" \
+                --gpu --verify --force --rw $rw --bs 4k --qd 32 --queues 2 --ios 4000 2>&1) &&
+                grep -q 'ERROR SUMMARY: 0 errors' <<<"$out"; then
+                ok "sanitizer $tool perf --gpu $rw over vfio-user"
+            else
+                bad "sanitizer $tool perf --gpu $rw: $(grep -m3 -i 'error' <<<"$out")"
+            fi
+        done
+    done
+fi
+
+# 4. Figures: GPU queues, CPU queues and SPDK's own client on one target.
+dev="vfio-user:$(sock malloc512)"
+for qd in 1 32; do
+    r=$(perf_json "$dev" --gpu --force --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
+        --runtime ${SECS}s --client thread) && echo "{\"figure\":\"gpu-queues\",\"qd\":$qd,\"run\":$r}"
+    r=$(perf_json "$dev" --force --rw randread --bs 4k --queues 1 --qd $qd --runtime ${SECS}s) &&
+        echo "{\"figure\":\"cpu-queues\",\"qd\":$qd,\"run\":$r}"
+done
+if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 512 ]; then echo 512 > /proc/sys/vm/nr_hugepages; fi
+mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
+for qd in 1 32; do
+    out=$(LD_LIBRARY_PATH="$SPDK/lib" timeout 60 "$SPDK/bin/spdk_nvme_perf" -c 0x2 -q $qd -o 4096 \
+        -w randread -t "$SECS" -r "trtype:VFIOUSER traddr:$(dirname "$(sock malloc512)") subnqn:nqn.2019-07.io.spdk:gpunvme-malloc512" 2>&1)
+    line=$(grep -m1 'from core' <<<"$out")
+    echo "{\"figure\":\"spdk_nvme_perf\",\"qd\":$qd,\"line\":\"$(tr -s ' ' <<<"$line")\"}"
+done
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
