@@ -13,10 +13,78 @@ use crate::units::{escape_control, format_bytes};
 pub struct NamespaceEntry {
     /// Namespace id.
     pub nsid: u32,
-    /// LBA size in bytes.
+    /// LBA size in bytes (data only).
     pub lba_size: u32,
     /// LBAs.
     pub blocks: u64,
+    /// I/O command set: "NVM", "Zoned Namespace", ...
+    pub command_set: String,
+    /// Metadata bytes per block as formatted (0: none).
+    pub metadata_bytes: u16,
+    /// Where metadata travels: "separate" buffer or "extended" LBA (`None` without metadata).
+    pub metadata_placement: Option<&'static str>,
+    /// End-to-end protection information type (1-3), `None` without PI.
+    pub pi_type: Option<u8>,
+    /// PI in the first 8 bytes of the metadata (else the last), with PI.
+    pub pi_first_bytes: Option<bool>,
+    /// Whether gpunvme drives it: with PI, the controller generates and strips it (PRACT).
+    pub usable: bool,
+    /// Why gpunvme refuses it, when it does.
+    pub refused: Option<String>,
+}
+
+impl NamespaceEntry {
+    fn new(
+        nsid: u32,
+        id: &nvme::nvme_spec::IdentifyNamespace,
+        csi: nvme::nvme_spec::Csi,
+        refused: Option<String>,
+    ) -> Self {
+        let format = id.current_lba_format();
+        let pi = id.protection();
+        Self {
+            nsid,
+            lba_size: 1u32.checked_shl(format.lbads as u32).unwrap_or(0),
+            blocks: id.nsze,
+            command_set: csi.to_string(),
+            metadata_bytes: format.ms,
+            metadata_placement: (format.ms != 0).then_some(if id.metadata_extended() {
+                "extended"
+            } else {
+                "separate"
+            }),
+            pi_type: pi.map(|p| p.pi_type),
+            pi_first_bytes: pi.map(|p| p.first_bytes),
+            usable: refused.is_none(),
+            refused,
+        }
+    }
+
+    /// ", NVM", ", NVM, 8 bytes of metadata (separate): PI type 1, controller-generated".
+    fn kind(&self) -> String {
+        let mut s = format!(", {}", self.command_set);
+        if self.metadata_bytes != 0 {
+            s.push_str(&format!(
+                ", {} bytes of metadata ({})",
+                self.metadata_bytes,
+                self.metadata_placement.unwrap_or("separate")
+            ));
+        }
+        if let Some(t) = self.pi_type {
+            s.push_str(&format!(
+                ": PI type {t} in its {} 8 bytes",
+                if self.pi_first_bytes == Some(true) {
+                    "first"
+                } else {
+                    "last"
+                }
+            ));
+            if self.usable {
+                s.push_str(", generated and checked by the controller (PRACT)");
+            }
+        }
+        s
+    }
 }
 
 /// `identify`: the controller and its namespaces.
@@ -54,15 +122,20 @@ impl IdentifyReport {
             fr: info.fr.clone(),
             mdts_bytes: info.mdts_bytes,
             max_io_queue_pairs: info.max_io_queue_pairs,
-            namespaces: ctrl
-                .namespaces()
-                .iter()
-                .map(|ns| NamespaceEntry {
-                    nsid: ns.nsid,
-                    lba_size: ns.lba_size,
-                    blocks: ns.blocks,
-                })
-                .collect(),
+            namespaces: {
+                let mut all: Vec<NamespaceEntry> = ctrl
+                    .namespaces()
+                    .iter()
+                    .map(|ns| {
+                        NamespaceEntry::new(ns.nsid, &ns.identify, nvme::nvme_spec::Csi::NVM, None)
+                    })
+                    .chain(ctrl.skipped_namespaces().iter().map(|s| {
+                        NamespaceEntry::new(s.nsid, &s.identify, s.csi, Some(s.why.to_string()))
+                    }))
+                    .collect();
+                all.sort_by_key(|n| n.nsid);
+                all
+            },
             device: ctrl.device().describe(),
         }
     }
@@ -88,12 +161,16 @@ impl fmt::Display for IdentifyReport {
         for ns in &self.namespaces {
             write!(
                 f,
-                "\nnamespace {}:        {} blocks of {} bytes ({})",
+                "\nnamespace {}:        {} blocks of {} bytes ({}){}",
                 ns.nsid,
                 ns.blocks,
                 ns.lba_size,
-                format_bytes((ns.blocks * ns.lba_size as u64) as f64)
+                format_bytes(ns.blocks.saturating_mul(ns.lba_size as u64) as f64),
+                ns.kind()
             )?;
+            if let Some(why) = &ns.refused {
+                write!(f, "\n  refused: namespace {} {why}", ns.nsid)?;
+            }
         }
         Ok(())
     }
@@ -182,6 +259,57 @@ impl fmt::Display for RawIoReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identify_names_every_namespace_kind() {
+        use nvme_emu::{NamespaceConfig, NsFormat};
+        let with = |format| NamespaceConfig {
+            format,
+            ..NamespaceConfig::memory(1 << 20, 4096)
+        };
+        let dev = nvme_emu::EmuDevice::start(nvme_emu::EmuConfig {
+            namespaces: vec![
+                with(NsFormat::Pi {
+                    pi_type: 2,
+                    first_bytes: true,
+                }),
+                with(NsFormat::Metadata {
+                    ms: 64,
+                    extended: true,
+                }),
+                with(NsFormat::Zoned),
+            ],
+            ..Default::default()
+        })
+        .unwrap();
+        let ctrl = Controller::new(dev, nvme::ControllerOptions::default()).unwrap();
+        let r = IdentifyReport::of(&ctrl);
+        let v = serde_json::to_value(&r).unwrap();
+        let ns = &v["namespaces"];
+        assert_eq!(ns.as_array().unwrap().len(), 3);
+        assert_eq!(ns[0]["pi_type"], 2);
+        assert_eq!(ns[0]["metadata_bytes"], 8);
+        assert_eq!(ns[0]["usable"], true);
+        assert_eq!(ns[1]["metadata_placement"], "extended");
+        assert_eq!(ns[1]["usable"], false);
+        assert_eq!(ns[2]["command_set"], "Zoned Namespace");
+        assert_eq!(ns[2]["usable"], false);
+        let text = r.to_string();
+        assert!(
+            text.contains(
+                "PI type 2 in its first 8 bytes, generated and checked by the controller (PRACT)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("refused: namespace 2 is formatted with 64 bytes of metadata per block (at the end of each block)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("refused: namespace 3 uses the Zoned Namespace command set"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn identify_and_raw_io_reports() {

@@ -561,6 +561,7 @@ fn model_rig_opts(
             blocks: NS_BYTES / lba as u64,
             lba_size: lba,
             read_only,
+            format: nvme_emu::NsFormat::Plain,
         }],
         max_io_queue_pairs: 16,
         ..EmuConfig::default()
@@ -1055,6 +1056,7 @@ fn model_without_free_sms_is_refused_not_hung() {
             blocks: NS_BYTES / 512,
             lba_size: 512,
             read_only: false,
+            format: nvme_emu::NsFormat::Plain,
         }],
         ..EmuConfig::default()
     };
@@ -1163,6 +1165,7 @@ mod files {
                     blocks: NS_BYTES / 4096,
                     lba_size: 4096,
                     read_only: false,
+                    format: nvme_emu::NsFormat::Plain,
                 }]
             },
             GpuQueueOptions {

@@ -19,7 +19,7 @@ use crate::admin::{AdminChannel, AdminQueue};
 use crate::device::Device;
 use crate::dma::DmaSlice;
 use crate::error::Error;
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, NamespaceUnusable, SkippedNamespace};
 use crate::prp::MAX_PRP_TRANSFER;
 use crate::queue_lifecycle::{CreatedQueuePair, QueueLifecycle, QueueLimits, QueueRegions};
 use crate::registers::Registers;
@@ -28,8 +28,8 @@ use nvme_spec::completion::CQE_SIZE_LOG2;
 use nvme_spec::identify::trim_identify_string;
 use nvme_spec::wire::doorbell_stride;
 use nvme_spec::{
-    ActiveNamespaceList, Aqa, Cap, Cc, Cns, Csts, FeatureId, IdentifyController, IdentifyNamespace,
-    Oncs,
+    ActiveNamespaceList, Aqa, Cap, Cc, Cns, Csi, Csts, FeatureId, IdentifyController,
+    IdentifyNamespace, Oncs,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,6 +122,7 @@ pub struct Controller {
     info: ControllerInfo,
     identify: Box<IdentifyController>,
     namespaces: Arc<[Namespace]>,
+    skipped: Arc<[SkippedNamespace]>,
     admin: Arc<AdminChannel>,
     queues: Arc<QueueLifecycle>,
     done: bool,
@@ -202,7 +203,7 @@ impl Controller {
 
         let mut admin = admin;
         let identified = identify_all(&mut admin, opts.io_queue_pairs_wanted);
-        let (identify, namespaces, granted) = match identified {
+        let (identify, (namespaces, skipped), granted) = match identified {
             Ok(v) => v,
             Err(e) => {
                 // Leave the controller disabled, so it stops using the admin queue memory
@@ -262,6 +263,7 @@ impl Controller {
             info,
             identify,
             namespaces: namespaces.into(),
+            skipped: skipped.into(),
             admin,
             queues,
             done: false,
@@ -283,17 +285,21 @@ impl Controller {
         &self.namespaces
     }
 
-    /// The namespaces, shared (for queue pairs that validate commands against them).
-    pub(crate) fn namespaces_shared(&self) -> Arc<[Namespace]> {
-        self.namespaces.clone()
+    /// The active namespaces the driver refuses (metadata formats, other command sets), with
+    /// the reason, in NSID order.
+    pub fn skipped_namespaces(&self) -> &[SkippedNamespace] {
+        &self.skipped
     }
 
-    /// The namespace `nsid`.
+    /// The namespaces, shared (for queue pairs that validate commands against them).
+    pub(crate) fn namespaces_shared(&self) -> (Arc<[Namespace]>, Arc<[SkippedNamespace]>) {
+        (self.namespaces.clone(), self.skipped.clone())
+    }
+
+    /// The namespace `nsid`: [`Error::NamespaceUnsupported`] (with the reason) for one the
+    /// driver refuses, [`Error::NoSuchNamespace`] for one that is not there.
     pub fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
-        self.namespaces
-            .iter()
-            .find(|n| n.nsid == nsid)
-            .ok_or(Error::NoSuchNamespace { nsid })
+        find_namespace(&self.namespaces, &self.skipped, nsid)
     }
 
     /// The options the controller was brought up with.
@@ -444,12 +450,33 @@ impl Drop for Controller {
     }
 }
 
+/// The namespace `nsid` among `usable`, or the error that says why not.
+pub(crate) fn find_namespace<'a>(
+    usable: &'a [Namespace],
+    skipped: &[SkippedNamespace],
+    nsid: u32,
+) -> Result<&'a Namespace, Error> {
+    if let Some(ns) = usable.iter().find(|n| n.nsid == nsid) {
+        return Ok(ns);
+    }
+    match skipped.iter().find(|n| n.nsid == nsid) {
+        Some(s) => Err(Error::NamespaceUnsupported {
+            nsid,
+            why: s.why.to_string(),
+        }),
+        None => Err(Error::NoSuchNamespace { nsid }),
+    }
+}
+
+/// The namespaces the driver drives, and those it refuses.
+type NamespaceLists = (Vec<Namespace>, Vec<SkippedNamespace>);
+
 /// Identify Controller, the namespaces, and Set Features (Number of Queues); returns the
-/// identify data, the usable namespaces and the queue counts the controller allocated.
+/// identify data, the namespaces and the queue counts the controller allocated.
 fn identify_all(
     admin: &mut AdminQueue,
     wanted: u16,
-) -> Result<(Box<IdentifyController>, Vec<Namespace>, NumberOfQueues), Error> {
+) -> Result<(Box<IdentifyController>, NamespaceLists, NumberOfQueues), Error> {
     let identify: Box<IdentifyController> = admin.identify(Cns::CONTROLLER, 0)?;
     let namespaces = identify_namespaces(admin, identify.nn)?;
     let wanted = wanted.clamp(1, u16::MAX - 1);
@@ -492,9 +519,10 @@ fn disable(regs: &Registers<'_>, timeout: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// The active namespace list (CNS 02h, paged 1024 at a time) and Identify Namespace for each.
-/// Namespaces the driver cannot use are skipped with a warning.
-fn identify_namespaces(admin: &mut AdminQueue, nn: u32) -> Result<Vec<Namespace>, Error> {
+/// The active namespace list (CNS 02h, paged 1024 at a time), Identify Namespace for each and
+/// its command set (CNS 03h's CSI descriptor; NVM where the controller gives none). Namespaces
+/// the driver cannot use are returned apart, with the reason, and logged.
+fn identify_namespaces(admin: &mut AdminQueue, nn: u32) -> Result<NamespaceLists, Error> {
     let mut nsids = Vec::new();
     let mut start = 0u32;
     'pages: loop {
@@ -529,14 +557,33 @@ fn identify_namespaces(admin: &mut AdminQueue, nn: u32) -> Result<Vec<Namespace>
         }
     }
     let mut namespaces = Vec::with_capacity(nsids.len());
+    let mut skipped = Vec::new();
     for nsid in nsids {
         let id: Box<IdentifyNamespace> = admin.identify(Cns::NAMESPACE, nsid)?;
-        match Namespace::from_identify(nsid, *id) {
+        let csi = match admin.identify::<[u8; 4096]>(Cns::NAMESPACE_DESCRIPTORS, nsid) {
+            Ok(page) => nvme_spec::descriptor_csi(&page[..]).unwrap_or(Csi::NVM),
+            // Before NVMe 1.3 there is no descriptor list: every namespace is NVM.
+            Err(Error::Nvme { .. }) => Csi::NVM,
+            Err(e) => return Err(e),
+        };
+        let identify = Arc::new(*id);
+        match Namespace::from_identify(nsid, *identify, csi) {
             Ok(ns) => namespaces.push(ns),
-            Err(why) => tracing::warn!(nsid, %why, "namespace skipped"),
+            Err(NamespaceUnusable::Inactive) => {
+                tracing::debug!(nsid, "listed as active but of size zero; ignored");
+            }
+            Err(why) => {
+                tracing::warn!(nsid, %why, "namespace refused");
+                skipped.push(SkippedNamespace {
+                    nsid,
+                    why,
+                    csi,
+                    identify,
+                });
+            }
         }
     }
-    Ok(namespaces)
+    Ok((namespaces, skipped))
 }
 
 fn ascii(bytes: &[u8]) -> String {

@@ -111,6 +111,14 @@ pub enum Error {
         /// The namespace id asked for.
         nsid: u32,
     },
+    /// The namespace exists but is formatted or typed so that the driver refuses it.
+    #[error("namespace {nsid} {why}")]
+    NamespaceUnsupported {
+        /// The namespace id asked for.
+        nsid: u32,
+        /// Why, in words (e.g. "is formatted with 64 bytes of metadata per block ...").
+        why: String,
+    },
     /// A buffer or length is not aligned as the command needs.
     #[error("{what} {value:#x} is not a multiple of {align}")]
     Unaligned {

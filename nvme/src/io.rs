@@ -24,7 +24,7 @@ use crate::controller::Controller;
 use crate::device::Device;
 use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaSlice};
 use crate::error::{Error, Op};
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, SkippedNamespace};
 use crate::queue_lifecycle::{CreatedQueuePair, QueueRegions};
 use crate::queue_pair::{Doorbells, QueueMemory, QueuePair, Reaped};
 use crate::timeout::Backoff;
@@ -101,6 +101,8 @@ struct NsFast {
     /// LBA size - 1: the bits a buffer length must not have.
     len_mask: usize,
     blocks: u64,
+    /// CDW12 bits Reads and Writes carry besides NLB: PRINFO for a PI namespace.
+    cdw12: u32,
 }
 
 impl NsFast {
@@ -109,6 +111,7 @@ impl NsFast {
         shift: 0,
         len_mask: 0,
         blocks: 0,
+        cdw12: 0,
     };
 }
 
@@ -120,6 +123,8 @@ pub struct IoQueuePair {
     pair: CreatedQueuePair,
     qp: QueuePair,
     namespaces: Arc<[Namespace]>,
+    /// Namespaces the driver refuses, for the error that says why.
+    skipped: Arc<[SkippedNamespace]>,
     /// The namespace Reads and Writes went to last, as the hot path needs it.
     last_ns: NsFast,
     device: Arc<dyn Device>,
@@ -198,10 +203,12 @@ impl IoQueuePair {
             doorbells,
             ctrl.options().io_timeout,
         );
+        let (namespaces, skipped) = ctrl.namespaces_shared();
         Ok(Self {
             pair,
             qp,
-            namespaces: ctrl.namespaces_shared(),
+            namespaces,
+            skipped,
             last_ns: NsFast::NONE,
             device,
             write_zeroes: info.write_zeroes,
@@ -244,10 +251,7 @@ impl IoQueuePair {
     }
 
     fn namespace(&self, nsid: u32) -> Result<&Namespace, Error> {
-        self.namespaces
-            .iter()
-            .find(|n| n.nsid == nsid)
-            .ok_or_else(|| Error::NoSuchNamespace { nsid })
+        crate::controller::find_namespace(&self.namespaces, &self.skipped, nsid)
     }
 
     fn check_range(ns: &Namespace, lba: u64, blocks: u64) -> Result<(), Error> {
@@ -355,12 +359,16 @@ impl IoQueuePair {
                     )));
                 }
                 Self::check_range(ns, lba, blocks as u64)?;
+                let (prinfo, reftag) = (ns.prinfo(), ns.reference_tag(lba));
                 let cid = self.qp.begin()?;
                 let mut cmd = Command::new(NvmOpcode::WRITE_ZEROES.0, 0, nsid);
                 cmd.set_slba(lba);
+                // PRACT on a PI namespace: the controller writes valid PI for the zeroes.
                 cmd.cdw12 = WriteZeroesCdw12::new()
                     .with_nlb_z((blocks - 1) as u16)
+                    .with_prinfo(prinfo)
                     .into();
+                cmd.cdw14 = reftag;
                 let op = Op {
                     name: "Write Zeroes",
                     nsid,
@@ -423,7 +431,8 @@ impl IoQueuePair {
     /// common case is a handful of compares against the namespace used last; anything wrong
     /// is diagnosed off the hot path by [`IoQueuePair::check_buffer`].
     #[inline]
-    fn rw_blocks(&mut self, nsid: u32, lba: u64, buf: &DmaSlice) -> Result<u64, Error> {
+    /// Checks a Read or Write and returns its CDW12 (NLB, and PRINFO for a PI namespace).
+    fn rw_cdw12(&mut self, nsid: u32, lba: u64, buf: &DmaSlice) -> Result<u32, Error> {
         if nsid != self.last_ns.nsid {
             self.switch_namespace(nsid)?;
         }
@@ -440,7 +449,7 @@ impl IoQueuePair {
         if bad {
             return Err(self.rw_error(nsid, lba, buf));
         }
-        Ok(blocks)
+        Ok((blocks - 1) as u32 | ns.cdw12)
     }
 
     #[cold]
@@ -452,6 +461,7 @@ impl IoQueuePair {
             shift: ns.lba_size.trailing_zeros(),
             len_mask: ns.lba_size as usize - 1,
             blocks: ns.blocks,
+            cdw12: (ns.prinfo() as u32) << 26,
         };
         Ok(())
     }
@@ -481,17 +491,10 @@ impl IoQueuePair {
         tag: u64,
         internal: bool,
     ) -> Result<(), Error> {
-        let blocks = self.rw_blocks(nsid, lba, &buf)?;
-        let cid = self.qp.issue_rw(
-            opcode,
-            nsid,
-            lba,
-            (blocks - 1) as u16,
-            &buf,
-            tag,
-            internal,
-            false,
-        )?;
+        let cdw12 = self.rw_cdw12(nsid, lba, &buf)?;
+        let cid = self
+            .qp
+            .issue_rw(opcode, nsid, lba, cdw12, &buf, tag, internal, false)?;
         self.qp.hold(cid, buf);
         Ok(())
     }
@@ -509,17 +512,9 @@ impl IoQueuePair {
         if self.pair.is_deleted() {
             return Err(Error::ShutDown);
         }
-        let blocks = self.rw_blocks(nsid, lba, buf)?;
-        self.qp.issue_rw(
-            opcode,
-            nsid,
-            lba,
-            (blocks - 1) as u16,
-            buf,
-            tag,
-            false,
-            true,
-        )?;
+        let cdw12 = self.rw_cdw12(nsid, lba, buf)?;
+        self.qp
+            .issue_rw(opcode, nsid, lba, cdw12, buf, tag, false, true)?;
         Ok(())
     }
 

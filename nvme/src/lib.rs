@@ -81,7 +81,7 @@ pub use device::{Device, DmaAllocError, RegisterIo};
 pub use dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner, DmaRegion, DmaSlice, DmaSliceError};
 pub use error::{Error, Op};
 pub use io::{IoCommand, IoCompletion, IoQueuePair};
-pub use namespace::Namespace;
+pub use namespace::{Namespace, NamespaceUnusable, SkippedNamespace};
 pub use nvme_spec;
 pub use queue_lifecycle::{CreatedQueuePair, QueueRegions};
 

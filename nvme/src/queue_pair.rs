@@ -524,7 +524,7 @@ impl QueuePair {
     }
 
     /// Reserves a CID and issues a Read or Write (`opcode`) of `buf` on `nsid` at `lba`
-    /// (`nlb_z`: blocks - 1), building the SQE in place in the ring; rings no doorbell;
+    /// (`cdw12`: NLB, blocks - 1, and PRINFO), building the SQE in place in the ring; rings no doorbell;
     /// returns the CID. The hot path: no clock, no allocation, no atomic read-modify-write for
     /// a pinned buffer; the slot is looked up once (the free list's head), and filled only
     /// once nothing can fail any more.
@@ -534,7 +534,7 @@ impl QueuePair {
     /// [`QueuePair::hold`] before anything else touches the queue pair.
     ///
     /// The caller has checked the command against its namespace: `buf` is non-empty and
-    /// dword-aligned, and `nlb_z` matches its length.
+    /// dword-aligned, and `cdw12`'s NLB matches its length.
     #[expect(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn issue_rw(
@@ -542,7 +542,7 @@ impl QueuePair {
         opcode: NvmOpcode,
         nsid: u32,
         lba: u64,
-        nlb_z: u16,
+        cdw12: u32,
         buf: &DmaSlice,
         tag: u64,
         internal: bool,
@@ -558,7 +558,13 @@ impl QueuePair {
         let prp = Self::data_pointer_in(&self.prp, self.prp_pages, cid, buf)?;
         // The SQE as eight quadwords (NVMe Base 2.0, Figure 88; NVM Command Set 1.0, Figure
         // 34 for Read and Write): CDW0 (opcode, CID) and NSID; CDW2-3 and MPTR 0; PRP1; PRP2;
-        // CDW10-11 the SLBA; CDW12 NLB (zero-based); CDW13-15 0.
+        // CDW10-11 the SLBA; CDW12 NLB (zero-based) and PRINFO; CDW13 0; CDW14 the initial
+        // reference tag (the LBA's low 32 bits) when PRINFO checks it; CDW15 0.
+        let reftag = if cdw12 & (1 << 26) != 0 {
+            lba as u32 as u64
+        } else {
+            0
+        };
         let sqe = [
             opcode.0 as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
             0,
@@ -566,8 +572,8 @@ impl QueuePair {
             prp.prp1,
             prp.prp2,
             lba,
-            nlb_z as u64,
-            0,
+            cdw12 as u64,
+            reftag,
         ];
         self.sq.push_u64s(&sqe);
         debug_assert_eq!(slot.state, SlotState::Free);

@@ -924,3 +924,106 @@ fn a_timed_out_borrowed_buffer_stays_pinned() -> Result<()> {
     assert_eq!(Arc::strong_count(&mem), base);
     Ok(())
 }
+
+/// Every namespace kind the issue names: plain NVM and 8-byte PI are driven (PI with PRACT and
+/// the LBA as reference tag, which the controller checks), metadata and zoned namespaces are
+/// refused by name before any command reaches them.
+#[test]
+fn namespace_kinds_are_driven_or_refused_by_name() -> Result<()> {
+    use nvme_emu::NsFormat;
+    let with = |format, lba| NamespaceConfig {
+        format,
+        ..NamespaceConfig::memory(8 << 20, lba)
+    };
+    let cfg = EmuConfig {
+        namespaces: vec![
+            with(NsFormat::Plain, 512),
+            with(
+                NsFormat::Pi {
+                    pi_type: 1,
+                    first_bytes: false,
+                },
+                4096,
+            ),
+            with(
+                NsFormat::Metadata {
+                    ms: 64,
+                    extended: false,
+                },
+                4096,
+            ),
+            with(NsFormat::Zoned, 4096),
+            with(
+                NsFormat::Pi {
+                    pi_type: 3,
+                    first_bytes: true,
+                },
+                512,
+            ),
+        ],
+        ..EmuConfig::default()
+    };
+    let (_emu, ctrl) = start(cfg, fast_opts())?;
+    let usable: Vec<(u32, String)> = ctrl
+        .namespaces()
+        .iter()
+        .map(|n| (n.nsid, n.format_label()))
+        .collect();
+    assert_eq!(
+        usable,
+        [
+            (1, "512".to_string()),
+            (2, "4096+8 PI type 1".to_string()),
+            (5, "512+8 PI type 3".to_string())
+        ]
+    );
+    let skipped: Vec<u32> = ctrl.skipped_namespaces().iter().map(|s| s.nsid).collect();
+    assert_eq!(skipped, [3, 4]);
+    let e = ctrl.namespace(3).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "namespace 3 is formatted with 64 bytes of metadata per block (separate buffer); \
+         gpunvme reads and writes namespaces without metadata or with 8-byte protection \
+         information"
+    );
+    let e = ctrl.namespace(4).unwrap_err();
+    assert!(
+        matches!(e, Error::NamespaceUnsupported { nsid: 4, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("Zoned Namespace"), "{e}");
+    assert!(matches!(
+        ctrl.namespace(6).unwrap_err(),
+        Error::NoSuchNamespace { nsid: 6 }
+    ));
+
+    let mut qp = ctrl.create_io_queue_pair(16)?;
+    // PI namespaces: plain data both ways, at LBAs whose low 32 bits the controller checks.
+    for (nsid, lba) in [(2, 0), (2, 1), (2, 2046), (5, 7), (5, 16000)] {
+        let bs = ctrl.namespace(nsid)?.lba_size as usize;
+        round_trip(&ctrl, &mut qp, nsid, lba, 2 * bs, 0, 512, lba + 3)?;
+    }
+    // Write Zeroes carries PRACT too.
+    qp.write_zeroes(2, 10, 2)?;
+    let zeros = dma(&ctrl, 8192)?;
+    zeros.fill(0, 8192, 0xee);
+    qp.read(2, 10, &DmaSlice::new(zeros.clone(), 0, 8192))?;
+    let mut back = vec![1u8; 8192];
+    zeros.read(0, &mut back);
+    ensure!(
+        back.iter().all(|&b| b == 0),
+        "write zeroes on a PI namespace"
+    );
+    // Refused namespaces: typed errors before any command is sent.
+    let buf = dma(&ctrl, 4096)?;
+    for nsid in [3, 4] {
+        let e = qp
+            .read(nsid, 0, &DmaSlice::new(buf.clone(), 0, 4096))
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::NamespaceUnsupported { nsid: n, .. } if n == nsid),
+            "{e}"
+        );
+    }
+    Ok(())
+}

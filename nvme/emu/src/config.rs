@@ -48,6 +48,42 @@ pub struct NamespaceConfig {
     /// can read one image together, and images the user cannot write (read-only mounts,
     /// `chattr +i`, mode 0444) can be served.
     pub read_only: bool,
+    /// How the namespace is formatted and which command set it follows (default: NVM, no
+    /// metadata).
+    pub format: NsFormat,
+}
+
+/// A namespace's format and command set, for tests of how hosts treat each kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NsFormat {
+    /// NVM command set, no metadata.
+    #[default]
+    Plain,
+    /// NVM with 8 bytes of metadata holding end-to-end protection information of `pi_type`
+    /// (1-3; in the first 8 bytes if `first_bytes`). Reads and writes must set PRACT (the
+    /// controller inserts and strips the PI, so the host moves plain data; otherwise the host
+    /// would have to supply metadata, which this controller does not take): without it they
+    /// fail with Invalid Field in Command. With reference tag checking (PRCHK bit 0, types 1 and
+    /// 2), CDW14 must be the starting LBA's low 32 bits, else End-to-end Reference Tag Check
+    /// Error.
+    Pi {
+        /// Protection information type, 1 to 3.
+        pi_type: u8,
+        /// PI in the first 8 bytes of the metadata (DPS bit 3).
+        first_bytes: bool,
+    },
+    /// NVM with `ms` bytes of metadata per block and no protection information: every Read and
+    /// Write fails with Invalid Field in Command (this controller takes no metadata).
+    Metadata {
+        /// Metadata bytes per block.
+        ms: u16,
+        /// At the end of each block (extended LBA, FLBAS bit 4), else a separate buffer.
+        extended: bool,
+    },
+    /// A namespace of the Zoned Namespace command set (CSI 02h in its identification
+    /// descriptors): reads work; Write and Write Zeroes fail with Zone Invalid Write, as they
+    /// would outside a zone's write pointer.
+    Zoned,
 }
 
 impl NamespaceConfig {
@@ -58,6 +94,7 @@ impl NamespaceConfig {
             blocks: bytes / lba_size.max(1) as u64,
             lba_size,
             read_only: false,
+            format: NsFormat::Plain,
         }
     }
 
@@ -68,6 +105,7 @@ impl NamespaceConfig {
             blocks: bytes / lba_size.max(1) as u64,
             lba_size,
             read_only: false,
+            format: NsFormat::Plain,
         }
     }
 
@@ -197,6 +235,7 @@ impl EmuConfig {
                 blocks: len / lba_size as u64,
                 lba_size,
                 read_only,
+                format: NsFormat::Plain,
             }],
             ..EmuConfig::default()
         })

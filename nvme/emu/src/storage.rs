@@ -140,6 +140,8 @@ pub(crate) struct Namespace {
     pub(crate) lba_shift: u32,
     /// Write protected ([`NamespaceConfig::read_only`]).
     pub(crate) read_only: bool,
+    /// Format and command set ([`NamespaceConfig::format`]).
+    pub(crate) format: crate::NsFormat,
     pub(crate) media: Media,
 }
 
@@ -159,6 +161,7 @@ impl Namespace {
             lba_size: config.lba_size,
             lba_shift: config.lba_size.trailing_zeros(),
             read_only: config.read_only,
+            format: config.format,
             media,
         })
     }
@@ -212,6 +215,7 @@ mod tests {
             blocks: 16,
             lba_size: 512,
             read_only: false,
+            format: crate::NsFormat::Plain,
         };
         let ns = Namespace::open(1, &cfg).unwrap();
         assert!(ns.is_file());

@@ -181,6 +181,7 @@ fn invalid_configs_are_refused() {
             blocks: 16,
             lba_size: 512,
             read_only: false,
+            format: nvme_emu::NsFormat::Plain,
         }],
         ..EmuConfig::default()
     };

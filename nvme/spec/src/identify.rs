@@ -372,6 +372,17 @@ impl IdentifyNamespace {
         }
     }
 
+    /// End-to-end protection as formatted (DPS), `None` when protection is off.
+    pub const fn protection(&self) -> Option<Protection> {
+        match self.dps & 0x7 {
+            0 => None,
+            t => Some(Protection {
+                pi_type: t,
+                first_bytes: self.dps & 0x8 != 0,
+            }),
+        }
+    }
+
     /// The LBA format in use.
     pub const fn current_lba_format(&self) -> LbaFormat {
         self.lbaf[self.flbas_index()]
@@ -562,5 +573,114 @@ mod tests {
         );
         assert_eq!(trim_identify_string(b"1.0\0\0\0\0\0"), b"1.0");
         assert_eq!(trim_identify_string(b"        "), b"");
+    }
+}
+
+/// End-to-end data protection as a namespace is formatted (DPS, NVM Command Set 1.0 Figure 97).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Protection {
+    /// Protection Information type: 1, 2 or 3 (4-7 are reserved and reported as read).
+    pub pi_type: u8,
+    /// The PI sits in the first 8 bytes of the metadata (DPS bit 3), else the last 8.
+    pub first_bytes: bool,
+}
+
+/// Command Set Identifier (NVMe Base 2.0, Figure 286): the I/O command set of a namespace, from
+/// its Namespace Identification Descriptor of type 4 (Identify CNS 03h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Csi(pub u8);
+
+impl Csi {
+    /// NVM Command Set.
+    pub const NVM: Self = Self(0);
+    /// Key Value Command Set.
+    pub const KEY_VALUE: Self = Self(1);
+    /// Zoned Namespace Command Set.
+    pub const ZONED: Self = Self(2);
+
+    /// The command set's name; `None` for identifiers this crate does not know.
+    pub const fn name(self) -> Option<&'static str> {
+        match self.0 {
+            0 => Some("NVM"),
+            1 => Some("Key Value"),
+            2 => Some("Zoned Namespace"),
+            _ => None,
+        }
+    }
+}
+
+impl core::fmt::Display for Csi {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "command set {:#04x}", self.0),
+        }
+    }
+}
+
+/// Namespace Identification Descriptor type: Command Set Identifier.
+pub const NIDT_CSI: u8 = 0x04;
+
+/// The Command Set Identifier in a Namespace Identification Descriptor list (Identify CNS 03h,
+/// a 4096-byte page), or `None` when the list has no CSI descriptor (controllers before NVMe
+/// 2.0: the namespace is then an NVM one). Malformed lists end the walk; nothing panics.
+pub fn descriptor_csi(page: &[u8]) -> Option<Csi> {
+    let mut at = 0usize;
+    while at + 4 <= page.len() {
+        let (nidt, nidl) = (page[at], page[at + 1] as usize);
+        if nidt == 0 {
+            return None;
+        }
+        let body = page.get(at + 4..at + 4 + nidl)?;
+        if nidt == NIDT_CSI {
+            return body.first().map(|&c| Csi(c));
+        }
+        at += 4 + nidl;
+    }
+    None
+}
+
+#[cfg(test)]
+mod namespace_kind_tests {
+    use super::*;
+    use zerocopy::FromZeros;
+
+    #[test]
+    fn protection_and_metadata_placement_decode() {
+        let mut id = IdentifyNamespace::new_zeroed();
+        assert_eq!(id.protection(), None);
+        id.dps = 0b1001;
+        id.flbas = 0x10;
+        assert_eq!(
+            id.protection(),
+            Some(Protection {
+                pi_type: 1,
+                first_bytes: true
+            })
+        );
+        assert!(id.metadata_extended());
+        id.dps = 3;
+        assert_eq!(
+            id.protection().map(|p| (p.pi_type, p.first_bytes)),
+            Some((3, false))
+        );
+    }
+
+    #[test]
+    fn csi_is_found_after_other_descriptors_and_malformed_lists_stop() {
+        let mut page = [0u8; 4096];
+        page[0] = 0x02;
+        page[1] = 16;
+        page[20] = NIDT_CSI;
+        page[21] = 1;
+        page[24] = 2;
+        assert_eq!(descriptor_csi(&page), Some(Csi::ZONED));
+        assert_eq!(descriptor_csi(&[0u8; 4096]), None);
+        // A length running off the page ends the walk.
+        let mut bad = [0u8; 64];
+        bad[0] = 0x03;
+        bad[1] = 200;
+        assert_eq!(descriptor_csi(&bad), None);
+        assert_eq!(Csi(9).name(), None);
     }
 }

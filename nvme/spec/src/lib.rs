@@ -42,7 +42,10 @@ pub mod wire;
 
 pub use command::{AdminOpcode, Cns, Command, DsmRange, FeatureId, LogPageId, NvmOpcode};
 pub use completion::{Completion, CqeStatus};
-pub use identify::{ActiveNamespaceList, IdentifyController, IdentifyNamespace, LbaFormat, Oncs};
+pub use identify::{
+    ActiveNamespaceList, Csi, IdentifyController, IdentifyNamespace, LbaFormat, Oncs, Protection,
+    descriptor_csi,
+};
 pub use log::{ErrorInformationLogEntry, SmartHealthLog};
 pub use registers::{Aqa, Cap, Cc, Csts, Vs};
 pub use status::{Status, StatusCodeType, status_name};

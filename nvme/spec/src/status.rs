@@ -159,6 +159,22 @@ pub mod command_specific {
     pub const WRITE_TO_READ_ONLY_RANGE: u8 = 0x82;
     /// Command Size Limit Exceeded.
     pub const COMMAND_SIZE_LIMIT_EXCEEDED: u8 = 0x83;
+    /// Zoned Boundary Error (Zoned Namespace Command Set 1.1, Figure 26).
+    pub const ZONED_BOUNDARY_ERROR: u8 = 0xb8;
+    /// Zone Is Full.
+    pub const ZONE_IS_FULL: u8 = 0xb9;
+    /// Zone Is Read Only.
+    pub const ZONE_IS_READ_ONLY: u8 = 0xba;
+    /// Zone Is Offline.
+    pub const ZONE_IS_OFFLINE: u8 = 0xbb;
+    /// Zone Invalid Write: a write not at the zone's write pointer.
+    pub const ZONE_INVALID_WRITE: u8 = 0xbc;
+    /// Too Many Active Zones.
+    pub const TOO_MANY_ACTIVE_ZONES: u8 = 0xbd;
+    /// Too Many Open Zones.
+    pub const TOO_MANY_OPEN_ZONES: u8 = 0xbe;
+    /// Invalid Zone State Transition.
+    pub const INVALID_ZONE_STATE_TRANSITION: u8 = 0xbf;
 }
 
 /// Media and Data Integrity Errors (SCT 2; NVMe Base 2.0, Figure 97; NVM Command Set 1.0,
@@ -264,6 +280,15 @@ pub const fn status_name(sct: StatusCodeType, sc: u8) -> Option<&'static str> {
         (1, 0x81) => "Invalid Protection Information",
         (1, 0x82) => "Attempted Write to Read Only Range",
         (1, 0x83) => "Command Size Limit Exceeded",
+        // Zoned Namespace Command Set 1.1, Figure 26 (no NVM command set code uses B8h-BFh).
+        (1, 0xb8) => "Zoned Boundary Error",
+        (1, 0xb9) => "Zone Is Full",
+        (1, 0xba) => "Zone Is Read Only",
+        (1, 0xbb) => "Zone Is Offline",
+        (1, 0xbc) => "Zone Invalid Write",
+        (1, 0xbd) => "Too Many Active Zones",
+        (1, 0xbe) => "Too Many Open Zones",
+        (1, 0xbf) => "Invalid Zone State Transition",
         (2, 0x80) => "Write Fault",
         (2, 0x81) => "Unrecovered Read Error",
         (2, 0x82) => "End-to-end Guard Check Error",

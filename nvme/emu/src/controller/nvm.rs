@@ -5,7 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use nvme_spec::command::{DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
-use nvme_spec::status::{generic, media};
+use nvme_spec::status::{command_specific, generic, media};
 use nvme_spec::{Command, DsmRange, NvmOpcode};
 use zerocopy::FromBytes;
 
@@ -75,6 +75,35 @@ impl Worker {
         Ok(())
     }
 
+    /// What the namespace's format asks of a Read, Write or Write Zeroes carrying `prinfo`
+    /// (see [`crate::NsFormat`]).
+    fn check_format(&self, index: usize, cmd: &Command, prinfo: u8) -> Result<(), Fail> {
+        const PRACT: u8 = 0b1000;
+        const PRCHK_REF: u8 = 0b0001;
+        match self.namespaces[index].format {
+            crate::NsFormat::Plain => Ok(()),
+            crate::NsFormat::Zoned => {
+                if NvmOpcode(cmd.cdw0.opcode()) == NvmOpcode::READ {
+                    Ok(())
+                } else {
+                    Err(Fail::specific(command_specific::ZONE_INVALID_WRITE).at(SLBA_BYTE))
+                }
+            }
+            crate::NsFormat::Metadata { .. } => {
+                Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 3))
+            }
+            crate::NsFormat::Pi { pi_type, .. } => {
+                if prinfo & PRACT == 0 {
+                    return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 3));
+                }
+                if prinfo & PRCHK_REF != 0 && pi_type != 3 && cmd.cdw14 != cmd.slba() as u32 {
+                    return Err(Fail::media(media::REFERENCE_TAG_CHECK_ERROR, cmd.slba()));
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// The checks Read and Write share; returns (namespace index, byte offset, byte length).
     fn check_read_write(&mut self, cmd: &Command) -> Result<(usize, u64, u64), Fail> {
         let index = self.ns_index(cmd.nsid)?;
@@ -84,6 +113,7 @@ impl Worker {
             return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 2));
         }
         let nlb = cdw12.nlb_z() as u64 + 1;
+        self.check_format(index, cmd, cdw12.prinfo())?;
         let shift = self.namespaces[index].lba_shift;
         let len = nlb << shift;
         if len > self.max_transfer {
@@ -223,6 +253,7 @@ impl Worker {
         let slba = cmd.slba();
         self.check_range(index, slba, nlb)?;
         self.check_writable(index)?;
+        self.check_format(index, cmd, cdw12.prinfo())?;
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::WRITE_FAULT, lba));
         }

@@ -105,13 +105,36 @@ impl Controller {
         id.nsattr = u8::from(ns.read_only);
         id.nlbaf = 0;
         id.flbas = 0;
+        let mut ms = 0;
+        match ns.format {
+            crate::NsFormat::Plain | crate::NsFormat::Zoned => {}
+            crate::NsFormat::Pi {
+                pi_type,
+                first_bytes,
+            } => {
+                ms = 8;
+                // DPC: types 1-3, PI first or last 8 bytes; DPS: the type in use (+ bit 3).
+                id.dpc = 0b1_1111;
+                id.dps = pi_type | u8::from(first_bytes) << 3;
+                // MC: metadata in a separate buffer (the host never supplies one with PRACT).
+                id.mc = 0b10;
+            }
+            crate::NsFormat::Metadata {
+                ms: bytes,
+                extended,
+            } => {
+                ms = bytes;
+                id.mc = if extended { 0b01 } else { 0b10 };
+                id.flbas = u8::from(extended) << 4;
+            }
+        }
         // Deallocated blocks read as zeroes (001b); Write Zeroes supports DEAC (bit 3).
         id.dlfeat = 0b1001;
         id.nvmcap = (ns.blocks as u128 * ns.lba_size as u128).to_le_bytes();
         id.nguid = self.nguid(nsid);
         id.eui64 = fnv(self.config.serial.as_bytes(), nsid as u64 ^ 0xe0).to_be_bytes();
         id.lbaf[0] = LbaFormat {
-            ms: 0,
+            ms,
             lbads: ns.lba_shift as u8,
             rp: 0,
         };
@@ -147,6 +170,16 @@ impl Controller {
         page[0] = 0x02; // NIDT: NGUID
         page[1] = 16; // NIDL
         page[4..20].copy_from_slice(&self.nguid(nsid));
+        page[20] = nvme_spec::identify::NIDT_CSI;
+        page[21] = 1;
+        let zoned = self
+            .namespace(nsid)
+            .is_some_and(|ns| ns.format == crate::NsFormat::Zoned);
+        page[24] = if zoned {
+            nvme_spec::Csi::ZONED.0
+        } else {
+            nvme_spec::Csi::NVM.0
+        };
         page
     }
 

@@ -380,6 +380,7 @@ pub fn small_config(blocks: u64, lba_size: u32) -> EmuConfig {
             blocks,
             lba_size,
             read_only: false,
+            format: nvme_emu::NsFormat::Plain,
         }],
         ..EmuConfig::default()
     }
