@@ -273,13 +273,15 @@ build_initramfs() {
     rm -rf "$stage"
 }
 
-# nvme_qemu_args OUTVAR WORKDIR CTRLS NAMESPACES LBA_SIZE DISK_SIZE EXTRA_CTRL_OPTS
+# nvme_qemu_args OUTVAR WORKDIR CTRLS NAMESPACES LBA_SIZE DISK_SIZE EXTRA_CTRL_OPTS [NS_KINDS]
 # Fills the array OUTVAR with -drive/-device arguments for CTRLS controllers, each with
 # NAMESPACES namespaces of DISK_SIZE bytes (sparse files in WORKDIR) and LBA_SIZE-byte blocks.
-# One namespace uses the plain `-device nvme,drive=` form; more use nvme-ns devices.
+# One namespace uses the plain `-device nvme,drive=` form; more use nvme-ns devices. NS_KINDS,
+# if given, is one word per namespace, `LBA:NVME_NS_PROPS` (e.g. `512:ms=8,pi=1`), giving that
+# namespace its own block size and nvme-ns properties.
 nvme_qemu_args() {
     local -n _out=$1
-    local work=$2 ctrls=$3 nss=$4 lba=$5 size=$6 extra=$7 c n img blk
+    local work=$2 ctrls=$3 nss=$4 lba=$5 size=$6 extra=$7 kinds=${8:-} c n img blk kind
     _out=()
     blk="logical_block_size=$lba,physical_block_size=$lba"
     for ((c = 0; c < ctrls; c++)); do
@@ -293,6 +295,11 @@ nvme_qemu_args() {
         else
             _out+=(-device "nvme,id=nvme$c,serial=gpunvme-$c${extra:+,$extra}")
             for ((n = 1; n <= nss; n++)); do
+                kind=$(echo "$kinds" | awk -v n="$n" '{print $n}')
+                if [ -n "$kind" ]; then
+                    blk="logical_block_size=${kind%%:*},physical_block_size=${kind%%:*}"
+                    [ -n "${kind#*:}" ] && blk+=",${kind#*:}"
+                fi
                 _out+=(-device "nvme-ns,drive=nvm$c-$n,bus=nvme$c,nsid=$n,$blk")
             done
         fi

@@ -8,7 +8,10 @@
 # default configuration) scripts/setup.sh's bind, unbind, status and hugepages, and its refusal
 # of a controller whose namespace is mounted or used as swap, and (in the default and lba4k
 # configurations) `gpunvme fs` through VFIO: mkfs, put, ls, get, stat, mv, rm, df, fsck, with
-# the file's bytes read back through the Linux driver at the LBAs blockfs reports.
+# the file's bytes read back through the Linux driver at the LBAs blockfs reports. The nskinds
+# configuration runs scripts/guest/nskinds.sh instead: namespaces with protection information
+# (driven with PRACT), separate metadata and zones (refused by name), with QEMU's
+# pci_nvme_ub_* trace events counted (none allowed).
 #
 # Usage:
 #   scripts/qemu-test.sh [--only NAME[,NAME...]] [--no-noiommu] [--perf-ios N]
@@ -41,6 +44,7 @@ CONFIGS=(
     "twons|1|2|512||524288|64|iommu|64"
     "twoctrl|2|1|512||524288|64|iommu|64"
     "fourctrl|4|1|512||524288|64|iommu|64"
+    "nskinds|1|4|512||524288|64|iommu|64"
     "noiommu|1|1|512||524288|64|noiommu|64"
 )
 
@@ -116,12 +120,19 @@ export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
 export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
 export BLOCKFS=$([ "$name" = default ] || [ "$name" = lba4k ] && echo 1 || echo 0)
 export VOLUME=$([ "$name" = twoctrl ] || [ "$name" = fourctrl ] && echo 1 || echo 0)
-. /usr/share/gpunvme/suite.sh
+. /usr/share/gpunvme/$([ "$name" = nskinds ] && echo nskinds.sh || echo suite.sh)
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"
     local devs=()
     devs=()
-nvme_qemu_args devs "$cdir" "$ctrls" "$nss" "$lba" 64M "$opts"
+    local kinds=""
+    # nskinds: 512+8 with PI type 1, 4096+8 with PI type 3 in the first 8 bytes, 4096+64
+    # separate metadata, zoned (4 MiB zones);
+    # QEMU reports host misuse of its NVMe model as pci_nvme_ub_* trace events, counted below.
+    [ "$name" = nskinds ] &&
+        kinds="512:ms=8,pi=1 4096:ms=8,pi=3,pil=1 4096:ms=64 4096:zoned=true,zoned.zone_size=4M,zoned.zone_capacity=4M"
+    nvme_qemu_args devs "$cdir" "$ctrls" "$nss" "$lba" 64M "$opts" "$kinds"
+    [ "$name" = nskinds ] && devs+=(-trace "pci_nvme_ub_*")
     # A PCI device that is not an NVMe controller, for the suite's refusal checks.
     [ "$name" = default ] && devs+=(-device edu)
     log "==== $name: booting (controllers=$ctrls namespaces=$nss lba=$lba ${opts:+$opts }mode=$mode hugepages=$hugepages)"
@@ -138,6 +149,16 @@ nvme_qemu_args devs "$cdir" "$ctrls" "$nss" "$lba" 64M "$opts"
                 ;;
         esac
     done <"$logs/$name.log"
+    if [ "$name" = nskinds ]; then
+        local ub
+        ub=$(grep -c 'pci_nvme_ub_' "$logs/$name.log" || true)
+        if [ "$ub" = 0 ]; then
+            record PASS "[$name] QEMU reported no pci_nvme_ub_* (host misuse) events"
+        else
+            record FAIL "[$name] QEMU reported $ub pci_nvme_ub_* events: $(grep -m 3 'pci_nvme_ub_' \
+                "$logs/$name.log" | tr -d '\r' | tr '\n' ' ')"
+        fi
+    fi
     case "$rc" in
         0) ;;
         124) record FAIL "[$name] guest did not finish within ${timeout_s}s" ;;

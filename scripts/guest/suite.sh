@@ -48,7 +48,9 @@
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . /usr/share/gpunvme/lib.sh
 
-FAILED=0
+# shellcheck source-path=SCRIPTDIR source=checks.sh
+. /usr/share/gpunvme/checks.sh
+
 T=/tmp/suite
 mkdir -p "$T"
 # Bytes per cross-check pattern: many PRP list entries, and 32 commands when MDTS is 8 KiB.
@@ -56,46 +58,7 @@ PAT_BYTES=262144
 # Where the patterns go, in LBAs: odd numbers, so that 512-byte LBAs are not 4 KiB aligned.
 LBA_KERNEL=1001
 LBA_OURS=3003
-# Every command that talks to a device is bounded: a hang fails its check instead of the boot.
-CMD_TIMEOUT=300
 PROTO_IOS=${PROTO_IOS:-3000}
-
-pass() { echo "GN-RESULT $GN_TOKEN PASS $1"; }
-fail() {
-    echo "GN-RESULT $GN_TOKEN FAIL $1${2:+ ($2)}"
-    FAILED=1
-}
-# check NAME EXPECTED ACTUAL
-check_eq() {
-    if [ "$2" = "$3" ]; then
-        pass "$1 = $2"
-    else
-        fail "$1" "expected '$2', got '$3'"
-    fi
-}
-# Print a file's contents into the log (for a failing check's context).
-show() {
-    echo "---- $1"
-    head -c 4000 "$1" 2>/dev/null
-    echo
-}
-
-# gpunvme with a time limit; stdout and stderr to files named by $1.
-ours() {
-    local out=$1
-    shift
-    timeout "$CMD_TIMEOUT" gpunvme "$@" >"$out.out" 2>"$out.err"
-}
-
-# A JSON field with jq; empty when absent or null.
-jqf() { jq -r "$1 // empty" "$2" 2>/dev/null; }
-# A number that may be given as decimal or "0x..." text, in decimal.
-num() {
-    [ -n "$1" ] || return 0
-    printf '%d' "$1" 2>/dev/null || echo "$1"
-}
-# Trailing spaces removed (identify strings are space-padded).
-rtrim() { printf '%s' "$1" | sed 's/ *$//'; }
 
 ctrl_char_dev() {
     local d

@@ -660,3 +660,84 @@ fn queues_and_data_in_a_registered_region() {
     let c = q.run(&h.dev, &rw(READ, 1, 5, 2, base + 12288, 0));
     assert_status(&c, Sct::GENERIC, generic::DATA_TRANSFER_ERROR);
 }
+
+/// The namespace kinds a host must treat differently are strict here: a PI namespace takes
+/// Reads and Writes only with PRACT (and, with reference tag checking, the LBA's low 32 bits in
+/// CDW14); a metadata namespace takes none; a zoned namespace refuses ordinary writes with Zone
+/// Invalid Write. Its identify pages say which is which (DPS, LBAF MS, the CSI descriptor).
+#[test]
+fn namespace_kinds_are_strict() {
+    use nvme_emu::{NamespaceConfig, NsFormat};
+    use nvme_spec::status::{command_specific, media};
+    let with = |format| NamespaceConfig {
+        format,
+        ..NamespaceConfig::memory(1 << 20, 512)
+    };
+    let config = EmuConfig {
+        namespaces: vec![
+            with(NsFormat::Pi {
+                pi_type: 1,
+                first_bytes: false,
+            }),
+            with(NsFormat::Metadata {
+                ms: 16,
+                extended: true,
+            }),
+            with(NsFormat::Zoned),
+        ],
+        ..EmuConfig::default()
+    };
+    let mut h = Host::enabled(config);
+    let (c, page) = h.identify(0, 1);
+    assert_ok(&c);
+    let id = <nvme_spec::IdentifyNamespace as zerocopy::FromBytes>::read_from_prefix(&page)
+        .unwrap()
+        .0;
+    assert_eq!((id.dps, id.lbaf[0].ms), (1, 8));
+    let (_, page) = h.identify(0, 2);
+    let id = <nvme_spec::IdentifyNamespace as zerocopy::FromBytes>::read_from_prefix(&page)
+        .unwrap()
+        .0;
+    assert_eq!((id.lbaf[0].ms, id.metadata_extended()), (16, true));
+    let (c, page) = h.identify(3, 3);
+    assert_ok(&c);
+    assert_eq!(
+        nvme_spec::descriptor_csi(&page),
+        Some(nvme_spec::Csi::ZONED)
+    );
+    let (_, page) = h.identify(3, 1);
+    assert_eq!(nvme_spec::descriptor_csi(&page), Some(nvme_spec::Csi::NVM));
+
+    let mut q = h.create_io_pair(1, 16, 16);
+    let buf = h.dev.alloc_dma(4096).unwrap();
+    let addr = buf.device_address(0);
+    let pract = |mut cmd: Command, prinfo: u32, reftag: u32| {
+        cmd.cdw12 |= prinfo << 26;
+        cmd.cdw14 = reftag;
+        cmd
+    };
+    // PI: no PRACT; PRACT with the wrong reference tag; then right.
+    let c = q.run(&h.dev, &rw(WRITE, 1, 70, 1, addr, 0));
+    assert_status(&c, Sct::GENERIC, generic::INVALID_FIELD_IN_COMMAND);
+    let c = q.run(&h.dev, &pract(rw(WRITE, 1, 70, 1, addr, 0), 0b1101, 71));
+    assert_status(
+        &c,
+        Sct::MEDIA_AND_DATA_INTEGRITY,
+        media::REFERENCE_TAG_CHECK_ERROR,
+    );
+    let c = q.run(&h.dev, &pract(rw(WRITE, 1, 70, 1, addr, 0), 0b1101, 70));
+    assert_ok(&c);
+    let c = q.run(&h.dev, &pract(rw(READ, 1, 70, 1, addr, 0), 0b1000, 0));
+    assert_ok(&c);
+    // Metadata: nothing moves without a metadata buffer, which this controller does not take.
+    let c = q.run(&h.dev, &pract(rw(READ, 2, 0, 1, addr, 0), 0b1000, 0));
+    assert_status(&c, Sct::GENERIC, generic::INVALID_FIELD_IN_COMMAND);
+    // Zoned: reads work, ordinary writes do not.
+    assert_ok(&q.run(&h.dev, &rw(READ, 3, 0, 1, addr, 0)));
+    let c = q.run(&h.dev, &rw(WRITE, 3, 0, 1, addr, 0));
+    assert_status(
+        &c,
+        Sct::COMMAND_SPECIFIC,
+        command_specific::ZONE_INVALID_WRITE,
+    );
+}
