@@ -33,15 +33,8 @@ G=$(realpath "$BIN/gpunvme")
 export GPUNVME_SPDK_DIR=${GPUNVME_SPDK_DIR:-$(realpath "$BIN/spdk")}
 SPDK=$GPUNVME_SPDK_DIR
 STATE=$(mktemp -d /tmp/gpunvme-spdk-gpu.XXXXXX)
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-# "crc32c: GPU 99ad9e03 = host 99ad9e03 = recorded 99ad9e03": three checksums, all equal.
-crcs_agree() {
-    local crcs
-    crcs=$(grep -o '[0-9a-f]\{8\}' <<<"$1")
-    [ "$(wc -l <<<"$crcs")" -eq 3 ] && [ "$(sort -u <<<"$crcs" | wc -l)" -eq 1 ]
-}
+# shellcheck source=checks-lib.sh
+. scripts/checks-lib.sh
 trap 'scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1; rm -rf "$STATE"' EXIT
 
 mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 1024 \

@@ -56,15 +56,8 @@ mkdir -p "$STATE"
 WORK=$STATE/work
 mkdir -p "$WORK"
 t_start=$(date +%s.%N)
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-# "crc32c: GPU 99ad9e03 = host 99ad9e03 = recorded 99ad9e03": three checksums, all equal.
-crcs_agree() {
-    local crcs
-    crcs=$(grep -o '[0-9a-f]\{8\}' <<<"$1")
-    [ "$(wc -l <<<"$crcs")" -eq 3 ] && [ "$(sort -u <<<"$crcs" | wc -l)" -eq 1 ]
-}
+# shellcheck source=checks-lib.sh
+. scripts/checks-lib.sh
 
 hp_before=$(cat /proc/sys/vm/nr_hugepages)
 hp_mounted=no
