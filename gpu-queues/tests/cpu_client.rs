@@ -34,7 +34,13 @@ fn options() -> ControllerOptions {
     }
 }
 
+/// Starts the software controller with every hostile mode on (`nvme_emu::Hostile`): the
+/// header's protocol must hold where stale ring memory would not save a mistake.
 fn start(cfg: EmuConfig) -> (Arc<EmuDevice>, Controller) {
+    let cfg = EmuConfig {
+        hostile: nvme_emu::Hostile::ALL,
+        ..cfg
+    };
     let emu = EmuDevice::start(cfg).expect("software controller");
     let ctrl = Controller::new(emu.clone(), options()).expect("bring-up");
     (emu, ctrl)

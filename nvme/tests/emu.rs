@@ -19,7 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zerocopy::FromBytes;
 
+/// Starts the software controller with every hostile mode on (`nvme_emu::Hostile`): a driver
+/// bug that stale queue memory would hide fails here instead.
 fn start(cfg: EmuConfig, opts: ControllerOptions) -> Result<(Arc<EmuDevice>, Controller)> {
+    let cfg = EmuConfig {
+        hostile: nvme_emu::Hostile::ALL,
+        ..cfg
+    };
     let emu = EmuDevice::start(cfg).context("starting the software controller")?;
     let dev: Arc<dyn Device> = emu.clone();
     let ctrl = Controller::new(dev, opts).context("bringing the controller up")?;

@@ -154,6 +154,37 @@ pub struct EmuConfig {
     /// at least 1 and at most 4 — enough to keep up with a few host threads without taking
     /// over a small machine. [`EmuConfig::resolved_controller_threads`] gives the count.
     pub controller_threads: usize,
+    /// Modes that make host protocol bugs fail deterministically instead of passing by luck
+    /// (off by default; tests turn them on).
+    pub hostile: Hostile,
+}
+
+/// Hostile modes: each turns a host bug that a friendly controller would not notice (because
+/// stale memory happens to hold the right bytes) into a failure the host cannot miss.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hostile {
+    /// Every fetched SQE is overwritten in host memory with one of a reserved opcode (7Fh) and
+    /// command id FFFFh, so a tail doorbell that covers a slot the host did not rewrite submits
+    /// that, not the slot's previous command: it completes with Invalid Command Opcode under a
+    /// command id the host never issued.
+    pub poison_sq: bool,
+    /// An SQ tail doorbell that moves backwards (fewer entries outstanding than its previous
+    /// value said, the controller having fetched none of them) is an invalid doorbell write,
+    /// reported as such, not a smaller submission.
+    pub flag_backward_tail: bool,
+    /// CQ entries a head doorbell frees are rewritten at once with the phase they had and
+    /// garbage (command id and SQ id FFFFh), so a host that rings the head before it has read
+    /// an entry reads garbage, not the entry.
+    pub stale_cq: bool,
+}
+
+impl Hostile {
+    /// Every mode on.
+    pub const ALL: Self = Self {
+        poison_sq: true,
+        flag_backward_tail: true,
+        stale_cq: true,
+    };
 }
 
 impl Default for EmuConfig {
@@ -172,6 +203,7 @@ impl Default for EmuConfig {
             async_event_limit: 4,
             external_batch: 256,
             controller_threads: 0,
+            hostile: Hostile::default(),
         }
     }
 }

@@ -115,7 +115,7 @@ mod registers;
 pub mod stats;
 mod storage;
 
-pub use config::{Backend, EmuConfig, NamespaceConfig, NsFormat};
+pub use config::{Backend, EmuConfig, Hostile, NamespaceConfig, NsFormat};
 pub use controller::controller_thread_index;
 pub use device::EmuDevice;
 pub use doorbells::DoorbellWord;

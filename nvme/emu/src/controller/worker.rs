@@ -26,6 +26,11 @@ use crate::registers::{DoorbellError, DoorbellErrorKind};
 use crate::stats::Counters;
 use crate::storage::Namespace;
 
+/// [`crate::Hostile::poison_sq`]: the opcode (reserved in both command sets) and command id a
+/// fetched SQE is overwritten with.
+const POISON_OPCODE: u8 = 0x7f;
+/// See [`POISON_OPCODE`]; also the command id of a [`crate::Hostile::stale_cq`] garbage entry.
+const POISON_CID: u16 = 0xffff;
 /// How long a thread spins after its last piece of work before parking.
 const SPIN_TIME: Duration = Duration::from_micros(50);
 /// Longest a thread other than 0 that serves no queue parks: only its mailbox (which unparks
@@ -88,6 +93,8 @@ pub(crate) struct Worker {
     /// MDTS in bytes; `u64::MAX` when unlimited.
     pub(super) max_transfer: u64,
     reorder: bool,
+    /// [`crate::Hostile`] modes.
+    hostile: crate::Hostile,
     external_batch: u32,
     pub(super) cache: MapCache,
     sqs: Vec<Option<SubQueue>>,
@@ -139,6 +146,7 @@ impl Worker {
                 PAGE << config.mdts
             },
             reorder: config.reorder_completions,
+            hostile: config.hostile,
             external_batch: config.external_batch,
             sqs: (0..=max_qid).map(|_| None).collect(),
             cqs: (0..=max_qid).map(|_| None).collect(),
@@ -407,10 +415,42 @@ impl Worker {
                 self.invalid_doorbell_value(qid, false, raw);
                 continue;
             }
+            let freed = cq.head;
             cq.head = raw;
+            if self.hostile.stale_cq {
+                self.stale_cq_entries(qid, freed, raw);
+            }
             self.flush_held(qid);
         }
         worked
+    }
+
+    /// [`crate::Hostile::stale_cq`]: rewrites entries `from..to` of CQ `qid`, just freed by
+    /// the host, with the phase each had and garbage.
+    fn stale_cq_entries(&mut self, qid: u16, from: u32, to: u32) {
+        let Some(cq) = self.cqs[qid as usize].as_mut() else {
+            return;
+        };
+        let mut slot = from;
+        while slot != to {
+            // Slots before the tail were written in this pass, the others in the last one.
+            let phase = if slot < cq.tail { cq.phase } else { !cq.phase };
+            let entry = Completion {
+                dw0: 0xdead_beef,
+                dw1: 0xdead_beef,
+                sqhd: 0xffff,
+                sqid: 0xffff,
+                cid: POISON_CID,
+                status: CqeStatus::from_bits(0x7ffe).with_p(phase),
+            };
+            let addr = cq.base + slot as u64 * size_of::<Completion>() as u64;
+            if let Err(e) = self.cache.write(addr, entry.as_bytes()) {
+                tracing::warn!(qid, error = %e, "rewriting a freed CQ entry failed");
+                self.enter_fatal("DMA error writing a completion queue");
+                return;
+            }
+            slot = (slot + 1) % cq.entries;
+        }
     }
 
     /// Posts held completions of CQ `qid` while it has room.
@@ -525,13 +565,28 @@ impl Worker {
                     // window refuses out-of-range values); ignore it.
                     return Poll::Idle;
                 }
-                (tail, BATCH)
+                if self.hostile.flag_backward_tail && tail != sq.seen_doorbell {
+                    sq.seen_doorbell = tail;
+                    if sq.pending(tail) < sq.pending(sq.tail) {
+                        self.invalid_doorbell_value(qid, true, tail);
+                        return Poll::Handled;
+                    }
+                    sq.tail = tail;
+                }
+                if self.hostile.flag_backward_tail {
+                    (sq.tail, BATCH)
+                } else {
+                    (tail, BATCH)
+                }
             }
             Some(word) => {
                 let raw = word.load();
                 if raw != sq.seen_doorbell {
                     sq.seen_doorbell = raw;
-                    if raw >= sq.entries {
+                    if raw >= sq.entries
+                        || (self.hostile.flag_backward_tail
+                            && sq.pending(raw) < sq.pending(sq.tail))
+                    {
                         self.invalid_doorbell_value(qid, true, raw);
                         return Poll::Handled;
                     }
@@ -599,6 +654,20 @@ impl Worker {
             tracing::warn!(qid, error = %e, "submission queue fetch failed");
             self.enter_fatal("DMA error fetching from a submission queue");
             return Fetch::Handled;
+        }
+        if self.hostile.poison_sq {
+            // Before any completion can tell the host these slots are free again.
+            let mut poison = [0u8; SQE];
+            poison[0] = POISON_OPCODE;
+            poison[2..4].copy_from_slice(&POISON_CID.to_le_bytes());
+            for i in 0..n as u32 {
+                let slot = (head + i) % entries;
+                if let Err(e) = self.cache.write(base + slot as u64 * SQE as u64, &poison) {
+                    tracing::warn!(qid, error = %e, "poisoning a fetched SQE failed");
+                    self.enter_fatal("DMA error writing a submission queue");
+                    return Fetch::Handled;
+                }
+            }
         }
         self.sqs[qid as usize]
             .as_mut()
