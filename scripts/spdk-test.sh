@@ -168,7 +168,7 @@ print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6,
     done
 
     if out=$(timeout 120 "$G" protocol-check --device "$dev" 2>&1) && grep -q '^PASS' <<<"$out"; then
-        ok "$name: protocol-check: $(grep -m1 'commands' <<<"$out" | sed 's/^ *//')"
+        ok "$name: protocol-check: $(grep -m1 'ios=' <<<"$out" | sed 's/^ *//')"
     else
         bad "$name: protocol-check: $(tail -5 <<<"$out")"
     fi

@@ -92,17 +92,6 @@ pub fn open_queues(
     model: Option<Arc<GpuController>>,
     opts: &GpuQueueOptions,
 ) -> Result<GpuSetup> {
-    // The device header builds Reads and Writes without PRINFO: on a namespace formatted with
-    // protection information they would fail (or, without PRACT, need metadata buffers).
-    if let Some(ns) = ctrl.namespaces().iter().find(|n| n.protection.is_some()) {
-        bail!(
-            "namespace {} is formatted with protection information ({}): GPU queues do not set \
-             PRACT yet, so GPU commands are refused on this controller; CPU commands (perf, fs \
-             without --gpu) work on it",
-            ns.nsid,
-            ns.format_label()
-        );
-    }
     match model {
         Some(g) => {
             let queues = GpuQueues::on_gpu_controller(cuda, ctrl, &g, opts)

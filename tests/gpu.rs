@@ -155,6 +155,43 @@ fn perf_four_patterns_both_lba_sizes_verified() {
     }
 }
 
+/// A namespace formatted with 8-byte protection information: GPU queues' Reads and Writes
+/// carry PRACT and the reference tag (the software controller refuses them otherwise, with
+/// Invalid Field and End-to-end Reference Tag Check Error), and what the GPU wrote reads back
+/// through a CPU queue.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn perf_on_a_protection_information_namespace_sets_pract() {
+    for (lba, pi_type) in [(512u32, 1u8), (4096, 3)] {
+        let r = rig_with(
+            lba,
+            |c| {
+                c.namespaces[0].format = nvme_emu::NsFormat::Pi {
+                    pi_type,
+                    first_bytes: pi_type == 3,
+                }
+            },
+            GpuQueueOptions {
+                queues: Some(2),
+                depth: Some(64),
+                ..Default::default()
+            },
+        );
+        assert_eq!(r.gpu.descs()[0].pi_nsid, 1);
+        for rw in [GpuRw::Write, GpuRw::RandWrite, GpuRw::Read, GpuRw::RandRead] {
+            let res = perf(&r, rw, 32, ClientStyle::Warp, 600);
+            assert_eq!(res.errors, 0, "{lba} {rw:?}: {:?}", res.first_failure);
+            assert_eq!(res.mismatches, 0, "{lba} {rw:?}");
+        }
+        let blocks = 256;
+        assert!(
+            cpu_read(&r, 0, blocks) == pattern(0, blocks, lba),
+            "CPU read-back of GPU writes on a PI namespace at {lba}"
+        );
+        assert_eq!(r.emu.stats().errors, 0);
+    }
+}
+
 /// Runs one rw_range kernel (thread or warp) and returns (status, CQE status field).
 fn rw_range(
     r: &Rig,

@@ -60,8 +60,16 @@ pub struct QueueDesc {
     pub slot_buffer_bytes: u32,
     /// Most bytes one command may move.
     pub max_transfer: u32,
+    /// The namespace formatted with 8-byte protection information whose Reads and Writes carry
+    /// [`QueueDesc::pi_prinfo`] (0: none).
+    pub pi_nsid: u32,
+    /// PRINFO for `pi_nsid` (PRACT and PRCHK bits, `nvme::Namespace::prinfo`); with bit 0 the
+    /// command's CDW14 holds its starting LBA's low 32 bits.
+    pub pi_prinfo: u8,
+    /// Padding.
+    pub pad1: [u8; 3],
     /// Reserved.
-    pub reserved1: [u64; 2],
+    pub reserved1: u64,
 }
 const _: () = assert!(size_of::<QueueDesc>() == 128);
 
@@ -578,6 +586,8 @@ mod tests {
                 offset_of!(QueueDesc, slot_buffer_bytes),
             ),
             ("QD_MAX_TRANSFER", offset_of!(QueueDesc, max_transfer)),
+            ("QD_PI_NSID", offset_of!(QueueDesc, pi_nsid)),
+            ("QD_PI_PRINFO", offset_of!(QueueDesc, pi_prinfo)),
             ("QUEUE_STATE_SIZE", size_of::<QueueState>()),
             ("QS_TICKET", offset_of!(QueueState, ticket)),
             ("QS_SQ_PUBLISHED", offset_of!(QueueState, sq_published)),

@@ -234,6 +234,8 @@ pub struct DescCommon {
     pub slot_buffer_bytes: u32,
     /// Most bytes one command moves.
     pub max_transfer: u32,
+    /// The namespace with 8-byte protection information and its PRINFO ([`QueueDesc::pi_nsid`]).
+    pub pi: (u32, u8),
 }
 
 /// Where one queue's pieces are: GPU pointers, and device addresses where they differ.
@@ -268,7 +270,30 @@ impl DescCommon {
             flags,
             slot_buffer_bytes: plan.slot_buffer_bytes,
             max_transfer: plan.max_transfer,
+            pi: (0, 0),
         }
+    }
+
+    /// Makes the queues' Reads and Writes on `controller`'s namespace with 8-byte protection
+    /// information carry its PRINFO (PRACT: the controller generates and strips the PI), as
+    /// the driver's CPU queues do. The descriptor has room for one such namespace: a controller
+    /// with several is refused.
+    pub fn with_protection(mut self, controller: &nvme::Controller) -> Result<Self, GpuError> {
+        let mut pi = controller
+            .namespaces()
+            .iter()
+            .filter(|n| n.protection.is_some());
+        if let Some(ns) = pi.next() {
+            if let Some(other) = pi.next() {
+                return Err(GpuError::Unsupported(format!(
+                    "namespaces {} and {} are both formatted with protection information; GPU \
+                     queues carry PRINFO for one namespace",
+                    ns.nsid, other.nsid
+                )));
+            }
+            self.pi = (ns.nsid, ns.prinfo());
+        }
+        Ok(self)
     }
 
     /// The descriptor of one queue.
@@ -291,7 +316,10 @@ impl DescCommon {
             flags: self.flags,
             slot_buffer_bytes: self.slot_buffer_bytes,
             max_transfer: self.max_transfer,
-            reserved1: [0; 2],
+            pi_nsid: self.pi.0,
+            pi_prinfo: self.pi.1,
+            pad1: [0; 3],
+            reserved1: 0,
         }
     }
 }

@@ -102,6 +102,8 @@
 #define GPUNVME_QD_FLAGS 102
 #define GPUNVME_QD_SLOT_BUFFER_BYTES 104
 #define GPUNVME_QD_MAX_TRANSFER 108
+#define GPUNVME_QD_PI_NSID 112
+#define GPUNVME_QD_PI_PRINFO 116
 #define GPUNVME_QUEUE_STATE_SIZE 128
 #define GPUNVME_QS_TICKET 0
 #define GPUNVME_QS_SQ_PUBLISHED 32
@@ -173,7 +175,12 @@ struct queue_desc {
     uint16_t flags;            // GPUNVME_QF_*
     uint32_t slot_buffer_bytes; // bytes of each slot buffer; its PRP list is pre-built
     uint32_t max_transfer;      // most bytes one command may move (MDTS, capped at 2 MiB)
-    uint64_t reserved1[2];
+    uint32_t pi_nsid;           // namespace formatted with 8-byte protection information (0:
+                                // none): its Reads and Writes carry pi_prinfo
+    uint8_t pi_prinfo;          // PRINFO for pi_nsid (PRACT | PRCHK); with bit 0 (reference tag
+                                // check) CDW14 holds the starting LBA's low 32 bits
+    uint8_t pad1[3];
+    uint64_t reserved1;
 };
 
 /// Per-queue protocol state, in GPU memory, zeroed by the host at creation. The words that
@@ -233,6 +240,8 @@ static_assert(offsetof(queue_desc, qid) == GPUNVME_QD_QID, "qid");
 static_assert(offsetof(queue_desc, flags) == GPUNVME_QD_FLAGS, "flags");
 static_assert(offsetof(queue_desc, slot_buffer_bytes) == GPUNVME_QD_SLOT_BUFFER_BYTES, "sbb");
 static_assert(offsetof(queue_desc, max_transfer) == GPUNVME_QD_MAX_TRANSFER, "max_transfer");
+static_assert(offsetof(queue_desc, pi_nsid) == GPUNVME_QD_PI_NSID, "pi_nsid");
+static_assert(offsetof(queue_desc, pi_prinfo) == GPUNVME_QD_PI_PRINFO, "pi_prinfo");
 static_assert(sizeof(queue_state) == GPUNVME_QUEUE_STATE_SIZE, "queue_state size");
 static_assert(offsetof(queue_state, ticket) == GPUNVME_QS_TICKET, "ticket");
 static_assert(offsetof(queue_state, sq_published) == GPUNVME_QS_SQ_PUBLISHED, "sq_published");
@@ -480,7 +489,14 @@ __device__ __forceinline__ void write_sqe(const queue_desc& q, uint32_t slot, co
     sqe[1] = make_uint4(0u, 0u, (uint32_t)r.prp1, (uint32_t)(r.prp1 >> 32)); // MPTR, PRP1
     sqe[2] = make_uint4((uint32_t)r.prp2, (uint32_t)(r.prp2 >> 32),      // PRP2
                         (uint32_t)r.slba, (uint32_t)(r.slba >> 32));     // CDW10, CDW11 = SLBA
-    sqe[3] = make_uint4((uint32_t)r.nlb_z, 0u, 0u, 0u);                  // CDW12 NLB, 13..15
+    // CDW12 NLB (and PRINFO on the queue's PI namespace: the controller generates and strips
+    // the protection information, PRACT), CDW13, CDW14 the initial reference tag, CDW15.
+    uint32_t cdw12 = (uint32_t)r.nlb_z, cdw14 = 0u;
+    if (q.pi_nsid != 0u && r.nsid == q.pi_nsid && (r.opcode == OPC_READ || r.opcode == OPC_WRITE)) {
+        cdw12 |= (uint32_t)q.pi_prinfo << 26;
+        if (q.pi_prinfo & 1u) cdw14 = (uint32_t)r.slba;
+    }
+    sqe[3] = make_uint4(cdw12, 0u, cdw14, 0u);
 }
 
 /// Data pointer for `bytes` at device address `bus` when `bus` lies in the slot's own buffer

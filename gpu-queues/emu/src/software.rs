@@ -985,7 +985,7 @@ pub fn queues(
     let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0);
+    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0).with_protection(controller)?;
     let map = emu.address_map();
     let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
     let register = |mem: Arc<DeviceMemory>| register_region(map, &engine, mem, false);
