@@ -155,6 +155,25 @@ fn perf_four_patterns_both_lba_sizes_verified() {
     }
 }
 
+/// A descriptor built by hand with a depth that is not a power of two is refused on the
+/// device (INVALID_ARGUMENT) before any ticket is taken; the real descriptor still works after.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn a_descriptor_whose_depth_is_not_a_power_of_two_is_refused() {
+    let r = rig(512, 1, 64);
+    let bus = r.gpu.descs()[0].slot_buffers_bus;
+    let mut bad = r.gpu.descs()[0];
+    bad.depth = 48;
+    let mem = DeviceMemory::alloc(r.gpu.cuda(), size_of_val(&bad)).unwrap();
+    mem.write(0, bad.as_bytes()).unwrap();
+    for warp in [false, true] {
+        let (s, _) = rw_range_on(&r, mem.ptr(), false, 0, 8, bus, warp);
+        assert_eq!(s, DeviceStatus::InvalidArgument, "warp={warp}");
+    }
+    let (s, sf) = rw_range(&r, false, 0, 8, bus, false);
+    assert_eq!((s, sf), (DeviceStatus::Ok, 0));
+}
+
 /// A namespace formatted with 8-byte protection information: GPU queues' Reads and Writes
 /// carry PRACT and the reference tag (the software controller refuses them otherwise, with
 /// Invalid Field and End-to-end Reference Tag Check Error), and what the GPU wrote reads back
@@ -201,9 +220,21 @@ fn rw_range(
     bus: u64,
     warp: bool,
 ) -> (DeviceStatus, u32) {
+    rw_range_on(r, r.gpu.descriptors(), write, slba, blocks, bus, warp)
+}
+
+/// [`rw_range`] on the descriptor at GPU address `desc0`.
+fn rw_range_on(
+    r: &Rig,
+    desc0: u64,
+    write: bool,
+    slba: u64,
+    blocks: u64,
+    bus: u64,
+    warp: bool,
+) -> (DeviceStatus, u32) {
     let res = DeviceMemory::alloc(r.gpu.cuda(), 8).unwrap();
     let lba_shift = r.lba.trailing_zeros();
-    let desc0 = r.gpu.descriptors();
     r.gpu
         .client_stream()
         .launch(

@@ -60,6 +60,15 @@ impl Default for GpuQueueOptions {
     }
 }
 
+/// Bounds of a device-side wait's timeout ([`DescCommon::new`] clamps into them).
+pub const TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(3600));
+
+/// `timeout` clamped into [`TIMEOUT_RANGE`], in nanoseconds.
+fn clamp_timeout(timeout: Duration) -> u64 {
+    timeout.clamp(TIMEOUT_RANGE.0, TIMEOUT_RANGE.1).as_nanos() as u64
+}
+
 /// The environment variable that sets [`GpuQueueOptions::timeout`]'s default, in seconds.
 pub const TIMEOUT_ENV: &str = "GPUNVME_GPU_TIMEOUT_S";
 
@@ -262,10 +271,12 @@ pub struct DescParts {
 impl DescCommon {
     /// What every queue of a set built to `plan` shares: the host's abort word at
     /// `host_flags`, every device-side wait bounded by `timeout`, `flags` (`QF_*`).
+    /// `timeout` is clamped to 1 ms..=1 h: 0 would time out at once, and a huge one would
+    /// overflow the device's deadline arithmetic into an immediate timeout.
     pub fn new(plan: &Plan, host_flags: &PinnedMemory, timeout: Duration, flags: u16) -> Self {
         Self {
             host_flags: host_flags.device_ptr(),
-            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns: clamp_timeout(timeout),
             depth: plan.depth,
             flags,
             slot_buffer_bytes: plan.slot_buffer_bytes,
@@ -656,6 +667,13 @@ impl Drop for GpuQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_timeouts_are_clamped_to_one_millisecond_through_one_hour() {
+        assert_eq!(clamp_timeout(Duration::ZERO), 1_000_000);
+        assert_eq!(clamp_timeout(Duration::from_secs(10)), 10_000_000_000);
+        assert_eq!(clamp_timeout(Duration::MAX), 3_600_000_000_000);
+    }
 
     #[test]
     fn prebuilt_lists_name_pages_after_the_first_of_each_slot() {

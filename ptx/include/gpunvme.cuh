@@ -469,9 +469,12 @@ __device__ inline status try_reap(const queue_desc& q) {
     if (n) {
         st->cq_head = head;
         st->cq_phase = phase;
-        dev_u32(st->cq_reaped).fetch_add(n, cuda::memory_order_release);
+        // The head doorbell before the reaped count: a publisher that sees the count may fill
+        // the freed entries' worth of SQ at once, and the controller should know the CQ space
+        // is free before those commands can complete into it.
         release_to_controller(q);
         doorbell_write(q.cq_doorbell, head);
+        dev_u32(st->cq_reaped).fetch_add(n, cuda::memory_order_release);
     }
     unlock(st->cq_lock);
     return result;
@@ -554,6 +557,9 @@ __device__ __forceinline__ status wait_released(const queue_desc& q, uint32_t t)
 /// Takes a ticket and waits (bounded) until its slot is free. On success *ticket is owned by
 /// the caller, who must submit() it.
 __device__ inline status reserve_thread(const queue_desc& q, uint32_t* ticket) {
+    // Ring positions are `ticket & (depth - 1)`: a descriptor built by hand with another depth
+    // would corrupt them, so it is refused before any ticket is taken.
+    if (q.depth < 2u || (q.depth & (q.depth - 1u))) return GPUNVME_INVALID_ARGUMENT;
     status f = queue_failed(q);
     if (f) return f;
     uint32_t t = dev_u32(state_of(q)->ticket).fetch_add(1u, cuda::memory_order_relaxed);
@@ -763,12 +769,17 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
         head = (head + n) & mask;
         if (bad || n < 32) break;
     }
+    // Every lane's loads of its entry (dw0 above) before lane 0 hands the entries back: lane
+    // 0's fence orders only its own accesses, and after the head doorbell the controller may
+    // overwrite the entries.
+    __syncwarp();
     if (total && lane == 0) {
         st->cq_head = head;
         st->cq_phase = phase;
-        dev_u32(st->cq_reaped).fetch_add(total, cuda::memory_order_release);
         release_to_controller(q);
         doorbell_write(q.cq_doorbell, head);
+        // After the doorbell, as in try_reap.
+        dev_u32(st->cq_reaped).fetch_add(total, cuda::memory_order_release);
     }
     if (lane == 0) unlock(st->cq_lock);
     __syncwarp();
@@ -808,7 +819,9 @@ __device__ inline status wait_released_warp(const queue_desc& q, bool active, ui
 /// warp).
 __device__ inline status reserve_warp(const queue_desc& q, bool active, uint32_t* ticket) {
     const uint32_t full = 0xffffffffu;
-    if (q.depth < 32) return GPUNVME_INVALID_ARGUMENT;  // uniform: every lane reads the same desc
+    // Uniform (every lane reads the same desc): at least a warp's worth, and a power of two
+    // (ring positions are `ticket & (depth - 1)`).
+    if (q.depth < 32 || (q.depth & (q.depth - 1u))) return GPUNVME_INVALID_ARGUMENT;
     uint32_t want = __ballot_sync(full, active);
     uint32_t n = __popc(want);
     uint32_t leader = want ? __ffs(want) - 1 : 0;
