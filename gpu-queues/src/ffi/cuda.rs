@@ -145,6 +145,20 @@ impl RawCuda {
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
     }
 
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`.
+    pub(super) fn p2p_write_ordering(&self) -> Result<i32, GpuError> {
+        let mut v = 0;
+        // SAFETY: a valid out-pointer and the device this value retained.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut v,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
+                self.dev,
+            )
+        })?;
+        Ok(v)
+    }
+
     /// The PCI address from `cuDeviceGetPCIBusId`, in lower case.
     pub(super) fn pci_bus_id(&self) -> Result<String, GpuError> {
         let mut buf = [0 as std::ffi::c_char; 32];

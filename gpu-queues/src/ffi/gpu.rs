@@ -89,6 +89,14 @@ impl Cuda {
     pub fn pci_bus_id(&self) -> Result<String, GpuError> {
         self.raw.pci_bus_id()
     }
+
+    /// The GPU's ordering of peer-to-peer (GPUDirect RDMA) writes into its memory,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING`: 0 none, 100 owner (the GPU's own
+    /// threads see a device's writes in the order it made them), 200 all devices. Refused by
+    /// `host-gpu`.
+    pub fn p2p_write_ordering(&self) -> Result<i32, GpuError> {
+        self.raw.p2p_write_ordering()
+    }
 }
 
 /// A context-independent library of kernels: with CUDA, loaded from PTX text

@@ -121,6 +121,13 @@ impl RawCuda {
         Ok(())
     }
 
+    /// Refused: the stand-in has no peer-to-peer path.
+    pub(super) fn p2p_write_ordering(&self) -> Result<i32, GpuError> {
+        Err(GpuError::Unsupported(
+            "the host-gpu build has no peer-to-peer writes".into(),
+        ))
+    }
+
     /// Refused: the stand-in is on no PCI bus.
     pub(super) fn pci_bus_id(&self) -> Result<String, GpuError> {
         Err(GpuError::Unsupported(

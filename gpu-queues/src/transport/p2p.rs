@@ -36,6 +36,24 @@ pub(crate) fn check_gpu_doorbells(
     Ok(gpu)
 }
 
+/// `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`.
+const WRITES_ORDERING_OWNER: i32 = 100;
+
+/// Refuses a GPU that does not keep an SSD's writes into its memory in order for its own
+/// threads (below OWNER): the SSD's data writes could land after its completion entry, and a
+/// GPU thread that saw the entry would read stale data, silently (review M1).
+fn check_write_ordering(ordering: i32) -> Result<(), GpuError> {
+    if ordering >= WRITES_ORDERING_OWNER {
+        return Ok(());
+    }
+    Err(GpuError::Unsupported(format!(
+        "the GPU orders peer-to-peer writes into its memory at level {ordering} \
+         (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING below OWNER, {WRITES_ORDERING_OWNER}): \
+         an SSD's data could land after its completion entry and GPU threads would read stale \
+         data; transport (c), with data in host memory, does not depend on it"
+    )))
+}
+
 /// Builds GPU queues with rings and data in GPU memory on the SSD behind `vfio`.
 pub fn build(
     cuda: &Arc<Cuda>,
@@ -52,6 +70,7 @@ pub fn build(
         )));
     }
     let gpu = check_gpu_doorbells(cuda, topts)?;
+    check_write_ordering(cuda.p2p_write_ordering()?)?;
     let env = Bar1Env {
         dev_root: topts.dev_root.clone(),
         sys_root: topts.sys_root.clone(),
@@ -99,4 +118,20 @@ fn gpu_arena(
         owner: Arc::new(ssd),
         write: Box::new(move |off, data| writer.write(off, data)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_that_reorder_peer_writes_are_refused() {
+        assert!(check_write_ordering(100).is_ok());
+        assert!(check_write_ordering(200).is_ok());
+        let e = check_write_ordering(0).unwrap_err();
+        assert!(
+            matches!(&e, GpuError::Unsupported(m) if m.contains("below OWNER")),
+            "{e}"
+        );
+    }
 }
