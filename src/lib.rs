@@ -25,6 +25,7 @@ pub mod fs_report;
 pub mod gpu;
 pub mod gpu_fs;
 pub mod handle;
+pub mod logs;
 pub mod open;
 pub mod perf;
 pub mod report;

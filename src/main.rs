@@ -59,6 +59,13 @@ struct Args {
 enum Command {
     /// Show the controller and its namespaces.
     Identify,
+    /// Show the controller's Error Information log (log page 01h), or with --smart its SMART /
+    /// Health Information (02h).
+    Log {
+        /// SMART / Health Information instead of the error log.
+        #[arg(long)]
+        smart: bool,
+    },
     /// Write a file's bytes to a namespace (the length must be whole LBAs).
     Write {
         /// Namespace id.
@@ -123,7 +130,7 @@ impl Command {
     /// shared lock (docs/cli.md, "One process per device").
     fn is_read_only(&self) -> bool {
         match self {
-            Command::Identify | Command::Read { .. } => true,
+            Command::Identify | Command::Log { .. } | Command::Read { .. } => true,
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
             Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
@@ -399,6 +406,7 @@ fn run(args: Args) -> Result<()> {
             }
         })(),
         Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
+        Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
     };
     // Shut the controller down in order whatever happened, but report the command's error first.

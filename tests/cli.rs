@@ -68,6 +68,30 @@ fn identify_json_on_the_default_image() {
 }
 
 #[test]
+fn log_shows_the_error_log_and_smart() {
+    let dir = tempfile::tempdir().unwrap();
+    ok(&gpunvme(dir.path(), "fs mkfs"));
+    let out = ok(&gpunvme(dir.path(), "log"));
+    assert!(out.starts_with("error log: no errors ("), "{out}");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(dir.path(), "log --json"))).unwrap();
+    assert_eq!(v["entries"].as_array().map(|e| e.len()), Some(0), "{v}");
+    assert!(v["capacity"].as_u64().unwrap() >= 1);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(dir.path(), "log --smart --json"))).unwrap();
+    // A fresh software controller each process: its counters start at zero.
+    for key in [
+        "host_read_commands",
+        "host_write_commands",
+        "media_errors",
+        "error_log_entries",
+    ] {
+        assert_eq!(v[key], 0, "{key} in {v}");
+    }
+    assert!(v["temperature_c"].as_i64().is_some(), "{v}");
+}
+
+#[test]
 fn data_survives_a_restart_and_4k_lbas() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), 64 << 20);

@@ -275,6 +275,11 @@ impl Controller {
         &self.info
     }
 
+    /// The Identify Controller data the controller was brought up with.
+    pub fn identify_data(&self) -> &IdentifyController {
+        &self.identify
+    }
+
     /// The Identify Controller data.
     pub fn identify_controller(&self) -> &IdentifyController {
         &self.identify

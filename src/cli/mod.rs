@@ -19,6 +19,7 @@ macro_rules! outln {
 pub mod fs;
 pub mod identify;
 pub mod io;
+pub mod log;
 pub mod perf;
 pub mod protocol;
 

@@ -148,16 +148,78 @@ pub fn open(
         "{} is a real controller behind VFIO, not the software controller",
         dev.address()
     );
+    let only = only_transport(std::env::var(TRANSPORT_ENV).ok().as_deref())?;
     let d2 = dev.clone();
+    fn candidate<'a>(
+        only: Option<TransportKind>,
+        kind: TransportKind,
+        c: Candidate<'a, GpuQueues>,
+    ) -> Candidate<'a, GpuQueues> {
+        match only {
+            Some(o) if o != kind => Candidate::Unavailable(
+                kind,
+                format!("{TRANSPORT_ENV}={} asks for {o} only", o.name()),
+            ),
+            _ => c,
+        }
+    }
     select(vec![
         Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
-        Candidate::Try(
+        candidate(
+            only,
             TransportKind::VfioP2p,
-            Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
+            Candidate::Try(
+                TransportKind::VfioP2p,
+                Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
+            ),
         ),
-        Candidate::Try(
+        candidate(
+            only,
             TransportKind::HostMemory,
-            Box::new(|| host::build(cuda, controller, d2, opts, topts)),
+            Candidate::Try(
+                TransportKind::HostMemory,
+                Box::new(|| host::build(cuda, controller, d2, opts, topts)),
+            ),
         ),
     ])
+}
+
+/// The environment variable that restricts a VFIO device's GPU queues to one transport
+/// (`vfio-p2p` or `host-memory`), e.g. to bring up (c) before (b) on a new SSD.
+pub const TRANSPORT_ENV: &str = "GPUNVME_GPU_TRANSPORT";
+
+/// The transport [`TRANSPORT_ENV`] names, if set; anything but a real-SSD transport's name is
+/// an error (a typo must not silently try every transport).
+fn only_transport(var: Option<&str>) -> Result<Option<TransportKind>, GpuError> {
+    match var.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) if v == TransportKind::VfioP2p.name() => Ok(Some(TransportKind::VfioP2p)),
+        Some(v) if v == TransportKind::HostMemory.name() => Ok(Some(TransportKind::HostMemory)),
+        Some(v) => Err(GpuError::InvalidArgument(format!(
+            "{TRANSPORT_ENV}={v:?}: expected {} or {}",
+            TransportKind::VfioP2p.name(),
+            TransportKind::HostMemory.name()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transport_variable_names_one_real_ssd_transport_or_is_refused() {
+        assert_eq!(only_transport(None).unwrap(), None);
+        assert_eq!(only_transport(Some("")).unwrap(), None);
+        assert_eq!(
+            only_transport(Some("host-memory")).unwrap(),
+            Some(TransportKind::HostMemory)
+        );
+        assert_eq!(
+            only_transport(Some(" vfio-p2p ")).unwrap(),
+            Some(TransportKind::VfioP2p)
+        );
+        assert!(only_transport(Some("hostmemory")).is_err());
+        assert!(only_transport(Some("software-controller")).is_err());
+    }
 }
