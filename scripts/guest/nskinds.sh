@@ -121,6 +121,21 @@ else
     fail "nskinds: blockfs on the PI namespace" "$(cat "$T/mkfs.err" "$T/put.err" "$T/get.err" "$T/fsck.err" 2>/dev/null | tail -n 3)"
 fi
 
+# The controller's own record: nothing above failed on it (refusals never reach it), and its
+# SMART counters saw the writes.
+if ours "$T/log" --device "$bdf" --json log && [ "$(jq '.entries | length' "$T/log.out")" = 0 ]; then
+    pass "nskinds: gpunvme log: QEMU's Error Information log holds no errors"
+else
+    fail "nskinds: gpunvme log" "$(cat "$T/log.out" "$T/log.err" 2>/dev/null | head -c 400)"
+fi
+if ours "$T/smart" --device "$bdf" --json log --smart &&
+    [ "$(jqf .host_write_commands "$T/smart.out")" -gt 0 ] &&
+    [ "$(jqf .media_errors "$T/smart.out")" = 0 ]; then
+    pass "nskinds: gpunvme log --smart: $(jqf .host_write_commands "$T/smart.out") writes, 0 media errors"
+else
+    fail "nskinds: gpunvme log --smart" "$(head -c 400 "$T/smart.out" "$T/smart.err" 2>/dev/null)"
+fi
+
 head -c "$PAT_BYTES" /dev/urandom >"$T/opat"
 if ours "$T/write" --device "$bdf" write --nsid 1 --lba "$LBA_OURS" --input "$T/opat"; then
     pass "nskinds: wrote $PAT_BYTES random bytes at LBA $LBA_OURS of the PI namespace through gpunvme"
