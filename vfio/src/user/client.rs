@@ -235,6 +235,20 @@ fn timed_out(command: Command, timeout: Duration, doing: &str) -> Failure {
     ))
 }
 
+/// What a failed send or receive means: nothing (EINTR: try again), a timeout (EAGAIN: the
+/// socket's timeout ran out) or a broken connection.
+fn io_failure(e: Errno, command: Command, timeout: Duration, doing: &str) -> Option<Failure> {
+    match e {
+        Errno::INTR => None,
+        Errno::AGAIN => Some(timed_out(command, timeout, doing)),
+        e => Some(Failure::Transport(format!(
+            "{doing} {}: {}",
+            command.name(),
+            std::io::Error::from(e)
+        ))),
+    }
+}
+
 fn send_all(
     stream: &UnixStream,
     mut bytes: &[u8],
@@ -272,14 +286,10 @@ fn send_all(
                 bytes = &bytes[n..];
                 first = false;
             }
-            Err(Errno::INTR) => {}
-            Err(Errno::AGAIN) => return Err(timed_out(command, timeout, "sending")),
             Err(e) => {
-                return Err(Failure::Transport(format!(
-                    "sending {}: {}",
-                    command.name(),
-                    std::io::Error::from(e)
-                )));
+                if let Some(f) = io_failure(e, command, timeout, "sending") {
+                    return Err(f);
+                }
             }
         }
     }
@@ -327,14 +337,10 @@ fn recv_exact(
                     ));
                 }
             }
-            Err(Errno::INTR) => {}
-            Err(Errno::AGAIN) => return Err(timed_out(command, timeout, "awaiting the reply to")),
             Err(e) => {
-                return Err(Failure::Transport(format!(
-                    "reading the reply to {}: {}",
-                    command.name(),
-                    std::io::Error::from(e)
-                )));
+                if let Some(f) = io_failure(e, command, timeout, "awaiting the reply to") {
+                    return Err(f);
+                }
             }
         }
     }
