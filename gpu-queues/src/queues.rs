@@ -64,6 +64,29 @@ impl Default for GpuQueueOptions {
 pub const TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(3600));
 
+/// The default bound of a wait on a real SSD's queues (transports (b), (c) and (c')): 30 s,
+/// as the Linux driver's I/O timeout, where an emulated controller's 10 s is the default.
+pub const REAL_SSD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `opts.timeout` for a real SSD's queues: [`REAL_SSD_TIMEOUT`] when it is the plain default
+/// (neither the caller, nor [`TIMEOUT_ENV`], nor compute-sanitizer chose another).
+pub fn real_ssd_timeout(opts: &GpuQueueOptions) -> Duration {
+    real_ssd_timeout_from(
+        opts.timeout,
+        std::env::var_os(TIMEOUT_ENV).is_some() || under_compute_sanitizer(),
+    )
+}
+
+/// [`real_ssd_timeout`] from the options' value and whether anything but the plain default
+/// could have set it.
+fn real_ssd_timeout_from(timeout: Duration, chosen_elsewhere: bool) -> Duration {
+    if !chosen_elsewhere && timeout == timeout_from(None, false) {
+        REAL_SSD_TIMEOUT
+    } else {
+        timeout
+    }
+}
+
 /// `timeout` clamped into [`TIMEOUT_RANGE`], in nanoseconds.
 fn clamp_timeout(timeout: Duration) -> u64 {
     timeout.clamp(TIMEOUT_RANGE.0, TIMEOUT_RANGE.1).as_nanos() as u64
@@ -667,6 +690,22 @@ impl Drop for GpuQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn real_ssds_wait_thirty_seconds_unless_told_otherwise() {
+        assert_eq!(
+            real_ssd_timeout_from(Duration::from_secs(10), false),
+            REAL_SSD_TIMEOUT
+        );
+        assert_eq!(
+            real_ssd_timeout_from(Duration::from_secs(10), true),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            real_ssd_timeout_from(Duration::from_secs(3), false),
+            Duration::from_secs(3)
+        );
+    }
 
     #[test]
     fn device_timeouts_are_clamped_to_one_millisecond_through_one_hour() {

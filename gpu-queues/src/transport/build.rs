@@ -117,7 +117,10 @@ pub(crate) fn build_queues(
     kernels.warm_up_clients(cuda, &client_stream)?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
     // An SSD across PCIe: system-scope fences (no QF_LOCAL_PEER).
-    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0).with_protection(controller)?;
+    // A real SSD: 30 s per wait unless the caller chose a bound (the emulators' 10 s is short
+    // for an SSD busy with garbage collection).
+    let timeout = crate::queues::real_ssd_timeout(opts);
+    let common = DescCommon::new(&p, &host_flags, timeout, 0).with_protection(controller)?;
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, align);
 
     let mut pairs = Vec::with_capacity(p.count as usize);
