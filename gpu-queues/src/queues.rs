@@ -669,16 +669,35 @@ impl GpuQueues {
     }
 }
 
+/// How long teardown waits for the queues' client stream after aborting every device-side
+/// wait (each checks the abort word at least every 500 µs, so kernels end well within it).
+const TEARDOWN_WAIT: Duration = Duration::from_secs(2);
+
 impl Drop for GpuQueues {
     fn drop(&mut self) {
-        // Make any straggling device-side wait give up, then delete the queues (CQ after SQ)
-        // through the admin queue, then tell the transport (an emulator stops reading their
-        // doorbells).
+        // Make any straggling device-side wait give up and let the client stream's kernels end
+        // (bounded), then delete the queues (CQ after SQ) through the admin queue, then tell
+        // the transport (an emulator stops reading their doorbells). A kernel still running
+        // after the bound could ring one of these doorbells later: the queue ids are then
+        // retired, never handed to a newer pair on this controller (review M2). Kernels the
+        // caller launched on streams of its own must have ended before the queues drop.
         self.abort();
+        let idle = match self.client_stream.wait_idle(TEARDOWN_WAIT) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "GPU client kernels still running at queue teardown; retiring the queue ids");
+                false
+            }
+        };
         for p in &mut self.pairs {
             if let Some(created) = p.created.take() {
                 let qid = created.qid();
-                if let Err(e) = created.delete() {
+                let deleted = if idle {
+                    created.delete()
+                } else {
+                    created.delete_retiring_qid()
+                };
+                if let Err(e) = deleted {
                     tracing::warn!(qid, error = %e, "deleting a GPU queue pair");
                 }
                 self.backend.queue_deleted(qid);

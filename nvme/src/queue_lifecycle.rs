@@ -263,7 +263,9 @@ impl QueueLifecycle {
 
     /// Deletes a pair's SQ then CQ, unless that was attempted already (by its owner or by
     /// shutdown); frees its queue id when both deletions succeed.
-    fn delete(&self, handle: &QueueHandle) -> Result<(), Error> {
+    /// Deletes the pair; its queue id goes back to the pool unless `retire_qid` (or the
+    /// deletion failed), in which case no later pair on this controller gets it.
+    fn delete(&self, handle: &QueueHandle, retire_qid: bool) -> Result<(), Error> {
         let mut table = lock(&self.table);
         if handle.deleted.load(Ordering::Acquire) {
             return Ok(());
@@ -274,7 +276,7 @@ impl QueueLifecycle {
             a.delete_io_cq(qid)
         });
         handle.deleted.store(true, Ordering::Release);
-        if result.is_ok() {
+        if result.is_ok() && !retire_qid {
             table.in_use[qid as usize - 1] = false;
         }
         result
@@ -376,7 +378,15 @@ impl CreatedQueuePair {
     /// succeed. `Ok` at once if the pair was already retired (by shutdown, say). Whatever
     /// happens, the pair is retired afterwards; after an error its queue id stays reserved.
     pub fn delete(self) -> Result<(), Error> {
-        self.lifecycle.delete(&self.handle)
+        self.lifecycle.delete(&self.handle, false)
+    }
+
+    /// Deletes the queue pair like [`CreatedQueuePair::delete`], but never hands its queue id
+    /// out again on this controller: for rings whose users (GPU kernels, say) may still be
+    /// running, so that a straggler's doorbell write can never reach a newer pair that took
+    /// the same id.
+    pub fn delete_retiring_qid(self) -> Result<(), Error> {
+        self.lifecycle.delete(&self.handle, true)
     }
 }
 
@@ -385,7 +395,7 @@ impl Drop for CreatedQueuePair {
         if self.is_deleted() || self.lifecycle.admin.is_shut_down() {
             return;
         }
-        if let Err(e) = self.lifecycle.delete(&self.handle) {
+        if let Err(e) = self.lifecycle.delete(&self.handle, false) {
             tracing::warn!(qid = self.handle.qid, error = %e, "deleting I/O queue pair");
         }
     }

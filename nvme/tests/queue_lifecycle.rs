@@ -356,6 +356,19 @@ fn queue_ids_run_out_and_are_reused() -> Result<()> {
     let mut cpu2 = ctrl.create_io_queue_pair(8)?;
     assert_eq!(cpu2.qid(), b_qid);
     cpu2.flush(1)?;
+    // A pair deleted with its id retired: the queues go, the id is never handed out again.
+    let c_qid = c.pair.qid();
+    c.pair.delete_retiring_qid()?;
+    drop(cpu);
+    let d = HandDriven::create(&ctrl, 8)?;
+    assert_ne!(d.pair.qid(), c_qid, "a retired id came back");
+    assert!(matches!(
+        HandDriven::create(&ctrl, 8)
+            .err()
+            .context("no id left")?
+            .downcast_ref::<Error>(),
+        Some(Error::NoQueueAvailable { granted: 3 })
+    ));
     Ok(())
 }
 
