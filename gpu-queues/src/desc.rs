@@ -427,13 +427,17 @@ pub fn lat_bucket_floor(b: usize) -> u64 {
 pub enum DeviceStatus {
     /// Success.
     Ok,
-    /// A bounded wait ran out.
+    /// A bounded wait ran out. The command may still be in flight: its data buffer stays the
+    /// controller's until the queue is deleted (drop the [`crate::GpuQueues`]) or the
+    /// controller reset; do not free or reuse it before (the same holds for
+    /// [`DeviceStatus::Aborted`] and [`DeviceStatus::QueueFailed`]).
     Timeout,
     /// The controller completed the command with an error status.
     NvmeError,
     /// The queue failed earlier (timeout, abort, bad completion) and takes no commands.
     QueueFailed,
-    /// The host aborted (controller fatal, device gone, shutdown).
+    /// The host aborted (controller fatal, device gone, shutdown). Buffers: as for
+    /// [`DeviceStatus::Timeout`].
     Aborted,
     /// Bad arguments (size above MDTS, unaligned buffer).
     InvalidArgument,

@@ -122,6 +122,14 @@
 #define GPUNVME_IO_REQ_SIZE 32
 
 // Status codes every call returns (gpu_queues::DeviceStatus on the Rust side).
+//
+// Buffers after TIMEOUT, ABORTED or QUEUE_FAILED: the command may still be in flight on the
+// controller, which can still DMA into (or out of) its data buffer and PRP list, however late.
+// The call returns, but the buffer is not the caller's again until the queue is deleted
+// (GpuQueues dropped; the controller then stops all of the queue's commands) or the
+// controller is reset. The queue is failed from then on (every later call: QUEUE_FAILED), so
+// its command id is never matched to a newer command. Do not free or reuse such a buffer for
+// other data before that; the slot buffers are the queue's own and follow its lifetime.
 #define GPUNVME_OK 0
 #define GPUNVME_TIMEOUT 1
 #define GPUNVME_NVME_ERROR 2
