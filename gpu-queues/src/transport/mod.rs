@@ -20,7 +20,7 @@
 //! fallback.
 //!
 //! Unsafe code (mmap, ioctls, touching pages, VFIO and CUDA registrations of raw ranges) lives
-//! only in [`sys`] and in `crate::ffi`; every other module here forbids it.
+//! only in `crate::ffi` (its `os` and backend modules); every module here forbids it.
 
 pub mod bar1;
 mod build;
