@@ -4,7 +4,7 @@
 //!
 //! The protocol carries what VFIO ioctls carry for a kernel device (device and region info,
 //! region reads and writes, DMA map and unmap, reset) as messages on the socket
-//! ([`client`]). Where a server offers parts of BAR0 as shared memory (SPDK offers the doorbell
+//! (`client`). Where a server offers parts of BAR0 as shared memory (SPDK offers the doorbell
 //! page, which it polls), they are mmapped and written with plain volatile stores, as a PCI BAR
 //! would be; the rest of BAR0 and the configuration space are reached by messages. DMA memory is
 //! memfd-backed: each chunk is handed to the server with `VFIO_USER_DMA_MAP` and its
@@ -28,10 +28,10 @@
 //!   where touched): about 1 GiB of DMA memory in small buffers at a time.
 
 mod client;
-mod nvme;
+mod device;
 mod proto;
 
-pub use self::nvme::{CHUNK_SIZE, VfioUserNvme, VfioUserOptions};
+pub use self::device::{CHUNK_SIZE, VfioUserNvme, VfioUserOptions};
 
 /// The `--device` prefix that names a vfio-user socket: `vfio-user:/path/to/cntrl`.
 pub const SPEC_PREFIX: &str = "vfio-user:";
