@@ -704,7 +704,30 @@ fn expect_statuses(cases: &[(&str, IoReq, u32)], out: &[(DeviceStatus, u32)]) {
     }
 }
 
-fn image(name: &str) -> std::path::PathBuf {
+/// A test's image file in /dev/shm, removed when the test ends, passed or not (a panicking
+/// test used to leave its 64 MiB behind in memory-backed tmpfs).
+struct ShmImage(std::path::PathBuf);
+
+impl std::ops::Deref for ShmImage {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for ShmImage {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ShmImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn image(name: &str) -> ShmImage {
     let dir = if std::path::Path::new("/dev/shm").is_dir() {
         std::path::PathBuf::from("/dev/shm")
     } else {
@@ -714,7 +737,7 @@ fn image(name: &str) -> std::path::PathBuf {
     std::fs::File::create(&p)
         .and_then(|f| f.set_len(NS_BYTES))
         .expect("image");
-    p
+    ShmImage(p)
 }
 
 #[test]
@@ -1120,7 +1143,7 @@ fn model_without_free_sms_is_refused_not_hung() {
     let path = image("nosm");
     let config = EmuConfig {
         namespaces: vec![NamespaceConfig {
-            backend: nvme_emu::Backend::File(path.clone()),
+            backend: nvme_emu::Backend::File(path.to_path_buf()),
             blocks: NS_BYTES / 512,
             lba_size: 512,
             read_only: false,
@@ -1229,7 +1252,7 @@ mod files {
             4096,
             |c| {
                 c.namespaces = vec![NamespaceConfig {
-                    backend: nvme_emu::Backend::File(path.clone()),
+                    backend: nvme_emu::Backend::File(path.to_path_buf()),
                     blocks: NS_BYTES / 4096,
                     lba_size: 4096,
                     read_only: false,
