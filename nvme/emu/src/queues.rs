@@ -23,10 +23,10 @@ pub(crate) struct SubQueue {
     /// The external tail doorbell, if the queue was created with one (else the tail is read
     /// from the register window, which validates it as it is written).
     pub(crate) doorbell: Option<Arc<dyn DoorbellWord>>,
-    /// External doorbell only: the tail as last validly reported.
+    /// The tail as last validly reported.
     pub(crate) tail: u32,
-    /// External doorbell only: the last raw value looked at (valid or not), so that an
-    /// invalid value is reported once.
+    /// The last raw tail doorbell value looked at (valid or not), so that an invalid value is
+    /// reported once.
     pub(crate) seen_doorbell: u32,
     /// The controller thread's translation-cache entry for the ring (a hint, checked on use:
     /// see `MapCache::translate_at`).

@@ -557,44 +557,26 @@ impl Worker {
         let Some(sq) = self.sqs[qid as usize].as_mut() else {
             return Poll::Idle;
         };
-        let (tail, limit) = match &sq.doorbell {
-            None => {
-                let tail = self.shared.regs.sq_tail(qid);
-                if tail >= sq.entries {
-                    // Only possible for a write that raced the queue's re-creation (the
-                    // window refuses out-of-range values); ignore it.
-                    return Poll::Idle;
-                }
-                if self.hostile.flag_backward_tail && tail != sq.seen_doorbell {
-                    sq.seen_doorbell = tail;
-                    if sq.pending(tail) < sq.pending(sq.tail) {
-                        self.invalid_doorbell_value(qid, true, tail);
-                        return Poll::Handled;
-                    }
-                    sq.tail = tail;
-                }
-                if self.hostile.flag_backward_tail {
-                    (sq.tail, BATCH)
-                } else {
-                    (tail, BATCH)
-                }
-            }
-            Some(word) => {
-                let raw = word.load();
-                if raw != sq.seen_doorbell {
-                    sq.seen_doorbell = raw;
-                    if raw >= sq.entries
-                        || (self.hostile.flag_backward_tail
-                            && sq.pending(raw) < sq.pending(sq.tail))
-                    {
-                        self.invalid_doorbell_value(qid, true, raw);
-                        return Poll::Handled;
-                    }
-                    sq.tail = raw;
-                }
-                (sq.tail, self.external_batch)
-            }
+        let (raw, limit) = match &sq.doorbell {
+            None => (self.shared.regs.sq_tail(qid), BATCH),
+            Some(word) => (word.load(), self.external_batch),
         };
+        if raw != sq.seen_doorbell {
+            if raw >= sq.entries && sq.doorbell.is_none() {
+                // Only possible for a register write that raced the queue's re-creation (the
+                // window refuses out-of-range values and reports them itself); ignore it.
+                return Poll::Idle;
+            }
+            sq.seen_doorbell = raw;
+            if raw >= sq.entries
+                || (self.hostile.flag_backward_tail && sq.pending(raw) < sq.pending(sq.tail))
+            {
+                self.invalid_doorbell_value(qid, true, raw);
+                return Poll::Handled;
+            }
+            sq.tail = raw;
+        }
+        let tail = sq.tail;
         let pending = sq.pending(tail);
         if pending == 0 {
             return Poll::Idle;
