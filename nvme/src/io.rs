@@ -461,7 +461,7 @@ impl IoQueuePair {
             shift: ns.lba_size.trailing_zeros(),
             len_mask: ns.lba_size as usize - 1,
             blocks: ns.blocks,
-            cdw12: (ns.prinfo() as u32) << 26,
+            cdw12: (ns.prinfo() as u32) << nvme_spec::command::prinfo::SHIFT,
         };
         Ok(())
     }

@@ -12,15 +12,9 @@
 
 #![forbid(unsafe_code)]
 
+use nvme_spec::command::prinfo;
 use nvme_spec::{Csi, IdentifyNamespace, Protection};
 use std::sync::Arc;
-
-/// PRINFO (CDW12 bits 29:26 of Read and Write): PRACT.
-const PRINFO_PRACT: u8 = 0b1000;
-/// PRINFO: check the guard.
-const PRINFO_PRCHK_GUARD: u8 = 0b0100;
-/// PRINFO: check the reference tag.
-const PRINFO_PRCHK_REF: u8 = 0b0001;
 
 /// An active namespace the driver can do I/O on.
 #[derive(Clone, Debug)]
@@ -163,14 +157,14 @@ impl Namespace {
     pub fn prinfo(&self) -> u8 {
         match self.protection {
             None => 0,
-            Some(p) if p.pi_type == 3 => PRINFO_PRACT | PRINFO_PRCHK_GUARD,
-            Some(_) => PRINFO_PRACT | PRINFO_PRCHK_GUARD | PRINFO_PRCHK_REF,
+            Some(p) if p.pi_type == 3 => prinfo::PRACT | prinfo::PRCHK_GUARD,
+            Some(_) => prinfo::PRACT | prinfo::PRCHK_GUARD | prinfo::PRCHK_REF,
         }
     }
 
     /// CDW14 (Initial Logical Block Reference Tag) of a Read or Write starting at `lba`.
     pub fn reference_tag(&self, lba: u64) -> u32 {
-        if self.prinfo() & PRINFO_PRCHK_REF != 0 {
+        if self.prinfo() & prinfo::PRCHK_REF != 0 {
             lba as u32
         } else {
             0

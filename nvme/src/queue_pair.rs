@@ -34,6 +34,7 @@ use crate::prp::{PRP_ENTRIES_PER_LIST, Prp, PrpError};
 use crate::queue::CqRing;
 use crate::registers::Registers;
 use crate::timeout::check_interval;
+use nvme_spec::command::prinfo;
 use nvme_spec::wire::{
     CQE_CID, CQE_SIZE, CQE_SQ_DWORD, CQE_SQHD, CQE_SQID, CQE_STATUS, CQE_STATUS_DWORD, SQE_SIZE,
 };
@@ -560,7 +561,7 @@ impl QueuePair {
         // 34 for Read and Write): CDW0 (opcode, CID) and NSID; CDW2-3 and MPTR 0; PRP1; PRP2;
         // CDW10-11 the SLBA; CDW12 NLB (zero-based) and PRINFO; CDW13 0; CDW14 the initial
         // reference tag (the LBA's low 32 bits) when PRINFO checks it; CDW15 0.
-        let reftag = if cdw12 & (1 << 26) != 0 {
+        let reftag = if cdw12 & (prinfo::PRCHK_REF as u32) << prinfo::SHIFT != 0 {
             lba as u32 as u64
         } else {
             0

@@ -359,6 +359,22 @@ pub struct VolatileWriteCache {
     __: u32,
 }
 
+/// The Protection Information field (PRINFO) of Read, Write and Write Zeroes (CDW12 bits
+/// 29:26; NVM Command Set 1.0, Figure 33).
+pub mod prinfo {
+    /// Bit position of PRINFO in CDW12.
+    pub const SHIFT: u32 = 26;
+    /// Protection Information Action: the controller inserts (writes) and strips (reads) the
+    /// protection information; the host moves data only.
+    pub const PRACT: u8 = 0b1000;
+    /// Check the guard.
+    pub const PRCHK_GUARD: u8 = 0b0100;
+    /// Check the application tag.
+    pub const PRCHK_APP: u8 = 0b0010;
+    /// Check the reference tag (initial value in CDW14).
+    pub const PRCHK_REF: u8 = 0b0001;
+}
+
 /// Read / Write, Command Dword 12 (NVM Command Set 1.0, sections 3.2.4 and 3.2.6). Command
 /// Dwords 10 and 11 hold the 64-bit Starting LBA (low dword in CDW10).
 #[bitfield(u32)]

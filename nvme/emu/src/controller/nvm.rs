@@ -4,7 +4,7 @@
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
-use nvme_spec::command::{DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12};
+use nvme_spec::command::{DsmCdw10, DsmCdw11, ReadWriteCdw12, WriteZeroesCdw12, prinfo};
 use nvme_spec::status::{command_specific, generic, media};
 use nvme_spec::{Command, DsmRange, NvmOpcode};
 use zerocopy::FromBytes;
@@ -75,11 +75,9 @@ impl Worker {
         Ok(())
     }
 
-    /// What the namespace's format asks of a Read, Write or Write Zeroes carrying `prinfo`
-    /// (see [`crate::NsFormat`]).
-    fn check_format(&self, index: usize, cmd: &Command, prinfo: u8) -> Result<(), Fail> {
-        const PRACT: u8 = 0b1000;
-        const PRCHK_REF: u8 = 0b0001;
+    /// What the namespace's format asks of a Read, Write or Write Zeroes whose PRINFO field is
+    /// `pi_field` (see [`crate::NsFormat`]).
+    fn check_format(&self, index: usize, cmd: &Command, pi_field: u8) -> Result<(), Fail> {
         match self.namespaces[index].format {
             crate::NsFormat::Plain => Ok(()),
             crate::NsFormat::Zoned => {
@@ -93,10 +91,13 @@ impl Worker {
                 Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 3))
             }
             crate::NsFormat::Pi { pi_type, .. } => {
-                if prinfo & PRACT == 0 {
+                if pi_field & prinfo::PRACT == 0 {
                     return Err(Fail::generic(generic::INVALID_FIELD_IN_COMMAND).at(CDW12_BYTE + 3));
                 }
-                if prinfo & PRCHK_REF != 0 && pi_type != 3 && cmd.cdw14 != cmd.slba() as u32 {
+                if pi_field & prinfo::PRCHK_REF != 0
+                    && pi_type != 3
+                    && cmd.cdw14 != cmd.slba() as u32
+                {
                     return Err(Fail::media(media::REFERENCE_TAG_CHECK_ERROR, cmd.slba()));
                 }
                 Ok(())
