@@ -105,6 +105,20 @@ fi
 spdk_field() { # file, label -> value after the colon, trimmed
     grep -m1 "^$2:" "$1" | sed 's/^[^:]*:[[:space:]]*//; s/[[:space:]]*$//'
 }
+# perf_verified OUTPUT IOS [DATA_PATH_WORD]: the JSON report in perf's OUTPUT (log lines before
+# it are skipped) shows IOS I/Os, no errors, no mismatches, bytes verified (and DATA_PATH_WORD
+# in its data path); prints a summary, or why not (non-zero status).
+perf_verified() {
+    python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["errors"] == 0 and j["verify_errors"] == 0, "errors %d, verify errors %d" % (j["errors"], j["verify_errors"])
+assert j["ios"] == int(sys.argv[2]), "ios %d" % j["ios"]
+assert j["verified_bytes"] > 0, "nothing verified"
+assert sys.argv[3] in json.dumps(j.get("data_path", "")), "data path %s" % j.get("data_path")
+print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6, j["verified_bytes"]))
+' "$(sed -n '/^{/,$p' <<<"$1")" "$2" "${3:-}" 2>&1
+}
 json_field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$1" "$2"; }
 
 for line in "${CTRLS[@]}"; do
@@ -152,14 +166,7 @@ for line in "${CTRLS[@]}"; do
             res=""
             if out=$(timeout 120 "$G" perf --device "$dev" --rw "$rw" --bs "$size" --qd "$qd" --ios "$ios" \
                 --verify --json 2>&1) &&
-                res=$(python3 -c '
-import json, sys
-j = json.loads(sys.argv[1])
-assert j["errors"] == 0 and j["verify_errors"] == 0, "errors %d, verify errors %d" % (j["errors"], j["verify_errors"])
-assert j["ios"] == int(sys.argv[2]), "ios %d" % j["ios"]
-assert j["verified_bytes"] > 0, "nothing verified"
-print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6, j["verified_bytes"]))
-' "$out" "$ios" 2>&1); then
+                res=$(perf_verified "$out" "$ios"); then
                 ok "$name: perf --rw $rw --bs $size --qd $qd --verify: $res"
             else
                 bad "$name: perf --rw $rw --bs $size --verify: ${res:-} $(tail -3 <<<"$out")"
@@ -196,16 +203,8 @@ if [ "$host_gpu" = yes ]; then
             res=""
             if out=$(timeout 300 "$HG" perf --gpu --device "vfio-user:$sock" --rw "$rw" --bs 4k --qd 8 \
                 --ios 4000 --verify --force --json 2>&1) &&
-                res=$(python3 -c '
-import json, sys
-j = json.loads(sys.argv[1])
-assert j["errors"] == 0 and j["verify_errors"] == 0, "errors %d, verify errors %d" % (j["errors"], j["verify_errors"])
-assert j["ios"] == 4000, "ios %d" % j["ios"]
-assert j["verified_bytes"] > 0, "nothing verified"
-assert "vfio-user" in json.dumps(j.get("data_path", "")), "data path %s" % j.get("data_path")
-print("%d IOPS on CPU threads, %d bytes verified" % (j["iops"], j["verified_bytes"]))
-' "$(sed -n '/^{/,$p' <<<"$out")" 2>&1); then
-                ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over vfio-user (c'): $res"
+                res=$(perf_verified "$out" 4000 vfio-user); then
+                ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over vfio-user (c'): $res (CPU threads)"
             else
                 bad "$name: host-gpu perf --gpu --rw $rw: ${res:-} $(tail -3 <<<"$out")"
             fi
