@@ -290,13 +290,7 @@ pub fn teardown(setup: GpuSetup) -> Result<()> {
 
 /// The data path GPU file reads (`write` false) or writes take on `setup`, in words.
 pub fn data_path(setup: &GpuSetup, write: bool) -> String {
-    // Over vfio-user the controller is another process: it reaches only memory shared with it,
-    // so the buffer is host memory mapped into the GPU, not GPU memory.
-    let memory = if setup.queues.transport() == gpu_queues::TransportKind::VfioUser {
-        "host memory shared with the controller and mapped into the GPU"
-    } else {
-        "GPU memory"
-    };
+    let memory = setup.queues.transport().buffer_memory();
     format!(
         "GPU threads (a warp lane per chunk) issue NVMe {} on GPU queues, data {} {memory} by \
          PRPs; unaligned head/tail through slot buffers{}; extent table in GPU memory; {}",

@@ -36,6 +36,16 @@ impl TransportKind {
         }
     }
 
+    /// Where the buffers `GpuQueues::alloc_buffer` hands out live, in words: GPU memory,
+    /// except over vfio-user, whose controller (another process) reaches only memory shared
+    /// with it, mapped into the GPU.
+    pub fn buffer_memory(self) -> &'static str {
+        match self {
+            Self::VfioUser => "host memory shared with the controller and mapped into the GPU",
+            _ => "GPU memory",
+        }
+    }
+
     /// The letter the design gives it: "(a)", "(b)", "(c)".
     pub fn label(self) -> &'static str {
         match self {
