@@ -3,9 +3,10 @@
 # over vfio-user (transport (c'), docs/spdk.md), with binaries and the SPDK bundle built and
 # packed on the CPU machine by scripts/gpu-build.sh and carried in .gpu-bin/:
 #
-#   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer] [--file-mib N] [--secs S]
+#   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--file-mib N] [--secs S]
 #
 # 1. `perf --gpu --verify` in four patterns on SPDK's 512- and 4096-byte malloc namespaces;
+#    the GPU suite's transfer shapes and wrap-around there (plain, racecheck, synccheck);
 # 2. `fs get --gpu` of a file of --file-mib MiB (default 1100: over 1 GiB) on the AIO namespace,
 #    the GPU's CRC-32C compared with the host's and the recorded one; `fs put --gpu` read back;
 # 3. compute-sanitizer racecheck and synccheck on short verified perf runs (client kernels);
@@ -19,6 +20,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN=$2; shift 2 ;;
         --no-sanitizer) SAN=0; shift ;;
+        --sanitizer-only) SAN=2; shift ;;
         --file-mib) FILE_MIB=$2; shift 2 ;;
         --secs) SECS=$2; shift 2 ;;
         *) sed -n '2,15p' "$0" >&2; exit 2 ;;
@@ -32,13 +34,16 @@ fi
 G=$(realpath "$BIN/gpunvme")
 export GPUNVME_SPDK_DIR=${GPUNVME_SPDK_DIR:-$(realpath "$BIN/spdk")}
 SPDK=$GPUNVME_SPDK_DIR
-STATE=$(mktemp -d /tmp/gpunvme-spdk-gpu.XXXXXX)
+# The target's state (sockets, and the doorbell pages nvmf_tgt keeps in files beside them) on
+# tmpfs: CUDA cannot pin a shared mapping of a disk file. The AIO image needs O_DIRECT: on disk.
+STATE=$(mktemp -d /dev/shm/gpunvme-spdk-gpu.XXXXXX)
+DISK=$(mktemp -d /var/tmp/gpunvme-spdk-gpu.XXXXXX)
 # shellcheck source=checks-lib.sh
 . scripts/checks-lib.sh
-trap 'scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1; rm -rf "$STATE"' EXIT
+trap 'scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1; rm -rf "$STATE" "$DISK"' EXIT
 
 mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 1024 \
-    --aio-mib $((FILE_MIB * 2 + 256)))
+    --aio-mib $((FILE_MIB * 2 + 256)) --aio-image "$DISK/aio.img")
 [ ${#CTRLS[@]} -eq 3 ] || { echo "spdk-gpu-test: the target did not start" >&2; exit 2; }
 sock() { for l in "${CTRLS[@]}"; do read -r n s _ <<<"$l"; [ "$n" = "$1" ] && echo "$s"; done; }
 
@@ -53,38 +58,57 @@ print(json.dumps({k: j.get(k) for k in ("rw", "bs", "qd", "queues", "ios", "iops
 ' "$(sed -n '/^{/,$p' <<<"$out")"
 }
 
-# 1. perf --gpu --verify, four patterns, both block sizes.
-for name in malloc512 malloc4096; do
+# 1. perf --gpu --verify, four patterns, on both namespaces (512- and 4096-byte blocks), 4 KiB
+#    I/O; and 512-byte I/O on the 512-byte namespace.
+[ "$SAN" = 2 ] || for run in "malloc512 4k" "malloc4096 4k" "malloc512 512"; do
+    read -r name bs <<<"$run"
     dev="vfio-user:$(sock $name)"
     for rw in write read randwrite randread; do
-        if r=$(perf_json "$dev" --gpu --verify --force --rw $rw --bs 4k --qd 32 --ios 200000); then
-            ok "$name perf --gpu --verify $rw: $r"
+        if r=$(perf_json "$dev" --gpu --verify --force --rw $rw --bs "$bs" --qd 32 --ios 200000); then
+            ok "$name perf --gpu --verify $rw --bs $bs: $r"
         else
-            bad "$name perf --gpu --verify $rw"
+            bad "$name perf --gpu --verify $rw --bs $bs"
         fi
     done
 done
 
+# 1b. The GPU suite's transfer shapes (512/4096) and wrap-around (8 queues of 16 and 32
+#     entries, both client styles) on SPDK's controllers (tests/gpu.rs `spdk::`), plain and
+#     under racecheck and synccheck.
+for tool in none racecheck synccheck; do
+    if [ "$tool" = none ]; then [ "$SAN" != 2 ] || continue; else [ "$SAN" != 0 ] || continue; fi
+    pre=(); [ "$tool" = none ] || pre=(compute-sanitizer --tool "$tool" --error-exitcode 3)
+    if out=$(GPUNVME_TEST_SPDK_DIR=$STATE timeout 300 "${pre[@]}" "$BIN/gpu-tests" --include-ignored \
+        --test-threads=1 spdk:: 2>&1) && grep -q '^test result: ok. 2 passed' <<<"$out" &&
+        { [ "$tool" = none ] || grep -q 'ERROR SUMMARY: 0 errors' <<<"$out"; }; then
+        ok "GPU suite spdk:: (transfer shapes, wrap-around) sanitizer=$tool"
+    else
+        bad "GPU suite spdk:: sanitizer=$tool: $(grep -E 'panicked|FAILED|test result|ERROR SUMMARY' <<<"$out" | head -5)"
+    fi
+done
+
 # 2. files over (c'): fs get --gpu of more than 1 GiB, CRCs compared; fs put --gpu read back.
-dev="vfio-user:$(sock aio)"
-head -c $((FILE_MIB << 20)) /dev/urandom > "$STATE/in.bin"
-if "$G" fs mkfs --force --device "$dev" >/dev/null && "$G" fs put "$STATE/in.bin" in.bin --device "$dev" >/dev/null &&
-    out=$(timeout 600 "$G" fs get in.bin --gpu --device "$dev" 2>&1) &&
-    line=$(grep -m1 '^crc32c: GPU' <<<"$out") && crcs_agree "$line"; then
-    ok "fs get --gpu of $FILE_MIB MiB over vfio-user: $line; $(grep -m1 'GB/s' <<<"$out")"
-else
-    bad "fs get --gpu: $(tail -4 <<<"${out:-}")"
+if [ "$SAN" != 2 ]; then
+    dev="vfio-user:$(sock aio)"
+    head -c $((FILE_MIB << 20)) /dev/urandom > "$STATE/in.bin"
+    if "$G" fs mkfs --force --device "$dev" >/dev/null && "$G" fs put "$STATE/in.bin" in.bin --device "$dev" >/dev/null &&
+        out=$(timeout 600 "$G" fs get in.bin --gpu --device "$dev" 2>&1) &&
+        line=$(grep -m1 '^crc32c: GPU' <<<"$out") && crcs_agree "$line"; then
+        ok "fs get --gpu of $FILE_MIB MiB over vfio-user: $line; $(grep -m1 'GB/s' <<<"$out")"
+    else
+        bad "fs get --gpu: $(tail -4 <<<"${out:-}")"
+    fi
+    if out=$(timeout 600 "$G" fs put "$STATE/in.bin" out.bin --gpu --device "$dev" 2>&1) &&
+        "$G" fs get out.bin "$STATE/out.bin" --device "$dev" >/dev/null && cmp -s "$STATE/in.bin" "$STATE/out.bin"; then
+        ok "fs put --gpu of $FILE_MIB MiB, read back through CPU queues: $(grep -m1 'GB/s' <<<"$out")"
+    else
+        bad "fs put --gpu: $(tail -4 <<<"${out:-}")"
+    fi
+    rm -f "$STATE/in.bin" "$STATE/out.bin"
 fi
-if out=$(timeout 600 "$G" fs put "$STATE/in.bin" out.bin --gpu --device "$dev" 2>&1) &&
-    "$G" fs get out.bin "$STATE/out.bin" --device "$dev" >/dev/null && cmp -s "$STATE/in.bin" "$STATE/out.bin"; then
-    ok "fs put --gpu of $FILE_MIB MiB, read back through CPU queues: $(grep -m1 'GB/s' <<<"$out")"
-else
-    bad "fs put --gpu: $(tail -4 <<<"${out:-}")"
-fi
-rm -f "$STATE/in.bin" "$STATE/out.bin"
 
 # 3. compute-sanitizer on the client kernels.
-if [ "$SAN" = 1 ]; then
+if [ "$SAN" != 0 ]; then
     dev="vfio-user:$(sock malloc512)"
     for tool in racecheck synccheck; do
         for rw in randwrite randread; do
@@ -100,21 +124,23 @@ if [ "$SAN" = 1 ]; then
 fi
 
 # 4. Figures: GPU queues, CPU queues and SPDK's own client on one target.
-dev="vfio-user:$(sock malloc512)"
-for qd in 1 32; do
-    r=$(perf_json "$dev" --gpu --force --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
-        --runtime ${SECS}s --client thread) && echo "{\"figure\":\"gpu-queues\",\"qd\":$qd,\"run\":$r}"
-    r=$(perf_json "$dev" --force --rw randread --bs 4k --queues 1 --qd $qd --runtime ${SECS}s) &&
-        echo "{\"figure\":\"cpu-queues\",\"qd\":$qd,\"run\":$r}"
-done
-if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 512 ]; then echo 512 > /proc/sys/vm/nr_hugepages; fi
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
-for qd in 1 32; do
-    out=$(LD_LIBRARY_PATH="$SPDK/lib" timeout 60 "$SPDK/bin/spdk_nvme_perf" -c 0x2 -q $qd -o 4096 \
-        -w randread -t "$SECS" -r "trtype:VFIOUSER traddr:$(dirname "$(sock malloc512)") subnqn:nqn.2019-07.io.spdk:gpunvme-malloc512" 2>&1)
-    line=$(grep -m1 'from core' <<<"$out")
-    echo "{\"figure\":\"spdk_nvme_perf\",\"qd\":$qd,\"line\":\"$(tr -s ' ' <<<"$line")\"}"
-done
+if [ "$SAN" != 2 ]; then
+    dev="vfio-user:$(sock malloc512)"
+    for qd in 1 32; do
+        r=$(perf_json "$dev" --gpu --force --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
+            --runtime ${SECS}s --client thread) && echo "{\"figure\":\"gpu-queues\",\"qd\":$qd,\"run\":$r}"
+        r=$(perf_json "$dev" --force --rw randread --bs 4k --queues 1 --qd $qd --runtime ${SECS}s) &&
+            echo "{\"figure\":\"cpu-queues\",\"qd\":$qd,\"run\":$r}"
+    done
+    if [ "$(cat /proc/sys/vm/nr_hugepages)" -lt 512 ]; then echo 512 > /proc/sys/vm/nr_hugepages; fi
+    mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
+    for qd in 1 32; do
+        out=$(LD_LIBRARY_PATH="$SPDK/lib" timeout 60 "$SPDK/bin/spdk_nvme_perf" -c 0x2 -q $qd -o 4096 \
+            -w randread -t "$SECS" -r "trtype:VFIOUSER traddr:$(dirname "$(sock malloc512)") subnqn:nqn.2019-07.io.spdk:gpunvme-malloc512" 2>&1)
+        line=$(grep -m1 'from core' <<<"$out")
+        echo "{\"figure\":\"spdk_nvme_perf\",\"qd\":$qd,\"line\":\"$(tr -s ' ' <<<"$line")\"}"
+    done
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

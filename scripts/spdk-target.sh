@@ -4,7 +4,8 @@
 # third-party NVMe controller that gpunvme connects to over vfio-user sockets.
 #
 # Usage:
-#   scripts/spdk-target.sh start STATE_DIR [--malloc-mib N] [--aio-mib N] [--cpumask MASK]
+#   scripts/spdk-target.sh start STATE_DIR [--malloc-mib N] [--aio-mib N] [--aio-image PATH]
+#                                [--cpumask MASK]
 #   scripts/spdk-target.sh stop|kill|status STATE_DIR
 #
 # start   launches nvmf_tgt (RPC socket STATE_DIR/spdk.sock, log STATE_DIR/nvmf_tgt.log, pid in
@@ -12,9 +13,14 @@
 #         subsystem + one namespace each) and prints one line per controller, `NAME SOCKET BLOCKSIZE`:
 #           malloc512   malloc bdev, 512-byte blocks, serial SPDK512, --malloc-mib MiB (default 256)
 #           malloc4096  malloc bdev, 4096-byte blocks, serial SPDK4096, --malloc-mib MiB
-#           aio         AIO bdev (O_DIRECT), 4096-byte blocks, serial SPDKAIO, over STATE_DIR/aio.img
-#                       of --aio-mib MiB (default 512); an image of that size is kept across starts
+#           aio         AIO bdev (O_DIRECT), 4096-byte blocks, serial SPDKAIO, over --aio-image
+#                       (default STATE_DIR/aio.img) of --aio-mib MiB (default 512); an image of
+#                       that size is kept across starts
 #         Subsystems are nqn.2019-07.io.spdk:gpunvme-NAME; sockets are STATE_DIR/NAME/cntrl.
+#         nvmf_tgt keeps each controller's doorbell page in a file beside its socket: for GPU
+#         threads (which ring it through a CUDA registration of that file's mapping) STATE_DIR
+#         must be on tmpfs, e.g. /dev/shm (Linux refuses long-term pins of writable shared
+#         mappings of disk files), and then --aio-image on a disk filesystem (O_DIRECT).
 #         --cpumask: nvmf_tgt's core mask (default 0x1). Core lock files are off, so targets of
 #         other STATE_DIRs may share a core, but two polling reactors on one core answer in ms.
 # stop    SIGTERM, then SIGKILL after 10 s; exit 0 also when nothing runs.
@@ -27,15 +33,16 @@
 # built by the recipe in ../shared/design/spdk-vfio-user.md (copy in docs/). Needs root.
 set -euo pipefail
 
-usage() { sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
+usage() { sed -n '7,9p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 die() { echo "spdk-target: $*" >&2; exit 1; }
 [[ $# -ge 2 ]] || usage
 CMD=$1 STATE_ARG=$2; shift 2
-MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1
+MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1 AIO_IMAGE=
 while [[ $# -gt 0 ]]; do
   [[ $CMD == start && $# -ge 2 ]] || usage
   case $1 in
-    --malloc-mib) MALLOC_MIB=$2 ;; --aio-mib) AIO_MIB=$2 ;; --cpumask) CPUMASK=$2 ;; *) usage ;;
+    --malloc-mib) MALLOC_MIB=$2 ;; --aio-mib) AIO_MIB=$2 ;; --cpumask) CPUMASK=$2 ;;
+    --aio-image) AIO_IMAGE=$2 ;; *) usage ;;
   esac
   shift 2
 done
@@ -108,12 +115,12 @@ for n in "${NAMES[@]}"; do mkdir -p "$STATE/$n"; rm -f "$STATE/$n/cntrl"; done
 rm -f "$PIDF" "$SOCK"
 
 # AIO backing file, probed for O_DIRECT (SPDK silently falls back to blocking buffered I/O).
-IMG=$STATE/aio.img
+IMG=${AIO_IMAGE:-$STATE/aio.img}
 [[ -f $IMG && $(stat -c %s "$IMG") == $((AIO_MIB << 20)) ]] ||
   { rm -f "$IMG"; fallocate -l "${AIO_MIB}M" "$IMG" 2>/dev/null || truncate -s "${AIO_MIB}M" "$IMG"; }
 dd if="$IMG" of=/dev/null bs=4096 count=1 iflag=direct status=none 2>/dev/null ||
-  die "bdev_aio needs O_DIRECT, which the filesystem of $STATE ($(stat -f -c %T "$STATE")) does" \
-      "not support; use a STATE_DIR on ext4 or xfs (tmpfs only from Linux 6.6)"
+  die "bdev_aio needs O_DIRECT, which the filesystem of $IMG ($(stat -f -c %T "$IMG")) does" \
+      "not support; put it on ext4 or xfs (--aio-image; tmpfs only from Linux 6.6)"
 
 # DPDK memory (no hugepages): both malloc bdevs plus 512 MiB of headroom, at least 1 GiB.
 MEM=$((2 * MALLOC_MIB + 512)); ((MEM >= 1024)) || MEM=1024

@@ -14,7 +14,8 @@
 # With --host-gpu, also GPU queues on SPDK's controller (transport (c'), vfio-user) with the
 # CUDA sources running on CPU threads (the `host-gpu` build; no GPU): `perf --gpu --verify` in
 # four patterns on the 512- and the 4096-byte namespace, `fs get --gpu` (CRCs compared) and
-# `fs put --gpu` (read back through CPU queues) of a 100 MB file on the AIO controller.
+# `fs put --gpu` (read back through CPU queues) of a 100 MB file on the AIO controller, and the
+# GPU suite's transfer shapes and wrap-around on SPDK (tests/gpu.rs `spdk::`).
 #
 # Usage: scripts/spdk-test.sh [--no-build] [--keep DIR] [--host-gpu]
 #   --no-build  use target/release/gpunvme (and target/debug/gpunvme for --host-gpu) as they are
@@ -210,6 +211,20 @@ if [ "$host_gpu" = yes ]; then
             fi
         done
     done
+fi
+
+# --- the GPU suite's transfer shapes and wrap-around on SPDK's controllers (host-gpu) --------
+# tests/gpu.rs `spdk::` (GPUNVME_TEST_SPDK_DIR names this target). 512 emulated GPU threads,
+# not the harness's 4096: nvmf_tgt's reactor busy-polls one of this machine's cores, and 4096
+# spinning CPU threads on the rest make a 20 000-command batch take minutes.
+if [ "$host_gpu" = yes ]; then
+    if out=$(GPUNVME_TEST_SPDK_DIR=$STATE GPUNVME_HOST_GPU_THREADS=512 GPUNVME_GPU_TIMEOUT_S=120 \
+        timeout 900 cargo test -q -p gpunvme --features host-gpu --test gpu -- --ignored \
+        --test-threads=1 spdk:: 2>&1) && grep -q '^test result: ok. 2 passed' <<<"$out"; then
+        ok "host-gpu GPU suite on SPDK: every transfer shape (512/4096) and wrap-around, 8 queues (CPU threads)"
+    else
+        bad "host-gpu GPU suite on SPDK: $(grep -E 'panicked|FAILED|test result' <<<"$out" | head -4)"
+    fi
 fi
 
 # --- files on the GPU over vfio-user (host-gpu): fs get --gpu with CRCs, fs put --gpu read back --

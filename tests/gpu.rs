@@ -31,8 +31,23 @@ struct Rig {
     gpu: GpuQueues,
     model: Option<Arc<GpuController>>,
     ctrl: Controller,
-    emu: Arc<EmuDevice>,
+    /// The software controller; `None` on a controller gpunvme did not write ([`spdk`]).
+    emu: Option<Arc<EmuDevice>>,
     lba: u32,
+}
+
+impl Rig {
+    /// The software controller behind the rig (its faults and statistics).
+    fn emu(&self) -> &Arc<EmuDevice> {
+        self.emu
+            .as_ref()
+            .expect("this test needs the software controller")
+    }
+
+    /// Namespace 1's size in blocks.
+    fn ns_blocks(&self) -> u64 {
+        self.ctrl.namespace(1).expect("namespace 1").blocks
+    }
 }
 
 fn cuda() -> Arc<Cuda> {
@@ -49,7 +64,7 @@ fn rig_with(lba: u32, cfg: impl FnOnce(&mut EmuConfig), opts: GpuQueueOptions) -
     let ctrl = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
     let gpu = GpuQueues::on_software_controller(&cuda(), &ctrl, &emu, &opts).expect("GPU queues");
     Rig {
-        emu,
+        emu: Some(emu),
         ctrl,
         gpu,
         model: None,
@@ -116,7 +131,7 @@ fn perf(
         seed: SEED,
         region_blocks: NS_BYTES / r.lba as u64,
     };
-    let emu = r.emu.clone();
+    let emu = r.emu().clone();
     gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".to_string())
     })
@@ -207,7 +222,7 @@ fn perf_on_a_protection_information_namespace_sets_pract() {
             cpu_read(&r, 0, blocks) == pattern(0, blocks, lba),
             "CPU read-back of GPU writes on a PI namespace at {lba}"
         );
-        assert_eq!(r.emu.stats().errors, 0);
+        assert_eq!(r.emu().stats().errors, 0);
     }
 }
 
@@ -269,67 +284,74 @@ fn rw_range_on(
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn every_transfer_shape_into_arbitrary_gpu_buffers() {
     for lba in [512u32, 4096] {
-        let r = rig(lba, 2, 64);
-        let mdts = r.gpu.max_transfer() as u64;
-        let buf = r.gpu.alloc_buffer(4 << 20).unwrap();
-        // (byte offset into the buffer, bytes): PRP1 only, PRP1 + PRP2 across a page, a PRP
-        // list, exactly MDTS, above MDTS (split), at an in-page offset.
-        let shapes = [
-            (0u64, lba as u64),
-            (4096 - lba as u64, 2 * lba as u64),
-            (0, 8192),
-            (lba as u64, 64 << 10),
-            (0, mdts),
-            (0, 3 * mdts + 4 * lba as u64),
-            (2048 / 512 * 512, 1 << 20),
-        ];
-        for (i, &(off, bytes)) in shapes.iter().enumerate() {
-            if off % 4 != 0 || bytes % lba as u64 != 0 {
-                continue;
-            }
-            for warp in [false, true] {
-                let blocks = bytes / lba as u64;
-                // 4 MiB of the namespace per shape, 1 block in: fits at both LBA sizes.
-                let slba = 1 + i as u64 * ((4 << 20) / lba as u64);
-                // GPU write of the pattern (staged from the host into the GPU buffer), CPU
-                // read-back; then GPU read of CPU-written data.
-                let data = pattern(slba, blocks, lba);
-                buf.memory().write(off as usize, &data).unwrap();
-                let (s, sf) = rw_range(&r, true, slba, blocks, buf.bus() + off, warp);
-                assert_eq!(
-                    (s, sf),
-                    (DeviceStatus::Ok, 0),
-                    "write shape {i} warp={warp} lba={lba}"
-                );
-                assert!(
-                    cpu_read(&r, slba, blocks) == data,
-                    "shape {i} bytes on the device"
-                );
-                buf.memory()
-                    .write(off as usize, &vec![0u8; bytes as usize])
-                    .unwrap();
-                let (s, sf) = rw_range(&r, false, slba, blocks, buf.bus() + off, warp);
-                assert_eq!((s, sf), (DeviceStatus::Ok, 0), "read shape {i} warp={warp}");
-                let mut back = vec![0u8; bytes as usize];
-                buf.memory().read(off as usize, &mut back).unwrap();
-                assert!(
-                    back == data,
-                    "shape {i} warp={warp} lba={lba}: bytes in GPU memory"
-                );
-            }
-        }
-        // Unaligned data pointer and a range past the namespace end are refused.
-        let (s, _) = rw_range(&r, false, 0, 1, buf.bus() + 2, false);
-        assert_eq!(s, DeviceStatus::InvalidArgument);
-        let end = NS_BYTES / lba as u64;
-        let (s, sf) = rw_range(&r, false, end - 1, 2, buf.bus(), false);
-        assert_eq!(s, DeviceStatus::NvmeError);
-        assert_eq!(
-            (sf >> 1) & 0xff,
-            0x80,
-            "LBA Out of Range, status field {sf:#x}"
-        );
+        transfer_shapes(&rig(lba, 2, 64));
     }
+}
+
+/// Every transfer shape (PRP1 only, PRP1 + PRP2, PRP lists, MDTS, split above MDTS, in-page
+/// offsets) written and read by both client styles into a buffer from `r`'s transport, each
+/// checked against CPU queues; an unaligned pointer and a range past the end refused.
+fn transfer_shapes(r: &Rig) {
+    let lba = r.lba;
+    let mdts = r.gpu.max_transfer() as u64;
+    let buf = r.gpu.alloc_buffer(4 << 20).unwrap();
+    // (byte offset into the buffer, bytes): PRP1 only, PRP1 + PRP2 across a page, a PRP
+    // list, exactly MDTS, above MDTS (split), at an in-page offset.
+    let shapes = [
+        (0u64, lba as u64),
+        (4096 - lba as u64, 2 * lba as u64),
+        (0, 8192),
+        (lba as u64, 64 << 10),
+        (0, mdts),
+        (0, 3 * mdts + 4 * lba as u64),
+        (2048 / 512 * 512, 1 << 20),
+    ];
+    for (i, &(off, bytes)) in shapes.iter().enumerate() {
+        if off % 4 != 0 || bytes % lba as u64 != 0 {
+            continue;
+        }
+        for warp in [false, true] {
+            let blocks = bytes / lba as u64;
+            // 4 MiB of the namespace per shape, 1 block in: fits at both LBA sizes.
+            let slba = 1 + i as u64 * ((4 << 20) / lba as u64);
+            // GPU write of the pattern (staged from the host into the GPU buffer), CPU
+            // read-back; then GPU read of CPU-written data.
+            let data = pattern(slba, blocks, lba);
+            buf.memory().write(off as usize, &data).unwrap();
+            let (s, sf) = rw_range(r, true, slba, blocks, buf.bus() + off, warp);
+            assert_eq!(
+                (s, sf),
+                (DeviceStatus::Ok, 0),
+                "write shape {i} warp={warp} lba={lba}"
+            );
+            assert!(
+                cpu_read(r, slba, blocks) == data,
+                "shape {i} bytes on the device"
+            );
+            buf.memory()
+                .write(off as usize, &vec![0u8; bytes as usize])
+                .unwrap();
+            let (s, sf) = rw_range(r, false, slba, blocks, buf.bus() + off, warp);
+            assert_eq!((s, sf), (DeviceStatus::Ok, 0), "read shape {i} warp={warp}");
+            let mut back = vec![0u8; bytes as usize];
+            buf.memory().read(off as usize, &mut back).unwrap();
+            assert!(
+                back == data,
+                "shape {i} warp={warp} lba={lba}: bytes in GPU memory"
+            );
+        }
+    }
+    // Unaligned data pointer and a range past the namespace end are refused.
+    let (s, _) = rw_range(r, false, 0, 1, buf.bus() + 2, false);
+    assert_eq!(s, DeviceStatus::InvalidArgument);
+    let end = r.ns_blocks();
+    let (s, sf) = rw_range(r, false, end - 1, 2, buf.bus(), false);
+    assert_eq!(s, DeviceStatus::NvmeError);
+    assert_eq!(
+        (sf >> 1) & 0xff,
+        0x80,
+        "LBA Out of Range, status field {sf:#x}"
+    );
 }
 
 /// Issues `reqs` through the batch kernel; returns (status, CQE status) per request.
@@ -376,7 +398,7 @@ fn batch(r: &Rig, reqs: &[IoReq], warp: bool) -> Vec<(DeviceStatus, u32)> {
 fn read_reqs(r: &Rig, buf_bus: u64, n: usize) -> Vec<IoReq> {
     (0..n)
         .map(|i| IoReq {
-            slba: (i as u64 * 7) % (NS_BYTES / r.lba as u64),
+            slba: (i as u64 * 7) % r.ns_blocks(),
             prp1: buf_bus + (i as u64 % 512) * 4096,
             prp2: 0,
             nsid: 1,
@@ -385,6 +407,33 @@ fn read_reqs(r: &Rig, buf_bus: u64, n: usize) -> Vec<IoReq> {
             reserved: 0,
         })
         .collect()
+}
+
+/// 20 000 one-block reads through the batch kernel over `r`'s queues (8 of `depth` entries:
+/// each ring wraps dozens of times), every one successful and reaped exactly once.
+fn wrap_around(r: &Rig, warp: bool, depth: u32) {
+    let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+    let reqs = read_reqs(r, buf.bus(), 20_000);
+    let out = batch(r, &reqs, warp);
+    let bad: Vec<_> = out
+        .iter()
+        .filter(|&&(s, sf)| s != DeviceStatus::Ok || sf != 0)
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "warp={warp}: {} failed, first {:?}",
+        bad.len(),
+        bad.first()
+    );
+    let states = r.gpu.queue_states().unwrap();
+    let reaped: u64 = states.iter().map(|st| st.cq_reaped as u64).sum();
+    assert_eq!(reaped, 20_000, "every completion reaped exactly once");
+    for st in states {
+        assert_eq!(st.failed, 0);
+        // About 20 000 / queues commands per queue: each ring wrapped dozens of times.
+        assert!(st.cq_reaped >= depth * 20, "cq_reaped {}", st.cq_reaped);
+        assert_eq!(st.sq_published, st.ticket);
+    }
 }
 
 #[test]
@@ -402,29 +451,7 @@ fn wrap_around_many_queues_out_of_order() {
                 ..Default::default()
             },
         );
-        let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
-        let reqs = read_reqs(&r, buf.bus(), 20_000);
-        let out = batch(&r, &reqs, warp);
-        let bad: Vec<_> = out
-            .iter()
-            .filter(|&&(s, sf)| s != DeviceStatus::Ok || sf != 0)
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "warp={warp}: {} failed, first {:?}",
-            bad.len(),
-            bad.first()
-        );
-        // Every queue wrapped its rings about 150 times (2500 commands each) and is healthy.
-        let states = r.gpu.queue_states().unwrap();
-        let reaped: u64 = states.iter().map(|st| st.cq_reaped as u64).sum();
-        assert_eq!(reaped, 20_000, "every completion reaped exactly once");
-        for st in states {
-            assert_eq!(st.failed, 0);
-            // About 2500 commands per queue: each ring wrapped dozens of times.
-            assert!(st.cq_reaped >= depth * 20, "cq_reaped {}", st.cq_reaped);
-            assert_eq!(st.sq_published, st.ticket);
-        }
+        wrap_around(&r, warp, depth);
     }
     // The warp variant refuses rings it could deadlock on, at once.
     let r = rig(512, 1, 16);
@@ -441,7 +468,7 @@ fn wrap_around_many_queues_out_of_order() {
 fn media_error_is_a_per_command_status() {
     let r = rig(512, 2, 64);
     let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
-    r.emu.faults().add_media_error(1, 7 * 3);
+    r.emu().faults().add_media_error(1, 7 * 3);
     let reqs = read_reqs(&r, buf.bus(), 256);
     let out = batch(&r, &reqs, true);
     for (i, (req, &(s, sf))) in reqs.iter().zip(&out).enumerate() {
@@ -468,7 +495,7 @@ fn dropped_completion_times_out_on_the_gpu() {
         },
     );
     let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
-    r.emu.faults().drop_completions(1);
+    r.emu().faults().drop_completions(1);
     let start = Instant::now();
     let out = batch(&r, &read_reqs(&r, buf.bus(), 32), false);
     assert!(start.elapsed() < Duration::from_secs(20), "bounded");
@@ -504,8 +531,10 @@ fn controller_fatal_aborts_every_gpu_waiter() {
     cpu_prefill(&r, 4096);
     // Completions are held back, the controller goes fatal, and the host's watchdog aborts
     // the GPU waits long before their own 30 s bound.
-    r.emu.faults().set_completion_delay(Duration::from_secs(60));
-    let emu = r.emu.clone();
+    r.emu()
+        .faults()
+        .set_completion_delay(Duration::from_secs(60));
+    let emu = r.emu().clone();
     let fired = Instant::now();
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
@@ -524,7 +553,7 @@ fn controller_fatal_aborts_every_gpu_waiter() {
         seed: SEED,
         region_blocks: 4096,
     };
-    let emu = r.emu.clone();
+    let emu = r.emu().clone();
     let res = gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".into())
     })
@@ -683,7 +712,7 @@ fn model_rig_opts(
         gpu,
         model: Some(model),
         ctrl,
-        emu,
+        emu: Some(emu),
         lba,
     }
 }
@@ -1997,7 +2026,7 @@ mod cache {
     fn concurrent_readers_of_one_page_issue_one_command() {
         let r = rig(512, 2, 64);
         let c = cached_range(&r, 64, 16, None);
-        let before = r.emu.stats();
+        let before = r.emu().stats();
         // 256 threads in 8 warps, every lane on page 5: one lookup per warp, one fill in all.
         let idx: Vec<u64> = (0..256)
             .map(|t| 5 * PER_PAGE + (t * 7) % PER_PAGE)
@@ -2009,7 +2038,7 @@ mod cache {
         // Every access is a hit, a wait for another warp's fill, or one of the filling warp's.
         assert_eq!(s.counters.hits + s.counters.waits + 32, 256, "{s:?}");
         assert_eq!(
-            r.emu.stats().reads - before.reads,
+            r.emu().stats().reads - before.reads,
             1,
             "the controller saw one read"
         );
@@ -2026,7 +2055,7 @@ mod cache {
             (2, 2, 0),
             "{s:?}"
         );
-        assert_eq!(r.emu.stats().reads - before.reads, 2);
+        assert_eq!(r.emu().stats().reads - before.reads, 2);
         invariants(&c);
     }
 
@@ -2056,8 +2085,8 @@ mod cache {
         let r = rig(512, 2, 64);
         let c = cached_range(&r, 64, 16, None);
         // Page 3 is LBAs 24..32.
-        r.emu.faults().add_media_error(1, 27);
-        let before = r.emu.stats();
+        r.emu().faults().add_media_error(1, 27);
+        let before = r.emu().stats();
         // 8 warps; half-warps alternate between pages 3 and 4.
         let idx: Vec<u64> = (0..256u64)
             .map(|t| [3, 4][(t / 16) as usize % 2] * PER_PAGE + t)
@@ -2072,7 +2101,7 @@ mod cache {
             }
         }
         let s = stats(&c);
-        let failed = r.emu.stats().errors - before.errors;
+        let failed = r.emu().stats().errors - before.errors;
         assert!(
             failed >= 1 && s.counters.errors == failed,
             "{s:?}: {failed} failed reads"
@@ -2088,7 +2117,7 @@ mod cache {
         );
         invariants(&c);
         // The error is not cached: once the fault is gone, page 3 reads.
-        r.emu.faults().clear_media_errors();
+        r.emu().faults().clear_media_errors();
         let idx: Vec<u64> = (0..64).map(|t| 3 * PER_PAGE + t).collect();
         let (v, st) = read_elements(&r, &c, true, 64, 1, &idx);
         assert_values(&r, &idx, &v, &st);
@@ -2109,12 +2138,12 @@ mod cache {
             },
         );
         let c = cached_range(&r, 16, 16, None);
-        r.emu.faults().drop_completions(nvme_emu::DROP_ALL);
+        r.emu().faults().drop_completions(nvme_emu::DROP_ALL);
         let idx: Vec<u64> = (0..64u64).map(|t| (t % 4) * PER_PAGE + t).collect();
         let start = Instant::now();
         let (_, st) = read_elements(&r, &c, true, 64, 1, &idx);
         let took = start.elapsed();
-        r.emu.faults().drop_completions(0);
+        r.emu().faults().drop_completions(0);
         assert!(took < Duration::from_secs(60), "bounded: {took:?}");
         assert!(
             st.iter().all(|s| matches!(
@@ -2209,7 +2238,7 @@ mod cache {
             cpu_prefill(&r, blocks);
             let mut c = cache_of(&r, 8, None);
             c.bind_lba_range(1, r.lba, 0, blocks, true).expect("bind");
-            let flushes = r.emu.stats().flushes;
+            let flushes = r.emu().stats().flushes;
             // Every element of 64 pages through 8 frames: lanes of a warp on consecutive
             // elements, so pages are written back as they are evicted.
             let n = 64 * PER_PAGE;
@@ -2247,7 +2276,7 @@ mod cache {
                 "warp {warp}: {s:?}"
             );
             assert_eq!(s.errors, 0, "{s:?}");
-            assert_eq!(r.emu.stats().flushes - flushes, 1, "one NVMe Flush");
+            assert_eq!(r.emu().stats().flushes - flushes, 1, "one NVMe Flush");
             // What the GPU stored, a CPU queue reads.
             let mut want = vec![0u8; (blocks * r.lba as u64) as usize];
             gpu_queues::pattern::fill(&mut want, SEED2, 1, 0, r.lba as usize);
@@ -2590,5 +2619,58 @@ mod cache {
         at_scale(&r);
         drop(r);
         let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// The same transfer shapes and wrap-around on SPDK's NVMe-oF target over vfio-user (transport
+/// (c')): a controller gpunvme did not write. `scripts/spdk-gpu-test.sh` starts the target and
+/// runs these with `GPUNVME_TEST_SPDK_DIR` set to its state directory (sockets
+/// `DIR/NAME/cntrl`); `scripts/gpu-test.sh` leaves them to it.
+mod spdk {
+    use super::*;
+
+    /// GPU queues over vfio-user on the target's controller `name` (malloc512, malloc4096).
+    fn spdk_rig(name: &str, queues: u16, depth: u32) -> Rig {
+        let dir = std::env::var_os("GPUNVME_TEST_SPDK_DIR").expect(
+            "GPUNVME_TEST_SPDK_DIR names a running spdk-target.sh state directory \
+             (scripts/spdk-gpu-test.sh sets it)",
+        );
+        let socket = std::path::Path::new(&dir).join(name).join("cntrl");
+        let dev = vfio::VfioUserNvme::open(&socket, &vfio::VfioUserOptions::default())
+            .expect("connecting to SPDK's target");
+        let ctrl = Controller::new(dev.clone(), ControllerOptions::default()).expect("bring-up");
+        let opts = GpuQueueOptions {
+            queues: Some(queues),
+            depth: Some(depth),
+            ..Default::default()
+        };
+        let (gpu, _) = gpu_queues::transport::open_vfio_user(&cuda(), &ctrl, dev, &opts)
+            .expect("GPU queues over vfio-user");
+        let lba = ctrl.namespace(1).expect("namespace 1").lba_size;
+        Rig {
+            gpu,
+            model: None,
+            ctrl,
+            emu: None,
+            lba,
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/spdk-gpu-test.sh runs it on the GPU machine)"]
+    fn every_transfer_shape_on_spdk() {
+        for (name, lba) in [("malloc512", 512), ("malloc4096", 4096)] {
+            let r = spdk_rig(name, 2, 64);
+            assert_eq!(r.lba, lba, "{name}'s block size");
+            transfer_shapes(&r);
+        }
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/spdk-gpu-test.sh runs it on the GPU machine)"]
+    fn wrap_around_many_queues_on_spdk() {
+        for (warp, depth) in [(false, 16u32), (true, 32)] {
+            wrap_around(&spdk_rig("malloc512", 8, depth), warp, depth);
+        }
     }
 }

@@ -467,8 +467,17 @@ impl Bar0Doorbells {
         // kept mapped while `dev` lives; we hold `dev`.
         let pages_touched = unsafe { touch_pages(ptr, len) };
         // SAFETY: as above; the registration is dropped before `_device` (field order).
-        let reg =
-            unsafe { crate::ffi::HostRegistration::register(cuda, ptr.as_ptr(), len, false) }?;
+        let reg = unsafe { crate::ffi::HostRegistration::register(cuda, ptr.as_ptr(), len, false) }
+            .map_err(|e| {
+                // SPDK keeps the page in a file beside its socket; Linux (6.5 on) refuses the
+                // long-term pin CUDA takes of a writable shared mapping of a disk file.
+                GpuError::Unsupported(format!(
+                    "registering with CUDA the doorbell page the server at {} shares: {e}; it keeps \
+                     it in a file (SPDK: beside the socket), which CUDA can pin only on tmpfs \
+                     or hugetlbfs: put the socket directory under /dev/shm",
+                    dev.socket_path().display()
+                ))
+            })?;
         tracing::info!(
             socket = %dev.socket_path().display(),
             bar0_offset = base,
