@@ -1,6 +1,7 @@
 //! What the GPU file examples share: the GPU check that makes them skip visibly on a machine
 //! without one, the device (an image file served by the software controller, `--device PATH`,
-//! by default a new sparse file in /dev/shm or the temp dir, removed at the end), blockfs on it
+//! by default a new sparse file in /dev/shm or the temp dir, removed at the end; or a
+//! controller, `--device vfio-user:SOCKET` or a PCI address), blockfs on it
 //! (mounted, or made when the image holds none), and the GPU side brought up the way
 //! `gpunvme fs get --gpu` does it ([`gpunvme::gpu_fs::setup`]).
 #![allow(dead_code)]
@@ -34,8 +35,9 @@ pub enum ControllerKind {
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Image file served by the software controller (created sparse if missing; its blockfs is
-    /// used, or one is made when it holds none). Default: a new sparse file in /dev/shm (or the
-    /// temp dir), removed at the end.
+    /// used, or one is made when it holds none), or a controller holding a blockfs:
+    /// `vfio-user:SOCKET` or a PCI address. Default: a new sparse file in /dev/shm (or the temp
+    /// dir), removed at the end.
     #[arg(long)]
     pub device: Option<PathBuf>,
     /// Size of an image the example creates (default: what the example needs, with room).
@@ -154,7 +156,27 @@ pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
         .image_size
         .unwrap_or_else(|| (need + need / 4 + (256 << 20)).next_multiple_of(1 << 20));
     let mut created = true;
+    // A controller named by `vfio-user:SOCKET` or a PCI address: its blockfs is used as it is.
+    let controller = match args.device.as_deref().and_then(|p| p.to_str()) {
+        Some(s) => match DeviceSpec::parse(Some(s))? {
+            spec @ (DeviceSpec::Pci(_) | DeviceSpec::VfioUser(_)) => Some(spec),
+            _ => None,
+        },
+        None => None,
+    };
+    if let (Some(_), Some(dev), ControllerKind::Gpu) = (&controller, &args.device, args.controller)
+    {
+        bail!(
+            "--controller gpu loads an image file into GPU memory; {} is a controller: leave \
+             --controller out (the GPU queues then go to that controller)",
+            dev.display()
+        );
+    }
     let (path, own) = match &args.device {
+        Some(p) if controller.is_some() => {
+            created = false;
+            (p.clone(), None)
+        }
         Some(p) if p.exists() => {
             created = false;
             (p.clone(), None)
@@ -176,7 +198,7 @@ pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
             (p.clone(), Some(OwnImage(p)))
         }
     };
-    let spec = DeviceSpec::Image(path.clone());
+    let spec = controller.unwrap_or_else(|| DeviceSpec::Image(path.clone()));
     let mut oopts = OpenOptions::default();
     if args.controller == ControllerKind::Gpu {
         oopts.controller_queue_pairs = gpu_fs::MODEL_QUEUE_PAIRS;
@@ -207,8 +229,13 @@ pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
         FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).context("mkfs")?
     };
     println!(
-        "device: {} (software controller{})",
+        "device: {} ({}{})",
         path.display(),
+        match &backend {
+            Backend::Software(_) => "software controller",
+            Backend::Vfio(_) => "vfio-pci",
+            Backend::VfioUser(_) => "vfio-user",
+        },
         if found.is_blockfs() {
             format!(", {found}")
         } else {
