@@ -91,6 +91,14 @@ for lba in 512 4096; do
     rm -f "$img"
 done
 
+# 2a. I/Os above the maximum transfer (--bs 1m: the perf kernel splits each into commands of
+# the controller's MDTS), verified, on both controllers.
+img=$WORK/big; truncate -s 1G "$img"
+for rw in write read randwrite randread; do
+    check "perf --gpu --bs 1m $rw" perf_ok "$img" 4096 --rw $rw --bs 1m --qd 32 --ios $((IOS / 10))
+done
+rm -f "$img"
+
 # 2b. The GPU-resident controller model (--controller gpu): verified runs on hbm and host media (the
 # CPU fills and checks the image through the software controller before and after), and the
 # protocol ceiling on null media with both client styles.
@@ -132,6 +140,11 @@ cap=(s or {}).get("max_iops_at_bs")
 bad=r["errors"] or r["ios"]==0 or m["errors"] or m["doorbell_errors"] or s is None or (cap is not None and r["iops"] > cap*1.02)
 sys.exit(1 if bad else 0)'
 }
+img=$WORK/modelbig; truncate -s 1G "$img"
+for rw in write read randwrite randread; do
+    check "model hbm --bs 1m --verify $rw" model_ok "$img" 4096 --media hbm --verify --rw $rw --bs 1m --qd 32 --ios $((IOS / 10))
+done
+rm -f "$img"
 img=$WORK/modelssd; truncate -s 1G "$img"
 for rw in randread randwrite; do
     check "model hbm --ssd-model --verify $rw" model_ssd_ok "$img" 4096 --media hbm --verify --rw $rw --bs 4k --qd 32 --ios $IOS

@@ -34,6 +34,7 @@ TESTS=(
     files::gpu_writes_into_a_preallocated_file_read_back_after_remount
     every_transfer_shape_into_arbitrary_gpu_buffers
     perf_on_a_protection_information_namespace_sets_pract
+    perf_splits_ios_above_the_maximum_transfer
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
     controller_fatal_aborts_every_gpu_waiter

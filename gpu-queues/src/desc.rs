@@ -176,8 +176,11 @@ pub struct PerfParams {
     pub warp_mode: u32,
     /// 1: pattern writes and checked reads.
     pub verify: u32,
+    /// Blocks per command (at most a slot buffer's); an I/O above it is split into commands
+    /// issued one after another. 0: the whole I/O.
+    pub blocks_per_cmd: u32,
     /// Reserved.
-    pub reserved: [u32; 3],
+    pub reserved: [u32; 2],
 }
 const _: () = assert!(size_of::<PerfParams>() == 96);
 

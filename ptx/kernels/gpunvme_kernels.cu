@@ -36,10 +36,12 @@ struct perf_params {
     uint32_t rw;            // 0 read, 1 write, 2 randread, 3 randwrite
     uint32_t nsid;
     uint32_t lba_shift;
-    uint32_t blocks_per_io; // one command each: blocks << lba_shift <= slot_buffer_bytes
+    uint32_t blocks_per_io; // blocks of one I/O
     uint32_t warp_mode;     // 1: warp-cooperative submission, 0: per thread
     uint32_t verify;        // 1: writes carry the pattern, reads check it
-    uint32_t reserved[3];
+    uint32_t blocks_per_cmd; // blocks of one command: << lba_shift <= slot_buffer_bytes; an I/O
+                             // above it is split into commands issued one after another
+    uint32_t reserved[2];
 };
 
 /// What it reports back.
@@ -72,13 +74,13 @@ __device__ __forceinline__ uint64_t perf_lba(const perf_params& p, uint64_t idx)
     return unit * p.blocks_per_io;
 }
 
-/// Fills (write) or checks (read) the bytes of one I/O in its slot buffer; returns whether they
-/// match for a read.
+/// Fills (write) or checks (read) the bytes of `blocks` blocks from `lba` in a slot buffer;
+/// returns whether they match for a read.
 __device__ inline bool pattern_fill_or_check(const perf_params& p, uint64_t* buf, uint64_t lba,
-                                             bool fill) {
+                                             uint32_t blocks, bool fill) {
     const uint32_t words_per_block = (1u << p.lba_shift) / 8;
     bool ok = true;
-    for (uint32_t b = 0; b < p.blocks_per_io; ++b) {
+    for (uint32_t b = 0; b < blocks; ++b) {
         uint64_t* blk = buf + (uint64_t)b * words_per_block;
         for (uint32_t w = 0; w < words_per_block; ++w) {
             uint64_t v = pattern_word(p.seed, p.nsid, lba + b, w);
@@ -97,9 +99,13 @@ __device__ inline void perf_record_error(perf_counters* c, status s, uint32_t sf
     }
 }
 
-/// `gpunvme perf --gpu`: every thread (or warp) loops: take an I/O index, reserve a slot on its
+/// `gpunvme perf --gpu`: every thread (or warp) loops: take an I/O index, then for each command
+/// of the I/O (one, unless the I/O is larger than a command may move): reserve a slot on its
 /// queue, (write: fill the slot buffer with the pattern), submit, wait, (read + verify: check
-/// the bytes), release. One command in flight per thread: queue depth = threads per queue.
+/// the bytes), release. One command in flight per thread (a thread never holds two tickets: the
+/// header's deadlock rule): queue depth = threads per queue. An I/O counts once, done when all
+/// its commands succeeded; its latency runs from its first command's reservation to its last
+/// completion.
 extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const perf_params p = *pp;
     if (p.nqueues == 0) return;  // the warm-up launch (Kernels::warm_up_clients)
@@ -111,7 +117,9 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const queue_desc& q = queues[(p.warp_mode ? warp : gtid) % p.nqueues];
     const bool is_write = p.rw == 1 || p.rw == 3;
     const uint8_t opc = is_write ? OPC_WRITE : OPC_READ;
-    const uint32_t bytes = p.blocks_per_io << p.lba_shift;
+    // Uniform over the grid, so a warp's lanes run the same number of commands per I/O.
+    const uint32_t per_cmd = p.blocks_per_cmd ? p.blocks_per_cmd : p.blocks_per_io;
+    const uint32_t cmds = (p.blocks_per_io + per_cmd - 1) / per_cmd;
     const uint32_t full = 0xffffffffu;
     const uint64_t stop_at = p.runtime_ns ? now_ns() + p.runtime_ns : 0;
     bool running = true;
@@ -132,65 +140,73 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
             idx = atomicAdd(&c->issued, 1ull);
         }
         bool mine = running && (p.ios == 0 || idx < p.ios);
-        uint64_t lba = mine ? perf_lba(p, idx) : 0;
-        uint32_t t = 0;
-        status s = p.warp_mode ? reserve_warp(q, mine, &t) : (mine ? reserve_thread(q, &t) : 0);
-        uint64_t t0 = now_ns();
-        if (mine && s) { perf_record_error(c, s, 0, lba); mine = false; running = false; }
-        uint32_t slot = t & (q.depth - 1);
-        uint64_t* buf = reinterpret_cast<uint64_t*>(q.slot_buffers + (uint64_t)slot * q.slot_buffer_bytes);
-        if (mine) {
-            if (is_write && p.verify) pattern_fill_or_check(p, buf, lba, true);
-            io_req r;
-            r.opcode = opc; r.nsid = p.nsid; r.slba = lba;
-            r.nlb_z = (uint16_t)(p.blocks_per_io - 1); r.reserved = 0;
-            slot_buffer_prps(q, slot, bytes, &r.prp1, &r.prp2);
-            fill_slot(q, t, r);
-        }
-        s = p.warp_mode ? publish_warp(q, mine, t) : (mine ? publish_thread(q, t) : 0);
-        if (mine && s) { perf_record_error(c, s, 0, lba); mine = false; running = false; }
-        uint32_t sf = 0;
-        // Wait for our own completion (lanes reap for each other; a warp together), verify,
-        // then release.
-        uint32_t done = 0;
-        status ws = GPUNVME_OK;
-        if (p.warp_mode) {
-            ws = wait_done_warp(q, mine, t, &done);
-        } else if (mine) {
-            slot_state* ss = slot_of(q, slot);
-            waiter w(q);
-            for (;;) {
-                done = dev_u32(ss->done).load(cuda::memory_order_acquire);
-                if (done) break;
-                if ((ws = queue_failed(q))) break;
-                if ((ws = try_reap(q))) break;
-                done = dev_u32(ss->done).load(cuda::memory_order_acquire);
-                if (done) break;
-                try_publish(q);
-                if ((ws = w.tick(q))) { fail_queue(q, ws); break; }
+        const uint64_t lba = mine ? perf_lba(p, idx) : 0;
+        uint64_t t0 = 0;
+        bool bytes_ok = true;
+        for (uint32_t k = 0; k < cmds; ++k) {
+            if (!p.warp_mode && !mine) break;
+            const uint64_t clba = lba + (uint64_t)k * per_cmd;
+            const uint32_t blocks = min(per_cmd, p.blocks_per_io - k * per_cmd);
+            uint32_t t = 0;
+            status s = p.warp_mode ? reserve_warp(q, mine, &t) : reserve_thread(q, &t);
+            if (k == 0) t0 = now_ns();
+            if (mine && s) { perf_record_error(c, s, 0, clba); mine = false; running = false; }
+            uint32_t slot = t & (q.depth - 1);
+            uint64_t* buf = reinterpret_cast<uint64_t*>(q.slot_buffers + (uint64_t)slot * q.slot_buffer_bytes);
+            if (mine) {
+                if (is_write && p.verify) pattern_fill_or_check(p, buf, clba, blocks, true);
+                io_req r;
+                r.opcode = opc; r.nsid = p.nsid; r.slba = clba;
+                r.nlb_z = (uint16_t)(blocks - 1); r.reserved = 0;
+                slot_buffer_prps(q, slot, blocks << p.lba_shift, &r.prp1, &r.prp2);
+                fill_slot(q, t, r);
             }
-        }
-        if (mine) {
-            if (!done) {
-                perf_record_error(c, ws, 0, lba);
-                running = false;
-            } else {
-                sf = done & 0xffffu;
-                uint64_t lat = now_ns() - t0;
-                if (sf) {
-                    perf_record_error(c, GPUNVME_NVME_ERROR, sf, lba);
-                } else {
-                    bool ok = true;
-                    if (!is_write && p.verify) ok = pattern_fill_or_check(p, buf, lba, false);
-                    if (!ok) {
-                        if (atomicAdd(&c->mismatches, 1ull) == 0) c->first_bad_lba = lba;
-                    } else {
-                        atomicAdd(&c->done, 1ull);
-                    }
-                    atomicAdd(&hist[lat_bucket(lat)], 1u);
+            s = p.warp_mode ? publish_warp(q, mine, t) : (mine ? publish_thread(q, t) : 0);
+            if (mine && s) { perf_record_error(c, s, 0, clba); mine = false; running = false; }
+            // Wait for our own completion (lanes reap for each other; a warp together), verify,
+            // then release.
+            uint32_t done = 0;
+            status ws = GPUNVME_OK;
+            if (p.warp_mode) {
+                ws = wait_done_warp(q, mine, t, &done);
+            } else if (mine) {
+                slot_state* ss = slot_of(q, slot);
+                waiter w(q);
+                for (;;) {
+                    done = dev_u32(ss->done).load(cuda::memory_order_acquire);
+                    if (done) break;
+                    if ((ws = queue_failed(q))) break;
+                    if ((ws = try_reap(q))) break;
+                    done = dev_u32(ss->done).load(cuda::memory_order_acquire);
+                    if (done) break;
+                    try_publish(q);
+                    if ((ws = w.tick(q))) { fail_queue(q, ws); break; }
                 }
-                release_slot(q, t);
             }
+            if (mine) {
+                if (!done) {
+                    // Timed out or aborted: the slot stays taken (the controller may still
+                    // move its data), and this thread stops.
+                    perf_record_error(c, ws, 0, clba);
+                    mine = false;
+                    running = false;
+                } else {
+                    const uint32_t sf = done & 0xffffu;
+                    if (sf) {
+                        perf_record_error(c, GPUNVME_NVME_ERROR, sf, clba);
+                        mine = false;
+                    } else if (!is_write && p.verify &&
+                               !pattern_fill_or_check(p, buf, clba, blocks, false)) {
+                        if (bytes_ok && atomicAdd(&c->mismatches, 1ull) == 0) c->first_bad_lba = clba;
+                        bytes_ok = false;
+                    }
+                    release_slot(q, t);
+                }
+            }
+        }
+        if (mine && bytes_ok) {
+            atomicAdd(&c->done, 1ull);
+            atomicAdd(&hist[lat_bucket(now_ns() - t0)], 1u);
         }
         if (p.ios && idx >= p.ios) running = false;
         if (!p.warp_mode && !running) break;

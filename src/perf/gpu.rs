@@ -349,9 +349,14 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         )?),
     };
     let opts = match &gpu_ctrl {
-        // One slot buffer per command of --bs: the model's runs use many queues.
+        // Slot buffers of one command of --bs (at most the maximum transfer, above which perf
+        // splits an I/O): the model's runs use many queues.
         Some(_) => GpuQueueOptions {
-            slot_buffer_bytes: Some(u32::try_from(cfg.bs.next_multiple_of(4096)).context("--bs")?),
+            slot_buffer_bytes: Some(
+                u32::try_from(cfg.bs.next_multiple_of(4096))
+                    .unwrap_or(u32::MAX)
+                    .min(u32::try_from(ctrl.info().max_transfer_bytes).unwrap_or(u32::MAX)),
+            ),
             ..opts
         },
         None => opts,

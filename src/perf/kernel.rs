@@ -168,16 +168,17 @@ pub fn run(
             cfg.bs, cfg.lba_size
         )));
     }
-    if cfg.bs > queues.slot_buffer_bytes() {
+    let bpi = cfg.bs / cfg.lba_size;
+    // An I/O above what one command moves (a slot buffer: at most the controller's maximum
+    // transfer) is split into commands of that size, as the header's rw_thread does.
+    let bpc = (queues.slot_buffer_bytes() / cfg.lba_size).min(bpi);
+    if bpc == 0 {
         return Err(GpuError::InvalidArgument(format!(
-            "--bs {} is above the {} bytes one GPU command moves here (the controller's maximum \
-             transfer); larger I/Os from GPU threads are split by rw_thread/rw_warp in the \
-             header, not by the perf kernel",
-            cfg.bs,
+            "a {}-byte block does not fit the GPU queues' {}-byte slot buffers",
+            cfg.lba_size,
             queues.slot_buffer_bytes()
         )));
     }
-    let bpi = cfg.bs / cfg.lba_size;
     let region_blocks = cfg.region_blocks / bpi as u64 * bpi as u64;
     if region_blocks == 0 {
         return Err(GpuError::InvalidArgument(
@@ -231,7 +232,8 @@ pub fn run(
         blocks_per_io: bpi,
         warp_mode: (style == ClientStyle::Warp) as u32,
         verify: cfg.verify as u32,
-        reserved: [0; 3],
+        blocks_per_cmd: bpc,
+        reserved: [0; 2],
     };
     let pmem = DeviceMemory::alloc(cuda, size_of::<PerfParams>())?;
     pmem.write(0, params.as_bytes())?;
