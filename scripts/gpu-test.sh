@@ -4,13 +4,15 @@
 #
 #   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]
 #
-# 1. the GPU tests (tests/gpu.rs) with --include-ignored: every transfer shape,
+# 1. the GPU tests (tests/gpu.rs, the software controller's hostile modes on) with
+#    --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
 #    error, dropped completion, controller fatal, GPU and CPU queues together; the same faults
 #    and the SSD timing model's bounds on the GPU-resident controller model (model_*); blockfs
 #    files read and written by GPU-issued commands (files::*);
 # 2. the acceptance runs of `gpunvme perf --gpu --verify` (four patterns, both LBA sizes, and
-#    --cpu-queues 2), each checked for zero errors;
+#    --cpu-queues 2; --bs 1m, split at the maximum transfer, on both controllers), each checked
+#    for zero errors;
 # 2c. `fs get --gpu` / `fs put --gpu` on blockfs images, checksums compared;
 # 2d. the GPU file examples (gpu_read, gpu_random, gpu_write, load_safetensors) and the page
 #     cache's (gpu_bfs, gpu_embedding) on both controllers, each verifying its data;

@@ -66,6 +66,16 @@ fn cuda() -> Arc<Cuda> {
     Cuda::open(0).expect("this test needs an NVIDIA GPU and its driver")
 }
 
+/// Every hostile mode, unless `GPUNVME_TEST_HOSTILE=0` (to tell a hostile mode's catch from
+/// another failure).
+fn hostile() -> nvme_emu::Hostile {
+    if std::env::var("GPUNVME_TEST_HOSTILE").is_ok_and(|v| v == "0") {
+        nvme_emu::Hostile::default()
+    } else {
+        nvme_emu::Hostile::ALL
+    }
+}
+
 /// GPU queues on the software controller (transport (a)) with every hostile mode on
 /// (`nvme_emu::Hostile`: fetched SQEs poisoned, backward tails flagged, freed CQ entries
 /// rewritten stale), so a client that rings a doorbell too early reads or submits garbage and
@@ -73,7 +83,7 @@ fn cuda() -> Arc<Cuda> {
 fn rig_with(lba: u32, cfg: impl FnOnce(&mut EmuConfig), opts: GpuQueueOptions) -> Rig {
     let mut config = EmuConfig {
         namespaces: vec![NamespaceConfig::memory(NS_BYTES, lba)],
-        hostile: nvme_emu::Hostile::ALL,
+        hostile: hostile(),
         ..EmuConfig::default()
     };
     cfg(&mut config);
