@@ -39,6 +39,9 @@ const IOVA_RANGE: (u64, u64) = (2 << 20, (1 << 47) - 1);
 
 /// Room offered for a region-info reply (structure plus capabilities).
 const REGION_INFO_ROOM: u32 = 512;
+/// Interrupt types asked about: VFIO PCI's five (INTx, MSI, MSI-X, error, request); a server
+/// claiming more is not asked about the rest.
+const MAX_IRQ_TYPES: u32 = 5;
 
 /// How to open a controller over vfio-user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +71,7 @@ pub struct VfioUserNvme {
     bar: Bar,
     dma: DmaPool,
     vendor: u16,
+    irqs: Vec<u32>,
 }
 
 impl std::fmt::Debug for VfioUserNvme {
@@ -288,6 +292,33 @@ impl VfioUserNvme {
             ));
         }
 
+        // Interrupts: counted per type and reported, never enabled (the driver polls).
+        let mut irqs = Vec::new();
+        for index in 0..info.num_irqs.min(MAX_IRQ_TYPES) {
+            let req = proto::IrqInfo {
+                argsz: size_of::<proto::IrqInfo>() as u32,
+                index,
+                ..Default::default()
+            };
+            let reply = client.request(Command::DeviceGetIrqInfo, &[req.as_bytes()], None)?;
+            let (irq, _) = proto::IrqInfo::read_from_prefix(&reply.payload).map_err(|_| {
+                protocol(
+                    Command::DeviceGetIrqInfo,
+                    format!("{}-byte reply", reply.payload.len()),
+                )
+            })?;
+            if irq.index != index {
+                return Err(protocol(
+                    Command::DeviceGetIrqInfo,
+                    format!(
+                        "asked for interrupt type {index}, the reply is for {}",
+                        irq.index
+                    ),
+                ));
+            }
+            irqs.push(irq.count);
+        }
+
         let config_index = b::VFIO_PCI_CONFIG_REGION_INDEX;
         let mut id = [0u8; 12];
         region_read(&client, config_index, 0, &mut id)?;
@@ -351,6 +382,7 @@ impl VfioUserNvme {
             vendor = format_args!("0x{vendor:04x}"),
             bar0_bytes = region.size,
             ?mapped,
+            interrupts = ?irqs,
             "vfio-user device open"
         );
 
@@ -364,6 +396,7 @@ impl VfioUserNvme {
             bar,
             dma,
             vendor,
+            irqs,
         }))
     }
 
@@ -375,6 +408,13 @@ impl VfioUserNvme {
     /// The PCI vendor id the server reports.
     pub fn vendor_id(&self) -> u16 {
         self.vendor
+    }
+
+    /// Interrupt vectors the server offers per type (INTx, MSI, MSI-X, error, request: the
+    /// VFIO PCI interrupt indices), as VFIO_USER_DEVICE_GET_IRQ_INFO reported them. None is
+    /// enabled: the driver polls.
+    pub fn irq_counts(&self) -> &[u32] {
+        &self.irqs
     }
 
     /// The mapped parts of BAR0 (offset in BAR0, host pointer, length): with SPDK, the

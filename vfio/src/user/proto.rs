@@ -35,6 +35,8 @@ pub(crate) enum Command {
     DeviceGetInfo = 4,
     /// VFIO_USER_DEVICE_GET_REGION_INFO.
     DeviceGetRegionInfo = 5,
+    /// VFIO_USER_DEVICE_GET_IRQ_INFO.
+    DeviceGetIrqInfo = 7,
     /// VFIO_USER_REGION_READ.
     RegionRead = 9,
     /// VFIO_USER_REGION_WRITE.
@@ -52,6 +54,7 @@ impl Command {
             Command::DmaUnmap => "VFIO_USER_DMA_UNMAP",
             Command::DeviceGetInfo => "VFIO_USER_DEVICE_GET_INFO",
             Command::DeviceGetRegionInfo => "VFIO_USER_DEVICE_GET_REGION_INFO",
+            Command::DeviceGetIrqInfo => "VFIO_USER_DEVICE_GET_IRQ_INFO",
             Command::RegionRead => "VFIO_USER_REGION_READ",
             Command::RegionWrite => "VFIO_USER_REGION_WRITE",
             Command::DeviceReset => "VFIO_USER_DEVICE_RESET",
@@ -166,6 +169,20 @@ pub(crate) struct RegionInfoRequest {
     pub offset: u64,
 }
 
+/// VFIO_USER_DEVICE_GET_IRQ_INFO payload (and reply): the kernel's `vfio_irq_info`.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[repr(C)]
+pub(crate) struct IrqInfo {
+    /// Size of this structure.
+    pub argsz: u32,
+    /// Filled by the server: `VFIO_IRQ_INFO_*`.
+    pub flags: u32,
+    /// Interrupt type: `VFIO_PCI_INTX_IRQ_INDEX`, `..._MSI_...`, `..._MSIX_...`, ...
+    pub index: u32,
+    /// Filled by the server: vectors of that type.
+    pub count: u32,
+}
+
 /// VFIO_USER_REGION_READ / _WRITE payload; written data follows a write, read data a read's
 /// reply.
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -199,6 +216,7 @@ mod tests {
         // The kernel's vfio_device_info has grown a cap_offset since; vfio-user's has not.
         assert_eq!(size_of::<DeviceInfo>(), 16);
         assert_eq!(size_of::<RegionAccess>(), 16);
+        assert_eq!(size_of::<IrqInfo>(), size_of::<b::vfio_irq_info>());
         assert_eq!(
             size_of::<RegionInfoRequest>(),
             size_of::<b::vfio_region_info>()
