@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use memmap2::MmapOptions;
 use vfio_bindings::bindings::vfio as b;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::client::Client;
 use super::proto::{self, Command};
@@ -273,13 +273,7 @@ impl VfioUserNvme {
             argsz: size_of::<proto::DeviceInfo>() as u32,
             ..Default::default()
         };
-        let reply = client.request(Command::DeviceGetInfo, &[req.as_bytes()], None)?;
-        let (info, _) = proto::DeviceInfo::read_from_prefix(&reply.payload).map_err(|_| {
-            protocol(
-                Command::DeviceGetInfo,
-                format!("{}-byte reply", reply.payload.len()),
-            )
-        })?;
+        let info: proto::DeviceInfo = exchange_struct(&client, Command::DeviceGetInfo, &req)?;
         if info.flags & b::VFIO_DEVICE_FLAGS_PCI == 0
             || info.num_regions <= b::VFIO_PCI_CONFIG_REGION_INDEX
         {
@@ -300,13 +294,7 @@ impl VfioUserNvme {
                 index,
                 ..Default::default()
             };
-            let reply = client.request(Command::DeviceGetIrqInfo, &[req.as_bytes()], None)?;
-            let (irq, _) = proto::IrqInfo::read_from_prefix(&reply.payload).map_err(|_| {
-                protocol(
-                    Command::DeviceGetIrqInfo,
-                    format!("{}-byte reply", reply.payload.len()),
-                )
-            })?;
+            let irq: proto::IrqInfo = exchange_struct(&client, Command::DeviceGetIrqInfo, &req)?;
             if irq.index != index {
                 return Err(protocol(
                     Command::DeviceGetIrqInfo,
@@ -427,6 +415,23 @@ impl VfioUserNvme {
     pub fn dma_stats(&self) -> DmaStats {
         self.dma.stats()
     }
+}
+
+/// Sends `req` as `command`'s payload and reads the reply's leading structure of the same type
+/// (device info, interrupt info: the server fills in the request's fields).
+fn exchange_struct<T: IntoBytes + FromBytes + Immutable + KnownLayout>(
+    client: &Client,
+    command: Command,
+    req: &T,
+) -> Result<T, Error> {
+    let reply = client.request(command, &[req.as_bytes()], None)?;
+    T::read_from_prefix(&reply.payload)
+        .map(|(t, _)| t)
+        .map_err(|_| Error::VfioUserProtocol {
+            path: client.path().to_owned(),
+            command: command.name(),
+            what: format!("{}-byte reply", reply.payload.len()),
+        })
 }
 
 /// Region info, asking again with more room when the server's capabilities need it, and the
