@@ -120,13 +120,17 @@ fn pattern(lba: u64, blocks: u64, lba_size: u32) -> Vec<u8> {
 
 /// Writes the pattern over the first `blocks` blocks through a CPU queue of the same controller.
 fn cpu_prefill(r: &Rig, blocks: u64) {
+    cpu_fill(r, blocks, |lba, n| pattern(lba, n, r.lba));
+}
+
+/// Writes `data(lba, n)` over the first `blocks` blocks, 1 MiB at a time, through a CPU queue.
+fn cpu_fill(r: &Rig, blocks: u64, data: impl Fn(u64, u64) -> Vec<u8>) {
     let mut q = r.ctrl.create_io_queue_pair(64).expect("CPU queue");
     let chunk = (1u64 << 20) / r.lba as u64;
     let mut lba = 0;
     while lba < blocks {
         let n = chunk.min(blocks - lba);
-        q.write_from(1, lba, &pattern(lba, n, r.lba))
-            .expect("CPU write");
+        q.write_from(1, lba, &data(lba, n)).expect("CPU write");
         lba += n;
     }
 }
@@ -210,9 +214,9 @@ fn perf_four_patterns_both_lba_sizes_verified() {
 }
 
 /// I/Os larger than one command moves: the perf kernel splits each into commands of the
-/// maximum transfer (plus a last, shorter one) and counts it once. Sequential writes over a
-/// namespace of zeros put the pattern on every I/O's blocks (read back through a CPU queue);
-/// then verified reads and random writes, both client styles.
+/// maximum transfer (plus a last, shorter one) and counts it once. For each client style:
+/// sequential writes over blocks zeroed first put the pattern on every I/O's blocks (read back
+/// through a CPU queue); then verified reads and random writes.
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn perf_splits_ios_above_the_maximum_transfer() {
@@ -220,7 +224,10 @@ fn perf_splits_ios_above_the_maximum_transfer() {
         let r = rig(lba, 2, 64);
         let bs = 3 * r.gpu.max_transfer() + lba;
         let units = NS_BYTES / bs as u64;
+        let blocks = units * (bs / lba) as u64;
         for style in [ClientStyle::Thread, ClientStyle::Warp] {
+            // Zeros first, so the read-back shows this style's writes, not the last one's.
+            cpu_fill(&r, blocks, |_, n| vec![0u8; (n * lba as u64) as usize]);
             for (rw, ios) in [
                 (GpuRw::Write, units),
                 (GpuRw::RandRead, 64),
@@ -236,7 +243,6 @@ fn perf_splits_ios_above_the_maximum_transfer() {
                 assert_eq!(res.mismatches, 0, "{lba} {rw:?} {style:?}");
                 assert!(res.done >= ios, "{lba} {rw:?} {style:?}: {} done", res.done);
             }
-            let blocks = units * (bs / lba) as u64;
             assert!(
                 cpu_read(&r, 0, blocks) == pattern(0, blocks, lba),
                 "CPU read-back of split GPU writes at {lba}"

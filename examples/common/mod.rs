@@ -173,11 +173,7 @@ pub fn open(name: &str, args: &DeviceArgs, need: u64) -> Result<Opened> {
         );
     }
     let (path, own) = match &args.device {
-        Some(p) if controller.is_some() => {
-            created = false;
-            (p.clone(), None)
-        }
-        Some(p) if p.exists() => {
+        Some(p) if controller.is_some() || p.exists() => {
             created = false;
             (p.clone(), None)
         }

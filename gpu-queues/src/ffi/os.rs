@@ -469,7 +469,8 @@ impl Bar0Doorbells {
         // SAFETY: as above; the registration is dropped before `_device` (field order).
         let reg = unsafe { crate::ffi::HostRegistration::register(cuda, ptr.as_ptr(), len, false) }
             .map_err(|e| {
-                // SPDK keeps the page in a file beside its socket; Linux (6.5 on) refuses the
+                // SPDK keeps the page in a file beside its socket. On a disk file this failed
+                // on the H200 machine and on tmpfs it worked; most likely Linux refuses the
                 // long-term pin CUDA takes of a writable shared mapping of a disk file.
                 GpuError::Unsupported(format!(
                     "registering with CUDA the doorbell page the server at {} shares: {e}; it keeps \
