@@ -157,6 +157,10 @@ pub struct ControllerSide {
     pub threads: usize,
     /// How batches moved: "kernels" (scatter/gather) or "memcpy" (GPUNVME_EMU_DMA=memcpy).
     pub copy_mode: &'static str,
+    /// Where the queues' rings and slot buffers were: "host" (pinned host memory the
+    /// controller reads directly) or "gpu" (GPU memory behind its copy engines);
+    /// GPUNVME_EMU_RINGS chooses.
+    pub rings: &'static str,
     /// Scatter kernels launched (one per batch that wrote GPU memory).
     pub scatters: u64,
     /// Pieces they moved (data ranges and completion entries).
@@ -421,6 +425,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
                 Some(gpu_emu::CopyMode::Memcpy) => "memcpy",
                 _ => "kernels",
             },
+            rings: queues.ring_placement().map_or("gpu", |r| r.name()),
             scatters: d.scatters,
             scattered_pieces: d.pieces,
             gathers: d.gathers,

@@ -38,7 +38,7 @@ use nvme::Controller;
 use nvme_emu::EmuDevice;
 
 pub use model::{GpuController, GpuControllerOptions, GpuFaults, MediaKind, ModelTransport};
-pub use software::{CopyMode, DmaStats, SoftwareTransport};
+pub use software::{CopyMode, DmaStats, RingPlacement, SoftwareTransport};
 pub use ssd_model::SsdModel;
 
 /// The emulated controllers' constructors and statistics on [`GpuQueues`] (import the trait).
@@ -69,6 +69,10 @@ pub trait GpuQueuesExt: Sized {
 
     /// The software controller's threads with a copy engine, when it serves these queues.
     fn controller_threads(&self) -> Option<usize>;
+
+    /// Where the software controller's queues keep their rings and slot buffers, when it
+    /// serves these queues.
+    fn ring_placement(&self) -> Option<RingPlacement>;
 
     /// How the software controller reads image data for Reads, and its registered windows'
     /// counters, when it serves these queues.
@@ -104,6 +108,10 @@ impl GpuQueuesExt for GpuQueues {
 
     fn controller_threads(&self) -> Option<usize> {
         SoftwareTransport::of(self).map(SoftwareTransport::controller_threads)
+    }
+
+    fn ring_placement(&self) -> Option<RingPlacement> {
+        SoftwareTransport::of(self).map(SoftwareTransport::ring_placement)
     }
 
     fn window_stats(&self) -> Option<(image_reads::ReadMode, image_reads::WindowStats)> {

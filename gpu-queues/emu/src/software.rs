@@ -1,7 +1,21 @@
-//! Transport (a): the software controller (`nvme_emu`) serving queues whose rings and data live
-//! in GPU memory — an emulated controller standing in for an SSD, built on the runtime's
-//! [`QueueTransport`] seam ([`queues`] builds the queue pairs, [`SoftwareTransport`] serves
-//! them).
+//! Transport (a): the software controller (`nvme_emu`) serving queues that GPU threads drive —
+//! an emulated controller standing in for an SSD, built on the runtime's [`QueueTransport`]
+//! seam ([`queues`] builds the queue pairs, [`SoftwareTransport`] serves them).
+//!
+//! Where a pair's rings, PRP-list pages and slot buffers live is a [`RingPlacement`]:
+//!
+//! - **host** (the default): one arena of the controller's own host DMA memory per pair, laid
+//!   out as transport (c) lays them out on a real SSD and registered with CUDA. The controller
+//!   reads SQEs and writes CQEs and slot-buffer data directly, as for CPU queues; GPU threads
+//!   reach the arena over PCIe. No copy, kernel or wait per command: the latency of a command is
+//!   the PCIe round trips and the controller's polling.
+//! - **gpu**: all of it in GPU memory, behind the copy engines below.
+//!
+//! Either way, buffers from [`GpuQueues::alloc_buffer`] (files, the page cache's frames) are GPU
+//! memory behind the copy engines. With host rings, a completion for a command whose data went
+//! there is written only after that data's copy has run (`nvme_emu::MemoryRegion::wait_flushed`,
+//! which [`GpuRegion`] implements): the controller orders its writes across the two kinds of
+//! memory.
 //!
 //! The controller reaches GPU memory only through [`GpuRegion`]s registered in its device-address
 //! map, and its doorbells for these queues are words in a pinned host page that GPU threads
@@ -32,7 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::MappedImage;
+use gpu_queues::ffi::os::{HostArena, MappedImage};
 use gpu_queues::ffi::{
     Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
 };
@@ -41,7 +55,7 @@ use gpu_queues::queues::{
     DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan,
     QueueSetParts, QueueTransport, TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
 };
-use gpu_queues::transport::{Candidate, TransportChoice, select};
+use gpu_queues::transport::{Candidate, QueueLayout, TransportChoice, select};
 use nvme::{Controller, DmaRegion, QueueRegions};
 use nvme_emu::{DeviceAddressMap, DoorbellWord, EmuDevice, MemoryRegion, RegionError};
 use zerocopy::IntoBytes;
@@ -218,6 +232,45 @@ impl CopyMode {
             Some(other) => Err(GpuError::InvalidArgument(format!(
                 "GPUNVME_EMU_DMA={other}: expected `kernels` or `memcpy`"
             ))),
+        }
+    }
+}
+
+/// Where the software controller's GPU queues keep their rings, PRP-list pages and slot
+/// buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingPlacement {
+    /// In GPU memory, reached by the controller through its copy engines: every SQE fetch is
+    /// a copy and a wait, every completion a piece of a scatter kernel.
+    Gpu,
+    /// In pinned host memory the controller reads and writes directly, mapped into the GPU
+    /// (transport (c)'s layout on a real SSD): GPU threads write SQEs and read CQEs and slot
+    /// buffer data over PCIe; no copy or kernel per command. Buffers from
+    /// [`GpuQueues::alloc_buffer`] stay in GPU memory (copies for data only).
+    Host,
+}
+
+impl RingPlacement {
+    /// The placement `GPUNVME_EMU_RINGS` asks for (`host` or `gpu`); unset, `host`.
+    pub fn from_env() -> Result<Self, GpuError> {
+        Self::choose(std::env::var("GPUNVME_EMU_RINGS").ok().as_deref())
+    }
+
+    fn choose(var: Option<&str>) -> Result<Self, GpuError> {
+        match var {
+            None | Some("") | Some("host") => Ok(Self::Host),
+            Some("gpu") => Ok(Self::Gpu),
+            Some(other) => Err(GpuError::InvalidArgument(format!(
+                "GPUNVME_EMU_RINGS={other}: expected `host` or `gpu`"
+            ))),
+        }
+    }
+
+    /// `"gpu"` or `"host"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Host => "host",
         }
     }
 }
@@ -564,6 +617,16 @@ impl GpuDma {
         self.flush_locked(e, &mut st)
     }
 
+    /// Waits (bounded) until every copy this thread's engine issued so far has run: the
+    /// writes of its flushes are then visible to the GPU's threads.
+    fn wait_flushed(&self) -> Result<(), GpuError> {
+        let e = self.engine();
+        let t = Instant::now();
+        let r = e.stream.wait_idle(GPU_WAIT);
+        lock(e).stats.wait_ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+
     /// Drops gathered bytes and pending ranges: a new batch begins.
     fn forget_gathered(&self) {
         let e = self.engine();
@@ -784,6 +847,14 @@ impl MemoryRegion for GpuRegion {
         self.engine.flush().map_err(region_error)
     }
 
+    fn defers_writes(&self) -> bool {
+        true
+    }
+
+    fn wait_flushed(&self) -> Result<(), RegionError> {
+        self.engine.wait_flushed().map_err(region_error)
+    }
+
     fn read_from_file(
         &self,
         offset: u64,
@@ -882,10 +953,112 @@ fn register_region(
     ))
 }
 
+/// One queue pair's memory as the controller (device addresses) and GPU threads (GPU
+/// addresses) see it.
+struct PairMemory {
+    sq_region: Arc<DmaRegion>,
+    cq_region: Arc<DmaRegion>,
+    /// GPU addresses of the rings.
+    sq: u64,
+    cq: u64,
+    /// (GPU, device) addresses of the PRP-list pages and of the slot buffers.
+    prp_lists: (u64, u64),
+    slot_buffers: (u64, u64),
+    /// Keeps all of it allocated and mapped.
+    keep: Box<dyn Send + Sync>,
+}
+
+/// [`RingPlacement::Gpu`]: rings, PRP-list pages (two per slot: the slot buffer's pre-built
+/// list, and one for `build_prps`) and slot buffers in GPU memory, registered in the
+/// controller's address map behind the copy engines.
+fn gpu_pair_memory(
+    cuda: &Arc<Cuda>,
+    p: &Plan,
+    register_as: impl Fn(Arc<DeviceMemory>, bool) -> Result<DmaRegion, GpuError>,
+) -> Result<PairMemory, GpuError> {
+    let depth = p.depth as usize;
+    let sq = Arc::new(DeviceMemory::alloc(
+        cuda,
+        (depth * 64).next_multiple_of(4096),
+    )?);
+    let cq = Arc::new(DeviceMemory::alloc(
+        cuda,
+        (depth * 16).next_multiple_of(4096),
+    )?);
+    let prp = Arc::new(DeviceMemory::alloc(cuda, depth * 2 * 4096)?);
+    let bufs = Arc::new(DeviceMemory::alloc(
+        cuda,
+        depth * p.slot_buffer_bytes as usize,
+    )?);
+    let sq_region = Arc::new(register_as(sq.clone(), true)?);
+    let cq_region = Arc::new(register_as(cq.clone(), false)?);
+    let prp_region = register_as(prp.clone(), false)?;
+    let buf_region = register_as(bufs.clone(), false)?;
+    let prp_bus = prp_region.device_address(0);
+    let buf_bus = buf_region.device_address(0);
+    // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
+    if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
+        prp.write(0, lists.as_bytes())?;
+    }
+    Ok(PairMemory {
+        sq: sq.ptr(),
+        cq: cq.ptr(),
+        prp_lists: (prp.ptr(), prp_bus),
+        slot_buffers: (bufs.ptr(), buf_bus),
+        sq_region,
+        cq_region,
+        keep: Box::new((prp_region, buf_region, vec![sq, cq, prp, bufs])),
+    })
+}
+
+/// [`RingPlacement::Host`]: the pair's rings, PRP-list pages and slot buffers in one arena of
+/// the controller's own host DMA memory ([`QueueLayout`], as transport (c) lays them out on a
+/// real SSD), registered with CUDA so that GPU threads reach it over PCIe.
+fn host_pair_memory(
+    cuda: &Arc<Cuda>,
+    emu: &Arc<EmuDevice>,
+    p: &Plan,
+) -> Result<PairMemory, GpuError> {
+    let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, 4096);
+    let mem = nvme::Device::alloc_dma(emu.as_ref(), layout.len)
+        .map_err(|e| GpuError::Nvme(nvme::Error::from(e)))?;
+    if !mem.is_device_contiguous() {
+        return Err(GpuError::Unsupported(format!(
+            "{} bytes of the software controller's host memory are not contiguous for it",
+            mem.len()
+        )));
+    }
+    let arena = Arc::new(HostArena::register(cuda, mem)?);
+    let (gpu, bus) = (arena.gpu_ptr(), arena.memory().device_address(0));
+    // The CQ must start with phase 0 everywhere, whatever the memory held.
+    arena.memory().write(layout.cq, &vec![0u8; layout.cq_len]);
+    let buf_bus = bus + layout.bufs as u64;
+    if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
+        arena.memory().write(layout.prp, lists.as_bytes());
+    }
+    let region = |off: usize, len: usize| {
+        Arc::new(DmaRegion::contiguous(
+            bus + off as u64,
+            len,
+            Box::new(arena.clone()),
+        ))
+    };
+    Ok(PairMemory {
+        sq_region: region(layout.sq, layout.sq_len),
+        cq_region: region(layout.cq, layout.cq_len),
+        sq: gpu + layout.sq as u64,
+        cq: gpu + layout.cq as u64,
+        prp_lists: (gpu + layout.prp as u64, bus + layout.prp as u64),
+        slot_buffers: (gpu + layout.bufs as u64, buf_bus),
+        keep: Box::new(arena),
+    })
+}
+
 /// Transport (a) as the runtime sees it: the software controller and its copy engines.
 pub struct SoftwareTransport {
     emu: Arc<EmuDevice>,
     engine: Arc<GpuDma>,
+    rings: RingPlacement,
 }
 
 impl std::fmt::Debug for SoftwareTransport {
@@ -910,6 +1083,11 @@ impl SoftwareTransport {
     /// How the software controller moves batches.
     pub fn copy_mode(&self) -> CopyMode {
         self.engine.mode()
+    }
+
+    /// Where the queues' rings and slot buffers are.
+    pub fn ring_placement(&self) -> RingPlacement {
+        self.rings
     }
 
     /// Controller threads with a copy engine of their own.
@@ -988,37 +1166,15 @@ pub fn queues(
     let common = DescCommon::new(&p, &host_flags, opts.timeout, 0).with_protection(controller)?;
     let map = emu.address_map();
     let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
-    let register = |mem: Arc<DeviceMemory>| register_region(map, &engine, mem, false);
+    let rings = RingPlacement::from_env()?;
 
     let mut pairs = Vec::with_capacity(count as usize);
     for q in 0..count as usize {
-        let sq = Arc::new(DeviceMemory::alloc(
-            cuda,
-            (depth as usize * 64).next_multiple_of(4096),
-        )?);
-        let cq = Arc::new(DeviceMemory::alloc(
-            cuda,
-            (depth as usize * 16).next_multiple_of(4096),
-        )?);
-        // Two list pages per slot: the slot buffer's pre-built list, and one for `build_prps`.
-        let prp = Arc::new(DeviceMemory::alloc(cuda, depth as usize * 2 * 4096)?);
-        let bufs = Arc::new(DeviceMemory::alloc(
-            cuda,
-            depth as usize * slot_buffer_bytes as usize,
-        )?);
+        let mem = match rings {
+            RingPlacement::Gpu => gpu_pair_memory(cuda, &p, register_as)?,
+            RingPlacement::Host => host_pair_memory(cuda, emu, &p)?,
+        };
         let (state, slots) = alloc_protocol_state(cuda, depth)?;
-
-        let sq_region = Arc::new(register_as(sq.clone(), true)?);
-        let cq_region = Arc::new(register(cq.clone())?);
-        let prp_region = register(prp.clone())?;
-        let buf_region = register(bufs.clone())?;
-        let prp_bus = prp_region.device_address(0);
-        let buf_bus = buf_region.device_address(0);
-
-        // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
-        if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
-            prp.write(0, lists.as_bytes())?;
-        }
         let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
         let cq_word = Arc::new(PinnedDoorbell::new(
             doorbells.clone(),
@@ -1029,9 +1185,9 @@ pub fn queues(
         let (sq_db, cq_db) = (sq_word.device_ptr(), cq_word.device_ptr());
         let created = controller.create_queue_pair_on_with(
             QueueRegions {
-                sq: sq_region,
+                sq: mem.sq_region.clone(),
                 sq_entries: depth,
-                cq: cq_region,
+                cq: mem.cq_region.clone(),
                 cq_entries: depth,
             },
             |qid| {
@@ -1041,30 +1197,27 @@ pub fn queues(
         );
         let created = created?;
         let desc = common.desc(DescParts {
-            sq: sq.ptr(),
-            cq: cq.ptr(),
+            sq: mem.sq,
+            cq: mem.cq,
             doorbells: (sq_db, cq_db),
             state: state.ptr(),
             slots: slots.ptr(),
-            prp_lists: (prp.ptr(), prp_bus),
-            slot_buffers: (bufs.ptr(), buf_bus),
+            prp_lists: mem.prp_lists,
+            slot_buffers: mem.slot_buffers,
             qid: created.qid(),
         });
         pairs.push(GpuQueuePair {
             created: Some(created),
             desc,
             state: state.clone(),
-            keep: vec![
-                Box::new(prp_region),
-                Box::new(buf_region),
-                Box::new(vec![sq, cq, prp, bufs, state, slots]),
-            ],
+            keep: vec![Box::new(mem.keep), Box::new(vec![state, slots])],
         });
     }
     tracing::info!(
         queues = count,
         depth,
         slot_buffer_bytes,
+        rings = rings.name(),
         controller_sms = partition.controller_sms(),
         kernels_ms = t_kernels.as_millis() as u64,
         warm_up_ms = (t_warm - t_kernels).as_millis() as u64,
@@ -1086,6 +1239,7 @@ pub fn queues(
             backend: Arc::new(SoftwareTransport {
                 emu: emu.clone(),
                 engine,
+                rings,
             }),
         },
     )

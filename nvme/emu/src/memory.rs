@@ -79,7 +79,10 @@ impl RegionError {
 ///   dword (the phase tag) becomes visible after the rest of the entry and after the data of
 ///   the commands it completes, which were written before it;
 /// - let [`MemoryRegion::read`] observe the region's own earlier writes (flushing first if
-///   needed), as the controller may read back what it wrote.
+///   needed), as the controller may read back what it wrote;
+/// - say so ([`MemoryRegion::defers_writes`]) and implement [`MemoryRegion::wait_flushed`]:
+///   a completion entry bound for a region that writes at once (rings in host memory, data in
+///   GPU memory) is written only after the deferring regions' earlier writes are visible.
 pub trait MemoryRegion: Send + Sync {
     /// Length of the region in bytes.
     fn len(&self) -> usize;
@@ -159,6 +162,26 @@ pub trait MemoryRegion: Send + Sync {
     /// default does nothing.
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
         let _ = ranges;
+        Ok(())
+    }
+
+    /// Whether the region defers its writes to [`MemoryRegion::flush`] and performs them
+    /// asynchronously (GPU memory behind batched copies). The default is false: host memory,
+    /// whose writes are visible once stored.
+    ///
+    /// The controller orders writes across regions with it: before it writes a completion
+    /// entry into a region that does not defer, it flushes every deferring region written
+    /// since the last such entry and waits ([`MemoryRegion::wait_flushed`]), so that a
+    /// command's data in GPU memory is visible before its completion in host memory.
+    fn defers_writes(&self) -> bool {
+        false
+    }
+
+    /// Waits, bounded, until every write flushed so far through this region by the calling
+    /// thread is visible to other agents; an error if the bound passes or the transfer
+    /// failed (the controller then treats it as a DMA error). The default does nothing (writes
+    /// that do not defer are visible at once).
+    fn wait_flushed(&self) -> Result<(), RegionError> {
         Ok(())
     }
 }
@@ -419,6 +442,10 @@ struct CacheEntry {
     dirty: bool,
     /// The region takes prefetch hints (see `Mapping::hint`).
     hint: bool,
+    /// The region defers its writes ([`MemoryRegion::defers_writes`]).
+    defers: bool,
+    /// Written through since the last fence (the region is in `unfenced`).
+    unfenced: bool,
 }
 
 /// A controller thread's translation cache in front of a [`DeviceAddressMap`]: a few recently
@@ -438,6 +465,9 @@ pub(crate) struct MapCache {
     /// Regions written through since the last flush, each once (held even after their cache
     /// entry is evicted or the region unregistered: their writes must still be flushed).
     dirty: Vec<Arc<dyn MemoryRegion>>,
+    /// Regions that defer their writes, written through since the last completion entry went
+    /// to a region that does not ([`MapCache::write_last_dword_release_at`] fences them first).
+    unfenced: Vec<Arc<dyn MemoryRegion>>,
     prefetch: PrefetchGroups,
 }
 
@@ -451,6 +481,7 @@ impl MapCache {
             victim: 0,
             mru: 0,
             dirty: Vec::with_capacity(CACHE_ENTRIES),
+            unfenced: Vec::new(),
             prefetch: PrefetchGroups::default(),
         }
     }
@@ -465,10 +496,17 @@ impl MapCache {
     /// Forgets the cached regions if any region was unregistered since they were looked up
     /// (one of them may be a buffer the host freed, which the cache must not keep alive);
     /// keeps them otherwise: every cached region is then still mapped, so holding it keeps
-    /// nothing alive that the map does not.
+    /// nothing alive that the map does not. Deferring regions still owed a fence are fenced
+    /// then (their writes were flushed at the end of their batch; this waits for them), so that
+    /// the list of them lets go too.
     pub(crate) fn release_stale(&mut self) {
         let generation = self.map.generation.load(Ordering::Acquire);
         if generation != self.generation {
+            if !self.unfenced.is_empty()
+                && let Err(e) = self.fence_deferred(0)
+            {
+                tracing::warn!(error = %e, "waiting for deferred writes while idle failed");
+            }
             self.entries.clear();
             self.victim = 0;
             self.generation = generation;
@@ -534,6 +572,11 @@ impl MapCache {
                     len: mapping.len,
                     dirty: self.dirty.iter().any(|d| Arc::ptr_eq(d, &mapping.region)),
                     hint: mapping.hint,
+                    defers: mapping.region.defers_writes(),
+                    unfenced: self
+                        .unfenced
+                        .iter()
+                        .any(|d| Arc::ptr_eq(d, &mapping.region)),
                     region: mapping.region,
                 };
                 if self.entries.len() < CACHE_ENTRIES {
@@ -559,7 +602,8 @@ impl MapCache {
         hint: &mut usize,
     ) -> Result<(&dyn MemoryRegion, u64), DmaError> {
         let (index, offset) = self.translate_at(addr, len, hint)?;
-        if !self.entries[index].dirty {
+        let e = &self.entries[index];
+        if !e.dirty || (e.defers && !e.unfenced) {
             self.mark_dirty(index);
         }
         Ok((&*self.entries[index].region, offset))
@@ -572,6 +616,31 @@ impl MapCache {
         if !self.dirty.iter().any(|d| Arc::ptr_eq(d, &entry.region)) {
             self.dirty.push(entry.region.clone());
         }
+        if entry.defers && !entry.unfenced {
+            entry.unfenced = true;
+            if !self.unfenced.iter().any(|d| Arc::ptr_eq(d, &entry.region)) {
+                self.unfenced.push(entry.region.clone());
+            }
+        }
+    }
+
+    /// Flushes every deferring region written since the last fence and waits until its writes
+    /// are visible ([`MemoryRegion::defers_writes`]); all of them even if one fails, the first
+    /// error returned (as a DMA error at `addr`, the access that needed the fence).
+    #[cold]
+    fn fence_deferred(&mut self, addr: u64) -> Result<(), DmaError> {
+        let mut result = Ok(());
+        for entry in &mut self.entries {
+            entry.unfenced = false;
+        }
+        for region in self.unfenced.drain(..) {
+            if let Err(source) = region.flush().and_then(|()| region.wait_flushed())
+                && result.is_ok()
+            {
+                result = Err(DmaError::Region { addr, source });
+            }
+        }
+        result
     }
 
     #[inline]
@@ -645,6 +714,13 @@ impl MapCache {
         data: &[u8],
         hint: &mut usize,
     ) -> Result<(), DmaError> {
+        let (index, _) = self.translate_at(addr, data.len(), hint)?;
+        if !self.entries[index].defers && !self.unfenced.is_empty() {
+            // A completion in memory written at once (host memory) must not be seen before
+            // the data of its command in memory written later (GPU memory behind batched
+            // copies): perform and wait for those writes first.
+            self.fence_deferred(addr)?;
+        }
         let (region, offset) = self.translate_write(addr, data.len(), hint)?;
         region
             .write_last_dword_release(offset, data)
@@ -795,6 +871,130 @@ mod tests {
         cache.write(bases[0], &[1; 4]).unwrap();
         cache.flush().unwrap();
         assert_eq!(flushes(0), 2);
+    }
+
+    /// 4 KiB that logs every call into a shared journal; `defers` says whether it defers its
+    /// writes, `fail_wait` makes `wait_flushed` fail.
+    struct JournalRegion {
+        name: &'static str,
+        defers: bool,
+        fail_wait: bool,
+        journal: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl JournalRegion {
+        fn log(&self, what: &str) {
+            self.journal
+                .lock()
+                .unwrap()
+                .push(format!("{} {what}", self.name));
+        }
+    }
+
+    impl MemoryRegion for JournalRegion {
+        fn len(&self) -> usize {
+            4096
+        }
+        fn read(&self, _offset: u64, _buf: &mut [u8]) -> Result<(), RegionError> {
+            Ok(())
+        }
+        fn write(&self, _offset: u64, _data: &[u8]) -> Result<(), RegionError> {
+            self.log("write");
+            Ok(())
+        }
+        fn write_last_dword_release(&self, _offset: u64, _data: &[u8]) -> Result<(), RegionError> {
+            self.log("cqe");
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), RegionError> {
+            self.log("flush");
+            Ok(())
+        }
+        fn defers_writes(&self) -> bool {
+            self.defers
+        }
+        fn wait_flushed(&self) -> Result<(), RegionError> {
+            self.log("wait");
+            if self.fail_wait {
+                return Err(RegionError {
+                    reason: "transfer failed".into(),
+                    source: None,
+                });
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn completion_in_host_memory_waits_for_deferred_data() {
+        let journal = Arc::new(Mutex::new(Vec::new()));
+        let map = Arc::new(DeviceAddressMap::new());
+        let region = |name, defers, fail_wait| {
+            map.register_region(Arc::new(JournalRegion {
+                name,
+                defers,
+                fail_wait,
+                journal: journal.clone(),
+            }))
+            .unwrap()
+        };
+        let gpu_data = region("gpu", true, false);
+        let gpu_cq = region("gpucq", true, false);
+        let host_cq = region("hostcq", false, false);
+        let host_data = region("host", false, false);
+        let take = || std::mem::take(&mut *journal.lock().unwrap());
+        let mut cache = MapCache::new(map.clone());
+
+        // Data in deferring memory, completion in host memory: flushed and waited for first.
+        cache.write(gpu_data, &[1; 8]).unwrap();
+        cache.write_last_dword_release(host_cq, &[2; 16]).unwrap();
+        assert_eq!(take(), ["gpu write", "gpu flush", "gpu wait", "hostcq cqe"]);
+        // Nothing deferred since: no second wait.
+        cache.write(host_data, &[1; 8]).unwrap();
+        cache.write_last_dword_release(host_cq, &[2; 16]).unwrap();
+        assert_eq!(take(), ["host write", "hostcq cqe"]);
+        // A completion in deferring memory keeps the region's own ordering: no wait.
+        cache.write(gpu_data, &[1; 8]).unwrap();
+        cache.write_last_dword_release(gpu_cq, &[2; 16]).unwrap();
+        assert_eq!(take(), ["gpu write", "gpucq cqe"]);
+        // ... but both are still owed to the next host completion.
+        cache.write_last_dword_release(host_cq, &[2; 16]).unwrap();
+        let fenced = take();
+        assert_eq!(fenced.len(), 5, "{fenced:?}");
+        assert_eq!(fenced[4], "hostcq cqe");
+        for r in ["gpu", "gpucq"] {
+            let flush = fenced.iter().position(|e| *e == format!("{r} flush"));
+            let wait = fenced.iter().position(|e| *e == format!("{r} wait"));
+            assert!(flush.is_some() && flush < wait, "{fenced:?}");
+        }
+
+        // A failed wait is the completion's DMA error, and the entry is not written.
+        let broken = region("broken", true, true);
+        cache.write(broken, &[1; 8]).unwrap();
+        let err = cache
+            .write_last_dword_release(host_cq, &[2; 16])
+            .unwrap_err();
+        assert!(
+            matches!(err, DmaError::Region { addr, .. } if addr == host_cq),
+            "{err:?}"
+        );
+        assert_eq!(take(), ["broken write", "broken flush", "broken wait"]);
+
+        // A deferring region unmapped while owed a fence: waited for, then let go, when idle.
+        let freed = Arc::new(JournalRegion {
+            name: "freed",
+            defers: true,
+            fail_wait: false,
+            journal: journal.clone(),
+        });
+        let base = map.register_region(freed.clone()).unwrap();
+        cache.write(base, &[1; 8]).unwrap();
+        cache.flush().unwrap();
+        assert!(map.unregister_region(base).is_some());
+        take();
+        cache.release_stale();
+        assert_eq!(take(), ["freed flush", "freed wait"]);
+        assert_eq!(Arc::strong_count(&freed), 1, "the cache let go of it");
     }
 
     #[test]
