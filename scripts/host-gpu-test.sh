@@ -37,6 +37,7 @@ TESTS=(
     perf_splits_ios_above_the_maximum_transfer
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
+    transport_probe_proves_a_read_or_says_why_not
     controller_fatal_aborts_every_gpu_waiter
     model_serves_a_host_thread_client
     model_fails_bad_commands_with_the_status_the_spec_requires

@@ -563,6 +563,31 @@ fn media_error_is_a_per_command_status() {
     }
 }
 
+/// Transport (b)'s probe (`gpu_queues::transport::probe`), on the software controller's queues:
+/// a GPU thread's Read of LBA 0 with the block's bytes passes; a media error and a lost
+/// completion are refused, by name and within the bound.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn transport_probe_proves_a_read_or_says_why_not() {
+    use gpu_queues::transport::probe::probe_read;
+    let r = rig(512, 2, 64);
+    cpu_fill(&r, 4, |lba, blocks| pattern(lba, blocks, 512));
+    probe_read(&r.gpu, &r.ctrl, Duration::from_secs(60)).expect("a working transport");
+    r.emu().faults().add_media_error(1, 0);
+    let e = probe_read(&r.gpu, &r.ctrl, Duration::from_secs(60)).unwrap_err();
+    assert!(
+        e.0.contains("NvmeError") && e.0.contains("status field"),
+        "{e}"
+    );
+
+    let r = rig(512, 1, 64);
+    r.emu().faults().drop_completions(1);
+    let start = Instant::now();
+    let e = probe_read(&r.gpu, &r.ctrl, Duration::from_millis(500)).unwrap_err();
+    assert!(e.0.contains("did not complete within 500 ms"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(30), "bounded");
+}
+
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn dropped_completion_times_out_on_the_gpu() {

@@ -28,6 +28,7 @@ pub use build::QueueLayout;
 pub mod host;
 pub mod iommu;
 pub mod p2p;
+pub mod probe;
 pub mod vfio_user;
 
 use std::path::PathBuf;

@@ -20,6 +20,7 @@ use crate::transport::TransportOptions;
 use crate::transport::bar1::{self, Bar1Env, GPU_PAGE};
 use crate::transport::build::{Arena, Transport, build_queues};
 use crate::transport::iommu;
+use crate::transport::probe::{PROBE_BOUND, probe_read};
 
 /// Arena granularity: cuMemAlloc of whole 2 MiB pages comes back 2 MiB aligned.
 const ARENA_UNIT: usize = 2 << 20;
@@ -78,7 +79,7 @@ pub fn build(
         resource1_offset: topts.resource1_offset,
     };
     let doorbells = Bar0Doorbells::register(cuda, vfio.clone())?;
-    build_queues(
+    let queues = build_queues(
         cuda,
         controller,
         Transport {
@@ -89,7 +90,14 @@ pub fn build(
         },
         opts,
         |len| gpu_arena(cuda, &vfio, &env, len),
-    )
+    )?;
+    // Set-up succeeding does not prove the SSD's writes reach GPU memory: one Read must.
+    probe_read(&queues, controller, PROBE_BOUND).map_err(|why| {
+        GpuError::Unsupported(format!(
+            "the queues were built, but {why}; peer-to-peer DMA into GPU memory does not work              on this platform"
+        ))
+    })?;
+    Ok(queues)
 }
 
 fn gpu_arena(
