@@ -26,7 +26,9 @@
 //    looked too early.
 //  * Completion. Whoever holds state->cq_lock drains the CQ in ring order: it reads the dword
 //    holding the phase tag (dword 3: CID and status) first, checks the phase, issues an acquire
-//    fence, and only then reads the rest of the entry (torn-CQE safe). It copies the status into
+//    fence, and only then reads the rest of the entry (torn-CQE safe); the phase dwords of up to
+//    GPUNVME_REAP_AHEAD entries are loaded together first (one PCIe round trip for a CQ in host
+//    memory), the fence follows the last of them. It copies the status into
 //    slot[cid].done (release) and dw0 into slot[cid].dw0, advances the head, and rings the CQ
 //    head doorbell once per drain. Completions may arrive in any order; each waiter watches only
 //    its own slot. A CQE whose CID names a slot that is not in flight fails the queue
@@ -147,6 +149,9 @@
 // finds it due): thousands of waiters reading host memory on their own collapse PCIe reads
 // (and every system-scope fence with them), see ../shared/design/gpu.md.
 #define GPUNVME_HOST_POLL_NS 500000
+// CQ entries a thread reaper reads ahead at once (their phase dwords loaded together; see
+// try_reap): at most 8 registers, one PCIe round trip for a CQ in host memory.
+#define GPUNVME_REAP_AHEAD 8
 
 // queue_desc.flags: bit 0 = the controller runs on this GPU (the GPU-resident controller
 // model): SQEs, CQEs and doorbells never leave GPU memory, so the protocol's fences are at GPU
@@ -444,35 +449,70 @@ __device__ inline status try_reap(const queue_desc& q) {
     uint32_t n = 0;
     status result = GPUNVME_OK;
     const uint8_t* cq = reinterpret_cast<const uint8_t*>(q.cq);
-    while (n < q.depth) {
-        const uint8_t* cqe = cq + (size_t)head * GPUNVME_CQE_SIZE;
-        // The phase dword first (the device may still be writing the rest of the entry) ...
-        uint32_t dw3 = sys_u32(*const_cast<uint32_t*>(
-                                   reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_CID)))
-                           .load(cuda::memory_order_relaxed);
-        if (((dw3 >> 16) & 1u) != phase) break;
-        // ... then acquire, and only then the rest of the entry and the command's data.
+    // Completions owed: commands whose doorbell was rung and whose completion is not yet
+    // consumed. No entry past those is read, so an idle queue costs no read over PCIe and the
+    // entry after the last one owed is not looked at (a controller that posts more than it
+    // owes is caught when the head reaches the extra entry with a command in flight).
+    const uint32_t owed = dev_u32(st->sq_published).load(cuda::memory_order_relaxed) -
+                          dev_u32(st->cq_reaped).load(cuda::memory_order_relaxed);
+    bool more = true;
+    while (more && n < q.depth && n < owed) {
+        // The phase dword first (the device may still be writing the rest of the entry): the
+        // head entry's alone while nothing is there (one read per poll), then, once it is, those
+        // of the next GPUNVME_REAP_AHEAD - 1 entries as independent loads issued together (one
+        // round trip over PCIe for a CQ in host memory, not one per entry; entries past the
+        // first one not yet written are read and ignored).
+        const uint32_t window = min((uint32_t)GPUNVME_REAP_AHEAD, min(q.depth, owed) - n);
+        uint32_t dw3[GPUNVME_REAP_AHEAD];
+        dw3[0] = sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
+                             cq + (size_t)head * GPUNVME_CQE_SIZE + GPUNVME_CQE_CID)))
+                     .load(cuda::memory_order_relaxed);
+        if (((dw3[0] >> 16) & 1u) != phase) break;
+#pragma unroll
+        for (uint32_t i = 1; i < GPUNVME_REAP_AHEAD; ++i) {
+            const uint8_t* cqe = cq + (size_t)((head + i) & mask) * GPUNVME_CQE_SIZE;
+            dw3[i] = i < window ? sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
+                                              cqe + GPUNVME_CQE_CID)))
+                                      .load(cuda::memory_order_relaxed)
+                                : 0u;
+        }
+        // The ready run: consecutive entries from the head whose phase is the one expected
+        // there (it flips where the ring wraps).
+        uint32_t k = 1;
+        while (k < window && ((dw3[k] >> 16) & 1u) == (phase ^ (uint32_t)(head + k > mask)))
+            ++k;
+        more = k == window;
+        // ... then acquire, and only then the rest of those entries and their commands' data.
         acquire_from_controller(q);
-        uint32_t cid = dw3 & 0xffffu;
-        uint32_t status_field = (dw3 >> 16) & 0xfffeu;
-        uint32_t dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
-        slot_state* slot = cid < q.depth ? slot_of(q, cid) : nullptr;
-        bool in_flight = false;
-        if (slot) {
-            uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
-            uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
-            uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
-            in_flight = rel == tk && (tk & mask) == cid && dn == 0;
+        uint32_t dw0[GPUNVME_REAP_AHEAD];
+#pragma unroll
+        for (uint32_t i = 0; i < GPUNVME_REAP_AHEAD; ++i)
+            dw0[i] = i < k ? *reinterpret_cast<const volatile uint32_t*>(
+                                 cq + (size_t)((head + i) & mask) * GPUNVME_CQE_SIZE +
+                                 GPUNVME_CQE_DW0)
+                           : 0u;
+        for (uint32_t i = 0; i < k; ++i) {
+            uint32_t cid = dw3[i] & 0xffffu;
+            uint32_t status_field = (dw3[i] >> 16) & 0xfffeu;
+            slot_state* slot = cid < q.depth ? slot_of(q, cid) : nullptr;
+            bool in_flight = false;
+            if (slot) {
+                uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
+                uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
+                uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
+                in_flight = rel == tk && (tk & mask) == cid && dn == 0;
+            }
+            if (!in_flight) {
+                result = fail_queue(q, GPUNVME_BAD_COMPLETION);
+                more = false;
+                break;
+            }
+            slot->dw0 = dw0[i];
+            dev_u32(slot->done).store(GPUNVME_DONE_BIT | status_field, cuda::memory_order_release);
+            ++n;
+            head = (head + 1) & mask;
+            if (head == 0) phase ^= 1u;
         }
-        if (!in_flight) {
-            result = fail_queue(q, GPUNVME_BAD_COMPLETION);
-            break;
-        }
-        slot->dw0 = dw0;
-        dev_u32(slot->done).store(GPUNVME_DONE_BIT | status_field, cuda::memory_order_release);
-        ++n;
-        head = (head + 1) & mask;
-        if (head == 0) phase ^= 1u;
     }
     if (n) {
         st->cq_head = head;
@@ -726,9 +766,15 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
     head = __shfl_sync(full, head, 0);
     phase = __shfl_sync(full, phase, 0);
     const uint8_t* cq = reinterpret_cast<const uint8_t*>(q.cq);
+    // Completions owed (as in try_reap): no entry past them is read.
+    uint32_t owed = 0;
+    if (lane == 0)
+        owed = dev_u32(st->sq_published).load(cuda::memory_order_relaxed) -
+               dev_u32(st->cq_reaped).load(cuda::memory_order_relaxed);
+    owed = min(__shfl_sync(full, owed, 0), q.depth);
     uint32_t total = 0;
     bool bad = false;
-    while (total < q.depth) {
+    while (total < owed) {
         const uint32_t pos = head + lane;
         const bool wraps = pos > mask;
         const uint32_t idx = pos & mask;
@@ -736,7 +782,7 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
         const uint8_t* cqe = cq + (size_t)idx * GPUNVME_CQE_SIZE;
         bool ok = false;
         uint32_t dw3 = 0;
-        if (lane < q.depth - total) {
+        if (lane < owed - total) {
             // The phase dword first (the device may still be writing the rest of the entry).
             dw3 = sys_u32(*const_cast<uint32_t*>(
                               reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_CID)))
