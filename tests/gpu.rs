@@ -1427,14 +1427,18 @@ mod files {
         let d = r.gpu.dma_stats().expect("software controller");
         let (mode, w) = r.gpu.window_stats().expect("software controller");
         eprintln!("{}: {d:?} {w:?}", mode.name());
+        // Every whole block of the file went to GPU memory by the chosen path; the partial
+        // last block goes through a slot buffer, which with host rings (the default) is host
+        // memory the controller fills directly, neither staged nor copied.
+        let whole = len as u64 / 4096 * 4096;
         match mode {
             ReadMode::Registered => {
                 assert!(w.registered >= 1, "a window was registered: {w:?}");
-                assert!(d.direct_bytes >= len as u64, "data from the windows: {d:?}");
+                assert!(d.direct_bytes >= whole, "data from the windows: {d:?}");
             }
             ReadMode::Pread => {
                 assert_eq!((d.direct_bytes, w.registered), (0, 0));
-                assert!(d.staged_file_bytes >= len as u64, "data staged: {d:?}");
+                assert!(d.staged_file_bytes >= whole, "data staged: {d:?}");
             }
         }
         drop(r);

@@ -12,10 +12,10 @@
 //! - **gpu**: all of it in GPU memory, behind the copy engines below.
 //!
 //! Either way, buffers from [`GpuQueues::alloc_buffer`] (files, the page cache's frames) are GPU
-//! memory behind the copy engines. With host rings, a completion for a command whose data went
-//! there is written only after that data's copy has run (`nvme_emu::MemoryRegion::wait_flushed`,
-//! which [`GpuRegion`] implements): the controller orders its writes across the two kinds of
-//! memory.
+//! memory behind the copy engines. With host rings the CQ is pinned memory of its own behind a
+//! [`HostCqRegion`]: an entry is stored there directly while the thread's engine holds no write
+//! that is not yet visible, and otherwise staged through the engine like GPU memory, so that it
+//! lands after its command's data without the controller ever waiting for the GPU.
 //!
 //! The controller reaches GPU memory only through [`GpuRegion`]s registered in its device-address
 //! map, and its doorbells for these queues are words in a pinned host page that GPU threads
@@ -181,6 +181,8 @@ struct EngineState {
     pending: Vec<(u64, usize)>,
     /// Ranges the last gather fetched.
     fetched: Vec<Fetched>,
+    /// A flush launched work that was not yet seen finished (see [`GpuDma::pending`]).
+    in_flight: bool,
     stats: DmaStats,
 }
 
@@ -244,9 +246,10 @@ pub enum RingPlacement {
     /// a copy and a wait, every completion a piece of a scatter kernel.
     Gpu,
     /// In pinned host memory the controller reads and writes directly, mapped into the GPU
-    /// (transport (c)'s layout on a real SSD): GPU threads write SQEs and read CQEs and slot
-    /// buffer data over PCIe; no copy or kernel per command. Buffers from
-    /// [`GpuQueues::alloc_buffer`] stay in GPU memory (copies for data only).
+    /// (transport (c)'s layout on a real SSD; the CQ in pinned memory of its own, see
+    /// [`HostCqRegion`]): GPU threads write SQEs and read CQEs and slot buffer data over PCIe;
+    /// no copy or kernel per command. Buffers from [`GpuQueues::alloc_buffer`] stay in GPU
+    /// memory (copies for data only).
     Host,
 }
 
@@ -368,6 +371,7 @@ impl GpuDma {
                     )?,
                     pending: Vec::new(),
                     fetched: Vec::new(),
+                    in_flight: false,
                     stats: DmaStats::default(),
                 }),
             });
@@ -597,6 +601,7 @@ impl GpuDma {
             }
         }
         area.drained.record(&e.stream)?;
+        st.in_flight = true;
         st.stats.scatters += 1;
         st.stats.pieces += pieces as u64;
         let area = &mut st.areas[cur];
@@ -625,6 +630,26 @@ impl GpuDma {
         let r = e.stream.wait_idle(GPU_WAIT);
         lock(e).stats.wait_ns += t.elapsed().as_nanos() as u64;
         r
+    }
+
+    /// Whether the calling thread's engine holds writes not yet known to be visible: staged and
+    /// not flushed, or flushed and not yet seen finished. A failure to ask counts as pending
+    /// (the caller then orders through the engine, which is always correct).
+    fn pending(&self) -> bool {
+        let e = self.engine();
+        let mut st = lock(e);
+        let cur = st.cur;
+        if st.areas[cur].pieces > 0 || !st.areas[cur].direct.is_empty() {
+            return true;
+        }
+        if st.in_flight {
+            // The area flushed last is the other one; its event follows every earlier flush.
+            match st.areas[cur ^ 1].drained.is_done() {
+                Ok(true) => st.in_flight = false,
+                _ => return true,
+            }
+        }
+        false
     }
 
     /// Drops gathered bytes and pending ranges: a new batch begins.
@@ -882,6 +907,72 @@ impl MemoryRegion for GpuRegion {
     }
 }
 
+/// A completion queue ring in pinned host memory mapped into the GPU ([`RingPlacement::Host`]).
+///
+/// The controller writes an entry straight into it while its thread's copy engine holds no
+/// write that is not yet visible; otherwise through that engine, like GPU memory, so that the
+/// entry lands after the data of its command (in GPU memory, behind the engine) and after
+/// every earlier entry staged there. Either way no controller thread waits for the GPU here.
+struct HostCqRegion {
+    engine: Arc<GpuDma>,
+    mem: Arc<PinnedMemory>,
+}
+
+impl MemoryRegion for HostCqRegion {
+    fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {
+        if self.engine.pending() {
+            self.engine.flush().map_err(region_error)?;
+            self.engine.wait_flushed().map_err(region_error)?;
+        }
+        self.mem.read(offset as usize, buf);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        if self.engine.pending() {
+            return self
+                .engine
+                .write(self.mem.device_ptr() + offset, data, false)
+                .map_err(region_error);
+        }
+        self.mem.write(offset as usize, data);
+        Ok(())
+    }
+
+    fn write_last_dword_release(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        if self.engine.pending() || data.len() < 4 || offset % 4 != 0 {
+            return self
+                .engine
+                .write(self.mem.device_ptr() + offset, data, true)
+                .map_err(region_error);
+        }
+        let split = data.len() - 4;
+        self.mem.write(offset as usize, &data[..split]);
+        let last = u32::from_le_bytes(data[split..].try_into().expect("4 bytes"));
+        // Release: the rest of the entry (and the command's data in host memory) first.
+        self.mem.store_u32(offset as usize + split, last);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), RegionError> {
+        self.engine.flush().map_err(region_error)
+    }
+
+    fn defers_writes(&self) -> bool {
+        // It may stage (behind the engine's writes), so the controller must not wait for
+        // deferred writes before an entry here: the engine orders them itself.
+        true
+    }
+
+    fn wait_flushed(&self) -> Result<(), RegionError> {
+        self.engine.wait_flushed().map_err(region_error)
+    }
+}
+
 /// A doorbell word in pinned host memory that GPU threads write and the software controller
 /// polls.
 pub struct PinnedDoorbell {
@@ -1017,6 +1108,7 @@ fn gpu_pair_memory(
 fn host_pair_memory(
     cuda: &Arc<Cuda>,
     emu: &Arc<EmuDevice>,
+    engine: &Arc<GpuDma>,
     p: &Plan,
 ) -> Result<PairMemory, GpuError> {
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, 4096);
@@ -1030,8 +1122,27 @@ fn host_pair_memory(
     }
     let arena = Arc::new(HostArena::register(cuda, mem)?);
     let (gpu, bus) = (arena.gpu_ptr(), arena.memory().device_address(0));
-    // The CQ must start with phase 0 everywhere, whatever the memory held.
-    arena.memory().write(layout.cq, &vec![0u8; layout.cq_len]);
+    // The CQ: pinned memory of its own (zeroed: phase 0 everywhere) behind a region that
+    // orders its entries after data the copy engines still move ([`HostCqRegion`]).
+    let cq_mem = Arc::new(PinnedMemory::alloc(cuda, layout.cq_len)?);
+    let map = emu.address_map();
+    let cq_base = map
+        .register_region(Arc::new(HostCqRegion {
+            engine: engine.clone(),
+            mem: cq_mem.clone(),
+        }))
+        .map_err(GpuError::controller)?;
+    let cq_region = Arc::new(DmaRegion::contiguous(
+        cq_base,
+        layout.cq_len,
+        Box::new((
+            Unregister {
+                map: map.clone(),
+                base: cq_base,
+            },
+            cq_mem.clone(),
+        )),
+    ));
     let buf_bus = bus + layout.bufs as u64;
     if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
         arena.memory().write(layout.prp, lists.as_bytes());
@@ -1045,9 +1156,9 @@ fn host_pair_memory(
     };
     Ok(PairMemory {
         sq_region: region(layout.sq, layout.sq_len),
-        cq_region: region(layout.cq, layout.cq_len),
+        cq_region,
         sq: gpu + layout.sq as u64,
-        cq: gpu + layout.cq as u64,
+        cq: cq_mem.device_ptr(),
         prp_lists: (gpu + layout.prp as u64, bus + layout.prp as u64),
         slot_buffers: (gpu + layout.bufs as u64, buf_bus),
         keep: Box::new(arena),
@@ -1172,7 +1283,7 @@ pub fn queues(
     for q in 0..count as usize {
         let mem = match rings {
             RingPlacement::Gpu => gpu_pair_memory(cuda, &p, register_as)?,
-            RingPlacement::Host => host_pair_memory(cuda, emu, &p)?,
+            RingPlacement::Host => host_pair_memory(cuda, emu, &engine, &p)?,
         };
         let (state, slots) = alloc_protocol_state(cuda, depth)?;
         let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
