@@ -213,6 +213,53 @@ fn perf_four_patterns_both_lba_sizes_verified() {
     }
 }
 
+/// The software controller with rings, PRP lists and slot buffers in host memory
+/// (`GpuQueueOptions::host_rings`, what `perf --gpu` asks for): every transfer shape into GPU
+/// buffers (their completions staged behind the data), and verified perf in four patterns by
+/// both client styles with 32-entry rings wrapping many times (data in the host slot buffers).
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn rings_in_host_memory_carry_every_shape_and_perf() {
+    let host = |lba: u32, queues: u16, depth: u32| {
+        let r = rig_with(
+            lba,
+            |_| {},
+            GpuQueueOptions {
+                queues: Some(queues),
+                depth: Some(depth),
+                host_rings: Some(true),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            r.gpu.ring_placement(),
+            Some(gpu_emu::RingPlacement::Host),
+            "rings in host memory"
+        );
+        r
+    };
+    for lba in [512u32, 4096] {
+        transfer_shapes(&host(lba, 2, 64));
+    }
+    let r = host(512, 2, 32);
+    cpu_prefill(&r, NS_BYTES / 512);
+    for rw in [GpuRw::Read, GpuRw::RandRead, GpuRw::Write, GpuRw::RandWrite] {
+        for style in [ClientStyle::Warp, ClientStyle::Thread] {
+            let res = perf(&r, rw, 16, style, 2_000);
+            assert_eq!(res.errors, 0, "{rw:?} {style:?}: {:?}", res.first_failure);
+            assert_eq!(res.mismatches, 0, "{rw:?} {style:?}");
+            assert!(res.done >= 2_000, "{rw:?} {style:?}: {} done", res.done);
+        }
+    }
+    let blocks = NS_BYTES / 512;
+    assert!(
+        cpu_read(&r, 0, blocks) == pattern(0, blocks, 512),
+        "CPU read-back of GPU writes through host rings"
+    );
+    let dma = r.gpu.dma_stats().expect("software controller");
+    assert_eq!(dma.sync_reads, 0, "no SQE fetch copies: {dma:?}");
+}
+
 /// I/Os larger than one command moves: the perf kernel splits each into commands of the
 /// maximum transfer (plus a last, shorter one) and counts it once. For each client style:
 /// sequential writes over blocks zeroed first put the pattern on every I/O's blocks (read back

@@ -46,6 +46,13 @@ pub struct GpuQueueOptions {
     /// SMs reserved for the controller's own kernels (green context; default 8, the minimum
     /// partition on Hopper).
     pub controller_sms: u32,
+    /// For a controller that can keep the rings either in GPU memory or in host memory (the
+    /// software controller): `Some(true)` host memory, the lowest latency per command (GPU
+    /// threads poll completions over PCIe); `Some(false)` GPU memory, for bulk transfers into
+    /// GPU buffers (no PCIe reads of pollers queue behind the data); `None` the transport's
+    /// default (the software controller: GPU memory). `GPUNVME_EMU_RINGS` overrides it.
+    /// Ignored by every other transport.
+    pub host_rings: Option<bool>,
 }
 
 impl Default for GpuQueueOptions {
@@ -56,6 +63,7 @@ impl Default for GpuQueueOptions {
             slot_buffer_bytes: None,
             timeout: default_timeout(),
             controller_sms: 8,
+            host_rings: None,
         }
     }
 }

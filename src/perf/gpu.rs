@@ -337,6 +337,9 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         queues: Some(u16::try_from(gpu_queues).context("--queues")?),
         depth: args.depth,
         controller_sms: args.controller_sms,
+        // perf measures commands: on the software controller, rings in host memory (the lowest
+        // latency per command; GPUNVME_EMU_RINGS=gpu for the copy-engine layout).
+        host_rings: Some(true),
         ..Default::default()
     };
     // The GPU-resident controller model starts after the CPU fill (which went to the image
