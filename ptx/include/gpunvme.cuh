@@ -345,7 +345,9 @@ __device__ __forceinline__ bool host_aborted(const queue_desc& q, uint64_t now) 
     return flags & GPUNVME_HOST_ABORT;
 }
 
-/// A bounded wait: the deadline, the host's abort word, and a short sleep between polls.
+/// A bounded wait: the deadline, the host's abort word, and a short sleep between polls that
+/// doubles from 32 ns to 512 ns and stays there (no reset on progress: a waiter's own completion
+/// ends the wait, and a shorter sleep after someone else's would only add polls).
 struct waiter {
     uint64_t deadline;
     uint32_t spins;
@@ -363,7 +365,6 @@ struct waiter {
         if (sleep_ns < 512) sleep_ns <<= 1;
         return GPUNVME_OK;
     }
-    __device__ __forceinline__ void progressed() { sleep_ns = 32; }
 };
 
 /// The fences between this GPU and the queue's controller: system scope for a controller across
