@@ -602,11 +602,18 @@ impl MapCache {
         hint: &mut usize,
     ) -> Result<(&dyn MemoryRegion, u64), DmaError> {
         let (index, offset) = self.translate_at(addr, len, hint)?;
+        self.note_write(index);
+        Ok((&*self.entries[index].region, offset))
+    }
+
+    /// Remembers that entry `index`'s region is being written (for the next flush, and for
+    /// the next fence if it defers its writes).
+    #[inline(always)]
+    fn note_write(&mut self, index: usize) {
         let e = &self.entries[index];
         if !e.dirty || (e.defers && !e.unfenced) {
             self.mark_dirty(index);
         }
-        Ok((&*self.entries[index].region, offset))
     }
 
     #[cold]
@@ -714,15 +721,17 @@ impl MapCache {
         data: &[u8],
         hint: &mut usize,
     ) -> Result<(), DmaError> {
-        let (index, _) = self.translate_at(addr, data.len(), hint)?;
+        let (index, offset) = self.translate_at(addr, data.len(), hint)?;
         if !self.entries[index].defers && !self.unfenced.is_empty() {
             // A completion in memory written at once (host memory) must not be seen before
             // the data of its command in memory written later (GPU memory behind batched
-            // copies): perform and wait for those writes first.
+            // copies): perform and wait for those writes first. (The fence changes no entry
+            // but their fence flags: `index` stays valid.)
             self.fence_deferred(addr)?;
         }
-        let (region, offset) = self.translate_write(addr, data.len(), hint)?;
-        region
+        self.note_write(index);
+        self.entries[index]
+            .region
             .write_last_dword_release(offset, data)
             .map_err(|source| DmaError::Region { addr, source })
     }
