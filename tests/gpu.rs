@@ -16,6 +16,7 @@ use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdM
 use gpu_queues::desc::lat_bucket_floor;
 use gpu_queues::desc::{DeviceStatus, IoReq};
 use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
+use gpu_queues::kernels::IoBatch;
 use gpu_queues::{GpuQueueOptions, GpuQueues};
 use gpunvme::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use nvme::{Controller, ControllerOptions, DmaSlice};
@@ -485,42 +486,20 @@ fn transfer_shapes(r: &Rig) {
 
 /// Issues `reqs` through the batch kernel; returns (status, CQE status) per request.
 fn batch(r: &Rig, reqs: &[IoReq], warp: bool) -> Vec<(DeviceStatus, u32)> {
-    let cuda = r.gpu.cuda();
-    let rq = DeviceMemory::alloc(cuda, std::mem::size_of_val(reqs)).unwrap();
-    rq.write(0, reqs.as_bytes()).unwrap();
-    let res = DeviceMemory::alloc(cuda, reqs.len() * 8).unwrap();
-    let n = reqs.len() as u32;
-    let block = 128;
-    r.gpu
-        .client_stream()
-        .launch(
-            r.gpu.kernels().io_batch,
-            n.div_ceil(block),
-            block,
-            &[
-                Arg::U64(r.gpu.descriptors()),
-                Arg::U32(r.gpu.len() as u32),
-                Arg::U64(rq.ptr()),
-                Arg::U32(n),
-                Arg::U64(res.ptr()),
-                Arg::U32(warp as u32),
-            ],
-        )
-        .unwrap();
+    let b = IoBatch::new(r.gpu.cuda(), reqs).unwrap();
+    b.launch(
+        r.gpu.kernels(),
+        r.gpu.client_stream(),
+        r.gpu.descriptors(),
+        r.gpu.len() as u32,
+        warp,
+    )
+    .unwrap();
     r.gpu
         .client_stream()
         .wait_idle(Duration::from_secs(120))
         .unwrap();
-    let mut out = vec![0u8; reqs.len() * 8];
-    res.read(0, &mut out).unwrap();
-    out.chunks_exact(8)
-        .map(|c| {
-            (
-                DeviceStatus::from_code(u32::from_le_bytes(c[..4].try_into().unwrap())),
-                u32::from_le_bytes(c[4..].try_into().unwrap()),
-            )
-        })
-        .collect()
+    b.results().unwrap()
 }
 
 /// Reads of one block each into the slot-independent scratch buffer `buf`.

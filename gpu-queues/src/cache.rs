@@ -30,6 +30,7 @@ use crate::desc::{
 use crate::error::GpuError;
 use crate::ffi::Arg;
 use crate::ffi::DeviceMemory;
+use crate::kernels::IoBatch;
 use crate::queues::{GpuBuffer, GpuQueues};
 
 /// Smallest page size (the NVMe memory page).
@@ -573,30 +574,14 @@ impl<'q> GpuCache<'q> {
                 opcode: 0, // Flush
                 ..IoReq::default()
             };
-            let reqs = DeviceMemory::alloc(q.cuda(), size_of::<IoReq>())?;
-            reqs.write(0, req.as_bytes())?;
-            let res = DeviceMemory::alloc(q.cuda(), 8)?;
-            stream.launch(
-                q.kernels().io_batch,
-                1,
-                32,
-                &[
-                    Arg::U64(qdesc),
-                    Arg::U32(1),
-                    Arg::U64(reqs.ptr()),
-                    Arg::U32(1),
-                    Arg::U64(res.ptr()),
-                    Arg::U32(0),
-                ],
-            )?;
+            let batch = IoBatch::new(q.cuda(), &[req])?;
+            batch.launch(q.kernels(), stream, qdesc, 1, false)?;
             stream.wait_idle(bound)?;
-            let mut r = [0u8; 8];
-            res.read(0, &mut r)?;
-            let status = DeviceStatus::from_code(u32::from_le_bytes([r[0], r[1], r[2], r[3]]));
+            let (status, sf) = batch.results()?[0];
             if status != DeviceStatus::Ok {
                 return Err(GpuError::Device {
                     status,
-                    nvme_status: u16::from_le_bytes([r[4], r[5]]),
+                    nvme_status: sf as u16,
                 });
             }
         }

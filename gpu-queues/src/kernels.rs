@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::desc::KERNELS_PTX;
+use zerocopy::IntoBytes;
+
+use crate::desc::{DeviceStatus, IoReq, KERNELS_PTX};
 use crate::error::GpuError;
 use crate::ffi::{Arg, Cuda, DeviceMemory, Kernel, Library, Stream};
 
@@ -163,5 +165,75 @@ impl Kernels {
         stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupp"))?;
         stream.launch(self.cache_gather, 1, 32, &nulls("pupupppp"))?;
         stream.wait_idle(Duration::from_secs(10))
+    }
+}
+
+/// One batch of commands for `gpunvme_io_batch`: the requests and a result per request in GPU
+/// memory, launched over a queue set's descriptors and read back as (status, NVMe status
+/// field) pairs. The kernel's argument list is written here only.
+pub struct IoBatch {
+    reqs: DeviceMemory,
+    results: DeviceMemory,
+    n: u32,
+}
+
+impl IoBatch {
+    /// Threads per block of the launch.
+    const BLOCK: u32 = 128;
+
+    /// Copies `reqs` (at least one) into GPU memory.
+    pub fn new(cuda: &Arc<Cuda>, reqs: &[IoReq]) -> Result<Self, GpuError> {
+        let n = u32::try_from(reqs.len())
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                GpuError::InvalidArgument(format!("a batch of {} requests", reqs.len()))
+            })?;
+        let r = DeviceMemory::alloc(cuda, std::mem::size_of_val(reqs))?;
+        r.write(0, reqs.as_bytes())?;
+        Ok(Self {
+            reqs: r,
+            results: DeviceMemory::alloc(cuda, reqs.len() * 8)?,
+            n,
+        })
+    }
+
+    /// Launches the batch on `stream` over the first `queues` descriptors at `descs` (the GPU
+    /// address of a `queue_desc` array, e.g. `GpuQueues::descriptors`), one thread per
+    /// request, submitting per thread or per warp (`warp`). Returns once queued.
+    pub fn launch(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        descs: u64,
+        queues: u32,
+        warp: bool,
+    ) -> Result<(), GpuError> {
+        stream.launch(
+            kernels.io_batch,
+            self.n.div_ceil(Self::BLOCK),
+            Self::BLOCK,
+            &[
+                Arg::U64(descs),
+                Arg::U32(queues),
+                Arg::U64(self.reqs.ptr()),
+                Arg::U32(self.n),
+                Arg::U64(self.results.ptr()),
+                Arg::U32(warp as u32),
+            ],
+        )
+    }
+
+    /// Each request's outcome (device status, NVMe status field), once the launch has run.
+    pub fn results(&self) -> Result<Vec<(DeviceStatus, u32)>, GpuError> {
+        let mut out = vec![0u8; self.n as usize * 8];
+        self.results.read(0, &mut out)?;
+        Ok(out
+            .chunks_exact(8)
+            .map(|c| {
+                let word = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+                (DeviceStatus::from_code(word(0)), word(4))
+            })
+            .collect())
     }
 }

@@ -12,11 +12,11 @@
 use std::time::Duration;
 
 use nvme::Controller;
-use zerocopy::IntoBytes;
 
 use crate::desc::{DeviceStatus, IoReq};
 use crate::error::GpuError;
-use crate::ffi::{Arg, DeviceMemory, PinnedMemory};
+use crate::ffi::PinnedMemory;
+use crate::kernels::IoBatch;
 use crate::queues::GpuQueues;
 
 /// How long the probe's Read may take before the transport is refused (an SSD answers a 4 KiB
@@ -76,23 +76,9 @@ pub fn probe_read(
         opcode: nvme_spec::NvmOpcode::READ.0,
         reserved: 0,
     };
-    let rq = DeviceMemory::alloc(cuda, size_of::<IoReq>()).map_err(gpu)?;
-    rq.write(0, req.as_bytes()).map_err(gpu)?;
-    let res = DeviceMemory::alloc(cuda, 8).map_err(gpu)?;
-    stream
-        .launch(
-            queues.kernels().io_batch,
-            1,
-            32,
-            &[
-                Arg::U64(queues.descriptors()),
-                Arg::U32(1),
-                Arg::U64(rq.ptr()),
-                Arg::U32(1),
-                Arg::U64(res.ptr()),
-                Arg::U32(0),
-            ],
-        )
+    let batch = IoBatch::new(cuda, &[req]).map_err(gpu)?;
+    batch
+        .launch(queues.kernels(), stream, queues.descriptors(), 1, false)
         .map_err(gpu)?;
     if stream.wait_idle(bound).is_err() {
         // Stop the kernel's wait; the queues are dropped with the transport.
@@ -108,10 +94,7 @@ pub fn probe_read(
             }
         )));
     }
-    let mut out = [0u8; 8];
-    res.read(0, &mut out).map_err(gpu)?;
-    let status = DeviceStatus::from_code(u32::from_le_bytes(out[..4].try_into().expect("4")));
-    let sf = u32::from_le_bytes(out[4..].try_into().expect("4"));
+    let (status, sf) = batch.results().map_err(gpu)?[0];
     if status != DeviceStatus::Ok || sf != 0 {
         return Err(fail(format!(
             "a Read of LBA 0 by a GPU thread ended with {status:?} (NVMe status field {sf:#x})"
