@@ -1039,8 +1039,20 @@ fn register_region(
     } else {
         GpuRegion::new(engine.clone(), mem.clone())
     });
-    let base = map.register_region(region).map_err(GpuError::controller)?;
     let len = mem.len().next_multiple_of(4096);
+    map_region(map, region, len, Box::new(mem))
+}
+
+/// Registers `region` (`len` bytes) in the software controller's address map: its device
+/// address range, unregistered when the returned region's last holder drops, which also keeps
+/// `keep` (the memory behind it) alive until then.
+fn map_region(
+    map: &Arc<DeviceAddressMap>,
+    region: Arc<dyn MemoryRegion>,
+    len: usize,
+    keep: Box<dyn Send + Sync>,
+) -> Result<DmaRegion, GpuError> {
+    let base = map.register_region(region).map_err(GpuError::controller)?;
     Ok(DmaRegion::contiguous(
         base,
         len,
@@ -1049,7 +1061,7 @@ fn register_region(
                 map: map.clone(),
                 base,
             },
-            mem,
+            keep,
         )),
     ))
 }
@@ -1122,37 +1134,25 @@ fn host_pair_memory(
     p: &Plan,
 ) -> Result<PairMemory, GpuError> {
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, 4096);
-    let mem = nvme::Device::alloc_dma(emu.as_ref(), layout.len)
-        .map_err(|e| GpuError::Nvme(nvme::Error::from(e)))?;
-    if !mem.is_device_contiguous() {
-        return Err(GpuError::Unsupported(format!(
-            "{} bytes of the software controller's host memory are not contiguous for it",
-            mem.len()
-        )));
-    }
-    let arena = Arc::new(HostArena::register(cuda, mem)?);
+    let arena = Arc::new(HostArena::alloc_contiguous(
+        cuda,
+        emu.as_ref(),
+        layout.len,
+        " (the software controller's host memory)",
+    )?);
     let (gpu, bus) = (arena.gpu_ptr(), arena.memory().device_address(0));
     // The CQ: pinned memory of its own (zeroed: phase 0 everywhere) behind a region that
     // orders its entries after data the copy engines still move ([`HostCqRegion`]).
     let cq_mem = Arc::new(PinnedMemory::alloc(cuda, layout.cq_len)?);
-    let map = emu.address_map();
-    let cq_base = map
-        .register_region(Arc::new(HostCqRegion {
+    let cq_region = Arc::new(map_region(
+        emu.address_map(),
+        Arc::new(HostCqRegion {
             engine: engine.clone(),
             mem: cq_mem.clone(),
-        }))
-        .map_err(GpuError::controller)?;
-    let cq_region = Arc::new(DmaRegion::contiguous(
-        cq_base,
+        }),
         layout.cq_len,
-        Box::new((
-            Unregister {
-                map: map.clone(),
-                base: cq_base,
-            },
-            cq_mem.clone(),
-        )),
-    ));
+        Box::new(cq_mem.clone()),
+    )?);
     let buf_bus = bus + layout.bufs as u64;
     if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
         arena.memory().write(layout.prp, lists.as_bytes());

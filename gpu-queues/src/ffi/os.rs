@@ -537,6 +537,28 @@ impl HostArena {
         Ok(Self { reg, mem })
     }
 
+    /// At least `len` bytes of `dev`'s own DMA memory (`nvme::Device::alloc_dma`), contiguous
+    /// in the controller's address space (rings need that), registered with CUDA. Memory that
+    /// is not contiguous is refused, `hint` saying why it might not be.
+    pub fn alloc_contiguous<D: nvme::Device + ?Sized>(
+        cuda: &Arc<crate::ffi::Cuda>,
+        dev: &D,
+        len: usize,
+        hint: &str,
+    ) -> Result<Self, GpuError> {
+        let mem = dev
+            .alloc_dma(len)
+            .map_err(|e| GpuError::Nvme(nvme::Error::from(e)))?;
+        if !mem.is_device_contiguous() {
+            return Err(GpuError::Unsupported(format!(
+                "{} bytes of DMA memory are not contiguous for the controller{hint}; rings \
+                 need contiguous device addresses",
+                mem.len()
+            )));
+        }
+        Self::register(cuda, mem)
+    }
+
     /// GPU address of the first byte.
     pub fn gpu_ptr(&self) -> u64 {
         self.reg.device_ptr()

@@ -49,18 +49,12 @@ pub fn build(
 }
 
 fn host_arena(cuda: &Arc<Cuda>, controller: &Controller, len: usize) -> Result<Arena, GpuError> {
-    let mem = controller
-        .device()
-        .alloc_dma(len.max(MIN_ARENA))
-        .map_err(|e| GpuError::Nvme(nvme::Error::from(e)))?;
-    if !mem.is_device_contiguous() {
-        return Err(GpuError::Unsupported(format!(
-            "{} bytes of host DMA memory are not contiguous for the SSD (no-IOMMU mode without \
-             hugepages?); rings need contiguous device addresses",
-            mem.len()
-        )));
-    }
-    let arena = Arc::new(HostArena::register(cuda, mem)?);
+    let arena = Arc::new(HostArena::alloc_contiguous(
+        cuda,
+        controller.device().as_ref(),
+        len.max(MIN_ARENA),
+        " (no-IOMMU mode without hugepages?)",
+    )?);
     let (gpu, bus, total) = (
         arena.gpu_ptr(),
         arena.memory().device_address(0),

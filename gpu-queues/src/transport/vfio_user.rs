@@ -105,15 +105,12 @@ fn shared_arena(
 ) -> Result<Arc<HostArena>, GpuError> {
     // Larger than half a chunk: a chunk of its own, so the CUDA registration shares no page
     // with the driver's other buffers.
-    let mem = nvme::Device::alloc_dma(dev, len.max(vfio::user::CHUNK_SIZE / 2 + 4096))
-        .map_err(|e| GpuError::Nvme(nvme::Error::from(e)))?;
-    if !mem.is_device_contiguous() {
-        return Err(GpuError::Unsupported(format!(
-            "{} bytes of vfio-user DMA memory are not contiguous for the controller",
-            mem.len()
-        )));
-    }
-    Ok(Arc::new(HostArena::register(cuda, mem)?))
+    Ok(Arc::new(HostArena::alloc_contiguous(
+        cuda,
+        dev,
+        len.max(vfio::user::CHUNK_SIZE / 2 + 4096),
+        " (vfio-user)",
+    )?))
 }
 
 /// Buffers for (c'): host memory shared with the server, registered with CUDA.
