@@ -118,7 +118,7 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
             S::Gpu(_) => ErrorKind::Device,
         });
     }
-    if cause.is::<crate::gpu_fs::GpuChecksumMismatch>() {
+    if cause.is::<crate::gpu_io::GpuChecksumMismatch>() {
         return Some(ErrorKind::Corrupt);
     }
     if let Some(e) = cause.downcast_ref::<blockfs::VolumeError>() {
@@ -133,6 +133,18 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     if let Some(e) = cause.downcast_ref::<blockfs::Error>() {
         return Some(blockfs_kind(e));
     }
+    if let Some(e) = cause.downcast_ref::<gpu_queues::GpuError>() {
+        return Some(gpu_kind(e));
+    }
+    if let Some(e) = cause.downcast_ref::<blockfs_gpu::FilesError>() {
+        use blockfs_gpu::FilesError as F;
+        return Some(match e {
+            F::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            F::Fs(e) => blockfs_kind(e),
+            F::Gpu(e) => gpu_kind(e),
+            _ => ErrorKind::Device,
+        });
+    }
     if cause.is::<nvme::Error>() {
         return Some(ErrorKind::Device);
     }
@@ -140,6 +152,15 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
         return Some(ErrorKind::Io);
     }
     None
+}
+
+/// A GPU-side error's kind: an argument the GPU side refused (host memory given as GPU
+/// memory, a range past its allocation) or the device.
+fn gpu_kind(e: &gpu_queues::GpuError) -> ErrorKind {
+    match e {
+        gpu_queues::GpuError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Device,
+    }
 }
 
 fn blockfs_kind(e: &blockfs::Error) -> ErrorKind {

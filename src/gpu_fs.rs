@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use blockfs::{CreateOptions, FileSystem, OpenMode};
+use blockfs::{FileSystem, OpenMode};
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::{Cuda, GpuQueueOptions};
@@ -16,6 +16,8 @@ use nvme::Controller;
 use serde::Serialize;
 
 use crate::gpu::{self, GpuSetup, Serving};
+use crate::gpu_io;
+pub use crate::gpu_io::{GpuChecksumMismatch, data_path};
 use crate::open::Backend;
 
 /// How to bring the GPU side up.
@@ -43,23 +45,6 @@ impl Default for GpuFsOptions {
             ssd_model: None,
         }
     }
-}
-
-/// A checksum disagreement between the GPU's and the host's view of a file.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{name}: CRC-32C computed on the GPU {gpu:#010x} differs from {what} {host:#010x}: the bytes \
-     in GPU memory are not the file's"
-)]
-pub struct GpuChecksumMismatch {
-    /// The file.
-    pub name: String,
-    /// What the GPU computed.
-    pub gpu: u32,
-    /// What it was compared with.
-    pub host: u32,
-    /// "the host's" or "the recorded checksum".
-    pub what: &'static str,
 }
 
 /// What `fs get --gpu` did.
@@ -288,23 +273,6 @@ pub fn teardown(setup: GpuSetup) -> Result<()> {
     Ok(())
 }
 
-/// The data path GPU file reads (`write` false) or writes take on `setup`, in words.
-pub fn data_path(setup: &GpuSetup, write: bool) -> String {
-    let memory = setup.queues.transport().buffer_memory();
-    format!(
-        "GPU threads (a warp lane per chunk) issue NVMe {} on GPU queues, data {} {memory} by \
-         PRPs; unaligned head/tail through slot buffers{}; extent table in GPU memory; {}",
-        if write { "writes" } else { "reads" },
-        if write {
-            "straight from"
-        } else {
-            "straight into"
-        },
-        if write { " (read-modify-write)" } else { "" },
-        setup.transport
-    )
-}
-
 /// CRC-32C of a blockfs file read on the host through `fs` (CPU queues).
 fn host_crc(fs: &FileSystem, name: &str) -> Result<u32> {
     let f = fs.open(name, OpenMode::ReadOnly)?;
@@ -418,66 +386,27 @@ pub fn put(
     let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
     let len = data.len() as u64;
     let host = crc32c::crc32c(&data);
-    let exists = fs.stat(name).is_ok();
-    if exists && !force {
-        return Err(blockfs::Error::AlreadyExists(name.to_owned()).into());
-    }
-    let target = if exists {
-        format!("{name}.gpu-put-{}", std::process::id())
-    } else {
-        name.to_owned()
-    };
-    let file = fs.create(&target, &CreateOptions { size_hint: len })?;
-    let (cuda, setup) = setup(ctrl, backend, opts)?;
-    let result = (|| -> Result<(f64, u32)> {
-        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
-        let buf = setup
-            .queues
-            .alloc_buffer(len.max(1) as usize)
-            .context("allocating GPU memory")?;
-        buf.write(0, &data)
-            .context("copying the file into GPU memory")?;
-        let gpu_crc = files.crc32c(buf.ptr(), len)?;
-        if gpu_crc != host {
-            bail!(GpuChecksumMismatch {
-                name: name.to_owned(),
-                gpu: gpu_crc,
-                host,
-                what: "the host's",
-            });
-        }
-        let gfile = files.reserve(&file, len).context("reserving the file")?;
-        let span = GpuSpan::of(&buf, 0, len)?;
-        let pending = files.submit(&[FileRange::write(&gfile, 0, span)])?;
-        let r = pending
-            .wait_watched(gpu::watchdog(ctrl, backend, setup.model.as_ref()))?
-            .into_first_error()?;
-        gfile.commit_with_crc(len, gpu_crc)?;
-        Ok((r.elapsed.as_secs_f64().max(1e-9), gpu_crc))
+    let target = gpu_io::prepare_target(fs, name, len, force)?;
+    let result = (|| {
+        let (cuda, setup) = setup(ctrl, backend, opts)?;
+        let pieces = [gpu_io::Piece::Host(data)];
+        let watch = gpu::watchdog(ctrl, backend, setup.model.as_ref());
+        let written = gpu_io::write_pieces(&setup, &target.file, &pieces, Some(host), watch);
+        // The model writes its media back to the image when it stops: before blockfs commits
+        // (through the software controller) what it wrote.
+        let down = teardown(setup);
+        let written = written?;
+        down?;
+        anyhow::Ok((written, cuda.name().to_owned()))
     })();
-    let path = data_path(&setup, true);
-    let transport = setup.transport.clone();
-    // The model writes its media back to the image when it stops: before blockfs commits
-    // (through the software controller) what it wrote.
-    let down = teardown(setup);
-    let (secs, gpu_crc) = match (result, down) {
-        (Ok(v), Ok(())) => v,
-        (Err(e), _) | (Ok(_), Err(e)) => {
-            let _ = fs.remove(&target);
-            let _ = fs.sync();
-            return Err(e);
-        }
-    };
-    if exists {
-        fs.rename_replace(&target, name)?;
-    }
-    fs.sync().context("committing the file")?;
+    let (written, device) = gpu_io::finish_target(fs, target, result)?;
+    let secs = written.seconds.max(1e-9);
     // The CPU reads what the GPU wrote, and checks the recorded checksum.
     let back = host_crc(fs, name)?;
     if back != host {
         bail!(GpuChecksumMismatch {
             name: name.to_owned(),
-            gpu: gpu_crc,
+            gpu: host,
             host: back,
             what: "a CPU read-back of the committed file",
         });
@@ -487,10 +416,10 @@ pub fn put(
         bytes: len,
         seconds: secs,
         bytes_per_sec: len as f64 / secs,
-        data_path: path,
-        transport,
-        device: cuda.name().to_owned(),
-        gpu_crc32c: hex(gpu_crc),
+        data_path: written.data_path,
+        transport: written.transport,
+        device,
+        gpu_crc32c: hex(host),
         host_crc32c: hex(host),
         verified: true,
     })

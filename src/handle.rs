@@ -2,8 +2,10 @@
 //! way the CLI does it, blockfs on one namespace, and the file-system calls of `gpunvme fs`
 //! returning the CLI's report types. Refusals that protect data are [`Refused`] errors.
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use blockfs::{
@@ -13,8 +15,9 @@ use nvme::Controller;
 
 use crate::copy;
 use crate::fs_report::{FsckView, ListReport, MkfsReport, RemoveReport, StatReport, check_data};
-use crate::gpu::{self, Serving};
+use crate::gpu::{self, GpuSetup, Serving};
 use crate::gpu_fs::{self, GpuFsOptions};
+use crate::gpu_io::{self, GpuIoReport, Piece, ReadPath};
 use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
 use crate::volume;
@@ -34,6 +37,8 @@ pub struct FsckOutcome {
 /// An open device: its controller and the block device blockfs runs on; or several devices,
 /// one controller each, making a striped volume.
 pub struct DeviceHandle {
+    /// GPU queues kept up between GPU calls (dropped first: before the controllers).
+    gpu: Mutex<Option<GpuSession>>,
     specs: Vec<DeviceSpec>,
     names: Vec<String>,
     opts: OpenOptions,
@@ -46,6 +51,22 @@ pub struct DeviceHandle {
     backend: Backend,
     // Dropped after the block devices (field order): their queues are the controllers'.
     ctrls: Vec<Controller>,
+}
+
+/// GPU queues on the device's own controller, kept between GPU calls of one handle so that
+/// only the first pays for bringing them up (the GPU-resident model is started per call: it
+/// serves the image from a copy of its own while it runs).
+struct GpuSession {
+    setup: GpuSetup,
+}
+
+/// A tensor to save ([`DeviceHandle::save_safetensors`]): its header entry and its bytes.
+pub struct SaveTensor {
+    /// Name, dtype, shape and byte count.
+    pub info: safetensors::TensorToWrite,
+    /// Its bytes, in GPU memory allocated elsewhere (`info.bytes` of them; none for an empty
+    /// tensor).
+    pub mem: Option<Arc<gpu_queues::ffi::DeviceMemory>>,
 }
 
 impl DeviceHandle {
@@ -97,6 +118,7 @@ impl DeviceHandle {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
+            gpu: Mutex::new(None),
             specs,
             names,
             opts,
@@ -265,6 +287,179 @@ impl DeviceHandle {
         })
     }
 
+    /// Refuses GPU calls this handle cannot make (before anything is changed).
+    fn gpu_ready(&self, serving: Serving, ssd_model: Option<gpu_emu::SsdModel>) -> Result<()> {
+        self.gpu_arguments(serving, ssd_model)?;
+        anyhow::ensure!(
+            gpu_queues::cuda_present(),
+            "no GPU: no CUDA driver on this machine"
+        );
+        Ok(())
+    }
+
+    /// Refuses GPU arguments this handle cannot take (a striped volume; an SSD model without
+    /// the model), before anything is read or changed.
+    fn gpu_arguments(&self, serving: Serving, ssd_model: Option<gpu_emu::SsdModel>) -> Result<()> {
+        anyhow::ensure!(
+            !self.is_volume(),
+            "GPU reads and writes on a striped volume are not supported yet"
+        );
+        if ssd_model.is_some() && !matches!(serving, Serving::Model(_)) {
+            return Err(InvalidArgument(
+                "an SSD timing model needs the GPU-resident controller model (controller \"gpu\")"
+                    .into(),
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on GPU queues served as `serving` says: the handle's kept queues on the
+    /// device's own controller (brought up by the first GPU call), or the GPU-resident model
+    /// started for this call and stopped after it. Queues that saw an error are torn down (the
+    /// next call brings fresh ones up). Also the seconds spent bringing queues up (0 when kept
+    /// ones served).
+    fn with_gpu<T>(
+        &self,
+        serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
+        f: impl FnOnce(&GpuSetup) -> Result<T>,
+    ) -> Result<(T, f64)> {
+        self.gpu_ready(serving, ssd_model)?;
+        let mut slot = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
+        let t0 = Instant::now();
+        let keep = serving == Serving::Device;
+        if !keep && let Some(s) = slot.take() {
+            gpu_fs::teardown(s.setup)?;
+        }
+        let session = match slot.take() {
+            Some(s) => s,
+            None => {
+                let opts = GpuFsOptions {
+                    serving,
+                    cpu_queues: self.cpu_queues,
+                    ssd_model,
+                    ..GpuFsOptions::default()
+                };
+                let (_cuda, setup) = gpu_fs::setup(&self.ctrls[0], &self.backend, &opts)?;
+                GpuSession { setup }
+            }
+        };
+        let setup_secs = t0.elapsed().as_secs_f64();
+        let result = f(&session.setup);
+        if keep && result.is_ok() {
+            *slot = Some(session);
+        } else {
+            let down = gpu_fs::teardown(session.setup);
+            if result.is_ok() {
+                down?;
+            }
+        }
+        Ok((result?, setup_secs))
+    }
+
+    /// Whether GPU queues are kept up from an earlier GPU call.
+    pub fn gpu_kept(&self) -> bool {
+        self.gpu
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Tears down the GPU queues kept between GPU calls, if any (the next GPU call brings
+    /// them up again; closing the handle does this too).
+    pub fn release_gpu(&self) -> Result<()> {
+        let kept = self
+            .gpu
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match kept {
+            Some(s) => gpu_fs::teardown(s.setup),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads file `name` from byte `offset` into `dst`, GPU memory allocated elsewhere (a
+    /// framework's tensor; [`gpu_queues::ffi::DeviceMemory::borrowed`]), by GPU-issued reads:
+    /// `dst.len()` bytes, fewer only where the file ends ([`gpu_io::read_into`]).
+    pub fn read_into(
+        &self,
+        name: &str,
+        offset: u64,
+        dst: Arc<gpu_queues::ffi::DeviceMemory>,
+        serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
+    ) -> Result<GpuIoReport> {
+        self.gpu_ready(serving, ssd_model)?;
+        let fs = self.mount()?;
+        let (report, _) = self.with_gpu(serving, ssd_model, |setup| {
+            let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+            gpu_io::read_into(setup, &fs, name, offset, &dst, ReadPath::Direct, watch)
+        })?;
+        Ok(report)
+    }
+
+    /// Writes `pieces` (host bytes and GPU memory allocated elsewhere, in order) as file
+    /// `name` by GPU-issued writes, records the CRC-32C the GPU computed and syncs. An
+    /// existing `name` is [`blockfs::Error::AlreadyExists`] unless `force`, which replaces it
+    /// by one commit (the old file survives any failure).
+    pub fn save(
+        &self,
+        name: &str,
+        pieces: Vec<Piece>,
+        force: bool,
+        serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
+    ) -> Result<GpuIoReport> {
+        self.gpu_ready(serving, ssd_model)?;
+        let fs = self.mount()?;
+        let len = pieces.iter().map(Piece::len).sum();
+        let target = gpu_io::prepare_target(&fs, name, len, force)?;
+        let written = self
+            .with_gpu(serving, ssd_model, |setup| {
+                let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+                gpu_io::write_pieces(setup, &target.file, &pieces, None, watch)
+            })
+            .map(|(r, _)| r);
+        gpu_io::finish_target(&fs, target, written)
+    }
+
+    /// Saves `tensors` (in GPU memory allocated elsewhere) as a `.safetensors` file `name`:
+    /// the header built on the host ([`safetensors::file_header`], with `metadata`), the data
+    /// written by GPU-issued writes as [`DeviceHandle::save`] writes. A tensor whose memory
+    /// does not hold its shape's bytes, a name given twice and a tensor named `__metadata__`
+    /// are [`InvalidArgument`]s, refused before anything is written.
+    pub fn save_safetensors(
+        &self,
+        name: &str,
+        tensors: Vec<SaveTensor>,
+        metadata: &BTreeMap<String, String>,
+        force: bool,
+        serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
+    ) -> Result<GpuIoReport> {
+        let infos: Vec<_> = tensors.iter().map(|t| t.info.clone()).collect();
+        let head = safetensors::file_header(name, &infos, metadata)
+            .map_err(|e| InvalidArgument(e.to_string()))?;
+        let mut pieces = vec![Piece::Host(head)];
+        for t in tensors {
+            let held = t.mem.as_ref().map_or(0, |m| m.len() as u64);
+            if held != t.info.bytes {
+                return Err(InvalidArgument(format!(
+                    "{}: the tensor's memory holds {held} bytes, its {} {:?} needs {}",
+                    t.info.name,
+                    t.info.dtype.name(),
+                    t.info.shape,
+                    t.info.bytes
+                ))
+                .into());
+            }
+            pieces.extend(t.mem.map(Piece::Gpu));
+        }
+        self.save(name, pieces, force, serving, ssd_model)
+    }
+
     /// Loads every tensor of the `.safetensors` file `name` (or of every `.safetensors` file
     /// under the prefix `name`) into one GPU arena by GPU-issued reads on queues served as
     /// `serving` says (with the GPU-resident model, `ssd_model` times its media); also the
@@ -276,18 +471,8 @@ impl DeviceHandle {
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<(safetensors::Loaded, serde_json::Value)> {
-        anyhow::ensure!(
-            !self.is_volume(),
-            "GPU loads from a striped volume are not supported yet"
-        );
-        if ssd_model.is_some() && !matches!(serving, Serving::Model(_)) {
-            return Err(InvalidArgument(
-                "an SSD timing model needs the GPU-resident controller model (controller \"gpu\")"
-                    .into(),
-            )
-            .into());
-        }
-        let t0 = std::time::Instant::now();
+        self.gpu_arguments(serving, ssd_model)?;
+        let t0 = Instant::now();
         let fs = self.mount()?;
         let names = safetensors_files(&fs, name)?;
         let files = names
@@ -304,20 +489,13 @@ impl DeviceHandle {
         if !gpu_queues::cuda_present() {
             anyhow::bail!("no GPU: no CUDA driver on this machine (the headers were checked)");
         }
-        let opts = GpuFsOptions {
-            serving,
-            cpu_queues: self.cpu_queues,
-            ssd_model,
-            ..GpuFsOptions::default()
-        };
-        let ctrl = &self.ctrls[0];
         let t_headers = t0.elapsed().as_secs_f64();
-        let (_cuda, setup) = gpu_fs::setup(ctrl, &self.backend, &opts)?;
-        let t_setup = t0.elapsed().as_secs_f64();
-        let result = (|| {
+        let mut t_loaded = 0.0;
+        let (mut out, setup_secs) = self.with_gpu(serving, ssd_model, |setup| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
-            let watch = gpu::watchdog(ctrl, &self.backend, setup.model.as_ref());
-            let loaded = safetensors::load(&setup, &refs, &pairs, watch)?;
+            let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+            let loaded = safetensors::load(setup, &refs, &pairs, watch)?;
+            t_loaded = t0.elapsed().as_secs_f64();
             let report = serde_json::json!({
                 "files": names,
                 "tensors": loaded.tensors.len(),
@@ -329,21 +507,18 @@ impl DeviceHandle {
                 "ssd_model": ssd_model.map(|m| m.to_string()),
                 // What the modelled drives can move for large reads (bandwidth, all drives).
                 "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
-                "data_path": gpu_fs::data_path(&setup, false),
-                "controller_copies": gpu_fs::controller_copies(&setup),
+                "data_path": gpu_fs::data_path(setup, false),
+                "controller_copies": gpu_fs::controller_copies(setup),
             });
             anyhow::Ok((loaded, report))
-        })();
-        let t_loaded = t0.elapsed().as_secs_f64();
-        let down = gpu_fs::teardown(setup);
-        let mut out = result?;
-        down?;
-        // Where the call's time went (seconds): mount and headers, GPU setup (queues; the
-        // model's start and media), the load with its arena, teardown.
+        })?;
+        // Where the call's time went (seconds): mount and headers, GPU setup (queues, unless
+        // kept from an earlier call; the model's start and media), the load with its arena,
+        // teardown (the model's; kept queues stay up).
         out.1["phases"] = serde_json::json!({
             "mount_and_headers": t_headers,
-            "gpu_setup": t_setup - t_headers,
-            "load": t_loaded - t_setup,
+            "gpu_setup": setup_secs,
+            "load": t_loaded - t_headers - setup_secs,
             "teardown": t0.elapsed().as_secs_f64() - t_loaded,
         });
         Ok(out)

@@ -24,6 +24,7 @@ pub mod error_kind;
 pub mod fs_report;
 pub mod gpu;
 pub mod gpu_fs;
+pub mod gpu_io;
 pub mod handle;
 pub mod logs;
 pub mod open;

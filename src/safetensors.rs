@@ -263,6 +263,81 @@ pub fn read_header(name: &str, f: &File) -> Result<Header, SafetensorsError> {
     })
 }
 
+/// Where the data section of a file written by [`file_header`] starts: a multiple of this
+/// (the header is padded with spaces, as the format allows), so tensors that follow whole
+/// blocks stay block aligned for loaders that read or map the file.
+pub const DATA_ALIGN: u64 = 4096;
+
+/// One tensor to write ([`file_header`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorToWrite {
+    /// Its name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: Dtype,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its bytes (must equal the shape's element count times the dtype's size).
+    pub bytes: u64,
+}
+
+/// The first bytes of a `.safetensors` file holding `tensors` in the order given, their data
+/// following each other without gaps: the 8-byte header length, the header JSON (with
+/// `metadata` as `__metadata__` when not empty) padded with spaces so the data section starts
+/// at a multiple of [`DATA_ALIGN`]. Refuses (as [`SafetensorsError::Format`], naming `file`)
+/// a tensor named `__metadata__`, a name given twice, and bytes that do not match a shape.
+pub fn file_header(
+    file: &str,
+    tensors: &[TensorToWrite],
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<u8>, SafetensorsError> {
+    let mut map = serde_json::Map::new();
+    if !metadata.is_empty() {
+        map.insert("__metadata__".into(), serde_json::json!(metadata));
+    }
+    let mut at = 0u64;
+    for t in tensors {
+        if t.name == "__metadata__" {
+            return Err(bad(file, "a tensor may not be named __metadata__"));
+        }
+        let want = t
+            .shape
+            .iter()
+            .try_fold(t.dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| bad(file, format!("{}: shape {:?} overflows", t.name, t.shape)))?;
+        if want != t.bytes {
+            return Err(bad(
+                file,
+                format!(
+                    "{}: {} {:?} is {want} bytes, the tensor has {}",
+                    t.name,
+                    t.dtype.name(),
+                    t.shape,
+                    t.bytes
+                ),
+            ));
+        }
+        let end = at
+            .checked_add(t.bytes)
+            .ok_or_else(|| bad(file, "tensors larger than the address space"))?;
+        let entry = serde_json::json!({
+            "dtype": t.dtype.name(),
+            "shape": t.shape,
+            "data_offsets": [at, end],
+        });
+        if map.insert(t.name.clone(), entry).is_some() {
+            return Err(bad(file, format!("{}: the name is given twice", t.name)));
+        }
+        at = end;
+    }
+    let mut json = serde_json::to_vec(&Value::Object(map)).map_err(|e| bad(file, e.to_string()))?;
+    let data_start = (8 + json.len() as u64).next_multiple_of(DATA_ALIGN);
+    json.resize((data_start - 8) as usize, b' ');
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    Ok(out)
+}
+
 /// One tensor in the arena.
 #[derive(Clone, Debug)]
 pub struct Placed {
@@ -548,6 +623,57 @@ mod tests {
                 .count();
             assert_eq!(n, 1, "{}", p.info.name);
         }
+    }
+
+    #[test]
+    fn written_headers_parse_back_and_align_the_data() {
+        let tensors = vec![
+            TensorToWrite {
+                name: "w".into(),
+                dtype: Dtype::BF16,
+                shape: vec![3, 5],
+                bytes: 30,
+            },
+            TensorToWrite {
+                name: "b".into(),
+                dtype: Dtype::F32,
+                shape: vec![],
+                bytes: 4,
+            },
+            TensorToWrite {
+                name: "e".into(),
+                dtype: Dtype::I8,
+                shape: vec![0, 7],
+                bytes: 0,
+            },
+        ];
+        let meta = [("format".to_string(), "pt".to_string())]
+            .into_iter()
+            .collect();
+        let head = file_header("m", &tensors, &meta).unwrap();
+        assert_eq!(head.len() as u64 % DATA_ALIGN, 0);
+        let hlen = u64::from_le_bytes(head[..8].try_into().unwrap());
+        assert_eq!(hlen + 8, head.len() as u64);
+        let parsed = parse_header("m", &head[8..], 34).unwrap();
+        let got: Vec<(&str, u64, u64)> = parsed
+            .iter()
+            .map(|t| (t.name.as_str(), t.begin, t.end))
+            .collect();
+        assert_eq!(got, [("w", 0, 30), ("b", 30, 34), ("e", 34, 34)]);
+        let v: Value = serde_json::from_slice(&head[8..]).unwrap();
+        assert_eq!(v["__metadata__"]["format"], "pt");
+
+        let mut wrong = tensors.clone();
+        wrong[0].bytes = 31;
+        let e = file_header("m", &wrong, &meta).unwrap_err().to_string();
+        assert!(e.contains("is 30 bytes, the tensor has 31"), "{e}");
+        let mut twice = tensors.clone();
+        twice[1].name = "w".into();
+        let e = file_header("m", &twice, &meta).unwrap_err().to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let mut reserved = tensors;
+        reserved[2].name = "__metadata__".into();
+        assert!(file_header("m", &reserved, &meta).is_err());
     }
 
     #[test]

@@ -443,6 +443,17 @@ pub trait QueueTransport: Send + Sync {
     /// `len` bytes of GPU memory the controller can reach, for commands into arbitrary GPU
     /// buffers; [`GpuError::Unsupported`] where the transport cannot map memory after set-up.
     fn alloc_buffer(&self, cuda: &Arc<Cuda>, len: usize) -> Result<GpuBuffer, GpuError>;
+    /// Makes GPU memory allocated elsewhere (a framework's tensor, [`DeviceMemory::borrowed`])
+    /// reachable by the controller for as long as the returned buffer lives, so commands move
+    /// data straight in and out of it. The default, for transports whose controller reaches
+    /// only memory mapped when the queues were built (or host memory), is
+    /// [`GpuError::Unsupported`]: callers then stage through [`QueueTransport::alloc_buffer`].
+    fn map_memory(&self, cuda: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
+        let _ = (cuda, mem);
+        Err(GpuError::Unsupported(
+            "mapping GPU memory allocated elsewhere on this transport".into(),
+        ))
+    }
     /// Called after queue pair `qid` was deleted on the controller (an emulator stops reading
     /// its doorbells). The default does nothing.
     fn queue_deleted(&self, qid: u16) {
@@ -573,6 +584,13 @@ impl GpuQueues {
     /// cannot map more memory for the controller after set-up.
     pub fn alloc_buffer(&self, len: usize) -> Result<GpuBuffer, GpuError> {
         self.backend.alloc_buffer(&self.cuda, len)
+    }
+
+    /// `mem` (GPU memory allocated elsewhere) made reachable by the controller while the
+    /// returned buffer lives ([`QueueTransport::map_memory`]; [`GpuError::Unsupported`] on
+    /// transports that cannot, where callers stage through [`GpuQueues::alloc_buffer`]).
+    pub fn map_memory(&self, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
+        self.backend.map_memory(&self.cuda, mem)
     }
 
     /// What serves these queues, for callers that know its type (an emulated controller's

@@ -87,6 +87,114 @@ _TORCH_DTYPES = {
 }
 
 
+# CUDA array interface type strings (one byte order mark, a kind, a size) -> safetensors dtypes.
+_CAI_DTYPES = {
+    "b1": "BOOL",
+    "u1": "U8",
+    "i1": "I8",
+    "u2": "U16",
+    "i2": "I16",
+    "f2": "F16",
+    "u4": "U32",
+    "i4": "I32",
+    "f4": "F32",
+    "u8": "U64",
+    "i8": "I64",
+    "f8": "F64",
+}
+
+# DLPack device types, for errors.
+_DL_DEVICES = {1: "host (CPU)", 2: "CUDA", 3: "pinned host (CUDA host)", 13: "CUDA managed"}
+
+
+class _GpuBytes:
+    """The contiguous bytes of a CUDA array: pointer, length, the stream its producer queued
+    work on (None: nothing to wait for), safetensors dtype and shape, and the object that owns
+    them (held for the call)."""
+
+    def __init__(self, ptr: int, nbytes: int, stream: Optional[int], dtype: Optional[str],
+                 shape: List[int], owner: Any) -> None:
+        self.ptr, self.nbytes, self.stream = ptr, nbytes, stream
+        self.dtype, self.shape, self.owner = dtype, shape, owner
+
+
+def _c_contiguous(shape: List[int], strides: List[int], itemsize: int) -> bool:
+    want = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != want:
+            return False
+        want *= dim
+    return True
+
+
+def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
+    """``obj``'s bytes, if it is a contiguous CUDA array: a torch.Tensor (any dtype, bfloat16
+    included), anything with ``__cuda_array_interface__`` (CuPy, Numba, JAX), or a CUDA object
+    with only ``__dlpack__`` (imported through torch). Everything else is an
+    :class:`InvalidArgumentError` that says what the object is."""
+    mod = type(obj).__module__ or ""
+    if mod.startswith("torch") and hasattr(obj, "data_ptr"):
+        if obj.device.type != "cuda":
+            raise InvalidArgumentError(
+                f"{what} is a torch tensor on {obj.device}, not on a CUDA device "
+                f"(move it with .to('cuda'))"
+            )
+        if not obj.is_contiguous():
+            raise InvalidArgumentError(f"{what} is not contiguous (make it so with .contiguous())")
+        if writable and obj.requires_grad and obj.is_leaf:
+            raise InvalidArgumentError(
+                f"{what} requires grad: read into a tensor that does not (or its .detach())"
+            )
+        import torch  # already imported: obj is a torch tensor
+
+        names = {getattr(torch, v): k for k, v in _TORCH_DTYPES.items() if hasattr(torch, v)}
+        stream = torch.cuda.current_stream(obj.device).cuda_stream
+        return _GpuBytes(obj.data_ptr(), obj.numel() * obj.element_size(), stream,
+                         names.get(obj.dtype), list(obj.shape), obj)
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    if cai is None:
+        dev = getattr(obj, "__dlpack_device__", None)
+        if dev is None:
+            raise InvalidArgumentError(
+                f"{what} must be a CUDA array (a torch.Tensor on cuda, or an object with "
+                f"__cuda_array_interface__ or __dlpack__), not {type(obj).__name__}"
+            )
+        kind, _ = dev()
+        if kind != 2:
+            raise InvalidArgumentError(
+                f"{what} is in {_DL_DEVICES.get(kind, f'DLPack device type {kind}')} memory, "
+                f"not CUDA device memory"
+            )
+        try:
+            import torch
+        except ImportError:
+            raise InvalidArgumentError(
+                f"{what} offers only __dlpack__; importing it needs torch (or pass an object "
+                f"with __cuda_array_interface__)"
+            ) from None
+        return _gpu_bytes(torch.from_dlpack(obj), writable=writable, what=what)
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise InvalidArgumentError(f"{what} is read-only")
+    if cai.get("mask") is not None:
+        raise InvalidArgumentError(f"{what} is a masked array")
+    shape = [int(d) for d in cai["shape"]]
+    typestr = cai["typestr"]
+    itemsize = int(typestr[2:])
+    strides = cai.get("strides")
+    if strides is not None and not _c_contiguous(shape, list(strides), itemsize):
+        raise InvalidArgumentError(f"{what} is not C-contiguous")
+    n = itemsize
+    for d in shape:
+        n *= d
+    stream = cai.get("stream")
+    return _GpuBytes(int(ptr or 0), n, None if stream is None else int(stream),
+                     _CAI_DTYPES.get(typestr[1:]), shape, obj)
+
+
 def cuda_available() -> bool:
     """Whether this machine has a CUDA driver (the GPU calls need one)."""
     return _native.cuda_available()
@@ -103,6 +211,8 @@ class Device:
         self._d = native
         #: The last load_safetensors' figures: files, tensors, bytes, seconds, data path.
         self.last_load: Optional[Dict[str, Any]] = None
+        #: The last read_into's, save's or save_safetensors' figures: bytes, seconds, data path.
+        self.last_io: Optional[Dict[str, Any]] = None
 
     def __enter__(self) -> "Device":
         return self
@@ -194,6 +304,116 @@ class Device:
         self.last_load = json.loads(report)
         _log.debug("load_safetensors %s: %s", name_or_prefix, self.last_load)
         return out
+
+    def read_into(
+        self,
+        name: str,
+        dst: Any,
+        offset: int = 0,
+        *,
+        controller: str = "emu",
+        media: str = "host",
+        ssd_model: Optional[str] = None,
+    ) -> int:
+        """Reads file ``name`` from byte ``offset`` into ``dst``, a contiguous CUDA array on
+        GPU 0 (a ``torch.Tensor``, a CuPy array, anything with ``__cuda_array_interface__`` or
+        ``__dlpack__``), by GPU-issued NVMe reads straight into its memory. Fills
+        ``dst``'s bytes and returns how many were read: fewer only where the file ends, like
+        ``readinto``. Work queued on ``dst``'s stream is waited for first; the data is in place
+        when the call returns. Figures in :attr:`last_io`. ``controller``, ``media`` and
+        ``ssd_model`` as for :meth:`load_safetensors`.
+
+        The GPU queues stay up between GPU calls of this handle (:meth:`release_gpu` or
+        :meth:`close` tears them down), so only the first call pays for bringing them up.
+        """
+        if offset < 0:
+            raise InvalidArgumentError(f"offset must be >= 0, not {offset}")
+        b = _gpu_bytes(dst, writable=True, what="dst")
+        if b.nbytes == 0:
+            return 0
+        report = self._d.read_into(
+            name, b.ptr, b.nbytes, offset, b.stream, controller, media, ssd_model
+        )
+        self.last_io = json.loads(report)
+        _log.debug("read_into %s: %s", name, self.last_io)
+        return int(self.last_io["bytes"])
+
+    def save(
+        self,
+        name: str,
+        src: Any,
+        *,
+        force: bool = False,
+        controller: str = "emu",
+        media: str = "host",
+        ssd_model: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Writes the bytes of ``src`` (a contiguous CUDA array on GPU 0, as for
+        :meth:`read_into`) as file ``name`` by GPU-issued NVMe writes, with the CRC-32C the GPU
+        computed recorded as the file's checksum, and syncs. Raises :class:`ExistsError` if
+        ``name`` exists, unless ``force``, which replaces it by one commit (the old file
+        survives any failure). Work queued on ``src``'s stream is waited for first. Returns the
+        report (bytes, seconds, data path, crc32c)."""
+        b = _gpu_bytes(src, writable=False, what="src")
+        report = json.loads(
+            self._d.save(name, b.ptr, b.nbytes, b.stream, force, controller, media, ssd_model)
+        )
+        self.last_io = report
+        return report
+
+    def save_safetensors(
+        self,
+        name: str,
+        tensors: Dict[str, Any],
+        metadata: Optional[Dict[str, str]] = None,
+        *,
+        force: bool = False,
+        controller: str = "emu",
+        media: str = "host",
+        ssd_model: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Saves ``{name: tensor}`` (contiguous CUDA tensors on GPU 0; torch tensors of any
+        safetensors dtype, bfloat16 included, or arrays with ``__cuda_array_interface__``) as
+        the ``.safetensors`` file ``name``, readable by ``safetensors.torch.load_file`` and
+        :meth:`load_safetensors`: the header is built on the host, the data written by
+        GPU-issued NVMe writes from the tensors' memory (no copy through the host), the GPU's
+        CRC-32C recorded. ``metadata``: the header's ``__metadata__`` (str to str).
+        ``force`` as for :meth:`save`. Returns the report."""
+        if not isinstance(tensors, dict):
+            raise InvalidArgumentError("tensors must be a dict of name -> tensor")
+        meta = dict(metadata or {})
+        for k, v in meta.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgumentError("metadata must map str to str")
+        entries, streams, held = [], set(), []
+        for tname, t in tensors.items():
+            if not isinstance(tname, str):
+                raise InvalidArgumentError(f"tensor names must be str, not {tname!r}")
+            b = _gpu_bytes(t, writable=False, what=f"tensor {tname!r}")
+            if b.dtype is None:
+                raise InvalidArgumentError(f"tensor {tname!r}: its dtype has no safetensors name")
+            entries.append((tname, b.dtype, b.shape, b.ptr, b.nbytes))
+            held.append(b.owner)
+            if b.stream is not None:
+                streams.add(b.stream)
+        if len(streams) > 1:
+            raise InvalidArgumentError(
+                "the tensors' work is on several streams: synchronize them first"
+            )
+        stream = next(iter(streams), None)
+        report = json.loads(
+            self._d.save_safetensors(
+                name, entries, meta, stream, force, controller, media, ssd_model
+            )
+        )
+        del held
+        self.last_io = report
+        return report
+
+    def release_gpu(self) -> None:
+        """Tears down the GPU queues kept between GPU calls (the next GPU call brings them up
+        again; :meth:`close` does this too)."""
+        self._d.release_gpu()
 
     def fsck(self, *, repair: bool = False, data: bool = False) -> Dict[str, Any]:
         """Checks the file system; with ``repair`` fixes what can be fixed, with ``data`` also

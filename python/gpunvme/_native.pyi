@@ -1,4 +1,4 @@
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __version__: str
 
@@ -43,3 +43,37 @@ class Device:
     def load_safetensors(
         self, name: str, controller: str, media: str, ssd_model: Optional[str]
     ) -> Tuple[Any, List[Tuple[str, str, List[int], int, int]], str]: ...
+    def read_into(
+        self,
+        name: str,
+        ptr: int,
+        nbytes: int,
+        offset: int,
+        stream: Optional[int],
+        controller: str,
+        media: str,
+        ssd_model: Optional[str] = None,
+    ) -> str: ...
+    def save(
+        self,
+        name: str,
+        ptr: int,
+        nbytes: int,
+        stream: Optional[int],
+        force: bool,
+        controller: str,
+        media: str,
+        ssd_model: Optional[str] = None,
+    ) -> str: ...
+    def save_safetensors(
+        self,
+        name: str,
+        tensors: List[Tuple[str, str, List[int], int, int]],
+        metadata: Dict[str, str],
+        stream: Optional[int],
+        force: bool,
+        controller: str,
+        media: str,
+        ssd_model: Optional[str] = None,
+    ) -> str: ...
+    def release_gpu(self) -> None: ...

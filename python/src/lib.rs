@@ -7,17 +7,24 @@
 //! No Rust panic crosses into Python: PyO3 turns one into a `PanicException`, and the calls
 //! here return errors for everything a caller or a device can get wrong.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[allow(unsafe_code)]
 mod dlpack;
+#[allow(unsafe_code)]
+mod gpu_memory;
 
 use anyhow::Result;
 use gpunvme::error_kind::ErrorKind;
 use gpunvme::gpu::Serving;
-use gpunvme::gpu_emu::MediaKind;
-use gpunvme::handle::DeviceHandle;
+use gpunvme::gpu_emu::{MediaKind, SsdModel};
+use gpunvme::gpu_io::Piece;
+use gpunvme::gpu_queues::Cuda;
+use gpunvme::handle::{DeviceHandle, SaveTensor};
 use gpunvme::open::OpenOptions;
+use gpunvme::safetensors::{Dtype, TensorToWrite};
 use parking_lot::Mutex;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -127,6 +134,44 @@ fn to_py(e: anyhow::Error) -> PyErr {
         ErrorKind::Refused => RefusedError::new_err(msg),
         ErrorKind::FileSystem | ErrorKind::Other => GpunvmeError::new_err(msg),
     }
+}
+
+/// Who serves a GPU call's queues, from the Python arguments.
+fn serving_of(
+    controller: &str,
+    media: &str,
+    ssd_model: Option<&str>,
+) -> PyResult<(Serving, Option<SsdModel>)> {
+    let serving = match (controller, media) {
+        ("emu", _) => Serving::Device,
+        ("gpu", "host") => Serving::Model(MediaKind::Host),
+        ("gpu", "hbm") => Serving::Model(MediaKind::Hbm),
+        _ => {
+            return Err(InvalidArgumentError::new_err(format!(
+                "controller must be \"emu\" or \"gpu\" and media \"host\" or \"hbm\", \
+                 not {controller:?} and {media:?}"
+            )));
+        }
+    };
+    let ssd_model = ssd_model
+        .map(|m| m.parse::<SsdModel>())
+        .transpose()
+        .map_err(|e| InvalidArgumentError::new_err(format!("ssd_model: {e}")))?;
+    Ok((serving, ssd_model))
+}
+
+/// GPU 0 with the caller's stream waited for: what every call on a caller's tensors starts
+/// with.
+fn caller_gpu(stream: Option<u64>) -> Result<Arc<Cuda>> {
+    anyhow::ensure!(
+        gpunvme::gpu_queues::cuda_present(),
+        "no GPU: no CUDA driver on this machine"
+    );
+    let cuda = Cuda::open(0)?;
+    if let Some(s) = stream {
+        gpu_memory::wait_stream(&cuda, s)?;
+    }
+    Ok(cuda)
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String> {
@@ -266,21 +311,7 @@ impl Device {
         Vec<(String, &'static str, Vec<u64>, u64, u64)>,
         String,
     )> {
-        let serving = match (controller, media) {
-            ("emu", _) => Serving::Device,
-            ("gpu", "host") => Serving::Model(MediaKind::Host),
-            ("gpu", "hbm") => Serving::Model(MediaKind::Hbm),
-            _ => {
-                return Err(InvalidArgumentError::new_err(format!(
-                    "controller must be \"emu\" or \"gpu\" and media \"host\" or \"hbm\", \
-                     not {controller:?} and {media:?}"
-                )));
-            }
-        };
-        let ssd_model = ssd_model
-            .map(|m| m.parse::<gpunvme::gpu_emu::SsdModel>())
-            .transpose()
-            .map_err(|e| InvalidArgumentError::new_err(format!("ssd_model: {e}")))?;
+        let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
         let (loaded, report) = self.with(py, |o| o.load_safetensors(&name, serving, ssd_model))?;
         let tensors = loaded
             .tensors
@@ -298,6 +329,119 @@ impl Device {
         let len = loaded.arena.len() as u64;
         let cap = dlpack::gpu_bytes(py, loaded.arena.ptr(), len, 0, loaded.arena.clone())?;
         Ok((cap, tensors, report.to_string()))
+    }
+
+    /// Reads file `name` from byte `offset` into `nbytes` of the caller's GPU memory at `ptr`
+    /// by GPU-issued reads, after the work queued on `stream` has finished: the report JSON
+    /// (its `bytes` fewer than `nbytes` only where the file ends).
+    #[pyo3(signature = (name, ptr, nbytes, offset, stream, controller, media, ssd_model=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        name: String,
+        ptr: u64,
+        nbytes: usize,
+        offset: u64,
+        stream: Option<u64>,
+        controller: &str,
+        media: &str,
+        ssd_model: Option<&str>,
+    ) -> PyResult<String> {
+        let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
+        self.with(py, |o| {
+            let cuda = caller_gpu(stream)?;
+            let dst = gpu_memory::borrow(&cuda, ptr, nbytes)?;
+            json(&o.read_into(&name, offset, dst, serving, ssd_model)?)
+        })
+    }
+
+    /// Writes `nbytes` of the caller's GPU memory at `ptr` as file `name` by GPU-issued
+    /// writes (replacing it with `force`), after the work queued on `stream` has finished:
+    /// the report JSON.
+    #[pyo3(signature = (name, ptr, nbytes, stream, force, controller, media, ssd_model=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn save(
+        &self,
+        py: Python<'_>,
+        name: String,
+        ptr: u64,
+        nbytes: usize,
+        stream: Option<u64>,
+        force: bool,
+        controller: &str,
+        media: &str,
+        ssd_model: Option<&str>,
+    ) -> PyResult<String> {
+        let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
+        self.with(py, |o| {
+            let cuda = caller_gpu(stream)?;
+            let pieces = if nbytes == 0 {
+                Vec::new()
+            } else {
+                vec![Piece::Gpu(gpu_memory::borrow(&cuda, ptr, nbytes)?)]
+            };
+            json(&o.save(&name, pieces, force, serving, ssd_model)?)
+        })
+    }
+
+    /// Saves tensors [(name, dtype, shape, ptr, nbytes)] of the caller's GPU memory as the
+    /// `.safetensors` file `name` (with `metadata`), after the work queued on `stream` has
+    /// finished: the report JSON.
+    #[pyo3(signature = (name, tensors, metadata, stream, force, controller, media, ssd_model=None))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn save_safetensors(
+        &self,
+        py: Python<'_>,
+        name: String,
+        tensors: Vec<(String, String, Vec<u64>, u64, usize)>,
+        metadata: BTreeMap<String, String>,
+        stream: Option<u64>,
+        force: bool,
+        controller: &str,
+        media: &str,
+        ssd_model: Option<&str>,
+    ) -> PyResult<String> {
+        let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
+        let tensors = tensors
+            .into_iter()
+            .map(
+                |(tname, dtype, shape, ptr, nbytes)| match Dtype::parse(&dtype) {
+                    Some(d) => Ok((tname, d, shape, ptr, nbytes)),
+                    None => Err(InvalidArgumentError::new_err(format!(
+                        "{tname}: no safetensors dtype {dtype:?}"
+                    ))),
+                },
+            )
+            .collect::<PyResult<Vec<_>>>()?;
+        self.with(py, |o| {
+            let cuda = caller_gpu(stream)?;
+            let list = tensors
+                .into_iter()
+                .map(|(tname, dtype, shape, ptr, nbytes)| {
+                    let mem = if nbytes == 0 {
+                        None
+                    } else {
+                        Some(gpu_memory::borrow(&cuda, ptr, nbytes)?)
+                    };
+                    Ok(SaveTensor {
+                        info: TensorToWrite {
+                            name: tname,
+                            dtype,
+                            shape,
+                            bytes: nbytes as u64,
+                        },
+                        mem,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            json(&o.save_safetensors(&name, list, &metadata, force, serving, ssd_model)?)
+        })
+    }
+
+    /// Tears down the GPU queues kept between GPU calls (the next GPU call brings them up).
+    fn release_gpu(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |o| o.release_gpu())
     }
 
     /// Checks the file system (unmounted): (report, consistent, data_mismatches).

@@ -1229,6 +1229,11 @@ impl QueueTransport for SoftwareTransport {
         Ok(GpuBuffer::new(mem, 0, region))
     }
 
+    fn map_memory(&self, _: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
+        let region = register_region(self.emu.address_map(), &self.engine, mem.clone(), false)?;
+        Ok(GpuBuffer::new(mem, 0, region))
+    }
+
     fn queue_deleted(&self, qid: u16) {
         self.emu.detach_external_doorbells(qid);
     }

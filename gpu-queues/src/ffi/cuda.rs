@@ -263,6 +263,79 @@ pub(super) unsafe fn read_device(cuda: &Cuda, src: u64, buf: &mut [u8]) -> Resul
     })
 }
 
+/// [`DeviceMemory::borrowed`]'s check: `ptr..ptr + len` lies inside one allocation of device
+/// (or managed) memory of `cuda`'s GPU (`cuPointerGetAttribute`: memory type, device ordinal,
+/// allocation range). Host memory, another GPU's memory and a range running past its
+/// allocation are refused with what they are.
+pub(super) fn check_device_range(cuda: &Cuda, ptr: u64, len: usize) -> Result<(), GpuError> {
+    use sys::CUpointer_attribute as A;
+    cuda.make_current()?;
+    let attr = |a: A, out: *mut c_void| {
+        // SAFETY: `out` points at a live value of the size the attribute writes (u32 for the
+        // memory type and ordinal, a CUdeviceptr / size_t for the range); the driver only looks
+        // the address up.
+        unsafe { sys::cuPointerGetAttribute(out, a, ptr) }
+    };
+    let mut kind: u32 = 0;
+    let r = attr(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (&raw mut kind).cast());
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(GpuError::InvalidArgument(format!(
+            "{ptr:#x} is not CUDA memory (cuPointerGetAttribute: {r:?}): host memory?"
+        )));
+    }
+    let mut managed: u32 = 0;
+    check(
+        "cuPointerGetAttribute",
+        attr(
+            A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            (&raw mut managed).cast(),
+        ),
+    )?;
+    if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 && managed == 0 {
+        return Err(GpuError::InvalidArgument(format!(
+            "{ptr:#x} is CUDA {} memory, not GPU memory",
+            if kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+                "host (pinned)"
+            } else {
+                "non-device"
+            }
+        )));
+    }
+    let mut ordinal: i32 = -1;
+    check(
+        "cuPointerGetAttribute",
+        attr(
+            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            (&raw mut ordinal).cast(),
+        ),
+    )?;
+    if managed == 0 && ordinal != cuda.ordinal {
+        return Err(GpuError::InvalidArgument(format!(
+            "{ptr:#x} is memory of GPU {ordinal}, not of GPU {}",
+            cuda.ordinal
+        )));
+    }
+    let (mut start, mut size): (u64, usize) = (0, 0);
+    check(
+        "cuPointerGetAttribute",
+        attr(
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            (&raw mut start).cast(),
+        ),
+    )?;
+    check(
+        "cuPointerGetAttribute",
+        attr(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, (&raw mut size).cast()),
+    )?;
+    let end = start.saturating_add(size as u64);
+    if ptr.checked_add(len as u64).is_none_or(|e| e > end) {
+        return Err(GpuError::InvalidArgument(format!(
+            "{len} bytes at {ptr:#x} run past their allocation ({size} bytes at {start:#x})"
+        )));
+    }
+    Ok(())
+}
+
 /// [`DeviceMemory::export_dma_buf`] of the checked range `ptr..ptr + len`:
 /// `cuMemGetHandleForAddressRange`.
 pub(super) fn export_dma_buf(
@@ -722,6 +795,22 @@ impl RawStream {
         })
     }
 
+    /// Queues `cuMemcpyDtoDAsync` of `len` bytes from GPU address `src` to GPU address `dst`.
+    ///
+    /// # Safety
+    /// Both ranges lie in GPU memory that stays allocated until the copy has run.
+    pub(super) unsafe fn copy_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller's promise; the copy is stream ordered.
+        check("cuMemcpyDtoDAsync", unsafe {
+            sys::cuMemcpyDtoDAsync_v2(dst, src, len, self.0)
+        })
+    }
+
     /// [`super::copy_to_gpu`]: `cuMemcpyHtoDAsync` from pageable memory, which the driver
     /// stages before returning.
     pub(super) fn upload(&self, cuda: &Cuda, dst: u64, data: &[u8]) -> Result<(), GpuError> {
@@ -778,6 +867,19 @@ impl RawEvent {
         // SAFETY: both handles are live.
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(self.0, stream.0)
+        })
+    }
+
+    /// `cuEventRecord` on a stream someone else created (a `CUstream` handle as an integer;
+    /// 1 and 2 are the legacy and per-thread default streams).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this context, or 1 or 2.
+    pub(super) unsafe fn record_foreign(&self, cuda: &Cuda, stream: u64) -> Result<(), GpuError> {
+        cuda.make_current()?;
+        // SAFETY: the event is live; the stream handle is the caller's promise.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.0, stream as usize as sys::CUstream)
         })
     }
 

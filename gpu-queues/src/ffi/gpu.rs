@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Arg, HostRegistration, PinnedMemory, Placement, backend, poll_until};
+use super::{Arg, DeviceMemory, HostRegistration, PinnedMemory, Placement, backend, poll_until};
 use crate::error::GpuError;
 
 /// An opened GPU: what it reports, and the backend's handle (with CUDA, the device and its
@@ -310,6 +310,24 @@ impl Stream {
         unsafe { self.raw.copy_from_host(p.cast_const(), dst, len) }
     }
 
+    /// Queues a copy of `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`, both
+    /// GPU memory (ranges checked). The caller keeps both alive until the copy has run (an
+    /// event after it, or the stream idle).
+    pub fn copy_device(
+        &self,
+        dst: &DeviceMemory,
+        dst_offset: usize,
+        src: &DeviceMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        let to = dst.range(dst_offset, len)?;
+        let from = src.range(src_offset, len)?;
+        // SAFETY: `range` checked that both lie in their allocations, which the caller keeps
+        // alive until the stream passes the copy.
+        unsafe { self.raw.copy_device(to, from, len) }
+    }
+
     /// Whether all work queued so far has finished (an error if any of it failed).
     pub fn is_idle(&self) -> Result<bool, GpuError> {
         self.raw.is_idle()
@@ -353,6 +371,18 @@ impl Event {
     /// Marks the point in `stream` reached by the work queued so far.
     pub fn record(&self, stream: &Stream) -> Result<(), GpuError> {
         self.raw.record(&stream.raw)
+    }
+
+    /// Marks the point reached by the work queued so far on a stream another library created
+    /// (a PyTorch or CuPy stream, from a `__cuda_array_interface__`'s `stream` or a C
+    /// caller's `cudaStream_t`), so its work can be waited for, bounded ([`Event::wait`]).
+    ///
+    /// # Safety
+    /// `stream` is a live `CUstream` of the primary context of this event's GPU, or 1 (the
+    /// legacy default stream) or 2 (the per-thread default stream).
+    pub unsafe fn record_foreign(&self, stream: u64) -> Result<(), GpuError> {
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { self.raw.record_foreign(&self.cuda, stream) }
     }
 
     /// Whether the work before the last `record` has finished (an error if it failed).

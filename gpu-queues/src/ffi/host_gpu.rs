@@ -256,6 +256,17 @@ pub(super) fn alloc_managed(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory
     alloc_device(cuda, len)
 }
 
+/// [`DeviceMemory::borrowed`]'s check: the stand-in keeps no table of allocations, so only a
+/// null pointer and a range past the address space are refused.
+pub(super) fn check_device_range(_cuda: &Cuda, ptr: u64, len: usize) -> Result<(), GpuError> {
+    if ptr == 0 || ptr.checked_add(len as u64).is_none() {
+        return Err(GpuError::InvalidArgument(format!(
+            "{len} bytes at {ptr:#x} are not GPU memory"
+        )));
+    }
+    Ok(())
+}
+
 /// [`Cuda::memory_info`](super::Cuda::memory_info): refused, the stand-in has no GPU memory.
 pub(super) fn memory_info(_cuda: &Cuda) -> Result<(u64, u64), GpuError> {
     Err(GpuError::Unsupported(
@@ -610,6 +621,23 @@ impl RawStream {
         })
     }
 
+    /// Queues a copy of `len` bytes from device address `src` to device address `dst`.
+    ///
+    /// # Safety
+    /// Both ranges stay mapped until the copy has run.
+    pub(super) unsafe fn copy_device(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        self.enqueue(Job::Copy {
+            dst: dst as usize,
+            src: src as usize,
+            len,
+        })
+    }
+
     /// [`super::copy_to_gpu`]: the bytes are taken now (the caller may reuse `data` at once),
     /// the copy runs in stream order.
     pub(super) fn upload(&self, _cuda: &Cuda, dst: u64, data: &[u8]) -> Result<(), GpuError> {
@@ -778,6 +806,15 @@ impl RawEvent {
                 failure: None,
             })),
         })
+    }
+
+    /// A record on a stream of another library: the stand-in has none (nothing runs on
+    /// them), so there is nothing to wait for and the event stays complete.
+    ///
+    /// # Safety
+    /// Nothing is required here (CUDA's build requires a live stream).
+    pub(super) unsafe fn record_foreign(&self, _cuda: &Cuda, _stream: u64) -> Result<(), GpuError> {
+        Ok(())
     }
 
     /// Queues a record on `stream`: a new generation, completed when the job runs.

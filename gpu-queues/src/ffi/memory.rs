@@ -53,6 +53,36 @@ impl DeviceMemory {
         }
     }
 
+    /// GPU memory someone else allocated and owns (a framework's tensor: PyTorch, CuPy, JAX; a
+    /// C caller's `cudaMalloc`), presented as [`DeviceMemory`] so buffers, copies and kernels
+    /// take it. Checked first: `ptr..ptr + len` must lie inside one allocation of device or
+    /// managed memory on `cuda`'s GPU (host memory, another GPU's memory or a range past its
+    /// allocation is [`GpuError::InvalidArgument`]; the `host-gpu` build checks only for null).
+    /// Dropping it drops `keep` and frees nothing.
+    ///
+    /// # Safety
+    /// The memory stays allocated, and is not handed to anyone else to free, for as long as the
+    /// returned value (and every buffer or region made from it) lives.
+    pub unsafe fn borrowed(
+        cuda: &Arc<Cuda>,
+        ptr: u64,
+        len: usize,
+        keep: Box<dyn Send + Sync>,
+    ) -> Result<Self, GpuError> {
+        if len == 0 {
+            return Err(GpuError::InvalidArgument(
+                "an empty range of GPU memory".into(),
+            ));
+        }
+        backend::check_device_range(cuda, ptr, len)?;
+        Ok(Self {
+            cuda: cuda.clone(),
+            ptr,
+            len,
+            owner: Some(keep),
+        })
+    }
+
     /// Allocates `len` bytes, zeroed (CUDA rounds up to 64 KiB granularity; `host-gpu` maps
     /// 64 KiB units likewise).
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
@@ -75,7 +105,7 @@ impl DeviceMemory {
     }
 
     /// The device address of `offset..offset + len`, or an error if it leaves the allocation.
-    fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
+    pub(super) fn range(&self, offset: usize, len: usize) -> Result<u64, GpuError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
             _ => Err(GpuError::InvalidArgument(format!(

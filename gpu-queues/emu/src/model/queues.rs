@@ -47,6 +47,13 @@ impl QueueTransport for ModelTransport {
         Ok(GpuBuffer::new(mem, offset, region))
     }
 
+    fn map_memory(&self, _: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
+        // Device addresses are GPU pointers here: the window is the memory itself.
+        let guard = self.gpu.register_window(mem.ptr(), mem.len() as u64)?;
+        let region = DmaRegion::contiguous(mem.ptr(), mem.len(), Box::new((guard, mem.clone())));
+        Ok(GpuBuffer::new(mem, 0, region))
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

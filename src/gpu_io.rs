@@ -1,0 +1,392 @@
+//! GPU memory that someone else allocated (a PyTorch, CuPy or JAX tensor; a C caller's
+//! `cudaMalloc`) read from and written to blockfs files by GPU-issued commands: what the
+//! Python package's `read_into`, `save` and `save_safetensors` and the C ABI run, and what
+//! `fs put --gpu` writes with.
+//!
+//! Reads go straight into the caller's memory where the transport can map it
+//! ([`gpu_queues::GpuQueues::map_memory`]: the software controller and the GPU-resident model),
+//! else through a staging buffer the controller reaches and a copy on the GPU. Writes always
+//! stage: a file is written as a stream of pieces (host bytes such as a header, and GPU ranges
+//! such as tensors) assembled window by window in one staging buffer, so pieces of any length
+//! and alignment become whole-block writes, no two commands of a batch touch the same block,
+//! and the CRC-32C of the file is computed on the GPU as it goes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use blockfs::{CreateOptions, FileSystem, OpenMode};
+use blockfs_gpu::plan::crc32c_combine;
+use blockfs_gpu::{FileRange, FilesError, GpuFiles, GpuFilesOptions, GpuSpan};
+use gpu_queues::ffi::{DeviceMemory, copy_to_gpu};
+use gpu_queues::{GpuBuffer, GpuError};
+use serde::Serialize;
+
+use crate::gpu::GpuSetup;
+
+/// A checksum disagreement between the GPU's and the host's view of a file.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{name}: CRC-32C computed on the GPU {gpu:#010x} differs from {what} {host:#010x}: the bytes \
+     in GPU memory are not the file's"
+)]
+pub struct GpuChecksumMismatch {
+    /// The file.
+    pub name: String,
+    /// What the GPU computed.
+    pub gpu: u32,
+    /// What it was compared with.
+    pub host: u32,
+    /// "the host's" or "the recorded checksum".
+    pub what: &'static str,
+}
+
+/// The data path GPU file reads (`write` false) or writes take on `setup`, in words.
+pub fn data_path(setup: &GpuSetup, write: bool) -> String {
+    let memory = setup.queues.transport().buffer_memory();
+    format!(
+        "GPU threads (a warp lane per chunk) issue NVMe {} on GPU queues, data {} {memory} by \
+         PRPs; unaligned head/tail through slot buffers{}; extent table in GPU memory; {}",
+        if write { "writes" } else { "reads" },
+        if write {
+            "straight from"
+        } else {
+            "straight into"
+        },
+        if write { " (read-modify-write)" } else { "" },
+        setup.transport
+    )
+}
+
+/// The largest staging buffer (bytes): writes, and reads on transports that cannot map the
+/// caller's memory, move at most this much per batch.
+pub const STAGE_MAX: usize = 256 << 20;
+
+/// Staging windows are whole multiples of this (bytes), so every window but the last ends on
+/// a block boundary of any blockfs block size and no block is written twice.
+const STAGE_ALIGN: usize = 1 << 20;
+
+/// Bound of a wait for staging copies (a window's copies take milliseconds).
+const COPY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a GPU read or write of a file did.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuIoReport {
+    /// The file.
+    pub name: String,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Seconds on the GPU side (batches, and staging copies where there were any).
+    pub seconds: f64,
+    /// Bytes per second.
+    pub bytes_per_sec: f64,
+    /// Whether the data went through a staging buffer (else straight into the caller's memory).
+    pub staged: bool,
+    /// The data path that ran, in words.
+    pub data_path: String,
+    /// The transport (or model).
+    pub transport: String,
+    /// CRC-32C of the bytes written, computed on the GPU and recorded as the file's checksum
+    /// (writes only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crc32c: Option<String>,
+}
+
+impl GpuIoReport {
+    fn new(name: &str, bytes: u64, secs: f64, staged: bool, setup: &GpuSetup, write: bool) -> Self {
+        let mut path = data_path(setup, write);
+        if staged {
+            path.push_str(if write {
+                "; staged: assembled window by window in a GPU buffer the controller reaches"
+            } else {
+                "; staged: the controller cannot reach memory allocated elsewhere on this \
+                 transport, so the data went through a GPU buffer it reaches and a copy on the GPU"
+            });
+        } else if !write {
+            path.push_str("; straight into the caller's memory (mapped for the controller)");
+        }
+        Self {
+            name: name.to_owned(),
+            bytes,
+            seconds: secs,
+            bytes_per_sec: if secs > 0.0 { bytes as f64 / secs } else { 0.0 },
+            staged,
+            data_path: path,
+            transport: setup.transport.clone(),
+            crc32c: None,
+        }
+    }
+}
+
+/// How [`read_into`] moves data into the caller's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPath {
+    /// Straight in where the transport maps the memory, else staged.
+    Direct,
+    /// Through a staging buffer and a copy on the GPU (what transports that cannot map the
+    /// caller's memory take; asked for by tests of that path on the others).
+    Staged,
+}
+
+/// Reads `name` from byte `offset` into `dst` (GPU memory allocated elsewhere): up to
+/// `dst.len()` bytes, fewer only where the file ends (like `readinto`). An offset past the end
+/// is an invalid argument ([`FilesError::InvalidArgument`]). `watch` aborts device-side waits ([`crate::gpu::watchdog`]).
+pub fn read_into(
+    setup: &GpuSetup,
+    fs: &FileSystem,
+    name: &str,
+    offset: u64,
+    dst: &Arc<DeviceMemory>,
+    path: ReadPath,
+    mut watch: impl FnMut() -> Option<String> + Send,
+) -> Result<GpuIoReport> {
+    let file = fs.open(name, OpenMode::ReadOnly)?;
+    let size = file.len()?;
+    if offset > size {
+        return Err(FilesError::InvalidArgument(format!(
+            "offset {offset} is past the end of {name} ({size} bytes)"
+        ))
+        .into());
+    }
+    let n = (size - offset).min(dst.len() as u64);
+    if n == 0 {
+        return Ok(GpuIoReport::new(name, 0, 0.0, false, setup, false));
+    }
+    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let gfile = files.open(&file).context("opening the file for the GPU")?;
+    let t0 = Instant::now();
+    let mapped = match path {
+        ReadPath::Direct => setup.queues.map_memory(dst.clone()),
+        ReadPath::Staged => Err(GpuError::Unsupported("staging asked for".into())),
+    };
+    match mapped {
+        Ok(buf) => {
+            let span = GpuSpan::of(&buf, 0, n)?;
+            let r = files
+                .submit(&[FileRange::read(&gfile, offset, span)])?
+                .wait_watched(&mut watch)?
+                .into_first_error()?;
+            ensure!(r.bytes() == n, "the GPU read {} of {n} bytes", r.bytes());
+            let secs = r.elapsed.as_secs_f64();
+            Ok(GpuIoReport::new(name, n, secs, false, setup, false))
+        }
+        Err(GpuError::Unsupported(_)) => {
+            let stage = setup
+                .queues
+                .alloc_buffer(stage_len(n))
+                .context("allocating a GPU staging buffer")?;
+            let stream = setup.queues.client_stream();
+            let mut at = 0u64;
+            while at < n {
+                let len = (n - at).min(stage.len() as u64);
+                let span = GpuSpan::of(&stage, 0, len)?;
+                let r = files
+                    .submit(&[FileRange::read(&gfile, offset + at, span)])?
+                    .wait_watched(&mut watch)?
+                    .into_first_error()?;
+                ensure!(
+                    r.bytes() == len,
+                    "the GPU read {} of {len} bytes",
+                    r.bytes()
+                );
+                stream.copy_device(
+                    dst,
+                    at as usize,
+                    stage.memory(),
+                    in_mem(&stage),
+                    len as usize,
+                )?;
+                stream.wait_idle(COPY_TIMEOUT)?;
+                at += len;
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(GpuIoReport::new(name, n, secs, true, setup, false))
+        }
+        Err(e) => Err(e).context("mapping the destination for the controller"),
+    }
+}
+
+/// One piece of a file written by [`write_pieces`]: the file is the pieces in order.
+pub enum Piece {
+    /// Bytes from host memory (a header).
+    Host(Vec<u8>),
+    /// All of a range of GPU memory allocated elsewhere (a tensor).
+    Gpu(Arc<DeviceMemory>),
+}
+
+impl Piece {
+    /// Its bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Host(b) => b.len() as u64,
+            Piece::Gpu(m) => m.len() as u64,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Writes `pieces`, in order, as the whole content of `file` (a new file: opened read-write,
+/// empty), by GPU-issued writes through a device-write reservation, then commits the length
+/// with the CRC-32C computed on the GPU as the file's checksum. `expect_crc`: the checksum the
+/// caller knows the bytes have (the host's, for `fs put --gpu`); a mismatch fails before the
+/// commit. Sync the file system afterwards to make the file durable.
+pub fn write_pieces(
+    setup: &GpuSetup,
+    file: &blockfs::File,
+    pieces: &[Piece],
+    expect_crc: Option<u32>,
+    mut watch: impl FnMut() -> Option<String> + Send,
+) -> Result<GpuIoReport> {
+    let name = file.name().to_owned();
+    let total: u64 = pieces.iter().map(Piece::len).sum();
+    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let gfile = files.reserve(file, total).context("reserving the file")?;
+    let t0 = Instant::now();
+    let mut crc = 0u32;
+    if total > 0 {
+        let stage = setup
+            .queues
+            .alloc_buffer(stage_len(total))
+            .context("allocating a GPU staging buffer")?;
+        let stream = setup.queues.client_stream();
+        let base = in_mem(&stage);
+        // The next byte to stage: piece `p`, byte `within` of it.
+        let (mut p, mut within) = (0usize, 0u64);
+        let mut at = 0u64;
+        while at < total {
+            let len = (total - at).min(stage.len() as u64);
+            let mut filled = 0u64;
+            while filled < len {
+                let piece = &pieces[p];
+                let take = (piece.len() - within).min(len - filled);
+                match piece {
+                    Piece::Host(bytes) => copy_to_gpu(
+                        stream,
+                        stage.ptr() + filled,
+                        &bytes[within as usize..(within + take) as usize],
+                    )?,
+                    Piece::Gpu(mem) => stream.copy_device(
+                        stage.memory(),
+                        base + filled as usize,
+                        mem,
+                        within as usize,
+                        take as usize,
+                    )?,
+                }
+                filled += take;
+                within += take;
+                if within == piece.len() {
+                    p += 1;
+                    within = 0;
+                }
+            }
+            stream.wait_idle(COPY_TIMEOUT)?;
+            crc = crc32c_combine(crc, files.crc32c(stage.ptr(), len)?, len);
+            let span = GpuSpan::of(&stage, 0, len)?;
+            files
+                .submit(&[FileRange::write(&gfile, at, span)])?
+                .wait_watched(&mut watch)?
+                .into_first_error()?;
+            at += len;
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    if let Some(want) = expect_crc
+        && want != crc
+    {
+        bail!(GpuChecksumMismatch {
+            name: name.clone(),
+            gpu: crc,
+            host: want,
+            what: "the host's",
+        });
+    }
+    gfile.commit_with_crc(total, crc)?;
+    let mut report = GpuIoReport::new(&name, total, secs, true, setup, true);
+    report.crc32c = Some(format!("{crc:08x}"));
+    Ok(report)
+}
+
+/// The file a GPU write goes to: `name` itself when new, else (with `force`) a temporary file
+/// swapped in by [`finish_target`] once it is complete.
+pub struct Target {
+    /// The name asked for.
+    pub name: String,
+    /// The name written (the same, or a temporary one).
+    pub written: String,
+    /// The file, empty, open read-write.
+    pub file: blockfs::File,
+}
+
+/// Creates the file a GPU write of `len` bytes to `name` goes to ([`blockfs::Error::AlreadyExists`]
+/// where `name` exists and `force` is not set).
+pub fn prepare_target(fs: &FileSystem, name: &str, len: u64, force: bool) -> Result<Target> {
+    let exists = fs.stat(name).is_ok();
+    if exists && !force {
+        return Err(blockfs::Error::AlreadyExists(name.to_owned()).into());
+    }
+    let written = if exists {
+        format!("{name}.gpu-put-{}", std::process::id())
+    } else {
+        name.to_owned()
+    };
+    let file = fs.create(&written, &CreateOptions { size_hint: len })?;
+    Ok(Target {
+        name: name.to_owned(),
+        written,
+        file,
+    })
+}
+
+/// Makes the write of `target` durable, or undoes it: on success the temporary file (if any)
+/// replaces `name` by one commit and the file system is synced; on failure the file written is
+/// removed (the old `name`, if any, stays as it was) and `result`'s error returned.
+pub fn finish_target<T>(fs: &FileSystem, target: Target, result: Result<T>) -> Result<T> {
+    let Target {
+        name,
+        written,
+        file,
+    } = target;
+    drop(file);
+    match result {
+        Ok(v) => {
+            if written != name {
+                fs.rename_replace(&written, &name)?;
+            }
+            fs.sync().context("committing the file")?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = fs.remove(&written);
+            let _ = fs.sync();
+            Err(e)
+        }
+    }
+}
+
+/// A staging buffer's length for `n` bytes: at most [`STAGE_MAX`], whole [`STAGE_ALIGN`]s.
+fn stage_len(n: u64) -> usize {
+    (n.min(STAGE_MAX as u64) as usize).next_multiple_of(STAGE_ALIGN)
+}
+
+/// Where `buf` starts in its memory.
+fn in_mem(buf: &GpuBuffer) -> usize {
+    (buf.ptr() - buf.memory().ptr()) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_windows_are_whole_megabytes_up_to_the_cap() {
+        assert_eq!(stage_len(1), STAGE_ALIGN);
+        assert_eq!(stage_len(STAGE_ALIGN as u64 + 1), 2 * STAGE_ALIGN);
+        assert_eq!(stage_len(10 << 30), STAGE_MAX);
+        assert_eq!(STAGE_MAX % STAGE_ALIGN, 0);
+    }
+}
