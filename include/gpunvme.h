@@ -46,6 +46,10 @@ typedef enum {
 // An open device (opaque): [`gpunvme_open`] makes one, [`gpunvme_close`] ends it.
 typedef struct gpunvme_device gpunvme_device;
 
+// The caller's GPU memory, reachable by the controller while it lives (opaque):
+// [`gpunvme_gpu_map`] makes one, [`gpunvme_gpu_unmap`] ends it.
+typedef struct gpunvme_gpu_mapping gpunvme_gpu_mapping;
+
 // How [`gpunvme_open`] opens a device; start from [`gpunvme_open_options_default`].
 typedef struct {
   // A PCI address bound to vfio-pci (`"0000:01:00.0"`), an image file's path, or NULL for
@@ -61,6 +65,22 @@ typedef struct {
   // The namespace blockfs lives on (1 for an image).
   uint32_t nsid;
 } gpunvme_open_options;
+
+// What a kernel that includes `gpunvme.cuh` needs to use a handle's GPU queues.
+typedef struct {
+  // GPU pointer of the `gpunvme::queue_desc` array (`count` entries).
+  uint64_t descriptors;
+  // Queues in the array.
+  uint32_t count;
+  // Entries per queue (a power of two).
+  uint32_t depth;
+  // Most bytes one command moves (`rw_thread`/`rw_warp` split larger transfers).
+  uint32_t max_transfer;
+  // The handle's namespace.
+  uint32_t nsid;
+  // Its LBA size in bytes.
+  uint32_t lba_size;
+} gpunvme_gpu_queues_info;
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +159,76 @@ gpunvme_error gpunvme_read(const gpunvme_device *dev,
 // # Safety
 // `dev` is a live handle; `name` is NUL-terminated.
 gpunvme_error gpunvme_remove(const gpunvme_device *dev, const char *name);
+
+// Brings the handle's GPU queues up (or finds them up) and describes them in `*out`, for the
+// caller's kernels. Their data buffers must be memory the controller reaches: map it with
+// [`gpunvme_gpu_map`]. The queues are shared with this handle's own GPU calls.
+//
+// # Safety
+// `dev` is a live handle; `out` is valid for a write.
+gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_info *out);
+
+// Makes `len` bytes of the caller's GPU memory at `ptr` reachable by the handle's GPU queues'
+// controller: `*bus` is the device address of `ptr` for commands (`rw_thread`'s `bus`),
+// `*out` the mapping, valid until [`gpunvme_gpu_unmap`] (call it before freeing the memory
+// and before gpunvme_release_gpu or gpunvme_close). `GPUNVME_ERROR_DEVICE` where the
+// transport cannot map memory allocated elsewhere.
+//
+// # Safety
+// `dev` is a live handle; `ptr..ptr + len` stays allocated until the mapping is unmapped;
+// `bus` and `out` are valid for writes.
+gpunvme_error gpunvme_gpu_map(const gpunvme_device *dev,
+                              void *ptr,
+                              size_t len,
+                              uint64_t *bus,
+                              gpunvme_gpu_mapping **out);
+
+// Ends a mapping (NULL: nothing); the controller no longer reaches the memory.
+//
+// # Safety
+// `m` is null or a mapping from gpunvme_gpu_map, not used again afterwards, with no command
+// on it still in flight.
+void gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
+
+// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
+// by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
+// queued on `stream` (a `cudaStream_t`; NULL: the default stream) has finished; `*nread` =
+// the bytes read, fewer than `len` only where the file ends. The data is in place when the
+// call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
+//
+// # Safety
+// `dev` is a live handle; `name` is NUL-terminated; `dst..dst + len` is GPU memory that stays
+// allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is valid for a
+// write.
+gpunvme_error gpunvme_gpu_read(const gpunvme_device *dev,
+                               const char *name,
+                               uint64_t offset,
+                               void *dst,
+                               size_t len,
+                               void *stream,
+                               size_t *nread);
+
+// Writes `len` bytes of the caller's GPU memory at `src` as file `name` by GPU-issued NVMe
+// writes, after the work queued on `stream` (NULL: the default stream) has finished; records
+// the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
+// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
+//
+// # Safety
+// `dev` is a live handle; `name` is NUL-terminated; `src..src + len` is GPU memory that
+// stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+gpunvme_error gpunvme_gpu_write(const gpunvme_device *dev,
+                                const char *name,
+                                const void *src,
+                                size_t len,
+                                void *stream,
+                                bool force);
+
+// Tears down the handle's GPU queues (the next GPU call brings them up again). Unmap every
+// mapping first, and let no kernel of yours use the queues any longer.
+//
+// # Safety
+// `dev` is a live handle.
+gpunvme_error gpunvme_release_gpu(const gpunvme_device *dev);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -9,6 +9,7 @@
 #   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples
 #   .gpu-bin/gpu_cache_bench                                      the page cache microbenchmarks
 #   .gpu-bin/gpu_bfs, gpu_embedding                               the page cache examples
+#   .gpu-bin/libgpunvme.so  the C ABI, for scripts/cuda-example.sh
 #   .gpu-bin/spdk/          SPDK's nvmf_tgt bundle, for scripts/spdk-gpu-test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,9 @@ if [ -f gpu-queues/tests/cpu_client.rs ]; then
     cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
 fi
 cp scripts/gpu-test.sh "$OUT/"
+# The C ABI, for scripts/cuda-example.sh (which builds the CUDA C++ example there).
+cargo build --release -p gpunvme_capi
+cp target/release/libgpunvme.so "$OUT/libgpunvme.so"
 # SPDK's NVMe-oF target for scripts/spdk-gpu-test.sh (16 MB; GPUNVME_SPDK_DIR or the bundle
 # beside this repository).
 SPDK_BUNDLE=${GPUNVME_SPDK_DIR:-../shared/tools/spdk}
@@ -44,7 +48,7 @@ else
     echo "gpu-build: no SPDK bundle at $SPDK_BUNDLE: spdk-gpu-test.sh will not run there" >&2
 fi
 # Stripped: the carried tree must stay under 64 MiB.
-strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client 2>/dev/null || true
+strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client "$OUT"/libgpunvme.so 2>/dev/null || true
 for ex in $EXAMPLES; do strip "$OUT/$ex"; done
 # Packed: the binaries embed the same PTX, so they compress about 4:1 (67 MiB -> 17 MiB, 2026-11-25)
 # and the carried tree stays under its 64 MiB. gpu-test.sh and gpu-cache-bench.sh unpack

@@ -32,6 +32,7 @@ TESTS=(
     files::file_of_unaligned_size_loads_with_gpu_checksum
     files::image_reads_take_the_chosen_path
     files::gpu_writes_into_a_preallocated_file_read_back_after_remount
+    embed::foreign_gpu_memory_reads_and_writes_files
     every_transfer_shape_into_arbitrary_gpu_buffers
     perf_on_a_protection_information_namespace_sets_pract
     perf_splits_ios_above_the_maximum_transfer

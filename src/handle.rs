@@ -53,6 +53,24 @@ pub struct DeviceHandle {
     ctrls: Vec<Controller>,
 }
 
+/// What a kernel including `gpunvme.cuh` needs to use a handle's GPU queues
+/// ([`DeviceHandle::gpu_queues`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GpuQueuesInfo {
+    /// GPU pointer of the `gpunvme::queue_desc` array.
+    pub descriptors: u64,
+    /// Queues in it.
+    pub count: u32,
+    /// Entries per queue (a power of two).
+    pub depth: u32,
+    /// Most bytes one command moves.
+    pub max_transfer: u32,
+    /// The handle's namespace.
+    pub nsid: u32,
+    /// Its LBA size in bytes.
+    pub lba_size: u32,
+}
+
 /// GPU queues on the device's own controller, kept between GPU calls of one handle so that
 /// only the first pays for bringing them up (the GPU-resident model is started per call: it
 /// serves the image from a copy of its own while it runs).
@@ -378,6 +396,43 @@ impl DeviceHandle {
             Some(s) => gpu_fs::teardown(s.setup),
             None => Ok(()),
         }
+    }
+
+    /// The handle's GPU queues on its own controller for the caller's kernels (brought up
+    /// and kept, as by the first GPU call): what a kernel that includes `gpunvme.cuh` needs.
+    /// Valid until [`DeviceHandle::release_gpu`] or the handle's end, and shared with this
+    /// handle's own GPU calls (the queue protocol lets any number of clients share a queue).
+    pub fn gpu_queues(&self) -> Result<GpuQueuesInfo> {
+        let (info, _) = self.with_gpu(Serving::Device, None, |setup| {
+            let q = &setup.queues;
+            let lba_size = self.ctrls[0]
+                .namespace(self.nsid)
+                .map(|n| n.lba_size)
+                .context("the namespace's format")?;
+            Ok(GpuQueuesInfo {
+                descriptors: q.descriptors(),
+                count: u32::try_from(q.len()).unwrap_or(u32::MAX),
+                depth: q.depth(),
+                max_transfer: q.max_transfer(),
+                nsid: self.nsid,
+                lba_size,
+            })
+        })?;
+        Ok(info)
+    }
+
+    /// `mem` (GPU memory allocated elsewhere) made reachable by the handle's GPU queues'
+    /// controller while the returned buffer lives: its `bus()` is the device address commands
+    /// carry. [`gpu_queues::GpuError::Unsupported`] where the transport cannot map such
+    /// memory. The buffer must be dropped before [`DeviceHandle::release_gpu`].
+    pub fn gpu_map(
+        &self,
+        mem: Arc<gpu_queues::ffi::DeviceMemory>,
+    ) -> Result<gpu_queues::GpuBuffer> {
+        let (buf, _) = self.with_gpu(Serving::Device, None, |setup| {
+            Ok(setup.queues.map_memory(mem)?)
+        })?;
+        Ok(buf)
     }
 
     /// Reads file `name` from byte `offset` into `dst`, GPU memory allocated elsewhere (a

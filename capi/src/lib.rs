@@ -16,6 +16,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use gpunvme::error_kind::ErrorKind;
+use gpunvme::gpu::Serving;
+use gpunvme::gpu_io::Piece;
+use gpunvme::gpu_queues::Cuda;
+use gpunvme::gpu_queues::ffi::{DeviceMemory, Event};
 use gpunvme::handle::DeviceHandle;
 use gpunvme::open::OpenOptions;
 use parking_lot::Mutex;
@@ -430,5 +434,262 @@ pub unsafe extern "C" fn gpunvme_remove(
         let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
         d.inner.lock().rm(name)?;
         Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GPU half: the handle's GPU queues for the caller's kernels (`ptx/include/gpunvme.cuh`),
+// the caller's GPU memory mapped for their commands, and files read into and written from
+// GPU memory by GPU-issued commands. GPU queues come up on a handle's first GPU call and stay
+// up until gpunvme_release_gpu or gpunvme_close. GPU memory here is device memory of GPU 0
+// from cudaMalloc (or any allocator over it); the driver confirms that before it is used, and
+// host memory or a range past its allocation is GPUNVME_ERROR_INVALID_ARGUMENT.
+
+/// What a kernel that includes `gpunvme.cuh` needs to use a handle's GPU queues.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GpunvmeGpuQueues {
+    /// GPU pointer of the `gpunvme::queue_desc` array (`count` entries).
+    pub descriptors: u64,
+    /// Queues in the array.
+    pub count: u32,
+    /// Entries per queue (a power of two).
+    pub depth: u32,
+    /// Most bytes one command moves (`rw_thread`/`rw_warp` split larger transfers).
+    pub max_transfer: u32,
+    /// The handle's namespace.
+    pub nsid: u32,
+    /// Its LBA size in bytes.
+    pub lba_size: u32,
+}
+
+/// The caller's GPU memory, reachable by the controller while it lives (opaque):
+/// [`gpunvme_gpu_map`] makes one, [`gpunvme_gpu_unmap`] ends it.
+pub struct GpunvmeGpuMapping {
+    _buf: gpunvme::gpu_queues::GpuBuffer,
+}
+
+/// GPU 0, with the work the caller queued on `stream` (a `cudaStream_t`; NULL: the default
+/// stream) finished, waited for at most a minute.
+///
+/// # Safety
+/// `stream` is NULL or a live stream of GPU 0's primary context (the CUDA runtime's).
+unsafe fn gpu_after(stream: *mut c_void) -> anyhow::Result<std::sync::Arc<Cuda>> {
+    anyhow::ensure!(
+        gpunvme::gpu_queues::cuda_present(),
+        "no GPU: no CUDA driver on this machine"
+    );
+    let cuda = Cuda::open(0)?;
+    let ev = Event::new(&cuda)?;
+    // SAFETY: the caller's promise; NULL is the default (legacy) stream.
+    unsafe { ev.record_foreign(stream as usize as u64)? };
+    ev.wait(std::time::Duration::from_secs(60))?;
+    Ok(cuda)
+}
+
+/// `len` bytes of the caller's GPU memory at `ptr`, checked by the driver.
+///
+/// # Safety
+/// `ptr..ptr + len` stays allocated while the returned value (or what is made of it) lives.
+unsafe fn borrow_gpu(
+    cuda: &std::sync::Arc<Cuda>,
+    ptr: *const c_void,
+    len: usize,
+    what: &str,
+) -> anyhow::Result<std::sync::Arc<DeviceMemory>> {
+    if ptr.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's promise; `borrowed` has the driver check the range first.
+    let mem = unsafe { DeviceMemory::borrowed(cuda, ptr as usize as u64, len, Box::new(())) }?;
+    Ok(std::sync::Arc::new(mem))
+}
+
+/// Brings the handle's GPU queues up (or finds them up) and describes them in `*out`, for the
+/// caller's kernels. Their data buffers must be memory the controller reaches: map it with
+/// [`gpunvme_gpu_map`]. The queues are shared with this handle's own GPU calls.
+///
+/// # Safety
+/// `dev` is a live handle; `out` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_queues(
+    dev: *const GpunvmeDevice,
+    out: *mut GpunvmeGpuQueues,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dev_arg(dev) }?;
+        if out.is_null() {
+            return Err(invalid("out is NULL"));
+        }
+        let q = d.inner.lock().gpu_queues()?;
+        let v = GpunvmeGpuQueues {
+            descriptors: q.descriptors,
+            count: q.count,
+            depth: q.depth,
+            max_transfer: q.max_transfer,
+            nsid: q.nsid,
+            lba_size: q.lba_size,
+        };
+        // SAFETY: `out` is non-null and valid for a write (the contract).
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+/// Makes `len` bytes of the caller's GPU memory at `ptr` reachable by the handle's GPU queues'
+/// controller: `*bus` is the device address of `ptr` for commands (`rw_thread`'s `bus`),
+/// `*out` the mapping, valid until [`gpunvme_gpu_unmap`] (call it before freeing the memory
+/// and before gpunvme_release_gpu or gpunvme_close). `GPUNVME_ERROR_DEVICE` where the
+/// transport cannot map memory allocated elsewhere.
+///
+/// # Safety
+/// `dev` is a live handle; `ptr..ptr + len` stays allocated until the mapping is unmapped;
+/// `bus` and `out` are valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_map(
+    dev: *const GpunvmeDevice,
+    ptr: *mut c_void,
+    len: usize,
+    bus: *mut u64,
+    out: *mut *mut GpunvmeGpuMapping,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dev_arg(dev) }?;
+        if bus.is_null() || out.is_null() {
+            return Err(invalid("bus or out is NULL"));
+        }
+        anyhow::ensure!(
+            gpunvme::gpu_queues::cuda_present(),
+            "no GPU: no CUDA driver on this machine"
+        );
+        let cuda = Cuda::open(0)?;
+        // SAFETY: the memory stays allocated until gpunvme_gpu_unmap (the contract), and the
+        // mapping holds everything made of it.
+        let mem = unsafe { borrow_gpu(&cuda, ptr, len, "ptr") }?;
+        let buf = d.inner.lock().gpu_map(mem)?;
+        let addr = buf.bus();
+        let m = Box::into_raw(Box::new(GpunvmeGpuMapping { _buf: buf }));
+        // SAFETY: both are non-null and valid for writes (the contract).
+        unsafe {
+            bus.write(addr);
+            out.write(m);
+        }
+        Ok(())
+    })
+}
+
+/// Ends a mapping (NULL: nothing); the controller no longer reaches the memory.
+///
+/// # Safety
+/// `m` is null or a mapping from gpunvme_gpu_map, not used again afterwards, with no command
+/// on it still in flight.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_unmap(m: *mut GpunvmeGpuMapping) {
+    if m.is_null() {
+        return;
+    }
+    let _ = call(|| {
+        // SAFETY: `m` came from Box::into_raw in gpunvme_gpu_map and is freed once (contract).
+        drop(unsafe { Box::from_raw(m) });
+        Ok(())
+    });
+}
+
+/// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
+/// by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
+/// queued on `stream` (a `cudaStream_t`; NULL: the default stream) has finished; `*nread` =
+/// the bytes read, fewer than `len` only where the file ends. The data is in place when the
+/// call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
+///
+/// # Safety
+/// `dev` is a live handle; `name` is NUL-terminated; `dst..dst + len` is GPU memory that stays
+/// allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is valid for a
+/// write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_read(
+    dev: *const GpunvmeDevice,
+    name: *const c_char,
+    offset: u64,
+    dst: *mut c_void,
+    len: usize,
+    stream: *mut c_void,
+    nread: *mut usize,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        if nread.is_null() || (dst.is_null() && len > 0) {
+            return Err(invalid("dst or nread is NULL"));
+        }
+        let n = if len == 0 {
+            0
+        } else {
+            // SAFETY: forwarded contract (the stream, and the memory for the call).
+            let cuda = unsafe { gpu_after(stream) }?;
+            // SAFETY: as above.
+            let mem = unsafe { borrow_gpu(&cuda, dst, len, "dst") }?;
+            let r = d
+                .inner
+                .lock()
+                .read_into(name, offset, mem, Serving::Device, None)?;
+            usize::try_from(r.bytes)?
+        };
+        // SAFETY: `nread` is non-null and valid for a write (the contract).
+        unsafe { nread.write(n) };
+        Ok(())
+    })
+}
+
+/// Writes `len` bytes of the caller's GPU memory at `src` as file `name` by GPU-issued NVMe
+/// writes, after the work queued on `stream` (NULL: the default stream) has finished; records
+/// the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
+/// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
+///
+/// # Safety
+/// `dev` is a live handle; `name` is NUL-terminated; `src..src + len` is GPU memory that
+/// stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_write(
+    dev: *const GpunvmeDevice,
+    name: *const c_char,
+    src: *const c_void,
+    len: usize,
+    stream: *mut c_void,
+    force: bool,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        if src.is_null() && len > 0 {
+            return Err(invalid("src is NULL"));
+        }
+        // SAFETY: forwarded contract (the stream).
+        let cuda = unsafe { gpu_after(stream) }?;
+        let pieces = if len == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: forwarded contract (the memory, for the call).
+            vec![Piece::Gpu(unsafe { borrow_gpu(&cuda, src, len, "src") }?)]
+        };
+        d.inner
+            .lock()
+            .save(name, pieces, force, Serving::Device, None)?;
+        Ok(())
+    })
+}
+
+/// Tears down the handle's GPU queues (the next GPU call brings them up again). Unmap every
+/// mapping first, and let no kernel of yours use the queues any longer.
+///
+/// # Safety
+/// `dev` is a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_release_gpu(dev: *const GpunvmeDevice) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dev_arg(dev) }?;
+        d.inner.lock().release_gpu()
     })
 }

@@ -100,6 +100,15 @@ int main(int argc, char **argv) {
         failures++;
     }
     if (g) fclose(g);
+    /* The GPU calls' refusals need no GPU: a NULL destination or name, a NULL out. */
+    size_t nread = 0;
+    expect("gpu_read NULL dst", gpunvme_gpu_read(dev, "c/data.bin", 0, NULL, 16, NULL, &nread),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("gpu_read NULL name", gpunvme_gpu_read(dev, NULL, 0, NULL, 0, NULL, &nread),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("gpu_queues NULL out", gpunvme_gpu_queues(dev, NULL), GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("gpu_write NULL src", gpunvme_gpu_write(dev, "c/x", NULL, 8, NULL, false),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
     expect("remove", gpunvme_remove(dev, "c/data.bin"), GPUNVME_ERROR_NONE);
     expect("file_size after remove", gpunvme_file_size(dev, "c/data.bin", &size),
            GPUNVME_ERROR_NOT_FOUND);

@@ -36,6 +36,15 @@ const SPIN_TIME: Duration = Duration::from_micros(50);
 /// Longest a thread other than 0 that serves no queue parks: only its mailbox (which unparks
 /// it) or stopping (likewise) can give it work.
 const EMPTY_PARK_MAX: Duration = Duration::from_millis(100);
+
+/// A thread polling external doorbells (which nothing can wake it for) that has found nothing
+/// for this long sleeps [`POLL_NAP`] between passes instead of yielding: GPU queues kept up by
+/// an idle embedder (a Python handle between calls) then cost a few wake-ups per millisecond,
+/// not a core per thread. The first command after such a lull waits up to one nap longer.
+const POLL_NAP_AFTER: Duration = Duration::from_millis(20);
+
+/// How long such a thread sleeps per pass.
+const POLL_NAP: Duration = Duration::from_micros(200);
 /// Dropped commands remembered for Abort; older ones are forgotten.
 const DROPPED_MEMORY: usize = 4096;
 /// Size of a submission queue entry.
@@ -897,7 +906,8 @@ impl Idle {
     }
 
     /// A pass did nothing: spins briefly, then yields (when `polls`: the thread serves a
-    /// queue with external doorbells, which nothing could wake it for) or parks for at most
+    /// queue with external doorbells, which nothing could wake it for; after
+    /// [`POLL_NAP_AFTER`] of nothing it naps [`POLL_NAP`] per pass) or parks for at most
     /// [`PARK_MAX`] (less when a delayed completion falls due sooner; longer for a thread
     /// other than 0 without queues).
     pub(super) fn wait(&mut self, worker: &mut Worker, polls: bool) {
@@ -916,7 +926,11 @@ impl Idle {
         // do not linger (cached regions that are all still mapped keep nothing alive).
         worker.cache.release_stale();
         if polls {
-            std::thread::yield_now();
+            if now - since < POLL_NAP_AFTER {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(POLL_NAP);
+            }
             return;
         }
         let mut timeout = if worker.index != 0 && worker.cq_ids.is_empty() {
