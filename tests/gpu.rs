@@ -2075,6 +2075,15 @@ mod embed {
         assert!(!r.staged, "{}", r.data_path);
         assert!(gpu_bytes(&dst, data.len()) == data, "whole file");
         assert!(dev.gpu_kept(), "the queues stay up for the next call");
+        let q = dev.gpu_queues().expect("queues for the caller's kernels");
+        assert!(q.count >= 1 && q.depth.is_power_of_two(), "{q:?}");
+        assert_eq!((q.nsid, q.lba_size), (1, 4096));
+        let mapped = dev.gpu_map(dst.clone()).expect("map");
+        assert!(
+            mapped.bus() != 0 && mapped.len() == data.len(),
+            "{mapped:?}"
+        );
+        drop(mapped);
 
         let tail = Arc::new(DeviceMemory::alloc(&cuda, 1 << 20).expect("alloc"));
         let off = data.len() - 5003;
@@ -2165,6 +2174,17 @@ mod embed {
         let e = kind(dev.save_safetensors("m/bad.safetensors", bad, &meta, false, d, None));
         assert_eq!(e, ErrorKind::InvalidArgument);
         assert!(dev.stat("m/bad.safetensors").is_err(), "nothing written");
+        // The GPU-resident model maps such memory too (its windows are GPU pointers); an odd
+        // length, so the mapping ends inside a page. Started for the call, stopped after it.
+        let model = Serving::Model(MediaKind::Hbm);
+        let odd = Arc::new(DeviceMemory::alloc(&cuda, 10_001).expect("alloc"));
+        let r = dev.read_into("m/data", 3, odd.clone(), model, None);
+        assert_eq!(r.expect("model read_into").bytes, 10_001);
+        assert!(
+            gpu_bytes(&odd, 10_001) == data[3..10_004],
+            "bytes through the model"
+        );
+        assert!(!dev.gpu_kept(), "the model is not kept between calls");
         dev.release_gpu().expect("release");
         assert!(!dev.gpu_kept());
         drop(dev);

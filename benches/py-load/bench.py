@@ -4,7 +4,9 @@ Run on the GPU machine by scripts/py-load-bench.sh (which installs the carried w
 each model shape it writes a synthetic model as `.safetensors` shards on one disk, puts the same
 files into a blockfs image on that disk, then loads it into CUDA tensors with
 
-  - gpunvme, software controller (GPU-issued reads, `controller="emu"`);
+  - gpunvme, software controller (GPU-issued reads, `controller="emu"`), call to call (open,
+    GPU queues, load, close) and on a handle kept open with its GPU queues up ("-kept": what a
+    process that keeps gpunvme open pays per model);
   - gpunvme, GPU-resident controller model with HBM media and an SSD timing model of 1 and 4
     Gen5-like drives (the figure to read is the fraction of the modelled drives' cap);
   - safetensors.torch.load_file(device="cuda:0"), fastsafetensors (no GDS), InstantTensor
@@ -183,12 +185,21 @@ def load_instanttensor(files, backend=None, **_):
     return out, {}
 
 
-def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=None, threads=0,
-                 **_):
+def open_gpunvme(image, threads):
     import gpunvme
 
-    with gpunvme.open(image, lba_size=4096, read_only=True, controller_threads=threads,
-                      controller_queue_pairs=64) as dev:
+    return gpunvme.open(image, lba_size=4096, read_only=True, controller_threads=threads,
+                        controller_queue_pairs=64)
+
+
+def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=None, threads=0,
+                 dev=None, **_):
+    """A load call to call: open, GPU queues, the load, close; or, given `dev` (an open handle
+    whose GPU queues are up: a server that keeps gpunvme open), only the load."""
+    if dev is not None:
+        out = dev.load_safetensors(prefix)
+        return out, dev.last_load
+    with open_gpunvme(image, threads) as dev:
         out = dev.load_safetensors(prefix, controller=controller,
                                    media="hbm" if controller == "gpu" else "host",
                                    ssd_model=ssd_model)
@@ -224,6 +235,7 @@ def pinned_ceiling(nbytes=1 << 30, reps=3):
 
 LOADERS = {
     "gpunvme-emu": load_gpunvme,
+    "gpunvme-emu-kept": load_gpunvme,
     "gpunvme-model-1xgen5": load_gpunvme,
     "gpunvme-model-4xgen5": load_gpunvme,
     "safetensors": load_safetensors,
@@ -241,10 +253,15 @@ def one(job):
     torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
     fn = LOADERS[job["method"]]
     row = {}
+    kw = dict(job["kw"])
+    if job["method"] == "gpunvme-emu-kept":
+        # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
+        kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
+        kw["dev"].gpu_queues()
     torch.cuda.synchronize()
     t = time.perf_counter()
     try:
-        out, info = fn(job["files"], image=job["image"], prefix=job["prefix"], **job["kw"])
+        out, info = fn(job["files"], image=job["image"], prefix=job["prefix"], **kw)
         torch.cuda.synchronize()
     except Exception as e:  # a baseline that cannot run here is a row, not a stop
         row["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -284,6 +301,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 4,
                     help="software controller threads for gpunvme (default: one per CPU)")
     ap.add_argument("--limit", type=int, default=240, help="seconds one load may take")
+    ap.add_argument("--methods", default="",
+                    help="comma-separated loaders to run (default: all)")
     ap.add_argument("--gpunvme", default=os.environ.get("GPUNVME_BIN", ""),
                     help="the gpunvme CLI (mkfs and put of the image)")
     args = ap.parse_args()
@@ -315,6 +334,7 @@ def main():
         ntensors = len(shapes(m))
         loaders = [
             ("gpunvme-emu", dict(controller="emu", threads=args.threads)),
+            ("gpunvme-emu-kept", dict(controller="emu", threads=args.threads)),
             ("gpunvme-model-1xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=1")),
             ("gpunvme-model-4xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=4")),
             ("safetensors", {}),
@@ -323,6 +343,12 @@ def main():
             ("instanttensor-buffered", dict(backend="buffered")),
             ("instanttensor-mmap", dict(backend="mmap")),
         ]
+        if args.methods:
+            keep = set(args.methods.split(","))
+            unknown = keep - set(LOADERS)
+            if unknown:
+                raise SystemExit(f"unknown --methods: {sorted(unknown)}")
+            loaders = [(n, kw) for n, kw in loaders if n in keep]
         if not jit_warm:
             # CUDA compiles gpunvme's PTX on a machine's first use (about 15 s on the lent
             # machine, then cached on disk): once, untimed, before any row.

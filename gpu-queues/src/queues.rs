@@ -409,13 +409,17 @@ impl GpuBuffer {
     pub fn bus(&self) -> u64 {
         self.region.device_address(0)
     }
-    /// Length in bytes.
+    /// Length in bytes: the device-address range's (whole pages), but never past the end of
+    /// the memory (GPU memory allocated elsewhere and mapped for the controller may end
+    /// inside its last page).
     pub fn len(&self) -> usize {
-        self.region.len()
+        self.region
+            .len()
+            .min(self.mem.len().saturating_sub(self.offset))
     }
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
-        self.region.len() == 0
+        self.len() == 0
     }
     /// The GPU memory (for host-side copies in tests and tools).
     pub fn memory(&self) -> &DeviceMemory {

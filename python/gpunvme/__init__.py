@@ -410,6 +410,13 @@ class Device:
         self.last_io = report
         return report
 
+    def gpu_queues(self) -> Dict[str, Any]:
+        """Brings this handle's GPU queues up now (every GPU call does so on first use and
+        keeps them) and describes them: ``descriptors`` (GPU pointer of the
+        ``gpunvme::queue_desc`` array that kernels including ``ptx/include/gpunvme.cuh`` take),
+        ``count``, ``depth``, ``max_transfer``, ``nsid``, ``lba_size``."""
+        return json.loads(self._d.gpu_queues())
+
     def release_gpu(self) -> None:
         """Tears down the GPU queues kept between GPU calls (the next GPU call brings them up
         again; :meth:`close` does this too)."""

@@ -439,6 +439,12 @@ impl Device {
         })
     }
 
+    /// Brings the handle's GPU queues up (or finds them up): their descriptor array's GPU
+    /// pointer and geometry, JSON.
+    fn gpu_queues(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |o| json(&o.gpu_queues()?))
+    }
+
     /// Tears down the GPU queues kept between GPU calls (the next GPU call brings them up).
     fn release_gpu(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |o| o.release_gpu())

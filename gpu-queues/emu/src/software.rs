@@ -1230,6 +1230,8 @@ impl QueueTransport for SoftwareTransport {
     }
 
     fn map_memory(&self, _: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
+        // The device-address range is whole pages; the region behind it ends where `mem`
+        // does, so the controller reaches no byte past the caller's allocation.
         let region = register_region(self.emu.address_map(), &self.engine, mem.clone(), false)?;
         Ok(GpuBuffer::new(mem, 0, region))
     }

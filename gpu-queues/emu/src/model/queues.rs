@@ -48,9 +48,12 @@ impl QueueTransport for ModelTransport {
     }
 
     fn map_memory(&self, _: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
-        // Device addresses are GPU pointers here: the window is the memory itself.
+        // Device addresses are GPU pointers here: the window is the memory itself (its exact
+        // length, so the controller reaches no byte past the caller's allocation); the DMA
+        // region's range is whole pages.
         let guard = self.gpu.register_window(mem.ptr(), mem.len() as u64)?;
-        let region = DmaRegion::contiguous(mem.ptr(), mem.len(), Box::new((guard, mem.clone())));
+        let pages = mem.len().next_multiple_of(4096);
+        let region = DmaRegion::contiguous(mem.ptr(), pages, Box::new((guard, mem.clone())));
         Ok(GpuBuffer::new(mem, 0, region))
     }
 
