@@ -16,6 +16,6 @@ WORK=$(mktemp -d /dev/shm/gpunvme-cuda-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 LIB=$(cd "$BIN" && pwd)
 "$NVCC" -std=c++17 -arch="$ARCH" -I include -I ptx/include examples/cuda/gpu_queues_demo.cu \
-    -L "$LIB" -lgpunvme -Wl,-rpath,"$LIB" -o "$WORK/gpu_queues_demo"
+    -L "$LIB" -lgpunvme -Xlinker -rpath -Xlinker "$LIB" -o "$WORK/gpu_queues_demo"
 truncate -s 256M "$WORK/raw.img" "$WORK/fs.img"
 timeout 300 "$WORK/gpu_queues_demo" "$WORK/raw.img" "$WORK/fs.img"

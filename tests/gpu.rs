@@ -2177,7 +2177,15 @@ mod embed {
         // The GPU-resident model maps such memory too (its windows are GPU pointers); an odd
         // length, so the mapping ends inside a page. Started for the call, stopped after it.
         let model = Serving::Model(MediaKind::Hbm);
-        let odd = Arc::new(DeviceMemory::alloc(&cuda, 10_001).expect("alloc"));
+        let whole = Arc::new(DeviceMemory::alloc(&cuda, 64 << 10).expect("alloc"));
+        // Starting 512 bytes into a page, as a framework's small tensors do.
+        #[allow(unsafe_code)]
+        // SAFETY: bytes 512..10_513 of `whole`, an allocation the borrowed value keeps alive
+        // (`keep`); nothing else frees it.
+        let odd = unsafe {
+            DeviceMemory::borrowed(&cuda, whole.ptr() + 512, 10_001, Box::new(whole.clone()))
+        };
+        let odd = Arc::new(odd.expect("borrow"));
         let r = dev.read_into("m/data", 3, odd.clone(), model, None);
         assert_eq!(r.expect("model read_into").bytes, 10_001);
         assert!(

@@ -369,9 +369,12 @@ impl DescCommon {
 /// A GPU buffer the controller can reach: its GPU pointer and its device (bus) address.
 pub struct GpuBuffer {
     mem: Arc<DeviceMemory>,
-    /// Where the buffer starts in `mem` (its device address is page aligned).
+    /// Where the buffer starts in `mem`.
     offset: usize,
     region: DmaRegion,
+    /// Where the buffer starts in `region` (0 unless the memory starts inside a page: a
+    /// caller's tensor mapped where device addresses are GPU pointers).
+    lead: usize,
 }
 
 impl std::fmt::Debug for GpuBuffer {
@@ -384,10 +387,24 @@ impl GpuBuffer {
     /// A buffer of `mem` from byte `offset` on, which the controller reaches through `region`
     /// (contiguous device addresses, page aligned). For transports.
     pub fn new(mem: Arc<DeviceMemory>, offset: usize, region: DmaRegion) -> Self {
+        Self::starting_at(mem, offset, region, 0)
+    }
+
+    /// A buffer of `mem` from byte `offset` on, whose first byte the controller reaches at
+    /// byte `lead` of `region` (regions are whole pages; memory allocated elsewhere may start
+    /// inside one). For transports.
+    pub fn starting_at(
+        mem: Arc<DeviceMemory>,
+        offset: usize,
+        region: DmaRegion,
+        lead: usize,
+    ) -> Self {
+        let lead = lead.min(region.len());
         Self {
             mem,
             offset,
             region,
+            lead,
         }
     }
 
@@ -407,15 +424,13 @@ impl GpuBuffer {
     }
     /// Device address of the first byte (contiguous for the whole buffer).
     pub fn bus(&self) -> u64 {
-        self.region.device_address(0)
+        self.region.device_address(0) + self.lead as u64
     }
     /// Length in bytes: the device-address range's (whole pages), but never past the end of
     /// the memory (GPU memory allocated elsewhere and mapped for the controller may end
     /// inside its last page).
     pub fn len(&self) -> usize {
-        self.region
-            .len()
-            .min(self.mem.len().saturating_sub(self.offset))
+        (self.region.len() - self.lead).min(self.mem.len().saturating_sub(self.offset))
     }
     /// Whether empty.
     pub fn is_empty(&self) -> bool {

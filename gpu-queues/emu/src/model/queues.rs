@@ -49,12 +49,15 @@ impl QueueTransport for ModelTransport {
 
     fn map_memory(&self, _: &Arc<Cuda>, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
         // Device addresses are GPU pointers here: the window is the memory itself (its exact
-        // length, so the controller reaches no byte past the caller's allocation); the DMA
-        // region's range is whole pages.
+        // range, so the controller reaches no byte outside the caller's allocation). The DMA
+        // region is whole pages, and memory allocated elsewhere may start inside one (a
+        // framework's small tensors are 512-byte aligned): the buffer starts `lead` bytes in.
         let guard = self.gpu.register_window(mem.ptr(), mem.len() as u64)?;
-        let pages = mem.len().next_multiple_of(4096);
-        let region = DmaRegion::contiguous(mem.ptr(), pages, Box::new((guard, mem.clone())));
-        Ok(GpuBuffer::new(mem, 0, region))
+        let base = mem.ptr() & !4095;
+        let lead = (mem.ptr() - base) as usize;
+        let pages = (lead + mem.len()).next_multiple_of(4096);
+        let region = DmaRegion::contiguous(base, pages, Box::new((guard, mem.clone())));
+        Ok(GpuBuffer::starting_at(mem, 0, region, lead))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
