@@ -119,7 +119,11 @@ pub fn gpu_gather(q: &GpuQueues, src: Source<'_>, dim: u32, idx: &[u64]) -> Resu
     let secs = start.elapsed().as_secs_f64();
     let mut bad = 0u64;
     errors.read(0, bad.as_mut_bytes())?;
-    ensure!(bad == 0, "{bad} of {n} row reads failed on the GPU");
+    ensure!(
+        bad == 0,
+        "{bad} of {n} row reads failed on the GPU{}",
+        src.failure_detail()
+    );
     let mut rows = vec![0u32; words];
     out.read(0, rows.as_mut_bytes())?;
     Ok(GatherRun { out: rows, secs })

@@ -188,8 +188,9 @@ pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Resu
         counters.read(0, words.as_mut_bytes())?;
         ensure!(
             words[1] == 0,
-            "BFS level {depth}: {} loads failed (see the cache's statistics)",
-            words[1]
+            "BFS level {depth}: {} loads failed{}",
+            words[1],
+            src.failure_detail()
         );
         depth += 1;
         if words[0] == 0 {

@@ -27,6 +27,21 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
+    /// What the cache says of its failures, for an error message: its first failed fill and
+    /// its counters (empty for plain pointers).
+    fn failure_detail(&self) -> String {
+        match self {
+            Source::Cache(c, _) => match c.stats() {
+                Ok(s) => format!(
+                    "; cache: first failure {:?}, quarantined frames {}, {:?}",
+                    s.first_failure, s.quarantined, s.counters
+                ),
+                Err(e) => format!("; the cache's statistics could not be read: {e}"),
+            },
+            Source::Plain(_) => String::new(),
+        }
+    }
+
     /// The kernel's cache arguments: (descriptor, range of array `i`, plain pointer of `i`).
     fn array(&self, i: usize) -> (u64, u32, u64) {
         match self {
