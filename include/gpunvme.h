@@ -46,6 +46,10 @@ typedef enum {
 // An open device (opaque): [`gpunvme_open`] makes one, [`gpunvme_close`] ends it.
 typedef struct gpunvme_device gpunvme_device;
 
+// A blockfs file's extent table in GPU memory, for the caller's kernels (opaque):
+// [`gpunvme_gpu_file_open`] makes one, [`gpunvme_gpu_file_close`] ends it.
+typedef struct gpunvme_gpu_file gpunvme_gpu_file;
+
 // The caller's GPU memory, reachable by the controller while it lives (opaque):
 // [`gpunvme_gpu_map`] makes one, [`gpunvme_gpu_unmap`] ends it.
 typedef struct gpunvme_gpu_mapping gpunvme_gpu_mapping;
@@ -189,6 +193,29 @@ gpunvme_error gpunvme_gpu_map(const gpunvme_device *dev,
 // `m` is null or a mapping from gpunvme_gpu_map, not used again afterwards, with no command
 // on it still in flight.
 void gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
+
+// File `name`'s extent table in GPU memory, for kernels that include
+// `ptx/include/gpunvme_file.cuh` and read it on the handle's GPU queues: `*table` is the GPU
+// pointer `gpunvme::fs::table_open` takes, `*index` the file's entry (`table_file_at`),
+// `*size` its length in bytes; `*out` keeps the table (and the file's blocks) until
+// [`gpunvme_gpu_file_close`]. The table describes the file as it is now: do not remove or
+// replace the file while kernels use it.
+//
+// # Safety
+// `dev` is a live handle; `name` is NUL-terminated; the out-pointers are valid for writes.
+gpunvme_error gpunvme_gpu_file_open(const gpunvme_device *dev,
+                                    const char *name,
+                                    gpunvme_gpu_file **out,
+                                    uint64_t *table,
+                                    uint32_t *index,
+                                    uint64_t *size);
+
+// Frees a GPU file's table (NULL: nothing).
+//
+// # Safety
+// `f` is null or from gpunvme_gpu_file_open, not used again afterwards, and no kernel still
+// reads its table.
+void gpunvme_gpu_file_close(gpunvme_gpu_file *f);
 
 // Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
 // by GPU-issued NVMe reads (straight into it where the transport maps it), after the work

@@ -435,6 +435,24 @@ impl DeviceHandle {
         Ok(buf)
     }
 
+    /// File `name`'s extent table in GPU memory, for the caller's kernels that include
+    /// `gpunvme_file.cuh` (`table_open` on [`blockfs_gpu::GpuFile::table_ptr`], file
+    /// [`blockfs_gpu::GpuFile::index`]) and read it on the handle's GPU queues
+    /// ([`DeviceHandle::gpu_queues`]). The table is the file as it is now: its blocks stay
+    /// pinned while the returned value lives, but removing or replacing the file through
+    /// another call of this handle is not stopped and leaves the table describing the old
+    /// blocks (do not, while kernels use it).
+    pub fn gpu_file(&self, name: &str) -> Result<blockfs_gpu::GpuFile> {
+        self.gpu_ready(Serving::Device, None)?;
+        let fs = self.mount()?;
+        let file = fs.open(name, OpenMode::ReadOnly)?;
+        let (gfile, _) = self.with_gpu(Serving::Device, None, |setup| {
+            let files = blockfs_gpu::GpuFiles::new(&setup.queues, Default::default());
+            Ok(files.open(&file)?)
+        })?;
+        Ok(gfile)
+    }
+
     /// Reads file `name` from byte `offset` into `dst`, GPU memory allocated elsewhere (a
     /// framework's tensor; [`gpu_queues::ffi::DeviceMemory::borrowed`]), by GPU-issued reads:
     /// `dst.len()` bytes, fewer only where the file ends ([`gpu_io::read_into`]).

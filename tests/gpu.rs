@@ -2084,6 +2084,12 @@ mod embed {
             "{mapped:?}"
         );
         drop(mapped);
+        let gf = dev
+            .gpu_file("m/data")
+            .expect("the file's table for kernels");
+        assert!(gf.size() == data.len() as u64 && gf.table_ptr() != 0 && !gf.is_writable());
+        assert_eq!(kind(dev.gpu_file("m/none")), ErrorKind::NotFound);
+        drop(gf);
 
         let tail = Arc::new(DeviceMemory::alloc(&cuda, 1 << 20).expect("alloc"));
         let off = data.len() - 5003;

@@ -597,6 +597,67 @@ pub unsafe extern "C" fn gpunvme_gpu_unmap(m: *mut GpunvmeGpuMapping) {
     });
 }
 
+/// A blockfs file's extent table in GPU memory, for the caller's kernels (opaque):
+/// [`gpunvme_gpu_file_open`] makes one, [`gpunvme_gpu_file_close`] ends it.
+pub struct GpunvmeGpuFile {
+    _file: gpunvme::blockfs_gpu::GpuFile,
+}
+
+/// File `name`'s extent table in GPU memory, for kernels that include
+/// `ptx/include/gpunvme_file.cuh` and read it on the handle's GPU queues: `*table` is the GPU
+/// pointer `gpunvme::fs::table_open` takes, `*index` the file's entry (`table_file_at`),
+/// `*size` its length in bytes; `*out` keeps the table (and the file's blocks) until
+/// [`gpunvme_gpu_file_close`]. The table describes the file as it is now: do not remove or
+/// replace the file while kernels use it.
+///
+/// # Safety
+/// `dev` is a live handle; `name` is NUL-terminated; the out-pointers are valid for writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_file_open(
+    dev: *const GpunvmeDevice,
+    name: *const c_char,
+    out: *mut *mut GpunvmeGpuFile,
+    table: *mut u64,
+    index: *mut u32,
+    size: *mut u64,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract.
+        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        if out.is_null() || table.is_null() || index.is_null() || size.is_null() {
+            return Err(invalid("out, table, index or size is NULL"));
+        }
+        let file = d.inner.lock().gpu_file(name)?;
+        let (t, i, n) = (file.table_ptr(), file.index(), file.size());
+        let f = Box::into_raw(Box::new(GpunvmeGpuFile { _file: file }));
+        // SAFETY: all four are non-null and valid for writes (the contract).
+        unsafe {
+            table.write(t);
+            index.write(i);
+            size.write(n);
+            out.write(f);
+        }
+        Ok(())
+    })
+}
+
+/// Frees a GPU file's table (NULL: nothing).
+///
+/// # Safety
+/// `f` is null or from gpunvme_gpu_file_open, not used again afterwards, and no kernel still
+/// reads its table.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) {
+    if f.is_null() {
+        return;
+    }
+    let _ = call(|| {
+        // SAFETY: `f` came from Box::into_raw in gpunvme_gpu_file_open and is freed once.
+        drop(unsafe { Box::from_raw(f) });
+        Ok(())
+    });
+}
+
 /// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
 /// by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
 /// queued on `stream` (a `cudaStream_t`; NULL: the default stream) has finished; `*nread` =

@@ -7,7 +7,8 @@
 // RAW.img: each of 256 threads writes 16 KiB of a pattern at its own LBAs with rw_thread, then
 // reads it back into a second buffer; the host compares both buffers. FS.img: a blockfs file
 // written from GPU memory (gpunvme_gpu_write), read back at an odd offset into GPU memory
-// (gpunvme_gpu_read) and by the CPU (gpunvme_read), each compared. Prints "OK" and exits 0 only
+// (gpunvme_gpu_read) and by the CPU (gpunvme_read), and by a kernel of its own through the
+// file's extent table (gpunvme_file.cuh), each compared. Prints "OK" and exits 0 only
 // if every check passed. Build (scripts/cuda-example.sh does this on the GPU machine):
 //
 //   nvcc -std=c++17 -arch=sm_90 -I include -I ptx/include examples/cuda/gpu_queues_demo.cu \
@@ -22,6 +23,7 @@
 
 #include "gpunvme.cuh"
 #include "gpunvme.h"
+#include "gpunvme_file.cuh"
 
 static int failures = 0;
 
@@ -67,6 +69,28 @@ __global__ void write_then_read(const gpunvme::queue_desc* queues, uint32_t coun
                                &sf);
     status[t] = s;
     nvme_status[t] = sf;
+}
+
+// Each thread reads its slice of bytes [t * slice, (t + 1) * slice) of file `index` of the
+// extent table at `table_ptr` (clipped to `size`) into `dst` (GPU pointer and bus address of byte
+// 0), on queue (thread % count), through gpunvme_file.cuh: the file offset is translated to
+// LBAs by the table, unaligned heads and tails go through slot buffers.
+__global__ void read_file_slices(const gpunvme::queue_desc* queues, uint32_t count,
+                                 const void* table_ptr, uint32_t index, uint64_t size,
+                                 uint64_t slice, uint8_t* dst, uint64_t dst_bus, int32_t* status) {
+    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t start = (uint64_t)t * slice;
+    uint64_t end = start + slice;
+    if (end > size) end = size;
+    gpunvme::fs::table tab;
+    const gpunvme::fs::table_file* f = nullptr;
+    gpunvme::status s = gpunvme::fs::table_open(table_ptr, &tab);
+    if (s == GPUNVME_OK) s = gpunvme::fs::table_file_at(tab, index, &f);
+    uint32_t sf = 0;
+    if (s == GPUNVME_OK && start < end)
+        s = gpunvme::fs::rw_file_thread(queues[t % count], tab, *f, false, start, end,
+                                        (uint64_t)(dst + start), dst_bus + start, nullptr, &sf);
+    status[t] = s;
 }
 
 static uint8_t pattern(size_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
@@ -175,6 +199,43 @@ static void files(const char* path) {
     check("CPU read equals the bytes written", cpu == n && back == host);
     expect("gpu_read of a missing file", gpunvme_gpu_read(dev, "nope", 0, dst, n, s, &got),
            GPUNVME_ERROR_NOT_FOUND);
+
+    // The file read by a kernel of our own through its extent table (gpunvme_file.cuh).
+    gpunvme_gpu_queues_info q;
+    gpunvme_gpu_file* gf = nullptr;
+    uint64_t table = 0, fsize = 0, dst_bus = 0;
+    uint32_t index = 0;
+    gpunvme_gpu_mapping* md = nullptr;
+    expect("gpu_queues (fs image)", gpunvme_gpu_queues(dev, &q), GPUNVME_ERROR_NONE);
+    expect("gpu_file_open", gpunvme_gpu_file_open(dev, "demo/data.bin", &gf, &table, &index,
+                                                  &fsize),
+           GPUNVME_ERROR_NONE);
+    expect("gpu_file_open of a missing file",
+           gpunvme_gpu_file_open(dev, "nope", &gf, &table, &index, &fsize),
+           GPUNVME_ERROR_NOT_FOUND);
+    expect("map dst", gpunvme_gpu_map(dev, dst, n, &dst_bus, &md), GPUNVME_ERROR_NONE);
+    if (gf && md && fsize == n) {
+        const uint32_t threads = 128;
+        const uint64_t slice = (n + threads - 1) / threads;  // not LBA aligned: heads and tails
+        int32_t* st = nullptr;
+        CUDA(cudaMalloc(&st, threads * sizeof(int32_t)));
+        CUDA(cudaMemset(dst, 0, n));
+        read_file_slices<<<threads / 32, 32>>>((const gpunvme::queue_desc*)q.descriptors, q.count,
+                                               (const void*)table, index, fsize, slice, dst,
+                                               dst_bus, st);
+        CUDA(cudaGetLastError());
+        CUDA(cudaDeviceSynchronize());
+        std::vector<int32_t> hs(threads);
+        CUDA(cudaMemcpy(hs.data(), st, threads * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        bool all_ok = true;
+        for (uint32_t t = 0; t < threads; t++) all_ok = all_ok && hs[t] == GPUNVME_OK;
+        check("every thread's slice of the file read through the extent table", all_ok);
+        CUDA(cudaMemcpy(back.data(), dst, n, cudaMemcpyDeviceToHost));
+        check("the kernel's file bytes equal those written", back == host);
+        CUDA(cudaFree(st));
+    }
+    gpunvme_gpu_unmap(md);
+    gpunvme_gpu_file_close(gf);
     expect("gpu_read into host memory", gpunvme_gpu_read(dev, "demo/data.bin", 0, back.data(), n,
                                                          s, &got),
            GPUNVME_ERROR_INVALID_ARGUMENT);
