@@ -37,6 +37,7 @@ TESTS=(
     perf_on_a_protection_information_namespace_sets_pract
     perf_splits_ios_above_the_maximum_transfer
     rings_in_host_memory_carry_every_shape_and_perf
+    several_controllers_run_perf_gpu_at_once
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
     transport_probe_proves_a_read_or_says_why_not

@@ -372,23 +372,7 @@ fn run(args: Args) -> Result<()> {
             refuse_perf_over_a_file_system(&ctrl, &p, None)?;
             let cfg = perf_config(&p)?;
             if p.gpu {
-                let gargs = gpunvme::perf::gpu::GpuPerfArgs {
-                    perf: cfg,
-                    gpu_threads: p.gpu_threads,
-                    style: match p.client {
-                        ClientArg::Warp => gpunvme::perf::kernel::ClientStyle::Warp,
-                        ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
-                    },
-                    cpu_queues: p.cpu_queues,
-                    depth: p.gpu_depth,
-                    controller_sms: p.controller_sms,
-                    model: (p.controller == ControllerArg::Gpu).then_some(match p.media {
-                        MediaArg::Null => gpunvme::gpu_emu::MediaKind::Null,
-                        MediaArg::Hbm => gpunvme::gpu_emu::MediaKind::Hbm,
-                        MediaArg::Host => gpunvme::gpu_emu::MediaKind::Host,
-                    }),
-                    ssd_model: p.ssd_model,
-                };
+                let gargs = gpu_perf_args(&p, cfg);
                 gpunvme::perf::gpu::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
@@ -412,6 +396,27 @@ fn run(args: Args) -> Result<()> {
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");
     result.and(shutdown)
+}
+
+/// The GPU job that `perf --gpu`'s arguments describe, around the CPU engine's `cfg`.
+fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme::perf::gpu::GpuPerfArgs {
+    gpunvme::perf::gpu::GpuPerfArgs {
+        perf: cfg,
+        gpu_threads: p.gpu_threads,
+        style: match p.client {
+            ClientArg::Warp => gpunvme::perf::kernel::ClientStyle::Warp,
+            ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
+        },
+        cpu_queues: p.cpu_queues,
+        depth: p.gpu_depth,
+        controller_sms: p.controller_sms,
+        model: (p.controller == ControllerArg::Gpu).then_some(match p.media {
+            MediaArg::Null => gpunvme::gpu_emu::MediaKind::Null,
+            MediaArg::Hbm => gpunvme::gpu_emu::MediaKind::Hbm,
+            MediaArg::Host => gpunvme::gpu_emu::MediaKind::Host,
+        }),
+        ssd_model: p.ssd_model,
+    }
 }
 
 /// The CPU engine's job that `perf`'s arguments describe.
@@ -469,17 +474,11 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
     let job = match args.command {
         Command::Fs { nsid, cmd } => Several::Fs(nsid, cmd),
         Command::Identify => Several::Identify,
-        Command::Perf(p) if !p.gpu => Several::Perf(Box::new(p)),
-        Command::Perf(_) => {
-            return Err(cli::Refusal(
-                "several --device: `perf --gpu` runs on one controller so far".into(),
-            )
-            .into());
-        }
+        Command::Perf(p) => Several::Perf(Box::new(p)),
         _ => {
             return Err(cli::Refusal(
-                "several --device: only `identify`, `perf` (each controller at once) and `fs` \
-                 (a striped volume) take them so far"
+                "several --device: only `identify`, `perf` and `perf --gpu` (each controller at \
+                 once) and `fs` (a striped volume) take them so far"
                     .into(),
             )
             .into());
@@ -511,9 +510,13 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
         .into());
     }
     let mut ctrls = Vec::with_capacity(specs.len());
+    let mut backends = Vec::with_capacity(specs.len());
     for (spec, name) in specs.iter().zip(&args.device) {
         match open_controller_and_transport(spec, &opts) {
-            Ok((c, _)) => ctrls.push(c),
+            Ok((c, b)) => {
+                ctrls.push(c);
+                backends.push(b);
+            }
             Err(e) => {
                 for c in ctrls {
                     let _ = c.shutdown();
@@ -530,6 +533,11 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
                 refuse_perf_over_a_file_system(c, &p, Some(name))?;
             }
             let cfg = perf_config(&p)?;
+            if p.gpu {
+                let pairs: Vec<_> = ctrls.iter().zip(&backends).collect();
+                let report = perf::run_several_gpu(&pairs, &args.device, &gpu_perf_args(&p, cfg))?;
+                return cli::perf::print_several_gpu(&report, args.json);
+            }
             let refs: Vec<&nvme::Controller> = ctrls.iter().collect();
             let report = perf::run_several(&refs, &args.device, &cfg)?;
             cli::perf::print_several(&report, args.json)

@@ -533,7 +533,7 @@ fn fs_on_a_volume_of_three_images() {
             dir.path(),
             &format!("{all} read --lba 0 --bytes 4096 --output x.bin"),
         ),
-        "only `identify`, `perf` (each controller at once) and `fs`",
+        "only `identify`, `perf` and `perf --gpu` (each controller at once) and `fs`",
     );
     let id = ok(&gpunvme(dir.path(), &format!("{all} --json identify")));
     let v: serde_json::Value = serde_json::from_str(&id).unwrap();
@@ -550,8 +550,8 @@ fn fs_on_a_volume_of_three_images() {
 }
 
 /// `perf` over several controllers: the same verified job on each at once, a report per
-/// controller and totals that add up; `--gpu` with several refused; a member holding a file
-/// system protected by name.
+/// controller and totals that add up; the GPU-resident model over several refused; a member
+/// holding a file system protected by name.
 #[test]
 fn perf_runs_on_every_controller_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -585,9 +585,14 @@ fn perf_runs_on_every_controller_at_once() {
             "p{i}.img was written"
         );
     }
+    // --gpu runs on each controller too (tests/gpu.rs, on a GPU); the GPU-resident model over
+    // several is refused before anything runs.
     fails_with(
-        &gpunvme(dir.path(), &format!("{all} perf --gpu --ios 10")),
-        "`perf --gpu` runs on one controller so far",
+        &gpunvme(
+            dir.path(),
+            &format!("{all} perf --gpu --controller gpu --ios 10"),
+        ),
+        "over several devices is not supported yet",
     );
     ok(&gpunvme(dir.path(), "--device p1.img fs mkfs"));
     fails_with(

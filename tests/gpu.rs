@@ -2017,6 +2017,80 @@ fn model_ssd_timing_bounds_latency_and_rate() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// perf --gpu over several controllers (issue 23): each controller its own GPU queues and perf
+// kernel, side by side, one report each and the totals.
+
+/// Two software controllers over two images run `perf --gpu --verify` at once, each its own
+/// queues: every I/O checked on both, the totals their sum; the GPU-resident model over
+/// several is refused by name before anything runs.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn several_controllers_run_perf_gpu_at_once() {
+    use gpunvme::open::{self, DeviceSpec, OpenOptions};
+    use gpunvme::perf::gpu::GpuPerfArgs;
+    use gpunvme::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
+    let images = [image("several-a"), image("several-b")];
+    let opts = OpenOptions {
+        controller_threads: 1,
+        controller_queue_pairs: 4,
+        ..OpenOptions::default()
+    };
+    let opened: Vec<_> = images
+        .iter()
+        .map(|p| {
+            let spec = DeviceSpec::parse(Some(p.to_str().expect("UTF-8"))).expect("spec");
+            open::open_controller_and_transport(&spec, &opts).expect("open")
+        })
+        .collect();
+    let pairs: Vec<_> = opened.iter().map(|(c, b)| (c, b)).collect();
+    let names: Vec<String> = images.iter().map(|p| p.display().to_string()).collect();
+    let mut args = GpuPerfArgs {
+        perf: PerfConfig {
+            rw: RwMode::RandRead,
+            bs: 4096,
+            qd: 8,
+            queues: 2,
+            stop: Stop::Ios(512),
+            verify: true,
+            nsid: 1,
+            size: Some(8 << 20),
+            seed: Some(SEED),
+            interrupt: None,
+        },
+        gpu_threads: None,
+        style: ClientStyle::Warp,
+        cpu_queues: 0,
+        depth: Some(64),
+        controller_sms: 8,
+        model: None,
+        ssd_model: None,
+    };
+    let r = run_several_gpu(&pairs, &names, &args).expect("perf --gpu over two controllers");
+    assert_eq!(r.controllers.len(), 2);
+    for c in &r.controllers {
+        let g = &c.report.report;
+        assert_eq!(g.errors, 0, "{}: {:?}", c.device, g.first_error);
+        assert!(
+            g.ios >= 512 && g.verified_bytes >= 512 * 4096,
+            "{}: {g:?}",
+            c.device
+        );
+        assert_eq!(c.report.gpu.queues, 2, "{}", c.device);
+    }
+    let ios: u64 = r.controllers.iter().map(|c| c.report.report.ios).sum();
+    assert_eq!(
+        (r.total.controllers, r.total.ios, r.total.errors),
+        (2, ios, 0)
+    );
+    args.model = Some(MediaKind::Hbm);
+    let e = run_several_gpu(&pairs, &names, &args).expect_err("the model over several");
+    assert!(e.to_string().contains("not supported yet"), "{e:#}");
+    for (c, _) in opened {
+        c.shutdown().expect("shutdown");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Embedders' GPU calls (gpunvme::handle, which the Python package and the C ABI call): file
 // bytes read into GPU memory the GPU queues did not allocate, and files written from it.
 

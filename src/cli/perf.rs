@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use gpunvme::perf::gpu::GpuPerfReport;
-use gpunvme::perf::{PerfReport, SeveralReport};
+use gpunvme::perf::{PerfReport, SeveralGpuReport, SeveralReport};
 
 /// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
@@ -59,12 +59,87 @@ pub fn print_several(r: &SeveralReport, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Prints a `perf --gpu` run over several controllers: each one's report as `perf --gpu`
+/// prints it, then the totals of the GPU threads' I/O (text), or one JSON object
+/// `{controllers: [{device, ...perf --gpu's keys}], total}`. Fails when any controller had
+/// errors.
+pub fn print_several_gpu(r: &SeveralGpuReport, as_json: bool) -> Result<()> {
+    use gpunvme::units::{format_bytes, format_ns};
+    if as_json {
+        outln!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        for c in &r.controllers {
+            outln!("{}:", c.device);
+            print_gpu_text(&c.report)?;
+        }
+        let t = &r.total;
+        outln!(
+            "total over {} controllers (GPU threads): IOPS={:.0}, BW={}/s, ios={}, errors={}; \
+             lat mean={}, worst p99={}",
+            t.controllers,
+            t.iops,
+            format_bytes(t.bw_bytes),
+            t.ios,
+            t.errors,
+            format_ns(t.lat_mean_ns),
+            format_ns(t.lat_p99_worst_ns as f64)
+        );
+    }
+    if let Some(c) = r
+        .controllers
+        .iter()
+        .find(|c| c.report.report.first_error.is_some())
+    {
+        anyhow::bail!(
+            "{} of {} GPU I/Os failed; first, on {}: {}",
+            r.total.errors,
+            r.total.ios,
+            c.device,
+            c.report.report.first_error.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
 /// Prints a `perf --gpu` report: the GPU side as `perf` prints it, with the GPU configuration
 /// and transport, then the CPU side when it ran. Fails when either side had errors.
 pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
     if as_json {
         outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
+        print_gpu_side(r)?;
+    }
+    let gpu_result = if as_json {
+        report_errors(&r.report)
+    } else {
+        print(&r.report, false)
+    };
+    let cpu_result = match &r.cpu {
+        Some(c) if !as_json => {
+            outln!("CPU queues on the same controller:");
+            print(c, false)
+        }
+        Some(c) => report_errors(c),
+        None => Ok(()),
+    };
+    gpu_result.and(cpu_result)
+}
+
+/// Prints a whole `perf --gpu` report as text without judging its errors (the GPU side, the
+/// GPU threads' I/O, the CPU queues'), for runs over several controllers.
+fn print_gpu_text(r: &GpuPerfReport) -> Result<()> {
+    print_gpu_side(r)?;
+    outln!("{}", r.report);
+    if let Some(c) = &r.cpu {
+        outln!("CPU queues on the same controller:");
+        outln!("{c}");
+    }
+    Ok(())
+}
+
+/// Prints how the GPU side of a `perf --gpu` run ran (text).
+fn print_gpu_side(r: &GpuPerfReport) -> Result<()> {
+    {
         let g = &r.gpu;
         outln!(
             "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
@@ -122,20 +197,7 @@ pub fn print_gpu(r: &GpuPerfReport, as_json: bool) -> Result<()> {
             }
         }
     }
-    let gpu_result = if as_json {
-        report_errors(&r.report)
-    } else {
-        print(&r.report, false)
-    };
-    let cpu_result = match &r.cpu {
-        Some(c) if !as_json => {
-            outln!("CPU queues on the same controller:");
-            print(c, false)
-        }
-        Some(c) => report_errors(c),
-        None => Ok(()),
-    };
-    gpu_result.and(cpu_result)
+    Ok(())
 }
 
 fn report_errors(r: &PerfReport) -> Result<()> {

@@ -15,4 +15,7 @@ pub mod kernel;
 mod several;
 
 pub use cpu::*;
-pub use several::{NamedReport, PerfTotals, SeveralError, SeveralReport, run_several};
+pub use several::{
+    NamedGpuReport, NamedReport, PerfTotals, SeveralError, SeveralGpuReport, SeveralReport,
+    run_several, run_several_gpu,
+};

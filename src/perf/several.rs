@@ -82,6 +82,70 @@ pub struct SeveralError {
     pub source: PerfError,
 }
 
+/// A `perf --gpu` run over several controllers: each one's report (in the order given), then
+/// the totals of their GPU sides.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeveralGpuReport {
+    /// Per controller, with the name it was given.
+    pub controllers: Vec<NamedGpuReport>,
+    /// Over all of them (the GPU threads' I/O).
+    pub total: PerfTotals,
+}
+
+/// One controller's `perf --gpu` report and its name.
+#[derive(Debug, Clone, Serialize)]
+pub struct NamedGpuReport {
+    /// The device as given (`--device`).
+    pub device: String,
+    /// What ran on it.
+    #[serde(flatten)]
+    pub report: super::gpu::GpuPerfReport,
+}
+
+/// Runs `perf --gpu` with `args` on every controller of `ctrls` (each with its backend, named
+/// by `names`) at once: a thread each, which brings that controller's GPU queues up and runs
+/// the perf kernel on them (kernels of several controllers run side by side on the GPU). The
+/// first controller whose run fails (in the order given) is the error, named; the others
+/// still finish first. The GPU-resident model is refused here: each model would need SMs of
+/// its own, and GPU partitions do not share out yet.
+pub fn run_several_gpu(
+    ctrls: &[(&Controller, &crate::open::Backend)],
+    names: &[String],
+    args: &super::gpu::GpuPerfArgs,
+) -> anyhow::Result<SeveralGpuReport> {
+    anyhow::ensure!(
+        args.model.is_none(),
+        "perf --gpu --controller gpu over several devices is not supported yet (one GPU-resident \
+         model per run); --controller emu runs on each software controller"
+    );
+    let results: Vec<anyhow::Result<super::gpu::GpuPerfReport>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ctrls
+            .iter()
+            .map(|(c, b)| s.spawn(move || super::gpu::run(c, b, args)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut controllers = Vec::with_capacity(results.len());
+    for (r, name) in results.into_iter().zip(names) {
+        let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
+        controllers.push(NamedGpuReport {
+            device: name.clone(),
+            report,
+        });
+    }
+    let reports: Vec<PerfReport> = controllers
+        .iter()
+        .map(|c| c.report.report.clone())
+        .collect();
+    Ok(SeveralGpuReport {
+        total: PerfTotals::of(&reports),
+        controllers,
+    })
+}
+
 /// Runs `cfg` on every controller of `ctrls` (named by `names`) at once, a thread each (which
 /// starts the job's own queue threads), and waits for all of them. The first controller whose
 /// run fails (in the order given) is the error; the others still finish first.
