@@ -129,4 +129,4 @@ pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
 pub use pin::PinnedTable;
 pub use state::FileStat;
 pub use table::ExtentTable;
-pub use volume::{StripedVolume, VolumeError, VolumeLabel};
+pub use volume::{MemberRun, StripedVolume, VolumeError, VolumeLabel};

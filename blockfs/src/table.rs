@@ -102,7 +102,9 @@ pub struct TableFile {
     pub size_bytes: u64,
     /// Index (into the extent array) of the file's first extent.
     pub first_extent: u64,
-    /// Extents of this file; they cover file LBAs `0..alloc_bytes / lba_size` without gaps.
+    /// Extents of this file; they cover file LBAs `0..alloc_bytes / lba_size` without gaps
+    /// (except in a striped volume's member tables, [`crate::StripedVolume::member_tables`],
+    /// which hold only the pieces on their member).
     pub extent_count: u64,
     /// The file's id (FORMAT.md, "File record").
     pub file_id: u64,
@@ -181,6 +183,19 @@ impl ExtentTable {
                 reserved: 0,
             });
         }
+        Self::from_parts(lba_size, nsid, &entries, &extents)
+    }
+
+    /// A table of these entries (each file's `first_extent` and `extent_count` indexing
+    /// `extents`), on namespace `nsid` with `lba_size`-byte LBAs. For a striped volume's
+    /// member tables ([`crate::StripedVolume::member_tables`]), whose files' extents leave gaps
+    /// where other members hold the data.
+    pub(crate) fn from_parts(
+        lba_size: u32,
+        nsid: u32,
+        entries: &[TableFile],
+        extents: &[TableExtent],
+    ) -> Self {
         let files_offset = TABLE_HEADER_SIZE as u64;
         let extents_offset = files_offset + (entries.len() * TABLE_FILE_SIZE) as u64;
         let total = extents_offset + (extents.len() * TABLE_EXTENT_SIZE) as u64;

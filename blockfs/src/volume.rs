@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use crate::device::{BlockDevice, DeviceError, ReadReq, WriteReq};
+use crate::table::{ExtentTable, TableExtent, TableFile};
 
 /// Bytes reserved for the label at the start of every member (at least one LBA).
 pub const LABEL_BYTES: u64 = 4096;
@@ -184,6 +185,17 @@ pub struct Piece {
     pub lbas: u64,
     /// LBAs of the request before this piece.
     pub offset: u64,
+}
+
+/// A run of a file's bytes that lies on one member ([`StripedVolume::member_runs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberRun {
+    /// The member.
+    pub member: usize,
+    /// First byte of the file.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
 }
 
 fn label_lbas(lba_size: u32) -> u64 {
@@ -389,6 +401,94 @@ impl StripedVolume {
                 offset: done,
             });
             done += n;
+        }
+        out
+    }
+
+    /// `table`, a GPU extent table built on this volume (its extents at volume LBAs), cut at
+    /// stripe units into one table per member, in member order. Every table keeps every file
+    /// entry of `table` (size, allocation, flags, id) with only the pieces of its extents that
+    /// lie on that member, at member LBAs and at their own file LBAs, so a kernel translating a
+    /// file offset that lies on the member finds it and one on another member falls in a gap.
+    /// Each table names its member's NVMe namespace (0 where the member is not one).
+    pub fn member_tables(&self, table: &ExtentTable) -> Vec<ExtentTable> {
+        let n = self.members.len();
+        let mut files: Vec<Vec<TableFile>> = vec![Vec::new(); n];
+        let mut exts: Vec<Vec<TableExtent>> = vec![Vec::new(); n];
+        let all = table.extents();
+        for f in table.files() {
+            let firsts: Vec<u64> = exts.iter().map(|e| e.len() as u64).collect();
+            let first = usize::try_from(f.first_extent).unwrap_or(usize::MAX);
+            let count = usize::try_from(f.extent_count).unwrap_or(usize::MAX);
+            let own = all.get(first..first.saturating_add(count)).unwrap_or(&[]);
+            for e in own {
+                for p in self.pieces(e.lba, e.nlb) {
+                    let file_lba = e.file_lba + p.offset;
+                    let list = &mut exts[p.member];
+                    if list.len() as u64 > firsts[p.member]
+                        && let Some(last) = list.last_mut()
+                        && last.file_lba + last.nlb == file_lba
+                        && last.lba + last.nlb == p.member_lba
+                    {
+                        last.nlb += p.lbas;
+                        continue;
+                    }
+                    list.push(TableExtent {
+                        file_lba,
+                        lba: p.member_lba,
+                        nlb: p.lbas,
+                    });
+                }
+            }
+            for m in 0..n {
+                files[m].push(TableFile {
+                    first_extent: firsts[m],
+                    extent_count: exts[m].len() as u64 - firsts[m],
+                    ..*f
+                });
+            }
+        }
+        (0..n)
+            .map(|m| {
+                let nsid = self.members[m].nvme_nsid().unwrap_or(0);
+                ExtentTable::from_parts(self.label.lba_size, nsid, &files[m], &exts[m])
+            })
+            .collect()
+    }
+
+    /// The runs of bytes `offset..offset + len` of file `file` of `table` (built on this
+    /// volume) that lie on one member each, in file order (adjacent bytes on one member make
+    /// one run): the requests a reader issues on each member's queues with that member's table
+    /// ([`StripedVolume::member_tables`]). Stops at the end of the file, as reads do.
+    pub fn member_runs(
+        &self,
+        table: &ExtentTable,
+        file: usize,
+        offset: u64,
+        len: u64,
+    ) -> Vec<MemberRun> {
+        let lba = self.label.lba_size as u64;
+        let size = table.files().get(file).map_or(0, |f| f.size_bytes);
+        let end = offset.saturating_add(len).min(size);
+        let mut out: Vec<MemberRun> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let Some(t) = table.translate(file, pos) else {
+                break;
+            };
+            let unit_left = self.stripe_lbas - t.lba % self.stripe_lbas;
+            let lbas = t.contiguous_lbas.min(unit_left);
+            let bytes = (lbas * lba - pos % lba).min(end - pos);
+            let member = self.locate(t.lba).0;
+            match out.last_mut() {
+                Some(r) if r.member == member && r.offset + r.len == pos => r.len += bytes,
+                _ => out.push(MemberRun {
+                    member,
+                    offset: pos,
+                    len: bytes,
+                }),
+            }
+            pos += bytes;
         }
         out
     }

@@ -238,3 +238,98 @@ fn crash_points_across_members_mount_a_synced_state() {
     }
     assert!(states >= 6 * 8, "{states} crash states");
 }
+
+/// The GPU's view of files on a volume (issue 23): the file's extent table (volume LBAs) cut
+/// into one table per member (`member_tables`) and a byte range cut into runs on one member
+/// each (`member_runs`). For fragmented files of awkward sizes on volumes of 1 to 4 members
+/// and several stripe sizes: the runs tile the range (up to the end of the file) in order,
+/// every byte of a run is found by its member's table, and only by it, at the member LBA that
+/// holds the file's byte there.
+#[test]
+fn member_tables_and_runs_find_every_byte_on_its_member() {
+    let mut r = rng(23);
+    for (n, stripe) in [
+        (1usize, 4096u64),
+        (2, 4096),
+        (3, 8192),
+        (4, 65536),
+        (3, 1 << 20),
+    ] {
+        let members: Vec<Arc<dyn BlockDevice>> = (0..n)
+            .map(|_| Arc::new(MemDevice::new(512, 24 << 11)) as Arc<dyn BlockDevice>)
+            .collect();
+        let v = Arc::new(StripedVolume::create(members.clone(), stripe, [3; 16]).expect("create"));
+        let fs = FileSystem::mkfs(v.clone(), &MkfsOptions::default()).expect("mkfs");
+        // Two files appended in turn, so both are fragmented.
+        let a_len = 700_001usize;
+        let (a, b) = (random_bytes(&mut r, a_len), random_bytes(&mut r, a_len));
+        let fa = fs.create("v/a", &Default::default()).expect("create a");
+        let fb = fs.create("v/b", &Default::default()).expect("create b");
+        for at in (0..a_len).step_by(40_000) {
+            let end = (at + 40_000).min(a_len);
+            fa.write_at(at as u64, &a[at..end]).expect("write a");
+            fb.write_at(at as u64, &b[at..end]).expect("write b");
+        }
+        fs.sync().expect("sync");
+        let pinned = fa.extent_table().expect("table");
+        let table = pinned.table();
+        assert!(table.extents().len() > 1, "the file is fragmented");
+        let tables = v.member_tables(table);
+        assert_eq!(tables.len(), n);
+        let mut one = vec![0u8; 512];
+        for (offset, len) in [
+            (0u64, a_len as u64),
+            (1, 5000),
+            (123_457, 300_000),
+            (690_000, 99_999),
+        ] {
+            let runs = v.member_runs(table, 0, offset, len);
+            let end = (offset + len).min(a_len as u64);
+            let mut at = offset;
+            for run in &runs {
+                assert_eq!(
+                    run.offset, at,
+                    "{n} members, stripe {stripe}: runs in order"
+                );
+                assert!(run.len > 0 && run.member < n);
+                // Sample the run's first, last and a middle byte.
+                for pos in [
+                    run.offset,
+                    run.offset + run.len / 2,
+                    run.offset + run.len - 1,
+                ] {
+                    let found: Vec<usize> = (0..n)
+                        .filter(|&m| tables[m].translate(0, pos).is_some())
+                        .collect();
+                    assert_eq!(found, [run.member], "byte {pos}: only its member's table");
+                    let t = tables[run.member].translate(0, pos).unwrap();
+                    members[run.member]
+                        .read(&mut [ReadReq {
+                            lba: t.lba,
+                            buf: &mut one,
+                        }])
+                        .expect("member read");
+                    assert_eq!(
+                        one[(pos % 512) as usize],
+                        a[pos as usize],
+                        "byte {pos} on member {} ({n} members, stripe {stripe})",
+                        run.member
+                    );
+                }
+                at += run.len;
+            }
+            assert_eq!(
+                at, end,
+                "the runs cover the range up to the end of the file"
+            );
+            if n > 1 && len > stripe * n as u64 {
+                assert!(runs.len() > 1, "a long range spans members");
+            }
+        }
+        // The other file's entries are in every member table too, with the same size.
+        for t in &tables {
+            assert_eq!(t.files().len(), 1);
+            assert_eq!(t.files()[0].size_bytes, a_len as u64);
+        }
+    }
+}
