@@ -38,6 +38,7 @@ TESTS=(
     perf_splits_ios_above_the_maximum_transfer
     rings_in_host_memory_carry_every_shape_and_perf
     several_controllers_run_perf_gpu_at_once
+    volume_files_are_read_on_every_members_queues
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
     transport_probe_proves_a_read_or_says_why_not

@@ -2090,6 +2090,70 @@ fn several_controllers_run_perf_gpu_at_once() {
     }
 }
 
+/// A file of a striped volume over three software controllers read into GPU memory by each
+/// member's GPU queues at once (issue 23): the file's table cut per member, the range cut into
+/// runs per member, one batch per member; whole and at odd offsets (the file ending first), the
+/// bytes compared, every member's controller having served commands.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn volume_files_are_read_on_every_members_queues() {
+    use blockfs::{BlockDevice, CreateOptions, FileSystem, MkfsOptions, StripedVolume};
+    use blockfs_gpu::{GpuFilesOptions, VolumeFiles};
+    let rigs: Vec<Rig> = (0..3).map(|_| rig(512, 2, 64)).collect();
+    let members: Vec<Arc<dyn BlockDevice>> = rigs
+        .iter()
+        .map(|r| files::blockfs_dev(r) as Arc<dyn BlockDevice>)
+        .collect();
+    let volume = Arc::new(StripedVolume::create(members, 64 << 10, [23; 16]).expect("volume"));
+    let fs = FileSystem::mkfs(volume.clone(), &MkfsOptions::default()).expect("mkfs");
+    // Two files appended in turn: both fragmented, their extents crossing stripe units.
+    let len = (3 << 20) + 1234;
+    let (a, b) = (files::data(5, len), files::data(6, len));
+    let fa = fs
+        .create("v/a", &CreateOptions::default())
+        .expect("create a");
+    let fb = fs
+        .create("v/b", &CreateOptions::default())
+        .expect("create b");
+    for at in (0..len).step_by(200_000) {
+        let end = (at + 200_000).min(len);
+        fa.write_at(at as u64, &a[at..end]).expect("write a");
+        fb.write_at(at as u64, &b[at..end]).expect("write b");
+    }
+    fs.sync().expect("sync");
+    let queues: Vec<&GpuQueues> = rigs.iter().map(|r| &r.gpu).collect();
+    let vf = VolumeFiles::new(&queues, GpuFilesOptions::default());
+    let file = vf.open(&volume, &fa).expect("open on the volume");
+    assert_eq!(file.size(), len as u64);
+    let before: Vec<u64> = rigs.iter().map(|r| r.emu().stats().reads).collect();
+    let cuda = rigs[0].gpu.cuda().clone();
+    for (offset, n) in [
+        (0usize, len),
+        (1, 100_000),
+        (777_777, 1 << 20),
+        (len - 999, 4096),
+    ] {
+        let dst = Arc::new(DeviceMemory::alloc(&cuda, n).expect("alloc"));
+        let r = vf
+            .read(&volume, &file, offset as u64, &dst, || None)
+            .expect("volume read");
+        let want = &a[offset..(offset + n).min(len)];
+        assert_eq!(r.bytes, want.len() as u64, "offset {offset}");
+        let mut got = vec![0u8; want.len()];
+        dst.read(0, &mut got).expect("GPU memory read");
+        assert!(got == want, "bytes at offset {offset}");
+        if n >= 1 << 20 {
+            assert_eq!(r.members, 3, "a long range spans every member");
+        }
+    }
+    for (i, r) in rigs.iter().enumerate() {
+        assert!(
+            r.emu().stats().reads > before[i],
+            "member {i} served commands"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedders' GPU calls (gpunvme::handle, which the Python package and the C ABI call): file
 // bytes read into GPU memory the GPU queues did not allocate, and files written from it.

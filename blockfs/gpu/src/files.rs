@@ -48,6 +48,9 @@ enum Hold {
     Pinned(#[allow(dead_code)] PinnedTable),
     /// A device-write reservation, until committed.
     Reservation(DeviceWrite),
+    /// Whatever keeps the blocks of a table derived from another (a striped volume's member
+    /// table: the volume file's pin, shared by every member's table).
+    Shared(#[allow(dead_code)] Arc<dyn Send + Sync>),
 }
 
 /// An extent table in GPU memory, with the pin on the blocks it names.
@@ -144,7 +147,7 @@ impl GpuFile {
         })?;
         match t.hold {
             Hold::Reservation(dw) => Ok(dw),
-            Hold::Pinned(_) => Err(FilesError::InvalidArgument(format!(
+            Hold::Pinned(_) | Hold::Shared(_) => Err(FilesError::InvalidArgument(format!(
                 "{name} was opened for reading: only a reservation (GpuFiles::reserve) commits"
             ))),
         }
@@ -415,6 +418,19 @@ impl<'q> GpuFiles<'q> {
         let pinned = file.extent_table()?;
         let table = pinned.table().clone();
         let t = self.upload(table, vec![file.name().to_owned()], Hold::Pinned(pinned))?;
+        Ok(GpuFile { table: t, index: 0 })
+    }
+
+    /// Puts `table` (one file, named `name`: a table derived from another, such as a striped
+    /// volume's member table) in GPU memory for reads; `keep` keeps its blocks pinned for as
+    /// long as the handle lives.
+    pub fn open_table(
+        &self,
+        table: ExtentTable,
+        name: &str,
+        keep: Arc<dyn Send + Sync>,
+    ) -> Result<GpuFile, FilesError> {
+        let t = self.upload(table, vec![name.to_owned()], Hold::Shared(keep))?;
         Ok(GpuFile { table: t, index: 0 })
     }
 

@@ -28,6 +28,7 @@ pub mod files;
 pub mod plan;
 #[cfg(test)]
 mod testutil;
+pub mod volume;
 
 pub use error::FilesError;
 pub use files::{
@@ -35,3 +36,4 @@ pub use files::{
     LaunchShape, Pending, crc32c_on,
 };
 pub use plan::{BatchPlan, RangeSpec, plan_batch};
+pub use volume::{VolumeFile, VolumeFiles, VolumeReadResult};
