@@ -84,6 +84,10 @@ pub struct GpuGetReport {
     /// How the software controller moved the Reads' data (absent for other controllers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controller_copies: Option<ControllerCopies>,
+    /// On a striped volume: the members whose queues read runs (`chunks` is then the runs,
+    /// one batch per member; `grid` and `chunk_bytes` are 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<usize>,
 }
 
 /// How the software controller moved Read data into GPU memory: straight from registered
@@ -137,11 +141,18 @@ impl std::fmt::Display for GpuGetReport {
             self.setup_seconds
         )?;
         writeln!(f, "data path: {}", self.data_path)?;
-        writeln!(
-            f,
-            "kernel: {} chunks of {} bytes, grid {}x{}",
-            self.chunks, self.chunk_bytes, self.grid.0, self.grid.1
-        )?;
+        match self.members {
+            Some(m) => writeln!(
+                f,
+                "kernels: {} runs, one batch on each of {m} members' GPU queues",
+                self.chunks
+            )?,
+            None => writeln!(
+                f,
+                "kernel: {} chunks of {} bytes, grid {}x{}",
+                self.chunks, self.chunk_bytes, self.grid.0, self.grid.1
+            )?,
+        }
         write!(
             f,
             "crc32c: GPU {} = host {}{}",
@@ -320,30 +331,7 @@ pub fn get(
         let got = r.bytes();
         ensure!(got == size, "the GPU read {got} of {size} bytes");
         let gpu_crc = files.crc32c(buf.ptr(), size)?;
-        // The host's checksum after the load: reading the file first would warm the page
-        // cache for the GPU's reads (a cold load would not be cold).
-        let host = host_crc(fs, name)?;
-        let recorded = stat.data_crc;
-        if gpu_crc != host {
-            return Err(GpuChecksumMismatch {
-                name: name.to_owned(),
-                gpu: gpu_crc,
-                host,
-                what: "the host's",
-            }
-            .into());
-        }
-        if let Some(rec) = recorded
-            && rec != gpu_crc
-        {
-            return Err(GpuChecksumMismatch {
-                name: name.to_owned(),
-                gpu: gpu_crc,
-                host: rec,
-                what: "the recorded checksum",
-            }
-            .into());
-        }
+        let (host, recorded) = check_crcs(fs, name, gpu_crc, stat.data_crc)?;
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         Ok(GpuGetReport {
             name: name.to_owned(),
@@ -361,9 +349,135 @@ pub fn get(
             host_crc32c: hex(host),
             recorded_crc32c: recorded.map(hex),
             controller_copies: controller_copies(&setup),
+            members: None,
         })
     })();
     let down = teardown(setup);
+    let report = result?;
+    down?;
+    Ok(report)
+}
+
+/// Compares the CRC-32C the GPU computed of file `name` with the host's (read after the load:
+/// reading the file first would warm the page cache for the GPU's reads, and a cold load would
+/// not be cold) and with the one blockfs recorded (`recorded`): (host's, recorded).
+fn check_crcs(
+    fs: &FileSystem,
+    name: &str,
+    gpu_crc: u32,
+    recorded: Option<u32>,
+) -> Result<(u32, Option<u32>)> {
+    let host = host_crc(fs, name)?;
+    let mismatch = |other, what| GpuChecksumMismatch {
+        name: name.to_owned(),
+        gpu: gpu_crc,
+        host: other,
+        what,
+    };
+    if gpu_crc != host {
+        bail!(mismatch(host, "the host's"));
+    }
+    if let Some(rec) = recorded
+        && rec != gpu_crc
+    {
+        bail!(mismatch(rec, "the recorded checksum"));
+    }
+    Ok((host, recorded))
+}
+
+/// `fs get --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
+/// order): GPU queues on every member's controller, the file read on all of them at once
+/// ([`blockfs_gpu::VolumeFiles`]), checksummed on the GPU and compared as [`get`] does. The
+/// GPU-resident model is refused here.
+pub fn get_volume(
+    ctrls: &[&Controller],
+    backends: &[&Backend],
+    volume: &blockfs::StripedVolume,
+    fs: &FileSystem,
+    name: &str,
+    opts: &GpuFsOptions,
+) -> Result<GpuGetReport> {
+    ensure!(
+        opts.serving == Serving::Device,
+        "--controller gpu on a volume over several --device is not supported yet"
+    );
+    let file = fs.open(name, OpenMode::ReadOnly)?;
+    let stat = file.stat()?;
+    let started = Instant::now();
+    let mut setups = Vec::with_capacity(ctrls.len());
+    let mut cuda = None;
+    for (c, b) in ctrls.iter().zip(backends) {
+        match setup(c, b, opts) {
+            Ok((cu, s)) => {
+                cuda.get_or_insert(cu);
+                setups.push(s);
+            }
+            Err(e) => {
+                for s in setups {
+                    let _ = teardown(s);
+                }
+                return Err(e);
+            }
+        }
+    }
+    let cuda = cuda.context("a volume without members")?;
+    let setup_seconds = started.elapsed().as_secs_f64();
+    let result = (|| {
+        let queues: Vec<&gpu_queues::GpuQueues> = setups.iter().map(|s| &s.queues).collect();
+        let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::default());
+        let vfile = vf
+            .open(volume, &file)
+            .context("opening the file for the GPU")?;
+        let size = vfile.size();
+        let dst = Arc::new(
+            gpu_queues::ffi::DeviceMemory::alloc(&cuda, size.max(1) as usize)
+                .context("allocating GPU memory for the file")?,
+        );
+        let mut watches: Vec<_> = ctrls
+            .iter()
+            .zip(backends)
+            .map(|(c, b)| gpu::watchdog(c, b, None))
+            .collect();
+        let r = vf.read(volume, &vfile, 0, &dst, || {
+            watches.iter_mut().find_map(|w| w())
+        })?;
+        ensure!(r.bytes == size, "the GPU read {} of {size} bytes", r.bytes);
+        let q0 = queues[0];
+        let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
+        let (host, recorded) = check_crcs(fs, name, gpu_crc, stat.data_crc)?;
+        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        Ok(GpuGetReport {
+            name: name.to_owned(),
+            bytes: size,
+            seconds: secs,
+            bytes_per_sec: size as f64 / secs,
+            setup_seconds,
+            data_path: format!(
+                "a striped volume over {} controllers: the file's extent table cut per member, \
+                 {} runs read on the members' own GPU queues at once; per member: {}",
+                ctrls.len(),
+                r.runs,
+                data_path(&setups[0], false)
+            ),
+            transport: setups[0].transport.clone(),
+            device: cuda.name().to_owned(),
+            chunks: r.runs as u64,
+            grid: (0, 0),
+            chunk_bytes: 0,
+            gpu_crc32c: hex(gpu_crc),
+            host_crc32c: hex(host),
+            recorded_crc32c: recorded.map(hex),
+            controller_copies: None,
+            members: Some(r.members),
+        })
+    })();
+    let mut down = Ok(());
+    for s in setups {
+        let d = teardown(s);
+        if down.is_ok() {
+            down = d;
+        }
+    }
     let report = result?;
     down?;
     Ok(report)

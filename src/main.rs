@@ -526,7 +526,9 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
         }
     }
     let result = match job {
-        Several::Fs(nsid, cmd) => cli::fs::run_volume(&ctrls, &args.device, nsid, cmd, args.json),
+        Several::Fs(nsid, cmd) => {
+            cli::fs::run_volume(&ctrls, &backends, &args.device, nsid, cmd, args.json)
+        }
         Several::Identify => cli::identify::run_all(&ctrls, args.json),
         Several::Perf(p) => (|| {
             for (c, name) in ctrls.iter().zip(&args.device) {

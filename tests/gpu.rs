@@ -2152,6 +2152,24 @@ fn volume_files_are_read_on_every_members_queues() {
             "member {i} served commands"
         );
     }
+    // `fs get --gpu` on the volume: GPU queues of its own on every member, the GPU's CRC-32C
+    // equal to the host's and the recorded one.
+    let ctrls: Vec<&nvme::Controller> = rigs.iter().map(|r| &r.ctrl).collect();
+    let backends: Vec<gpunvme::open::Backend> = rigs
+        .iter()
+        .map(|r| gpunvme::open::Backend::Software(r.emu().clone()))
+        .collect();
+    let b: Vec<&gpunvme::open::Backend> = backends.iter().collect();
+    let opts = gpunvme::gpu_fs::GpuFsOptions {
+        queues: Some(2),
+        cpu_queues: 2,
+        ..Default::default()
+    };
+    let rep = gpunvme::gpu_fs::get_volume(&ctrls, &b, &volume, &fs, "v/a", &opts)
+        .expect("fs get --gpu on the volume");
+    assert_eq!(rep.bytes, len as u64);
+    assert_eq!(rep.gpu_crc32c, format!("{:08x}", crc32c::crc32c(&a)));
+    assert_eq!(rep.members, Some(3));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -261,13 +261,14 @@ pub fn run(
 /// system, every other command assembles it first, refusing a wrong set of members.
 pub fn run_volume(
     ctrls: &[Controller],
+    backends: &[Backend],
     specs: &[String],
     nsid: u32,
     cmd: FsCommand,
     json: bool,
 ) -> Result<()> {
-    if matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu) {
-        bail!("--gpu on a volume over several --device is not supported yet");
+    if matches!(&cmd, FsCommand::Put { gpu, .. } if gpu.gpu) {
+        bail!("put --gpu on a volume over several --device is not supported yet (get --gpu is)");
     }
     let refs: Vec<&Controller> = ctrls.iter().collect();
     let members = volume::members(&refs, specs, nsid)?;
@@ -277,7 +278,22 @@ pub fn run_volume(
     } else {
         volume::assemble(members, specs)?
     };
-    run_on(Arc::new(volume), None, nsid, cmd, json)
+    let volume = Arc::new(volume);
+    if let FsCommand::Get { name, gpu, .. } = &cmd
+        && gpu.gpu
+    {
+        let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
+        let b: Vec<&Backend> = backends.iter().collect();
+        // The members' block devices hold their queue pairs (volume::members); the GPU
+        // queues take the rest of each controller's.
+        let opts = GpuFsOptions {
+            cpu_queues: u16::try_from(NvmeDeviceOptions::default().queues).unwrap_or(u16::MAX),
+            ..gpu.options()
+        };
+        let report = gpu_fs::get_volume(&refs, &b, &volume, &fs, name, &opts)?;
+        return print_report(&report, json, false);
+    }
+    run_on(volume, None, nsid, cmd, json)
 }
 
 /// Runs a blockfs command on `dev`; GPU commands need the controller (`gpu`).
