@@ -33,6 +33,9 @@ pub struct GpuFsOptions {
     pub controller_sms: u32,
     /// The model's SSD timing model (with [`Serving::Model`]; `None`: untimed).
     pub ssd_model: Option<SsdModel>,
+    /// Rings in host memory on the software controller (`GpuQueueOptions::host_rings`;
+    /// `None`: the transport's default).
+    pub host_rings: Option<bool>,
 }
 
 impl Default for GpuFsOptions {
@@ -43,6 +46,7 @@ impl Default for GpuFsOptions {
             cpu_queues: 1,
             controller_sms: 8,
             ssd_model: None,
+            host_rings: None,
         }
     }
 }
@@ -267,6 +271,7 @@ pub fn setup(
     let qopts = GpuQueueOptions {
         queues: Some(queues),
         controller_sms: opts.controller_sms,
+        host_rings: opts.host_rings,
         ..Default::default()
     };
     let setup = gpu::open_queues(&cuda, ctrl, backend, model, &qopts)?;
@@ -401,6 +406,7 @@ pub fn get_volume(
         opts.serving == Serving::Device,
         "--controller gpu on a volume over several --device is not supported yet"
     );
+
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let stat = file.stat()?;
     let started = Instant::now();
