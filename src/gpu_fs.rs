@@ -336,25 +336,12 @@ pub fn get(
         let got = r.bytes();
         ensure!(got == size, "the GPU read {got} of {size} bytes");
         let gpu_crc = files.crc32c(buf.ptr(), size)?;
-        let (host, recorded) = check_crcs(fs, name, gpu_crc, stat.data_crc)?;
-        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        let base = checked_report(fs, name, size, r.elapsed, setup_seconds, gpu_crc, &stat)?;
         Ok(GpuGetReport {
-            name: name.to_owned(),
-            bytes: size,
-            seconds: secs,
-            bytes_per_sec: size as f64 / secs,
-            setup_seconds,
-            data_path: data_path(&setup, false),
-            transport: setup.transport.clone(),
-            device: cuda.name().to_owned(),
             chunks: r.shape.chunks,
             grid: r.shape.grid,
             chunk_bytes: r.shape.chunk_bytes,
-            gpu_crc32c: hex(gpu_crc),
-            host_crc32c: hex(host),
-            recorded_crc32c: recorded.map(hex),
-            controller_copies: controller_copies(&setup),
-            members: None,
+            ..base.with_setup(&setup, cuda.name())
         })
     })();
     let down = teardown(setup);
@@ -390,10 +377,58 @@ fn check_crcs(
     Ok((host, recorded))
 }
 
+/// The report of a GPU load of `name` (`size` bytes in `elapsed`) whose bytes the GPU
+/// checksummed as `gpu_crc`, once that matches the host's and the recorded checksum
+/// ([`check_crcs`]); the kernel's shape left at zero for the caller.
+fn checked_report(
+    fs: &FileSystem,
+    name: &str,
+    size: u64,
+    elapsed: std::time::Duration,
+    setup_seconds: f64,
+    gpu_crc: u32,
+    stat: &blockfs::FileStat,
+) -> Result<GpuGetReport> {
+    let (host, recorded) = check_crcs(fs, name, gpu_crc, stat.data_crc)?;
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    Ok(GpuGetReport {
+        name: name.to_owned(),
+        bytes: size,
+        seconds: secs,
+        bytes_per_sec: size as f64 / secs,
+        setup_seconds,
+        data_path: String::new(),
+        transport: String::new(),
+        device: String::new(),
+        chunks: 0,
+        grid: (0, 0),
+        chunk_bytes: 0,
+        gpu_crc32c: hex(gpu_crc),
+        host_crc32c: hex(host),
+        recorded_crc32c: recorded.map(hex),
+        controller_copies: None,
+        members: None,
+    })
+}
+
+impl GpuGetReport {
+    /// The report with what `setup` says of the data path, the transport and the copies, on
+    /// GPU `device`.
+    fn with_setup(self, setup: &GpuSetup, device: &str) -> Self {
+        Self {
+            data_path: data_path(setup, false),
+            transport: setup.transport.clone(),
+            device: device.to_owned(),
+            controller_copies: controller_copies(setup),
+            ..self
+        }
+    }
+}
+
 /// `fs get --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
-/// order): GPU queues on every member's controller, the file read on all of them at once
-/// ([`blockfs_gpu::VolumeFiles`]), checksummed on the GPU and compared as [`get`] does. The
-/// GPU-resident model is refused here.
+/// order): GPU queues on every member's controller, the file read on each member's queues
+/// ([`blockfs_gpu::VolumeFiles`], members one after the other), checksummed on the GPU and
+/// compared as [`get`] does. The GPU-resident model is refused here.
 pub fn get_volume(
     ctrls: &[&Controller],
     backends: &[&Backend],
@@ -450,31 +485,21 @@ pub fn get_volume(
         ensure!(r.bytes == size, "the GPU read {} of {size} bytes", r.bytes);
         let q0 = queues[0];
         let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
-        let (host, recorded) = check_crcs(fs, name, gpu_crc, stat.data_crc)?;
-        let secs = r.elapsed.as_secs_f64().max(1e-9);
+        let base = checked_report(fs, name, size, r.elapsed, setup_seconds, gpu_crc, &stat)?;
+        let base = base.with_setup(&setups[0], cuda.name());
         Ok(GpuGetReport {
-            name: name.to_owned(),
-            bytes: size,
-            seconds: secs,
-            bytes_per_sec: size as f64 / secs,
-            setup_seconds,
             data_path: format!(
                 "a striped volume over {} controllers: the file's extent table cut per member, \
-                 {} runs read on the members' own GPU queues at once; per member: {}",
+                 {} runs read on the members' own GPU queues, one member after the other; per \
+                 member: {}",
                 ctrls.len(),
                 r.runs,
-                data_path(&setups[0], false)
+                base.data_path
             ),
-            transport: setups[0].transport.clone(),
-            device: cuda.name().to_owned(),
             chunks: r.runs as u64,
-            grid: (0, 0),
-            chunk_bytes: 0,
-            gpu_crc32c: hex(gpu_crc),
-            host_crc32c: hex(host),
-            recorded_crc32c: recorded.map(hex),
             controller_copies: None,
             members: Some(r.members),
+            ..base
         })
     })();
     let mut down = Ok(());

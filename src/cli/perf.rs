@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use gpunvme::perf::gpu::GpuPerfReport;
-use gpunvme::perf::{PerfReport, SeveralGpuReport, SeveralReport};
+use gpunvme::perf::{PerfReport, PerfTotals, SeveralGpuReport, SeveralReport};
 
 /// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.
@@ -18,11 +18,27 @@ pub fn print(r: &PerfReport, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Prints the totals line of a run over several controllers (`what` after "controllers").
+fn print_totals(t: &PerfTotals, what: &str) -> Result<()> {
+    use gpunvme::units::{format_bytes, format_ns};
+    outln!(
+        "total over {} controllers{what}: IOPS={:.0}, BW={}/s, ios={}, errors={}; lat mean={}, \
+         worst p99={}",
+        t.controllers,
+        t.iops,
+        format_bytes(t.bw_bytes),
+        t.ios,
+        t.errors,
+        format_ns(t.lat_mean_ns),
+        format_ns(t.lat_p99_worst_ns as f64)
+    );
+    Ok(())
+}
+
 /// Prints a run over several controllers: each one's report, then the totals (text), or one
 /// JSON object `{controllers: [{device, ...perf's keys}], total}`. Fails when any controller
 /// had errors.
 pub fn print_several(r: &SeveralReport, as_json: bool) -> Result<()> {
-    use gpunvme::units::{format_bytes, format_ns};
     if as_json {
         outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
@@ -30,18 +46,7 @@ pub fn print_several(r: &SeveralReport, as_json: bool) -> Result<()> {
             outln!("{}:", c.device);
             outln!("{}", c.report);
         }
-        let t = &r.total;
-        outln!(
-            "total over {} controllers: IOPS={:.0}, BW={}/s, ios={}, errors={}; lat mean={}, \
-             worst p99={}",
-            t.controllers,
-            t.iops,
-            format_bytes(t.bw_bytes),
-            t.ios,
-            t.errors,
-            format_ns(t.lat_mean_ns),
-            format_ns(t.lat_p99_worst_ns as f64)
-        );
+        print_totals(&r.total, "")?;
     }
     if let Some(c) = r
         .controllers
@@ -64,7 +69,6 @@ pub fn print_several(r: &SeveralReport, as_json: bool) -> Result<()> {
 /// `{controllers: [{device, ...perf --gpu's keys}], total}`. Fails when any controller had
 /// errors.
 pub fn print_several_gpu(r: &SeveralGpuReport, as_json: bool) -> Result<()> {
-    use gpunvme::units::{format_bytes, format_ns};
     if as_json {
         outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
@@ -72,18 +76,7 @@ pub fn print_several_gpu(r: &SeveralGpuReport, as_json: bool) -> Result<()> {
             outln!("{}:", c.device);
             print_gpu_text(&c.report)?;
         }
-        let t = &r.total;
-        outln!(
-            "total over {} controllers (GPU threads): IOPS={:.0}, BW={}/s, ios={}, errors={}; \
-             lat mean={}, worst p99={}",
-            t.controllers,
-            t.iops,
-            format_bytes(t.bw_bytes),
-            t.ios,
-            t.errors,
-            format_ns(t.lat_mean_ns),
-            format_ns(t.lat_p99_worst_ns as f64)
-        );
+        print_totals(&r.total, " (GPU threads)")?;
     }
     if let Some(c) = r
         .controllers

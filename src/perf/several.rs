@@ -82,6 +82,18 @@ pub struct SeveralError {
     pub source: PerfError,
 }
 
+/// Runs `f` on every item at once, a thread each, and waits for all: the results in order (a
+/// panic in one is resumed here, after all joined).
+fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.iter().map(|i| s.spawn(|| f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 /// A `perf --gpu` run over several controllers: each one's report (in the order given), then
 /// the totals of their GPU sides.
 #[derive(Debug, Clone, Serialize)]
@@ -118,16 +130,7 @@ pub fn run_several_gpu(
         "perf --gpu --controller gpu over several devices is not supported yet (one GPU-resident \
          model per run); --controller emu runs on each software controller"
     );
-    let results: Vec<anyhow::Result<super::gpu::GpuPerfReport>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ctrls
-            .iter()
-            .map(|(c, b)| s.spawn(move || super::gpu::run(c, b, args)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
+    let results = on_each(ctrls, |(c, b)| super::gpu::run(c, b, args));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
@@ -154,13 +157,7 @@ pub fn run_several(
     names: &[String],
     cfg: &PerfConfig,
 ) -> Result<SeveralReport, SeveralError> {
-    let results: Vec<Result<PerfReport, PerfError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ctrls.iter().map(|c| s.spawn(|| run(c, cfg))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
+    let results = on_each(ctrls, |c| run(c, cfg));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         match r {
