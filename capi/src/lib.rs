@@ -480,10 +480,9 @@ unsafe fn gpu_after(stream: *mut c_void) -> anyhow::Result<std::sync::Arc<Cuda>>
         "no GPU: no CUDA driver on this machine"
     );
     let cuda = Cuda::open(0)?;
-    let ev = Event::new(&cuda)?;
+    let timeout = std::time::Duration::from_secs(60);
     // SAFETY: the caller's promise; NULL is the default (legacy) stream.
-    unsafe { ev.record_foreign(stream as usize as u64)? };
-    ev.wait(std::time::Duration::from_secs(60))?;
+    unsafe { Event::wait_foreign(&cuda, stream as usize as u64, timeout)? };
     Ok(cuda)
 }
 

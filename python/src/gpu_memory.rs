@@ -33,10 +33,8 @@ pub fn borrow(cuda: &Arc<Cuda>, ptr: u64, len: usize) -> Result<Arc<DeviceMemory
 /// `CUstream` as an integer, from `__cuda_array_interface__` or `torch.cuda.current_stream()`;
 /// 0 is the NULL stream, 1 and 2 the legacy and per-thread default streams).
 pub fn wait_stream(cuda: &Arc<Cuda>, stream: u64) -> Result<(), GpuError> {
-    let ev = Event::new(cuda)?;
     // SAFETY: the handle comes from the framework that owns the caller's tensor (its current
     // stream, or the stream its array interface names), in the primary context gpunvme
     // shares with it; 0, 1 and 2 name the default streams.
-    unsafe { ev.record_foreign(stream)? };
-    ev.wait(STREAM_WAIT)
+    unsafe { Event::wait_foreign(cuda, stream, STREAM_WAIT) }
 }

@@ -132,62 +132,60 @@ fn print_gpu_text(r: &GpuPerfReport) -> Result<()> {
 
 /// Prints how the GPU side of a `perf --gpu` run ran (text).
 fn print_gpu_side(r: &GpuPerfReport) -> Result<()> {
-    {
-        let g = &r.gpu;
+    let g = &r.gpu;
+    outln!(
+        "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
+        g.device,
+        g.threads,
+        g.style,
+        g.queues,
+        g.depth,
+        g.transport
+    );
+    if let Some(c) = &g.controller {
         outln!(
-            "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
-            g.device,
-            g.threads,
-            g.style,
-            g.queues,
-            g.depth,
-            g.transport
+            "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
+             pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU; read data: {} \
+             MiB by DMA from registered image windows ({} copies), {} MiB staged",
+            c.threads,
+            c.scatters,
+            c.scattered_pieces,
+            c.gathers,
+            c.gathered_pieces,
+            c.gather_hits,
+            c.sync_reads,
+            c.gpu_wait_ms,
+            c.direct_bytes >> 20,
+            c.direct_copies,
+            c.staged_file_bytes >> 20
         );
-        if let Some(c) = &g.controller {
-            outln!(
-                "  software controller: {} threads; {} scatters ({} pieces), {} gathers ({} \
-                 pieces, {} hits), {} single reads, {:.1} ms waiting for the GPU; read data: {} \
-                 MiB by DMA from registered image windows ({} copies), {} MiB staged",
-                c.threads,
-                c.scatters,
-                c.scattered_pieces,
-                c.gathers,
-                c.gathered_pieces,
-                c.gather_hits,
-                c.sync_reads,
-                c.gpu_wait_ms,
-                c.direct_bytes >> 20,
-                c.direct_copies,
-                c.staged_file_bytes >> 20
-            );
-        }
-        if let Some(m) = &g.model {
-            outln!(
-                "  GPU controller model: {} media, {} blocks on {} SMs; {} commands ({} errors, \
-                 {} dropped, {} abandoned), {} doorbell errors, {} of {} passes idle",
-                m.media,
-                m.blocks,
-                m.sms,
-                m.commands,
-                m.errors,
-                m.dropped,
-                m.abandoned,
-                m.doorbell_errors,
-                m.idle_passes,
-                m.passes
-            );
-            match &m.ssd_model {
-                Some(s) => outln!(
-                    "  {} (a model: --ssd-model {}); ceiling at this block size: {}",
-                    s.description,
-                    s.spec,
-                    match (s.max_iops_at_bs, s.max_bw_bytes_at_bs) {
-                        (Some(i), Some(b)) => format!("{:.0} IOPS, {:.2} GB/s", i, b / 1e9),
-                        _ => "uncapped".to_string(),
-                    }
-                ),
-                None => outln!("  SSD model: none (completions as fast as the controller goes)"),
-            }
+    }
+    if let Some(m) = &g.model {
+        outln!(
+            "  GPU controller model: {} media, {} blocks on {} SMs; {} commands ({} errors, \
+             {} dropped, {} abandoned), {} doorbell errors, {} of {} passes idle",
+            m.media,
+            m.blocks,
+            m.sms,
+            m.commands,
+            m.errors,
+            m.dropped,
+            m.abandoned,
+            m.doorbell_errors,
+            m.idle_passes,
+            m.passes
+        );
+        match &m.ssd_model {
+            Some(s) => outln!(
+                "  {} (a model: --ssd-model {}); ceiling at this block size: {}",
+                s.description,
+                s.spec,
+                match (s.max_iops_at_bs, s.max_bw_bytes_at_bs) {
+                    (Some(i), Some(b)) => format!("{:.0} IOPS, {:.2} GB/s", i, b / 1e9),
+                    _ => "uncapped".to_string(),
+                }
+            ),
+            None => outln!("  SSD model: none (completions as fast as the controller goes)"),
         }
     }
     Ok(())

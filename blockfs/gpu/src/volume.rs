@@ -139,8 +139,10 @@ impl<'q> VolumeFiles<'q> {
             .map(|f| f.queues().map_memory(dst.clone()))
             .collect::<Result<_, _>>()?;
         let start = Instant::now();
+        // One result per member with runs: waited for at once (one after the other), or after
+        // every batch was launched (side by side).
+        let mut results = Vec::new();
         let mut pending = Vec::new();
-        let mut done = Vec::new();
         for (m, files) in self.members.iter().enumerate() {
             let ranges = runs
                 .iter()
@@ -157,28 +159,17 @@ impl<'q> VolumeFiles<'q> {
             if self.concurrent {
                 pending.push(p);
             } else {
-                done.push(
-                    p.wait_watched(&mut watch)
-                        .and_then(|r| r.into_first_error()),
-                );
-            }
-        }
-        let members = pending.len() + done.len();
-        let mut bytes = 0;
-        let mut first_error = None;
-        for r in done {
-            match r {
-                Ok(r) => bytes += r.bytes(),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+                results.push(p.wait_watched(&mut watch));
             }
         }
         for p in pending {
-            match p
-                .wait_watched(&mut watch)
-                .and_then(|r| r.into_first_error())
-            {
+            results.push(p.wait_watched(&mut watch));
+        }
+        let members = results.len();
+        let mut bytes = 0;
+        let mut first_error = None;
+        for r in results {
+            match r.and_then(|r| r.into_first_error()) {
                 Ok(r) => bytes += r.bytes(),
                 Err(e) => {
                     first_error.get_or_insert(e);

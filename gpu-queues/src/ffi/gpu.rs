@@ -385,6 +385,23 @@ impl Event {
         unsafe { self.raw.record_foreign(&self.cuda, stream) }
     }
 
+    /// Waits, at most `timeout`, for the work queued so far on a stream another library
+    /// created ([`Event::record_foreign`]'s `stream`): what a call on a caller's memory does
+    /// first, so the work that produced it has finished.
+    ///
+    /// # Safety
+    /// As for [`Event::record_foreign`].
+    pub unsafe fn wait_foreign(
+        cuda: &Arc<Cuda>,
+        stream: u64,
+        timeout: Duration,
+    ) -> Result<(), GpuError> {
+        let ev = Self::new(cuda)?;
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { ev.record_foreign(stream)? };
+        ev.wait(timeout)
+    }
+
     /// Whether the work before the last `record` has finished (an error if it failed).
     pub fn is_done(&self) -> Result<bool, GpuError> {
         self.raw.is_done()
