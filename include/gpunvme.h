@@ -168,6 +168,12 @@ gpunvme_error gpunvme_remove(const gpunvme_device *dev, const char *name);
 // caller's kernels. Their data buffers must be memory the controller reaches: map it with
 // [`gpunvme_gpu_map`]. The queues are shared with this handle's own GPU calls.
 //
+// On the software controller (`controller` "emu"), do not call `cudaFree`, `cudaFreeHost`,
+// `cudaHostUnregister` or load a module from any thread while a kernel of yours waits on
+// these queues: CUDA holds every thread's launches until such a call's wait for the device
+// ends, the controller's own copy launches included, so your kernel waits until its timeout
+// (docs/testing.md, "The stall"). gpunvme holds its own frees back while its kernels run.
+//
 // # Safety
 // `dev` is a live handle; `out` is valid for a write.
 gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_info *out);

@@ -25,10 +25,7 @@ while [ $# -gt 0 ]; do
         *) sed -n '2,14p' "$0" >&2; exit 2 ;;
     esac
 done
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
-if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
-    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
-fi
+. scripts/gpu-bin-lib.sh && use_gpu_bins "$BIN"
 G=$(realpath "$BIN/gpunvme")
 DIR=$(mktemp -d /dev/shm/gpunvme-emu-lat.XXXXXX)
 trap 'rm -rf "$DIR"' EXIT

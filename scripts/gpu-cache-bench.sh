@@ -18,10 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.gpu-bin}
-# gpu-build.sh packs the binaries: unpack them once.
-if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
-    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
-fi
+. scripts/gpu-bin-lib.sh && use_gpu_bins "$BIN"
 for b in gpu_cache_bench gpu_bfs gpu_embedding; do
     [ -x "$BIN/$b" ] || { echo "gpu-cache-bench: $BIN/$b missing (scripts/gpu-build.sh)" >&2; exit 2; }
 done

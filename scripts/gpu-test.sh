@@ -32,13 +32,9 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]" >&2; exit 2 ;;
     esac
 done
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
 pass=0 fail=0
-# gpu-build.sh packs the binaries: unpack them once.
-if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
-    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
-fi
+. scripts/gpu-bin-lib.sh && use_gpu_bins "$BIN"
 WORK=$(mktemp -d /dev/shm/gpunvme-test.XXXXXX 2>/dev/null || mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 LOG=${OUT:-$WORK}/gpu-test.log

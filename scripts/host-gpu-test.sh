@@ -41,6 +41,7 @@ TESTS=(
     volume_files_are_read_on_every_members_queues
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
+    frees_while_a_client_waits_are_held_until_it_ends
     transport_probe_proves_a_read_or_says_why_not
     controller_fatal_aborts_every_gpu_waiter
     model_serves_a_host_thread_client

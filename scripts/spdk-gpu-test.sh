@@ -29,9 +29,7 @@ while [ $# -gt 0 ]; do
 done
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
-if [ -f "$BIN/bins.tgz" ] && [ "$BIN/bins.tgz" -nt "$BIN/.unpacked" ]; then
-    tar xzf "$BIN/bins.tgz" -C "$BIN" && touch "$BIN/.unpacked"
-fi
+. scripts/gpu-bin-lib.sh && use_gpu_bins "$BIN"
 G=$(realpath "$BIN/gpunvme")
 export GPUNVME_SPDK_DIR=${GPUNVME_SPDK_DIR:-$(realpath "$BIN/spdk")}
 SPDK=$GPUNVME_SPDK_DIR

@@ -427,7 +427,7 @@ impl GpuGetReport {
 
 /// `fs get --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
 /// order): GPU queues on every member's controller, the file read on each member's queues
-/// ([`blockfs_gpu::VolumeFiles`], members one after the other), checksummed on the GPU and
+/// ([`blockfs_gpu::VolumeFiles`], every member's batch in flight at once), checksummed on the GPU and
 /// compared as [`get`] does. The GPU-resident model is refused here.
 pub fn get_volume(
     ctrls: &[&Controller],

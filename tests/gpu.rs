@@ -614,6 +614,54 @@ fn transport_probe_proves_a_read_or_says_why_not() {
     assert!(start.elapsed() < Duration::from_secs(30), "bounded");
 }
 
+/// A free while a client kernel waits for the software controller is held back until that
+/// kernel's stream is idle: with CUDA, `cuMemFree` would wait for the kernel and hold up every
+/// other thread's launches meanwhile, the controller's copy kernels included, so the kernel
+/// would never finish (the stall of docs/testing.md; `benches/probes/stream_progress.cu`).
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn frees_while_a_client_waits_are_held_until_it_ends() {
+    let r = rig(512, 1, 64);
+    cpu_prefill(&r, 64);
+    let buf = r.gpu.alloc_buffer(512 * 4096).unwrap();
+    let doomed = DeviceMemory::alloc(r.gpu.cuda(), 1 << 20).unwrap();
+    assert_eq!(gpu_queues::ffi::held_frees(), 0);
+    r.emu()
+        .faults()
+        .set_completion_delay(Duration::from_millis(500));
+    let reqs = read_reqs(&r, buf.bus(), 8);
+    let b = IoBatch::new(r.gpu.cuda(), &reqs).unwrap();
+    let s = r.gpu.client_stream();
+    b.launch(r.gpu.kernels(), s, r.gpu.descriptors(), 1, false)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !s.is_idle().unwrap(),
+        "the kernel waits for its completions"
+    );
+    let start = Instant::now();
+    drop(doomed);
+    assert!(
+        start.elapsed() < Duration::from_millis(200),
+        "the free returned at once ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(gpu_queues::ffi::held_frees(), 1, "held back");
+    s.wait_idle(Duration::from_secs(60)).unwrap();
+    r.emu().faults().set_completion_delay(Duration::ZERO);
+    let out = b.results().unwrap();
+    assert!(
+        out.iter()
+            .all(|&(st, sf)| (st, sf) == (DeviceStatus::Ok, 0)),
+        "{out:?}"
+    );
+    assert_eq!(
+        gpu_queues::ffi::held_frees(),
+        0,
+        "freed once the stream was idle"
+    );
+}
+
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn dropped_completion_times_out_on_the_gpu() {
@@ -2152,23 +2200,20 @@ fn volume_files_are_read_on_every_members_queues() {
             "member {i} served commands"
         );
     }
-    // Every member's batch launched before any is waited for: on CPU threads only. On the
-    // H100 this order stalls until the queues' timeout in about half of the reads (the known
-    // stall of docs/testing.md; this test's one failure there stopped at the file's unaligned
-    // tail), which is why it is not the default.
-    #[cfg(feature = "host-gpu")]
+    // One member's batch after the other (the default launches every member's batch before
+    // waiting for any: the reads above).
     {
-        let side = VolumeFiles::new(&queues, GpuFilesOptions::default()).concurrent(true);
-        let sfile = side.open(&volume, &fa).expect("open");
+        let seq = VolumeFiles::new(&queues, GpuFilesOptions::default()).concurrent(false);
+        let sfile = seq.open(&volume, &fa).expect("open");
         let dst = Arc::new(DeviceMemory::alloc(&cuda, len).expect("alloc"));
-        let r = side
+        let r = seq
             .read(&volume, &sfile, 0, &dst, || None)
-            .expect("side-by-side read");
+            .expect("one-after-the-other read");
         let mut got = vec![0u8; len];
         dst.read(0, &mut got).expect("GPU memory read");
         assert!(
             r.bytes == len as u64 && r.members == 3 && got == a,
-            "side by side"
+            "one after the other"
         );
     }
     // `fs get --gpu` on the volume: GPU queues of its own on every member, the GPU's CRC-32C

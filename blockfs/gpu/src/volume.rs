@@ -71,16 +71,17 @@ impl<'q> VolumeFiles<'q> {
                 .iter()
                 .map(|q| GpuFiles::new(q, opts.clone()))
                 .collect(),
-            concurrent: false,
+            concurrent: true,
         }
     }
 
-    /// Whether a read launches every member's batch before waiting for any (`true`), or runs
-    /// them one after the other (`false`, the default). Side by side is faster (a 2 GiB file
-    /// over four software controllers: 37-44 GB/s against 12-18 on the H100, 2026-11-26) but
-    /// stalled until the queues' timeout in 4 of 8 such reads there, where one after the
-    /// other passed 3 of 3: the same stall as docs/testing.md's file test, more often with
-    /// several controllers' batches in flight; the default stays safe until it is found.
+    /// Whether a read launches every member's batch before waiting for any (`true`, the
+    /// default), or runs them one after the other (`false`). Side by side is faster: a 2 GiB
+    /// file over four software controllers read at 37-44 GB/s against 12-18 one after the other
+    /// on the H100 (2026-11-26). (It used to stall: a member's batch freed its memory while the
+    /// others' kernels waited for their controllers, and with CUDA a free holds up every
+    /// thread's launches until the device is idle; frees now wait for client streams, see
+    /// `gpu_queues::ffi::held_frees`.)
     pub fn concurrent(mut self, yes: bool) -> Self {
         self.concurrent = yes;
         self

@@ -14,7 +14,9 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Arg, DeviceMemory, HostRegistration, PinnedMemory, Placement, backend, poll_until};
+use super::{
+    Arg, DeviceMemory, HostRegistration, PinnedMemory, Placement, backend, memory, poll_until,
+};
 use crate::error::GpuError;
 
 /// An opened GPU: what it reports, and the backend's handle (with CUDA, the device and its
@@ -200,7 +202,9 @@ impl GreenPartition {
 /// thread running its queue of jobs, a failed launch making the stream's error sticky as a
 /// CUDA context's is.
 pub struct Stream {
-    raw: backend::RawStream,
+    raw: Arc<backend::RawStream>,
+    /// Its id among the client streams frees wait for (`memory::track_client_stream`).
+    client: Option<u64>,
     cuda: Arc<Cuda>,
     /// Kept alive while the stream lives (with CUDA, the stream's green context is its).
     _partition: Option<Arc<GreenPartition>>,
@@ -223,8 +227,13 @@ impl Stream {
                 Some((&p.raw, placement))
             }
         };
+        let raw = Arc::new(backend::RawStream::new(cuda, green)?);
+        // Kernels that drive GPU queues run on client streams: frees wait while one has work
+        // in flight (see `memory::Holds` for why).
+        let client = (placement == Placement::Client).then(|| memory::track_client_stream(&raw));
         Ok(Self {
-            raw: backend::RawStream::new(cuda, green)?,
+            raw,
+            client,
             cuda: cuda.clone(),
             _partition: partition.cloned(),
         })
@@ -251,6 +260,8 @@ impl Stream {
         args: &[Arg],
     ) -> Result<(), GpuError> {
         let slots = args.iter().map(|a| a.slot()).collect();
+        // No free may start between its check that client streams are idle and its end.
+        let _gate = self.client.map(|_| memory::client_launch_gate());
         self.raw
             .launch(&self.cuda, kernel.raw, grid, block, shared, slots)
     }
@@ -330,7 +341,12 @@ impl Stream {
 
     /// Whether all work queued so far has finished (an error if any of it failed).
     pub fn is_idle(&self) -> Result<bool, GpuError> {
-        self.raw.is_idle()
+        let idle = self.raw.is_idle()?;
+        if idle && self.client.is_some() {
+            // The frees held back while this stream's kernels ran may be due now.
+            memory::release_held(&self.cuda);
+        }
+        Ok(idle)
     }
 
     /// Waits for the stream, at most `timeout`, polling (never an unbounded driver wait).
@@ -341,6 +357,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if let Some(id) = self.client {
+            memory::untrack_stream(id);
+        }
         // SAFETY: destroys the stream created in `new`, once; pending work still runs (with
         // `host-gpu`, the worker leaves once its queue is drained).
         unsafe { self.raw.destroy(&self.cuda) }

@@ -1,7 +1,7 @@
 //! The memory types of both backends, defined once: [`DeviceMemory`], [`PinnedMemory`] and
 //! [`HostRegistration`], with what they share (bounds checks, access to pinned memory by
-//! volatile words and raw copies, how they print, frees held back while a persistent kernel
-//! runs). Allocating, copying to and from the GPU, registering and freeing are each backend's
+//! volatile words and raw copies, how they print, frees held back while a kernel may be
+//! waiting for a controller). Allocating, copying to and from the GPU, registering and freeing are each backend's
 //! (`alloc_device`, `write_device`, `free`, `register`, ... in `cuda.rs` and `host_gpu.rs`).
 // UNSAFETY: pinned memory is shared with the GPU, so the host reaches it only through raw
 // pointers (volatile words, copies), never references; every access is bounds-checked first.
@@ -538,9 +538,9 @@ impl std::fmt::Debug for HostRegistration {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Frees held back while a persistent kernel runs.
+// Frees held back while a kernel may be waiting for a controller.
 
-/// Memory whose free waits until no persistent kernel runs.
+/// Memory whose free waits until no kernel may be waiting for a controller.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Deferred {
     /// GPU memory: its device address and the length asked for.
@@ -561,47 +561,146 @@ pub(super) enum Deferred {
     },
 }
 
-/// Persistent kernels running (the GPU-resident controller), and the frees held back
-/// meanwhile: with CUDA, `cuMemFree` and `cuMemFreeHost` synchronise with the whole device, so
-/// a free while a persistent kernel runs would wait for it to end (a hang); with `host-gpu`,
-/// the CPU threads of a persistent kernel may still read the memory.
-static PERSISTENT: std::sync::Mutex<(usize, Vec<Deferred>)> =
-    std::sync::Mutex::new((0, Vec::new()));
+/// What frees wait for, and the frees held back meanwhile.
+///
+/// With CUDA, `cuMemFree` and `cuMemFreeHost` wait until the whole device is idle, and while
+/// they wait every other host thread's launches and copies wait too (measured on an H100 with
+/// driver 580, `benches/probes/stream_progress.cu`: a free 5 ms into a client kernel's wait held
+/// a second thread's launch until that kernel gave up, 2 s later; `cuMemHostUnregister` and
+/// `cuModuleLoadData` did the same, allocations did not). A kernel waiting for a controller
+/// that runs on the host (the software controller, whose threads launch copy kernels) or in
+/// another kernel (the GPU-resident model, a persistent kernel) would then wait forever, and
+/// the free with it: the stall of docs/testing.md. So a free is held back while
+///
+/// - a persistent kernel runs ([`persistent_kernel_started`]), or
+/// - a client stream ([`super::Placement::Client`], where every kernel that drives GPU queues
+///   runs) has work in flight;
+///
+/// and performed by the first free, or the first client stream seen idle, once neither holds.
+/// The check and the frees happen under [`LAUNCH_GATE`], which launches on client streams
+/// share, so no client kernel starts between "all idle" and the free. With `host-gpu`, the
+/// backend also holds frees while any of its streams has work (CPU threads may still read the
+/// memory).
+struct Holds {
+    /// Persistent kernels running.
+    persistent: usize,
+    /// Client streams, by id ([`track_client_stream`]).
+    streams: Vec<(u64, std::sync::Weak<backend::RawStream>)>,
+    next_id: u64,
+    /// Frees held back, in the order they were asked for.
+    held: Vec<Deferred>,
+}
 
-/// Frees the memory of a dropped owner (`what`), or holds it back if a persistent kernel runs.
+impl Holds {
+    /// Whether a persistent kernel runs or a client stream has work in flight (a stream that
+    /// reports an error has none running).
+    fn busy(&self) -> bool {
+        self.persistent > 0
+            || self
+                .streams
+                .iter()
+                .filter_map(|(_, s)| s.upgrade())
+                .any(|s| matches!(s.is_idle(), Ok(false)))
+    }
+}
+
+static HOLDS: std::sync::Mutex<Holds> = std::sync::Mutex::new(Holds {
+    persistent: 0,
+    streams: Vec::new(),
+    next_id: 0,
+    held: Vec::new(),
+});
+
+/// Frees held back (read without the lock, to keep "nothing held" cheap).
+static HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Shared by launches on client streams, exclusive while frees check that nothing runs and
+/// free (see [`Holds`]).
+static LAUNCH_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn holds() -> std::sync::MutexGuard<'static, Holds> {
+    HOLDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers a client stream: frees are held back while it has work in flight. Returns the id
+/// [`untrack_stream`] takes.
+pub(super) fn track_client_stream(raw: &Arc<backend::RawStream>) -> u64 {
+    let mut h = holds();
+    h.next_id += 1;
+    let id = h.next_id;
+    h.streams.push((id, Arc::downgrade(raw)));
+    id
+}
+
+/// Forgets a client stream being destroyed (no query reaches it after this returns).
+pub(super) fn untrack_stream(id: u64) {
+    holds().streams.retain(|(i, _)| *i != id);
+}
+
+/// Held while a kernel is launched on a client stream (see [`Holds`]).
+pub(super) fn client_launch_gate() -> std::sync::RwLockReadGuard<'static, ()> {
+    LAUNCH_GATE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Frees the memory of a dropped owner (`what`), or holds it back while a kernel may be waiting
+/// for a controller (see [`Holds`]).
 fn free_or_defer(cuda: &Cuda, what: Deferred) {
-    {
-        let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
-        if p.0 > 0 {
-            p.1.push(what);
+    let _gate = LAUNCH_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let held = {
+        let mut h = holds();
+        if h.busy() {
+            h.held.push(what);
+            HELD.store(h.held.len(), Ordering::Relaxed);
             return;
         }
+        HELD.store(0, Ordering::Relaxed);
+        std::mem::take(&mut h.held)
+    };
+    for d in held.into_iter().chain(std::iter::once(what)) {
+        // SAFETY: each is the allocation of an owner that was dropped (nothing refers to it
+        // any more), held back at most once, freed once, here.
+        unsafe { backend::free(cuda, d) }
     }
-    // SAFETY: `what` is the allocation of an owner being dropped (nothing refers to it any
-    // more), freed once, here.
-    unsafe { backend::free(cuda, what) }
+}
+
+/// Performs the frees held back, if any and if nothing holds them any more (see [`Holds`]).
+pub(super) fn release_held(cuda: &Cuda) {
+    if HELD.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let _gate = LAUNCH_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let held = {
+        let mut h = holds();
+        if h.held.is_empty() || h.busy() {
+            return;
+        }
+        HELD.store(0, Ordering::Relaxed);
+        std::mem::take(&mut h.held)
+    };
+    for d in held {
+        // SAFETY: as in `free_or_defer`.
+        unsafe { backend::free(cuda, d) }
+    }
+}
+
+/// Frees held back now (for reports and tests).
+pub fn held_frees() -> usize {
+    HELD.load(Ordering::Relaxed)
 }
 
 /// Marks a persistent kernel as running: until [`persistent_kernel_ended`], frees of GPU and
 /// pinned memory are held back instead of synchronising with the device.
 pub fn persistent_kernel_started() {
-    PERSISTENT.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+    holds().persistent += 1;
 }
 
-/// Marks a persistent kernel as ended (its stream is idle); when none runs any more, performs
-/// the frees held back meanwhile (with `host-gpu`, each once no stream has work in flight).
+/// Marks a persistent kernel as ended (its stream is idle); performs the frees held back
+/// meanwhile once nothing else holds them (with `host-gpu`, each once no stream has work in
+/// flight).
 pub fn persistent_kernel_ended(cuda: &Cuda) {
-    let held = {
-        let mut p = PERSISTENT.lock().unwrap_or_else(|e| e.into_inner());
-        p.0 = p.0.saturating_sub(1);
-        if p.0 > 0 {
-            return;
-        }
-        std::mem::take(&mut p.1)
-    };
-    for what in held {
-        // SAFETY: each was an allocation of this crate whose owner was dropped (so nothing
-        // refers to it); it was held back once, and is freed once, here.
-        unsafe { backend::free(cuda, what) }
+    {
+        let mut h = holds();
+        h.persistent = h.persistent.saturating_sub(1);
     }
+    release_held(cuda);
 }

@@ -18,8 +18,8 @@
 //! The public types are defined once, for both backends: `gpu.rs` ([`Cuda`], [`Library`],
 //! [`Kernel`], [`GreenPartition`], [`Stream`], [`Event`], [`copy_to_gpu`]) and `memory.rs`
 //! ([`DeviceMemory`], [`PinnedMemory`], [`HostRegistration`], the frees held back while a
-//! persistent kernel runs), with what the backends share: the API and its documentation,
-//! argument and bounds checks, host-side access to pinned memory, waits. Each holds its
+//! kernel may be waiting for a controller), with what the backends share: the API and its
+//! documentation, argument and bounds checks, host-side access to pinned memory, waits. Each holds its
 //! backend's raw part, and the backend module (`backend`: `cuda.rs` or `host_gpu.rs`, with the
 //! same names in both) has only what differs: the driver's calls, or the host runtime's.
 //!
@@ -51,8 +51,8 @@ use host_gpu as backend;
 pub use backend::cuda_present;
 pub use gpu::{Cuda, Event, GreenPartition, Kernel, Library, Stream, copy_to_gpu};
 pub use memory::{
-    DeviceMemory, HostRegistration, ManagedMemory, PinnedMemory, persistent_kernel_ended,
-    persistent_kernel_started,
+    DeviceMemory, HostRegistration, ManagedMemory, PinnedMemory, held_frees,
+    persistent_kernel_ended, persistent_kernel_started,
 };
 
 /// One kernel argument, passed by value.
