@@ -134,6 +134,7 @@ fn main() -> Result<()> {
             media,
             args.controller_sms,
             args.ssd_model,
+            None,
         )?),
     };
     let granted = ctrl.info().max_io_queue_pairs;

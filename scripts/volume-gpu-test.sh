@@ -8,9 +8,11 @@
 # For each member count N: N images on /dev/shm, `fs mkfs --stripe 1m` over them, a file of M
 # MiB + 1234 bytes of random data (an unaligned tail) put through the CPU, then R runs of
 # `fs get --gpu` (every member's batch in flight at once, each on that member's GPU queues; T
-# controller threads and P queue pairs per controller). Every run must end with the GPU's
-# CRC-32C equal to the host's and to the one recorded. One JSON line per run, then
-# {"summary": ...}; exits 1 if any run failed.
+# controller threads and P queue pairs per controller), each ending with the GPU's CRC-32C
+# equal to the host's and to the one recorded; then two `fs put --gpu --force` of the same
+# data (written on every member's queues, read back and checked by the CPU) and a CPU `fs get`
+# of the result compared with the source. One JSON line per run, then {"summary": ...}; exits 1
+# if any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.gpu-bin COUNTS="2 4" MIB=2048 REPS=5 THREADS=4 PAIRS=16
@@ -34,8 +36,9 @@ failed=0 runs=0
 SUMMARY=()
 for n in $COUNTS; do
     rm -f "$DIR"/m*.img
-    # Each member holds 1/N of the file, plus room for the file system's own blocks.
-    per=$(( MIB / n + 256 ))
+    # Each member holds 1/N of three copies (d/x, d/y, and the temporary file a forced put
+    # writes before it replaces d/y), plus room for the file system's own blocks.
+    per=$(( 3 * MIB / n + 256 ))
     for i in $(seq 1 "$n"); do truncate -s "${per}M" "$DIR/m$i.img"; done
     devs=$(seq 1 "$n" | sed "s|^|$DIR/m|; s|$|.img|" | paste -sd,)
     if ! "$G" --device "$devs" fs mkfs --stripe 1m >/dev/null 2>"$DIR/err" ||
@@ -57,6 +60,8 @@ err = open(sys.argv[4]).read().strip().replace("\n", " ")[-400:]
 try:
     d = json.loads(sys.stdin.read())
 except Exception:
+    d = {}
+if "bytes" not in d:
     print(json.dumps({"members": n, "run": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
 rec = d.get("recorded_crc32c")
 ok = (rc == 0 and d["gpu_crc32c"] == d["host_crc32c"] and rec in (None, d["host_crc32c"])
@@ -73,7 +78,41 @@ sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$DIR/err" <<<"$out")
             speeds+=("$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["gb_per_s"])' "$line")")
         fi
     done
-    SUMMARY+=("\"$n\": {\"passed\": ${#speeds[@]}, \"of\": $REPS, \"gb_per_s\": [$(IFS=,; echo "${speeds[*]}")]}")
+    puts=()
+    for r in 1 2; do
+        runs=$((runs + 1))
+        out=$(timeout 300 "$G" --device "$devs" --controller-threads "$THREADS" \
+            --controller-queue-pairs "$PAIRS" --json fs put --gpu --force "$DIR/data" d/y \
+            2>"$DIR/err")
+        rc=$?
+        rm -f "$DIR/back"
+        "$G" --device "$devs" fs get d/y "$DIR/back" >/dev/null 2>>"$DIR/err" &&
+            cmp -s "$DIR/data" "$DIR/back"
+        same=$?
+        line=$(python3 -c '
+import json, sys
+n, r, rc, same = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) == 0
+err = open(sys.argv[5]).read().strip().replace("\n", " ")[-400:]
+try:
+    d = json.loads(sys.stdin.read())
+except Exception:
+    d = {}
+if "bytes" not in d:
+    print(json.dumps({"members": n, "put": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
+ok = rc == 0 and d["verified"] and d["gpu_crc32c"] == d["host_crc32c"] and same
+print(json.dumps({"members": n, "put": r, "ok": ok, "bytes": d["bytes"],
+    "gb_per_s": round(d["bytes_per_sec"] / 1e9, 2), "crc32c": d["gpu_crc32c"],
+    "cpu_get_matches": same}))
+sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$same" "$DIR/err" <<<"$out")
+        ok=$?
+        echo "$line"
+        if [ $ok -ne 0 ]; then
+            failed=$((failed + 1))
+        else
+            puts+=("$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["gb_per_s"])' "$line")")
+        fi
+    done
+    SUMMARY+=("\"$n\": {\"passed\": ${#speeds[@]}, \"of\": $REPS, \"gb_per_s\": [$(IFS=,; echo "${speeds[*]}")], \"puts_passed\": ${#puts[@]}, \"put_gb_per_s\": [$(IFS=,; echo "${puts[*]}")]}")
 done
 echo "{\"summary\": {$(IFS=,; echo "${SUMMARY[*]}")}, \"failed\": $failed, \"runs\": $runs}"
 [ $failed -eq 0 ]

@@ -252,6 +252,7 @@ pub fn setup(
                 media,
                 opts.controller_sms,
                 opts.ssd_model,
+                None,
             )?)
         }
     };
@@ -437,31 +438,10 @@ pub fn get_volume(
     name: &str,
     opts: &GpuFsOptions,
 ) -> Result<GpuGetReport> {
-    ensure!(
-        opts.serving == Serving::Device,
-        "--controller gpu on a volume over several --device is not supported yet"
-    );
-
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let stat = file.stat()?;
     let started = Instant::now();
-    let mut setups = Vec::with_capacity(ctrls.len());
-    let mut cuda = None;
-    for (c, b) in ctrls.iter().zip(backends) {
-        match setup(c, b, opts) {
-            Ok((cu, s)) => {
-                cuda.get_or_insert(cu);
-                setups.push(s);
-            }
-            Err(e) => {
-                for s in setups {
-                    let _ = teardown(s);
-                }
-                return Err(e);
-            }
-        }
-    }
-    let cuda = cuda.context("a volume without members")?;
+    let (cuda, setups) = setup_members(ctrls, backends, opts)?;
     let setup_seconds = started.elapsed().as_secs_f64();
     let result = (|| {
         let queues: Vec<&gpu_queues::GpuQueues> = setups.iter().map(|s| &s.queues).collect();
@@ -490,8 +470,8 @@ pub fn get_volume(
         Ok(GpuGetReport {
             data_path: format!(
                 "a striped volume over {} controllers: the file's extent table cut per member, \
-                 {} runs read on the members' own GPU queues, one member after the other; per \
-                 member: {}",
+                 {} runs read on the members' own GPU queues, every member's batch at once; \
+                 per member: {}",
                 ctrls.len(),
                 r.runs,
                 base.data_path
@@ -502,6 +482,43 @@ pub fn get_volume(
             ..base
         })
     })();
+    let down = teardown_members(setups);
+    let report = result?;
+    down?;
+    Ok(report)
+}
+
+/// GPU queues on every member's controller (`ctrls` with their `backends`, in member order),
+/// or none: what was brought up is torn down when a member fails. The GPU-resident model is
+/// refused.
+fn setup_members(
+    ctrls: &[&Controller],
+    backends: &[&Backend],
+    opts: &GpuFsOptions,
+) -> Result<(Arc<Cuda>, Vec<GpuSetup>)> {
+    ensure!(
+        opts.serving == Serving::Device,
+        "--controller gpu on a volume over several --device is not supported yet"
+    );
+    let mut setups = Vec::with_capacity(ctrls.len());
+    let mut cuda = None;
+    for (c, b) in ctrls.iter().zip(backends) {
+        match setup(c, b, opts) {
+            Ok((cu, s)) => {
+                cuda.get_or_insert(cu);
+                setups.push(s);
+            }
+            Err(e) => {
+                let _ = teardown_members(setups);
+                return Err(e);
+            }
+        }
+    }
+    Ok((cuda.context("a volume without members")?, setups))
+}
+
+/// Tears every member's GPU queues down; the first failure is the result.
+fn teardown_members(setups: Vec<GpuSetup>) -> Result<()> {
     let mut down = Ok(());
     for s in setups {
         let d = teardown(s);
@@ -509,9 +526,54 @@ pub fn get_volume(
             down = d;
         }
     }
-    let report = result?;
-    down?;
-    Ok(report)
+    down
+}
+
+/// `fs put --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
+/// order): as [`put`], the file's reservation cut per member and every window written on its
+/// members' GPU queues ([`gpu_io::write_pieces_volume`]). The GPU-resident model is refused.
+#[allow(clippy::too_many_arguments)]
+pub fn put_volume(
+    ctrls: &[&Controller],
+    backends: &[&Backend],
+    volume: &blockfs::StripedVolume,
+    fs: &FileSystem,
+    src: &Path,
+    name: &str,
+    force: bool,
+    opts: &GpuFsOptions,
+) -> Result<GpuPutReport> {
+    let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+    let len = data.len() as u64;
+    let host = crc32c::crc32c(&data);
+    let target = gpu_io::prepare_target(fs, name, len, force)?;
+    let result = (|| {
+        let (cuda, setups) = setup_members(ctrls, backends, opts)?;
+        let pieces = [gpu_io::Piece::Host(data)];
+        let mut watches: Vec<_> = ctrls
+            .iter()
+            .zip(backends)
+            .map(|(c, b)| gpu::watchdog(c, b, None))
+            .collect();
+        let refs: Vec<&GpuSetup> = setups.iter().collect();
+        let written =
+            gpu_io::write_pieces_volume(&refs, volume, &target.file, &pieces, Some(host), || {
+                watches.iter_mut().find_map(|w| w())
+            });
+        let down = teardown_members(setups);
+        let mut written = written?;
+        down?;
+        written.data_path = format!(
+            "a striped volume over {} controllers: the reservation's extent table cut per \
+             member, each staging window's runs written on the members' own GPU queues, every \
+             member's batch at once; per member: {}",
+            ctrls.len(),
+            written.data_path
+        );
+        anyhow::Ok((written, cuda.name().to_owned()))
+    })();
+    let (written, device) = gpu_io::finish_target(fs, target, result)?;
+    put_report(fs, name, len, host, written, device)
 }
 
 /// `fs put --gpu`: copies host file `src` into GPU memory, writes it into blockfs file `name`
@@ -545,6 +607,19 @@ pub fn put(
         anyhow::Ok((written, cuda.name().to_owned()))
     })();
     let (written, device) = gpu_io::finish_target(fs, target, result)?;
+    put_report(fs, name, len, host, written, device)
+}
+
+/// The report of a GPU put of `len` bytes whose host CRC-32C is `host`, once the CPU has read
+/// the committed file back and found the same checksum.
+fn put_report(
+    fs: &FileSystem,
+    name: &str,
+    len: u64,
+    host: u32,
+    written: gpu_io::GpuIoReport,
+    device: String,
+) -> Result<GpuPutReport> {
     let secs = written.seconds.max(1e-9);
     // The CPU reads what the GPU wrote, and checks the recorded checksum.
     let back = host_crc(fs, name)?;

@@ -253,62 +253,137 @@ pub fn write_pieces(
             .alloc_buffer(stage_len(total))
             .context("allocating a GPU staging buffer")?;
         let stream = setup.queues.client_stream();
-        let base = in_mem(&stage);
-        // The next byte to stage: piece `p`, byte `within` of it.
-        let (mut p, mut within) = (0usize, 0u64);
-        let mut at = 0u64;
-        while at < total {
-            let len = (total - at).min(stage.len() as u64);
-            let mut filled = 0u64;
-            while filled < len {
-                let piece = &pieces[p];
-                let take = (piece.len() - within).min(len - filled);
-                match piece {
-                    Piece::Host(bytes) => copy_to_gpu(
-                        stream,
-                        stage.ptr() + filled,
-                        &bytes[within as usize..(within + take) as usize],
-                    )?,
-                    Piece::Gpu(mem) => stream.copy_device(
-                        stage.memory(),
-                        base + filled as usize,
-                        mem,
-                        within as usize,
-                        take as usize,
-                    )?,
-                }
-                filled += take;
-                within += take;
-                if within == piece.len() {
-                    p += 1;
-                    within = 0;
-                }
-            }
-            stream.wait_idle(COPY_TIMEOUT)?;
-            crc = crc32c_combine(crc, files.crc32c(stage.ptr(), len)?, len);
-            let span = GpuSpan::of(&stage, 0, len)?;
-            files
-                .submit(&[FileRange::write(&gfile, at, span)])?
-                .wait_watched(&mut watch)?
-                .into_first_error()?;
-            at += len;
-        }
+        crc = stage_pieces(
+            stream,
+            stage.memory(),
+            in_mem(&stage),
+            stage.len() as u64,
+            pieces,
+            |at, len| {
+                let crc = files.crc32c(stage.ptr(), len)?;
+                let span = GpuSpan::of(&stage, 0, len)?;
+                files
+                    .submit(&[FileRange::write(&gfile, at, span)])?
+                    .wait_watched(&mut watch)?
+                    .into_first_error()?;
+                Ok(crc)
+            },
+        )?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    if let Some(want) = expect_crc
+    check_expected(&name, crc, expect_crc)?;
+    gfile.commit_with_crc(total, crc)?;
+    let mut report = GpuIoReport::new(&name, total, secs, true, setup, true);
+    report.crc32c = Some(format!("{crc:08x}"));
+    Ok(report)
+}
+
+/// [`write_pieces`] on a striped volume: `setups` are the members' GPU queues in member order,
+/// the reservation's table is cut per member and every window's runs are written on their
+/// members' queues ([`blockfs_gpu::VolumeFiles::write`], every member's batch at once). The
+/// report's path is the first member's.
+pub fn write_pieces_volume(
+    setups: &[&GpuSetup],
+    volume: &blockfs::StripedVolume,
+    file: &blockfs::File,
+    pieces: &[Piece],
+    expect_crc: Option<u32>,
+    mut watch: impl FnMut() -> Option<String> + Send,
+) -> Result<GpuIoReport> {
+    let first = setups.first().context("a volume without members")?;
+    let name = file.name().to_owned();
+    let total: u64 = pieces.iter().map(Piece::len).sum();
+    let queues: Vec<&gpu_queues::GpuQueues> = setups.iter().map(|s| &s.queues).collect();
+    let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::default());
+    let reservation = vf
+        .reserve(volume, file, total)
+        .context("reserving the file")?;
+    let t0 = Instant::now();
+    let mut crc = 0u32;
+    if total > 0 {
+        let stage = Arc::new(
+            DeviceMemory::alloc(first.queues.cuda(), stage_len(total))
+                .context("allocating a GPU staging buffer")?,
+        );
+        let stream = first.queues.client_stream();
+        crc = stage_pieces(stream, &stage, 0, stage.len() as u64, pieces, |at, len| {
+            let crc = blockfs_gpu::crc32c_on(&first.queues, stream, stage.ptr(), len)?;
+            let r = vf.write(volume, &reservation, at, &stage, len, &mut watch)?;
+            ensure!(r.bytes == len, "the GPU wrote {} of {len} bytes", r.bytes);
+            Ok(crc)
+        })?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    check_expected(&name, crc, expect_crc)?;
+    reservation.commit_with_crc(total, crc)?;
+    let mut report = GpuIoReport::new(&name, total, secs, true, first, true);
+    report.crc32c = Some(format!("{crc:08x}"));
+    Ok(report)
+}
+
+/// Assembles `pieces` window by window in `stage` (bytes `base..base + cap` of it, on
+/// `stream`), calling `window(at, len)` once a window holds file bytes `at..at + len` (it
+/// writes them and returns their CRC-32C); returns the CRC-32C of all the bytes.
+fn stage_pieces(
+    stream: &gpu_queues::ffi::Stream,
+    stage: &DeviceMemory,
+    base: usize,
+    cap: u64,
+    pieces: &[Piece],
+    mut window: impl FnMut(u64, u64) -> Result<u32>,
+) -> Result<u32> {
+    let total: u64 = pieces.iter().map(Piece::len).sum();
+    let mut crc = 0u32;
+    // The next byte to stage: piece `p`, byte `within` of it.
+    let (mut p, mut within) = (0usize, 0u64);
+    let mut at = 0u64;
+    while at < total {
+        let len = (total - at).min(cap);
+        let mut filled = 0u64;
+        while filled < len {
+            let piece = &pieces[p];
+            let take = (piece.len() - within).min(len - filled);
+            match piece {
+                Piece::Host(bytes) => copy_to_gpu(
+                    stream,
+                    stage.ptr() + (base as u64 + filled),
+                    &bytes[within as usize..(within + take) as usize],
+                )?,
+                Piece::Gpu(mem) => stream.copy_device(
+                    stage,
+                    base + filled as usize,
+                    mem,
+                    within as usize,
+                    take as usize,
+                )?,
+            }
+            filled += take;
+            within += take;
+            if within == piece.len() {
+                p += 1;
+                within = 0;
+            }
+        }
+        stream.wait_idle(COPY_TIMEOUT)?;
+        crc = crc32c_combine(crc, window(at, len)?, len);
+        at += len;
+    }
+    Ok(crc)
+}
+
+/// Fails with [`GpuChecksumMismatch`] where the caller expected another checksum.
+fn check_expected(name: &str, crc: u32, expect: Option<u32>) -> Result<()> {
+    if let Some(want) = expect
         && want != crc
     {
         bail!(GpuChecksumMismatch {
-            name: name.clone(),
+            name: name.to_owned(),
             gpu: crc,
             host: want,
             what: "the host's",
         });
     }
-    gfile.commit_with_crc(total, crc)?;
-    let mut report = GpuIoReport::new(&name, total, secs, true, setup, true);
-    report.crc32c = Some(format!("{crc:08x}"));
-    Ok(report)
+    Ok(())
 }
 
 /// The file a GPU write goes to: `name` itself when new, else (with `force`) a temporary file

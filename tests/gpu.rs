@@ -2112,6 +2112,7 @@ fn several_controllers_run_perf_gpu_at_once() {
         controller_sms: 8,
         model: None,
         ssd_model: None,
+        partition: None,
     };
     let r = run_several_gpu(&pairs, &names, &args).expect("perf --gpu over two controllers");
     assert_eq!(r.controllers.len(), 2);
@@ -2130,9 +2131,32 @@ fn several_controllers_run_perf_gpu_at_once() {
         (r.total.controllers, r.total.ios, r.total.errors),
         (2, ios, 0)
     );
+    // A GPU-resident model per controller, each on SMs of its own, each namespace with its
+    // own modelled drive; verified reads on both.
+    // (4 SMs asked: the driver rounds up to its granularity, 8 on Hopper; on CPU threads 16
+    // SMs are reported.)
     args.model = Some(MediaKind::Hbm);
-    let e = run_several_gpu(&pairs, &names, &args).expect_err("the model over several");
-    assert!(e.to_string().contains("not supported yet"), "{e:#}");
+    args.controller_sms = 4;
+    args.ssd_model = Some(
+        "read_us=20,iops=1M,bw=7GB/s"
+            .parse::<SsdModel>()
+            .expect("model"),
+    );
+    let r = run_several_gpu(&pairs, &names, &args).expect("the model on two controllers");
+    for c in &r.controllers {
+        let g = &c.report.report;
+        assert_eq!(g.errors, 0, "{}: {:?}", c.device, g.first_error);
+        assert!(g.ios >= 512 && g.verified_bytes >= 512 * 4096, "{g:?}");
+        assert!(
+            c.report.gpu.transport.contains("gpu-controller model"),
+            "{}",
+            c.report.gpu.transport
+        );
+    }
+    // Too many partitions for the GPU's SMs: refused by name before anything starts.
+    args.controller_sms = 100_000;
+    let e = run_several_gpu(&pairs, &names, &args).expect_err("no SMs left for clients");
+    assert!(format!("{e:#}").contains("SMs"), "{e:#}");
     for (c, _) in opened {
         c.shutdown().expect("shutdown");
     }
@@ -2234,6 +2258,28 @@ fn volume_files_are_read_on_every_members_queues() {
     assert_eq!(rep.bytes, len as u64);
     assert_eq!(rep.gpu_crc32c, format!("{:08x}", crc32c::crc32c(&a)));
     assert_eq!(rep.members, Some(3));
+    // `fs put --gpu` on the volume: the reservation cut per member, every window written on
+    // its members' queues; the CPU reads the committed file back (the checksum recorded).
+    let c = files::data(7, len);
+    let src = std::env::temp_dir().join(format!("gpunvme-volume-put-{}", std::process::id()));
+    std::fs::write(&src, &c).expect("source file");
+    let wbefore: Vec<u64> = rigs.iter().map(|r| r.emu().stats().bytes_written).collect();
+    let put = gpunvme::gpu_fs::put_volume(&ctrls, &b, &volume, &fs, &src, "v/put", false, &opts)
+        .expect("fs put --gpu on the volume");
+    std::fs::remove_file(&src).ok();
+    assert!(put.verified && put.bytes == len as u64, "{put:?}");
+    let back = fs
+        .open("v/put", blockfs::OpenMode::ReadOnly)
+        .expect("open the put file");
+    let mut got = vec![0u8; len];
+    assert_eq!(back.read_at(0, &mut got).expect("CPU read"), len);
+    assert!(got == c, "the bytes the GPU wrote");
+    for (i, r) in rigs.iter().enumerate() {
+        assert!(
+            r.emu().stats().bytes_written >= wbefore[i] + (len / 3 - (1 << 20)) as u64,
+            "member {i} wrote its share"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -467,13 +467,45 @@ impl StripedVolume {
         offset: u64,
         len: u64,
     ) -> Vec<MemberRun> {
-        let lba = self.label.lba_size as u64;
         let size = table.files().get(file).map_or(0, |f| f.size_bytes);
-        let end = offset.saturating_add(len).min(size);
+        self.runs_until(table, file, offset, len, size, ExtentTable::translate)
+    }
+
+    /// [`StripedVolume::member_runs`] for a writer: stops at the end of the file's allocation
+    /// (a device-write reservation's table, whose length is still the old one), not its length.
+    pub fn member_write_runs(
+        &self,
+        table: &ExtentTable,
+        file: usize,
+        offset: u64,
+        len: u64,
+    ) -> Vec<MemberRun> {
+        let alloc = table.files().get(file).map_or(0, |f| f.alloc_bytes);
+        self.runs_until(
+            table,
+            file,
+            offset,
+            len,
+            alloc,
+            ExtentTable::translate_write,
+        )
+    }
+
+    fn runs_until(
+        &self,
+        table: &ExtentTable,
+        file: usize,
+        offset: u64,
+        len: u64,
+        limit: u64,
+        translate: fn(&ExtentTable, usize, u64) -> Option<crate::table::Translation>,
+    ) -> Vec<MemberRun> {
+        let lba = self.label.lba_size as u64;
+        let end = offset.saturating_add(len).min(limit);
         let mut out: Vec<MemberRun> = Vec::new();
         let mut pos = offset;
         while pos < end {
-            let Some(t) = table.translate(file, pos) else {
+            let Some(t) = translate(table, file, pos) else {
                 break;
             };
             let unit_left = self.stripe_lbas - t.lba % self.stripe_lbas;

@@ -331,5 +331,25 @@ fn member_tables_and_runs_find_every_byte_on_its_member() {
             assert_eq!(t.files().len(), 1);
             assert_eq!(t.files()[0].size_bytes, a_len as u64);
         }
+        // A device-write reservation's runs reach the end of its allocation (a writer's
+        // range), its read runs the old length.
+        let dw = fb.reserve_device_write(2 * a_len as u64).expect("reserve");
+        let wt = dw.table();
+        let alloc = wt.files()[0].alloc_bytes;
+        assert!(alloc >= 2 * a_len as u64, "{alloc}");
+        let write_runs = v.member_write_runs(wt, 0, 0, u64::MAX);
+        let reach = write_runs.last().map_or(0, |r| r.offset + r.len);
+        assert_eq!(
+            reach, alloc,
+            "{n} members: writes reach the allocation's end"
+        );
+        assert!(
+            write_runs
+                .windows(2)
+                .all(|w| w[0].offset + w[0].len == w[1].offset)
+        );
+        let read_runs = v.member_runs(wt, 0, 0, u64::MAX);
+        let reach = read_runs.last().map_or(0, |r| r.offset + r.len);
+        assert_eq!(reach, a_len as u64, "{n} members: reads stop at the length");
     }
 }

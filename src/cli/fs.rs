@@ -267,9 +267,6 @@ pub fn run_volume(
     cmd: FsCommand,
     json: bool,
 ) -> Result<()> {
-    if matches!(&cmd, FsCommand::Put { gpu, .. } if gpu.gpu) {
-        bail!("put --gpu on a volume over several --device is not supported yet (get --gpu is)");
-    }
     let refs: Vec<&Controller> = ctrls.iter().collect();
     let members = volume::members(&refs, specs, nsid)?;
     let volume = if let FsCommand::Mkfs { force, stripe, .. } = &cmd {
@@ -279,19 +276,32 @@ pub fn run_volume(
         volume::assemble(members, specs)?
     };
     let volume = Arc::new(volume);
-    if let FsCommand::Get { name, gpu, .. } = &cmd
-        && gpu.gpu
-    {
-        let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
-        let b: Vec<&Backend> = backends.iter().collect();
-        // The members' block devices hold their queue pairs (volume::members); the GPU
-        // queues take the rest of each controller's.
-        let opts = GpuFsOptions {
-            cpu_queues: u16::try_from(NvmeDeviceOptions::default().queues).unwrap_or(u16::MAX),
-            ..gpu.options()
-        };
-        let report = gpu_fs::get_volume(&refs, &b, &volume, &fs, name, &opts)?;
-        return print_report(&report, json, false);
+    // The members' block devices hold their queue pairs (volume::members); the GPU queues
+    // take the rest of each controller's.
+    let gpu_opts = |gpu: &GpuFsArgs| GpuFsOptions {
+        cpu_queues: u16::try_from(NvmeDeviceOptions::default().queues).unwrap_or(u16::MAX),
+        ..gpu.options()
+    };
+    let b: Vec<&Backend> = backends.iter().collect();
+    match &cmd {
+        FsCommand::Get { name, gpu, .. } if gpu.gpu => {
+            let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
+            let report = gpu_fs::get_volume(&refs, &b, &volume, &fs, name, &gpu_opts(gpu))?;
+            return print_report(&report, json, false);
+        }
+        FsCommand::Put {
+            src,
+            name,
+            force,
+            gpu,
+            ..
+        } if gpu.gpu => {
+            let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
+            let report =
+                gpu_fs::put_volume(&refs, &b, &volume, &fs, src, name, *force, &gpu_opts(gpu))?;
+            return print_report(&report, json, false);
+        }
+        _ => {}
     }
     run_on(volume, None, nsid, cmd, json)
 }

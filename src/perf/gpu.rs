@@ -8,6 +8,7 @@
 //! the old one (not chosen by the random offsets), anything else is an error — so what the GPU
 //! wrote, the CPU reads.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -44,6 +45,9 @@ pub struct GpuPerfArgs {
     /// The SSD timing model of every namespace of the GPU-resident controller model
     /// (`--ssd-model`; needs `--controller gpu`).
     pub ssd_model: Option<SsdModel>,
+    /// The SMs the GPU-resident model runs on when it is one of several at once
+    /// ([`run_several_gpu`](super::run_several_gpu)); `None`: the GPU split for it alone.
+    pub partition: Option<Arc<gpu_queues::ffi::GreenPartition>>,
 }
 
 /// The GPU half of the report.
@@ -353,6 +357,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             media,
             args.controller_sms,
             args.ssd_model,
+            args.partition.clone(),
         )?),
     };
     let opts = match &gpu_ctrl {

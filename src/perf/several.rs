@@ -118,19 +118,35 @@ pub struct NamedGpuReport {
 /// by `names`) at once: a thread each, which brings that controller's GPU queues up and runs
 /// the perf kernel on them (kernels of several controllers run side by side on the GPU). The
 /// first controller whose run fails (in the order given) is the error, named; the others
-/// still finish first. The GPU-resident model is refused here: each model would need SMs of
-/// its own, and GPU partitions do not share out yet.
+/// still finish first. With the GPU-resident model (`args.model`), each controller's model
+/// runs on SMs of its own: the GPU is split once into one partition per controller of
+/// `args.controller_sms` (rounded up by the driver: 8 on Hopper), the SMs left over shared by
+/// every controller's clients; refused, before anything starts, when too few are left.
 pub fn run_several_gpu(
     ctrls: &[(&Controller, &crate::open::Backend)],
     names: &[String],
     args: &super::gpu::GpuPerfArgs,
 ) -> anyhow::Result<SeveralGpuReport> {
-    anyhow::ensure!(
-        args.model.is_none(),
-        "perf --gpu --controller gpu over several devices is not supported yet (one GPU-resident \
-         model per run); --controller emu runs on each software controller"
-    );
-    let results = on_each(ctrls, |(c, b)| super::gpu::run(c, b, args));
+    use anyhow::Context;
+    let per_controller: Vec<super::gpu::GpuPerfArgs> = match args.model {
+        None => vec![args.clone(); ctrls.len()],
+        Some(_) => {
+            let cuda = gpu_queues::Cuda::open(0).context("opening the GPU")?;
+            let n = u32::try_from(ctrls.len()).context("controllers")?;
+            gpu_queues::ffi::GreenPartition::split_several(&cuda, n, args.controller_sms)
+                .with_context(|| {
+                    format!("splitting the GPU's SMs for {n} GPU-resident controller models")
+                })?
+                .into_iter()
+                .map(|p| super::gpu::GpuPerfArgs {
+                    partition: Some(p),
+                    ..args.clone()
+                })
+                .collect()
+        }
+    };
+    let jobs: Vec<_> = ctrls.iter().zip(&per_controller).collect();
+    let results = on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;

@@ -36,4 +36,4 @@ pub use files::{
     LaunchShape, Pending, crc32c_on,
 };
 pub use plan::{BatchPlan, RangeSpec, plan_batch};
-pub use volume::{VolumeFile, VolumeFiles, VolumeReadResult};
+pub use volume::{VolumeFile, VolumeFiles, VolumeIoResult, VolumeWrite};

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockfs::StripedVolume;
 use blockfs::table::ExtentTable;
+use blockfs::{MemberRun, StripedVolume};
 use gpu_queues::ffi::DeviceMemory;
 use gpu_queues::{GpuBuffer, GpuQueues};
 
@@ -50,10 +50,41 @@ impl VolumeFile {
     }
 }
 
-/// What a volume read did.
+/// A volume file reserved for GPU writes ([`VolumeFiles::reserve`]): the device-write
+/// reservation's table cut per member, each in GPU memory for its member's queues. Write
+/// through [`VolumeFiles::write`], then [`VolumeWrite::commit_with_crc`] and sync.
+pub struct VolumeWrite {
+    name: String,
+    table: ExtentTable,
+    /// Before `reservation`: the member tables go before the reservation is committed.
+    members: Vec<GpuFile>,
+    reservation: blockfs::DeviceWrite,
+}
+
+impl VolumeWrite {
+    /// The file's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes the reservation may write (its allocation).
+    pub fn alloc_bytes(&self) -> u64 {
+        self.table.files().first().map_or(0, |f| f.alloc_bytes)
+    }
+
+    /// Commits the file's new length `len` with `crc`, the CRC-32C of its bytes `0..len`
+    /// ([`blockfs::DeviceWrite::commit_with_crc`]); the member tables are dropped first.
+    pub fn commit_with_crc(self, len: u64, crc: u32) -> Result<(), FilesError> {
+        drop(self.members);
+        self.reservation.commit_with_crc(len, crc)?;
+        Ok(())
+    }
+}
+
+/// What a volume read or write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VolumeReadResult {
-    /// Bytes read.
+pub struct VolumeIoResult {
+    /// Bytes read or written.
     pub bytes: u64,
     /// Runs (ranges on one member each) in the batches.
     pub runs: usize,
@@ -94,13 +125,7 @@ impl<'q> VolumeFiles<'q> {
         volume: &StripedVolume,
         file: &blockfs::File,
     ) -> Result<VolumeFile, FilesError> {
-        if volume.members() != self.members.len() {
-            return Err(FilesError::InvalidArgument(format!(
-                "a volume of {} members, GPU queues on {} controllers",
-                volume.members(),
-                self.members.len()
-            )));
-        }
+        self.check_members(volume)?;
         let pinned = file.extent_table()?;
         let table = pinned.table().clone();
         let size = table.files().first().map_or(0, |f| f.size_bytes);
@@ -119,6 +144,34 @@ impl<'q> VolumeFiles<'q> {
         })
     }
 
+    /// Reserves `file` of a file system on `volume` for GPU writes up to `len` bytes
+    /// ([`blockfs::File::reserve_device_write`]), the writable table cut per member and put in
+    /// GPU memory for each member's queues.
+    pub fn reserve(
+        &self,
+        volume: &StripedVolume,
+        file: &blockfs::File,
+        len: u64,
+    ) -> Result<VolumeWrite, FilesError> {
+        self.check_members(volume)?;
+        let reservation = file.reserve_device_write(len)?;
+        let table = reservation.table().clone();
+        // The reservation holds the blocks; the member tables need nothing else kept.
+        let keep: Arc<dyn Send + Sync> = Arc::new(());
+        let members = volume
+            .member_tables(&table)
+            .into_iter()
+            .zip(&self.members)
+            .map(|(t, f)| f.open_table(t, file.name(), keep.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(VolumeWrite {
+            name: file.name().to_owned(),
+            table,
+            members,
+            reservation,
+        })
+    }
+
     /// Reads `file` from byte `offset` into `dst` (GPU memory, mapped for every member's
     /// controller for the call): `dst.len()` bytes, fewer only where the file ends. Each
     /// member's runs are one batch on its queues (side by side or one after the other:
@@ -131,13 +184,66 @@ impl<'q> VolumeFiles<'q> {
         file: &VolumeFile,
         offset: u64,
         dst: &Arc<DeviceMemory>,
-        mut watch: impl FnMut() -> Option<String>,
-    ) -> Result<VolumeReadResult, FilesError> {
+        watch: impl FnMut() -> Option<String>,
+    ) -> Result<VolumeIoResult, FilesError> {
         let runs = volume.member_runs(&file.table, 0, offset, dst.len() as u64);
+        self.transfer(&runs, &file.members, offset, dst, false, watch)
+    }
+
+    /// Writes the first `len` bytes of `src` (GPU memory, mapped for every member's controller
+    /// for the call) into the reservation at byte `offset`, each member's runs one batch on its
+    /// queues; the range must lie inside the reservation's allocation. Unaligned ends are
+    /// read, modified and written back by the device header, within one member's stripe unit.
+    pub fn write(
+        &self,
+        volume: &StripedVolume,
+        file: &VolumeWrite,
+        offset: u64,
+        src: &Arc<DeviceMemory>,
+        len: u64,
+        watch: impl FnMut() -> Option<String>,
+    ) -> Result<VolumeIoResult, FilesError> {
+        let end = offset.checked_add(len);
+        if len > src.len() as u64 || end.is_none_or(|e| e > file.alloc_bytes()) {
+            return Err(FilesError::InvalidArgument(format!(
+                "{}: a write of {len} bytes at {offset} from {} bytes of GPU memory, into a \
+                 reservation of {} bytes",
+                file.name,
+                src.len(),
+                file.alloc_bytes()
+            )));
+        }
+        let runs = volume.member_write_runs(&file.table, 0, offset, len);
+        self.transfer(&runs, &file.members, offset, src, true, watch)
+    }
+
+    fn check_members(&self, volume: &StripedVolume) -> Result<(), FilesError> {
+        if volume.members() != self.members.len() {
+            return Err(FilesError::InvalidArgument(format!(
+                "a volume of {} members, GPU queues on {} controllers",
+                volume.members(),
+                self.members.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Moves `runs` (file bytes from `offset` on) between the files' member tables `tables`
+    /// and `mem` (byte `r.offset - offset` of it for run `r`): one batch per member with runs,
+    /// side by side or one after the other.
+    fn transfer(
+        &self,
+        runs: &[MemberRun],
+        tables: &[GpuFile],
+        offset: u64,
+        mem: &Arc<DeviceMemory>,
+        write: bool,
+        mut watch: impl FnMut() -> Option<String>,
+    ) -> Result<VolumeIoResult, FilesError> {
         let bufs: Vec<GpuBuffer> = self
             .members
             .iter()
-            .map(|f| f.queues().map_memory(dst.clone()))
+            .map(|f| f.queues().map_memory(mem.clone()))
             .collect::<Result<_, _>>()?;
         let start = Instant::now();
         // One result per member with runs: waited for at once (one after the other), or after
@@ -150,7 +256,11 @@ impl<'q> VolumeFiles<'q> {
                 .filter(|r| r.member == m)
                 .map(|r| {
                     let span = GpuSpan::of(&bufs[m], r.offset - offset, r.len)?;
-                    Ok(FileRange::read(&file.members[m], r.offset, span))
+                    Ok(if write {
+                        FileRange::write(&tables[m], r.offset, span)
+                    } else {
+                        FileRange::read(&tables[m], r.offset, span)
+                    })
                 })
                 .collect::<Result<Vec<_>, FilesError>>()?;
             if ranges.is_empty() {
@@ -180,7 +290,7 @@ impl<'q> VolumeFiles<'q> {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(VolumeReadResult {
+        Ok(VolumeIoResult {
             bytes,
             runs: runs.len(),
             members,

@@ -673,6 +673,94 @@ impl RawPartition {
     }
 }
 
+impl RawPartition {
+    /// `groups` disjoint controller partitions of at least `controller_sms` SMs each
+    /// (`cuDevSmResourceSplitByCount` with `groups` groups) and, for each, a green context of
+    /// the SMs left over for clients (every partition's client side is the same SMs); with the
+    /// SMs of each side.
+    pub(super) fn split_several(
+        cuda: &Cuda,
+        groups: u32,
+        controller_sms: u32,
+    ) -> Result<Vec<(Self, u32, u32)>, GpuError> {
+        cuda.make_current()?;
+        let dev = cuda.raw.dev;
+        let want = groups.max(1);
+        // SAFETY: plain driver calls on zeroed POD out-structures; `parts` has room for
+        // `want` results, the count passed in.
+        unsafe {
+            let mut all: sys::CUdevResource = std::mem::zeroed();
+            check(
+                "cuDeviceGetDevResource",
+                sys::cuDeviceGetDevResource(
+                    dev,
+                    &mut all,
+                    sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+                ),
+            )?;
+            let mut parts: Vec<sys::CUdevResource> = vec![std::mem::zeroed(); want as usize];
+            let mut rest: sys::CUdevResource = std::mem::zeroed();
+            let mut got = want;
+            check(
+                "cuDevSmResourceSplitByCount",
+                sys::cuDevSmResourceSplitByCount(
+                    parts.as_mut_ptr(),
+                    &mut got,
+                    &all,
+                    &mut rest,
+                    0,
+                    controller_sms.max(1),
+                ),
+            )?;
+            let client_sms = rest.__bindgen_anon_1.sm.smCount;
+            if got != want || client_sms == 0 {
+                return Err(GpuError::Unsupported(format!(
+                    "cannot reserve {want} partitions of {} SMs for controllers and keep SMs \
+                     for clients: {} SMs in all",
+                    controller_sms.max(1),
+                    all.__bindgen_anon_1.sm.smCount
+                )));
+            }
+            let make = |res: &mut sys::CUdevResource| -> Result<sys::CUgreenCtx, GpuError> {
+                let mut desc = std::ptr::null_mut();
+                check(
+                    "cuDevResourceGenerateDesc",
+                    sys::cuDevResourceGenerateDesc(&mut desc, res, 1),
+                )?;
+                let mut g = std::ptr::null_mut();
+                check(
+                    "cuGreenCtxCreate",
+                    sys::cuGreenCtxCreate(
+                        &mut g,
+                        desc,
+                        dev,
+                        sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+                    ),
+                )?;
+                Ok(g)
+            };
+            let mut out = Vec::with_capacity(want as usize);
+            for part in &mut parts {
+                // Partitions made so far are destroyed by their drop if a later one fails.
+                let controller = make(part)?;
+                let client = match make(&mut rest) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        sys::cuGreenCtxDestroy(controller);
+                        return Err(e);
+                    }
+                };
+                out.push((
+                    Self { controller, client },
+                    part.__bindgen_anon_1.sm.smCount,
+                    client_sms,
+                ));
+            }
+            Ok(out)
+        }
+    }
+}
+
 impl Drop for RawPartition {
     fn drop(&mut self) {
         // SAFETY: destroys the contexts created in `split`, once; their streams are owned by

@@ -172,6 +172,15 @@ pub struct GreenPartition {
     _cuda: Arc<Cuda>,
 }
 
+impl std::fmt::Debug for GreenPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GreenPartition")
+            .field("controller_sms", &self.controller_sms)
+            .field("client_sms", &self.client_sms)
+            .finish()
+    }
+}
+
 impl GreenPartition {
     /// Splits the GPU's SMs: at least `controller_sms` (at least 1, rounded up by the driver to
     /// its partition granularity) for the controller, the rest for clients; refused if none
@@ -184,6 +193,30 @@ impl GreenPartition {
             client_sms,
             _cuda: cuda.clone(),
         }))
+    }
+
+    /// `groups` partitions whose controller sides are disjoint, at least `controller_sms` SMs
+    /// each (rounded up by the driver), and whose client sides are the SMs none of them has:
+    /// for several controllers whose kernels run on the GPU at once (one GPU-resident model
+    /// each). Refused if the GPU has too few SMs for them and some clients.
+    pub fn split_several(
+        cuda: &Arc<Cuda>,
+        groups: u32,
+        controller_sms: u32,
+    ) -> Result<Vec<Arc<Self>>, GpuError> {
+        Ok(
+            backend::RawPartition::split_several(cuda, groups, controller_sms)?
+                .into_iter()
+                .map(|(raw, controller_sms, client_sms)| {
+                    Arc::new(Self {
+                        raw,
+                        controller_sms,
+                        client_sms,
+                        _cuda: cuda.clone(),
+                    })
+                })
+                .collect(),
+        )
     }
 
     /// SMs reserved for the controller.

@@ -445,6 +445,30 @@ impl RawPartition {
         }
         Ok((Self, controller_sms, client_sms))
     }
+
+    /// The split by count only: `groups` partitions of `controller_sms` (at least 1) each, the
+    /// rest of the reported SMs for clients; refused if none would be left for clients.
+    pub(super) fn split_several(
+        cuda: &Cuda,
+        groups: u32,
+        controller_sms: u32,
+    ) -> Result<Vec<(Self, u32, u32)>, GpuError> {
+        let controller_sms = controller_sms.max(1);
+        let groups = groups.max(1);
+        let client_sms = cuda
+            .sm_count
+            .saturating_sub(controller_sms.saturating_mul(groups));
+        if client_sms == 0 {
+            return Err(GpuError::Unsupported(format!(
+                "cannot reserve {groups} partitions of {controller_sms} SMs for controllers \
+                 and keep SMs for clients: {} SMs in all",
+                cuda.sm_count
+            )));
+        }
+        Ok((0..groups)
+            .map(|_| (Self, controller_sms, client_sms))
+            .collect())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

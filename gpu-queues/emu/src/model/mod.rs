@@ -137,6 +137,10 @@ pub struct GpuControllerOptions {
     pub lifetime: Duration,
     /// How long to wait for every controller warp to start.
     pub start_timeout: Duration,
+    /// The SMs to run on, for one of several models at once
+    /// ([`GreenPartition::split_several`]: disjoint controller sides); `None` splits the GPU
+    /// for this model alone (`controller_sms` for it, the rest for clients).
+    pub partition: Option<Arc<GreenPartition>>,
 }
 
 impl Default for GpuControllerOptions {
@@ -147,6 +151,7 @@ impl Default for GpuControllerOptions {
             idle_ns: 1024,
             lifetime: Duration::from_secs(600),
             start_timeout: Duration::from_secs(5),
+            partition: None,
         }
     }
 }
@@ -292,7 +297,10 @@ impl GpuController {
         }
         let kernels = Kernels::load(cuda)?;
         let emu_kernels = EmuKernels::load(cuda)?;
-        let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+        let partition = match &opts.partition {
+            Some(p) => p.clone(),
+            None => GreenPartition::split(cuda, opts.controller_sms)?,
+        };
         let stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
         let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
         // Every kernel loaded in both partitions before anything spins.
