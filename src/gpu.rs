@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use gpu_emu::model::NamespaceSpec;
-use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
-use gpu_queues::ffi::GreenPartition;
+use gpu_emu::{
+    GpuController, GpuControllerOptions, GpuQueuesExt, GroupMember, MediaKind, SsdModel,
+};
 use gpu_queues::transport::{self, TransportOptions};
 use gpu_queues::{Cuda, GpuQueueOptions, GpuQueues};
 use nvme::Controller;
@@ -38,9 +39,9 @@ pub enum Serving {
 
 /// Starts the GPU-resident controller model in place of `backend`'s software controller's I/O
 /// threads, over the same namespaces (an image namespace is loaded into the model's media and
-/// written back when it stops, unless read-only). `partition`: the SMs it runs on when it is
-/// one of several models at once (`GreenPartition::split_several`); `None` splits the GPU for
-/// it alone.
+/// written back when it stops, unless read-only). `group`: its SMs and start gate when it is one
+/// of several models started together ([`gpu_emu::ModelGroup`]); `None` splits the GPU for it
+/// alone.
 pub fn start_model(
     cuda: &Arc<Cuda>,
     ctrl: &Controller,
@@ -48,7 +49,7 @@ pub fn start_model(
     media: MediaKind,
     controller_sms: u32,
     ssd_model: Option<SsdModel>,
-    partition: Option<Arc<GreenPartition>>,
+    group: Option<GroupMember>,
 ) -> Result<Arc<GpuController>> {
     let Backend::Software(emu) = backend else {
         bail!(
@@ -80,7 +81,7 @@ pub fn start_model(
         &GpuControllerOptions {
             controller_sms,
             media,
-            partition,
+            group,
             ..Default::default()
         },
     )

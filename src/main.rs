@@ -416,7 +416,7 @@ fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme::perf::gpu::GpuPerfAr
             MediaArg::Host => gpunvme::gpu_emu::MediaKind::Host,
         }),
         ssd_model: p.ssd_model,
-        partition: None,
+        model_group: None,
     }
 }
 

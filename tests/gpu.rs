@@ -2112,7 +2112,7 @@ fn several_controllers_run_perf_gpu_at_once() {
         controller_sms: 8,
         model: None,
         ssd_model: None,
-        partition: None,
+        model_group: None,
     };
     let r = run_several_gpu(&pairs, &names, &args).expect("perf --gpu over two controllers");
     assert_eq!(r.controllers.len(), 2);

@@ -15,11 +15,13 @@
 // then the op that releases it on each controller-side stream, for every pair; a pair whose
 // spinner times out is blocked. Part 2 spins a client kernel (2 s bound), calls one host
 // function on the main thread 5 ms in, and releases the spinner from another thread's launch
-// at 20 ms: a spinner that waited ~2 s means that call blocked the release.
+// at 20 ms: a spinner that waited ~2 s means that call blocked the release (frees,
+// unregistrations, module loads and unloads, green-context destruction are tried).
 //
 // On the GPU machine:
 //   nvcc -O2 -arch=sm_90 stream_progress.cu -o sp -lcuda && ./sp
 //   CUDA_DEVICE_MAX_CONNECTIONS=32 ./sp ; CUDA_DEVICE_MAX_CONNECTIONS=1 ./sp   # the control
+//   PART2_ONLY=1 ./sp                                                           # host calls only
 // Prints one JSON object per line.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -182,7 +184,7 @@ int main(int argc, char** argv) {
 
     // Part 1: stream layouts of the runtime. "one" = one controller's partition (client
     // stream created first, then T engine streams), "four" = four such controllers.
-    for (int layout = 0; layout < 2; ++layout) {
+    for (int layout = getenv("PART2_ONLY") ? 2 : 0; layout < 2; ++layout) {
         int controllers = layout == 0 ? 1 : 4;
         for (int threads : {4, 16}) {
             std::vector<CUstream> cli, ctl;
@@ -241,7 +243,8 @@ int main(int argc, char** argv) {
                                       "cuMemHostAlloc", "cuMemFreeHost",     "cuMemHostRegister",
                                       "cuMemHostUnregister", "cuStreamCreate", "cuStreamDestroy",
                                       "cuEventCreate",  "cuEventDestroy",    "cuMemcpyHtoD",
-                                      "cuMemcpyDtoH",   "cuModuleLoadData",  "cuCtxSynchronize"};
+                                      "cuMemcpyDtoH",   "cuModuleLoadData",  "cuModuleUnload",
+                                      "cuLibraryUnload", "cuGreenCtxDestroy", "cuCtxSynchronize"};
     static char ptx_nop[] =
         ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry probe_nop() { ret; }\n";
     for (auto& call : calls) {
@@ -262,6 +265,13 @@ int main(int argc, char** argv) {
         if (call == "cuEventDestroy") CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
         if (call == "cuMemcpyHtoD" || call == "cuMemcpyDtoH") CK(cuMemAlloc(&dmem, 4096));
         static char host_buf[4096];
+        CUmodule mod = nullptr;
+        CUlibrary lib = nullptr;
+        Partition extra_part{};
+        if (call == "cuModuleUnload") CK(cuModuleLoadData(&mod, ptx_nop));
+        if (call == "cuLibraryUnload")
+            CK(cuLibraryLoadData(&lib, ptx_nop, nullptr, nullptr, 0, nullptr, nullptr, 0));
+        if (call == "cuGreenCtxDestroy") extra_part = split(dev, 8);
 
         ++seq;
         unsigned want = seq;
@@ -312,6 +322,13 @@ int main(int argc, char** argv) {
         } else if (call == "cuModuleLoadData") {
             CUmodule m;
             r = cuModuleLoadData(&m, ptx_nop);
+        } else if (call == "cuModuleUnload") {
+            r = cuModuleUnload(mod);
+        } else if (call == "cuLibraryUnload") {
+            r = cuLibraryUnload(lib);
+        } else if (call == "cuGreenCtxDestroy") {
+            r = cuGreenCtxDestroy(extra_part.ctl);
+            if (r == CUDA_SUCCESS) r = cuGreenCtxDestroy(extra_part.cli);
         } else if (call == "cuCtxSynchronize") {
             r = cuCtxSynchronize();
         }

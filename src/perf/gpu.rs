@@ -8,7 +8,6 @@
 //! the old one (not chosen by the random offsets), anything else is an error — so what the GPU
 //! wrote, the CPU reads.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -45,9 +44,9 @@ pub struct GpuPerfArgs {
     /// The SSD timing model of every namespace of the GPU-resident controller model
     /// (`--ssd-model`; needs `--controller gpu`).
     pub ssd_model: Option<SsdModel>,
-    /// The SMs the GPU-resident model runs on when it is one of several at once
+    /// The GPU-resident model's SMs and start gate when it is one of several started together
     /// ([`run_several_gpu`](super::run_several_gpu)); `None`: the GPU split for it alone.
-    pub partition: Option<Arc<gpu_queues::ffi::GreenPartition>>,
+    pub model_group: Option<gpu_emu::GroupMember>,
 }
 
 /// The GPU half of the report.
@@ -357,7 +356,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             media,
             args.controller_sms,
             args.ssd_model,
-            args.partition.clone(),
+            args.model_group.clone(),
         )?),
     };
     let opts = match &gpu_ctrl {

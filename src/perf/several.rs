@@ -121,7 +121,8 @@ pub struct NamedGpuReport {
 /// still finish first. With the GPU-resident model (`args.model`), each controller's model
 /// runs on SMs of its own: the GPU is split once into one partition per controller of
 /// `args.controller_sms` (rounded up by the driver: 8 on Hopper), the SMs left over shared by
-/// every controller's clients; refused, before anything starts, when too few are left.
+/// every controller's clients (refused, before anything starts, when too few are left), and
+/// no model launches before all of them have loaded their kernels ([`gpu_emu::ModelGroup`]).
 pub fn run_several_gpu(
     ctrls: &[(&Controller, &crate::open::Backend)],
     names: &[String],
@@ -133,13 +134,13 @@ pub fn run_several_gpu(
         Some(_) => {
             let cuda = gpu_queues::Cuda::open(0).context("opening the GPU")?;
             let n = u32::try_from(ctrls.len()).context("controllers")?;
-            gpu_queues::ffi::GreenPartition::split_several(&cuda, n, args.controller_sms)
+            gpu_emu::ModelGroup::split(&cuda, n, args.controller_sms)
                 .with_context(|| {
                     format!("splitting the GPU's SMs for {n} GPU-resident controller models")
                 })?
                 .into_iter()
-                .map(|p| super::gpu::GpuPerfArgs {
-                    partition: Some(p),
+                .map(|g| super::gpu::GpuPerfArgs {
+                    model_group: Some(g),
                     ..args.clone()
                 })
                 .collect()

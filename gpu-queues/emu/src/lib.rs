@@ -37,7 +37,10 @@ use gpu_queues::{GpuError, GpuQueueOptions, GpuQueues};
 use nvme::Controller;
 use nvme_emu::EmuDevice;
 
-pub use model::{GpuController, GpuControllerOptions, GpuFaults, MediaKind, ModelTransport};
+pub use model::{
+    GpuController, GpuControllerOptions, GpuFaults, GroupMember, MediaKind, ModelGroup,
+    ModelTransport,
+};
 pub use software::{CopyMode, DmaStats, RingPlacement, SoftwareTransport};
 pub use ssd_model::SsdModel;
 

@@ -137,10 +137,127 @@ pub struct GpuControllerOptions {
     pub lifetime: Duration,
     /// How long to wait for every controller warp to start.
     pub start_timeout: Duration,
-    /// The SMs to run on, for one of several models at once
-    /// ([`GreenPartition::split_several`]: disjoint controller sides); `None` splits the GPU
-    /// for this model alone (`controller_sms` for it, the rest for clients).
-    pub partition: Option<Arc<GreenPartition>>,
+    /// For one of several models started together ([`ModelGroup::split`]): the SMs it runs on
+    /// and the gate its launch waits at; `None` splits the GPU for this model alone
+    /// (`controller_sms` for it, the rest for clients).
+    pub group: Option<GroupMember>,
+}
+
+/// Several GPU-resident models started together, one per controller: the GPU's SMs split once
+/// ([`GreenPartition::split_several`]: disjoint controller sides, the rest shared by clients)
+/// and one [`StartGate`] that holds every model's launch until all of them have loaded and
+/// warmed up their kernels. A module load while a model's persistent kernel runs would wait
+/// for that kernel, and hold every other thread's CUDA launches meanwhile
+/// (`benches/probes/stream_progress.cu`): the models would stall each other's start until
+/// their lifetime ran out.
+pub struct ModelGroup;
+
+impl ModelGroup {
+    /// `n` members, each with `controller_sms` SMs (rounded up by the driver) of its own.
+    pub fn split(
+        cuda: &Arc<Cuda>,
+        n: u32,
+        controller_sms: u32,
+    ) -> Result<Vec<GroupMember>, GpuError> {
+        let gate = Arc::new(StartGate::new(n as usize));
+        Ok(GreenPartition::split_several(cuda, n, controller_sms)?
+            .into_iter()
+            .map(|partition| GroupMember {
+                partition,
+                gate: gate.clone(),
+            })
+            .collect())
+    }
+}
+
+/// One model of a [`ModelGroup`].
+#[derive(Clone, Debug)]
+pub struct GroupMember {
+    /// The SMs it runs on (its controller side is its own).
+    pub partition: Arc<GreenPartition>,
+    /// Where its launch waits for the others.
+    pub gate: Arc<StartGate>,
+}
+
+/// How long a model's launch waits at a [`StartGate`] for the other models of its group.
+const GATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Holds the launches of a [`ModelGroup`]'s models until every model has arrived (loaded and
+/// warmed up everything it launches), bounded; a model that fails before arriving releases the
+/// others with an error.
+#[derive(Debug)]
+pub struct StartGate {
+    parties: usize,
+    /// (arrived, a member failed before arriving)
+    state: Mutex<(usize, bool)>,
+    cv: std::sync::Condvar,
+}
+
+impl StartGate {
+    fn new(parties: usize) -> Self {
+        Self {
+            parties,
+            state: Mutex::new((0, false)),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, bool)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Arrives and waits (at most `timeout`) for every other member.
+    fn arrive_and_wait(&self, timeout: Duration) -> Result<(), GpuError> {
+        let start = Instant::now();
+        let mut st = self.lock();
+        st.0 += 1;
+        self.cv.notify_all();
+        loop {
+            if st.1 {
+                return Err(GpuError::Unsupported(
+                    "another GPU-resident model of the group failed to start".into(),
+                ));
+            }
+            if st.0 >= self.parties {
+                return Ok(());
+            }
+            let left = timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                st.1 = true;
+                self.cv.notify_all();
+                return Err(GpuError::Timeout {
+                    what: "the other GPU-resident models of the group to start",
+                    waited: timeout,
+                });
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Tells the others this member will not arrive.
+    fn fail(&self) {
+        self.lock().1 = true;
+        self.cv.notify_all();
+    }
+}
+
+/// A member's promise to arrive at its gate: failing (dropped) before it did releases the
+/// others with an error.
+struct Arrival<'a> {
+    gate: &'a StartGate,
+    arrived: bool,
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        if !self.arrived {
+            self.gate.fail();
+        }
+    }
 }
 
 impl Default for GpuControllerOptions {
@@ -151,7 +268,7 @@ impl Default for GpuControllerOptions {
             idle_ns: 1024,
             lifetime: Duration::from_secs(600),
             start_timeout: Duration::from_secs(5),
-            partition: None,
+            group: None,
         }
     }
 }
@@ -295,10 +412,15 @@ impl GpuController {
                 namespaces.len()
             )));
         }
+        // A member of a group arrives at its gate before launching, whatever happens first.
+        let mut arrival = opts.group.as_ref().map(|g| Arrival {
+            gate: &g.gate,
+            arrived: false,
+        });
         let kernels = Kernels::load(cuda)?;
         let emu_kernels = EmuKernels::load(cuda)?;
-        let partition = match &opts.partition {
-            Some(p) => p.clone(),
+        let partition = match &opts.group {
+            Some(g) => g.partition.clone(),
             None => GreenPartition::split(cuda, opts.controller_sms)?,
         };
         let stream = Stream::new(cuda, Placement::Controller, Some(&partition))?;
@@ -446,15 +568,25 @@ impl GpuController {
                  ({shared_bytes} B of dynamic shared memory per block); the model needs {MIN_PENDING}"
             )));
         }
-        stream.launch_with_shared(
+        // Every model of a group has loaded and warmed up what it launches before any of them
+        // launches its persistent kernel (see `ModelGroup`).
+        if let Some(a) = arrival.as_mut() {
+            a.arrived = true;
+            a.gate.arrive_and_wait(GATE_TIMEOUT)?;
+        }
+        // From the launch until the kernel has ended, frees are held back (they would wait for
+        // it): counted before the launch, so no free can start in between.
+        ffi::persistent_kernel_started();
+        if let Err(e) = stream.launch_with_shared(
             emu_kernels.controller,
             blocks,
             CTRL_WARPS * 32,
             shared_bytes,
             &[Arg::U64(shared.control.device_ptr())],
-        )?;
-        // From here until the kernel has ended, frees are held back (they would wait for it).
-        ffi::persistent_kernel_started();
+        ) {
+            ffi::persistent_kernel_ended(cuda);
+            return Err(e);
+        }
         let ctrl = Arc::new(Self {
             faults: GpuFaults {
                 shared: shared.clone(),
@@ -952,5 +1084,58 @@ impl QueueServer for Shared {
         if let Err(e) = self.cuda.make_current().and_then(|()| self.write_back()) {
             tracing::error!(error = %e, "writing GPU controller media back at shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_gate_opens_when_everyone_arrives() {
+        let gate = Arc::new(StartGate::new(3));
+        let others: Vec<_> = (0..2)
+            .map(|_| {
+                let g = gate.clone();
+                std::thread::spawn(move || g.arrive_and_wait(Duration::from_secs(30)))
+            })
+            .collect();
+        gate.arrive_and_wait(Duration::from_secs(30))
+            .expect("the last arrival opens it");
+        for t in others {
+            t.join().unwrap().expect("opened for everyone");
+        }
+    }
+
+    #[test]
+    fn a_member_that_fails_before_arriving_releases_the_others() {
+        let gate = Arc::new(StartGate::new(2));
+        let g = gate.clone();
+        let waiter = std::thread::spawn(move || {
+            let t = Instant::now();
+            (g.arrive_and_wait(Duration::from_secs(30)), t.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(Arrival {
+            gate: &gate,
+            arrived: false,
+        });
+        let (r, waited) = waiter.join().unwrap();
+        assert!(
+            matches!(r, Err(GpuError::Unsupported(ref m)) if m.contains("failed to start")),
+            "{r:?}"
+        );
+        assert!(waited < Duration::from_secs(10), "released at once");
+    }
+
+    #[test]
+    fn a_start_gate_wait_is_bounded() {
+        let gate = StartGate::new(2);
+        let t = Instant::now();
+        let r = gate.arrive_and_wait(Duration::from_millis(100));
+        assert!(matches!(r, Err(GpuError::Timeout { .. })), "{r:?}");
+        assert!(t.elapsed() >= Duration::from_millis(100));
+        // A later arrival finds the group failed rather than waiting again.
+        assert!(gate.arrive_and_wait(Duration::from_secs(30)).is_err());
     }
 }
