@@ -543,10 +543,7 @@ pub fn put_volume(
     force: bool,
     opts: &GpuFsOptions,
 ) -> Result<GpuPutReport> {
-    let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
-    let len = data.len() as u64;
-    let host = crc32c::crc32c(&data);
-    let target = gpu_io::prepare_target(fs, name, len, force)?;
+    let (data, len, host, target) = put_source(fs, src, name, force)?;
     let result = (|| {
         let (cuda, setups) = setup_members(ctrls, backends, opts)?;
         let pieces = [gpu_io::Piece::Host(data)];
@@ -590,10 +587,7 @@ pub fn put(
     force: bool,
     opts: &GpuFsOptions,
 ) -> Result<GpuPutReport> {
-    let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
-    let len = data.len() as u64;
-    let host = crc32c::crc32c(&data);
-    let target = gpu_io::prepare_target(fs, name, len, force)?;
+    let (data, len, host, target) = put_source(fs, src, name, force)?;
     let result = (|| {
         let (cuda, setup) = setup(ctrl, backend, opts)?;
         let pieces = [gpu_io::Piece::Host(data)];
@@ -608,6 +602,20 @@ pub fn put(
     })();
     let (written, device) = gpu_io::finish_target(fs, target, result)?;
     put_report(fs, name, len, host, written, device)
+}
+
+/// A put's source file read into memory, its length and CRC-32C, and the file it goes to.
+fn put_source(
+    fs: &FileSystem,
+    src: &Path,
+    name: &str,
+    force: bool,
+) -> Result<(Vec<u8>, u64, u32, gpu_io::Target)> {
+    let data = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+    let len = data.len() as u64;
+    let host = crc32c::crc32c(&data);
+    let target = gpu_io::prepare_target(fs, name, len, force)?;
+    Ok((data, len, host, target))
 }
 
 /// The report of a GPU put of `len` bytes whose host CRC-32C is `host`, once the CPU has read

@@ -592,7 +592,7 @@ fn perf_runs_on_every_controller_at_once() {
             dir.path(),
             &format!("{all} perf --gpu --controller gpu --ios 10"),
         ),
-        "over several devices is not supported yet",
+        "over several devices is not available yet",
     );
     ok(&gpunvme(dir.path(), "--device p1.img fs mkfs"));
     fails_with(

@@ -129,13 +129,7 @@ impl<'q> VolumeFiles<'q> {
         let pinned = file.extent_table()?;
         let table = pinned.table().clone();
         let size = table.files().first().map_or(0, |f| f.size_bytes);
-        let keep: Arc<dyn Send + Sync> = Arc::new(pinned);
-        let members = volume
-            .member_tables(&table)
-            .into_iter()
-            .zip(&self.members)
-            .map(|(t, f)| f.open_table(t, file.name(), keep.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let members = self.member_files(volume, &table, file.name(), Arc::new(pinned))?;
         Ok(VolumeFile {
             name: file.name().to_owned(),
             size,
@@ -157,13 +151,7 @@ impl<'q> VolumeFiles<'q> {
         let reservation = file.reserve_device_write(len)?;
         let table = reservation.table().clone();
         // The reservation holds the blocks; the member tables need nothing else kept.
-        let keep: Arc<dyn Send + Sync> = Arc::new(());
-        let members = volume
-            .member_tables(&table)
-            .into_iter()
-            .zip(&self.members)
-            .map(|(t, f)| f.open_table(t, file.name(), keep.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let members = self.member_files(volume, &table, file.name(), Arc::new(()))?;
         Ok(VolumeWrite {
             name: file.name().to_owned(),
             table,
@@ -215,6 +203,23 @@ impl<'q> VolumeFiles<'q> {
         }
         let runs = volume.member_write_runs(&file.table, 0, offset, len);
         self.transfer(&runs, &file.members, offset, src, true, watch)
+    }
+
+    /// `table` cut per member, each part in GPU memory for its member's queues, `keep` held
+    /// by all of them.
+    fn member_files(
+        &self,
+        volume: &StripedVolume,
+        table: &ExtentTable,
+        name: &str,
+        keep: Arc<dyn Send + Sync>,
+    ) -> Result<Vec<GpuFile>, FilesError> {
+        volume
+            .member_tables(table)
+            .into_iter()
+            .zip(&self.members)
+            .map(|(t, f)| f.open_table(t, name, keep.clone()))
+            .collect()
     }
 
     fn check_members(&self, volume: &StripedVolume) -> Result<(), FilesError> {

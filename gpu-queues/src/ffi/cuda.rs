@@ -605,75 +605,14 @@ unsafe impl Sync for RawPartition {}
 
 impl RawPartition {
     /// Splits the device's SM resource (`cuDevSmResourceSplitByCount`) and makes a green context
-    /// of each part; returns them with the SMs of each.
+    /// of each part; returns them with the SMs of each ([`RawPartition::split_several`] with
+    /// one group).
     pub(super) fn split(cuda: &Cuda, controller_sms: u32) -> Result<(Self, u32, u32), GpuError> {
-        cuda.make_current()?;
-        let dev = cuda.raw.dev;
-        // SAFETY: plain driver calls on zeroed POD out-structures.
-        unsafe {
-            let mut all: sys::CUdevResource = std::mem::zeroed();
-            check(
-                "cuDeviceGetDevResource",
-                sys::cuDeviceGetDevResource(
-                    dev,
-                    &mut all,
-                    sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-                ),
-            )?;
-            let mut group: sys::CUdevResource = std::mem::zeroed();
-            let mut rest: sys::CUdevResource = std::mem::zeroed();
-            let mut groups = 1u32;
-            check(
-                "cuDevSmResourceSplitByCount",
-                sys::cuDevSmResourceSplitByCount(
-                    &mut group,
-                    &mut groups,
-                    &all,
-                    &mut rest,
-                    0,
-                    controller_sms.max(1),
-                ),
-            )?;
-            let controller_sms = group.__bindgen_anon_1.sm.smCount;
-            let client_sms = rest.__bindgen_anon_1.sm.smCount;
-            if groups != 1 || client_sms == 0 {
-                return Err(GpuError::Unsupported(format!(
-                    "cannot reserve {controller_sms} SMs for the controller: {} SMs in all",
-                    all.__bindgen_anon_1.sm.smCount
-                )));
-            }
-            let make = |res: &mut sys::CUdevResource| -> Result<sys::CUgreenCtx, GpuError> {
-                let mut desc = std::ptr::null_mut();
-                check(
-                    "cuDevResourceGenerateDesc",
-                    sys::cuDevResourceGenerateDesc(&mut desc, res, 1),
-                )?;
-                let mut g = std::ptr::null_mut();
-                check(
-                    "cuGreenCtxCreate",
-                    sys::cuGreenCtxCreate(
-                        &mut g,
-                        desc,
-                        dev,
-                        sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
-                    ),
-                )?;
-                Ok(g)
-            };
-            let controller = make(&mut group)?;
-            let client = match make(&mut rest) {
-                Ok(c) => c,
-                Err(e) => {
-                    sys::cuGreenCtxDestroy(controller);
-                    return Err(e);
-                }
-            };
-            Ok((Self { controller, client }, controller_sms, client_sms))
-        }
+        Self::split_several(cuda, 1, controller_sms)?
+            .pop()
+            .ok_or_else(|| GpuError::Unsupported("the SM split made no partition".into()))
     }
-}
 
-impl RawPartition {
     /// `groups` disjoint controller partitions of at least `controller_sms` SMs each
     /// (`cuDevSmResourceSplitByCount` with `groups` groups) and, for each, a green context of
     /// the SMs left over for clients (every partition's client side is the same SMs); with the

@@ -435,15 +435,9 @@ impl RawPartition {
     /// The split by count only: `controller_sms` (at least 1) for the controller, the rest of
     /// the reported SMs for clients; refused if none would be left for clients.
     pub(super) fn split(cuda: &Cuda, controller_sms: u32) -> Result<(Self, u32, u32), GpuError> {
-        let controller_sms = controller_sms.max(1);
-        let client_sms = cuda.sm_count.saturating_sub(controller_sms);
-        if client_sms == 0 {
-            return Err(GpuError::Unsupported(format!(
-                "cannot reserve {controller_sms} SMs for the controller: {} SMs in all",
-                cuda.sm_count
-            )));
-        }
-        Ok((Self, controller_sms, client_sms))
+        Self::split_several(cuda, 1, controller_sms)?
+            .pop()
+            .ok_or_else(|| GpuError::Unsupported("the SM split made no partition".into()))
     }
 
     /// The split by count only: `groups` partitions of `controller_sms` (at least 1) each, the
