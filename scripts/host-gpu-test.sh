@@ -8,7 +8,7 @@
 # tests) and the GPU-resident controller (strict statuses, write protection, a host-thread
 # client through six ring wraps, the refusal without free SMs).
 #
-#   scripts/host-gpu-test.sh          the CI subset (about 12 minutes on 2 cores, plus the build)
+#   scripts/host-gpu-test.sh          the CI subset (about 15 minutes on 2 cores, plus the build)
 #   scripts/host-gpu-test.sh --all    every GPU test that is not timing-bound (over 20 minutes)
 #
 # Timing-bound tests (300 ms drops, the SSD model's rates, perf runs of 20,000 I/Os) are out of
