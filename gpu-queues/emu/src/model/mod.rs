@@ -382,6 +382,11 @@ pub struct GpuController {
     pending_per_warp: u32,
     faults: GpuFaults,
     stopped: Mutex<Option<GpuControllerStats>>,
+    /// Whether the kernel still counts as a running persistent kernel (frees held back): set at
+    /// the launch, cleared exactly once when the kernel is seen ended, even if `stop` then
+    /// fails and is called again (a second count down would let frees through while another
+    /// model runs).
+    counted: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for GpuController {
@@ -605,6 +610,7 @@ impl GpuController {
             ssd_models: namespaces.iter().map(|n| n.ssd_model).collect(),
             pending_per_warp,
             stopped: Mutex::new(None),
+            counted: std::sync::atomic::AtomicBool::new(true),
         });
         // Every warp must report in: a block that never became resident (no free SMs) would
         // leave its queues unserved.
@@ -717,7 +723,12 @@ impl GpuController {
         self.emu.set_queue_server(None);
         self.shared.control.store_u32(0, 1);
         self.stream.wait_idle(STOP_TIMEOUT)?;
-        ffi::persistent_kernel_ended(&self.shared.cuda);
+        if self
+            .counted
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            ffi::persistent_kernel_ended(&self.shared.cuda);
+        }
         let mut all = vec![CtrlCounters::default(); self.shared.warps];
         self.counters.read(0, all.as_mut_bytes())?;
         let mut s = GpuControllerStats::default();
