@@ -564,7 +564,7 @@ pub(super) enum Deferred {
 /// What frees wait for, and the frees held back meanwhile.
 ///
 /// With CUDA, `cuMemFree` and `cuMemFreeHost` wait until the whole device is idle, and while
-/// they wait every other host thread's launches and copies wait too (measured on an H100 with
+/// they wait other host threads' kernel launches wait too (measured on an H100 with
 /// driver 580, `benches/probes/stream_progress.cu`: a free 5 ms into a client kernel's wait held
 /// a second thread's launch until that kernel gave up, 2 s later; `cuMemHostUnregister` and
 /// `cuModuleLoadData` did the same, allocations did not). A kernel waiting for a controller
