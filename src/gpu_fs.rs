@@ -428,8 +428,8 @@ impl GpuGetReport {
 
 /// `fs get --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
 /// order): GPU queues on every member's controller, the file read on each member's queues
-/// ([`blockfs_gpu::VolumeFiles`], every member's batch in flight at once), checksummed on the GPU and
-/// compared as [`get`] does. The GPU-resident model is refused here.
+/// ([`blockfs_gpu::VolumeFiles`], every member's batch in flight at once), checksummed on the
+/// GPU and compared as [`get`] does. The GPU-resident model is refused here.
 pub fn get_volume(
     ctrls: &[&Controller],
     backends: &[&Backend],
@@ -454,14 +454,7 @@ pub fn get_volume(
             gpu_queues::ffi::DeviceMemory::alloc(&cuda, size.max(1) as usize)
                 .context("allocating GPU memory for the file")?,
         );
-        let mut watches: Vec<_> = ctrls
-            .iter()
-            .zip(backends)
-            .map(|(c, b)| gpu::watchdog(c, b, None))
-            .collect();
-        let r = vf.read(volume, &vfile, 0, &dst, || {
-            watches.iter_mut().find_map(|w| w())
-        })?;
+        let r = vf.read(volume, &vfile, 0, &dst, members_watchdog(ctrls, backends))?;
         ensure!(r.bytes == size, "the GPU read {} of {size} bytes", r.bytes);
         let q0 = queues[0];
         let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
@@ -517,6 +510,19 @@ fn setup_members(
     Ok((cuda.context("a volume without members")?, setups))
 }
 
+/// Every member's [`gpu::watchdog`] in one: the first member's reason to abort.
+fn members_watchdog<'a>(
+    ctrls: &[&'a Controller],
+    backends: &[&Backend],
+) -> impl FnMut() -> Option<String> + Send + 'a {
+    let mut watches: Vec<_> = ctrls
+        .iter()
+        .zip(backends)
+        .map(|(c, b)| gpu::watchdog(c, b, None))
+        .collect();
+    move || watches.iter_mut().find_map(|w| w())
+}
+
 /// Tears every member's GPU queues down; the first failure is the result.
 fn teardown_members(setups: Vec<GpuSetup>) -> Result<()> {
     let mut down = Ok(());
@@ -547,16 +553,10 @@ pub fn put_volume(
     let result = (|| {
         let (cuda, setups) = setup_members(ctrls, backends, opts)?;
         let pieces = [gpu_io::Piece::Host(data)];
-        let mut watches: Vec<_> = ctrls
-            .iter()
-            .zip(backends)
-            .map(|(c, b)| gpu::watchdog(c, b, None))
-            .collect();
         let refs: Vec<&GpuSetup> = setups.iter().collect();
+        let watch = members_watchdog(ctrls, backends);
         let written =
-            gpu_io::write_pieces_volume(&refs, volume, &target.file, &pieces, Some(host), || {
-                watches.iter_mut().find_map(|w| w())
-            });
+            gpu_io::write_pieces_volume(&refs, volume, &target.file, &pieces, Some(host), watch);
         let down = teardown_members(setups);
         let mut written = written?;
         down?;

@@ -283,9 +283,10 @@ pub fn run_volume(
         ..gpu.options()
     };
     let b: Vec<&Backend> = backends.iter().collect();
+    let mount = || FileSystem::mount(volume.clone()).context("mounting blockfs on the volume");
     match &cmd {
         FsCommand::Get { name, gpu, .. } if gpu.gpu => {
-            let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
+            let fs = mount()?;
             let report = gpu_fs::get_volume(&refs, &b, &volume, &fs, name, &gpu_opts(gpu))?;
             return print_report(&report, json, false);
         }
@@ -296,7 +297,7 @@ pub fn run_volume(
             gpu,
             ..
         } if gpu.gpu => {
-            let fs = FileSystem::mount(volume.clone()).context("mounting blockfs on the volume")?;
+            let fs = mount()?;
             let report =
                 gpu_fs::put_volume(&refs, &b, &volume, &fs, src, name, *force, &gpu_opts(gpu))?;
             return print_report(&report, json, false);

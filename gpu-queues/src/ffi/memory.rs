@@ -645,40 +645,33 @@ pub(super) fn client_launch_gate() -> std::sync::RwLockReadGuard<'static, ()> {
 /// Frees the memory of a dropped owner (`what`), or holds it back while a kernel may be waiting
 /// for a controller (see [`Holds`]).
 fn free_or_defer(cuda: &Cuda, what: Deferred) {
+    settle(cuda, Some(what));
+}
+
+/// Performs the frees held back, if any and if nothing holds them any more (see [`Holds`]).
+pub(super) fn release_held(cuda: &Cuda) {
+    if HELD.load(Ordering::Relaxed) != 0 {
+        settle(cuda, None);
+    }
+}
+
+/// Under the gate: adds `new` to the frees held back, then performs them all (in the order
+/// they were asked for) unless something still holds them.
+fn settle(cuda: &Cuda, new: Option<Deferred>) {
     let _gate = LAUNCH_GATE.write().unwrap_or_else(|e| e.into_inner());
     let held = {
         let mut h = holds();
-        if h.busy() {
-            h.held.push(what);
+        h.held.extend(new);
+        if h.held.is_empty() || h.busy() {
             HELD.store(h.held.len(), Ordering::Relaxed);
             return;
         }
         HELD.store(0, Ordering::Relaxed);
         std::mem::take(&mut h.held)
     };
-    for d in held.into_iter().chain(std::iter::once(what)) {
+    for d in held {
         // SAFETY: each is the allocation of an owner that was dropped (nothing refers to it
         // any more), held back at most once, freed once, here.
-        unsafe { backend::free(cuda, d) }
-    }
-}
-
-/// Performs the frees held back, if any and if nothing holds them any more (see [`Holds`]).
-pub(super) fn release_held(cuda: &Cuda) {
-    if HELD.load(Ordering::Relaxed) == 0 {
-        return;
-    }
-    let _gate = LAUNCH_GATE.write().unwrap_or_else(|e| e.into_inner());
-    let held = {
-        let mut h = holds();
-        if h.held.is_empty() || h.busy() {
-            return;
-        }
-        HELD.store(0, Ordering::Relaxed);
-        std::mem::take(&mut h.held)
-    };
-    for d in held {
-        // SAFETY: as in `free_or_defer`.
         unsafe { backend::free(cuda, d) }
     }
 }
