@@ -3,7 +3,7 @@
 # in .gpu-bin/ (scripts/gpu-build.sh):
 #
 #   scripts/gpu-scale-bench.sh [--bin DIR] [--counts "1 2 4 8"] [--secs S] [--threads T]
-#                              [--controllers "emu"] [--ssd-model SPEC]
+#                              [--controllers "emu gpu"] [--ssd-model SPEC]
 #
 # N controllers, each over its own 1 GiB image on /dev/shm (filled with real pages by the CPU
 # first), run `perf --gpu` at once (`--device a,b,...`: each controller its own GPU queues and
@@ -15,14 +15,12 @@
 #   gpu  the GPU-resident model, one per controller on SMs of its own (8 each on Hopper), hbm
 #        media, each namespace one modelled drive (--ssd-model, default a Gen4 drive:
 #        read_us=80,iops=1M,bw=7GB/s); the rows say the fraction of the drives' cap reached.
-#        The CLI refuses it over several devices for now (docs/testing.md, "Several
-#        GPU-resident models"), so only --counts 1 runs; not in the default kinds.
 # Prints one JSON line per run and a summary {"summary": ...} with the scaling efficiency,
 # throughput at N / (N x throughput at 1), per kind. A failed run prints {"error": ...} and the
 # script exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=.gpu-bin COUNTS="1 2 4 8" SECS=3 THREADS=2 KINDS="emu"
+BIN=.gpu-bin COUNTS="1 2 4 8" SECS=3 THREADS=2 KINDS="emu gpu"
 MODEL="read_us=80,iops=1M,bw=7GB/s"
 while [ $# -gt 0 ]; do
     case "$1" in

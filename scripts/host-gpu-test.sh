@@ -39,6 +39,7 @@ TESTS=(
     rings_in_host_memory_carry_every_shape_and_perf
     several_controllers_run_perf_gpu_at_once
     volume_files_are_read_on_every_members_queues
+    volume_files_on_gpu_resident_models
     a_descriptor_whose_depth_is_not_a_power_of_two_is_refused
     media_error_is_a_per_command_status
     frees_while_a_client_waits_are_held_until_it_ends

@@ -3,7 +3,7 @@
 # carried in .gpu-bin/ (scripts/gpu-build.sh):
 #
 #   scripts/volume-gpu-test.sh [--bin DIR] [--counts "2 4"] [--mib M] [--reps R]
-#                              [--threads T] [--pairs P]
+#                              [--threads T] [--pairs P] [--controllers "emu gpu"]
 #
 # For each member count N: N images on /dev/shm, `fs mkfs --stripe 1m` over them, a file of M
 # MiB + 1234 bytes of random data (an unaligned tail) put through the CPU, then R runs of
@@ -11,11 +11,12 @@
 # controller threads and P queue pairs per controller), each ending with the GPU's CRC-32C
 # equal to the host's and to the one recorded; then two `fs put --gpu --force` of the same
 # data (written on every member's queues, read back and checked by the CPU) and a CPU `fs get`
-# of the result compared with the source. One JSON line per run, then {"summary": ...}; exits 1
-# if any run failed.
+# of the result compared with the source. Each of that for every kind of controller: `emu`, the
+# software controllers; `gpu`, a GPU-resident model per member (hbm media, each on SMs of its
+# own). One JSON line per run, then {"summary": ...} (keys kind-N); exits 1 if any run failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=.gpu-bin COUNTS="2 4" MIB=2048 REPS=5 THREADS=4 PAIRS=16
+BIN=.gpu-bin COUNTS="2 4" MIB=2048 REPS=5 THREADS=4 PAIRS=16 KINDS="emu gpu"
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN=$2; shift 2 ;;
@@ -24,7 +25,8 @@ while [ $# -gt 0 ]; do
         --reps) REPS=$2; shift 2 ;;
         --threads) THREADS=$2; shift 2 ;;
         --pairs) PAIRS=$2; shift 2 ;;
-        *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+        --controllers) KINDS=$2; shift 2 ;;
+        *) sed -n '2,16p' "$0" >&2; exit 2 ;;
     esac
 done
 . scripts/gpu-bin-lib.sh && use_gpu_bins "$BIN"
@@ -47,14 +49,21 @@ for n in $COUNTS; do
         failed=$((failed + 1))
         continue
     fi
+    for ctl in $KINDS; do
+    case "$ctl" in
+        emu) CTL_ARGS=() ;;
+        gpu) CTL_ARGS=(--controller gpu --media hbm) ;;
+        *) echo "{\"error\": \"unknown controller kind $ctl (emu or gpu)\"}"; exit 2 ;;
+    esac
+    export CTL=$ctl
     speeds=()
     for r in $(seq 1 "$REPS"); do
         runs=$((runs + 1))
         out=$(timeout 300 "$G" --device "$devs" --controller-threads "$THREADS" \
-            --controller-queue-pairs "$PAIRS" --json fs get --gpu d/x 2>"$DIR/err")
+            --controller-queue-pairs "$PAIRS" --json fs get --gpu "${CTL_ARGS[@]}" d/x 2>"$DIR/err")
         rc=$?
         line=$(python3 -c '
-import json, sys
+import json, os, sys
 n, r, rc = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 err = open(sys.argv[4]).read().strip().replace("\n", " ")[-400:]
 try:
@@ -62,11 +71,11 @@ try:
 except Exception:
     d = {}
 if "bytes" not in d:
-    print(json.dumps({"members": n, "run": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
+    print(json.dumps({"controller": os.environ["CTL"], "members": n, "run": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
 rec = d.get("recorded_crc32c")
 ok = (rc == 0 and d["gpu_crc32c"] == d["host_crc32c"] and rec in (None, d["host_crc32c"])
       and d.get("members") == n)
-print(json.dumps({"members": n, "run": r, "ok": ok, "bytes": d["bytes"],
+print(json.dumps({"controller": os.environ["CTL"], "members": n, "run": r, "ok": ok, "bytes": d["bytes"],
     "gb_per_s": round(d["bytes_per_sec"] / 1e9, 2), "gpu_crc32c": d["gpu_crc32c"],
     "host_crc32c": d["host_crc32c"], "recorded": rec}))
 sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$DIR/err" <<<"$out")
@@ -82,7 +91,7 @@ sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$DIR/err" <<<"$out")
     for r in 1 2; do
         runs=$((runs + 1))
         out=$(timeout 300 "$G" --device "$devs" --controller-threads "$THREADS" \
-            --controller-queue-pairs "$PAIRS" --json fs put --gpu --force "$DIR/data" d/y \
+            --controller-queue-pairs "$PAIRS" --json fs put --gpu "${CTL_ARGS[@]}" --force "$DIR/data" d/y \
             2>"$DIR/err")
         rc=$?
         rm -f "$DIR/back"
@@ -90,7 +99,7 @@ sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$DIR/err" <<<"$out")
             cmp -s "$DIR/data" "$DIR/back"
         same=$?
         line=$(python3 -c '
-import json, sys
+import json, os, sys
 n, r, rc, same = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) == 0
 err = open(sys.argv[5]).read().strip().replace("\n", " ")[-400:]
 try:
@@ -98,9 +107,9 @@ try:
 except Exception:
     d = {}
 if "bytes" not in d:
-    print(json.dumps({"members": n, "put": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
+    print(json.dumps({"controller": os.environ["CTL"], "members": n, "put": r, "ok": False, "rc": rc, "error": err})); sys.exit(1)
 ok = rc == 0 and d["verified"] and d["gpu_crc32c"] == d["host_crc32c"] and same
-print(json.dumps({"members": n, "put": r, "ok": ok, "bytes": d["bytes"],
+print(json.dumps({"controller": os.environ["CTL"], "members": n, "put": r, "ok": ok, "bytes": d["bytes"],
     "gb_per_s": round(d["bytes_per_sec"] / 1e9, 2), "crc32c": d["gpu_crc32c"],
     "cpu_get_matches": same}))
 sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$same" "$DIR/err" <<<"$out")
@@ -112,7 +121,8 @@ sys.exit(0 if ok else 1)' "$n" "$r" "$rc" "$same" "$DIR/err" <<<"$out")
             puts+=("$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["gb_per_s"])' "$line")")
         fi
     done
-    SUMMARY+=("\"$n\": {\"passed\": ${#speeds[@]}, \"of\": $REPS, \"gb_per_s\": [$(IFS=,; echo "${speeds[*]}")], \"puts_passed\": ${#puts[@]}, \"put_gb_per_s\": [$(IFS=,; echo "${puts[*]}")]}")
+    SUMMARY+=("\"$ctl-$n\": {\"passed\": ${#speeds[@]}, \"of\": $REPS, \"gb_per_s\": [$(IFS=,; echo "${speeds[*]}")], \"puts_passed\": ${#puts[@]}, \"put_gb_per_s\": [$(IFS=,; echo "${puts[*]}")]}")
+    done
 done
 echo "{\"summary\": {$(IFS=,; echo "${SUMMARY[*]}")}, \"failed\": $failed, \"runs\": $runs}"
 [ $failed -eq 0 ]

@@ -237,6 +237,18 @@ pub fn setup(
     backend: &Backend,
     opts: &GpuFsOptions,
 ) -> Result<(Arc<Cuda>, GpuSetup)> {
+    setup_in_group(ctrl, backend, opts, None)
+}
+
+/// [`setup`], the model (if `opts` asks for one) one of a [`gpu_emu::ModelGroup`] when `group`
+/// is given: it launches only once every model of the group has started (call from a thread
+/// per member).
+fn setup_in_group(
+    ctrl: &Controller,
+    backend: &Backend,
+    opts: &GpuFsOptions,
+    group: Option<gpu_emu::GroupMember>,
+) -> Result<(Arc<Cuda>, GpuSetup)> {
     let cuda = Cuda::open(0).context("--gpu")?;
     let model = match opts.serving {
         Serving::Device => None,
@@ -252,7 +264,7 @@ pub fn setup(
                 media,
                 opts.controller_sms,
                 opts.ssd_model,
-                None,
+                group,
             )?)
         }
     };
@@ -429,7 +441,8 @@ impl GpuGetReport {
 /// `fs get --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
 /// order): GPU queues on every member's controller, the file read on each member's queues
 /// ([`blockfs_gpu::VolumeFiles`], every member's batch in flight at once), checksummed on the
-/// GPU and compared as [`get`] does. The GPU-resident model is refused here.
+/// GPU and compared as [`get`] does. With the GPU-resident model, one model per member, each
+/// on SMs of its own.
 pub fn get_volume(
     ctrls: &[&Controller],
     backends: &[&Backend],
@@ -454,7 +467,8 @@ pub fn get_volume(
             gpu_queues::ffi::DeviceMemory::alloc(&cuda, size.max(1) as usize)
                 .context("allocating GPU memory for the file")?,
         );
-        let r = vf.read(volume, &vfile, 0, &dst, members_watchdog(ctrls, backends))?;
+        let watch = members_watchdog(ctrls, backends, &setups);
+        let r = vf.read(volume, &vfile, 0, &dst, watch)?;
         ensure!(r.bytes == size, "the GPU read {} of {size} bytes", r.bytes);
         let q0 = queues[0];
         let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
@@ -482,62 +496,116 @@ pub fn get_volume(
 }
 
 /// GPU queues on every member's controller (`ctrls` with their `backends`, in member order),
-/// or none: what was brought up is torn down when a member fails. The GPU-resident model is
-/// refused.
+/// or none: what was brought up is torn down when a member fails. With the GPU-resident model
+/// ([`Serving::Model`]), a model per member, each on SMs of its own (the GPU split once by
+/// [`gpu_emu::ModelGroup`], the SMs left over shared by every member's clients), started on a
+/// thread each: no model launches before every one has loaded its kernels.
 fn setup_members(
     ctrls: &[&Controller],
     backends: &[&Backend],
     opts: &GpuFsOptions,
 ) -> Result<(Arc<Cuda>, Vec<GpuSetup>)> {
-    ensure!(
-        opts.serving == Serving::Device,
-        "--controller gpu on a volume over several --device is not supported yet"
-    );
+    let results: Vec<Result<(Arc<Cuda>, GpuSetup)>> = match opts.serving {
+        Serving::Device => {
+            let mut results = Vec::with_capacity(ctrls.len());
+            for (c, b) in ctrls.iter().zip(backends) {
+                let r = setup(c, b, opts);
+                let failed = r.is_err();
+                results.push(r);
+                if failed {
+                    break;
+                }
+            }
+            results
+        }
+        Serving::Model(_) => {
+            let cuda = Cuda::open(0).context("--gpu")?;
+            let n = u32::try_from(ctrls.len()).context("members")?;
+            let group =
+                gpu_emu::ModelGroup::split(&cuda, n, opts.controller_sms).with_context(|| {
+                    format!("splitting the GPU's SMs for {n} GPU-resident controller models")
+                })?;
+            std::thread::scope(|s| {
+                let started: Vec<_> = ctrls
+                    .iter()
+                    .zip(backends)
+                    .zip(group)
+                    .map(|((c, b), g)| s.spawn(move || setup_in_group(c, b, opts, Some(g))))
+                    .collect();
+                started
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(anyhow::anyhow!("a member's GPU setup panicked"))
+                        })
+                    })
+                    .collect()
+            })
+        }
+    };
     let mut setups = Vec::with_capacity(ctrls.len());
     let mut cuda = None;
-    for (c, b) in ctrls.iter().zip(backends) {
-        match setup(c, b, opts) {
+    let mut first_error = None;
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
             Ok((cu, s)) => {
                 cuda.get_or_insert(cu);
                 setups.push(s);
             }
             Err(e) => {
-                let _ = teardown_members(setups);
-                return Err(e);
+                first_error.get_or_insert(e.context(format!("volume member {i}")));
             }
         }
+    }
+    if let Some(e) = first_error {
+        let _ = teardown_members(setups);
+        return Err(e);
     }
     Ok((cuda.context("a volume without members")?, setups))
 }
 
-/// Every member's [`gpu::watchdog`] in one: the first member's reason to abort.
+/// Every member's [`gpu::watchdog`] in one (each with its model, if any): the first member's
+/// reason to abort.
 fn members_watchdog<'a>(
     ctrls: &[&'a Controller],
     backends: &[&Backend],
+    setups: &'a [GpuSetup],
 ) -> impl FnMut() -> Option<String> + Send + 'a {
     let mut watches: Vec<_> = ctrls
         .iter()
         .zip(backends)
-        .map(|(c, b)| gpu::watchdog(c, b, None))
+        .zip(setups)
+        .map(|((c, b), s)| gpu::watchdog(c, b, s.model.as_ref()))
         .collect();
     move || watches.iter_mut().find_map(|w| w())
 }
 
-/// Tears every member's GPU queues down; the first failure is the result.
+/// Tears every member's GPU queues down, then stops every model (writing its media back), and
+/// only then lets any model go: a model's teardown (an image unregistered, with `host` media)
+/// would wait for the other models' kernels while they still ran. The first failure is the
+/// result.
 fn teardown_members(setups: Vec<GpuSetup>) -> Result<()> {
     let mut down = Ok(());
+    let mut models = Vec::new();
     for s in setups {
-        let d = teardown(s);
+        let GpuSetup { queues, model, .. } = s;
+        drop(queues);
+        models.extend(model);
+    }
+    for m in &models {
+        let stopped = m.stop().context("stopping the GPU controller");
         if down.is_ok() {
-            down = d;
+            down = stopped.map(drop);
         }
     }
+    drop(models);
     down
 }
 
 /// `fs put --gpu` on a striped volume over `ctrls` (each with its `backends` entry, in member
 /// order): as [`put`], the file's reservation cut per member and every window written on its
-/// members' GPU queues ([`gpu_io::write_pieces_volume`]). The GPU-resident model is refused.
+/// members' GPU queues ([`gpu_io::write_pieces_volume`]); with the GPU-resident model, one model
+/// per member, as [`get_volume`].
 #[allow(clippy::too_many_arguments)]
 pub fn put_volume(
     ctrls: &[&Controller],
@@ -554,7 +622,7 @@ pub fn put_volume(
         let (cuda, setups) = setup_members(ctrls, backends, opts)?;
         let pieces = [gpu_io::Piece::Host(data)];
         let refs: Vec<&GpuSetup> = setups.iter().collect();
-        let watch = members_watchdog(ctrls, backends);
+        let watch = members_watchdog(ctrls, backends, &setups);
         let written =
             gpu_io::write_pieces_volume(&refs, volume, &target.file, &pieces, Some(host), watch);
         let down = teardown_members(setups);

@@ -537,15 +537,6 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             }
             let cfg = perf_config(&p)?;
             if p.gpu {
-                // The library runs a model per controller (gpunvme::perf::run_several_gpu,
-                // tested), but from the CLI two models stalled in 2 of 4 runs on the H100
-                // (docs/testing.md, "Several GPU-resident models"): refused until found.
-                anyhow::ensure!(
-                    p.controller != ControllerArg::Gpu,
-                    "perf --gpu --controller gpu over several devices is not available yet: a \
-                     run of two GPU-resident models stalled on the H100 (docs/testing.md); \
-                     --controller emu runs on each software controller"
-                );
                 let pairs: Vec<_> = ctrls.iter().zip(&backends).collect();
                 let report = perf::run_several_gpu(&pairs, &args.device, &gpu_perf_args(&p, cfg))?;
                 return cli::perf::print_several_gpu(&report, args.json);

@@ -585,14 +585,26 @@ fn perf_runs_on_every_controller_at_once() {
             "p{i}.img was written"
         );
     }
-    // --gpu runs on each controller too (tests/gpu.rs, on a GPU); the GPU-resident model over
-    // several is refused before anything runs.
+    // --gpu runs on each controller too, and the GPU-resident model as one model per
+    // controller (tests/gpu.rs and scripts/gpu-scale-bench.sh, on a GPU); without one, both
+    // say so.
+    if !gpunvme::gpu_queues::cuda_present() {
+        for ctl in ["emu", "gpu"] {
+            fails_with(
+                &gpunvme(
+                    dir.path(),
+                    &format!("{all} perf --gpu --controller {ctl} --ios 10"),
+                ),
+                "no GPU",
+            );
+        }
+    }
     fails_with(
         &gpunvme(
             dir.path(),
-            &format!("{all} perf --gpu --controller gpu --ios 10"),
+            &format!("{all} perf --gpu --controller gpu --media host --ios 10"),
         ),
-        "over several devices is not available yet",
+        "--media host over several devices is not available",
     );
     ok(&gpunvme(dir.path(), "--device p1.img fs mkfs"));
     fails_with(

@@ -2282,6 +2282,87 @@ fn volume_files_are_read_on_every_members_queues() {
     }
 }
 
+/// A striped volume over two GPU-resident models (issue 23: files on several modelled
+/// drives): one model per member, each on SMs of its own (one `ModelGroup`), started together;
+/// `fs get --gpu` checked by the GPU's CRC-32C against the host's, `fs put --gpu` by a CPU
+/// read-back after the models wrote their media back to the images.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn volume_files_on_gpu_resident_models() {
+    use blockfs::{
+        BlockDevice, CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
+        OpenMode, StripedVolume,
+    };
+    use gpunvme::gpu::Serving;
+    use gpunvme::gpu_fs::{GpuFsOptions, get_volume, put_volume};
+    use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};
+    let images = [image("volume-a"), image("volume-b")];
+    let opts = OpenOptions {
+        controller_threads: 1,
+        controller_queue_pairs: 8,
+        ..OpenOptions::default()
+    };
+    let opened: Vec<_> = images
+        .iter()
+        .map(|p| {
+            let spec = DeviceSpec::parse(Some(p.to_str().expect("UTF-8"))).expect("spec");
+            open::open_controller_and_transport(&spec, &opts).expect("open")
+        })
+        .collect();
+    let dev_opts = NvmeDeviceOptions {
+        queues: 2,
+        ..NvmeDeviceOptions::default()
+    };
+    let members: Vec<Arc<dyn BlockDevice>> = opened
+        .iter()
+        .map(|(c, _)| {
+            Arc::new(NvmeBlockDevice::new(c, 1, &dev_opts).expect("member")) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let volume = Arc::new(StripedVolume::create(members, 128 << 10, [29; 16]).expect("volume"));
+    let fs = FileSystem::mkfs(volume.clone(), &MkfsOptions::default()).expect("mkfs");
+    let len = (5 << 20) + 777;
+    let a = files::data(11, len);
+    let f = fs.create("m/a", &CreateOptions::default()).expect("create");
+    f.write_at(0, &a).expect("write");
+    drop(f);
+    fs.sync().expect("sync");
+    let ctrls: Vec<&Controller> = opened.iter().map(|(c, _)| c).collect();
+    let b: Vec<&Backend> = opened.iter().map(|(_, b)| b).collect();
+    // (4 SMs asked: the driver rounds up to its granularity, 8 on Hopper; on CPU threads 16
+    // SMs are reported.)
+    let gopts = GpuFsOptions {
+        serving: Serving::Model(MediaKind::Hbm),
+        queues: Some(4),
+        cpu_queues: 2,
+        controller_sms: 4,
+        ..GpuFsOptions::default()
+    };
+    let rep = get_volume(&ctrls, &b, &volume, &fs, "m/a", &gopts)
+        .expect("fs get --gpu on a volume of two models");
+    assert_eq!(rep.bytes, len as u64);
+    assert_eq!(rep.gpu_crc32c, format!("{:08x}", crc32c::crc32c(&a)));
+    assert_eq!(rep.members, Some(2));
+    assert!(rep.transport.contains("model"), "{}", rep.transport);
+    let c = files::data(12, len);
+    let src = std::env::temp_dir().join(format!("gpunvme-model-put-{}", std::process::id()));
+    std::fs::write(&src, &c).expect("source file");
+    let put = put_volume(&ctrls, &b, &volume, &fs, &src, "m/put", false, &gopts);
+    std::fs::remove_file(&src).ok();
+    let put = put.expect("fs put --gpu on a volume of two models");
+    assert!(put.verified && put.bytes == len as u64, "{put:?}");
+    let back = fs
+        .open("m/put", OpenMode::ReadOnly)
+        .expect("open the put file");
+    let mut got = vec![0u8; len];
+    assert_eq!(back.read_at(0, &mut got).expect("CPU read"), len);
+    assert!(got == c, "the bytes the models wrote, read by the CPU");
+    drop((back, fs, volume));
+    for (c, _) in opened {
+        c.shutdown().expect("shutdown");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embedders' GPU calls (gpunvme::handle, which the Python package and the C ABI call): file
 // bytes read into GPU memory the GPU queues did not allocate, and files written from it.

@@ -129,6 +129,12 @@ pub fn run_several_gpu(
     args: &super::gpu::GpuPerfArgs,
 ) -> anyhow::Result<SeveralGpuReport> {
     use anyhow::Context;
+    anyhow::ensure!(
+        ctrls.len() < 2 || args.model != Some(gpu_emu::MediaKind::Host),
+        "--media host over several devices is not available: a model's host media is \
+         unregistered from CUDA when its run ends, which waits for the other models' kernels \
+         (docs/testing.md); --media hbm or null run a model per device"
+    );
     let per_controller: Vec<super::gpu::GpuPerfArgs> = match args.model {
         None => vec![args.clone(); ctrls.len()],
         Some(_) => {

@@ -432,6 +432,9 @@ pub(super) unsafe fn free(cuda: &Cuda, what: Deferred) {
             Deferred::Host { ptr, .. } => {
                 sys::cuMemFreeHost(std::ptr::with_exposed_provenance_mut::<c_void>(ptr));
             }
+            Deferred::Library { handle } => {
+                sys::cuLibraryUnload(std::ptr::with_exposed_provenance_mut(handle));
+            }
         }
     }
 }
@@ -499,7 +502,8 @@ pub(super) unsafe fn unregister(cuda: &Cuda, host: *mut u8) {
 // Kernels.
 
 /// [`super::Library`]'s driver part: a context-independent library (`cuLibraryLoadData`),
-/// unloaded on drop.
+/// unloaded when the [`super::Library`] is dropped, through the frees held back while a kernel
+/// may wait for a controller ([`RawLibrary::unload_later`]).
 pub(super) struct RawLibrary(sys::CUlibrary);
 
 // SAFETY: library and kernel handles are context-independent driver objects, usable from any
@@ -552,12 +556,14 @@ impl RawLibrary {
     }
 }
 
-impl Drop for RawLibrary {
-    fn drop(&mut self) {
-        // SAFETY: unloads the library loaded in `load_ptx`, once.
-        unsafe {
-            sys::cuLibraryUnload(self.0);
-        }
+impl RawLibrary {
+    /// What unloads this library (`cuLibraryUnload`, which waits for a running persistent
+    /// kernel and blocks other threads meanwhile): [`super::Library`]'s drop hands it to
+    /// [`super::memory::free_or_defer`], once.
+    pub(super) fn unload_later(&self) -> Option<Deferred> {
+        Some(Deferred::Library {
+            handle: self.0.expose_provenance(),
+        })
     }
 }
 

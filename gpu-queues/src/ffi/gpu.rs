@@ -102,10 +102,21 @@ impl Cuda {
 }
 
 /// A context-independent library of kernels: with CUDA, loaded from PTX text
-/// (`cuLibraryLoadData`); with `host-gpu`, the kernels compiled into the build.
+/// (`cuLibraryLoadData`); with `host-gpu`, the kernels compiled into the build. Unloaded on
+/// drop, or later, once no kernel may be waiting for a controller (an unload waits for a
+/// running persistent kernel and holds other threads' CUDA calls meanwhile: see the memory
+/// module's frees).
 pub struct Library {
     raw: backend::RawLibrary,
-    _cuda: Arc<Cuda>,
+    cuda: Arc<Cuda>,
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        if let Some(unload) = self.raw.unload_later() {
+            memory::free_or_defer(&self.cuda, unload);
+        }
+    }
 }
 
 /// A kernel of a [`Library`].
@@ -121,7 +132,7 @@ impl Library {
     pub fn load_ptx(cuda: &Arc<Cuda>, ptx: &str) -> Result<Self, GpuError> {
         Ok(Self {
             raw: backend::RawLibrary::load_ptx(cuda, ptx)?,
-            _cuda: cuda.clone(),
+            cuda: cuda.clone(),
         })
     }
 

@@ -190,6 +190,8 @@ fn free_now(what: Deferred) {
     let (addr, len) = match what {
         Deferred::Device { ptr, len } => (ptr as usize, device_map_len(len)),
         Deferred::Host { ptr, len } => (ptr, len),
+        // Never made here (RawLibrary::unload_later): the kernels are compiled in.
+        Deferred::Library { .. } => return,
     };
     let p = std::ptr::with_exposed_provenance_mut::<c_void>(addr);
     // SAFETY: `addr..addr + len` is exactly one mapping made by `map_zeroed` for an owner that
@@ -391,6 +393,11 @@ pub(super) struct RawKernel {
 static KERNEL_NAMES: Mutex<BTreeMap<String, &'static CStr>> = Mutex::new(BTreeMap::new());
 
 impl RawLibrary {
+    /// Nothing to unload: the kernels are compiled into this build.
+    pub(super) fn unload_later(&self) -> Option<Deferred> {
+        None
+    }
+
     /// Ignores the PTX text: the kernels are compiled into this build from the CUDA sources.
     pub(super) fn load_ptx(_cuda: &Cuda, _ptx: &str) -> Result<Self, GpuError> {
         Ok(Self)

@@ -559,6 +559,13 @@ pub(super) enum Deferred {
         #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
         len: usize,
     },
+    /// A library of kernels (`cuLibraryUnload`): its handle (provenance exposed). With
+    /// `host-gpu` there is none.
+    #[cfg_attr(feature = "host-gpu", allow(dead_code))]
+    Library {
+        /// The `CUlibrary`.
+        handle: usize,
+    },
 }
 
 /// What frees wait for, and the frees held back meanwhile.
@@ -567,7 +574,9 @@ pub(super) enum Deferred {
 /// they wait other host threads' kernel launches wait too (measured on an H100 with
 /// driver 580, `benches/probes/stream_progress.cu`: a free 5 ms into a client kernel's wait held
 /// a second thread's launch until that kernel gave up, 2 s later; `cuMemHostUnregister` and
-/// `cuModuleLoadData` did the same, allocations did not). A kernel waiting for a controller
+/// `cuModuleLoadData` did the same, allocations did not; `cuLibraryUnload` of one GPU-resident
+/// model's library waited for another model's persistent kernel and held a third thread's
+/// `cuStreamDestroy` behind a driver lock, H100 2026-11-26 under gdb). A kernel waiting for a controller
 /// that runs on the host (the software controller, whose threads launch copy kernels) or in
 /// another kernel (the GPU-resident model, a persistent kernel) would then wait forever, and
 /// the free with it: the stall of docs/testing.md. So a free is held back while
@@ -644,7 +653,7 @@ pub(super) fn client_launch_gate() -> std::sync::RwLockReadGuard<'static, ()> {
 
 /// Frees the memory of a dropped owner (`what`), or holds it back while a kernel may be waiting
 /// for a controller (see [`Holds`]).
-fn free_or_defer(cuda: &Cuda, what: Deferred) {
+pub(super) fn free_or_defer(cuda: &Cuda, what: Deferred) {
     settle(cuda, Some(what));
 }
 
@@ -670,8 +679,8 @@ fn settle(cuda: &Cuda, new: Option<Deferred>) {
         std::mem::take(&mut h.held)
     };
     for d in held {
-        // SAFETY: each is the allocation of an owner that was dropped (nothing refers to it
-        // any more), held back at most once, freed once, here.
+        // SAFETY: each is the allocation (or library) of an owner that was dropped (nothing
+        // refers to it any more), held back at most once, freed once, here.
         unsafe { backend::free(cuda, d) }
     }
 }
