@@ -26,6 +26,7 @@ TESTS=(
     cache::dirty_pages_reach_the_device_after_flush
     cache::stores_to_a_read_only_range_are_refused
     cache::file_ranges_read_and_write_through_the_extent_table
+    cache::volume_pages_are_filled_from_every_member
     cache::bfs_and_gather_through_the_cache_match_the_cpu
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host

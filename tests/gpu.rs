@@ -3091,6 +3091,143 @@ mod cache {
         }
     }
 
+    /// A cache over a striped volume of three software controllers (issue 23): a fragmented
+    /// file's pages (16 KiB, through 8 frames, so with evictions) filled from every member,
+    /// each piece on its member's queues at its member LBA (the volume's layout); and a
+    /// writable volume LBA range whose stores, after `flush`, are where the layout puts them on
+    /// each member (read back through the volume and through each member).
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn volume_pages_are_filled_from_every_member() {
+        use blockfs::{
+            BlockDevice, FileSystem, MkfsOptions, OpenMode, ReadReq, StripedVolume, WriteReq,
+        };
+        use blockfs_gpu::cache::{bind_volume_file, volume_geometry};
+        use blockfs_gpu::{GpuFilesOptions, VolumeFiles};
+        let rigs: Vec<Rig> = (0..3).map(|_| rig(512, 2, 64)).collect();
+        let members: Vec<Arc<dyn BlockDevice>> = rigs
+            .iter()
+            .map(|r| super::files::blockfs_dev(r) as Arc<dyn BlockDevice>)
+            .collect();
+        let queues: Vec<&GpuQueues> = rigs.iter().map(|r| &r.gpu).collect();
+        let opts = CacheOptions {
+            page_size: 16384,
+            capacity: 8 * 16384,
+            ..Default::default()
+        };
+        {
+            let volume = Arc::new(
+                StripedVolume::create(members.clone(), 64 << 10, [31; 16]).expect("volume"),
+            );
+            let fs = FileSystem::mkfs(volume.clone(), &MkfsOptions::default()).expect("mkfs");
+            let len = 1_200_000 + 24;
+            let want = super::files::fragmented(&fs, len);
+            let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+            let vf = VolumeFiles::new(&queues, GpuFilesOptions::default());
+            let vfile = vf.open(&volume, &file).expect("open on the volume");
+            let geometry = volume_geometry(&volume).expect("geometry");
+            assert_eq!(geometry.nsids, vec![1, 1, 1]);
+            let mut c = GpuCache::on_volume(&queues, &geometry, opts.clone()).expect("cache");
+            assert_eq!(c.volume_members(), Some((3, 2)));
+            // A cache over one controller refuses a volume's file.
+            {
+                let mut one = GpuCache::new(&rigs[0].gpu, opts.clone()).expect("cache");
+                let e = bind_volume_file(&mut one, &vf, &volume, &vfile).expect_err("one member");
+                assert!(format!("{e}").contains("over that volume"), "{e}");
+            }
+            let id = bind_volume_file(&mut c, &vf, &volume, &vfile).expect("bind");
+            assert_eq!(c.range(id).unwrap().bytes, len as u64);
+            drop(vfile); // the cache keeps the table and the pin
+            let before: Vec<u64> = rigs.iter().map(|r| r.emu().stats().reads).collect();
+            let n = len as u64 / 8;
+            let mut idx = seeded(77, 128 * 8, n);
+            idx[5] = n - 1;
+            for warp in [true, false] {
+                let (v, st) = read_elements(&rigs[0], &c, warp, 128, 8, &idx);
+                for (k, &i) in idx.iter().enumerate() {
+                    assert_eq!(st[k], DeviceStatus::Ok, "warp {warp}: element {i}");
+                    assert_eq!(v[k], le_word(&want, i), "warp {warp}: element {i}");
+                }
+            }
+            let k = stats(&c).counters;
+            assert!(k.misses > 8 && k.evictions > 0, "{k:?}");
+            for (m, r) in rigs.iter().enumerate() {
+                assert!(r.emu().stats().reads > before[m], "member {m} served fills");
+            }
+            invariants(&c);
+            drop(c);
+            drop(file);
+            fs.unmount().expect("unmount");
+        }
+        // A writable range of volume LBAs (no file system: a fresh volume), 3 stripe units of
+        // 8 KiB per member and a partial one; stores, flush, then the bytes where the layout
+        // puts them.
+        let volume = StripedVolume::create(members.clone(), 8 << 10, [32; 16]).expect("volume");
+        let blocks = 3 * 3 * 16 + 5;
+        let old: Vec<u8> = (0..blocks * 512).map(|i| (i * 7 + 3) as u8).collect();
+        volume
+            .write(&[WriteReq { lba: 0, buf: &old }])
+            .expect("CPU write through the volume");
+        let geometry = volume_geometry(&volume).expect("geometry");
+        let mut c = GpuCache::on_volume(
+            &queues,
+            &geometry,
+            CacheOptions {
+                page_size: 4096,
+                capacity: 4 * 4096,
+                ..Default::default()
+            },
+        )
+        .expect("cache");
+        let id = c
+            .bind_lba_range(1, 512, 0, blocks as u64, true)
+            .expect("bind");
+        assert_eq!(id.index(), 0);
+        let words = (blocks * 512 / 8) as u64;
+        let idx: Vec<u64> = (0..words).step_by(3).take(64 * 8).collect();
+        let (v, st) = read_elements(&rigs[0], &c, true, 64, 8, &idx);
+        for (k, &i) in idx.iter().enumerate() {
+            assert_eq!(st[k], DeviceStatus::Ok, "element {i}");
+            assert_eq!(v[k], le_word(&old, i), "element {i} before the stores");
+        }
+        let vals: Vec<u64> = idx.iter().map(|&i| i ^ 0x5eed_0000_0000).collect();
+        let st = store_elements(&rigs[0], &c, true, 64, 8, &idx, &vals);
+        assert!(st.iter().all(|&s| s == DeviceStatus::Ok), "stores");
+        let report = c.close().expect("flush");
+        assert!(
+            report.pages_written > 0 && report.flush_cmds == 3,
+            "{report:?}"
+        );
+        let mut want = old.clone();
+        for (&i, &v) in idx.iter().zip(&vals) {
+            want[i as usize * 8..i as usize * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let mut back = vec![0u8; blocks * 512];
+        volume
+            .read(&mut [ReadReq {
+                lba: 0,
+                buf: &mut back,
+            }])
+            .expect("CPU read through the volume");
+        assert!(back == want, "the stores, read back through the volume");
+        // Each member holds its units at the layout's LBAs.
+        for lba in (0..blocks as u64).step_by(7) {
+            let (m, mlba) = volume.locate(lba);
+            let mut one = vec![0u8; 512];
+            members[m]
+                .read(&mut [ReadReq {
+                    lba: mlba,
+                    buf: &mut one,
+                }])
+                .expect("member read");
+            let at = lba as usize * 512;
+            assert!(
+                one == want[at..at + 512],
+                "volume LBA {lba} on member {m} at {mlba}"
+            );
+        }
+    }
+
     /// Writes `bytes` (padded to whole LBAs) at `lba` through a CPU queue; returns the LBAs.
     fn cpu_write(r: &Rig, lba: u64, bytes: &[u8]) -> u64 {
         let mut buf = bytes.to_vec();

@@ -377,6 +377,28 @@ impl StripedVolume {
         self.members.len()
     }
 
+    /// LBAs per stripe unit.
+    pub fn stripe_lbas(&self) -> u64 {
+        self.stripe_lbas
+    }
+
+    /// LBAs before each member's data (its label area).
+    pub fn label_lbas(&self) -> u64 {
+        self.label_lbas
+    }
+
+    /// Each member's NVMe namespace, in member order (`None` for a member that is not one).
+    pub fn member_nsids(&self) -> Vec<Option<u32>> {
+        self.members.iter().map(|m| m.nvme_nsid()).collect()
+    }
+
+    /// `table` (built on this volume: its extents at volume LBAs) naming namespace `nsid`: for
+    /// a reader that finds each piece's member and member LBA itself through this layout (a GPU
+    /// page cache over the whole volume), to which the table's namespace means nothing.
+    pub fn table_naming(&self, table: &ExtentTable, nsid: u32) -> ExtentTable {
+        ExtentTable::from_parts(self.label.lba_size, nsid, table.files(), table.extents())
+    }
+
     /// Where volume LBA `lba` lives: (member, member LBA).
     pub fn locate(&self, lba: u64) -> (usize, u64) {
         let n = self.members.len() as u64;

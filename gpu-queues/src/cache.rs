@@ -10,11 +10,12 @@
 //! ([`GpuCache::descriptor`]). Ranges are bound, and statistics read, **between kernels
 //! only**: nothing here synchronises with a kernel that is running.
 //!
-//! What this slice does: read-only caching of namespace LBA ranges, fills straight into the
+//! Namespace LBA ranges and blockfs files (through their extent tables), reads and stores
+//! (dirty pages written back on eviction and [`GpuCache::flush`]), fills straight into the
 //! frames (the DIRECT data path: the software controller and the GPU-resident model, whose
-//! buffers can be mapped after set-up). Not yet: stores, write-back and flush, blockfs files,
-//! and the BOUNCE path for transports whose GPU memory is fixed at set-up (refused with
-//! [`GpuError::Unsupported`]).
+//! buffers can be mapped after set-up), on one controller's queues or over a striped volume's
+//! members ([`GpuCache::on_volume`]). Not yet: the BOUNCE path for transports whose GPU memory
+//! is fixed at set-up (refused with [`GpuError::Unsupported`]).
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
@@ -25,7 +26,7 @@ use zerocopy::IntoBytes;
 use crate::desc::{
     CACHE_STAT_SLOTS, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
     FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc,
-    RF_FILE, RF_WRITABLE, RangeDesc,
+    RF_FILE, RF_WRITABLE, RangeDesc, VOLUME_MAX_MEMBERS, VolumeDesc,
 };
 use crate::error::GpuError;
 use crate::ffi::Arg;
@@ -103,6 +104,36 @@ impl Default for CacheOptions {
             max_ranges: 16,
         }
     }
+}
+
+/// A striped volume's layout as a cache over it needs it ([`GpuCache::on_volume`]; the file
+/// layer builds it from a `blockfs::StripedVolume`): volume LBA `v` lives on member
+/// `(v / stripe_lbas) % n` at LBA `label_lbas + (v / stripe_lbas / n) * stripe_lbas + v %
+/// stripe_lbas`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeGeometry {
+    /// LBAs per stripe unit.
+    pub stripe_lbas: u64,
+    /// LBAs before each member's data (its label).
+    pub label_lbas: u64,
+    /// Each member's namespace, in member order.
+    pub nsids: Vec<u32>,
+}
+
+/// What a cache over a striped volume holds beyond a plain one.
+struct VolumeParts {
+    /// Each member's namespace, in member order.
+    nsids: Vec<u32>,
+    /// Queues per member (the cache's queues are the members', in member order).
+    queues_per_member: usize,
+    /// GPU pointer of each member's first queue descriptor among the cache's.
+    member_queues: Vec<u64>,
+    /// The `volume_desc`.
+    _desc: DeviceMemory,
+    /// The members' queue descriptors, side by side.
+    _queue_descs: DeviceMemory,
+    /// The frames mapped for members 1.. (member 0 allocated them).
+    _mappings: Vec<GpuBuffer>,
 }
 
 /// A bound range: the `range` argument device calls take.
@@ -279,6 +310,8 @@ pub struct GpuCache<'q> {
     /// What keeps bound tables alive (see [`GpuCache::bind_table`]); dropped after the frames'
     /// last write-back.
     keep: Vec<Box<dyn Send + Sync>>,
+    /// Over a striped volume: the members' queues and what the device's `volume_desc` needs.
+    volume: Option<VolumeParts>,
 }
 
 impl std::fmt::Debug for GpuCache<'_> {
@@ -346,7 +379,8 @@ impl<'q> GpuCache<'q> {
             nqueues: plan.queues.len() as u32,
             page_shift: plan.page_shift,
             flags: 0,
-            reserved: [0; 5],
+            volume: 0,
+            reserved: [0; 4],
         };
         control.write(OFF_DESC, desc.as_bytes())?;
         Ok(Self {
@@ -361,7 +395,113 @@ impl<'q> GpuCache<'q> {
             data_path: DataPath::Direct,
             queue_timeout_ns: timeout_ns,
             keep: Vec::new(),
+            volume: None,
         })
+    }
+
+    /// Builds an empty cache over a striped volume whose members' GPU queues are `members` (in
+    /// member order, one namespace each as `geometry` says): ranges bound to it are in volume
+    /// LBAs (namespace ranges) or come from a table of volume LBAs (files), and every command
+    /// of a fill or write-back is cut at stripe units and issued on the member that holds the
+    /// piece, on the queue in the warp's place among that member's queues
+    /// ([`CacheOptions::queues`] picks the same queues of every member). The frames are
+    /// allocated through the first member's queues and mapped for the others. Every member
+    /// needs the same queues; 1 to 16 members.
+    pub fn on_volume(
+        members: &[&'q GpuQueues],
+        geometry: &VolumeGeometry,
+        opts: CacheOptions,
+    ) -> Result<Self, GpuError> {
+        let n = members.len();
+        if n == 0 || n > VOLUME_MAX_MEMBERS || geometry.nsids.len() != n {
+            return Err(invalid(format!(
+                "a volume cache over {n} members with {} namespaces (1 to {VOLUME_MAX_MEMBERS} \
+                 members, a namespace each)",
+                geometry.nsids.len()
+            )));
+        }
+        if geometry.stripe_lbas == 0 {
+            return Err(invalid("a stripe unit of 0 LBAs".into()));
+        }
+        if let Some(&bad) = geometry.nsids.iter().find(|&&ns| ns == 0 || ns == u32::MAX) {
+            return Err(invalid(format!("namespace id {bad:#x}")));
+        }
+        let first = members[0];
+        let mut cache = Self::new(first, opts)?;
+        let start =
+            ((cache.desc.queues - first.descriptors()) / size_of::<QueueDesc>() as u64) as usize;
+        let qpm = cache.desc.nqueues as usize;
+        let range = start..start + qpm;
+        let mut descs = Vec::with_capacity(n * qpm);
+        for (m, q) in members.iter().enumerate() {
+            let d = q.descs();
+            let Some(part) = d.get(range.clone()) else {
+                return Err(invalid(format!(
+                    "volume member {m} has {} GPU queues; the cache uses queues {range:?} of \
+                     every member",
+                    d.len()
+                )));
+            };
+            descs.extend_from_slice(part);
+        }
+        let cuda = first.cuda();
+        let queue_descs = DeviceMemory::alloc(cuda, descs.len() * size_of::<QueueDesc>())?;
+        queue_descs.write(0, descs.as_bytes())?;
+        // The frames on every member's controller: member 0 allocated them; the others map the
+        // same memory (its start may lie before the frames').
+        let mem = cache._frames.shared_memory().clone();
+        let lead = cache._frames.ptr() - mem.ptr();
+        let frame_bytes = cache.desc.nframes << cache.desc.page_shift;
+        let mut frames_bus = [0u64; VOLUME_MAX_MEMBERS];
+        frames_bus[0] = cache.desc.frames_bus;
+        let mut mappings = Vec::with_capacity(n - 1);
+        for (m, q) in members.iter().enumerate().skip(1) {
+            let b = q.map_memory(mem.clone())?;
+            if (b.len() as u64) < lead + frame_bytes {
+                return Err(GpuError::Unsupported(format!(
+                    "volume member {m} maps {} bytes of the cache's {} bytes of frames",
+                    b.len(),
+                    lead + frame_bytes
+                )));
+            }
+            frames_bus[m] = b.bus() + lead;
+            mappings.push(b);
+        }
+        let mut nsid = [0u32; VOLUME_MAX_MEMBERS];
+        nsid[..n].copy_from_slice(&geometry.nsids);
+        let vd = VolumeDesc {
+            stripe_lbas: geometry.stripe_lbas,
+            label_lbas: geometry.label_lbas,
+            nmembers: n as u32,
+            queues_per_member: qpm as u32,
+            nsid,
+            frames_bus,
+        };
+        let vmem = DeviceMemory::alloc(cuda, size_of::<VolumeDesc>())?;
+        vmem.write(0, vd.as_bytes())?;
+        cache.desc.queues = queue_descs.ptr();
+        cache.desc.nqueues = (n * qpm) as u32;
+        cache.desc.volume = vmem.ptr();
+        cache.control.write(OFF_DESC, cache.desc.as_bytes())?;
+        let member_queues = (0..n)
+            .map(|m| queue_descs.ptr() + (m * qpm * size_of::<QueueDesc>()) as u64)
+            .collect();
+        cache.volume = Some(VolumeParts {
+            nsids: geometry.nsids.clone(),
+            queues_per_member: qpm,
+            member_queues,
+            _desc: vmem,
+            _queue_descs: queue_descs,
+            _mappings: mappings,
+        });
+        Ok(cache)
+    }
+
+    /// Over a striped volume: its members, and the queues per member.
+    pub fn volume_members(&self) -> Option<(usize, usize)> {
+        self.volume
+            .as_ref()
+            .map(|v| (v.nsids.len(), v.queues_per_member))
     }
 
     /// Binds `blocks` LBAs of `lba_size` bytes from `first_lba` of namespace `nsid`; kernels
@@ -434,7 +574,9 @@ impl<'q> GpuCache<'q> {
                 self.max_ranges
             )));
         }
-        if r.nsid == 0 || r.nsid == u32::MAX {
+        // Over a volume the members' namespaces are the volume's (VolumeGeometry); a range's
+        // own is the table's (unused by fills).
+        if self.volume.is_none() && (r.nsid == 0 || r.nsid == u32::MAX) {
             return Err(invalid(format!("namespace id {:#x}", r.nsid)));
         }
         let len = usize::try_from(r.npages * size_of::<PageEntry>() as u64).map_err(|_| {
@@ -557,18 +699,30 @@ impl<'q> GpuCache<'q> {
                     .map_or(0, |f| f.nvme_status as u16),
             });
         }
-        // One Flush per namespace with a writable range, after every write-back completed
-        // (the kernel boundary orders them).
-        let mut nsids: Vec<u32> = self
-            .ranges
-            .iter()
-            .filter(|r| r.flags & RF_WRITABLE != 0)
-            .map(|r| r.nsid)
-            .collect();
-        nsids.sort_unstable();
-        nsids.dedup();
-        let qdesc = self.desc.queues;
-        for &nsid in &nsids {
+        // One Flush per namespace with a writable range (over a volume, per member), after
+        // every write-back completed (the kernel boundary orders them).
+        let writable = self.ranges.iter().any(|r| r.flags & RF_WRITABLE != 0);
+        let targets: Vec<(u32, u64)> = match &self.volume {
+            Some(v) if writable => v
+                .nsids
+                .iter()
+                .copied()
+                .zip(v.member_queues.clone())
+                .collect(),
+            Some(_) => Vec::new(),
+            None => {
+                let mut nsids: Vec<u32> = self
+                    .ranges
+                    .iter()
+                    .filter(|r| r.flags & RF_WRITABLE != 0)
+                    .map(|r| r.nsid)
+                    .collect();
+                nsids.sort_unstable();
+                nsids.dedup();
+                nsids.into_iter().map(|ns| (ns, self.desc.queues)).collect()
+            }
+        };
+        for &(nsid, qdesc) in &targets {
             let req = IoReq {
                 nsid,
                 opcode: 0, // Flush
@@ -589,7 +743,7 @@ impl<'q> GpuCache<'q> {
         Ok(FlushReport {
             pages_written: after.writebacks - before.writebacks,
             bytes_written: after.bytes_written - before.bytes_written,
-            flush_cmds: nsids.len() as u32,
+            flush_cmds: targets.len() as u32,
         })
     }
 

@@ -238,10 +238,35 @@ pub struct CacheDesc {
     pub page_shift: u32,
     /// `CF_*` bits.
     pub flags: u32,
+    /// GPU pointer: [`VolumeDesc`] when the cache is over a striped volume, else 0.
+    pub volume: u64,
     /// Reserved.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 4],
 }
 const _: () = assert!(size_of::<CacheDesc>() == 128);
+
+/// Members a cache over a striped volume spans at most (`GPUNVME_VOLUME_MAX_MEMBERS`).
+pub const VOLUME_MAX_MEMBERS: usize = 16;
+
+/// A striped volume as a cache's fills see it (`gpunvme::cache::volume_desc`): ranges in volume
+/// LBAs, every command cut at stripe units and issued on the member that holds each piece.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct VolumeDesc {
+    /// LBAs per stripe unit.
+    pub stripe_lbas: u64,
+    /// LBAs before each member's data (its label).
+    pub label_lbas: u64,
+    /// Members.
+    pub nmembers: u32,
+    /// Queues per member: member `m`'s are the cache's queues `m * qpm..(m + 1) * qpm`.
+    pub queues_per_member: u32,
+    /// Each member's namespace.
+    pub nsid: [u32; VOLUME_MAX_MEMBERS],
+    /// The frames' device address on each member's controller.
+    pub frames_bus: [u64; VOLUME_MAX_MEMBERS],
+}
+const _: () = assert!(size_of::<VolumeDesc>() == 216);
 
 /// One range bound to a cache (`gpunvme::cache::range_desc`).
 #[repr(C)]
@@ -655,6 +680,18 @@ mod tests {
             ("CD_NQUEUES", offset_of!(CacheDesc, nqueues)),
             ("CD_PAGE_SHIFT", offset_of!(CacheDesc, page_shift)),
             ("CD_FLAGS", offset_of!(CacheDesc, flags)),
+            ("CD_VOLUME", offset_of!(CacheDesc, volume)),
+            ("VOLUME_MAX_MEMBERS", VOLUME_MAX_MEMBERS),
+            ("VOLUME_DESC_SIZE", size_of::<VolumeDesc>()),
+            ("VD_STRIPE_LBAS", offset_of!(VolumeDesc, stripe_lbas)),
+            ("VD_LABEL_LBAS", offset_of!(VolumeDesc, label_lbas)),
+            ("VD_NMEMBERS", offset_of!(VolumeDesc, nmembers)),
+            (
+                "VD_QUEUES_PER_MEMBER",
+                offset_of!(VolumeDesc, queues_per_member),
+            ),
+            ("VD_NSID", offset_of!(VolumeDesc, nsid)),
+            ("VD_FRAMES_BUS", offset_of!(VolumeDesc, frames_bus)),
             ("RANGE_DESC_SIZE", size_of::<RangeDesc>()),
             ("RD_ENTRIES", offset_of!(RangeDesc, entries)),
             ("RD_NPAGES", offset_of!(RangeDesc, npages)),

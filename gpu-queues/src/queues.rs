@@ -440,6 +440,11 @@ impl GpuBuffer {
     pub fn memory(&self) -> &DeviceMemory {
         &self.mem
     }
+    /// The GPU memory, shared (to map it for another controller:
+    /// [`GpuQueues::map_memory`]); the buffer starts [`GpuBuffer::ptr`] - its `ptr()` into it.
+    pub fn shared_memory(&self) -> &Arc<DeviceMemory> {
+        &self.mem
+    }
 }
 
 /// One queue pair of a set: created on the controller, described for kernels.

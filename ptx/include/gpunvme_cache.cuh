@@ -111,6 +111,15 @@
 #define GPUNVME_CD_NQUEUES 76
 #define GPUNVME_CD_PAGE_SHIFT 80
 #define GPUNVME_CD_FLAGS 84
+#define GPUNVME_CD_VOLUME 88
+#define GPUNVME_VOLUME_MAX_MEMBERS 16
+#define GPUNVME_VOLUME_DESC_SIZE 216
+#define GPUNVME_VD_STRIPE_LBAS 0
+#define GPUNVME_VD_LABEL_LBAS 8
+#define GPUNVME_VD_NMEMBERS 16
+#define GPUNVME_VD_QUEUES_PER_MEMBER 20
+#define GPUNVME_VD_NSID 24
+#define GPUNVME_VD_FRAMES_BUS 88
 #define GPUNVME_RANGE_DESC_SIZE 64
 #define GPUNVME_RD_ENTRIES 0
 #define GPUNVME_RD_NPAGES 8
@@ -188,7 +197,21 @@ struct cache_desc {
     uint32_t nqueues;       // queues (warp w fills on queue w % nqueues)
     uint32_t page_shift;    // log2 of the page size (12..16)
     uint32_t flags;         // GPUNVME_CF_*
-    uint64_t reserved[5];
+    uint64_t volume;        // GPU pointer: volume_desc when the cache is over a striped volume
+    uint64_t reserved[4];
+};
+
+/// A cache over a striped volume (RAID-0 over one namespace of each member controller,
+/// blockfs::StripedVolume's layout): ranges are in volume LBAs, and every command of a fill or
+/// write-back is cut at stripe units, each piece issued on a queue of the member that holds it.
+/// The cache's queues are the members' in member order, queues_per_member each.
+struct volume_desc {
+    uint64_t stripe_lbas;        // LBAs per stripe unit
+    uint64_t label_lbas;         // LBAs before each member's data (its label)
+    uint32_t nmembers;           // members (1..GPUNVME_VOLUME_MAX_MEMBERS)
+    uint32_t queues_per_member;  // member m's queues: queues[m * qpm, (m + 1) * qpm)
+    uint32_t nsid[GPUNVME_VOLUME_MAX_MEMBERS];        // each member's namespace
+    uint64_t frames_bus[GPUNVME_VOLUME_MAX_MEMBERS];  // the frames' device address per member
 };
 
 /// One bound range: an LBA range of a namespace, or a blockfs file (RF_FILE: its pages are found
@@ -262,6 +285,14 @@ static_assert(offsetof(cache_desc, nranges) == GPUNVME_CD_NRANGES, "nranges");
 static_assert(offsetof(cache_desc, nqueues) == GPUNVME_CD_NQUEUES, "nqueues");
 static_assert(offsetof(cache_desc, page_shift) == GPUNVME_CD_PAGE_SHIFT, "page_shift");
 static_assert(offsetof(cache_desc, flags) == GPUNVME_CD_FLAGS, "flags");
+static_assert(offsetof(cache_desc, volume) == GPUNVME_CD_VOLUME, "volume");
+static_assert(sizeof(volume_desc) == GPUNVME_VOLUME_DESC_SIZE, "volume_desc size");
+static_assert(offsetof(volume_desc, stripe_lbas) == GPUNVME_VD_STRIPE_LBAS, "stripe_lbas");
+static_assert(offsetof(volume_desc, label_lbas) == GPUNVME_VD_LABEL_LBAS, "label_lbas");
+static_assert(offsetof(volume_desc, nmembers) == GPUNVME_VD_NMEMBERS, "nmembers");
+static_assert(offsetof(volume_desc, queues_per_member) == GPUNVME_VD_QUEUES_PER_MEMBER, "qpm");
+static_assert(offsetof(volume_desc, nsid) == GPUNVME_VD_NSID, "vd nsid");
+static_assert(offsetof(volume_desc, frames_bus) == GPUNVME_VD_FRAMES_BUS, "vd frames_bus");
 static_assert(sizeof(range_desc) == GPUNVME_RANGE_DESC_SIZE, "range_desc size");
 static_assert(offsetof(range_desc, entries) == GPUNVME_RD_ENTRIES, "entries");
 static_assert(offsetof(range_desc, npages) == GPUNVME_RD_NPAGES, "npages");
@@ -445,6 +476,49 @@ __device__ __forceinline__ void page_span(const cache_desc& c, const range_desc&
     *end = e < r.bytes ? e : r.bytes;
 }
 
+/// Moves `blocks` LBAs from `lba` (of namespace `nsid`; on a volume, volume LBAs) to or from
+/// the frames' bytes from `frame_off` on, on queue `q` (rw_thread: one command per maximum
+/// transfer). On a volume (c.volume) the run is cut at stripe units and each piece goes to the
+/// member that holds it: that member's namespace and LBA, the queue in the same place among
+/// its queues as `q` among the first member's (the warp's lane of queues), and the frames at
+/// that member's device address. *cmds counts the commands.
+__device__ inline status frames_rw(const cache_desc& c, const queue_desc& q, uint8_t opcode,
+                                   uint32_t nsid, uint32_t lba_shift, uint64_t lba,
+                                   uint64_t blocks, uint64_t frame_off, uint32_t* sf,
+                                   uint64_t* cmds) {
+    const uint32_t per_cmd = blocks_per_command(q, lba_shift);
+    if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
+    if (!c.volume) {
+        *cmds += (blocks + per_cmd - 1) / per_cmd;
+        return rw_thread(q, opcode, nsid, lba_shift, lba, blocks, c.frames_bus + frame_off, sf);
+    }
+    const volume_desc& v = *reinterpret_cast<const volume_desc*>(c.volume);
+    if (v.stripe_lbas == 0 || v.nmembers == 0 || v.nmembers > GPUNVME_VOLUME_MAX_MEMBERS ||
+        v.queues_per_member == 0 || (uint64_t)v.nmembers * v.queues_per_member > c.nqueues)
+        return GPUNVME_INVALID_ARGUMENT;
+    // q's place among the cache's queues (queue_for's choice); another queue: the first lane.
+    const uint64_t at = (reinterpret_cast<uint64_t>(&q) - c.queues) / sizeof(queue_desc);
+    const uint32_t lane = at < c.nqueues ? (uint32_t)(at % v.queues_per_member) : 0;
+    const queue_desc* all = reinterpret_cast<const queue_desc*>(c.queues);
+    for (uint64_t done = 0; done < blocks;) {
+        const uint64_t vlba = lba + done;
+        const uint64_t unit = vlba / v.stripe_lbas, within = vlba % v.stripe_lbas;
+        uint64_t n = v.stripe_lbas - within;
+        if (n > blocks - done) n = blocks - done;
+        const uint32_t m = (uint32_t)(unit % v.nmembers);
+        const uint64_t mlba = v.label_lbas + (unit / v.nmembers) * v.stripe_lbas + within;
+        const queue_desc& mq = all[m * v.queues_per_member + lane];
+        const uint32_t mper = blocks_per_command(mq, lba_shift);
+        if (mper == 0) return GPUNVME_INVALID_ARGUMENT;
+        *cmds += (n + mper - 1) / mper;
+        const status s = rw_thread(mq, opcode, v.nsid[m], lba_shift, mlba, n,
+                                   v.frames_bus[m] + frame_off + (done << lba_shift), sf);
+        if (s) return s;
+        done += n;
+    }
+    return GPUNVME_OK;
+}
+
 /// page_io for a blockfs file range: the page's LBAs found through the file's extent table
 /// (GPU memory, pinned by the host for the cache's lifetime), one command per run of
 /// contiguous LBAs (a page inside one extent: one command). The last LBA of a file may hold
@@ -462,7 +536,7 @@ __device__ inline status file_page_io(const cache_desc& c, const queue_desc& q,
     if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
     uint64_t pos, end;
     page_span(c, r, page, &pos, &end);
-    const uint64_t bus = c.frames_bus + ((uint64_t)f << c.page_shift);
+    const uint64_t frame_off = (uint64_t)f << c.page_shift;
     uint64_t cmds = 0, moved = 0;
     for (uint64_t off = pos; off < end && !s;) {
         // r.bytes is at most the file's readable (or, writable, allocated) length: the
@@ -475,9 +549,8 @@ __device__ inline status file_page_io(const cache_desc& c, const queue_desc& q,
         uint64_t n = (end - off + (1ull << r.lba_shift) - 1) >> r.lba_shift;
         if (n > contig) n = contig;
         if (n > per_cmd) n = per_cmd;
-        s = rw_piece(q, opcode, r.nsid, lba, (uint32_t)n, bus + (off - pos),
-                     (uint32_t)(n << r.lba_shift), sf);
-        ++cmds;
+        s = frames_rw(c, q, opcode, r.nsid, r.lba_shift, lba, n, frame_off + (off - pos), sf,
+                      &cmds);
         moved += n << r.lba_shift;
         off += n << r.lba_shift;
     }
@@ -501,12 +574,11 @@ __device__ inline status page_io(const cache_desc& c, const queue_desc& q, const
         const uint64_t range_blocks = r.bytes >> r.lba_shift;
         uint64_t blocks = range_blocks - first;
         if (blocks > (1ull << shift)) blocks = 1ull << shift;
-        const uint32_t per_cmd = blocks_per_command(q, r.lba_shift);
-        count(opcode == OPC_READ ? stats_of(c)->read_cmds : stats_of(c)->write_cmds,
-              per_cmd ? (blocks + per_cmd - 1) / per_cmd : 0);
+        uint64_t cmds = 0;
         *bytes = blocks << r.lba_shift;
-        s = rw_thread(q, opcode, r.nsid, r.lba_shift, r.first_lba + first, blocks,
-                      c.frames_bus + ((uint64_t)f << c.page_shift), sf);
+        s = frames_rw(c, q, opcode, r.nsid, r.lba_shift, r.first_lba + first, blocks,
+                      (uint64_t)f << c.page_shift, sf, &cmds);
+        count(opcode == OPC_READ ? stats_of(c)->read_cmds : stats_of(c)->write_cmds, cmds);
     }
     if (s == GPUNVME_OK && opcode == OPC_READ) {
         // The range's end inside the page: the bytes after it are zero, not what the last LBA

@@ -31,6 +31,8 @@ pub struct VolumeFile {
     size: u64,
     table: ExtentTable,
     members: Vec<GpuFile>,
+    /// The pin on the file's blocks, shared by every member's table.
+    keep: Arc<dyn Send + Sync>,
 }
 
 impl VolumeFile {
@@ -129,12 +131,14 @@ impl<'q> VolumeFiles<'q> {
         let pinned = file.extent_table()?;
         let table = pinned.table().clone();
         let size = table.files().first().map_or(0, |f| f.size_bytes);
-        let members = self.member_files(volume, &table, file.name(), Arc::new(pinned))?;
+        let keep: Arc<dyn Send + Sync> = Arc::new(pinned);
+        let members = self.member_files(volume, &table, file.name(), keep.clone())?;
         Ok(VolumeFile {
             name: file.name().to_owned(),
             size,
             table,
             members,
+            keep,
         })
     }
 
@@ -220,6 +224,28 @@ impl<'q> VolumeFiles<'q> {
             .zip(&self.members)
             .map(|(t, f)| f.open_table(t, name, keep.clone()))
             .collect()
+    }
+
+    /// `file`'s table of volume LBAs in GPU memory (through the first member's queues), pinned
+    /// with the file, naming the first member's namespace: for a page cache over the whole
+    /// volume only ([`crate::cache::bind_volume_file`]), whose fills find each piece's member
+    /// through the volume's layout. A plain reader of it would read the wrong LBAs.
+    pub(crate) fn volume_table(
+        &self,
+        volume: &StripedVolume,
+        file: &VolumeFile,
+    ) -> Result<GpuFile, FilesError> {
+        self.check_members(volume)?;
+        let nsid = crate::cache::volume_geometry(volume)?.nsids[0];
+        let first = self
+            .members
+            .first()
+            .ok_or_else(|| FilesError::InvalidArgument("a volume without members".into()))?;
+        first.open_table(
+            volume.table_naming(&file.table, nsid),
+            &file.name,
+            file.keep.clone(),
+        )
     }
 
     fn check_members(&self, volume: &StripedVolume) -> Result<(), FilesError> {
