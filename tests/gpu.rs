@@ -3102,7 +3102,7 @@ mod cache {
         use blockfs::{
             BlockDevice, FileSystem, MkfsOptions, OpenMode, ReadReq, StripedVolume, WriteReq,
         };
-        use blockfs_gpu::cache::{bind_volume_file, volume_geometry};
+        use blockfs_gpu::volume::{bind_volume_file, volume_geometry};
         use blockfs_gpu::{GpuFilesOptions, VolumeFiles};
         let rigs: Vec<Rig> = (0..3).map(|_| rig(512, 2, 64)).collect();
         let members: Vec<Arc<dyn BlockDevice>> = rigs
