@@ -47,6 +47,7 @@ TESTS=(
     transport_probe_proves_a_read_or_says_why_not
     controller_fatal_aborts_every_gpu_waiter
     model_serves_a_host_thread_client
+    model_hostile_modes_catch_broken_clients
     model_fails_bad_commands_with_the_status_the_spec_requires
     model_refuses_changes_to_a_write_protected_namespace
     model_without_free_sms_is_refused_not_hung

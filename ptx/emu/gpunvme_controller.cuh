@@ -98,7 +98,7 @@
 #define GPUNVME_CTRL_QUEUE_SIZE 32
 #define GPUNVME_CTRL_WINDOW_SIZE 16
 #define GPUNVME_CTRL_NS_SIZE 32
-#define GPUNVME_CTRL_CONTROL_SIZE 128
+#define GPUNVME_CTRL_CONTROL_SIZE 136
 #define GPUNVME_CTRL_COUNTERS_SIZE 64
 #define GPUNVME_CC_STOP 0
 #define GPUNVME_CC_GENERATION 4
@@ -112,6 +112,7 @@
 #define GPUNVME_CC_DROPS 104
 #define GPUNVME_CC_FAULTS 112
 #define GPUNVME_CC_DELAY_NS 116
+#define GPUNVME_CC_HOSTILE 128
 #define GPUNVME_CTRL_NS_MODEL_SIZE 32
 #define GPUNVME_CTRL_MEDIA_ERROR_SIZE 24
 #define GPUNVME_CTRL_PENDING_SIZE 16
@@ -127,6 +128,17 @@
 #define GPUNVME_FAULT_DROPS 1u  // drop counters may be non-zero
 #define GPUNVME_FAULT_DELAY 2u  // ctrl_control.delay_ns is added to every completion
 #define GPUNVME_FAULT_MEDIA 4u  // media error ranges are set
+
+// Hostile modes (ctrl_control.hostile), mirroring nvme_emu::Hostile: each turns a client bug
+// that stale memory would hide into a failure the client cannot miss. None slows the friendly
+// path (the model's `slow` flag is unaffected).
+#define GPUNVME_HOSTILE_POISON_SQ 1u      // a fetched SQE is overwritten: opcode 7Fh, CID FFFFh
+#define GPUNVME_HOSTILE_BACKWARD_TAIL 2u  // an SQ tail that moves back over unfetched entries
+                                          //   is an invalid doorbell write (counted, ignored)
+#define GPUNVME_HOSTILE_STALE_CQ 4u       // CQ entries a head doorbell frees are rewritten at
+                                          //   once with their phase and garbage (CID, SQ id FFFFh)
+#define GPUNVME_POISON_OPCODE 0x7fu
+#define GPUNVME_POISON_CID 0xffffu
 
 // Media kinds (ctrl_ns.kind).
 #define GPUNVME_MEDIA_NULL 0
@@ -193,6 +205,8 @@ struct ctrl_control {
     uint32_t delay_ns;      // added to every completion's due time (GPUNVME_FAULT_DELAY)
     uint64_t mirror;        // GPU pointer (GPU memory): uint32 stop, uint32 generation as
                             //   block 0 last read them (HOST WORDS); the host initialises (0, 1)
+    uint32_t hostile;       // GPUNVME_HOSTILE_* (read at start and at each reload)
+    uint32_t reserved;
 };
 
 /// A namespace's SSD timing model (MODEL), indexed by nsid - 1. Host-written.
@@ -252,6 +266,7 @@ static_assert(offsetof(ctrl_control, media_errors) == GPUNVME_CC_MEDIA_ERRORS, "
 static_assert(offsetof(ctrl_control, drops) == GPUNVME_CC_DROPS, "drops");
 static_assert(offsetof(ctrl_control, faults) == GPUNVME_CC_FAULTS, "faults");
 static_assert(offsetof(ctrl_control, delay_ns) == GPUNVME_CC_DELAY_NS, "delay_ns");
+static_assert(offsetof(ctrl_control, hostile) == GPUNVME_CC_HOSTILE, "hostile");
 static_assert(sizeof(ctrl_ns_model) == GPUNVME_CTRL_NS_MODEL_SIZE, "ctrl_ns_model size");
 static_assert(sizeof(ctrl_media_error) == GPUNVME_CTRL_MEDIA_ERROR_SIZE, "ctrl_media_error size");
 static_assert(sizeof(ctrl_pending) == GPUNVME_CTRL_PENDING_SIZE, "ctrl_pending size");
@@ -282,7 +297,7 @@ struct warp_tables {
     uint32_t nwindows;
     uint32_t nns;
     uint32_t max_transfer;
-    uint32_t pad;
+    uint32_t hostile;   // GPUNVME_HOSTILE_*
     // MODEL: timing models and faults (copied like the rest at each generation).
     ctrl_ns_model models[GPUNVME_CTRL_MAX_NS];
     ctrl_media_error errs[GPUNVME_CTRL_MAX_MEDIA_ERRORS];
@@ -717,6 +732,7 @@ __device__ inline bool reload(const ctrl_control* c, warp_tables* t, lane_queue*
         t->nwindows = nwin < GPUNVME_CTRL_MAX_WINDOWS ? nwin : GPUNVME_CTRL_MAX_WINDOWS;
         t->nns = nns < GPUNVME_CTRL_MAX_NS ? nns : GPUNVME_CTRL_MAX_NS;
         t->max_transfer = ld_sys(&c->max_transfer);
+        t->hostile = ld_sys(&c->hostile);
         t->nerrs = nerr;
         t->drops = ld_sys64(&c->drops);
         t->faults = ld_sys(&c->faults);
@@ -751,6 +767,39 @@ __device__ inline bool reload(const ctrl_control* c, warp_tables* t, lane_queue*
     }
     __syncwarp();
     return changed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// HOSTILE (mirroring nvme_emu's worker; the owning lane, on its own queue).
+
+/// GPUNVME_HOSTILE_POISON_SQ: overwrites the SQE at `sqe` (just decoded) with the reserved
+/// opcode and command id, so that a tail doorbell covering this slot before the client rewrote
+/// it submits the poison, not the slot's old command. Plain stores before the fetch's completion
+/// fence: a client learns the slot is free only from a completion, whose phase dword the
+/// release fence orders after them.
+__device__ __forceinline__ void poison_sqe(const uint8_t* sqe) {
+    uint4* p = reinterpret_cast<uint4*>(const_cast<uint8_t*>(sqe));
+    p[0] = make_uint4(GPUNVME_POISON_OPCODE | (GPUNVME_POISON_CID << 16), 0u, 0u, 0u);
+    p[1] = make_uint4(0u, 0u, 0u, 0u);
+    p[2] = make_uint4(0u, 0u, 0u, 0u);
+    p[3] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+/// GPUNVME_HOSTILE_STALE_CQ: rewrites CQ entries [from, to) of `q`, just freed by a head
+/// doorbell, with the phase each was posted with (entries before the tail were posted in the
+/// current phase, the others in the previous one) and garbage: a client that rang the head
+/// before reading an entry reads a command id it never issued. Bounded by the ring's size. The
+/// warp's __syncwarp after the doorbells orders these stores before any later post to the same
+/// slots by other lanes (it runs in every pass where a lane rewrote entries).
+__device__ inline void stale_cq_entries(const lane_queue& q, uint32_t from, uint32_t to) {
+    for (uint32_t slot = from, n = 0; slot != to && n < q.cq_entries; ++n) {
+        const uint32_t ph = slot < q.cq_tail ? q.cq_phase : (q.cq_phase ^ 1u);
+        uint32_t* e = reinterpret_cast<uint32_t*>(q.cq + (size_t)slot * 16);
+        *reinterpret_cast<uint4*>(e) =
+            make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xffffu | (0xffffu << 16),
+                       GPUNVME_POISON_CID | ((0x7ffeu | ph) << 16));
+        slot = slot + 1 == q.cq_entries ? 0 : slot + 1;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

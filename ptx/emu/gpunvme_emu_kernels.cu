@@ -266,28 +266,48 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
         // Doorbells (GPU memory): each owning lane its queue's SQ tail, and its CQ head only
         // when the CQ space it knows of would hold back new commands. CQ entries reserved for
         // held completions count as used.
+        // HOSTILE: a backward tail is refused; with stale CQ entries the head is read whenever
+        // entries are posted, so freed ones are rewritten at once.
+        const uint32_t hostile = t->hostile;
         uint32_t n = 0;
+        bool trashed = false;  // this lane rewrote freed CQ entries (HOSTILE)
         if (q.sq) {
             const uint32_t tail = ld_gpu(q.sq_db);
             if (tail != q.sq_tail) {
-                if (tail < q.sq_entries) q.sq_tail = tail;
+                const bool backward =
+                    (hostile & GPUNVME_HOSTILE_BACKWARD_TAIL) && tail < q.sq_entries &&
+                    (tail + q.sq_entries - q.sq_head) % q.sq_entries <
+                        (q.sq_tail + q.sq_entries - q.sq_head) % q.sq_entries;
+                if (tail < q.sq_entries && !backward) q.sq_tail = tail;
                 else if (tail != sq_bad) { sq_bad = tail; k.doorbell_errors++; }
             }
             n = (q.sq_tail + q.sq_entries - q.sq_head) % q.sq_entries;
             uint32_t posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
-            if (n > q.cq_entries - 1 - posted - q.cq_pending) {
+            if (n > q.cq_entries - 1 - posted - q.cq_pending ||
+                ((hostile & GPUNVME_HOSTILE_STALE_CQ) && posted != 0)) {
                 const uint32_t head = ld_gpu(q.cq_db);
                 if (head != q.cq_head) {
                     const uint32_t advance = (head + q.cq_entries - q.cq_head) % q.cq_entries;
-                    if (head < q.cq_entries && advance <= posted) q.cq_head = head;
-                    else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
+                    if (head < q.cq_entries && advance <= posted) {
+                        if (hostile & GPUNVME_HOSTILE_STALE_CQ) {
+                            stale_cq_entries(q, q.cq_head, head);
+                            trashed = true;
+                        }
+                        q.cq_head = head;
+                    } else if (head != cq_bad) { cq_bad = head; k.doorbell_errors++; }
                 }
                 posted = (q.cq_tail + q.cq_entries - q.cq_head) % q.cq_entries;
                 const uint32_t space = q.cq_entries - 1 - posted - q.cq_pending;
                 if (n > space) n = space;
             }
         }
-        uint32_t ready = __ballot_sync(full, n != 0);
+        uint32_t ready = __ballot_sync(full, n != 0 || trashed);
+        if (ready && (hostile & GPUNVME_HOSTILE_STALE_CQ)) {
+            // The stale entries' stores before any lane's post to those slots (see
+            // stale_cq_entries); idle passes pay nothing.
+            __syncwarp();
+            ready = __ballot_sync(full, n != 0);
+        }
         if (slow) {
             // Due completions first: they free CQ entries and list room for new commands.
             const uint32_t took = pending_post(pl, q, *t, lane, k);
@@ -340,7 +360,9 @@ extern "C" __global__ void __launch_bounds__(GPUNVME_CTRL_WARPS * 32, 1)
                 decoded d{};
                 if (mine) {
                     const uint32_t s = (head + base + lane) % sqe_n;
-                    d = decode_and_check(*t, reinterpret_cast<const uint8_t*>(sq) + (size_t)s * 64);
+                    const uint8_t* sqe = reinterpret_cast<const uint8_t*>(sq) + (size_t)s * 64;
+                    d = decode_and_check(*t, sqe);
+                    if (hostile & GPUNVME_HOSTILE_POISON_SQ) poison_sqe(sqe);
                     // Injected media errors (MODEL; none unless the warp is on its path).
                     if (slow) d.status = media_error_status(*t, d);
                 }

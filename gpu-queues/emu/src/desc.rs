@@ -133,6 +133,10 @@ pub struct CtrlControl {
     pub delay_ns: u32,
     /// GPU pointer: `[stop, generation]` (u32 each) as block 0's leader last read them.
     pub mirror: u64,
+    /// `HOSTILE_*` bits.
+    pub hostile: u32,
+    /// Reserved.
+    pub reserved: u32,
 }
 
 /// A namespace's SSD timing model as the controller kernel takes it
@@ -238,6 +242,23 @@ pub const FAULT_DROPS: u32 = 1;
 pub const FAULT_DELAY: u32 = 2;
 /// [`CtrlControl::faults`]: media error ranges are set (`GPUNVME_FAULT_MEDIA`).
 pub const FAULT_MEDIA: u32 = 4;
+/// [`CtrlControl::hostile`]: fetched SQEs poisoned (`GPUNVME_HOSTILE_POISON_SQ`).
+pub const HOSTILE_POISON_SQ: u32 = 1;
+/// [`CtrlControl::hostile`]: a backward SQ tail is an invalid doorbell write.
+pub const HOSTILE_BACKWARD_TAIL: u32 = 2;
+/// [`CtrlControl::hostile`]: freed CQ entries rewritten with garbage.
+pub const HOSTILE_STALE_CQ: u32 = 4;
+
+/// The controller kernel's `HOSTILE_*` bits for `h`.
+pub fn hostile_bits(h: nvme_emu::Hostile) -> u32 {
+    (if h.poison_sq { HOSTILE_POISON_SQ } else { 0 })
+        | (if h.flag_backward_tail {
+            HOSTILE_BACKWARD_TAIL
+        } else {
+            0
+        })
+        | (if h.stale_cq { HOSTILE_STALE_CQ } else { 0 })
+}
 
 /// Held completions per controller warp when the kernel gets `dynamic_bytes` of dynamic shared
 /// memory per block (the kernel's own arithmetic: its slice, less the selection slots).
@@ -274,6 +295,10 @@ mod tests {
             ("CC_DROPS", offset_of!(CtrlControl, drops)),
             ("CC_FAULTS", offset_of!(CtrlControl, faults)),
             ("CC_DELAY_NS", offset_of!(CtrlControl, delay_ns)),
+            ("CC_HOSTILE", offset_of!(CtrlControl, hostile)),
+            ("HOSTILE_POISON_SQ", HOSTILE_POISON_SQ as usize),
+            ("HOSTILE_BACKWARD_TAIL", HOSTILE_BACKWARD_TAIL as usize),
+            ("HOSTILE_STALE_CQ", HOSTILE_STALE_CQ as usize),
             ("CTRL_NS_MODEL_SIZE", size_of::<CtrlNsModel>()),
             ("CTRL_MEDIA_ERROR_SIZE", size_of::<CtrlMediaError>()),
             ("CTRL_PENDING_SIZE", size_of::<CtrlPending>()),
@@ -304,7 +329,7 @@ mod tests {
         assert_eq!(offset_of!(CtrlNsModel, drives), 28);
         assert_eq!(offset_of!(CtrlNsModel, stripe_shift), 30);
         assert_eq!(offset_of!(CtrlMediaError, nsid), 16);
-        assert_eq!(size_of::<CtrlControl>(), 128);
+        assert_eq!(size_of::<CtrlControl>(), 136);
         assert_eq!(size_of::<CtrlCounters>(), 64);
         // H100: 227 KiB per block less ~39 KiB of tables, or just over half of 228 KiB.
         assert_eq!(pending_capacity(232_448 - 39_568), 745);

@@ -141,6 +141,10 @@ pub struct GpuControllerOptions {
     /// and the gate its launch waits at; `None` splits the GPU for this model alone
     /// (`controller_sms` for it, the rest for clients).
     pub group: Option<GroupMember>,
+    /// Hostile modes, as the software controller has them (`nvme_emu::Hostile`; off by
+    /// default, on in the tests): fetched SQEs poisoned, backward SQ tails refused as invalid
+    /// doorbell writes, CQ entries freed by a head doorbell rewritten with garbage.
+    pub hostile: nvme_emu::Hostile,
 }
 
 /// Several GPU-resident models started together, one per controller: the GPU's SMs split once
@@ -269,6 +273,7 @@ impl Default for GpuControllerOptions {
             lifetime: Duration::from_secs(600),
             start_timeout: Duration::from_secs(5),
             group: None,
+            hostile: nvme_emu::Hostile::default(),
         }
     }
 }
@@ -535,6 +540,7 @@ impl GpuController {
             models: control.device_ptr() + layout.models as u64,
             media_errors: control.device_ptr() + layout.media_errors as u64,
             drops: drops.ptr(),
+            hostile: crate::desc::hostile_bits(opts.hostile),
             ..CtrlControl::new_zeroed()
         };
         control.write(0, header.as_bytes());
