@@ -1374,7 +1374,9 @@ fn model_hostile_modes_catch_broken_clients() {
         }
 
         // Queue 1: a tail moved backwards over unfetched commands. Seven completions fill the
-        // CQ (8 entries, never reaped here); three more commands wait unfetched.
+        // CQ (8 entries, never read here); three more commands wait, then one CQ entry is
+        // freed so that exactly one of them is fetched: its completion shows the model has
+        // seen the tail at 2, with two commands left unfetched.
         let mut b = HostClient::new(&r, 1);
         for i in 0..7u16 {
             b.push(&read(40 + i, i as u64));
@@ -1385,13 +1387,18 @@ fn model_hostile_modes_catch_broken_clients() {
             b.push(&read(50 + i, i as u64));
         }
         b.ring_sq();
-        std::thread::sleep(Duration::from_millis(50));
-        // The bug: tail 2 -> 1 while three commands are unfetched.
+        b.copy_in(b.desc.cq_doorbell, &1u32.to_ne_bytes());
+        assert_eq!(
+            b.posted(7).cid,
+            50,
+            "the one command the freed entry let through"
+        );
+        // The bug: tail 2 -> 1 while two commands are unfetched.
         b.sq_tail = 1;
         b.ring_sq();
         std::thread::sleep(Duration::from_millis(300));
-        // Nothing of the three was fetched: the CQ is still full.
-        assert_eq!(b.entry(0).cid, 40, "the CQ's first entry is unchanged");
+        // Nothing more was fetched: the CQ is still full.
+        assert_eq!(b.entry(1).cid, 41, "the CQ's second entry is unchanged");
 
         // Queue 2: the CQ head rung before the second entry was read.
         let mut c = HostClient::new(&r, 2);
