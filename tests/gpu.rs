@@ -2233,28 +2233,39 @@ fn model_ssd_timing_bounds_latency_and_rate() {
 // perf --gpu over several controllers (issue 23): each controller its own GPU queues and perf
 // kernel, side by side, one report each and the totals.
 
-/// Two software controllers over two images run `perf --gpu --verify` at once, each its own
-/// queues: every I/O checked on both, the totals their sum; the GPU-resident model over
-/// several is refused by name before anything runs.
-#[test]
-#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
-fn several_controllers_run_perf_gpu_at_once() {
+/// Image files named after `names` (64 MiB each, removed on drop), each opened as the CLI
+/// opens a device (the software controller, one controller thread, `queue_pairs` I/O queue
+/// pairs).
+fn open_images(
+    names: &[&str],
+    queue_pairs: u16,
+) -> (Vec<ShmImage>, Vec<(Controller, gpunvme::open::Backend)>) {
     use gpunvme::open::{self, DeviceSpec, OpenOptions};
-    use gpunvme::perf::gpu::GpuPerfArgs;
-    use gpunvme::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
-    let images = [image("several-a"), image("several-b")];
+    let images: Vec<ShmImage> = names.iter().map(|n| image(n)).collect();
     let opts = OpenOptions {
         controller_threads: 1,
-        controller_queue_pairs: 4,
+        controller_queue_pairs: queue_pairs,
         ..OpenOptions::default()
     };
-    let opened: Vec<_> = images
+    let opened = images
         .iter()
         .map(|p| {
             let spec = DeviceSpec::parse(Some(p.to_str().expect("UTF-8"))).expect("spec");
             open::open_controller_and_transport(&spec, &opts).expect("open")
         })
         .collect();
+    (images, opened)
+}
+
+/// Two software controllers over two images run `perf --gpu --verify` at once, each its own
+/// queues: every I/O checked on both, the totals their sum; the GPU-resident model over
+/// several is refused by name before anything runs.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn several_controllers_run_perf_gpu_at_once() {
+    use gpunvme::perf::gpu::GpuPerfArgs;
+    use gpunvme::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
+    let (images, opened) = open_images(&["several-a", "several-b"], 4);
     let pairs: Vec<_> = opened.iter().map(|(c, b)| (c, b)).collect();
     let names: Vec<String> = images.iter().map(|p| p.display().to_string()).collect();
     let mut args = GpuPerfArgs {
@@ -2460,20 +2471,8 @@ fn volume_files_on_gpu_resident_models() {
     };
     use gpunvme::gpu::Serving;
     use gpunvme::gpu_fs::{GpuFsOptions, get_volume, put_volume};
-    use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};
-    let images = [image("volume-a"), image("volume-b")];
-    let opts = OpenOptions {
-        controller_threads: 1,
-        controller_queue_pairs: 8,
-        ..OpenOptions::default()
-    };
-    let opened: Vec<_> = images
-        .iter()
-        .map(|p| {
-            let spec = DeviceSpec::parse(Some(p.to_str().expect("UTF-8"))).expect("spec");
-            open::open_controller_and_transport(&spec, &opts).expect("open")
-        })
-        .collect();
+    use gpunvme::open::Backend;
+    let (_images, opened) = open_images(&["volume-a", "volume-b"], 8);
     let dev_opts = NvmeDeviceOptions {
         queues: 2,
         ..NvmeDeviceOptions::default()
