@@ -37,6 +37,27 @@ pub enum Serving {
     Model(MediaKind),
 }
 
+/// The GPU split once for `n` GPU-resident models started together, one per controller, each
+/// on `controller_sms` SMs of its own ([`gpu_emu::ModelGroup`]; the SMs left over shared by
+/// every controller's clients): one member each, for [`start_model`].
+pub fn model_group(cuda: &Arc<Cuda>, n: usize, controller_sms: u32) -> Result<Vec<GroupMember>> {
+    let n = u32::try_from(n).context("controllers")?;
+    gpu_emu::ModelGroup::split(cuda, n, controller_sms)
+        .with_context(|| format!("splitting the GPU's SMs for {n} GPU-resident controller models"))
+}
+
+/// Runs `f` on every item at once, a thread each (one per controller), and waits for all: the
+/// results in order (a panic in one is resumed here, after all joined).
+pub fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.iter().map(|i| s.spawn(|| f(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 /// Starts the GPU-resident controller model in place of `backend`'s software controller's I/O
 /// threads, over the same namespaces (an image namespace is loaded into the model's media and
 /// written back when it stops, unless read-only). `group`: its SMs and start gate when it is one

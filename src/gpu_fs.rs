@@ -520,26 +520,10 @@ fn setup_members(
         }
         Serving::Model(_) => {
             let cuda = Cuda::open(0).context("--gpu")?;
-            let n = u32::try_from(ctrls.len()).context("members")?;
-            let group =
-                gpu_emu::ModelGroup::split(&cuda, n, opts.controller_sms).with_context(|| {
-                    format!("splitting the GPU's SMs for {n} GPU-resident controller models")
-                })?;
-            std::thread::scope(|s| {
-                let started: Vec<_> = ctrls
-                    .iter()
-                    .zip(backends)
-                    .zip(group)
-                    .map(|((c, b), g)| s.spawn(move || setup_in_group(c, b, opts, Some(g))))
-                    .collect();
-                started
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(anyhow::anyhow!("a member's GPU setup panicked"))
-                        })
-                    })
-                    .collect()
+            let group = gpu::model_group(&cuda, ctrls.len(), opts.controller_sms)?;
+            let jobs: Vec<_> = ctrls.iter().zip(backends).zip(group).collect();
+            gpu::on_each(&jobs, |((c, b), g)| {
+                setup_in_group(c, b, opts, Some(g.clone()))
             })
         }
     };

@@ -126,8 +126,6 @@ struct VolumeParts {
     nsids: Vec<u32>,
     /// Queues per member (the cache's queues are the members', in member order).
     queues_per_member: usize,
-    /// GPU pointer of each member's first queue descriptor among the cache's.
-    member_queues: Vec<u64>,
     /// The `volume_desc`.
     _desc: DeviceMemory,
     /// The members' queue descriptors, side by side.
@@ -483,13 +481,9 @@ impl<'q> GpuCache<'q> {
         cache.desc.nqueues = (n * qpm) as u32;
         cache.desc.volume = vmem.ptr();
         cache.control.write(OFF_DESC, cache.desc.as_bytes())?;
-        let member_queues = (0..n)
-            .map(|m| queue_descs.ptr() + (m * qpm * size_of::<QueueDesc>()) as u64)
-            .collect();
         cache.volume = Some(VolumeParts {
             nsids: geometry.nsids.clone(),
             queues_per_member: qpm,
-            member_queues,
             _desc: vmem,
             _queue_descs: queue_descs,
             _mappings: mappings,
@@ -703,11 +697,12 @@ impl<'q> GpuCache<'q> {
         // every write-back completed (the kernel boundary orders them).
         let writable = self.ranges.iter().any(|r| r.flags & RF_WRITABLE != 0);
         let targets: Vec<(u32, u64)> = match &self.volume {
-            Some(v) if writable => v
-                .nsids
-                .iter()
-                .copied()
-                .zip(v.member_queues.clone())
+            // Member m's queues start at its m * qpm-th descriptor among the cache's.
+            Some(v) if writable => (0..v.nsids.len())
+                .map(|m| {
+                    let first = m * v.queues_per_member * size_of::<QueueDesc>();
+                    (v.nsids[m], self.desc.queues + first as u64)
+                })
                 .collect(),
             Some(_) => Vec::new(),
             None => {

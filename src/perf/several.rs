@@ -82,18 +82,6 @@ pub struct SeveralError {
     pub source: PerfError,
 }
 
-/// Runs `f` on every item at once, a thread each, and waits for all: the results in order (a
-/// panic in one is resumed here, after all joined).
-fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items.iter().map(|i| s.spawn(|| f(i))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    })
-}
-
 /// A `perf --gpu` run over several controllers: each one's report (in the order given), then
 /// the totals of their GPU sides.
 #[derive(Debug, Clone, Serialize)]
@@ -139,11 +127,7 @@ pub fn run_several_gpu(
         None => vec![args.clone(); ctrls.len()],
         Some(_) => {
             let cuda = gpu_queues::Cuda::open(0).context("opening the GPU")?;
-            let n = u32::try_from(ctrls.len()).context("controllers")?;
-            gpu_emu::ModelGroup::split(&cuda, n, args.controller_sms)
-                .with_context(|| {
-                    format!("splitting the GPU's SMs for {n} GPU-resident controller models")
-                })?
+            crate::gpu::model_group(&cuda, ctrls.len(), args.controller_sms)?
                 .into_iter()
                 .map(|g| super::gpu::GpuPerfArgs {
                     model_group: Some(g),
@@ -153,7 +137,7 @@ pub fn run_several_gpu(
         }
     };
     let jobs: Vec<_> = ctrls.iter().zip(&per_controller).collect();
-    let results = on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
+    let results = crate::gpu::on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
@@ -180,7 +164,7 @@ pub fn run_several(
     names: &[String],
     cfg: &PerfConfig,
 ) -> Result<SeveralReport, SeveralError> {
-    let results = on_each(ctrls, |c| run(c, cfg));
+    let results = crate::gpu::on_each(ctrls, |c| run(c, cfg));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         match r {
