@@ -107,12 +107,32 @@ pub struct ControllerCopies {
     pub direct_bytes: u64,
     /// Copy-engine copies issued for them (adjacent ranges merged).
     pub direct_copies: u64,
-    /// Bytes read into pinned staging memory first (`pread`), then scattered.
+    /// Bytes read into pinned staging memory first (`pread`), then copied to the GPU.
     pub staged_bytes: u64,
+    /// Copy-engine copies of staged Reads (adjacent Reads of 64 KiB or more merged; smaller
+    /// ones go by the scatter kernel; `GPUNVME_EMU_STAGED`).
+    pub engine_copies: u64,
     /// Image windows registered.
     pub windows_registered: u64,
     /// Windows left to the staged path because their pages were not all in the page cache.
     pub windows_not_resident: u64,
+    /// Where the controller threads' time went, summed over threads (milliseconds): reading
+    /// image data into staging (`pread`), waiting for reads of GPU memory (SQE fetches, PRP
+    /// lists), waiting for a staging area the GPU still drained.
+    pub file_read_ms: f64,
+    /// See `file_read_ms`.
+    pub fetch_wait_ms: f64,
+    /// See `file_read_ms`.
+    pub drain_wait_ms: f64,
+    /// Scatter kernels (one per staging area flushed).
+    pub scatters: u64,
+    /// Reads of GPU memory with a copy and a wait of their own (SQE fetches, mostly).
+    pub sync_reads: u64,
+    /// Gathers (a batch's PRP lists, a Write's data).
+    pub gathers: u64,
+    /// Of the reads and gathers, those not ordered after the controller's writes
+    /// (`GPUNVME_EMU_FETCH`).
+    pub unordered_reads: u64,
 }
 
 /// What the software controller's copy engines did so far, when it serves `setup`'s queues.
@@ -124,8 +144,16 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         direct_bytes: d.direct_bytes,
         direct_copies: d.direct_copies,
         staged_bytes: d.staged_file_bytes,
+        engine_copies: d.engine_copies,
         windows_registered: w.registered,
         windows_not_resident: w.not_resident,
+        file_read_ms: d.file_ns as f64 / 1e6,
+        fetch_wait_ms: d.fetch_wait_ns as f64 / 1e6,
+        drain_wait_ms: d.drain_wait_ns as f64 / 1e6,
+        scatters: d.scatters,
+        sync_reads: d.sync_reads,
+        gathers: d.gathers,
+        unordered_reads: d.unordered_reads,
     })
 }
 
@@ -221,10 +249,11 @@ fn hex(c: u32) -> String {
 }
 
 /// The I/O queue pairs a software controller should grant when the GPU-resident controller
-/// model serves the GPU queues (the CLI's default `--controller-queue-pairs` then, and the
-/// examples'): each controller lane owns queues, so few queues leave most of the model's SMs
-/// idle (`fs get --gpu --controller gpu --media host` of 1 GiB on the H100, 2026-11-23: 8
-/// queue pairs 14.7 GB/s; `perf` at 128 KiB with 32 queues about 50 GB/s).
+/// model serves the GPU queues, or when GPU file commands run on it (the CLI's default
+/// `--controller-queue-pairs` then, the examples' and the Python package's): each controller
+/// lane (each controller thread) owns queues, so few queues leave most of the model's SMs
+/// (most of the threads) idle (`fs get --gpu --controller gpu --media host` of 1 GiB on the
+/// H100, 2026-11-23: 8 queue pairs 14.7 GB/s; `perf` at 128 KiB with 32 queues about 50 GB/s).
 pub const MODEL_QUEUE_PAIRS: u16 = 64;
 
 /// Brings the GPU queues up for a file command on `ctrl` (shared by `fs get/put --gpu` and the

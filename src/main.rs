@@ -110,16 +110,19 @@ enum Command {
 
 impl Command {
     /// The I/O queue pairs the software controller grants when `--controller-queue-pairs` is
-    /// not given: more for the GPU-resident controller model, which serves each queue from
-    /// one controller lane (8 queues measured 14.7 GB/s on `fs get --gpu --media host`, 32
-    /// queues ~50 GB/s on the H100, 2026-11-23).
+    /// not given: more for GPU file commands, whose batches spread over every queue, and for
+    /// the GPU-resident controller model, which serves each queue from one controller lane
+    /// (8 queues measured 14.7 GB/s on `fs get --gpu --media host`, 32 queues ~50 GB/s on the
+    /// H100, 2026-11-23). On the software controller a queue is served by one thread: 8 pairs
+    /// (7 for the GPU) kept 9 of 16 threads idle (`fs get --gpu` of 4 GiB, H200, 2026-11-26:
+    /// 20-28 GB/s with 8 pairs, 29-44 with 64).
     fn default_queue_pairs(&self) -> u16 {
-        let model = match self {
+        let many = match self {
             Command::Perf(p) => p.gpu && p.controller == ControllerArg::Gpu,
-            Command::Fs { cmd, .. } => cmd.on_gpu_controller(),
+            Command::Fs { cmd, .. } => cmd.on_gpu(),
             _ => false,
         };
-        if model {
+        if many {
             gpunvme::gpu_fs::MODEL_QUEUE_PAIRS
         } else {
             OpenOptions::default().controller_queue_pairs
@@ -583,7 +586,7 @@ mod tests {
                 model,
             ),
             (&["gpunvme", "fs", "get", "a", "out"][..], emu),
-            (&["gpunvme", "fs", "get", "--gpu", "a"][..], emu),
+            (&["gpunvme", "fs", "get", "--gpu", "a"][..], model),
             (
                 &["gpunvme", "fs", "get", "--gpu", "a", "--controller", "gpu"][..],
                 model,

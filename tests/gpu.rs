@@ -419,7 +419,7 @@ fn every_transfer_shape_into_arbitrary_gpu_buffers() {
 }
 
 /// Every transfer shape (PRP1 only, PRP1 + PRP2, PRP lists, MDTS, split above MDTS, in-page
-/// offsets) written and read by both client styles into a buffer from `r`'s transport, each
+/// offsets, destinations off 16-byte alignment) written and read by both client styles into a buffer from `r`'s transport, each
 /// checked against CPU queues; an unaligned pointer and a range past the end refused.
 fn transfer_shapes(r: &Rig) {
     let lba = r.lba;
@@ -435,6 +435,11 @@ fn transfer_shapes(r: &Rig) {
         (0, mdts),
         (0, 3 * mdts + 4 * lba as u64),
         (2048 / 512 * 512, 1 << 20),
+        // Destinations 8 and 4 bytes past a 16-byte boundary (a tensor's read into an arena
+        // when the file's data section starts at an odd multiple of 8): the software
+        // controller stages such data at the same alignment and copies it in vectors.
+        (8, 64 << 10),
+        (4096 + 4, 2 * mdts + lba as u64),
     ];
     for (i, &(off, bytes)) in shapes.iter().enumerate() {
         if off % 4 != 0 || bytes % lba as u64 != 0 {

@@ -251,10 +251,12 @@ def one(job):
     job = json.loads(job)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
-    fn = LOADERS[job["method"]]
+    # A variant ("gpunvme-emu-kept+KEY=VAL", --variant) is its method with a variable set.
+    method = job["method"].split("+")[0]
+    fn = LOADERS[method]
     row = {}
     kw = dict(job["kw"])
-    if job["method"] == "gpunvme-emu-kept":
+    if method == "gpunvme-emu-kept":
         # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
         kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
         kw["dev"].gpu_queues()
@@ -301,6 +303,11 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 4,
                     help="software controller threads for gpunvme (default: one per CPU)")
     ap.add_argument("--limit", type=int, default=240, help="seconds one load may take")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="loads per method, model and cache (the summary takes each method's median)")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VAL",
+                    help="also run gpunvme-emu-kept with this environment variable set (a row "
+                         "method 'gpunvme-emu-kept+KEY=VAL'; repeatable)")
     ap.add_argument("--methods", default="",
                     help="comma-separated loaders to run (default: all)")
     ap.add_argument("--gpunvme", default=os.environ.get("GPUNVME_BIN", ""),
@@ -349,6 +356,8 @@ def main():
             if unknown:
                 raise SystemExit(f"unknown --methods: {sorted(unknown)}")
             loaders = [(n, kw) for n, kw in loaders if n in keep]
+        for v in args.variant:
+            loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=args.threads)))
         if not jit_warm:
             # CUDA compiles gpunvme's PTX on a machine's first use (about 15 s on the lent
             # machine, then cached on disk): once, untimed, before any row.
@@ -359,13 +368,13 @@ def main():
                            capture_output=True, timeout=args.limit)
             jit_warm = True
         for cache in args.caches.split(","):
-            for name, kw in loaders:
+            for (name, kw), rep in ((lk, rep) for lk in loaders for rep in range(args.reps)):
                 ours = name.startswith("gpunvme")
                 if ours and cache == "cold" and "model" in name:
                     continue  # HBM media: the image is copied in before the load; nothing cold
                 paths = [img] if ours else files
                 row = {"model": model, "tensors": ntensors, "bytes": total, "cache": cache,
-                       "method": name}
+                       "method": name, "rep": rep}
                 resident = warm(paths) if cache == "warm" else evict(paths)
                 row["resident_before"] = round(resident, 3)
                 if cache == "cold" and resident > 0.05:
@@ -374,8 +383,13 @@ def main():
                     job = dict(method=name, files=files, image=img, prefix=f"{model}/",
                                total=total, kw=kw)
                     try:
+                        env = dict(os.environ)
+                        if "+" in name:
+                            k, _, v = name.split("+", 1)[1].partition("=")
+                            env[k] = v
                         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)],
-                                           capture_output=True, text=True, timeout=args.limit)
+                                           capture_output=True, text=True, timeout=args.limit,
+                                           env=env)
                         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
                         if r.returncode == 0 and last.startswith("{"):
                             row.update(json.loads(last))
@@ -396,9 +410,18 @@ def main():
         for cache in args.caches.split(","):
             ok = [r for r in rows if r["model"] == model and r["cache"] == cache
                   and r.get("verified")]
+            # One row per method: its median load (of --reps), with every figure beside it.
+            by = {}
+            for r in ok:
+                by.setdefault(r["method"], []).append(r)
+            ok = []
+            for rs in by.values():
+                rs = sorted(rs, key=lambda r: r["gbytes_per_s"])
+                ok.append(dict(rs[(len(rs) - 1) // 2], all_gbytes_per_s=[r["gbytes_per_s"] for r in rs]))
             base = [r for r in ok if not r["method"].startswith("gpunvme")]
             best = max(base, key=lambda r: r["gbytes_per_s"], default=None)
             emu = next((r for r in ok if r["method"] == "gpunvme-emu"), None)
+            kept = next((r for r in ok if r["method"] == "gpunvme-emu-kept"), None)
             s = {"best_baseline": best and best["method"],
                  "best_baseline_gbytes_per_s": best and best["gbytes_per_s"]}
             if emu:
@@ -407,6 +430,13 @@ def main():
                     s["gpunvme_emu_over_best"] = round(emu["gbytes_per_s"] / best["gbytes_per_s"], 3)
                 if cache == "warm":
                     s["gpunvme_emu_over_pinned_ceiling"] = round(emu["gbytes_per_s"] / ceiling, 3)
+            if kept:
+                s["gpunvme_emu_kept_gbytes_per_s"] = kept["gbytes_per_s"]
+                if best:
+                    s["gpunvme_emu_kept_over_best"] = round(kept["gbytes_per_s"] / best["gbytes_per_s"], 3)
+                s["gpunvme_emu_kept_over_pinned_ceiling"] = round(kept["gbytes_per_s"] / ceiling, 3)
+            for r in base:
+                s[r["method"] + "_all_gbytes_per_s"] = r["all_gbytes_per_s"]
             for r in ok:
                 if "fraction_of_cap" in r:
                     s[r["method"] + "_fraction_of_cap"] = r["fraction_of_cap"]

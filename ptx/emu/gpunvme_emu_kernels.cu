@@ -29,26 +29,46 @@ struct copy_desc {
 
 static_assert(sizeof(copy_desc) == GPUNVME_COPY_DESC_SIZE, "copy_desc size");
 
+/// `n` 16-byte vectors from `s4` to `d4`, `lanes` lanes from `lane`.
+__device__ __forceinline__ void copy_vectors(const uint4* s4, uint4* d4, uint32_t n, uint32_t lane,
+                                             uint32_t lanes) {
+    uint32_t k = lane;
+    // Four loads in flight per lane before their stores: the source is pinned host memory
+    // read over PCIe (a microsecond away), so one load at a time would leave a warp idle.
+    for (; k + 3 * lanes < n; k += 4 * lanes) {
+        uint4 a = s4[k], b = s4[k + lanes], c = s4[k + 2 * lanes], e = s4[k + 3 * lanes];
+        d4[k] = a;
+        d4[k + lanes] = b;
+        d4[k + 2 * lanes] = c;
+        d4[k + 3 * lanes] = e;
+    }
+    for (; k < n; k += lanes) d4[k] = s4[k];
+}
+
+/// Pieces at least this long whose source and destination share their alignment modulo 16 are
+/// copied as bytes up to the destination's first 16-byte boundary, vectors, and the last bytes.
+/// Shorter ones keep the word or byte paths: a completion's phase dword (a 4-byte piece) must
+/// be written by one 32-bit store.
+#define GPUNVME_COPY_COALIGNED_MIN 256u
+
 __device__ __forceinline__ void copy_piece(const copy_desc& d, const uint8_t* staging, uint32_t lane,
                                            uint32_t lanes) {
     uint32_t len = d.len & ~GPUNVME_COPY_LATE;
     const uint8_t* src = staging + d.src;
     uint8_t* dst = reinterpret_cast<uint8_t*>(d.dst);
     if ((((uintptr_t)src | (uintptr_t)dst | len) & 15) == 0) {
-        const uint4* s4 = reinterpret_cast<const uint4*>(src);
-        uint4* d4 = reinterpret_cast<uint4*>(dst);
-        const uint32_t n = len / 16;
-        uint32_t k = lane;
-        // Four loads in flight per lane before their stores: the source is pinned host memory
-        // read over PCIe (a microsecond away), so one load at a time would leave a warp idle.
-        for (; k + 3 * lanes < n; k += 4 * lanes) {
-            uint4 a = s4[k], b = s4[k + lanes], c = s4[k + 2 * lanes], e = s4[k + 3 * lanes];
-            d4[k] = a;
-            d4[k + lanes] = b;
-            d4[k + 2 * lanes] = c;
-            d4[k + 3 * lanes] = e;
-        }
-        for (; k < n; k += lanes) d4[k] = s4[k];
+        copy_vectors(reinterpret_cast<const uint4*>(src), reinterpret_cast<uint4*>(dst), len / 16,
+                     lane, lanes);
+    } else if (len >= GPUNVME_COPY_COALIGNED_MIN && (((uintptr_t)src ^ (uintptr_t)dst) & 15) == 0) {
+        // The controller stages a piece at its destination's alignment modulo 16 (a Read into a
+        // tensor that starts 8 bytes past a 16-byte boundary of its file, say), so that this
+        // path, not the word path, moves it.
+        const uint32_t head = (16u - (uint32_t)((uintptr_t)dst & 15)) & 15u;
+        const uint32_t n = (len - head) / 16;
+        for (uint32_t k = lane; k < head; k += lanes) dst[k] = src[k];
+        copy_vectors(reinterpret_cast<const uint4*>(src + head), reinterpret_cast<uint4*>(dst + head),
+                     n, lane, lanes);
+        for (uint32_t k = head + n * 16 + lane; k < len; k += lanes) dst[k] = src[k];
     } else if ((((uintptr_t)src | (uintptr_t)dst | len) & 3) == 0) {
         const uint32_t* s1 = reinterpret_cast<const uint32_t*>(src);
         uint32_t* d1 = reinterpret_cast<uint32_t*>(dst);

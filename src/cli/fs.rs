@@ -192,13 +192,10 @@ impl FsCommand {
         }
     }
 
-    /// Whether the command moves data on the GPU through the GPU-resident controller model
-    /// (`fs get/put --gpu --controller gpu`).
-    pub fn on_gpu_controller(&self) -> bool {
+    /// Whether the command moves data with GPU-issued commands (`fs get/put --gpu`).
+    pub fn on_gpu(&self) -> bool {
         match self {
-            FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } => {
-                gpu.gpu && gpu.controller == FsController::Gpu
-            }
+            FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } => gpu.gpu,
             _ => false,
         }
     }

@@ -2,8 +2,8 @@
 //!
 //! Two ways, chosen by `GPUNVME_EMU_READS` ([`ReadMode`]):
 //! - `pread` (the default): a positioned read of the image straight into the controller
-//!   thread's pinned staging memory, scattered into GPU memory at the end of the batch: one CPU
-//!   copy per byte;
+//!   thread's pinned staging memory, copied into GPU memory at the end of the batch (by copy
+//!   engine or scatter kernel, `software::StagedCopies`): one CPU copy per byte;
 //! - `registered`: the image's page-cache pages are registered with CUDA a window at a time
 //!   ([`ImageWindows`]) and a copy engine moves a Read's data straight into GPU memory, with no
 //!   CPU copy. Registering pins and maps every page, and CUDA does that for one thread at a

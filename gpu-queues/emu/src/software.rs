@@ -27,16 +27,28 @@
 //! 0.3 M commands/s (../shared/design/gpu.md), so writes are batched by a [`GpuDma`] engine:
 //!
 //! - every write the controller makes (read data, completion entries) is appended to a pinned
-//!   staging area, mapped into the GPU, with a [`CopyDesc`] naming its destination;
+//!   staging area, mapped into the GPU, with a [`CopyDesc`] naming its destination, at the
+//!   destination's alignment modulo 16 (so the kernel copies 16-byte vectors into a tensor
+//!   that starts 8 bytes past a boundary, say);
 //! - at the end of each controller batch (`MemoryRegion::flush`), ONE scatter kernel copies every
 //!   staged piece to its place; completion-queue phase dwords are marked late and written by the
 //!   kernel's last block after a fence, so a completion never becomes visible before its data
 //!   or the rest of its entry;
-//! - reads (SQE fetches, PRP lists, data of write commands) flush first, then copy on the same
-//!   stream and wait (bounded); ranges the controller announced with `MemoryRegion::prefetch`
-//!   (a batch's PRP lists, then its write data) are fetched together by ONE gather kernel into
-//!   a pinned area, and the reads that follow are served from it until the batch moves on
-//!   (the next prefetch or flush).
+//! - a Read of 64 KiB or more is read from the image (`pread`) into the staging area like any
+//!   other write but moved by a copy engine, one copy per run of Reads adjacent in GPU memory,
+//!   queued before the scatter that carries their completions ([`StagedCopies`]; 7B-shaped
+//!   load on the H200, 2026-11-26: 43.7 GB/s against 40.6 by the scatter kernel);
+//! - reads (SQE fetches, PRP lists, data of write commands) copy and wait (bounded); ranges the
+//!   controller announced with `MemoryRegion::prefetch` (a batch's PRP lists, then its write
+//!   data) are fetched together by ONE gather kernel into a pinned area, and the reads that
+//!   follow are served from it until the batch moves on (the next prefetch or flush);
+//! - a read of memory the controller has written (a region it staged data or entries into)
+//!   flushes first and copies on the scatter's stream, so it sees every earlier write; a read
+//!   of memory it never wrote (the clients' SQ rings and PRP lists, a Write's data in a buffer
+//!   only clients fill) copies on a second stream of the engine and does not wait for the
+//!   batch's scatter: the next batch's commands are fetched, and its `pread`s run, while the
+//!   last batch's data still moves (`GPUNVME_EMU_FETCH=ordered` orders every read, for
+//!   comparisons).
 //!
 //! Each controller thread has an engine of its own (stream, staging and gather areas), picked
 //! with `nvme_emu::controller_thread_index`: a queue pair is served by one thread, so its data
@@ -46,6 +58,7 @@
 //! other.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -116,10 +129,56 @@ struct Direct {
 /// Direct copies one staging area notes before it is flushed.
 const MAX_DIRECT: usize = 4096;
 
+/// A Read's data staged by `pread` and moved by a copy engine (adjacent ones merged), issued at
+/// the flush of its staging area before that area's scatter ([`StagedCopies::Engine`]): so
+/// before the completions among the scatter's pieces, and before any piece of the same area
+/// whatever the order they were staged in (only commands in flight together can write the same
+/// bytes, and NVMe leaves the result of such overlaps undefined).
+struct EngineCopy {
+    /// Byte offset in the area's data part.
+    src: usize,
+    dst: u64,
+    len: usize,
+}
+
+/// Reads of at least this many bytes go by copy engine when [`StagedCopies::Engine`]; smaller
+/// ones (a call each would cost more than the copy) go by the scatter kernel.
+pub const ENGINE_COPY_MIN: usize = 64 << 10;
+
+/// How a Read's data staged by `pread` reaches GPU memory: `GPUNVME_EMU_STAGED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StagedCopies {
+    /// By copy engines, one copy per run of adjacent Reads of [`ENGINE_COPY_MIN`] bytes or
+    /// more (the default): the controller's SMs are left to the completions and small pieces.
+    Engine,
+    /// By the scatter kernel on the controller's SMs, like every other staged write.
+    Kernel,
+}
+
+impl StagedCopies {
+    /// `GPUNVME_EMU_STAGED=engine|kernel` (unset: engine, or kernel in [`CopyMode::Memcpy`],
+    /// where pieces are copies already).
+    fn from_env() -> Result<Self, GpuError> {
+        match std::env::var("GPUNVME_EMU_STAGED")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("") | Some("engine") => Ok(Self::Engine),
+            Some("kernel") => Ok(Self::Kernel),
+            Some(other) => Err(GpuError::InvalidArgument(format!(
+                "GPUNVME_EMU_STAGED={other}: expected `engine` or `kernel`"
+            ))),
+        }
+    }
+}
+
 struct Staging {
     mem: PinnedMemory,
     /// Direct copies to issue, in order, before this area's scatter.
     direct: Vec<Direct>,
+    /// Staged Reads to move by copy engine, in order, before this area's scatter.
+    copies: Vec<EngineCopy>,
     /// Finished when the scatter that read this area is done.
     drained: Event,
     pieces: usize,
@@ -152,12 +211,23 @@ pub struct DmaStats {
     pub sync_reads: u64,
     /// Nanoseconds the controller thread spent waiting for the GPU (reads, full staging).
     pub wait_ns: u64,
+    /// Of `wait_ns`: waiting for reads of GPU memory (SQE fetches, gathers, sync reads).
+    pub fetch_wait_ns: u64,
+    /// Of `wait_ns`: waiting for a staging area the GPU still drained.
+    pub drain_wait_ns: u64,
+    /// Reads and gathers of memory the controller never wrote, on the fetch stream (not
+    /// ordered after the engine's writes).
+    pub unordered_reads: u64,
+    /// Nanoseconds spent reading image data into staging (`pread`).
+    pub file_ns: u64,
     /// Copies issued straight from registered image windows (adjacent ranges merged).
     pub direct_copies: u64,
     /// Bytes those copies moved.
     pub direct_bytes: u64,
     /// Bytes of Reads staged through pinned memory from the image file (`pread`).
     pub staged_file_bytes: u64,
+    /// Copy-engine copies of staged Read data (adjacent Reads merged).
+    pub engine_copies: u64,
 }
 
 impl DmaStats {
@@ -169,9 +239,14 @@ impl DmaStats {
         self.hits += o.hits;
         self.sync_reads += o.sync_reads;
         self.wait_ns += o.wait_ns;
+        self.fetch_wait_ns += o.fetch_wait_ns;
+        self.drain_wait_ns += o.drain_wait_ns;
+        self.unordered_reads += o.unordered_reads;
+        self.file_ns += o.file_ns;
         self.direct_copies += o.direct_copies;
         self.direct_bytes += o.direct_bytes;
         self.staged_file_bytes += o.staged_file_bytes;
+        self.engine_copies += o.engine_copies;
     }
 }
 
@@ -181,8 +256,9 @@ struct EngineState {
     /// Gather area: MAX_GATHER_PIECES descriptors, then GATHER_BYTES of data; also the bounce
     /// buffer of reads too large to gather.
     gather: PinnedMemory,
-    /// Ranges announced by `prefetch`, fetched together at the next read.
-    pending: Vec<(u64, usize)>,
+    /// Ranges announced by `prefetch`, fetched together at the next read, each with whether
+    /// it must be read after the engine's earlier writes (see the module's documentation).
+    pending: Vec<(u64, usize, bool)>,
     /// Ranges the last gather fetched.
     fetched: Vec<Fetched>,
     /// A flush launched work that was not yet seen finished (see [`GpuDma::pending`]).
@@ -193,7 +269,10 @@ struct EngineState {
 /// One controller thread's copy engine: its own stream, staging areas and gather area, so that
 /// threads never wait on each other's copies and each thread's writes stay in issue order.
 struct Engine {
+    /// Scatters, and reads ordered after them.
     stream: Stream,
+    /// Reads of memory the controller never wrote (not ordered after the scatters).
+    fetch: Stream,
     /// Device counter the scatter kernel's blocks use to find the last one.
     done_blocks: DeviceMemory,
     state: Mutex<EngineState>,
@@ -300,6 +379,27 @@ pub struct GpuDma {
     /// Registered windows of the image(s) Reads copy from directly ([`ReadMode::Registered`]);
     /// dropped after the engines' streams are idle (see `Drop`).
     windows: ImageWindows,
+    /// `GPUNVME_EMU_FETCH=ordered`: every read waits for the engine's earlier writes.
+    always_ordered: bool,
+    /// How staged Read data moves.
+    staged: StagedCopies,
+}
+
+/// `GPUNVME_EMU_FETCH=ordered|unordered` (default `unordered`): whether reads of GPU memory the
+/// controller never wrote still wait for its earlier writes (the behaviour before such reads
+/// got a stream of their own; for comparisons).
+fn fetch_always_ordered() -> Result<bool, GpuError> {
+    match std::env::var("GPUNVME_EMU_FETCH")
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("") | Some("unordered") => Ok(false),
+        Some("ordered") => Ok(true),
+        Some(other) => Err(GpuError::InvalidArgument(format!(
+            "GPUNVME_EMU_FETCH={other}: expected `ordered` or `unordered`"
+        ))),
+    }
 }
 
 impl Drop for GpuDma {
@@ -307,8 +407,10 @@ impl Drop for GpuDma {
         // Direct copies read the windows' registered pages: let every queued copy finish
         // (bounded) before the windows are unregistered and unmapped.
         for e in &self.engines {
-            if let Err(err) = e.stream.wait_idle(GPU_WAIT) {
-                tracing::warn!("software controller's copy stream did not drain: {err}");
+            for stream in [&e.stream, &e.fetch] {
+                if let Err(err) = stream.wait_idle(GPU_WAIT) {
+                    tracing::warn!("software controller's copy stream did not drain: {err}");
+                }
             }
         }
     }
@@ -354,6 +456,7 @@ impl GpuDma {
             Ok(Staging {
                 mem: PinnedMemory::alloc(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES)?,
                 direct: Vec::new(),
+                copies: Vec::new(),
                 drained: Event::new(cuda)?,
                 pieces: 0,
                 bytes: 0,
@@ -363,14 +466,17 @@ impl GpuDma {
         let mut engines = Vec::with_capacity(threads.max(1));
         for _ in 0..threads.max(1) {
             let stream = Stream::new(cuda, Placement::Controller, Some(partition))?;
+            let fetch = Stream::new(cuda, Placement::Controller, Some(partition))?;
             let done_blocks = DeviceMemory::alloc(cuda, 256)?;
             // Every kernel this engine launches is loaded on its stream now, while nothing
             // spins: a first launch (lazy loading) during a client kernel's wait may need a
             // context synchronisation, which waits for that client, which waits for this copy.
             kernels.warm_up(&stream)?;
             kernels.warm_up_copies(&stream, done_blocks.ptr())?;
+            kernels.warm_up_copies(&fetch, done_blocks.ptr())?;
             engines.push(Engine {
                 stream,
+                fetch,
                 done_blocks,
                 state: Mutex::new(EngineState {
                     areas: [area()?, area()?],
@@ -393,6 +499,8 @@ impl GpuDma {
             mode: CopyMode::from_env()?,
             read_mode,
             windows: ImageWindows::for_mode(cuda, read_mode),
+            always_ordered: fetch_always_ordered()?,
+            staged: StagedCopies::from_env()?,
         }))
     }
 
@@ -441,7 +549,7 @@ impl GpuDma {
         data: &[u8],
         late: bool,
     ) -> Result<(), GpuError> {
-        self.stage_with(e, st, dst, data.len(), late, |mem, at, done, n| {
+        self.stage_with(e, st, dst, data.len(), late, false, |mem, at, done, n| {
             mem.write(at, &data[done..done + n]);
             Ok(())
         })
@@ -452,6 +560,8 @@ impl GpuDma {
     /// Stages `len` bytes for GPU address `dst`, flushing whenever the current area is full;
     /// `fill(mem, at, done, n)` puts bytes `done..done + n` of the range at `at` of `mem`. The
     /// first `fill` error ends the staging (what was described before it is still copied).
+    /// `by_engine`: moved by copy engine ([`EngineCopy`]) rather than the scatter kernel.
+    #[allow(clippy::too_many_arguments)]
     fn stage_with(
         &self,
         e: &Engine,
@@ -459,25 +569,56 @@ impl GpuDma {
         dst: u64,
         len: usize,
         late: bool,
+        by_engine: bool,
         mut fill: impl FnMut(&PinnedMemory, usize, usize, usize) -> std::io::Result<()>,
     ) -> Result<std::io::Result<()>, GpuError> {
         let mut done = 0;
         while done < len {
             let area = &st.areas[st.cur];
-            if area.pieces == MAX_PIECES || area.bytes == STAGING_BYTES {
+            // Staged at the destination's alignment modulo 16: the scatter then moves the bytes
+            // as 16-byte vectors however the destination is aligned (`copy_piece`), and a Read
+            // that follows another in GPU memory follows it in staging too (one copy).
+            let src =
+                area.bytes + ((dst + done as u64).wrapping_sub(area.bytes as u64) & 15) as usize;
+            let full = if by_engine {
+                area.copies.len() == MAX_DIRECT
+            } else {
+                area.pieces == MAX_PIECES
+            };
+            if full || src >= STAGING_BYTES {
                 self.flush_locked(e, st)?;
                 continue;
             }
             let area = &mut st.areas[st.cur];
             // As much as the area has room for, in pieces and in bytes.
-            let room = (MAX_PIECES - area.pieces) * PIECE_BYTES;
-            let n = (len - done).min(STAGING_BYTES - area.bytes).min(room);
-            let src = area.bytes;
+            let room = if by_engine {
+                usize::MAX
+            } else {
+                (MAX_PIECES - area.pieces) * PIECE_BYTES
+            };
+            let n = (len - done).min(STAGING_BYTES - src).min(room);
             if let Err(err) = fill(&area.mem, MAX_PIECES * size_of::<CopyDesc>() + src, done, n) {
                 // Nothing of this piece was described: its staged bytes are never copied.
                 return Ok(Err(err));
             }
-            Self::describe(area, dst + done as u64, src, n, late);
+            let to = dst + done as u64;
+            if by_engine {
+                match area.copies.last_mut() {
+                    Some(last)
+                        if last.src + last.len == src && last.dst + last.len as u64 == to =>
+                    {
+                        last.len += n;
+                    }
+                    _ => area.copies.push(EngineCopy {
+                        src,
+                        dst: to,
+                        len: n,
+                    }),
+                }
+                area.bytes = src + n;
+            } else {
+                Self::describe(area, to, src, n, late);
+            }
             done += n;
         }
         Ok(Ok(()))
@@ -530,10 +671,17 @@ impl GpuDma {
             return Ok(Some(Ok(())));
         }
         st.stats.staged_file_bytes += len as u64;
-        self.stage_with(e, st, dst, len, false, |mem, at, done, n| {
-            mem.read_file_at(at, n, file, file_offset + done as u64)
-        })
-        .map(Some)
+        let mut file_ns = 0;
+        let by_engine = self.staged == StagedCopies::Engine
+            && self.mode == CopyMode::Kernels
+            && len >= ENGINE_COPY_MIN;
+        let r = self.stage_with(e, st, dst, len, false, by_engine, |mem, at, done, n| {
+            timed(&mut file_ns, || {
+                mem.read_file_at(at, n, file, file_offset + done as u64)
+            })
+        });
+        st.stats.file_ns += file_ns;
+        r.map(Some)
     }
 
     /// Adds descriptors for `n` bytes at `src` of `area`'s data, bound for `dst`, in pieces
@@ -553,8 +701,8 @@ impl GpuDma {
             area.pieces += 1;
             at += m;
         }
-        // Keep 16-byte alignment of pieces in the staging area (vector copies).
-        area.bytes = (src + n).next_multiple_of(16).min(STAGING_BYTES);
+        // The next piece is placed at its own destination's alignment (`stage_with`).
+        area.bytes = src + n;
     }
 
     /// Launches the scatter of the current staging area (if it holds anything) and switches to
@@ -562,7 +710,7 @@ impl GpuDma {
     fn flush_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
         let cur = st.cur;
         let pieces = st.areas[cur].pieces;
-        if pieces == 0 && st.areas[cur].direct.is_empty() {
+        if pieces == 0 && st.areas[cur].direct.is_empty() && st.areas[cur].copies.is_empty() {
             return Ok(());
         }
         self.cuda.make_current()?;
@@ -573,9 +721,16 @@ impl GpuDma {
                 .copy_from_registered(d.window.registration(), d.offset, d.dst, d.len)?;
             st.stats.direct_copies += 1;
         }
+        let data = MAX_PIECES * size_of::<CopyDesc>();
+        let area = &mut st.areas[cur];
+        let copies = area.copies.len() as u64;
+        for c in area.copies.drain(..) {
+            e.stream
+                .copy_from_pinned(&area.mem, data + c.src, c.dst, c.len)?;
+        }
+        st.stats.engine_copies += copies;
         let area = &st.areas[cur];
         let base = area.mem.device_ptr();
-        let data = MAX_PIECES * size_of::<CopyDesc>();
         match self.mode {
             CopyMode::Kernels if pieces == 0 => {}
             CopyMode::Kernels => {
@@ -619,7 +774,11 @@ impl GpuDma {
         area.bytes = 0;
         st.cur ^= 1;
         let drained = &st.areas[st.cur].drained;
-        timed(&mut st.stats.wait_ns, || drained.wait(GPU_WAIT))
+        let mut waited = 0;
+        let r = timed(&mut waited, || drained.wait(GPU_WAIT));
+        st.stats.wait_ns += waited;
+        st.stats.drain_wait_ns += waited;
+        r
     }
 
     /// Performs every staged write now (asynchronously; later work on the stream is ordered
@@ -649,7 +808,10 @@ impl GpuDma {
         let e = self.engine();
         let mut st = lock(e);
         let cur = st.cur;
-        if st.areas[cur].pieces > 0 || !st.areas[cur].direct.is_empty() {
+        if st.areas[cur].pieces > 0
+            || !st.areas[cur].direct.is_empty()
+            || !st.areas[cur].copies.is_empty()
+        {
             return true;
         }
         if st.in_flight {
@@ -670,28 +832,57 @@ impl GpuDma {
         st.pending.clear();
     }
 
-    /// Notes ranges the controller is about to read; the next read fetches them all at once.
-    /// Bytes gathered before are no longer trusted (a new step of the batch begins).
-    fn prefetch(&self, ranges: impl Iterator<Item = (u64, usize)>) {
+    /// Notes ranges the controller is about to read (`ordered`: after the engine's earlier
+    /// writes); the next read fetches them all at once. Bytes gathered before are no longer
+    /// trusted (a new step of the batch begins).
+    fn prefetch(&self, ranges: impl Iterator<Item = (u64, usize)>, ordered: bool) {
         let e = self.engine();
         let mut st = lock(e);
         st.fetched.clear();
-        st.pending
-            .extend(ranges.filter(|&(_, len)| len > 0 && len <= GATHER_BYTES));
+        let ordered = ordered || self.always_ordered;
+        st.pending.extend(
+            ranges
+                .filter(|&(_, len)| len > 0 && len <= GATHER_BYTES)
+                .map(|(gpu, len)| (gpu, len, ordered)),
+        );
+    }
+
+    /// The stream a read copies on, after flushing the staged writes if it is `ordered`.
+    fn read_stream<'a>(
+        &self,
+        e: &'a Engine,
+        st: &mut EngineState,
+        ordered: bool,
+    ) -> Result<&'a Stream, GpuError> {
+        if ordered || self.always_ordered {
+            self.flush_locked(e, st)?;
+            Ok(&e.stream)
+        } else {
+            st.stats.unordered_reads += 1;
+            Ok(&e.fetch)
+        }
     }
 
     /// Copies every pending range (as many as fit) into the gather area with one kernel, after
-    /// every staged write, and waits for it (bounded).
+    /// every staged write if any of them is ordered, and waits for it (bounded).
     fn gather_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
-        self.flush_locked(e, st)?;
+        let take = {
+            let (mut at, mut n) = (0usize, 0usize);
+            for &(_, len, _) in &st.pending {
+                if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
+                    break;
+                }
+                at = (at + len).next_multiple_of(16);
+                n += 1;
+            }
+            n
+        };
+        let ordered = st.pending[..take].iter().any(|&(_, _, o)| o);
+        let stream = self.read_stream(e, st, ordered)?;
         st.fetched.clear();
         let mut at = 0usize;
         let mut n = 0usize;
-        let mut taken = 0usize;
-        for &(gpu, len) in &st.pending {
-            if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
-                break;
-            }
+        for &(gpu, len, _) in &st.pending[..take] {
             let desc = CopyDesc {
                 dst: gpu,
                 src: at as u32,
@@ -701,9 +892,8 @@ impl GpuDma {
             st.fetched.push(Fetched { gpu, len, at });
             at = (at + len).next_multiple_of(16);
             n += 1;
-            taken += 1;
         }
-        st.pending.drain(..taken);
+        st.pending.drain(..take);
         if n == 0 {
             return Ok(());
         }
@@ -712,7 +902,7 @@ impl GpuDma {
             CopyMode::Kernels => {
                 let base = st.gather.device_ptr();
                 launch_per_piece(
-                    &e.stream,
+                    stream,
                     self.kernels.gather,
                     n,
                     &[
@@ -724,15 +914,22 @@ impl GpuDma {
             }
             CopyMode::Memcpy => {
                 for f in &st.fetched {
-                    e.stream
-                        .copy_to_pinned(&st.gather, data + f.at, f.gpu, f.len)?;
+                    stream.copy_to_pinned(&st.gather, data + f.at, f.gpu, f.len)?;
                 }
             }
         }
         st.stats.gathers += 1;
         st.stats.gathered += n as u64;
-        let stream = &e.stream;
-        timed(&mut st.stats.wait_ns, || stream.wait_idle(GPU_WAIT))
+        Self::wait_read(st, stream)
+    }
+
+    /// Waits (bounded) for a read's copy on `stream`, counted as fetch waiting.
+    fn wait_read(st: &mut EngineState, stream: &Stream) -> Result<(), GpuError> {
+        let mut waited = 0;
+        let r = timed(&mut waited, || stream.wait_idle(GPU_WAIT));
+        st.stats.wait_ns += waited;
+        st.stats.fetch_wait_ns += waited;
+        r
     }
 
     /// Serves `buf` from gathered bytes if one gathered range covers it.
@@ -752,9 +949,10 @@ impl GpuDma {
         true
     }
 
-    /// Reads GPU memory at `src` into `buf`, after every staged write (bounded wait): from the
-    /// bytes a gather fetched when a prefetch announced the range, else with a copy of its own.
-    fn read(&self, src: u64, buf: &mut [u8]) -> Result<(), GpuError> {
+    /// Reads GPU memory at `src` into `buf` (bounded wait; `ordered`: after every staged
+    /// write): from the bytes a gather fetched when a prefetch announced the range, else with a
+    /// copy of its own.
+    fn read(&self, src: u64, buf: &mut [u8], ordered: bool) -> Result<(), GpuError> {
         let e = self.engine();
         let mut st = lock(e);
         if Self::hit(&mut st, src, buf) {
@@ -762,14 +960,15 @@ impl GpuDma {
         }
         if !st.pending.is_empty() {
             if buf.len() <= GATHER_BYTES {
-                st.pending.insert(0, (src, buf.len()));
+                st.pending
+                    .insert(0, (src, buf.len(), ordered || self.always_ordered));
             }
             self.gather_locked(e, &mut st)?;
             if Self::hit(&mut st, src, buf) {
                 return Ok(());
             }
         }
-        self.flush_locked(e, &mut st)?;
+        let stream = self.read_stream(e, &mut st, ordered)?;
         st.stats.sync_reads += 1;
         let bounce = MAX_GATHER_PIECES * size_of::<CopyDesc>();
         // A copy of its own overwrites the gather area.
@@ -777,10 +976,8 @@ impl GpuDma {
         let mut done = 0;
         while done < buf.len() {
             let n = (buf.len() - done).min(GATHER_BYTES);
-            e.stream
-                .copy_to_pinned(&st.gather, bounce, src + done as u64, n)?;
-            let stream = &e.stream;
-            timed(&mut st.stats.wait_ns, || stream.wait_idle(GPU_WAIT))?;
+            stream.copy_to_pinned(&st.gather, bounce, src + done as u64, n)?;
+            Self::wait_read(&mut st, stream)?;
             st.gather.read(bounce, &mut buf[done..done + n]);
             done += n;
         }
@@ -822,6 +1019,12 @@ pub struct GpuRegion {
     /// ends the trust in bytes gathered for the batch before (even one that wrote nothing and
     /// so was never flushed).
     starts_batches: bool,
+    /// The controller has written into this memory: its reads are ordered after the engine's
+    /// writes from then on. An SQ ring's reads never are: the controller writes it only to
+    /// poison fetched entries (hostile mode), and a client rewrites such a slot only after a
+    /// completion staged after the poison (late pieces land after all others), before the
+    /// doorbell that makes the controller read it again.
+    written: AtomicBool,
     _mem: Arc<DeviceMemory>,
 }
 
@@ -839,6 +1042,7 @@ impl GpuRegion {
             ptr: mem.ptr(),
             len: mem.len(),
             starts_batches: false,
+            written: AtomicBool::new(false),
             _mem: mem,
         }
     }
@@ -852,6 +1056,19 @@ impl GpuRegion {
     }
 }
 
+impl GpuRegion {
+    /// Whether reads of this memory must see the engine's earlier writes.
+    fn ordered(&self) -> bool {
+        // Relaxed: set and read by the controller threads, and a thread's own writes are all
+        // it orders against (another thread's engine is never waited for, either way).
+        !self.starts_batches && self.written.load(Ordering::Relaxed)
+    }
+
+    fn note_written(&self) {
+        self.written.store(true, Ordering::Relaxed);
+    }
+}
+
 impl MemoryRegion for GpuRegion {
     fn len(&self) -> usize {
         self.len
@@ -862,17 +1079,19 @@ impl MemoryRegion for GpuRegion {
             self.engine.forget_gathered();
         }
         self.engine
-            .read(self.ptr + offset, buf)
+            .read(self.ptr + offset, buf, self.ordered())
             .map_err(region_error)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        self.note_written();
         self.engine
             .write(self.ptr + offset, data, false)
             .map_err(region_error)
     }
 
     fn write_last_dword_release(&self, offset: u64, data: &[u8]) -> Result<(), RegionError> {
+        self.note_written();
         self.engine
             .write(self.ptr + offset, data, true)
             .map_err(region_error)
@@ -903,6 +1122,7 @@ impl MemoryRegion for GpuRegion {
         {
             return Some(Err(std::io::ErrorKind::InvalidInput.into()));
         }
+        self.note_written();
         // An engine failure (a GPU error) is None: the general path reports it as a DMA error.
         self.engine
             .stage_from_file(self.ptr + offset, len, file, file_offset)
@@ -911,8 +1131,10 @@ impl MemoryRegion for GpuRegion {
 
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
         let ptr = self.ptr;
-        self.engine
-            .prefetch(ranges.iter().map(|&(off, len)| (ptr + off, len)));
+        self.engine.prefetch(
+            ranges.iter().map(|&(off, len)| (ptr + off, len)),
+            self.ordered(),
+        );
         Ok(())
     }
 }

@@ -1,0 +1,272 @@
+// Probe: how fast can a warm file's bytes reach GPU memory on this host, and by which path?
+//
+// Issue 22's bar is InstantTensor's mmap backend (43 GB/s for a warm 7B-shaped model on the
+// lent H100) against the software controller's staged path (`pread` into pinned staging, then
+// scatter kernels: ~30 GB/s). This probe times each candidate path alone, on one warm file:
+//
+//   pinned_ceiling    one pinned buffer copied to the GPU by the copy engine
+//   pread             T threads `pread` 4 MiB chunks into pinned buffers (no GPU)
+//   pread_copy        the same, each chunk then copied to the GPU on the thread's stream
+//                     (double-buffered): what a staged loader does
+//   mmap_copy         the file mmap'd (MAP_POPULATE), T threads memcpy chunks into pinned
+//                     buffers, then copy to the GPU
+//   register          the whole mmap registered with CUDA (cuMemHostRegister), timed; then
+//   reg_ce            copy engines from the registered pages (64 MiB copies on 4 streams)
+//   reg_sm            a kernel reading the registered pages (zero-copy) into GPU memory
+//   reg_windows       64 MiB windows registered by T threads at once (is registration serial?)
+//   pinned_sm         the same kernel reading ordinary pinned memory
+//
+// On the GPU machine:
+//   nvcc -O2 -arch=sm_90 host_read_paths.cu -o hrp -lcuda -lpthread
+//   ./hrp FILE [GiB to create if FILE is missing, default 4]
+// Prints one JSON object per line; every GPU wait is bounded (60 s).
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#define CK(x)                                                              \
+    do {                                                                   \
+        CUresult r_ = (x);                                                 \
+        if (r_ != CUDA_SUCCESS) {                                          \
+            const char* s_ = nullptr;                                      \
+            cuGetErrorString(r_, &s_);                                     \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); \
+            exit(2);                                                       \
+        }                                                                  \
+    } while (0)
+
+using Clock = std::chrono::steady_clock;
+static double secs_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+static const size_t CHUNK = 4 << 20;
+
+static void wait_bounded(CUstream s) {
+    auto t0 = Clock::now();
+    for (;;) {
+        CUresult r = cuStreamQuery(s);
+        if (r == CUDA_SUCCESS) return;
+        if (r != CUDA_ERROR_NOT_READY) CK(r);
+        if (secs_since(t0) > 60) {
+            fprintf(stderr, "GPU wait over 60 s\n");
+            exit(3);
+        }
+        std::this_thread::yield();
+    }
+}
+
+// Grid-stride copy, 16 bytes per load (src and dst 16-byte aligned, n a multiple of 16).
+__global__ void copy16(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t step = (size_t)gridDim.x * blockDim.x;
+    for (; i < n16; i += step) dst[i] = src[i];
+}
+
+static CUcontext g_ctx;
+
+// T threads each take chunks i, i+T, ...; `work(thread, chunk_index, stream, bufs)`.
+template <class F>
+static double threaded(int T, size_t size, F work) {
+    std::vector<std::thread> ts;
+    auto t0 = Clock::now();
+    for (int t = 0; t < T; t++)
+        ts.emplace_back([&, t] {
+            CK(cuCtxSetCurrent(g_ctx));
+            work(t);
+        });
+    for (auto& th : ts) th.join();
+    return size / secs_since(t0) / 1e9;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s FILE [GiB]\n", argv[0]);
+        return 1;
+    }
+    const char* path = argv[1];
+    size_t gib = argc > 2 ? strtoul(argv[2], nullptr, 10) : 4;
+    struct stat stt;
+    if (stat(path, &stt) != 0) {
+        int fd = open(path, O_CREAT | O_WRONLY, 0644);
+        std::vector<char> b(CHUNK);
+        for (size_t i = 0; i < b.size(); i++) b[i] = (char)(i * 131 + 7);
+        for (size_t i = 0; i < gib * 256; i++)
+            if (write(fd, b.data(), b.size()) != (ssize_t)b.size()) return 2;
+        close(fd);
+        stat(path, &stt);
+    }
+    size_t size = stt.st_size / CHUNK * CHUNK;
+    size_t chunks = size / CHUNK;
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return 2;
+
+    CK(cuInit(0));
+    CUdevice dev;
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&g_ctx, dev));
+    CK(cuCtxSetCurrent(g_ctx));
+    CUdeviceptr dbuf;
+    CK(cuMemAlloc(&dbuf, size));
+    int threads_list[] = {4, 8, 16};
+
+    // Warm the page cache.
+    {
+        std::vector<char> b(CHUNK);
+        for (size_t c = 0; c < chunks; c++)
+            if (pread(fd, b.data(), CHUNK, c * CHUNK) != (ssize_t)CHUNK) return 2;
+    }
+    printf("{\"file\": \"%s\", \"bytes\": %zu}\n", path, size);
+
+    // Pinned ceiling.
+    {
+        size_t pin = 256 << 20;
+        void* h;
+        CK(cuMemAllocHost(&h, pin));
+        memset(h, 1, pin);
+        CUstream s[2];
+        for (auto& x : s) CK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
+        for (int rep = 0; rep < 2; rep++) {
+            auto t0 = Clock::now();
+            for (size_t off = 0; off < size; off += pin)
+                CK(cuMemcpyHtoDAsync(dbuf + off, h, std::min(pin, size - off), s[(off / pin) & 1]));
+            for (auto& x : s) wait_bounded(x);
+            printf("{\"case\": \"pinned_ceiling\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
+        }
+        // The kernel reading pinned memory.
+        for (int rep = 0; rep < 2; rep++) {
+            auto t0 = Clock::now();
+            for (size_t off = 0; off < size; off += pin) {
+                size_t n16 = std::min(pin, size - off) / 16;
+                CUdeviceptr dst = dbuf + off;
+                copy16<<<264, 512, 0, (cudaStream_t)s[0]>>>((const uint4*)h, (uint4*)dst, n16);
+            }
+            wait_bounded(s[0]);
+            printf("{\"case\": \"pinned_sm\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
+        }
+        CK(cuMemFreeHost(h));
+        for (auto& x : s) CK(cuStreamDestroy(x));
+    }
+
+    for (int T : threads_list) {
+        // pread only.
+        std::vector<void*> bufs(T * 2);
+        for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
+        double g = threaded(T, size, [&](int t) {
+            for (size_t c = t; c < chunks; c += T)
+                if (pread(fd, bufs[t * 2], CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
+        });
+        printf("{\"case\": \"pread\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        // pread + copy, double-buffered.
+        g = threaded(T, size, [&](int t) {
+            CUstream s;
+            CUevent ev[2];
+            CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+            for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+            bool used[2] = {false, false};
+            int k = 0;
+            for (size_t c = t; c < chunks; c += T, k ^= 1) {
+                if (used[k]) CK(cuEventSynchronize(ev[k]));
+                if (pread(fd, bufs[t * 2 + k], CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
+                CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[t * 2 + k], CHUNK, s));
+                CK(cuEventRecord(ev[k], s));
+                used[k] = true;
+            }
+            wait_bounded(s);
+            for (auto& e : ev) CK(cuEventDestroy(e));
+            CK(cuStreamDestroy(s));
+        });
+        printf("{\"case\": \"pread_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        for (auto& b : bufs) CK(cuMemFreeHost(b));
+    }
+
+    // mmap + memcpy into pinned + copy.
+    auto t0 = Clock::now();
+    char* map = (char*)mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (map == MAP_FAILED) return 2;
+    printf("{\"case\": \"mmap_populate\", \"secs\": %.3f}\n", secs_since(t0));
+    for (int T : threads_list) {
+        std::vector<void*> bufs(T * 2);
+        for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
+        double g = threaded(T, size, [&](int t) {
+            CUstream s;
+            CUevent ev[2];
+            CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+            for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+            bool used[2] = {false, false};
+            int k = 0;
+            for (size_t c = t; c < chunks; c += T, k ^= 1) {
+                if (used[k]) CK(cuEventSynchronize(ev[k]));
+                memcpy(bufs[t * 2 + k], map + c * CHUNK, CHUNK);
+                CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[t * 2 + k], CHUNK, s));
+                CK(cuEventRecord(ev[k], s));
+                used[k] = true;
+            }
+            wait_bounded(s);
+            for (auto& e : ev) CK(cuEventDestroy(e));
+            CK(cuStreamDestroy(s));
+        });
+        printf("{\"case\": \"mmap_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        for (auto& b : bufs) CK(cuMemFreeHost(b));
+    }
+
+    // The whole mapping registered.
+    t0 = Clock::now();
+    CK(cuMemHostRegister(map, size, CU_MEMHOSTREGISTER_DEVICEMAP));
+    double reg_s = secs_since(t0);
+    printf("{\"case\": \"register\", \"secs\": %.3f, \"gb_per_s\": %.2f}\n", reg_s, size / reg_s / 1e9);
+    CUdeviceptr dmap;
+    CK(cuMemHostGetDevicePointer(&dmap, map, 0));
+    {
+        CUstream s[4];
+        for (auto& x : s) CK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
+        for (int rep = 0; rep < 2; rep++) {
+            t0 = Clock::now();
+            size_t big = 64 << 20;
+            for (size_t off = 0, i = 0; off < size; off += big, i++)
+                CK(cuMemcpyHtoDAsync(dbuf + off, map + off, std::min(big, size - off), s[i & 3]));
+            for (auto& x : s) wait_bounded(x);
+            printf("{\"case\": \"reg_ce\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
+        }
+        for (int rep = 0; rep < 2; rep++) {
+            t0 = Clock::now();
+            copy16<<<264, 512, 0, (cudaStream_t)s[0]>>>((const uint4*)dmap, (uint4*)dbuf, size / 16);
+            wait_bounded(s[0]);
+            printf("{\"case\": \"reg_sm\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
+        }
+        // Check one chunk's bytes.
+        std::vector<char> chk(CHUNK);
+        CK(cuMemcpyDtoH(chk.data(), dbuf + (chunks / 2) * CHUNK, CHUNK));
+        printf("{\"case\": \"reg_check\", \"equal\": %s}\n",
+               memcmp(chk.data(), map + (chunks / 2) * CHUNK, CHUNK) == 0 ? "true" : "false");
+        for (auto& x : s) CK(cuStreamDestroy(x));
+    }
+    t0 = Clock::now();
+    CK(cuMemHostUnregister(map));
+    printf("{\"case\": \"unregister\", \"secs\": %.3f}\n", secs_since(t0));
+
+    // 64 MiB windows registered by T threads at once.
+    for (int T : threads_list) {
+        size_t win = 64 << 20, wins = size / win;
+        double g = threaded(T, size, [&](int t) {
+            for (size_t w = t; w < wins; w += T)
+                CK(cuMemHostRegister(map + w * win, win, CU_MEMHOSTREGISTER_DEVICEMAP));
+        });
+        printf("{\"case\": \"reg_windows\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        for (size_t w = 0; w < wins; w++) CK(cuMemHostUnregister(map + w * win));
+    }
+    munmap(map, size);
+    close(fd);
+    return 0;
+}
