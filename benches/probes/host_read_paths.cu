@@ -35,16 +35,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                              \
-    do {                                                                   \
-        CUresult r_ = (x);                                                 \
-        if (r_ != CUDA_SUCCESS) {                                          \
-            const char* s_ = nullptr;                                      \
-            cuGetErrorString(r_, &s_);                                     \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); \
-            exit(2);                                                       \
-        }                                                                  \
-    } while (0)
+#include "probe_check.h"
 
 using Clock = std::chrono::steady_clock;
 static double secs_since(Clock::time_point t0) {
@@ -88,6 +79,30 @@ static double threaded(int T, size_t size, F work) {
         });
     for (auto& th : ts) th.join();
     return size / secs_since(t0) / 1e9;
+}
+
+// Thread t of T: chunks t, t + T, ... each filled into one of the thread's two pinned buffers
+// `bufs` by `fill(buf, chunk)`, then copied to the GPU at `dbuf` on the thread's own stream
+// (double-buffered: a buffer is refilled once its last copy has run).
+template <class Fill>
+static void staged_copies(int t, int T, size_t chunks, void* const* bufs, CUdeviceptr dbuf,
+                          Fill fill) {
+    CUstream s;
+    CUevent ev[2];
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    bool used[2] = {false, false};
+    int k = 0;
+    for (size_t c = t; c < chunks; c += T, k ^= 1) {
+        if (used[k]) CK(cuEventSynchronize(ev[k]));
+        fill(bufs[k], c);
+        CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[k], CHUNK, s));
+        CK(cuEventRecord(ev[k], s));
+        used[k] = true;
+    }
+    wait_bounded(s);
+    for (auto& e : ev) CK(cuEventDestroy(e));
+    CK(cuStreamDestroy(s));
 }
 
 int main(int argc, char** argv) {
@@ -170,22 +185,9 @@ int main(int argc, char** argv) {
         printf("{\"case\": \"pread\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
         // pread + copy, double-buffered.
         g = threaded(T, size, [&](int t) {
-            CUstream s;
-            CUevent ev[2];
-            CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-            for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-            bool used[2] = {false, false};
-            int k = 0;
-            for (size_t c = t; c < chunks; c += T, k ^= 1) {
-                if (used[k]) CK(cuEventSynchronize(ev[k]));
-                if (pread(fd, bufs[t * 2 + k], CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
-                CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[t * 2 + k], CHUNK, s));
-                CK(cuEventRecord(ev[k], s));
-                used[k] = true;
-            }
-            wait_bounded(s);
-            for (auto& e : ev) CK(cuEventDestroy(e));
-            CK(cuStreamDestroy(s));
+            staged_copies(t, T, chunks, &bufs[t * 2], dbuf, [&](void* buf, size_t c) {
+                if (pread(fd, buf, CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
+            });
         });
         printf("{\"case\": \"pread_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
         for (auto& b : bufs) CK(cuMemFreeHost(b));
@@ -200,22 +202,9 @@ int main(int argc, char** argv) {
         std::vector<void*> bufs(T * 2);
         for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
         double g = threaded(T, size, [&](int t) {
-            CUstream s;
-            CUevent ev[2];
-            CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-            for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-            bool used[2] = {false, false};
-            int k = 0;
-            for (size_t c = t; c < chunks; c += T, k ^= 1) {
-                if (used[k]) CK(cuEventSynchronize(ev[k]));
-                memcpy(bufs[t * 2 + k], map + c * CHUNK, CHUNK);
-                CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[t * 2 + k], CHUNK, s));
-                CK(cuEventRecord(ev[k], s));
-                used[k] = true;
-            }
-            wait_bounded(s);
-            for (auto& e : ev) CK(cuEventDestroy(e));
-            CK(cuStreamDestroy(s));
+            staged_copies(t, T, chunks, &bufs[t * 2], dbuf, [&](void* buf, size_t c) {
+                memcpy(buf, map + c * CHUNK, CHUNK);
+            });
         });
         printf("{\"case\": \"mmap_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
         for (auto& b : bufs) CK(cuMemFreeHost(b));

@@ -35,25 +35,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                     \
-    do {                                                                          \
-        CUresult r_ = (x);                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                 \
-            const char* s_ = nullptr;                                             \
-            cuGetErrorString(r_, &s_);                                            \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);        \
-            exit(2);                                                              \
-        }                                                                         \
-    } while (0)
-#define CR(x)                                                                     \
-    do {                                                                          \
-        cudaError_t r_ = (x);                                                     \
-        if (r_ != cudaSuccess) {                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,             \
-                    cudaGetErrorString(r_));                                      \
-            exit(2);                                                              \
-        }                                                                         \
-    } while (0)
+#include "probe_check.h"
 
 __device__ unsigned long long now_ns() {
     unsigned long long t;
