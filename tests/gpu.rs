@@ -1683,6 +1683,16 @@ mod files {
             ReadMode::Pread => {
                 assert_eq!((d.direct_bytes, w.registered), (0, 0));
                 assert!(d.staged_file_bytes >= whole, "data staged: {d:?}");
+                // Reads of 64 KiB and more (the file's 128 KiB chunks) go by copy engine, unless
+                // pieces are copies already (compute-sanitizer, GPUNVME_EMU_DMA=memcpy) or
+                // GPUNVME_EMU_STAGED=kernel asks for the scatter kernel.
+                let engine = r.gpu.copy_mode() == Some(gpu_emu::CopyMode::Kernels)
+                    && std::env::var("GPUNVME_EMU_STAGED").map_or(true, |v| v.trim() != "kernel");
+                if engine {
+                    assert!(d.engine_copies >= 1, "staged Reads by copy engine: {d:?}");
+                } else {
+                    assert_eq!(d.engine_copies, 0, "no copy-engine Reads: {d:?}");
+                }
             }
         }
         drop(r);

@@ -159,11 +159,11 @@ impl StagedCopies {
     /// `GPUNVME_EMU_STAGED=engine|kernel` (unset: engine, or kernel in [`CopyMode::Memcpy`],
     /// where pieces are copies already).
     fn from_env() -> Result<Self, GpuError> {
-        match std::env::var("GPUNVME_EMU_STAGED")
-            .ok()
-            .as_deref()
-            .map(str::trim)
-        {
+        Self::choose(std::env::var("GPUNVME_EMU_STAGED").ok().as_deref())
+    }
+
+    fn choose(var: Option<&str>) -> Result<Self, GpuError> {
+        match var.map(str::trim) {
             None | Some("") | Some("engine") => Ok(Self::Engine),
             Some("kernel") => Ok(Self::Kernel),
             Some(other) => Err(GpuError::InvalidArgument(format!(
@@ -389,11 +389,11 @@ pub struct GpuDma {
 /// controller never wrote still wait for its earlier writes (the behaviour before such reads
 /// got a stream of their own; for comparisons).
 fn fetch_always_ordered() -> Result<bool, GpuError> {
-    match std::env::var("GPUNVME_EMU_FETCH")
-        .ok()
-        .as_deref()
-        .map(str::trim)
-    {
+    fetch_ordered_from(std::env::var("GPUNVME_EMU_FETCH").ok().as_deref())
+}
+
+fn fetch_ordered_from(var: Option<&str>) -> Result<bool, GpuError> {
+    match var.map(str::trim) {
         None | Some("") | Some("unordered") => Ok(false),
         Some("ordered") => Ok(true),
         Some(other) => Err(GpuError::InvalidArgument(format!(
@@ -1597,7 +1597,22 @@ pub fn queues(
 
 #[cfg(test)]
 mod tests {
-    use super::{CopyMode, RingPlacement};
+    use super::{CopyMode, RingPlacement, StagedCopies, fetch_ordered_from};
+
+    #[test]
+    fn staged_copies_and_fetch_order_follow_their_variables() {
+        use StagedCopies::{Engine, Kernel};
+        assert_eq!(StagedCopies::choose(None).unwrap(), Engine);
+        assert_eq!(StagedCopies::choose(Some(" engine ")).unwrap(), Engine);
+        assert_eq!(StagedCopies::choose(Some("kernel")).unwrap(), Kernel);
+        let e = StagedCopies::choose(Some("dma")).unwrap_err().to_string();
+        assert!(e.contains("GPUNVME_EMU_STAGED=dma"), "{e}");
+        assert!(!fetch_ordered_from(None).unwrap());
+        assert!(!fetch_ordered_from(Some("unordered")).unwrap());
+        assert!(fetch_ordered_from(Some("ordered")).unwrap());
+        let e = fetch_ordered_from(Some("always")).unwrap_err().to_string();
+        assert!(e.contains("GPUNVME_EMU_FETCH=always"), "{e}");
+    }
 
     #[test]
     fn ring_placement_follows_the_variable_then_the_caller() {

@@ -135,7 +135,10 @@ pub struct GpuControllerOptions {
     pub idle_ns: u32,
     /// The kernel stops by itself after this long.
     pub lifetime: Duration,
-    /// How long to wait for every controller warp to start.
+    /// How long to wait for every controller warp to start (default: the GPU queues'
+    /// device-wait bound, 10 s unless `GPUNVME_GPU_TIMEOUT_S` or compute-sanitizer makes it
+    /// longer, and at least 5 s: on CPU threads, the `host-gpu` build, 128 warps of 32 threads
+    /// on a 2-core machine were seen to take more than 5 s to all run).
     pub start_timeout: Duration,
     /// For one of several models started together ([`ModelGroup::split`]): the SMs it runs on
     /// and the gate its launch waits at; `None` splits the GPU for this model alone
@@ -271,7 +274,9 @@ impl Default for GpuControllerOptions {
             media: MediaKind::Null,
             idle_ns: 1024,
             lifetime: Duration::from_secs(600),
-            start_timeout: Duration::from_secs(5),
+            start_timeout: gpu_queues::GpuQueueOptions::default()
+                .timeout
+                .max(Duration::from_secs(5)),
             group: None,
             hostile: nvme_emu::Hostile::default(),
         }
