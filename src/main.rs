@@ -44,10 +44,10 @@ struct Args {
     #[arg(long, global = true, default_value_t = 0, value_name = "N")]
     controller_threads: usize,
 
-    /// I/O queue pairs the software controller grants (1..=1024; default 8, and 64 for GPU
-    /// commands served by the GPU-resident controller model (`--controller gpu`), whose
-    /// controller warps each own queues: few queues leave most of its SMs idle). Ignored for a
-    /// PCI device.
+    /// I/O queue pairs the software controller grants (1..=1024; default 8, and 64 for `fs
+    /// get/put --gpu` and for GPU commands served by the GPU-resident controller model
+    /// (`--controller gpu`): a queue is served by one controller thread or warp, so few queues
+    /// leave most of them idle). Ignored for a PCI device.
     #[arg(long, global = true, value_name = "N")]
     controller_queue_pairs: Option<u16>,
 
