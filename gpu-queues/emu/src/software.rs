@@ -839,7 +839,6 @@ impl GpuDma {
         let e = self.engine();
         let mut st = lock(e);
         st.fetched.clear();
-        let ordered = ordered || self.always_ordered;
         st.pending.extend(
             ranges
                 .filter(|&(_, len)| len > 0 && len <= GATHER_BYTES)
@@ -847,7 +846,8 @@ impl GpuDma {
         );
     }
 
-    /// The stream a read copies on, after flushing the staged writes if it is `ordered`.
+    /// The stream a read copies on, after flushing the staged writes if it is `ordered` (or
+    /// every read is, `GPUNVME_EMU_FETCH=ordered`).
     fn read_stream<'a>(
         &self,
         e: &'a Engine,
@@ -866,23 +866,13 @@ impl GpuDma {
     /// Copies every pending range (as many as fit) into the gather area with one kernel, after
     /// every staged write if any of them is ordered, and waits for it (bounded).
     fn gather_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
-        let take = {
-            let (mut at, mut n) = (0usize, 0usize);
-            for &(_, len, _) in &st.pending {
-                if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
-                    break;
-                }
-                at = (at + len).next_multiple_of(16);
-                n += 1;
-            }
-            n
-        };
-        let ordered = st.pending[..take].iter().any(|&(_, _, o)| o);
-        let stream = self.read_stream(e, st, ordered)?;
         st.fetched.clear();
         let mut at = 0usize;
         let mut n = 0usize;
-        for &(gpu, len, _) in &st.pending[..take] {
+        for &(gpu, len, _) in &st.pending {
+            if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
+                break;
+            }
             let desc = CopyDesc {
                 dst: gpu,
                 src: at as u32,
@@ -893,10 +883,14 @@ impl GpuDma {
             at = (at + len).next_multiple_of(16);
             n += 1;
         }
-        st.pending.drain(..take);
         if n == 0 {
             return Ok(());
         }
+        // The descriptors are in pinned memory no queued copy reads (every gather and sync
+        // read is waited for): the flush of an ordered gather may come after them.
+        let ordered = st.pending[..n].iter().any(|&(_, _, o)| o);
+        st.pending.drain(..n);
+        let stream = self.read_stream(e, st, ordered)?;
         let data = MAX_GATHER_PIECES * size_of::<CopyDesc>();
         match self.mode {
             CopyMode::Kernels => {
@@ -960,8 +954,7 @@ impl GpuDma {
         }
         if !st.pending.is_empty() {
             if buf.len() <= GATHER_BYTES {
-                st.pending
-                    .insert(0, (src, buf.len(), ordered || self.always_ordered));
+                st.pending.insert(0, (src, buf.len(), ordered));
             }
             self.gather_locked(e, &mut st)?;
             if Self::hit(&mut st, src, buf) {
