@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example gpu_bfs -- [--scale 20] [--cache 10%,25%,50%] [--baselines]
-//!     [--controller emu|gpu] [--ssd-model drives=4] [--json]
+//!     [--split dynamic|dynamic:N|static] [--controller emu|gpu] [--ssd-model drives=4] [--json]
 //! ```
 //!
 //! A seeded R-MAT graph (Graph500's a, b, c = .57, .19, .19; `2^scale` vertices, edge factor
@@ -25,7 +25,7 @@ use anyhow::{Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::workloads::graph::{self, Csr};
+use gpunvme::workloads::graph::{self, BfsSplit, Csr};
 use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
 use zerocopy::IntoBytes;
@@ -47,6 +47,10 @@ struct Args {
     /// Graph and root seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// How a level's vertices are split among blocks: `dynamic` (runs of 2048 vertices drawn
+    /// from a shared counter), `dynamic:N` (runs of N), or `static` (one equal run per block).
+    #[arg(long, default_value = "dynamic", value_parser = parse_split)]
+    split: BfsSplit,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
@@ -90,6 +94,7 @@ fn main() -> Result<()> {
             "workload": "bfs", "mode": mode, "scale": args.scale,
             "edge_factor": args.edge_factor, "vertices": g.vertices(), "data_bytes": g.bytes(),
             "root": root, "reached": reached, "traversed_edges": traversed,
+            "split": format!("{:?}", args.split).to_lowercase(),
             "seconds": secs, "gteps": traversed as f64 / secs / 1e9,
             "controller": format!("{:?}", args.dev.controller).to_lowercase(),
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
@@ -111,13 +116,22 @@ fn main() -> Result<()> {
                 bind_file(&mut cache, &gfiles[0])?,
                 bind_file(&mut cache, &gfiles[1])?,
             ];
-            let run = graph::gpu_bfs(q, Source::Cache(&cache, &ranges), g.vertices(), root)?;
+            let run = graph::gpu_bfs(
+                q,
+                Source::Cache(&cache, &ranges),
+                g.vertices(),
+                root,
+                args.split,
+            )?;
             check(&run, &want, &format!("cache of {capacity} bytes"))?;
             let fields = CacheArgs::cache_fields(&cache, capacity, pct)?;
             rows.push(row(
                 "cache",
                 run.secs,
-                common::with_fields(fields, json!({ "depth": run.depth })),
+                common::with_fields(
+                    fields,
+                    json!({ "depth": run.depth, "level_ms": level_ms(&run) }),
+                ),
             ));
             report(rows.last().expect("a row"));
         }
@@ -131,13 +145,20 @@ fn main() -> Result<()> {
                 Placement::UnifiedOversubscribed(capacities[0].0),
             ] {
                 let placed = place(q, &g, placement, headroom)?;
-                let run = graph::gpu_bfs(q, Source::Plain(&placed.ptrs), g.vertices(), root)?;
+                let run = graph::gpu_bfs(
+                    q,
+                    Source::Plain(&placed.ptrs),
+                    g.vertices(),
+                    root,
+                    args.split,
+                )?;
                 check(&run, &want, placement.name())?;
                 rows.push(row(
                     placement.name(),
                     run.secs,
                     json!({
                         "depth": run.depth,
+                        "level_ms": level_ms(&run),
                         "gpu_free_bytes": placed.gpu_free_bytes,
                         "limit_bytes": match placement {
                             Placement::UnifiedOversubscribed(l) => Some(l),
@@ -172,6 +193,27 @@ fn main() -> Result<()> {
     );
     println!("gpu_bfs: OK");
     Ok(())
+}
+
+/// `--split`: `static`, `dynamic` or `dynamic:N`.
+fn parse_split(s: &str) -> Result<BfsSplit, String> {
+    match s.split_once(':') {
+        None if s == "static" => Ok(BfsSplit::Static),
+        None if s == "dynamic" => Ok(BfsSplit::default()),
+        Some(("dynamic", n)) => match n.parse::<u32>() {
+            Ok(n) if n > 0 => Ok(BfsSplit::Dynamic(n)),
+            _ => Err(format!("dynamic:{n}: a run of at least one vertex")),
+        },
+        _ => Err(format!("{s}: static, dynamic or dynamic:N")),
+    }
+}
+
+/// Each level's milliseconds, rounded to microseconds.
+fn level_ms(run: &graph::BfsRun) -> Vec<f64> {
+    run.level_secs
+        .iter()
+        .map(|s| (s * 1e6).round() / 1e3)
+        .collect()
 }
 
 /// Writes one CSR array as a blockfs file.

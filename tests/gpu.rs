@@ -3419,6 +3419,7 @@ mod cache {
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn bfs_and_gather_through_the_cache_match_the_cpu() {
+        use gpunvme::workloads::graph::BfsSplit;
         use gpunvme::workloads::{Source, embedding, graph};
         let r = rig(512, 2, 64);
         // A graph of 36 KiB and a table of 32 KiB through 4 frames of 4 KiB.
@@ -3441,10 +3442,18 @@ mod cache {
         ];
         let root = graph::root(&g, 3);
         let want = graph::cpu_bfs(&g, root);
-        let run = graph::gpu_bfs(&r.gpu, Source::Cache(&c, &ranges[..2]), g.vertices(), root)
-            .expect("BFS through the cache");
+        // Small dynamic runs: many draws of the shared counter, each block's barriers met.
+        let run = graph::gpu_bfs(
+            &r.gpu,
+            Source::Cache(&c, &ranges[..2]),
+            g.vertices(),
+            root,
+            BfsSplit::Dynamic(64),
+        )
+        .expect("BFS through the cache");
         assert_eq!(graph::first_mismatch(&run.levels, &want), None, "levels");
         assert!(run.depth > 2 && run.reached > 400, "{run:?}");
+        assert_eq!(run.level_secs.len(), run.depth as usize, "{run:?}");
         let k = stats(&c).counters;
         assert!(k.evictions > 0, "the graph does not fit: {k:?}");
         invariants(&c);
@@ -3454,14 +3463,18 @@ mod cache {
         po.write(0, g.offsets.as_bytes()).unwrap();
         let pc = DeviceMemory::alloc(cuda, g.cols.len() * 4).unwrap();
         pc.write(0, g.cols.as_bytes()).unwrap();
-        let plain = graph::gpu_bfs(
-            &r.gpu,
-            Source::Plain(&[po.ptr(), pc.ptr()]),
-            g.vertices(),
-            root,
-        )
-        .expect("BFS over GPU memory");
-        assert_eq!(plain.levels, want);
+        // The same kernel over plain GPU memory, with either split.
+        for split in [BfsSplit::Static, BfsSplit::default()] {
+            let plain = graph::gpu_bfs(
+                &r.gpu,
+                Source::Plain(&[po.ptr(), pc.ptr()]),
+                g.vertices(),
+                root,
+                split,
+            )
+            .expect("BFS over GPU memory");
+            assert_eq!(plain.levels, want, "{split:?}");
+        }
         // Embedding rows, Zipf-distributed, through the cache.
         let idx = embedding::zipf_indices(rows, 200, 0.99, 5).unwrap();
         let got = embedding::gpu_gather(&r.gpu, Source::Cache(&c, &ranges[2..]), dim, &idx)

@@ -28,6 +28,8 @@
 #define __host__
 #define __global__
 #define __forceinline__ inline __attribute__((always_inline))
+// Not `__noinline__`: libstdc++ spells its attributes `__attribute__((__noinline__))`.
+#define GPUNVME_NOINLINE __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 

@@ -56,6 +56,8 @@
 #include "../host/gpunvme_host.h"
 #else
 #include <cuda/atomic>
+/// A device function kept out of line (g++'s spelling in the host build).
+#define GPUNVME_NOINLINE __noinline__
 #endif
 #include <stdint.h>
 

@@ -482,10 +482,13 @@ __device__ __forceinline__ void page_span(const cache_desc& c, const range_desc&
 /// member that holds it: that member's namespace and LBA, the queue in the same place among
 /// its queues as `q` among the first member's (the warp's lane of queues), and the frames at
 /// that member's device address. *cmds counts the commands.
-__device__ inline status frames_rw(const cache_desc& c, const queue_desc& q, uint8_t opcode,
-                                   uint32_t nsid, uint32_t lba_shift, uint64_t lba,
-                                   uint64_t blocks, uint64_t frame_off, uint32_t* sf,
-                                   uint64_t* cmds) {
+/// Not inlined (as fill_page and write_back): the miss path is one copy in the module. Inlined
+/// into every acquire variant, it made the kernels' PTX 410,000 lines, which a fresh machine's
+/// driver took 129 s to JIT-compile (H200, 2026-11-26); a call costs nothing beside a command.
+__device__ GPUNVME_NOINLINE inline status frames_rw(const cache_desc& c, const queue_desc& q,
+                                                uint8_t opcode, uint32_t nsid, uint32_t lba_shift,
+                                                uint64_t lba, uint64_t blocks, uint64_t frame_off,
+                                                uint32_t* sf, uint64_t* cmds) {
     const uint32_t per_cmd = blocks_per_command(q, lba_shift);
     if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
     if (!c.volume) {
@@ -600,8 +603,9 @@ __device__ inline status page_io(const cache_desc& c, const queue_desc& q, const
 /// failure makes the page DIRTY again and not BUSY (12), records the failure, and quarantines
 /// the frame when the write may still be in flight (the frame keeps the page, which stays
 /// served and dirty). Returns the write's status.
-__device__ inline status write_back(const cache_desc& c, const queue_desc& q, uint32_t owner,
-                                    uint64_t page, uint32_t f, page_entry* e) {
+__device__ GPUNVME_NOINLINE inline status write_back(const cache_desc& c, const queue_desc& q,
+                                                 uint32_t owner, uint64_t page, uint32_t f,
+                                                 page_entry* e) {
     cache_stats* k = stats_of(c);
     uint32_t sf = 0;
     uint64_t bytes = 0;
@@ -715,9 +719,10 @@ __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, ui
 /// Returns the outcome; on success *frame holds the page. With `give_back`, a fill that
 /// finds no frame drops BUSY instead of failing the page (GPUNVME_CACHE_FILL_GIVEN_BACK), so
 /// that a warp can release what it holds and retry (array::load).
-__device__ inline status fill_page(const cache_desc& c, const queue_desc& q, uint32_t range,
-                                   uint64_t page, page_entry* e, uint32_t* frame,
-                                   uint64_t deadline, bool give_back = false) {
+__device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const queue_desc& q,
+                                                uint32_t range, uint64_t page, page_entry* e,
+                                                uint32_t* frame, uint64_t deadline,
+                                                bool give_back = false) {
     const range_desc& r = range_of(c, range);
     cache_stats* k = stats_of(c);
     uint64_t evictions = 0;
@@ -1212,14 +1217,15 @@ struct array {
     }
 
     /// Elements [i, i + n) into dst (GPU memory), by the whole warp: every lane passes the same
-    /// arguments. In batches of up to 32 pages: lane 0 acquires the batch's first page
-    /// (acquire_page: one lookup, at most one fill); then, holding only that VALID page, lane j
-    /// takes page j if it is a hit (try_hit: no fill, no wait, so a warp never holds pages while
-    /// it waits for a frame and a full cache cannot deadlock it). The batch is its first page
-    /// and the hits right after it; the lanes copy them (16-byte words when the ends allow),
-    /// then each holder sets its frame's clock bit and releases, both reductions the warp does
-    /// not wait for. Two L2 round trips per batch instead of one per page. Every lane returns
-    /// the same status; on failure dst holds the elements before the failing page.
+    /// arguments. In batches of up to 32 pages: lane j takes page j if it is a hit (try_hit:
+    /// no fill, no wait, so a warp never holds pages while it waits for a frame and a full cache
+    /// cannot deadlock it). If the first page was no hit, the warp gives its hits back, lane 0
+    /// acquires the first page (acquire_page: one lookup, at most one fill), and then, holding
+    /// only that VALID page, the other lanes try theirs again. The batch is its first page and
+    /// the hits right after it; the lanes copy them (16-byte words when the ends allow), then
+    /// each holder sets its frame's clock bit and releases, both reductions the warp does not
+    /// wait for. One round of lookups per batch of hits, two when the first page misses. Every
+    /// lane returns the same status; on failure dst holds the elements before the failing page.
     __device__ status read_range(uint64_t i, uint64_t n, T* dst) {
         const uint32_t full = 0xffffffffu, lane = lane_id();
         if (n == 0) return GPUNVME_OK;
@@ -1234,16 +1240,28 @@ struct array {
             const uint64_t p0 = (first + done) >> shift;
             const uint32_t np = last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
             uint32_t f = 0;
-            s = GPUNVME_OK;
-            if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
-            s = __shfl_sync(full, s, 0);
-            if (s) return s;
-            const bool held = lane == 0 || (lane < np && cache::try_hit(*c, range, p0 + lane, &f));
+            // Fast path: every lane tries its page as a hit at once (one round of lookups for
+            // the batch). Only when the first page is no hit does the warp give back what it
+            // took and take the general path: lane 0 acquires the first page (which may fill
+            // or wait, holding nothing else), then the others try theirs again.
+            bool held = lane < np && cache::try_hit(*c, range, p0 + lane, &f);
+            const bool fast = __shfl_sync(full, held, 0);
+            if (!fast) {
+                if (held)
+                    cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+                s = GPUNVME_OK;
+                if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
+                s = __shfl_sync(full, s, 0);
+                if (s) return s;
+                held = lane == 0 || (lane < np && cache::try_hit(*c, range, p0 + lane, &f));
+            }
             const uint32_t got = __ballot_sync(full, held);
             // Pages 0..k-1 held in a row; a hit past the first gap is given back at once.
             const uint32_t k = ~got == 0 ? 32u : (uint32_t)__ffs(~got) - 1;
             if (held && lane >= k) cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
-            if (lane == 0 && k > 1) cache::count(cache::stats_of(*c)->hits, k - 1);
+            // acquire_page counted the first page on the general path; try_hit counts nothing.
+            const uint32_t hits = fast ? k : k - 1;
+            if (lane == 0 && hits > 0) cache::count(cache::stats_of(*c)->hits, hits);
             for (uint32_t j = 0; j < k && done < len; ++j) {
                 const uint32_t fj = __shfl_sync(full, f, j);
                 const uint64_t off = (first + done) & (page_bytes - 1);

@@ -192,17 +192,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 
 #define GPUNVME_BFS_UNVISITED 0xffffffffu
 
-/// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape): block b takes a
-/// run of consecutive vertices (the vertices split evenly over the grid's blocks), its warps
-/// take the run's groups of 32 vertices in turn and expand those at `level`, so a block reads
-/// its column pages in order, each page shared by its warps, while the blocks running at once
-/// are spread over the whole graph and so over every drive of a striped volume. Pages in use at
-/// once: about two per block. With a run per warp it was two per warp (~4,000 on an H100),
-/// more than a small cache of large pages holds: at 10 % of a 272 MiB graph in 64 KiB pages
-/// (435 frames) warps evicted each other's pages between their own loads and read 54 GB; runs
-/// per block read 3.5 GB (H100, 2026-11-25). A frontier queue's order is the order CASes were
-/// won: random pages, read again and again once the columns exceed the cache (5x the misses of
-/// vertex order).
+/// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape). The vertices go
+/// to the blocks in runs of consecutive vertices: with `chunk` > 0 each block takes runs of
+/// `chunk` vertices from the counter *next (zero at launch) until none is left, so blocks that
+/// drew few vertices at `level` take more runs and the level ends with its last run, not with
+/// its unluckiest block; with `chunk` 0 block b takes the b-th of gridDim.x equal runs (the
+/// static split, kept to compare). A block's warps take a run's groups of 32 vertices in turn
+/// and expand those at `level`, so a block reads its column pages in order, each page shared by
+/// its warps, while the blocks running at once are spread over the graph and so over every
+/// drive of a striped volume. Pages in use at once: about two per resident block. With a run
+/// per warp it was two per warp (~4,000 on an H100), more than a small cache of large pages
+/// holds: at 10 % of a 272 MiB graph in 64 KiB pages (435 frames) warps evicted each other's
+/// pages between their own loads and read 54 GB; runs per block read 3.5 GB (H100,
+/// 2026-11-25). A frontier queue's order is the order CASes were won: random pages, read again
+/// and again once the columns exceed the cache (5x the misses of vertex order).
 /// The row offsets of 32 vertices come by two warp-wide loads (consecutive elements: one
 /// lookup per page), skipped when none of the 32 is at `level`; each vertex at `level` has its
 /// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still
@@ -210,20 +213,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 /// backwards and neighbours past nvertices (a corrupt graph) are counted in *errors and
 /// skipped.
 template <class O, class C>
-__device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
-                                 uint32_t level, unsigned long long* visited,
-                                 unsigned long long* errors) {
+__device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
+                               uint32_t level, uint64_t first, uint64_t last,
+                               unsigned long long* bad, unsigned long long* won) {
     const uint32_t lane = threadIdx.x & 31u;
-    unsigned long long bad = 0, won = 0;
-    // Warp-uniform bounds and conditions: every lane runs the same iterations (the loads are
-    // collective). Runs are whole groups of 32.
-    const uint64_t per = ((nvertices + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
-    const uint64_t first = (uint64_t)blockIdx.x * per;
-    const uint64_t last = first + per < nvertices ? first + per : nvertices;
     const uint64_t warps = blockDim.x / 32, step = 32 * warps;
     const uint32_t full = 0xffffffffu;
-    // 32 vertices at a time: lane l's vertex g + l; the row offsets of all 32 by two warp-wide
-    // loads (consecutive elements: one lookup per page), skipped when none is at `level`.
+    // Warp-uniform bounds and conditions: every lane runs the same iterations (the loads are
+    // collective). 32 vertices at a time: lane l's vertex g + l; the row offsets of all 32 by
+    // two warp-wide loads (consecutive elements: one lookup per page), skipped when none is at
+    // `level`.
     for (uint64_t g = first + 32 * (threadIdx.x / 32); g < last; g += step) {
         const uint64_t v = g + lane;
         const bool mine = v < last;
@@ -233,7 +232,7 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
         status s = offsets.load(v, &start, mine);
         status s2 = offsets.load(v + 1, &end, mine);
         const bool broken = ((todo >> lane) & 1u) && (s || s2 || end < start);
-        bad += broken;
+        *bad += broken;
         todo &= ~__ballot_sync(full, broken);
         while (todo) {
             const uint32_t j = __ffs(todo) - 1;
@@ -246,41 +245,71 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
                 s = cols.load(e, &u, active);
                 if (!active) continue;
                 if (s || u >= nvertices) {
-                    ++bad;
+                    ++*bad;
                     continue;
                 }
                 // Relaxed is enough: the level word is the only thing claimed, and the kernel
                 // boundary orders the levels before the next level reads them.
-                won += atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) ==
-                       GPUNVME_BFS_UNVISITED;
+                *won += atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) ==
+                        GPUNVME_BFS_UNVISITED;
             }
+        }
+    }
+}
+
+template <class O, class C>
+__device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
+                                 uint32_t level, unsigned long long* visited,
+                                 unsigned long long* errors, unsigned long long* next,
+                                 uint32_t chunk) {
+    unsigned long long bad = 0, won = 0;
+    if (chunk == 0 || next == nullptr) {
+        // Runs are whole groups of 32.
+        const uint64_t per = ((nvertices + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
+        const uint64_t first = (uint64_t)blockIdx.x * per;
+        const uint64_t last = first + per < nvertices ? first + per : nvertices;
+        bfs_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won);
+    } else {
+        // Thread 0 draws the block's next run; the first barrier publishes it to the block,
+        // the second keeps thread 0 from drawing again before every thread has read it. The
+        // loop's condition is block-uniform, so every thread meets both barriers.
+        GPUNVME_SHARED(unsigned long long, drawn);
+        const uint64_t run = ((uint64_t)chunk + 31) / 32 * 32;
+        for (;;) {
+            if (threadIdx.x == 0) drawn = atomicAdd(next, (unsigned long long)run);
+            __syncthreads();
+            const uint64_t first = drawn;
+            __syncthreads();
+            if (first >= nvertices) break;
+            const uint64_t last = first + run < nvertices ? first + run : nvertices;
+            bfs_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won);
         }
     }
     for (int d = 16; d > 0; d >>= 1) {
         bad += __shfl_down_sync(0xffffffffu, bad, d);
         won += __shfl_down_sync(0xffffffffu, won, d);
     }
-    if (lane == 0 && bad) atomicAdd(errors, bad);
-    if (lane == 0 && won) atomicAdd(visited, won);
+    if ((threadIdx.x & 31u) == 0 && bad) atomicAdd(errors, bad);
+    if ((threadIdx.x & 31u) == 0 && won) atomicAdd(visited, won);
 }
 
 /// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
-/// cols_range of c) or over plain pointers. Launch whole warps. Everything null: returns at
-/// once (warm-up).
+/// cols_range of c) or over plain pointers, the vertices split as `chunk` says (`next` zeroed
+/// before the launch). Launch whole warps. Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
     const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
     uint32_t* levels, uint32_t level, unsigned long long* visited,
-    unsigned long long* errors) {
+    unsigned long long* errors, unsigned long long* next, uint32_t chunk) {
     if (c == nullptr && plain_offsets == nullptr) return;
     if (plain_offsets != nullptr) {
         plain_array<uint64_t> o{plain_offsets};
         plain_array<uint32_t> k{plain_cols};
-        bfs_level(o, k, nvertices, levels, level, visited, errors);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk);
     } else {
         gpunvme::array<uint64_t> o(c, offsets_range);
         gpunvme::array<uint32_t> k(c, cols_range);
-        bfs_level(o, k, nvertices, levels, level, visited, errors);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk);
     }
 }
 

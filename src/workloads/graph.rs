@@ -130,6 +130,25 @@ pub fn cpu_bfs(g: &Csr, root: u32) -> Vec<u32> {
     level
 }
 
+/// How a BFS level's vertices are split among the kernel's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BfsSplit {
+    /// Block b takes the b-th of the grid's equal runs of vertices.
+    Static,
+    /// Blocks take runs of this many vertices (rounded up to whole groups of 32) from a shared
+    /// counter until none is left: a level ends with its last run, not with the block whose
+    /// run held the most work.
+    Dynamic(u32),
+}
+
+impl Default for BfsSplit {
+    /// Dynamic runs of 2048 vertices: eight groups of 32 per warp of a 256-thread block, about
+    /// the static split's run on an H100 (2 M vertices over 1056 blocks).
+    fn default() -> Self {
+        Self::Dynamic(2048)
+    }
+}
+
 /// The outcome of a GPU BFS.
 #[derive(Clone, Debug)]
 pub struct BfsRun {
@@ -139,6 +158,8 @@ pub struct BfsRun {
     pub depth: u32,
     /// Seconds of the level kernels, from the first launch to the last kernel's end.
     pub secs: f64,
+    /// Seconds of each level, launch to end (host-timed, so each includes a launch).
+    pub level_secs: Vec<f64>,
     /// Vertices reached.
     pub reached: u64,
 }
@@ -146,26 +167,42 @@ pub struct BfsRun {
 /// BFS from `root` over a graph of `vertices` vertices read from `src` (array 0: the row
 /// offsets, array 1: the columns): one `gpunvme_cache_bfs_level` kernel per level on the
 /// queues' client stream (vertex-centric: every level scans the level array in GPU memory and
-/// expands the vertices at that level, each warp a run of consecutive vertices), until a level
-/// visits nothing. Fails
-/// if any load failed (a fill's status, a corrupt row).
-pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Result<BfsRun> {
+/// expands the vertices at that level, each block runs of consecutive vertices split as `split`
+/// says), until a level visits nothing. Fails if any load failed (a fill's status, a corrupt
+/// row).
+pub fn gpu_bfs(
+    q: &GpuQueues,
+    src: Source<'_>,
+    vertices: u32,
+    root: u32,
+    split: BfsSplit,
+) -> Result<BfsRun> {
     ensure!(root < vertices, "root {root} of {vertices} vertices");
+    let chunk = match split {
+        BfsSplit::Static => 0,
+        BfsSplit::Dynamic(n) => {
+            ensure!(n > 0, "a dynamic BFS split of 0 vertices");
+            n
+        }
+    };
     let cuda = q.cuda();
     let n = vertices as usize;
     let mut levels = vec![UNVISITED; n];
     levels[root as usize] = 0;
     let lv = DeviceMemory::alloc(cuda, n * 4)?;
     lv.write(0, levels.as_bytes())?;
-    // Word 0: vertices the level visited; word 1: failed loads.
-    let counters = DeviceMemory::alloc(cuda, 16)?;
+    // Word 0: vertices the level visited; word 1: failed loads; word 2: the dynamic split's
+    // next vertex.
+    let counters = DeviceMemory::alloc(cuda, 24)?;
     let (cache, r_off, p_off) = src.array(0);
     let (_, r_col, p_col) = src.array(1);
     let grid = grid_for(q, vertices as u64);
     let mut depth = 0u32;
+    let mut level_secs = Vec::new();
     let start = Instant::now();
     loop {
-        counters.write(0, [0u64; 2].as_bytes())?;
+        counters.write(0, [0u64; 3].as_bytes())?;
+        let level_start = Instant::now();
         q.client_stream().launch(
             q.kernels().cache_bfs_level,
             grid,
@@ -181,9 +218,12 @@ pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Resu
                 Arg::U32(depth),
                 Arg::U64(counters.ptr()),
                 Arg::U64(counters.ptr() + 8),
+                Arg::U64(counters.ptr() + 16),
+                Arg::U32(chunk),
             ],
         )?;
         wait(q, "a BFS level")?;
+        level_secs.push(level_start.elapsed().as_secs_f64());
         let mut words = [0u64; 2];
         counters.read(0, words.as_mut_bytes())?;
         ensure!(
@@ -205,6 +245,7 @@ pub fn gpu_bfs(q: &GpuQueues, src: Source<'_>, vertices: u32, root: u32) -> Resu
         levels,
         depth,
         secs,
+        level_secs,
         reached,
     })
 }
