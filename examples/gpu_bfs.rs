@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release --example gpu_bfs -- [--scale 20] [--cache 10%,25%,50%] [--baselines]
-//!     [--split dynamic|dynamic:N|static] [--controller emu|gpu] [--ssd-model drives=4] [--json]
+//!     [--split dynamic|dynamic:N|static] [--hub-segment 2048|0] [--controller emu|gpu]
+//!     [--ssd-model drives=4] [--json]
 //! ```
 //!
 //! A seeded R-MAT graph (Graph500's a, b, c = .57, .19, .19; `2^scale` vertices, edge factor
@@ -25,7 +26,7 @@ use anyhow::{Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::workloads::graph::{self, BfsSplit, Csr};
+use gpunvme::workloads::graph::{self, BfsOptions, BfsSplit, Csr};
 use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
 use zerocopy::IntoBytes;
@@ -51,6 +52,11 @@ struct Args {
     /// from a shared counter), `dynamic:N` (runs of N), or `static` (one equal run per block).
     #[arg(long, default_value = "dynamic", value_parser = parse_split)]
     split: BfsSplit,
+    /// Vertices of more than this many neighbours are cut into pieces of this many that every
+    /// warp of a second kernel per level takes in turn; 0: each vertex expanded by the warp
+    /// that found it.
+    #[arg(long, default_value_t = 2048)]
+    hub_segment: u32,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
@@ -95,6 +101,7 @@ fn main() -> Result<()> {
             "edge_factor": args.edge_factor, "vertices": g.vertices(), "data_bytes": g.bytes(),
             "root": root, "reached": reached, "traversed_edges": traversed,
             "split": format!("{:?}", args.split).to_lowercase(),
+            "hub_segment": args.hub_segment,
             "seconds": secs, "gteps": traversed as f64 / secs / 1e9,
             "controller": format!("{:?}", args.dev.controller).to_lowercase(),
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
@@ -105,6 +112,10 @@ fn main() -> Result<()> {
     let report = |r: &serde_json::Value| {
         let gteps = r["gteps"].as_f64().unwrap_or(0.0);
         args.cache.report(r, "graph", &format!("{gteps:.3} GTEPS"));
+    };
+    let bfs_opts = BfsOptions {
+        split: args.split,
+        hub_segment: (args.hub_segment > 0).then_some(args.hub_segment),
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
@@ -121,7 +132,7 @@ fn main() -> Result<()> {
                 Source::Cache(&cache, &ranges),
                 g.vertices(),
                 root,
-                args.split,
+                bfs_opts,
             )?;
             check(&run, &want, &format!("cache of {capacity} bytes"))?;
             let fields = CacheArgs::cache_fields(&cache, capacity, pct)?;
@@ -130,7 +141,11 @@ fn main() -> Result<()> {
                 run.secs,
                 common::with_fields(
                     fields,
-                    json!({ "depth": run.depth, "level_ms": level_ms(&run) }),
+                    json!({
+                        "depth": run.depth,
+                        "level_ms": level_ms(&run),
+                        "hub_pieces": run.hub_pieces,
+                    }),
                 ),
             ));
             report(rows.last().expect("a row"));
@@ -145,13 +160,8 @@ fn main() -> Result<()> {
                 Placement::UnifiedOversubscribed(capacities[0].0),
             ] {
                 let placed = place(q, &g, placement, headroom)?;
-                let run = graph::gpu_bfs(
-                    q,
-                    Source::Plain(&placed.ptrs),
-                    g.vertices(),
-                    root,
-                    args.split,
-                )?;
+                let run =
+                    graph::gpu_bfs(q, Source::Plain(&placed.ptrs), g.vertices(), root, bfs_opts)?;
                 check(&run, &want, placement.name())?;
                 rows.push(row(
                     placement.name(),

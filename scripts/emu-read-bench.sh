@@ -10,7 +10,8 @@
 # --pairs: the I/O queue pairs the controller grants (64, as the Python package asks; the
 # CLI's default of 8 leaves 7 for the GPU). Cases: `default`; `ordered` (GPUNVME_EMU_FETCH=ordered: every read of GPU memory waits for
 # the controller's earlier writes, as before reads of unwritten memory got a stream of their
-# own); `threads8` (8 controller threads); `host-rings` (GPUNVME_EMU_RINGS=host).
+# own); `threads8` (8 controller threads); `host-rings` (GPUNVME_EMU_RINGS=host); `depthN`
+# (`--gpu-depth N`: N entries per GPU ring instead of the default 1024).
 # Every get is checked: the GPU's CRC-32C of the bytes equals the host's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +46,9 @@ for dir in $DIRS; do
     # Warm: the file's pages in the page cache.
     cat "$img" >/dev/null
     for case in $CASES; do
-        envs=() threads=$THREADS
+        envs=() threads=$THREADS extra=()
         case "$case" in
+            depth[0-9]*) extra=(--gpu-depth "${case#depth}") ;;
             default) ;;
             ordered) envs=(GPUNVME_EMU_FETCH=ordered) ;;
             threads8) threads=8 ;;
@@ -56,7 +58,7 @@ for dir in $DIRS; do
         for r in $(seq 1 "$REPS"); do
             out=$(env "${envs[@]}" timeout 300 "$G" --device "$img" --lba-size 4096 --controller-threads "$threads" \
                 --controller-queue-pairs "$PAIRS" \
-                --json fs get --gpu big 2>/dev/null)
+                --json fs get --gpu "${extra[@]}" big 2>/dev/null)
             rc=$?
             CASE=$case DIR=$dir RUN=$r RC=$rc python3 -c '
 import json, os, sys
@@ -71,6 +73,7 @@ if "bytes" not in d:
 ok = e["RC"] == "0" and d["gpu_crc32c"] == d["host_crc32c"]
 print(json.dumps({"dir": e["DIR"], "case": e["CASE"], "run": int(e["RUN"]), "ok": ok,
     "bytes": d["bytes"], "gb_per_s": round(d["bytes_per_sec"] / 1e9, 2),
+    "setup_seconds": round(d.get("setup_seconds", 0), 3),
     "controller": d.get("controller_copies")}))
 sys.exit(0 if ok else 1)' <<<"$out" || failed=1
         done

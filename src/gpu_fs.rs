@@ -36,6 +36,8 @@ pub struct GpuFsOptions {
     /// Rings in host memory on the software controller (`GpuQueueOptions::host_rings`;
     /// `None`: the transport's default).
     pub host_rings: Option<bool>,
+    /// Entries per GPU ring (`GpuQueueOptions::depth`; `None`: the transport's default).
+    pub depth: Option<u32>,
 }
 
 impl Default for GpuFsOptions {
@@ -47,6 +49,7 @@ impl Default for GpuFsOptions {
             controller_sms: 8,
             ssd_model: None,
             host_rings: None,
+            depth: None,
         }
     }
 }
@@ -314,6 +317,7 @@ fn setup_in_group(
         queues: Some(queues),
         controller_sms: opts.controller_sms,
         host_rings: opts.host_rings,
+        depth: opts.depth,
         ..Default::default()
     };
     let setup = gpu::open_queues(&cuda, ctrl, backend, model, &qopts)?;

@@ -3419,7 +3419,7 @@ mod cache {
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn bfs_and_gather_through_the_cache_match_the_cpu() {
-        use gpunvme::workloads::graph::BfsSplit;
+        use gpunvme::workloads::graph::{BfsOptions, BfsSplit};
         use gpunvme::workloads::{Source, embedding, graph};
         let r = rig(512, 2, 64);
         // A graph of 36 KiB and a table of 32 KiB through 4 frames of 4 KiB.
@@ -3448,12 +3448,17 @@ mod cache {
             Source::Cache(&c, &ranges[..2]),
             g.vertices(),
             root,
-            BfsSplit::Dynamic(64),
+            BfsOptions {
+                split: BfsSplit::Dynamic(64),
+                hub_segment: Some(16),
+            },
         )
         .expect("BFS through the cache");
         assert_eq!(graph::first_mismatch(&run.levels, &want), None, "levels");
         assert!(run.depth > 2 && run.reached > 400, "{run:?}");
         assert_eq!(run.level_secs.len(), run.depth as usize, "{run:?}");
+        // Pieces of 16 neighbours: the graph's hubs went to the second kernel.
+        assert!(run.hub_pieces > 0, "{run:?}");
         let k = stats(&c).counters;
         assert!(k.evictions > 0, "the graph does not fit: {k:?}");
         invariants(&c);
@@ -3464,16 +3469,17 @@ mod cache {
         let pc = DeviceMemory::alloc(cuda, g.cols.len() * 4).unwrap();
         pc.write(0, g.cols.as_bytes()).unwrap();
         // The same kernel over plain GPU memory, with either split.
-        for split in [BfsSplit::Static, BfsSplit::default()] {
+        for (split, hub_segment) in [(BfsSplit::Static, None), (BfsSplit::Dynamic(32), Some(8))] {
+            let opts = BfsOptions { split, hub_segment };
             let plain = graph::gpu_bfs(
                 &r.gpu,
                 Source::Plain(&[po.ptr(), pc.ptr()]),
                 g.vertices(),
                 root,
-                split,
+                opts,
             )
             .expect("BFS over GPU memory");
-            assert_eq!(plain.levels, want, "{split:?}");
+            assert_eq!(plain.levels, want, "{opts:?}");
         }
         // Embedding rows, Zipf-distributed, through the cache.
         let idx = embedding::zipf_indices(rows, 200, 0.99, 5).unwrap();

@@ -822,6 +822,7 @@ mod tests {
             "gpunvme_cache_flush",
             "gpunvme_cache_bfs_level",
             "gpunvme_cache_gather",
+            "gpunvme_cache_bfs_heavy",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

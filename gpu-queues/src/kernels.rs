@@ -47,6 +47,8 @@ pub struct Kernels {
     pub cache_bfs_level: Kernel,
     /// `gpunvme_cache_gather` (embedding rows through a cache or from a plain pointer).
     pub cache_gather: Kernel,
+    /// `gpunvme_cache_bfs_heavy` (a BFS level's high-degree vertices, split over the grid).
+    pub cache_bfs_heavy: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -74,6 +76,7 @@ impl Kernels {
             cache_flush: lib.kernel("gpunvme_cache_flush")?,
             cache_bfs_level: lib.kernel("gpunvme_cache_bfs_level")?,
             cache_gather: lib.kernel("gpunvme_cache_gather")?,
+            cache_bfs_heavy: lib.kernel("gpunvme_cache_bfs_heavy")?,
             _lib: lib,
         }))
     }
@@ -162,7 +165,8 @@ impl Kernels {
         bench[5] = Arg::U64(1);
         stream.launch(self.cache_bench, 1, 32, &bench)?;
         stream.launch(self.cache_flush, 1, 32, &nulls("pp"))?;
-        stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppu"))?;
+        stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppupu"))?;
+        stream.launch(self.cache_bfs_heavy, 1, 32, &nulls("pupupuppp"))?;
         stream.launch(self.cache_gather, 1, 32, &nulls("pupupppp"))?;
         stream.wait_idle(Duration::from_secs(10))
     }

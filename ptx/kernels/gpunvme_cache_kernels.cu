@@ -192,6 +192,63 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 
 #define GPUNVME_BFS_UNVISITED 0xffffffffu
 
+/// The neighbours [b0, e0) of a vertex at `level`, 32 at a time by the warp (lane l element
+/// b0 + l + 32k): each still UNVISITED gets level + 1 by a CAS, counted in *won; failed loads
+/// and neighbours past nvertices in *bad. Warp-uniform arguments.
+template <class C>
+__device__ inline void bfs_expand(C& cols, uint32_t nvertices, uint32_t* levels, uint32_t level,
+                                  uint64_t b0, uint64_t e0, unsigned long long* bad,
+                                  unsigned long long* won) {
+    const uint32_t lane = threadIdx.x & 31u;
+    for (uint64_t b = b0; b < e0; b += 32) {
+        const uint64_t e = b + lane;
+        const bool active = e < e0;
+        uint32_t u = 0;
+        const status s = cols.load(e, &u, active);
+        if (!active) continue;
+        if (s || u >= nvertices) {
+            ++*bad;
+            continue;
+        }
+        // Relaxed is enough: the level word is the only thing claimed, and the kernel
+        // boundary orders the levels before the next level reads them.
+        *won += atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) == GPUNVME_BFS_UNVISITED;
+    }
+}
+
+/// Hands the neighbours [b0, e0) to the heavy list (`heavy`: word 0 the entries taken, word 1
+/// the capacity, then (begin, end) pairs), cut into entries of `segment` neighbours.
+/// Returns false, taking nothing, when the list has no room (the caller expands them itself).
+/// Warp-uniform arguments; lane 0 reserves the entries (a CAS, so that a full list is never
+/// over-counted), the lanes write them. The kernel boundary publishes them to the heavy kernel.
+__device__ inline bool bfs_defer(unsigned long long* heavy, uint32_t segment, uint64_t b0,
+                                 uint64_t e0) {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t n = (e0 - b0 + segment - 1) / segment;
+    unsigned long long at = ~0ull;
+    if (lane == 0) {
+        const unsigned long long cap = heavy[1];
+        unsigned long long cur = *(volatile unsigned long long*)&heavy[0];
+        while (cur + n <= cap) {
+            const unsigned long long was = atomicCAS(&heavy[0], cur, cur + n);
+            if (was == cur) {
+                at = cur;
+                break;
+            }
+            cur = was;
+        }
+    }
+    at = __shfl_sync(0xffffffffu, at, 0);
+    if (at == ~0ull) return false;
+    unsigned long long* entries = heavy + 2;
+    for (uint64_t k = lane; k < n; k += 32) {
+        const uint64_t b = b0 + k * segment;
+        entries[2 * (at + k)] = b;
+        entries[2 * (at + k) + 1] = b + segment < e0 ? b + segment : e0;
+    }
+    return true;
+}
+
 /// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape). The vertices go
 /// to the blocks in runs of consecutive vertices: with `chunk` > 0 each block takes runs of
 /// `chunk` vertices from the counter *next (zero at launch) until none is left, so blocks that
@@ -209,12 +266,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 /// The row offsets of 32 vertices come by two warp-wide loads (consecutive elements: one
 /// lookup per page), skipped when none of the 32 is at `level`; each vertex at `level` has its
 /// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still
-/// UNVISITED gets level + 1 by a CAS, counted in *visited. Failed loads, rows whose offsets go
-/// backwards and neighbours past nvertices (a corrupt graph) are counted in *errors and
-/// skipped.
+/// UNVISITED gets level + 1 by a CAS, counted in *visited. A vertex of more than `segment`
+/// neighbours goes to the heavy list instead (when `heavy` is not null, `segment` is not 0 and
+/// the list has room), whose entries gpunvme_cache_bfs_heavy expands with every warp: R-MAT
+/// hubs have 10^5 neighbours, and one warp walking them alone held a level for milliseconds.
+/// Failed loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt
+/// graph) are counted in *errors and skipped.
 template <class O, class C>
 __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                uint32_t level, uint64_t first, uint64_t last,
+                               unsigned long long* heavy, uint32_t segment,
                                unsigned long long* bad, unsigned long long* won) {
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t warps = blockDim.x / 32, step = 32 * warps;
@@ -238,21 +299,10 @@ __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t
             const uint32_t j = __ffs(todo) - 1;
             todo &= todo - 1;
             const uint64_t b0 = __shfl_sync(full, start, j), e0 = __shfl_sync(full, end, j);
-            for (uint64_t b = b0; b < e0; b += 32) {
-                const uint64_t e = b + lane;
-                const bool active = e < e0;
-                uint32_t u = 0;
-                s = cols.load(e, &u, active);
-                if (!active) continue;
-                if (s || u >= nvertices) {
-                    ++*bad;
-                    continue;
-                }
-                // Relaxed is enough: the level word is the only thing claimed, and the kernel
-                // boundary orders the levels before the next level reads them.
-                *won += atomicCAS(&levels[u], GPUNVME_BFS_UNVISITED, level + 1) ==
-                        GPUNVME_BFS_UNVISITED;
-            }
+            if (heavy != nullptr && segment != 0 && e0 - b0 > segment &&
+                bfs_defer(heavy, segment, b0, e0))
+                continue;
+            bfs_expand(cols, nvertices, levels, level, b0, e0, bad, won);
         }
     }
 }
@@ -261,14 +311,15 @@ template <class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                  uint32_t level, unsigned long long* visited,
                                  unsigned long long* errors, unsigned long long* next,
-                                 uint32_t chunk) {
+                                 uint32_t chunk, unsigned long long* heavy, uint32_t segment) {
     unsigned long long bad = 0, won = 0;
     if (chunk == 0 || next == nullptr) {
         // Runs are whole groups of 32.
         const uint64_t per = ((nvertices + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
         const uint64_t first = (uint64_t)blockIdx.x * per;
         const uint64_t last = first + per < nvertices ? first + per : nvertices;
-        bfs_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won);
+        bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
+                &won);
     } else {
         // Thread 0 draws the block's next run; the first barrier publishes it to the block,
         // the second keeps thread 0 from drawing again before every thread has read it. The
@@ -282,7 +333,8 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
             __syncthreads();
             if (first >= nvertices) break;
             const uint64_t last = first + run < nvertices ? first + run : nvertices;
-            bfs_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won);
+            bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
+                    &won);
         }
     }
     for (int d = 16; d > 0; d >>= 1) {
@@ -295,22 +347,57 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
 
 /// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
 /// cols_range of c) or over plain pointers, the vertices split as `chunk` says (`next` zeroed
-/// before the launch). Launch whole warps. Everything null: returns at once (warm-up).
+/// before the launch), vertices of more than `segment` neighbours deferred to `heavy` in
+/// entries of `segment` (word 0 zeroed, word 1 its capacity in entries; null or 0: none
+/// deferred). Launch whole warps. Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
     const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
     uint32_t* levels, uint32_t level, unsigned long long* visited,
-    unsigned long long* errors, unsigned long long* next, uint32_t chunk) {
+    unsigned long long* errors, unsigned long long* next, uint32_t chunk,
+    unsigned long long* heavy, uint32_t segment) {
     if (c == nullptr && plain_offsets == nullptr) return;
     if (plain_offsets != nullptr) {
         plain_array<uint64_t> o{plain_offsets};
         plain_array<uint32_t> k{plain_cols};
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment);
     } else {
         gpunvme::array<uint64_t> o(c, offsets_range);
         gpunvme::array<uint32_t> k(c, cols_range);
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment);
     }
+}
+
+/// The heavy list's entries of the level gpunvme_cache_bfs_level just ran (launched after it on
+/// the same stream): warp w expands entries w, w + warps, ... (at most the list's capacity),
+/// through the cache's range cols_range or from plain_cols. Counts as bfs_level does. Launch
+/// whole warps. Everything null: returns at once (warm-up).
+extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_heavy(
+    const cache::cache_desc* c, uint32_t cols_range, const uint32_t* plain_cols,
+    uint32_t nvertices, uint32_t* levels, uint32_t level, unsigned long long* visited,
+    unsigned long long* errors, const unsigned long long* heavy) {
+    if ((c == nullptr && plain_cols == nullptr) || heavy == nullptr) return;
+    const uint64_t n = heavy[0] < heavy[1] ? heavy[0] : heavy[1];
+    const unsigned long long* entries = heavy + 2;
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const uint64_t warps = (uint64_t)gridDim.x * blockDim.x / 32;
+    unsigned long long bad = 0, won = 0;
+    for (uint64_t k = warp; k < n; k += warps) {
+        const uint64_t b0 = entries[2 * k], e0 = entries[2 * k + 1];
+        if (plain_cols != nullptr) {
+            plain_array<uint32_t> a{plain_cols};
+            bfs_expand(a, nvertices, levels, level, b0, e0, &bad, &won);
+        } else {
+            gpunvme::array<uint32_t> a(c, cols_range);
+            bfs_expand(a, nvertices, levels, level, b0, e0, &bad, &won);
+        }
+    }
+    for (int d = 16; d > 0; d >>= 1) {
+        bad += __shfl_down_sync(0xffffffffu, bad, d);
+        won += __shfl_down_sync(0xffffffffu, won, d);
+    }
+    if ((threadIdx.x & 31u) == 0 && bad) atomicAdd(errors, bad);
+    if ((threadIdx.x & 31u) == 0 && won) atomicAdd(visited, won);
 }
 
 /// Embedding lookups: a warp per index (warps stride over them) copies row idx[k] (dim 4-byte

@@ -146,6 +146,10 @@ pub struct GpuFsArgs {
     /// GPU queue pairs (default: every one the controller grants).
     #[arg(long, requires = "gpu")]
     pub gpu_queues: Option<u16>,
+    /// Entries per GPU ring (rounded down to a power of two; default: the controller's
+    /// maximum, at most 1024).
+    #[arg(long, requires = "gpu")]
+    pub gpu_depth: Option<u32>,
 }
 
 /// `--media` of the GPU file commands.
@@ -178,6 +182,7 @@ impl GpuFsArgs {
             },
             queues: self.gpu_queues,
             controller_sms: self.controller_sms,
+            depth: self.gpu_depth,
             ..GpuFsOptions::default()
         }
     }

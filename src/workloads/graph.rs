@@ -149,6 +149,30 @@ impl Default for BfsSplit {
     }
 }
 
+/// How a GPU BFS spreads its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BfsOptions {
+    /// How a level's vertices are split among blocks.
+    pub split: BfsSplit,
+    /// `Some(n)`: vertices of more than `n` neighbours are cut into pieces of `n` that every warp
+    /// of a second kernel per level takes in turn, instead of being expanded by the one warp that
+    /// found them. `None`: every vertex by the warp that found it.
+    pub hub_segment: Option<u32>,
+}
+
+impl Default for BfsOptions {
+    fn default() -> Self {
+        Self {
+            split: BfsSplit::default(),
+            hub_segment: Some(2048),
+        }
+    }
+}
+
+/// Entries of the heavy list (16 bytes each): with pieces of 2048 neighbours, room for the hubs
+/// of a graph of 2^27 edges at once. A level whose hubs need more expands the rest where found.
+const HEAVY_ENTRIES: usize = 1 << 17;
+
 /// The outcome of a GPU BFS.
 #[derive(Clone, Debug)]
 pub struct BfsRun {
@@ -160,6 +184,8 @@ pub struct BfsRun {
     pub secs: f64,
     /// Seconds of each level, launch to end (host-timed, so each includes a launch).
     pub level_secs: Vec<f64>,
+    /// Pieces of hubs' neighbour lists the second kernel expanded, all levels.
+    pub hub_pieces: u64,
     /// Vertices reached.
     pub reached: u64,
 }
@@ -167,18 +193,19 @@ pub struct BfsRun {
 /// BFS from `root` over a graph of `vertices` vertices read from `src` (array 0: the row
 /// offsets, array 1: the columns): one `gpunvme_cache_bfs_level` kernel per level on the
 /// queues' client stream (vertex-centric: every level scans the level array in GPU memory and
-/// expands the vertices at that level, each block runs of consecutive vertices split as `split`
-/// says), until a level visits nothing. Fails if any load failed (a fill's status, a corrupt
-/// row).
+/// expands the vertices at that level, each block runs of consecutive vertices split as
+/// `opts.split` says), then, with `opts.hub_segment`, `gpunvme_cache_bfs_heavy` over the level's
+/// high-degree vertices, until a level visits nothing. Fails if any load failed (a fill's
+/// status, a corrupt row).
 pub fn gpu_bfs(
     q: &GpuQueues,
     src: Source<'_>,
     vertices: u32,
     root: u32,
-    split: BfsSplit,
+    opts: BfsOptions,
 ) -> Result<BfsRun> {
     ensure!(root < vertices, "root {root} of {vertices} vertices");
-    let chunk = match split {
+    let chunk = match opts.split {
         BfsSplit::Static => 0,
         BfsSplit::Dynamic(n) => {
             ensure!(n > 0, "a dynamic BFS split of 0 vertices");
@@ -194,14 +221,31 @@ pub fn gpu_bfs(
     // Word 0: vertices the level visited; word 1: failed loads; word 2: the dynamic split's
     // next vertex.
     let counters = DeviceMemory::alloc(cuda, 24)?;
+    // The heavy list: entries taken, capacity, then (begin, end) pairs.
+    let segment = opts.hub_segment.unwrap_or(0);
+    ensure!(
+        opts.hub_segment != Some(0),
+        "a BFS hub segment of 0 neighbours"
+    );
+    let heavy = if segment > 0 {
+        let h = DeviceMemory::alloc(cuda, 16 + HEAVY_ENTRIES * 16)?;
+        h.write(0, [0u64, HEAVY_ENTRIES as u64].as_bytes())?;
+        Some(h)
+    } else {
+        None
+    };
     let (cache, r_off, p_off) = src.array(0);
     let (_, r_col, p_col) = src.array(1);
     let grid = grid_for(q, vertices as u64);
     let mut depth = 0u32;
     let mut level_secs = Vec::new();
+    let mut hub_pieces = 0u64;
     let start = Instant::now();
     loop {
         counters.write(0, [0u64; 3].as_bytes())?;
+        if let Some(h) = &heavy {
+            h.write(0, 0u64.as_bytes())?;
+        }
         let level_start = Instant::now();
         q.client_stream().launch(
             q.kernels().cache_bfs_level,
@@ -220,10 +264,36 @@ pub fn gpu_bfs(
                 Arg::U64(counters.ptr() + 8),
                 Arg::U64(counters.ptr() + 16),
                 Arg::U32(chunk),
+                Arg::U64(heavy.as_ref().map_or(0, |h| h.ptr())),
+                Arg::U32(segment),
             ],
         )?;
+        if let Some(h) = &heavy {
+            // Same stream: it starts when the level kernel has ended and published its list.
+            q.client_stream().launch(
+                q.kernels().cache_bfs_heavy,
+                grid,
+                super::BLOCK,
+                &[
+                    Arg::U64(cache),
+                    Arg::U32(r_col),
+                    Arg::U64(p_col),
+                    Arg::U32(vertices),
+                    Arg::U64(lv.ptr()),
+                    Arg::U32(depth),
+                    Arg::U64(counters.ptr()),
+                    Arg::U64(counters.ptr() + 8),
+                    Arg::U64(h.ptr()),
+                ],
+            )?;
+        }
         wait(q, "a BFS level")?;
         level_secs.push(level_start.elapsed().as_secs_f64());
+        if let Some(h) = &heavy {
+            let mut taken = 0u64;
+            h.read(0, taken.as_mut_bytes())?;
+            hub_pieces += taken.min(HEAVY_ENTRIES as u64);
+        }
         let mut words = [0u64; 2];
         counters.read(0, words.as_mut_bytes())?;
         ensure!(
@@ -246,6 +316,7 @@ pub fn gpu_bfs(
         depth,
         secs,
         level_secs,
+        hub_pieces,
         reached,
     })
 }
