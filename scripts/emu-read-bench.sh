@@ -11,7 +11,7 @@
 # CLI's default of 8 leaves 7 for the GPU). Cases: `default`; `ordered` (GPUNVME_EMU_FETCH=ordered: every read of GPU memory waits for
 # the controller's earlier writes, as before reads of unwritten memory got a stream of their
 # own); `threads8` (8 controller threads); `host-rings` (GPUNVME_EMU_RINGS=host); `depthN`
-# (`--gpu-depth N`: N entries per GPU ring instead of the default 1024).
+# (`--gpu-depth N`: N entries per GPU ring instead of the default 256).
 # Every get is checked: the GPU's CRC-32C of the bytes equals the host's.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -359,8 +359,8 @@ def main():
         for v in args.variant:
             loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=args.threads)))
         if not jit_warm:
-            # CUDA compiles gpunvme's PTX on a machine's first use (about 15 s on the lent
-            # machine, then cached on disk): once, untimed, before any row.
+            # CUDA compiles gpunvme's PTX on a machine's first use (about 11 s on the lent
+            # H100, then cached on disk): once, untimed, before any row.
             say("untimed first gpunvme load (CUDA's JIT cache)")
             job = dict(method="gpunvme-emu", files=files, image=img, prefix=f"{model}/",
                        total=total, kw=loaders[0][1])

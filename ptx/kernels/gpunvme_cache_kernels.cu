@@ -192,15 +192,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bench(const c
 
 #define GPUNVME_BFS_UNVISITED 0xffffffffu
 
-/// The neighbours [b0, e0) of a vertex at `level`, 32 at a time by the warp (lane l element
-/// b0 + l + 32k): each still UNVISITED gets level + 1 by a CAS, counted in *won; failed loads
-/// and neighbours past nvertices in *bad. Warp-uniform arguments.
+/// The neighbours [b0, e0) of a vertex at `level`, 32 at a time by the warp from b0 + `from`
+/// on, every `step` (lane l element b0 + from + l + k * step): each still UNVISITED gets
+/// level + 1 by a CAS, counted in *won; failed loads and neighbours past nvertices in *bad.
+/// Warp-uniform arguments.
 template <class C>
 __device__ inline void bfs_expand(C& cols, uint32_t nvertices, uint32_t* levels, uint32_t level,
-                                  uint64_t b0, uint64_t e0, unsigned long long* bad,
-                                  unsigned long long* won) {
+                                  uint64_t b0, uint64_t e0, uint64_t from, uint64_t step,
+                                  unsigned long long* bad, unsigned long long* won) {
     const uint32_t lane = threadIdx.x & 31u;
-    for (uint64_t b = b0; b < e0; b += 32) {
+    for (uint64_t b = b0 + from; b < e0; b += step) {
         const uint64_t e = b + lane;
         const bool active = e < e0;
         uint32_t u = 0;
@@ -302,7 +303,7 @@ __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t
             if (heavy != nullptr && segment != 0 && e0 - b0 > segment &&
                 bfs_defer(heavy, segment, b0, e0))
                 continue;
-            bfs_expand(cols, nvertices, levels, level, b0, e0, bad, won);
+            bfs_expand(cols, nvertices, levels, level, b0, e0, 0, 32, bad, won);
         }
     }
 }
@@ -369,9 +370,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
 }
 
 /// The heavy list's entries of the level gpunvme_cache_bfs_level just ran (launched after it on
-/// the same stream): warp w expands entries w, w + warps, ... (at most the list's capacity),
-/// through the cache's range cols_range or from plain_cols. Counts as bfs_level does. Launch
-/// whole warps. Everything null: returns at once (warm-up).
+/// the same stream): block b expands entries b, b + gridDim.x, ... (at most the list's
+/// capacity), its warps taking an entry's groups of 32 neighbours in turn, so that a block's
+/// warps share one page as bfs_level's do: with a warp per entry, 2,000 warps on as many
+/// pages thrashed a cache of 435 frames (10 % of a 272 MiB graph in 64 KiB pages: 15 GB read,
+/// H100, 2026-11-27). Through the cache's range cols_range or from plain_cols. Counts as
+/// bfs_level does. Launch whole warps. Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_heavy(
     const cache::cache_desc* c, uint32_t cols_range, const uint32_t* plain_cols,
     uint32_t nvertices, uint32_t* levels, uint32_t level, unsigned long long* visited,
@@ -379,17 +383,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_heavy(
     if ((c == nullptr && plain_cols == nullptr) || heavy == nullptr) return;
     const uint64_t n = heavy[0] < heavy[1] ? heavy[0] : heavy[1];
     const unsigned long long* entries = heavy + 2;
-    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const uint64_t warps = (uint64_t)gridDim.x * blockDim.x / 32;
+    const uint64_t from = 32 * (threadIdx.x / 32), step = blockDim.x / 32 * 32;
     unsigned long long bad = 0, won = 0;
-    for (uint64_t k = warp; k < n; k += warps) {
+    for (uint64_t k = blockIdx.x; k < n; k += gridDim.x) {
         const uint64_t b0 = entries[2 * k], e0 = entries[2 * k + 1];
         if (plain_cols != nullptr) {
             plain_array<uint32_t> a{plain_cols};
-            bfs_expand(a, nvertices, levels, level, b0, e0, &bad, &won);
+            bfs_expand(a, nvertices, levels, level, b0, e0, from, step, &bad, &won);
         } else {
             gpunvme::array<uint32_t> a(c, cols_range);
-            bfs_expand(a, nvertices, levels, level, b0, e0, &bad, &won);
+            bfs_expand(a, nvertices, levels, level, b0, e0, from, step, &bad, &won);
         }
     }
     for (int d = 16; d > 0; d >>= 1) {

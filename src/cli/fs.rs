@@ -146,10 +146,10 @@ pub struct GpuFsArgs {
     /// GPU queue pairs (default: every one the controller grants).
     #[arg(long, requires = "gpu")]
     pub gpu_queues: Option<u16>,
-    /// Entries per GPU ring (rounded down to a power of two; default: the controller's
-    /// maximum, at most 1024).
-    #[arg(long, requires = "gpu")]
-    pub gpu_depth: Option<u32>,
+    /// Entries per GPU ring (rounded down to a power of two, at most the controller's
+    /// maximum; each entry holds a slot buffer of one maximum transfer in GPU memory).
+    #[arg(long, default_value_t = gpunvme::gpu_fs::FILE_RING_DEPTH, requires = "gpu")]
+    pub gpu_depth: u32,
 }
 
 /// `--media` of the GPU file commands.
@@ -182,7 +182,7 @@ impl GpuFsArgs {
             },
             queues: self.gpu_queues,
             controller_sms: self.controller_sms,
-            depth: self.gpu_depth,
+            depth: Some(self.gpu_depth),
             ..GpuFsOptions::default()
         }
     }
