@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example gpu_bfs -- [--scale 20] [--cache 10%,25%,50%] [--baselines]
-//!     [--split dynamic|dynamic:N|static] [--hub-segment 2048|0] [--controller emu|gpu]
+//!     [--split dynamic|dynamic:N|static] [--hub-segment 16384|0] [--controller emu|gpu]
 //!     [--ssd-model drives=4] [--json]
 //! ```
 //!
@@ -55,7 +55,7 @@ struct Args {
     /// Vertices of more than this many neighbours are cut into pieces of this many that every
     /// warp of a second kernel per level takes in turn; 0: each vertex expanded by the warp
     /// that found it.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 16384)]
     hub_segment: u32,
     #[command(flatten)]
     cache: CacheArgs,

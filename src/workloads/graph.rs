@@ -164,13 +164,17 @@ impl Default for BfsOptions {
     fn default() -> Self {
         Self {
             split: BfsSplit::default(),
-            hub_segment: Some(2048),
+            // H100, 2026-11-27, R-MAT scale 21, 4 modelled drives, 64 KiB pages (gpu_bfs
+            // --hub-segment): at 25 % of the graph 36.4 ms with 16384, 37.1 with 8192, 48.6 with
+            // 2048, 57.5 with none; at 10 % (435 frames) 2048 did best (102 ms against 192).
+            hub_segment: Some(16384),
         }
     }
 }
 
 /// Entries of the heavy list (16 bytes each): with pieces of 2048 neighbours, room for the hubs
-/// of a graph of 2^27 edges at once. A level whose hubs need more expands the rest where found.
+/// of a graph of 2^27 edges at once (2^30 with the default 16384). A level whose hubs need more
+/// expands the rest where found.
 const HEAVY_ENTRIES: usize = 1 << 17;
 
 /// The outcome of a GPU BFS.
