@@ -241,6 +241,7 @@ pub fn gpu_bfs(
     let (cache, r_off, p_off) = src.array(0);
     let (_, r_col, p_col) = src.array(1);
     let grid = grid_for(q, vertices as u64);
+    let launch = |kernel, args: &[Arg]| q.client_stream().launch(kernel, grid, super::BLOCK, args);
     let mut depth = 0u32;
     let mut level_secs = Vec::new();
     let mut hub_pieces = 0u64;
@@ -251,10 +252,8 @@ pub fn gpu_bfs(
             h.write(0, 0u64.as_bytes())?;
         }
         let level_start = Instant::now();
-        q.client_stream().launch(
+        launch(
             q.kernels().cache_bfs_level,
-            grid,
-            super::BLOCK,
             &[
                 Arg::U64(cache),
                 Arg::U32(r_off),
@@ -274,10 +273,8 @@ pub fn gpu_bfs(
         )?;
         if let Some(h) = &heavy {
             // Same stream: it starts when the level kernel has ended and published its list.
-            q.client_stream().launch(
+            launch(
                 q.kernels().cache_bfs_heavy,
-                grid,
-                super::BLOCK,
                 &[
                     Arg::U64(cache),
                     Arg::U32(r_col),

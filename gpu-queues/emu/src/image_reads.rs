@@ -48,17 +48,12 @@ pub enum ReadMode {
 impl ReadMode {
     /// The mode `GPUNVME_EMU_READS` names (unset: [`ReadMode::Pread`]).
     pub fn from_env() -> Result<Self, GpuError> {
-        Self::parse(std::env::var(READS_ENV).ok().as_deref())
+        Self::parse(crate::env_choice::var(READS_ENV).as_deref())
     }
 
     fn parse(v: Option<&str>) -> Result<Self, GpuError> {
-        match v.map(str::trim) {
-            None | Some("") | Some("pread") => Ok(Self::Pread),
-            Some("registered") => Ok(Self::Registered),
-            Some(other) => Err(GpuError::InvalidArgument(format!(
-                "{READS_ENV}={other}: expected `pread` or `registered`"
-            ))),
-        }
+        let c = [("pread", Self::Pread), ("registered", Self::Registered)];
+        Ok(crate::env_choice::choice(READS_ENV, v, &c)?.unwrap_or(Self::Pread))
     }
 
     /// The name `GPUNVME_EMU_READS` takes.

@@ -24,6 +24,7 @@
 //! model's media kind).
 
 pub mod desc;
+mod env_choice;
 pub mod image_reads;
 pub mod kernels;
 pub mod model;

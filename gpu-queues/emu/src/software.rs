@@ -78,6 +78,7 @@ use nvme_emu::{DeviceAddressMap, DoorbellWord, EmuDevice, MemoryRegion, RegionEr
 use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
+use crate::env_choice;
 use crate::image_reads::{ImageWindows, ReadMode, WindowStats};
 use crate::kernels::EmuKernels;
 
@@ -159,17 +160,14 @@ impl StagedCopies {
     /// `GPUNVME_EMU_STAGED=engine|kernel` (unset: engine, or kernel in [`CopyMode::Memcpy`],
     /// where pieces are copies already).
     fn from_env() -> Result<Self, GpuError> {
-        Self::choose(std::env::var("GPUNVME_EMU_STAGED").ok().as_deref())
+        Self::choose(env_choice::var(Self::VAR).as_deref())
     }
 
+    const VAR: &str = "GPUNVME_EMU_STAGED";
+
     fn choose(var: Option<&str>) -> Result<Self, GpuError> {
-        match var.map(str::trim) {
-            None | Some("") | Some("engine") => Ok(Self::Engine),
-            Some("kernel") => Ok(Self::Kernel),
-            Some(other) => Err(GpuError::InvalidArgument(format!(
-                "GPUNVME_EMU_STAGED={other}: expected `engine` or `kernel`"
-            ))),
-        }
+        let c = [("engine", Self::Engine), ("kernel", Self::Kernel)];
+        Ok(env_choice::choice(Self::VAR, var, &c)?.unwrap_or(Self::Engine))
     }
 }
 
@@ -295,29 +293,26 @@ impl CopyMode {
     /// compute-sanitizer ([`gpu_queues::queues::under_compute_sanitizer`], logged) and
     /// `kernels` otherwise.
     pub fn from_env() -> Result<Self, GpuError> {
-        let var = std::env::var("GPUNVME_EMU_DMA").ok();
         Self::choose(
-            var.as_deref(),
+            env_choice::var("GPUNVME_EMU_DMA").as_deref(),
             gpu_queues::queues::under_compute_sanitizer(),
         )
     }
 
     /// [`CopyMode::from_env`] from the variable's value and whether the sanitizer runs.
     fn choose(var: Option<&str>, sanitizer: bool) -> Result<Self, GpuError> {
-        match var {
-            None | Some("") if sanitizer => {
+        let c = [("kernels", Self::Kernels), ("memcpy", Self::Memcpy)];
+        Ok(match env_choice::choice("GPUNVME_EMU_DMA", var, &c)? {
+            Some(mode) => mode,
+            None if sanitizer => {
                 tracing::info!(
                     "compute-sanitizer detected: the software controller copies with \
                      cuMemcpyAsync (GPUNVME_EMU_DMA=kernels overrides)"
                 );
-                Ok(Self::Memcpy)
+                Self::Memcpy
             }
-            None | Some("") | Some("kernels") => Ok(Self::Kernels),
-            Some("memcpy") => Ok(Self::Memcpy),
-            Some(other) => Err(GpuError::InvalidArgument(format!(
-                "GPUNVME_EMU_DMA={other}: expected `kernels` or `memcpy`"
-            ))),
-        }
+            None => Self::Kernels,
+        })
     }
 }
 
@@ -340,22 +335,17 @@ impl RingPlacement {
     /// The placement `GPUNVME_EMU_RINGS` asks for (`host` or `gpu`); unset, what the caller
     /// asked for ([`GpuQueueOptions::host_rings`]), and GPU memory if it did not.
     pub fn from_env(host_rings: Option<bool>) -> Result<Self, GpuError> {
-        Self::choose(
-            std::env::var("GPUNVME_EMU_RINGS").ok().as_deref(),
-            host_rings,
-        )
+        Self::choose(env_choice::var("GPUNVME_EMU_RINGS").as_deref(), host_rings)
     }
 
     fn choose(var: Option<&str>, host_rings: Option<bool>) -> Result<Self, GpuError> {
-        match var {
-            None | Some("") if host_rings == Some(true) => Ok(Self::Host),
-            None | Some("") => Ok(Self::Gpu),
-            Some("host") => Ok(Self::Host),
-            Some("gpu") => Ok(Self::Gpu),
-            Some(other) => Err(GpuError::InvalidArgument(format!(
-                "GPUNVME_EMU_RINGS={other}: expected `host` or `gpu`"
-            ))),
-        }
+        let c = [("host", Self::Host), ("gpu", Self::Gpu)];
+        let asked = if host_rings == Some(true) {
+            Self::Host
+        } else {
+            Self::Gpu
+        };
+        Ok(env_choice::choice("GPUNVME_EMU_RINGS", var, &c)?.unwrap_or(asked))
     }
 
     /// `"gpu"` or `"host"`.
@@ -389,17 +379,12 @@ pub struct GpuDma {
 /// controller never wrote still wait for its earlier writes (the behaviour before such reads
 /// got a stream of their own; for comparisons).
 fn fetch_always_ordered() -> Result<bool, GpuError> {
-    fetch_ordered_from(std::env::var("GPUNVME_EMU_FETCH").ok().as_deref())
+    fetch_ordered_from(env_choice::var("GPUNVME_EMU_FETCH").as_deref())
 }
 
 fn fetch_ordered_from(var: Option<&str>) -> Result<bool, GpuError> {
-    match var.map(str::trim) {
-        None | Some("") | Some("unordered") => Ok(false),
-        Some("ordered") => Ok(true),
-        Some(other) => Err(GpuError::InvalidArgument(format!(
-            "GPUNVME_EMU_FETCH={other}: expected `ordered` or `unordered`"
-        ))),
-    }
+    let c = [("ordered", true), ("unordered", false)];
+    Ok(env_choice::choice("GPUNVME_EMU_FETCH", var, &c)?.unwrap_or(false))
 }
 
 impl Drop for GpuDma {
