@@ -269,7 +269,7 @@ __device__ inline bool bfs_defer(unsigned long long* heavy, uint32_t segment, ui
 /// neighbours read 32 at a time (lane l the column start + l + 32k); a neighbour u still
 /// UNVISITED gets level + 1 by a CAS, counted in *visited. A vertex of more than `segment`
 /// neighbours goes to the heavy list instead (when `heavy` is not null, `segment` is not 0 and
-/// the list has room), whose entries gpunvme_cache_bfs_heavy expands with every warp: R-MAT
+/// the list has room), whose entries gpunvme_cache_bfs_heavy's blocks take in turn: R-MAT
 /// hubs have 10^5 neighbours, and one warp walking them alone held a level for milliseconds.
 /// Failed loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt
 /// graph) are counted in *errors and skipped.
