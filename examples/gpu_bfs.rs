@@ -52,8 +52,8 @@ struct Args {
     /// from a shared counter), `dynamic:N` (runs of N), or `static` (one equal run per block).
     #[arg(long, default_value = "dynamic", value_parser = parse_split)]
     split: BfsSplit,
-    /// Vertices of more than this many neighbours are cut into pieces of this many that every
-    /// warp of a second kernel per level takes in turn; 0: each vertex expanded by the warp
+    /// Vertices of more than this many neighbours are cut into pieces of this many that the
+    /// blocks of a second kernel per level take in turn; 0: each vertex expanded by the warp
     /// that found it.
     #[arg(long, default_value_t = 16384)]
     hub_segment: u32,

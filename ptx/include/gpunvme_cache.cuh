@@ -1240,6 +1240,10 @@ struct array {
             const uint64_t p0 = (first + done) >> shift;
             const uint32_t np = last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
             uint32_t f = 0;
+            // Gives back the reference this lane holds on its page (try_hit or acquire_page).
+            const auto release_mine = [&] {
+                cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+            };
             // Fast path: every lane tries its page as a hit at once (one round of lookups for
             // the batch). Only when the first page is no hit does the warp give back what it
             // took and take the general path: lane 0 acquires the first page (which may fill
@@ -1247,8 +1251,7 @@ struct array {
             bool held = lane < np && cache::try_hit(*c, range, p0 + lane, &f);
             const bool fast = __shfl_sync(full, held, 0);
             if (!fast) {
-                if (held)
-                    cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+                if (held) release_mine();
                 s = GPUNVME_OK;
                 if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
                 s = __shfl_sync(full, s, 0);
@@ -1258,7 +1261,7 @@ struct array {
             const uint32_t got = __ballot_sync(full, held);
             // Pages 0..k-1 held in a row; a hit past the first gap is given back at once.
             const uint32_t k = ~got == 0 ? 32u : (uint32_t)__ffs(~got) - 1;
-            if (held && lane >= k) cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+            if (held && lane >= k) release_mine();
             // acquire_page counted the first page on the general path; try_hit counts nothing.
             const uint32_t hits = fast ? k : k - 1;
             if (lane == 0 && hits > 0) cache::count(cache::stats_of(*c)->hits, hits);
@@ -1272,7 +1275,7 @@ struct array {
             __syncwarp();  // every lane's reads of the frames before their holders' releases
             if (held && lane < k) {
                 cache::touch(*c, f);
-                cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
+                release_mine();
             }
         }
         return GPUNVME_OK;

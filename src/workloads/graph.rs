@@ -154,9 +154,10 @@ impl Default for BfsSplit {
 pub struct BfsOptions {
     /// How a level's vertices are split among blocks.
     pub split: BfsSplit,
-    /// `Some(n)`: vertices of more than `n` neighbours are cut into pieces of `n` that every warp
-    /// of a second kernel per level takes in turn, instead of being expanded by the one warp that
-    /// found them. `None`: every vertex by the warp that found it.
+    /// `Some(n)`: vertices of more than `n` neighbours are cut into pieces of `n` that the blocks
+    /// of a second kernel per level take in turn (a block's warps sharing a piece), instead of
+    /// being expanded by the one warp that found them. `None`: every vertex by the warp that
+    /// found it.
     pub hub_segment: Option<u32>,
 }
 
@@ -225,12 +226,12 @@ pub fn gpu_bfs(
     // Word 0: vertices the level visited; word 1: failed loads; word 2: the dynamic split's
     // next vertex.
     let counters = DeviceMemory::alloc(cuda, 24)?;
-    // The heavy list: entries taken, capacity, then (begin, end) pairs.
-    let segment = opts.hub_segment.unwrap_or(0);
     ensure!(
         opts.hub_segment != Some(0),
         "a BFS hub segment of 0 neighbours"
     );
+    let segment = opts.hub_segment.unwrap_or(0);
+    // The heavy list: entries taken, capacity, then (begin, end) pairs.
     let heavy = if segment > 0 {
         let h = DeviceMemory::alloc(cuda, 16 + HEAVY_ENTRIES * 16)?;
         h.write(0, [0u64, HEAVY_ENTRIES as u64].as_bytes())?;
