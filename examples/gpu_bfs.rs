@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! cargo run --release --example gpu_bfs -- [--scale 20] [--cache 10%,25%,50%] [--baselines]
-//!     [--split dynamic|dynamic:N|static] [--hub-segment 16384|0] [--controller emu|gpu]
-//!     [--ssd-model drives=4] [--json]
+//!     [--split dynamic|dynamic:N|static] [--hub-segment 16384|0] [--sweep alternate|up]
+//!     [--controller emu|gpu] [--ssd-model drives=4] [--json]
 //! ```
 //!
 //! A seeded R-MAT graph (Graph500's a, b, c = .57, .19, .19; `2^scale` vertices, edge factor
@@ -48,7 +48,7 @@ struct Args {
     /// Graph and root seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// How a level's vertices are split among blocks: `dynamic` (runs of 2048 vertices drawn
+    /// How a level's vertices are split among blocks: `dynamic` (runs of 1024 vertices drawn
     /// from a shared counter), `dynamic:N` (runs of N), or `static` (one equal run per block).
     #[arg(long, default_value = "dynamic", value_parser = parse_split)]
     split: BfsSplit,
@@ -57,6 +57,11 @@ struct Args {
     /// that found it.
     #[arg(long, default_value_t = 16384)]
     hub_segment: u32,
+    /// `alternate`: with the dynamic split, odd levels take their runs from the last vertex
+    /// down, starting on the pages the level before left in the cache; `up`: every level from
+    /// vertex 0 up.
+    #[arg(long, default_value = "alternate", value_parser = ["alternate", "up"])]
+    sweep: String,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
@@ -102,6 +107,7 @@ fn main() -> Result<()> {
             "root": root, "reached": reached, "traversed_edges": traversed,
             "split": format!("{:?}", args.split).to_lowercase(),
             "hub_segment": args.hub_segment,
+            "sweep": args.sweep,
             "seconds": secs, "gteps": traversed as f64 / secs / 1e9,
             "controller": format!("{:?}", args.dev.controller).to_lowercase(),
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
@@ -116,6 +122,7 @@ fn main() -> Result<()> {
     let bfs_opts = BfsOptions {
         split: args.split,
         hub_segment: (args.hub_segment > 0).then_some(args.hub_segment),
+        alternate: args.sweep == "alternate",
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {

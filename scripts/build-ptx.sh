@@ -36,7 +36,9 @@ build() {  # build SRC OUT: one module
     local src=$1 out=$2 name; name=$(basename "$out" .ptx)
     # compute_80: the PTX runs on Ampere and newer (the driver JIT-compiles it); st.mmio needs
     # PTX ISA 8.2+, which nvcc 13.0 emits (.version 9.0).
-    "$NVCC" -ptx -arch=compute_80 -O3 -std=c++17 -Xptxas -Werror \
+    # PTX_DEFINES (e.g. "-DNAME"): experiments only; the committed PTX is built without.
+    # shellcheck disable=SC2086
+    "$NVCC" -ptx -arch=compute_80 -O3 -std=c++17 -Xptxas -Werror ${PTX_DEFINES:-} \
         -I"$DIR/nvidia/cu13/include/cccl" -Iptx/include -Iptx/emu -o "$TMP/$name.raw" "$src"
     # Drop the compiler's build-identifying comment lines so the output depends on the source only.
     grep -v '^// Cuda compilation tools\|^// Based on\|^// Compiler Build ID' "$TMP/$name.raw" > "$TMP/$name.ptx"

@@ -3442,7 +3442,8 @@ mod cache {
         ];
         let root = graph::root(&g, 3);
         let want = graph::cpu_bfs(&g, root);
-        // Small dynamic runs: many draws of the shared counter, each block's barriers met.
+        // Small dynamic runs: many draws of the shared counter, each block's barriers met; odd
+        // levels take them from the top down.
         let run = graph::gpu_bfs(
             &r.gpu,
             Source::Cache(&c, &ranges[..2]),
@@ -3451,6 +3452,7 @@ mod cache {
             BfsOptions {
                 split: BfsSplit::Dynamic(64),
                 hub_segment: Some(16),
+                alternate: true,
             },
         )
         .expect("BFS through the cache");
@@ -3468,9 +3470,19 @@ mod cache {
         po.write(0, g.offsets.as_bytes()).unwrap();
         let pc = DeviceMemory::alloc(cuda, g.cols.len() * 4).unwrap();
         pc.write(0, g.cols.as_bytes()).unwrap();
-        // The same kernel over plain GPU memory, with either split.
-        for (split, hub_segment) in [(BfsSplit::Static, None), (BfsSplit::Dynamic(32), Some(8))] {
-            let opts = BfsOptions { split, hub_segment };
+        // The same kernel over plain GPU memory, with either split and either sweep (runs of 96
+        // do not divide the vertex count: the partial run comes first going down).
+        assert_ne!(g.vertices() % 96, 0);
+        for (split, hub_segment, alternate) in [
+            (BfsSplit::Static, None, false),
+            (BfsSplit::Dynamic(96), Some(8), true),
+            (BfsSplit::Dynamic(32), None, false),
+        ] {
+            let opts = BfsOptions {
+                split,
+                hub_segment,
+                alternate,
+            };
             let plain = graph::gpu_bfs(
                 &r.gpu,
                 Source::Plain(&[po.ptr(), pc.ptr()]),

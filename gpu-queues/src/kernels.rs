@@ -165,7 +165,7 @@ impl Kernels {
         bench[5] = Arg::U64(1);
         stream.launch(self.cache_bench, 1, 32, &bench)?;
         stream.launch(self.cache_flush, 1, 32, &nulls("pp"))?;
-        stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppupu"))?;
+        stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppupuu"))?;
         stream.launch(self.cache_bfs_heavy, 1, 32, &nulls("pupupuppp"))?;
         stream.launch(self.cache_gather, 1, 32, &nulls("pupupppp"))?;
         stream.wait_idle(Duration::from_secs(10))

@@ -278,6 +278,7 @@ static_assert(sizeof(io_req) == GPUNVME_IO_REQ_SIZE, "io_req size");
 // Primitives.
 
 using dev_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>;
+using dev_u64 = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>;
 using sys_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_system>;
 
 /// Nanoseconds from the GPU's global timer.
@@ -317,6 +318,20 @@ __device__ __forceinline__ void red_or_release(uint32_t* p, uint32_t v) {
     __atomic_fetch_or(p, v, __ATOMIC_RELEASE);
 #else
     asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+__device__ __forceinline__ void red_add_release(uint64_t* p, uint64_t v) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+__device__ __forceinline__ void red_or_release(uint64_t* p, uint64_t v) {
+#ifdef GPUNVME_HOST_BUILD
+    __atomic_fetch_or(p, v, __ATOMIC_RELEASE);
+#else
+    asm volatile("red.release.gpu.global.or.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #endif
 }
 __device__ __forceinline__ void red_or_relaxed(uint32_t* p, uint32_t v) {

@@ -14,8 +14,12 @@
 //
 // THE CACHE:
 //  * Translation: one 8-byte page_entry per page of each bound range (a direct map, BaM's):
-//    lookup is one load, and miss deduplication is one compare-and-swap on the entry.
-//  * Page state word (page_entry.state), changed only by atomics:
+//    lookup is one atomic, and miss deduplication is one compare-and-swap on the entry. The
+//    entry is ONE 64-bit word, changed only by 64-bit atomics: bits 31:0 the page state word
+//    below, bits 63:32 the frame that holds the page while it is VALID (0 otherwise), so that
+//    the hit path's atomic returns the frame with the state (a separate frame load after it
+//    was an L2 round trip on every hit).
+//  * Page state word (bits 31:0 of the entry), changed only by atomics:
 //      bit 31 VALID   the frame page_entry.frame holds the page's bytes
 //      bit 30 BUSY    one thread owns the page's fill
 //      bit 29 DIRTY   the frame holds stores not yet written back
@@ -29,8 +33,8 @@
 //    (an evictor or filler owns the frame: only ever tried, never waited for), FS_QUARANTINED
 //    (a fill on it timed out or was aborted: the command may still write it, so it is never
 //    reused). The owner fields are written only under FS_LOCKED. Invariant: a frame whose owner
-//    is a page (not GPUNVME_FRAME_EMPTY) holds it, and that page is VALID with entry.frame ==
-//    the frame; a failed fill resets the owner to EMPTY before unlocking.
+//    is a page (not GPUNVME_FRAME_EMPTY) holds it, and that page is VALID with the entry's frame
+//    bits naming the frame; a failed fill resets the owner to EMPTY before unlocking.
 //  * Replacement: a clock over the frames (cache_state.hand, one fetch_add per step): locked or
 //    quarantined frames are skipped, a set REF bit is cleared (second chance), otherwise the
 //    frame is try-locked and its page evicted by one exact CAS VALID -> 0, which fails if anyone
@@ -42,14 +46,16 @@
 //                          ERROR -> 5, BUSY -> wait, else -> 2
 //   2 r -> BUSY|r          the filler: CAS (acquire) from a value without VALID|BUSY|ERROR;
 //                          at most one thread wins per fill episode (losers wait)
-//   3 BUSY|r -> VALID|r    filler, data in the frame: fetch_add(VALID - BUSY, release)
+//   3 BUSY|r -> VALID|r    filler, data in the frame: fetch_add(VALID - BUSY + frame << 32,
+//                          release): the frame bits were 0, so the add sets them
 //   4 BUSY|r -> ERROR|c|r  filler, fill failed: fetch_add(ERROR + (c << 24) - BUSY, release)
 //   5 ERROR|c|r -> r - n   every holder: fetch_sub(n); whoever leaves refs 0 CASes ERROR|c -> 0
 //                          (a failed CAS means a newcomer, who does it on its way out); the
 //                          next access after that retries the read
 //   6 VALID|r -> r - n     leader after its lanes read: fetch_sub(n, release)
 //   7 VALID.. -> |DIRTY    leader after its lanes stored: fetch_or(DIRTY, release), then 6
-//   8 VALID -> 0           evictor, exact (r = 0, clean): CAS acq_rel
+//   8 VALID -> 0           evictor, exact (r = 0, clean, the frame bits its frame): CAS acq_rel
+//                          (clears the frame bits)
 //   9 VALID|DIRTY -> VALID|BUSY   evictor, exact (r = 0): CAS acquire (DIRTY cleared before
 //                          the write; the acquire orders the writers' stores before its DMA)
 //  9f VALID|DIRTY|r -> VALID|BUSY|r   flusher (any r), holding the frame's lock: CAS acquire
@@ -64,8 +70,9 @@
 //         doorbell -> device DMA into the frame -> reaper ld phase, fence (sys | gpu),
 //         st.release slot.done -> filler ld.acquire slot.done -> atom.add.release entry
 //         (VALID - BUSY) -> st.release frame.flags (REF)
-//  hit:   atom.add.acquire entry (sees VALID; the gpu-scope acquire also invalidates the SM's L1)
-//         -> ld entry.frame -> ld frame data -> __syncwarp(peers) -> leader atom.sub.release.
+//  hit:   ld.global.nc descriptors (cache::view_nc, before the lookup) -> atom.add.acquire.u64
+//         entry (sees VALID and the frame; the gpu-scope acquire also invalidates the SM's L1)
+//         -> ld frame data -> __syncwarp(peers) -> leader red.add.release.
 //         Frames are NEVER read through the non-coherent path (ld.global.nc, __ldg, const
 //         __restrict__): a reused frame would return the previous page's bytes.
 //  store: as hit, st frame data -> __syncwarp(peers) -> leader atom.or.release DIRTY ->
@@ -133,6 +140,7 @@
 #define GPUNVME_PAGE_ENTRY_SIZE 8
 #define GPUNVME_PE_STATE 0
 #define GPUNVME_PE_FRAME 4
+#define GPUNVME_PE_FRAME_SHIFT 32
 #define GPUNVME_FRAME_STATE_SIZE 16
 #define GPUNVME_FRS_FLAGS 0
 #define GPUNVME_FRS_RANGE 4
@@ -229,10 +237,12 @@ struct range_desc {
     uint64_t reserved;
 };
 
-/// The translation of one page of a range.
-struct page_entry {
-    uint32_t state;  // the page state word above
-    uint32_t frame;  // the frame holding the page while VALID
+/// The translation of one page of a range: one 64-bit word, only ever accessed whole by 64-bit
+/// atomics (PTX orders atomics only between accesses of the same size and address). Bits 31:0
+/// (bytes GPUNVME_PE_STATE..+4 on this little-endian machine) are the page state word above,
+/// bits 63:32 (GPUNVME_PE_FRAME) the frame holding the page while VALID, 0 otherwise.
+struct alignas(8) page_entry {
+    uint64_t word;
 };
 
 /// One frame's state.
@@ -304,8 +314,8 @@ static_assert(offsetof(range_desc, lba_shift) == GPUNVME_RD_LBA_SHIFT, "lba_shif
 static_assert(offsetof(range_desc, file) == GPUNVME_RD_FILE, "file");
 static_assert(offsetof(range_desc, flags) == GPUNVME_RD_FLAGS, "rd flags");
 static_assert(sizeof(page_entry) == GPUNVME_PAGE_ENTRY_SIZE, "page_entry size");
-static_assert(offsetof(page_entry, state) == GPUNVME_PE_STATE, "pe state");
-static_assert(offsetof(page_entry, frame) == GPUNVME_PE_FRAME, "pe frame");
+static_assert(GPUNVME_PE_STATE == 0 && GPUNVME_PE_FRAME * 8 == GPUNVME_PE_FRAME_SHIFT,
+              "page_entry: the state in the low half of the word, the frame in the high");
 static_assert(sizeof(frame_state) == GPUNVME_FRAME_STATE_SIZE, "frame_state size");
 static_assert(offsetof(frame_state, flags) == GPUNVME_FRS_FLAGS, "frs flags");
 static_assert(offsetof(frame_state, range) == GPUNVME_FRS_RANGE, "frs range");
@@ -340,6 +350,16 @@ __device__ __forceinline__ const range_desc& range_of(const cache_desc& c, uint3
 __device__ __forceinline__ page_entry* entry_of(const range_desc& r, uint64_t page) {
     return reinterpret_cast<page_entry*>(r.entries) + page;
 }
+/// The entry's word, for the 64-bit atomics that are its only accesses.
+__device__ __forceinline__ dev_u64 word_of(page_entry* e) { return dev_u64(e->word); }
+/// The frame an entry word names (while the page is VALID).
+__device__ __forceinline__ uint32_t frame_in(uint64_t w) {
+    return (uint32_t)(w >> GPUNVME_PE_FRAME_SHIFT);
+}
+/// Frame f in an entry word's frame bits.
+__device__ __forceinline__ uint64_t frame_bits(uint32_t f) {
+    return (uint64_t)f << GPUNVME_PE_FRAME_SHIFT;
+}
 __device__ __forceinline__ frame_state* frame_of(const cache_desc& c, uint64_t f) {
     return reinterpret_cast<frame_state*>(c.frame_states) + f;
 }
@@ -373,6 +393,68 @@ __device__ __forceinline__ status check_access(const cache_desc& c, uint32_t ran
     return GPUNVME_OK;
 }
 
+/// What the hit path needs of a cache and one of its ranges (view_nc), read once per access
+/// before its lookup. Every gpu-scope acquire (each hit's atomic) invalidates the SM's L1, so
+/// the descriptor fields read through plain loads after one were L2 round trips: one
+/// (c.frames) between the lookup and the data, and the next access's chain c.ranges -> the
+/// range's entries before its lookup. view_nc reads them all at the start of an access through
+/// the read-only path. (Holding the view in array<T>'s registers instead did as well for
+/// random loads but took registers from read_range's copy loop: 64 KiB runs fell from 0.92 to
+/// 0.74-0.82 of a plain buffer's rate, H200, 2026-11-27.)
+struct range_view {
+    page_entry* entries;        // the range's entries; null when the range cannot be used
+    uint8_t* frames;            // the frames' bytes
+    frame_state* frame_states;  // the frames' states
+    cache_stats* stats;         // this block's statistics slot
+    uint64_t bytes;             // the range's bytes (0 when it cannot be used)
+    uint32_t page_shift;        // log2 of the page size
+    uint32_t flags;             // the range's GPUNVME_RF_*
+};
+
+/// A descriptor word through the non-coherent (read-only) path: descriptors never change while
+/// kernels run (the host writes them between kernels). Never for frames or state words.
+template <class T>
+__device__ __forceinline__ T ld_desc(const T* p) {
+#ifdef GPUNVME_HOST_BUILD
+    return *p;
+#else
+    return __ldg(p);
+#endif
+}
+
+/// The view of range `range` of *c (entries null and bytes 0 when the range is not bound or
+/// the cache has no queues or frames), through ld_desc.
+__device__ __forceinline__ range_view view_nc(const cache_desc* c, uint32_t range) {
+    range_view v;
+    v.entries = nullptr;
+    v.frames = reinterpret_cast<uint8_t*>(ld_desc(&c->frames));
+    v.frame_states = reinterpret_cast<frame_state*>(ld_desc(&c->frame_states));
+    v.stats = reinterpret_cast<cache_stats*>(ld_desc(&c->stats)) +
+              (blockIdx.x % GPUNVME_CACHE_STAT_SLOTS);
+    v.bytes = 0;
+    v.page_shift = ld_desc(&c->page_shift);
+    v.flags = 0;
+    if (range < ld_desc(&c->nranges) && ld_desc(&c->nqueues) != 0 && ld_desc(&c->nframes) != 0) {
+        const range_desc* r = reinterpret_cast<const range_desc*>(ld_desc(&c->ranges)) + range;
+        v.entries = reinterpret_cast<page_entry*>(ld_desc(&r->entries));
+        v.bytes = ld_desc(&r->bytes);
+        v.flags = ld_desc(&r->flags);
+    }
+    return v;
+}
+
+/// check_access through a view.
+__device__ __forceinline__ status check_access(const range_view& v, uint64_t byte, uint64_t len) {
+    if (v.entries == nullptr) return GPUNVME_INVALID_ARGUMENT;
+    if (byte >= v.bytes || len > v.bytes - byte) return GPUNVME_OUT_OF_EXTENT;
+    return GPUNVME_OK;
+}
+
+/// The bytes of frame f, through a view.
+__device__ __forceinline__ uint8_t* frame_data(const range_view& v, uint32_t f) {
+    return v.frames + ((uint64_t)f << v.page_shift);
+}
+
 /// Records the first failed fill for the host (cache_state.first_*).
 __device__ inline void record_failure(const cache_desc& c, status s, uint32_t nvme_status,
                                       uint32_t range, uint64_t page) {
@@ -390,10 +472,10 @@ __device__ inline void record_failure(const cache_desc& c, status s, uint32_t nv
 /// happen before an evictor's CAS sees refs reach 0. Whoever leaves an ERROR page without
 /// holders resets it, so that the next access retries the read.
 __device__ inline void release_refs(page_entry* e, uint32_t n) {
-    uint32_t old = dev_u32(e->state).fetch_sub(n, cuda::memory_order_release);
+    const uint64_t old = word_of(e).fetch_sub(n, cuda::memory_order_release);
     if ((old & GPUNVME_PS_ERROR) && (old & GPUNVME_PS_REFS_MASK) == n) {
-        uint32_t expected = old - n;
-        dev_u32(e->state).compare_exchange_strong(expected, 0u, cuda::memory_order_relaxed);
+        uint64_t expected = old - n;  // an ERROR page has no frame bits
+        word_of(e).compare_exchange_strong(expected, 0ull, cuda::memory_order_relaxed);
     }
 }
 
@@ -403,14 +485,17 @@ __device__ inline void release_refs(page_entry* e, uint32_t n) {
 /// and the old value is not needed: a reduction the warp does not wait for (release_refs'
 /// returning atomic is an L2 round trip per access). Release: as release_refs.
 __device__ __forceinline__ void release_hit(page_entry* e, uint32_t n) {
-    red_add_release(&e->state, 0u - n);
+    red_add_release(&e->word, 0ull - n);  // the refs are at least n: no borrow into the frame
 }
 
 /// Sets the frame's clock bit: a reduction the warp does not wait for (a load first, to spare
 /// hot frames the write, put an L2 round trip and a branch on it on every hit's path).
 /// Relaxed: the bit is a replacement hint only.
+__device__ __forceinline__ void touch(frame_state* frame_states, uint32_t f) {
+    red_or_relaxed(&frame_states[f].flags, GPUNVME_FS_REF);
+}
 __device__ __forceinline__ void touch(const cache_desc& c, uint32_t f) {
-    red_or_relaxed(&frame_of(c, f)->flags, GPUNVME_FS_REF);
+    touch(reinterpret_cast<frame_state*>(c.frame_states), f);
 }
 
 // How an access stands after its lookup.
@@ -424,14 +509,14 @@ enum : uint32_t {
     ACQ_DONE,      // read and released, or failed and released (array::load's rounds)
 };
 
-/// Decides from the state `cur` (which includes the caller's references) how the access
+/// Decides from the entry word `cur` (which includes the caller's references) how the access
 /// stands, taking the fill (transition 2) when nobody has it. The CAS is retried only while
 /// other threads change the reference count.
-__device__ inline uint32_t classify(page_entry* e, uint32_t cur, status* s, uint32_t* frame) {
+__device__ inline uint32_t classify(page_entry* e, uint64_t cur, status* s, uint32_t* frame) {
     for (;;) {
         if (cur & GPUNVME_PS_VALID) {
-            // Ordered after the acquire that saw VALID (transition 3's release published it).
-            *frame = e->frame;
+            // The frame came in the word that showed VALID (transition 3 set both at once).
+            *frame = frame_in(cur);
             return ACQ_HIT;
         }
         if (cur & GPUNVME_PS_ERROR) {
@@ -439,9 +524,9 @@ __device__ inline uint32_t classify(page_entry* e, uint32_t cur, status* s, uint
             return ACQ_FAILED;
         }
         if (cur & GPUNVME_PS_BUSY) return ACQ_WAIT;
-        if (dev_u32(e->state).compare_exchange_weak(cur, cur | GPUNVME_PS_BUSY,
-                                                    cuda::memory_order_acquire,
-                                                    cuda::memory_order_acquire))
+        if (word_of(e).compare_exchange_weak(cur, cur | GPUNVME_PS_BUSY,
+                                             cuda::memory_order_acquire,
+                                             cuda::memory_order_acquire))
             return ACQ_FILL;
     }
 }
@@ -449,7 +534,7 @@ __device__ inline uint32_t classify(page_entry* e, uint32_t cur, status* s, uint
 /// Transition 1 for the leader of n lanes: take the references, then classify.
 __device__ __forceinline__ uint32_t lookup(page_entry* e, uint32_t n, status* s,
                                            uint32_t* frame) {
-    uint32_t old = dev_u32(e->state).fetch_add(n, cuda::memory_order_acquire);
+    const uint64_t old = word_of(e).fetch_add(n, cuda::memory_order_acquire);
     if ((old & GPUNVME_PS_REFS_MASK) + n > (GPUNVME_PS_REFS_MASK >> 1)) {
         // 2^23 holders: far beyond any GPU's resident threads; refuse rather than overflow.
         *s = GPUNVME_INVALID_ARGUMENT;
@@ -615,9 +700,9 @@ __device__ GPUNVME_NOINLINE inline status write_back(const cache_desc& c, const 
         count(k->bytes_written, bytes);
         return w;
     }
-    uint32_t cur = dev_u32(e->state).load(cuda::memory_order_relaxed);
-    while (!dev_u32(e->state).compare_exchange_weak(
-        cur, (cur | GPUNVME_PS_DIRTY) & ~GPUNVME_PS_BUSY, cuda::memory_order_relaxed)) {
+    uint64_t cur = word_of(e).load(cuda::memory_order_relaxed);
+    while (!word_of(e).compare_exchange_weak(cur, (cur | GPUNVME_PS_DIRTY) & ~(uint64_t)GPUNVME_PS_BUSY,
+                                             cuda::memory_order_relaxed)) {
     }
     count(k->errors, 1);
     record_failure(c, w, sf, owner, page);
@@ -656,11 +741,12 @@ __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, ui
                 }
                 if (owner < c.nranges && fs->page < range_of(c, owner).npages) {
                     page_entry* v = entry_of(range_of(c, owner), fs->page);
+                    const uint64_t in_f = frame_bits((uint32_t)f);
                     // Transition 8: only a VALID page nobody holds or waits for.
-                    uint32_t expected = GPUNVME_PS_VALID;
-                    if (dev_u32(v->state).compare_exchange_strong(expected, 0u,
-                                                                  cuda::memory_order_acq_rel,
-                                                                  cuda::memory_order_relaxed)) {
+                    uint64_t expected = GPUNVME_PS_VALID | in_f;
+                    if (word_of(v).compare_exchange_strong(expected, 0ull,
+                                                           cuda::memory_order_acq_rel,
+                                                           cuda::memory_order_relaxed)) {
                         ++*evictions;
                         *frame = (uint32_t)f;
                         return GPUNVME_OK;
@@ -669,22 +755,21 @@ __device__ inline status find_frame(const cache_desc& c, const queue_desc& q, ui
                     // acquire orders the writers' stores, published by their release of
                     // DIRTY, before the write's DMA). Readers and writers may come meanwhile:
                     // VALID stays set.
-                    expected = GPUNVME_PS_VALID | GPUNVME_PS_DIRTY;
-                    if (dev_u32(v->state).compare_exchange_strong(
-                            expected, GPUNVME_PS_VALID | GPUNVME_PS_BUSY,
+                    expected = GPUNVME_PS_VALID | GPUNVME_PS_DIRTY | in_f;
+                    if (word_of(v).compare_exchange_strong(
+                            expected, GPUNVME_PS_VALID | GPUNVME_PS_BUSY | in_f,
                             cuda::memory_order_acquire, cuda::memory_order_relaxed)) {
                         if (write_back(c, q, owner, fs->page, (uint32_t)f, v) == GPUNVME_OK) {
                             // Transition 11, or 10 when someone came meanwhile.
-                            expected = GPUNVME_PS_VALID | GPUNVME_PS_BUSY;
-                            if (dev_u32(v->state).compare_exchange_strong(
-                                    expected, 0u, cuda::memory_order_acq_rel,
+                            expected = GPUNVME_PS_VALID | GPUNVME_PS_BUSY | in_f;
+                            if (word_of(v).compare_exchange_strong(
+                                    expected, 0ull, cuda::memory_order_acq_rel,
                                     cuda::memory_order_relaxed)) {
                                 ++*evictions;
                                 *frame = (uint32_t)f;
                                 return GPUNVME_OK;
                             }
-                            dev_u32(v->state).fetch_sub(GPUNVME_PS_BUSY,
-                                                        cuda::memory_order_release);
+                            word_of(v).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_release);
                         }
                         fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed) &
                              ~GPUNVME_FS_LOCKED;  // QUARANTINED, when write_back set it
@@ -732,22 +817,22 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
     if (!s) s = find_frame(c, q, &f, &evictions, deadline);
     count(k->evictions, evictions);
     if (s == GPUNVME_CACHE_FULL && give_back) {
-        dev_u32(e->state).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_relaxed);
+        word_of(e).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_relaxed);
         return GPUNVME_CACHE_FILL_GIVEN_BACK;
     }
     if (!s) {
         frame_state* fs = frame_of(c, f);
         fs->range = range;
         fs->page = page;
-        e->frame = f;  // published by transition 3's release
         uint64_t bytes = 0;
         s = page_io(c, q, r, page, f, OPC_READ, &sf, &bytes);
         if (!s) {
             count(k->misses, 1);
             count(k->bytes_read, bytes);
-            // Transition 3; then unlock with the clock bit set (the new page's second chance).
-            dev_u32(e->state).fetch_add(GPUNVME_PS_VALID - GPUNVME_PS_BUSY,
-                                        cuda::memory_order_release);
+            // Transition 3 (the frame bits were 0: the add sets them); then unlock with the
+            // clock bit set (the new page's second chance).
+            word_of(e).fetch_add(GPUNVME_PS_VALID - GPUNVME_PS_BUSY + frame_bits(f),
+                                 cuda::memory_order_release);
             dev_u32(fs->flags).store(GPUNVME_FS_REF, cuda::memory_order_release);
             *frame = f;
             return GPUNVME_OK;
@@ -765,11 +850,12 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
     }
     count(s == GPUNVME_CACHE_FULL ? k->full : k->errors, 1);
     record_failure(c, s, sf, range, page);
-    // Transition 4 (wrapping arithmetic: BUSY is set, ERROR and the status bits are clear).
-    const uint32_t code = (uint32_t)s & 15u;
-    dev_u32(e->state).fetch_add(GPUNVME_PS_ERROR + (code << GPUNVME_PS_STATUS_SHIFT) -
-                                    GPUNVME_PS_BUSY,
-                                cuda::memory_order_release);
+    // Transition 4 (wrapping arithmetic: BUSY is set, ERROR and the status bits are clear, so
+    // nothing borrows from or carries into the frame bits, which are 0).
+    const uint64_t code = (uint64_t)s & 15u;
+    word_of(e).fetch_add((uint64_t)GPUNVME_PS_ERROR + (code << GPUNVME_PS_STATUS_SHIFT) -
+                             (uint64_t)GPUNVME_PS_BUSY,
+                         cuda::memory_order_release);
     return s;
 }
 
@@ -802,7 +888,7 @@ __device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint6
         count(k->waits, 1);
         waiter w = page_waiter(q);
         while (how == ACQ_WAIT) {
-            uint32_t cur = dev_u32(e->state).load(cuda::memory_order_acquire);
+            const uint64_t cur = word_of(e).load(cuda::memory_order_acquire);
             how = classify(e, cur, &s, &f);
             if (how != ACQ_WAIT) break;
             status t = w.tick(q);  // not a queue wait: the queue is not failed for it
@@ -823,12 +909,10 @@ __device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint6
 /// Takes a reference to page `page` (of a checked range) only if it is VALID: never fills and
 /// never waits, so a caller may hold other pages while it asks (read_range's batches). On
 /// true *frame holds the page until release_hit; not counted (the caller counts its hits).
-__device__ inline bool try_hit(const cache_desc& c, uint32_t range, uint64_t page,
-                               uint32_t* frame) {
-    page_entry* e = entry_of(range_of(c, range), page);
-    const uint32_t old = dev_u32(e->state).fetch_add(1u, cuda::memory_order_acquire);
+__device__ inline bool try_hit(page_entry* e, uint32_t* frame) {
+    const uint64_t old = word_of(e).fetch_add(1u, cuda::memory_order_acquire);
     if ((old & GPUNVME_PS_VALID) && (old & GPUNVME_PS_REFS_MASK) < (GPUNVME_PS_REFS_MASK >> 1)) {
-        *frame = e->frame;  // ordered after the acquire that saw VALID, as in classify
+        *frame = frame_in(old);  // in the word that showed VALID, as in classify
         return true;
     }
     release_refs(e, 1);  // not a hit: give the reference back (resetting an ERROR page)
@@ -869,9 +953,10 @@ struct warp_access {
 };
 
 /// Phase A: coalesce, and let each leader look its page up (transition 1). `pre` is the
-/// lane's argument check; lanes with one ask for nothing.
-__device__ inline warp_access lookup_warp(const cache_desc& c, bool active, status pre,
-                                          uint32_t range, uint64_t page) {
+/// lane's argument check; lanes with one ask for nothing. `entries` is the lane's range's
+/// (read only when pre is GPUNVME_OK), `stats` the block's statistics slot.
+__device__ inline warp_access lookup_warp(cache_stats* stats, page_entry* entries, bool active,
+                                          status pre, uint32_t range, uint64_t page) {
     const uint32_t full = 0xffffffffu, lane = lane_id();
     const bool in = active && pre == GPUNVME_OK;
     // Inactive lanes get a key of their own (ranges are < 4096, so no real page has it).
@@ -883,14 +968,14 @@ __device__ inline warp_access lookup_warp(const cache_desc& c, bool active, stat
     a.leader = __ffs(peers) - 1;
     a.n = __popc(peers);
     a.lead = in && lane == a.leader;
-    a.e = in ? entry_of(range_of(c, range), page) : nullptr;
+    a.e = in ? entries + page : nullptr;
     a.how = in ? ACQ_NONE : ACQ_FAILED;
     a.s = pre;
     a.frame = 0;
     if (!active) a.how = ACQ_NONE;
     if (a.lead) a.how = lookup(a.e, a.n, &a.s, &a.frame);
     const uint32_t hits = __reduce_add_sync(full, a.lead && a.how == ACQ_HIT ? a.n : 0u);
-    if (lane == 0 && hits) count(stats_of(c)->hits, hits);
+    if (lane == 0 && hits) count(stats->hits, hits);
     a.how = __shfl_sync(full, a.how, a.leader);
     a.s = __shfl_sync(full, a.s, a.leader);
     a.frame = __shfl_sync(full, a.frame, a.leader);
@@ -913,7 +998,7 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
         waiter w = page_waiter(q);
         for (;;) {
             if (a.lead && a.how == ACQ_WAIT) {
-                uint32_t cur = dev_u32(a.e->state).load(cuda::memory_order_acquire);
+                const uint64_t cur = word_of(a.e).load(cuda::memory_order_acquire);
                 a.how = classify(a.e, cur, &a.s, &a.frame);
                 if (a.how == ACQ_HIT) touch(c, a.frame);
                 if (a.how == ACQ_FILL)  // the page's last fill failed meanwhile: ours now
@@ -955,7 +1040,7 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
 /// DIRTY first when they stored (transition 7). The caller's __syncwarp ordered every lane's
 /// accesses before this leader's release.
 __device__ __forceinline__ void release_after_access(page_entry* e, uint32_t n, bool wrote) {
-    if (wrote) red_or_release(&e->state, GPUNVME_PS_DIRTY);
+    if (wrote) red_or_release(&e->word, (uint64_t)GPUNVME_PS_DIRTY);
     release_hit(e, n);
 }
 
@@ -995,7 +1080,7 @@ __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range,
         // C: waiting and given-back groups look at their page again.
         bool moved = false;
         if (a.lead && (a.how == ACQ_WAIT || a.how == ACQ_RETRY)) {
-            const uint32_t cur = dev_u32(a.e->state).load(cuda::memory_order_acquire);
+            const uint64_t cur = word_of(a.e).load(cuda::memory_order_acquire);
             const uint32_t was = a.how;
             a.how = classify(a.e, cur, &a.s, &a.frame);
             if (a.how == ACQ_HIT) touch(c, a.frame);
@@ -1025,7 +1110,10 @@ __device__ inline status acquire_warp(const cache_desc& c, bool active, uint32_t
         else if (page >= range_of(c, range).npages)
             pre = GPUNVME_OUT_OF_EXTENT;
     }
-    warp_access a = lookup_warp(c, active, pre, range, page);
+    page_entry* entries =
+        active && pre == GPUNVME_OK ? reinterpret_cast<page_entry*>(range_of(c, range).entries)
+                                    : nullptr;
+    warp_access a = lookup_warp(stats_of(c), entries, active, pre, range, page);
     if (a.lead && a.how == ACQ_HIT) touch(c, a.frame);
     resolve_warp(c, range, page, a);
     if (!active) return GPUNVME_OK;
@@ -1080,13 +1168,13 @@ __device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first
         const uint32_t owner = fs->range;
         if (owner < c.nranges && fs->page < range_of(c, owner).npages) {
             page_entry* e = entry_of(range_of(c, owner), fs->page);
-            uint32_t cur = dev_u32(e->state).load(cuda::memory_order_relaxed);
+            uint64_t cur = word_of(e).load(cuda::memory_order_relaxed);
             bool mine = false;
             while ((cur & (GPUNVME_PS_VALID | GPUNVME_PS_DIRTY | GPUNVME_PS_BUSY)) ==
                    (GPUNVME_PS_VALID | GPUNVME_PS_DIRTY)) {
                 if (fl & GPUNVME_FS_QUARANTINED) break;
-                if (dev_u32(e->state).compare_exchange_weak(
-                        cur, (cur & ~GPUNVME_PS_DIRTY) | GPUNVME_PS_BUSY,
+                if (word_of(e).compare_exchange_weak(
+                        cur, (cur & ~(uint64_t)GPUNVME_PS_DIRTY) | GPUNVME_PS_BUSY,
                         cuda::memory_order_acquire, cuda::memory_order_relaxed)) {
                     mine = true;
                     break;
@@ -1095,7 +1183,7 @@ __device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first
             if (mine) {
                 s = write_back(c, q, owner, fs->page, (uint32_t)f, e);
                 if (s == GPUNVME_OK)
-                    dev_u32(e->state).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_release);
+                    word_of(e).fetch_sub(GPUNVME_PS_BUSY, cuda::memory_order_release);
                 else if (!out)
                     out = s;
                 fl = dev_u32(fs->flags).load(cuda::memory_order_relaxed) & ~GPUNVME_FS_LOCKED;
@@ -1122,15 +1210,15 @@ struct array {
                   "array<T>: sizeof(T) must be a power of two up to 4096");
     const cache::cache_desc* c;
     uint32_t range;
-    status first;  // the first failure operator[] met (GPUNVME_OK if none)
-
+    status first;         // the first failure operator[] met (GPUNVME_OK if none)
     __device__ array(const cache::cache_desc* cache, uint32_t r)
         : c(cache), range(r), first(GPUNVME_OK) {}
 
+    /// What the hit path needs of the cache and the range, read at the start of each access.
+    __device__ cache::range_view view() const { return cache::view_nc(c, range); }
+
     /// Elements in the range (0 for a range that is not bound).
-    __device__ uint64_t size() const {
-        return range < c->nranges ? cache::range_of(*c, range).bytes / sizeof(T) : 0;
-    }
+    __device__ uint64_t size() const { return view().bytes / sizeof(T); }
 
     /// Element i into *out (warp-collective; inactive lanes pass active = false). Lanes on one
     /// page share one lookup and at most one fill; hits read and release before the warp's
@@ -1162,12 +1250,12 @@ struct array {
 
     /// Why element i cannot be loaded (or, with `write`, stored), or GPUNVME_OK with *byte its
     /// offset in the range.
-    __device__ status element(uint64_t i, bool write, uint64_t* byte) const {
+    __device__ status element(const cache::range_view& v, uint64_t i, bool write,
+                              uint64_t* byte) const {
         if (i > ~0ull / sizeof(T)) return GPUNVME_OUT_OF_EXTENT;
         *byte = i * sizeof(T);
-        status s = cache::check_access(*c, range, *byte, sizeof(T));
-        if (!s && write && !(cache::range_of(*c, range).flags & GPUNVME_RF_WRITABLE))
-            s = GPUNVME_OUT_OF_EXTENT;
+        status s = cache::check_access(v, *byte, sizeof(T));
+        if (!s && write && !(v.flags & GPUNVME_RF_WRITABLE)) s = GPUNVME_OUT_OF_EXTENT;
         return s;
     }
 
@@ -1177,25 +1265,26 @@ struct array {
     template <class F>
     __device__ status access_warp(uint64_t i, bool active, bool write, F&& op) {
         using namespace cache;
+        const range_view v = view();
         status pre = GPUNVME_OK;
         uint64_t byte = 0;
-        if (active) pre = element(i, write, &byte);
-        const uint64_t page = byte >> c->page_shift;
-        const uint32_t off = (uint32_t)(byte & ((1ull << c->page_shift) - 1));
-        warp_access a = lookup_warp(*c, active, pre, range, page);
+        if (active) pre = element(v, i, write, &byte);
+        const uint64_t page = byte >> v.page_shift;
+        const uint32_t off = (uint32_t)(byte & ((1ull << v.page_shift) - 1));
+        warp_access a = lookup_warp(v.stats, v.entries, active, pre, range, page);
         // The hit path: access, then the leaders release.
         const bool early = active && a.how == ACQ_HIT;
-        if (early) op(frame_data(*c, a.frame) + off);
+        if (early) op(frame_data(v, a.frame) + off);
         __syncwarp();
         if (early && a.lead) {
-            touch(*c, a.frame);
+            touch(v.frame_states, a.frame);
             release_after_access(a.e, a.n, write);
         }
         if (early) a.how = ACQ_DONE;
         if (__any_sync(0xffffffffu, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
                                                a.how == ACQ_FAILED))) {
             resolve_warp_reading(*c, range, page, a, write,
-                                 [&](uint32_t f) { op(frame_data(*c, f) + off); });
+                                 [&](uint32_t f) { op(frame_data(v, f) + off); });
         }
         if (!active || early) return GPUNVME_OK;
         return a.s;
@@ -1204,15 +1293,16 @@ struct array {
     /// load_thread() and store_thread().
     template <class F>
     __device__ status access_thread(uint64_t i, bool write, F&& op) {
+        const cache::range_view v = view();
         uint64_t byte = 0;
-        status s = element(i, write, &byte);
+        status s = element(v, i, write, &byte);
         if (s) return s;
-        const uint64_t page = byte >> c->page_shift;
+        const uint64_t page = byte >> v.page_shift;
         uint32_t f = 0;
         if ((s = cache::acquire_page(*c, range, page, &f))) return s;
-        op(cache::frame_data(*c, f) + (byte & ((1ull << c->page_shift) - 1)));
-        cache::touch(*c, f);
-        cache::release_after_access(cache::entry_of(cache::range_of(*c, range), page), 1, write);
+        op(cache::frame_data(v, f) + (byte & ((1ull << v.page_shift) - 1)));
+        cache::touch(v.frame_states, f);
+        cache::release_after_access(v.entries + page, 1, write);
         return GPUNVME_OK;
     }
 
@@ -1231,9 +1321,10 @@ struct array {
         if (n == 0) return GPUNVME_OK;
         if (i > ~0ull / sizeof(T) || n > ~0ull / sizeof(T) - i) return GPUNVME_OUT_OF_EXTENT;
         const uint64_t first = i * sizeof(T), len = n * sizeof(T);
-        status s = cache::check_access(*c, range, first, len);
+        const cache::range_view v = view();
+        status s = cache::check_access(v, first, len);
         if (s) return s;
-        const uint32_t shift = c->page_shift;
+        const uint32_t shift = v.page_shift;
         const uint64_t page_bytes = 1ull << shift, last_page = (first + len - 1) >> shift;
         uint8_t* out = reinterpret_cast<uint8_t*>(dst);
         for (uint64_t done = 0; done < len;) {
@@ -1241,14 +1332,12 @@ struct array {
             const uint32_t np = last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
             uint32_t f = 0;
             // Gives back the reference this lane holds on its page (try_hit or acquire_page).
-            const auto release_mine = [&] {
-                cache::release_hit(cache::entry_of(cache::range_of(*c, range), p0 + lane), 1);
-            };
+            const auto release_mine = [&] { cache::release_hit(v.entries + p0 + lane, 1); };
             // Fast path: every lane tries its page as a hit at once (one round of lookups for
             // the batch). Only when the first page is no hit does the warp give back what it
             // took and take the general path: lane 0 acquires the first page (which may fill
             // or wait, holding nothing else), then the others try theirs again.
-            bool held = lane < np && cache::try_hit(*c, range, p0 + lane, &f);
+            bool held = lane < np && cache::try_hit(v.entries + p0 + lane, &f);
             const bool fast = __shfl_sync(full, held, 0);
             if (!fast) {
                 if (held) release_mine();
@@ -1256,7 +1345,7 @@ struct array {
                 if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
                 s = __shfl_sync(full, s, 0);
                 if (s) return s;
-                held = lane == 0 || (lane < np && cache::try_hit(*c, range, p0 + lane, &f));
+                held = lane == 0 || (lane < np && cache::try_hit(v.entries + p0 + lane, &f));
             }
             const uint32_t got = __ballot_sync(full, held);
             // Pages 0..k-1 held in a row; a hit past the first gap is given back at once.
@@ -1264,17 +1353,17 @@ struct array {
             if (held && lane >= k) release_mine();
             // acquire_page counted the first page on the general path; try_hit counts nothing.
             const uint32_t hits = fast ? k : k - 1;
-            if (lane == 0 && hits > 0) cache::count(cache::stats_of(*c)->hits, hits);
+            if (lane == 0 && hits > 0) cache::count(v.stats->hits, hits);
             for (uint32_t j = 0; j < k && done < len; ++j) {
                 const uint32_t fj = __shfl_sync(full, f, j);
                 const uint64_t off = (first + done) & (page_bytes - 1);
                 const uint64_t chunk = len - done < page_bytes - off ? len - done : page_bytes - off;
-                copy_bytes(out + done, cache::frame_data(*c, fj) + off, (uint32_t)chunk, lane, 32);
+                copy_bytes(out + done, cache::frame_data(v, fj) + off, (uint32_t)chunk, lane, 32);
                 done += chunk;
             }
             __syncwarp();  // every lane's reads of the frames before their holders' releases
             if (held && lane < k) {
-                cache::touch(*c, f);
+                cache::touch(v.frame_states, f);
                 release_mine();
             }
         }

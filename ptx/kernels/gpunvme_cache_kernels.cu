@@ -312,7 +312,8 @@ template <class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                  uint32_t level, unsigned long long* visited,
                                  unsigned long long* errors, unsigned long long* next,
-                                 uint32_t chunk, unsigned long long* heavy, uint32_t segment) {
+                                 uint32_t chunk, unsigned long long* heavy, uint32_t segment,
+                                 bool reverse) {
     unsigned long long bad = 0, won = 0;
     if (chunk == 0 || next == nullptr) {
         // Runs are whole groups of 32.
@@ -330,9 +331,10 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
         for (;;) {
             if (threadIdx.x == 0) drawn = atomicAdd(next, (unsigned long long)run);
             __syncthreads();
-            const uint64_t first = drawn;
+            uint64_t first = drawn;
             __syncthreads();
             if (first >= nvertices) break;
+            if (reverse) first = ((nvertices + run - 1) / run - 1 - first / run) * run;
             const uint64_t last = first + run < nvertices ? first + run : nvertices;
             bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
                     &won);
@@ -348,24 +350,30 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
 
 /// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
 /// cols_range of c) or over plain pointers, the vertices split as `chunk` says (`next` zeroed
-/// before the launch), vertices of more than `segment` neighbours deferred to `heavy` in
-/// entries of `segment` (word 0 zeroed, word 1 its capacity in entries; null or 0: none
-/// deferred). Launch whole warps. Everything null: returns at once (warm-up).
+/// before the launch; with `reverse` != 0 the dynamic split hands the runs out from the last
+/// one down), vertices of more than `segment` neighbours deferred to `heavy` in entries of
+/// `segment` (word 0 zeroed, word 1 its capacity in entries; null or 0: none deferred). A
+/// level that sweeps the other way from the last one starts on the column pages that level
+/// left in the cache: a clock cache smaller than a sweep keeps the sweep's tail, which the
+/// next sweep in the same direction evicts before it gets there. Launch whole warps.
+/// Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
     const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
     uint32_t* levels, uint32_t level, unsigned long long* visited,
     unsigned long long* errors, unsigned long long* next, uint32_t chunk,
-    unsigned long long* heavy, uint32_t segment) {
+    unsigned long long* heavy, uint32_t segment, uint32_t reverse) {
     if (c == nullptr && plain_offsets == nullptr) return;
     if (plain_offsets != nullptr) {
         plain_array<uint64_t> o{plain_offsets};
         plain_array<uint32_t> k{plain_cols};
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment,
+                  reverse != 0);
     } else {
         gpunvme::array<uint64_t> o(c, offsets_range);
         gpunvme::array<uint32_t> k(c, cols_range);
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment);
+        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment,
+                  reverse != 0);
     }
 }
 

@@ -142,10 +142,12 @@ pub enum BfsSplit {
 }
 
 impl Default for BfsSplit {
-    /// Dynamic runs of 2048 vertices: eight groups of 32 per warp of a 256-thread block, about
-    /// the static split's run on an H100 (2 M vertices over 1056 blocks).
+    /// Dynamic runs of 1024 vertices: four groups of 32 per warp of a 256-thread block. R-MAT
+    /// scale 21 at 25 % in 64 KiB pages on 4 modelled drives, odd levels sweeping down (H100
+    /// and H200, 2026-11-27): 32.3 ms with runs of 1024 on both, 32.5 with 512, 33.7-34.1 with
+    /// 2048 (the static split's size: 2 M vertices over 1056 blocks), 38.2 with 4096.
     fn default() -> Self {
-        Self::Dynamic(2048)
+        Self::Dynamic(1024)
     }
 }
 
@@ -159,6 +161,11 @@ pub struct BfsOptions {
     /// being expanded by the one warp that found them. `None`: every vertex by the warp that
     /// found it.
     pub hub_segment: Option<u32>,
+    /// With the dynamic split, odd levels hand out their runs from the last vertex down, so that
+    /// each level starts on the column pages the level before left in the cache (a clock cache
+    /// smaller than one sweep keeps the sweep's tail, which a next sweep the same way evicts
+    /// before it reaches it). `false`: every level sweeps up.
+    pub alternate: bool,
 }
 
 impl Default for BfsOptions {
@@ -169,6 +176,7 @@ impl Default for BfsOptions {
             // --hub-segment): at 25 % of the graph 36.4 ms with 16384, 37.1 with 8192, 48.6 with
             // 2048, 57.5 with none; at 10 % (435 frames) 2048 did best (102 ms against 192).
             hub_segment: Some(16384),
+            alternate: true,
         }
     }
 }
@@ -270,6 +278,7 @@ pub fn gpu_bfs(
                 Arg::U32(chunk),
                 Arg::U64(heavy.as_ref().map_or(0, |h| h.ptr())),
                 Arg::U32(segment),
+                Arg::U32(u32::from(opts.alternate && depth % 2 == 1)),
             ],
         )?;
         if let Some(h) = &heavy {
