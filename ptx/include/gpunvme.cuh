@@ -306,41 +306,28 @@ __device__ __forceinline__ void doorbell_write(uint64_t addr, uint32_t value) {
 /// warp does not wait for. libcu++'s atomic_ref emits `atom` with a destination register even
 /// when the result is unused, and ptxas keeps it as an ATOM: an L2 round trip on the caller's
 /// path (seen in the H100's SASS, 2026-11-25). Same ordering as the atomic_ref forms.
-__device__ __forceinline__ void red_add_release(uint32_t* p, uint32_t v) {
+// GPUNVME_RED(name, T, builtin, order, instruction, constraint) defines `void name(T* p, T v)`:
+// the PTX instruction on the GPU, the GCC builtin with that memory order on CPU threads.
 #ifdef GPUNVME_HOST_BUILD
-    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#define GPUNVME_RED(name, T, builtin, order, insn, cons) \
+    __device__ __forceinline__ void name(T* p, T v) { builtin(p, v, order); }
 #else
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#define GPUNVME_RED(name, T, builtin, order, insn, cons)                     \
+    __device__ __forceinline__ void name(T* p, T v) {                          \
+        asm volatile(insn " [%0], %1;" ::"l"(p), cons(v) : "memory");          \
+    }
 #endif
-}
-__device__ __forceinline__ void red_or_release(uint32_t* p, uint32_t v) {
-#ifdef GPUNVME_HOST_BUILD
-    __atomic_fetch_or(p, v, __ATOMIC_RELEASE);
-#else
-    asm volatile("red.release.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#endif
-}
-__device__ __forceinline__ void red_add_release(uint64_t* p, uint64_t v) {
-#ifdef GPUNVME_HOST_BUILD
-    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
-#else
-    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
-__device__ __forceinline__ void red_or_release(uint64_t* p, uint64_t v) {
-#ifdef GPUNVME_HOST_BUILD
-    __atomic_fetch_or(p, v, __ATOMIC_RELEASE);
-#else
-    asm volatile("red.release.gpu.global.or.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
-__device__ __forceinline__ void red_or_relaxed(uint32_t* p, uint32_t v) {
-#ifdef GPUNVME_HOST_BUILD
-    __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
-#else
-    asm volatile("red.relaxed.gpu.global.or.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#endif
-}
+GPUNVME_RED(red_add_release, uint32_t, __atomic_fetch_add, __ATOMIC_RELEASE,
+            "red.release.gpu.global.add.u32", "r")
+GPUNVME_RED(red_or_release, uint32_t, __atomic_fetch_or, __ATOMIC_RELEASE,
+            "red.release.gpu.global.or.b32", "r")
+GPUNVME_RED(red_add_release, uint64_t, __atomic_fetch_add, __ATOMIC_RELEASE,
+            "red.release.gpu.global.add.u64", "l")
+GPUNVME_RED(red_or_release, uint64_t, __atomic_fetch_or, __ATOMIC_RELEASE,
+            "red.release.gpu.global.or.b64", "l")
+GPUNVME_RED(red_or_relaxed, uint32_t, __atomic_fetch_or, __ATOMIC_RELAXED,
+            "red.relaxed.gpu.global.or.b32", "r")
+#undef GPUNVME_RED
 
 __device__ __forceinline__ queue_state* state_of(const queue_desc& q) {
     return reinterpret_cast<queue_state*>(q.state);
