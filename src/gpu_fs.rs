@@ -290,6 +290,10 @@ fn setup_in_group(
     opts: &GpuFsOptions,
     group: Option<gpu_emu::GroupMember>,
 ) -> Result<(Arc<Cuda>, GpuSetup)> {
+    ensure!(
+        opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
+        "an SSD timing model times the GPU-resident controller's media: it needs --controller gpu"
+    );
     let cuda = Cuda::open(0).context("--gpu")?;
     let model = match opts.serving {
         Serving::Device => None,

@@ -479,6 +479,28 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{value}: {err}");
     }
+    // `fs get/put --gpu` take the model too, and refuse it for the software controller.
+    ok(&gpunvme(d, &format!("--device {img} fs mkfs")));
+    std::fs::write(d.join("f.bin"), vec![7u8; 10_000]).unwrap();
+    ok(&gpunvme(d, &format!("--device {img} fs put f.bin f")));
+    for cmd in ["get --gpu f", "put --gpu --force f.bin f"] {
+        fails_with(
+            &gpunvme(
+                d,
+                &format!("--device {img} fs {cmd} --ssd-model read_us=80,drives=4"),
+            ),
+            "needs --controller gpu",
+        );
+    }
+    // GPU options without --gpu are refused, not ignored.
+    for opt in ["--ssd-model drives=4", "--controller gpu", "--gpu-queues 4"] {
+        let flag = opt.split(' ').next().unwrap();
+        fails_with(
+            &gpunvme(d, &format!("--device {img} fs get f out.bin {opt}")),
+            &format!("{flag} is an option of --gpu"),
+        );
+    }
+    assert!(!d.join("out.bin").exists());
 }
 
 /// `fs` over several `--device`: a striped volume made by mkfs, files through it, and every

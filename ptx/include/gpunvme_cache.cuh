@@ -1201,6 +1201,11 @@ __device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first
 // ---------------------------------------------------------------------------------------------
 // gpunvme::array<T>: a device view of a cached range as elements of T.
 
+/// 16-byte words of read_range's register-staged tail per warp (256: 4 KiB, 8 per lane).
+#ifndef GPUNVME_TAIL_WORDS
+#define GPUNVME_TAIL_WORDS 256
+#endif
+
 /// Elements of type T over range `range` of a cache. T is trivially copyable and its size a
 /// power of two up to 4096 (so it divides every page). load() and operator[] are
 /// warp-collective (all 32 lanes together); the _thread forms are for divergent code.
@@ -1354,18 +1359,46 @@ struct array {
             // acquire_page counted the first page on the general path; try_hit counts nothing.
             const uint32_t hits = fast ? k : k - 1;
             if (lane == 0 && hits > 0) cache::count(v.stats->hits, hits);
+            // The batch's last 4 KiB (when 16-byte aligned) is loaded into registers and stored
+            // only after the releases: a release (`red.release.gpu`, MEMBAR.GPU in SASS) waits
+            // for every earlier store of the thread, and with the copy's stores before it a
+            // 4 KiB run (one page) waited for all of them to reach L2.
+            uint4 tail[GPUNVME_TAIL_WORDS / 32] = {};
+            uint4* tail_dst = nullptr;
+            uint32_t tail_words = 0;
             for (uint32_t j = 0; j < k && done < len; ++j) {
                 const uint32_t fj = __shfl_sync(full, f, j);
                 const uint64_t off = (first + done) & (page_bytes - 1);
                 const uint64_t chunk = len - done < page_bytes - off ? len - done : page_bytes - off;
-                copy_bytes(out + done, cache::frame_data(v, fj) + off, (uint32_t)chunk, lane, 32);
+                const uint8_t* src = cache::frame_data(v, fj) + off;
+                const bool last = j + 1 == k || done + chunk == len;
+                if (last && (((uintptr_t)(out + done) | (uintptr_t)src | chunk) & 15) == 0) {
+                    const uint32_t t = chunk < 16 * GPUNVME_TAIL_WORDS ? (uint32_t)chunk
+                                                                      : 16 * GPUNVME_TAIL_WORDS;
+                    const uint32_t head = (uint32_t)chunk - t;
+                    copy_bytes(out + done, src, head, lane, 32);
+                    tail_dst = reinterpret_cast<uint4*>(out + done + head);
+                    tail_words = t / 16;
+                    const uint4* s4 = reinterpret_cast<const uint4*>(src + head);
+#pragma unroll
+                    for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
+                        if (lane + 32 * w < tail_words) tail[w] = s4[lane + 32 * w];
+                } else {
+                    copy_bytes(out + done, src, (uint32_t)chunk, lane, 32);
+                }
                 done += chunk;
             }
-            __syncwarp();  // every lane's reads of the frames before their holders' releases
+            // Every lane's reads of the frames (the tail's loads included: the release orders
+            // them, in program order and through this barrier) before their holders' releases.
+            __syncwarp();
             if (held && lane < k) {
                 cache::touch(v.frame_states, f);
                 release_mine();
             }
+            // The tail's stores write the caller's buffer from registers, not the frames.
+#pragma unroll
+            for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
+                if (lane + 32 * w < tail_words) tail_dst[lane + 32 * w] = tail[w];
         }
         return GPUNVME_OK;
     }

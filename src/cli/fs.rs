@@ -143,6 +143,11 @@ pub struct GpuFsArgs {
     /// SMs reserved for the controller's kernels.
     #[arg(long, default_value_t = 8, requires = "gpu")]
     pub controller_sms: u32,
+    /// SSD timing model of the GPU-resident controller (`--controller gpu`), as for `perf`:
+    /// e.g. `read_us=80,iops=2500000,bw=14GB/s,drives=4` (the modelled drives' cap is then
+    /// drives x bw).
+    #[arg(long, requires = "gpu", value_parser = crate::parse_ssd_model)]
+    pub ssd_model: Option<gpunvme::gpu_emu::SsdModel>,
     /// GPU queue pairs (default: every one the controller grants).
     #[arg(long, requires = "gpu")]
     pub gpu_queues: Option<u16>,
@@ -171,6 +176,30 @@ pub enum FsController {
 }
 
 impl GpuFsArgs {
+    /// Refuses GPU options given without `--gpu` (clap's `requires` does not catch them next
+    /// to a flag that defaults to false): an option left at its default cannot be told from
+    /// one not given, and is harmless.
+    fn check(&self) -> Result<()> {
+        if self.gpu {
+            return Ok(());
+        }
+        let given = [
+            ("--ssd-model", self.ssd_model.is_some()),
+            ("--gpu-queues", self.gpu_queues.is_some()),
+            ("--controller", self.controller != FsController::Emu),
+            ("--media", self.media != FsMedia::Host),
+            ("--controller-sms", self.controller_sms != 8),
+            (
+                "--gpu-depth",
+                self.gpu_depth != gpunvme::gpu_fs::FILE_RING_DEPTH,
+            ),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+            bail!("{flag} is an option of --gpu: add --gpu, or leave it out");
+        }
+        Ok(())
+    }
+
     fn options(&self) -> GpuFsOptions {
         GpuFsOptions {
             serving: match self.controller {
@@ -182,6 +211,7 @@ impl GpuFsArgs {
             },
             queues: self.gpu_queues,
             controller_sms: self.controller_sms,
+            ssd_model: self.ssd_model,
             depth: Some(self.gpu_depth),
             ..GpuFsOptions::default()
         }
@@ -222,6 +252,14 @@ impl FsCommand {
     }
 }
 
+/// [`GpuFsArgs::check`] for the commands that have GPU options.
+fn check_gpu_args(cmd: &FsCommand) -> Result<()> {
+    match cmd {
+        FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } => gpu.check(),
+        _ => Ok(()),
+    }
+}
+
 /// Runs a blockfs command on namespace `nsid` of `ctrl`.
 pub fn run(
     ctrl: &Controller,
@@ -230,6 +268,7 @@ pub fn run(
     cmd: FsCommand,
     json: bool,
 ) -> Result<()> {
+    check_gpu_args(&cmd)?;
     // With --gpu the file system's own device takes one queue pair (metadata and the host's
     // checksum); the GPU queues take the rest.
     let gpu = matches!(&cmd, FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } if gpu.gpu);
@@ -269,6 +308,7 @@ pub fn run_volume(
     cmd: FsCommand,
     json: bool,
 ) -> Result<()> {
+    check_gpu_args(&cmd)?;
     let refs: Vec<&Controller> = ctrls.iter().collect();
     let members = volume::members(&refs, specs, nsid)?;
     let volume = if let FsCommand::Mkfs { force, stripe, .. } = &cmd {

@@ -201,7 +201,9 @@ pub fn run(
         .checked_mul(nq)
         .filter(|&t| t <= 1 << 22)
         .ok_or_else(|| GpuError::InvalidArgument("too many GPU threads".into()))?;
-    let (grid, block) = if threads <= 1024 {
+    // Blocks of at most 256 threads: the perf kernel's registers do not fit a block of 1024
+    // (8 queues x QD 128 failed with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H200, 2026-11-27).
+    let (grid, block) = if threads <= 256 {
         (1, threads)
     } else if threads % 128 == 0 {
         (threads / 128, 128)
