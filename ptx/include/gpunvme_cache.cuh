@@ -1205,6 +1205,8 @@ __device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first
 #ifndef GPUNVME_TAIL_WORDS
 #define GPUNVME_TAIL_WORDS 256
 #endif
+static_assert(GPUNVME_TAIL_WORDS >= 32 && GPUNVME_TAIL_WORDS % 32 == 0,
+              "GPUNVME_TAIL_WORDS: whole 16-byte words per lane of a warp");
 
 /// Elements of type T over range `range` of a cache. T is trivially copyable and its size a
 /// power of two up to 4096 (so it divides every page). load() and operator[] are
