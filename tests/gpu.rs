@@ -973,7 +973,9 @@ fn model_moves_every_transfer_shape_and_writes_back() {
         let r = model_rig(&path, lba, media, 4, 64);
         let mdts = r.gpu.max_transfer() as u64;
         let buf = r.gpu.alloc_buffer(4 << 20).expect("GPU buffer");
-        // PRP1 only, PRP2, a PRP list, exactly MDTS, above MDTS (split), at an in-page offset.
+        // PRP1 only, PRP2, a PRP list, exactly MDTS, above MDTS (split), at an in-page offset;
+        // destinations 8 and 4 bytes past a 16-byte boundary (a tensor's data in a model
+        // load), which the model copies as 16-byte stores from two aligned loads.
         let shapes: &[(u64, u64)] = &[
             (0, 512),
             (0, 8192),
@@ -981,9 +983,12 @@ fn model_moves_every_transfer_shape_and_writes_back() {
             (0, mdts),
             (0, 3 * mdts + 4096),
             (512, 12 << 10),
+            (8, 64 << 10),
+            (4096 + 4, 2 * mdts + 4096),
+            (12, 4096 + 512),
         ];
         for (i, &(off, bytes)) in shapes.iter().enumerate() {
-            if off % lba as u64 != 0 || bytes % lba as u64 != 0 {
+            if off % 4 != 0 || bytes % lba as u64 != 0 {
                 continue;
             }
             let slba = 1000 + i as u64 * 777;
