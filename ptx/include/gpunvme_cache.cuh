@@ -383,16 +383,6 @@ __device__ __forceinline__ const queue_desc& queue_for(const cache_desc& c) {
     return reinterpret_cast<const queue_desc*>(c.queues)[(gtid / 32) % c.nqueues];
 }
 
-/// Why an access to byte `byte` (and `len` bytes from it) of range `range` cannot be served,
-/// or GPUNVME_OK.
-__device__ __forceinline__ status check_access(const cache_desc& c, uint32_t range,
-                                               uint64_t byte, uint64_t len) {
-    if (range >= c.nranges || c.nqueues == 0 || c.nframes == 0) return GPUNVME_INVALID_ARGUMENT;
-    const uint64_t bytes = range_of(c, range).bytes;
-    if (byte >= bytes || len > bytes - byte) return GPUNVME_OUT_OF_EXTENT;
-    return GPUNVME_OK;
-}
-
 /// What the hit path needs of a cache and one of its ranges (view_nc), read once per access
 /// before its lookup. Every gpu-scope acquire (each hit's atomic) invalidates the SM's L1, so
 /// the descriptor fields read through plain loads after one were L2 round trips: one
@@ -443,7 +433,8 @@ __device__ __forceinline__ range_view view_nc(const cache_desc* c, uint32_t rang
     return v;
 }
 
-/// check_access through a view.
+/// Why an access to byte `byte` (and `len` bytes from it) of the view's range cannot be
+/// served, or GPUNVME_OK.
 __device__ __forceinline__ status check_access(const range_view& v, uint64_t byte, uint64_t len) {
     if (v.entries == nullptr) return GPUNVME_INVALID_ARGUMENT;
     if (byte >= v.bytes || len > v.bytes - byte) return GPUNVME_OUT_OF_EXTENT;
