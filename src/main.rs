@@ -190,7 +190,8 @@ struct PerfArgs {
     #[arg(long, requires = "gpu")]
     gpu_threads: Option<usize>,
     /// How GPU threads submit: `warp` (one atomic and one doorbell per warp; needs --qd a
-    /// multiple of 32, else per thread) or `thread` (BaM-style).
+    /// multiple of 32, else per thread), `thread` (BaM-style) or `lone` (per thread, one
+    /// thread per warp).
     #[arg(long, value_enum, default_value = "warp", requires = "gpu")]
     client: ClientArg,
     /// CPU queues running the same job on the same controller at the same time.
@@ -243,6 +244,7 @@ enum MediaArg {
 enum ClientArg {
     Warp,
     Thread,
+    Lone,
 }
 
 /// `--ssd-model`'s value (gpu_emu::ssd_model: keys, units and defaults).
@@ -409,6 +411,7 @@ fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme::perf::gpu::GpuPerfAr
         style: match p.client {
             ClientArg::Warp => gpunvme::perf::kernel::ClientStyle::Warp,
             ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
+            ClientArg::Lone => gpunvme::perf::kernel::ClientStyle::Lone,
         },
         cpu_queues: p.cpu_queues,
         depth: p.gpu_depth,

@@ -189,7 +189,7 @@ fn perf_four_patterns_both_lba_sizes_verified() {
         let r = rig(lba, 4, 256);
         cpu_prefill(&r, NS_BYTES / lba as u64);
         for rw in [GpuRw::Read, GpuRw::RandRead, GpuRw::Write, GpuRw::RandWrite] {
-            for style in [ClientStyle::Warp, ClientStyle::Thread] {
+            for style in [ClientStyle::Warp, ClientStyle::Thread, ClientStyle::Lone] {
                 let res = perf(&r, rw, 64, style, 20_000);
                 assert_eq!(
                     res.errors, 0,
@@ -273,7 +273,7 @@ fn perf_splits_ios_above_the_maximum_transfer() {
         let bs = 3 * r.gpu.max_transfer() + lba;
         let units = NS_BYTES / bs as u64;
         let blocks = units * (bs / lba) as u64;
-        for style in [ClientStyle::Thread, ClientStyle::Warp] {
+        for style in [ClientStyle::Thread, ClientStyle::Warp, ClientStyle::Lone] {
             // Zeros first, so the read-back shows this style's writes, not the last one's.
             cpu_fill(&r, blocks, |_, n| vec![0u8; (n * lba as u64) as usize]);
             for (rw, ios) in [

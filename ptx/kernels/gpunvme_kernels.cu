@@ -37,7 +37,7 @@ struct perf_params {
     uint32_t nsid;
     uint32_t lba_shift;
     uint32_t blocks_per_io; // blocks of one I/O
-    uint32_t warp_mode;     // 1: warp-cooperative submission, 0: per thread
+    uint32_t warp_mode;     // 1: warp-cooperative submission, 0: per thread, 2: lane 0 per warp
     uint32_t verify;        // 1: writes carry the pattern, reads check it
     uint32_t blocks_per_cmd; // blocks of one command: << lba_shift <= slot_buffer_bytes; an I/O
                              // above it is split into commands issued one after another
@@ -112,9 +112,16 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const queue_desc* queues = reinterpret_cast<const queue_desc*>(p.queues);
     perf_counters* c = reinterpret_cast<perf_counters*>(p.counters);
     uint32_t* hist = reinterpret_cast<uint32_t*>(p.lat_hist);
-    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint32_t warp = (uint32_t)(gtid / 32);
-    const queue_desc& q = queues[(p.warp_mode ? warp : gtid) % p.nqueues];
+    // warp_mode 2 ("lone"): lane 0 of each warp is a client and submits alone, the others
+    // leave, so no two clients share a warp (thread clients in one warp diverge, and their
+    // polls and fences then run one lane after another).
+    const bool lone = p.warp_mode == 2;
+    if (lone && (threadIdx.x & 31u)) return;
+    const bool warp_mode = p.warp_mode == 1;
+    const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t gtid = lone ? tid / 32 : tid;
+    const uint32_t warp = (uint32_t)(tid / 32);
+    const queue_desc& q = queues[(warp_mode ? warp : gtid) % p.nqueues];
     const bool is_write = p.rw == 1 || p.rw == 3;
     const uint8_t opc = is_write ? OPC_WRITE : OPC_READ;
     // Uniform over the grid, so a warp's lanes run the same number of commands per I/O.
@@ -126,7 +133,7 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     for (;;) {
         if (stop_at && now_ns() > stop_at) running = false;
         uint64_t idx = 0;
-        if (p.warp_mode) {
+        if (warp_mode) {
             // One atomic per warp for the I/O indices.
             uint32_t active = __ballot_sync(full, running);
             if (!active) break;
@@ -144,11 +151,11 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
         uint64_t t0 = 0;
         bool bytes_ok = true;
         for (uint32_t k = 0; k < cmds; ++k) {
-            if (!p.warp_mode && !mine) break;
+            if (!warp_mode && !mine) break;
             const uint64_t clba = lba + (uint64_t)k * per_cmd;
             const uint32_t blocks = min(per_cmd, p.blocks_per_io - k * per_cmd);
             uint32_t t = 0;
-            status s = p.warp_mode ? reserve_warp(q, mine, &t) : reserve_thread(q, &t);
+            status s = warp_mode ? reserve_warp(q, mine, &t) : reserve_thread(q, &t);
             if (k == 0) t0 = now_ns();
             if (mine && s) { perf_record_error(c, s, 0, clba); mine = false; running = false; }
             uint32_t slot = t & (q.depth - 1);
@@ -161,13 +168,13 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
                 slot_buffer_prps(q, slot, blocks << p.lba_shift, &r.prp1, &r.prp2);
                 fill_slot(q, t, r);
             }
-            s = p.warp_mode ? publish_warp(q, mine, t) : (mine ? publish_thread(q, t) : 0);
+            s = warp_mode ? publish_warp(q, mine, t) : (mine ? publish_thread(q, t) : 0);
             if (mine && s) { perf_record_error(c, s, 0, clba); mine = false; running = false; }
             // Wait for our own completion (lanes reap for each other; a warp together), verify,
             // then release.
             uint32_t done = 0;
             status ws = GPUNVME_OK;
-            if (p.warp_mode) {
+            if (warp_mode) {
                 ws = wait_done_warp(q, mine, t, &done);
             } else if (mine) {
                 slot_state* ss = slot_of(q, slot);
@@ -209,7 +216,7 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
             atomicAdd(&hist[lat_bucket(now_ns() - t0)], 1u);
         }
         if (p.ios && idx >= p.ios) running = false;
-        if (!p.warp_mode && !running) break;
+        if (!warp_mode && !running) break;
     }
 }
 

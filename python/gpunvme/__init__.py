@@ -195,6 +195,33 @@ def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
                      _CAI_DTYPES.get(typestr[1:]), shape, obj)
 
 
+def _contiguous_strides(shape: List[int]) -> List[int]:
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= shape[i]
+    return strides
+
+
+def _arena_views(torch: Any, arena: Any, tensors: List[Any]) -> Dict[str, Any]:
+    """``{name: tensor}``, each tensor a view of the byte tensor ``arena``: one typed view of
+    the whole arena per dtype, then one ``as_strided`` per tensor (its offset in elements).
+    The arena's tensors start at 256-byte-aligned offsets and its length is a multiple of 256,
+    so every dtype's view of it is exact. One torch call per tensor (not a slice, a dtype view
+    and a reshape): a model has hundreds of tensors and each call costs microseconds."""
+    typed: Dict[str, Any] = {}
+    out: Dict[str, Any] = {}
+    for name, dtype, shape, offset, _nbytes in tensors:
+        view = typed.get(dtype)
+        if view is None:
+            view = typed[dtype] = arena.view(getattr(torch, _TORCH_DTYPES[dtype]))
+        out[name] = view.as_strided(
+            shape, _contiguous_strides(shape), offset // view.element_size()
+        )
+    return out
+
+
 def cuda_available() -> bool:
     """Whether this machine has a CUDA driver (the GPU calls need one)."""
     return _native.cuda_available()
@@ -296,11 +323,7 @@ class Device:
         )
         import torch  # a run-time dependency of this call only
 
-        arena = torch.from_dlpack(cap)
-        out: Dict[str, Any] = {}
-        for name, dtype, shape, offset, nbytes in tensors:
-            t = arena[offset : offset + nbytes].view(getattr(torch, _TORCH_DTYPES[dtype]))
-            out[name] = t.reshape(shape)
+        out = _arena_views(torch, torch.from_dlpack(cap), tensors)
         self.last_load = json.loads(report)
         _log.debug("load_safetensors %s: %s", name_or_prefix, self.last_load)
         return out

@@ -140,3 +140,35 @@ def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media
         del got
         torch.cuda.synchronize()
         assert torch.equal(one["model.embed_tokens.weight"].cpu(), shards[0]["model.embed_tokens.weight"])
+
+
+def test_arena_views_match_slices_of_every_dtype_and_shape():
+    """The views load_safetensors hands out, built over a CPU byte arena (torch needed, no
+    GPU): each equals the slice of the arena at its offset, viewed as its dtype and shape,
+    for every dtype, scalars, empty tensors and the last tensor ending at the arena's end."""
+    torch = pytest.importorskip("torch", reason="skipped: torch not installed")
+    from gpunvme import _TORCH_DTYPES, _arena_views
+
+    shapes = [[3, 5, 7], [], [0, 4], [64], [2, 1, 3, 1]]
+    tensors, at = [], 0
+    for i, dtype in enumerate(sorted(_TORCH_DTYPES)):
+        if not hasattr(torch, _TORCH_DTYPES[dtype]):
+            continue
+        td = getattr(torch, _TORCH_DTYPES[dtype])
+        shape = shapes[i % len(shapes)]
+        nbytes = torch.empty(shape, dtype=td).numel() * torch.empty((), dtype=td).element_size()
+        tensors.append((f"t{i}", dtype, shape, at, nbytes))
+        at += -(-nbytes // 256) * 256
+    arena = torch.randint(0, 256, (max(at, 256),), dtype=torch.uint8)
+    views = _arena_views(torch, arena, tensors)
+    assert list(views) == [t[0] for t in tensors]
+    for name, dtype, shape, offset, nbytes in tensors:
+        v = views[name]
+        want = arena[offset : offset + nbytes].view(getattr(torch, _TORCH_DTYPES[dtype])).reshape(shape)
+        assert v.dtype == want.dtype and list(v.shape) == shape, name
+        assert v.is_contiguous(), name
+        raw = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731 (0-dim too)
+        assert torch.equal(raw(v), raw(want)), name
+        # A view, not a copy: the tensor's bytes are the arena's.
+        if nbytes:
+            assert v.data_ptr() == arena.data_ptr() + offset, name

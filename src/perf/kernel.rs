@@ -47,6 +47,11 @@ pub enum ClientStyle {
     Warp,
     /// Every thread alone (BaM-style).
     Thread,
+    /// Every thread alone, one per warp (lane 0; the other lanes leave at once): clients that
+    /// never share a warp, as when each warp of a kernel issues its own I/O from one lane.
+    /// Thread clients in one warp diverge while they wait, and their polls and fences then
+    /// take turns.
+    Lone,
 }
 
 impl ClientStyle {
@@ -55,6 +60,7 @@ impl ClientStyle {
         match self {
             Self::Warp => "warp",
             Self::Thread => "thread",
+            Self::Lone => "lone",
         }
     }
 }
@@ -191,14 +197,17 @@ pub fn run(
     let nq = queues.len() as u32;
     // Warp-cooperative submission needs whole warps per queue and rings of 32 entries or more;
     // otherwise every thread submits alone (the report says which ran).
-    let style = if cfg.style == ClientStyle::Warp && cfg.qd % 32 == 0 && queues.depth() >= 32 {
-        ClientStyle::Warp
-    } else {
-        ClientStyle::Thread
+    let style = match cfg.style {
+        ClientStyle::Warp if cfg.qd % 32 == 0 && queues.depth() >= 32 => ClientStyle::Warp,
+        ClientStyle::Lone => ClientStyle::Lone,
+        _ => ClientStyle::Thread,
     };
+    // Clients (one command in flight each); a lone client is lane 0 of a warp of its own.
+    let lanes = if style == ClientStyle::Lone { 32 } else { 1 };
     let threads = cfg
         .qd
         .checked_mul(nq)
+        .and_then(|c| c.checked_mul(lanes))
         .filter(|&t| t <= 1 << 22)
         .ok_or_else(|| GpuError::InvalidArgument("too many GPU threads".into()))?;
     // Blocks of at most 256 threads: the perf kernel's registers do not fit a block of 1024
@@ -232,7 +241,11 @@ pub fn run(
         nsid: cfg.nsid,
         lba_shift,
         blocks_per_io: bpi,
-        warp_mode: (style == ClientStyle::Warp) as u32,
+        warp_mode: match style {
+            ClientStyle::Thread => 0,
+            ClientStyle::Warp => 1,
+            ClientStyle::Lone => 2,
+        },
         verify: cfg.verify as u32,
         blocks_per_cmd: bpc,
         reserved: [0; 2],
