@@ -4,14 +4,15 @@
 //! ```text
 //! cargo run --release --example gpu_bfs -- [--scale 20] [--cache 10%,25%,50%] [--baselines]
 //!     [--split dynamic|dynamic:N|static] [--hub-segment 16384|0] [--sweep alternate|up]
-//!     [--controller emu|gpu] [--ssd-model drives=4] [--json]
+//!     [--direction optimizing|top-down] [--controller emu|gpu] [--ssd-model drives=4] [--json]
 //! ```
 //!
 //! A seeded R-MAT graph (Graph500's a, b, c = .57, .19, .19; `2^scale` vertices, edge factor
 //! 16, undirected) is built on the CPU and stored as two blockfs files in CSR form: `u64` row
 //! offsets and `u32` column indices. For each `--cache` capacity a new cache binds both files
 //! and one kernel per level runs the BFS from a seeded root (a warp per frontier vertex,
-//! `gpunvme_cache_bfs_level`); every vertex's level must equal the CPU BFS's or the example
+//! `gpunvme_cache_bfs_level`; late levels bottom-up, `gpunvme_cache_bfs_up`: each unvisited
+//! vertex looks for a neighbour in the frontier); every vertex's level must equal the CPU BFS's or the example
 //! fails. `--baselines` runs the same kernel over plain pointers: the graph wholly in GPU
 //! memory (the upper bound), in unified memory written by the CPU, and in unified memory with
 //! free GPU memory limited to the first capacity (BaM's comparison). Times are the level
@@ -26,7 +27,7 @@ use anyhow::{Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::workloads::graph::{self, BfsOptions, BfsSplit, Csr};
+use gpunvme::workloads::graph::{self, BfsDirection, BfsOptions, BfsSplit, Csr};
 use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
 use zerocopy::IntoBytes;
@@ -62,6 +63,11 @@ struct Args {
     /// vertex 0 up.
     #[arg(long, default_value = "alternate", value_parser = ["alternate", "up"])]
     sweep: String,
+    /// `optimizing`: a level runs bottom-up (unvisited vertices look for a neighbour in the
+    /// frontier) when fewer vertices with neighbours are left unvisited than the frontier
+    /// holds; `top-down`: every level expands its frontier.
+    #[arg(long, default_value = "optimizing", value_parser = ["optimizing", "top-down"])]
+    direction: String,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
@@ -108,6 +114,7 @@ fn main() -> Result<()> {
             "split": format!("{:?}", args.split).to_lowercase(),
             "hub_segment": args.hub_segment,
             "sweep": args.sweep,
+            "direction": args.direction,
             "seconds": secs, "gteps": traversed as f64 / secs / 1e9,
             "controller": format!("{:?}", args.dev.controller).to_lowercase(),
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
@@ -123,6 +130,11 @@ fn main() -> Result<()> {
         split: args.split,
         hub_segment: (args.hub_segment > 0).then_some(args.hub_segment),
         alternate: args.sweep == "alternate",
+        direction: if args.direction == "optimizing" {
+            BfsDirection::Optimizing
+        } else {
+            BfsDirection::TopDown
+        },
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
@@ -151,6 +163,7 @@ fn main() -> Result<()> {
                     json!({
                         "depth": run.depth,
                         "level_ms": level_ms(&run),
+                        "bottom_up": run.bottom_up,
                         "hub_pieces": run.hub_pieces,
                     }),
                 ),
@@ -176,6 +189,7 @@ fn main() -> Result<()> {
                     json!({
                         "depth": run.depth,
                         "level_ms": level_ms(&run),
+                        "bottom_up": run.bottom_up,
                         "gpu_free_bytes": placed.gpu_free_bytes,
                         "limit_bytes": match placement {
                             Placement::UnifiedOversubscribed(l) => Some(l),

@@ -11,7 +11,8 @@
 #         of each run), beside the same kernel over the data wholly in GPU memory (the upper
 #         bound), in unified memory written by the CPU, and in unified memory with free GPU
 #         memory limited to 25 % of the data (a balloon allocation; BaM's comparison); BFS
-#         again with 64 KiB pages on 4 drives and on 16, and on 4 Gen5-class drives (16 and 64 KiB).
+#         again with 64 and 16 KiB pages on 4 drives (16 KiB also top-down only), 64 KiB on 16,
+#         and on 4 Gen5-class drives (16 and 64 KiB).
 #
 #   scripts/gpu-cache-bench.sh            binaries from scripts/gpu-build.sh (.gpu-bin/)
 #   BIN=target/release/examples scripts/gpu-cache-bench.sh
@@ -45,8 +46,11 @@ done
 MODEL="--controller gpu --ssd-model drives=4 --cache 25%,10%,50% --baselines --json"
 run gpu_bfs --scale "$BFS_SCALE" $MODEL
 # Larger pages: fewer, larger reads (the 4 drives' bandwidth, not their IOPS, bounds them);
-# and 16 drives.
+# 16 KiB pages (the fewest bytes read at 25 %), with the baselines again (unified memory's
+# time varies from process to process); every level top-down for comparison; and 16 drives.
 run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=4 --cache 25%,10%,50% --page-size 64K --json
+run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=4 --cache 25%,10% --page-size 16K --baselines --json
+run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=4 --cache 25% --page-size 16K --direction top-down --json
 run gpu_bfs --scale "$BFS_SCALE" --controller gpu --ssd-model drives=16 --cache 25% --page-size 64K --json
 # 4 Gen5-class drives (14 GB/s, 2.5 M IOPS each; the default model is Gen4-class: 7 GB/s, 1 M).
 GEN5="drives=4,iops=2500000,bw=14GB/s"

@@ -3424,7 +3424,7 @@ mod cache {
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn bfs_and_gather_through_the_cache_match_the_cpu() {
-        use gpunvme::workloads::graph::{BfsOptions, BfsSplit};
+        use gpunvme::workloads::graph::{BfsDirection, BfsOptions, BfsSplit};
         use gpunvme::workloads::{Source, embedding, graph};
         let r = rig(512, 2, 64);
         // A graph of 36 KiB and a table of 32 KiB through 4 frames of 4 KiB.
@@ -3458,14 +3458,33 @@ mod cache {
                 split: BfsSplit::Dynamic(64),
                 hub_segment: Some(16),
                 alternate: true,
+                direction: BfsDirection::TopDown,
             },
         )
         .expect("BFS through the cache");
         assert_eq!(graph::first_mismatch(&run.levels, &want), None, "levels");
         assert!(run.depth > 2 && run.reached > 400, "{run:?}");
         assert_eq!(run.level_secs.len(), run.depth as usize, "{run:?}");
+        assert!(!run.bottom_up.contains(&true), "{run:?}");
         // Pieces of 16 neighbours: the graph's hubs went to the second kernel.
         assert!(run.hub_pieces > 0, "{run:?}");
+        // Direction-optimising: some levels bottom-up, through the cache, same levels.
+        let opt = graph::gpu_bfs(
+            &r.gpu,
+            Source::Cache(&c, &ranges[..2]),
+            g.vertices(),
+            root,
+            BfsOptions {
+                split: BfsSplit::Dynamic(64),
+                hub_segment: Some(16),
+                alternate: true,
+                direction: BfsDirection::Optimizing,
+            },
+        )
+        .expect("direction-optimising BFS through the cache");
+        assert_eq!(graph::first_mismatch(&opt.levels, &want), None, "{opt:?}");
+        assert!(opt.bottom_up.contains(&true), "{opt:?}");
+        assert!(!opt.bottom_up[0], "{opt:?}");
         let k = stats(&c).counters;
         assert!(k.evictions > 0, "the graph does not fit: {k:?}");
         invariants(&c);
@@ -3478,15 +3497,18 @@ mod cache {
         // The same kernel over plain GPU memory, with either split and either sweep (runs of 96
         // do not divide the vertex count: the partial run comes first going down).
         assert_ne!(g.vertices() % 96, 0);
-        for (split, hub_segment, alternate) in [
-            (BfsSplit::Static, None, false),
-            (BfsSplit::Dynamic(96), Some(8), true),
-            (BfsSplit::Dynamic(32), None, false),
+        for (split, hub_segment, alternate, direction) in [
+            (BfsSplit::Static, None, false, BfsDirection::TopDown),
+            (BfsSplit::Dynamic(96), Some(8), true, BfsDirection::TopDown),
+            (BfsSplit::Dynamic(32), None, false, BfsDirection::TopDown),
+            (BfsSplit::Static, Some(8), false, BfsDirection::Optimizing),
+            (BfsSplit::Dynamic(96), None, true, BfsDirection::Optimizing),
         ] {
             let opts = BfsOptions {
                 split,
                 hub_segment,
                 alternate,
+                direction,
             };
             let plain = graph::gpu_bfs(
                 &r.gpu,

@@ -823,6 +823,7 @@ mod tests {
             "gpunvme_cache_bfs_level",
             "gpunvme_cache_gather",
             "gpunvme_cache_bfs_heavy",
+            "gpunvme_cache_bfs_up",
         ] {
             assert!(
                 KERNELS_PTX.contains(&format!(".entry {k}(")),

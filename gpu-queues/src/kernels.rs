@@ -49,6 +49,8 @@ pub struct Kernels {
     pub cache_gather: Kernel,
     /// `gpunvme_cache_bfs_heavy` (a BFS level's high-degree vertices, split over the grid).
     pub cache_bfs_heavy: Kernel,
+    /// `gpunvme_cache_bfs_up` (one bottom-up BFS level).
+    pub cache_bfs_up: Kernel,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -77,6 +79,7 @@ impl Kernels {
             cache_bfs_level: lib.kernel("gpunvme_cache_bfs_level")?,
             cache_gather: lib.kernel("gpunvme_cache_gather")?,
             cache_bfs_heavy: lib.kernel("gpunvme_cache_bfs_heavy")?,
+            cache_bfs_up: lib.kernel("gpunvme_cache_bfs_up")?,
             _lib: lib,
         }))
     }
@@ -167,6 +170,7 @@ impl Kernels {
         stream.launch(self.cache_flush, 1, 32, &nulls("pp"))?;
         stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppupuu"))?;
         stream.launch(self.cache_bfs_heavy, 1, 32, &nulls("pupupuppp"))?;
+        stream.launch(self.cache_bfs_up, 1, 32, &nulls("puuppupupppuup"))?;
         stream.launch(self.cache_gather, 1, 32, &nulls("pupupppp"))?;
         stream.wait_idle(Duration::from_secs(10))
     }

@@ -306,7 +306,7 @@ const kernel_entry KERNELS[] = {
     GPUNVME_HOST_KERNEL(gpunvme_cache_test), GPUNVME_HOST_KERNEL(gpunvme_cache_pin_test),
     GPUNVME_HOST_KERNEL(gpunvme_cache_bench), GPUNVME_HOST_KERNEL(gpunvme_cache_flush),
     GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_level), GPUNVME_HOST_KERNEL(gpunvme_cache_gather),
-    GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_heavy),
+    GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_heavy), GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_up),
 };
 
 const kernel_entry* find_kernel(const char* name) {

@@ -308,20 +308,86 @@ __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t
     }
 }
 
+/// One bottom-up step (Beamer's direction-optimising BFS) over the vertices [first, last): each
+/// vertex still UNVISITED with neighbours looks through them, 32 at a time by its warp (one
+/// page lookup per 32), for one at `level`, and stops at the first group that holds one: the
+/// vertex gets level + 1 (a plain store: only its own warp writes it; others compare levels
+/// with `level`, which it is not), counted in *won; one that finds none is counted in *left
+/// (the unvisited vertices that have neighbours: what the host weighs the next step's
+/// direction by). Late levels, when few vertices are left, read those few vertices' lists (and
+/// often only their first page) instead of every list of a frontier spread over the graph.
+/// Row offsets and errors as bfs_run; hubs are not deferred (an unvisited vertex usually stops
+/// within its first group).
 template <class O, class C>
+__device__ inline void bfs_up_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
+                                  uint32_t level, uint64_t first, uint64_t last,
+                                  unsigned long long* bad, unsigned long long* won,
+                                  unsigned long long* left) {
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t warps = blockDim.x / 32, step = 32 * warps;
+    const uint32_t full = 0xffffffffu;
+    for (uint64_t g = first + 32 * (threadIdx.x / 32); g < last; g += step) {
+        const uint64_t v = g + lane;
+        const bool mine = v < last;
+        uint32_t todo = __ballot_sync(full, mine && levels[v] == GPUNVME_BFS_UNVISITED);
+        if (!todo) continue;
+        uint64_t start = 0, end = 0;
+        status s = offsets.load(v, &start, mine);
+        status s2 = offsets.load(v + 1, &end, mine);
+        const bool broken = ((todo >> lane) & 1u) && (s || s2 || end < start);
+        *bad += broken;
+        todo &= ~__ballot_sync(full, broken | (end == start));
+        while (todo) {
+            const uint32_t j = __ffs(todo) - 1;
+            todo &= todo - 1;
+            const uint64_t b0 = __shfl_sync(full, start, j), e0 = __shfl_sync(full, end, j);
+            bool found = false;
+            // Warp-uniform: `found` is a ballot.
+            for (uint64_t b = b0; b < e0 && !found; b += 32) {
+                const uint64_t e = b + lane;
+                const bool active = e < e0;
+                uint32_t u = 0;
+                const status ls = cols.load(e, &u, active);
+                const bool err = active && (ls || u >= nvertices);
+                *bad += err;
+                found = __ballot_sync(full, active && !err && levels[u] == level) != 0;
+            }
+            if (lane == j) {
+                if (found) {
+                    levels[v] = level + 1;
+                    ++*won;
+                } else {
+                    ++*left;
+                }
+            }
+        }
+    }
+}
+
+/// A BFS level's runs, top-down (bfs_run) or, with Up, bottom-up (bfs_up_run, counting in
+/// *left the vertices with neighbours it leaves unvisited): two kernels, so that each keeps
+/// its own registers.
+template <bool Up, class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                  uint32_t level, unsigned long long* visited,
                                  unsigned long long* errors, unsigned long long* next,
                                  uint32_t chunk, unsigned long long* heavy, uint32_t segment,
-                                 bool reverse) {
-    unsigned long long bad = 0, won = 0;
+                                 bool reverse, unsigned long long* left) {
+    unsigned long long bad = 0, won = 0, unreached = 0;
+    auto run_of = [&](uint64_t first, uint64_t last) {
+        if constexpr (Up)
+            bfs_up_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won,
+                       &unreached);
+        else
+            bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
+                    &won);
+    };
     if (chunk == 0 || next == nullptr) {
         // Runs are whole groups of 32.
         const uint64_t per = ((nvertices + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
         const uint64_t first = (uint64_t)blockIdx.x * per;
         const uint64_t last = first + per < nvertices ? first + per : nvertices;
-        bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
-                &won);
+        run_of(first, last);
     } else {
         // Thread 0 draws the block's next run; the first barrier publishes it to the block,
         // the second keeps thread 0 from drawing again before every thread has read it. The
@@ -336,16 +402,17 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
             if (first >= nvertices) break;
             if (reverse) first = ((nvertices + run - 1) / run - 1 - first / run) * run;
             const uint64_t last = first + run < nvertices ? first + run : nvertices;
-            bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
-                    &won);
+            run_of(first, last);
         }
     }
     for (int d = 16; d > 0; d >>= 1) {
         bad += __shfl_down_sync(0xffffffffu, bad, d);
         won += __shfl_down_sync(0xffffffffu, won, d);
+        unreached += __shfl_down_sync(0xffffffffu, unreached, d);
     }
     if ((threadIdx.x & 31u) == 0 && bad) atomicAdd(errors, bad);
     if ((threadIdx.x & 31u) == 0 && won) atomicAdd(visited, won);
+    if (Up && (threadIdx.x & 31u) == 0 && unreached) atomicAdd(left, unreached);
 }
 
 /// Launches bfs_level through the cache (plain_offsets null: ranges offsets_range and
@@ -367,13 +434,36 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     if (plain_offsets != nullptr) {
         plain_array<uint64_t> o{plain_offsets};
         plain_array<uint32_t> k{plain_cols};
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment,
-                  reverse != 0);
+        bfs_level<false>(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy,
+                         segment, reverse != 0, nullptr);
     } else {
         gpunvme::array<uint64_t> o(c, offsets_range);
         gpunvme::array<uint32_t> k(c, cols_range);
-        bfs_level(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy, segment,
-                  reverse != 0);
+        bfs_level<false>(o, k, nvertices, levels, level, visited, errors, next, chunk, heavy,
+                         segment, reverse != 0, nullptr);
+    }
+}
+
+/// One bottom-up BFS level (bfs_up_run), split and swept as gpunvme_cache_bfs_level's; the
+/// vertices with neighbours it leaves unvisited are counted in *left. Launch whole warps.
+/// Everything null: returns at once (warm-up).
+extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_up(
+    const cache::cache_desc* c, uint32_t offsets_range, uint32_t cols_range,
+    const uint64_t* plain_offsets, const uint32_t* plain_cols, uint32_t nvertices,
+    uint32_t* levels, uint32_t level, unsigned long long* visited,
+    unsigned long long* errors, unsigned long long* next, uint32_t chunk, uint32_t reverse,
+    unsigned long long* left) {
+    if (c == nullptr && plain_offsets == nullptr) return;
+    if (plain_offsets != nullptr) {
+        plain_array<uint64_t> o{plain_offsets};
+        plain_array<uint32_t> k{plain_cols};
+        bfs_level<true>(o, k, nvertices, levels, level, visited, errors, next, chunk, nullptr,
+                        0, reverse != 0, left);
+    } else {
+        gpunvme::array<uint64_t> o(c, offsets_range);
+        gpunvme::array<uint32_t> k(c, cols_range);
+        bfs_level<true>(o, k, nvertices, levels, level, visited, errors, next, chunk, nullptr,
+                        0, reverse != 0, left);
     }
 }
 

@@ -166,6 +166,30 @@ pub struct BfsOptions {
     /// smaller than one sweep keeps the sweep's tail, which a next sweep the same way evicts
     /// before it reaches it). `false`: every level sweeps up.
     pub alternate: bool,
+    /// Which way the levels run.
+    pub direction: BfsDirection,
+}
+
+/// Which way a GPU BFS's levels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BfsDirection {
+    /// Every level expands its frontier's neighbour lists.
+    TopDown,
+    /// Beamer's direction-optimising BFS: a level runs bottom-up (every unvisited vertex with
+    /// neighbours looks for one in the frontier, stopping at the first) when fewer such vertices
+    /// are left than the frontier holds, else top-down. Before the first bottom-up level tells
+    /// how many unvisited vertices have neighbours, every unvisited vertex counts.
+    Optimizing,
+}
+
+impl BfsDirection {
+    /// Name for reports and the example's `--direction`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TopDown => "top-down",
+            Self::Optimizing => "optimizing",
+        }
+    }
 }
 
 impl Default for BfsOptions {
@@ -177,6 +201,9 @@ impl Default for BfsOptions {
             // 2048, 57.5 with none; at 10 % (435 frames) 2048 did best (102 ms against 192).
             hub_segment: Some(16384),
             alternate: true,
+            // R-MAT scale 21, 25 %, 4 modelled drives (H100, 2026-11-27): 64 KiB pages 32.8 ->
+            // 25.8 ms (levels 2 and 3 bottom-up; 788 -> 620 MB read), 16 KiB 30.2 -> 23.1 ms.
+            direction: BfsDirection::Optimizing,
         }
     }
 }
@@ -199,6 +226,8 @@ pub struct BfsRun {
     pub level_secs: Vec<f64>,
     /// Pieces of hubs' neighbour lists the second kernel expanded, all levels.
     pub hub_pieces: u64,
+    /// Which levels ran bottom-up.
+    pub bottom_up: Vec<bool>,
     /// Vertices reached.
     pub reached: u64,
 }
@@ -208,7 +237,9 @@ pub struct BfsRun {
 /// queues' client stream (vertex-centric: every level scans the level array in GPU memory and
 /// expands the vertices at that level, each block runs of consecutive vertices split as
 /// `opts.split` says), then, with `opts.hub_segment`, `gpunvme_cache_bfs_heavy` over the level's
-/// high-degree vertices, until a level visits nothing. Fails if any load failed (a fill's
+/// high-degree vertices, until a level visits nothing. With [`BfsDirection::Optimizing`] a
+/// level with fewer unvisited vertices than frontier vertices runs `gpunvme_cache_bfs_up`
+/// instead (bottom-up). Fails if any load failed (a fill's
 /// status, a corrupt row).
 pub fn gpu_bfs(
     q: &GpuQueues,
@@ -232,8 +263,8 @@ pub fn gpu_bfs(
     let lv = DeviceMemory::alloc(cuda, n * 4)?;
     lv.write(0, levels.as_bytes())?;
     // Word 0: vertices the level visited; word 1: failed loads; word 2: the dynamic split's
-    // next vertex.
-    let counters = DeviceMemory::alloc(cuda, 24)?;
+    // next vertex; word 3: vertices with neighbours a bottom-up level left unvisited.
+    let counters = DeviceMemory::alloc(cuda, 32)?;
     ensure!(
         opts.hub_segment != Some(0),
         "a BFS hub segment of 0 neighbours"
@@ -254,34 +285,50 @@ pub fn gpu_bfs(
     let mut depth = 0u32;
     let mut level_secs = Vec::new();
     let mut hub_pieces = 0u64;
+    let mut bottom_up = Vec::new();
+    // The frontier's size, the vertices not yet reached, and (once a bottom-up level counted
+    // them) how many of those have neighbours.
+    let (mut frontier, mut unreached) = (1u64, vertices as u64 - 1);
+    let mut unreached_with_edges: Option<u64> = None;
     let start = Instant::now();
     loop {
-        counters.write(0, [0u64; 3].as_bytes())?;
-        if let Some(h) = &heavy {
+        counters.write(0, [0u64; 4].as_bytes())?;
+        let up = opts.direction == BfsDirection::Optimizing
+            && depth > 0
+            && unreached_with_edges.unwrap_or(unreached) < frontier;
+        bottom_up.push(up);
+        let heavy = heavy.as_ref().filter(|_| !up);
+        if let Some(h) = heavy {
             h.write(0, 0u64.as_bytes())?;
         }
         let level_start = Instant::now();
-        launch(
-            q.kernels().cache_bfs_level,
-            &[
-                Arg::U64(cache),
-                Arg::U32(r_off),
-                Arg::U32(r_col),
-                Arg::U64(p_off),
-                Arg::U64(p_col),
-                Arg::U32(vertices),
-                Arg::U64(lv.ptr()),
-                Arg::U32(depth),
-                Arg::U64(counters.ptr()),
-                Arg::U64(counters.ptr() + 8),
-                Arg::U64(counters.ptr() + 16),
-                Arg::U32(chunk),
-                Arg::U64(heavy.as_ref().map_or(0, |h| h.ptr())),
+        let reverse = Arg::U32(u32::from(opts.alternate && depth % 2 == 1));
+        let common = [
+            Arg::U64(cache),
+            Arg::U32(r_off),
+            Arg::U32(r_col),
+            Arg::U64(p_off),
+            Arg::U64(p_col),
+            Arg::U32(vertices),
+            Arg::U64(lv.ptr()),
+            Arg::U32(depth),
+            Arg::U64(counters.ptr()),
+            Arg::U64(counters.ptr() + 8),
+            Arg::U64(counters.ptr() + 16),
+            Arg::U32(chunk),
+        ];
+        if up {
+            let tail = [reverse, Arg::U64(counters.ptr() + 24)];
+            launch(q.kernels().cache_bfs_up, &[&common[..], &tail].concat())?;
+        } else {
+            let tail = [
+                Arg::U64(heavy.map_or(0, |h| h.ptr())),
                 Arg::U32(segment),
-                Arg::U32(u32::from(opts.alternate && depth % 2 == 1)),
-            ],
-        )?;
-        if let Some(h) = &heavy {
+                reverse,
+            ];
+            launch(q.kernels().cache_bfs_level, &[&common[..], &tail].concat())?;
+        }
+        if let Some(h) = heavy {
             // Same stream: it starts when the level kernel has ended and published its list.
             launch(
                 q.kernels().cache_bfs_heavy,
@@ -300,12 +347,12 @@ pub fn gpu_bfs(
         }
         wait(q, "a BFS level")?;
         level_secs.push(level_start.elapsed().as_secs_f64());
-        if let Some(h) = &heavy {
+        if let Some(h) = heavy {
             let mut taken = 0u64;
             h.read(0, taken.as_mut_bytes())?;
             hub_pieces += taken.min(HEAVY_ENTRIES as u64);
         }
-        let mut words = [0u64; 2];
+        let mut words = [0u64; 4];
         counters.read(0, words.as_mut_bytes())?;
         ensure!(
             words[1] == 0,
@@ -314,6 +361,14 @@ pub fn gpu_bfs(
             src.failure_detail()
         );
         depth += 1;
+        // Every vertex a level reaches has a neighbour (the one it was reached from).
+        frontier = words[0];
+        unreached = unreached.saturating_sub(words[0]);
+        unreached_with_edges = if up {
+            Some(words[3])
+        } else {
+            unreached_with_edges.map(|n| n.saturating_sub(words[0]))
+        };
         if words[0] == 0 {
             break;
         }
@@ -328,6 +383,7 @@ pub fn gpu_bfs(
         secs,
         level_secs,
         hub_pieces,
+        bottom_up,
         reached,
     })
 }
