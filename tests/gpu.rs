@@ -3449,19 +3449,22 @@ mod cache {
         let want = graph::cpu_bfs(&g, root);
         // Small dynamic runs: many draws of the shared counter, each block's barriers met; odd
         // levels take them from the top down.
-        let run = graph::gpu_bfs(
-            &r.gpu,
-            Source::Cache(&c, &ranges[..2]),
-            g.vertices(),
-            root,
-            BfsOptions {
-                split: BfsSplit::Dynamic(64),
-                hub_segment: Some(16),
-                alternate: true,
-                direction: BfsDirection::TopDown,
-            },
-        )
-        .expect("BFS through the cache");
+        let through_cache = |direction| {
+            graph::gpu_bfs(
+                &r.gpu,
+                Source::Cache(&c, &ranges[..2]),
+                g.vertices(),
+                root,
+                BfsOptions {
+                    split: BfsSplit::Dynamic(64),
+                    hub_segment: Some(16),
+                    alternate: true,
+                    direction,
+                },
+            )
+            .expect("BFS through the cache")
+        };
+        let run = through_cache(BfsDirection::TopDown);
         assert_eq!(graph::first_mismatch(&run.levels, &want), None, "levels");
         assert!(run.depth > 2 && run.reached > 400, "{run:?}");
         assert_eq!(run.level_secs.len(), run.depth as usize, "{run:?}");
@@ -3469,19 +3472,7 @@ mod cache {
         // Pieces of 16 neighbours: the graph's hubs went to the second kernel.
         assert!(run.hub_pieces > 0, "{run:?}");
         // Direction-optimising: some levels bottom-up, through the cache, same levels.
-        let opt = graph::gpu_bfs(
-            &r.gpu,
-            Source::Cache(&c, &ranges[..2]),
-            g.vertices(),
-            root,
-            BfsOptions {
-                split: BfsSplit::Dynamic(64),
-                hub_segment: Some(16),
-                alternate: true,
-                direction: BfsDirection::Optimizing,
-            },
-        )
-        .expect("direction-optimising BFS through the cache");
+        let opt = through_cache(BfsDirection::Optimizing);
         assert_eq!(graph::first_mismatch(&opt.levels, &want), None, "{opt:?}");
         assert!(opt.bottom_up.contains(&true), "{opt:?}");
         assert!(!opt.bottom_up[0], "{opt:?}");

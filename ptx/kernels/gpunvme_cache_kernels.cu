@@ -250,6 +250,20 @@ __device__ inline bool bfs_defer(unsigned long long* heavy, uint32_t segment, ui
     return true;
 }
 
+/// The row offsets [*start, *end) of lane l's vertex v (v = a group's first vertex + l) by two
+/// warp-wide loads (consecutive elements: one lookup per page; lanes not `mine` load nothing);
+/// returns `todo` less the lanes whose row failed to load or goes backwards (a corrupt graph),
+/// counted in *bad. Warp-collective.
+template <class O>
+__device__ inline uint32_t bfs_rows(O& offsets, uint64_t v, bool mine, uint32_t todo,
+                                    uint64_t* start, uint64_t* end, unsigned long long* bad) {
+    const status s = offsets.load(v, start, mine);
+    const status s2 = offsets.load(v + 1, end, mine);
+    const bool broken = ((todo >> (threadIdx.x & 31u)) & 1u) && (s || s2 || *end < *start);
+    *bad += broken;
+    return todo & ~__ballot_sync(0xffffffffu, broken);
+}
+
 /// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape). The vertices go
 /// to the blocks in runs of consecutive vertices: with `chunk` > 0 each block takes runs of
 /// `chunk` vertices from the counter *next (zero at launch) until none is left, so blocks that
@@ -291,11 +305,7 @@ __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t
         uint32_t todo = __ballot_sync(full, mine && levels[v] == level);
         if (!todo) continue;
         uint64_t start = 0, end = 0;
-        status s = offsets.load(v, &start, mine);
-        status s2 = offsets.load(v + 1, &end, mine);
-        const bool broken = ((todo >> lane) & 1u) && (s || s2 || end < start);
-        *bad += broken;
-        todo &= ~__ballot_sync(full, broken);
+        todo = bfs_rows(offsets, v, mine, todo, &start, &end, bad);
         while (todo) {
             const uint32_t j = __ffs(todo) - 1;
             todo &= todo - 1;
@@ -332,11 +342,8 @@ __device__ inline void bfs_up_run(O& offsets, C& cols, uint32_t nvertices, uint3
         uint32_t todo = __ballot_sync(full, mine && levels[v] == GPUNVME_BFS_UNVISITED);
         if (!todo) continue;
         uint64_t start = 0, end = 0;
-        status s = offsets.load(v, &start, mine);
-        status s2 = offsets.load(v + 1, &end, mine);
-        const bool broken = ((todo >> lane) & 1u) && (s || s2 || end < start);
-        *bad += broken;
-        todo &= ~__ballot_sync(full, broken | (end == start));
+        todo = bfs_rows(offsets, v, mine, todo, &start, &end, bad);
+        todo &= ~__ballot_sync(full, end == start);
         while (todo) {
             const uint32_t j = __ffs(todo) - 1;
             todo &= todo - 1;
