@@ -287,93 +287,85 @@ __device__ inline uint32_t bfs_rows(O& offsets, uint64_t v, bool mine, uint32_t 
 /// hubs have 10^5 neighbours, and one warp walking them alone held a level for milliseconds.
 /// Failed loads, rows whose offsets go backwards and neighbours past nvertices (a corrupt
 /// graph) are counted in *errors and skipped.
-template <class O, class C>
+/// With Up, the step runs bottom-up (Beamer's direction-optimising BFS): each vertex still
+/// UNVISITED with neighbours looks through them (bfs_find) for one at `level` and stops at the
+/// first group of 32 that holds one: the vertex gets level + 1 (a plain store: only its own
+/// warp writes it; others compare levels with `level`, which it is not), counted in *won; one
+/// that finds none is counted in *left (the unvisited vertices that have neighbours: what the
+/// host weighs the next step's direction by). Late levels, when few vertices are left, read
+/// those few vertices' lists (and often only their first page) instead of every list of a
+/// frontier spread over the graph. Hubs are not deferred bottom-up (an unvisited vertex
+/// usually stops within its first group).
+/// Whether any of the neighbours [b0, e0) is at `level`, read 32 at a time by the warp until a
+/// group holds one (failed loads and neighbours past nvertices counted in *bad). Warp-uniform
+/// arguments and result.
+template <class C>
+__device__ inline bool bfs_find(C& cols, uint32_t nvertices, const uint32_t* levels,
+                                uint32_t level, uint64_t b0, uint64_t e0,
+                                unsigned long long* bad) {
+    const uint32_t lane = threadIdx.x & 31u;
+    for (uint64_t b = b0; b < e0; b += 32) {
+        const uint64_t e = b + lane;
+        const bool active = e < e0;
+        uint32_t u = 0;
+        const status s = cols.load(e, &u, active);
+        const bool err = active && (s || u >= nvertices);
+        *bad += err;
+        if (__ballot_sync(0xffffffffu, active && !err && levels[u] == level)) return true;
+    }
+    return false;
+}
+
+template <bool Up, class O, class C>
 __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                uint32_t level, uint64_t first, uint64_t last,
                                unsigned long long* heavy, uint32_t segment,
-                               unsigned long long* bad, unsigned long long* won) {
+                               unsigned long long* bad, unsigned long long* won,
+                               unsigned long long* left) {
     const uint32_t lane = threadIdx.x & 31u;
     const uint64_t warps = blockDim.x / 32, step = 32 * warps;
     const uint32_t full = 0xffffffffu;
+    const uint32_t wanted = Up ? GPUNVME_BFS_UNVISITED : level;
     // Warp-uniform bounds and conditions: every lane runs the same iterations (the loads are
     // collective). 32 vertices at a time: lane l's vertex g + l; the row offsets of all 32 by
     // two warp-wide loads (consecutive elements: one lookup per page), skipped when none is at
-    // `level`.
+    // `level` (bottom-up: UNVISITED).
     for (uint64_t g = first + 32 * (threadIdx.x / 32); g < last; g += step) {
         const uint64_t v = g + lane;
         const bool mine = v < last;
-        uint32_t todo = __ballot_sync(full, mine && levels[v] == level);
+        uint32_t todo = __ballot_sync(full, mine && levels[v] == wanted);
         if (!todo) continue;
         uint64_t start = 0, end = 0;
         todo = bfs_rows(offsets, v, mine, todo, &start, &end, bad);
+        // Bottom-up, a vertex without neighbours cannot be reached.
+        if (Up) todo &= ~__ballot_sync(full, end == start);
         while (todo) {
             const uint32_t j = __ffs(todo) - 1;
             todo &= todo - 1;
             const uint64_t b0 = __shfl_sync(full, start, j), e0 = __shfl_sync(full, end, j);
-            if (heavy != nullptr && segment != 0 && e0 - b0 > segment &&
-                bfs_defer(heavy, segment, b0, e0))
-                continue;
-            bfs_expand(cols, nvertices, levels, level, b0, e0, 0, 32, bad, won);
-        }
-    }
-}
-
-/// One bottom-up step (Beamer's direction-optimising BFS) over the vertices [first, last): each
-/// vertex still UNVISITED with neighbours looks through them, 32 at a time by its warp (one
-/// page lookup per 32), for one at `level`, and stops at the first group that holds one: the
-/// vertex gets level + 1 (a plain store: only its own warp writes it; others compare levels
-/// with `level`, which it is not), counted in *won; one that finds none is counted in *left
-/// (the unvisited vertices that have neighbours: what the host weighs the next step's
-/// direction by). Late levels, when few vertices are left, read those few vertices' lists (and
-/// often only their first page) instead of every list of a frontier spread over the graph.
-/// Row offsets and errors as bfs_run; hubs are not deferred (an unvisited vertex usually stops
-/// within its first group).
-template <class O, class C>
-__device__ inline void bfs_up_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
-                                  uint32_t level, uint64_t first, uint64_t last,
-                                  unsigned long long* bad, unsigned long long* won,
-                                  unsigned long long* left) {
-    const uint32_t lane = threadIdx.x & 31u;
-    const uint64_t warps = blockDim.x / 32, step = 32 * warps;
-    const uint32_t full = 0xffffffffu;
-    for (uint64_t g = first + 32 * (threadIdx.x / 32); g < last; g += step) {
-        const uint64_t v = g + lane;
-        const bool mine = v < last;
-        uint32_t todo = __ballot_sync(full, mine && levels[v] == GPUNVME_BFS_UNVISITED);
-        if (!todo) continue;
-        uint64_t start = 0, end = 0;
-        todo = bfs_rows(offsets, v, mine, todo, &start, &end, bad);
-        todo &= ~__ballot_sync(full, end == start);
-        while (todo) {
-            const uint32_t j = __ffs(todo) - 1;
-            todo &= todo - 1;
-            const uint64_t b0 = __shfl_sync(full, start, j), e0 = __shfl_sync(full, end, j);
-            bool found = false;
-            // Warp-uniform: `found` is a ballot.
-            for (uint64_t b = b0; b < e0 && !found; b += 32) {
-                const uint64_t e = b + lane;
-                const bool active = e < e0;
-                uint32_t u = 0;
-                const status ls = cols.load(e, &u, active);
-                const bool err = active && (ls || u >= nvertices);
-                *bad += err;
-                found = __ballot_sync(full, active && !err && levels[u] == level) != 0;
-            }
-            if (lane == j) {
-                if (found) {
-                    levels[v] = level + 1;
-                    ++*won;
-                } else {
-                    ++*left;
+            if constexpr (Up) {
+                const bool found = bfs_find(cols, nvertices, levels, level, b0, e0, bad);
+                if (lane == j) {
+                    if (found) {
+                        levels[v] = level + 1;
+                        ++*won;
+                    } else {
+                        ++*left;
+                    }
                 }
+            } else {
+                if (heavy != nullptr && segment != 0 && e0 - b0 > segment &&
+                    bfs_defer(heavy, segment, b0, e0))
+                    continue;
+                bfs_expand(cols, nvertices, levels, level, b0, e0, 0, 32, bad, won);
             }
         }
     }
 }
 
-/// A BFS level's runs, top-down (bfs_run) or, with Up, bottom-up (bfs_up_run, counting in
-/// *left the vertices with neighbours it leaves unvisited): two kernels, so that each keeps
-/// its own registers.
+/// A BFS level's runs, top-down or, with Up, bottom-up (bfs_run; counting in *left the
+/// vertices with neighbours it leaves unvisited): two kernels, so that each keeps its own
+/// registers.
 template <bool Up, class O, class C>
 __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                  uint32_t level, unsigned long long* visited,
@@ -382,12 +374,8 @@ __device__ inline void bfs_level(O& offsets, C& cols, uint32_t nvertices, uint32
                                  bool reverse, unsigned long long* left) {
     unsigned long long bad = 0, won = 0, unreached = 0;
     auto run_of = [&](uint64_t first, uint64_t last) {
-        if constexpr (Up)
-            bfs_up_run(offsets, cols, nvertices, levels, level, first, last, &bad, &won,
-                       &unreached);
-        else
-            bfs_run(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
-                    &won);
+        bfs_run<Up>(offsets, cols, nvertices, levels, level, first, last, heavy, segment, &bad,
+                    &won, &unreached);
     };
     if (chunk == 0 || next == nullptr) {
         // Runs are whole groups of 32.
@@ -451,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_level(
     }
 }
 
-/// One bottom-up BFS level (bfs_up_run), split and swept as gpunvme_cache_bfs_level's; the
+/// One bottom-up BFS level (bfs_run<true>), split and swept as gpunvme_cache_bfs_level's; the
 /// vertices with neighbours it leaves unvisited are counted in *left. Launch whole warps.
 /// Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_up(
