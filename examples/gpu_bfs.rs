@@ -66,8 +66,8 @@ struct Args {
     /// `optimizing`: a level runs bottom-up (unvisited vertices look for a neighbour in the
     /// frontier) when fewer vertices with neighbours are left unvisited than the frontier
     /// holds; `top-down`: every level expands its frontier.
-    #[arg(long, default_value = "optimizing", value_parser = ["optimizing", "top-down"])]
-    direction: String,
+    #[arg(long, default_value = "optimizing", value_parser = parse_direction)]
+    direction: BfsDirection,
     #[command(flatten)]
     cache: CacheArgs,
     #[command(flatten)]
@@ -114,7 +114,7 @@ fn main() -> Result<()> {
             "split": format!("{:?}", args.split).to_lowercase(),
             "hub_segment": args.hub_segment,
             "sweep": args.sweep,
-            "direction": args.direction,
+            "direction": args.direction.name(),
             "seconds": secs, "gteps": traversed as f64 / secs / 1e9,
             "controller": format!("{:?}", args.dev.controller).to_lowercase(),
             "ssd_model": args.dev.ssd_model.map(|m| m.describe()),
@@ -130,11 +130,7 @@ fn main() -> Result<()> {
         split: args.split,
         hub_segment: (args.hub_segment > 0).then_some(args.hub_segment),
         alternate: args.sweep == "alternate",
-        direction: if args.direction == "optimizing" {
-            BfsDirection::Optimizing
-        } else {
-            BfsDirection::TopDown
-        },
+        direction: args.direction,
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
@@ -237,6 +233,14 @@ fn parse_split(s: &str) -> Result<BfsSplit, String> {
         },
         _ => Err(format!("{s}: static, dynamic or dynamic:N")),
     }
+}
+
+/// `--direction`: a [`BfsDirection`] by its name.
+fn parse_direction(s: &str) -> Result<BfsDirection, String> {
+    [BfsDirection::Optimizing, BfsDirection::TopDown]
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| format!("{s}: optimizing or top-down"))
 }
 
 /// Each level's milliseconds, rounded to microseconds.

@@ -264,6 +264,26 @@ __device__ inline uint32_t bfs_rows(O& offsets, uint64_t v, bool mine, uint32_t 
     return todo & ~__ballot_sync(0xffffffffu, broken);
 }
 
+/// Whether any of the neighbours [b0, e0) is at `level`, read 32 at a time by the warp until a
+/// group holds one (failed loads and neighbours past nvertices counted in *bad). Warp-uniform
+/// arguments and result.
+template <class C>
+__device__ inline bool bfs_find(C& cols, uint32_t nvertices, const uint32_t* levels,
+                                uint32_t level, uint64_t b0, uint64_t e0,
+                                unsigned long long* bad) {
+    const uint32_t lane = threadIdx.x & 31u;
+    for (uint64_t b = b0; b < e0; b += 32) {
+        const uint64_t e = b + lane;
+        const bool active = e < e0;
+        uint32_t u = 0;
+        const status s = cols.load(e, &u, active);
+        const bool err = active && (s || u >= nvertices);
+        *bad += err;
+        if (__ballot_sync(0xffffffffu, active && !err && levels[u] == level)) return true;
+    }
+    return false;
+}
+
 /// One BFS level over a CSR graph, vertex-centric (EMOGI's and BaM's shape). The vertices go
 /// to the blocks in runs of consecutive vertices: with `chunk` > 0 each block takes runs of
 /// `chunk` vertices from the counter *next (zero at launch) until none is left, so blocks that
@@ -296,26 +316,6 @@ __device__ inline uint32_t bfs_rows(O& offsets, uint64_t v, bool mine, uint32_t 
 /// those few vertices' lists (and often only their first page) instead of every list of a
 /// frontier spread over the graph. Hubs are not deferred bottom-up (an unvisited vertex
 /// usually stops within its first group).
-/// Whether any of the neighbours [b0, e0) is at `level`, read 32 at a time by the warp until a
-/// group holds one (failed loads and neighbours past nvertices counted in *bad). Warp-uniform
-/// arguments and result.
-template <class C>
-__device__ inline bool bfs_find(C& cols, uint32_t nvertices, const uint32_t* levels,
-                                uint32_t level, uint64_t b0, uint64_t e0,
-                                unsigned long long* bad) {
-    const uint32_t lane = threadIdx.x & 31u;
-    for (uint64_t b = b0; b < e0; b += 32) {
-        const uint64_t e = b + lane;
-        const bool active = e < e0;
-        uint32_t u = 0;
-        const status s = cols.load(e, &u, active);
-        const bool err = active && (s || u >= nvertices);
-        *bad += err;
-        if (__ballot_sync(0xffffffffu, active && !err && levels[u] == level)) return true;
-    }
-    return false;
-}
-
 template <bool Up, class O, class C>
 __device__ inline void bfs_run(O& offsets, C& cols, uint32_t nvertices, uint32_t* levels,
                                uint32_t level, uint64_t first, uint64_t last,
