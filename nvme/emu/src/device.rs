@@ -58,7 +58,7 @@ impl EmuDevice {
             .namespaces
             .iter()
             .enumerate()
-            .map(|(i, ns)| Namespace::open(i as u32 + 1, ns))
+            .map(|(i, ns)| Namespace::open(i as u32 + 1, ns, config.image_reads))
             .collect::<Result<Arc<[_]>, _>>()?;
         let cap = Cap::new()
             .with_mqes_z(config.mqes)

@@ -106,6 +106,7 @@ mod doorbells;
 pub mod error;
 pub mod faults;
 mod host_memory;
+mod image_map;
 mod lock;
 pub mod memory;
 mod prp;
@@ -115,7 +116,7 @@ mod registers;
 pub mod stats;
 mod storage;
 
-pub use config::{Backend, EmuConfig, Hostile, NamespaceConfig, NsFormat};
+pub use config::{Backend, EmuConfig, Hostile, ImageReads, NamespaceConfig, NsFormat};
 pub use controller::controller_thread_index;
 pub use device::EmuDevice;
 pub use doorbells::DoorbellWord;

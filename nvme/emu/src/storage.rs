@@ -2,7 +2,10 @@
 //!
 //! Every controller thread reads and writes the media of every namespace at once, so media are
 //! shared (`&self` only):
-//! - a file is read and written with positioned I/O (`pread`/`pwrite`), which needs no lock;
+//! - a file is written with positioned I/O (`pwrite`) and read with it (`pread`, which needs
+//!   no lock) or, for small reads of an image in memory, by copying from a mapping of it
+//!   ([`crate::ImageReads`]; the stripe locks of [`crate::image_map`] keep those copies and
+//!   the writes apart);
 //! - memory is cut into stripes of [`STRIPE`] bytes, each an anonymous mapping (zero pages
 //!   until written, so a big namespace costs memory only for the blocks written) behind its own
 //!   reader-writer lock. A block never spans two stripes (stripes are a multiple of every LBA
@@ -11,12 +14,14 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use memmap2::MmapMut;
 
-use crate::config::{Backend, NamespaceConfig, open_image};
+use crate::config::{Backend, IMAGE_READS_ENV, ImageReads, NamespaceConfig, open_image};
 use crate::error::EmuError;
+use crate::image_map::ImageMap;
 
 /// Zeroes written per call when zeroing a range of a file.
 const ZERO_CHUNK: usize = 1 << 20;
@@ -24,12 +29,46 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// Bytes per lock (and per mapping) of a memory namespace.
 pub(crate) const STRIPE: usize = 2 << 20;
 
+/// The stripe holding all of `offset..offset + len`, and the offset in it; `None` when the
+/// range spans stripes.
+pub(crate) fn stripe_single(offset: u64, len: usize) -> Option<(usize, usize)> {
+    let (i, at) = (
+        (offset / STRIPE as u64) as usize,
+        (offset % STRIPE as u64) as usize,
+    );
+    (at + len <= STRIPE).then_some((i, at))
+}
+
+/// Calls `f(stripe index, offset in the stripe, offset in the range, length)` for each piece
+/// of `offset..offset + len` that lies in one stripe, in order.
+pub(crate) fn stripe_pieces(offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let mut done = 0u64;
+    while done < len {
+        let at = offset + done;
+        let (i, off) = ((at / STRIPE as u64) as usize, (at % STRIPE as u64) as usize);
+        let n = (len - done).min((STRIPE - off) as u64) as usize;
+        f(i, off, done as usize, n);
+        done += n as u64;
+    }
+}
+
+/// Media whose bytes are read in place, a stripe at a time under its lock (memory, and
+/// mapped images).
+pub(crate) trait StripedBytes {
+    /// Calls `f` with the bytes at `offset..offset + len` (inside the media) under its
+    /// stripe's read lock; `None` (without calling `f`) when the range spans stripes.
+    fn with_bytes<R>(&self, offset: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R>;
+
+    /// Copies the bytes at `offset` (inside the media) into `out`, a stripe at a time.
+    fn read_into(&self, offset: u64, out: &mut [u8]);
+}
+
 /// A namespace's media.
 pub(crate) enum Media {
     /// In memory.
     Memory(MemoryMedia),
     /// In an image file.
-    File(File),
+    File(FileMedia),
     /// Nowhere: reads and writes move no data.
     Null,
 }
@@ -61,28 +100,6 @@ impl MemoryMedia {
         self.stripes[i].write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The stripe holding all of `offset..offset + len`, and the offset in it; `None` when the
-    /// range spans stripes.
-    fn single(offset: u64, len: usize) -> Option<(usize, usize)> {
-        let (i, at) = (
-            (offset / STRIPE as u64) as usize,
-            (offset % STRIPE as u64) as usize,
-        );
-        (at + len <= STRIPE).then_some((i, at))
-    }
-
-    /// Calls `f` with the bytes at `offset..offset + len` (inside the media) under its stripe's
-    /// read lock; `None` (without calling `f`) when the range spans stripes.
-    pub(crate) fn with_bytes<R>(
-        &self,
-        offset: u64,
-        len: usize,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Option<R> {
-        let (i, at) = Self::single(offset, len)?;
-        Some(f(&self.read_stripe(i)[at..at + len]))
-    }
-
     /// Calls `f` with the bytes at `offset..offset + len` (inside the media) under its stripe's
     /// write lock; `None` (without calling `f`) when the range spans stripes.
     pub(crate) fn with_bytes_mut<R>(
@@ -91,43 +108,90 @@ impl MemoryMedia {
         len: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Option<R> {
-        let (i, at) = Self::single(offset, len)?;
+        let (i, at) = stripe_single(offset, len)?;
         Some(f(&mut self.write_stripe(i)[at..at + len]))
-    }
-
-    /// Calls `f(stripe index, offset in the stripe, offset in the range, length)` for each
-    /// piece of `offset..offset + len` that lies in one stripe, in order.
-    fn pieces(offset: u64, len: u64, mut f: impl FnMut(usize, usize, usize, usize)) {
-        let mut done = 0u64;
-        while done < len {
-            let at = offset + done;
-            let (i, off) = ((at / STRIPE as u64) as usize, (at % STRIPE as u64) as usize);
-            let n = (len - done).min((STRIPE - off) as u64) as usize;
-            f(i, off, done as usize, n);
-            done += n as u64;
-        }
-    }
-
-    /// Copies the bytes at `offset` (inside the media) into `out`.
-    pub(crate) fn read_into(&self, offset: u64, out: &mut [u8]) {
-        Self::pieces(offset, out.len() as u64, |i, off, at, n| {
-            out[at..at + n].copy_from_slice(&self.read_stripe(i)[off..off + n]);
-        });
     }
 
     /// Copies `data` to `offset` (inside the media).
     pub(crate) fn write_from(&self, offset: u64, data: &[u8]) {
-        Self::pieces(offset, data.len() as u64, |i, off, at, n| {
+        stripe_pieces(offset, data.len() as u64, |i, off, at, n| {
             self.write_stripe(i)[off..off + n].copy_from_slice(&data[at..at + n]);
         });
     }
 
     /// Zeroes `len` bytes at `offset` (inside the media).
     fn zero(&self, offset: u64, len: u64) {
-        Self::pieces(offset, len, |i, off, _, n| {
+        stripe_pieces(offset, len, |i, off, _, n| {
             self.write_stripe(i)[off..off + n].fill(0);
         });
     }
+}
+
+impl StripedBytes for MemoryMedia {
+    fn with_bytes<R>(&self, offset: u64, len: usize, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let (i, at) = stripe_single(offset, len)?;
+        Some(f(&self.read_stripe(i)[at..at + len]))
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) {
+        stripe_pieces(offset, out.len() as u64, |i, off, at, n| {
+            out[at..at + n].copy_from_slice(&self.read_stripe(i)[off..off + n]);
+        });
+    }
+}
+
+/// An image file, and its mapping when reads go through one ([`ImageReads::Mapped`]).
+pub(crate) struct FileMedia {
+    pub(crate) file: File,
+    pub(crate) map: Option<ImageMap>,
+}
+
+impl FileMedia {
+    /// Opens the image of namespace `nsid` (`bytes` long), mapped if `reads` says so.
+    fn open(
+        nsid: u32,
+        path: &Path,
+        bytes: u64,
+        read_only: bool,
+        reads: ImageReads,
+    ) -> Result<Self, EmuError> {
+        let file = open_image(nsid, path, bytes, read_only)?;
+        let env = std::env::var(IMAGE_READS_ENV).ok();
+        let map = if reads.mapped(env.as_deref(), in_memory(&file)) {
+            Some(
+                ImageMap::new(&file, bytes).map_err(|source| EmuError::OpenImage {
+                    path: path.to_owned(),
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { file, map })
+    }
+
+    /// Writes `data` at `offset` (inside the media), excluding mapped reads of those stripes.
+    pub(crate) fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        match &self.map {
+            Some(m) => m.write_locked(offset, data.len() as u64, || {
+                self.file.write_all_at(data, offset)
+            }),
+            None => self.file.write_all_at(data, offset),
+        }
+    }
+}
+
+/// Whether `file` lives in memory (tmpfs or ramfs), where copying from a mapping cannot meet
+/// an I/O error.
+fn in_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file).is_ok_and(|st| {
+        // f_type is a C long on this target and narrower on others.
+        #[allow(clippy::unnecessary_cast)]
+        let kind = st.f_type as i64;
+        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+    })
 }
 
 /// An active namespace.
@@ -147,13 +211,19 @@ pub(crate) struct Namespace {
 
 impl Namespace {
     /// Opens or allocates the media for namespace `nsid` (the config is already validated).
-    pub(crate) fn open(nsid: u32, config: &NamespaceConfig) -> Result<Self, EmuError> {
+    pub(crate) fn open(
+        nsid: u32,
+        config: &NamespaceConfig,
+        reads: ImageReads,
+    ) -> Result<Self, EmuError> {
         let bytes = config.bytes();
         let media = match &config.backend {
             Backend::Memory => Media::Memory(
                 MemoryMedia::new(bytes).ok_or(EmuError::AllocateNamespace { nsid, bytes })?,
             ),
-            Backend::File(path) => Media::File(open_image(nsid, path, bytes, config.read_only)?),
+            Backend::File(path) => {
+                Media::File(FileMedia::open(nsid, path, bytes, config.read_only, reads)?)
+            }
             Backend::Null => Media::Null,
         };
         Ok(Self {
@@ -174,7 +244,7 @@ impl Namespace {
     /// Makes every completed write durable.
     pub(crate) fn flush(&self) -> std::io::Result<()> {
         match &self.media {
-            Media::File(f) => f.sync_data(),
+            Media::File(f) => f.file.sync_data(),
             Media::Memory(_) | Media::Null => Ok(()),
         }
     }
@@ -191,7 +261,7 @@ impl Namespace {
                 let mut done = 0;
                 while done < len {
                     let n = (len - done).min(ZERO_CHUNK as u64) as usize;
-                    f.write_all_at(&ZEROES[..n], offset + done)?;
+                    f.write_at(&ZEROES[..n], offset + done)?;
                     done += n as u64;
                 }
                 Ok(())
@@ -217,7 +287,7 @@ mod tests {
             read_only: false,
             format: crate::NsFormat::Plain,
         };
-        let ns = Namespace::open(1, &cfg).unwrap();
+        let ns = Namespace::open(1, &cfg, ImageReads::Pread).unwrap();
         assert!(ns.is_file());
         ns.zero(512, 1024).unwrap();
         ns.flush().unwrap();
@@ -229,9 +299,77 @@ mod tests {
         drop(ns);
         let big = NamespaceConfig { blocks: 17, ..cfg };
         assert!(matches!(
-            Namespace::open(1, &big),
+            Namespace::open(1, &big, ImageReads::Pread),
             Err(EmuError::InvalidImage { .. })
         ));
+    }
+
+    #[test]
+    fn mapped_image_reads_see_every_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img");
+        let len = 2 * STRIPE + 4096;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let cfg = NamespaceConfig {
+            backend: Backend::File(path.clone()),
+            blocks: len as u64 / 512,
+            lba_size: 512,
+            read_only: false,
+            format: crate::NsFormat::Plain,
+        };
+        let ns = Namespace::open(1, &cfg, ImageReads::Mapped).unwrap();
+        let Media::File(f) = &ns.media else {
+            panic!("a file namespace")
+        };
+        let m = f.map.as_ref().expect("mapped reads were asked for");
+        assert_eq!(
+            m.with_bytes(4096, 512, |b| b.to_vec()).unwrap(),
+            data[4096..4608]
+        );
+        // Across a stripe boundary: refused in place, copied piecewise.
+        let at = STRIPE as u64 - 1024;
+        assert!(m.with_bytes(at, 2048, |_| ()).is_none());
+        let mut back = vec![0u8; 2048];
+        m.read_into(at, &mut back);
+        assert_eq!(back, data[at as usize..at as usize + 2048]);
+        // Positioned writes and zeroing land in the mapping (one page cache).
+        f.write_at(&[7u8; 2048], at).unwrap();
+        m.read_into(at, &mut back);
+        assert!(back.iter().all(|&b| b == 7));
+        ns.zero(at + 1024, 1024).unwrap();
+        m.read_into(at, &mut back);
+        assert!(back[..1024].iter().all(|&b| b == 7) && back[1024..].iter().all(|&b| b == 0));
+        // The last partial stripe is mapped too.
+        assert_eq!(
+            m.with_bytes(len as u64 - 512, 512, |b| b.to_vec()).unwrap(),
+            data[len - 512..]
+        );
+        // Positioned reads map nothing.
+        drop(ns);
+        let ns = Namespace::open(1, &cfg, ImageReads::Pread).unwrap();
+        assert!(matches!(
+            &ns.media,
+            Media::File(FileMedia { map: None, .. })
+        ));
+    }
+
+    #[test]
+    fn image_reads_choice() {
+        use ImageReads::*;
+        assert!(!Pread.mapped(Some("mapped"), true));
+        assert!(Mapped.mapped(Some("pread"), false));
+        assert!(Auto.mapped(None, true));
+        assert!(!Auto.mapped(None, false));
+        assert!(Auto.mapped(Some("mapped"), false));
+        assert!(!Auto.mapped(Some(" pread\n"), true));
+        assert!(Auto.mapped(Some("bogus"), true));
+        assert!(!Auto.mapped(Some(""), false));
+        // tmpfs counts as memory.
+        match tempfile::tempfile_in("/dev/shm") {
+            Ok(f) => assert!(in_memory(&f)),
+            Err(e) => eprintln!("skipped: no /dev/shm here ({e})"),
+        }
     }
 
     #[test]

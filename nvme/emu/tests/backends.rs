@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use nvme::Device;
-use nvme_emu::{Backend, EmuConfig, EmuError, NamespaceConfig};
+use nvme_emu::{Backend, EmuConfig, EmuError, ImageReads, NamespaceConfig};
 use nvme_spec::status::{StatusCodeType as Sct, generic};
 use nvme_spec::{Command, NvmOpcode};
 
@@ -277,11 +277,19 @@ fn one_writer_or_many_readers_per_image() {
 
 #[test]
 fn image_reads_land_in_host_memory_through_every_prp_shape() {
+    prp_shapes(ImageReads::Pread);
+    prp_shapes(ImageReads::Mapped);
+}
+
+fn prp_shapes(reads: ImageReads) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("shapes.img");
     let data = pattern(64 << 10, 9);
     std::fs::write(&path, &data).unwrap();
-    let mut h = Host::enabled(EmuConfig::for_image(&path, 512).unwrap());
+    let mut h = Host::enabled(EmuConfig {
+        image_reads: reads,
+        ..EmuConfig::for_image(&path, 512).unwrap()
+    });
     let mut q = h.create_io_pair(1, 8, 8);
     let buf = h.dev.alloc_dma(5 * 4096).unwrap();
     let list = h.dev.alloc_dma(4096).unwrap();
@@ -326,4 +334,83 @@ fn image_reads_land_in_host_memory_through_every_prp_shape() {
         Sct::GENERIC,
         generic::DATA_TRANSFER_ERROR,
     );
+}
+
+/// Reads of an image through a mapping return what Write, Write Zeroes and Deallocate left
+/// there, in one stripe and across the 2 MiB boundary between two, and what another process
+/// wrote before the controller started; positioned reads return the same bytes.
+#[test]
+fn mapped_and_positioned_reads_agree_after_writes() {
+    const STRIPE_LBA: u64 = (2 << 20) / 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mapped.img");
+    let before = pattern(3 << 20, 11);
+    std::fs::write(&path, &before).unwrap();
+    let mut seen = Vec::new();
+    for reads in [ImageReads::Mapped, ImageReads::Pread] {
+        std::fs::write(&path, &before).unwrap();
+        let mut h = Host::enabled(EmuConfig {
+            image_reads: reads,
+            ..EmuConfig::for_image(&path, 4096).unwrap()
+        });
+        let mut q = h.create_io_pair(1, 8, 8);
+        let buf = h.dev.alloc_dma(2 * 4096).unwrap();
+        let read = |q: &mut QueuePair, lba: u64| {
+            assert_ok(&q.run(
+                &h.dev,
+                &rw(
+                    READ,
+                    1,
+                    lba,
+                    2,
+                    buf.device_address(0),
+                    buf.device_address(4096),
+                ),
+            ));
+            let mut back = vec![0u8; 8192];
+            buf.read(0, &mut back);
+            back
+        };
+        // The bytes the file held.
+        let at = STRIPE_LBA as usize * 4096 - 4096;
+        assert_eq!(read(&mut q, STRIPE_LBA - 1), before[at..at + 8192]);
+        assert_eq!(read(&mut q, 3), before[3 * 4096..5 * 4096]);
+        // A Write across the boundary, then reads of it, whole and in halves.
+        let data = pattern(8192, 12);
+        buf.write(0, &data);
+        assert_ok(&q.run(
+            &h.dev,
+            &rw(
+                WRITE,
+                1,
+                STRIPE_LBA - 1,
+                2,
+                buf.device_address(0),
+                buf.device_address(4096),
+            ),
+        ));
+        assert_eq!(read(&mut q, STRIPE_LBA - 1), data);
+        assert_eq!(read(&mut q, STRIPE_LBA)[..4096], data[4096..]);
+        // Write Zeroes of one block, Deallocate of another.
+        let mut wz = Command::new(NvmOpcode::WRITE_ZEROES.0, 0, 1);
+        wz.set_slba(STRIPE_LBA);
+        assert_ok(&q.run(&h.dev, &wz));
+        assert_eq!(read(&mut q, STRIPE_LBA - 1)[..4096], data[..4096]);
+        assert!(read(&mut q, STRIPE_LBA)[..4096].iter().all(|&b| b == 0));
+        let ranges = h.dev.alloc_dma(4096).unwrap();
+        let mut range = Vec::new();
+        range.extend_from_slice(&0u32.to_le_bytes());
+        range.extend_from_slice(&1u32.to_le_bytes());
+        range.extend_from_slice(&4u64.to_le_bytes());
+        ranges.write(0, &range);
+        let mut dsm = Command::new(NvmOpcode::DATASET_MANAGEMENT.0, 0, 1);
+        dsm.cdw11 = 1 << 2; // deallocate
+        dsm.prp1 = ranges.device_address(0);
+        assert_ok(&q.run(&h.dev, &dsm));
+        let after = read(&mut q, 3);
+        assert_eq!(after[..4096], before[3 * 4096..4 * 4096]);
+        assert!(after[4096..].iter().all(|&b| b == 0));
+        seen.push((read(&mut q, STRIPE_LBA - 1), read(&mut q, 3)));
+    }
+    assert_eq!(seen[0], seen[1]);
 }

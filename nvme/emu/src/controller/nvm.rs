@@ -11,9 +11,11 @@ use zerocopy::FromBytes;
 
 use super::worker::Worker;
 use super::{CmdResult, Fail, Outcome, check_cdw0};
-use crate::prp::{copy_from_host, copy_to_host};
+use crate::config::MAPPED_READ_MAX;
+use crate::memory::{DmaError, MapCache};
+use crate::prp::{Segment, copy_from_host, copy_to_host};
 use crate::stats::Counters;
-use crate::storage::Media;
+use crate::storage::{FileMedia, Media, StripedBytes};
 
 /// Byte offsets of command fields, for the Parameter Error Location.
 const NSID_BYTE: u16 = 4;
@@ -135,17 +137,23 @@ impl Worker {
         }
         let n = len as usize;
         let moved = match &self.namespaces[index].media {
-            Media::Memory(m) => m
-                .with_bytes(offset, n, |bytes| {
-                    copy_to_host(&mut self.cache, &self.segments, bytes)
-                })
-                .unwrap_or_else(|| {
-                    // Spans stripes: copy out under each stripe's lock in turn.
-                    grow(&mut self.bounce, n);
-                    m.read_into(offset, &mut self.bounce[..n]);
-                    copy_to_host(&mut self.cache, &self.segments, &self.bounce[..n])
-                }),
-            Media::File(f) => {
+            Media::Memory(m) => read_striped(
+                m,
+                &mut self.cache,
+                &self.segments,
+                &mut self.bounce,
+                offset,
+                n,
+            ),
+            Media::File(FileMedia { map: Some(m), .. }) if n < MAPPED_READ_MAX => read_striped(
+                m,
+                &mut self.cache,
+                &self.segments,
+                &mut self.bounce,
+                offset,
+                n,
+            ),
+            Media::File(FileMedia { file: f, .. }) => {
                 // Segment by segment: straight into host memory where the region takes a
                 // positioned read (one copy, by the kernel), else through the bounce buffer.
                 let mut file_offset = offset;
@@ -218,7 +226,7 @@ impl Worker {
                 let buf = &mut self.bounce[..n];
                 copy_from_host(&mut self.cache, &self.segments, buf)
                     .map_err(|_| Fail::data_transfer())?;
-                if f.write_all_at(buf, offset).is_err() || (durable && f.sync_data().is_err()) {
+                if f.write_at(buf, offset).is_err() || (durable && f.file.sync_data().is_err()) {
                     return Err(Fail::media(media::WRITE_FAULT, slba));
                 }
             }
@@ -317,6 +325,24 @@ impl Worker {
         }
         Ok(Outcome::Done(0))
     }
+}
+
+/// Copies the `n` bytes at `offset` of striped media to the host memory `segments` describe:
+/// in place under one stripe's lock, or (spanning stripes) through `bounce`, a stripe at a time.
+fn read_striped(
+    m: &impl StripedBytes,
+    cache: &mut MapCache,
+    segments: &[Segment],
+    bounce: &mut Vec<u8>,
+    offset: u64,
+    n: usize,
+) -> Result<(), DmaError> {
+    m.with_bytes(offset, n, |bytes| copy_to_host(cache, segments, bytes))
+        .unwrap_or_else(|| {
+            grow(bounce, n);
+            m.read_into(offset, &mut bounce[..n]);
+            copy_to_host(cache, segments, &bounce[..n])
+        })
 }
 
 /// Makes `buf` at least `len` bytes long.
