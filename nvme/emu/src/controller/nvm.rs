@@ -128,6 +128,29 @@ impl Worker {
         Ok((index, slba << shift, len))
     }
 
+    /// A hint: `cmd` runs soon; if it is a Read served from a mapped image, its blocks are
+    /// prefetched into the CPU's cache now. Checks nothing beyond what keeps the hint inside
+    /// the mapping (the command itself is checked when it runs).
+    pub(super) fn prefetch_read(&self, cmd: &Command) {
+        if NvmOpcode(cmd.cdw0.opcode()) != NvmOpcode::READ {
+            return;
+        }
+        let Ok(index) = self.ns_index(cmd.nsid) else {
+            return;
+        };
+        let ns = &self.namespaces[index];
+        let Media::File(FileMedia { map: Some(m), .. }) = &ns.media else {
+            return;
+        };
+        let nlb = ReadWriteCdw12::from(cmd.cdw12).nlb_z() as u64 + 1;
+        let (offset, len) = (cmd.slba() << ns.lba_shift, nlb << ns.lba_shift);
+        if len < MAPPED_READ_MAX as u64
+            && cmd.slba().checked_add(nlb).is_some_and(|e| e <= ns.blocks)
+        {
+            m.prefetch(offset, len as usize);
+        }
+    }
+
     fn read(&mut self, cmd: &Command) -> CmdResult {
         let (index, offset, len) = self.check_read_write(cmd)?;
         let slba = cmd.slba();

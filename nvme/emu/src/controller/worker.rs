@@ -545,6 +545,14 @@ impl Worker {
         self.prefetch_batch(n);
         for i in 0..n {
             let cmd = self.sqe(i);
+            // Reads two commands ahead start moving their blocks towards the cache while this
+            // one runs (the first command starts the next two): a 4 KiB Read from a mapped
+            // image is otherwise a copy that waits on memory (one queue, QD 32: 1.16 M IOPS
+            // without, 1.43 M one ahead, 1.43-1.50 M two ahead; 2-core CPU machine).
+            let ahead = if i == 0 { 1..3 } else { i + 2..i + 3 };
+            for j in ahead.take_while(|&j| j < n) {
+                self.prefetch_read(&self.sqe(j));
+            }
             let result = self.io(&cmd);
             self.conclude(qid, cqid, &cmd, result);
         }
