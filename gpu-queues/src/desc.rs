@@ -118,7 +118,8 @@ pub struct SlotState {
     pub ticket: u32,
     /// `DONE_BIT | status field` once completed.
     pub done: u32,
-    /// Completion dword 0.
+    /// Completion dword 0 of a command that wants it (the header's `wants_dw0`: not Flush,
+    /// Write, Read or Write Zeroes), else 0; until the completion, 1 if the command wants it.
     pub dw0: u32,
 }
 const _: () = assert!(size_of::<SlotState>() == 16);

@@ -29,8 +29,10 @@
 //    fence, and only then reads the rest of the entry (torn-CQE safe); the phase dwords of up to
 //    GPUNVME_REAP_AHEAD entries are loaded together first (one PCIe round trip for a CQ in host
 //    memory), the fence follows the last of them. It copies the status into
-//    slot[cid].done (release) and dw0 into slot[cid].dw0, advances the head, and rings the CQ
-//    head doorbell once per drain. Completions may arrive in any order; each waiter watches only
+//    slot[cid].done (release) and, for a command whose completion dword 0 means something
+//    (wants_dw0: not Flush, Write, Read or Write Zeroes, so one read of the entry fewer for
+//    those), dw0 into slot[cid].dw0, advances the head, and rings the CQ head doorbell once per
+//    drain. Completions may arrive in any order; each waiter watches only
 //    its own slot. A CQE whose CID names a slot that is not in flight fails the queue
 //    (GPUNVME_BAD_COMPLETION): the device is not following the protocol.
 //  * Release. The waiter reads its status, clears slot[s].done and stores
@@ -223,7 +225,8 @@ struct slot_state {
     uint32_t ticket;   // ticket whose SQE is in the slot, written after the SQE (host initialises
                        // it to slot index - depth, "the previous round", wrapping)
     uint32_t done;     // GPUNVME_DONE_BIT | status field once completed; 0 otherwise
-    uint32_t dw0;      // completion dword 0
+    uint32_t dw0;      // completion dword 0; until the completion, whether the command wants
+                       // it (wants_dw0: 1 or 0, written with the SQE)
 };
 
 /// A read or write of one command as kernels ask for it (the perf kernel and the suite use it).
@@ -422,6 +425,12 @@ __device__ __forceinline__ void unlock(uint32_t& word) {
 /// rings the SQ tail doorbell once. Returns whether this thread held the lock.
 __device__ inline bool try_publish(const queue_desc& q) {
     queue_state* st = state_of(q);
+    // No ticket taken past the published ones: nothing to publish, and no lock to take (the
+    // waiters of an idle queue poll here on every spin). A caller whose own ticket is not yet
+    // published reads a count past it (its own atomic came first), so it never skips.
+    if (dev_u32(st->ticket).load(cuda::memory_order_relaxed) ==
+        dev_u32(st->sq_published).load(cuda::memory_order_relaxed))
+        return false;
     if (!try_lock(st->sq_lock)) return false;
     const uint32_t mask = q.depth - 1;
     uint32_t p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
@@ -489,22 +498,16 @@ __device__ inline status try_reap(const queue_desc& q) {
         more = k == window;
         // ... then acquire, and only then the rest of those entries and their commands' data.
         acquire_from_controller(q);
-        uint32_t dw0[GPUNVME_REAP_AHEAD];
-#pragma unroll
-        for (uint32_t i = 0; i < GPUNVME_REAP_AHEAD; ++i)
-            dw0[i] = i < k ? *reinterpret_cast<const volatile uint32_t*>(
-                                 cq + (size_t)((head + i) & mask) * GPUNVME_CQE_SIZE +
-                                 GPUNVME_CQE_DW0)
-                           : 0u;
         for (uint32_t i = 0; i < k; ++i) {
             uint32_t cid = dw3[i] & 0xffffu;
             uint32_t status_field = (dw3[i] >> 16) & 0xfffeu;
             slot_state* slot = cid < q.depth ? slot_of(q, cid) : nullptr;
-            bool in_flight = false;
+            bool in_flight = false, wants = false;
             if (slot) {
                 uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
                 uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
                 uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
+                wants = slot->dw0 != 0u;
                 in_flight = rel == tk && (tk & mask) == cid && dn == 0;
             }
             if (!in_flight) {
@@ -512,7 +515,9 @@ __device__ inline status try_reap(const queue_desc& q) {
                 more = false;
                 break;
             }
-            slot->dw0 = dw0[i];
+            if (wants)
+                slot->dw0 = *reinterpret_cast<const volatile uint32_t*>(
+                    cq + (size_t)head * GPUNVME_CQE_SIZE + GPUNVME_CQE_DW0);
             dev_u32(slot->done).store(GPUNVME_DONE_BIT | status_field, cuda::memory_order_release);
             ++n;
             head = (head + 1) & mask;
@@ -621,10 +626,21 @@ __device__ inline status reserve_thread(const queue_desc& q, uint32_t* ticket) {
     return GPUNVME_OK;
 }
 
+/// Whether a command's completion dword 0 means anything: not for Flush, Write, Read and Write
+/// Zeroes (NVM Command Set: dword 0 is not used by them), whose entries the reaper then reads
+/// without it (one read fewer per drain, a PCIe round trip for a CQ in host memory); their
+/// complete_thread / complete_warp dw0 is 0.
+__device__ __forceinline__ bool wants_dw0(uint8_t opcode) {
+    return !(opcode == OPC_FLUSH || opcode == OPC_WRITE || opcode == OPC_READ ||
+             opcode == OPC_WRITE_ZEROES);
+}
+
 /// Writes the SQE of an owned ticket and makes it publishable (no doorbell yet).
 __device__ __forceinline__ void fill_slot(const queue_desc& q, uint32_t t, const io_req& r) {
     uint32_t s = t & (q.depth - 1);
     write_sqe(q, s, r);
+    // Read by the reaper with the ticket (ordered by the release below, as the SQE is).
+    slot_of(q, s)->dw0 = wants_dw0(r.opcode) ? 1u : 0u;
     // Release: the SQE is in place before anyone sees the ticket.
     dev_u32(slot_of(q, s)->ticket).store(t, cuda::memory_order_release);
 }
@@ -799,7 +815,7 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
         // Acquire the entries (and their commands' data); as a release fence it also orders
         // them before the slot stores below.
         acquire_from_controller(q);
-        bool mine = lane < n, in_flight = false;
+        bool mine = lane < n, in_flight = false, wants = false;
         slot_state* slot = nullptr;
         const uint32_t cid = dw3 & 0xffffu;
         if (mine && cid < q.depth) {
@@ -807,6 +823,7 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
             uint32_t rel = dev_u32(slot->released).load(cuda::memory_order_relaxed);
             uint32_t tk = dev_u32(slot->ticket).load(cuda::memory_order_relaxed);
             uint32_t dn = dev_u32(slot->done).load(cuda::memory_order_relaxed);
+            wants = slot->dw0 != 0u;
             in_flight = rel == tk && (tk & mask) == cid && dn == 0;
         }
         // Two entries naming one slot in a batch: the later one is not in flight.
@@ -818,7 +835,8 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
             n = good;
         }
         if (lane < n) {
-            slot->dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
+            if (wants)
+                slot->dw0 = *reinterpret_cast<const volatile uint32_t*>(cqe + GPUNVME_CQE_DW0);
             // Release: dw0 before done (the fence above ordered the entries before both).
             dev_u32(slot->done).store(GPUNVME_DONE_BIT | ((dw3 >> 16) & 0xfffeu),
                                       cuda::memory_order_release);

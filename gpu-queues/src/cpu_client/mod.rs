@@ -74,12 +74,20 @@ use crate::error::GpuError;
 mod stress;
 pub use stress::{QueueReport, StressConfig, StressReport, run_stress};
 
+/// Whether a command's completion dword 0 means anything (the header's `wants_dw0`): not for
+/// Flush, Write, Read and Write Zeroes, whose completions are reaped without reading it.
+pub fn wants_dw0(opcode: u8) -> bool {
+    !matches!(opcode, OPC_FLUSH | OPC_WRITE | OPC_READ | OPC_WRITE_ZEROES)
+}
+
 /// NVM opcode Flush (the header's `OPC_FLUSH`).
 pub const OPC_FLUSH: u8 = 0x00;
 /// NVM opcode Write (`OPC_WRITE`).
 pub const OPC_WRITE: u8 = 0x01;
 /// NVM opcode Read (`OPC_READ`).
 pub const OPC_READ: u8 = 0x02;
+/// NVM opcode Write Zeroes (`OPC_WRITE_ZEROES`).
+pub const OPC_WRITE_ZEROES: u8 = 0x08;
 
 /// The header's `GPUNVME_PAGE_SIZE`.
 const PAGE: usize = 4096;
@@ -215,7 +223,7 @@ impl Ticket {
 pub struct Done {
     /// The CQE status field with the phase tag cleared (0: success).
     pub status_field: u16,
-    /// CQE dword 0.
+    /// CQE dword 0 for a command that wants it ([`wants_dw0`]), else 0.
     pub dw0: u32,
 }
 
@@ -560,6 +568,10 @@ impl CpuQueue {
     /// and rings the SQ tail doorbell once. Returns whether this thread held the lock.
     pub fn try_publish(&self) -> bool {
         let st = &self.state;
+        // No ticket taken past the published ones: nothing to publish, no lock to take.
+        if st.ticket.load(Ordering::Relaxed) == st.sq_published.load(Ordering::Relaxed) {
+            return false;
+        }
         if !Self::try_lock(&st.sq_lock) {
             return false;
         }
@@ -615,7 +627,6 @@ impl CpuQueue {
             }
             let cid = dw3 & 0xffff;
             let status_field = (dw3 >> 16) & 0xfffe;
-            let dw0 = self.cq.load_u32(cqe + CQE_DW0, Ordering::Relaxed);
             let slot = self.slots.get(cid as usize);
             let in_flight = slot.is_some_and(|slot| {
                 let rel = slot.released.load(Ordering::Relaxed);
@@ -634,7 +645,12 @@ impl CpuQueue {
             if cid != reaped.wrapping_add(n) & mask {
                 reordered += 1;
             }
-            slot.dw0.store(dw0, Ordering::Relaxed);
+            // Dword 0 only for a command that wants it (the header's wants_dw0, recorded by
+            // fill_slot); the others keep 0 there.
+            if slot.dw0.load(Ordering::Relaxed) != 0 {
+                let dw0 = self.cq.load_u32(cqe + CQE_DW0, Ordering::Relaxed);
+                slot.dw0.store(dw0, Ordering::Relaxed);
+            }
             slot.done.store(DONE_BIT | status_field, Ordering::Release);
             n += 1;
             head = (head + 1) & mask;
@@ -759,7 +775,10 @@ impl CpuQueue {
     pub fn fill_slot(&self, t: &Ticket, r: &IoReq) {
         let s = self.slot_of(t);
         self.write_sqe(s, r);
-        // Release: the SQE is in place before anyone sees the ticket.
+        self.slots[s as usize]
+            .dw0
+            .store(wants_dw0(r.opcode) as u32, Ordering::Relaxed);
+        // Release: the SQE and the dword-0 flag are in place before anyone sees the ticket.
         self.slots[s as usize].ticket.store(t.0, Ordering::Release);
     }
 
