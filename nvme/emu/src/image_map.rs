@@ -17,7 +17,7 @@ use std::sync::{RwLock, RwLockReadGuard};
 
 use memmap2::{Mmap, MmapOptions};
 
-use crate::storage::{STRIPE, StripedBytes, stripe_pieces, stripe_single};
+use crate::stripes::{STRIPE, StripedBytes, stripe_pieces, stripe_single};
 
 /// The first `len` bytes of an image file, mapped shared and read-only, with a lock per stripe.
 pub(crate) struct ImageMap {

@@ -115,6 +115,7 @@ mod queues;
 mod registers;
 pub mod stats;
 mod storage;
+mod stripes;
 
 pub use config::{Backend, EmuConfig, Hostile, ImageReads, NamespaceConfig, NsFormat};
 pub use controller::controller_thread_index;

@@ -15,7 +15,8 @@ use crate::config::MAPPED_READ_MAX;
 use crate::memory::{DmaError, MapCache};
 use crate::prp::{Segment, copy_from_host, copy_to_host};
 use crate::stats::Counters;
-use crate::storage::{FileMedia, Media, StripedBytes};
+use crate::storage::{FileMedia, Media};
+use crate::stripes::StripedBytes;
 
 /// Byte offsets of command fields, for the Parameter Error Location.
 const NSID_BYTE: u16 = 4;
