@@ -47,6 +47,8 @@
 //            (the SQ is read by the controller over PCIe or by copy engines: system scope).
 //  complete: ld.relaxed.sys CQE dword 3 (phase) -> fence.acq_rel.sys -> rest of the CQE and the
 //            command's data; then st.release.gpu slot.done -> waiter ld.acquire.gpu slot.done.
+//            A drain that looks at one entry only (one completion owed) across PCIe loads its
+//            dword 3 with ld.acquire.sys instead of the relaxed load and the fence.
 //  Both fences are fence.acq_rel.gpu instead when queue_desc.flags has GPUNVME_QF_LOCAL_PEER
 //  (the GPU-resident controller model: its rings, doorbells and data stay in this GPU's memory).
 //  The host's abort word is read over PCIe at most every GPUNVME_HOST_POLL_NS per queue.
@@ -433,8 +435,14 @@ __device__ inline bool try_publish(const queue_desc& q) {
         return false;
     if (!try_lock(st->sq_lock)) return false;
     const uint32_t mask = q.depth - 1;
+    const uint32_t failed = dev_u32(st->failed).load(cuda::memory_order_relaxed);
     uint32_t p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
     const uint32_t limit = dev_u32(st->cq_reaped).load(cuda::memory_order_acquire) + mask;
+    if (failed) {
+        // No doorbell on a failed queue: its waiters are returning, the host may tear it down.
+        unlock(st->sq_lock);
+        return true;
+    }
     const uint32_t start = p;
     while (p != limit) {
         // Acquire: the SQE stores of the ticket's owner happen before what follows.
@@ -477,10 +485,15 @@ __device__ inline status try_reap(const queue_desc& q) {
         // round trip over PCIe for a CQ in host memory, not one per entry; entries past the
         // first one not yet written are read and ignored).
         const uint32_t window = min((uint32_t)GPUNVME_REAP_AHEAD, min(q.depth, owed) - n);
+        // One entry to look at (QD 1, or the last completion owed), across PCIe: its phase
+        // dword is loaded with acquire at system scope, which orders what follows as the fence
+        // below would, without that fence's wait for this thread's earlier writes (the
+        // doorbell just rung: 0.5 us of a QD 1 command on an H100, 2026-11-27).
+        const bool lone_entry = window == 1 && !(q.flags & GPUNVME_QF_LOCAL_PEER);
         uint32_t dw3[GPUNVME_REAP_AHEAD];
         dw3[0] = sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
                              cq + (size_t)head * GPUNVME_CQE_SIZE + GPUNVME_CQE_CID)))
-                     .load(cuda::memory_order_relaxed);
+                     .load(lone_entry ? cuda::memory_order_acquire : cuda::memory_order_relaxed);
         if (((dw3[0] >> 16) & 1u) != phase) break;
 #pragma unroll
         for (uint32_t i = 1; i < GPUNVME_REAP_AHEAD; ++i) {
@@ -497,7 +510,7 @@ __device__ inline status try_reap(const queue_desc& q) {
             ++k;
         more = k == window;
         // ... then acquire, and only then the rest of those entries and their commands' data.
-        acquire_from_controller(q);
+        if (!lone_entry) acquire_from_controller(q);
         for (uint32_t i = 0; i < k; ++i) {
             uint32_t cid = dw3[i] & 0xffffu;
             uint32_t status_field = (dw3[i] >> 16) & 0xfffeu;
@@ -650,11 +663,16 @@ __device__ __forceinline__ void fill_slot(const queue_desc& q, uint32_t t, const
 __device__ inline status publish_thread(const queue_desc& q, uint32_t t) {
     queue_state* st = state_of(q);
     waiter w(q);
-    for (;;) {
-        uint32_t p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
-        if ((int32_t)(p - t) > 0) return GPUNVME_OK;
-        status f = queue_failed(q);
-        if (f) return f;
+    // The first pass goes straight to the publish step (a ticket just filled is rarely
+    // published yet; try_publish rings no doorbell on a failed queue).
+    for (bool first = true;; first = false) {
+        uint32_t p = 0;
+        status f = GPUNVME_OK;
+        if (!first) {
+            p = dev_u32(st->sq_published).load(cuda::memory_order_relaxed);
+            if ((int32_t)(p - t) > 0) return GPUNVME_OK;
+            if ((f = queue_failed(q))) return f;
+        }
         if (!try_publish(q)) {
             status s = w.tick(q);
             if (s) return fail_queue(q, s);

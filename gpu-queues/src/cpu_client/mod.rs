@@ -575,6 +575,11 @@ impl CpuQueue {
         if !Self::try_lock(&st.sq_lock) {
             return false;
         }
+        if self.failed().is_some() {
+            // No doorbell on a failed queue.
+            Self::unlock(&st.sq_lock);
+            return true;
+        }
         let mask = self.mask();
         let mut p = st.sq_published.load(Ordering::Relaxed);
         let limit = st.cq_reaped.load(Ordering::Acquire).wrapping_add(mask);
@@ -787,12 +792,18 @@ impl CpuQueue {
     pub fn publish(&self, t: &Ticket) -> Result<(), ClientError> {
         let st = &self.state;
         let mut w = Waiter::new(self);
+        // The first pass goes straight to the publish step (try_publish rings no doorbell on a
+        // failed queue).
+        let mut first = true;
         loop {
-            let p = st.sq_published.load(Ordering::Relaxed);
-            if p.wrapping_sub(t.0) as i32 > 0 {
-                return Ok(());
+            if !first {
+                let p = st.sq_published.load(Ordering::Relaxed);
+                if p.wrapping_sub(t.0) as i32 > 0 {
+                    return Ok(());
+                }
+                self.queue_failed()?;
             }
-            self.queue_failed()?;
+            first = false;
             if !self.try_publish() {
                 if let Some(s) = w.tick(self) {
                     return Err(self.fail_queue(s));
