@@ -145,9 +145,7 @@ impl Worker {
         };
         let nlb = ReadWriteCdw12::from(cmd.cdw12).nlb_z() as u64 + 1;
         let (offset, len) = (cmd.slba() << ns.lba_shift, nlb << ns.lba_shift);
-        if len < MAPPED_READ_MAX as u64
-            && cmd.slba().checked_add(nlb).is_some_and(|e| e <= ns.blocks)
-        {
+        if len < MAPPED_READ_MAX as u64 && self.check_range(index, cmd.slba(), nlb).is_ok() {
             m.prefetch(offset, len as usize);
         }
     }
