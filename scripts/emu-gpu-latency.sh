@@ -7,8 +7,9 @@
 # For each ring placement (GPUNVME_EMU_RINGS: `host` = rings, PRP lists and slot buffers in
 # pinned host memory the controller reads directly, the default; `gpu` = all of it in GPU
 # memory behind the controller's copy engines), 4 KiB random reads on one queue at QD 1 (one GPU
-# thread) and QD 32 (32 threads: thread client, then lone and warp clients), and on 8 queues at
-# QD 256, --secs each; then the same on CPU queues.
+# thread) and QD 32 (32 commands: thread client, then lone, warp (two warps of 16 lanes) and
+# warp32 (one warp) clients), and on 8 queues at QD 256, --secs each; then the same on CPU
+# queues.
 # Then `fs get --gpu` of a --load-mib MiB file into GPU memory with each placement (the data
 # path: copies into GPU memory, completions in the rings' memory), GPU and host CRC-32C compared.
 # The image is on /dev/shm. Prints one JSON line per run and a summary line
@@ -67,12 +68,15 @@ for rings in $RINGS; do
         run "gpu-qd$qd" "$rings" --gpu --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
             --client thread --runtime "${SECS}s"
     done
-    # The same 32 commands from 32 threads of different warps (`lone`), and from one warp's
-    # lanes together (`warp`): thread clients in one warp diverge while they wait.
+    # The same 32 commands from 32 threads of different warps (`lone`), from two warps of 16
+    # lanes together (`warp`, its default at QD 32: one warp submits while the other waits),
+    # and from one warp of 32 (`warp32`): thread clients in one warp diverge while they wait.
     for c in lone warp; do
         run "gpu-qd32-$c" "$rings" --gpu --rw randread --bs 4k --queues 1 --qd 32 --gpu-threads 32 \
             --client $c --runtime "${SECS}s"
     done
+    run "gpu-qd32-warp32" "$rings" --gpu --rw randread --bs 4k --queues 1 --qd 32 --gpu-threads 32 \
+        --client warp --warp-lanes 32 --runtime "${SECS}s"
     # Many queues, deep: what host rings cost when thousands of GPU threads poll over PCIe.
     run "gpu-8x256" "$rings" --gpu --rw randread --bs 4k --queues 8 --qd 256 --runtime "${SECS}s"
 done

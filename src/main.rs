@@ -190,10 +190,15 @@ struct PerfArgs {
     #[arg(long, requires = "gpu")]
     gpu_threads: Option<usize>,
     /// How GPU threads submit: `warp` (one atomic and one doorbell per warp; needs --qd a
-    /// multiple of 32, else per thread), `thread` (BaM-style) or `lone` (per thread, one
+    /// multiple of --warp-lanes, else per thread), `thread` (BaM-style) or `lone` (per thread, one
     /// thread per warp).
     #[arg(long, value_enum, default_value = "warp", requires = "gpu")]
     client: ClientArg,
+    /// With `--client warp`: lanes of each warp that issue (1 to 32; --qd a multiple of it),
+    /// so that --qd / N warps share each queue and one submits while another waits. Default:
+    /// at least two warps per queue where --qd allows (QD 32: two warps of 16), else 32.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32), requires = "gpu")]
+    warp_lanes: Option<u32>,
     /// CPU queues running the same job on the same controller at the same time.
     #[arg(long, default_value_t = 0, requires = "gpu")]
     cpu_queues: usize,
@@ -413,6 +418,7 @@ fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme::perf::gpu::GpuPerfAr
             ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
             ClientArg::Lone => gpunvme::perf::kernel::ClientStyle::Lone,
         },
+        warp_lanes: p.warp_lanes,
         cpu_queues: p.cpu_queues,
         depth: p.gpu_depth,
         controller_sms: p.controller_sms,

@@ -162,6 +162,18 @@ fn perf_bs(
     ios: u64,
     bs: u32,
 ) -> gpunvme::perf::kernel::GpuPerfResult {
+    perf_lanes(r, rw, qd, (style, None), ios, bs)
+}
+
+/// [`perf_bs`] with the warp client's issuing lanes per warp.
+fn perf_lanes(
+    r: &Rig,
+    rw: GpuRw,
+    qd: u32,
+    (style, warp_lanes): (ClientStyle, Option<u32>),
+    ios: u64,
+    bs: u32,
+) -> gpunvme::perf::kernel::GpuPerfResult {
     let cfg = GpuPerfConfig {
         rw,
         nsid: 1,
@@ -169,6 +181,7 @@ fn perf_bs(
         bs,
         qd,
         style,
+        warp_lanes,
         ios,
         runtime: Duration::ZERO,
         verify: true,
@@ -189,8 +202,15 @@ fn perf_four_patterns_both_lba_sizes_verified() {
         let r = rig(lba, 4, 256);
         cpu_prefill(&r, NS_BYTES / lba as u64);
         for rw in [GpuRw::Read, GpuRw::RandRead, GpuRw::Write, GpuRw::RandWrite] {
-            for style in [ClientStyle::Warp, ClientStyle::Thread, ClientStyle::Lone] {
-                let res = perf(&r, rw, 64, style, 20_000);
+            // The warp client also with 16 and 8 issuing lanes: 4 and 8 warps share a queue.
+            for style in [
+                (ClientStyle::Warp, Some(32)),
+                (ClientStyle::Warp, Some(16)),
+                (ClientStyle::Warp, Some(8)),
+                (ClientStyle::Thread, None),
+                (ClientStyle::Lone, None),
+            ] {
+                let res = perf_lanes(&r, rw, 64, style, 20_000, 4096);
                 assert_eq!(
                     res.errors, 0,
                     "{lba} {rw:?} {style:?}: {:?}",
@@ -733,6 +753,7 @@ fn controller_fatal_aborts_every_gpu_waiter() {
         bs: 4096,
         qd: 32,
         style: ClientStyle::Warp,
+        warp_lanes: None,
         ios: 100_000,
         runtime: Duration::ZERO,
         verify: false,
@@ -1505,6 +1526,7 @@ fn model_wraps_many_queues_with_both_clients_on_null_media() {
             bs: 4096,
             qd: 32,
             style,
+            warp_lanes: None,
             ios: 200_000,
             runtime: Duration::ZERO,
             verify: false,
@@ -2164,6 +2186,7 @@ fn model_perf(
         bs: 4096,
         qd,
         style,
+        warp_lanes: None,
         ios,
         runtime: Duration::ZERO,
         verify: false,
@@ -2303,6 +2326,7 @@ fn several_controllers_run_perf_gpu_at_once() {
         },
         gpu_threads: None,
         style: ClientStyle::Warp,
+        warp_lanes: None,
         cpu_queues: 0,
         depth: Some(64),
         controller_sms: 8,

@@ -180,8 +180,10 @@ pub struct PerfParams {
     /// Blocks per command (at most a slot buffer's); an I/O above it is split into commands
     /// issued one after another. 0: the whole I/O.
     pub blocks_per_cmd: u32,
+    /// With `warp_mode` 1: lanes of each warp that issue, 1 to 32 (0: 32).
+    pub warp_lanes: u32,
     /// Reserved.
-    pub reserved: [u32; 2],
+    pub reserved: u32,
 }
 const _: () = assert!(size_of::<PerfParams>() == 96);
 

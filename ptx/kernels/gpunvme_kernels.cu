@@ -41,7 +41,8 @@ struct perf_params {
     uint32_t verify;        // 1: writes carry the pattern, reads check it
     uint32_t blocks_per_cmd; // blocks of one command: << lba_shift <= slot_buffer_bytes; an I/O
                              // above it is split into commands issued one after another
-    uint32_t reserved[2];
+    uint32_t warp_lanes;    // warp_mode 1: lanes of each warp that issue (1..32; 0 = 32)
+    uint32_t reserved;
 };
 
 /// What it reports back.
@@ -118,6 +119,9 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const bool lone = p.warp_mode == 2;
     if (lone && (threadIdx.x & 31u)) return;
     const bool warp_mode = p.warp_mode == 1;
+    // The warp client with fewer issuing lanes than 32: more warps share a queue's depth, so
+    // one warp submits while another waits (the others lanes take part without issuing).
+    const uint32_t warp_lanes = p.warp_lanes && p.warp_lanes < 32 ? p.warp_lanes : 32;
     const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const uint64_t gtid = lone ? tid / 32 : tid;
     const uint32_t warp = (uint32_t)(tid / 32);
@@ -129,7 +133,7 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     const uint32_t cmds = (p.blocks_per_io + per_cmd - 1) / per_cmd;
     const uint32_t full = 0xffffffffu;
     const uint64_t stop_at = p.runtime_ns ? now_ns() + p.runtime_ns : 0;
-    bool running = true;
+    bool running = !warp_mode || (threadIdx.x & 31u) < warp_lanes;
     for (;;) {
         if (stop_at && now_ns() > stop_at) running = false;
         uint64_t idx = 0;

@@ -133,8 +133,12 @@ fn print_gpu_text(r: &GpuPerfReport) -> Result<()> {
 /// Prints how the GPU side of a `perf --gpu` run ran (text).
 fn print_gpu_side(r: &GpuPerfReport) -> Result<()> {
     let g = &r.gpu;
+    let lanes = g
+        .warp_lanes
+        .map(|l| format!(", {l} lanes per warp"))
+        .unwrap_or_default();
     outln!(
-        "GPU: {}, {} threads ({} submission), {} queues x {} entries, transport: {}",
+        "GPU: {}, {} threads ({} submission{lanes}), {} queues x {} entries, transport: {}",
         g.device,
         g.threads,
         g.style,

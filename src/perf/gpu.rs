@@ -31,6 +31,9 @@ pub struct GpuPerfArgs {
     pub gpu_threads: Option<usize>,
     /// Submission style.
     pub style: ClientStyle,
+    /// Lanes of each warp that issue with [`ClientStyle::Warp`] (1 to 32; `None`:
+    /// [`default_warp_lanes`](crate::perf::kernel::default_warp_lanes)).
+    pub warp_lanes: Option<u32>,
     /// CPU queues running `perf` beside the GPU (0: none).
     pub cpu_queues: usize,
     /// Entries per GPU ring (default: as deep as the controller allows, up to 1024).
@@ -60,8 +63,11 @@ pub struct GpuSide {
     pub transport_kind: &'static str,
     /// GPU threads launched.
     pub threads: u32,
-    /// Submission style that ran ("warp" or "thread").
+    /// Submission style that ran ("warp", "thread" or "lone").
     pub style: &'static str,
+    /// With the warp style: lanes of each warp that issued.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warp_lanes: Option<u32>,
     /// GPU queue pairs.
     pub queues: usize,
     /// Entries per ring.
@@ -385,6 +391,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         bs: u32::try_from(cfg.bs).context("--bs")?,
         qd: u32::try_from(qd).context("--qd")?,
         style: args.style,
+        warp_lanes: args.warp_lanes,
         ios: match cfg.stop {
             Stop::Ios(n) => n.max(1),
             Stop::Runtime(_) => 0,
@@ -423,6 +430,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         transport_kind: queues.transport().name(),
         threads: gpu.threads,
         style: gpu.style.name(),
+        warp_lanes: gpu.warp_lanes,
         queues: queues.len(),
         depth: queues.depth(),
         controller_sms: args.controller_sms,

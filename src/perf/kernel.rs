@@ -65,6 +65,20 @@ impl ClientStyle {
     }
 }
 
+/// The warp client's issuing lanes per warp for `qd` commands in flight per queue: the fewest
+/// warps, but at least two where `qd` allows, that split `qd` evenly with at most 32 lanes
+/// each. One warp alternates between submitting its 32 commands and waiting for all of them,
+/// and its queue's controller idles meanwhile; two warps of 16 take turns (H100, software
+/// controller, 4 KiB randread, one queue at QD 32: 0.74-0.86 M IOPS with one warp, 1.19-1.23 M
+/// with two; `benches/results/emu-warp-lanes-2026-11-27-h100.txt`). QD 64 and deeper: warps
+/// of 32.
+pub fn default_warp_lanes(qd: u32) -> u32 {
+    let min_warps = qd.clamp(1, 2);
+    (min_warps..=qd.max(1))
+        .find(|w| qd % w == 0 && qd / w <= 32)
+        .map_or(1, |w| qd / w)
+}
+
 /// One GPU perf run.
 #[derive(Clone, Debug)]
 pub struct GpuPerfConfig {
@@ -80,6 +94,10 @@ pub struct GpuPerfConfig {
     pub qd: u32,
     /// Submission style.
     pub style: ClientStyle,
+    /// With [`ClientStyle::Warp`]: lanes of each warp that issue (1 to 32), so that `qd /
+    /// warp_lanes` warps share a queue and one submits while another waits; `None`:
+    /// [`default_warp_lanes`].
+    pub warp_lanes: Option<u32>,
     /// I/Os to run in all (0: run for `runtime`).
     pub ios: u64,
     /// How long each thread keeps starting I/Os (with `ios == 0`).
@@ -113,6 +131,8 @@ pub struct GpuPerfResult {
     pub threads: u32,
     /// Submission style that ran.
     pub style: ClientStyle,
+    /// Lanes of each warp that issued, when the warp style ran.
+    pub warp_lanes: Option<u32>,
 }
 
 impl GpuPerfResult {
@@ -194,18 +214,28 @@ pub fn run(
     if cfg.qd == 0 {
         return Err(GpuError::InvalidArgument("--qd 0".into()));
     }
+    let warp_lanes = cfg.warp_lanes.unwrap_or_else(|| default_warp_lanes(cfg.qd));
+    if !(1..=32).contains(&warp_lanes) {
+        return Err(GpuError::InvalidArgument(format!(
+            "--warp-lanes {warp_lanes}: a warp has 1 to 32 lanes"
+        )));
+    }
     let nq = queues.len() as u32;
     // Warp-cooperative submission needs whole warps per queue and rings of 32 entries or more;
     // otherwise every thread submits alone (the report says which ran).
     let style = match cfg.style {
-        ClientStyle::Warp if cfg.qd % 32 == 0 && queues.depth() >= 32 => ClientStyle::Warp,
+        ClientStyle::Warp if cfg.qd % warp_lanes == 0 && queues.depth() >= 32 => ClientStyle::Warp,
         ClientStyle::Lone => ClientStyle::Lone,
         _ => ClientStyle::Thread,
     };
-    // Clients (one command in flight each); a lone client is lane 0 of a warp of its own.
-    let lanes = if style == ClientStyle::Lone { 32 } else { 1 };
-    let threads = cfg
-        .qd
+    // Threads launched per client (one command in flight each): a lone client is lane 0 of a
+    // warp of its own; a warp of `warp_lanes` clients is 32 threads.
+    let (clients, lanes) = match style {
+        ClientStyle::Lone => (cfg.qd, 32),
+        ClientStyle::Warp => (cfg.qd / warp_lanes, 32),
+        ClientStyle::Thread => (cfg.qd, 1),
+    };
+    let threads = clients
         .checked_mul(nq)
         .and_then(|c| c.checked_mul(lanes))
         .filter(|&t| t <= 1 << 22)
@@ -248,7 +278,12 @@ pub fn run(
         },
         verify: cfg.verify as u32,
         blocks_per_cmd: bpc,
-        reserved: [0; 2],
+        warp_lanes: if style == ClientStyle::Warp {
+            warp_lanes
+        } else {
+            32
+        },
+        reserved: 0,
     };
     let pmem = DeviceMemory::alloc(cuda, size_of::<PerfParams>())?;
     pmem.write(0, params.as_bytes())?;
@@ -309,6 +344,7 @@ pub fn run(
         latency_buckets,
         threads: launched,
         style,
+        warp_lanes: (style == ClientStyle::Warp).then_some(warp_lanes),
     })
 }
 
@@ -318,6 +354,31 @@ mod tests {
 
     /// A debug build once panicked (integer overflow) summing the floors of the top buckets,
     /// which every mean visited; and an I/O slower than the histogram's range lands in the last.
+    /// At least two warps per queue where the depth allows, warps of 32 from QD 64 on, and an
+    /// even split always.
+    #[test]
+    fn default_warp_lanes_split_the_depth_over_two_warps_or_more() {
+        for (qd, lanes) in [
+            (1, 1),
+            (2, 1),
+            (8, 4),
+            (32, 16),
+            (48, 24),
+            (64, 32),
+            (96, 32),
+            (256, 32),
+            (37, 1),
+            (66, 22),
+        ] {
+            assert_eq!(default_warp_lanes(qd), lanes, "qd {qd}");
+        }
+        for qd in 1..=1024 {
+            let l = default_warp_lanes(qd);
+            assert!((1..=32).contains(&l) && qd % l == 0, "qd {qd}: {l}");
+            assert!(qd < 2 || qd / l >= 2, "qd {qd}: one warp of {l}");
+        }
+    }
+
     #[test]
     fn latency_summaries_cover_every_bucket() {
         let mut buckets = vec![0u32; LAT_BUCKETS];
@@ -333,6 +394,7 @@ mod tests {
             latency_buckets: buckets,
             threads: 1,
             style: ClientStyle::Thread,
+            warp_lanes: None,
         };
         assert!(r.latency_mean() > lat_bucket_floor(100) as f64);
         assert_eq!(r.latency_quantile(0.5), lat_bucket_floor(101) - 1);

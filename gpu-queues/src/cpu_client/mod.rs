@@ -12,13 +12,14 @@
 //!   then a bounded wait until the slot's `released` word names the ticket;
 //!   [`CpuQueue::reserve_many`] is the warp variant: n consecutive tickets with ONE atomic;
 //! - submission ([`CpuQueue::fill_slot`]): the SQE, then a Release store of the slot's ticket;
-//! - doorbell coalescing ([`CpuQueue::try_publish`]): a try-lock holder Acquire-loads the
-//!   tickets of consecutive slots, never more than `depth - 1` past the completions consumed,
-//!   issues one Release fence and ONE tail doorbell write;
+//! - doorbell coalescing ([`CpuQueue::try_publish`]): a try-lock holder loads the tickets of
+//!   consecutive slots, never more than `depth - 1` past the completions consumed, issues one
+//!   AcqRel fence (the acquire of those SQEs and their release) and ONE tail doorbell write;
 //! - completion ([`CpuQueue::try_reap`]): a try-lock holder drains the CQ in ring order, loads
 //!   the dword with the phase tag first (Acquire), then the rest; a CID that names no slot in
 //!   flight fails the queue ([`ClientError::BadCompletion`]); it stores `DONE_BIT | status` in
-//!   the slot (Release) and rings the CQ head doorbell once per drain;
+//!   the slot (Release) and rings the CQ head doorbell once per drain, with no fence before it
+//!   (every read of the entries was an Acquire load);
 //! - release ([`CpuQueue::complete`]): the waiter reads its status, clears `done` and stores
 //!   `released = ticket + depth`;
 //! - bounds: every wait has a deadline and watches an abort word ([`CpuQueue::abort`], the
@@ -34,7 +35,7 @@
 //! |---|---|
 //! | `cuda::atomic_ref<uint32_t, scope>` + `memory_order_X` | `AtomicU32` + `Ordering::X` |
 //! | `queue_state`, `slot_state` in GPU memory | the same layout in host atomics (tested) |
-//! | `fence.acq_rel.sys` + `st.mmio` doorbell | `fence(Release)` + BAR0 `RegisterIo::write_u32` |
+//! | `fence.acq_rel.sys` + `st.mmio` doorbell | `fence(AcqRel)` + BAR0 `RegisterIo::write_u32` |
 //! | `%globaltimer`, `__nanosleep` | `Instant`, spin / yield / short sleep |
 //! | `slot_buffers_bus + s * bytes + k * 4096` | the device address of that page of host DMA memory |
 //! | one lane per ticket of a warp | one thread plays every lane of its batch |
@@ -582,22 +583,23 @@ impl CpuQueue {
         }
         let mask = self.mask();
         let mut p = st.sq_published.load(Ordering::Relaxed);
-        let limit = st.cq_reaped.load(Ordering::Acquire).wrapping_add(mask);
+        // Relaxed loads: the fence below orders them (the header's publish step).
+        let limit = st.cq_reaped.load(Ordering::Relaxed).wrapping_add(mask);
         let start = p;
         while p != limit {
-            // Acquire: the SQE stores of the ticket's owner happen before what follows.
             let t = self.slots[(p & mask) as usize]
                 .ticket
-                .load(Ordering::Acquire);
+                .load(Ordering::Relaxed);
             if t != p {
                 break;
             }
             p = p.wrapping_add(1);
         }
         if p != start {
-            // Every SQE published so far is visible to the controller before the doorbell says
-            // so (the header's fence.acq_rel.sys before st.mmio).
-            fence(Ordering::Release);
+            // Acquire and release in one fence (the header's fence.acq_rel.sys before
+            // st.mmio): the SQE stores of every ticket seen above happen before it, and it
+            // before the doorbell that says they are there.
+            fence(Ordering::AcqRel);
             self.device.write_doorbell(self.sq_doorbell, p & mask);
             self.sq_doorbells.fetch_add(1, Ordering::Relaxed);
             st.sq_published.store(p, Ordering::Relaxed);
@@ -653,7 +655,8 @@ impl CpuQueue {
             // Dword 0 only for a command that wants it (the header's wants_dw0, recorded by
             // fill_slot); the others keep 0 there.
             if slot.dw0.load(Ordering::Relaxed) != 0 {
-                let dw0 = self.cq.load_u32(cqe + CQE_DW0, Ordering::Relaxed);
+                // Acquire: read before the head doorbell below hands the entry back.
+                let dw0 = self.cq.load_u32(cqe + CQE_DW0, Ordering::Acquire);
                 slot.dw0.store(dw0, Ordering::Relaxed);
             }
             slot.done.store(DONE_BIT | status_field, Ordering::Release);
@@ -666,10 +669,10 @@ impl CpuQueue {
         if n != 0 {
             st.cq_head.store(head, Ordering::Relaxed);
             st.cq_phase.store(phase, Ordering::Relaxed);
-            st.cq_reaped.fetch_add(n, Ordering::Release);
-            // Our reads of the entries come before the controller may reuse them.
-            fence(Ordering::Release);
+            // No fence before the head doorbell (as in the header): every read of the entries
+            // it hands back was an Acquire load, so none is performed after it.
             self.device.write_doorbell(self.cq_doorbell, head);
+            st.cq_reaped.fetch_add(n, Ordering::Release);
             self.cq_doorbells.fetch_add(1, Ordering::Relaxed);
             if reordered != 0 {
                 self.out_of_order.fetch_add(reordered, Ordering::Relaxed);
