@@ -586,12 +586,16 @@ impl DeviceHandle {
             anyhow::Ok((loaded, report))
         })?;
         // Where the call's time went (seconds): mount and headers, GPU setup (queues, unless
-        // kept from an earlier call; the model's start and media), the load with its arena,
-        // teardown (the model's; kept queues stay up).
+        // kept from an earlier call; the model's start and media), the load with its arena
+        // (of which: allocating the arena, the extent tables, the reads), teardown (the
+        // model's; kept queues stay up).
         out.1["phases"] = serde_json::json!({
             "mount_and_headers": t_headers,
             "gpu_setup": setup_secs,
             "load": t_loaded - t_headers - setup_secs,
+            "load_arena": out.0.arena_secs,
+            "load_tables": out.0.tables_secs,
+            "load_reads": out.0.secs,
             "teardown": t0.elapsed().as_secs_f64() - t_loaded,
         });
         Ok(out)

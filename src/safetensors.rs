@@ -428,6 +428,10 @@ pub struct Loaded {
     pub bytes: u64,
     /// Seconds the batch took on the GPU.
     pub secs: f64,
+    /// Seconds spent allocating (and making reachable) the arena.
+    pub arena_secs: f64,
+    /// Seconds spent putting the files' extent tables in GPU memory and planning the reads.
+    pub tables_secs: f64,
 }
 
 /// Reads every tensor of `files` (blockfs files with their parsed headers, named `names`)
@@ -442,10 +446,12 @@ pub fn load(
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
+    let t0 = std::time::Instant::now();
     let arena = setup
         .queues
         .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
         .map_err(|e| gpu(&e))?;
+    let arena_secs = t0.elapsed().as_secs_f64();
     let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
     let opened = files
         .iter()
@@ -465,6 +471,7 @@ pub fn load(
         })
         .collect::<Result<Vec<_>, blockfs_gpu::FilesError>>()
         .map_err(|e| gpu(&e))?;
+    let tables_secs = t0.elapsed().as_secs_f64() - arena_secs;
     let (bytes, secs) = if ranges.is_empty() {
         (0, 0.0)
     } else {
@@ -486,6 +493,8 @@ pub fn load(
         tensors,
         bytes,
         secs,
+        arena_secs,
+        tables_secs,
     })
 }
 
