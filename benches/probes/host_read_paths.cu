@@ -5,7 +5,9 @@
 // scatter kernels: ~30 GB/s). This probe times each candidate path alone, on one warm file:
 //
 //   pinned_ceiling    one pinned buffer copied to the GPU by the copy engine
-//   pread             T threads `pread` 4 MiB chunks into pinned buffers (no GPU)
+//   pread             T threads `pread` 4 MiB chunks into pinned buffers (no GPU), PIECE bytes
+//                     per call (environment; default the whole chunk: the software controller
+//                     reads one command's transfer, 128 KiB, per call)
 //   pread_copy        the same, each chunk then copied to the GPU on the thread's stream
 //                     (double-buffered): what a staged loader does
 //   mmap_copy         the file mmap'd (MAP_POPULATE), T threads memcpy chunks into pinned
@@ -19,6 +21,8 @@
 // On the GPU machine:
 //   nvcc -O2 -arch=sm_90 host_read_paths.cu -o hrp -lcuda -lpthread
 //   ./hrp FILE [GiB to create if FILE is missing, default 4]
+//   PIECE=131072 THREADS=16 PREAD_ONLY=1 ./hrp FILE   (pread calls of 128 KiB, 16 threads, the
+//                                                     pread cases only)
 // Prints one JSON object per line; every GPU wait is bounded (60 s).
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -43,6 +47,14 @@ static double secs_since(Clock::time_point t0) {
 }
 
 static const size_t CHUNK = 4 << 20;
+// Bytes per pread call (PIECE; a divisor of CHUNK).
+static size_t g_piece = CHUNK;
+
+// Chunk c of the file into buf, g_piece bytes per pread.
+static void pread_chunk(int fd, void* buf, size_t c) {
+    for (size_t at = 0; at < CHUNK; at += g_piece)
+        if (pread(fd, (char*)buf + at, g_piece, c * CHUNK + at) != (ssize_t)g_piece) exit(2);
+}
 
 static void wait_bounded(CUstream s) {
     auto t0 = Clock::now();
@@ -134,7 +146,13 @@ int main(int argc, char** argv) {
     CK(cuCtxSetCurrent(g_ctx));
     CUdeviceptr dbuf;
     CK(cuMemAlloc(&dbuf, size));
-    int threads_list[] = {4, 8, 16};
+    std::vector<int> threads_list = {4, 8, 16};
+    if (const char* e = getenv("THREADS")) threads_list = {atoi(e)};
+    if (const char* e = getenv("PIECE")) g_piece = strtoul(e, nullptr, 10);
+    if (g_piece == 0 || CHUNK % g_piece != 0) {
+        fprintf(stderr, "PIECE must divide %zu\n", CHUNK);
+        return 1;
+    }
 
     // Warm the page cache.
     {
@@ -179,19 +197,20 @@ int main(int argc, char** argv) {
         std::vector<void*> bufs(T * 2);
         for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
         double g = threaded(T, size, [&](int t) {
-            for (size_t c = t; c < chunks; c += T)
-                if (pread(fd, bufs[t * 2], CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
+            for (size_t c = t; c < chunks; c += T) pread_chunk(fd, bufs[t * 2], c);
         });
-        printf("{\"case\": \"pread\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        printf("{\"case\": \"pread\", \"threads\": %d, \"piece\": %zu, \"gb_per_s\": %.2f}\n", T,
+               g_piece, g);
         // pread + copy, double-buffered.
         g = threaded(T, size, [&](int t) {
-            staged_copies(t, T, chunks, &bufs[t * 2], dbuf, [&](void* buf, size_t c) {
-                if (pread(fd, buf, CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
-            });
+            staged_copies(t, T, chunks, &bufs[t * 2], dbuf,
+                          [&](void* buf, size_t c) { pread_chunk(fd, buf, c); });
         });
-        printf("{\"case\": \"pread_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+        printf("{\"case\": \"pread_copy\", \"threads\": %d, \"piece\": %zu, \"gb_per_s\": %.2f}\n",
+               T, g_piece, g);
         for (auto& b : bufs) CK(cuMemFreeHost(b));
     }
+    if (getenv("PREAD_ONLY")) return 0;
 
     // mmap + memcpy into pinned + copy.
     auto t0 = Clock::now();
