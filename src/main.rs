@@ -196,7 +196,8 @@ struct PerfArgs {
     client: ClientArg,
     /// With `--client warp`: lanes of each warp that issue (1 to 32; --qd a multiple of it),
     /// so that --qd / N warps share each queue and one submits while another waits. Default:
-    /// at least two warps per queue where --qd allows (QD 32: two warps of 16), else 32.
+    /// the fewest warps, at least two, that split --qd evenly (QD 32: two warps of 16; QD 64
+    /// and deeper: warps of 32); where that leaves one lane per warp (QD 1, 2), thread clients.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=32), requires = "gpu")]
     warp_lanes: Option<u32>,
     /// CPU queues running the same job on the same controller at the same time.

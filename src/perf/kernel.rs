@@ -70,13 +70,33 @@ impl ClientStyle {
 /// each. One warp alternates between submitting its 32 commands and waiting for all of them,
 /// and its queue's controller idles meanwhile; two warps of 16 take turns (H100, software
 /// controller, 4 KiB randread, one queue at QD 32: 0.74-0.86 M IOPS with one warp, 1.19-1.23 M
-/// with two; `benches/results/emu-warp-lanes-2026-11-27-h100.txt`). QD 64 and deeper: warps
-/// of 32.
+/// with two; `benches/results/emu-qd-targets-2026-11-27-h100.txt`). QD 64 and deeper: warps
+/// of 32. Where this gives one lane (QD 1 or 2, a prime depth above 32), [`run`] runs thread
+/// clients instead, unless the caller asked for one lane.
 pub fn default_warp_lanes(qd: u32) -> u32 {
     let min_warps = qd.clamp(1, 2);
     (min_warps..=qd.max(1))
         .find(|w| qd % w == 0 && qd / w <= 32)
         .map_or(1, |w| qd / w)
+}
+
+/// The style that runs for `cfg` with `warp_lanes` issuing lanes per warp on rings of `depth`
+/// entries. Warp-cooperative submission needs whole warps per queue and rings of 32 entries or
+/// more, and, unless the caller asked for it, more than one lane per warp (QD 1 or 2, or a
+/// prime depth above 32, would give warps of one lane: thread clients with extra steps);
+/// otherwise every thread submits alone (the report says which ran).
+fn style_that_runs(cfg: &GpuPerfConfig, warp_lanes: u32, depth: u32) -> ClientStyle {
+    match cfg.style {
+        ClientStyle::Warp
+            if cfg.qd % warp_lanes == 0
+                && depth >= 32
+                && (cfg.warp_lanes.is_some() || warp_lanes > 1) =>
+        {
+            ClientStyle::Warp
+        }
+        ClientStyle::Lone => ClientStyle::Lone,
+        _ => ClientStyle::Thread,
+    }
 }
 
 /// One GPU perf run.
@@ -221,13 +241,7 @@ pub fn run(
         )));
     }
     let nq = queues.len() as u32;
-    // Warp-cooperative submission needs whole warps per queue and rings of 32 entries or more;
-    // otherwise every thread submits alone (the report says which ran).
-    let style = match cfg.style {
-        ClientStyle::Warp if cfg.qd % warp_lanes == 0 && queues.depth() >= 32 => ClientStyle::Warp,
-        ClientStyle::Lone => ClientStyle::Lone,
-        _ => ClientStyle::Thread,
-    };
+    let style = style_that_runs(cfg, warp_lanes, queues.depth());
     // Threads launched per client (one command in flight each): a lone client is lane 0 of a
     // warp of its own; a warp of `warp_lanes` clients is 32 threads.
     let (clients, lanes) = match style {
@@ -377,6 +391,41 @@ mod tests {
             assert!((1..=32).contains(&l) && qd % l == 0, "qd {qd}: {l}");
             assert!(qd < 2 || qd / l >= 2, "qd {qd}: one warp of {l}");
         }
+    }
+
+    /// The warp client runs where the depth splits into warps of two lanes or more (or the
+    /// caller asked for its lanes) on rings of 32 entries or more; thread clients otherwise.
+    #[test]
+    fn the_warp_client_needs_whole_warps_of_more_than_one_lane() {
+        let cfg = |qd, warp_lanes| GpuPerfConfig {
+            rw: GpuRw::RandRead,
+            nsid: 1,
+            lba_size: 512,
+            bs: 4096,
+            qd,
+            style: ClientStyle::Warp,
+            warp_lanes,
+            ios: 1,
+            runtime: Duration::ZERO,
+            verify: false,
+            seed: 0,
+            region_blocks: 8,
+        };
+        let runs = |qd, lanes: Option<u32>, depth| {
+            let c = cfg(qd, lanes);
+            style_that_runs(&c, lanes.unwrap_or_else(|| default_warp_lanes(qd)), depth)
+        };
+        assert_eq!(runs(32, None, 64), ClientStyle::Warp);
+        assert_eq!(runs(1, None, 64), ClientStyle::Thread);
+        assert_eq!(runs(2, None, 64), ClientStyle::Thread);
+        assert_eq!(runs(1, Some(1), 64), ClientStyle::Warp);
+        assert_eq!(runs(32, Some(5), 64), ClientStyle::Thread);
+        assert_eq!(runs(32, None, 16), ClientStyle::Thread);
+        let lone = GpuPerfConfig {
+            style: ClientStyle::Lone,
+            ..cfg(32, None)
+        };
+        assert_eq!(style_that_runs(&lone, 16, 64), ClientStyle::Lone);
     }
 
     #[test]
