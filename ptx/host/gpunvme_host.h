@@ -266,6 +266,7 @@ inline int __clzll(long x) { return __clzll((long long)x); }
 
 namespace cuda {
 enum thread_scope { thread_scope_system, thread_scope_device, thread_scope_block };
+using memory_order = std::memory_order;
 constexpr std::memory_order memory_order_relaxed = std::memory_order_relaxed;
 constexpr std::memory_order memory_order_acquire = std::memory_order_acquire;
 constexpr std::memory_order memory_order_release = std::memory_order_release;

@@ -295,6 +295,14 @@ using dev_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>;
 using dev_u64 = cuda::atomic_ref<uint64_t, cuda::thread_scope_device>;
 using sys_u32 = cuda::atomic_ref<uint32_t, cuda::thread_scope_system>;
 
+/// Dword `off` of the CQ entry at `cqe`, which the controller writes: a system-scope load with
+/// `order`.
+__device__ __forceinline__ uint32_t cqe_dword(const uint8_t* cqe, uint32_t off,
+                                              cuda::memory_order order) {
+    return sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(cqe + off)))
+        .load(order);
+}
+
 /// Nanoseconds from the GPU's global timer.
 __device__ __forceinline__ uint64_t now_ns() {
 #ifdef GPUNVME_HOST_BUILD
@@ -519,17 +527,13 @@ __device__ inline status try_reap(const queue_desc& q) {
         // doorbell just rung: 0.5 us of a QD 1 command on an H100, 2026-11-27).
         const bool lone_entry = window == 1 && !(q.flags & GPUNVME_QF_LOCAL_PEER);
         uint32_t dw3[GPUNVME_REAP_AHEAD];
-        dw3[0] = sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
-                             cq + (size_t)head * GPUNVME_CQE_SIZE + GPUNVME_CQE_CID)))
-                     .load(lone_entry ? cuda::memory_order_acquire : cuda::memory_order_relaxed);
+        dw3[0] = cqe_dword(cq + (size_t)head * GPUNVME_CQE_SIZE, GPUNVME_CQE_CID,
+                           lone_entry ? cuda::memory_order_acquire : cuda::memory_order_relaxed);
         if (((dw3[0] >> 16) & 1u) != phase) break;
 #pragma unroll
         for (uint32_t i = 1; i < GPUNVME_REAP_AHEAD; ++i) {
             const uint8_t* cqe = cq + (size_t)((head + i) & mask) * GPUNVME_CQE_SIZE;
-            dw3[i] = i < window ? sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
-                                              cqe + GPUNVME_CQE_CID)))
-                                      .load(cuda::memory_order_relaxed)
-                                : 0u;
+            dw3[i] = i < window ? cqe_dword(cqe, GPUNVME_CQE_CID, cuda::memory_order_relaxed) : 0u;
         }
         // The ready run: consecutive entries from the head whose phase is the one expected
         // there (it flips where the ring wraps).
@@ -559,9 +563,8 @@ __device__ inline status try_reap(const queue_desc& q) {
             // Acquire: this read of the entry is done before the head doorbell below hands
             // the entry back to the controller.
             if (wants)
-                slot->dw0 = sys_u32(*const_cast<uint32_t*>(reinterpret_cast<const uint32_t*>(
-                                        cq + (size_t)head * GPUNVME_CQE_SIZE + GPUNVME_CQE_DW0)))
-                                .load(cuda::memory_order_acquire);
+                slot->dw0 = cqe_dword(cq + (size_t)head * GPUNVME_CQE_SIZE, GPUNVME_CQE_DW0,
+                                      cuda::memory_order_acquire);
             dev_u32(slot->done).store(GPUNVME_DONE_BIT | status_field, cuda::memory_order_release);
             ++n;
             head = (head + 1) & mask;
@@ -857,9 +860,7 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
         uint32_t dw3 = 0;
         if (lane < owed - total) {
             // The phase dword first (the device may still be writing the rest of the entry).
-            dw3 = sys_u32(*const_cast<uint32_t*>(
-                              reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_CID)))
-                      .load(cuda::memory_order_relaxed);
+            dw3 = cqe_dword(cqe, GPUNVME_CQE_CID, cuda::memory_order_relaxed);
             ok = ((dw3 >> 16) & 1u) == want;
         }
         uint32_t n = leading_run(__ballot_sync(full, ok));
@@ -889,9 +890,7 @@ __device__ inline status try_reap_warp(const queue_desc& q) {
         if (lane < n) {
             // Acquire: this read of the entry is done before the head doorbell below.
             if (wants)
-                slot->dw0 = sys_u32(*const_cast<uint32_t*>(
-                                        reinterpret_cast<const uint32_t*>(cqe + GPUNVME_CQE_DW0)))
-                                .load(cuda::memory_order_acquire);
+                slot->dw0 = cqe_dword(cqe, GPUNVME_CQE_DW0, cuda::memory_order_acquire);
             // Release: dw0 before done (the fence above ordered the entries before both).
             dev_u32(slot->done).store(GPUNVME_DONE_BIT | ((dw3 >> 16) & 0xfffeu),
                                       cuda::memory_order_release);

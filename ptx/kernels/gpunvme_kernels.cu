@@ -120,7 +120,7 @@ extern "C" __global__ void gpunvme_perf(const perf_params* pp) {
     if (lone && (threadIdx.x & 31u)) return;
     const bool warp_mode = p.warp_mode == 1;
     // The warp client with fewer issuing lanes than 32: more warps share a queue's depth, so
-    // one warp submits while another waits (the others lanes take part without issuing).
+    // one warp submits while another waits (the other lanes take part without issuing).
     const uint32_t warp_lanes = p.warp_lanes && p.warp_lanes < 32 ? p.warp_lanes : 32;
     const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const uint64_t gtid = lone ? tid / 32 : tid;
