@@ -17,10 +17,17 @@
 //   reg_sm            a kernel reading the registered pages (zero-copy) into GPU memory
 //   reg_windows       64 MiB windows registered by T threads at once (is registration serial?)
 //   pinned_sm         the same kernel reading ordinary pinned memory
+//   hybrid            (HYBRID=1; then nothing else) T threads stage chunks (pread_copy) from the
+//                     front of the file while one more thread registers WIN-byte windows of a
+//                     read-only mapping (CU_MEMHOSTREGISTER_READ_ONLY, which ext4 page-cache
+//                     pages accept) from the back and copies each by copy engine; they meet
+//                     where their rates put them. Beside pread_copy with T threads alone.
 //
 // On the GPU machine:
 //   nvcc -O2 -arch=sm_90 host_read_paths.cu -o hrp -lcuda -lpthread
 //   ./hrp FILE [GiB to create if FILE is missing, default 4]
+//   HYBRID=1 THREADS=16 ./hrp FILE                    (pread_copy against hybrid, windows
+//                                                     of 8, 32 and 64 MiB)
 //   PIECE=131072 THREADS=16 PREAD_ONLY=1 ./hrp FILE   (pread calls of 128 KiB, 16 threads, the
 //                                                     pread cases only)
 // Prints one JSON object per line; every GPU wait is bounded (60 s).
@@ -36,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -117,6 +125,90 @@ static void staged_copies(int t, int T, size_t chunks, void* const* bufs, CUdevi
     CK(cuStreamDestroy(s));
 }
 
+// HYBRID: T staging threads claim chunks from the front, one registrar claims windows of `win`
+// bytes from the back (registers a read-only mapping of it, copies it by copy engine); returns
+// GB/s of the whole file and the bytes that went the registered way.
+static double hybrid(int fd, int T, size_t size, size_t win, CUdeviceptr dbuf, double* reg_frac,
+                     double* reg_secs) {
+    size_t chunks = size / CHUNK, per_win = win / CHUNK;
+    std::mutex m;
+    size_t front = 0, back = chunks;  // staged: [0, front); registered: [back, chunks)
+    std::vector<void*> bufs(T * 2);
+    for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
+    char* map = (char*)mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) exit(2);
+    std::vector<size_t> regd;
+    double rs = 0;
+    auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < T; t++)
+        ts.emplace_back([&, t] {
+            CK(cuCtxSetCurrent(g_ctx));
+            CUstream s;
+            CUevent ev[2];
+            CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+            for (auto& e : ev) CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+            bool used[2] = {false, false};
+            for (int k = 0;; k ^= 1) {
+                size_t c;
+                {
+                    std::lock_guard<std::mutex> g(m);
+                    if (front >= back) break;
+                    c = front++;
+                }
+                if (used[k]) CK(cuEventSynchronize(ev[k]));
+                pread_chunk(fd, bufs[t * 2 + k], c);
+                CK(cuMemcpyHtoDAsync(dbuf + c * CHUNK, bufs[t * 2 + k], CHUNK, s));
+                CK(cuEventRecord(ev[k], s));
+                used[k] = true;
+            }
+            wait_bounded(s);
+            for (auto& e : ev) CK(cuEventDestroy(e));
+            CK(cuStreamDestroy(s));
+        });
+    ts.emplace_back([&] {
+        CK(cuCtxSetCurrent(g_ctx));
+        CUstream s[4];
+        for (auto& x : s) CK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
+        for (size_t i = 0;; i++) {
+            size_t w;
+            {
+                std::lock_guard<std::mutex> g(m);
+                if (back < front + per_win) break;
+                back -= per_win;
+                w = back;
+            }
+            auto r0 = Clock::now();
+            CK(cuMemHostRegister(map + w * CHUNK, win,
+                                 CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_READ_ONLY));
+            rs += secs_since(r0);
+            regd.push_back(w);
+            CK(cuMemcpyHtoDAsync(dbuf + w * CHUNK, map + w * CHUNK, win, s[i & 3]));
+        }
+        for (auto& x : s) wait_bounded(x);
+        for (auto& x : s) CK(cuStreamDestroy(x));
+    });
+    for (auto& th : ts) th.join();
+    double g = size / secs_since(t0) / 1e9;
+    *reg_frac = (double)regd.size() * win / size;
+    *reg_secs = rs;
+    // Check a chunk of each path.
+    std::vector<char> a(CHUNK), b(CHUNK);
+    size_t probe[2] = {0, regd.empty() ? chunks - 1 : regd.back()};
+    for (size_t c : probe) {
+        CK(cuMemcpyDtoH(a.data(), dbuf + c * CHUNK, CHUNK));
+        if (pread(fd, b.data(), CHUNK, c * CHUNK) != (ssize_t)CHUNK) exit(2);
+        if (memcmp(a.data(), b.data(), CHUNK) != 0) {
+            fprintf(stderr, "hybrid: chunk %zu differs\n", c);
+            exit(4);
+        }
+    }
+    for (size_t w : regd) CK(cuMemHostUnregister(map + w * CHUNK));
+    munmap(map, size);
+    for (auto& b : bufs) CK(cuMemFreeHost(b));
+    return g;
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s FILE [GiB]\n", argv[0]);
@@ -192,6 +284,27 @@ int main(int argc, char** argv) {
         for (auto& x : s) CK(cuStreamDestroy(x));
     }
 
+    if (getenv("HYBRID")) {
+        for (int rep = 0; rep < 2; rep++)
+            for (int T : threads_list) {
+                std::vector<void*> bufs(T * 2);
+                for (auto& b : bufs) CK(cuMemAllocHost(&b, CHUNK));
+                double g = threaded(T, size, [&](int t) {
+                    staged_copies(t, T, chunks, &bufs[t * 2], dbuf,
+                                  [&](void* buf, size_t c) { pread_chunk(fd, buf, c); });
+                });
+                for (auto& b : bufs) CK(cuMemFreeHost(b));
+                printf("{\"case\": \"pread_copy\", \"threads\": %d, \"gb_per_s\": %.2f}\n", T, g);
+                for (size_t win : {8ul << 20, 32ul << 20, 64ul << 20}) {
+                    double frac, rs;
+                    g = hybrid(fd, T, size, win, dbuf, &frac, &rs);
+                    printf("{\"case\": \"hybrid\", \"threads\": %d, \"win\": %zu, \"gb_per_s\": "
+                           "%.2f, \"registered_fraction\": %.3f, \"register_secs\": %.4f}\n",
+                           T, win, g, frac, rs);
+                }
+            }
+        return 0;
+    }
     for (int T : threads_list) {
         // pread only.
         std::vector<void*> bufs(T * 2);

@@ -368,7 +368,9 @@ def main():
                            capture_output=True, timeout=args.limit)
             jit_warm = True
         for cache in args.caches.split(","):
-            for (name, kw), rep in ((lk, rep) for lk in loaders for rep in range(args.reps)):
+            # Round robin: rep 0 of every method, then rep 1, ...: a disk or host whose speed
+            # drifts during the run (a cold disk's rate does) shifts every method alike.
+            for (name, kw), rep in ((lk, rep) for rep in range(args.reps) for lk in loaders):
                 ours = name.startswith("gpunvme")
                 if ours and cache == "cold" and "model" in name:
                     continue  # HBM media: the image is copied in before the load; nothing cold
