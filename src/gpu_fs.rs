@@ -124,11 +124,6 @@ pub struct ControllerCopies {
     /// Copy-engine copies of staged Reads (adjacent Reads of 64 KiB or more merged; smaller
     /// ones go by the scatter kernel; `GPUNVME_EMU_STAGED`).
     pub engine_copies: u64,
-    /// Positioned reads (`pread` calls) that staged those bytes.
-    pub file_reads: u64,
-    /// Of `staged_bytes`: bytes read for a run of a batch's adjacent Reads by one positioned
-    /// read (`GPUNVME_EMU_FILE_READS=batch`, the default; `command`: one per Read).
-    pub batched_bytes: u64,
     /// Image windows registered.
     pub windows_registered: u64,
     /// Windows left to the staged path because their pages were not all in the page cache.
@@ -162,8 +157,6 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         direct_copies: d.direct_copies,
         staged_bytes: d.staged_file_bytes,
         engine_copies: d.engine_copies,
-        file_reads: d.file_reads,
-        batched_bytes: d.batched_file_bytes,
         windows_registered: w.registered,
         windows_not_resident: w.not_resident,
         file_read_ms: d.file_ns as f64 / 1e6,

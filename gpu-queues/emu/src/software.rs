@@ -58,7 +58,6 @@
 //! other.
 #![forbid(unsafe_code)]
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -92,14 +91,8 @@ const MAX_PIECES: usize = 8192;
 /// Data bytes one staging area holds before it is flushed. Small enough that a controller of
 /// many threads allocates its pinned memory quickly (every thread has three such areas: 32 MiB
 /// each made 16 threads spend a second in `cuMemHostAlloc` before a load, 2026-11-25), large
-/// enough for a batch of MDTS-sized reads to stage while the other area drains: a warp's 32
-/// Reads of 128 KiB (4 MiB, read at once by [`FileReads::Batch`]) at any alignment, with
-/// [`COMPLETION_ROOM`] to spare.
-const STAGING_BYTES: usize = (4 << 20) + (128 << 10);
-/// Staging bytes a run of Reads read at once leaves free in its area, for the completions
-/// staged after each of them (an area that filled up would be flushed before the run's later
-/// Reads were described, and they would be read again one by one).
-const COMPLETION_ROOM: usize = 64 << 10;
+/// enough for a batch of MDTS-sized reads to stage while the other area drains.
+const STAGING_BYTES: usize = 4 << 20;
 /// Ranges one gather moves.
 const MAX_GATHER_PIECES: usize = 8192;
 /// Data bytes one gather moves (PRP lists, write data; a read larger than this is copied in
@@ -178,49 +171,6 @@ impl StagedCopies {
     }
 }
 
-/// How Reads that are staged (not served from registered windows) read the image:
-/// `GPUNVME_EMU_FILE_READS`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileReads {
-    /// One positioned read per run of a batch's Reads that are adjacent in the file and in
-    /// staging, announced by the controller ([`MemoryRegion::prefetch_file`]; the default):
-    /// a warp's 32 Reads of 128 KiB become one 4 MiB `pread`.
-    Batch,
-    /// One positioned read per Read command (the behaviour before batching, for comparisons).
-    Command,
-}
-
-impl FileReads {
-    const VAR: &str = "GPUNVME_EMU_FILE_READS";
-
-    /// `GPUNVME_EMU_FILE_READS=batch|command` (unset: batch).
-    fn from_env() -> Result<Self, GpuError> {
-        Self::choose(env_choice::var(Self::VAR).as_deref())
-    }
-
-    fn choose(var: Option<&str>) -> Result<Self, GpuError> {
-        let c = [("batch", Self::Batch), ("command", Self::Command)];
-        Ok(env_choice::choice(Self::VAR, var, &c)?.unwrap_or(Self::Batch))
-    }
-}
-
-/// One Read of the current batch announced by the controller ([`MemoryRegion::prefetch_file`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct FileHint {
-    /// The image's descriptor (the batch's namespace files stay open through the batch).
-    fd: i32,
-    dst: u64,
-    len: usize,
-    file_offset: u64,
-}
-
-/// A Read whose data a run's positioned read already put in the current staging area, at
-/// `src` of its data part: it is only described when the Read runs.
-struct Prestaged {
-    read: FileHint,
-    src: usize,
-}
-
 struct Staging {
     mem: PinnedMemory,
     /// Direct copies to issue, in order, before this area's scatter.
@@ -276,11 +226,6 @@ pub struct DmaStats {
     pub staged_file_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
-    /// Positioned reads (`pread` calls) of image data into staging.
-    pub file_reads: u64,
-    /// Of `staged_file_bytes`: bytes read ahead of their Read, by one positioned read for a
-    /// run of the batch's adjacent Reads ([`FileReads::Batch`]).
-    pub batched_file_bytes: u64,
 }
 
 impl DmaStats {
@@ -300,8 +245,6 @@ impl DmaStats {
         self.direct_bytes += o.direct_bytes;
         self.staged_file_bytes += o.staged_file_bytes;
         self.engine_copies += o.engine_copies;
-        self.file_reads += o.file_reads;
-        self.batched_file_bytes += o.batched_file_bytes;
     }
 }
 
@@ -318,12 +261,6 @@ struct EngineState {
     fetched: Vec<Fetched>,
     /// A flush launched work that was not yet seen finished (see [`GpuDma::pending`]).
     in_flight: bool,
-    /// The current batch's Reads from image files, as announced, and where to look next.
-    hints: Vec<FileHint>,
-    next_hint: usize,
-    /// Reads of the current staging area already read from the file (cleared when the area
-    /// is flushed: their bytes are never copied then, and the Reads read on their own).
-    prestaged: Vec<Prestaged>,
     stats: DmaStats,
 }
 
@@ -436,8 +373,6 @@ pub struct GpuDma {
     always_ordered: bool,
     /// How staged Read data moves.
     staged: StagedCopies,
-    /// How staged Reads read the image.
-    file_reads: FileReads,
 }
 
 /// `GPUNVME_EMU_FETCH=ordered|unordered` (default `unordered`): whether reads of GPU memory the
@@ -538,9 +473,6 @@ impl GpuDma {
                     pending: Vec::new(),
                     fetched: Vec::new(),
                     in_flight: false,
-                    hints: Vec::new(),
-                    next_hint: 0,
-                    prestaged: Vec::new(),
                     stats: DmaStats::default(),
                 }),
             });
@@ -554,7 +486,6 @@ impl GpuDma {
             windows: ImageWindows::for_mode(cuda, read_mode),
             always_ordered: fetch_always_ordered()?,
             staged: StagedCopies::from_env()?,
-            file_reads: FileReads::from_env()?,
         }))
     }
 
@@ -657,7 +588,18 @@ impl GpuDma {
             }
             let to = dst + done as u64;
             if by_engine {
-                Self::describe_engine_copy(area, to, src, n);
+                match area.copies.last_mut() {
+                    Some(last)
+                        if last.src + last.len == src && last.dst + last.len as u64 == to =>
+                    {
+                        last.len += n;
+                    }
+                    _ => area.copies.push(EngineCopy {
+                        src,
+                        dst: to,
+                        len: n,
+                    }),
+                }
                 area.bytes = src + n;
             } else {
                 Self::describe(area, to, src, n, late);
@@ -714,146 +656,17 @@ impl GpuDma {
             return Ok(Some(Ok(())));
         }
         st.stats.staged_file_bytes += len as u64;
+        let mut file_ns = 0;
         let by_engine = self.staged == StagedCopies::Engine
             && self.mode == CopyMode::Kernels
             && len >= ENGINE_COPY_MIN;
-        if by_engine && self.file_reads == FileReads::Batch {
-            let read = FileHint {
-                fd: file.as_raw_fd(),
-                dst,
-                len,
-                file_offset,
-            };
-            if let Some(src) = self.take_prestaged(e, st, read, file)? {
-                Self::describe_engine_copy(&mut st.areas[st.cur], dst, src, len);
-                st.stats.batched_file_bytes += len as u64;
-                return Ok(Some(Ok(())));
-            }
-        }
-        let mut file_ns = 0;
-        let mut calls = 0;
         let r = self.stage_with(e, st, dst, len, false, by_engine, |mem, at, done, n| {
-            calls += 1;
             timed(&mut file_ns, || {
                 mem.read_file_at(at, n, file, file_offset + done as u64)
             })
         });
         st.stats.file_ns += file_ns;
-        st.stats.file_reads += calls;
         r.map(Some)
-    }
-
-    /// Where `read`'s data already is in the current staging area, if a run's positioned read
-    /// put it there; else, if the batch announced it, reads the run of announced Reads that
-    /// starts with it (adjacent in the file and in staging, each moved by copy engine, as
-    /// many as fit in an area) with one positioned read, and returns its place in that run.
-    /// `None`: the Read stages on its own (not announced, alone in its run, or the run's read
-    /// failed: the Read's own read then reports the error).
-    fn take_prestaged(
-        &self,
-        e: &Engine,
-        st: &mut EngineState,
-        read: FileHint,
-        file: &std::fs::File,
-    ) -> Result<Option<usize>, GpuError> {
-        if let Some(i) = st.prestaged.iter().position(|p| p.read == read) {
-            return Ok(Some(st.prestaged.swap_remove(i).src));
-        }
-        let Some(first) = st.hints[st.next_hint.min(st.hints.len())..]
-            .iter()
-            .position(|h| *h == read)
-            .map(|i| i + st.next_hint)
-        else {
-            return Ok(None);
-        };
-        let room = STAGING_BYTES - COMPLETION_ROOM;
-        // The run as it would lie in the area from `bytes` on: (reads, bytes it spans).
-        let run_from = |st: &EngineState, bytes: usize| -> (usize, usize) {
-            let src0 = bytes + ((read.dst.wrapping_sub(bytes as u64)) & 15) as usize;
-            let mut end = src0 + read.len;
-            if end > room {
-                return (0, 0);
-            }
-            let mut n = 1;
-            let mut prev = read;
-            for h in &st.hints[first + 1..] {
-                let adjacent = h.fd == read.fd
-                    && h.file_offset == prev.file_offset + prev.len as u64
-                    && h.len >= ENGINE_COPY_MIN
-                    && h.dst.wrapping_sub(end as u64) & 15 == 0
-                    && end + h.len <= room;
-                if !adjacent {
-                    break;
-                }
-                end += h.len;
-                n += 1;
-                prev = *h;
-            }
-            (n, src0)
-        };
-        let (mut n, mut src0) = run_from(st, st.areas[st.cur].bytes);
-        if n < 2 {
-            // Where the area is not empty, the run may fit once it is flushed.
-            let area = &st.areas[st.cur];
-            if area.bytes == 0 || run_from(st, 0).0 < 2 {
-                st.next_hint = first + 1;
-                return Ok(None);
-            }
-            self.flush_locked(e, st)?;
-            (n, src0) = run_from(st, 0);
-        }
-        if st.areas[st.cur].copies.len() + n > MAX_DIRECT {
-            st.next_hint = first + 1;
-            return Ok(None);
-        }
-        let total: usize = st.hints[first..first + n].iter().map(|h| h.len).sum();
-        let area = &mut st.areas[st.cur];
-        let at = MAX_PIECES * size_of::<CopyDesc>() + src0;
-        let t = Instant::now();
-        let r = area.mem.read_file_at(at, total, file, read.file_offset);
-        st.stats.file_ns += t.elapsed().as_nanos() as u64;
-        st.stats.file_reads += 1;
-        st.next_hint = first + n;
-        if r.is_err() {
-            return Ok(None);
-        }
-        let area = &mut st.areas[st.cur];
-        area.bytes = src0 + total;
-        let mut src = src0;
-        for h in &st.hints[first..first + n] {
-            st.prestaged.push(Prestaged { read: *h, src });
-            src += h.len;
-        }
-        // The first one is the caller's.
-        Ok(Some(st.prestaged.swap_remove(st.prestaged.len() - n).src))
-    }
-
-    /// Notes a copy-engine copy of `len` staged bytes at `src` of `area`'s data to `dst`,
-    /// merged with the area's last copy where both continue each other.
-    fn describe_engine_copy(area: &mut Staging, dst: u64, src: usize, len: usize) {
-        match area.copies.last_mut() {
-            Some(last) if last.src + last.len == src && last.dst + last.len as u64 == dst => {
-                last.len += len;
-            }
-            _ => area.copies.push(EngineCopy { src, dst, len }),
-        }
-    }
-
-    /// Announced Reads of the batch from `fd` (region base `ptr`), replacing earlier ones.
-    fn note_file_reads(&self, ptr: u64, reads: &[nvme_emu::FileRead], fd: i32) {
-        if self.file_reads != FileReads::Batch || self.read_mode != ReadMode::Pread {
-            return;
-        }
-        let e = self.engine();
-        let mut st = lock(e);
-        st.hints.clear();
-        st.next_hint = 0;
-        st.hints.extend(reads.iter().map(|r| FileHint {
-            fd,
-            dst: ptr + r.offset,
-            len: r.len,
-            file_offset: r.file_offset,
-        }));
     }
 
     /// Adds descriptors for `n` bytes at `src` of `area`'s data, bound for `dst`, in pieces
@@ -944,7 +757,6 @@ impl GpuDma {
         let area = &mut st.areas[cur];
         area.pieces = 0;
         area.bytes = 0;
-        st.prestaged.clear();
         st.cur ^= 1;
         let drained = &st.areas[st.cur].drained;
         let mut waited = 0;
@@ -961,7 +773,6 @@ impl GpuDma {
         let mut st = lock(e);
         st.fetched.clear();
         st.pending.clear();
-        st.hints.clear();
         self.flush_locked(e, &mut st)
     }
 
@@ -1004,7 +815,6 @@ impl GpuDma {
         let mut st = lock(e);
         st.fetched.clear();
         st.pending.clear();
-        st.hints.clear();
     }
 
     /// Notes ranges the controller is about to read (`ordered`: after the engine's earlier
@@ -1295,16 +1105,6 @@ impl MemoryRegion for GpuRegion {
         self.engine
             .stage_from_file(self.ptr + offset, len, file, file_offset)
             .unwrap_or_default()
-    }
-
-    fn prefetch_file(&self, reads: &[nvme_emu::FileRead], file: &std::fs::File) {
-        if reads
-            .iter()
-            .all(|r| r.offset.saturating_add(r.len as u64) <= self.len as u64)
-        {
-            self.engine
-                .note_file_reads(self.ptr, reads, file.as_raw_fd());
-        }
     }
 
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
@@ -1775,10 +1575,10 @@ pub fn queues(
 
 #[cfg(test)]
 mod tests {
-    use super::{CopyMode, FileReads, RingPlacement, StagedCopies, fetch_ordered_from};
+    use super::{CopyMode, RingPlacement, StagedCopies, fetch_ordered_from};
 
     #[test]
-    fn staged_copies_fetch_order_and_file_reads_follow_their_variables() {
+    fn staged_copies_and_fetch_order_follow_their_variables() {
         use StagedCopies::{Engine, Kernel};
         assert_eq!(StagedCopies::choose(None).unwrap(), Engine);
         assert_eq!(StagedCopies::choose(Some(" engine ")).unwrap(), Engine);
@@ -1790,14 +1590,6 @@ mod tests {
         assert!(fetch_ordered_from(Some("ordered")).unwrap());
         let e = fetch_ordered_from(Some("always")).unwrap_err().to_string();
         assert!(e.contains("GPUNVME_EMU_FETCH=always"), "{e}");
-        assert_eq!(FileReads::choose(None).unwrap(), FileReads::Batch);
-        assert_eq!(FileReads::choose(Some("batch")).unwrap(), FileReads::Batch);
-        assert_eq!(
-            FileReads::choose(Some("command")).unwrap(),
-            FileReads::Command
-        );
-        let e = FileReads::choose(Some("mmap")).unwrap_err().to_string();
-        assert!(e.contains("GPUNVME_EMU_FILE_READS=mmap"), "{e}");
     }
 
     #[test]

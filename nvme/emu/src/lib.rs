@@ -123,6 +123,6 @@ pub use device::EmuDevice;
 pub use doorbells::DoorbellWord;
 pub use error::{AttachRefusal, EmuError};
 pub use faults::{DROP_ALL, Faults};
-pub use memory::{DeviceAddressMap, DmaError, FileRead, MemoryRegion, RegionError};
+pub use memory::{DeviceAddressMap, DmaError, MemoryRegion, RegionError};
 pub use queue_server::{QueueServer, QueueServerRefusal};
 pub use stats::EmuStats;

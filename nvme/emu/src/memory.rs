@@ -165,21 +165,6 @@ pub trait MemoryRegion: Send + Sync {
         Ok(())
     }
 
-    /// A hint: the calling controller thread is about to fill these ranges of the region from
-    /// `file` with [`MemoryRegion::read_from_file`] (the Reads of one batch of commands, in
-    /// command order), so that a region staging file data can read adjacent ranges with one
-    /// positioned read instead of one per command.
-    ///
-    /// Purely a hint, as [`MemoryRegion::prefetch`]: every `read_from_file` that follows still
-    /// reports its own result. What a region reads ahead for it must not outlive the batch
-    /// (the controller's next [`MemoryRegion::flush`] ends it): the Reads of one batch were all
-    /// submitted before the controller fetched them, so data read after the fetch holds every
-    /// Write completed before any of them was submitted, while a later batch's Read may follow
-    /// a Write completed since. The default does nothing.
-    fn prefetch_file(&self, reads: &[FileRead], file: &std::fs::File) {
-        let _ = (reads, file);
-    }
-
     /// Whether the region defers its writes to [`MemoryRegion::flush`] and performs them
     /// asynchronously (GPU memory behind batched copies). The default is false: host memory,
     /// whose writes are visible once stored.
@@ -199,18 +184,6 @@ pub trait MemoryRegion: Send + Sync {
     fn wait_flushed(&self) -> Result<(), RegionError> {
         Ok(())
     }
-}
-
-/// One Read's data announced by [`MemoryRegion::prefetch_file`]: `len` bytes of the file at
-/// `file_offset`, for the region at `offset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileRead {
-    /// Byte offset in the region.
-    pub offset: u64,
-    /// Bytes.
-    pub len: usize,
-    /// Byte offset in the file.
-    pub file_offset: u64,
 }
 
 /// Why a DMA through the device-address map failed.
@@ -496,8 +469,6 @@ pub(crate) struct MapCache {
     /// to a region that does not ([`MapCache::write_last_dword_release_at`] fences them first).
     unfenced: Vec<Arc<dyn MemoryRegion>>,
     prefetch: PrefetchGroups,
-    /// [`MapCache::prefetch_file`]'s reads of the region being collected.
-    file_reads: Vec<FileRead>,
 }
 
 impl MapCache {
@@ -512,7 +483,6 @@ impl MapCache {
             dirty: Vec::with_capacity(CACHE_ENTRIES),
             unfenced: Vec::new(),
             prefetch: PrefetchGroups::default(),
-            file_reads: Vec::new(),
         }
     }
 
@@ -787,47 +757,6 @@ impl MapCache {
         }
         self.prefetch.call(&mut result);
         result
-    }
-
-    /// Announces Reads from `file` into the device-address ranges `(addr, len, file offset)`
-    /// (in command order): every run of consecutive ranges in one region that takes hints
-    /// goes to that region's [`MemoryRegion::prefetch_file`] as one call. Ranges no region
-    /// covers, or in memory that takes no hints, are left out.
-    pub(crate) fn prefetch_file(&mut self, reads: &[(u64, usize, u64)], file: &std::fs::File) {
-        // The region itself, not its entry's index: a later translation may replace entries.
-        let mut current: Option<Arc<dyn MemoryRegion>> = None;
-        for &(addr, len, file_offset) in reads {
-            let Ok((index, offset)) = self.translate(addr, len) else {
-                continue;
-            };
-            let entry = &self.entries[index];
-            if !entry.hint {
-                continue;
-            }
-            if !current
-                .as_ref()
-                .is_some_and(|c| Arc::ptr_eq(c, &entry.region))
-            {
-                let region = entry.region.clone();
-                self.call_prefetch_file(current.replace(region), file);
-            }
-            self.file_reads.push(FileRead {
-                offset,
-                len,
-                file_offset,
-            });
-        }
-        self.call_prefetch_file(current, file);
-    }
-
-    /// Hands the collected reads to `region` and forgets them.
-    fn call_prefetch_file(&mut self, region: Option<Arc<dyn MemoryRegion>>, file: &std::fs::File) {
-        if let Some(r) = region
-            && !self.file_reads.is_empty()
-        {
-            r.prefetch_file(&self.file_reads, file);
-        }
-        self.file_reads.clear();
     }
 
     /// Whether any region mapped now takes prefetch hints (none: nothing to announce).

@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use nvme::Device;
-use nvme_emu::{
-    Backend, EmuConfig, FileRead, ImageReads, MemoryRegion, NamespaceConfig, RegionError,
-    controller_thread_index,
-};
+use nvme_emu::{EmuConfig, MemoryRegion, RegionError, controller_thread_index};
 use nvme_spec::NvmOpcode;
 
 const READ: u8 = NvmOpcode::READ.0;
@@ -42,8 +39,6 @@ struct CountingRegion {
     fetched: Mutex<Vec<(u64, Vec<u8>)>>,
     /// Every prefetch call's ranges, and the controller thread that made it.
     calls: Mutex<Calls>,
-    /// Every prefetch_file call's reads, and the controller thread that made it.
-    file_calls: Mutex<Vec<(Option<usize>, Vec<FileRead>)>>,
     hits: AtomicU32,
     misses: AtomicU32,
 }
@@ -55,7 +50,6 @@ impl CountingRegion {
             hint,
             fetched: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
-            file_calls: Mutex::new(Vec::new()),
             hits: AtomicU32::new(0),
             misses: AtomicU32::new(0),
         })
@@ -116,13 +110,6 @@ impl MemoryRegion for CountingRegion {
         let mut m = self.bytes.lock().unwrap();
         m[offset as usize..end as usize].copy_from_slice(data);
         Ok(())
-    }
-
-    fn prefetch_file(&self, reads: &[FileRead], _file: &std::fs::File) {
-        self.file_calls
-            .lock()
-            .unwrap()
-            .push((controller_thread_index(), reads.to_vec()));
     }
 
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<(), RegionError> {
@@ -363,86 +350,5 @@ fn chained_list_pages_are_prefetched_level_by_level() {
         buf.read(0, &mut back);
         let expect = pattern(PAGES * PAGE, c as u64);
         assert!(back[..] == expect[7 * PAGES * 512..7 * PAGES * 512 + PAGE]);
-    }
-}
-
-#[test]
-fn a_batch_announces_its_reads_from_the_image_with_their_file_offsets() {
-    // An image namespace read with pread (no mapping), 2 threads; one batch of eight commands
-    // on queue 2: six Reads of four pages (PRP lists), one Read past the namespace's end
-    // (fails, not announced) and one Write (not a Read).
-    const BLOCKS: u64 = 4096;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ns.img");
-    EmuConfig::create_image(&path, BLOCKS * 512).unwrap();
-    let image = pattern((BLOCKS * 512) as usize, 9);
-    std::fs::write(&path, &image).unwrap();
-    let mut h = Host::enabled(EmuConfig {
-        namespaces: vec![NamespaceConfig {
-            backend: Backend::File(path),
-            blocks: BLOCKS,
-            lba_size: 512,
-            read_only: false,
-            format: nvme_emu::NsFormat::Plain,
-        }],
-        image_reads: ImageReads::Pread,
-        controller_threads: 2,
-        max_io_queue_pairs: 4,
-        ..EmuConfig::default()
-    });
-    let region = CountingRegion::new(DATA + 8 * CMD, Hint::Ignore);
-    let base = h.dev.address_map().register_region(region.clone()).unwrap();
-    let owner = h.dev.thread_for_cq(2);
-    let mut q = h.create_io_pair(2, 16, 16);
-    // Command i: 32 blocks at LBA lba(i), data at DATA + i * CMD, list at i * 32.
-    let lba = |i: usize| [64, 96, 128, 1000, 7, 2000, BLOCKS as usize - 16, 300][i] as u64;
-    for i in 0..8 {
-        for k in 1..4 {
-            let entry = base + (DATA + i * CMD + k * PAGE) as u64;
-            region.host_write(i * 32 + (k - 1) * 8, &entry.to_le_bytes());
-        }
-        let op = if i == 7 { WRITE } else { READ };
-        let mut cmd = rw(
-            op,
-            1,
-            lba(i),
-            32,
-            base + (DATA + i * CMD) as u64,
-            base + (i * 32) as u64,
-        );
-        cmd.cdw0 = cmd.cdw0.with_cid(i as u16);
-        q.push(&cmd);
-    }
-    q.ring(&h.dev);
-    let mut failed = Vec::new();
-    for _ in 0..8 {
-        let c = q.wait(&h.dev);
-        if !c.status().is_success() {
-            failed.push(c.cid);
-        }
-    }
-    assert_eq!(
-        failed,
-        vec![6],
-        "the Read past the end fails, the rest succeed"
-    );
-    let calls = region.file_calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 1, "one announcement per batch: {calls:?}");
-    assert_eq!(calls[0].0, Some(owner), "made by the queue's thread");
-    let expect: Vec<FileRead> = (0..6)
-        .map(|i| FileRead {
-            offset: (DATA + i * CMD) as u64,
-            len: CMD,
-            file_offset: lba(i) * 512,
-        })
-        .collect();
-    assert_eq!(calls[0].1, expect, "the six Reads, in command order");
-    // And the Reads read what the image holds.
-    for i in 0..6 {
-        let at = (lba(i) * 512) as usize;
-        assert!(
-            region.host_read(DATA + i * CMD, CMD) == image[at..at + CMD],
-            "command {i}: bytes differ"
-        );
     }
 }

@@ -108,9 +108,8 @@ impl Worker {
         }
     }
 
-    /// The checks Read and Write share; returns (namespace index, byte offset, byte length),
-    /// and leaves the data segments in `segments`.
-    pub(super) fn check_read_write(&mut self, cmd: &Command) -> Result<(usize, u64, u64), Fail> {
+    /// The checks Read and Write share; returns (namespace index, byte offset, byte length).
+    fn check_read_write(&mut self, cmd: &Command) -> Result<(usize, u64, u64), Fail> {
         let index = self.ns_index(cmd.nsid)?;
         let cdw12 = ReadWriteCdw12::from(cmd.cdw12);
         // Directives and storage tags are not supported.
@@ -128,68 +127,6 @@ impl Worker {
         self.check_range(index, slba, nlb)?;
         self.walk_prps(cmd, len)?;
         Ok((index, slba << shift, len))
-    }
-
-    /// Announces the data of the batch's Reads that will be read from image files into memory
-    /// that takes hints ([`crate::MemoryRegion::prefetch_file`]): for each of the first `n`
-    /// commands of the fetch buffer that is a valid Read of a file-backed namespace, not
-    /// served from the image's mapping and without an injected media error, its data segments
-    /// with their file offsets; one call per run of commands on the same namespace. Checks as
-    /// the Read will ([`Worker::check_read_write`]); a command that fails them is left out
-    /// (it reports its own status when it runs).
-    pub(super) fn prefetch_file_reads(&mut self, n: usize) {
-        self.pf_file_reads.clear();
-        let mut ns_of_run = None;
-        for i in 0..n {
-            let cmd = self.sqe(i);
-            // Cheap tests first: most commands of a batch that is not a large load stop here.
-            let Some((len, false)) = self.read_write_len(&cmd) else {
-                continue;
-            };
-            let from_file = match &self.namespaces[cmd.nsid as usize - 1].media {
-                Media::File(FileMedia { map, .. }) => {
-                    map.is_none() || len as usize >= MAPPED_READ_MAX
-                }
-                _ => false,
-            };
-            if !from_file || !self.cache.takes_hints(cmd.prp1) {
-                continue;
-            }
-            let Ok((index, offset, len)) = self.check_read_write(&cmd) else {
-                continue;
-            };
-            let nlb = len >> self.namespaces[index].lba_shift;
-            if self
-                .shared
-                .faults
-                .media_error_in(cmd.nsid, cmd.slba(), nlb)
-                .is_some()
-            {
-                continue;
-            }
-            if ns_of_run.is_some_and(|ns| ns != index) {
-                self.announce_file_reads(ns_of_run);
-            }
-            ns_of_run = Some(index);
-            let mut file_offset = offset;
-            for &(addr, seg_len) in &self.segments {
-                self.pf_file_reads
-                    .push((addr, seg_len as usize, file_offset));
-                file_offset += seg_len as u64;
-            }
-        }
-        self.announce_file_reads(ns_of_run);
-    }
-
-    /// Hands the collected reads of namespace `index` to the memory regions, and forgets them.
-    fn announce_file_reads(&mut self, index: Option<usize>) {
-        if let Some(i) = index
-            && let Media::File(FileMedia { file, .. }) = &self.namespaces[i].media
-            && !self.pf_file_reads.is_empty()
-        {
-            self.cache.prefetch_file(&self.pf_file_reads, file);
-        }
-        self.pf_file_reads.clear();
     }
 
     /// A hint: `cmd` runs soon; if it is a Read served from a mapped image, its blocks are

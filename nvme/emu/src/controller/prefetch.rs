@@ -6,10 +6,7 @@
 //! 1. the PRP list pages of the batch's Read and Write commands, one call per region (and one
 //!    more round per level of chained list pages, whose addresses are only known once the page
 //!    before is read);
-//! 2. the data of the batch's Reads from image files, with their file offsets
-//!    ([`crate::MemoryRegion::prefetch_file`]: a region that stages file data reads adjacent
-//!    ones at once), found by walking their PRPs;
-//! 3. the data of the batch's Write commands, found by walking their PRPs (which now reads the
+//! 2. the data of the batch's Write commands, found by walking their PRPs (which now reads the
 //!    list pages fetched in step 1).
 //!
 //! Only a hint: errors are ignored (the commands report them with the proper status when they
@@ -72,14 +69,11 @@ impl Worker {
             std::mem::swap(&mut lists, &mut self.pf_next);
             self.pf_lists = lists;
         }
-        // 2. The Reads from image files (their PRPs walk the list pages fetched in step 1, so
-        //    this comes before step 2's gather, which replaces those).
-        self.prefetch_file_reads(n);
         if self.pf_writes.is_empty() {
             return;
         }
 
-        // 3. The data of Write commands whose buffer starts in memory that takes hints.
+        // 2. The data of Write commands whose buffer starts in memory that takes hints.
         for k in 0..self.pf_writes.len() {
             let (i, len) = self.pf_writes[k];
             let cmd = self.sqe(i);

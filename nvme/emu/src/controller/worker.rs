@@ -132,8 +132,6 @@ pub(crate) struct Worker {
     pub(super) pf_segments: Vec<Segment>,
     /// Write commands of the batch (index, length) whose data is announced.
     pub(super) pf_writes: Vec<(usize, u64)>,
-    /// The batch's Reads from image files: (device address, bytes, file offset).
-    pub(super) pf_file_reads: Vec<(u64, usize, u64)>,
 }
 
 impl Worker {
@@ -178,7 +176,6 @@ impl Worker {
             pf_next: Vec::new(),
             pf_segments: Vec::with_capacity(64),
             pf_writes: Vec::with_capacity(max_batch),
-            pf_file_reads: Vec::with_capacity(max_batch),
         }
     }
 
