@@ -12,8 +12,10 @@ if [ "${1:-}" = --bin ]; then BIN=$2; shift 2; fi
 # The machine's python3 is itself a venv holding torch: install beside it with --target.
 SITE=${TMPDIR:-/tmp}/gpunvme-py-site
 rm -rf "$SITE"
+# fastsafetensors too where the benchmark's wheels were carried (tests/test_fastsafetensors.py
+# is skipped without it).
 python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --target "$SITE" "$BIN"/wheels/*.whl
+    --target "$SITE" "$BIN"/wheels/*.whl $(ls "$BIN"/bench-wheels/fastsafetensors-*.whl 2>/dev/null)
 export PYTHONPATH=$SITE
 # From outside the checkout, so `import gpunvme` is the installed wheel, not python/gpunvme.
 cd "${TMPDIR:-/tmp}"

@@ -265,6 +265,28 @@ impl DeviceHandle {
         Ok(StatReport::of(&self.mount()?, name)?)
     }
 
+    /// Up to `size` bytes of `name` from `offset` (to the end of the file when `None`), read
+    /// into host memory through the CPU's queues: short only at the end of the file, empty
+    /// from there on. For headers and other small reads; bulk data goes to the GPU.
+    pub fn read(&self, name: &str, offset: u64, size: Option<u64>) -> Result<Vec<u8>> {
+        let fs = self.mount()?;
+        let f = fs.open(name, OpenMode::ReadOnly)?;
+        let avail = f.len()?.saturating_sub(offset);
+        let n = size.map_or(avail, |s| s.min(avail));
+        let n = usize::try_from(n)
+            .map_err(|_| InvalidArgument(format!("a read of {n} bytes into host memory")))?;
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(n).map_err(|_| {
+            InvalidArgument(format!(
+                "a read of {n} bytes of {name}: no host memory for it"
+            ))
+        })?;
+        buf.resize(n, 0);
+        let got = f.read_at(offset, &mut buf)?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
     /// Reads up to `buf.len()` bytes of `name` from `offset` into host memory: the count read
     /// (short only at the end of the file).
     pub fn read_at(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {

@@ -9,6 +9,7 @@ files into a blockfs image on that disk, then loads it into CUDA tensors with
     process that keeps gpunvme open pays per model);
   - gpunvme, GPU-resident controller model with HBM media and an SSD timing model of 1 and 4
     Gen5-like drives (the figure to read is the fraction of the modelled drives' cap);
+  - fastsafetensors' loader reading from gpunvme (gpunvme.fastsafetensors), handle kept open;
   - safetensors.torch.load_file(device="cuda:0"), fastsafetensors (no GDS), InstantTensor
     (its default direct I/O, BackendPolicy.BUFFERED, Backend.MMAP);
   - and the ceiling: one pinned host buffer copied to the GPU.
@@ -206,6 +207,22 @@ def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=Non
         return out, dev.last_load
 
 
+def load_fastsafetensors_gpunvme(files, prefix=None, dev=None, **_):
+    """fastsafetensors' loader reading from gpunvme (gpunvme.fastsafetensors: its copier reads
+    each shard by GPU-issued commands), on a handle kept open with its GPU queues up."""
+    from gpunvme.fastsafetensors import GpunvmeFileLoader
+
+    loader = GpunvmeFileLoader(dev=dev, device="cuda:0")
+    try:
+        loader.add_filenames({0: [prefix + os.path.basename(f) for f in files]})
+        fb = loader.copy_files_to_device()
+        out = {k: fb.get_tensor(k) for k in loader.get_keys()}
+        fb.close()
+    finally:
+        loader.close()
+    return out, {}
+
+
 def verify(ref, got):
     if set(ref) != set(got):
         return f"names differ: {len(set(ref) ^ set(got))} not in both"
@@ -240,6 +257,7 @@ LOADERS = {
     "gpunvme-model-4xgen5": load_gpunvme,
     "safetensors": load_safetensors,
     "fastsafetensors": load_fastsafetensors,
+    "fastsafetensors-gpunvme": load_fastsafetensors_gpunvme,
     "instanttensor-direct": load_instanttensor,
     "instanttensor-buffered": load_instanttensor,
     "instanttensor-mmap": load_instanttensor,
@@ -256,7 +274,7 @@ def one(job):
     fn = LOADERS[method]
     row = {}
     kw = dict(job["kw"])
-    if method == "gpunvme-emu-kept":
+    if method in ("gpunvme-emu-kept", "fastsafetensors-gpunvme"):
         # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
         kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
         kw["dev"].gpu_queues()
@@ -346,6 +364,7 @@ def main():
             ("gpunvme-model-4xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=4")),
             ("safetensors", {}),
             ("fastsafetensors", {}),
+            ("fastsafetensors-gpunvme", dict(threads=args.threads)),
             ("instanttensor-direct", dict(backend="direct")),
             ("instanttensor-buffered", dict(backend="buffered")),
             ("instanttensor-mmap", dict(backend="mmap")),
@@ -371,7 +390,7 @@ def main():
             # Round robin: rep 0 of every method, then rep 1, ...: a disk or host whose speed
             # drifts during the run (a cold disk's rate does) shifts every method alike.
             for (name, kw), rep in ((lk, rep) for rep in range(args.reps) for lk in loaders):
-                ours = name.startswith("gpunvme")
+                ours = name.startswith("gpunvme") or name.endswith("-gpunvme")
                 if ours and cache == "cold" and "model" in name:
                     continue  # HBM media: the image is copied in before the load; nothing cold
                 paths = [img] if ours else files

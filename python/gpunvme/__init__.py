@@ -286,6 +286,15 @@ class Device:
         renamed into place once complete, so a failed get leaves ``dst`` as it was."""
         return json.loads(self._d.get(name, os.fspath(dst)))
 
+    def read(self, name: str, offset: int = 0, size: Optional[int] = None) -> bytes:
+        """Up to ``size`` bytes of ``name`` from byte ``offset`` (to the end of the file when
+        ``size`` is None), read into host memory through the CPU's queues: short only at the
+        end of the file, ``b""`` past it. For headers and small reads: bulk data belongs on
+        the GPU (``read_into``, ``load_safetensors``)."""
+        if offset < 0 or (size is not None and size < 0):
+            raise InvalidArgumentError(f"read of {name}: offset {offset}, size {size}")
+        return self._d.read(name, offset, size)
+
     def stat(self, name: str) -> Dict[str, Any]:
         """``name``'s size, allocation, extents, checksum and generation."""
         return json.loads(self._d.stat(name))

@@ -285,6 +285,19 @@ impl Device {
         self.with(py, |o| json(&o.get(&name, &dst)?))
     }
 
+    /// Up to `size` bytes of `name` from `offset` (to its end when `None`), read on the host.
+    #[pyo3(signature = (name, offset, size=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        offset: u64,
+        size: Option<u64>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let bytes = self.with(py, |o| o.read(&name, offset, size))?;
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
     /// `name`'s size, allocation, extents and generation.
     fn stat(&self, py: Python<'_>, name: String) -> PyResult<String> {
         self.with(py, |o| json(&o.stat(&name)?))

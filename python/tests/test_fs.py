@@ -48,6 +48,24 @@ def test_put_get_ls_stat_rm_round_trip(dev, tmp_path):
         dev.stat("dir/a.bin")
 
 
+def test_read_returns_bytes_like_a_file(dev, tmp_path):
+    data = os.urandom(70_000)
+    dev.put(host_file(tmp_path, "src", data), "a.bin")
+    assert dev.read("a.bin", 0, 8) == data[:8]
+    assert dev.read("a.bin", 65_530, 100) == data[65_530:65_630]  # across blocks
+    assert dev.read("a.bin") == data
+    assert dev.read("a.bin", 69_990) == data[69_990:]
+    assert dev.read("a.bin", 69_990, 1 << 40) == data[69_990:]  # short at the end
+    assert dev.read("a.bin", 70_000) == b""
+    assert dev.read("a.bin", 1 << 50, 8) == b""
+    with pytest.raises(gpunvme.NotFoundError):
+        dev.read("missing", 0, 8)
+    with pytest.raises(gpunvme.InvalidArgumentError):
+        dev.read("a.bin", -1, 8)
+    with pytest.raises(gpunvme.InvalidArgumentError):
+        dev.read("a.bin", 0, -8)
+
+
 def test_files_survive_close_and_reopen(tmp_path):
     path = image(tmp_path)
     data = os.urandom(100_000)
