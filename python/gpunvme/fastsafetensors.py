@@ -70,6 +70,14 @@ class GpunvmeFileCopier(CopierInterface):
         self.serving = (controller, media, ssd_model)
         self.start = metadata.header_length - metadata.header_length % ALIGN
 
+    def set_chunk(self, byte_ranges, names, allocation_size=None):
+        """Sub-file chunks (fastsafetensors' ``max_batch_bytes``, ``device_memory_budget``)
+        are not read by this copier: refused by name rather than read whole."""
+        raise gpunvme.InvalidArgumentError(
+            "the gpunvme copier reads whole files: unset fastsafetensors' max_batch_bytes "
+            "and device_memory_budget"
+        )
+
     def submit_io(self, use_buf_register: bool, max_copy_block_size: int):
         length = self.metadata.size_bytes - self.start
         if length == 0:

@@ -137,4 +137,11 @@ def test_bad_names_headers_and_arguments_fail_by_kind(tmp_path):
             loader.add_filenames({0: ["m/huge-header.safetensors"]})
         with pytest.raises(gpunvme.CorruptError):
             loader.add_filenames({0: ["m/not-an-object.safetensors"]})
+        # Sub-file chunks are refused by name, not read whole.
+        name = "m/model-00000-of-00001.safetensors"
+        loader.add_filenames({0: [name]})
+        meta = loader._metadata_cache[name]
+        copier = loader.copier_constructor(meta, loader.device, loader.framework)
+        with pytest.raises(gpunvme.InvalidArgumentError, match="whole files"):
+            copier.set_chunk([(meta.header_length, meta.size_bytes)], set(meta.tensors))
         loader.close()
