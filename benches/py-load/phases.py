@@ -1,0 +1,100 @@
+"""Where a kept handle's model load spends its time, load after load in one process (issue 22).
+
+Run on the GPU machine after scripts/py-load-bench.sh's set-up (the carried wheel installed in
+a folder on PYTHONPATH, the CLI unpacked), from the checkout:
+
+    python3 benches/py-load/phases.py SITE WORKDIR GPUNVME_CLI
+
+It writes the 0.6B-shaped model (benches/py-load/bench.py's), puts it into a blockfs image,
+reads the image once (bench.warm), opens one handle with its GPU queues up, then loads the
+model REPS times, printing per load: the call's time and GB/s, the native phases (mount and
+headers, arena, extent tables, reads), the DLPack and tensor-view times, and the controller's
+pread time summed over its threads. The first load is checked against safetensors. Knobs
+(environment): THREADS (controller threads; default one per CPU), QP (queue pairs, 64), REPS
+(6), MODEL (0.6b or 7b), RESETUP=1 (tear the GPU queues down and bring them up before every
+load after the first), WARMAGAIN=1 (bench.warm the image again before every load after the
+first), SYNC=1 (os.sync() after writing the image). Every GPU wait is gpunvme's (bounded).
+"""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+site, work, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, site)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import bench  # noqa: E402
+import gpunvme  # noqa: E402
+
+env = os.environ.get
+torch.cuda.init()
+torch.empty(1, device="cuda")
+model = env("MODEL", "0.6b")
+files, total = bench.write_model(os.path.join(work, model), bench.MODELS[model], seed=22)
+img = os.path.join(work, "phases.img")
+if os.path.exists(img):
+    os.unlink(img)
+with open(img, "wb") as f:
+    f.truncate((total + total // 8 + (1 << 30)) // 4096 * 4096)
+run = dict(check=True, stdout=subprocess.DEVNULL)
+subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "mkfs"], **run)
+for p in files:
+    subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "put", p,
+                    f"{model}/{os.path.basename(p)}"], **run)
+if env("SYNC"):
+    t = time.perf_counter()
+    os.sync()
+    print(f"sync {time.perf_counter() - t:.2f} s", flush=True)
+print("model", len(files), "files", total, "bytes; pinned copy", bench.pinned_ceiling(), "GB/s",
+      flush=True)
+bench.warm([img])
+dev = gpunvme.open(img, lba_size=4096, read_only=True,
+                   controller_threads=int(env("THREADS", str(os.cpu_count()))),
+                   controller_queue_pairs=int(env("QP", "64")))
+t = time.perf_counter()
+dev.gpu_queues()
+print(f"gpu_queues {time.perf_counter() - t:.3f} s", flush=True)
+file_ms = 0.0
+for i in range(int(env("REPS", "6"))):
+    if i > 0 and env("WARMAGAIN"):
+        t = time.perf_counter()
+        bench.warm([img])
+        print(f"warm again {time.perf_counter() - t:.3f} s", flush=True)
+    if i > 0 and env("RESETUP"):
+        dev.release_gpu()
+        t = time.perf_counter()
+        dev.gpu_queues()
+        print(f"queues again {time.perf_counter() - t:.3f} s", flush=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    cap, tensors, rep = dev._d.load_safetensors(f"{model}/", "emu", "host", None)
+    t1 = time.perf_counter()
+    x = torch.from_dlpack(cap)
+    t2 = time.perf_counter()
+    out = gpunvme._arena_views(torch, x, tensors)
+    t3 = time.perf_counter()
+    torch.cuda.synchronize()
+    t4 = time.perf_counter()
+    r = json.loads(rep)
+    ph = {k: v * 1e3 for k, v in r["phases"].items()}
+    copies = r.get("controller_copies") or {}
+    # The controller's counters run over the handle's life (reset with its queues).
+    pread_ms = copies.get("file_read_ms", 0.0) - (0.0 if env("RESETUP") else file_ms)
+    file_ms = copies.get("file_read_ms", 0.0)
+    print(f"load {i}: {(t4 - t0) * 1e3:.2f} ms ({total / (t4 - t0) / 1e9:.1f} GB/s); "
+          f"mount+headers {ph['mount_and_headers']:.2f}, arena {ph['load_arena']:.2f}, "
+          f"tables {ph['load_tables']:.2f}, reads {ph['load_reads']:.2f}; dlpack "
+          f"{(t2 - t1) * 1e3:.2f}, views {(t3 - t2) * 1e3:.2f}; pread {pread_ms:.0f} ms "
+          f"over the controller's threads", flush=True)
+    if i == 0:
+        ref, _ = bench.load_safetensors(files)
+        print("verify:", bench.verify(ref, out) or "every tensor equal", flush=True)
+        del ref
+    del out, x, cap
+    gc.collect()
+dev.close()
