@@ -503,8 +503,18 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
             .map(|lba| format!("GPU read of LBA {lba}: bytes differ from the pattern"));
     }
     if cfg.verify && cfg.rw.is_write() {
+        // A run that failed may have left the controller unable to serve a CPU queue (GPU
+        // queues whose deletion a dead transport refused keep their slots): say what failed
+        // first, or the read-back's own error (such as no free queue pair) hides it.
         let (n_new, _n_old, bad) =
-            cpu_check(ctrl, cfg.nsid, lba_size, region_blocks, seed, old_seed)?;
+            cpu_check(ctrl, cfg.nsid, lba_size, region_blocks, seed, old_seed).with_context(
+                || match &first_error {
+                    Some(e) => {
+                        format!("reading the written blocks back after the run failed ({e})")
+                    }
+                    None => "reading the written blocks back through a CPU queue".to_string(),
+                },
+            )?;
         verified_bytes += n_new * lba_size as u64;
         if let Some(b) = bad {
             errors += 1;
