@@ -13,7 +13,9 @@ pread time summed over its threads. The first load is checked against safetensor
 (environment): THREADS (controller threads; default one per CPU), QP (queue pairs, 64), REPS
 (6), MODEL (0.6b or 7b), RESETUP=1 (tear the GPU queues down and bring them up before every
 load after the first), WARMAGAIN=1 (bench.warm the image again before every load after the
-first), SYNC=1 (os.sync() after writing the image). Every GPU wait is gpunvme's (bounded).
+first), SYNC=1 (os.sync() after writing the image), PREREAD=MiB (read that much of the first
+shard through read_into before the first load; with PREOTHER=1, of a file of its own in the
+image instead), WARMTWICE=1 (the image read twice before the handle opens). Every GPU wait is gpunvme's (bounded).
 """
 
 import gc
@@ -46,6 +48,14 @@ subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "mkfs"], **run
 for p in files:
     subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "put", p,
                     f"{model}/{os.path.basename(p)}"], **run)
+other = None
+if env("PREOTHER") and int(env("PREREAD", "0")) > 0:
+    # PREREAD reads a file of its own instead (not the model's pages).
+    other = os.path.join(work, "other.bin")
+    with open(other, "wb") as f:
+        f.write(os.urandom(int(env("PREREAD")) << 20))
+    subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "put", other, "other.bin"],
+                   **run)
 if env("SYNC"):
     t = time.perf_counter()
     os.sync()
@@ -53,13 +63,25 @@ if env("SYNC"):
 print("model", len(files), "files", total, "bytes; pinned copy", bench.pinned_ceiling(), "GB/s",
       flush=True)
 bench.warm([img])
+if env("WARMTWICE"):
+    bench.warm([img])  # a second buffered pass: the pages' second access
 dev = gpunvme.open(img, lba_size=4096, read_only=True,
                    controller_threads=int(env("THREADS", str(os.cpu_count()))),
                    controller_queue_pairs=int(env("QP", "64")))
 t = time.perf_counter()
 dev.gpu_queues()
 print(f"gpu_queues {time.perf_counter() - t:.3f} s", flush=True)
-file_ms = 0.0
+if int(env("PREREAD", "0")) > 0:
+    # A read through the data path before the first load (the first shard's first PREREAD MiB).
+    src = other or files[0]
+    n = min(int(env("PREREAD")) << 20, os.path.getsize(src)) // 4096 * 4096
+    buf = torch.empty(n, dtype=torch.uint8, device="cuda")
+    t = time.perf_counter()
+    dev.read_into("other.bin" if other else f"{model}/{os.path.basename(src)}", buf)
+    print(f"preread {n >> 20} MiB {time.perf_counter() - t:.3f} s", flush=True)
+    del buf
+file_ms = ((getattr(dev, "last_io", None) or {}).get("controller_copies") or {}).get(
+    "file_read_ms", 0.0)
 for i in range(int(env("REPS", "6"))):
     if i > 0 and env("WARMAGAIN"):
         t = time.perf_counter()

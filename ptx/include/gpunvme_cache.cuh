@@ -1187,17 +1187,46 @@ __device__ inline status flush_frames_thread(const cache_desc& c, uint64_t first
     return out;
 }
 
-}  // namespace cache
-
-// ---------------------------------------------------------------------------------------------
-// gpunvme::array<T>: a device view of a cached range as elements of T.
-
-/// 16-byte words of read_range's register-staged tail per warp (256: 4 KiB, 8 per lane).
+/// 16-byte words of read_range's register-staged tail per warp (256: 4 KiB, 8 per lane), and
+/// of copy_warp's batches.
 #ifndef GPUNVME_TAIL_WORDS
 #define GPUNVME_TAIL_WORDS 256
 #endif
 static_assert(GPUNVME_TAIL_WORDS >= 32 && GPUNVME_TAIL_WORDS % 32 == 0,
               "GPUNVME_TAIL_WORDS: whole 16-byte words per lane of a warp");
+
+/// n bytes from src to dst by the 32 lanes of a warp (every lane passes the same arguments).
+/// When both ends and n are 16-byte aligned, in batches of GPUNVME_TAIL_WORDS words: each lane
+/// loads its GPUNVME_TAIL_WORDS / 32 words into registers, then stores them, so a batch's loads
+/// are in flight together (copy_bytes stores each word as it arrives, and with the two buffers
+/// possibly aliased the compiler keeps that order: one load's latency per word). Otherwise
+/// copy_bytes. read_range copies with it, and so does the benchmark's plain buffer, its
+/// denominator.
+__device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, uint32_t n,
+                                          uint32_t lane) {
+    if ((((uintptr_t)dst | (uintptr_t)src | n) & 15) != 0) {
+        copy_bytes(dst, src, n, lane, 32);
+        return;
+    }
+    constexpr uint32_t per = GPUNVME_TAIL_WORDS / 32;
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    const uint32_t words = n / 16;
+    uint32_t k = 0;
+    for (; k + GPUNVME_TAIL_WORDS <= words; k += GPUNVME_TAIL_WORDS) {
+        uint4 t[per];
+#pragma unroll
+        for (uint32_t w = 0; w < per; ++w) t[w] = s[k + lane + 32 * w];
+#pragma unroll
+        for (uint32_t w = 0; w < per; ++w) d[k + lane + 32 * w] = t[w];
+    }
+    for (k += lane; k < words; k += 32) d[k] = s[k];
+}
+
+}  // namespace cache
+
+// ---------------------------------------------------------------------------------------------
+// gpunvme::array<T>: a device view of a cached range as elements of T.
 
 /// Elements of type T over range `range` of a cache. T is trivially copyable and its size a
 /// power of two up to 4096 (so it divides every page). load() and operator[] are
@@ -1369,7 +1398,7 @@ struct array {
                     const uint32_t t = chunk < 16 * GPUNVME_TAIL_WORDS ? (uint32_t)chunk
                                                                       : 16 * GPUNVME_TAIL_WORDS;
                     const uint32_t head = (uint32_t)chunk - t;
-                    copy_bytes(out + done, src, head, lane, 32);
+                    cache::copy_warp(out + done, src, head, lane);
                     tail_dst = reinterpret_cast<uint4*>(out + done + head);
                     tail_words = t / 16;
                     const uint4* s4 = reinterpret_cast<const uint4*>(src + head);
@@ -1377,7 +1406,7 @@ struct array {
                     for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
                         if (lane + 32 * w < tail_words) tail[w] = s4[lane + 32 * w];
                 } else {
-                    copy_bytes(out + done, src, (uint32_t)chunk, lane, 32);
+                    cache::copy_warp(out + done, src, (uint32_t)chunk, lane);
                 }
                 done += chunk;
             }

@@ -109,8 +109,9 @@ struct plain_array {
         return GPUNVME_OK;
     }
     __device__ status read_range(uint64_t i, uint64_t n, T* dst) {
-        copy_bytes(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(p + i),
-                   (uint32_t)(n * sizeof(T)), threadIdx.x & 31u, 32);
+        // The same warp copy as the cache's read_range (loads batched before their stores).
+        cache::copy_warp(reinterpret_cast<uint8_t*>(dst), reinterpret_cast<const uint8_t*>(p + i),
+                         (uint32_t)(n * sizeof(T)), threadIdx.x & 31u);
         __syncwarp();
         return GPUNVME_OK;
     }
