@@ -21,6 +21,7 @@ image instead), WARMTWICE=1 (the image read twice before the handle opens). Ever
 import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -93,6 +94,7 @@ for i in range(int(env("REPS", "6"))):
         dev.gpu_queues()
         print(f"queues again {time.perf_counter() - t:.3f} s", flush=True)
     torch.cuda.synchronize()
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     cap, tensors, rep = dev._d.load_safetensors(f"{model}/", "emu", "host", None)
     t1 = time.perf_counter()
@@ -102,6 +104,7 @@ for i in range(int(env("REPS", "6"))):
     t3 = time.perf_counter()
     torch.cuda.synchronize()
     t4 = time.perf_counter()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
     r = json.loads(rep)
     ph = {k: v * 1e3 for k, v in r["phases"].items()}
     copies = r.get("controller_copies") or {}
@@ -112,7 +115,11 @@ for i in range(int(env("REPS", "6"))):
           f"mount+headers {ph['mount_and_headers']:.2f}, arena {ph['load_arena']:.2f}, "
           f"tables {ph['load_tables']:.2f}, reads {ph['load_reads']:.2f}; dlpack "
           f"{(t2 - t1) * 1e3:.2f}, views {(t3 - t2) * 1e3:.2f}; pread {pread_ms:.0f} ms "
-          f"over the controller's threads", flush=True)
+          f"over the controller's threads; process: {ru1.ru_minflt - ru0.ru_minflt} minor "
+          f"faults, {ru1.ru_majflt - ru0.ru_majflt} major, "
+          f"{(ru1.ru_stime - ru0.ru_stime) * 1e3:.0f} ms system and "
+          f"{(ru1.ru_utime - ru0.ru_utime) * 1e3:.0f} ms user CPU, "
+          f"{ru1.ru_nivcsw - ru0.ru_nivcsw} involuntary switches", flush=True)
     if i == 0:
         ref, _ = bench.load_safetensors(files)
         print("verify:", bench.verify(ref, out) or "every tensor equal", flush=True)
