@@ -15,7 +15,8 @@ pread time summed over its threads. The first load is checked against safetensor
 load after the first), WARMAGAIN=1 (bench.warm the image again before every load after the
 first), SYNC=1 (os.sync() after writing the image), PREREAD=MiB (read that much of the first
 shard through read_into before the first load; with PREOTHER=1, of a file of its own in the
-image instead), WARMTWICE=1 (the image read twice before the handle opens). Every GPU wait is gpunvme's (bounded).
+image instead), WARMTWICE=1 (the image read twice before the handle opens), PERF=/path/to/perf (a `perf record`
+of this process around loads 0 and 1, into /tmp/perf0.data and /tmp/perf1.data; root). Every GPU wait is gpunvme's (bounded).
 """
 
 import gc
@@ -94,6 +95,13 @@ for i in range(int(env("REPS", "6"))):
         dev.gpu_queues()
         print(f"queues again {time.perf_counter() - t:.3f} s", flush=True)
     torch.cuda.synchronize()
+    prof = None
+    if env("PERF") and i < 2:
+        import signal
+        prof = subprocess.Popen([env("PERF"), "record", "-q", "-F", "4000", "-o",
+                                 f"/tmp/perf{i}.data", "-p", str(os.getpid())],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     cap, tensors, rep = dev._d.load_safetensors(f"{model}/", "emu", "host", None)
@@ -104,6 +112,9 @@ for i in range(int(env("REPS", "6"))):
     t3 = time.perf_counter()
     torch.cuda.synchronize()
     t4 = time.perf_counter()
+    if prof is not None:
+        prof.send_signal(signal.SIGINT)
+        prof.wait(timeout=30)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     r = json.loads(rep)
     ph = {k: v * 1e3 for k, v in r["phases"].items()}
