@@ -17,12 +17,12 @@ files into a blockfs image on that disk, then loads it into CUDA tensors with
 warm (files read once before), warm2 (read twice before: the pages' second access, which moves
 them to the kernel's active LRU list, is not the load's; a load through read/pread after a
 single warm read pays that move, an mmap load does not) and cold (evicted with posix_fadvise
-DONTNEED, then checked with mincore: a cold figure whose eviction did not happen is dropped). Each load runs in a process
-of its own (a loader's lingering mappings would keep the next one's files cached; and no
-loader inherits another's state), timed from the call to the last tensor on the GPU; then the
-same process loads a reference with safetensors and compares every tensor bitwise. A loader
-that fails is a row with "error"; the run goes on. Prints one JSON object on stdout; progress
-on stderr.
+DONTNEED, then checked with mincore: a cold figure whose eviction did not happen is dropped).
+Each load runs in a process of its own (a loader's lingering mappings would keep the next
+one's files cached; and no loader inherits another's state), timed from the call to the last
+tensor on the GPU; then the same process loads a reference with safetensors and compares every
+tensor bitwise. A loader that fails is a row with "error"; the run goes on. Prints one JSON
+object on stdout; progress on stderr.
 """
 
 import argparse

@@ -15,14 +15,16 @@ pread time summed over its threads. The first load is checked against safetensor
 load after the first), WARMAGAIN=1 (bench.warm the image again before every load after the
 first), SYNC=1 (os.sync() after writing the image), PREREAD=MiB (read that much of the first
 shard through read_into before the first load; with PREOTHER=1, of a file of its own in the
-image instead), WARMTWICE=1 (the image read twice before the handle opens), PERF=/path/to/perf (a `perf record`
-of this process around loads 0 and 1, into /tmp/perf0.data and /tmp/perf1.data; root). Every GPU wait is gpunvme's (bounded).
+image instead), WARMTWICE=1 (the image read twice before the handle opens), PERF=/path/to/perf
+(a `perf record` of this process around loads 0 and 1, into /tmp/perf0.data and
+/tmp/perf1.data; root). Every GPU wait is gpunvme's (bounded).
 """
 
 import gc
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -45,19 +47,24 @@ if os.path.exists(img):
     os.unlink(img)
 with open(img, "wb") as f:
     f.truncate((total + total // 8 + (1 << 30)) // 4096 * 4096)
-run = dict(check=True, stdout=subprocess.DEVNULL)
-subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "mkfs"], **run)
+
+
+def fs(*args):
+    """`gpunvme fs ARGS...` on the image."""
+    subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", *args], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+fs("mkfs")
 for p in files:
-    subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "put", p,
-                    f"{model}/{os.path.basename(p)}"], **run)
+    fs("put", p, f"{model}/{os.path.basename(p)}")
 other = None
 if env("PREOTHER") and int(env("PREREAD", "0")) > 0:
     # PREREAD reads a file of its own instead (not the model's pages).
     other = os.path.join(work, "other.bin")
     with open(other, "wb") as f:
         f.write(os.urandom(int(env("PREREAD")) << 20))
-    subprocess.run([cli, "--device", img, "--lba-size", "4096", "fs", "put", other, "other.bin"],
-                   **run)
+    fs("put", other, "other.bin")
 if env("SYNC"):
     t = time.perf_counter()
     os.sync()
@@ -97,7 +104,6 @@ for i in range(int(env("REPS", "6"))):
     torch.cuda.synchronize()
     prof = None
     if env("PERF") and i < 2:
-        import signal
         prof = subprocess.Popen([env("PERF"), "record", "-q", "-F", "4000", "-o",
                                  f"/tmp/perf{i}.data", "-p", str(os.getpid())],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
