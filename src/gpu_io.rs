@@ -12,13 +12,14 @@
 //! and the CRC-32C of the file is computed on the GPU as it goes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
 use blockfs_gpu::plan::crc32c_combine;
 use blockfs_gpu::{FileRange, FilesError, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_queues::ffi::{DeviceMemory, copy_to_gpu};
+use gpu_queues::queues::compute_wait_bound;
 use gpu_queues::{GpuBuffer, GpuError};
 use serde::Serialize;
 
@@ -65,9 +66,6 @@ pub const STAGE_MAX: usize = 256 << 20;
 /// Staging windows are whole multiples of this (bytes), so every window but the last ends on
 /// a block boundary of any blockfs block size and no block is written twice.
 const STAGE_ALIGN: usize = 1 << 20;
-
-/// Bound of a wait for staging copies (a window's copies take milliseconds).
-const COPY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a GPU read or write of a file did.
 #[derive(Debug, Clone, Serialize)]
@@ -196,7 +194,7 @@ pub fn read_into(
                     in_mem(&stage),
                     len as usize,
                 )?;
-                stream.wait_idle(COPY_TIMEOUT)?;
+                stream.wait_idle(compute_wait_bound())?;
                 at += len;
             }
             let secs = t0.elapsed().as_secs_f64();
@@ -364,7 +362,7 @@ fn stage_pieces(
                 within = 0;
             }
         }
-        stream.wait_idle(COPY_TIMEOUT)?;
+        stream.wait_idle(compute_wait_bound())?;
         crc = crc32c_combine(crc, window(at, len)?, len);
         at += len;
     }

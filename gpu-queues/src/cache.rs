@@ -761,10 +761,11 @@ impl<'q> GpuCache<'q> {
         self.flush()
     }
 
-    /// The host's bound on one kernel of the cache: twice the queues' wait bound, plus a
-    /// minute for the kernel's own work.
+    /// The host's bound on one kernel of the cache: twice the queues' wait bound, plus the
+    /// bound of the kernel's own work ([`crate::queues::compute_wait_bound`]).
     fn wait_bound(&self) -> Duration {
-        Duration::from_nanos(self.queue_timeout_ns.saturating_mul(2)) + Duration::from_secs(60)
+        Duration::from_nanos(self.queue_timeout_ns.saturating_mul(2))
+            + crate::queues::compute_wait_bound()
     }
 
     /// Checks the cache's structures between kernels (for tests): no page held, filling or in

@@ -137,6 +137,24 @@ fn timeout_from(var: Option<&str>, sanitizer: bool) -> Duration {
     }
 }
 
+/// Bound of a host wait for a kernel that only computes or copies (a CRC, a staging copy; no
+/// device-side waits): a minute on a GPU, where such kernels take milliseconds; ten times that
+/// where kernels run many times slower, on CPU threads (the `host-gpu` build, whose persistent
+/// kernels, the modelled controllers', share a few cores with it) or under compute-sanitizer.
+pub fn compute_wait_bound() -> Duration {
+    compute_wait_from(cfg!(feature = "host-gpu"), under_compute_sanitizer())
+}
+
+/// [`compute_wait_bound`] from whether kernels run on CPU threads and under the sanitizer.
+fn compute_wait_from(host_gpu: bool, sanitizer: bool) -> Duration {
+    let base = Duration::from_secs(60);
+    if host_gpu || sanitizer {
+        base * 10
+    } else {
+        base
+    }
+}
+
 /// Whether this process runs under NVIDIA's compute-sanitizer, told by the injection
 /// environment the sanitizer gives the programs it launches (`NV_SANITIZER_INJECTION_*`, or an
 /// `*_INJECTION64_PATH` naming its library; seen with compute-sanitizer 2025.3, CUDA 13.0).
@@ -828,6 +846,10 @@ mod tests {
         assert_eq!(timeout_from(Some("30"), true), Duration::from_secs(30));
         assert_eq!(timeout_from(Some("0"), false), Duration::from_secs(10));
         assert_eq!(timeout_from(Some("x"), true), Duration::from_secs(120));
+        // Compute kernels: a minute on a GPU, ten on CPU threads or under the sanitizer.
+        assert_eq!(compute_wait_from(false, false), Duration::from_secs(60));
+        assert_eq!(compute_wait_from(true, false), Duration::from_secs(600));
+        assert_eq!(compute_wait_from(false, true), Duration::from_secs(600));
     }
 
     #[test]

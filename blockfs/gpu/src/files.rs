@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use blockfs::table::{ExtentTable, TABLE_FILE_WRITABLE};
 use blockfs::{DeviceWrite, FileSystem, OpenMode, PinnedTable};
 use gpu_queues::ffi::{Arg, DeviceMemory, Stream};
+use gpu_queues::queues::compute_wait_bound;
 use gpu_queues::{DeviceStatus, GpuError, GpuQueues};
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -313,7 +314,7 @@ impl Pending<'_> {
             }
             if self.start.elapsed() > limit {
                 self.files.queues.abort();
-                self.stream.wait_idle(Duration::from_secs(60))?;
+                self.stream.wait_idle(compute_wait_bound())?;
                 return Err(FilesError::Gpu(GpuError::Timeout {
                     what: "GPU file I/O kernel",
                     waited: limit,
@@ -357,7 +358,7 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.waited && !self.stream.is_idle().unwrap_or(true) {
             self.files.queues.abort();
-            if let Err(e) = self.stream.wait_idle(Duration::from_secs(60)) {
+            if let Err(e) = self.stream.wait_idle(compute_wait_bound()) {
                 tracing::error!(error = %e, "a GPU file I/O kernel outlived its batch");
             }
         }
@@ -726,7 +727,7 @@ pub fn crc32c_on(
             Arg::U64(out.ptr()),
         ],
     )?;
-    stream.wait_idle(Duration::from_secs(60))?;
+    stream.wait_idle(compute_wait_bound())?;
     let mut b = [0u8; 4];
     out.read(0, &mut b)?;
     Ok(u32::from_le_bytes(b))
