@@ -17,6 +17,7 @@ use gpu_queues::desc::lat_bucket_floor;
 use gpu_queues::desc::{DeviceStatus, IoReq};
 use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
 use gpu_queues::kernels::IoBatch;
+use gpu_queues::queues::compute_wait_bound;
 use gpu_queues::{GpuQueueOptions, GpuQueues};
 use gpunvme::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use nvme::{Controller, ControllerOptions, DmaSlice};
@@ -421,7 +422,7 @@ fn rw_range_on(
         .unwrap();
     r.gpu
         .client_stream()
-        .wait_idle(Duration::from_secs(60))
+        .wait_idle(compute_wait_bound())
         .unwrap();
     let mut out = [0u8; 8];
     res.read(0, &mut out).unwrap();
@@ -623,9 +624,9 @@ fn transport_probe_proves_a_read_or_says_why_not() {
     use gpu_queues::transport::probe::probe_read;
     let r = rig(512, 2, 64);
     cpu_fill(&r, 4, |lba, blocks| pattern(lba, blocks, 512));
-    probe_read(&r.gpu, &r.ctrl, Duration::from_secs(60)).expect("a working transport");
+    probe_read(&r.gpu, &r.ctrl, compute_wait_bound()).expect("a working transport");
     r.emu().faults().add_media_error(1, 0);
-    let e = probe_read(&r.gpu, &r.ctrl, Duration::from_secs(60)).unwrap_err();
+    let e = probe_read(&r.gpu, &r.ctrl, compute_wait_bound()).unwrap_err();
     assert!(
         e.0.contains("NvmeError") && e.0.contains("status field"),
         "{e}"
@@ -672,7 +673,7 @@ fn frees_while_a_client_waits_are_held_until_it_ends() {
         start.elapsed()
     );
     assert_eq!(gpu_queues::ffi::held_frees(), 1, "held back");
-    s.wait_idle(Duration::from_secs(60)).unwrap();
+    s.wait_idle(compute_wait_bound()).unwrap();
     r.emu().faults().set_completion_delay(Duration::ZERO);
     let out = b.results().unwrap();
     assert!(
@@ -1163,8 +1164,6 @@ struct HostClient {
 }
 
 impl HostClient {
-    const WAIT: Duration = Duration::from_secs(60);
-
     fn new(r: &Rig, queue: usize) -> Self {
         let desc = r.gpu.descs()[queue];
         let cqe = gpu_queues::ffi::PinnedMemory::alloc(r.gpu.cuda(), 16).expect("pinned CQE");
@@ -1181,7 +1180,9 @@ impl HostClient {
 
     fn copy_in(&self, dst: u64, bytes: &[u8]) {
         gpu_queues::ffi::copy_to_gpu(&self.stream, dst, bytes).expect("copy to GPU");
-        self.stream.wait_idle(Self::WAIT).expect("copy to GPU done");
+        self.stream
+            .wait_idle(compute_wait_bound())
+            .expect("copy to GPU done");
     }
 
     /// Writes the commands at the SQ tail, then (after the copies ran) the tail doorbell word.
@@ -1209,7 +1210,9 @@ impl HostClient {
         self.stream
             .copy_to_pinned(&self.cqe, 0, self.desc.cq + slot as u64 * 16, 16)
             .expect("copy CQE");
-        self.stream.wait_idle(Self::WAIT).expect("CQE copied");
+        self.stream
+            .wait_idle(compute_wait_bound())
+            .expect("CQE copied");
         let mut raw = [0u8; 16];
         self.cqe.read(0, &mut raw);
         nvme_spec::Completion::read_from_bytes(&raw).expect("16 bytes")
@@ -1217,7 +1220,7 @@ impl HostClient {
 
     /// Waits (bounded) until the CQ entry at `slot` carries the current phase; returns it.
     fn posted(&self, slot: u32) -> nvme_spec::Completion {
-        let deadline = Instant::now() + Self::WAIT;
+        let deadline = Instant::now() + compute_wait_bound();
         loop {
             let c = self.entry(slot);
             if c.status.p() == self.phase {
@@ -1232,18 +1235,20 @@ impl HostClient {
     fn reap(&mut self, n: usize) -> Vec<nvme_spec::Completion> {
         use zerocopy::FromBytes;
         let mut out = Vec::new();
-        let deadline = Instant::now() + Self::WAIT;
+        let deadline = Instant::now() + compute_wait_bound();
         while out.len() < n {
             assert!(
                 Instant::now() < deadline,
                 "no completion within {:?}",
-                Self::WAIT
+                compute_wait_bound()
             );
             let at = self.desc.cq + self.cq_head as u64 * 16;
             self.stream
                 .copy_to_pinned(&self.cqe, 0, at, 16)
                 .expect("copy CQE");
-            self.stream.wait_idle(Self::WAIT).expect("CQE copied");
+            self.stream
+                .wait_idle(compute_wait_bound())
+                .expect("CQE copied");
             let mut raw = [0u8; 16];
             self.cqe.read(0, &mut raw);
             let c = nvme_spec::Completion::read_from_bytes(&raw).expect("16 bytes");

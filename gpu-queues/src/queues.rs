@@ -137,10 +137,10 @@ fn timeout_from(var: Option<&str>, sanitizer: bool) -> Duration {
     }
 }
 
-/// Bound of a host wait for a kernel that only computes or copies (a CRC, a staging copy; no
-/// device-side waits): a minute on a GPU, where such kernels take milliseconds; ten times that
-/// where kernels run many times slower, on CPU threads (the `host-gpu` build, whose persistent
-/// kernels, the modelled controllers', share a few cores with it) or under compute-sanitizer.
+/// Bound of a host wait for a kernel whose work takes milliseconds on a GPU (a CRC, a staging
+/// copy, a handful of commands): a minute on a GPU; ten times that where kernels run many
+/// times slower, on CPU threads (the `host-gpu` build, whose persistent kernels, the modelled
+/// controllers', share a few cores with it) or under compute-sanitizer.
 pub fn compute_wait_bound() -> Duration {
     compute_wait_from(cfg!(feature = "host-gpu"), under_compute_sanitizer())
 }
