@@ -11,9 +11,12 @@
 //!   cache that holds all of it, warmed by one sequential pass; then timed passes of 4- and
 //!   8-byte elements, random and sequential, by the same kernel (`gpunvme_cache_bench`) once
 //!   through `gpunvme::array<T>` and once from a plain GPU buffer holding the same bytes (the
-//!   denominator); and warp-wide `read_range` of 4 KiB and of 64 KiB runs into per-warp
-//!   scratch, beside the same copy from the plain buffer. Each row: elements/s of both and their ratio; the two passes' sums must be
-//!   equal and the timed pass must miss nothing, or the example fails.
+//!   denominator); warp-wide `read_range` of 4 KiB and of 64 KiB runs into per-warp
+//!   scratch, beside the same copy from the plain buffer; and warps scanning runs of their own
+//!   (`gpunvme_cache_bench_scan`: each warp 32 consecutive elements per load) with
+//!   `array::load` and with an `array_cursor`, beside the same scan of the plain buffer. Each
+//!   row: elements/s of both and their ratio; the two passes' sums must be equal and the timed
+//!   pass must miss nothing, or the example fails.
 //! - **miss**: random elements over `--range` bytes through a `--cache` 64 times smaller (so
 //!   nearly every access misses), on the GPU-resident controller with `--ssd-model`: achieved
 //!   fills (page reads) per second over the model's cap (`SsdModel::max_iops` of one page).
@@ -172,23 +175,34 @@ fn cpu_fill(ctrl: &Controller, lba: u32, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// The bytes a warp reads per iteration with read_range in `mode` (2: 4 KiB, 3: 64 KiB; the
-/// element modes: 0), and so its scratch.
-fn run_bytes(mode: u32) -> u64 {
-    match mode {
-        2 => 4096,
-        3 => 65536,
-        _ => 0,
+/// What a timed pass runs: `gpunvme_cache_bench` in a mode (0 random, 1 sequential, 2 and 3
+/// read_range of 4 KiB and 64 KiB runs), or `gpunvme_cache_bench_scan` (with an array_cursor
+/// when `cursor`).
+#[derive(Clone, Copy)]
+enum Pass {
+    Bench(u32),
+    Scan { cursor: bool },
+}
+
+impl Pass {
+    /// The bytes a warp reads per iteration with read_range (0 for element loads), and so its
+    /// scratch.
+    fn run_bytes(self) -> u64 {
+        match self {
+            Pass::Bench(2) => 4096,
+            Pass::Bench(3) => 65536,
+            _ => 0,
+        }
     }
 }
 
-/// One timed launch of `gpunvme_cache_bench`: (seconds, sum, failed loads).
+/// One timed launch of `pass`: (seconds, sum, failed loads).
 #[allow(clippy::too_many_arguments)]
 fn pass(
     setup: &gpu::GpuSetup,
     cache: Option<&GpuCache<'_>>,
     plain: Option<&DeviceMemory>,
-    mode: u32,
+    what: Pass,
     elem: u32,
     n: u64,
     threads: u64,
@@ -196,28 +210,49 @@ fn pass(
 ) -> Result<(f64, u64, u64)> {
     let q = &setup.queues;
     let out = DeviceMemory::alloc(q.cuda(), 16)?;
-    let scratch = DeviceMemory::alloc(q.cuda(), (threads / 32 * run_bytes(mode)).max(8) as usize)?;
+    let scratch = DeviceMemory::alloc(q.cuda(), (threads / 32 * what.run_bytes()).max(8) as usize)?;
     let block = 256u64;
     let grid = u32::try_from(threads.div_ceil(block)).context("--threads")?;
     let s = q.client_stream();
+    let (desc, plain) = (
+        Arg::U64(cache.map_or(0, |c| c.descriptor())),
+        Arg::U64(plain.map_or(0, |p| p.ptr())),
+    );
     let start = Instant::now();
-    s.launch(
-        q.kernels().cache_bench,
-        grid,
-        block as u32,
-        &[
-            Arg::U64(cache.map_or(0, |c| c.descriptor())),
-            Arg::U32(0),
-            Arg::U64(plain.map_or(0, |p| p.ptr())),
-            Arg::U32(mode),
-            Arg::U32(elem),
-            Arg::U64(n),
-            Arg::U64(iters),
-            Arg::U64(SEED),
-            Arg::U64(scratch.ptr()),
-            Arg::U64(out.ptr()),
-        ],
-    )?;
+    match what {
+        Pass::Bench(mode) => s.launch(
+            q.kernels().cache_bench,
+            grid,
+            block as u32,
+            &[
+                desc,
+                Arg::U32(0),
+                plain,
+                Arg::U32(mode),
+                Arg::U32(elem),
+                Arg::U64(n),
+                Arg::U64(iters),
+                Arg::U64(SEED),
+                Arg::U64(scratch.ptr()),
+                Arg::U64(out.ptr()),
+            ],
+        )?,
+        Pass::Scan { cursor } => s.launch(
+            q.kernels().cache_bench_scan,
+            grid,
+            block as u32,
+            &[
+                desc,
+                Arg::U32(0),
+                plain,
+                Arg::U32(cursor as u32),
+                Arg::U32(elem),
+                Arg::U64(n),
+                Arg::U64(iters),
+                Arg::U64(out.ptr()),
+            ],
+        )?,
+    }
     s.wait_idle(Duration::from_secs(600))
         .context("the benchmark kernel")?;
     let secs = start.elapsed().as_secs_f64();
@@ -270,7 +305,7 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
         setup,
         Some(&cache),
         None,
-        1,
+        Pass::Bench(1),
         4,
         n4,
         threads,
@@ -281,25 +316,28 @@ fn hit(args: &Args, cuda: &Arc<Cuda>, setup: &gpu::GpuSetup, lba: u32, bytes: u6
         format!("warm pass: {warm:?}")
     })?;
     for elem in [4u32, 8] {
-        for (mode, name) in [
-            (0u32, "random"),
-            (1, "sequential"),
-            (2, "warp_read_range_4k"),
-            (3, "warp_read_range_64k"),
+        for (what, name) in [
+            (Pass::Bench(0), "random"),
+            (Pass::Bench(1), "sequential"),
+            (Pass::Bench(2), "warp_read_range_4k"),
+            (Pass::Bench(3), "warp_read_range_64k"),
+            (Pass::Scan { cursor: false }, "warp_scan"),
+            (Pass::Scan { cursor: true }, "warp_scan_cursor"),
         ] {
             let n = bytes / elem as u64;
             // 64 KiB runs: a sixteenth of the iterations, the same bytes as 4 KiB runs.
-            let iters = if mode == 3 {
+            let iters = if matches!(what, Pass::Bench(3)) {
                 (iters / 16).max(1)
             } else {
                 iters
             };
             let before = cache.stats()?;
-            let (tc, sc, ec) = pass(setup, Some(&cache), None, mode, elem, n, threads, iters)?;
+            let (tc, sc, ec) = pass(setup, Some(&cache), None, what, elem, n, threads, iters)?;
             let after = cache.stats()?;
-            let (tp, sp, _) = pass(setup, None, Some(&plain), mode, elem, n, threads, iters)?;
+            // The plain buffer's scan is the same with or without a cursor.
+            let (tp, sp, _) = pass(setup, None, Some(&plain), what, elem, n, threads, iters)?;
             // Elements loaded: one per thread per iteration, or a run per warp per iteration.
-            let loads = match run_bytes(mode) {
+            let loads = match what.run_bytes() {
                 0 => threads * iters,
                 run => threads / 32 * iters * (run / elem as u64),
             };
@@ -346,7 +384,16 @@ fn miss(args: &Args, setup: &gpu::GpuSetup, lba: u32, bytes: u64) -> Result<()> 
     // One element per page: the random element stream touches pages at random.
     let n = bytes / 4;
     let before = cache.stats()?;
-    let (secs, _, errors) = pass(setup, Some(&cache), None, 0, 4, n, threads, iters)?;
+    let (secs, _, errors) = pass(
+        setup,
+        Some(&cache),
+        None,
+        Pass::Bench(0),
+        4,
+        n,
+        threads,
+        iters,
+    )?;
     let s = cache.stats()?;
     verify(errors == 0, || format!("{errors} failed loads: {s:?}"))?;
     let misses = s.counters.misses - before.counters.misses;

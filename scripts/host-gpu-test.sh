@@ -28,6 +28,7 @@ TESTS=(
     cache::file_ranges_read_and_write_through_the_extent_table
     cache::volume_pages_are_filled_from_every_member
     cache::bfs_and_gather_through_the_cache_match_the_cpu
+    cache::cursor_scans_keep_their_pages_between_loads
     files::batch_open_by_prefix_reads_every_file
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum

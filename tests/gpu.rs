@@ -2858,6 +2858,20 @@ mod cache {
         idx: &[u64],
         stores: Option<&[u64]>,
     ) -> (Vec<u64>, Vec<DeviceStatus>) {
+        let (v, st) = access_elements_raw(r, c, flags, threads, per, idx, stores);
+        (v, st.into_iter().map(DeviceStatus::from_code).collect())
+    }
+
+    /// `access_elements` with each status word as the kernel wrote it.
+    fn access_elements_raw(
+        r: &Rig,
+        c: &GpuCache<'_>,
+        flags: u32,
+        threads: u32,
+        per: u32,
+        idx: &[u64],
+        stores: Option<&[u64]>,
+    ) -> (Vec<u64>, Vec<u32>) {
         let n = threads as usize * per as usize;
         assert_eq!(idx.len(), n);
         let cuda = r.gpu.cuda();
@@ -2893,7 +2907,7 @@ mod cache {
         values.read(0, v.as_mut_bytes()).unwrap();
         let mut st = vec![0u32; n];
         statuses.read(0, st.as_mut_bytes()).unwrap();
-        (v, st.into_iter().map(DeviceStatus::from_code).collect())
+        (v, st)
     }
 
     fn assert_values(r: &Rig, idx: &[u64], v: &[u64], st: &[DeviceStatus]) {
@@ -3608,6 +3622,119 @@ mod cache {
             invariants(&c);
         }
         assert!(stats(&c).counters.evictions > 0);
+        // The scan benchmark: each warp 600 x 32 consecutive elements (19-38 pages through the
+        // 8 frames), by array::load and by an array_cursor, against the plain buffer.
+        for elem in [4, 8] {
+            let n = 64 * 4096 / elem as u64;
+            let direct = scan_sum(&r, None, Some(&plain), false, elem, n);
+            assert_ne!(direct.0, 0);
+            for cursor in [false, true] {
+                let cached = scan_sum(&r, Some(&c), None, cursor, elem, n);
+                assert_eq!(
+                    cached, direct,
+                    "scan, cursor {cursor}, {elem}-byte elements"
+                );
+                invariants(&c); // the cursors gave every page back
+            }
+        }
+    }
+
+    /// One launch of `gpunvme_cache_bench_scan` (2 warps of 600 loads each), through `c` (with
+    /// an array_cursor when `cursor`) or from `plain`: (sum, failures).
+    fn scan_sum(
+        r: &Rig,
+        c: Option<&GpuCache<'_>>,
+        plain: Option<&DeviceMemory>,
+        cursor: bool,
+        elem: u32,
+        n: u64,
+    ) -> (u64, u64) {
+        let out = DeviceMemory::alloc(r.gpu.cuda(), 16).unwrap();
+        out.write(0, &[0u8; 16]).unwrap();
+        let s = r.gpu.client_stream();
+        s.launch(
+            r.gpu.kernels().cache_bench_scan,
+            1,
+            64,
+            &[
+                Arg::U64(c.map_or(0, |c| c.descriptor())),
+                Arg::U32(0),
+                Arg::U64(plain.map_or(0, |p| p.ptr())),
+                Arg::U32(cursor as u32),
+                Arg::U32(elem),
+                Arg::U64(n),
+                Arg::U64(600),
+                Arg::U64(out.ptr()),
+            ],
+        )
+        .unwrap();
+        s.wait_idle(compute_wait_bound() * 5)
+            .expect("scan kernel ends");
+        let mut o = [0u64; 2];
+        out.read(0, o.as_mut_bytes()).unwrap();
+        (o[0], o[1])
+    }
+
+    /// Warps scanning through `array_cursor`s (flag 4 of `gpunvme_cache_test`): an aligned
+    /// scan, one whose lanes straddle page boundaries (two pages held at once), one that jumps
+    /// half-way, one with 5 inactive lanes and an index past the range every 7th load; 64 pages
+    /// through 8 frames. Every value and status checked, every page given back at the end, and
+    /// one lookup per page a warp enters, not one per load.
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn cursor_scans_keep_their_pages_between_loads() {
+        let r = rig(512, 2, 64);
+        let c = cached_range(&r, 64, 8, None);
+        let n = 64 * PER_PAGE;
+        let (threads, per) = (123u32, 64u32);
+        let mut idx = vec![0u64; 128 * per as usize];
+        for t in 0..128u64 {
+            let (w, l) = (t / 32, t % 32);
+            for j in 0..per as u64 {
+                let e = match w {
+                    0 => j * 32 + l,
+                    1 => 700 + j * 32 + l,
+                    2 if j < 32 => 4992 + j * 32 + l,
+                    2 => 19968 + j * 32 + l,
+                    _ if l == 3 && j % 7 == 0 => n + 5,
+                    _ => 8992 + j * 32 + l,
+                };
+                idx[(t * per as u64 + j) as usize] = e;
+            }
+        }
+        let idx = &idx[..(threads * per) as usize];
+        let (v, raw) = access_elements_raw(&r, &c, 1 | 4, threads, per, idx, None);
+        for (k, (&i, (&got, &word))) in idx.iter().zip(v.iter().zip(&raw)).enumerate() {
+            let s = DeviceStatus::from_code(word & 0xffff);
+            if i >= n {
+                assert_eq!(s, DeviceStatus::OutOfExtent, "access {k} (element {i})");
+            } else {
+                assert_eq!(s, DeviceStatus::Ok, "access {k} (element {i})");
+                assert_eq!(got, expected(r.lba, i), "access {k}: element {i}");
+            }
+            // After each load the warp holds exactly the distinct pages its lanes read.
+            let (t, j) = (k / per as usize, k % per as usize);
+            let warp = t / 32 * 32..(t / 32 * 32 + 32).min(threads as usize);
+            let mut pages: Vec<u64> = warp
+                .map(|u| idx[u * per as usize + j])
+                .filter(|&e| e < n)
+                .map(|e| e / PER_PAGE)
+                .collect();
+            pages.sort_unstable();
+            pages.dedup();
+            assert_eq!(word >> 16, pages.len() as u32, "access {k}: pages held");
+        }
+        invariants(&c); // and none after the kernel
+        let s = stats(&c);
+        assert_eq!((s.counters.errors, s.counters.full), (0, 0), "{s:?}");
+        // Every load that did not fill or wait was a hit (reused ones counted on release), and
+        // the warps filled about the 17 pages they entered.
+        let served = raw.iter().filter(|&&w| w & 0xffff == 0).count() as u64;
+        assert!(s.counters.misses <= 24, "{s:?}");
+        assert!(
+            s.counters.hits + s.counters.waits + 32 * s.counters.misses >= served,
+            "{s:?}"
+        );
     }
 
     /// The cache at GPU scale on `r`: 8192 threads reading random elements of the whole 64 MiB

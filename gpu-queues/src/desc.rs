@@ -822,6 +822,7 @@ mod tests {
             "gpunvme_cache_test",
             "gpunvme_cache_pin_test",
             "gpunvme_cache_bench",
+            "gpunvme_cache_bench_scan",
             "gpunvme_cache_flush",
             "gpunvme_cache_bfs_level",
             "gpunvme_cache_gather",

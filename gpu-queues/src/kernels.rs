@@ -41,6 +41,9 @@ pub struct Kernels {
     pub cache_pin_test: Kernel,
     /// `gpunvme_cache_bench` (element loads through a cache or from a plain buffer).
     pub cache_bench: Kernel,
+    /// `gpunvme_cache_bench_scan` (warps scanning through a cache, with or without a cursor,
+    /// or a plain buffer).
+    pub cache_bench_scan: Kernel,
     /// `gpunvme_cache_flush` (every dirty page written back).
     pub cache_flush: Kernel,
     /// `gpunvme_cache_bfs_level` (one BFS level through a cache or over plain pointers).
@@ -75,6 +78,7 @@ impl Kernels {
             cache_test: lib.kernel("gpunvme_cache_test")?,
             cache_pin_test: lib.kernel("gpunvme_cache_pin_test")?,
             cache_bench: lib.kernel("gpunvme_cache_bench")?,
+            cache_bench_scan: lib.kernel("gpunvme_cache_bench_scan")?,
             cache_flush: lib.kernel("gpunvme_cache_flush")?,
             cache_bfs_level: lib.kernel("gpunvme_cache_bfs_level")?,
             cache_gather: lib.kernel("gpunvme_cache_gather")?,
@@ -167,6 +171,10 @@ impl Kernels {
         bench[4] = Arg::U32(4);
         bench[5] = Arg::U64(1);
         stream.launch(self.cache_bench, 1, 32, &bench)?;
+        let mut scan = nulls("puppuupp");
+        scan[4] = Arg::U32(4);
+        scan[5] = Arg::U64(1);
+        stream.launch(self.cache_bench_scan, 1, 32, &scan)?;
         stream.launch(self.cache_flush, 1, 32, &nulls("pp"))?;
         stream.launch(self.cache_bfs_level, 1, 32, &nulls("puuppupupppupuu"))?;
         stream.launch(self.cache_bfs_heavy, 1, 32, &nulls("pupupuppp"))?;

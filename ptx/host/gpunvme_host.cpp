@@ -307,6 +307,7 @@ const kernel_entry KERNELS[] = {
     GPUNVME_HOST_KERNEL(gpunvme_cache_bench), GPUNVME_HOST_KERNEL(gpunvme_cache_flush),
     GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_level), GPUNVME_HOST_KERNEL(gpunvme_cache_gather),
     GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_heavy), GPUNVME_HOST_KERNEL(gpunvme_cache_bfs_up),
+    GPUNVME_HOST_KERNEL(gpunvme_cache_bench_scan),
 };
 
 const kernel_entry* find_kernel(const char* name) {

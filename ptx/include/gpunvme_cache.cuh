@@ -1437,4 +1437,142 @@ struct array {
     __device__ status error() const { return first; }
 };
 
+// ---------------------------------------------------------------------------------------------
+// gpunvme::array_cursor<T>: a warp's scan through an array, keeping its pages between loads.
+
+/// A warp's read cursor over an array<T> (BaM's bam_ptr, for a warp): load() is array::load,
+/// except that the pages a load used stay referenced after it, and the next load reads the
+/// ones it still needs without looking them up. A warp scanning an array looks each page up
+/// once instead of once per load: with 4-byte elements and 4 KiB pages, one lookup per 32
+/// loads of the warp.
+///
+/// What it holds: one page per distinct page of its last load (a scan holds one, or two
+/// where the lanes straddle a boundary), each referenced by one lane of the warp, and so not
+/// evictable. A load first gives back the held pages it does not use, then looks its new
+/// pages up as array::load does (one lookup per distinct page, at most one fill each), so a
+/// warp never holds a page it does not use while it waits for a fill. Fills that find every
+/// frame held, by cursors or by accesses, fail with GPUNVME_CACHE_FULL after the cache's
+/// bound, as any access's. Matching a load's pages against the held ones costs one round of
+/// shuffles per held page: for random indices array::load is the faster.
+///
+/// load() is warp-collective (all 32 lanes, inactive ones with active = false); release()
+/// and the destructor are per lane (a warp may leave the cursor's scope diverged): each
+/// holder gives its page back, and each lane adds the loads it served from held pages to the
+/// cache's hits. Read-only; not copyable (a copy would give its pages back twice).
+///
+/// Fence discipline: a page's references are taken by a gpu-scope acquire (lookup_warp's
+/// atomic) and given back by a release reduction (release_hit), as for array::load; every
+/// lane's read of a held frame comes before the __syncwarp that ends the load, so before any
+/// lane's later release of that frame.
+template <class T>
+struct array_cursor {
+    static_assert(sizeof(T) <= 4096 && (sizeof(T) & (sizeof(T) - 1)) == 0,
+                  "array_cursor<T>: sizeof(T) must be a power of two up to 4096");
+    static constexpr uint64_t NONE = ~0ull;
+    const cache::cache_desc* c;
+    uint32_t range;
+    cache::range_view v;  // read once: the cursor's accesses take few acquires
+    uint64_t held;        // the page this lane holds for the warp (NONE: none)
+    uint32_t held_frame;  // its frame
+    uint32_t held_refs;   // the references held on it
+    uint32_t reused;      // this lane's loads served from held pages, not yet counted as hits
+
+    __device__ explicit array_cursor(const array<T>& a)
+        : c(a.c), range(a.range), v(a.view()), held(NONE), held_frame(0), held_refs(0),
+          reused(0) {}
+    array_cursor(const array_cursor&) = delete;
+    array_cursor& operator=(const array_cursor&) = delete;
+    __device__ ~array_cursor() { release(); }
+
+    /// Element i into *out (warp-collective; inactive lanes pass active = false). Every lane
+    /// returns its own status; on failure *out is untouched and the lane holds nothing for it.
+    __device__ status load(uint64_t i, T* out, bool active = true) {
+        using namespace cache;
+        const uint32_t full = 0xffffffffu, lane = lane_id();
+        status pre = GPUNVME_OK;
+        uint64_t byte = 0;
+        if (active) {
+            if (i > ~0ull / sizeof(T)) {
+                pre = GPUNVME_OUT_OF_EXTENT;
+            } else {
+                byte = i * sizeof(T);
+                pre = check_access(v, byte, sizeof(T));
+            }
+        }
+        const bool in = active && pre == GPUNVME_OK;
+        const uint64_t page = byte >> v.page_shift;
+        const uint32_t off = (uint32_t)(byte & ((1ull << v.page_shift) - 1));
+        // 1. Which held pages this load uses: for each holder j, the lanes on its page (src =
+        //    j), the lowest of which takes the holding over (take = j). Held pages are
+        //    distinct, so a lane matches at most one.
+        uint32_t keep = 0;
+        int32_t src = -1, take = -1;
+        for (uint32_t m = __ballot_sync(full, held != NONE); m != 0; m &= m - 1) {
+            const uint32_t j = (uint32_t)__ffs(m) - 1;
+            const uint64_t hp = __shfl_sync(full, held, j);
+            const bool want = in && hp == page;
+            const uint32_t w = __ballot_sync(full, want);
+            if (w != 0) keep |= 1u << j;
+            if (want) src = (int32_t)j;
+            if (w != 0 && lane == (uint32_t)__ffs(w) - 1) take = (int32_t)j;
+        }
+        const uint32_t kept_frame = __shfl_sync(full, held_frame, src < 0 ? lane : (uint32_t)src);
+        const uint32_t kept_refs = __shfl_sync(full, held_refs, take < 0 ? lane : (uint32_t)take);
+        // 2. Pages this load does not use go back before it looks new ones up. (Every lane's
+        //    reads of them came before the last load's closing __syncwarp.)
+        if (held != NONE && !((keep >> lane) & 1u)) give_back();
+        held = NONE;
+        // 3. The other pages: one lookup per distinct page, fills and waits resolved, the
+        //    references kept (acquire_warp's path). Failed groups hold nothing afterwards.
+        warp_access a = lookup_warp(v.stats, v.entries, active && src < 0, pre, range, page);
+        if (a.lead && a.how == ACQ_HIT) touch(v.frame_states, a.frame);
+        if (__any_sync(full, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
+                                        a.how == ACQ_FAILED)))
+            resolve_warp(*c, range, page, a);
+        // 4. The holdings after this load: each kept page by its first lane, each page looked
+        //    up by its group's leader.
+        if (take >= 0) {
+            held = page;
+            held_frame = kept_frame;
+            held_refs = kept_refs;
+        } else if (a.lead && a.how == ACQ_HIT) {
+            held = page;
+            held_frame = a.frame;
+            held_refs = a.n;
+        }
+        const bool kept = src >= 0;
+        const bool served = in && (kept || a.how == ACQ_HIT);
+        if (served) *out = *reinterpret_cast<const T*>(frame_data(v, kept ? kept_frame : a.frame) + off);
+        if (kept) ++reused;
+        __syncwarp();  // every lane's read of a held frame before any later release of it
+        if (!active) return GPUNVME_OK;
+        if (!in) return pre;
+        if (served) return GPUNVME_OK;
+        return a.s ? a.s : GPUNVME_INVALID_ARGUMENT;
+    }
+
+    /// Gives back this lane's page and counts its reused loads as hits (per lane; the warp's
+    /// other lanes keep theirs until they release or load).
+    __device__ void release() {
+        if (held != NONE) {
+            give_back();
+            held = NONE;
+        }
+        if (reused) {
+            cache::count(v.stats->hits, reused);
+            reused = 0;
+        }
+    }
+
+    /// Whether this lane holds a page (for tests: a warp holds one per distinct page of its
+    /// last load).
+    __device__ bool holds() const { return held != NONE; }
+
+  private:
+    __device__ void give_back() {
+        cache::touch(v.frame_states, held_frame);
+        cache::release_hit(v.entries + held, held_refs);
+    }
+};
+
 }  // namespace gpunvme

@@ -10,11 +10,15 @@
 // 2026-11-25). The spills land in the miss path, where an NVMe command dwarfs them.
 #define GPUNVME_CACHE_TEST_WARP 1u
 #define GPUNVME_CACHE_TEST_STORE 2u
+#define GPUNVME_CACHE_TEST_CURSOR 4u
 
 /// Test and tool kernel: thread i accesses the 8-byte elements idx[i * per_thread + j] of
 /// `range` through the cache: loads into values[k] (or, with GPUNVME_CACHE_TEST_STORE in
 /// `flags`, stores values[k]), by the warp's lanes together (GPUNVME_CACHE_TEST_WARP:
-/// array::load / store) or each thread alone (load_thread / store_thread), writing each status.
+/// array::load / store; with GPUNVME_CACHE_TEST_CURSOR, loads through one array_cursor per
+/// warp, released at the kernel's end, each status with the number of the warp's lanes that
+/// hold a page after the load in bits 16 and up) or each thread alone (load_thread /
+/// store_thread), writing each status.
 /// Threads at or past `nthreads` take part in the warp calls without asking for anything. A
 /// null cache returns at once (warm-up).
 extern "C" __global__ void gpunvme_cache_test(const cache::cache_desc* c, uint32_t range,
@@ -25,17 +29,23 @@ extern "C" __global__ void gpunvme_cache_test(const cache::cache_desc* c, uint32
     const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool mine = gtid < nthreads;
     const bool warp = flags & GPUNVME_CACHE_TEST_WARP, store = flags & GPUNVME_CACHE_TEST_STORE;
+    const bool cursor = warp && !store && (flags & GPUNVME_CACHE_TEST_CURSOR);
     gpunvme::array<uint64_t> a(c, range);
+    gpunvme::array_cursor<uint64_t> cur(a);
     for (uint32_t j = 0; j < per_thread; ++j) {
         const uint64_t k = gtid * per_thread + j;
         const uint64_t i = mine ? idx[k] : 0;
         uint64_t v = mine && store ? values[k] : 0;
         status s = GPUNVME_OK;
-        if (warp) s = store ? a.store(i, v, mine) : a.load(i, &v, mine);
+        uint32_t holders = 0;
+        if (cursor) {
+            s = cur.load(i, &v, mine);
+            holders = (uint32_t)__popc(__ballot_sync(0xffffffffu, cur.holds())) << 16;
+        } else if (warp) s = store ? a.store(i, v, mine) : a.load(i, &v, mine);
         else if (mine) s = store ? a.store_thread(i, v) : a.load_thread(i, &v);
         if (mine) {
             if (!store) values[k] = v;
-            statuses[k] = (uint32_t)s;
+            statuses[k] = (uint32_t)s | holders;
         }
     }
 }
@@ -117,6 +127,19 @@ struct plain_array {
     }
 };
 
+/// A benchmark's sum and failure count into out[0] and out[1]: one atomic per warp for each.
+__device__ inline void bench_result(unsigned long long sum, unsigned long long errors,
+                                    unsigned long long* out) {
+    for (int d = 16; d > 0; d >>= 1) {
+        sum += __shfl_down_sync(0xffffffffu, sum, d);
+        errors += __shfl_down_sync(0xffffffffu, errors, d);
+    }
+    if ((threadIdx.x & 31u) == 0) {
+        atomicAdd(&out[0], sum);
+        atomicAdd(&out[1], errors);
+    }
+}
+
 template <class T, class A>
 __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_t iters,
                                         uint64_t seed, uint8_t* scratch,
@@ -145,15 +168,59 @@ __device__ inline void cache_bench_loop(A& a, uint32_t mode, uint64_t n, uint64_
         if (a.load(i, &v, true)) ++errors;
         sum += (unsigned long long)v;
     }
-    // One atomic per warp for each result.
-    for (int d = 16; d > 0; d >>= 1) {
-        sum += __shfl_down_sync(0xffffffffu, sum, d);
-        errors += __shfl_down_sync(0xffffffffu, errors, d);
+    bench_result(sum, errors, out);
+}
+
+/// Warp w reads `iters` x 32 consecutive elements from element w * iters * 32 on (wrapping at
+/// n, a power of two), lane l the l-th of each 32, through `load(i, &v)`.
+template <class T, class L>
+__device__ inline void cache_scan_loop(L&& load, uint64_t n, uint64_t iters,
+                                       unsigned long long* out) {
+    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t base = gtid / 32 * iters * 32 + (threadIdx.x & 31u);
+    unsigned long long sum = 0, errors = 0;
+    for (uint64_t k = 0; k < iters; ++k) {
+        T v{};
+        if (load((base + k * 32) & (n - 1), &v)) ++errors;
+        sum += (unsigned long long)v;
     }
-    if ((threadIdx.x & 31u) == 0) {
-        atomicAdd(&out[0], sum);
-        atomicAdd(&out[1], errors);
+    bench_result(sum, errors, out);
+}
+
+/// The page cache's scan benchmark: every warp scans `iters` x 32 consecutive elements of
+/// `elem_bytes` (4 or 8) out of `n` (cache_scan_loop), through the cache's range `range` with
+/// array::load (cursor 0) or with an array_cursor (cursor 1), or from the plain buffer `plain`
+/// (plain != null: the denominator). out[0] += the elements' sum, out[1] += failed loads.
+/// Launch whole warps. Both pointers null: returns at once (warm-up).
+template <class T>
+__device__ inline void cache_bench_scan_as(const cache::cache_desc* c, uint32_t range,
+                                           const uint8_t* plain, uint32_t cursor, uint64_t n,
+                                           uint64_t iters, unsigned long long* out) {
+    if (plain != nullptr) {
+        const T* p = reinterpret_cast<const T*>(plain);
+        cache_scan_loop<T>([&](uint64_t i, T* v) -> status {
+            *v = p[i];
+            return GPUNVME_OK;
+        }, n, iters,
+                           out);
+        return;
     }
+    gpunvme::array<T> a(c, range);
+    if (cursor) {
+        gpunvme::array_cursor<T> cur(a);
+        cache_scan_loop<T>([&](uint64_t i, T* v) -> status { return cur.load(i, v); }, n, iters, out);
+    } else {
+        cache_scan_loop<T>([&](uint64_t i, T* v) -> status { return a.load(i, v); }, n, iters, out);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gpunvme_cache_bench_scan(const cache::cache_desc* c, uint32_t range, const uint8_t* plain,
+                             uint32_t cursor, uint32_t elem_bytes, uint64_t n, uint64_t iters,
+                             unsigned long long* out) {
+    if (c == nullptr && plain == nullptr) return;
+    if (elem_bytes == 4) cache_bench_scan_as<uint32_t>(c, range, plain, cursor, n, iters, out);
+    else cache_bench_scan_as<uint64_t>(c, range, plain, cursor, n, iters, out);
 }
 
 /// The page cache's element benchmark: every thread loads `iters` elements of `elem_bytes` (4
