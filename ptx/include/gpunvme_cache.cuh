@@ -1443,8 +1443,9 @@ struct array {
 /// A warp's read cursor over an array<T> (BaM's bam_ptr, for a warp): load() is array::load,
 /// except that the pages a load used stay referenced after it, and the next load reads the
 /// ones it still needs without looking them up. A warp scanning an array looks each page up
-/// once instead of once per load: with 4-byte elements and 4 KiB pages, one lookup per 32
-/// loads of the warp.
+/// once instead of once per load (with 4-byte elements and 4 KiB pages, one lookup per 32
+/// loads of the warp), and a load whose lanes are all on the one page the warp holds costs a
+/// vote besides its read.
 ///
 /// What it holds: one page per distinct page of its last load (a scan holds one, or two
 /// where the lanes straddle a boundary), each referenced by one lane of the warp, and so not
@@ -1476,10 +1477,12 @@ struct array_cursor {
     uint32_t held_frame;  // its frame
     uint32_t held_refs;   // the references held on it
     uint32_t reused;      // this lane's loads served from held pages, not yet counted as hits
+    uint64_t only;        // warp-uniform: the warp's one held page (NONE: none, or several)
+    uint32_t only_frame;  // warp-uniform: its frame
 
     __device__ explicit array_cursor(const array<T>& a)
         : c(a.c), range(a.range), v(a.view()), held(NONE), held_frame(0), held_refs(0),
-          reused(0) {}
+          reused(0), only(NONE), only_frame(0) {}
     array_cursor(const array_cursor&) = delete;
     array_cursor& operator=(const array_cursor&) = delete;
     __device__ ~array_cursor() { release(); }
@@ -1502,6 +1505,16 @@ struct array_cursor {
         const bool in = active && pre == GPUNVME_OK;
         const uint64_t page = byte >> v.page_shift;
         const uint32_t off = (uint32_t)(byte & ((1ull << v.page_shift) - 1));
+        // 0. A scan's usual load: every asking lane on the one page the warp holds. (A lane
+        //    that released since has `only` NONE, which sends the whole warp to the full path.)
+        if (__all_sync(full, only != NONE && (!active || (in && page == only)))) {
+            if (active) {
+                *out = *reinterpret_cast<const T*>(frame_data(v, only_frame) + off);
+                ++reused;
+            }
+            __syncwarp();  // as below
+            return GPUNVME_OK;
+        }
         // 1. Which held pages this load uses: for each holder j, the lanes on its page (src =
         //    j), the lowest of which takes the holding over (take = j). Held pages are
         //    distinct, so a lane matches at most one.
@@ -1544,6 +1557,11 @@ struct array_cursor {
         const bool served = in && (kept || a.how == ACQ_HIT);
         if (served) *out = *reinterpret_cast<const T*>(frame_data(v, kept ? kept_frame : a.frame) + off);
         if (kept) ++reused;
+        const uint32_t holders = __ballot_sync(full, held != NONE);
+        const uint32_t h = holders ? (uint32_t)__ffs(holders) - 1 : 0;
+        only = __shfl_sync(full, held, h);
+        only_frame = __shfl_sync(full, held_frame, h);
+        if (__popc(holders) != 1) only = NONE;
         __syncwarp();  // every lane's read of a held frame before any later release of it
         if (!active) return GPUNVME_OK;
         if (!in) return pre;
@@ -1554,6 +1572,7 @@ struct array_cursor {
     /// Gives back this lane's page and counts its reused loads as hits (per lane; the warp's
     /// other lanes keep theirs until they release or load).
     __device__ void release() {
+        only = NONE;  // the warp's next load takes the full path, which knows what is held
         if (held != NONE) {
             give_back();
             held = NONE;
