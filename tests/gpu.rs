@@ -15,7 +15,7 @@ use gpu_emu::model::{NamespaceSpec, STOP_TIMEOUT};
 use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::desc::lat_bucket_floor;
 use gpu_queues::desc::{DeviceStatus, IoReq};
-use gpu_queues::ffi::{Arg, Cuda, DeviceMemory};
+use gpu_queues::ffi::{Arg, Cuda, DeviceMemory, Kernel};
 use gpu_queues::kernels::IoBatch;
 use gpu_queues::queues::compute_wait_bound;
 use gpu_queues::{GpuQueueOptions, GpuQueues};
@@ -3223,7 +3223,6 @@ mod cache {
         assert_eq!(c.flush().expect("flush").pages_written, 0);
     }
 
-    /// One launch of `gpunvme_cache_bench` (through `c`, or from `plain`): (sum, failures).
     /// Little-endian u64 element `i` of `bytes`.
     fn le_word(bytes: &[u8], i: u64) -> u64 {
         let at = i as usize * 8;
@@ -3564,6 +3563,21 @@ mod cache {
         assert!(embedding::first_mismatch(&got.out, &idx, dim, SEED + 1).is_some());
     }
 
+    /// One launch of `kernel` (a block of 64 threads) with the arguments `args(out)` makes,
+    /// `out` 16 zeroed bytes of GPU memory the kernel adds (sum, failures) into: those two.
+    fn bench_sums(r: &Rig, kernel: Kernel, args: impl FnOnce(u64) -> Vec<Arg>) -> (u64, u64) {
+        let out = DeviceMemory::alloc(r.gpu.cuda(), 16).unwrap();
+        out.write(0, &[0u8; 16]).unwrap();
+        let s = r.gpu.client_stream();
+        s.launch(kernel, 1, 64, &args(out.ptr())).unwrap();
+        s.wait_idle(compute_wait_bound() * 5)
+            .expect("benchmark kernel ends");
+        let mut o = [0u64; 2];
+        out.read(0, o.as_mut_bytes()).unwrap();
+        (o[0], o[1])
+    }
+
+    /// One launch of `gpunvme_cache_bench` (through `c`, or from `plain`): (sum, failures).
     fn bench_sum(
         r: &Rig,
         c: Option<&GpuCache<'_>>,
@@ -3572,15 +3586,9 @@ mod cache {
         elem: u32,
         n: u64,
     ) -> (u64, u64) {
-        let cuda = r.gpu.cuda();
-        let scratch = DeviceMemory::alloc(cuda, 2 * 65536).unwrap();
-        let out = DeviceMemory::alloc(cuda, 16).unwrap();
-        let s = r.gpu.client_stream();
-        s.launch(
-            r.gpu.kernels().cache_bench,
-            1,
-            64,
-            &[
+        let scratch = DeviceMemory::alloc(r.gpu.cuda(), 2 * 65536).unwrap();
+        bench_sums(r, r.gpu.kernels().cache_bench, |out| {
+            vec![
                 Arg::U64(c.map_or(0, |c| c.descriptor())),
                 Arg::U32(0),
                 Arg::U64(plain.map_or(0, |p| p.ptr())),
@@ -3590,15 +3598,9 @@ mod cache {
                 Arg::U64(16),
                 Arg::U64(SEED),
                 Arg::U64(scratch.ptr()),
-                Arg::U64(out.ptr()),
-            ],
-        )
-        .unwrap();
-        s.wait_idle(Duration::from_secs(300))
-            .expect("bench kernel ends");
-        let mut o = [0u64; 2];
-        out.read(0, o.as_mut_bytes()).unwrap();
-        (o[0], o[1])
+                Arg::U64(out),
+            ]
+        })
     }
 
     #[test]
@@ -3649,14 +3651,8 @@ mod cache {
         elem: u32,
         n: u64,
     ) -> (u64, u64) {
-        let out = DeviceMemory::alloc(r.gpu.cuda(), 16).unwrap();
-        out.write(0, &[0u8; 16]).unwrap();
-        let s = r.gpu.client_stream();
-        s.launch(
-            r.gpu.kernels().cache_bench_scan,
-            1,
-            64,
-            &[
+        bench_sums(r, r.gpu.kernels().cache_bench_scan, |out| {
+            vec![
                 Arg::U64(c.map_or(0, |c| c.descriptor())),
                 Arg::U32(0),
                 Arg::U64(plain.map_or(0, |p| p.ptr())),
@@ -3664,15 +3660,9 @@ mod cache {
                 Arg::U32(elem),
                 Arg::U64(n),
                 Arg::U64(600),
-                Arg::U64(out.ptr()),
-            ],
-        )
-        .unwrap();
-        s.wait_idle(compute_wait_bound() * 5)
-            .expect("scan kernel ends");
-        let mut o = [0u64; 2];
-        out.read(0, o.as_mut_bytes()).unwrap();
-        (o[0], o[1])
+                Arg::U64(out),
+            ]
+        })
     }
 
     /// Warps scanning through `array_cursor`s (flag 4 of `gpunvme_cache_test`): an aligned
