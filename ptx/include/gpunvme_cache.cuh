@@ -1470,8 +1470,7 @@ struct array_cursor {
     static_assert(sizeof(T) <= 4096 && (sizeof(T) & (sizeof(T) - 1)) == 0,
                   "array_cursor<T>: sizeof(T) must be a power of two up to 4096");
     static constexpr uint64_t NONE = ~0ull;
-    const cache::cache_desc* c;
-    uint32_t range;
+    array<T> a;           // the array scanned (its cache, range and argument checks)
     cache::range_view v;  // read once: the cursor's accesses take few acquires
     uint64_t held;        // the page this lane holds for the warp (NONE: none)
     uint32_t held_frame;  // its frame
@@ -1480,9 +1479,9 @@ struct array_cursor {
     uint64_t only;        // warp-uniform: the warp's one held page (NONE: none, or several)
     uint32_t only_frame;  // warp-uniform: its frame
 
-    __device__ explicit array_cursor(const array<T>& a)
-        : c(a.c), range(a.range), v(a.view()), held(NONE), held_frame(0), held_refs(0),
-          reused(0), only(NONE), only_frame(0) {}
+    __device__ explicit array_cursor(const array<T>& arr)
+        : a(arr), v(arr.view()), held(NONE), held_frame(0), held_refs(0), reused(0), only(NONE),
+          only_frame(0) {}
     array_cursor(const array_cursor&) = delete;
     array_cursor& operator=(const array_cursor&) = delete;
     __device__ ~array_cursor() { release(); }
@@ -1494,14 +1493,7 @@ struct array_cursor {
         const uint32_t full = 0xffffffffu, lane = lane_id();
         status pre = GPUNVME_OK;
         uint64_t byte = 0;
-        if (active) {
-            if (i > ~0ull / sizeof(T)) {
-                pre = GPUNVME_OUT_OF_EXTENT;
-            } else {
-                byte = i * sizeof(T);
-                pre = check_access(v, byte, sizeof(T));
-            }
-        }
+        if (active) pre = a.element(v, i, false, &byte);
         const bool in = active && pre == GPUNVME_OK;
         const uint64_t page = byte >> v.page_shift;
         const uint32_t off = (uint32_t)(byte & ((1ull << v.page_shift) - 1));
@@ -1524,10 +1516,10 @@ struct array_cursor {
             const uint32_t j = (uint32_t)__ffs(m) - 1;
             const uint64_t hp = __shfl_sync(full, held, j);
             const bool want = in && hp == page;
-            const uint32_t w = __ballot_sync(full, want);
-            if (w != 0) keep |= 1u << j;
+            const uint32_t wanters = __ballot_sync(full, want);
+            if (wanters != 0) keep |= 1u << j;
             if (want) src = (int32_t)j;
-            if (w != 0 && lane == (uint32_t)__ffs(w) - 1) take = (int32_t)j;
+            if (wanters != 0 && lane == (uint32_t)__ffs(wanters) - 1) take = (int32_t)j;
         }
         const uint32_t kept_frame = __shfl_sync(full, held_frame, src < 0 ? lane : (uint32_t)src);
         const uint32_t kept_refs = __shfl_sync(full, held_refs, take < 0 ? lane : (uint32_t)take);
@@ -1537,25 +1529,25 @@ struct array_cursor {
         held = NONE;
         // 3. The other pages: one lookup per distinct page, fills and waits resolved, the
         //    references kept (acquire_warp's path). Failed groups hold nothing afterwards.
-        warp_access a = lookup_warp(v.stats, v.entries, active && src < 0, pre, range, page);
-        if (a.lead && a.how == ACQ_HIT) touch(v.frame_states, a.frame);
-        if (__any_sync(full, a.lead && (a.how == ACQ_FILL || a.how == ACQ_WAIT ||
-                                        a.how == ACQ_FAILED)))
-            resolve_warp(*c, range, page, a);
+        warp_access w = lookup_warp(v.stats, v.entries, active && src < 0, pre, a.range, page);
+        if (w.lead && w.how == ACQ_HIT) touch(v.frame_states, w.frame);
+        if (__any_sync(full, w.lead && (w.how == ACQ_FILL || w.how == ACQ_WAIT ||
+                                        w.how == ACQ_FAILED)))
+            resolve_warp(*a.c, a.range, page, w);
         // 4. The holdings after this load: each kept page by its first lane, each page looked
         //    up by its group's leader.
         if (take >= 0) {
             held = page;
             held_frame = kept_frame;
             held_refs = kept_refs;
-        } else if (a.lead && a.how == ACQ_HIT) {
+        } else if (w.lead && w.how == ACQ_HIT) {
             held = page;
-            held_frame = a.frame;
-            held_refs = a.n;
+            held_frame = w.frame;
+            held_refs = w.n;
         }
         const bool kept = src >= 0;
-        const bool served = in && (kept || a.how == ACQ_HIT);
-        if (served) *out = *reinterpret_cast<const T*>(frame_data(v, kept ? kept_frame : a.frame) + off);
+        const bool served = in && (kept || w.how == ACQ_HIT);
+        if (served) *out = *reinterpret_cast<const T*>(frame_data(v, kept ? kept_frame : w.frame) + off);
         if (kept) ++reused;
         const uint32_t holders = __ballot_sync(full, held != NONE);
         const uint32_t h = holders ? (uint32_t)__ffs(holders) - 1 : 0;
@@ -1566,7 +1558,7 @@ struct array_cursor {
         if (!active) return GPUNVME_OK;
         if (!in) return pre;
         if (served) return GPUNVME_OK;
-        return a.s ? a.s : GPUNVME_INVALID_ARGUMENT;
+        return w.s ? w.s : GPUNVME_INVALID_ARGUMENT;
     }
 
     /// Gives back this lane's page and counts its reused loads as hits (per lane; the warp's
