@@ -214,45 +214,28 @@ fn pass(
     let block = 256u64;
     let grid = u32::try_from(threads.div_ceil(block)).context("--threads")?;
     let s = q.client_stream();
-    let (desc, plain) = (
-        Arg::U64(cache.map_or(0, |c| c.descriptor())),
-        Arg::U64(plain.map_or(0, |p| p.ptr())),
-    );
-    let start = Instant::now();
-    match what {
-        Pass::Bench(mode) => s.launch(
+    // Both kernels take (cache, range, plain, mode, elem_bytes, n, iters, ..., out).
+    let (kernel, mode, tail) = match what {
+        Pass::Bench(mode) => (
             q.kernels().cache_bench,
-            grid,
-            block as u32,
-            &[
-                desc,
-                Arg::U32(0),
-                plain,
-                Arg::U32(mode),
-                Arg::U32(elem),
-                Arg::U64(n),
-                Arg::U64(iters),
-                Arg::U64(SEED),
-                Arg::U64(scratch.ptr()),
-                Arg::U64(out.ptr()),
-            ],
-        )?,
-        Pass::Scan { cursor } => s.launch(
-            q.kernels().cache_bench_scan,
-            grid,
-            block as u32,
-            &[
-                desc,
-                Arg::U32(0),
-                plain,
-                Arg::U32(cursor as u32),
-                Arg::U32(elem),
-                Arg::U64(n),
-                Arg::U64(iters),
-                Arg::U64(out.ptr()),
-            ],
-        )?,
-    }
+            mode,
+            vec![Arg::U64(SEED), Arg::U64(scratch.ptr())],
+        ),
+        Pass::Scan { cursor } => (q.kernels().cache_bench_scan, cursor as u32, vec![]),
+    };
+    let mut args = vec![
+        Arg::U64(cache.map_or(0, |c| c.descriptor())),
+        Arg::U32(0),
+        Arg::U64(plain.map_or(0, |p| p.ptr())),
+        Arg::U32(mode),
+        Arg::U32(elem),
+        Arg::U64(n),
+        Arg::U64(iters),
+    ];
+    args.extend(tail);
+    args.push(Arg::U64(out.ptr()));
+    let start = Instant::now();
+    s.launch(kernel, grid, block as u32, &args)?;
     s.wait_idle(Duration::from_secs(600))
         .context("the benchmark kernel")?;
     let secs = start.elapsed().as_secs_f64();

@@ -3588,19 +3588,31 @@ mod cache {
     ) -> (u64, u64) {
         let scratch = DeviceMemory::alloc(r.gpu.cuda(), 2 * 65536).unwrap();
         bench_sums(r, r.gpu.kernels().cache_bench, |out| {
-            vec![
-                Arg::U64(c.map_or(0, |c| c.descriptor())),
-                Arg::U32(0),
-                Arg::U64(plain.map_or(0, |p| p.ptr())),
-                Arg::U32(mode),
-                Arg::U32(elem),
-                Arg::U64(n),
-                Arg::U64(16),
-                Arg::U64(SEED),
-                Arg::U64(scratch.ptr()),
-                Arg::U64(out),
-            ]
+            let mut args = bench_args(c, plain, mode, elem, n, 16);
+            args.extend([Arg::U64(SEED), Arg::U64(scratch.ptr()), Arg::U64(out)]);
+            args
         })
+    }
+
+    /// The arguments both benchmark kernels begin with: (cache, range 0, plain, mode,
+    /// elem_bytes, n, iters).
+    fn bench_args(
+        c: Option<&GpuCache<'_>>,
+        plain: Option<&DeviceMemory>,
+        mode: u32,
+        elem: u32,
+        n: u64,
+        iters: u64,
+    ) -> Vec<Arg> {
+        vec![
+            Arg::U64(c.map_or(0, |c| c.descriptor())),
+            Arg::U32(0),
+            Arg::U64(plain.map_or(0, |p| p.ptr())),
+            Arg::U32(mode),
+            Arg::U32(elem),
+            Arg::U64(n),
+            Arg::U64(iters),
+        ]
     }
 
     #[test]
@@ -3652,16 +3664,9 @@ mod cache {
         n: u64,
     ) -> (u64, u64) {
         bench_sums(r, r.gpu.kernels().cache_bench_scan, |out| {
-            vec![
-                Arg::U64(c.map_or(0, |c| c.descriptor())),
-                Arg::U32(0),
-                Arg::U64(plain.map_or(0, |p| p.ptr())),
-                Arg::U32(cursor as u32),
-                Arg::U32(elem),
-                Arg::U64(n),
-                Arg::U64(600),
-                Arg::U64(out),
-            ]
+            let mut args = bench_args(c, plain, cursor as u32, elem, n, 600);
+            args.push(Arg::U64(out));
+            args
         })
     }
 
