@@ -23,6 +23,7 @@ TESTS=(
     cache::dropped_completion_returns_to_every_waiter
     cache::all_referenced_returns_cache_full
     cache::benchmark_kernel_reads_what_a_plain_buffer_holds
+    cache::read_range_copies_runs_of_every_shape
     cache::dirty_pages_reach_the_device_after_flush
     cache::stores_to_a_read_only_range_are_refused
     cache::file_ranges_read_and_write_through_the_extent_table

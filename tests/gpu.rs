@@ -3563,6 +3563,55 @@ mod cache {
         assert!(embedding::first_mismatch(&got.out, &idx, dim, SEED + 1).is_some());
     }
 
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn read_range_copies_runs_of_every_shape() {
+        use gpunvme::workloads::{Source, embedding};
+        // Warp-wide read_range of rows of `dim` 4-byte words: rows that are not whole 16-byte
+        // words and straddle pages (37 words), rows of a page and a bit (1100), rows of 36 KiB
+        // (9000: runs of 9 or 10 pages), and whole pages (1024). Each table through 8 frames
+        // of 4 KiB (misses, waits and evictions mid-run), then through a cache that holds it,
+        // where a second gather is all hits (every batch on the fast path).
+        let r = rig(512, 2, 64);
+        let mut lba = 0u64;
+        for (dim, rows) in [(37u32, 2000u64), (1100, 64), (9000, 12), (1024, 80)] {
+            // Whole 4 KiB blocks of the table's pattern (its rows end inside the last).
+            let bytes = (rows * dim as u64 * 4).next_multiple_of(4096);
+            let mut table = vec![0u8; bytes as usize];
+            embedding::table_bytes(SEED, 0, &mut table);
+            let blocks = cpu_write(&r, lba, &table);
+            let idx = embedding::zipf_indices(rows, 300, 0.5, dim as u64).unwrap();
+            for frames in [8, bytes / 4096] {
+                let mut c = cache_of(&r, frames, None);
+                let range = c.bind_lba_range(1, 512, lba, blocks, false).unwrap();
+                let gather = || {
+                    let got = embedding::gpu_gather(&r.gpu, Source::Cache(&c, &[range]), dim, &idx)
+                        .expect("gather through the cache");
+                    assert_eq!(
+                        embedding::first_mismatch(&got.out, &idx, dim, SEED),
+                        None,
+                        "rows of {dim} words through {frames} frames"
+                    );
+                };
+                gather();
+                let before = stats(&c).counters;
+                if frames == 8 {
+                    assert!(before.evictions > 0, "rows of {dim} words: {before:?}");
+                } else {
+                    gather();
+                    let after = stats(&c).counters;
+                    assert_eq!(
+                        after.misses, before.misses,
+                        "rows of {dim} words: {after:?}"
+                    );
+                    assert!(after.hits > before.hits, "rows of {dim} words: {after:?}");
+                }
+                invariants(&c);
+            }
+            lba = (lba + blocks).next_multiple_of(8);
+        }
+    }
+
     /// One launch of `kernel` (a block of 64 threads) with the arguments `args(out)` makes,
     /// `out` 16 zeroed bytes of GPU memory the kernel adds (sum, failures) into: those two.
     fn bench_sums(r: &Rig, kernel: Kernel, args: impl FnOnce(u64) -> Vec<Arg>) -> (u64, u64) {

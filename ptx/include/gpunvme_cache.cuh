@@ -850,6 +850,17 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
     return s;
 }
 
+/// fill_page as the access paths call it: through a pointer the compiler cannot see through,
+/// so that the call follows the ABI (the fill saves the registers it takes, on the miss path).
+/// Called directly, ptxas allocated the caller and the fill (and the queue code below it)
+/// together, and as they take every register a __launch_bounds__(256, 2) kernel has (128),
+/// the values the caller kept across the call lived in local memory on the hit path too:
+/// Nsight Compute counted 300 sectors of local loads per one-page read_range on an H100
+/// (2026-11-28). Volatile, so that the pointer is not folded back into a direct call.
+static __device__ status (*volatile fill_page_abi)(const cache_desc&, const queue_desc&,
+                                                   uint32_t, uint64_t, page_entry*, uint32_t*,
+                                                   uint64_t, bool) = fill_page;
+
 /// A page waiter's bound: twice the queue's, so that the filler's own bounded outcome (an
 /// ERROR page with TIMEOUT or QUEUE_FAILED) normally reaches the waiter first.
 __device__ __forceinline__ waiter page_waiter(const queue_desc& q) {
@@ -887,7 +898,7 @@ __device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint6
         }
     }
     if (how == ACQ_FILL)
-        how = (s = fill_page(c, q, range, page, e, &f, now_ns() + c.full_wait_ns)) ? ACQ_FAILED
+        how = (s = fill_page_abi(c, q, range, page, e, &f, now_ns() + c.full_wait_ns, false)) ? ACQ_FAILED
                                                                                    : ACQ_HIT;
     if (how != ACQ_HIT) {
         release_refs(e, 1);
@@ -981,7 +992,7 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
     const uint32_t full = 0xffffffffu;
     const queue_desc& q = queue_for(c);
     if (a.lead && a.how == ACQ_FILL)
-        a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame, now_ns() + c.full_wait_ns))
+        a.how = (a.s = fill_page_abi(c, q, range, page, a.e, &a.frame, now_ns() + c.full_wait_ns, false))
                     ? ACQ_FAILED
                     : ACQ_HIT;
     if (__any_sync(full, a.lead && a.how == ACQ_WAIT)) {
@@ -993,8 +1004,8 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
                 a.how = classify(a.e, cur, &a.s, &a.frame);
                 if (a.how == ACQ_HIT) touch(c, a.frame);
                 if (a.how == ACQ_FILL)  // the page's last fill failed meanwhile: ours now
-                    a.how = (a.s = fill_page(c, q, range, page, a.e, &a.frame,
-                                             now_ns() + c.full_wait_ns))
+                    a.how = (a.s = fill_page_abi(c, q, range, page, a.e, &a.frame,
+                                                 now_ns() + c.full_wait_ns, false))
                                 ? ACQ_FAILED
                                 : ACQ_HIT;
             }
@@ -1049,7 +1060,7 @@ __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range,
         if (a.lead && a.how == ACQ_FILL) {
             const uint64_t now = now_ns();
             const bool last = now > give_up;
-            const status s = fill_page(c, q, range, page, a.e, &a.frame,
+            const status s = fill_page_abi(c, q, range, page, a.e, &a.frame,
                                        last ? now : now + GPUNVME_CACHE_ROUND_NS, !last);
             a.s = s;
             a.how = s == GPUNVME_OK                      ? ACQ_HIT
@@ -1223,6 +1234,106 @@ __device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, uint
     for (k += lane; k < words; k += 32) d[k] = s[k];
 }
 
+
+/// The rest of a read_range batch once its pages are held: lane j < k holds page p0 + j (in
+/// frame f) when `held`; pages p0 .. p0 + k - 1 in a row (k >= 1: lane 0 holds). Copies them
+/// into out from byte *done of the run [first, first + len) on, advancing *done, sets each
+/// frame's clock bit and gives the pages back (reductions the warp does not wait for). A
+/// hit past the first gap is given back at once. `fast`: every held page is a try_hit, none
+/// counted yet (else acquire_page counted lane 0's).
+__device__ __forceinline__ void finish_batch(const range_view& v, uint64_t first, uint64_t len,
+                                             uint64_t p0, bool held, uint32_t f, bool fast,
+                                             uint8_t* out, uint64_t* done, uint32_t lane) {
+    const uint32_t full = 0xffffffffu;
+    const uint64_t page_bytes = 1ull << v.page_shift;
+    const uint32_t got = __ballot_sync(full, held);
+    const uint32_t k = ~got == 0 ? 32u : (uint32_t)__ffs(~got) - 1;
+    if (held && lane >= k) release_hit(v.entries + p0 + lane, 1);
+    const uint32_t hits = fast ? k : k - 1;
+    if (lane == 0 && hits > 0) count(v.stats->hits, hits);
+    // Every held page but the last, copied as it comes (a range's last byte is on the batch's
+    // last page, so only the last page of a batch can end the run).
+    uint64_t d = *done;
+    for (uint32_t j = 0; j + 1 < k; ++j) {
+        const uint64_t off = (first + d) & (page_bytes - 1);
+        const uint32_t chunk = (uint32_t)(page_bytes - off);
+        copy_warp(out + d, frame_data(v, __shfl_sync(full, f, j)) + off, chunk, lane);
+        d += chunk;
+    }
+    const uint64_t off = (first + d) & (page_bytes - 1);
+    const uint32_t chunk = (uint32_t)(len - d < page_bytes - off ? len - d : page_bytes - off);
+    const uint8_t* src = frame_data(v, __shfl_sync(full, f, k - 1)) + off;
+    uint8_t* to = out + d;
+    *done = d + chunk;
+    // The last page's last 4 KiB (when 16-byte aligned) is loaded into registers and stored
+    // only after the releases: a release (`red.release.gpu`, MEMBAR.GPU in SASS) waits for
+    // every earlier store of the thread, and with the copy's stores before it a 4 KiB run (one
+    // page) waited for all of them to reach L2.
+    const bool staged = (((uintptr_t)to | (uintptr_t)src | chunk) & 15) == 0;
+    const uint32_t t = !staged ? 0u : chunk < 16 * GPUNVME_TAIL_WORDS ? chunk
+                                                                       : 16 * GPUNVME_TAIL_WORDS;
+    copy_warp(to, src, chunk - t, lane);
+    uint4* tail_dst = reinterpret_cast<uint4*>(to + (chunk - t));
+    const uint4* tail_src = reinterpret_cast<const uint4*>(src + (chunk - t));
+    const uint32_t tail_words = t / 16;
+    // Each word set on every path (zero where unused): a word left unset on some path would
+    // carry the previous batch's value, and ptxas kept such words in local memory.
+    uint4 tail[GPUNVME_TAIL_WORDS / 32];
+#pragma unroll
+    for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
+        tail[w] = lane + 32 * w < tail_words ? tail_src[lane + 32 * w] : make_uint4(0, 0, 0, 0);
+    // Every lane's reads of the frames (the tail's loads included: the release orders them, in
+    // program order and through this barrier) before their holders' releases.
+    __syncwarp();
+    if (held && lane < k) {
+        touch(v.frame_states, f);
+        release_hit(v.entries + p0 + lane, 1);
+    }
+    // The tail's stores write the caller's buffer from registers, not the frames.
+#pragma unroll
+    for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
+        if (lane + 32 * w < tail_words) tail_dst[lane + 32 * w] = tail[w];
+}
+
+/// The pages of read_range's batch from byte `done` of the run [first, first + len) on: up to
+/// 32, to the run's last page.
+__device__ __forceinline__ uint32_t batch_pages(const range_view& v, uint64_t first,
+                                                uint64_t len, uint64_t done) {
+    const uint64_t p0 = (first + done) >> v.page_shift;
+    const uint64_t last_page = (first + len - 1) >> v.page_shift;
+    return last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
+}
+
+/// read_range from byte `done` of the run [first, first + len) of range `range` on (checked by
+/// the caller), once the batch at `done` found its first page no hit (the warp holds nothing):
+/// lane 0 acquires that page (acquire_page: one lookup, at most one fill, every wait bounded),
+/// then, holding only that VALID page, the other lanes try theirs; later batches as
+/// read_range's (every lane tries its page as a hit first). Out of line: the general path's
+/// code stays off the hit path's loop. Every lane returns the same status.
+__device__ GPUNVME_NOINLINE inline status read_bytes_from(const cache_desc* c, uint32_t range,
+                                                          uint64_t first, uint64_t len,
+                                                          uint64_t done, uint8_t* out) {
+    const uint32_t full = 0xffffffffu, lane = lane_id();
+    const range_view v = view_nc(c, range);
+    for (bool missed = true; done < len; missed = false) {
+        const uint64_t p0 = (first + done) >> v.page_shift;
+        const uint32_t np = batch_pages(v, first, len, done);
+        uint32_t f = 0;
+        bool held = !missed && lane < np && try_hit(v.entries + p0 + lane, &f);
+        const bool fast = __shfl_sync(full, held, 0);
+        if (!fast) {
+            if (held) release_hit(v.entries + p0 + lane, 1);
+            status s = GPUNVME_OK;
+            if (lane == 0) s = acquire_page(*c, range, p0, &f);
+            s = __shfl_sync(full, s, 0);
+            if (s) return s;
+            held = lane == 0 || (lane < np && try_hit(v.entries + p0 + lane, &f));
+        }
+        finish_batch(v, first, len, p0, held, f, fast, out, &done, lane);
+    }
+    return GPUNVME_OK;
+}
+
 }  // namespace cache
 
 // ---------------------------------------------------------------------------------------------
@@ -1351,76 +1462,17 @@ struct array {
         const cache::range_view v = view();
         status s = cache::check_access(v, first, len);
         if (s) return s;
-        const uint32_t shift = v.page_shift;
-        const uint64_t page_bytes = 1ull << shift, last_page = (first + len - 1) >> shift;
         uint8_t* out = reinterpret_cast<uint8_t*>(dst);
         for (uint64_t done = 0; done < len;) {
-            const uint64_t p0 = (first + done) >> shift;
-            const uint32_t np = last_page - p0 < 32 ? (uint32_t)(last_page - p0) + 1 : 32u;
+            const uint64_t p0 = (first + done) >> v.page_shift;
+            const uint32_t np = cache::batch_pages(v, first, len, done);
             uint32_t f = 0;
-            // Gives back the reference this lane holds on its page (try_hit or acquire_page).
-            const auto release_mine = [&] { cache::release_hit(v.entries + p0 + lane, 1); };
-            // Fast path: every lane tries its page as a hit at once (one round of lookups for
-            // the batch). Only when the first page is no hit does the warp give back what it
-            // took and take the general path: lane 0 acquires the first page (which may fill
-            // or wait, holding nothing else), then the others try theirs again.
-            bool held = lane < np && cache::try_hit(v.entries + p0 + lane, &f);
-            const bool fast = __shfl_sync(full, held, 0);
-            if (!fast) {
-                if (held) release_mine();
-                s = GPUNVME_OK;
-                if (lane == 0) s = cache::acquire_page(*c, range, p0, &f);
-                s = __shfl_sync(full, s, 0);
-                if (s) return s;
-                held = lane == 0 || (lane < np && cache::try_hit(v.entries + p0 + lane, &f));
+            const bool held = lane < np && cache::try_hit(v.entries + p0 + lane, &f);
+            if (!__shfl_sync(full, held, 0)) {
+                if (held) cache::release_hit(v.entries + p0 + lane, 1);
+                return cache::read_bytes_from(c, range, first, len, done, out);
             }
-            const uint32_t got = __ballot_sync(full, held);
-            // Pages 0..k-1 held in a row; a hit past the first gap is given back at once.
-            const uint32_t k = ~got == 0 ? 32u : (uint32_t)__ffs(~got) - 1;
-            if (held && lane >= k) release_mine();
-            // acquire_page counted the first page on the general path; try_hit counts nothing.
-            const uint32_t hits = fast ? k : k - 1;
-            if (lane == 0 && hits > 0) cache::count(v.stats->hits, hits);
-            // The batch's last 4 KiB (when 16-byte aligned) is loaded into registers and stored
-            // only after the releases: a release (`red.release.gpu`, MEMBAR.GPU in SASS) waits
-            // for every earlier store of the thread, and with the copy's stores before it a
-            // 4 KiB run (one page) waited for all of them to reach L2.
-            uint4 tail[GPUNVME_TAIL_WORDS / 32] = {};
-            uint4* tail_dst = nullptr;
-            uint32_t tail_words = 0;
-            for (uint32_t j = 0; j < k && done < len; ++j) {
-                const uint32_t fj = __shfl_sync(full, f, j);
-                const uint64_t off = (first + done) & (page_bytes - 1);
-                const uint64_t chunk = len - done < page_bytes - off ? len - done : page_bytes - off;
-                const uint8_t* src = cache::frame_data(v, fj) + off;
-                const bool last = j + 1 == k || done + chunk == len;
-                if (last && (((uintptr_t)(out + done) | (uintptr_t)src | chunk) & 15) == 0) {
-                    const uint32_t t = chunk < 16 * GPUNVME_TAIL_WORDS ? (uint32_t)chunk
-                                                                      : 16 * GPUNVME_TAIL_WORDS;
-                    const uint32_t head = (uint32_t)chunk - t;
-                    cache::copy_warp(out + done, src, head, lane);
-                    tail_dst = reinterpret_cast<uint4*>(out + done + head);
-                    tail_words = t / 16;
-                    const uint4* s4 = reinterpret_cast<const uint4*>(src + head);
-#pragma unroll
-                    for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
-                        if (lane + 32 * w < tail_words) tail[w] = s4[lane + 32 * w];
-                } else {
-                    cache::copy_warp(out + done, src, (uint32_t)chunk, lane);
-                }
-                done += chunk;
-            }
-            // Every lane's reads of the frames (the tail's loads included: the release orders
-            // them, in program order and through this barrier) before their holders' releases.
-            __syncwarp();
-            if (held && lane < k) {
-                cache::touch(v.frame_states, f);
-                release_mine();
-            }
-            // The tail's stores write the caller's buffer from registers, not the frames.
-#pragma unroll
-            for (uint32_t w = 0; w < GPUNVME_TAIL_WORDS / 32; ++w)
-                if (lane + 32 * w < tail_words) tail_dst[lane + 32 * w] = tail[w];
+            cache::finish_batch(v, first, len, p0, held, f, true, out, &done, lane);
         }
         return GPUNVME_OK;
     }
