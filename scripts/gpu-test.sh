@@ -250,7 +250,7 @@ if [ $SAN = 1 ]; then
         # The page cache: its state machine under all three tools (racecheck sees shared memory
         # only, which the cache does not use; synccheck checks every warp mask it passes).
         for tool in memcheck racecheck synccheck; do
-            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value cache::dirty_pages_reach_the_device_after_flush cache::file_ranges_read_and_write_through_the_extent_table cache::bfs_and_gather_through_the_cache_match_the_cpu cache::cursor_scans_keep_their_pages_between_loads cache::read_range_copies_runs_of_every_shape; do
+            for t in cache::concurrent_readers_of_one_page_issue_one_command cache::eviction_under_pressure_keeps_every_value cache::dirty_pages_reach_the_device_after_flush cache::file_ranges_read_and_write_through_the_extent_table cache::bfs_and_gather_through_the_cache_match_the_cpu cache::cursor_scans_keep_their_pages_between_loads cache::read_range_copies_runs_of_every_shape cache::bounce_data_path_moves_pages_through_slot_buffers; do
                 check "sanitizer $tool $t" compute-sanitizer --tool $tool --error-exitcode 3 \
                     "$BIN/gpu-tests" --include-ignored --exact $t --test-threads=1
             done

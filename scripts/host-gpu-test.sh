@@ -24,6 +24,7 @@ TESTS=(
     cache::all_referenced_returns_cache_full
     cache::benchmark_kernel_reads_what_a_plain_buffer_holds
     cache::read_range_copies_runs_of_every_shape
+    cache::bounce_data_path_moves_pages_through_slot_buffers
     cache::dirty_pages_reach_the_device_after_flush
     cache::stores_to_a_read_only_range_are_refused
     cache::file_ranges_read_and_write_through_the_extent_table

@@ -2790,7 +2790,7 @@ mod embed {
 
 mod cache {
     use super::*;
-    use gpu_queues::cache::{CacheOptions, CacheStats, GpuCache};
+    use gpu_queues::cache::{CacheOptions, CacheStats, DataPath, GpuCache};
 
     /// Elements (8-byte words) per 4 KiB page.
     const PER_PAGE: u64 = 512;
@@ -3209,6 +3209,78 @@ mod cache {
 
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn bounce_data_path_moves_pages_through_slot_buffers() {
+        // The BOUNCE data path (transports whose GPU memory is fixed at set-up), chosen on the
+        // software controller: 16 KiB pages through 4 KiB slot buffers (four commands a page),
+        // reads under eviction, stores written back on eviction and by flush, and the bytes a
+        // CPU queue then reads from the device.
+        const SEED2: u64 = 0x5eed_0004;
+        let r = rig_with(
+            512,
+            |_| {},
+            GpuQueueOptions {
+                queues: Some(2),
+                depth: Some(64),
+                slot_buffer_bytes: Some(4096),
+                ..Default::default()
+            },
+        );
+        let (page, pages) = (16384u64, 32u64);
+        let blocks = pages * page / r.lba as u64;
+        cpu_prefill(&r, blocks);
+        let mut c = GpuCache::new(
+            &r.gpu,
+            CacheOptions {
+                page_size: page as u32,
+                capacity: 8 * page,
+                data_path: DataPath::Bounce,
+                ..Default::default()
+            },
+        )
+        .expect("cache");
+        assert_eq!(c.data_path(), DataPath::Bounce);
+        c.bind_lba_range(1, r.lba, 0, blocks, true).expect("bind");
+        let n = pages * page / 8;
+        for warp in [true, false] {
+            let idx = seeded(0xb0b + warp as u64, 64 * 32, n);
+            let (v, st) = read_elements(&r, &c, warp, 64, 32, &idx);
+            assert_values(&r, &idx, &v, &st);
+        }
+        let s = stats(&c).counters;
+        assert!(s.evictions > 0, "{s:?}");
+        assert_eq!(
+            s.read_cmds,
+            4 * s.misses,
+            "four 4 KiB commands a page: {s:?}"
+        );
+        invariants(&c);
+        // Every element stored (a warp's lanes on consecutive elements), then flushed.
+        let per = (n / 64) as u32;
+        let idx: Vec<u64> = (0..n)
+            .map(|k| (k % per as u64) * 64 + k / per as u64)
+            .collect();
+        let vals: Vec<u64> = idx.iter().map(|&i| word_of(SEED2, r.lba, i)).collect();
+        let st = store_elements(&r, &c, true, 64, per, &idx, &vals);
+        assert!(st.iter().all(|&s| s == DeviceStatus::Ok), "{st:?}");
+        let report = c.flush().expect("flush");
+        assert!(report.pages_written > 0, "{report:?}");
+        assert_eq!(c.dirty_pages().unwrap(), 0);
+        let s = stats(&c).counters;
+        assert!(s.writebacks >= pages, "{s:?}");
+        assert_eq!(
+            s.write_cmds,
+            4 * s.writebacks,
+            "four 4 KiB commands a page: {s:?}"
+        );
+        assert_eq!(s.errors, 0, "{s:?}");
+        let mut want = vec![0u8; (blocks * r.lba as u64) as usize];
+        gpu_queues::pattern::fill(&mut want, SEED2, 1, 0, r.lba as usize);
+        assert!(cpu_read(&r, 0, blocks) == want, "device bytes after flush");
+        invariants(&c);
+    }
+
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn stores_to_a_read_only_range_are_refused() {
         let r = rig(512, 2, 64);
         let c = cached_range(&r, 16, 8, None);
@@ -3363,7 +3435,20 @@ mod cache {
             }
             let id = bind_volume_file(&mut c, &vf, &volume, &vfile).expect("bind");
             assert_eq!(c.range(id).unwrap().bytes, len as u64);
-            drop(vfile); // the cache keeps the table and the pin
+            // The same file through a BOUNCE cache: every member's fills through its own
+            // queues' slot buffers.
+            let mut bounce = GpuCache::on_volume(
+                &queues,
+                &geometry,
+                CacheOptions {
+                    data_path: DataPath::Bounce,
+                    ..opts.clone()
+                },
+            )
+            .expect("BOUNCE cache");
+            assert_eq!(bounce.data_path(), DataPath::Bounce);
+            bind_volume_file(&mut bounce, &vf, &volume, &vfile).expect("bind");
+            drop(vfile); // the caches keep the table and the pin
             let before: Vec<u64> = rigs.iter().map(|r| r.emu().stats().reads).collect();
             let n = len as u64 / 8;
             let mut idx = seeded(77, 128 * 8, n);
@@ -3382,6 +3467,15 @@ mod cache {
             }
             invariants(&c);
             drop(c);
+            let (v, st) = read_elements(&rigs[0], &bounce, true, 128, 8, &idx);
+            for (k, &i) in idx.iter().enumerate() {
+                assert_eq!(st[k], DeviceStatus::Ok, "BOUNCE: element {i}");
+                assert_eq!(v[k], le_word(&want, i), "BOUNCE: element {i}");
+            }
+            let k = stats(&bounce).counters;
+            assert!(k.misses > 8 && k.evictions > 0, "BOUNCE: {k:?}");
+            invariants(&bounce);
+            drop(bounce);
             drop(file);
             fs.unmount().expect("unmount");
         }

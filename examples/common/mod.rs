@@ -326,6 +326,17 @@ pub fn write_file_with(
     Ok((file, crc))
 }
 
+/// `--data-path` of the cache examples (`gpu_queues::cache::DataPath`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+pub enum DataPathArg {
+    /// DIRECT where the transport can map the frames, else BOUNCE.
+    Auto,
+    /// Commands move data straight between the device and the frames.
+    Direct,
+    /// Through the queues' slot buffers.
+    Bounce,
+}
+
 /// The page cache options the cache examples share.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CacheArgs {
@@ -335,6 +346,11 @@ pub struct CacheArgs {
     /// Cache page size.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     pub page_size: u64,
+    /// Where fills put the data: straight into the frames where the transport can map them
+    /// (auto), always (direct), or through the queues' slot buffers (bounce: what the real-SSD
+    /// transports whose GPU memory is fixed at set-up use).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub data_path: DataPathArg,
     /// Also run the baselines: the data wholly in GPU memory, in unified memory, and in unified
     /// memory with GPU memory limited to the first capacity.
     #[arg(long)]
@@ -380,6 +396,11 @@ impl CacheArgs {
             gpunvme::gpu_queues::cache::CacheOptions {
                 page_size: u32::try_from(self.page_size).context("--page-size")?,
                 capacity,
+                data_path: match self.data_path {
+                    DataPathArg::Auto => gpunvme::gpu_queues::cache::DataPath::Auto,
+                    DataPathArg::Direct => gpunvme::gpu_queues::cache::DataPath::Direct,
+                    DataPathArg::Bounce => gpunvme::gpu_queues::cache::DataPath::Bounce,
+                },
                 ..Default::default()
             },
         )?)

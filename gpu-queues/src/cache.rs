@@ -14,8 +14,9 @@
 //! (dirty pages written back on eviction and [`GpuCache::flush`]), fills straight into the
 //! frames (the DIRECT data path: the software controller and the GPU-resident model, whose
 //! buffers can be mapped after set-up), on one controller's queues or over a striped volume's
-//! members ([`GpuCache::on_volume`]). Not yet: the BOUNCE path for transports whose GPU memory
-//! is fixed at set-up (refused with [`GpuError::Unsupported`]).
+//! members ([`GpuCache::on_volume`]). On transports whose GPU memory is fixed at set-up (the
+//! real-SSD transports (b) and (c)), fills and write-backs go through the queues' slot buffers
+//! instead, one copy each way (the BOUNCE data path, [`DataPath::Bounce`]).
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
@@ -24,9 +25,9 @@ use std::time::Duration;
 use zerocopy::IntoBytes;
 
 use crate::desc::{
-    CACHE_STAT_SLOTS, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY, FS_LOCKED,
-    FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry, QueueDesc,
-    RF_FILE, RF_WRITABLE, RangeDesc, VOLUME_MAX_MEMBERS, VolumeDesc,
+    CACHE_STAT_SLOTS, CF_BOUNCE, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY,
+    FS_LOCKED, FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry,
+    QueueDesc, RF_FILE, RF_WRITABLE, RangeDesc, VOLUME_MAX_MEMBERS, VolumeDesc,
 };
 use crate::error::GpuError;
 use crate::ffi::Arg;
@@ -46,13 +47,15 @@ pub const MAX_RANGE_PAGES: u64 = 1 << 48;
 /// Where fills put the data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DataPath {
-    /// DIRECT where the queues can map more GPU memory for the controller.
+    /// DIRECT where the queues can map more GPU memory for the controller, else BOUNCE.
     #[default]
     Auto,
     /// Commands move data straight between the device and the frames.
     Direct,
-    /// Through the queues' slot buffers, for transports whose GPU memory is fixed at set-up
-    /// (not implemented yet: refused).
+    /// Through the queues' slot buffers, for transports whose GPU memory is fixed at set-up:
+    /// the frames are plain GPU memory, each command's data is copied between its slot buffer
+    /// and the frame by the filling thread (one command in flight per fill, at most a slot
+    /// buffer each).
     Bounce,
 }
 
@@ -297,7 +300,7 @@ pub struct GpuCache<'q> {
     /// The descriptor, the shared words, the statistics slots and the range descriptors.
     control: DeviceMemory,
     frame_states: DeviceMemory,
-    _frames: GpuBuffer,
+    frames: Frames,
     /// Page entries of each bound range.
     entries: Vec<DeviceMemory>,
     ranges: Vec<RangeDesc>,
@@ -332,22 +335,23 @@ impl<'q> GpuCache<'q> {
         let first = opts.queues.as_ref().map_or(0, |q| q.start);
         let timeout_ns = descs.get(first).map_or(10_000_000_000, |d| d.timeout_ns);
         let plan = plan(&opts, queues.max_transfer(), descs.len(), timeout_ns)?;
-        if opts.data_path == DataPath::Bounce {
-            return Err(bounce_unsupported());
-        }
         let frame_bytes = usize::try_from(plan.nframes << plan.page_shift)
             .map_err(|_| invalid("cache capacity exceeds the address space".into()))?;
-        let frames = match queues.alloc_buffer(frame_bytes) {
-            Ok(b) => b,
-            Err(GpuError::Unsupported(why)) => {
-                return Err(GpuError::Unsupported(format!(
-                    "{} ({why})",
-                    bounce_unsupported_text()
-                )));
-            }
-            Err(e) => return Err(e),
-        };
         let cuda = queues.cuda();
+        let frames = match opts.data_path {
+            DataPath::Bounce => Frames::Bounce(DeviceMemory::alloc(cuda, frame_bytes)?),
+            DataPath::Direct => Frames::Direct(queues.alloc_buffer(frame_bytes)?),
+            DataPath::Auto => match queues.alloc_buffer(frame_bytes) {
+                Ok(b) => Frames::Direct(b),
+                Err(GpuError::Unsupported(_)) => {
+                    Frames::Bounce(DeviceMemory::alloc(cuda, frame_bytes)?)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        if let Frames::Bounce(_) = frames {
+            check_bounce(&descs[plan.queues.clone()])?;
+        }
         let control = DeviceMemory::alloc(
             cuda,
             OFF_RANGES + opts.max_ranges as usize * size_of::<RangeDesc>(),
@@ -363,9 +367,13 @@ impl<'q> GpuCache<'q> {
             nframes
         ];
         frame_states.write(0, empty.as_bytes())?;
+        let (frames_bus, flags, data_path) = match &frames {
+            Frames::Direct(b) => (b.bus(), 0, DataPath::Direct),
+            Frames::Bounce(_) => (0, CF_BOUNCE, DataPath::Bounce),
+        };
         let desc = CacheDesc {
             frames: frames.ptr(),
-            frames_bus: frames.bus(),
+            frames_bus,
             frame_states: frame_states.ptr(),
             state: control.ptr() + OFF_STATE as u64,
             stats: control.ptr() + OFF_STATS as u64,
@@ -376,7 +384,7 @@ impl<'q> GpuCache<'q> {
             nranges: 0,
             nqueues: plan.queues.len() as u32,
             page_shift: plan.page_shift,
-            flags: 0,
+            flags,
             volume: 0,
             reserved: [0; 4],
         };
@@ -386,11 +394,11 @@ impl<'q> GpuCache<'q> {
             desc,
             control,
             frame_states,
-            _frames: frames,
+            frames,
             entries: Vec::new(),
             ranges: Vec::new(),
             max_ranges: opts.max_ranges,
-            data_path: DataPath::Direct,
+            data_path,
             queue_timeout_ns: timeout_ns,
             keep: Vec::new(),
             volume: None,
@@ -446,24 +454,36 @@ impl<'q> GpuCache<'q> {
         let queue_descs = DeviceMemory::alloc(cuda, descs.len() * size_of::<QueueDesc>())?;
         queue_descs.write(0, descs.as_bytes())?;
         // The frames on every member's controller: member 0 allocated them; the others map the
-        // same memory (its start may lie before the frames').
-        let mem = cache._frames.shared_memory().clone();
-        let lead = cache._frames.ptr() - mem.ptr();
-        let frame_bytes = cache.desc.nframes << cache.desc.page_shift;
+        // same memory (its start may lie before the frames'). On the BOUNCE path no controller
+        // reaches them: each member's fills go through its own queues' slot buffers.
         let mut frames_bus = [0u64; VOLUME_MAX_MEMBERS];
-        frames_bus[0] = cache.desc.frames_bus;
         let mut mappings = Vec::with_capacity(n - 1);
-        for (m, q) in members.iter().enumerate().skip(1) {
-            let b = q.map_memory(mem.clone())?;
-            if (b.len() as u64) < lead + frame_bytes {
-                return Err(GpuError::Unsupported(format!(
-                    "volume member {m} maps {} bytes of the cache's {} bytes of frames",
-                    b.len(),
-                    lead + frame_bytes
-                )));
+        if let Frames::Direct(direct) = &cache.frames {
+            frames_bus[0] = cache.desc.frames_bus;
+            let mem = direct.shared_memory().clone();
+            let lead = direct.ptr() - mem.ptr();
+            let frame_bytes = cache.desc.nframes << cache.desc.page_shift;
+            for (m, q) in members.iter().enumerate().skip(1) {
+                let b = q.map_memory(mem.clone())?;
+                if (b.len() as u64) < lead + frame_bytes {
+                    return Err(GpuError::Unsupported(format!(
+                        "volume member {m} maps {} bytes of the cache's {} bytes of frames",
+                        b.len(),
+                        lead + frame_bytes
+                    )));
+                }
+                frames_bus[m] = b.bus() + lead;
+                mappings.push(b);
             }
-            frames_bus[m] = b.bus() + lead;
-            mappings.push(b);
+        } else {
+            for (m, q) in members.iter().enumerate() {
+                check_bounce(&q.descs()[range.clone()]).map_err(|e| match e {
+                    GpuError::Unsupported(why) => {
+                        GpuError::Unsupported(format!("volume member {m}: {why}"))
+                    }
+                    e => e,
+                })?;
+            }
         }
         let mut nsid = [0u32; VOLUME_MAX_MEMBERS];
         nsid[..n].copy_from_slice(&geometry.nsids);
@@ -878,19 +898,70 @@ fn invariant_problems(
     out
 }
 
-fn bounce_unsupported_text() -> &'static str {
-    "the page cache's BOUNCE data path (fills through slot buffers, for transports whose GPU \
-     memory is fixed at set-up) is not implemented yet"
+/// The BOUNCE data path moves every command's data through its ticket's slot buffer: each
+/// queue a cache fills on needs them (whole 4 KiB pages: any LBA size fits).
+fn check_bounce(descs: &[QueueDesc]) -> Result<(), GpuError> {
+    match descs
+        .iter()
+        .position(|d| d.slot_buffers == 0 || d.slot_buffer_bytes < MIN_PAGE_SIZE)
+    {
+        Some(i) => Err(GpuError::Unsupported(format!(
+            "the page cache's BOUNCE data path needs slot buffers of at least {MIN_PAGE_SIZE} \
+             bytes on every queue it fills on; queue {i} of them has {}",
+            descs[i].slot_buffer_bytes
+        ))),
+        None => Ok(()),
+    }
 }
 
-fn bounce_unsupported() -> GpuError {
-    GpuError::Unsupported(bounce_unsupported_text().into())
+/// The frames' memory.
+enum Frames {
+    /// Mapped for the controller: commands move data straight in and out (DIRECT).
+    Direct(GpuBuffer),
+    /// Plain GPU memory, filled and written back through slot buffers (BOUNCE).
+    Bounce(DeviceMemory),
+}
+
+impl Frames {
+    fn ptr(&self) -> u64 {
+        match self {
+            Frames::Direct(b) => b.ptr(),
+            Frames::Bounce(m) => m.ptr(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::desc::FS_REF;
+
+    #[test]
+    fn bounce_needs_slot_buffers_on_every_queue() {
+        let with = QueueDesc {
+            slot_buffers: 0x1000,
+            slot_buffer_bytes: 4096,
+            ..Default::default()
+        };
+        assert!(check_bounce(&[with, with]).is_ok());
+        let none = QueueDesc {
+            slot_buffers: 0,
+            ..with
+        };
+        let e = check_bounce(&[with, none]).unwrap_err();
+        assert!(
+            matches!(e, GpuError::Unsupported(ref m) if m.contains("queue 1")),
+            "{e}"
+        );
+        let small = QueueDesc {
+            slot_buffer_bytes: 2048,
+            ..with
+        };
+        assert!(matches!(
+            check_bounce(&[small]),
+            Err(GpuError::Unsupported(_))
+        ));
+    }
 
     fn opts(page_size: u32, capacity: u64) -> CacheOptions {
         CacheOptions {

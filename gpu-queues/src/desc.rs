@@ -421,7 +421,7 @@ pub const FS_LOCKED: u32 = 2;
 pub const FS_QUARANTINED: u32 = 4;
 /// [`FrameState::range`] of a frame that holds no page.
 pub const FRAME_EMPTY: u32 = 0xffff_ffff;
-/// [`CacheDesc::flags`]: fills go through slot buffers (not implemented yet).
+/// [`CacheDesc::flags`]: fills and write-backs go through the queues' slot buffers (BOUNCE).
 pub const CF_BOUNCE: u32 = 1;
 /// [`RangeDesc::flags`]: a blockfs file.
 pub const RF_FILE: u32 = 1;

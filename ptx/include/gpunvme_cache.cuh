@@ -28,7 +28,8 @@
 //                     never evicted.
 //    Legal values: refs (INVALID), BUSY|refs (filling), VALID|refs, VALID|DIRTY|refs,
 //    VALID|BUSY[|DIRTY]|refs (a write-back in flight: reads and stores go on), ERROR|code|refs.
-//  * Frames: nframes frames of page_size bytes (one allocation the controller can reach), each
+//  * Frames: nframes frames of page_size bytes (one allocation the controller can reach; on the
+//    BOUNCE data path plain GPU memory, filled through the queues' slot buffers), each
 //    with a frame_state {flags, owner range, owner page}; flags FS_REF (clock bit), FS_LOCKED
 //    (an evictor or filler owns the frame: only ever tried, never waited for), FS_QUARANTINED
 //    (a fill on it timed out or was aborted: the command may still write it, so it is never
@@ -83,6 +84,12 @@
 //  evict -> reuse: holders' atom.sub.release -> evictor atom.cas.acq_rel (VALID -> 0) ->
 //         fill_slot st.release -> publisher fence -> doorbell -> the device writes the frame
 //         (every holder's reads came first).
+//  BOUNCE (cache_desc.flags GPUNVME_CF_BOUNCE: frames the controller cannot reach): the fill
+//         and write-back above with the slot buffer of each command's ticket in the frame's
+//         place: a write-back's copies frame -> slot buffer come before fill_slot's st.release;
+//         a fill's copies slot buffer -> frame after the filler's ld.acquire slot.done and
+//         before its st.release slot.released and its atom.add.release (VALID - BUSY), which
+//         publishes them with the page (rw_thread_bounce).
 //  The fences between the queue and its controller are gpunvme.cuh's (system scope, or GPU
 //  scope for the GPU-resident controller model).
 //
@@ -537,10 +544,12 @@ __device__ __forceinline__ uint32_t lookup(page_entry* e, uint32_t n, status* s,
 // ---------------------------------------------------------------------------------------------
 // Replacement and fills.
 
-/// Whether a command that ended with status `s` may still be in flight (and so move data to or
-/// from its frame later): anything but a completion or a refusal before submission (review M3).
-__device__ __forceinline__ bool late_dma_possible(status s) {
-    return s != GPUNVME_OK && s != GPUNVME_NVME_ERROR && s != GPUNVME_INVALID_ARGUMENT;
+/// Whether a command that ended with status `s` may still be in flight and move data to or
+/// from its frame later: anything but a completion or a refusal before submission (review M3),
+/// and never on the BOUNCE data path, where commands reach only slot buffers.
+__device__ __forceinline__ bool late_dma_possible(const cache_desc& c, status s) {
+    return !(c.flags & GPUNVME_CF_BOUNCE) && s != GPUNVME_OK && s != GPUNVME_NVME_ERROR &&
+           s != GPUNVME_INVALID_ARGUMENT;
 }
 
 /// The part of page `page` of range `r` that exists: bytes [*pos, *end) of the range (the
@@ -552,12 +561,72 @@ __device__ __forceinline__ void page_span(const cache_desc& c, const range_desc&
     *end = e < r.bytes ? e : r.bytes;
 }
 
+/// LBAs per command through queue q's slot buffers (the BOUNCE data path): what one slot
+/// buffer holds, at most a command's; 0 when the queue has none.
+__device__ __forceinline__ uint32_t bounce_blocks(const queue_desc& q, uint32_t lba_shift) {
+    const uint32_t per = blocks_per_command(q, lba_shift);
+    const uint32_t fit = q.slot_buffers ? q.slot_buffer_bytes >> lba_shift : 0;
+    return fit < per ? fit : per;
+}
+
+/// rw_thread for the BOUNCE data path (frames the controller cannot reach: transports whose
+/// GPU memory is fixed at set-up): `blocks` LBAs from `slba` move through the slot buffer of
+/// each command's ticket, copied from `data` (GPU memory) before a write's submission and to
+/// it after a read's completion, one command in flight at a time (the thread holds one
+/// ticket). *cmds counts the commands. Fence discipline (gpunvme_file.cuh's bounce in and out,
+/// for one thread): copies -> fill_slot's st.release of the ticket -> publication; and the
+/// completion's ld.acquire (wait_done_thread) -> copies -> release_slot's st.release, so no
+/// copy reads the slot buffer after its next owner may refill it. A command that does not end
+/// (a timeout, an abort) moves data to or from the slot buffer, never the frame. Out of line:
+/// one copy in the module (frames_rw calls it for a namespace and for each volume member).
+__device__ GPUNVME_NOINLINE inline status rw_thread_bounce(const queue_desc& q, uint8_t opcode,
+                                                         uint32_t nsid, uint32_t lba_shift,
+                                                         uint64_t slba, uint64_t blocks,
+                                                         uint8_t* data, uint32_t* nvme_status,
+                                                         uint64_t* cmds) {
+    if (blocks == 0 || lba_shift < 9 || lba_shift > 12) return GPUNVME_INVALID_ARGUMENT;
+    const uint32_t per = bounce_blocks(q, lba_shift);
+    if (per == 0) return GPUNVME_INVALID_ARGUMENT;  // no slot buffers to bounce through
+    for (uint64_t done = 0; done < blocks;) {
+        const uint32_t n = (uint32_t)(blocks - done < per ? blocks - done : per);
+        const uint32_t bytes = n << lba_shift;
+        uint8_t* at = data + (done << lba_shift);
+        uint32_t t;
+        status s = reserve_thread(q, &t);
+        if (s) return s;
+        uint8_t* sbuf = fs::slot_buffer(q, t);
+        if (opcode == OPC_WRITE) copy_bytes(sbuf, at, bytes, 0, 1);
+        io_req r;
+        r.opcode = opcode;
+        r.nsid = nsid;
+        r.slba = slba + done;
+        r.nlb_z = (uint16_t)(n - 1);
+        r.reserved = 0;
+        slot_buffer_prps(q, t & (q.depth - 1), bytes, &r.prp1, &r.prp2);
+        fill_slot(q, t, r);  // its release orders the copies above before the SQE
+        ++*cmds;
+        if ((s = publish_thread(q, t))) return s;
+        uint32_t word = 0;
+        if ((s = fs::wait_done_thread(q, t, &word))) return s;
+        const uint32_t sf = word & 0xffffu;
+        if (!sf && opcode == OPC_READ) copy_bytes(at, sbuf, bytes, 0, 1);
+        release_slot(q, t);  // release: the copies out of sbuf come first
+        if (sf) {
+            if (nvme_status) *nvme_status = sf;
+            return GPUNVME_NVME_ERROR;
+        }
+        done += n;
+    }
+    return GPUNVME_OK;
+}
+
 /// Moves `blocks` LBAs from `lba` (of namespace `nsid`; on a volume, volume LBAs) to or from
 /// the frames' bytes from `frame_off` on, on queue `q` (rw_thread: one command per maximum
-/// transfer). On a volume (c.volume) the run is cut at stripe units and each piece goes to the
-/// member that holds it: that member's namespace and LBA, the queue in the same place among
-/// its queues as `q` among the first member's (the warp's lane of queues), and the frames at
-/// that member's device address. *cmds counts the commands.
+/// transfer; on the BOUNCE data path, rw_thread_bounce: one per slot buffer). On a volume
+/// (c.volume) the run is cut at stripe units and each piece goes to the member that holds it:
+/// that member's namespace and LBA, the queue in the same place among its queues as `q` among
+/// the first member's (the warp's lane of queues), and the frames at that member's device
+/// address. *cmds counts the commands.
 /// Not inlined (as fill_page and write_back): the miss path is one copy in the module. Inlined
 /// into every acquire variant, it made the kernels' PTX 410,000 lines, which a fresh machine's
 /// driver took 129 s to JIT-compile (H200, 2026-11-26); a call costs nothing beside a command.
@@ -565,9 +634,14 @@ __device__ GPUNVME_NOINLINE inline status frames_rw(const cache_desc& c, const q
                                                 uint8_t opcode, uint32_t nsid, uint32_t lba_shift,
                                                 uint64_t lba, uint64_t blocks, uint64_t frame_off,
                                                 uint32_t* sf, uint64_t* cmds) {
+    const bool bounce = (c.flags & GPUNVME_CF_BOUNCE) != 0;
+    uint8_t* frames = reinterpret_cast<uint8_t*>(c.frames);
     const uint32_t per_cmd = blocks_per_command(q, lba_shift);
     if (per_cmd == 0) return GPUNVME_INVALID_ARGUMENT;
     if (!c.volume) {
+        if (bounce)
+            return rw_thread_bounce(q, opcode, nsid, lba_shift, lba, blocks, frames + frame_off,
+                                    sf, cmds);
         *cmds += (blocks + per_cmd - 1) / per_cmd;
         return rw_thread(q, opcode, nsid, lba_shift, lba, blocks, c.frames_bus + frame_off, sf);
     }
@@ -587,11 +661,17 @@ __device__ GPUNVME_NOINLINE inline status frames_rw(const cache_desc& c, const q
         const uint32_t m = (uint32_t)(unit % v.nmembers);
         const uint64_t mlba = v.label_lbas + (unit / v.nmembers) * v.stripe_lbas + within;
         const queue_desc& mq = all[m * v.queues_per_member + lane];
-        const uint32_t mper = blocks_per_command(mq, lba_shift);
-        if (mper == 0) return GPUNVME_INVALID_ARGUMENT;
-        *cmds += (n + mper - 1) / mper;
-        const status s = rw_thread(mq, opcode, v.nsid[m], lba_shift, mlba, n,
-                                   v.frames_bus[m] + frame_off + (done << lba_shift), sf);
+        const uint64_t off = frame_off + (done << lba_shift);
+        status s;
+        if (bounce) {
+            s = rw_thread_bounce(mq, opcode, v.nsid[m], lba_shift, mlba, n, frames + off, sf,
+                                 cmds);
+        } else {
+            const uint32_t mper = blocks_per_command(mq, lba_shift);
+            if (mper == 0) return GPUNVME_INVALID_ARGUMENT;
+            *cmds += (n + mper - 1) / mper;
+            s = rw_thread(mq, opcode, v.nsid[m], lba_shift, mlba, n, v.frames_bus[m] + off, sf);
+        }
         if (s) return s;
         done += n;
     }
@@ -697,7 +777,7 @@ __device__ GPUNVME_NOINLINE inline status write_back(const cache_desc& c, const 
     }
     count(k->errors, 1);
     record_failure(c, w, sf, owner, page);
-    if (late_dma_possible(w)) {
+    if (late_dma_possible(c, w)) {
         dev_u32(frame_of(c, f)->flags).fetch_or(GPUNVME_FS_QUARANTINED, cuda::memory_order_relaxed);
         dev_u32(state_of(c)->quarantined).fetch_add(1u, cuda::memory_order_relaxed);
     }
@@ -832,7 +912,7 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
         // still be in flight and write the frame later (review M3): never reuse it.
         fs->range = GPUNVME_FRAME_EMPTY;
         fs->page = 0;
-        if (!late_dma_possible(s)) {
+        if (!late_dma_possible(c, s)) {
             dev_u32(fs->flags).store(0u, cuda::memory_order_release);
         } else {
             dev_u32(fs->flags).store(GPUNVME_FS_QUARANTINED, cuda::memory_order_release);
@@ -850,6 +930,16 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
     return s;
 }
 
+/// A device variable of the header: inline where the compilation allows it (separate
+/// compilation, the host build), else one definition per module.
+#if defined(GPUNVME_HOST_BUILD) || defined(__CUDACC_RDC__)
+#define GPUNVME_PTR_VAR inline __device__
+#else
+// Whole-program compilation allows no inline device variable, and a static one gets a name
+// that depends on the build path (the committed PTX must not): one module, one definition.
+#define GPUNVME_PTR_VAR __device__
+#endif
+
 /// fill_page as the access paths call it: through a pointer the compiler cannot see through,
 /// so that the call follows the ABI (the fill saves the registers it takes, on the miss path).
 /// Called directly, ptxas allocated the caller and the fill (and the queue code below it)
@@ -857,7 +947,7 @@ __device__ GPUNVME_NOINLINE inline status fill_page(const cache_desc& c, const q
 /// the values the caller kept across the call lived in local memory on the hit path too:
 /// Nsight Compute counted 300 sectors of local loads per one-page read_range on an H100
 /// (2026-11-28). Volatile, so that the pointer is not folded back into a direct call.
-static __device__ status (*volatile fill_page_abi)(const cache_desc&, const queue_desc&,
+GPUNVME_PTR_VAR status (*volatile fill_page_abi)(const cache_desc&, const queue_desc&,
                                                    uint32_t, uint64_t, page_entry*, uint32_t*,
                                                    uint64_t, bool) = fill_page;
 
