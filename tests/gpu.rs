@@ -3449,32 +3449,29 @@ mod cache {
             assert_eq!(bounce.data_path(), DataPath::Bounce);
             bind_volume_file(&mut bounce, &vf, &volume, &vfile).expect("bind");
             drop(vfile); // the caches keep the table and the pin
-            let before: Vec<u64> = rigs.iter().map(|r| r.emu().stats().reads).collect();
             let n = len as u64 / 8;
             let mut idx = seeded(77, 128 * 8, n);
             idx[5] = n - 1;
-            for warp in [true, false] {
-                let (v, st) = read_elements(&rigs[0], &c, warp, 128, 8, &idx);
-                for (k, &i) in idx.iter().enumerate() {
-                    assert_eq!(st[k], DeviceStatus::Ok, "warp {warp}: element {i}");
-                    assert_eq!(v[k], le_word(&want, i), "warp {warp}: element {i}");
+            for (cache, name) in [(&c, "DIRECT"), (&bounce, "BOUNCE")] {
+                let before: Vec<u64> = rigs.iter().map(|r| r.emu().stats().reads).collect();
+                for warp in [true, false] {
+                    let (v, st) = read_elements(&rigs[0], cache, warp, 128, 8, &idx);
+                    for (k, &i) in idx.iter().enumerate() {
+                        assert_eq!(st[k], DeviceStatus::Ok, "{name}, warp {warp}: element {i}");
+                        assert_eq!(v[k], le_word(&want, i), "{name}, warp {warp}: element {i}");
+                    }
                 }
+                let k = stats(cache).counters;
+                assert!(k.misses > 8 && k.evictions > 0, "{name}: {k:?}");
+                for (m, r) in rigs.iter().enumerate() {
+                    assert!(
+                        r.emu().stats().reads > before[m],
+                        "{name}: member {m} served fills"
+                    );
+                }
+                invariants(cache);
             }
-            let k = stats(&c).counters;
-            assert!(k.misses > 8 && k.evictions > 0, "{k:?}");
-            for (m, r) in rigs.iter().enumerate() {
-                assert!(r.emu().stats().reads > before[m], "member {m} served fills");
-            }
-            invariants(&c);
             drop(c);
-            let (v, st) = read_elements(&rigs[0], &bounce, true, 128, 8, &idx);
-            for (k, &i) in idx.iter().enumerate() {
-                assert_eq!(st[k], DeviceStatus::Ok, "BOUNCE: element {i}");
-                assert_eq!(v[k], le_word(&want, i), "BOUNCE: element {i}");
-            }
-            let k = stats(&bounce).counters;
-            assert!(k.misses > 8 && k.evictions > 0, "BOUNCE: {k:?}");
-            invariants(&bounce);
             drop(bounce);
             drop(file);
             fs.unmount().expect("unmount");
