@@ -476,7 +476,8 @@ impl<'q> GpuCache<'q> {
                 mappings.push(b);
             }
         } else {
-            for (m, q) in members.iter().enumerate() {
+            // Member 0's queues were checked by `new`.
+            for (m, q) in members.iter().enumerate().skip(1) {
                 check_bounce(&q.descs()[range.clone()]).map_err(|e| match e {
                     GpuError::Unsupported(why) => {
                         GpuError::Unsupported(format!("volume member {m}: {why}"))

@@ -565,7 +565,7 @@ __device__ __forceinline__ void page_span(const cache_desc& c, const range_desc&
 /// buffer holds, at most a command's; 0 when the queue has none.
 __device__ __forceinline__ uint32_t bounce_blocks(const queue_desc& q, uint32_t lba_shift) {
     const uint32_t per = blocks_per_command(q, lba_shift);
-    const uint32_t fit = q.slot_buffers ? q.slot_buffer_bytes >> lba_shift : 0;
+    const uint32_t fit = fs::slot_blocks(q, lba_shift);
     return fit < per ? fit : per;
 }
 
@@ -597,12 +597,7 @@ __device__ GPUNVME_NOINLINE inline status rw_thread_bounce(const queue_desc& q, 
         uint8_t* sbuf = fs::slot_buffer(q, t);
         if (opcode == OPC_WRITE) copy_bytes(sbuf, at, bytes, 0, 1);
         io_req r;
-        r.opcode = opcode;
-        r.nsid = nsid;
-        r.slba = slba + done;
-        r.nlb_z = (uint16_t)(n - 1);
-        r.reserved = 0;
-        slot_buffer_prps(q, t & (q.depth - 1), bytes, &r.prp1, &r.prp2);
+        fs::slot_req(q, t, opcode, nsid, slba + done, n, lba_shift, &r);
         fill_slot(q, t, r);  // its release orders the copies above before the SQE
         ++*cmds;
         if ((s = publish_thread(q, t))) return s;
@@ -988,8 +983,9 @@ __device__ inline status acquire_page(const cache_desc& c, uint32_t range, uint6
         }
     }
     if (how == ACQ_FILL)
-        how = (s = fill_page_abi(c, q, range, page, e, &f, now_ns() + c.full_wait_ns, false)) ? ACQ_FAILED
-                                                                                   : ACQ_HIT;
+        how = (s = fill_page_abi(c, q, range, page, e, &f, now_ns() + c.full_wait_ns, false))
+                  ? ACQ_FAILED
+                  : ACQ_HIT;
     if (how != ACQ_HIT) {
         release_refs(e, 1);
         return s;
@@ -1082,7 +1078,8 @@ __device__ inline void resolve_warp(const cache_desc& c, uint32_t range, uint64_
     const uint32_t full = 0xffffffffu;
     const queue_desc& q = queue_for(c);
     if (a.lead && a.how == ACQ_FILL)
-        a.how = (a.s = fill_page_abi(c, q, range, page, a.e, &a.frame, now_ns() + c.full_wait_ns, false))
+        a.how = (a.s = fill_page_abi(c, q, range, page, a.e, &a.frame,
+                                     now_ns() + c.full_wait_ns, false))
                     ? ACQ_FAILED
                     : ACQ_HIT;
     if (__any_sync(full, a.lead && a.how == ACQ_WAIT)) {
@@ -1151,7 +1148,7 @@ __device__ inline void resolve_warp_reading(const cache_desc& c, uint32_t range,
             const uint64_t now = now_ns();
             const bool last = now > give_up;
             const status s = fill_page_abi(c, q, range, page, a.e, &a.frame,
-                                       last ? now : now + GPUNVME_CACHE_ROUND_NS, !last);
+                                           last ? now : now + GPUNVME_CACHE_ROUND_NS, !last);
             a.s = s;
             a.how = s == GPUNVME_OK                      ? ACQ_HIT
                     : s == GPUNVME_CACHE_FILL_GIVEN_BACK ? ACQ_RETRY
@@ -1323,7 +1320,6 @@ __device__ __forceinline__ void copy_warp(uint8_t* dst, const uint8_t* src, uint
     }
     for (k += lane; k < words; k += 32) d[k] = s[k];
 }
-
 
 /// The rest of a read_range batch once its pages are held: lane j < k holds page p0 + j (in
 /// frame f) when `held`; pages p0 .. p0 + k - 1 in a row (k >= 1: lane 0 holds). Copies them

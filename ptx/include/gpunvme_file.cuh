@@ -298,6 +298,25 @@ __device__ __forceinline__ uint8_t* slot_buffer(const queue_desc& q, uint32_t t)
                                       (uint64_t)(t & (q.depth - 1)) * q.slot_buffer_bytes);
 }
 
+/// LBAs of `1 << lba_shift` bytes one of q's slot buffers holds (0: the queue has none).
+__device__ __forceinline__ uint32_t slot_blocks(const queue_desc& q, uint32_t lba_shift) {
+    return q.slot_buffers ? q.slot_buffer_bytes >> lba_shift : 0;
+}
+
+/// The request for `blocks` blocks at `slba` of namespace `nsid` whose data is owned ticket t's
+/// slot buffer (the bounce paths: the file layer's BOUNCE and RMW pieces, the page cache's
+/// BOUNCE fills and write-backs).
+__device__ __forceinline__ void slot_req(const queue_desc& q, uint32_t t, uint8_t opcode,
+                                         uint32_t nsid, uint64_t slba, uint32_t blocks,
+                                         uint32_t lba_shift, io_req* r) {
+    r->opcode = opcode;
+    r->nsid = nsid;
+    r->slba = slba;
+    r->nlb_z = (uint16_t)(blocks - 1);
+    r->reserved = 0;
+    slot_buffer_prps(q, t & (q.depth - 1), blocks << lba_shift, &r->prp1, &r->prp2);
+}
+
 /// The request of a piece on owned ticket t. `phase` 0 is a RMW's read, 1 its write.
 /// A DIRECT piece whose PRPs cannot be built becomes a Flush (piece_req) and the reason is
 /// returned.
@@ -308,12 +327,7 @@ __device__ inline status piece_request(const queue_desc& q, const table& t, cons
                                                                                  : OPC_READ;
     if (p.kind == GPUNVME_PIECE_DIRECT)
         return piece_req(q, tk, opc, t.nsid, p.lba, p.blocks, bus, p.bytes, r);
-    r->opcode = opc;
-    r->nsid = t.nsid;
-    r->slba = p.lba;
-    r->nlb_z = (uint16_t)(p.blocks - 1);
-    r->reserved = 0;
-    slot_buffer_prps(q, tk & (q.depth - 1), p.blocks << t.lba_shift, &r->prp1, &r->prp2);
+    slot_req(q, tk, opc, t.nsid, p.lba, p.blocks, t.lba_shift, r);
     return GPUNVME_OK;
 }
 
@@ -348,7 +362,7 @@ __device__ inline status rw_file_thread(const queue_desc& q, const table& t, con
     status s = check_range(f, write, start, end - start);
     if (s) return s;
     const uint32_t max_blocks = blocks_per_command(q, t.lba_shift);
-    const uint32_t bounce_blocks = q.slot_buffers ? q.slot_buffer_bytes >> t.lba_shift : 0;
+    const uint32_t bounce_blocks = slot_blocks(q, t.lba_shift);
     if (max_blocks == 0) return GPUNVME_INVALID_ARGUMENT;
     const uint32_t lsize = 1u << t.lba_shift;
     uint64_t pos = start;
@@ -418,7 +432,7 @@ __device__ inline status rw_file_warp(const queue_desc& q, const table& t, const
     if (active) {
         mine = check_range(*f, write, start, end - start);
         max_blocks = blocks_per_command(q, t.lba_shift);
-        bounce_blocks = q.slot_buffers ? q.slot_buffer_bytes >> t.lba_shift : 0;
+        bounce_blocks = slot_blocks(q, t.lba_shift);
         lsize = 1u << t.lba_shift;
         if (!mine && max_blocks == 0) mine = GPUNVME_INVALID_ARGUMENT;
     }
