@@ -69,8 +69,8 @@ fi
 export GPUNVME_GPU_TIMEOUT_S=${GPUNVME_GPU_TIMEOUT_S:-120}
 cargo test -p gpunvme --features host-gpu --test gpu -- --ignored --test-threads=1 \
     --exact "${TESTS[@]}"
-# The software controller's other way of reading image data (the default is pread).
-for mode in registered; do
+# The software controller's other ways of reading image data (the default is mapped).
+for mode in pread registered; do
     GPUNVME_EMU_READS=$mode cargo test -p gpunvme --features host-gpu --test gpu -- --ignored \
         --test-threads=1 --exact files::image_reads_take_the_chosen_path
 done

@@ -111,16 +111,21 @@ pub struct GpuGetReport {
 /// scattered (`gpu_emu::image_windows`).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ControllerCopies {
-    /// How Read data left the image: `pread` (read into pinned staging memory, then
-    /// scattered) or `registered` (copy engines from registered page-cache windows);
+    /// How Read data left the image: `mapped` (copied out of a mapping of the image into
+    /// pinned staging memory, then moved), `pread` (read into the staging memory, then moved)
+    /// or `registered` (copy engines from registered page-cache windows);
     /// `GPUNVME_EMU_READS` chooses.
     pub read_mode: &'static str,
     /// Bytes copied straight from registered windows.
     pub direct_bytes: u64,
     /// Copy-engine copies issued for them (adjacent ranges merged).
     pub direct_copies: u64,
-    /// Bytes read into pinned staging memory first (`pread`), then copied to the GPU.
+    /// Bytes put into pinned staging memory first (`mapped` or `pread`), then copied to the
+    /// GPU.
     pub staged_bytes: u64,
+    /// Of `staged_bytes`: copied out of a mapping of the image (`mapped`: pages already in
+    /// memory); the rest by `pread`.
+    pub mapped_bytes: u64,
     /// Copy-engine copies of staged Reads (adjacent Reads of 64 KiB or more merged; smaller
     /// ones go by the scatter kernel; `GPUNVME_EMU_STAGED`).
     pub engine_copies: u64,
@@ -129,7 +134,7 @@ pub struct ControllerCopies {
     /// Windows left to the staged path because their pages were not all in the page cache.
     pub windows_not_resident: u64,
     /// Where the controller threads' time went, summed over threads (milliseconds): reading
-    /// image data into staging (`pread`), waiting for reads of GPU memory (SQE fetches, PRP
+    /// image data into staging (`mapped` copies or `pread`), waiting for reads of GPU memory (SQE fetches, PRP
     /// lists), waiting for a staging area the GPU still drained.
     pub file_read_ms: f64,
     /// See `file_read_ms`.
@@ -156,6 +161,7 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         direct_bytes: d.direct_bytes,
         direct_copies: d.direct_copies,
         staged_bytes: d.staged_file_bytes,
+        mapped_bytes: d.mapped_bytes,
         engine_copies: d.engine_copies,
         windows_registered: w.registered,
         windows_not_resident: w.not_resident,

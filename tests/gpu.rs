@@ -1653,7 +1653,8 @@ mod files {
     }
 
     /// A file system on an image file: the software controller moves Read data the way
-    /// `GPUNVME_EMU_READS` says (pread into staging, or registered page-cache windows, every page
+    /// `GPUNVME_EMU_READS` says (copies out of a mapping of the image or pread into staging, or
+    /// registered page-cache windows, every page
     /// being resident since the file system was just written through it), and the GPU gets the
     /// file's bytes, whole and at odd offsets. scripts/host-gpu-test.sh runs it in each mode.
     #[test]
@@ -1669,7 +1670,10 @@ mod files {
                     lba_size: 4096,
                     read_only: false,
                     format: nvme_emu::NsFormat::Plain,
-                }]
+                }];
+                // Small Reads by pread too (on tmpfs they would copy from the CPU path's own
+                // mapping, unguarded: the truncation below would kill the process there).
+                c.image_reads = nvme_emu::ImageReads::Pread;
             },
             GpuQueueOptions {
                 queues: Some(4),
@@ -1712,9 +1716,16 @@ mod files {
                 assert!(w.registered >= 1, "a window was registered: {w:?}");
                 assert!(d.direct_bytes >= whole, "data from the windows: {d:?}");
             }
-            ReadMode::Pread => {
+            ReadMode::Mapped | ReadMode::Pread => {
                 assert_eq!((d.direct_bytes, w.registered), (0, 0));
                 assert!(d.staged_file_bytes >= whole, "data staged: {d:?}");
+                // Every page is in memory (just written through the controller): `mapped`
+                // copies all of them out of its mapping, `pread` none.
+                if mode == ReadMode::Mapped {
+                    assert!(d.mapped_bytes >= whole, "out of the mapping: {d:?}");
+                } else {
+                    assert_eq!(d.mapped_bytes, 0, "{d:?}");
+                }
                 // Reads of 64 KiB and more (the file's 128 KiB chunks) go by copy engine, unless
                 // pieces are copies already (compute-sanitizer, GPUNVME_EMU_DMA=memcpy) or
                 // GPUNVME_EMU_STAGED=kernel asks for the scatter kernel.
@@ -1727,6 +1738,46 @@ mod files {
                 }
             }
         }
+        // The image cut short under the controller (its pages gone, as after an eviction and a
+        // disk error): every Read of the lost blocks is an NVMe error (Unrecovered Read Error)
+        // and the process lives on, in every mode (`mapped` sees the pages are not resident
+        // and reads them by pread; a page lost during its copy would be a SIGBUS turned into
+        // the same error, gpu_queues::ffi::guarded_copy's tests). Then the blocks come back
+        // (as zeroes) and the same read succeeds.
+        // (Registered windows pin their pages: they keep the old bytes, no error to see.)
+        if mode == ReadMode::Registered {
+            drop(r);
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        let image = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("image");
+        let full = image.metadata().expect("image size").len();
+        image.set_len(0).expect("truncate the image");
+        let e = files
+            .run(&[FileRange::read(&g, 0, GpuSpan::all(&buf))])
+            .expect("batch")
+            .into_first_error()
+            .expect_err("a read of a truncated image");
+        match &e {
+            blockfs_gpu::FilesError::FileIo { nvme_status, .. } => {
+                assert_eq!(
+                    (nvme_status >> 1) & 0x7ff,
+                    0x281,
+                    "Unrecovered Read Error: {e}"
+                );
+            }
+            other => panic!("expected a file I/O error, got {other}"),
+        }
+        image.set_len(full).expect("restore the image's length");
+        let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
+        assert_eq!(got, len as u64);
+        assert!(
+            host_bytes(&buf, 0, 4096).iter().all(|&b| b == 0),
+            "the lost blocks read back as zeroes"
+        );
         drop(r);
         let _ = std::fs::remove_file(&path);
     }

@@ -89,8 +89,8 @@ if int(env("PREREAD", "0")) > 0:
     dev.read_into("other.bin" if other else f"{model}/{os.path.basename(src)}", buf)
     print(f"preread {n >> 20} MiB {time.perf_counter() - t:.3f} s", flush=True)
     del buf
-file_ms = ((getattr(dev, "last_io", None) or {}).get("controller_copies") or {}).get(
-    "file_read_ms", 0.0)
+last = dict((getattr(dev, "last_io", None) or {}).get("controller_copies") or {})
+file_ms = last.get("file_read_ms", 0.0)
 for i in range(int(env("REPS", "6"))):
     if i > 0 and env("WARMAGAIN"):
         t = time.perf_counter()
@@ -137,6 +137,11 @@ for i in range(int(env("REPS", "6"))):
           f"{(ru1.ru_stime - ru0.ru_stime) * 1e3:.0f} ms system and "
           f"{(ru1.ru_utime - ru0.ru_utime) * 1e3:.0f} ms user CPU, "
           f"{ru1.ru_nivcsw - ru0.ru_nivcsw} involuntary switches", flush=True)
+    # Every counter's change over this load (the counters run over the handle's life).
+    delta = {k: round(v - last.get(k, 0), 2) for k, v in copies.items()
+             if isinstance(v, (int, float)) and v != last.get(k, 0)}
+    last = dict(copies)
+    print(f"  controller: {json.dumps(delta)}", flush=True)
     if i == 0:
         ref, _ = bench.load_safetensors(files)
         print("verify:", bench.verify(ref, out) or "every tensor equal", flush=True)

@@ -1,9 +1,20 @@
 //! How the software controller reads image data for Reads on GPU queues (transport (a)).
 //!
-//! Two ways, chosen by `GPUNVME_EMU_READS` ([`ReadMode`]):
-//! - `pread` (the default): a positioned read of the image straight into the controller
-//!   thread's pinned staging memory, copied into GPU memory at the end of the batch (by copy
-//!   engine or scatter kernel, `software::StagedCopies`): one CPU copy per byte;
+//! Three ways, chosen by `GPUNVME_EMU_READS` ([`ReadMode`]):
+//! - `mapped` (the default on x86-64 Linux): the image mapped read-only, whole ([`ImageViews`]);
+//!   a Read whose pages are all in the page cache (`cachestat(2)`) is copied out of the mapping
+//!   into the controller thread's pinned staging memory (`PinnedMemory::copy_from_mapping`),
+//!   then into GPU memory at the end of the batch (by copy engine or scatter kernel,
+//!   `software::StagedCopies`), and any other Read goes by `pread` (whose readahead serves a
+//!   cold image). One CPU copy per byte, as with `pread`, but without `pread`'s marking of
+//!   every page as accessed: a page read a second time moves to the active LRU list under a
+//!   lock every reader shares, which made a model's first load after a warming read up to
+//!   1.35x slower than the next (7B-shaped, H200, 2026-11-28, docs/benchmarks.md); a copy from
+//!   a mapping leaves that to the page tables' accessed bits. A page lost between the check
+//!   and the copy (evicted, then a disk error) is the Read's error, not a SIGBUS
+//!   (`gpu_queues::ffi::guarded_copy`);
+//! - `pread`: a positioned read of the image straight into the staging memory, the same
+//!   otherwise (the default where guarded copies are not available);
 //! - `registered`: the image's page-cache pages are registered with CUDA a window at a time
 //!   ([`ImageWindows`]) and a copy engine moves a Read's data straight into GPU memory, with no
 //!   CPU copy. Registering pins and maps every page, and CUDA does that for one thread at a
@@ -28,17 +39,21 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::Cuda;
-use gpu_queues::ffi::os::MappedImage;
+use gpu_queues::ffi::os::{MappedImage, Mapping};
+use gpu_queues::ffi::{Cuda, guarded_copy};
 
 /// How Read data leaves the image (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadMode {
+    /// Copied by the controller thread out of a mapping of the image into pinned staging
+    /// memory, then scattered (staged by `pread` where the image cannot be mapped).
+    Mapped,
     /// Read by the controller thread (`pread`) into pinned staging memory, then scattered.
     Pread,
     /// Copied by a copy engine from registered windows of the image (staged where it cannot).
@@ -46,19 +61,35 @@ pub enum ReadMode {
 }
 
 impl ReadMode {
-    /// The mode `GPUNVME_EMU_READS` names (unset: [`ReadMode::Pread`]).
+    /// The mode `GPUNVME_EMU_READS` names (unset: [`ReadMode::Mapped`] where guarded copies
+    /// work, else [`ReadMode::Pread`]).
     pub fn from_env() -> Result<Self, GpuError> {
         Self::parse(crate::env_choice::var(READS_ENV).as_deref())
     }
 
     fn parse(v: Option<&str>) -> Result<Self, GpuError> {
-        let c = [("pread", Self::Pread), ("registered", Self::Registered)];
-        Ok(crate::env_choice::choice(READS_ENV, v, &c)?.unwrap_or(Self::Pread))
+        let c = [
+            ("mapped", Self::Mapped),
+            ("pread", Self::Pread),
+            ("registered", Self::Registered),
+        ];
+        let default = if guarded_copy::available() {
+            Self::Mapped
+        } else {
+            Self::Pread
+        };
+        match crate::env_choice::choice(READS_ENV, v, &c)? {
+            Some(Self::Mapped) if !guarded_copy::available() => Err(GpuError::Unsupported(
+                format!("{READS_ENV}=mapped: guarded copies need x86-64 Linux"),
+            )),
+            m => Ok(m.unwrap_or(default)),
+        }
     }
 
     /// The name `GPUNVME_EMU_READS` takes.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Mapped => "mapped",
             Self::Pread => "pread",
             Self::Registered => "registered",
         }
@@ -68,7 +99,7 @@ impl ReadMode {
 /// Bytes per window (and the alignment of windows in the file).
 pub const WINDOW_BYTES: u64 = 64 << 20;
 
-/// `GPUNVME_EMU_READS=pread|registered`: how Read data leaves the image.
+/// `GPUNVME_EMU_READS=mapped|pread|registered`: how Read data leaves the image.
 const READS_ENV: &str = "GPUNVME_EMU_READS";
 /// `GPUNVME_EMU_PIN_BUDGET=BYTES`: the most image bytes registered at once (default: half the
 /// machine's memory).
@@ -332,15 +363,93 @@ impl ImageWindows {
     }
 }
 
+/// Whole-image read-only mappings, one per image file the controller reads, made the first
+/// time a Read of that file is staged ([`ReadMode::Mapped`]); kept until the controller's GPU
+/// queues are torn down. A mapping costs address space and page tables, not memory: its
+/// pages are the page cache's.
+///
+/// Consistency: the mapping is shared, so it shows the very page-cache pages the controller's
+/// Writes (`pwrite`) change, as `pread` would: a Read returns the data of every Write completed
+/// before it was submitted; a Write racing an overlapping Read may be seen in part (NVMe leaves
+/// that undefined). The copies are raw copies in assembly, never Rust reads of shared memory.
+#[derive(Debug)]
+pub struct ImageViews {
+    enabled: bool,
+    /// Per file, its mapping, or `None` where mapping it failed (not tried again).
+    maps: Mutex<HashMap<FileKey, Option<Arc<Mapping>>>>,
+    /// cachestat(2) failed once (logged once).
+    no_cachestat: AtomicBool,
+}
+
+impl ImageViews {
+    /// Mappings made as needed when `mode` is [`ReadMode::Mapped`]; else every lookup misses.
+    pub fn for_mode(mode: ReadMode) -> Self {
+        Self {
+            enabled: mode == ReadMode::Mapped,
+            maps: Mutex::new(HashMap::new()),
+            no_cachestat: AtomicBool::new(false),
+        }
+    }
+
+    /// The mapping of `file` if it covers `file_offset..file_offset + len` and every page of
+    /// that range is in the page cache (mapping the whole file now, at its current length, on
+    /// the first lookup); `None` when the range must be read with `pread` (disabled, an empty
+    /// file, past the mapped length, not all resident (a cold read), or the file cannot be
+    /// mapped).
+    pub fn lookup(&self, file: &File, file_offset: u64, len: usize) -> Option<Arc<Mapping>> {
+        if !self.enabled || len == 0 {
+            return None;
+        }
+        let key = FileKey::of(file)?;
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let map = maps
+            .entry(key)
+            .or_insert_with(|| {
+                let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+                match Mapping::read_only(file.as_fd(), len) {
+                    Ok(m) => Some(Arc::new(m)),
+                    Err(e) => {
+                        tracing::debug!("image not mapped for reads ({len} bytes): {e}");
+                        None
+                    }
+                }
+            })
+            .clone()?;
+        let end = file_offset.checked_add(len as u64)?;
+        if end > map.len() as u64 {
+            return None;
+        }
+        // Only pages already in memory: a Read of pages that are not goes by `pread`, whose
+        // readahead brings in what comes next (a page fault reads around the one page), and
+        // whose errors are plain error codes. Where the kernel cannot say (no cachestat(2)),
+        // every Read goes by `pread`.
+        match gpu_queues::ffi::os::range_cached(file.as_fd(), file_offset, len as u64) {
+            Ok(true) => Some(map),
+            Ok(false) => None,
+            Err(e) => {
+                if !self.no_cachestat.swap(true, Ordering::Relaxed) {
+                    tracing::debug!("cachestat: {e}: image Reads by pread");
+                }
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn read_mode_names_round_trip_and_bad_names_are_refused() {
-        assert_eq!(ReadMode::parse(None).unwrap(), ReadMode::Pread);
-        assert_eq!(ReadMode::parse(Some("")).unwrap(), ReadMode::Pread);
-        for m in [ReadMode::Pread, ReadMode::Registered] {
+        let default = if guarded_copy::available() {
+            ReadMode::Mapped
+        } else {
+            ReadMode::Pread
+        };
+        assert_eq!(ReadMode::parse(None).unwrap(), default);
+        assert_eq!(ReadMode::parse(Some("")).unwrap(), default);
+        for m in [ReadMode::Mapped, ReadMode::Pread, ReadMode::Registered] {
             assert_eq!(ReadMode::parse(Some(m.name())).unwrap(), m);
         }
         let e = ReadMode::parse(Some("mmap")).unwrap_err().to_string();

@@ -34,7 +34,8 @@
 //!   staged piece to its place; completion-queue phase dwords are marked late and written by the
 //!   kernel's last block after a fence, so a completion never becomes visible before its data
 //!   or the rest of its entry;
-//! - a Read of 64 KiB or more is read from the image (`pread`) into the staging area like any
+//! - a Read of 64 KiB or more is copied from the image (out of a mapping of it, or by `pread`:
+//!   `image_reads::ReadMode`) into the staging area like any
 //!   other write but moved by a copy engine, one copy per run of Reads adjacent in GPU memory,
 //!   queued before the scatter that carries their completions ([`StagedCopies`]; 7B-shaped
 //!   load on the H200, 2026-11-26: 43.7 GB/s against 40.6 by the scatter kernel);
@@ -79,7 +80,7 @@ use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
 use crate::env_choice;
-use crate::image_reads::{ImageWindows, ReadMode, WindowStats};
+use crate::image_reads::{ImageViews, ImageWindows, ReadMode, WindowStats};
 use crate::kernels::EmuKernels;
 
 /// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
@@ -130,7 +131,7 @@ struct Direct {
 /// Direct copies one staging area notes before it is flushed.
 const MAX_DIRECT: usize = 4096;
 
-/// A Read's data staged by `pread` and moved by a copy engine (adjacent ones merged), issued at
+/// A Read's data staged from the image and moved by a copy engine (adjacent ones merged), issued at
 /// the flush of its staging area before that area's scatter ([`StagedCopies::Engine`]): so
 /// before the completions among the scatter's pieces, and before any piece of the same area
 /// whatever the order they were staged in (only commands in flight together can write the same
@@ -146,7 +147,7 @@ struct EngineCopy {
 /// ones (a call each would cost more than the copy) go by the scatter kernel.
 pub const ENGINE_COPY_MIN: usize = 64 << 10;
 
-/// How a Read's data staged by `pread` reaches GPU memory: `GPUNVME_EMU_STAGED`.
+/// How a Read's data staged from the image reaches GPU memory: `GPUNVME_EMU_STAGED`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StagedCopies {
     /// By copy engines, one copy per run of adjacent Reads of [`ENGINE_COPY_MIN`] bytes or
@@ -216,14 +217,17 @@ pub struct DmaStats {
     /// Reads and gathers of memory the controller never wrote, on the fetch stream (not
     /// ordered after the engine's writes).
     pub unordered_reads: u64,
-    /// Nanoseconds spent reading image data into staging (`pread`).
+    /// Nanoseconds spent copying image data into staging (mapped copies or `pread`).
     pub file_ns: u64,
     /// Copies issued straight from registered image windows (adjacent ranges merged).
     pub direct_copies: u64,
     /// Bytes those copies moved.
     pub direct_bytes: u64,
-    /// Bytes of Reads staged through pinned memory from the image file (`pread`).
+    /// Bytes of Reads staged through pinned memory from the image file.
     pub staged_file_bytes: u64,
+    /// Of `staged_file_bytes`: copied out of a mapping of the image ([`ReadMode::Mapped`],
+    /// pages in memory); the rest by `pread`.
+    pub mapped_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
 }
@@ -244,6 +248,7 @@ impl DmaStats {
         self.direct_copies += o.direct_copies;
         self.direct_bytes += o.direct_bytes;
         self.staged_file_bytes += o.staged_file_bytes;
+        self.mapped_bytes += o.mapped_bytes;
         self.engine_copies += o.engine_copies;
     }
 }
@@ -369,6 +374,8 @@ pub struct GpuDma {
     /// Registered windows of the image(s) Reads copy from directly ([`ReadMode::Registered`]);
     /// dropped after the engines' streams are idle (see `Drop`).
     windows: ImageWindows,
+    /// Read-only mappings of the image(s) staged Reads copy out of ([`ReadMode::Mapped`]).
+    views: ImageViews,
     /// `GPUNVME_EMU_FETCH=ordered`: every read waits for the engine's earlier writes.
     always_ordered: bool,
     /// How staged Read data moves.
@@ -484,6 +491,7 @@ impl GpuDma {
             mode: CopyMode::from_env()?,
             read_mode,
             windows: ImageWindows::for_mode(cuda, read_mode),
+            views: ImageViews::for_mode(read_mode),
             always_ordered: fetch_always_ordered()?,
             staged: StagedCopies::from_env()?,
         }))
@@ -660,9 +668,18 @@ impl GpuDma {
         let by_engine = self.staged == StagedCopies::Engine
             && self.mode == CopyMode::Kernels
             && len >= ENGINE_COPY_MIN;
+        // Out of the image's mapping where there is one (ReadMode::Mapped), else `pread`.
+        let view = self
+            .views
+            .lookup(file, file_offset, len)
+            .zip(usize::try_from(file_offset).ok());
+        if view.is_some() {
+            st.stats.mapped_bytes += len as u64;
+        }
         let r = self.stage_with(e, st, dst, len, false, by_engine, |mem, at, done, n| {
-            timed(&mut file_ns, || {
-                mem.read_file_at(at, n, file, file_offset + done as u64)
+            timed(&mut file_ns, || match &view {
+                Some((map, base)) => mem.copy_from_mapping(at, n, map, base + done),
+                None => mem.read_file_at(at, n, file, file_offset + done as u64),
             })
         });
         st.stats.file_ns += file_ns;

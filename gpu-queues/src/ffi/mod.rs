@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use crate::error::GpuError;
 
 mod gpu;
+pub mod guarded_copy;
 mod memory;
 pub mod os;
 
