@@ -83,12 +83,13 @@ mod imp {
         // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler, for
         // this thread, and this handler runs on the thread that faulted; the saved registers
         // it edits are restored by sigreturn when it returns. Only async-signal-safe work here:
-        // reads and writes of that context, and sigaction(2).
+        // reads and writes of that context, sigaction(2) and raise(3).
         unsafe {
             let uc = ctx.cast::<libc::ucontext_t>();
             let rip = libc::REG_RIP as usize;
             // si_code > 0: raised by the kernel for a fault, not sent by kill(2) or a queue.
-            if !info.is_null() && (*info).si_code > 0 && !uc.is_null() {
+            let fault = !info.is_null() && (*info).si_code > 0;
+            if fault && !uc.is_null() {
                 let gregs = &mut (*uc).uc_mcontext.gregs;
                 if gregs[rip] as usize == insn() {
                     gregs[rip] = (insn() + INSN_LEN) as i64;
@@ -108,12 +109,18 @@ mod imp {
                         f(sig);
                     }
                 }
+                Some(libc::SIG_IGN) if !fault => {} // a sent SIGBUS that was ignored before
                 _ => {
-                    // The default action (a fault's SIGBUS cannot be ignored): the instruction
-                    // runs again and the kernel delivers the signal under it.
+                    // The default action (a fault's SIGBUS cannot be ignored): a fault's
+                    // instruction runs again and the kernel delivers the signal under it; a
+                    // sent signal is sent again (blocked in this handler, it is delivered,
+                    // under the default action, once the handler returns).
                     let mut dfl: libc::sigaction = std::mem::zeroed();
                     dfl.sa_sigaction = libc::SIG_DFL;
                     libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                    if !fault {
+                        libc::raise(sig);
+                    }
                 }
             }
         }
