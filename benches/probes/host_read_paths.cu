@@ -47,12 +47,7 @@
 #include <thread>
 #include <vector>
 
-#include "probe_check.h"
-
-using Clock = std::chrono::steady_clock;
-static double secs_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+#include "probe_time.h"
 
 static const size_t CHUNK = 4 << 20;
 // Bytes per pread call (PIECE; a divisor of CHUNK).
@@ -62,20 +57,6 @@ static size_t g_piece = CHUNK;
 static void pread_chunk(int fd, void* buf, size_t c) {
     for (size_t at = 0; at < CHUNK; at += g_piece)
         if (pread(fd, (char*)buf + at, g_piece, c * CHUNK + at) != (ssize_t)g_piece) exit(2);
-}
-
-static void wait_bounded(CUstream s) {
-    auto t0 = Clock::now();
-    for (;;) {
-        CUresult r = cuStreamQuery(s);
-        if (r == CUDA_SUCCESS) return;
-        if (r != CUDA_ERROR_NOT_READY) CK(r);
-        if (secs_since(t0) > 60) {
-            fprintf(stderr, "GPU wait over 60 s\n");
-            exit(3);
-        }
-        std::this_thread::yield();
-    }
 }
 
 // Grid-stride copy, 16 bytes per load (src and dst 16-byte aligned, n a multiple of 16).
@@ -262,13 +243,7 @@ int main(int argc, char** argv) {
         memset(h, 1, pin);
         CUstream s[2];
         for (auto& x : s) CK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
-        for (int rep = 0; rep < 2; rep++) {
-            auto t0 = Clock::now();
-            for (size_t off = 0; off < size; off += pin)
-                CK(cuMemcpyHtoDAsync(dbuf + off, h, std::min(pin, size - off), s[(off / pin) & 1]));
-            for (auto& x : s) wait_bounded(x);
-            printf("{\"case\": \"pinned_ceiling\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
-        }
+        pinned_ceiling(dbuf, size, h, pin, s, 2);
         // The kernel reading pinned memory.
         for (int rep = 0; rep < 2; rep++) {
             auto t0 = Clock::now();

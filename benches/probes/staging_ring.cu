@@ -42,33 +42,14 @@
 #include <thread>
 #include <vector>
 
-#include "probe_check.h"
+#include "probe_time.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
 
-using Clock = std::chrono::steady_clock;
-static double secs_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 static const size_t PIECE = 128 << 10;
 static CUcontext g_ctx;
-
-static void wait_bounded(CUstream s) {
-    auto t0 = Clock::now();
-    for (;;) {
-        CUresult r = cuStreamQuery(s);
-        if (r == CUDA_SUCCESS) return;
-        if (r != CUDA_ERROR_NOT_READY) CK(r);
-        if (secs_since(t0) > 60) {
-            fprintf(stderr, "GPU wait over 60 s\n");
-            exit(3);
-        }
-        std::this_thread::yield();
-    }
-}
 
 // Non-temporal copy: dst 32-byte aligned, n a multiple of 128 (chunks are).
 static void copy_nt(char* dst, const char* src, size_t n) {
@@ -152,13 +133,7 @@ int main(int argc, char** argv) {
         memset(h, 1, pin);
         CUstream s[2];
         for (auto& x : s) CK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
-        for (int rep = 0; rep < 2; rep++) {
-            auto t0 = Clock::now();
-            for (size_t off = 0; off < size; off += pin)
-                CK(cuMemcpyHtoDAsync(dbuf + off, h, std::min(pin, size - off), s[(off / pin) & 1]));
-            for (auto& x : s) wait_bounded(x);
-            printf("{\"case\": \"pinned_ceiling\", \"gb_per_s\": %.2f}\n", size / secs_since(t0) / 1e9);
-        }
+        pinned_ceiling(dbuf, size, h, pin, s, 2);
         CK(cuMemFreeHost(h));
         for (auto& x : s) CK(cuStreamDestroy(x));
     }

@@ -201,20 +201,10 @@ mod tests {
 
     /// A file of `pages` 4 KiB pages, page i filled with byte i+1, mapped shared read-only.
     fn mapped(name: &str, pages: usize) -> (std::fs::File, crate::ffi::os::Mapping) {
-        let dir = std::env::temp_dir().join(format!("gpunvme-guarded-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let mut f = crate::ffi::os::scratch_file(&format!("guarded-{name}"));
         for i in 0..pages {
             f.write_all(&[i as u8 + 1; 4096]).unwrap();
         }
-        std::fs::remove_file(&path).unwrap();
         let m = crate::ffi::os::Mapping::read_only(f.as_fd(), pages * 4096).unwrap();
         (f, m)
     }

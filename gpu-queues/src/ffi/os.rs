@@ -890,6 +890,22 @@ impl MappedImage {
     }
 }
 
+/// A new, empty read-write file in the temporary directory, already unlinked (gone when
+/// closed), for tests: `tag` keeps tests that run at once apart.
+#[cfg(test)]
+pub(crate) fn scratch_file(tag: &str) -> File {
+    let path = std::env::temp_dir().join(format!("gpunvme-{tag}-{}", std::process::id()));
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -898,16 +914,8 @@ mod tests {
     fn range_cached_sees_written_pages_and_evicted_ones() {
         use std::io::Write;
         use std::os::fd::AsFd;
-        let path = std::env::temp_dir().join(format!("gpunvme-cached-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let mut f = scratch_file("cached");
         f.write_all(&vec![7u8; 64 << 10]).unwrap();
-        std::fs::remove_file(&path).unwrap();
         let cached = match range_cached(f.as_fd(), 0, 64 << 10) {
             Ok(c) => c,
             Err(e) => {
@@ -941,14 +949,7 @@ mod tests {
     #[test]
     fn data_runs_skip_holes_and_stay_inside_their_bounds() {
         use std::os::unix::fs::FileExt;
-        let path = std::env::temp_dir().join(format!("gpunvme-data-run-{}", std::process::id()));
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let f = scratch_file("data-run");
         let page = host_page_size() as u64;
         // Data in pages 0-1 and 256, holes elsewhere; 300 pages long.
         f.write_all_at(&vec![1u8; 2 * page as usize], 0).unwrap();
@@ -973,11 +974,10 @@ mod tests {
             None => {}
             // A file system that reports no holes shows the whole file as data.
             Some(run) => {
-                eprintln!("{}: no hole reporting here", path.display());
+                eprintln!("{}: no hole reporting here", std::env::temp_dir().display());
                 assert_eq!(run, (0, end));
             }
         }
-        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
