@@ -9,8 +9,9 @@
 #   scripts/qemu-noiommu.sh KERNEL_VERSION           build if needed, print the vfio.ko path
 #   scripts/qemu-noiommu.sh --cached KERNEL_VERSION  exit 0 when it is already built
 #
-# How: `apt-get download` the kernel's source (linux-source-X.Y), headers (-amd64 and -common)
-# and kbuild packages at exactly the guest kernel's package version, unpack them under
+# How: `apt-get download` the kernel's source (linux-source-X.Y) and headers (-amd64 and -common)
+# at exactly the guest kernel's package version, and the kbuild tools at that version or, where
+# the archive dropped it, the newest of the same upstream release; unpack them under
 # .cache/qemu/noiommu/<version>/ (nothing is installed), and build only vfio.ko out of tree
 # from drivers/vfio/ with -DCONFIG_VFIO_NOIOMMU=1. The stock vfio-pci-core, vfio-pci and
 # vfio_iommu_type1 load on top of it. The source package is about 140 MB; unpacking
@@ -63,10 +64,20 @@ if [ -z "$version" ] || [ "$version" = "(none)" ]; then
 fi
 series=$(echo "$kver" | cut -d. -f1-2)         # 6.1
 abi=${kver%-amd64}                               # 6.1.0-56
-pkgs=("linux-source-$series=$version" "linux-kbuild-$series=$version"
+# linux-kbuild-X.Y holds build tools (modpost, fixdep), not the kernel's ABI: where the archive
+# has dropped the image's exact revision (superseded by a later Debian revision of the same
+# upstream release, as 6.1.192-2 by 6.1.192-3 in 2026-11), the newest revision of the same
+# upstream version builds the same module. Source and headers stay at the exact version.
+kbuild=$version
+known=$(apt-cache madison "linux-kbuild-$series" 2>/dev/null | awk -F'|' '{ gsub(/ /, "", $2); print $2 }')
+if ! grep -qxF "$version" <<<"$known"; then
+    kbuild=$(awk -v up="${version%-*}-" 'index($0, up) == 1 { print; exit }' <<<"$known")
+    kbuild=${kbuild:-$version}
+fi
+pkgs=("linux-source-$series=$version" "linux-kbuild-$series=$kbuild"
     "linux-headers-$kver=$version" "linux-headers-$abi-common=$version")
 
-log "building vfio.ko with CONFIG_VFIO_NOIOMMU for $kver (packages at $version)"
+log "building vfio.ko with CONFIG_VFIO_NOIOMMU for $kver (packages at $version, kbuild $kbuild)"
 start=$SECONDS
 rm -rf "$dir"
 mkdir -p "$dir/debs" "$dir/root" "$dir/build"
