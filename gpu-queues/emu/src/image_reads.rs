@@ -401,8 +401,12 @@ impl ImageViews {
             return None;
         }
         let key = FileKey::of(file)?;
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        let map = maps
+        // The table's lock covers the lookup only, not the cachestat below: every controller
+        // thread comes here once per Read.
+        let map = self
+            .maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .entry(key)
             .or_insert_with(|| {
                 let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
