@@ -134,8 +134,8 @@ pub struct ControllerCopies {
     /// Windows left to the staged path because their pages were not all in the page cache.
     pub windows_not_resident: u64,
     /// Where the controller threads' time went, summed over threads (milliseconds): reading
-    /// image data into staging (`mapped` copies or `pread`), waiting for reads of GPU memory (SQE fetches, PRP
-    /// lists), waiting for a staging area the GPU still drained.
+    /// image data into staging (`mapped` copies or `pread`), waiting for reads of GPU memory
+    /// (SQE fetches, PRP lists), waiting for a staging area the GPU still drained.
     pub file_read_ms: f64,
     /// See `file_read_ms`.
     pub fetch_wait_ms: f64,

@@ -35,8 +35,8 @@
 //!   kernel's last block after a fence, so a completion never becomes visible before its data
 //!   or the rest of its entry;
 //! - a Read of 64 KiB or more is copied from the image (out of a mapping of it, or by `pread`:
-//!   `image_reads::ReadMode`) into the staging area like any
-//!   other write but moved by a copy engine, one copy per run of Reads adjacent in GPU memory,
+//!   `image_reads::ReadMode`) into the staging area like any other write but moved by a copy
+//!   engine, one copy per run of Reads adjacent in GPU memory,
 //!   queued before the scatter that carries their completions ([`StagedCopies`]; 7B-shaped
 //!   load on the H200, 2026-11-26: 43.7 GB/s against 40.6 by the scatter kernel);
 //! - reads (SQE fetches, PRP lists, data of write commands) copy and wait (bounded); ranges the
@@ -131,8 +131,8 @@ struct Direct {
 /// Direct copies one staging area notes before it is flushed.
 const MAX_DIRECT: usize = 4096;
 
-/// A Read's data staged from the image and moved by a copy engine (adjacent ones merged), issued at
-/// the flush of its staging area before that area's scatter ([`StagedCopies::Engine`]): so
+/// A Read's data staged from the image and moved by a copy engine (adjacent ones merged), issued
+/// at the flush of its staging area before that area's scatter ([`StagedCopies::Engine`]): so
 /// before the completions among the scatter's pieces, and before any piece of the same area
 /// whatever the order they were staged in (only commands in flight together can write the same
 /// bytes, and NVMe leaves the result of such overlaps undefined).

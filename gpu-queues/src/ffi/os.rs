@@ -181,7 +181,7 @@ impl Drop for Mapping {
 /// (Linux 6.5), which looks at the file's page cache only (no page tables, no `mmap_lock`: a
 /// `mincore` per Read, which takes it, made 16 controller threads copying out of a mapping
 /// 1.7x slower on the lent H200, 2026-11-28). `Ok(false)` for an empty range; an error where
-/// the kernel has no such call (`ENOSYS`) or refuses it.
+/// the kernel has no such call (`ENOSYS`) or refuses it, or the range overflows (`EOVERFLOW`).
 pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<bool> {
     #[repr(C)]
     struct Range {
@@ -202,6 +202,9 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
     if len == 0 {
         return Ok(false);
     }
+    let last = offset
+        .checked_add(len - 1)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     let range = Range { off: offset, len };
     let mut st = Stat::default();
     // SAFETY: cachestat(fd, &range, &stat, 0) reads `range` and writes `st`, both live for
@@ -218,7 +221,7 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    let pages = (offset + len - 1) / PAGE as u64 - offset / PAGE as u64 + 1;
+    let pages = last / PAGE as u64 - offset / PAGE as u64 + 1;
     Ok(st.nr_cache >= pages)
 }
 
