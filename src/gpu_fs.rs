@@ -175,6 +175,44 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
     })
 }
 
+/// One software-controller thread during a batch ([`controller_threads`]).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ControllerThread {
+    /// Milliseconds from the batch's launch to the thread's first staged Read of it (its
+    /// burst's start; `None`: it staged none during the batch).
+    pub first_ms: Option<f64>,
+    /// Milliseconds from the launch to its last staged Read's data being in staging.
+    pub last_ms: Option<f64>,
+    /// Bytes it has staged (since the queues came up).
+    pub staged_bytes: u64,
+    /// Milliseconds it has spent copying image data into staging (likewise).
+    pub file_read_ms: f64,
+    /// Milliseconds it has waited for staging areas to drain (likewise).
+    pub drain_wait_ms: f64,
+}
+
+/// Each software-controller thread's part in a batch launched at `launched`: when it
+/// started and stopped staging Reads, and its counters so far (the difference of two calls
+/// is a batch's share), to tell ramp, tail and imbalance apart. `None` on other controllers.
+pub fn controller_threads(setup: &GpuSetup, launched: Instant) -> Option<Vec<ControllerThread>> {
+    let ms = |t: Option<Instant>| {
+        t.filter(|t| *t >= launched)
+            .map(|t| t.duration_since(launched).as_secs_f64() * 1e3)
+    };
+    let per = setup.queues.dma_stats_per_thread()?;
+    Some(
+        per.iter()
+            .map(|d| ControllerThread {
+                first_ms: ms(d.burst_start),
+                last_ms: ms(d.last_staged),
+                staged_bytes: d.staged_file_bytes,
+                file_read_ms: d.file_ns as f64 / 1e6,
+                drain_wait_ms: d.drain_wait_ns as f64 / 1e6,
+            })
+            .collect(),
+    )
+}
+
 impl std::fmt::Display for GpuGetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(

@@ -48,6 +48,10 @@ pub struct DeviceHandle {
     members: Vec<Arc<dyn BlockDevice>>,
     /// I/O queue pairs the block device holds (GPU queues take the rest).
     cpu_queues: u16,
+    /// Blockfs mounted once, for a handle whose images nothing can change while it is open
+    /// (read-only images: the controller's shared lock keeps writers out, and its namespace
+    /// is write protected); `None` otherwise, where every call mounts afresh.
+    mounted: Option<Mutex<Option<Arc<FileSystem>>>>,
     backend: Backend,
     // Dropped after the block devices (field order): their queues are the controllers'.
     ctrls: Vec<Controller>,
@@ -135,6 +139,11 @@ impl DeviceHandle {
                     .with_context(|| format!("opening namespace {nsid} of {n} for blockfs"))
             })
             .collect::<Result<Vec<_>>>()?;
+        let mounted = (opts.read_only
+            && specs
+                .iter()
+                .all(|s| matches!(s, DeviceSpec::Image(_) | DeviceSpec::DefaultImage)))
+        .then(|| Mutex::new(None));
         Ok(Self {
             gpu: Mutex::new(None),
             specs,
@@ -144,6 +153,7 @@ impl DeviceHandle {
             describe,
             members,
             cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
+            mounted,
             backend,
             ctrls,
         })
@@ -173,8 +183,23 @@ impl DeviceHandle {
         &self.describe
     }
 
-    /// Mounts blockfs (each call reads it afresh).
-    pub fn mount(&self) -> Result<FileSystem> {
+    /// Mounts blockfs: afresh on each call, except on a handle whose images are read-only
+    /// (nothing can change them while it is open), which mounts once and keeps the result; a
+    /// failed mount is not kept.
+    pub fn mount(&self) -> Result<Arc<FileSystem>> {
+        let Some(cache) = &self.mounted else {
+            return self.mount_afresh().map(Arc::new);
+        };
+        let mut held = cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(fs) = held.as_ref() {
+            return Ok(fs.clone());
+        }
+        let fs = Arc::new(self.mount_afresh()?);
+        *held = Some(fs.clone());
+        Ok(fs)
+    }
+
+    fn mount_afresh(&self) -> Result<FileSystem> {
         let nsid = self.nsid;
         FileSystem::mount(self.block()?).map_err(|e| match e {
             e @ blockfs::Error::NotBlockfs(_) => anyhow::Error::new(e).context(format!(
@@ -230,7 +255,7 @@ impl DeviceHandle {
 
     /// The files whose names start with `prefix`.
     pub fn ls(&self, prefix: &str) -> Result<ListReport> {
-        Ok(ListReport::of(&self.mount()?, prefix))
+        Ok(ListReport::of(&*self.mount()?, prefix))
     }
 
     /// Copies host file `src` in as `name` (replacing it by one commit with `force`).
@@ -262,7 +287,7 @@ impl DeviceHandle {
 
     /// `name`'s size, allocation, extents and generation.
     pub fn stat(&self, name: &str) -> Result<StatReport> {
-        Ok(StatReport::of(&self.mount()?, name)?)
+        Ok(StatReport::of(&*self.mount()?, name)?)
     }
 
     /// Up to `size` bytes of `name` from `offset` (to the end of the file when `None`), read
@@ -604,6 +629,7 @@ impl DeviceHandle {
                 "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
                 "data_path": gpu_fs::data_path(setup, false),
                 "controller_copies": gpu_fs::controller_copies(setup),
+                "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
             });
             anyhow::Ok((loaded, report))
         })?;

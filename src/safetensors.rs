@@ -12,6 +12,7 @@ use std::sync::Arc;
 use blockfs::File;
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_queues::GpuBuffer;
+use gpu_queues::ffi::DeviceMemory;
 use serde_json::Value;
 
 use crate::gpu::GpuSetup;
@@ -237,23 +238,33 @@ pub fn parse_header(
     Ok(out)
 }
 
+/// Bytes of a file read at once to find its header (one command; a longer header takes a
+/// second read).
+const FIRST_HEADER_READ: u64 = 64 << 10;
+
 /// Reads and parses the header of blockfs file `f` (named `name` in errors).
 pub fn read_header(name: &str, f: &File) -> Result<Header, SafetensorsError> {
     let len = f.stat()?.size;
-    let mut n8 = [0u8; 8];
-    if len < 8 || f.read_at(0, &mut n8)? != 8 {
+    // The length word and (usually all of) the header in one read: every read here is a
+    // command, and a load waits for the headers before its GPU reads start.
+    let mut head = vec![0u8; len.min(FIRST_HEADER_READ) as usize];
+    if len < 8 || f.read_at(0, &mut head)? != head.len() {
         return Err(bad(name, format!("{len} bytes: shorter than a header")));
     }
-    let hlen = u64::from_le_bytes(n8);
+    let hlen = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
     if hlen > len - 8 || hlen > MAX_HEADER_BYTES {
         return Err(bad(
             name,
             format!("a header of {hlen} bytes in a {len}-byte file"),
         ));
     }
-    let mut json = vec![0u8; hlen as usize];
-    if f.read_at(8, &mut json)? != json.len() {
-        return Err(bad(name, "short header read"));
+    let have = (head.len() - 8).min(hlen as usize);
+    let mut json = head[8..8 + have].to_vec();
+    if have < hlen as usize {
+        json.resize(hlen as usize, 0);
+        if f.read_at(8 + have as u64, &mut json[have..])? != hlen as usize - have {
+            return Err(bad(name, "short header read"));
+        }
     }
     let data_start = 8 + hlen;
     let tensors = parse_header(name, &json, len - data_start)?;
@@ -432,6 +443,20 @@ pub struct Loaded {
     pub arena_secs: f64,
     /// Seconds spent putting the files' extent tables in GPU memory and planning the reads.
     pub tables_secs: f64,
+    /// When the batch of reads was launched.
+    pub launched: std::time::Instant,
+}
+
+/// The load's arena: GPU memory the controller reaches, not zeroed first (every tensor byte
+/// is read into it; a memset of the whole arena ahead of the reads only delayed them), so
+/// the bytes between tensors (alignment padding) are unspecified. Transports that cannot map
+/// memory allocated elsewhere get a zeroed buffer of their own.
+fn arena(setup: &GpuSetup, len: usize) -> Result<GpuBuffer, gpu_queues::GpuError> {
+    let mem = Arc::new(DeviceMemory::alloc_uninit(setup.queues.cuda(), len)?);
+    match setup.queues.map_memory(mem) {
+        Err(gpu_queues::GpuError::Unsupported(_)) => setup.queues.alloc_buffer(len),
+        r => r,
+    }
 }
 
 /// Reads every tensor of `files` (blockfs files with their parsed headers, named `names`)
@@ -447,10 +472,11 @@ pub fn load(
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
     let t0 = std::time::Instant::now();
-    let arena = setup
-        .queues
-        .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
-        .map_err(|e| gpu(&e))?;
+    let arena = arena(
+        setup,
+        usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?,
+    )
+    .map_err(|e| gpu(&e))?;
     let arena_secs = t0.elapsed().as_secs_f64();
     let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
     let opened = files
@@ -472,6 +498,7 @@ pub fn load(
         .collect::<Result<Vec<_>, blockfs_gpu::FilesError>>()
         .map_err(|e| gpu(&e))?;
     let tables_secs = t0.elapsed().as_secs_f64() - arena_secs;
+    let launched = std::time::Instant::now();
     let (bytes, secs) = if ranges.is_empty() {
         (0, 0.0)
     } else {
@@ -495,6 +522,7 @@ pub fn load(
         secs,
         arena_secs,
         tables_secs,
+        launched,
     })
 }
 
@@ -693,5 +721,44 @@ mod tests {
             assert_eq!(d.size(), size);
         }
         assert_eq!(Dtype::parse("bf16"), None);
+    }
+
+    #[test]
+    fn headers_shorter_and_longer_than_the_first_read_parse() {
+        use blockfs::{FileSystem, MemDevice, MkfsOptions, OpenMode};
+        let dev = Arc::new(MemDevice::new(512, 16 << 11));
+        let fs = FileSystem::mkfs(dev, &MkfsOptions::default()).unwrap();
+        // 4 tensors (a few hundred bytes of header), and 3,000 (past the first 64 KiB read).
+        for (i, n) in [4usize, 3000].into_iter().enumerate() {
+            let tensors: Vec<TensorToWrite> = (0..n)
+                .map(|k| TensorToWrite {
+                    name: format!("layer.{k}.weight"),
+                    dtype: Dtype::F32,
+                    shape: vec![2],
+                    bytes: 8,
+                })
+                .collect();
+            let head = file_header("m", &tensors, &Default::default()).unwrap();
+            assert_eq!(
+                head.len() as u64 > FIRST_HEADER_READ,
+                i == 1,
+                "{} bytes",
+                head.len()
+            );
+            let name = format!("m{i}.safetensors");
+            let f = fs.create(&name, &Default::default()).unwrap();
+            let mut bytes = head.clone();
+            bytes.extend((0..n * 8).map(|b| b as u8));
+            f.write_at(0, &bytes).unwrap();
+            drop(f);
+            let h = read_header(&name, &fs.open(&name, OpenMode::ReadOnly).unwrap()).unwrap();
+            assert_eq!(h.data_start, head.len() as u64);
+            assert_eq!(h.tensors.len(), n);
+            assert_eq!(h.tensors[n - 1].name, format!("layer.{}.weight", n - 1));
+            assert_eq!(
+                (h.tensors[n - 1].begin, h.tensors[n - 1].end),
+                (8 * n as u64 - 8, 8 * n as u64)
+            );
+        }
     }
 }

@@ -298,6 +298,7 @@ def one(job):
         row["load_seconds"] = info.get("seconds")
         row["load_gbytes_per_s"] = round(info.get("bytes_per_sec", 0) / 1e9, 3)
         row["controller_copies"] = info.get("controller_copies")
+        row["controller_threads"] = info.get("controller_threads")
         row["phases"] = info.get("phases")
         cap = info.get("model_cap_bytes_per_sec")
         if cap:

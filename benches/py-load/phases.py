@@ -9,7 +9,8 @@ It writes the 0.6B-shaped model (benches/py-load/bench.py's), puts it into a blo
 reads the image once (bench.warm), opens one handle with its GPU queues up, then loads the
 model REPS times, printing per load: the call's time and GB/s, the native phases (mount and
 headers, arena, extent tables, reads), the DLPack and tensor-view times, and the controller's
-pread time summed over its threads. The first load is checked against safetensors. Knobs
+pread time summed over its threads, and per controller thread when it started and stopped
+staging the load's Reads and how many bytes it staged. The first load is checked against safetensors. Knobs
 (environment): THREADS (controller threads; default one per CPU), QP (queue pairs, 64), REPS
 (6), MODEL (0.6b or 7b), RESETUP=1 (tear the GPU queues down and bring them up before every
 load after the first), WARMAGAIN=1 (bench.warm the image again before every load after the
@@ -91,6 +92,7 @@ if int(env("PREREAD", "0")) > 0:
     del buf
 last = dict((getattr(dev, "last_io", None) or {}).get("controller_copies") or {})
 file_ms = last.get("file_read_ms", 0.0)
+last_bytes = {}
 for i in range(int(env("REPS", "6"))):
     if i > 0 and env("WARMAGAIN"):
         t = time.perf_counter()
@@ -142,6 +144,22 @@ for i in range(int(env("REPS", "6"))):
              if isinstance(v, (int, float)) and v != last.get(k, 0)}
     last = dict(copies)
     print(f"  controller: {json.dumps(delta)}", flush=True)
+    # Each controller thread: first and last staged Read of this load (ms after the launch),
+    # and the bytes it staged in this load (the counters run over the handle's life).
+    threads = r.get("controller_threads") or []
+    if threads:
+        mb = [(t["staged_bytes"] - last_bytes.get(k, 0)) / 1e6 for k, t in enumerate(threads)]
+        last_bytes = {k: t["staged_bytes"] for k, t in enumerate(threads)}
+        firsts = sorted(t["first_ms"] for t in threads if t["first_ms"] is not None)
+        lasts = sorted(t["last_ms"] for t in threads if t["last_ms"] is not None)
+        if firsts and lasts:
+            print(f"  threads: first staged {firsts[0]:.2f} / {firsts[len(firsts) // 2]:.2f} / "
+                  f"{firsts[-1]:.2f} ms (min/median/max), last {lasts[0]:.2f} / "
+                  f"{lasts[len(lasts) // 2]:.2f} / {lasts[-1]:.2f} ms; MB per thread "
+                  f"{min(mb):.0f}..{max(mb):.0f} (mean {sum(mb) / len(mb):.0f}); "
+                  f"per thread first/last/MB: "
+                  + " ".join(f"{t['first_ms'] or 0:.1f}/{t['last_ms'] or 0:.1f}/{m:.0f}"
+                             for t, m in zip(threads, mb)), flush=True)
     if i == 0:
         ref, _ = bench.load_safetensors(files)
         print("verify:", bench.verify(ref, out) or "every tensor equal", flush=True)

@@ -6,7 +6,7 @@
 // Header-only, namespace gpunvme::fs, built only on gpunvme.cuh's calls: every wait is bounded
 // by the queue's timeout and abort word, nothing traps or prints. The host side is the Rust
 // module blockfs_gpu (GpuFiles), which uploads the tables, plans the grid and checks the
-// results; its pure functions (plan_piece, chunk_of, crc32c_*) are the Rust twins of the
+// results; its pure functions (plan_piece, chunk_of, warp_span, crc32c_*) are the Rust twins of the
 // functions below and are unit-tested on machines without a GPU.
 //
 // Layout contract: table_header / table_file / table_extent are blockfs's TableHeader /
@@ -286,6 +286,25 @@ __device__ __forceinline__ void chunk_of(uint64_t offset, uint64_t len, uint32_t
     const uint64_t s = c * chunk_bytes, e = s + chunk_bytes;
     *cs = s > offset ? s : offset;
     *ce = e < offset + len ? e : offset + len;
+}
+
+/// The chunks warp `warp` of `warps` takes in the round of the batch file kernel that starts at
+/// chunk `start` and holds `n` chunks (n <= 32 * warps): [*lo, *hi), at most 32, one per lane.
+/// `spread`: the round's chunks are cut evenly over the warps (their counts differ by at most
+/// one), so queues given equal numbers of warps get equal work; else warp w takes the 32 chunks
+/// from start + 32 w (the last warps of a short round none).
+__device__ __forceinline__ void warp_span(uint64_t start, uint64_t n, uint64_t warps,
+                                          uint64_t warp, bool spread, uint64_t* lo,
+                                          uint64_t* hi) {
+    if (spread) {
+        *lo = start + warp * n / warps;
+        *hi = start + (warp + 1) * n / warps;
+    } else {
+        const uint64_t a = warp * 32 < n ? warp * 32 : n;
+        const uint64_t b = a + 32 < n ? a + 32 : n;
+        *lo = start + a;
+        *hi = start + b;
+    }
 }
 
 __device__ __forceinline__ void fence_gpu_acq_rel() {

@@ -326,7 +326,10 @@ struct file_params {
     uint32_t nios;
     uint32_t chunk_bytes;   // chunk size: a multiple of 4096 (so of every LBA size)
     uint32_t warp_mode;     // 1: lanes of a warp together (rw_file_warp), 0: threads alone
-    uint64_t reserved[3];
+    uint32_t warps;         // warp mode: warps that take chunks, each round's cut evenly over
+                            // them (fs::warp_span); 0: every warp of the grid, 32 chunks each
+    uint32_t reserved0;
+    uint64_t reserved[2];
 };
 
 static_assert(sizeof(file_io) == GPUNVME_FILE_IO_SIZE, "file_io size");
@@ -362,8 +365,11 @@ __device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_i
 
 /// Batched file I/O: every range of `ios` is cut into chunks (fs::chunk_of) and the chunks
 /// are spread over the grid, one per thread (warp_mode 0, fs::rw_file_thread) or one per
-/// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. Each
-/// range's first failure is stored in it; the other ranges go on.
+/// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. In warp
+/// mode the chunks go in rounds of 32 per warp; with p.warps set (the host makes it a multiple
+/// of nqueues where it can) a round's chunks are cut evenly over those warps (fs::warp_span),
+/// so every queue gets the same work, the last round included. Each range's first failure is
+/// stored in it; the other ranges go on.
 extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
     const file_params p = *pp;
     if (p.nios == 0 || p.nqueues == 0 || p.chunk_bytes == 0) return;  // warm-up launch
@@ -373,14 +379,23 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
     if (p.warp_mode) {
         // blockDim.x is a multiple of 32: every warp is whole.
         const uint64_t warp = gtid / 32;
+        const bool spread = p.warps != 0;
+        const uint64_t warps = spread ? p.warps : nthreads / 32;
+        if (warp >= warps) return;  // the grid's last block may hold warps past p.warps
         const queue_desc& q = queues[warp % p.nqueues];
-        for (uint64_t base = warp * 32; base < p.total_chunks; base += nthreads) {
-            const uint64_t c = base + lane_id();
+        // Rounds are warp-uniform (start, n, warps, warp): every lane of the warp takes part in
+        // rw_file_warp's collective steps, inactive lanes included.
+        for (uint64_t start = 0; start < p.total_chunks; start += 32 * warps) {
+            const uint64_t left = p.total_chunks - start;
+            const uint64_t n = left < 32 * warps ? left : 32 * warps;
+            uint64_t lo = 0, hi = 0;
+            fs::warp_span(start, n, warps, warp, spread, &lo, &hi);
+            const uint64_t c = lo + lane_id();
             file_io* io = nullptr;
             fs::table t{};
             const fs::table_file* f = nullptr;
             uint64_t cs = 0, ce = 0;
-            bool active = c < p.total_chunks && file_chunk_setup(p, c, &io, &t, &f, &cs, &ce);
+            bool active = c < hi && file_chunk_setup(p, c, &io, &t, &f, &cs, &ce);
             uint64_t ptr = 0, bus = 0, scratch = 0;
             if (active) {
                 ptr = io->ptr + (cs - io->offset);

@@ -172,3 +172,60 @@ def test_arena_views_match_slices_of_every_dtype_and_shape():
         # A view, not a copy: the tensor's bytes are the arena's.
         if nbytes:
             assert v.data_ptr() == arena.data_ptr() + offset, name
+
+
+class _FakeTorch:
+    """Just enough of torch for gpunvme._arena_views: tensors that remember their byte offset
+    in the arena, element size and shape, so the views' arithmetic is checked without torch."""
+
+    float16, float32, int8 = 2, 4, 1
+
+    class Tensor:
+        def __init__(self, offset, count, size, shape=None):
+            self.offset, self.count, self.size = offset, count, size
+            self.shape = [count] if shape is None else shape
+
+        def numel(self):
+            return self.count
+
+        def element_size(self):
+            return self.size
+
+        def view(self, what):
+            if isinstance(what, int):  # a dtype: the whole (byte) tensor retyped
+                assert self.offset == 0 and self.size == 1 and self.count % what == 0
+                return _FakeTorch.Tensor(0, self.count // what, what)
+            n = 1
+            for d in what:
+                n *= d
+            assert n == self.count, f"view {what} of {self.count} elements"
+            return _FakeTorch.Tensor(self.offset, self.count, self.size, list(what))
+
+        def split_with_sizes(self, sizes):
+            assert all(s >= 0 for s in sizes) and sum(sizes) == self.count
+            out, at = [], self.offset
+            for s in sizes:
+                out.append(_FakeTorch.Tensor(at, s, self.size))
+                at += s * self.size
+            return out
+
+
+def test_arena_views_land_on_each_tensor_in_the_given_order():
+    # (name, dtype, shape, offset, nbytes) as the native loader hands them over: 256-aligned,
+    # dtypes interleaved, a scalar, an empty tensor, gaps between them.
+    tensors = [
+        ("b.weight", "F32", [3, 5], 512, 60),
+        ("a.norm", "F16", [7], 0, 14),
+        ("c.scalar", "F32", [], 768, 4),
+        ("d.empty", "F16", [0, 4], 1024, 0),
+        ("e.q", "I8", [2, 2, 8], 1024, 32),
+        ("f.last", "F16", [64], 1280, 128),
+    ]
+    arena = _FakeTorch.Tensor(0, 1536, 1)
+    out = gpunvme._arena_views(_FakeTorch, arena, tensors)
+    assert list(out) == [t[0] for t in tensors]
+    sizes = {"F16": 2, "F32": 4, "I8": 1}
+    for name, dtype, shape, offset, nbytes in tensors:
+        v = out[name]
+        assert (v.offset, v.size, v.shape) == (offset, sizes[dtype], shape), name
+        assert v.count * v.size == nbytes, name

@@ -56,8 +56,13 @@ pub struct FileParams {
     pub chunk_bytes: u32,
     /// 1: one chunk per lane of a warp; 0: one per thread.
     pub warp_mode: u32,
+    /// Warp mode: the warps that take chunks, each round's chunks cut evenly over them
+    /// ([`crate::plan::warp_span`]); 0: every warp of the grid, 32 chunks each.
+    pub warps: u32,
     /// Reserved.
-    pub reserved: [u64; 3],
+    pub reserved0: u32,
+    /// Reserved.
+    pub reserved: [u64; 2],
 }
 const _: () = assert!(size_of::<FileParams>() == 64);
 
@@ -124,6 +129,7 @@ mod tests {
         assert_eq!(offset_of!(FileIo, first_chunk), 48);
         assert_eq!(offset_of!(FileIo, status), 64);
         assert_eq!(offset_of!(FileParams, chunk_bytes), 32);
+        assert_eq!(offset_of!(FileParams, warps), 40);
         // CRC-32C as blockfs records it (FORMAT.md): the polynomial here is the crc32c crate's.
         assert_eq!(crate::plan::crc32c_segmented(b"123456789", 4), 0xe306_9283);
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);

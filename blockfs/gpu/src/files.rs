@@ -202,6 +202,13 @@ pub struct GpuFilesOptions {
     /// Most warps (or threads / 32) the kernel launches (default: 32 per queue... as many as
     /// every queue can keep busy: depth / 32 warps per queue).
     pub max_warps: Option<u32>,
+    /// Warp mode: run a multiple of the queue count of warps where the cap allows and cut each
+    /// round's chunks evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]),
+    /// so every queue gets the same work (default). Off (`GPUNVME_FILE_SPREAD=off` in the
+    /// environment, for comparisons): 32 chunks per warp, and the last round's on the first
+    /// warps only, which left some queues (and the controller threads serving them) a warp's
+    /// worth more than others.
+    pub spread: bool,
     /// Bound of a host-side wait for a batch (every device-side wait is bounded by the queues'
     /// own timeout as well).
     pub timeout: Duration,
@@ -213,6 +220,7 @@ impl Default for GpuFilesOptions {
             warp: true,
             chunk_bytes: None,
             max_warps: None,
+            spread: std::env::var("GPUNVME_FILE_SPREAD").as_deref() != Ok("off"),
             timeout: Duration::from_secs(600),
         }
     }
@@ -225,6 +233,8 @@ pub struct LaunchShape {
     pub chunks: u64,
     /// Blocks × threads per block.
     pub grid: (u32, u32),
+    /// Warps that take chunks (warp mode; the grid's last block may hold more).
+    pub warps: u32,
     /// Lanes of a warp together (else threads alone).
     pub warp: bool,
     /// Chunk size in bytes.
@@ -549,8 +559,9 @@ impl<'q> GpuFiles<'q> {
             .unwrap_or((q.len() as u32).saturating_mul(per_queue_warps).min(4096))
             .max(1);
         let block = 128u32;
+        let warps = crate::plan::file_warps(chunks, q.len() as u32, max_warps, self.opts.spread);
         let threads = if warp {
-            (chunks.div_ceil(32).min(max_warps as u64) * 32).max(32)
+            warps as u64 * 32
         } else {
             chunks.min(max_warps as u64 * 32).max(1)
         };
@@ -558,6 +569,7 @@ impl<'q> GpuFiles<'q> {
         let shape = LaunchShape {
             chunks,
             grid: (grid, block),
+            warps: if warp { warps } else { 0 },
             warp,
             chunk_bytes,
         };
@@ -576,7 +588,9 @@ impl<'q> GpuFiles<'q> {
             nios: ios.len() as u32,
             chunk_bytes,
             warp_mode: warp as u32,
-            reserved: [0; 3],
+            warps: if warp && self.opts.spread { warps } else { 0 },
+            reserved0: 0,
+            reserved: [0; 2],
         };
         let pmem = DeviceMemory::alloc(q.cuda(), size_of::<FileParams>())?;
         pmem.write(0, params.as_bytes())?;

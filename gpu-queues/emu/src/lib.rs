@@ -68,6 +68,10 @@ pub trait GpuQueuesExt: Sized {
     /// What the software controller's copy engines did, when it serves these queues.
     fn dma_stats(&self) -> Option<DmaStats>;
 
+    /// The same per controller thread (by thread index), when the software controller serves
+    /// these queues.
+    fn dma_stats_per_thread(&self) -> Option<Vec<DmaStats>>;
+
     /// How the software controller moves batches, when it serves these queues.
     fn copy_mode(&self) -> Option<CopyMode>;
 
@@ -104,6 +108,10 @@ impl GpuQueuesExt for GpuQueues {
 
     fn dma_stats(&self) -> Option<DmaStats> {
         SoftwareTransport::of(self).map(SoftwareTransport::dma_stats)
+    }
+
+    fn dma_stats_per_thread(&self) -> Option<Vec<DmaStats>> {
+        SoftwareTransport::of(self).map(SoftwareTransport::dma_stats_per_thread)
     }
 
     fn copy_mode(&self) -> Option<CopyMode> {

@@ -230,7 +230,15 @@ pub struct DmaStats {
     pub mapped_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
+    /// When the first Read after a lull (no staged Read for [`LULL`]) was staged: the start
+    /// of the latest burst of work, such as a load.
+    pub burst_start: Option<Instant>,
+    /// When the last staged Read's data was in staging.
+    pub last_staged: Option<Instant>,
 }
+
+/// A pause between staged Reads that starts a new burst ([`DmaStats::burst_start`]).
+const LULL: Duration = Duration::from_millis(5);
 
 impl DmaStats {
     fn add(&mut self, o: &DmaStats) {
@@ -250,6 +258,11 @@ impl DmaStats {
         self.staged_file_bytes += o.staged_file_bytes;
         self.mapped_bytes += o.mapped_bytes;
         self.engine_copies += o.engine_copies;
+        self.burst_start = match (self.burst_start, o.burst_start) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_staged = self.last_staged.max(o.last_staged);
     }
 }
 
@@ -532,6 +545,11 @@ impl GpuDma {
         total
     }
 
+    /// Each controller thread's engine's counters, by thread index.
+    pub fn stats_per_thread(&self) -> Vec<DmaStats> {
+        self.engines.iter().map(|e| lock(e).stats).collect()
+    }
+
     /// Stages `data` for GPU address `dst`; `late` pieces are written after all others of the
     /// same flush.
     fn stage(
@@ -664,6 +682,14 @@ impl GpuDma {
             return Ok(Some(Ok(())));
         }
         st.stats.staged_file_bytes += len as u64;
+        let now = Instant::now();
+        if st
+            .stats
+            .last_staged
+            .is_none_or(|t| now.saturating_duration_since(t) > LULL)
+        {
+            st.stats.burst_start = Some(now);
+        }
         let mut file_ns = 0;
         let by_engine = self.staged == StagedCopies::Engine
             && self.mode == CopyMode::Kernels
@@ -683,6 +709,7 @@ impl GpuDma {
             })
         });
         st.stats.file_ns += file_ns;
+        st.stats.last_staged = Some(Instant::now());
         r.map(Some)
     }
 
@@ -1411,6 +1438,11 @@ impl SoftwareTransport {
     /// The transport of `queues`, when it is the software controller.
     pub fn of(queues: &GpuQueues) -> Option<&Self> {
         queues.backend().as_any().downcast_ref::<Self>()
+    }
+
+    /// What each controller thread's copy engine did, by thread index.
+    pub fn dma_stats_per_thread(&self) -> Vec<DmaStats> {
+        self.engine.stats_per_thread()
     }
 
     /// What the copy engines did (totals over the controller's threads).

@@ -38,9 +38,10 @@ const SPIN_TIME: Duration = Duration::from_micros(50);
 const EMPTY_PARK_MAX: Duration = Duration::from_millis(100);
 
 /// A thread polling external doorbells (which nothing can wake it for) that has found nothing
-/// for this long sleeps [`POLL_NAP`] between passes instead of yielding: GPU queues kept up by
+/// for this long naps [`POLL_NAP`] between passes instead of yielding: GPU queues kept up by
 /// an idle embedder (a Python handle between calls) then cost a few wake-ups per millisecond,
-/// not a core per thread. The first command after such a lull waits up to one nap longer.
+/// not a core per thread. The first GPU-issued command after such a lull waits up to one nap
+/// longer; a register doorbell write (a CPU queue's command) unparks the nap at once.
 const POLL_NAP_AFTER: Duration = Duration::from_millis(20);
 
 /// How long such a thread sleeps per pass.
@@ -937,7 +938,11 @@ impl Idle {
             if now - since < POLL_NAP_AFTER {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(POLL_NAP);
+                // Parked, not asleep: a CPU queue's doorbell write (which unparks the thread
+                // serving it) is not kept waiting for the nap's end. Blockfs's mount and a
+                // load's header reads are a handful of such commands, each of which waited up
+                // to a nap (0.2 ms) when the thread also served GPU queues.
+                std::thread::park_timeout(POLL_NAP);
             }
             return;
         }
