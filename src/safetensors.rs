@@ -12,7 +12,6 @@ use std::sync::Arc;
 use blockfs::File;
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_queues::GpuBuffer;
-use gpu_queues::ffi::DeviceMemory;
 use serde_json::Value;
 
 use crate::gpu::GpuSetup;
@@ -447,18 +446,6 @@ pub struct Loaded {
     pub launched: std::time::Instant,
 }
 
-/// The load's arena: GPU memory the controller reaches, not zeroed first (every tensor byte
-/// is read into it; a memset of the whole arena ahead of the reads only delayed them), so
-/// the bytes between tensors (alignment padding) are unspecified. Transports that cannot map
-/// memory allocated elsewhere get a zeroed buffer of their own.
-fn arena(setup: &GpuSetup, len: usize) -> Result<GpuBuffer, gpu_queues::GpuError> {
-    let mem = Arc::new(DeviceMemory::alloc_uninit(setup.queues.cuda(), len)?);
-    match setup.queues.map_memory(mem) {
-        Err(gpu_queues::GpuError::Unsupported(_)) => setup.queues.alloc_buffer(len),
-        r => r,
-    }
-}
-
 /// Reads every tensor of `files` (blockfs files with their parsed headers, named `names`)
 /// into one new GPU arena on `setup`'s queues, by one batch of GPU file reads; `watch` is the
 /// batch's watchdog ([`crate::gpu::watchdog`]).
@@ -472,11 +459,10 @@ pub fn load(
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
     let t0 = std::time::Instant::now();
-    let arena = arena(
-        setup,
-        usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?,
-    )
-    .map_err(|e| gpu(&e))?;
+    let arena = setup
+        .queues
+        .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
+        .map_err(|e| gpu(&e))?;
     let arena_secs = t0.elapsed().as_secs_f64();
     let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
     let opened = files

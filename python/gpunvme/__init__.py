@@ -195,33 +195,30 @@ def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
                      _CAI_DTYPES.get(typestr[1:]), shape, obj)
 
 
+def _contiguous_strides(shape: List[int]) -> List[int]:
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= shape[i]
+    return strides
+
+
 def _arena_views(torch: Any, arena: Any, tensors: List[Any]) -> Dict[str, Any]:
-    """``{name: tensor}`` (in the order given), each tensor a view of the byte tensor
-    ``arena``: per dtype, one typed view of the whole arena cut by ONE ``split_with_sizes``
-    into that dtype's tensors and the bytes between them, then one ``view(shape)`` per tensor.
-    The arena's tensors start at 256-byte-aligned offsets, do not overlap, and its length is a
-    multiple of 256, so every dtype's view of it is exact. A model has hundreds of tensors and
-    each torch call from Python costs microseconds: this is one call per tensor where an
-    ``as_strided`` with its strides (computed in Python) cost about twice as much."""
-    out: Dict[str, Any] = dict.fromkeys(t[0] for t in tensors)
-    by_dtype: Dict[str, List[Any]] = {}
-    for name, dtype, shape, offset, nbytes in tensors:
-        by_dtype.setdefault(dtype, []).append((offset, nbytes, name, shape))
-    total = arena.numel()
-    for dtype, items in by_dtype.items():
-        typed = arena.view(getattr(torch, _TORCH_DTYPES[dtype]))
-        size = typed.element_size()
-        items.sort(key=lambda t: t[0])
-        sizes = []
-        at = 0
-        for offset, nbytes, _name, _shape in items:
-            sizes.append((offset - at) // size)
-            sizes.append(nbytes // size)
-            at = offset + nbytes
-        sizes.append((total - at) // size)
-        pieces = typed.split_with_sizes(sizes)
-        for k, (_offset, _nbytes, name, shape) in enumerate(items):
-            out[name] = pieces[2 * k + 1].view(shape)
+    """``{name: tensor}``, each tensor a view of the byte tensor ``arena``: one typed view of
+    the whole arena per dtype, then one ``as_strided`` per tensor (its offset in elements).
+    The arena's tensors start at 256-byte-aligned offsets and its length is a multiple of 256,
+    so every dtype's view of it is exact. One torch call per tensor (not a slice, a dtype view
+    and a reshape): a model has hundreds of tensors and each call costs microseconds."""
+    typed: Dict[str, Any] = {}
+    out: Dict[str, Any] = {}
+    for name, dtype, shape, offset, _nbytes in tensors:
+        view = typed.get(dtype)
+        if view is None:
+            view = typed[dtype] = arena.view(getattr(torch, _TORCH_DTYPES[dtype]))
+        out[name] = view.as_strided(
+            shape, _contiguous_strides(shape), offset // view.element_size()
+        )
     return out
 
 

@@ -201,13 +201,14 @@ class _FakeTorch:
             assert n == self.count, f"view {what} of {self.count} elements"
             return _FakeTorch.Tensor(self.offset, self.count, self.size, list(what))
 
-        def split_with_sizes(self, sizes):
-            assert all(s >= 0 for s in sizes) and sum(sizes) == self.count
-            out, at = [], self.offset
-            for s in sizes:
-                out.append(_FakeTorch.Tensor(at, s, self.size))
-                at += s * self.size
-            return out
+        def as_strided(self, shape, strides, offset):
+            n, want = 1, []
+            for d in reversed(shape):
+                want.insert(0, n)
+                n *= d
+            assert list(strides) == want, f"strides {strides} of {shape}"
+            assert (offset + n) * self.size <= self.count * self.size, "inside the arena"
+            return _FakeTorch.Tensor(offset * self.size, n, self.size, list(shape))
 
 
 def test_arena_views_land_on_each_tensor_in_the_given_order():

@@ -86,14 +86,7 @@ impl DeviceMemory {
     /// Allocates `len` bytes, zeroed (CUDA rounds up to 64 KiB granularity; `host-gpu` maps
     /// 64 KiB units likewise).
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
-        backend::alloc_device(cuda, len, true)
-    }
-
-    /// Allocates `len` bytes without zeroing them (a memset of the whole allocation before
-    /// use), for memory the caller overwrites anyway: what it holds until then is whatever the
-    /// driver handed out (`host-gpu`: zeroes).
-    pub fn alloc_uninit(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
-        backend::alloc_device(cuda, len, false)
+        backend::alloc_device(cuda, len)
     }
 
     /// GPU address of the first byte (with `host-gpu`: the host address).
