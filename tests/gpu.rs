@@ -1602,7 +1602,7 @@ mod files {
     use blockfs::{
         CreateOptions, FileSystem, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
     };
-    use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
+    use blockfs_gpu::{ChunkOrder, FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 
     pub(super) fn data(seed: u64, n: usize) -> Vec<u8> {
         let mut x = seed | 1;
@@ -1848,17 +1848,22 @@ mod files {
                 (65_536 + 511, 3 * 65_536 + 3),
                 (7, len as u64 - 7),
             ];
-            for (warp, chunk) in [
-                (true, None),
-                (false, None),
-                (true, Some(8192)),
-                (false, Some(4096)),
+            // Warps claiming chunks (8 KiB chunks: several rounds on 2 queues), spreading them,
+            // or taking them in grid order; threads alone.
+            for (warp, chunk, order) in [
+                (true, None, ChunkOrder::Claim),
+                (false, None, ChunkOrder::Claim),
+                (true, Some(8192), ChunkOrder::Claim),
+                (true, Some(8192), ChunkOrder::Spread),
+                (true, Some(8192), ChunkOrder::Grid),
+                (false, Some(4096), ChunkOrder::Claim),
             ] {
                 let files = GpuFiles::new(
                     &r.gpu,
                     GpuFilesOptions {
                         warp,
                         chunk_bytes: chunk,
+                        chunks: order,
                         ..Default::default()
                     },
                 );
@@ -1887,10 +1892,16 @@ mod files {
                     assert!(
                         host_bytes(&buf, b as usize, n as usize)
                             == want[off as usize..(off + n) as usize],
-                        "lba {lba} warp {warp} chunk {chunk:?}: {off}+{n} at buffer {b}"
+                        "lba {lba} warp {warp} chunk {chunk:?} {order:?}: {off}+{n} at buffer {b}"
                     );
                 }
                 assert_eq!(res.bytes(), cases.iter().map(|c| c.1).sum::<u64>());
+                assert_eq!(
+                    res.shape.claim,
+                    warp && chunk == Some(8192) && order == ChunkOrder::Claim,
+                    "{:?}",
+                    res.shape
+                );
                 // Reads stop at the length (pread): 3 bytes asked at len - 1, 1 read.
                 let small = r.gpu.alloc_buffer(4096).expect("buffer");
                 let got = files

@@ -328,8 +328,10 @@ struct file_params {
     uint32_t warp_mode;     // 1: lanes of a warp together (rw_file_warp), 0: threads alone
     uint32_t warps;         // warp mode: warps that take chunks, each round's cut evenly over
                             // them (fs::warp_span); 0: every warp of the grid, 32 chunks each
-    uint32_t reserved0;
-    uint64_t reserved[2];
+    uint32_t claim;         // warp mode, with warps: warps claim 32 chunks at a time from
+                            // next_chunk instead of taking rounds in turn
+    uint64_t next_chunk;    // the claims' counter (0 at launch; the kernel adds to it)
+    uint64_t reserved;
 };
 
 static_assert(sizeof(file_io) == GPUNVME_FILE_IO_SIZE, "file_io size");
@@ -368,9 +370,14 @@ __device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_i
 /// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. In warp
 /// mode the chunks go in rounds of 32 per warp; with p.warps set (the host makes it a multiple
 /// of nqueues where it can) a round's chunks are cut evenly over those warps (fs::warp_span),
-/// so every queue gets the same work, the last round included. Each range's first failure is
-/// stored in it; the other ranges go on.
-extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
+/// so every queue gets the same work, the last round included. With p.claim each warp claims
+/// its next 32 chunks from a counter once its last ones are done, so queues served faster take
+/// more (a software controller's threads, or SSDs, do not all run at one speed). Each range's
+/// first failure is stored in it; the other ranges go on.
+///
+/// The claims' counter is p.next_chunk in the parameter block (zeroed by the host before the
+/// launch): a relaxed fetch_add by lane 0, the only thing the warps share; it orders nothing.
+extern "C" __global__ void gpunvme_file_rw(file_params* pp) {
     const file_params p = *pp;
     if (p.nios == 0 || p.nqueues == 0 || p.chunk_bytes == 0) return;  // warm-up launch
     const queue_desc* queues = reinterpret_cast<const queue_desc*>(p.queues);
@@ -383,13 +390,10 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
         const uint64_t warps = spread ? p.warps : nthreads / 32;
         if (warp >= warps) return;  // the grid's last block may hold warps past p.warps
         const queue_desc& q = queues[warp % p.nqueues];
-        // Rounds are warp-uniform (start, n, warps, warp): every lane of the warp takes part in
-        // rw_file_warp's collective steps, inactive lanes included.
-        for (uint64_t start = 0; start < p.total_chunks; start += 32 * warps) {
-            const uint64_t left = p.total_chunks - start;
-            const uint64_t n = left < 32 * warps ? left : 32 * warps;
-            uint64_t lo = 0, hi = 0;
-            fs::warp_span(start, n, warps, warp, spread, &lo, &hi);
+        // One round: lanes take chunks lo + lane below hi. Rounds are warp-uniform (lo, hi
+        // are the same in every lane): every lane of the warp takes part in rw_file_warp's
+        // collective steps, inactive lanes included.
+        auto round = [&](uint64_t lo, uint64_t hi) {
             const uint64_t c = lo + lane_id();
             file_io* io = nullptr;
             fs::table t{};
@@ -408,6 +412,24 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
             status s = fs::rw_file_warp(q, t, f, active && io->write, active, cs, ce, ptr, bus,
                                         reinterpret_cast<uint8_t*>(scratch), &sf);
             if (active && s) file_io_fail(io, s, sf);
+        };
+        if (spread && p.claim) {
+            for (;;) {
+                uint64_t got = 0;
+                if (lane_id() == 0)
+                    got = dev_u64(pp->next_chunk).fetch_add(32, cuda::memory_order_relaxed);
+                got = __shfl_sync(0xffffffffu, got, 0);
+                if (got >= p.total_chunks) break;
+                round(got, got + 32 < p.total_chunks ? got + 32 : p.total_chunks);
+            }
+        } else {
+            for (uint64_t start = 0; start < p.total_chunks; start += 32 * warps) {
+                const uint64_t left = p.total_chunks - start;
+                const uint64_t n = left < 32 * warps ? left : 32 * warps;
+                uint64_t lo = 0, hi = 0;
+                fs::warp_span(start, n, warps, warp, spread, &lo, &hi);
+                round(lo, hi);
+            }
         }
     } else {
         const queue_desc& q = queues[gtid % p.nqueues];

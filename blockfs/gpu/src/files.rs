@@ -202,13 +202,9 @@ pub struct GpuFilesOptions {
     /// Most warps (or threads / 32) the kernel launches (default: 32 per queue... as many as
     /// every queue can keep busy: depth / 32 warps per queue).
     pub max_warps: Option<u32>,
-    /// Warp mode: run a multiple of the queue count of warps where the cap allows and cut each
-    /// round's chunks evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]),
-    /// so every queue gets the same work (default). Off (`GPUNVME_FILE_SPREAD=off` in the
-    /// environment, for comparisons): 32 chunks per warp, and the last round's on the first
-    /// warps only, which left some queues (and the controller threads serving them) a warp's
-    /// worth more than others.
-    pub spread: bool,
+    /// How warps take chunks (warp mode). Default [`ChunkOrder::Claim`];
+    /// `GPUNVME_FILE_CHUNKS=claim|spread|grid` in the environment chooses, for comparisons.
+    pub chunks: ChunkOrder,
     /// Bound of a host-side wait for a batch (every device-side wait is bounded by the queues'
     /// own timeout as well).
     pub timeout: Duration,
@@ -220,11 +216,37 @@ impl Default for GpuFilesOptions {
             warp: true,
             chunk_bytes: None,
             max_warps: None,
-            spread: std::env::var("GPUNVME_FILE_SPREAD").as_deref() != Ok("off"),
+            chunks: match std::env::var("GPUNVME_FILE_CHUNKS").as_deref() {
+                Ok("spread") => ChunkOrder::Spread,
+                Ok("grid") => ChunkOrder::Grid,
+                _ => ChunkOrder::Claim,
+            },
             timeout: Duration::from_secs(600),
         }
     }
 }
+
+/// How the batch file kernel's warps take chunks (warp mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkOrder {
+    /// Two warps per queue, each claiming its next 32 chunks once its last ones are done, so
+    /// queues served faster take more (a software controller's threads do not all run at one
+    /// speed: on the lent H200, 2026-11-28, threads with equal shares of a load finished 20 to
+    /// 33 ms after its start); a batch of one round or less is spread as [`ChunkOrder::Spread`].
+    Claim,
+    /// A multiple of the queue count of warps where the cap allows, each round's chunks cut
+    /// evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]): every queue
+    /// gets the same work.
+    Spread,
+    /// 32 chunks per warp of the grid in turn (the first layout): the last round's chunks on
+    /// the first warps only, so some queues got a warp's worth more than others.
+    Grid,
+}
+
+/// Warps per queue in [`ChunkOrder::Claim`]: enough commands in flight to keep a queue's
+/// server busy (64 per queue), few enough that at the end no queue holds much more than
+/// another.
+const CLAIM_WARPS_PER_QUEUE: u32 = 2;
 
 /// How a batch ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,6 +257,8 @@ pub struct LaunchShape {
     pub grid: (u32, u32),
     /// Warps that take chunks (warp mode; the grid's last block may hold more).
     pub warps: u32,
+    /// Whether they claimed chunks ([`ChunkOrder::Claim`] with more than one round of work).
+    pub claim: bool,
     /// Lanes of a warp together (else threads alone).
     pub warp: bool,
     /// Chunk size in bytes.
@@ -559,7 +583,16 @@ impl<'q> GpuFiles<'q> {
             .unwrap_or((q.len() as u32).saturating_mul(per_queue_warps).min(4096))
             .max(1);
         let block = 128u32;
-        let warps = crate::plan::file_warps(chunks, q.len() as u32, max_warps, self.opts.spread);
+        let order = self.opts.chunks;
+        let nq = q.len() as u32;
+        let claim_warps = nq.saturating_mul(CLAIM_WARPS_PER_QUEUE).min(max_warps);
+        // Claims pay off only past one round of every warp.
+        let claim = warp && order == ChunkOrder::Claim && chunks > 32 * claim_warps as u64;
+        let warps = if claim {
+            claim_warps
+        } else {
+            crate::plan::file_warps(chunks, nq, max_warps, order != ChunkOrder::Grid)
+        };
         let threads = if warp {
             warps as u64 * 32
         } else {
@@ -570,6 +603,7 @@ impl<'q> GpuFiles<'q> {
             chunks,
             grid: (grid, block),
             warps: if warp { warps } else { 0 },
+            claim,
             warp,
             chunk_bytes,
         };
@@ -588,9 +622,14 @@ impl<'q> GpuFiles<'q> {
             nios: ios.len() as u32,
             chunk_bytes,
             warp_mode: warp as u32,
-            warps: if warp && self.opts.spread { warps } else { 0 },
-            reserved0: 0,
-            reserved: [0; 2],
+            warps: if warp && order != ChunkOrder::Grid {
+                warps
+            } else {
+                0
+            },
+            claim: claim as u32,
+            next_chunk: 0,
+            reserved: 0,
         };
         let pmem = DeviceMemory::alloc(q.cuda(), size_of::<FileParams>())?;
         pmem.write(0, params.as_bytes())?;

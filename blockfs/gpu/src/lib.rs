@@ -32,8 +32,8 @@ pub mod volume;
 
 pub use error::FilesError;
 pub use files::{
-    BatchResult, CRC_SEGMENT_BYTES, FileRange, GpuFile, GpuFiles, GpuFilesOptions, GpuSpan,
-    LaunchShape, Pending, crc32c_on,
+    BatchResult, CRC_SEGMENT_BYTES, ChunkOrder, FileRange, GpuFile, GpuFiles, GpuFilesOptions,
+    GpuSpan, LaunchShape, Pending, crc32c_on,
 };
 pub use plan::{BatchPlan, RangeSpec, plan_batch};
 pub use volume::{VolumeFile, VolumeFiles, VolumeIoResult, VolumeWrite};
