@@ -321,7 +321,7 @@ impl Device {
         ssd_model: Option<&str>,
     ) -> PyResult<(
         Bound<'py, PyAny>,
-        Vec<(String, &'static str, Vec<u64>, u64, u64)>,
+        Vec<(String, &'static str, Vec<u64>, u64, u64, Vec<u64>)>,
         String,
     )> {
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
@@ -336,6 +336,7 @@ impl Device {
                     p.info.shape.clone(),
                     p.offset,
                     p.info.bytes(),
+                    contiguous_strides(&p.info.shape),
                 )
             })
             .collect();
@@ -508,4 +509,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RefusedError", py.get_type::<RefusedError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
     Ok(())
+}
+
+/// Row-major strides (in elements) of a tensor of `shape`, computed here rather than per
+/// tensor in Python (a load hands over hundreds). The header's check bounded the element
+/// count, so the products fit; they saturate rather than wrap regardless.
+fn contiguous_strides(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1u64; shape.len()];
+    let mut acc = 1u64;
+    for (s, d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc = acc.saturating_mul(*d);
+    }
+    strides
 }

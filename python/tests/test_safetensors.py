@@ -212,21 +212,21 @@ class _FakeTorch:
 
 
 def test_arena_views_land_on_each_tensor_in_the_given_order():
-    # (name, dtype, shape, offset, nbytes) as the native loader hands them over: 256-aligned,
-    # dtypes interleaved, a scalar, an empty tensor, gaps between them.
+    # (name, dtype, shape, offset, nbytes, strides) as the native loader hands them over:
+    # 256-aligned, dtypes interleaved, a scalar, an empty tensor, gaps between them.
     tensors = [
-        ("b.weight", "F32", [3, 5], 512, 60),
-        ("a.norm", "F16", [7], 0, 14),
-        ("c.scalar", "F32", [], 768, 4),
-        ("d.empty", "F16", [0, 4], 1024, 0),
-        ("e.q", "I8", [2, 2, 8], 1024, 32),
-        ("f.last", "F16", [64], 1280, 128),
+        ("b.weight", "F32", [3, 5], 512, 60, [5, 1]),
+        ("a.norm", "F16", [7], 0, 14, [1]),
+        ("c.scalar", "F32", [], 768, 4, []),
+        ("d.empty", "F16", [0, 4], 1024, 0, [4, 1]),
+        ("e.q", "I8", [2, 2, 8], 1024, 32, [16, 8, 1]),
+        ("f.last", "F16", [64], 1280, 128, [1]),
     ]
     arena = _FakeTorch.Tensor(0, 1536, 1)
     out = gpunvme._arena_views(_FakeTorch, arena, tensors)
     assert list(out) == [t[0] for t in tensors]
     sizes = {"F16": 2, "F32": 4, "I8": 1}
-    for name, dtype, shape, offset, nbytes in tensors:
+    for name, dtype, shape, offset, nbytes, _strides in tensors:
         v = out[name]
         assert (v.offset, v.size, v.shape) == (offset, sizes[dtype], shape), name
         assert v.count * v.size == nbytes, name

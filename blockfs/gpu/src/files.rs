@@ -205,6 +205,10 @@ pub struct GpuFilesOptions {
     /// How warps take chunks (warp mode). Default [`ChunkOrder::Claim`];
     /// `GPUNVME_FILE_CHUNKS=claim|spread|grid` in the environment chooses, for comparisons.
     pub chunks: ChunkOrder,
+    /// Warps per queue with [`ChunkOrder::Claim`] (default 2; `GPUNVME_FILE_CLAIM_WARPS`, 1 to
+    /// 8, in the environment): enough commands in flight to keep each queue's server busy, few
+    /// enough that when the chunks run out no queue holds much more than another.
+    pub claim_warps: u32,
     /// Bound of a host-side wait for a batch (every device-side wait is bounded by the queues'
     /// own timeout as well).
     pub timeout: Duration,
@@ -221,6 +225,11 @@ impl Default for GpuFilesOptions {
                 Ok("grid") => ChunkOrder::Grid,
                 _ => ChunkOrder::Claim,
             },
+            claim_warps: std::env::var("GPUNVME_FILE_CLAIM_WARPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|w| (1..=8).contains(w))
+                .unwrap_or(2),
             timeout: Duration::from_secs(600),
         }
     }
@@ -229,10 +238,11 @@ impl Default for GpuFilesOptions {
 /// How the batch file kernel's warps take chunks (warp mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkOrder {
-    /// Two warps per queue, each claiming its next 32 chunks once its last ones are done, so
-    /// queues served faster take more (a software controller's threads do not all run at one
-    /// speed: on the lent H200, 2026-11-28, threads with equal shares of a load finished 20 to
-    /// 33 ms after its start); a batch of one round or less is spread as [`ChunkOrder::Spread`].
+    /// A few warps per queue ([`GpuFilesOptions::claim_warps`]), each claiming its next 32
+    /// chunks once its last ones are done, so queues served faster take more (a software
+    /// controller's threads do not all run at one speed: on the lent H200, 2026-11-28, threads
+    /// with equal shares of a 1.19 GB load finished 20 to 33 ms after its start, with claims
+    /// 23 to 29); a batch of one round or less is spread as [`ChunkOrder::Spread`].
     Claim,
     /// A multiple of the queue count of warps where the cap allows, each round's chunks cut
     /// evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]): every queue
@@ -242,11 +252,6 @@ pub enum ChunkOrder {
     /// the first warps only, so some queues got a warp's worth more than others.
     Grid,
 }
-
-/// Warps per queue in [`ChunkOrder::Claim`]: enough commands in flight to keep a queue's
-/// server busy (64 per queue), few enough that at the end no queue holds much more than
-/// another.
-const CLAIM_WARPS_PER_QUEUE: u32 = 2;
 
 /// How a batch ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -585,7 +590,9 @@ impl<'q> GpuFiles<'q> {
         let block = 128u32;
         let order = self.opts.chunks;
         let nq = q.len() as u32;
-        let claim_warps = nq.saturating_mul(CLAIM_WARPS_PER_QUEUE).min(max_warps);
+        let claim_warps = nq
+            .saturating_mul(self.opts.claim_warps.max(1))
+            .min(max_warps);
         // Claims pay off only past one round of every warp.
         let claim = warp && order == ChunkOrder::Claim && chunks > 32 * claim_warps as u64;
         let warps = if claim {
