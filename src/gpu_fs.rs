@@ -25,7 +25,8 @@ use crate::open::Backend;
 pub struct GpuFsOptions {
     /// Who serves the GPU queues.
     pub serving: Serving,
-    /// GPU queue pairs (default: every one the controller granted beyond `cpu_queues`).
+    /// GPU queue pairs (default: every one the controller granted beyond `cpu_queues`; on the
+    /// software controller, a multiple of its threads: [`balanced_queues`]).
     pub queues: Option<u16>,
     /// Queue pairs the file system's own device holds (CPU queues: metadata, host checksums).
     pub cpu_queues: u16,

@@ -148,7 +148,8 @@ pub struct GpuFsArgs {
     /// drives x bw).
     #[arg(long, requires = "gpu", value_parser = crate::parse_ssd_model)]
     pub ssd_model: Option<gpunvme::gpu_emu::SsdModel>,
-    /// GPU queue pairs (default: every one the controller grants).
+    /// GPU queue pairs (default: every one the controller grants beyond the file system's;
+    /// on the software controller, a multiple of its threads).
     #[arg(long, requires = "gpu")]
     pub gpu_queues: Option<u16>,
     /// Entries per GPU ring (rounded down to a power of two, at most the controller's
