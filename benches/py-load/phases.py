@@ -130,7 +130,9 @@ for i in range(int(env("REPS", "6"))):
     # The controller's counters run over the handle's life (reset with its queues).
     pread_ms = copies.get("file_read_ms", 0.0) - (0.0 if env("RESETUP") else file_ms)
     file_ms = copies.get("file_read_ms", 0.0)
-    print(f"load {i}: {(t4 - t0) * 1e3:.2f} ms ({total / (t4 - t0) / 1e9:.1f} GB/s); "
+    native = sum(ph.get(k, 0.0) for k in ("mount_and_headers", "gpu_setup", "load", "teardown"))
+    print(f"load {i}: {(t4 - t0) * 1e3:.2f} ms ({total / (t4 - t0) / 1e9:.1f} GB/s); native call "
+          f"{(t1 - t0) * 1e3:.2f} (its phases {native:.2f}: load {ph.get('load', 0.0):.2f}); "
           f"mount+headers {ph['mount_and_headers']:.2f}, arena {ph['load_arena']:.2f}, "
           f"tables {ph['load_tables']:.2f}, reads {ph['load_reads']:.2f}; dlpack "
           f"{(t2 - t1) * 1e3:.2f}, views {(t3 - t2) * 1e3:.2f}; pread {pread_ms:.0f} ms "
@@ -166,4 +168,13 @@ for i in range(int(env("REPS", "6"))):
         del ref
     del out, x, cap
     gc.collect()
+# One more load through the public call, as scripts/py-load-bench.sh times it.
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+out = dev.load_safetensors(f"{model}/")
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+ph = {k: round(v * 1e3, 2) for k, v in dev.last_load["phases"].items()}
+print(f"public load_safetensors: {(t1 - t0) * 1e3:.2f} ms; native phases {ph}", flush=True)
+del out
 dev.close()
