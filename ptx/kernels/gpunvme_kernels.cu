@@ -329,8 +329,9 @@ struct file_params {
     uint32_t warps;         // warp mode: warps that take chunks, each round's cut evenly over
                             // them (fs::warp_span); 0: every warp of the grid, 32 chunks each
     uint32_t claim;         // warp mode, with warps: warps claim 32 chunks at a time from
-                            // next_chunk instead of taking rounds in turn
-    uint64_t next_chunk;    // the claims' counter (0 at launch; the kernel adds to it)
+                            // *claims instead of taking rounds in turn
+    uint64_t claims;        // GPU pointer: the claims' counter (a uint64_t, 0 at launch; the
+                            // kernel adds to it; not in this block, which warps copy)
     uint64_t reserved;
 };
 
@@ -375,9 +376,10 @@ __device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_i
 /// more (a software controller's threads, or SSDs, do not all run at one speed). Each range's
 /// first failure is stored in it; the other ranges go on.
 ///
-/// The claims' counter is p.next_chunk in the parameter block (zeroed by the host before the
-/// launch): a relaxed fetch_add by lane 0, the only thing the warps share; it orders nothing.
-extern "C" __global__ void gpunvme_file_rw(file_params* pp) {
+/// The claims' counter is *p.claims (zeroed by the host before the launch, apart from the
+/// parameter block every thread copies): a relaxed fetch_add by lane 0, broadcast to the warp;
+/// it orders nothing (each chunk's data and status go through its own command).
+extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
     const file_params p = *pp;
     if (p.nios == 0 || p.nqueues == 0 || p.chunk_bytes == 0) return;  // warm-up launch
     const queue_desc* queues = reinterpret_cast<const queue_desc*>(p.queues);
@@ -413,11 +415,12 @@ extern "C" __global__ void gpunvme_file_rw(file_params* pp) {
                                         reinterpret_cast<uint8_t*>(scratch), &sf);
             if (active && s) file_io_fail(io, s, sf);
         };
-        if (spread && p.claim) {
+        if (spread && p.claim && p.claims) {
             for (;;) {
                 uint64_t got = 0;
                 if (lane_id() == 0)
-                    got = dev_u64(pp->next_chunk).fetch_add(32, cuda::memory_order_relaxed);
+                    got = dev_u64(*reinterpret_cast<uint64_t*>(p.claims))
+                              .fetch_add(32, cuda::memory_order_relaxed);
                 got = __shfl_sync(0xffffffffu, got, 0);
                 if (got >= p.total_chunks) break;
                 round(got, got + 32 < p.total_chunks ? got + 32 : p.total_chunks);

@@ -59,10 +59,11 @@ pub struct FileParams {
     /// Warp mode: the warps that take chunks, each round's chunks cut evenly over them
     /// ([`crate::plan::warp_span`]); 0: every warp of the grid, 32 chunks each.
     pub warps: u32,
-    /// Warp mode, with `warps`: 1: warps claim 32 chunks at a time from `next_chunk`.
+    /// Warp mode, with `warps`: 1: warps claim 32 chunks at a time from `*claims`.
     pub claim: u32,
-    /// The claims' counter (0 at launch).
-    pub next_chunk: u64,
+    /// GPU pointer: the claims' counter, a `u64` that is 0 at launch (not in this block, which
+    /// every GPU thread copies).
+    pub claims: u64,
     /// Reserved.
     pub reserved: u64,
 }
@@ -132,7 +133,7 @@ mod tests {
         assert_eq!(offset_of!(FileIo, status), 64);
         assert_eq!(offset_of!(FileParams, chunk_bytes), 32);
         assert_eq!(offset_of!(FileParams, warps), 40);
-        assert_eq!(offset_of!(FileParams, next_chunk), 48);
+        assert_eq!(offset_of!(FileParams, claims), 48);
         // CRC-32C as blockfs records it (FORMAT.md): the polynomial here is the crc32c crate's.
         assert_eq!(crate::plan::crc32c_segmented(b"123456789", 4), 0xe306_9283);
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);

@@ -621,6 +621,8 @@ impl<'q> GpuFiles<'q> {
             m.write(0, ios.as_bytes())?;
             Some(m)
         };
+        // The parameter block, then the claims' counter (zeroed by the allocation).
+        let pmem = DeviceMemory::alloc(q.cuda(), size_of::<FileParams>() + 8)?;
         let params = FileParams {
             queues: q.descriptors(),
             ios: ios_mem.as_ref().map_or(0, |m| m.ptr()),
@@ -635,10 +637,13 @@ impl<'q> GpuFiles<'q> {
                 0
             },
             claim: claim as u32,
-            next_chunk: 0,
+            claims: if claim {
+                pmem.ptr() + size_of::<FileParams>() as u64
+            } else {
+                0
+            },
             reserved: 0,
         };
-        let pmem = DeviceMemory::alloc(q.cuda(), size_of::<FileParams>())?;
         pmem.write(0, params.as_bytes())?;
         let start = Instant::now();
         if chunks > 0 {
