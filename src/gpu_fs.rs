@@ -179,8 +179,9 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
 /// One software-controller thread during a batch ([`controller_threads`]).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ControllerThread {
-    /// Milliseconds from the batch's launch to the thread's first staged Read of it (its
-    /// burst's start; `None`: it staged none during the batch).
+    /// Milliseconds from the batch's launch to the start of the thread's latest burst of
+    /// staged Reads (a pause of more than 5 ms starts a new one, so a thread idle that long
+    /// mid-batch shows its later start; `None`: no burst started during the batch).
     pub first_ms: Option<f64>,
     /// Milliseconds from the launch to its last staged Read's data being in staging.
     pub last_ms: Option<f64>,
