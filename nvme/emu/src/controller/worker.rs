@@ -44,7 +44,7 @@ const EMPTY_PARK_MAX: Duration = Duration::from_millis(100);
 /// longer; a register doorbell write (a CPU queue's command) unparks the nap at once.
 const POLL_NAP_AFTER: Duration = Duration::from_millis(20);
 
-/// How long such a thread sleeps per pass.
+/// How long such a thread naps (parked) per pass.
 const POLL_NAP: Duration = Duration::from_micros(200);
 /// Dropped commands remembered for Abort; older ones are forgotten.
 const DROPPED_MEMORY: usize = 4096;
