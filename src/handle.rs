@@ -21,6 +21,7 @@ use crate::gpu_io::{self, GpuIoReport, Piece, ReadPath};
 use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
 use crate::volume;
+use gpu_queues::GpuBuffer;
 
 pub use crate::error_kind::{InvalidArgument, Refused};
 
@@ -591,6 +592,19 @@ impl DeviceHandle {
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<(safetensors::Loaded, serde_json::Value)> {
+        self.load_safetensors_with(name, serving, ssd_model, |_, _| ())
+            .map(|(loaded, report, ())| (loaded, report))
+    }
+
+    /// [`DeviceHandle::load_safetensors`], running `while_reading` once the reads are under way
+    /// ([`safetensors::load_with`]: what the caller builds on the arena while the GPU fills it).
+    pub fn load_safetensors_with<R>(
+        &self,
+        name: &str,
+        serving: Serving,
+        ssd_model: Option<gpu_emu::SsdModel>,
+        while_reading: impl FnOnce(&Arc<GpuBuffer>, &[safetensors::Placed]) -> R,
+    ) -> Result<(safetensors::Loaded, serde_json::Value, R)> {
         self.gpu_arguments(serving, ssd_model)?;
         let t0 = Instant::now();
         let fs = self.mount()?;
@@ -614,7 +628,7 @@ impl DeviceHandle {
         let (mut out, setup_secs) = self.with_gpu(serving, ssd_model, |setup| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
             let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
-            let loaded = safetensors::load(setup, &refs, &pairs, watch)?;
+            let (loaded, made) = safetensors::load_with(setup, &refs, &pairs, watch, while_reading)?;
             t_loaded = t0.elapsed().as_secs_f64();
             let report = serde_json::json!({
                 "files": names,
@@ -631,7 +645,7 @@ impl DeviceHandle {
                 "controller_copies": gpu_fs::controller_copies(setup),
                 "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
             });
-            anyhow::Ok((loaded, report))
+            anyhow::Ok((loaded, report, made))
         })?;
         // Where the call's time went (seconds): mount and headers, GPU setup (queues, unless
         // kept from an earlier call; the model's start and media), the load with its arena

@@ -455,21 +455,42 @@ pub fn load(
     files: &[(&File, &Header)],
     watch: impl FnMut() -> Option<String> + Send,
 ) -> Result<Loaded, SafetensorsError> {
+    load_with(setup, names, files, watch, |_, _| ()).map(|(loaded, ())| loaded)
+}
+
+/// [`load`], running `while_reading` on this thread once the reads are under way: given the
+/// arena and the tensors' places, it may build what the caller hands out (a Python caller's
+/// tensor views) while the GPU fills the arena, so that work costs no time of its own. It must
+/// not read the arena's bytes (they are not there yet). Its result comes back with the load's;
+/// when the load fails it is dropped, and the arena with it once nothing else holds it (the
+/// call has waited for the reads by then, or given them up to the watchdog).
+pub fn load_with<R>(
+    setup: &GpuSetup,
+    names: &[&str],
+    files: &[(&File, &Header)],
+    watch: impl FnMut() -> Option<String> + Send,
+    while_reading: impl FnOnce(&Arc<GpuBuffer>, &[Placed]) -> R,
+) -> Result<(Loaded, R), SafetensorsError> {
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
     let t0 = std::time::Instant::now();
-    let arena = setup
-        .queues
-        .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
-        .map_err(|e| gpu(&e))?;
-    let arena_secs = t0.elapsed().as_secs_f64();
     let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
     let opened = files
         .iter()
         .map(|(f, _)| gfiles.open(f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| gpu(&e))?;
+    // The controller may prepare for these reads while the arena is allocated (the software
+    // controller maps the image's pages ahead); the hint holds until the reads are over.
+    let _ahead = gfiles.will_read(&opened.iter().collect::<Vec<_>>());
+    let t_tables = t0.elapsed().as_secs_f64();
+    let arena = setup
+        .queues
+        .alloc_buffer(usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?)
+        .map_err(|e| gpu(&e))?;
+    let arena = Arc::new(arena);
+    let arena_secs = t0.elapsed().as_secs_f64() - t_tables;
     let reads = arena_reads(&tensors);
     let ranges = reads
         .iter()
@@ -485,15 +506,16 @@ pub fn load(
         .map_err(|e| gpu(&e))?;
     let tables_secs = t0.elapsed().as_secs_f64() - arena_secs;
     let launched = std::time::Instant::now();
-    let (bytes, secs) = if ranges.is_empty() {
-        (0, 0.0)
+    let (bytes, secs, made) = if ranges.is_empty() {
+        (0, 0.0, while_reading(&arena, &tensors))
     } else {
-        let r = gfiles
-            .submit(&ranges)
-            .and_then(|p| p.wait_watched(watch))
+        let pending = gfiles.submit(&ranges).map_err(|e| gpu(&e))?;
+        let made = while_reading(&arena, &tensors);
+        let r = pending
+            .wait_watched(watch)
             .and_then(|r| r.into_first_error())
             .map_err(|e| gpu(&e))?;
-        (r.bytes(), r.elapsed.as_secs_f64())
+        (r.bytes(), r.elapsed.as_secs_f64(), made)
     };
     let want: u64 = reads.iter().map(|r| r.len).sum();
     if bytes != want {
@@ -501,15 +523,18 @@ pub fn load(
             "the GPU read {bytes} of {want} tensor bytes"
         )));
     }
-    Ok(Loaded {
-        arena: Arc::new(arena),
-        tensors,
-        bytes,
-        secs,
-        arena_secs,
-        tables_secs,
-        launched,
-    })
+    Ok((
+        Loaded {
+            arena,
+            tensors,
+            bytes,
+            secs,
+            arena_secs,
+            tables_secs,
+            launched,
+        },
+        made,
+    ))
 }
 
 #[cfg(test)]

@@ -1687,10 +1687,17 @@ mod files {
         let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
         let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
         let g = files.open(&file).expect("open for the GPU");
+        // A hint of the reads to come: copying out of a mapping, the controller maps the
+        // file's pages ahead, on threads of its own, while the read below runs.
+        let (mode, _) = r.gpu.window_stats().expect("software controller");
+        let ahead = files.will_read(&[&g]);
+        let prefault = std::env::var(gpu_emu::software::PREFAULT_ENV).as_deref() != Ok("off");
+        assert_eq!(ahead.is_running(), mode == ReadMode::Mapped && prefault);
         let buf = r.gpu.alloc_buffer(len).expect("buffer");
         let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
         assert_eq!(got, len as u64);
         assert!(host_bytes(&buf, 0, len) == want, "bytes of the whole file");
+        drop(ahead);
         let (off, n) = (12_345u64, 1_000_003u64);
         let odd = r.gpu.alloc_buffer(n as usize + 3).expect("buffer");
         let span = GpuSpan::of(&odd, 3, n).expect("span");

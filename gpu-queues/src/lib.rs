@@ -64,6 +64,6 @@ pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;
 pub use ffi::{Cuda, cuda_present};
 pub use queues::{
-    GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts, QueueTransport,
+    GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts, QueueTransport, ReadAhead,
     TransportKind,
 };

@@ -501,8 +501,47 @@ pub trait QueueTransport: Send + Sync {
     fn queue_deleted(&self, qid: u16) {
         let _ = qid;
     }
+    /// A hint that Reads of `runs` (first LBA, LBAs) of namespace `nsid`, LBAs of
+    /// `1 << lba_shift` bytes, will come soon: the transport may prepare for them while the
+    /// caller gets ready (the software controller maps the image's resident pages ahead of its
+    /// threads' copies) until the returned [`ReadAhead`] is dropped. Only a hint: nothing
+    /// depends on it, and a Read that comes first is served as ever. The default does nothing.
+    fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
+        let _ = (nsid, lba_shift, runs);
+        ReadAhead::none()
+    }
     /// The transport as [`std::any::Any`], for callers that know its type.
     fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// What a transport does on a [`QueueTransport::will_read`] hint, running until this is dropped
+/// (the drop stops it and waits for it: its work is cut short, never left running).
+#[must_use = "the preparation stops when this is dropped"]
+pub struct ReadAhead(Option<Box<dyn Send>>);
+
+impl ReadAhead {
+    /// Nothing prepared.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// `work` runs until dropped (its `Drop` stops and joins it).
+    pub fn running(work: Box<dyn Send>) -> Self {
+        Self(Some(work))
+    }
+
+    /// Whether the transport prepares anything.
+    pub fn is_running(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::fmt::Debug for ReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ReadAhead")
+            .field(&self.is_running())
+            .finish()
+    }
 }
 
 /// A transport that maps no memory after set-up ((b) and (c): every buffer the SSD reaches
@@ -633,6 +672,12 @@ impl GpuQueues {
     /// transports that cannot, where callers stage through [`GpuQueues::alloc_buffer`]).
     pub fn map_memory(&self, mem: Arc<DeviceMemory>) -> Result<GpuBuffer, GpuError> {
         self.backend.map_memory(&self.cuda, mem)
+    }
+
+    /// Hints that Reads of `runs` (first LBA, LBAs) of namespace `nsid` will come soon
+    /// ([`QueueTransport::will_read`]); the preparation lasts until the result is dropped.
+    pub fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
+        self.backend.will_read(nsid, lba_shift, runs)
     }
 
     /// What serves these queues, for callers that know its type (an emulated controller's

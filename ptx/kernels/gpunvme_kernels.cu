@@ -328,10 +328,12 @@ struct file_params {
     uint32_t warp_mode;     // 1: lanes of a warp together (rw_file_warp), 0: threads alone
     uint32_t warps;         // warp mode: warps that take chunks, each round's cut evenly over
                             // them (fs::warp_span); 0: every warp of the grid, 32 chunks each
-    uint32_t claim;         // warp mode, with warps: warps claim 32 chunks at a time from
-                            // *claims instead of taking rounds in turn
-    uint64_t claims;        // GPU pointer: the claims' counter (a uint64_t, 0 at launch; the
-                            // kernel adds to it; not in this block, which warps copy)
+    uint32_t claim_least;   // with claims: the fewest chunks a claim takes (1 to 32;
+                            // fs::claim_size)
+    uint64_t claims;        // warp mode, with warps: GPU pointer to the claims' counter (a
+                            // uint64_t, 0 at launch; not in this block, which warps copy):
+                            // warps claim their chunks from it instead of taking rounds in
+                            // turn; 0: rounds in turn
     uint64_t reserved;
 };
 
@@ -371,14 +373,17 @@ __device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_i
 /// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. In warp
 /// mode the chunks go in rounds of 32 per warp; with p.warps set (the host makes it a multiple
 /// of nqueues where it can) a round's chunks are cut evenly over those warps (fs::warp_span),
-/// so every queue gets the same work, the last round included. With p.claim each warp claims
-/// its next 32 chunks from a counter once its last ones are done, so queues served faster take
-/// more (a software controller's threads, or SSDs, do not all run at one speed). Each range's
-/// first failure is stored in it; the other ranges go on.
+/// so every queue gets the same work, the last round included. With p.claims each warp claims
+/// its next chunks (up to 32, fewer as the batch ends: fs::claim_size) from a counter once its
+/// last ones are done, so queues served faster take more (a software controller's threads, or
+/// SSDs, do not all run at one speed) and the batch ends on every queue at about one time.
+/// Each range's first failure is stored in it; the other ranges go on.
 ///
 /// The claims' counter is *p.claims (zeroed by the host before the launch, apart from the
-/// parameter block every thread copies): a relaxed fetch_add by lane 0, broadcast to the warp;
-/// it orders nothing (each chunk's data and status go through its own command).
+/// parameter block every thread copies). Lane 0 reads it (relaxed: the read only sizes the
+/// claim, a stale value makes it a little larger or smaller), then takes the claim with a
+/// relaxed fetch_add, which alone hands out chunks, each once; the result is broadcast to the
+/// warp. It orders nothing (each chunk's data and status go through its own command).
 extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
     const file_params p = *pp;
     if (p.nios == 0 || p.nqueues == 0 || p.chunk_bytes == 0) return;  // warm-up launch
@@ -415,15 +420,20 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
                                         reinterpret_cast<uint8_t*>(scratch), &sf);
             if (active && s) file_io_fail(io, s, sf);
         };
-        if (spread && p.claim && p.claims) {
+        if (spread && p.claims) {
             for (;;) {
-                uint64_t got = 0;
-                if (lane_id() == 0)
-                    got = dev_u64(*reinterpret_cast<uint64_t*>(p.claims))
-                              .fetch_add(32, cuda::memory_order_relaxed);
+                uint64_t got = 0, n = 0;
+                if (lane_id() == 0) {
+                    auto counter = dev_u64(*reinterpret_cast<uint64_t*>(p.claims));
+                    n = fs::claim_size(p.total_chunks,
+                                       counter.load(cuda::memory_order_relaxed), warps,
+                                       p.claim_least);
+                    got = counter.fetch_add(n, cuda::memory_order_relaxed);
+                }
                 got = __shfl_sync(0xffffffffu, got, 0);
+                n = __shfl_sync(0xffffffffu, n, 0);
                 if (got >= p.total_chunks) break;
-                round(got, got + 32 < p.total_chunks ? got + 32 : p.total_chunks);
+                round(got, p.total_chunks - got > n ? got + n : p.total_chunks);
             }
         } else {
             for (uint64_t start = 0; start < p.total_chunks; start += 32 * warps) {

@@ -306,8 +306,8 @@ class Device:
         """Loads a ``.safetensors`` file (or every ``.safetensors`` file whose name starts with
         ``name_or_prefix``: a sharded model) into CUDA tensors: the headers are parsed on the
         host, then every tensor is read by GPU-issued NVMe commands into one GPU allocation in
-        one batch, and each tensor is a view into it (the allocation is freed with the last of
-        them). Returns ``{name: torch.Tensor}`` like ``safetensors.torch.load_file``.
+        one batch, and each tensor is a view into it (made while the GPU reads; the allocation is
+        freed with the last of them). Returns ``{name: torch.Tensor}`` like ``safetensors.torch.load_file``.
 
         ``controller``: ``"emu"`` (the device's own controller) or ``"gpu"`` (the GPU-resident
         controller model, with ``media`` ``"host"`` or ``"hbm"``, and optionally an SSD timing
@@ -318,12 +318,17 @@ class Device:
         """
         if str(device) not in ("cuda", "cuda:0"):
             raise InvalidArgumentError(f"device must be cuda:0 (GPU 0), not {device!r}")
-        cap, tensors, report = self._d.load_safetensors(
-            name_or_prefix, controller, media, ssd_model
-        )
-        import torch  # a run-time dependency of this call only
 
-        out = _arena_views(torch, torch.from_dlpack(cap), tensors)
+        def views(cap: Any, tensors: List[Any]) -> Dict[str, Any]:
+            # Called back once the GPU's reads are under way: the views are made while it
+            # reads (they only describe the arena; nothing reads it before the call returns).
+            import torch  # a run-time dependency of this call only
+
+            return _arena_views(torch, torch.from_dlpack(cap), tensors)
+
+        out, report = self._d.load_safetensors(
+            name_or_prefix, controller, media, ssd_model, views
+        )
         self.last_load = json.loads(report)
         _log.debug("load_safetensors %s: %s", name_or_prefix, self.last_load)
         return out

@@ -1,4 +1,4 @@
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 __version__: str
 
@@ -42,8 +42,13 @@ class Device:
     def rm(self, name: str) -> str: ...
     def fsck(self, repair: bool, data: bool) -> Tuple[str, bool, List[str]]: ...
     def load_safetensors(
-        self, name: str, controller: str, media: str, ssd_model: Optional[str]
-    ) -> Tuple[Any, List[Tuple[str, str, List[int], int, int, List[int]]], str]: ...
+        self,
+        name: str,
+        controller: str,
+        media: str,
+        ssd_model: Optional[str],
+        views: Callable[[Any, List[Tuple[str, str, List[int], int, int, List[int]]]], Any],
+    ) -> Tuple[Any, str]: ...
     def read_into(
         self,
         name: str,

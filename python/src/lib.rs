@@ -309,40 +309,45 @@ impl Device {
     }
 
     /// Loads every tensor of a `.safetensors` file (or of every `.safetensors` file whose name
-    /// starts with `name`) into one GPU arena by GPU-issued reads: (a `dltensor` capsule of the
-    /// arena's bytes, [(name, dtype, shape, offset, bytes)], report JSON).
-    #[allow(clippy::type_complexity)]
-    fn load_safetensors<'py>(
+    /// starts with `name`) into one GPU arena by GPU-issued reads: (what `views` returned, the
+    /// report JSON). Once the reads are under way, `views` is called (with the GIL, on this
+    /// thread, the GPU still reading) with a `dltensor` capsule of the arena's bytes and
+    /// [(name, dtype, shape, offset, bytes, strides)], and builds the caller's tensors from
+    /// them, so that work overlaps the reads; it must not read the arena. An exception it raises
+    /// is raised once the reads are over.
+    fn load_safetensors(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         name: String,
         controller: &str,
         media: &str,
         ssd_model: Option<&str>,
-    ) -> PyResult<(
-        Bound<'py, PyAny>,
-        Vec<(String, &'static str, Vec<u64>, u64, u64, Vec<u64>)>,
-        String,
-    )> {
+        views: Py<PyAny>,
+    ) -> PyResult<(Py<PyAny>, String)> {
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
-        let (loaded, report) = self.with(py, |o| o.load_safetensors(&name, serving, ssd_model))?;
-        let tensors = loaded
-            .tensors
-            .iter()
-            .map(|p| {
-                (
-                    p.info.name.clone(),
-                    p.info.dtype.name(),
-                    p.info.shape.clone(),
-                    p.offset,
-                    p.info.bytes(),
-                    contiguous_strides(&p.info.shape),
-                )
+        let (_, report, made) = self.with(py, |o| {
+            o.load_safetensors_with(&name, serving, ssd_model, |arena, placed| {
+                let tensors: Vec<_> = placed
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.info.name.clone(),
+                            p.info.dtype.name(),
+                            p.info.shape.clone(),
+                            p.offset,
+                            p.info.bytes(),
+                            contiguous_strides(&p.info.shape),
+                        )
+                    })
+                    .collect();
+                Python::attach(|py| -> PyResult<Py<PyAny>> {
+                    let len = arena.len() as u64;
+                    let cap = dlpack::gpu_bytes(py, arena.ptr(), len, 0, arena.clone())?;
+                    views.call1(py, (cap, tensors))
+                })
             })
-            .collect();
-        let len = loaded.arena.len() as u64;
-        let cap = dlpack::gpu_bytes(py, loaded.arena.ptr(), len, 0, loaded.arena.clone())?;
-        Ok((cap, tensors, report.to_string()))
+        })?;
+        Ok((made?, report.to_string()))
     }
 
     /// Reads file `name` from byte `offset` into `nbytes` of the caller's GPU memory at `ptr`

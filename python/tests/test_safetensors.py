@@ -142,6 +142,35 @@ def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media
         assert torch.equal(one["model.embed_tokens.weight"].cpu(), shards[0]["model.embed_tokens.weight"])
 
 
+def test_a_failure_while_the_gpu_reads_is_raised_after_the_reads_and_the_handle_goes_on(tmp_path):
+    """The views are built by a callback while the GPU reads into the arena: an exception there
+    comes out of the call once the reads are over, and the next load on the handle works."""
+    if not gpunvme.cuda_available():
+        pytest.skip("skipped: no GPU")
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    if not torch.cuda.is_available():
+        pytest.skip("skipped: no GPU (torch sees none)")
+    shard = synthetic_model(torch)[1]
+    with gpunvme.open(image(tmp_path, size=256 << 20)) as dev:
+        dev.mkfs()
+        p = tmp_path / "m.safetensors"
+        st.save_file(shard, str(p))
+        dev.put(p, "m.safetensors")
+        seen = []
+
+        def views(cap, tensors):
+            seen.append(len(tensors))
+            raise KeyError("made up while the GPU reads")
+
+        with pytest.raises(KeyError, match="made up"):
+            dev._d.load_safetensors("m.safetensors", "emu", "host", None, views)
+        assert seen == [len(shard)]
+        got = dev.load_safetensors("m.safetensors")
+        for name, w in shard.items():
+            assert torch.equal(got[name].cpu().view(torch.uint8), w.view(torch.uint8)), name
+
+
 def test_arena_views_match_slices_of_every_dtype_and_shape():
     """The views load_safetensors hands out, built over a CPU byte arena (torch needed, no
     GPU): each equals the slice of the arena at its offset, viewed as its dtype and shape,

@@ -59,10 +59,11 @@ pub struct FileParams {
     /// Warp mode: the warps that take chunks, each round's chunks cut evenly over them
     /// ([`crate::plan::warp_span`]); 0: every warp of the grid, 32 chunks each.
     pub warps: u32,
-    /// Warp mode, with `warps`: 1: warps claim 32 chunks at a time from `*claims`.
-    pub claim: u32,
-    /// GPU pointer: the claims' counter, a `u64` that is 0 at launch (not in this block, which
-    /// every GPU thread copies).
+    /// With `claims`: the fewest chunks a claim takes, 1 to 32 ([`crate::plan::claim_size`]).
+    pub claim_least: u32,
+    /// Warp mode, with `warps`: GPU pointer to the claims' counter, a `u64` that is 0 at launch
+    /// (not in this block, which every GPU thread copies), from which warps claim their chunks
+    /// instead of taking rounds in turn; 0: rounds in turn.
     pub claims: u64,
     /// Reserved.
     pub reserved: u64,

@@ -32,7 +32,7 @@ use blockfs::table::{ExtentTable, TABLE_FILE_WRITABLE};
 use blockfs::{DeviceWrite, FileSystem, OpenMode, PinnedTable};
 use gpu_queues::ffi::{Arg, DeviceMemory, Stream};
 use gpu_queues::queues::compute_wait_bound;
-use gpu_queues::{DeviceStatus, GpuError, GpuQueues};
+use gpu_queues::{DeviceStatus, GpuError, GpuQueues, ReadAhead};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::desc::{CRC32C_COMBINE_THREADS, FileIo, FileParams};
@@ -209,6 +209,10 @@ pub struct GpuFilesOptions {
     /// 8, in the environment): enough commands in flight to keep each queue's server busy, few
     /// enough that when the chunks run out no queue holds much more than another.
     pub claim_warps: u32,
+    /// The fewest chunks a claim takes with [`ChunkOrder::Claim`] (default 4;
+    /// `GPUNVME_FILE_CLAIM_LEAST`, 1 to 32, in the environment): claims start at 32 chunks and
+    /// shrink to this as the batch ends ([`crate::plan::claim_size`]); 32 keeps them whole.
+    pub claim_least: u32,
     /// Bound of a host-side wait for a batch (every device-side wait is bounded by the queues'
     /// own timeout as well).
     pub timeout: Duration,
@@ -230,6 +234,11 @@ impl Default for GpuFilesOptions {
                 .and_then(|v| v.parse().ok())
                 .filter(|w| (1..=8).contains(w))
                 .unwrap_or(2),
+            claim_least: std::env::var("GPUNVME_FILE_CLAIM_LEAST")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| (1..=32).contains(n))
+                .unwrap_or(4),
             timeout: Duration::from_secs(600),
         }
     }
@@ -238,11 +247,12 @@ impl Default for GpuFilesOptions {
 /// How the batch file kernel's warps take chunks (warp mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkOrder {
-    /// A few warps per queue ([`GpuFilesOptions::claim_warps`]), each claiming its next 32
-    /// chunks once its last ones are done, so queues served faster take more (a software
-    /// controller's threads do not all run at one speed: on the lent H200, 2026-11-28, threads
-    /// with equal shares of a 1.19 GB load finished 20 to 33 ms after its start, with claims
-    /// 23 to 29); a batch of one round or less is spread as [`ChunkOrder::Spread`].
+    /// A few warps per queue ([`GpuFilesOptions::claim_warps`]), each claiming its next chunks
+    /// (32, fewer as the batch ends: [`crate::plan::claim_size`]) once its last ones are done,
+    /// so queues served faster take more (a software controller's threads do not all run at
+    /// one speed: on the lent H200, 2026-11-28, threads with equal shares of a 1.19 GB load
+    /// finished 20 to 33 ms after its start, with claims of 32 chunks 23 to 29); a batch of
+    /// one round or less is spread as [`ChunkOrder::Spread`].
     Claim,
     /// A multiple of the queue count of warps where the cap allows, each round's chunks cut
     /// evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]): every queue
@@ -452,6 +462,33 @@ impl<'q> GpuFiles<'q> {
         }))
     }
 
+    /// Hints the controller that `files` are about to be read whole
+    /// ([`GpuQueues::will_read`] with each file's LBA runs, [`crate::plan::read_runs`]): the
+    /// software controller maps their resident image pages ahead of its threads' copies while
+    /// the caller gets ready (allocating the memory to read into, say). The hint lasts until
+    /// the result is dropped; keep it across the reads.
+    pub fn will_read(&self, files: &[&GpuFile]) -> ReadAhead {
+        // Runs per (namespace, LBA shift), each in the files' order.
+        let mut by_ns = std::collections::BTreeMap::<(u32, u32), Vec<(u64, u64)>>::new();
+        for f in files {
+            let h = f.table().header();
+            by_ns
+                .entry((h.nsid, h.lba_shift))
+                .or_default()
+                .extend(crate::plan::read_runs(f.table(), f.index as usize));
+        }
+        let running: Vec<ReadAhead> = by_ns
+            .iter()
+            .map(|(&(ns, shift), runs)| self.queues.will_read(ns, shift, runs))
+            .filter(ReadAhead::is_running)
+            .collect();
+        if running.is_empty() {
+            ReadAhead::none()
+        } else {
+            ReadAhead::running(Box::new(running))
+        }
+    }
+
     /// Opens `file` for GPU reads: its extent table (a snapshot: its length now, its whole
     /// allocation) goes to GPU memory, pinned while the handle lives.
     pub fn open(&self, file: &blockfs::File) -> Result<GpuFile, FilesError> {
@@ -636,7 +673,7 @@ impl<'q> GpuFiles<'q> {
             } else {
                 0
             },
-            claim: claim as u32,
+            claim_least: self.opts.claim_least.clamp(1, 32),
             claims: if claim {
                 pmem.ptr() + size_of::<FileParams>() as u64
             } else {

@@ -195,6 +195,36 @@ pub fn warp_span(start: u64, n: u64, warps: u64, warp: u64, spread: bool) -> (u6
     }
 }
 
+/// The device LBA runs `(first LBA, LBAs)` holding bytes `0..size_bytes` of file `index` of
+/// `table`, in file order (its preallocation past the end left out): what a whole read of the
+/// file will ask the controller for ([`crate::GpuFiles::will_read`]).
+pub fn read_runs(table: &ExtentTable, index: usize) -> Vec<(u64, u64)> {
+    let Some(f) = table.files().get(index) else {
+        return Vec::new();
+    };
+    let lba_bytes = 1u64 << table.header().lba_shift;
+    let eof_lba = f.size_bytes.div_ceil(lba_bytes);
+    let first = usize::try_from(f.first_extent).unwrap_or(usize::MAX);
+    let count = usize::try_from(f.extent_count).unwrap_or(0);
+    table
+        .extents()
+        .iter()
+        .skip(first)
+        .take(count)
+        .filter(|e| e.file_lba < eof_lba)
+        .map(|e| (e.lba, e.nlb.min(eof_lba - e.file_lba)))
+        .collect()
+}
+
+/// How many chunks a warp of the batch file kernel claims when it saw `seen` of `total` chunks
+/// claimed, `warps` warps claiming (`gpunvme::fs::claim_size`): about half of what is left per
+/// warp, at least `least` (1 to 32) and at most 32. The sight may be stale (the kernel's read of
+/// the counter is relaxed); the fetch_add that takes the claim hands every chunk out once.
+pub fn claim_size(total: u64, seen: u64, warps: u64, least: u64) -> u64 {
+    let left = total.saturating_sub(seen);
+    (left / (2 * warps.max(1))).clamp(least.clamp(1, 32), 32)
+}
+
 /// How many warps the batch file kernel runs for `chunks` chunks on `queues` queues, at most
 /// `max_warps` (warp mode; [`warp_span`] spreads the chunks): enough for 32 chunks each, rounded
 /// up to a multiple of the queue count (warp `w` uses queue `w % queues`, so every queue gets
@@ -830,6 +860,64 @@ mod tests {
             "every chunk taken exactly once"
         );
         per_queue
+    }
+
+    #[test]
+    fn read_runs_cover_the_file_s_lbas_in_order_and_stop_at_its_end() {
+        for lba in [512u32, 4096] {
+            let len = 300_001;
+            let (_dev, fs, _) = crate::testutil::fragmented(lba, len);
+            let f = fs.open("dir/a", blockfs::OpenMode::ReadOnly).unwrap();
+            let pinned = f.extent_table().unwrap();
+            let t = pinned.table();
+            let runs = read_runs(t, 0);
+            assert!(runs.len() > 1, "a fragmented file: {runs:?}");
+            // Run by run, the LBAs the table translates each file LBA to, and nothing more.
+            let want: Vec<u64> = (0..(len as u64).div_ceil(lba as u64))
+                .map(|k| t.translate(0, k * lba as u64).unwrap().lba)
+                .collect();
+            let got: Vec<u64> = runs.iter().flat_map(|&(l, n)| l..l + n).collect();
+            assert_eq!(got, want);
+            assert!(read_runs(t, 1).is_empty(), "no such file");
+        }
+    }
+
+    #[test]
+    fn claims_hand_out_every_chunk_once_and_shrink_as_the_batch_ends() {
+        // The kernel's loop on one counter: each warp in turn sees the counter as it was one
+        // claim ago (a stale read), sizes its claim, takes it with a fetch_add.
+        for (total, warps, least) in [(9095u64, 96u64, 4u64), (102_817, 96, 4), (700, 8, 1)] {
+            let (mut counter, mut before) = (0u64, 0u64);
+            let mut taken = vec![0u8; total as usize];
+            let mut sizes = Vec::new();
+            'claiming: loop {
+                for _ in 0..warps {
+                    let n = claim_size(total, before, warps, least);
+                    assert!((least..=32).contains(&n), "{n}");
+                    before = counter;
+                    let got = counter;
+                    counter += n;
+                    if got >= total {
+                        break 'claiming;
+                    }
+                    for c in got..(got + n).min(total) {
+                        taken[c as usize] += 1;
+                    }
+                    sizes.push(n);
+                }
+            }
+            assert!(taken.iter().all(|&t| t == 1), "every chunk once");
+            assert_eq!(sizes[0], 32, "a large batch starts with whole claims");
+            // The last claim of every warp is small: at most one warp holds more than `least`.
+            let tail = &sizes[sizes.len() - warps as usize..];
+            assert!(tail.iter().filter(|&&n| n > least).count() <= 1, "{tail:?}");
+        }
+        assert_eq!(
+            claim_size(100, 200, 4, 0),
+            1,
+            "past the end, at least one (then none left)"
+        );
+        assert_eq!(claim_size(1 << 40, 0, 0, 64), 32);
     }
 
     #[test]

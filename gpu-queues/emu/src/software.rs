@@ -71,7 +71,8 @@ use gpu_queues::ffi::{
 use gpu_queues::kernels::Kernels;
 use gpu_queues::queues::{
     DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan,
-    QueueSetParts, QueueTransport, TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
+    QueueSetParts, QueueTransport, ReadAhead, TransportKind, alloc_protocol_state, plan,
+    prebuilt_prp_lists,
 };
 use gpu_queues::transport::{Candidate, QueueLayout, TransportChoice, select};
 use nvme::{Controller, DmaRegion, QueueRegions};
@@ -1424,6 +1425,40 @@ pub struct SoftwareTransport {
     emu: Arc<EmuDevice>,
     engine: Arc<GpuDma>,
     rings: RingPlacement,
+    /// Whether a [`QueueTransport::will_read`] hint maps the image's pages ahead
+    /// ([`PREFAULT_ENV`]).
+    prefault: bool,
+}
+
+/// `GPUNVME_EMU_PREFAULT=on|off` (default `on`): whether a hint of Reads to come
+/// ([`QueueTransport::will_read`]) maps their resident image pages ahead of the controller
+/// threads' copies ([`ImageViews::prefault`], as many threads as the controller has), or does
+/// nothing (for comparisons).
+pub const PREFAULT_ENV: &str = "GPUNVME_EMU_PREFAULT";
+
+fn prefault_from(var: Option<&str>) -> Result<bool, GpuError> {
+    let c = [("on", true), ("off", false)];
+    Ok(env_choice::choice(PREFAULT_ENV, var, &c)?.unwrap_or(true))
+}
+
+/// The pages of a [`QueueTransport::will_read`] hint being mapped ahead on a thread of their
+/// own; dropping this stops the work and waits for it (a block of [`crate::image_reads::PREFAULT_BLOCK`] per
+/// thread at most).
+struct Prefault {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Drop for Prefault {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(bytes) => tracing::trace!(bytes, "image pages mapped ahead of Reads"),
+                Err(_) => tracing::warn!("the thread mapping image pages ahead panicked"),
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for SoftwareTransport {
@@ -1487,6 +1522,53 @@ impl QueueTransport for SoftwareTransport {
 
     fn queue_deleted(&self, qid: u16) {
         self.emu.detach_external_doorbells(qid);
+    }
+
+    /// Maps the hinted LBAs' resident pages of the namespace's image ahead of the controller
+    /// threads' copies (Reads copied out of a mapping only; an image in memory or a namespace
+    /// of another LBA size than the hint's: nothing). The image is opened again by its path:
+    /// a file put in its place since would only waste the hint (the controller reads its own).
+    fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
+        if !self.prefault || self.engine.read_mode != ReadMode::Mapped || lba_shift >= 32 {
+            return ReadAhead::none();
+        }
+        let Some(ns) = (nsid as usize)
+            .checked_sub(1)
+            .and_then(|i| self.emu.namespace_configs().get(i))
+        else {
+            return ReadAhead::none();
+        };
+        let nvme_emu::Backend::File(path) = &ns.backend else {
+            return ReadAhead::none();
+        };
+        if ns.lba_size != 1 << lba_shift {
+            return ReadAhead::none();
+        }
+        let Ok(file) = std::fs::File::open(path) else {
+            return ReadAhead::none();
+        };
+        let unit = 1u64 << lba_shift;
+        let ranges: Vec<(u64, u64)> = runs
+            .iter()
+            .filter_map(|&(lba, n)| Some((lba.checked_mul(unit)?, n.checked_mul(unit)?)))
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        if ranges.is_empty() {
+            return ReadAhead::none();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (engine, halt) = (self.engine.clone(), stop.clone());
+        let threads = self.engine.engines().max(1);
+        match std::thread::Builder::new()
+            .name("gpunvme-prefault".into())
+            .spawn(move || engine.views.prefault(&file, &ranges, threads, &halt))
+        {
+            Ok(t) => ReadAhead::running(Box::new(Prefault {
+                stop,
+                thread: Some(t),
+            })),
+            Err(_) => ReadAhead::none(),
+        }
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -1617,6 +1699,7 @@ pub fn queues(
                 emu: emu.clone(),
                 engine,
                 rings,
+                prefault: prefault_from(env_choice::var(PREFAULT_ENV).as_deref())?,
             }),
         },
     )
@@ -1624,7 +1707,7 @@ pub fn queues(
 
 #[cfg(test)]
 mod tests {
-    use super::{CopyMode, RingPlacement, StagedCopies, fetch_ordered_from};
+    use super::{CopyMode, RingPlacement, StagedCopies, fetch_ordered_from, prefault_from};
 
     #[test]
     fn staged_copies_and_fetch_order_follow_their_variables() {
@@ -1639,6 +1722,11 @@ mod tests {
         assert!(fetch_ordered_from(Some("ordered")).unwrap());
         let e = fetch_ordered_from(Some("always")).unwrap_err().to_string();
         assert!(e.contains("GPUNVME_EMU_FETCH=always"), "{e}");
+        assert!(prefault_from(None).unwrap());
+        assert!(prefault_from(Some("on")).unwrap());
+        assert!(!prefault_from(Some(" off")).unwrap());
+        let e = prefault_from(Some("1")).unwrap_err().to_string();
+        assert!(e.contains("GPUNVME_EMU_PREFAULT=1"), "{e}");
     }
 
     #[test]
