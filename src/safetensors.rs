@@ -481,8 +481,8 @@ pub fn load_with<R>(
         .map(|(f, _)| gfiles.open(f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| gpu(&e))?;
-    // The controller may prepare for these reads while the arena is allocated (the software
-    // controller maps the image's pages ahead); the hint holds until the reads are over.
+    // The controller may prepare for these reads from now on (the software controller has
+    // the kernel read a cold image ahead); the hint holds until the reads are over.
     let _ahead = gfiles.will_read(&opened.iter().collect::<Vec<_>>());
     let t_tables = t0.elapsed().as_secs_f64();
     let arena = setup

@@ -1687,12 +1687,11 @@ mod files {
         let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
         let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
         let g = files.open(&file).expect("open for the GPU");
-        // A hint of the reads to come: copying out of a mapping, the controller maps the
-        // file's pages ahead, on threads of its own, while the read below runs.
-        let (mode, _) = r.gpu.window_stats().expect("software controller");
+        // A hint of the reads to come: the controller has the kernel read what of the file is
+        // not in the page cache, on a thread of its own, while the read below runs.
         let ahead = files.will_read(&[&g]);
-        let prefault = std::env::var(gpu_emu::software::PREFAULT_ENV).as_deref() != Ok("off");
-        assert_eq!(ahead.is_running(), mode == ReadMode::Mapped && prefault);
+        let on = std::env::var(gpu_emu::software::READAHEAD_ENV).as_deref() != Ok("off");
+        assert_eq!(ahead.is_running(), on, "an image file: the hint is taken");
         let buf = r.gpu.alloc_buffer(len).expect("buffer");
         let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
         assert_eq!(got, len as u64);

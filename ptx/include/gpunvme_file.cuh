@@ -309,15 +309,15 @@ __device__ __forceinline__ void warp_span(uint64_t start, uint64_t n, uint64_t w
 
 /// How many chunks a warp of the batch file kernel claims when `seen` of `total` chunks were
 /// claimed as far as it knows (a relaxed read of the claims' counter, so possibly stale: the
-/// fetch_add that follows still hands every chunk out once), `warps` warps claiming: about a
-/// half share of what is left per warp, so claims shrink as the batch ends (guided
-/// self-scheduling: when the chunks run out, no warp holds a large claim its queue must still
-/// serve while others idle), at least `least` (1 to 32) and at most 32, one per lane.
+/// fetch_add that follows still hands every chunk out once), `warps` warps claiming: a warp's
+/// share of what is left, so claims shrink in the batch's last round (guided self-scheduling:
+/// when the chunks run out, no warp holds a large claim its queue must still serve while
+/// others idle), at least `least` (1 to 32) and at most 32, one per lane.
 __device__ __forceinline__ uint64_t claim_size(uint64_t total, uint64_t seen, uint64_t warps,
                                                uint64_t least) {
     const uint64_t left = seen < total ? total - seen : 0;
     const uint64_t lo = least < 1 ? 1 : (least > 32 ? 32 : least);
-    const uint64_t n = left / (2 * (warps ? warps : 1));
+    const uint64_t n = left / (warps ? warps : 1);
     return n < lo ? lo : (n > 32 ? 32 : n);
 }
 

@@ -186,12 +186,15 @@ def test_arena_views_match_slices_of_every_dtype_and_shape():
         td = getattr(torch, _TORCH_DTYPES[dtype])
         shape = shapes[i % len(shapes)]
         nbytes = torch.empty(shape, dtype=td).numel() * torch.empty((), dtype=td).element_size()
-        tensors.append((f"t{i}", dtype, shape, at, nbytes))
+        strides = [1] * len(shape)  # C order, in elements, as the native side gives them
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        tensors.append((f"t{i}", dtype, shape, at, nbytes, strides))
         at += -(-nbytes // 256) * 256
     arena = torch.randint(0, 256, (max(at, 256),), dtype=torch.uint8)
     views = _arena_views(torch, arena, tensors)
     assert list(views) == [t[0] for t in tensors]
-    for name, dtype, shape, offset, nbytes in tensors:
+    for name, dtype, shape, offset, nbytes, _ in tensors:
         v = views[name]
         want = arena[offset : offset + nbytes].view(getattr(torch, _TORCH_DTYPES[dtype])).reshape(shape)
         assert v.dtype == want.dtype and list(v.shape) == shape, name

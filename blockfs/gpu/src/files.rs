@@ -209,9 +209,10 @@ pub struct GpuFilesOptions {
     /// 8, in the environment): enough commands in flight to keep each queue's server busy, few
     /// enough that when the chunks run out no queue holds much more than another.
     pub claim_warps: u32,
-    /// The fewest chunks a claim takes with [`ChunkOrder::Claim`] (default 4;
+    /// The fewest chunks a claim takes with [`ChunkOrder::Claim`] (default 8;
     /// `GPUNVME_FILE_CLAIM_LEAST`, 1 to 32, in the environment): claims start at 32 chunks and
-    /// shrink to this as the batch ends ([`crate::plan::claim_size`]); 32 keeps them whole.
+    /// shrink to this in the batch's last round ([`crate::plan::claim_size`]); 32 keeps them
+    /// whole.
     pub claim_least: u32,
     /// Bound of a host-side wait for a batch (every device-side wait is bounded by the queues'
     /// own timeout as well).
@@ -238,7 +239,7 @@ impl Default for GpuFilesOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .filter(|n| (1..=32).contains(n))
-                .unwrap_or(4),
+                .unwrap_or(8),
             timeout: Duration::from_secs(600),
         }
     }
@@ -464,9 +465,10 @@ impl<'q> GpuFiles<'q> {
 
     /// Hints the controller that `files` are about to be read whole
     /// ([`GpuQueues::will_read`] with each file's LBA runs, [`crate::plan::read_runs`]): the
-    /// software controller maps their resident image pages ahead of its threads' copies while
-    /// the caller gets ready (allocating the memory to read into, say). The hint lasts until
-    /// the result is dropped; keep it across the reads.
+    /// software controller has the kernel read what of them is not in the page cache, ahead
+    /// of its threads, from while the caller gets ready (allocating the memory to read into,
+    /// say) to the end of the reads. The hint lasts until the result is dropped; keep it across
+    /// the reads.
     pub fn will_read(&self, files: &[&GpuFile]) -> ReadAhead {
         // Runs per (namespace, LBA shift), each in the files' order.
         let mut by_ns = std::collections::BTreeMap::<(u32, u32), Vec<(u64, u64)>>::new();

@@ -217,12 +217,12 @@ pub fn read_runs(table: &ExtentTable, index: usize) -> Vec<(u64, u64)> {
 }
 
 /// How many chunks a warp of the batch file kernel claims when it saw `seen` of `total` chunks
-/// claimed, `warps` warps claiming (`gpunvme::fs::claim_size`): about half of what is left per
-/// warp, at least `least` (1 to 32) and at most 32. The sight may be stale (the kernel's read of
+/// claimed, `warps` warps claiming (`gpunvme::fs::claim_size`): a warp's share of what is left,
+/// at least `least` (1 to 32) and at most 32. The sight may be stale (the kernel's read of
 /// the counter is relaxed); the fetch_add that takes the claim hands every chunk out once.
 pub fn claim_size(total: u64, seen: u64, warps: u64, least: u64) -> u64 {
     let left = total.saturating_sub(seen);
-    (left / (2 * warps.max(1))).clamp(least.clamp(1, 32), 32)
+    (left / warps.max(1)).clamp(least.clamp(1, 32), 32)
 }
 
 /// How many warps the batch file kernel runs for `chunks` chunks on `queues` queues, at most

@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpu_queues::GpuError;
@@ -363,10 +363,6 @@ impl ImageWindows {
     }
 }
 
-/// Bytes [`ImageViews::prefault`] maps at a time (a thread's unit of work, checked against the
-/// page cache as a whole).
-pub const PREFAULT_BLOCK: u64 = 2 << 20;
-
 /// Whole-image read-only mappings, one per image file the controller reads, made the first
 /// time a Read of that file is staged ([`ReadMode::Mapped`]); kept until the controller's GPU
 /// queues are torn down. A mapping costs address space and page tables, not memory: its
@@ -395,13 +391,20 @@ impl ImageViews {
         }
     }
 
-    /// The mapping of `file` (made now, at the file's current length, the first time it is
-    /// asked for), or `None` where it cannot be mapped.
-    fn mapping(&self, file: &File) -> Option<Arc<Mapping>> {
+    /// The mapping of `file` if it covers `file_offset..file_offset + len` and every page of
+    /// that range is in the page cache (mapping the whole file now, at its current length, on
+    /// the first lookup); `None` when the range must be read with `pread` (disabled, an empty
+    /// file, past the mapped length, not all resident (a cold read), or the file cannot be
+    /// mapped).
+    pub fn lookup(&self, file: &File, file_offset: u64, len: usize) -> Option<Arc<Mapping>> {
+        if !self.enabled || len == 0 {
+            return None;
+        }
         let key = FileKey::of(file)?;
-        // The table's lock covers the lookup only, not a caller's cachestat: every controller
+        // The table's lock covers the lookup only, not the cachestat below: every controller
         // thread comes here once per Read.
-        self.maps
+        let map = self
+            .maps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(key)
@@ -415,77 +418,7 @@ impl ImageViews {
                     }
                 }
             })
-            .clone()
-    }
-
-    /// Maps the resident pages of `ranges` (byte ranges of `file`) into the image's mapping
-    /// ahead of the controller threads' copies ([`Mapping::prefault`]), so a process's first
-    /// Reads of them do not each stop for page faults (on the lent H200, 2026-11-28, the first
-    /// load of a 1.19 GB model in a process took 18,000 faults, 1.5 to 2 ms of its 33). Runs on
-    /// `threads` threads (this one among them), a [`PREFAULT_BLOCK`] at a time in the order
-    /// given, until every block is done or `stop` is set. A block not wholly in the page cache
-    /// is left alone: its Reads go by `pread`, whose readahead serves a cold image. Returns the
-    /// bytes mapped ahead. Does nothing unless Reads copy out of a mapping
-    /// ([`ReadMode::Mapped`]).
-    pub fn prefault(
-        &self,
-        file: &File,
-        ranges: &[(u64, u64)],
-        threads: usize,
-        stop: &AtomicBool,
-    ) -> u64 {
-        if !self.enabled {
-            return 0;
-        }
-        let Some(map) = self.mapping(file) else {
-            return 0;
-        };
-        let size = map.len() as u64;
-        let blocks: Vec<(u64, u64)> = ranges
-            .iter()
-            .flat_map(|&(start, len)| {
-                let end = start.saturating_add(len).min(size);
-                (start..end)
-                    .step_by(PREFAULT_BLOCK as usize)
-                    .map(move |at| (at, (end - at).min(PREFAULT_BLOCK)))
-            })
-            .collect();
-        let next = AtomicUsize::new(0);
-        let mapped = AtomicU64::new(0);
-        let work = || {
-            while !stop.load(Ordering::Relaxed) {
-                let Some(&(at, len)) = blocks.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                    return;
-                };
-                if !gpu_queues::ffi::os::range_cached(file.as_fd(), at, len).unwrap_or(false) {
-                    continue;
-                }
-                // In range (clipped to the mapping above); a page lost since the check is the
-                // Read's business later, not this hint's.
-                if map.prefault(at as usize, len as usize).is_ok() {
-                    mapped.fetch_add(len, Ordering::Relaxed);
-                }
-            }
-        };
-        std::thread::scope(|s| {
-            for _ in 1..threads.min(blocks.len()) {
-                s.spawn(work);
-            }
-            work();
-        });
-        mapped.into_inner()
-    }
-
-    /// The mapping of `file` if it covers `file_offset..file_offset + len` and every page of
-    /// that range is in the page cache (mapping the whole file now, at its current length, on
-    /// the first lookup); `None` when the range must be read with `pread` (disabled, an empty
-    /// file, past the mapped length, not all resident (a cold read), or the file cannot be
-    /// mapped).
-    pub fn lookup(&self, file: &File, file_offset: u64, len: usize) -> Option<Arc<Mapping>> {
-        if !self.enabled || len == 0 {
-            return None;
-        }
-        let map = self.mapping(file)?;
+            .clone()?;
         let end = file_offset.checked_add(len as u64)?;
         if end > map.len() as u64 {
             return None;
@@ -510,37 +443,6 @@ impl ImageViews {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefault_maps_the_resident_blocks_asked_for_and_stops_when_told() {
-        use std::io::Write;
-        if !guarded_copy::available() {
-            eprintln!("skipped: no guarded copies on this target");
-            return;
-        }
-        let mut f = tempfile::tempfile().unwrap();
-        let len = 5 * PREFAULT_BLOCK + 4096;
-        f.write_all(&vec![9u8; len as usize]).unwrap();
-        let views = ImageViews::for_mode(ReadMode::Mapped);
-        let go = AtomicBool::new(false);
-        // Two ranges, the second running past the file's end (clipped to it).
-        let ranges = [
-            (4096, PREFAULT_BLOCK + 100),
-            (3 * PREFAULT_BLOCK, 4 * PREFAULT_BLOCK),
-        ];
-        let want = PREFAULT_BLOCK + 100 + (len - 3 * PREFAULT_BLOCK);
-        assert_eq!(views.prefault(&f, &ranges, 4, &go), want);
-        assert_eq!(
-            views.prefault(&f, &ranges, 1, &go),
-            want,
-            "again, one thread"
-        );
-        // Told to stop before it starts: nothing.
-        assert_eq!(views.prefault(&f, &ranges, 4, &AtomicBool::new(true)), 0);
-        // Not copying out of a mapping: nothing to prepare.
-        let off = ImageViews::for_mode(ReadMode::Pread);
-        assert_eq!(off.prefault(&f, &ranges, 4, &go), 0);
-    }
 
     #[test]
     fn read_mode_names_round_trip_and_bad_names_are_refused() {

@@ -153,45 +153,6 @@ impl Mapping {
         unsafe { touch_pages(self.ptr, self.len) }
     }
 
-    /// Maps the pages of `offset..offset + len` (inside this read-only file mapping) into the
-    /// page tables ahead of copies out of them: one byte of every 4 KiB page is read by a
-    /// guarded copy ([`super::guarded_copy`]), so each page table entry the kernel lacks is
-    /// made by an ordinary read fault (which maps the pages around it too, without marking
-    /// them accessed, unlike `MADV_POPULATE_READ` or `pread`). A page that is not in memory is
-    /// read in by that fault: callers ask only for resident ranges. A page that cannot be read
-    /// (SIGBUS) is an error, not the process's end; so are a range outside the mapping and a
-    /// target without guarded copies.
-    pub fn prefault(&self, offset: usize, len: usize) -> io::Result<()> {
-        if !super::guarded_copy::available() {
-            return Err(io::ErrorKind::Unsupported.into());
-        }
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "bytes {offset:#x}+{len:#x} outside a mapping of {:#x}",
-                    self.len
-                ),
-            ));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        let mut byte = 0u8;
-        for at in (offset & !(PAGE - 1)..offset + len).step_by(PAGE) {
-            let at = at.max(offset);
-            // SAFETY: `at` lies inside this live mapping (checked above); the destination is
-            // a local byte no reference aliases during the copy; the two cannot overlap.
-            let r = unsafe { super::guarded_copy::copy(&mut byte, self.ptr.as_ptr().add(at), 1) };
-            if r.is_err() {
-                return Err(io::Error::other(format!(
-                    "the page at byte {at:#x} of the mapped file could not be read (SIGBUS)"
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// How many of the mapping's 4 KiB pages are resident (`mincore`), for tests.
     pub fn resident_pages(&self) -> io::Result<usize> {
         let host_page = host_page_size();
@@ -262,6 +223,24 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
     }
     let pages = last / PAGE as u64 - offset / PAGE as u64 + 1;
     Ok(st.nr_cache >= pages)
+}
+
+/// Asks the kernel to read `offset..offset + len` of `file` into the page cache now
+/// (`posix_fadvise(POSIX_FADV_WILLNEED)`): the reads are started (in readahead-sized requests,
+/// as many as the device queue takes; the call may wait for room in it) and left to complete
+/// in the background; nothing is copied, nothing waits for the data. A hint: the kernel may do
+/// less. Errors: a bad descriptor or range (`EBADF`, `EINVAL`).
+pub fn advise_willneed(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
+    };
+    // SAFETY: posix_fadvise on a descriptor the caller keeps open for the call; no memory is
+    // passed.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
 }
 
 /// The host's page size.
@@ -988,68 +967,37 @@ mod tests {
         }
     }
 
-    /// Minor page faults of this thread so far.
-    fn thread_minor_faults() -> i64 {
-        // SAFETY: getrusage writes the zeroed struct we own.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; RUSAGE_THREAD reports the calling thread.
-        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
-        ru.ru_minflt as i64
-    }
-
-    /// Reads one byte of every page of `len` bytes at `offset` of `m` (as a copy would).
-    fn read_pages(m: &Mapping, offset: usize, len: usize) -> u64 {
-        let mut sum = 0u64;
-        for at in (offset..offset + len).step_by(PAGE) {
-            let mut b = 0u8;
-            // SAFETY: `at` is inside the live mapping; `b` is a local byte.
-            unsafe { super::super::guarded_copy::copy(&mut b, m.ptr().add(at), 1) }.unwrap();
-            sum += b as u64;
-        }
-        sum
-    }
-
     #[test]
-    fn a_prefaulted_range_is_read_without_page_faults() {
+    fn willneed_brings_an_evicted_range_back_into_the_page_cache() {
         use std::io::Write;
         use std::os::fd::AsFd;
-        if !super::super::guarded_copy::available() {
-            eprintln!("skipped: no guarded copies on this target");
-            return;
-        }
-        let mut f = scratch_file("prefault");
-        let len = 4 << 20;
-        f.write_all(&vec![3u8; len]).unwrap();
-        // Two mappings of the same (cached) file: one prefaulted, one not.
-        let (a, b) = (
-            Mapping::read_only(f.as_fd(), len).unwrap(),
-            Mapping::read_only(f.as_fd(), len).unwrap(),
-        );
-        let (from, n) = (4096 + 100, 2 << 20);
-        a.prefault(from, n).unwrap();
-        let before = thread_minor_faults();
-        assert_eq!(
-            read_pages(&a, from, n),
-            3 * (n as u64).div_ceil(PAGE as u64)
-        );
-        let prefaulted = thread_minor_faults() - before;
-        let before = thread_minor_faults();
-        read_pages(&b, from, n);
-        let plain = thread_minor_faults() - before;
-        assert_eq!(prefaulted, 0, "every page of the range was mapped ahead");
+        let mut f = scratch_file("willneed");
+        f.write_all(&vec![5u8; 1 << 20]).unwrap();
+        f.sync_all().unwrap();
+        advise_willneed(f.as_fd(), 0, 1 << 20).unwrap();
         assert!(
-            plain > 0,
-            "the other mapping faults its pages in as it goes"
+            advise_willneed(f.as_fd(), u64::MAX, 1).is_err(),
+            "a range past off_t"
         );
-        // Outside the mapping: refused; empty: nothing to do.
-        let e = a.prefault(len - 4096, 8192).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        a.prefault(len, 0).unwrap();
-        // Past the file's end (truncated under the mapping): an error, not SIGBUS's default.
-        f.set_len(4096).unwrap();
-        let c = Mapping::read_only(f.as_fd(), len).unwrap();
-        let e = c.prefault(3 << 20, 4096).unwrap_err();
-        assert!(e.to_string().contains("SIGBUS"), "{e}");
+        // SAFETY: posix_fadvise on our open descriptor; no memory is passed.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
+        match range_cached(f.as_fd(), 0, 1 << 20) {
+            Err(e) => eprintln!("skipped: no cachestat(2) here ({e})"),
+            Ok(true) => eprintln!("skipped: this file system keeps the pages (nothing evicted)"),
+            Ok(false) => {
+                advise_willneed(f.as_fd(), 0, 1 << 20).unwrap();
+                // The reads run in the background: bounded wait for them to land.
+                let t = std::time::Instant::now();
+                while !range_cached(f.as_fd(), 0, 1 << 20).unwrap() {
+                    assert!(
+                        t.elapsed().as_secs() < 10,
+                        "the range came back within 10 s"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
     }
 
     #[test]
