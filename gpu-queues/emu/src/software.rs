@@ -1425,63 +1425,103 @@ pub struct SoftwareTransport {
     emu: Arc<EmuDevice>,
     engine: Arc<GpuDma>,
     rings: RingPlacement,
-    /// Whether a [`QueueTransport::will_read`] hint has the kernel read the image ahead
-    /// ([`READAHEAD_ENV`]).
-    readahead: bool,
+    /// Threads a [`QueueTransport::will_read`] hint walks the image with, having the kernel
+    /// read it ahead (0: the hint does nothing; [`READAHEAD_ENV`]).
+    readahead: usize,
 }
 
-/// `GPUNVME_EMU_READAHEAD=on|off` (default `on`): whether a hint of Reads to come
-/// ([`QueueTransport::will_read`]) has the kernel read the parts of the image not in the page
-/// cache ahead of the controller threads ([`Readahead`]), or does nothing (for comparisons).
+/// `GPUNVME_EMU_READAHEAD=on|off|N` (default `on`, [`READAHEAD_WALKERS`] threads; `N` from 1 to
+/// 16 threads): whether a hint of Reads to come ([`QueueTransport::will_read`]) has the kernel
+/// read the parts of the image not in the page cache ahead of the controller threads
+/// ([`Readahead`]), or does nothing (`off`, for comparisons).
 pub const READAHEAD_ENV: &str = "GPUNVME_EMU_READAHEAD";
 
-fn readahead_from(var: Option<&str>) -> Result<bool, GpuError> {
-    let c = [("on", true), ("off", false)];
-    Ok(env_choice::choice(READAHEAD_ENV, var, &c)?.unwrap_or(true))
+/// Threads of a [`Readahead`] by default: each `posix_fadvise` waits while it submits its
+/// block's reads, so several keep more of the disk's queue filled.
+pub const READAHEAD_WALKERS: usize = 4;
+
+fn readahead_from(var: Option<&str>) -> Result<usize, GpuError> {
+    let v = var.map(str::trim).filter(|v| !v.is_empty());
+    if let Some(n) = v.and_then(|v| v.parse::<usize>().ok()) {
+        if (1..=16).contains(&n) {
+            return Ok(n);
+        }
+    }
+    let c = [("on", READAHEAD_WALKERS), ("off", 0)];
+    match env_choice::choice(READAHEAD_ENV, v, &c) {
+        Ok(n) => Ok(n.unwrap_or(READAHEAD_WALKERS)),
+        Err(GpuError::InvalidArgument(m)) => Err(GpuError::InvalidArgument(format!(
+            "{m} or a thread count from 1 to 16"
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Bytes of the image one `posix_fadvise(WILLNEED)` of [`Readahead`] asks for.
 const READAHEAD_BLOCK: u64 = 8 << 20;
 
-/// A [`QueueTransport::will_read`] hint at work: a thread of its own walks the hinted byte
-/// ranges of the image in order, a [`READAHEAD_BLOCK`] at a time, and has the kernel read each
-/// block not wholly in the page cache (`gpu_queues::ffi::os::advise_willneed`: the reads are
-/// started, not waited for). A cold image is then read at the disk's pace by large requests in
-/// flight together, rather than by each controller thread's 128 KiB `pread` in turn (on the
-/// lent H200, 2026-11-28, cold loads ran at 1.8 GB/s where fastsafetensors read the same disk
-/// at 2.2 to 2.9). Resident blocks cost one `cachestat` each. Dropping this stops the walk and
-/// joins the thread (a `posix_fadvise` may wait for room in the device queue first).
+/// A [`QueueTransport::will_read`] hint at work: threads of its own walk the hinted byte
+/// ranges of the image in order, a [`READAHEAD_BLOCK`] at a time (the next block to whichever
+/// thread is free), and have the kernel read each block not wholly in the page cache
+/// (`gpu_queues::ffi::os::advise_willneed`: the reads are started, not waited for). A cold
+/// image is then read at the disk's pace by large requests in flight together, rather than by
+/// each controller thread's 128 KiB `pread` in turn (on the lent H200, 2026-11-28, cold loads
+/// ran at 1.7 to 1.8 GB/s where fastsafetensors read the same disk at 2.1 to 2.9; with one
+/// such thread, 1.8 to 2.1). Resident blocks cost one `cachestat` each. Dropping this stops
+/// the walk and joins the threads (a `posix_fadvise` may wait for room in the device queue
+/// first).
 struct Readahead {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u64>>,
 }
 
 impl Readahead {
-    /// Starts the walk over `ranges` (byte ranges of `file`).
-    fn start(file: std::fs::File, ranges: Vec<(u64, u64)>) -> std::io::Result<Self> {
+    /// Starts the walk over `ranges` (byte ranges of `file`) on `walkers` threads.
+    fn start(
+        file: std::fs::File,
+        ranges: Vec<(u64, u64)>,
+        walkers: usize,
+    ) -> std::io::Result<Self> {
         use std::os::fd::AsFd;
+        use std::sync::atomic::{AtomicU64, AtomicUsize};
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
+        let blocks: Vec<(u64, u64)> = ranges
+            .iter()
+            .flat_map(|&(start, len)| {
+                let end = start.saturating_add(len);
+                (start..end)
+                    .step_by(READAHEAD_BLOCK as usize)
+                    .map(move |at| (at, (end - at).min(READAHEAD_BLOCK)))
+            })
+            .collect();
+        // One thread of ours owns the walk; it runs the other walkers scoped, so dropping
+        // joins them all.
         let thread = std::thread::Builder::new()
             .name("gpunvme-readahead".into())
             .spawn(move || {
-                let mut asked = 0;
-                for (start, len) in ranges {
-                    let end = start.saturating_add(len);
-                    for at in (start..end).step_by(READAHEAD_BLOCK as usize) {
-                        if halt.load(Ordering::Relaxed) {
-                            return asked;
-                        }
-                        let n = (end - at).min(READAHEAD_BLOCK);
+                let (next, asked) = (AtomicUsize::new(0), AtomicU64::new(0));
+                let walk = || {
+                    while !halt.load(Ordering::Relaxed) {
+                        let Some(&(at, n)) = blocks.get(next.fetch_add(1, Ordering::Relaxed))
+                        else {
+                            return;
+                        };
                         let cached = gpu_queues::ffi::os::range_cached(file.as_fd(), at, n);
                         if !cached.unwrap_or(false)
                             && gpu_queues::ffi::os::advise_willneed(file.as_fd(), at, n).is_ok()
                         {
-                            asked += n;
+                            asked.fetch_add(n, Ordering::Relaxed);
                         }
                     }
-                }
-                asked
+                };
+                std::thread::scope(|s| {
+                    for _ in 1..walkers.clamp(1, blocks.len().max(1)) {
+                        s.spawn(walk);
+                    }
+                    walk();
+                });
+                asked.into_inner()
             })?;
         Ok(Self {
             stop,
@@ -1571,7 +1611,7 @@ impl QueueTransport for SoftwareTransport {
     /// the thread to own: the page cache is the file's, so any descriptor serves, and a file
     /// put in its place since would only waste the hint.
     fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
-        if !self.readahead || lba_shift >= 32 {
+        if self.readahead == 0 || lba_shift >= 32 {
             return ReadAhead::none();
         }
         let Some(ns) = (nsid as usize)
@@ -1595,7 +1635,7 @@ impl QueueTransport for SoftwareTransport {
         if ranges.is_empty() {
             return ReadAhead::none();
         }
-        match std::fs::File::open(path).and_then(|f| Readahead::start(f, ranges)) {
+        match std::fs::File::open(path).and_then(|f| Readahead::start(f, ranges, self.readahead)) {
             Ok(r) => ReadAhead::running(Box::new(r)),
             Err(e) => {
                 tracing::debug!("no readahead of {}: {e}", path.display());
@@ -1755,11 +1795,20 @@ mod tests {
         assert!(fetch_ordered_from(Some("ordered")).unwrap());
         let e = fetch_ordered_from(Some("always")).unwrap_err().to_string();
         assert!(e.contains("GPUNVME_EMU_FETCH=always"), "{e}");
-        assert!(readahead_from(None).unwrap());
-        assert!(readahead_from(Some("on")).unwrap());
-        assert!(!readahead_from(Some(" off")).unwrap());
-        let e = readahead_from(Some("1")).unwrap_err().to_string();
-        assert!(e.contains("GPUNVME_EMU_READAHEAD=1"), "{e}");
+        use super::READAHEAD_WALKERS;
+        assert_eq!(readahead_from(None).unwrap(), READAHEAD_WALKERS);
+        assert_eq!(readahead_from(Some("on")).unwrap(), READAHEAD_WALKERS);
+        assert_eq!(readahead_from(Some(" off")).unwrap(), 0);
+        assert_eq!(readahead_from(Some("1")).unwrap(), 1);
+        assert_eq!(readahead_from(Some("16")).unwrap(), 16);
+        for bad in ["0", "17", "many"] {
+            let e = readahead_from(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(&format!("GPUNVME_EMU_READAHEAD={bad}")), "{e}");
+            assert!(
+                e.contains("from 1 to 16") && !e.contains("argument: invalid"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
