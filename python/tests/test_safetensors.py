@@ -99,16 +99,22 @@ def synthetic_model(torch):
     return shards
 
 
-# The GPU-resident model with hbm media: the image copied into GPU memory when it starts
-# (host media needs an image on tmpfs: CUDA does not register writable ext4 mappings).
-@pytest.mark.parametrize("controller,media", [("emu", "host"), ("gpu", "hbm")])
-def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media):
+def gpu_torch():
+    """(torch, safetensors.torch) on a GPU machine; skips visibly elsewhere."""
     if not gpunvme.cuda_available():
         pytest.skip("skipped: no GPU")
     torch = pytest.importorskip("torch")
     st = pytest.importorskip("safetensors.torch")
     if not torch.cuda.is_available():
         pytest.skip("skipped: no GPU (torch sees none)")
+    return torch, st
+
+
+# The GPU-resident model with hbm media: the image copied into GPU memory when it starts
+# (host media needs an image on tmpfs: CUDA does not register writable ext4 mappings).
+@pytest.mark.parametrize("controller,media", [("emu", "host"), ("gpu", "hbm")])
+def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media):
+    torch, st = gpu_torch()
     shards = synthetic_model(torch)
     with gpunvme.open(image(tmp_path, size=512 << 20)) as dev:
         dev.mkfs()
@@ -145,12 +151,7 @@ def test_sharded_model_matches_safetensors_load_file(tmp_path, controller, media
 def test_a_failure_while_the_gpu_reads_is_raised_after_the_reads_and_the_handle_goes_on(tmp_path):
     """The views are built by a callback while the GPU reads into the arena: an exception there
     comes out of the call once the reads are over, and the next load on the handle works."""
-    if not gpunvme.cuda_available():
-        pytest.skip("skipped: no GPU")
-    torch = pytest.importorskip("torch")
-    st = pytest.importorskip("safetensors.torch")
-    if not torch.cuda.is_available():
-        pytest.skip("skipped: no GPU (torch sees none)")
+    torch, st = gpu_torch()
     shard = synthetic_model(torch)[1]
     with gpunvme.open(image(tmp_path, size=256 << 20)) as dev:
         dev.mkfs()
