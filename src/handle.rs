@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use blockfs::{
     BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
+use gpu_queues::GpuBuffer;
 use nvme::Controller;
 
 use crate::copy;
@@ -21,7 +22,6 @@ use crate::gpu_io::{self, GpuIoReport, Piece, ReadPath};
 use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
 use crate::volume;
-use gpu_queues::GpuBuffer;
 
 pub use crate::error_kind::{InvalidArgument, Refused};
 

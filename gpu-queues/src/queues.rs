@@ -503,9 +503,10 @@ pub trait QueueTransport: Send + Sync {
     }
     /// A hint that Reads of `runs` (first LBA, LBAs) of namespace `nsid`, LBAs of
     /// `1 << lba_shift` bytes, will come soon: the transport may prepare for them while the
-    /// caller gets ready (the software controller maps the image's resident pages ahead of its
-    /// threads' copies) until the returned [`ReadAhead`] is dropped. Only a hint: nothing
-    /// depends on it, and a Read that comes first is served as ever. The default does nothing.
+    /// caller gets ready and while they run (the software controller has the kernel read the
+    /// parts of its image not in the page cache ahead of its threads) until the returned
+    /// [`ReadAhead`] is dropped. Only a hint: nothing depends on it, and a Read that comes
+    /// first is served as ever. The default does nothing.
     fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
         let _ = (nsid, lba_shift, runs);
         ReadAhead::none()
