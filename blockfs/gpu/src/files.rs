@@ -230,19 +230,21 @@ impl Default for GpuFilesOptions {
                 Ok("grid") => ChunkOrder::Grid,
                 _ => ChunkOrder::Claim,
             },
-            claim_warps: std::env::var("GPUNVME_FILE_CLAIM_WARPS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|w| (1..=8).contains(w))
-                .unwrap_or(2),
-            claim_least: std::env::var("GPUNVME_FILE_CLAIM_LEAST")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|n| (1..=32).contains(n))
-                .unwrap_or(8),
+            claim_warps: env_within("GPUNVME_FILE_CLAIM_WARPS", 1..=8, 2),
+            claim_least: env_within("GPUNVME_FILE_CLAIM_LEAST", 1..=32, 8),
             timeout: Duration::from_secs(600),
         }
     }
+}
+
+/// Environment variable `name` as a number in `range`; `default` when it is unset, not a
+/// number or outside the range (the variables are for comparisons).
+fn env_within(name: &str, range: std::ops::RangeInclusive<u32>, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| range.contains(n))
+        .unwrap_or(default)
 }
 
 /// How the batch file kernel's warps take chunks (warp mode).
