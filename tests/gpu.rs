@@ -1854,14 +1854,13 @@ mod files {
                 (65_536 + 511, 3 * 65_536 + 3),
                 (7, len as u64 - 7),
             ];
-            // Warps claiming chunks (8 KiB chunks: several rounds on 2 queues), spreading them,
-            // or taking them in grid order; threads alone.
+            // Warps claiming chunks (8 KiB chunks: several rounds on 2 queues) or spreading
+            // them; threads alone.
             for (warp, chunk, order) in [
                 (true, None, ChunkOrder::Claim),
                 (false, None, ChunkOrder::Claim),
                 (true, Some(8192), ChunkOrder::Claim),
                 (true, Some(8192), ChunkOrder::Spread),
-                (true, Some(8192), ChunkOrder::Grid),
                 (false, Some(4096), ChunkOrder::Claim),
             ] {
                 let files = GpuFiles::new(

@@ -290,21 +290,12 @@ __device__ __forceinline__ void chunk_of(uint64_t offset, uint64_t len, uint32_t
 
 /// The chunks warp `warp` of `warps` takes in the round of the batch file kernel that starts at
 /// chunk `start` and holds `n` chunks (n <= 32 * warps): [*lo, *hi), at most 32, one per lane.
-/// `spread`: the round's chunks are cut evenly over the warps (their counts differ by at most
-/// one), so queues given equal numbers of warps get equal work; else warp w takes the 32 chunks
-/// from start + 32 w (the last warps of a short round none).
+/// The round's chunks are cut evenly over the warps (their counts differ by at most one), so
+/// queues given equal numbers of warps get equal work.
 __device__ __forceinline__ void warp_span(uint64_t start, uint64_t n, uint64_t warps,
-                                          uint64_t warp, bool spread, uint64_t* lo,
-                                          uint64_t* hi) {
-    if (spread) {
-        *lo = start + warp * n / warps;
-        *hi = start + (warp + 1) * n / warps;
-    } else {
-        const uint64_t a = warp * 32 < n ? warp * 32 : n;
-        const uint64_t b = a + 32 < n ? a + 32 : n;
-        *lo = start + a;
-        *hi = start + b;
-    }
+                                          uint64_t warp, uint64_t* lo, uint64_t* hi) {
+    *lo = start + warp * n / warps;
+    *hi = start + (warp + 1) * n / warps;
 }
 
 /// How many chunks a warp of the batch file kernel claims when `seen` of `total` chunks were

@@ -327,7 +327,7 @@ struct file_params {
     uint32_t chunk_bytes;   // chunk size: a multiple of 4096 (so of every LBA size)
     uint32_t warp_mode;     // 1: lanes of a warp together (rw_file_warp), 0: threads alone
     uint32_t warps;         // warp mode: warps that take chunks, each round's cut evenly over
-                            // them (fs::warp_span); 0: every warp of the grid, 32 chunks each
+                            // them (fs::warp_span); 0: every warp of the grid
     uint32_t claim_least;   // with claims: the fewest chunks a claim takes (1 to 32;
                             // fs::claim_size)
     uint64_t claims;        // warp mode, with warps: GPU pointer to the claims' counter (a
@@ -371,9 +371,9 @@ __device__ inline bool file_chunk_setup(const file_params& p, uint64_t c, file_i
 /// Batched file I/O: every range of `ios` is cut into chunks (fs::chunk_of) and the chunks
 /// are spread over the grid, one per thread (warp_mode 0, fs::rw_file_thread) or one per
 /// lane of a warp (1, fs::rw_file_warp); warp w (thread i) uses queue w (i) % nqueues. In warp
-/// mode the chunks go in rounds of 32 per warp; with p.warps set (the host makes it a multiple
-/// of nqueues where it can) a round's chunks are cut evenly over those warps (fs::warp_span),
-/// so every queue gets the same work, the last round included. With p.claims each warp claims
+/// mode the chunks go in rounds of 32 per warp, each round's cut evenly over p.warps warps (the
+/// host makes it a multiple of nqueues where it can; fs::warp_span), so every queue gets the
+/// same work, the last round included. With p.claims each warp claims
 /// its next chunks (up to 32, fewer as the batch ends: fs::claim_size) from a counter once its
 /// last ones are done, so queues served faster take more (a software controller's threads, or
 /// SSDs, do not all run at one speed) and the batch ends on every queue at about one time.
@@ -393,8 +393,7 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
     if (p.warp_mode) {
         // blockDim.x is a multiple of 32: every warp is whole.
         const uint64_t warp = gtid / 32;
-        const bool spread = p.warps != 0;
-        const uint64_t warps = spread ? p.warps : nthreads / 32;
+        const uint64_t warps = p.warps != 0 ? p.warps : nthreads / 32;
         if (warp >= warps) return;  // the grid's last block may hold warps past p.warps
         const queue_desc& q = queues[warp % p.nqueues];
         // One round: lanes take chunks lo + lane below hi. Rounds are warp-uniform (lo, hi
@@ -420,7 +419,7 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
                                         reinterpret_cast<uint8_t*>(scratch), &sf);
             if (active && s) file_io_fail(io, s, sf);
         };
-        if (spread && p.claims) {
+        if (p.claims) {
             for (;;) {
                 uint64_t got = 0, n = 0;
                 if (lane_id() == 0) {
@@ -440,7 +439,7 @@ extern "C" __global__ void gpunvme_file_rw(const file_params* pp) {
                 const uint64_t left = p.total_chunks - start;
                 const uint64_t n = left < 32 * warps ? left : 32 * warps;
                 uint64_t lo = 0, hi = 0;
-                fs::warp_span(start, n, warps, warp, spread, &lo, &hi);
+                fs::warp_span(start, n, warps, warp, &lo, &hi);
                 round(lo, hi);
             }
         }

@@ -57,7 +57,7 @@ pub struct FileParams {
     /// 1: one chunk per lane of a warp; 0: one per thread.
     pub warp_mode: u32,
     /// Warp mode: the warps that take chunks, each round's chunks cut evenly over them
-    /// ([`crate::plan::warp_span`]); 0: every warp of the grid, 32 chunks each.
+    /// ([`crate::plan::warp_span`]); 0: every warp of the grid.
     pub warps: u32,
     /// With `claims`: the fewest chunks a claim takes, 1 to 32 ([`crate::plan::claim_size`]).
     pub claim_least: u32,

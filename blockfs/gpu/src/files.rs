@@ -203,7 +203,7 @@ pub struct GpuFilesOptions {
     /// every queue can keep busy: depth / 32 warps per queue).
     pub max_warps: Option<u32>,
     /// How warps take chunks (warp mode). Default [`ChunkOrder::Claim`];
-    /// `GPUNVME_FILE_CHUNKS=claim|spread|grid` in the environment chooses, for comparisons.
+    /// `GPUNVME_FILE_CHUNKS=claim|spread` in the environment chooses, for comparisons.
     pub chunks: ChunkOrder,
     /// Warps per queue with [`ChunkOrder::Claim`] (default 2; `GPUNVME_FILE_CLAIM_WARPS`, 1 to
     /// 8, in the environment): enough commands in flight to keep each queue's server busy, few
@@ -227,7 +227,6 @@ impl Default for GpuFilesOptions {
             max_warps: None,
             chunks: match std::env::var("GPUNVME_FILE_CHUNKS").as_deref() {
                 Ok("spread") => ChunkOrder::Spread,
-                Ok("grid") => ChunkOrder::Grid,
                 _ => ChunkOrder::Claim,
             },
             claim_warps: env_within("GPUNVME_FILE_CLAIM_WARPS", 1..=8, 2),
@@ -261,9 +260,6 @@ pub enum ChunkOrder {
     /// evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]): every queue
     /// gets the same work.
     Spread,
-    /// 32 chunks per warp of the grid in turn (the first layout): the last round's chunks on
-    /// the first warps only, so some queues got a warp's worth more than others.
-    Grid,
 }
 
 /// How a batch ran.
@@ -639,7 +635,7 @@ impl<'q> GpuFiles<'q> {
         let warps = if claim {
             claim_warps
         } else {
-            crate::plan::file_warps(chunks, nq, max_warps, order != ChunkOrder::Grid)
+            crate::plan::file_warps(chunks, nq, max_warps)
         };
         let threads = if warp {
             warps as u64 * 32
@@ -672,11 +668,7 @@ impl<'q> GpuFiles<'q> {
             nios: ios.len() as u32,
             chunk_bytes,
             warp_mode: warp as u32,
-            warps: if warp && order != ChunkOrder::Grid {
-                warps
-            } else {
-                0
-            },
+            warps: if warp { warps } else { 0 },
             claim_least: self.opts.claim_least.clamp(1, 32),
             claims: if claim {
                 pmem.ptr() + size_of::<FileParams>() as u64

@@ -184,15 +184,9 @@ pub fn chunk_of(offset: u64, len: u64, chunk_bytes: u32, k: u64) -> (u64, u64) {
 
 /// The chunks warp `warp` of `warps` takes in a round of the batch file kernel that starts at
 /// chunk `start` and holds `n` chunks (at most 32 per warp): `start + lo .. start + hi`
-/// (`gpunvme::fs::warp_span`). `spread`: cut evenly (counts differ by at most one); else 32
-/// from `32 * warp` on.
-pub fn warp_span(start: u64, n: u64, warps: u64, warp: u64, spread: bool) -> (u64, u64) {
-    if spread {
-        (start + warp * n / warps, start + (warp + 1) * n / warps)
-    } else {
-        let a = (warp * 32).min(n);
-        (start + a, start + (a + 32).min(n))
-    }
+/// (`gpunvme::fs::warp_span`), cut evenly (counts differ by at most one).
+pub fn warp_span(start: u64, n: u64, warps: u64, warp: u64) -> (u64, u64) {
+    (start + warp * n / warps, start + (warp + 1) * n / warps)
 }
 
 /// The device LBA runs `(first LBA, LBAs)` holding bytes `0..size_bytes` of file `index` of
@@ -229,12 +223,11 @@ pub fn claim_size(total: u64, seen: u64, warps: u64, least: u64) -> u64 {
 /// `max_warps` (warp mode; [`warp_span`] spreads the chunks): enough for 32 chunks each, rounded
 /// up to a multiple of the queue count (warp `w` uses queue `w % queues`, so every queue gets
 /// the same number of warps and, the chunks being spread, the same work), but never more than
-/// `max_warps` or than there are chunks. `spread` false: the grid of old, `ceil(chunks / 32)`
-/// capped at `max_warps`.
-pub fn file_warps(chunks: u64, queues: u32, max_warps: u32, spread: bool) -> u32 {
+/// `max_warps` or than there are chunks.
+pub fn file_warps(chunks: u64, queues: u32, max_warps: u32) -> u32 {
     let max = max_warps.max(1) as u64;
     let need = chunks.div_ceil(32).max(1);
-    if !spread || need >= max || queues == 0 {
+    if need >= max || queues == 0 {
         return need.min(max) as u32;
     }
     let q = queues as u64;
@@ -838,14 +831,14 @@ mod tests {
     /// Runs the file kernel's warp-mode rounds (as `gpunvme_file_rw` does) and returns the
     /// chunks each queue was given; checks that every chunk is taken once and that no warp
     /// takes more than 32 in a round.
-    fn queue_loads(chunks: u64, queues: u32, warps: u64, spread: bool) -> Vec<u64> {
+    fn queue_loads(chunks: u64, queues: u32, warps: u64) -> Vec<u64> {
         let mut seen = vec![0u8; chunks as usize];
         let mut per_queue = vec![0u64; queues as usize];
         let mut start = 0;
         while start < chunks {
             let n = (chunks - start).min(32 * warps);
             for w in 0..warps {
-                let (lo, hi) = warp_span(start, n, warps, w, spread);
+                let (lo, hi) = warp_span(start, n, warps, w);
                 assert!(lo <= hi && hi - lo <= 32, "warp {w}: {lo}..{hi}");
                 assert!(lo >= start && hi <= start + n, "warp {w} leaves its round");
                 for c in lo..hi {
@@ -924,15 +917,10 @@ mod tests {
     fn warp_spans_cover_every_chunk_once_and_balance_queues() {
         let spread = |l: &[u64]| l.iter().max().unwrap() - l.iter().min().unwrap();
         // A Qwen3-0.6B-shaped load: 9,095 chunks of 128 KiB, 63 queues of 256 entries.
-        let w = file_warps(9095, 63, 63 * 8, true);
-        assert_eq!(w, 315, "5 warps per queue");
-        let even = queue_loads(9095, 63, w as u64, true);
+        let w = file_warps(9095, 63, 63 * 8);
+        assert_eq!(w, 315, "5 warps per queue (not the 285 of 32 chunks each)");
+        let even = queue_loads(9095, 63, w as u64);
         assert!(spread(&even) <= 5, "within a chunk per warp: {even:?}");
-        // The old grid: 285 warps of 32 chunks, 4 or 5 warps per queue.
-        let old_w = file_warps(9095, 63, 63 * 8, false);
-        assert_eq!(old_w, 285);
-        let old = queue_loads(9095, 63, old_w as u64, false);
-        assert!(spread(&old) >= 31, "{old:?}");
         // Several rounds (capped warps), small batches, more queues than chunks.
         for (chunks, queues, max) in [
             (102_817u64, 63u32, 504u32),
@@ -942,16 +930,14 @@ mod tests {
             (5000, 16, 40),
             (33, 1, 1),
         ] {
-            for on in [true, false] {
-                let w = file_warps(chunks, queues, max, on);
-                assert!(w >= 1 && w <= max, "{chunks} chunks: {w} warps");
-                assert!(w as u64 <= chunks.max(1));
-                let loads = queue_loads(chunks, queues, w as u64, on);
-                assert_eq!(loads.iter().sum::<u64>(), chunks);
-                if on && (w as u64) % queues as u64 == 0 {
-                    let per = w as u64 / queues as u64;
-                    assert!(spread(&loads) <= per, "{chunks} on {queues}: {loads:?}");
-                }
+            let w = file_warps(chunks, queues, max);
+            assert!(w >= 1 && w <= max, "{chunks} chunks: {w} warps");
+            assert!(w as u64 <= chunks.max(1));
+            let loads = queue_loads(chunks, queues, w as u64);
+            assert_eq!(loads.iter().sum::<u64>(), chunks);
+            if (w as u64) % queues as u64 == 0 {
+                let per = w as u64 / queues as u64;
+                assert!(spread(&loads) <= per, "{chunks} on {queues}: {loads:?}");
             }
         }
     }
