@@ -1468,8 +1468,9 @@ const READAHEAD_BLOCK: u64 = 8 << 20;
 /// each controller thread's 128 KiB `pread` in turn (on the lent H200, 2026-11-28, cold loads
 /// ran at 1.7 to 1.8 GB/s where fastsafetensors read the same disk at 2.1 to 2.9; with one
 /// such thread, 1.8 to 2.1). Resident blocks cost one `cachestat` each. Dropping this stops
-/// the walk and joins the threads (a `posix_fadvise` may wait for room in the device queue
-/// first).
+/// the walk without waiting for it: each thread ends after the block in hand (its
+/// `posix_fadvise` may wait for room in the device queue) and owns its descriptor, so nothing
+/// it touches goes away under it.
 struct Readahead {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u64>>,
@@ -1521,7 +1522,9 @@ impl Readahead {
                     }
                     walk();
                 });
-                asked.into_inner()
+                let bytes = asked.into_inner();
+                tracing::trace!(bytes, "image read ahead of Reads");
+                bytes
             })?;
         Ok(Self {
             stop,
@@ -1530,15 +1533,19 @@ impl Readahead {
     }
 }
 
+impl Readahead {
+    /// Waits for the whole walk; the bytes it asked the kernel to read (tests).
+    #[cfg(test)]
+    fn finish(mut self) -> u64 {
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
 impl Drop for Readahead {
     fn drop(&mut self) {
+        // Detached, not joined: the hint's owner (a load) does not wait on the disk.
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            match t.join() {
-                Ok(bytes) => tracing::trace!(bytes, "image read ahead of Reads"),
-                Err(_) => tracing::warn!("the image's readahead thread panicked"),
-            }
-        }
+        self.thread.take();
     }
 }
 
@@ -1781,6 +1788,58 @@ pub fn queues(
 #[cfg(test)]
 mod tests {
     use super::{CopyMode, RingPlacement, StagedCopies, fetch_ordered_from, readahead_from};
+
+    /// The hint's walk on a file made cold: the hinted blocks (and only they) are asked for
+    /// and enter the page cache; a second walk over them, now resident, asks for nothing.
+    #[test]
+    fn a_readahead_reads_the_hinted_blocks_that_are_not_cached() {
+        use super::{READAHEAD_BLOCK, Readahead};
+        use gpu_queues::ffi::os::{advise_dontneed, range_cached};
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        let path = std::env::temp_dir().join(format!("gpunvme-readahead-{}", std::process::id()));
+        let b = READAHEAD_BLOCK;
+        {
+            let mut f = std::fs::File::create(&path).unwrap();
+            let data: Vec<u8> = (0..4 * b).map(|i| (i * 7 % 251) as u8).collect();
+            f.write_all(&data).unwrap();
+            f.sync_all().unwrap();
+        }
+        let f = std::fs::File::open(&path).unwrap();
+        advise_dontneed(f.as_fd(), 0, 4 * b).unwrap();
+        let cold = |at, n| range_cached(f.as_fd(), at, n);
+        match cold(0, 4 * b) {
+            Err(e) => {
+                eprintln!("skipped: no cachestat here ({e})");
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
+            Ok(true) => {
+                eprintln!("skipped: the file system kept the file's pages (tmpfs?)");
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
+            Ok(false) => {}
+        }
+        // Blocks 0 and 2 of the four.
+        let ranges = vec![(0, b), (2 * b, b)];
+        let open = || std::fs::File::open(&path).unwrap();
+        let asked = Readahead::start(open(), ranges.clone(), 2)
+            .unwrap()
+            .finish();
+        assert_eq!(asked, 2 * b, "both hinted blocks were cold");
+        assert!(
+            cold(0, b).unwrap() && cold(2 * b, b).unwrap(),
+            "hinted blocks cached"
+        );
+        assert!(
+            !cold(b, b).unwrap(),
+            "a block between them was not asked for"
+        );
+        let again = Readahead::start(open(), ranges, 2).unwrap().finish();
+        assert_eq!(again, 0, "resident blocks cost a cachestat, no read");
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn staged_copies_and_fetch_order_follow_their_variables() {

@@ -231,12 +231,24 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
 /// in the background; nothing is copied, nothing waits for the data. A hint: the kernel may do
 /// less. Errors: a bad descriptor or range (`EBADF`, `EINVAL`).
 pub fn advise_willneed(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
+}
+
+/// Drops the clean pages of `offset..offset + len` of `file` from the page cache
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`; dirty ones stay until written back): how tests and
+/// benchmarks make a file cold. A file system without a page cache of its own (tmpfs) keeps
+/// its pages; callers check with [`range_cached`].
+pub fn advise_dontneed(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED)
+}
+
+fn fadvise(file: BorrowedFd<'_>, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
     let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
         return Err(io::Error::from_raw_os_error(libc::EOVERFLOW));
     };
     // SAFETY: posix_fadvise on a descriptor the caller keeps open for the call; no memory is
     // passed.
-    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, libc::POSIX_FADV_WILLNEED) };
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, advice) };
     if r != 0 {
         return Err(io::Error::from_raw_os_error(r));
     }
