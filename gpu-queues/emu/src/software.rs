@@ -1467,13 +1467,15 @@ const READAHEAD_BLOCK: u64 = 8 << 20;
 /// image is then read at the disk's pace by large requests in flight together, rather than by
 /// each controller thread's 128 KiB `pread` in turn (on the lent H200, 2026-11-28, cold loads
 /// ran at 1.7 to 1.8 GB/s where fastsafetensors read the same disk at 2.1 to 2.9; with one
-/// such thread, 1.8 to 2.1). Resident blocks cost one `cachestat` each. Dropping this stops
+/// such thread, 1.8 to 2.1). Resident blocks cost one `cachestat` each, made by one thread
+/// until a block is found to read, when the others start. Dropping this stops
 /// the walk without waiting for it: each thread ends after the block in hand (its
 /// `posix_fadvise` may wait for room in the device queue) and owns its descriptor, so nothing
 /// it touches goes away under it.
 struct Readahead {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
+    /// The walk's owner: returns the bytes it asked for and the threads it ran.
+    thread: Option<std::thread::JoinHandle<(u64, usize)>>,
 }
 
 impl Readahead {
@@ -1502,29 +1504,41 @@ impl Readahead {
             .name("gpunvme-readahead".into())
             .spawn(move || {
                 let (next, asked) = (AtomicUsize::new(0), AtomicU64::new(0));
-                let walk = || {
+                // `on_cold` runs before each block that is not all in the page cache.
+                let walk = |on_cold: &dyn Fn()| {
                     while !halt.load(Ordering::Relaxed) {
                         let Some(&(at, n)) = blocks.get(next.fetch_add(1, Ordering::Relaxed))
                         else {
                             return;
                         };
                         let cached = gpu_queues::ffi::os::range_cached(file.as_fd(), at, n);
-                        if !cached.unwrap_or(false)
-                            && gpu_queues::ffi::os::advise_willneed(file.as_fd(), at, n).is_ok()
-                        {
-                            asked.fetch_add(n, Ordering::Relaxed);
+                        if !cached.unwrap_or(false) {
+                            on_cold();
+                            if gpu_queues::ffi::os::advise_willneed(file.as_fd(), at, n).is_ok() {
+                                asked.fetch_add(n, Ordering::Relaxed);
+                            }
                         }
                     }
                 };
-                std::thread::scope(|s| {
-                    for _ in 1..walkers.clamp(1, blocks.len().max(1)) {
-                        s.spawn(walk);
-                    }
-                    walk();
+                // The other walkers start at the first block there is to read: a warm image
+                // costs one thread's cachestats, not several threads beside the controller's.
+                let threads = std::thread::scope(|s| {
+                    let started = std::cell::Cell::new(false);
+                    let ran = std::cell::Cell::new(1usize);
+                    let more = || {
+                        if !started.replace(true) {
+                            for _ in 1..walkers.clamp(1, blocks.len().max(1)) {
+                                s.spawn(|| walk(&|| {}));
+                                ran.set(ran.get() + 1);
+                            }
+                        }
+                    };
+                    walk(&more);
+                    ran.get()
                 });
                 let bytes = asked.into_inner();
-                tracing::trace!(bytes, "image read ahead of Reads");
-                bytes
+                tracing::trace!(bytes, threads, "image read ahead of Reads");
+                (bytes, threads)
             })?;
         Ok(Self {
             stop,
@@ -1534,10 +1548,13 @@ impl Readahead {
 }
 
 impl Readahead {
-    /// Waits for the whole walk; the bytes it asked the kernel to read (tests).
+    /// Waits for the whole walk; the bytes it asked the kernel to read and the threads it ran
+    /// (tests).
     #[cfg(test)]
-    fn finish(mut self) -> u64 {
-        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    fn finish(mut self) -> (u64, usize) {
+        self.thread
+            .take()
+            .map_or((0, 0), |t| t.join().unwrap_or((0, 0)))
     }
 }
 
@@ -1824,10 +1841,11 @@ mod tests {
         // Blocks 0 and 2 of the four.
         let ranges = vec![(0, b), (2 * b, b)];
         let open = || std::fs::File::open(&path).unwrap();
-        let asked = Readahead::start(open(), ranges.clone(), 2)
+        let (asked, threads) = Readahead::start(open(), ranges.clone(), 2)
             .unwrap()
             .finish();
         assert_eq!(asked, 2 * b, "both hinted blocks were cold");
+        assert_eq!(threads, 2, "a block to read started the second walker");
         assert!(
             cold(0, b).unwrap() && cold(2 * b, b).unwrap(),
             "hinted blocks cached"
@@ -1837,7 +1855,11 @@ mod tests {
             "a block between them was not asked for"
         );
         let again = Readahead::start(open(), ranges, 2).unwrap().finish();
-        assert_eq!(again, 0, "resident blocks cost a cachestat, no read");
+        assert_eq!(
+            again,
+            (0, 1),
+            "resident blocks: one thread's cachestats, no read"
+        );
         let _ = std::fs::remove_file(&path);
     }
 
