@@ -110,23 +110,30 @@ def blocks_of(paths, block):
     return out
 
 
-def shared_queue(paths, block, threads, direct=False, shared_fd=True):
-    bl = blocks_of(paths, block)
+def taker(items):
+    """A function handing out `items` in order, each once, to whichever thread asks (None
+    once they are all taken)."""
     nxt = [0]
     lk = threading.Lock()
+
+    def take():
+        with lk:
+            j = nxt[0]
+            nxt[0] += 1
+        return items[j] if j < len(items) else None
+    return take
+
+
+def shared_queue(paths, block, threads, direct=False, shared_fd=True):
+    take = taker(blocks_of(paths, block))
     flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
     fds = {p: os.open(p, flags) for p in paths}
 
     def go(i):
         my = fds if shared_fd else {p: os.open(p, flags) for p in paths}
         buf = mmap.mmap(-1, block)
-        while True:
-            with lk:
-                j = nxt[0]
-                nxt[0] += 1
-            if j >= len(bl):
-                break
-            p, a, k = bl[j]
+        while (b := take()) is not None:
+            p, a, k = b
             os.preadv(my[p], [memoryview(buf)[:k]], a)
         if not shared_fd:
             for f in my.values():
@@ -139,33 +146,19 @@ def shared_queue(paths, block, threads, direct=False, shared_fd=True):
 def fadvise_walk_then_read(paths, block, walkers, readers, rblock=128 << 10):
     """Our readahead (walkers posix_fadvise WILLNEED 8 MB blocks in order) with readers
     preading small pieces in order behind it, like the controller threads."""
-    bl = blocks_of(paths, block)
     fds = {p: os.open(p, os.O_RDONLY) for p in paths}
-    nxt = [0]
-    lk = threading.Lock()
+    next_block = taker(blocks_of(paths, block))
+    next_piece = taker(blocks_of(paths, rblock))
 
     def walk(i):
-        while True:
-            with lk:
-                j = nxt[0]
-                nxt[0] += 1
-            if j >= len(bl):
-                return
-            p, a, k = bl[j]
+        while (b := next_block()) is not None:
+            p, a, k = b
             os.posix_fadvise(fds[p], a, k, os.POSIX_FADV_WILLNEED)
-    rb = blocks_of(paths, rblock)
-    rn = [0]
-    rl = threading.Lock()
 
     def read(i):
         buf = bytearray(rblock)
-        while True:
-            with rl:
-                j = rn[0]
-                rn[0] += 1
-            if j >= len(rb):
-                return
-            p, a, k = rb[j]
+        while (b := next_piece()) is not None:
+            p, a, k = b
             os.preadv(fds[p], [memoryview(buf)[:k]], a)
     ts = [threading.Thread(target=walk, args=(i,)) for i in range(walkers)]
     ts += [threading.Thread(target=read, args=(i,)) for i in range(readers)]
