@@ -433,8 +433,14 @@ def main():
             jit_warm = True
         for cache in args.caches.split(","):
             # Round robin: rep 0 of every method, then rep 1, ...: a disk or host whose speed
-            # drifts during the run (a cold disk's rate does) shifts every method alike.
-            for (name, kw), rep in ((lk, rep) for rep in range(args.reps) for lk in loaders):
+            # drifts during the run (a cold disk's rate does) shifts every method alike. Each
+            # round starts one method further on, so no method always follows the same one
+            # (or always runs first after the model was written).
+            def rotated(rep):
+                k = rep % max(len(loaders), 1)
+                return loaders[k:] + loaders[:k]
+
+            for (name, kw), rep in ((lk, rep) for rep in range(args.reps) for lk in rotated(rep)):
                 ours = name.startswith("gpunvme") or name.endswith("-gpunvme")
                 if ours and cache == "cold" and "model" in name:
                     continue  # HBM media: the image is copied in before the load; nothing cold
