@@ -151,6 +151,69 @@ def evict(paths):
     return resident_fraction(paths)
 
 
+class ResidencyTrace:
+    """How many bytes of `paths` are in the page cache, sampled every `period` seconds on a
+    thread of its own during a load (cachestat(2), Linux 6.5; ctypes lets the GIL go during
+    the call): when the disk delivered a cold load's data, to compare methods by the rate of
+    the disk itself rather than by the whole call."""
+
+    def __init__(self, paths, period=0.05):
+        import threading
+
+        self.fds = [os.open(p, os.O_RDONLY) for p in paths]
+        self.period = period
+        self.samples = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def resident_bytes(self):
+        class Range(ctypes.Structure):
+            _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+        class Stat(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_uint64) for n in
+                        ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+        n = 0
+        for fd in self.fds:
+            r, st = Range(0, 0), Stat()  # len 0: to the end of the file
+            if libc.syscall(451, fd, ctypes.byref(r), ctypes.byref(st), 0) != 0:
+                raise OSError(ctypes.get_errno(), "cachestat")
+            n += st.nr_cache * os.sysconf("SC_PAGE_SIZE")
+        return n
+
+    def _run(self):
+        while True:
+            self.samples.append((time.perf_counter() - self.t0, self.resident_bytes()))
+            if self.done.wait(self.period):
+                self.samples.append((time.perf_counter() - self.t0, self.resident_bytes()))
+                return
+
+    def start(self):
+        self.base = self.resident_bytes()
+        self.t0 = time.perf_counter()
+        self.thread.start()
+
+    def stop(self):
+        """The figures for a row: the samples (ms, MB read in since the start), the times at
+        which 10, 50, 90 and 100 % of what was read in had arrived, and the rate between 10
+        and 90 %."""
+        self.done.set()
+        self.thread.join()
+        for fd in self.fds:
+            os.close(fd)
+        got = [(t, max(b - self.base, 0)) for t, b in self.samples]
+        end = got[-1][1] if got else 0
+        out = {"residency_mb": [[round(t * 1e3), round(b / 1e6)] for t, b in got]}
+        if end > 0:
+            at = {}
+            for q in (10, 50, 90, 100):
+                at[q] = next(t for t, b in got if b >= end * q / 100)
+                out[f"residency_t{q}_ms"] = round(at[q] * 1e3)
+            if at[90] > at[10]:
+                out["residency_gbytes_per_s_10_90"] = round(0.8 * end / (at[90] - at[10]) / 1e9, 3)
+        return out
+
+
 def warm(paths):
     for p in paths:
         with open(p, "rb", buffering=0) as f:
@@ -310,6 +373,11 @@ def one(job):
         # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
         kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
         kw["dev"].gpu_queues()
+    trace = None
+    if job.get("trace"):
+        ours = method.startswith("gpunvme") or method.endswith("-gpunvme")
+        trace = ResidencyTrace([job["image"]] if ours else job["files"])
+        trace.start()
     torch.cuda.synchronize()
     t = time.perf_counter()
     try:
@@ -321,6 +389,8 @@ def one(job):
         print(json.dumps(row))
         return
     secs = time.perf_counter() - t
+    if trace:
+        row.update(trace.stop())
     total = job["total"]
     if method == "disk-read":
         # Every byte of every file, headers included; checked by count, not by content.
@@ -369,6 +439,10 @@ def main():
                          "method 'gpunvme-emu-kept+KEY=VAL'; repeatable)")
     ap.add_argument("--methods", default="",
                     help="comma-separated loaders to run (default: all)")
+    ap.add_argument("--trace-residency", action="store_true",
+                    help="cold loads: sample the page cache's hold of the files read every 50 ms "
+                         "(cachestat) and report when the data arrived and the rate between 10 "
+                         "and 90 %% of it")
     ap.add_argument("--gpunvme", default=os.environ.get("GPUNVME_BIN", ""),
                     help="the gpunvme CLI (mkfs and put of the image)")
     args = ap.parse_args()
@@ -455,7 +529,8 @@ def main():
                     row["error"] = f"eviction did not happen ({resident:.0%} resident): dropped"
                 else:
                     job = dict(method=name, files=files, image=img, prefix=f"{model}/",
-                               total=total, kw=kw)
+                               total=total, kw=kw,
+                               trace=args.trace_residency and cache == "cold")
                     try:
                         env = dict(os.environ)
                         if "+" in name:
