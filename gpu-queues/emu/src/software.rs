@@ -1498,8 +1498,8 @@ impl Readahead {
                     .map(move |at| (at, (end - at).min(READAHEAD_BLOCK)))
             })
             .collect();
-        // One thread of ours owns the walk; it runs the other walkers scoped, so dropping
-        // joins them all.
+        // One thread of ours owns the walk; it runs the other walkers scoped and returns when
+        // they all have.
         let thread = std::thread::Builder::new()
             .name("gpunvme-readahead".into())
             .spawn(move || {
@@ -1528,8 +1528,13 @@ impl Readahead {
                     let more = || {
                         if !started.replace(true) {
                             for _ in 1..walkers.clamp(1, blocks.len().max(1)) {
-                                s.spawn(|| walk(&|| {}));
-                                ran.set(ran.get() + 1);
+                                // A thread the system refuses is one walker fewer.
+                                let helper = std::thread::Builder::new()
+                                    .name("gpunvme-readahead".into())
+                                    .spawn_scoped(s, || walk(&|| {}));
+                                if helper.is_ok() {
+                                    ran.set(ran.get() + 1);
+                                }
                             }
                         }
                     };
@@ -1545,9 +1550,7 @@ impl Readahead {
             thread: Some(thread),
         })
     }
-}
 
-impl Readahead {
     /// Waits for the whole walk; the bytes it asked the kernel to read and the threads it ran
     /// (tests).
     #[cfg(test)]
