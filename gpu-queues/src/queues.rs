@@ -515,8 +515,9 @@ pub trait QueueTransport: Send + Sync {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
-/// What a transport does on a [`QueueTransport::will_read`] hint, running until this is dropped
-/// (the drop stops it and waits for it: its work is cut short, never left running).
+/// What a transport does on a [`QueueTransport::will_read`] hint, running until this is dropped.
+/// The drop stops it without waiting: a step in progress (the software controller's
+/// `posix_fadvise` of one block) may end in the background, no further step starts.
 #[must_use = "the preparation stops when this is dropped"]
 pub struct ReadAhead(Option<Box<dyn Send>>);
 
@@ -526,7 +527,7 @@ impl ReadAhead {
         Self(None)
     }
 
-    /// `work` runs until dropped (its `Drop` stops and joins it).
+    /// `work` runs until dropped (its `Drop` stops it, without waiting on hardware).
     pub fn running(work: Box<dyn Send>) -> Self {
         Self(Some(work))
     }
