@@ -586,6 +586,15 @@ def main():
                 if best:
                     s["gpunvme_emu_kept_over_best"] = round(kept["gbytes_per_s"] / best["gbytes_per_s"], 3)
                 s["gpunvme_emu_kept_over_pinned_ceiling"] = round(kept["gbytes_per_s"] / ceiling, 3)
+                if best:
+                    # Round by round (a drifting disk moves every method of a round alike):
+                    # the kept handle over the best baseline's load of the same round.
+                    rate = {(r["method"], r["rep"]): r["gbytes_per_s"] for r in rows
+                            if r["model"] == model and r["cache"] == cache and r.get("verified")}
+                    s["gpunvme_emu_kept_over_best_by_round"] = [
+                        round(rate[("gpunvme-emu-kept", k)] / rate[(best["method"], k)], 3)
+                        for k in range(args.reps)
+                        if ("gpunvme-emu-kept", k) in rate and (best["method"], k) in rate]
             if disk:
                 s["disk_read_gbytes_per_s"] = disk["gbytes_per_s"]
                 s["disk_read_all_gbytes_per_s"] = disk["all_gbytes_per_s"]
