@@ -117,10 +117,17 @@ libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def is_ours(method):
+    """Whether a method reads gpunvme's image (rather than the `.safetensors` files)."""
+    return method.startswith("gpunvme") or method.endswith("-gpunvme")
+
+
 def resident_fraction(paths):
     """Fraction of the files' pages in the page cache (mincore on a fresh mapping)."""
     have = tot = 0
-    page = os.sysconf("SC_PAGE_SIZE")
     for p in paths:
         n = os.path.getsize(p)
         if n == 0:
@@ -130,7 +137,7 @@ def resident_fraction(paths):
             addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
             if addr in (None, ctypes.c_void_p(-1).value):
                 raise OSError(ctypes.get_errno(), "mmap")
-            vec = ctypes.create_string_buffer((n + page - 1) // page)
+            vec = ctypes.create_string_buffer((n + PAGE - 1) // PAGE)
             if libc.mincore(addr, n, vec) != 0:
                 raise OSError(ctypes.get_errno(), "mincore")
             have += sum(b & 1 for b in vec.raw)
@@ -151,6 +158,17 @@ def evict(paths):
     return resident_fraction(paths)
 
 
+class CachestatRange(ctypes.Structure):
+    """`struct cachestat_range` of cachestat(2)."""
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class Cachestat(ctypes.Structure):
+    """`struct cachestat` of cachestat(2)."""
+    _fields_ = [(n, ctypes.c_uint64) for n in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
 class ResidencyTrace:
     """How many bytes of `paths` are in the page cache, sampled every `period` seconds on a
     thread of its own during a load (cachestat(2), Linux 6.5; ctypes lets the GIL go during
@@ -167,19 +185,13 @@ class ResidencyTrace:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def resident_bytes(self):
-        class Range(ctypes.Structure):
-            _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-        class Stat(ctypes.Structure):
-            _fields_ = [(n, ctypes.c_uint64) for n in
-                        ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
-        n = 0
+        pages = 0
         for fd in self.fds:
-            r, st = Range(0, 0), Stat()  # len 0: to the end of the file
+            r, st = CachestatRange(0, 0), Cachestat()  # len 0: to the end of the file
             if libc.syscall(451, fd, ctypes.byref(r), ctypes.byref(st), 0) != 0:
                 raise OSError(ctypes.get_errno(), "cachestat")
-            n += st.nr_cache * os.sysconf("SC_PAGE_SIZE")
-        return n
+            pages += st.nr_cache
+        return pages * PAGE
 
     def _run(self):
         while True:
@@ -375,8 +387,7 @@ def one(job):
         kw["dev"].gpu_queues()
     trace = None
     if job.get("trace"):
-        ours = method.startswith("gpunvme") or method.endswith("-gpunvme")
-        trace = ResidencyTrace([job["image"]] if ours else job["files"])
+        trace = ResidencyTrace([job["image"]] if is_ours(method) else job["files"])
         trace.start()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -515,7 +526,7 @@ def main():
                 return loaders[k:] + loaders[:k]
 
             for (name, kw), rep in ((lk, rep) for rep in range(args.reps) for lk in rotated(rep)):
-                ours = name.startswith("gpunvme") or name.endswith("-gpunvme")
+                ours = is_ours(name)
                 if ours and cache == "cold" and "model" in name:
                     continue  # HBM media: the image is copied in before the load; nothing cold
                 paths = [img] if ours else files

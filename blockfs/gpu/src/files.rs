@@ -668,7 +668,7 @@ impl<'q> GpuFiles<'q> {
             nios: ios.len() as u32,
             chunk_bytes,
             warp_mode: warp as u32,
-            warps: if warp { warps } else { 0 },
+            warps: shape.warps,
             claim_least: self.opts.claim_least.clamp(1, 32),
             claims: if claim {
                 pmem.ptr() + size_of::<FileParams>() as u64
