@@ -35,6 +35,7 @@ TESTS=(
     files::byte_ranges_at_odd_offsets_match_the_host
     files::file_of_unaligned_size_loads_with_gpu_checksum
     files::image_reads_take_the_chosen_path
+    files::cold_image_reads_by_direct_io_when_chosen
     files::gpu_writes_into_a_preallocated_file_read_back_after_remount
     embed::foreign_gpu_memory_reads_and_writes_files
     every_transfer_shape_into_arbitrary_gpu_buffers
@@ -72,5 +73,10 @@ cargo test -p gpunvme --features host-gpu --test gpu -- --ignored --test-threads
 # The software controller's other ways of reading image data (the default is mapped).
 for mode in pread registered; do
     GPUNVME_EMU_READS=$mode cargo test -p gpunvme --features host-gpu --test gpu -- --ignored \
-        --test-threads=1 --exact files::image_reads_take_the_chosen_path
+        --test-threads=1 --exact files::image_reads_take_the_chosen_path \
+        files::cold_image_reads_by_direct_io_when_chosen
 done
+# Cold Reads by direct I/O instead of through the page cache.
+GPUNVME_EMU_COLD_READS=direct cargo test -p gpunvme --features host-gpu --test gpu -- \
+    --ignored --test-threads=1 --exact files::image_reads_take_the_chosen_path \
+    files::cold_image_reads_by_direct_io_when_chosen

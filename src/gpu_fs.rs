@@ -125,8 +125,11 @@ pub struct ControllerCopies {
     /// GPU.
     pub staged_bytes: u64,
     /// Of `staged_bytes`: copied out of a mapping of the image (`mapped`: pages already in
-    /// memory); the rest by `pread`.
+    /// memory); the rest by `pread` or direct I/O.
     pub mapped_bytes: u64,
+    /// Of `staged_bytes`: Reads none of whose pages was in the page cache, read from the disk
+    /// by direct I/O (`GPUNVME_EMU_COLD_READS`).
+    pub cold_direct_bytes: u64,
     /// Copy-engine copies of staged Reads (adjacent Reads of 64 KiB or more merged; smaller
     /// ones go by the scatter kernel; `GPUNVME_EMU_STAGED`).
     pub engine_copies: u64,
@@ -163,6 +166,7 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         direct_copies: d.direct_copies,
         staged_bytes: d.staged_file_bytes,
         mapped_bytes: d.mapped_bytes,
+        cold_direct_bytes: d.cold_direct_bytes,
         engine_copies: d.engine_copies,
         windows_registered: w.registered,
         windows_not_resident: w.not_resident,

@@ -1690,8 +1690,25 @@ mod files {
         // A hint of the reads to come: the controller has the kernel read what of the file is
         // not in the page cache, on a thread of its own, while the read below runs.
         let ahead = files.will_read(&[&g]);
-        let on = std::env::var(gpu_emu::software::READAHEAD_ENV).as_deref() != Ok("off");
-        assert_eq!(ahead.is_running(), on, "an image file: the hint is taken");
+        // Taken unless turned off: by default, off where cold Reads go by direct I/O (the
+        // `mapped` mode with GPUNVME_EMU_COLD_READS=direct).
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let on = match var(gpu_emu::software::READAHEAD_ENV)
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("off") => false,
+            Some(_) => true,
+            None => {
+                r.gpu.window_stats().expect("software controller").0 != ReadMode::Mapped
+                    || var("GPUNVME_EMU_COLD_READS").is_none_or(|v| v.trim() != "direct")
+            }
+        };
+        assert_eq!(
+            ahead.is_running(),
+            on,
+            "an image file: the hint is taken or not"
+        );
         let buf = r.gpu.alloc_buffer(len).expect("buffer");
         let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
         assert_eq!(got, len as u64);
@@ -1786,6 +1803,109 @@ mod files {
         );
         drop(r);
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// An image on a disk file system, cold (written back and dropped from the page cache): the
+    /// software controller reads a file's staged Reads from the disk by direct I/O with
+    /// `GPUNVME_EMU_COLD_READS=direct` (none by default, `buffered`, nor in any
+    /// `GPUNVME_EMU_READS` mode but `mapped`), leaving the page cache empty; once the image is
+    /// back in the page cache it copies every staged Read out of its mapping. The GPU gets the
+    /// file's bytes each time. Skipped where the file system keeps the pages (tmpfs).
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn cold_image_reads_by_direct_io_when_chosen() {
+        use gpu_queues::ffi::os::{Residency, advise_dontneed, residency};
+        use std::os::fd::AsFd;
+        let p = std::env::temp_dir().join(format!("gpunvme-cold-{}", std::process::id()));
+        std::fs::File::create(&p)
+            .and_then(|f| f.set_len(NS_BYTES))
+            .expect("image");
+        let path = ShmImage(p);
+        let r = rig_with(
+            4096,
+            |c| {
+                c.namespaces = vec![NamespaceConfig {
+                    backend: nvme_emu::Backend::File(path.to_path_buf()),
+                    blocks: NS_BYTES / 4096,
+                    lba_size: 4096,
+                    read_only: false,
+                    format: nvme_emu::NsFormat::Plain,
+                }];
+                c.image_reads = nvme_emu::ImageReads::Pread;
+            },
+            GpuQueueOptions {
+                queues: Some(4),
+                depth: Some(256),
+                ..Default::default()
+            },
+        );
+        let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+        let len = (6 << 20) + 4097;
+        let want = data(77, len);
+        let f = fs
+            .create("model", &CreateOptions::default())
+            .expect("create");
+        f.write_at(0, &want).expect("write");
+        fs.sync().expect("sync");
+        let file = fs.open("model", OpenMode::ReadOnly).expect("open");
+        let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
+        let g = files.open(&file).expect("open for the GPU");
+        let img = std::fs::File::open(&*path).expect("image");
+        img.sync_all().expect("write the image back");
+        advise_dontneed(img.as_fd(), 0, 0).expect("drop the image's pages");
+        let left = residency(img.as_fd(), 0, NS_BYTES);
+        if !matches!(left, Ok(Residency::None)) {
+            eprintln!("skipped: the image's pages stay in memory here ({left:?})");
+            return;
+        }
+        let read = |what: &str| {
+            let before = r.gpu.dma_stats().expect("software controller");
+            let buf = r.gpu.alloc_buffer(len).expect("buffer");
+            let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
+            assert_eq!(got, len as u64);
+            assert!(host_bytes(&buf, 0, len) == want, "bytes of the {what} file");
+            let after = r.gpu.dma_stats().expect("software controller");
+            (
+                after.staged_file_bytes - before.staged_file_bytes,
+                after.cold_direct_bytes - before.cold_direct_bytes,
+                after.mapped_bytes - before.mapped_bytes,
+            )
+        };
+        let (staged, direct, mapped) = read("cold");
+        let (mode, _) = r.gpu.window_stats().expect("software controller");
+        eprintln!(
+            "{}: cold: staged {staged} direct {direct} mapped {mapped}",
+            mode.name()
+        );
+        // Staged Reads of 64 KiB and more go by copy engine (as in the test above), and those
+        // are the ones read direct: the file's 128 KiB chunks, all but its tail.
+        let engine = r.gpu.copy_mode() == Some(gpu_emu::CopyMode::Kernels)
+            && std::env::var("GPUNVME_EMU_STAGED").map_or(true, |v| v.trim() != "kernel");
+        let direct_on = std::env::var("GPUNVME_EMU_COLD_READS").is_ok_and(|v| v.trim() == "direct");
+        if mode == ReadMode::Mapped && engine && direct_on {
+            assert!(
+                direct >= staged - (128 << 10) && direct > 0,
+                "the cold chunks by direct I/O: staged {staged}, direct {direct}"
+            );
+            assert_eq!(mapped, 0, "nothing was in the page cache");
+            // Direct reads leave the page cache alone.
+            let whole = residency(img.as_fd(), 1 << 20, 4 << 20).expect("cachestat");
+            assert_eq!(whole, Residency::None, "direct reads bypass the page cache");
+        } else {
+            assert_eq!(direct, 0, "no direct reads in this mode");
+        }
+        // Back in the page cache (read through the file system's buffered path): copies out of
+        // the mapping, no direct read.
+        std::io::copy(&mut &img, &mut std::io::sink()).expect("read the image");
+        let (staged, direct, mapped) = read("warm");
+        eprintln!(
+            "{}: warm: staged {staged} direct {direct} mapped {mapped}",
+            mode.name()
+        );
+        assert_eq!(direct, 0, "a warm image is not read direct");
+        if mode == ReadMode::Mapped {
+            assert_eq!(mapped, staged, "every staged Read out of the mapping");
+        }
     }
 
     #[test]

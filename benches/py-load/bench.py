@@ -13,9 +13,10 @@ files into a blockfs image on that disk, then loads it into CUDA tensors with
   - safetensors.torch.load_file(device="cuda:0"), fastsafetensors (no GDS), InstantTensor
     (its default direct I/O, BackendPolicy.BUFFERED, Backend.MMAP);
   - and the ceilings: one pinned host buffer copied to the GPU; the `.safetensors` files read
-    into host memory, a thread per file in 16 MiB `pread`s ("disk-read", fastsafetensors'
-    pattern without the GPU: what the disk or page cache gives a reader in that run, beside
-    the loads; not a loader, so never the best baseline).
+    into host memory, a thread per file in 16 MiB buffered `pread`s ("disk-read": what the
+    disk or page cache gives a plain reader in that run, beside the loads; not a loader, so
+    never the best baseline; fastsafetensors 0.5 reads by O_DIRECT, 512 KiB blocks in file
+    order on 16 threads).
 
 warm (files read once before), warm2 (read twice before: the pages' second access, which moves
 them to the kernel's active LRU list, is not the load's; a load through read/pread after a

@@ -5,10 +5,12 @@
 
 Writes four files and one file holding all four (as gpunvme's image holds the shards) under DIR
 (kept for reruns), then for each pattern evicts the files it reads (posix_fadvise DONTNEED,
-checked with mincore), reads everything and prints one JSON line: fastsafetensors' page-cache
-pattern (a thread per file, 16 MiB buffered preads), the software controller's (posix_fadvise
-WILLNEED walkers of 8 MiB blocks ahead of 16 readers of 128 KiB), and buffered and O_DIRECT
-reads of the one file at several block sizes and thread counts. No GPU; the figures are the
+checked with mincore), reads everything and prints one JSON line: the bench's disk-read
+pattern (a thread per file, 16 MiB buffered preads), fastsafetensors 0.5's (O_DIRECT 512 KiB
+blocks in file order on 16 threads), the software controller's (posix_fadvise WILLNEED walkers
+of 8 MiB blocks ahead of 16 readers of 128 KiB; and 16 threads each reading its own part of the
+image, buffered or O_DIRECT, as its threads' Reads are spread over the file), and buffered and
+O_DIRECT reads of the one file at several block sizes and thread counts. No GPU; the figures are the
 disk's under each pattern, to read beside a load benchmark's cold rows.
 """
 import mmap, os, sys, threading, time, json, ctypes
@@ -124,6 +126,11 @@ def taker(items):
     return take
 
 
+def up(k):
+    """`k` rounded up to direct I/O's 4 KiB (a file's last block: the read stops at the end)."""
+    return -(-k // 4096) * 4096
+
+
 def shared_queue(paths, block, threads, direct=False, shared_fd=True):
     take = taker(blocks_of(paths, block))
     flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
@@ -134,7 +141,7 @@ def shared_queue(paths, block, threads, direct=False, shared_fd=True):
         buf = mmap.mmap(-1, block)
         while (b := take()) is not None:
             p, a, k = b
-            os.preadv(my[p], [memoryview(buf)[:k]], a)
+            os.preadv(my[p], [memoryview(buf)[:up(k) if direct else k]], a)
         if not shared_fd:
             for f in my.values():
                 os.close(f)
@@ -170,17 +177,19 @@ def fadvise_walk_then_read(paths, block, walkers, readers, rblock=128 << 10):
         os.close(f)
 
 
-def quarters_of_one_file(path, parts, chunk, shared_fd):
+def quarters_of_one_file(path, parts, chunk, shared_fd, direct=False):
     n = os.path.getsize(path)
     per = -(-n // parts) // 4096 * 4096 + 4096
-    fd0 = os.open(path, os.O_RDONLY)
+    flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+    fd0 = os.open(path, flags)
 
     def go(i):
-        fd = fd0 if shared_fd else os.open(path, os.O_RDONLY)
+        fd = fd0 if shared_fd else os.open(path, flags)
         buf = mmap.mmap(-1, chunk)
         off, end = i * per, min(n, (i + 1) * per)
         while off < end:
-            k = os.preadv(fd, [memoryview(buf)[: min(chunk, end - off)]], off)
+            k = min(chunk, end - off)
+            k = os.preadv(fd, [memoryview(buf)[: up(k) if direct else k]], off)
             if k <= 0:
                 break
             off += k
@@ -192,7 +201,7 @@ def quarters_of_one_file(path, parts, chunk, shared_fd):
 
 M = 1 << 20
 patterns = [
-    ("fst-like: 4 files x 1 thread, 16MB buffered", files, lambda: per_file_sequential(files, 16 * M)),
+    ("disk-read: 4 files x 1 thread, 16MB buffered", files, lambda: per_file_sequential(files, 16 * M)),
     ("img: 4 quarters, own fds, 16MB buffered", [img], lambda: quarters_of_one_file(img, 4, 16 * M, False)),
     ("img: 4 quarters, shared fd, 16MB buffered", [img], lambda: quarters_of_one_file(img, 4, 16 * M, True)),
     ("img: fadvise 4 walkers 8MB + 16 readers 128K (ours)", [img], lambda: fadvise_walk_then_read([img], 8 * M, 4, 16)),
@@ -204,7 +213,14 @@ patterns = [
     ("img: O_DIRECT queue 8MB, 8 thr", [img], lambda: shared_queue([img], 8 * M, 8, direct=True)),
     ("img: O_DIRECT queue 2MB, 16 thr", [img], lambda: shared_queue([img], 2 * M, 16, direct=True)),
     ("img: O_DIRECT queue 16MB, 16 thr", [img], lambda: shared_queue([img], 16 * M, 16, direct=True)),
-    ("fst-like again", files, lambda: per_file_sequential(files, 16 * M)),
+    ("disk-read again", files, lambda: per_file_sequential(files, 16 * M)),
+    ("fastsafetensors 0.5: O_DIRECT 512K blocks in file order, 16 thr", files,
+     lambda: shared_queue(files, 512 << 10, 16, direct=True)),
+    ("img: O_DIRECT 16 parts x 1 thread, 4MB (controller threads, spread)", [img],
+     lambda: quarters_of_one_file(img, 16, 4 * M, True, direct=True)),
+    ("img: 16 parts x 1 thread, 4MB buffered (spread)", [img],
+     lambda: quarters_of_one_file(img, 16, 4 * M, True)),
+    ("img: O_DIRECT queue 512K, 16 thr", [img], lambda: shared_queue([img], 512 << 10, 16, direct=True)),
 ]
 only = os.environ.get("ONLY")
 for i, (name, paths, fn) in enumerate(patterns):

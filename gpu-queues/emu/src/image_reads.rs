@@ -13,6 +13,13 @@
 //!   a mapping leaves that to the page tables' accessed bits. A page lost between the check
 //!   and the copy (evicted, then a disk error) is the Read's error, not a SIGBUS
 //!   (`gpu_queues::ffi::guarded_copy`);
+//!   with `GPUNVME_EMU_COLD_READS=direct` ([`ColdReads::Direct`]), a Read none of whose pages
+//!   is in the page cache (a cold image) is read from the disk straight into the staging
+//!   memory by direct I/O (`O_DIRECT`), as fastsafetensors reads a checkpoint: no page-cache
+//!   pages to allocate, fill and copy out of. Not the default: on the lent H200 (2026-11-29,
+//!   cold 7B-shaped loads, docs/benchmarks.md) it ran at 0.78-0.99x of the buffered path in
+//!   each of 5 rounds (the controller threads' Reads, one per thread at a time and spread over
+//!   the file, are not fastsafetensors' 512 KiB reads in file order);
 //! - `pread`: a positioned read of the image straight into the staging memory, the same
 //!   otherwise (the default where guarded copies are not available);
 //! - `registered`: the image's page-cache pages are registered with CUDA a window at a time
@@ -45,8 +52,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::{MappedImage, Mapping};
-use gpu_queues::ffi::{Cuda, guarded_copy};
+use gpu_queues::ffi::os::{
+    DIRECT_ALIGN, MappedImage, Mapping, Residency, reopen_direct, residency,
+};
+use gpu_queues::ffi::{Cuda, PinnedMemory, guarded_copy};
 
 /// How Read data leaves the image (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +104,32 @@ impl ReadMode {
         }
     }
 }
+
+/// How a staged Read none of whose image pages is in the page cache leaves the image
+/// ([`ReadMode::Mapped`]; `GPUNVME_EMU_COLD_READS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColdReads {
+    /// Read from the disk straight into staging memory (`O_DIRECT`), where the file system
+    /// takes direct I/O and the Read keeps to its alignment; else as `Buffered`.
+    Direct,
+    /// Read through the page cache (`pread`), with the kernel's readahead (the default).
+    Buffered,
+}
+
+impl ColdReads {
+    /// The choice `GPUNVME_EMU_COLD_READS` names (unset: [`ColdReads::Buffered`]).
+    pub fn from_env() -> Result<Self, GpuError> {
+        Self::parse(crate::env_choice::var(COLD_READS_ENV).as_deref())
+    }
+
+    fn parse(v: Option<&str>) -> Result<Self, GpuError> {
+        let c = [("direct", Self::Direct), ("buffered", Self::Buffered)];
+        Ok(crate::env_choice::choice(COLD_READS_ENV, v, &c)?.unwrap_or(Self::Buffered))
+    }
+}
+
+/// `GPUNVME_EMU_COLD_READS=direct|buffered`: how Reads of uncached image data are read.
+const COLD_READS_ENV: &str = "GPUNVME_EMU_COLD_READS";
 
 /// Bytes per window (and the alignment of windows in the file).
 pub const WINDOW_BYTES: u64 = 64 << 20;
@@ -363,80 +398,183 @@ impl ImageWindows {
     }
 }
 
+/// Where a staged Read's bytes come from ([`ImageViews::lookup`]).
+pub enum Source {
+    /// Every page is in the page cache: copied out of this mapping of the image.
+    Mapped(Arc<Mapping>),
+    /// No page is: read by direct I/O through this descriptor.
+    Direct(Arc<DirectFile>),
+    /// By `pread` on the controller's own descriptor.
+    Read,
+}
+
+/// A descriptor of an image for direct reads ([`gpu_queues::ffi::os::reopen_direct`]), given up
+/// for the rest of the controller's life the first time the file system refuses a read on it.
+#[derive(Debug)]
+pub struct DirectFile {
+    file: File,
+    refused: AtomicBool,
+}
+
+impl DirectFile {
+    /// Fills `at..at + n` of `mem` from the image at `offset`: by direct I/O where the range
+    /// keeps to [`DIRECT_ALIGN`] (the memory's address too) and direct reads were not refused,
+    /// else, or when the file system refuses this one (`EINVAL`), by `pread` on `buffered`.
+    /// `Ok(true)` when the bytes came by direct I/O.
+    pub fn read_into(
+        &self,
+        mem: &PinnedMemory,
+        at: usize,
+        n: usize,
+        offset: u64,
+        buffered: &File,
+    ) -> std::io::Result<bool> {
+        let aligned = (mem.host_ptr().addr() + at) % DIRECT_ALIGN == 0
+            && offset % DIRECT_ALIGN as u64 == 0
+            && n % DIRECT_ALIGN == 0;
+        if aligned && !self.refused.load(Ordering::Relaxed) {
+            match mem.read_file_at(at, n, &self.file, offset) {
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    if !self.refused.swap(true, Ordering::Relaxed) {
+                        tracing::debug!("direct reads of the image refused ({e}): pread instead");
+                    }
+                }
+                r => return r.map(|()| true),
+            }
+        }
+        mem.read_file_at(at, n, buffered, offset).map(|()| false)
+    }
+}
+
+/// What [`ImageViews`] keeps per image file: its mapping and its direct descriptor (`None`
+/// where making one failed; not tried again).
+struct FileView {
+    map: Option<Arc<Mapping>>,
+    direct: Option<Arc<DirectFile>>,
+}
+
 /// Whole-image read-only mappings, one per image file the controller reads, made the first
 /// time a Read of that file is staged ([`ReadMode::Mapped`]); kept until the controller's GPU
 /// queues are torn down. A mapping costs address space and page tables, not memory: its
-/// pages are the page cache's.
+/// pages are the page cache's. Beside each, a descriptor for direct reads of cold ranges
+/// ([`ColdReads::Direct`]).
 ///
 /// Consistency: the mapping is shared, so it shows the very page-cache pages the controller's
 /// Writes (`pwrite`) change, as `pread` would: a Read returns the data of every Write completed
 /// before it was submitted; a Write racing an overlapping Read may be seen in part (NVMe leaves
 /// that undefined). The copies are raw copies in assembly, never Rust reads of shared memory.
-#[derive(Debug)]
+/// A direct read is only made of a range with no page in the page cache, so no Write's data
+/// waits there (and the kernel writes back a range's dirty pages before reading it direct).
 pub struct ImageViews {
     enabled: bool,
-    /// Per file, its mapping, or `None` where mapping it failed (not tried again).
-    maps: Mutex<HashMap<FileKey, Option<Arc<Mapping>>>>,
+    cold: ColdReads,
+    /// Per file, what was made for it.
+    files: Mutex<HashMap<FileKey, Arc<FileView>>>,
     /// cachestat(2) failed once (logged once).
     no_cachestat: AtomicBool,
 }
 
+impl std::fmt::Debug for ImageViews {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageViews")
+            .field("enabled", &self.enabled)
+            .field("cold", &self.cold)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ImageViews {
-    /// Mappings made as needed when `mode` is [`ReadMode::Mapped`]; else every lookup misses.
-    pub fn for_mode(mode: ReadMode) -> Self {
+    /// Mappings made as needed when `mode` is [`ReadMode::Mapped`] (else every lookup is
+    /// [`Source::Read`]), cold ranges read as `cold` says.
+    pub fn for_mode(mode: ReadMode, cold: ColdReads) -> Self {
         Self {
             enabled: mode == ReadMode::Mapped,
-            maps: Mutex::new(HashMap::new()),
+            cold,
+            files: Mutex::new(HashMap::new()),
             no_cachestat: AtomicBool::new(false),
         }
     }
 
-    /// The mapping of `file` if it covers `file_offset..file_offset + len` and every page of
-    /// that range is in the page cache (mapping the whole file now, at its current length, on
-    /// the first lookup); `None` when the range must be read with `pread` (disabled, an empty
-    /// file, past the mapped length, not all resident (a cold read), or the file cannot be
-    /// mapped).
-    pub fn lookup(&self, file: &File, file_offset: u64, len: usize) -> Option<Arc<Mapping>> {
-        if !self.enabled || len == 0 {
-            return None;
+    /// Whether cold ranges are read by direct I/O (where the file system takes it).
+    pub fn cold_reads(&self) -> ColdReads {
+        if self.enabled {
+            self.cold
+        } else {
+            ColdReads::Buffered
         }
-        let key = FileKey::of(file)?;
+    }
+
+    /// Where `len` bytes of `file` at `file_offset` are read from: its mapping (made for the
+    /// whole file, at its current length, on the first lookup) when every page of the range is
+    /// in the page cache; its direct descriptor when none is ([`ColdReads::Direct`]); else, or
+    /// when disabled, for an empty range or one past the mapped length, where the file cannot
+    /// be mapped, or where the kernel cannot say (no `cachestat(2)`), `pread`.
+    pub fn lookup(&self, file: &File, file_offset: u64, len: usize) -> Source {
+        if !self.enabled || len == 0 {
+            return Source::Read;
+        }
+        let Some(key) = FileKey::of(file) else {
+            return Source::Read;
+        };
         // The table's lock covers the lookup only, not the cachestat below: every controller
         // thread comes here once per Read.
-        let map = self
-            .maps
+        let view = self
+            .files
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(key)
-            .or_insert_with(|| {
-                let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
-                match Mapping::read_only(file.as_fd(), len) {
-                    Ok(m) => Some(Arc::new(m)),
-                    Err(e) => {
-                        tracing::debug!("image not mapped for reads ({len} bytes): {e}");
-                        None
-                    }
-                }
-            })
-            .clone()?;
-        let end = file_offset.checked_add(len as u64)?;
-        if end > map.len() as u64 {
-            return None;
-        }
-        // Only pages already in memory: a Read of pages that are not goes by `pread`, whose
-        // readahead brings in what comes next (a page fault reads around the one page), and
-        // whose errors are plain error codes. Where the kernel cannot say (no cachestat(2)),
-        // every Read goes by `pread`.
-        match gpu_queues::ffi::os::range_cached(file.as_fd(), file_offset, len as u64) {
-            Ok(true) => Some(map),
-            Ok(false) => None,
+            .or_insert_with(|| Arc::new(self.view_of(file)))
+            .clone();
+        // Only pages already in memory are copied out of the mapping: a Read of pages that are
+        // not goes by direct I/O or `pread` (whose readahead brings in what comes next), whose
+        // errors are plain error codes.
+        let resident = match residency(file.as_fd(), file_offset, len as u64) {
+            Ok(r) => r,
             Err(e) => {
                 if !self.no_cachestat.swap(true, Ordering::Relaxed) {
                     tracing::debug!("cachestat: {e}: image Reads by pread");
                 }
-                None
+                return Source::Read;
             }
+        };
+        match (resident, &view.map, &view.direct) {
+            (Residency::All, Some(map), _)
+                if file_offset
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= map.len() as u64) =>
+            {
+                Source::Mapped(map.clone())
+            }
+            (Residency::None, _, Some(d)) => Source::Direct(d.clone()),
+            _ => Source::Read,
         }
+    }
+
+    fn view_of(&self, file: &File) -> FileView {
+        let map = file
+            .metadata()
+            .ok()
+            .and_then(|m| usize::try_from(m.len()).ok())
+            .and_then(|len| match Mapping::read_only(file.as_fd(), len) {
+                Ok(m) => Some(Arc::new(m)),
+                Err(e) => {
+                    tracing::debug!("image not mapped for reads ({len} bytes): {e}");
+                    None
+                }
+            });
+        let direct = (self.cold == ColdReads::Direct)
+            .then(|| match reopen_direct(file) {
+                Ok(f) => Some(Arc::new(DirectFile {
+                    file: f,
+                    refused: AtomicBool::new(false),
+                })),
+                Err(e) => {
+                    tracing::debug!("no direct reads of the image: {e}");
+                    None
+                }
+            })
+            .flatten();
+        FileView { map, direct }
     }
 }
 
@@ -458,5 +596,17 @@ mod tests {
         }
         let e = ReadMode::parse(Some("mmap")).unwrap_err().to_string();
         assert!(e.contains("GPUNVME_EMU_READS=mmap"), "{e}");
+    }
+
+    #[test]
+    fn cold_reads_default_to_buffered_and_bad_names_are_refused() {
+        assert_eq!(ColdReads::parse(None).unwrap(), ColdReads::Buffered);
+        assert_eq!(
+            ColdReads::parse(Some(" buffered")).unwrap(),
+            ColdReads::Buffered
+        );
+        assert_eq!(ColdReads::parse(Some("direct")).unwrap(), ColdReads::Direct);
+        let e = ColdReads::parse(Some("odirect")).unwrap_err().to_string();
+        assert!(e.contains("GPUNVME_EMU_COLD_READS=odirect"), "{e}");
     }
 }

@@ -64,7 +64,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::{HostArena, MappedImage};
+use gpu_queues::ffi::os::{DIRECT_ALIGN, HostArena, MappedImage, Mapping};
 use gpu_queues::ffi::{
     Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
 };
@@ -81,7 +81,9 @@ use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
 use crate::env_choice;
-use crate::image_reads::{ImageViews, ImageWindows, ReadMode, WindowStats};
+use crate::image_reads::{
+    ColdReads, DirectFile, ImageViews, ImageWindows, ReadMode, Source, WindowStats,
+};
 use crate::kernels::EmuKernels;
 
 /// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
@@ -227,8 +229,11 @@ pub struct DmaStats {
     /// Bytes of Reads staged through pinned memory from the image file.
     pub staged_file_bytes: u64,
     /// Of `staged_file_bytes`: copied out of a mapping of the image ([`ReadMode::Mapped`],
-    /// pages in memory); the rest by `pread`.
+    /// pages in memory); the rest by `pread` or direct I/O.
     pub mapped_bytes: u64,
+    /// Of `staged_file_bytes`: read by direct I/O (Reads with no page in the page cache,
+    /// [`ColdReads::Direct`]; pieces the file system or the alignment refused went by `pread`).
+    pub cold_direct_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
     /// When the first Read after a lull (no staged Read for [`LULL`]) was staged: the start
@@ -236,6 +241,16 @@ pub struct DmaStats {
     pub burst_start: Option<Instant>,
     /// When the last staged Read's data was in staging.
     pub last_staged: Option<Instant>,
+}
+
+/// Where a staged Read's bytes come from (`GpuDma::stage_from_file`).
+enum Staged {
+    /// Out of this mapping of the image, the Read's first byte at this offset of it.
+    Mapped(Arc<Mapping>, usize),
+    /// By direct I/O.
+    Direct(Arc<DirectFile>),
+    /// By `pread`.
+    Read,
 }
 
 /// A pause between staged Reads that starts a new burst ([`DmaStats::burst_start`]).
@@ -258,6 +273,7 @@ impl DmaStats {
         self.direct_bytes += o.direct_bytes;
         self.staged_file_bytes += o.staged_file_bytes;
         self.mapped_bytes += o.mapped_bytes;
+        self.cold_direct_bytes += o.cold_direct_bytes;
         self.engine_copies += o.engine_copies;
         self.burst_start = match (self.burst_start, o.burst_start) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -505,7 +521,7 @@ impl GpuDma {
             mode: CopyMode::from_env()?,
             read_mode,
             windows: ImageWindows::for_mode(cuda, read_mode),
-            views: ImageViews::for_mode(read_mode),
+            views: ImageViews::for_mode(read_mode, ColdReads::from_env()?),
             always_ordered: fetch_always_ordered()?,
             staged: StagedCopies::from_env()?,
         }))
@@ -537,6 +553,11 @@ impl GpuDma {
         self.read_mode
     }
 
+    /// How Reads of image data not in the page cache are read.
+    pub fn cold_reads(&self) -> ColdReads {
+        self.views.cold_reads()
+    }
+
     /// Totals over every engine.
     pub fn stats(&self) -> DmaStats {
         let mut total = DmaStats::default();
@@ -561,10 +582,19 @@ impl GpuDma {
         data: &[u8],
         late: bool,
     ) -> Result<(), GpuError> {
-        self.stage_with(e, st, dst, data.len(), late, false, |mem, at, done, n| {
-            mem.write(at, &data[done..done + n]);
-            Ok(())
-        })
+        self.stage_with(
+            e,
+            st,
+            dst,
+            data.len(),
+            late,
+            false,
+            false,
+            |mem, at, done, n| {
+                mem.write(at, &data[done..done + n]);
+                Ok(())
+            },
+        )
         // The fill above never fails.
         .map(|_always_ok| ())
     }
@@ -573,6 +603,9 @@ impl GpuDma {
     /// `fill(mem, at, done, n)` puts bytes `done..done + n` of the range at `at` of `mem`. The
     /// first `fill` error ends the staging (what was described before it is still copied).
     /// `by_engine`: moved by copy engine ([`EngineCopy`]) rather than the scatter kernel.
+    /// `aligned` (with `by_engine`): every piece starts at a [`DIRECT_ALIGN`] boundary of the
+    /// host's addresses and spans whole multiples of it but for the range's last (direct I/O's
+    /// rule: a copy engine takes any alignment).
     #[allow(clippy::too_many_arguments)]
     fn stage_with(
         &self,
@@ -582,16 +615,22 @@ impl GpuDma {
         len: usize,
         late: bool,
         by_engine: bool,
+        aligned: bool,
         mut fill: impl FnMut(&PinnedMemory, usize, usize, usize) -> std::io::Result<()>,
     ) -> Result<std::io::Result<()>, GpuError> {
         let mut done = 0;
         while done < len {
             let area = &st.areas[st.cur];
+            let data = MAX_PIECES * size_of::<CopyDesc>();
             // Staged at the destination's alignment modulo 16: the scatter then moves the bytes
             // as 16-byte vectors however the destination is aligned (`copy_piece`), and a Read
             // that follows another in GPU memory follows it in staging too (one copy).
-            let src =
-                area.bytes + ((dst + done as u64).wrapping_sub(area.bytes as u64) & 15) as usize;
+            let src = if aligned {
+                let base = area.mem.host_ptr().addr() + data;
+                (base + area.bytes).next_multiple_of(DIRECT_ALIGN) - base
+            } else {
+                area.bytes + ((dst + done as u64).wrapping_sub(area.bytes as u64) & 15) as usize
+            };
             let full = if by_engine {
                 area.copies.len() == MAX_DIRECT
             } else {
@@ -608,8 +647,15 @@ impl GpuDma {
             } else {
                 (MAX_PIECES - area.pieces) * PIECE_BYTES
             };
-            let n = (len - done).min(STAGING_BYTES - src).min(room);
-            if let Err(err) = fill(&area.mem, MAX_PIECES * size_of::<CopyDesc>() + src, done, n) {
+            let mut n = (len - done).min(STAGING_BYTES - src).min(room);
+            if aligned && n < len - done {
+                n -= n % DIRECT_ALIGN;
+                if n == 0 {
+                    self.flush_locked(e, st)?;
+                    continue;
+                }
+            }
+            if let Err(err) = fill(&area.mem, data + src, done, n) {
                 // Nothing of this piece was described: its staged bytes are never copied.
                 return Ok(Err(err));
             }
@@ -695,20 +741,44 @@ impl GpuDma {
         let by_engine = self.staged == StagedCopies::Engine
             && self.mode == CopyMode::Kernels
             && len >= ENGINE_COPY_MIN;
-        // Out of the image's mapping where there is one (ReadMode::Mapped), else `pread`.
-        let view = self
-            .views
-            .lookup(file, file_offset, len)
-            .zip(usize::try_from(file_offset).ok());
-        if view.is_some() {
-            st.stats.mapped_bytes += len as u64;
-        }
-        let r = self.stage_with(e, st, dst, len, false, by_engine, |mem, at, done, n| {
-            timed(&mut file_ns, || match &view {
-                Some((map, base)) => mem.copy_from_mapping(at, n, map, base + done),
-                None => mem.read_file_at(at, n, file, file_offset + done as u64),
-            })
-        });
+        // Out of the image's mapping where every page is cached (ReadMode::Mapped), by direct
+        // I/O where none is (ColdReads::Direct; Reads the copy engine moves: they may sit
+        // anywhere in staging), else `pread`.
+        let source = match self.views.lookup(file, file_offset, len) {
+            Source::Mapped(map) => match usize::try_from(file_offset) {
+                Ok(base) => {
+                    st.stats.mapped_bytes += len as u64;
+                    Staged::Mapped(map, base)
+                }
+                Err(_) => Staged::Read,
+            },
+            Source::Direct(d) if by_engine => Staged::Direct(d),
+            _ => Staged::Read,
+        };
+        let aligned = matches!(source, Staged::Direct(_));
+        let mut direct_bytes = 0;
+        let r = self.stage_with(
+            e,
+            st,
+            dst,
+            len,
+            false,
+            by_engine,
+            aligned,
+            |mem, at, done, n| {
+                let offset = file_offset + done as u64;
+                timed(&mut file_ns, || match &source {
+                    Staged::Mapped(map, base) => mem.copy_from_mapping(at, n, map, base + done),
+                    Staged::Direct(d) => d.read_into(mem, at, n, offset, file).map(|direct| {
+                        if direct {
+                            direct_bytes += n as u64;
+                        }
+                    }),
+                    Staged::Read => mem.read_file_at(at, n, file, offset),
+                })
+            },
+        );
+        st.stats.cold_direct_bytes += direct_bytes;
         st.stats.file_ns += file_ns;
         st.stats.last_staged = Some(Instant::now());
         r.map(Some)
@@ -1430,17 +1500,19 @@ pub struct SoftwareTransport {
     readahead: usize,
 }
 
-/// `GPUNVME_EMU_READAHEAD=on|off|N` (default `on`, [`READAHEAD_WALKERS`] threads; `N` from 1 to
-/// 16 threads): whether a hint of Reads to come ([`QueueTransport::will_read`]) has the kernel
+/// `GPUNVME_EMU_READAHEAD=on|off|N` (`on`: [`READAHEAD_WALKERS`] threads; `N` from 1 to 16
+/// threads): whether a hint of Reads to come ([`QueueTransport::will_read`]) has the kernel
 /// read the parts of the image not in the page cache ahead of the controller threads
-/// ([`Readahead`]), or does nothing (`off`, for comparisons).
+/// ([`Readahead`]), or does nothing (`off`). Unset: `on`, but `off` where cold Reads go by
+/// direct I/O (`GPUNVME_EMU_COLD_READS=direct`: pages read ahead into the page cache would turn
+/// them into copies out of it, the disk read twice where the two race).
 pub const READAHEAD_ENV: &str = "GPUNVME_EMU_READAHEAD";
 
 /// Threads of a [`Readahead`] by default: each `posix_fadvise` waits while it submits its
 /// block's reads, so several keep more of the disk's queue filled.
 pub const READAHEAD_WALKERS: usize = 4;
 
-fn readahead_from(var: Option<&str>) -> Result<usize, GpuError> {
+fn readahead_from(var: Option<&str>, default: usize) -> Result<usize, GpuError> {
     let v = var.map(str::trim).filter(|v| !v.is_empty());
     if let Some(n) = v.and_then(|v| v.parse::<usize>().ok()) {
         if (1..=16).contains(&n) {
@@ -1449,7 +1521,7 @@ fn readahead_from(var: Option<&str>) -> Result<usize, GpuError> {
     }
     let c = [("on", READAHEAD_WALKERS), ("off", 0)];
     match env_choice::choice(READAHEAD_ENV, v, &c) {
-        Ok(n) => Ok(n.unwrap_or(READAHEAD_WALKERS)),
+        Ok(n) => Ok(n.unwrap_or(default)),
         Err(GpuError::InvalidArgument(m)) => Err(GpuError::InvalidArgument(format!(
             "{m} or a thread count from 1 to 16"
         ))),
@@ -1797,9 +1869,15 @@ pub fn queues(
             plan: p,
             backend: Arc::new(SoftwareTransport {
                 emu: emu.clone(),
-                engine,
+                engine: engine.clone(),
                 rings,
-                readahead: readahead_from(env_choice::var(READAHEAD_ENV).as_deref())?,
+                readahead: readahead_from(
+                    env_choice::var(READAHEAD_ENV).as_deref(),
+                    match engine.cold_reads() {
+                        ColdReads::Direct => 0,
+                        ColdReads::Buffered => READAHEAD_WALKERS,
+                    },
+                )?,
             }),
         },
     )
@@ -1880,13 +1958,14 @@ mod tests {
         let e = fetch_ordered_from(Some("always")).unwrap_err().to_string();
         assert!(e.contains("GPUNVME_EMU_FETCH=always"), "{e}");
         use super::READAHEAD_WALKERS;
-        assert_eq!(readahead_from(None).unwrap(), READAHEAD_WALKERS);
-        assert_eq!(readahead_from(Some("on")).unwrap(), READAHEAD_WALKERS);
-        assert_eq!(readahead_from(Some(" off")).unwrap(), 0);
-        assert_eq!(readahead_from(Some("1")).unwrap(), 1);
-        assert_eq!(readahead_from(Some("16")).unwrap(), 16);
+        assert_eq!(readahead_from(None, 0).unwrap(), 0, "the caller's default");
+        assert_eq!(readahead_from(Some(""), 4).unwrap(), 4);
+        assert_eq!(readahead_from(Some("on"), 0).unwrap(), READAHEAD_WALKERS);
+        assert_eq!(readahead_from(Some(" off"), 4).unwrap(), 0);
+        assert_eq!(readahead_from(Some("1"), 0).unwrap(), 1);
+        assert_eq!(readahead_from(Some("16"), 0).unwrap(), 16);
         for bad in ["0", "17", "many"] {
-            let e = readahead_from(Some(bad)).unwrap_err().to_string();
+            let e = readahead_from(Some(bad), 0).unwrap_err().to_string();
             assert!(e.contains(&format!("GPUNVME_EMU_READAHEAD={bad}")), "{e}");
             assert!(
                 e.contains("from 1 to 16") && !e.contains("argument: invalid"),

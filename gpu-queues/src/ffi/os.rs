@@ -177,12 +177,31 @@ impl Drop for Mapping {
     }
 }
 
-/// Whether every page of `offset..offset + len` of `file` is in the page cache: `cachestat(2)`
+/// Whether every page of `offset..offset + len` of `file` is in the page cache ([`residency`]
+/// is [`Residency::All`]): `cachestat(2)`
 /// (Linux 6.5), which looks at the file's page cache only (no page tables, no `mmap_lock`: a
 /// `mincore` per Read, which takes it, made 16 controller threads copying out of a mapping
 /// 1.7x slower on the lent H200, 2026-11-28). `Ok(false)` for an empty range; an error where
 /// the kernel has no such call (`ENOSYS`) or refuses it, or the range overflows (`EOVERFLOW`).
 pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<bool> {
+    residency(file, offset, len).map(|r| r == Residency::All)
+}
+
+/// How much of a file range is in the page cache ([`residency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// No page of it (or the range is empty).
+    None,
+    /// Some pages, not all.
+    Part,
+    /// Every page.
+    All,
+}
+
+/// How much of `offset..offset + len` of `file` is in the page cache (`cachestat(2)`, as for
+/// [`range_cached`]; a page under a read the kernel started counts as cached). An empty range
+/// is [`Residency::None`].
+pub fn residency(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<Residency> {
     #[repr(C)]
     struct Range {
         off: u64,
@@ -200,7 +219,7 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
     /// `__NR_cachestat`, the same on every architecture (the generic table).
     const SYS_CACHESTAT: libc::c_long = 451;
     if len == 0 {
-        return Ok(false);
+        return Ok(Residency::None);
     }
     let last = offset
         .checked_add(len - 1)
@@ -222,7 +241,31 @@ pub fn range_cached(file: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<b
         return Err(io::Error::last_os_error());
     }
     let pages = last / PAGE as u64 - offset / PAGE as u64 + 1;
-    Ok(st.nr_cache >= pages)
+    Ok(match st.nr_cache {
+        0 => Residency::None,
+        n if n >= pages => Residency::All,
+        _ => Residency::Part,
+    })
+}
+
+/// The alignment that keeps a read on a [`reopen_direct`] descriptor acceptable to the kernel:
+/// its buffer address, file offset and length multiples of this. Direct I/O asks for the file
+/// system's direct-I/O alignment (the disk's logical block, 512 or 4096 bytes on the disks one
+/// meets); a page covers both.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A second, read-only descriptor of `file`'s file for direct I/O (`O_DIRECT`: reads go from
+/// the device into the caller's buffer, not through the page cache), opened through
+/// `/proc/self/fd`. Reads on it keep to [`DIRECT_ALIGN`]. The kernel writes back dirty pages of
+/// a range before a direct read of it, so such a read returns what buffered I/O wrote.
+/// Errors: a file system without direct I/O (tmpfs before Linux 6.6, some FUSE ones) refuses
+/// the open, or the first read, with `EINVAL`; no `/proc`: `ENOENT`.
+pub fn reopen_direct(file: &File) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 /// Asks the kernel to read `offset..offset + len` of `file` into the page cache now
@@ -966,6 +1009,16 @@ mod tests {
             !range_cached(f.as_fd(), 60 << 10, 8192).unwrap(),
             "past the end"
         );
+        assert_eq!(
+            residency(f.as_fd(), 60 << 10, 8192).unwrap(),
+            Residency::Part,
+            "the last page, and one past the end"
+        );
+        assert_eq!(residency(f.as_fd(), 0, 64 << 10).unwrap(), Residency::All);
+        assert_eq!(
+            residency(f.as_fd(), 64 << 10, 4096).unwrap(),
+            Residency::None
+        );
         // Written back, then dropped: no longer cached (where the file system can drop its
         // pages at all: tmpfs cannot).
         f.sync_all().unwrap();
@@ -976,7 +1029,42 @@ mod tests {
             eprintln!("skipped the eviction check: this file system keeps the pages");
         } else {
             assert!(!range_cached(f.as_fd(), 4096, 4096).unwrap());
+            assert_eq!(residency(f.as_fd(), 0, 64 << 10).unwrap(), Residency::None);
         }
+    }
+
+    #[test]
+    fn a_direct_descriptor_reads_what_buffered_writes_left_dirty() {
+        use std::io::Write;
+        use std::os::unix::fs::FileExt;
+        let mut f = scratch_file("direct");
+        let data: Vec<u8> = (0..64u32 << 10).map(|i| (i * 7 + i / 4096) as u8).collect();
+        // Written, not synced: the pages are dirty in the page cache.
+        f.write_all(&data).unwrap();
+        let d = match reopen_direct(&f) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("skipped: this file system refuses O_DIRECT ({e})");
+                return;
+            }
+        };
+        let mut buf = vec![0u8; (32 << 10) + DIRECT_ALIGN];
+        let at = buf.as_ptr().align_offset(DIRECT_ALIGN);
+        let dst = &mut buf[at..at + (32 << 10)];
+        match d.read_at(dst, 16 << 10) {
+            Ok(n) => {
+                assert_eq!(n, 32 << 10);
+                assert!(dst == &data[16 << 10..48 << 10], "the bytes written");
+            }
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => {
+                eprintln!("skipped: this file system refuses direct reads ({e})");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        // Direct I/O keeps to the alignment: an odd offset is refused, not read.
+        let e = d.read_at(&mut buf[at..at + 4096], 100).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
 
     #[test]
