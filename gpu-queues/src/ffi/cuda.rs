@@ -186,7 +186,11 @@ impl Drop for RawCuda {
 
 /// [`DeviceMemory::alloc`]: `cuMemAlloc` (rounded up to 64 KiB granularity by the driver), then
 /// zeroed.
-pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
+pub(super) fn alloc_device(
+    cuda: &Arc<Cuda>,
+    len: usize,
+    zeroed: bool,
+) -> Result<DeviceMemory, GpuError> {
     cuda.make_current()?;
     let mut ptr = 0;
     // SAFETY: valid out-pointer; a zero-length request is refused by the driver. The memory
@@ -199,7 +203,9 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
             len,
             owner: None,
         };
-        check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, len.max(1)))?;
+        if zeroed {
+            check("cuMemsetD8", sys::cuMemsetD8_v2(ptr, 0, len.max(1)))?;
+        }
         Ok(mem)
     }
 }

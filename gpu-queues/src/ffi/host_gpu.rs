@@ -242,8 +242,13 @@ fn job_finished() {
 }
 
 /// [`DeviceMemory::alloc`]: anonymous memory mapped in 64 KiB units (as the CUDA driver
-/// rounds), zeroed; its device address is its host address (provenance exposed).
-pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
+/// rounds), zeroed (also when not asked to be: fresh anonymous pages are); its device address
+/// is its host address (provenance exposed).
+pub(super) fn alloc_device(
+    cuda: &Arc<Cuda>,
+    len: usize,
+    _zeroed: bool,
+) -> Result<DeviceMemory, GpuError> {
     let p = map_zeroed(device_map_len(len), DEVICE_UNIT, "host-gpu device memory")?;
     Ok(DeviceMemory {
         cuda: cuda.clone(),
@@ -255,7 +260,7 @@ pub(super) fn alloc_device(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory,
 
 /// [`ManagedMemory::alloc`](super::ManagedMemory::alloc): host memory, as device memory is here.
 pub(super) fn alloc_managed(cuda: &Arc<Cuda>, len: usize) -> Result<DeviceMemory, GpuError> {
-    alloc_device(cuda, len)
+    alloc_device(cuda, len, true)
 }
 
 /// [`DeviceMemory::borrowed`]'s check: the stand-in keeps no table of allocations, so only a

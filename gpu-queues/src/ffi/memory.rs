@@ -86,7 +86,15 @@ impl DeviceMemory {
     /// Allocates `len` bytes, zeroed (CUDA rounds up to 64 KiB granularity; `host-gpu` maps
     /// 64 KiB units likewise).
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
-        backend::alloc_device(cuda, len)
+        backend::alloc_device(cuda, len, true)
+    }
+
+    /// Allocates `len` bytes whose contents are undefined until written (not zeroed: for a
+    /// buffer the caller overwrites whole before anyone reads it, such as a load's arena, where
+    /// zeroing 13.5 GB costs milliseconds). Stale bytes are this process's own earlier GPU data
+    /// at worst (the driver clears memory between processes).
+    pub fn alloc_uninit(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        backend::alloc_device(cuda, len, false)
     }
 
     /// GPU address of the first byte (with `host-gpu`: the host address).
