@@ -1652,16 +1652,11 @@ mod files {
         v
     }
 
-    /// A file system on an image file: the software controller moves Read data the way
-    /// `GPUNVME_EMU_READS` says (copies out of a mapping of the image or pread into staging, or
-    /// registered page-cache windows, every page
-    /// being resident since the file system was just written through it), and the GPU gets the
-    /// file's bytes, whole and at odd offsets. scripts/host-gpu-test.sh runs it in each mode.
-    #[test]
-    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
-    fn image_reads_take_the_chosen_path() {
-        let path = image("windows");
-        let r = rig_with(
+    /// The software controller on the image file at `path` (4 KiB LBAs), 4 GPU queues of 256.
+    /// Small Reads go by `pread` too (on tmpfs they would copy from the CPU path's own mapping,
+    /// unguarded: a truncation of the image would kill the process there).
+    fn image_rig(path: &std::path::Path) -> Rig {
+        rig_with(
             4096,
             |c| {
                 c.namespaces = vec![NamespaceConfig {
@@ -1671,8 +1666,6 @@ mod files {
                     read_only: false,
                     format: nvme_emu::NsFormat::Plain,
                 }];
-                // Small Reads by pread too (on tmpfs they would copy from the CPU path's own
-                // mapping, unguarded: the truncation below would kill the process there).
                 c.image_reads = nvme_emu::ImageReads::Pread;
             },
             GpuQueueOptions {
@@ -1680,7 +1673,19 @@ mod files {
                 depth: Some(256),
                 ..Default::default()
             },
-        );
+        )
+    }
+
+    /// A file system on an image file: the software controller moves Read data the way
+    /// `GPUNVME_EMU_READS` says (copies out of a mapping of the image or pread into staging, or
+    /// registered page-cache windows, every page
+    /// being resident since the file system was just written through it), and the GPU gets the
+    /// file's bytes, whole and at odd offsets. scripts/host-gpu-test.sh runs it in each mode.
+    #[test]
+    #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+    fn image_reads_take_the_chosen_path() {
+        let path = image("windows");
+        let r = image_rig(&path);
         let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
         let len = (3 << 20) + 4097;
         let want = fragmented(&fs, len);
@@ -1821,24 +1826,7 @@ mod files {
             .and_then(|f| f.set_len(NS_BYTES))
             .expect("image");
         let path = ShmImage(p);
-        let r = rig_with(
-            4096,
-            |c| {
-                c.namespaces = vec![NamespaceConfig {
-                    backend: nvme_emu::Backend::File(path.to_path_buf()),
-                    blocks: NS_BYTES / 4096,
-                    lba_size: 4096,
-                    read_only: false,
-                    format: nvme_emu::NsFormat::Plain,
-                }];
-                c.image_reads = nvme_emu::ImageReads::Pread;
-            },
-            GpuQueueOptions {
-                queues: Some(4),
-                depth: Some(256),
-                ..Default::default()
-            },
-        );
+        let r = image_rig(&path);
         let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
         let len = (6 << 20) + 4097;
         let want = data(77, len);
