@@ -525,6 +525,9 @@ impl ImageViews {
             .entry(key)
             .or_insert_with(|| Arc::new(self.view_of(file)))
             .clone();
+        if view.map.is_none() && view.direct.is_none() {
+            return Source::Read;
+        }
         // Only pages already in memory are copied out of the mapping: a Read of pages that are
         // not goes by direct I/O or `pread` (whose readahead brings in what comes next), whose
         // errors are plain error codes.

@@ -64,7 +64,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::{DIRECT_ALIGN, HostArena, MappedImage, Mapping};
+use gpu_queues::ffi::os::{DIRECT_ALIGN, HostArena, MappedImage};
 use gpu_queues::ffi::{
     Arg, Cuda, DeviceMemory, Event, GreenPartition, Kernel, PinnedMemory, Placement, Stream,
 };
@@ -81,9 +81,7 @@ use zerocopy::IntoBytes;
 
 use crate::desc::{COPY_LATE, CopyDesc};
 use crate::env_choice;
-use crate::image_reads::{
-    ColdReads, DirectFile, ImageViews, ImageWindows, ReadMode, Source, WindowStats,
-};
+use crate::image_reads::{ColdReads, ImageViews, ImageWindows, ReadMode, Source, WindowStats};
 use crate::kernels::EmuKernels;
 
 /// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
@@ -241,16 +239,6 @@ pub struct DmaStats {
     pub burst_start: Option<Instant>,
     /// When the last staged Read's data was in staging.
     pub last_staged: Option<Instant>,
-}
-
-/// Where a staged Read's bytes come from (`GpuDma::stage_from_file`).
-enum Staged {
-    /// Out of this mapping of the image, the Read's first byte at this offset of it.
-    Mapped(Arc<Mapping>, usize),
-    /// By direct I/O.
-    Direct(Arc<DirectFile>),
-    /// By `pread`.
-    Read,
 }
 
 /// A pause between staged Reads that starts a new burst ([`DmaStats::burst_start`]).
@@ -744,18 +732,16 @@ impl GpuDma {
         // Out of the image's mapping where every page is cached (ReadMode::Mapped), by direct
         // I/O where none is (ColdReads::Direct; Reads the copy engine moves: they may sit
         // anywhere in staging), else `pread`.
+        let base = usize::try_from(file_offset);
         let source = match self.views.lookup(file, file_offset, len) {
-            Source::Mapped(map) => match usize::try_from(file_offset) {
-                Ok(base) => {
-                    st.stats.mapped_bytes += len as u64;
-                    Staged::Mapped(map, base)
-                }
-                Err(_) => Staged::Read,
-            },
-            Source::Direct(d) if by_engine => Staged::Direct(d),
-            _ => Staged::Read,
+            Source::Mapped(map) if base.is_ok() => {
+                st.stats.mapped_bytes += len as u64;
+                Source::Mapped(map)
+            }
+            Source::Direct(d) if by_engine => Source::Direct(d),
+            Source::Mapped(_) | Source::Direct(_) | Source::Read => Source::Read,
         };
-        let aligned = matches!(source, Staged::Direct(_));
+        let aligned = matches!(source, Source::Direct(_));
         let mut direct_bytes = 0;
         let r = self.stage_with(
             e,
@@ -767,14 +753,16 @@ impl GpuDma {
             aligned,
             |mem, at, done, n| {
                 let offset = file_offset + done as u64;
-                timed(&mut file_ns, || match &source {
-                    Staged::Mapped(map, base) => mem.copy_from_mapping(at, n, map, base + done),
-                    Staged::Direct(d) => d.read_into(mem, at, n, offset, file).map(|direct| {
+                timed(&mut file_ns, || match (&source, &base) {
+                    (Source::Mapped(map), Ok(base)) => {
+                        mem.copy_from_mapping(at, n, map, base + done)
+                    }
+                    (Source::Direct(d), _) => d.read_into(mem, at, n, offset, file).map(|direct| {
                         if direct {
                             direct_bytes += n as u64;
                         }
                     }),
-                    Staged::Read => mem.read_file_at(at, n, file, offset),
+                    _ => mem.read_file_at(at, n, file, offset),
                 })
             },
         );
@@ -1791,6 +1779,13 @@ pub fn queues(
     let emu_kernels = EmuKernels::load(cuda)?;
     let t_warm = started.elapsed();
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
+    let readahead = readahead_from(
+        env_choice::var(READAHEAD_ENV).as_deref(),
+        match engine.cold_reads() {
+            ColdReads::Direct => 0,
+            ColdReads::Buffered => READAHEAD_WALKERS,
+        },
+    )?;
     let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
@@ -1869,15 +1864,9 @@ pub fn queues(
             plan: p,
             backend: Arc::new(SoftwareTransport {
                 emu: emu.clone(),
-                engine: engine.clone(),
+                engine,
                 rings,
-                readahead: readahead_from(
-                    env_choice::var(READAHEAD_ENV).as_deref(),
-                    match engine.cold_reads() {
-                        ColdReads::Direct => 0,
-                        ColdReads::Buffered => READAHEAD_WALKERS,
-                    },
-                )?,
+                readahead,
             }),
         },
     )
