@@ -1882,9 +1882,15 @@ mod files {
         } else {
             assert_eq!(direct, 0, "no direct reads in this mode");
         }
-        // Back in the page cache (read through the file system's buffered path): copies out of
-        // the mapping, no direct read.
-        std::io::copy(&mut &img, &mut std::io::sink()).expect("read the image");
+        // Back in the page cache, and kept there while the GPU reads (locked: a machine that
+        // reclaims the page cache eagerly evicted a chunk between a plain read of the image and
+        // the GPU's, CI 2026-11-29): copies out of the mapping, no direct read.
+        let held = gpu_queues::ffi::os::Mapping::read_only(img.as_fd(), NS_BYTES as usize)
+            .expect("map the image");
+        if let Err(e) = held.lock() {
+            eprintln!("skipped the warm check: the image's pages cannot be locked here ({e})");
+            return;
+        }
         let (staged, direct, mapped) = read("warm");
         eprintln!(
             "{}: warm: staged {staged} direct {direct} mapped {mapped}",

@@ -153,6 +153,19 @@ impl Mapping {
         unsafe { touch_pages(self.ptr, self.len) }
     }
 
+    /// Locks the mapping's pages in memory (`mlock`): each is read in now if it is not, and
+    /// none is evicted (for a file mapping: its page-cache pages) until the mapping is dropped.
+    /// For tests that need pages to stay cached on a machine that reclaims the page cache
+    /// eagerly. Errors: over `RLIMIT_MEMLOCK` or without the privilege (`ENOMEM`, `EPERM`).
+    pub fn lock(&self) -> io::Result<()> {
+        // SAFETY: the range is one live mapping of ours; mlock changes no memory.
+        let r = unsafe { libc::mlock(self.ptr.as_ptr().cast(), self.len) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// How many of the mapping's 4 KiB pages are resident (`mincore`), for tests.
     pub fn resident_pages(&self) -> io::Result<usize> {
         let host_page = host_page_size();
