@@ -76,7 +76,9 @@ for mode in pread registered; do
         --test-threads=1 --exact files::image_reads_take_the_chosen_path \
         files::cold_image_reads_by_direct_io_when_chosen
 done
-# Cold Reads by direct I/O instead of through the page cache.
-GPUNVME_EMU_COLD_READS=direct cargo test -p gpunvme --features host-gpu --test gpu -- \
-    --ignored --test-threads=1 --exact files::image_reads_take_the_chosen_path \
-    files::cold_image_reads_by_direct_io_when_chosen
+# Cold Reads by direct I/O instead of through the page cache: per Read, and by a prefetch.
+for cold in direct prefetch; do
+    GPUNVME_EMU_COLD_READS=$cold cargo test -p gpunvme --features host-gpu --test gpu -- \
+        --ignored --test-threads=1 --exact files::image_reads_take_the_chosen_path \
+        files::cold_image_reads_by_direct_io_when_chosen
+done

@@ -1696,17 +1696,29 @@ mod files {
         // not in the page cache, on a thread of its own, while the read below runs.
         let ahead = files.will_read(&[&g]);
         // Taken unless turned off: by default, off where cold Reads go by direct I/O (the
-        // `mapped` mode with GPUNVME_EMU_COLD_READS=direct).
+        // `mapped` mode with GPUNVME_EMU_COLD_READS=direct); with `prefetch`, taken where some
+        // of the file's data is not in the page cache (never on tmpfs).
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let on = match var(gpu_emu::software::READAHEAD_ENV)
-            .as_deref()
-            .map(str::trim)
-        {
-            Some("off") => false,
-            Some(_) => true,
-            None => {
-                r.gpu.window_stats().expect("software controller").0 != ReadMode::Mapped
-                    || var("GPUNVME_EMU_COLD_READS").is_none_or(|v| v.trim() != "direct")
+        let mapped = r.gpu.window_stats().expect("software controller").0 == ReadMode::Mapped;
+        let cold = var("GPUNVME_EMU_COLD_READS").map(|v| v.trim().to_owned());
+        let on = if mapped && cold.as_deref() == Some("prefetch") {
+            use std::os::fd::AsFd;
+            let img = std::fs::File::open(&*path).expect("image");
+            let lba = 1u64 << g.table().header().lba_shift;
+            !blockfs_gpu::plan::read_runs(g.table(), 0)
+                .iter()
+                .all(|&(at, n)| {
+                    gpu_queues::ffi::os::range_cached(img.as_fd(), at * lba, n * lba)
+                        .expect("cachestat")
+                })
+        } else {
+            match var(gpu_emu::software::READAHEAD_ENV)
+                .as_deref()
+                .map(str::trim)
+            {
+                Some("off") => false,
+                Some(_) => true,
+                None => !mapped || cold.as_deref() != Some("direct"),
             }
         };
         assert_eq!(
@@ -1813,7 +1825,8 @@ mod files {
     /// An image on a disk file system, cold (written back and dropped from the page cache): the
     /// software controller reads a file's staged Reads from the disk by direct I/O with
     /// `GPUNVME_EMU_COLD_READS=direct` (none by default, `buffered`, nor in any
-    /// `GPUNVME_EMU_READS` mode but `mapped`), leaving the page cache empty; once the image is
+    /// `GPUNVME_EMU_READS` mode but `mapped`), or copies them all out of a prefetch's pool (read
+    /// by direct I/O on the read's hint) with `prefetch`, leaving the page cache empty; once the image is
     /// back in the page cache it copies every staged Read out of its mapping. The GPU gets the
     /// file's bytes each time. Skipped where the file system keeps the pages (tmpfs).
     #[test]
@@ -1849,6 +1862,8 @@ mod files {
         let read = |what: &str| {
             let before = r.gpu.dma_stats().expect("software controller");
             let buf = r.gpu.alloc_buffer(len).expect("buffer");
+            // As a load does: the hint (a prefetch's start, with `prefetch`) over the reads.
+            let _ahead = files.will_read(&[&g]);
             let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
             assert_eq!(got, len as u64);
             assert!(host_bytes(&buf, 0, len) == want, "bytes of the {what} file");
@@ -1869,8 +1884,17 @@ mod files {
         // are the ones read direct: the file's 128 KiB chunks, all but its tail.
         let engine = r.gpu.copy_mode() == Some(gpu_emu::CopyMode::Kernels)
             && std::env::var("GPUNVME_EMU_STAGED").map_or(true, |v| v.trim() != "kernel");
-        let direct_on = std::env::var("GPUNVME_EMU_COLD_READS").is_ok_and(|v| v.trim() == "direct");
-        if mode == ReadMode::Mapped && engine && direct_on {
+        let cold = std::env::var("GPUNVME_EMU_COLD_READS").unwrap_or_default();
+        if mode == ReadMode::Mapped && cold.trim() == "prefetch" {
+            // Every staged Read out of the prefetch's pool, which direct I/O filled.
+            assert_eq!(
+                direct, staged,
+                "the cold file by the prefetch: staged {staged}"
+            );
+            assert_eq!(mapped, 0, "nothing was in the page cache");
+            let whole = residency(img.as_fd(), 1 << 20, 4 << 20).expect("cachestat");
+            assert_eq!(whole, Residency::None, "direct reads bypass the page cache");
+        } else if mode == ReadMode::Mapped && engine && cold.trim() == "direct" {
             assert!(
                 direct >= staged - (128 << 10) && direct > 0,
                 "the cold chunks by direct I/O: staged {staged}, direct {direct}"

@@ -49,13 +49,15 @@ use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use gpu_queues::GpuError;
 use gpu_queues::ffi::os::{
     DIRECT_ALIGN, MappedImage, Mapping, Residency, reopen_direct, residency,
 };
 use gpu_queues::ffi::{Cuda, PinnedMemory, guarded_copy};
+
+use crate::prefetch::Prefetch;
 
 /// How Read data leaves the image (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +116,10 @@ pub enum ColdReads {
     Direct,
     /// Read through the page cache (`pread`), with the kernel's readahead (the default).
     Buffered,
+    /// Read ahead of the Reads by direct I/O in file order into a bounded pool of host memory
+    /// on a [`gpu_queues::QueueTransport::will_read`] hint (`crate::prefetch`), Reads copying
+    /// out of it; Reads the pool does not serve go as `Buffered`.
+    Prefetch,
 }
 
 impl ColdReads {
@@ -123,12 +129,16 @@ impl ColdReads {
     }
 
     fn parse(v: Option<&str>) -> Result<Self, GpuError> {
-        let c = [("direct", Self::Direct), ("buffered", Self::Buffered)];
+        let c = [
+            ("direct", Self::Direct),
+            ("buffered", Self::Buffered),
+            ("prefetch", Self::Prefetch),
+        ];
         Ok(crate::env_choice::choice(COLD_READS_ENV, v, &c)?.unwrap_or(Self::Buffered))
     }
 }
 
-/// `GPUNVME_EMU_COLD_READS=direct|buffered`: how Reads of uncached image data are read.
+/// `GPUNVME_EMU_COLD_READS=direct|buffered|prefetch`: how Reads of uncached image data are read.
 const COLD_READS_ENV: &str = "GPUNVME_EMU_COLD_READS";
 
 /// Bytes per window (and the alignment of windows in the file).
@@ -404,6 +414,9 @@ pub enum Source {
     Mapped(Arc<Mapping>),
     /// No page is: read by direct I/O through this descriptor.
     Direct(Arc<DirectFile>),
+    /// In blocks a prefetch reads: copied out of its pool (`Prefetch::serve`), what it does
+    /// not hand over by `pread`.
+    Pool(Arc<Prefetch>),
     /// By `pread` on the controller's own descriptor.
     Read,
 }
@@ -472,6 +485,8 @@ pub struct ImageViews {
     files: Mutex<HashMap<FileKey, Arc<FileView>>>,
     /// cachestat(2) failed once (logged once).
     no_cachestat: AtomicBool,
+    /// Prefetches running ([`ColdReads::Prefetch`]).
+    prefetches: RwLock<Vec<Arc<Prefetch>>>,
 }
 
 impl std::fmt::Debug for ImageViews {
@@ -492,7 +507,37 @@ impl ImageViews {
             cold,
             files: Mutex::new(HashMap::new()),
             no_cachestat: AtomicBool::new(false),
+            prefetches: RwLock::new(Vec::new()),
         }
+    }
+
+    /// Has Reads of the image `prefetch` reads look in its pool first, until
+    /// [`Self::remove_prefetch`].
+    pub fn add_prefetch(&self, prefetch: Arc<Prefetch>) {
+        self.prefetches
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(prefetch);
+    }
+
+    /// Ends what [`Self::add_prefetch`] began.
+    pub fn remove_prefetch(&self, prefetch: &Arc<Prefetch>) {
+        self.prefetches
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| !Arc::ptr_eq(p, prefetch));
+    }
+
+    /// The prefetch that reads the block of `file` holding `file_offset`, if one does.
+    pub fn prefetch_of(&self, file: &File, file_offset: u64) -> Option<Arc<Prefetch>> {
+        let running = self.prefetches.read().unwrap_or_else(|e| e.into_inner());
+        if running.is_empty() {
+            return None;
+        }
+        running
+            .iter()
+            .find(|p| p.is_of(file) && p.covers(file_offset))
+            .cloned()
     }
 
     /// Whether cold ranges are read by direct I/O (where the file system takes it).

@@ -230,7 +230,8 @@ pub struct DmaStats {
     /// pages in memory); the rest by `pread` or direct I/O.
     pub mapped_bytes: u64,
     /// Of `staged_file_bytes`: read by direct I/O (Reads with no page in the page cache,
-    /// [`ColdReads::Direct`]; pieces the file system or the alignment refused went by `pread`).
+    /// [`ColdReads::Direct`]; pieces the file system or the alignment refused went by `pread`),
+    /// or copied out of a prefetch's pool, which direct I/O filled ([`ColdReads::Prefetch`]).
     pub cold_direct_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
@@ -729,11 +730,17 @@ impl GpuDma {
         let by_engine = self.staged == StagedCopies::Engine
             && self.mode == CopyMode::Kernels
             && len >= ENGINE_COPY_MIN;
-        // Out of the image's mapping where every page is cached (ReadMode::Mapped), by direct
-        // I/O where none is (ColdReads::Direct; Reads the copy engine moves: they may sit
-        // anywhere in staging), else `pread`.
+        // Out of a prefetch's pool where one reads the range (ColdReads::Prefetch), out of the
+        // image's mapping where every page is cached (ReadMode::Mapped), by direct I/O where
+        // none is (ColdReads::Direct; Reads the copy engine moves: they may sit anywhere in
+        // staging), else `pread`.
         let base = usize::try_from(file_offset);
-        let source = match self.views.lookup(file, file_offset, len) {
+        let looked_up = match self.views.prefetch_of(file, file_offset) {
+            Some(p) => Source::Pool(p),
+            None => self.views.lookup(file, file_offset, len),
+        };
+        let source = match looked_up {
+            Source::Pool(p) => Source::Pool(p),
             Source::Mapped(map) if base.is_ok() => {
                 st.stats.mapped_bytes += len as u64;
                 Source::Mapped(map)
@@ -762,6 +769,11 @@ impl GpuDma {
                             direct_bytes += n as u64;
                         }
                     }),
+                    (Source::Pool(p), _) => {
+                        let got = p.serve(offset, n, |d, bytes| mem.write(at + d, bytes));
+                        direct_bytes += got as u64;
+                        mem.read_file_at(at + got, n - got, file, offset + got as u64)
+                    }
                     _ => mem.read_file_at(at, n, file, offset),
                 })
             },
@@ -1486,6 +1498,8 @@ pub struct SoftwareTransport {
     /// Threads a [`QueueTransport::will_read`] hint walks the image with, having the kernel
     /// read it ahead (0: the hint does nothing; [`READAHEAD_ENV`]).
     readahead: usize,
+    /// Reader threads of a prefetch ([`ColdReads::Prefetch`]; `crate::prefetch::READERS_ENV`).
+    prefetch_readers: usize,
 }
 
 /// `GPUNVME_EMU_READAHEAD=on|off|N` (`on`: [`READAHEAD_WALKERS`] threads; `N` from 1 to 16
@@ -1674,6 +1688,67 @@ impl SoftwareTransport {
     }
 }
 
+impl SoftwareTransport {
+    /// Starts a prefetch of `ranges` of namespace `nsid`'s image at `path` for the Reads to come
+    /// ([`crate::prefetch`]) and has the Read path look in its pool until the result is
+    /// dropped. `None`: every page of the ranges is in the page cache (nothing to read ahead).
+    fn prefetch(
+        &self,
+        nsid: u32,
+        path: &std::path::Path,
+        ranges: &[(u64, u64)],
+    ) -> std::io::Result<Option<ReadAhead>> {
+        use std::os::fd::AsFd;
+        let image = std::fs::File::open(path)?;
+        let warm = ranges.iter().all(|&(at, n)| {
+            gpu_queues::ffi::os::residency(image.as_fd(), at, n)
+                .is_ok_and(|r| r == gpu_queues::ffi::os::Residency::All)
+        });
+        if warm {
+            return Ok(None);
+        }
+        let writes = self
+            .emu
+            .media_writes(nsid)
+            .ok_or_else(|| std::io::Error::other("the namespace is not an image file"))?;
+        let direct = gpu_queues::ffi::os::reopen_direct(&image)?;
+        let running = crate::prefetch::Prefetch::start(
+            &image,
+            direct,
+            writes,
+            ranges,
+            self.prefetch_readers,
+            crate::prefetch::POOL_BYTES,
+        )?;
+        self.engine.views.add_prefetch(running.prefetch().clone());
+        Ok(Some(ReadAhead::running(Box::new(PrefetchHint {
+            running: Some(running),
+            engine: self.engine.clone(),
+        }))))
+    }
+}
+
+/// A prefetch the Read path looks in, until dropped.
+struct PrefetchHint {
+    running: Option<crate::prefetch::Running>,
+    engine: Arc<GpuDma>,
+}
+
+impl Drop for PrefetchHint {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            self.engine.views.remove_prefetch(r.prefetch());
+            // Stops the readers; the pool (up to a GiB of mapped memory) goes with the last of
+            // them, or here: unmapped on a thread of its own, not the caller's (a load's end).
+            let unmapped = std::thread::Builder::new()
+                .name("gpunvme-prefetch".into())
+                .spawn(move || drop(r));
+            // A thread the system refuses: the drop happens here (the closure was dropped).
+            drop(unmapped);
+        }
+    }
+}
+
 impl QueueTransport for SoftwareTransport {
     fn alloc_buffer(&self, cuda: &Arc<Cuda>, len: usize) -> Result<GpuBuffer, GpuError> {
         let mem = Arc::new(DeviceMemory::alloc(cuda, len.next_multiple_of(4096))?);
@@ -1698,7 +1773,8 @@ impl QueueTransport for SoftwareTransport {
     /// the thread to own: the page cache is the file's, so any descriptor serves, and a file
     /// put in its place since would only waste the hint.
     fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
-        if self.readahead == 0 || lba_shift >= 32 {
+        let prefetch = self.engine.cold_reads() == ColdReads::Prefetch;
+        if (self.readahead == 0 && !prefetch) || lba_shift >= 32 {
             return ReadAhead::none();
         }
         let Some(ns) = (nsid as usize)
@@ -1720,6 +1796,17 @@ impl QueueTransport for SoftwareTransport {
             .filter(|&(_, len)| len > 0)
             .collect();
         if ranges.is_empty() {
+            return ReadAhead::none();
+        }
+        if prefetch {
+            match self.prefetch(nsid, path, &ranges) {
+                Ok(Some(running)) => return running,
+                Ok(None) => return ReadAhead::none(),
+                // Then as with buffered cold reads.
+                Err(e) => tracing::debug!("no prefetch of {}: {e}", path.display()),
+            }
+        }
+        if self.readahead == 0 {
             return ReadAhead::none();
         }
         match std::fs::File::open(path).and_then(|f| Readahead::start(f, ranges, self.readahead)) {
@@ -1783,9 +1870,10 @@ pub fn queues(
         env_choice::var(READAHEAD_ENV).as_deref(),
         match engine.cold_reads() {
             ColdReads::Direct => 0,
-            ColdReads::Buffered => READAHEAD_WALKERS,
+            ColdReads::Buffered | ColdReads::Prefetch => READAHEAD_WALKERS,
         },
     )?;
+    let prefetch_readers = crate::prefetch::readers_from_env()?;
     let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
@@ -1867,6 +1955,7 @@ pub fn queues(
                 engine,
                 rings,
                 readahead,
+                prefetch_readers,
             }),
         },
     )

@@ -19,7 +19,7 @@ use crate::memory::DeviceAddressMap;
 use crate::queue_server::QueueServer;
 use crate::registers::RegisterWindow;
 use crate::stats::{Counters, EmuStats};
-use crate::storage::Namespace;
+use crate::storage::{Media, MediaWrites, Namespace};
 
 /// Longest [`EmuDevice::stop`] waits for the controller threads to finish their current pass.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -38,6 +38,8 @@ pub struct EmuDevice {
     threads: Mutex<Vec<JoinHandle<()>>>,
     description: String,
     namespace_configs: Vec<NamespaceConfig>,
+    /// Each namespace's write count where its media is an image file (NSID order).
+    media_writes: Vec<Option<MediaWrites>>,
 }
 
 impl std::fmt::Debug for EmuDevice {
@@ -85,6 +87,13 @@ impl EmuDevice {
             .map(|i| Worker::new(i, shared.clone(), &config, namespaces.clone()))
             .collect();
         let namespace_configs = config.namespaces.clone();
+        let media_writes = namespaces
+            .iter()
+            .map(|ns| match &ns.media {
+                Media::File(f) => Some(f.writes.clone()),
+                Media::Memory(_) | Media::Null => None,
+            })
+            .collect();
         let controller = Controller::new(shared.clone(), config, namespaces);
         let device = EmuDevice {
             regs,
@@ -92,6 +101,7 @@ impl EmuDevice {
             threads: Mutex::new(Vec::with_capacity(threads)),
             description,
             namespace_configs,
+            media_writes,
         };
         let spawn = |index: usize, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -187,6 +197,13 @@ impl EmuDevice {
     /// The namespaces as configured (NSID order): backends, sizes, LBA sizes.
     pub fn namespace_configs(&self) -> &[NamespaceConfig] {
         &self.namespace_configs
+    }
+
+    /// How many writes namespace `nsid`'s image file took so far, as it grows ([`MediaWrites`]);
+    /// `None` for a namespace that is not an image file, or no such namespace.
+    pub fn media_writes(&self, nsid: u32) -> Option<MediaWrites> {
+        let i = (nsid as usize).checked_sub(1)?;
+        self.media_writes.get(i)?.clone()
     }
 
     /// Installs (or with `None` removes) the [`QueueServer`] that receives every I/O queue

@@ -15,7 +15,8 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use memmap2::MmapMut;
 
@@ -108,6 +109,29 @@ impl StripedBytes for MemoryMedia {
 pub(crate) struct FileMedia {
     pub(crate) file: File,
     pub(crate) map: Option<ImageMap>,
+    /// Counts the writes made to the file ([`MediaWrites`]).
+    pub(crate) writes: MediaWrites,
+}
+
+/// How many writes an image file's media took, counted after each is in the file (so a reader
+/// that sees a count saw every write before it): who keeps copies of the image's bytes outside
+/// the page cache (the GPU transport's cold-read prefetch) notes the count before reading and
+/// drops a copy once it changed. Clones share the count.
+#[derive(Clone, Debug, Default)]
+pub struct MediaWrites(Arc<AtomicU64>);
+
+impl MediaWrites {
+    /// Writes so far.
+    pub fn count(&self) -> u64 {
+        // Acquire: pairs with `record`'s release, so a reader that sees the count sees the
+        // write's bytes in the file too (they were written before it was counted).
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Counts one write, made before this call (the media's owner; tests).
+    pub fn record(&self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
 }
 
 impl FileMedia {
@@ -131,17 +155,25 @@ impl FileMedia {
         } else {
             None
         };
-        Ok(Self { file, map })
+        Ok(Self {
+            file,
+            map,
+            writes: MediaWrites::default(),
+        })
     }
 
-    /// Writes `data` at `offset` (inside the media), excluding mapped reads of those stripes.
+    /// Writes `data` at `offset` (inside the media), excluding mapped reads of those stripes;
+    /// counted in [`MediaWrites`] once in the file, failed or not (a failed write may have
+    /// changed part of the range).
     pub(crate) fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
-        match &self.map {
+        let r = match &self.map {
             Some(m) => m.write_locked(offset, data.len() as u64, || {
                 self.file.write_all_at(data, offset)
             }),
             None => self.file.write_all_at(data, offset),
-        }
+        };
+        self.writes.record();
+        r
     }
 }
 
