@@ -377,7 +377,7 @@ def one(job):
     job = json.loads(job)
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the CUDA context exists before the clock starts
-    # A variant ("gpunvme-emu-kept+KEY=VAL", --variant) is its method with a variable set.
+    # A variant ("gpunvme-emu-kept+KEY=VAL[+KEY2=VAL2]", --variant) is its method with variables set.
     method = job["method"].split("+")[0]
     fn = LOADERS[method]
     row = {}
@@ -446,9 +446,11 @@ def main():
     ap.add_argument("--limit", type=int, default=240, help="seconds one load may take")
     ap.add_argument("--reps", type=int, default=1,
                     help="loads per method, model and cache (the summary takes each method's median)")
-    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VAL",
-                    help="also run gpunvme-emu-kept with this environment variable set (a row "
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VAL[+KEY=VAL]",
+                    help="also run gpunvme-emu-kept with these environment variables set (a row "
                          "method 'gpunvme-emu-kept+KEY=VAL'; repeatable)")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave each model's files and image in --dir (for a look at them after)")
     ap.add_argument("--methods", default="",
                     help="comma-separated loaders to run (default: all)")
     ap.add_argument("--trace-residency", action="store_true",
@@ -545,8 +547,9 @@ def main():
                                trace=args.trace_residency and cache == "cold")
                     try:
                         env = dict(os.environ)
-                        if "+" in name:
-                            k, _, v = name.split("+", 1)[1].partition("=")
+                        # A variant's variables: "method+K=V" or "method+K=V+K2=V2".
+                        for kv in name.split("+")[1:]:
+                            k, _, v = kv.partition("=")
                             env[k] = v
                         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)],
                                            capture_output=True, text=True, timeout=args.limit,
@@ -562,9 +565,10 @@ def main():
                         row["verified"] = False
                 rows.append(row)
                 say(json.dumps(row))
-        os.unlink(img)
-        for p in files:
-            os.unlink(p)
+        if not args.keep:
+            os.unlink(img)
+            for p in files:
+                os.unlink(p)
 
     summary = {}
     for model in args.models.split(","):

@@ -19,7 +19,11 @@
 //!   pages to allocate, fill and copy out of. Not the default: on the lent H200 (2026-11-29,
 //!   cold 7B-shaped loads, docs/benchmarks.md) it ran at 0.78-0.99x of the buffered path in
 //!   each of 5 rounds (the controller threads' Reads, one per thread at a time and spread over
-//!   the file, are not fastsafetensors' 512 KiB reads in file order);
+//!   the file, are not fastsafetensors' 512 KiB reads in file order); with
+//!   `GPUNVME_EMU_COLD_READS=prefetch` ([`ColdReads::Prefetch`]), a load's readahead hint starts
+//!   a prefetch that reads the hinted ranges by direct I/O in file order into a host pool
+//!   (`crate::prefetch`) and Reads in its blocks copy out of it ([`Source::Pool`]): level with
+//!   the buffered path on the same disks (0.84-1.07x, 2026-11-29), so not the default either;
 //! - `pread`: a positioned read of the image straight into the staging memory, the same
 //!   otherwise (the default where guarded copies are not available);
 //! - `registered`: the image's page-cache pages are registered with CUDA a window at a time

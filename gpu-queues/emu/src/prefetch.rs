@@ -15,7 +15,7 @@
 //! all in the page cache are read; the others are left to the page cache (`Skipped`). When a
 //! reader waits for a slot whose block is not consumed while a controller thread waits for a
 //! block not yet read (bytes nobody asks for, a file's header; or a Read queued behind the
-//! waiting thread), the old block is evicted after [`STUCK`]: the pool can never hold up the
+//! waiting thread), the old block is evicted after `STUCK` (5 ms): the pool can never hold up the
 //! Reads. Whatever a Read does not get from the pool (evicted, failed, past the file's end,
 //! outside the hint, written since) it reads itself ([`Prefetch::serve`] says how much it got).
 //!
@@ -299,7 +299,7 @@ impl Prefetch {
     }
 
     /// Hands bytes `offset..offset + len` of the image to `put(done, bytes)` (bytes
-    /// `offset + done..` in order) out of the pool, waiting (at most [`WAIT`] per block) for
+    /// `offset + done..` in order) out of the pool, waiting (at most `WAIT`, 5 s, per block) for
     /// blocks being read or about to be. Returns how many bytes from the start were handed
     /// over; the caller reads the rest itself (a block evicted, failed, left to the page cache,
     /// written since, past the file's end, or not in the hint).
@@ -339,7 +339,7 @@ impl Prefetch {
         done
     }
 
-    /// Waits until block `i` is in its slot (true) or will not be (false), at most [`WAIT`].
+    /// Waits until block `i` is in its slot (true) or will not be (false), at most `WAIT`.
     fn await_block(&self, i: usize) -> bool {
         let deadline = Instant::now() + WAIT;
         let mut st = self.lock();
