@@ -448,7 +448,8 @@ def main():
                     help="loads per method, model and cache (the summary takes each method's median)")
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VAL[+KEY=VAL]",
                     help="also run gpunvme-emu-kept with these environment variables set (a row "
-                         "method 'gpunvme-emu-kept+KEY=VAL'; repeatable)")
+                         "method 'gpunvme-emu-kept+KEY=VAL'; 'threads=N' sets its controller "
+                         "threads instead; repeatable)")
     ap.add_argument("--keep", action="store_true",
                     help="leave each model's files and image in --dir (for a look at them after)")
     ap.add_argument("--methods", default="",
@@ -509,7 +510,13 @@ def main():
                 raise SystemExit(f"unknown --methods: {sorted(unknown)}")
             loaders = [(n, kw) for n, kw in loaders if n in keep]
         for v in args.variant:
-            loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=args.threads)))
+            # "threads=N" among a variant's parts sets its controller threads, not a variable.
+            threads = args.threads
+            for kv in v.split("+"):
+                k, _, val = kv.partition("=")
+                if k == "threads":
+                    threads = int(val)
+            loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=threads)))
         if not jit_warm:
             # CUDA compiles gpunvme's PTX on a machine's first use (about 11 s on the lent
             # H100, then cached on disk): once, untimed, before any row.
@@ -550,7 +557,8 @@ def main():
                         # A variant's variables: "method+K=V" or "method+K=V+K2=V2".
                         for kv in name.split("+")[1:]:
                             k, _, v = kv.partition("=")
-                            env[k] = v
+                            if k != "threads":
+                                env[k] = v
                         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)],
                                            capture_output=True, text=True, timeout=args.limit,
                                            env=env)
