@@ -516,26 +516,29 @@ mod tests {
     use gpu_queues::ffi::os::{advise_dontneed, reopen_direct};
     use std::io::Write;
 
-    /// A file of `len` patterned bytes on a disk file system (not tmpfs: direct I/O), written
-    /// back and dropped from the page cache; `None` where that cannot be done here.
+    /// A file of `len` patterned bytes on a disk file system (not tmpfs: direct I/O; the system's
+    /// temporary directory, else the workspace's `target`), written back and dropped from the
+    /// page cache; `None` where that cannot be done here.
     fn cold_file(name: &str, len: usize) -> Option<(std::path::PathBuf, Vec<u8>)> {
-        let dir = std::env::var_os("CARGO_TARGET_TMPDIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-        std::fs::create_dir_all(&dir).ok()?;
-        let path = dir.join(format!("gpunvme-prefetch-{name}-{}", std::process::id()));
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
-        let mut f = File::create(&path).ok()?;
-        f.write_all(&bytes).ok()?;
-        f.sync_all().ok()?;
-        advise_dontneed(f.as_fd(), 0, len as u64).ok()?;
-        let direct = reopen_direct(&f).ok()?;
-        let mut probe = MmapMut::map_anon(4096).ok()?;
-        if direct.read_at(&mut probe, 0).is_err() {
+        let target = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+        for dir in [std::env::temp_dir(), target] {
+            let path = dir.join(format!("gpunvme-prefetch-{name}-{}", std::process::id()));
+            let made = (|| {
+                let mut f = File::create(&path).ok()?;
+                f.write_all(&bytes).ok()?;
+                f.sync_all().ok()?;
+                advise_dontneed(f.as_fd(), 0, len as u64).ok()?;
+                let direct = reopen_direct(&f).ok()?;
+                let mut probe = MmapMut::map_anon(4096).ok()?;
+                direct.read_at(&mut probe, 0).ok()
+            })();
+            if made.is_some() {
+                return Some((path, bytes));
+            }
             let _ = std::fs::remove_file(&path);
-            return None;
         }
-        Some((path, bytes))
+        None
     }
 
     fn start(

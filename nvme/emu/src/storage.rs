@@ -329,11 +329,15 @@ mod tests {
         let mut back = vec![0u8; 2048];
         m.read_into(at, &mut back);
         assert_eq!(back, data[at as usize..at as usize + 2048]);
-        // Positioned writes and zeroing land in the mapping (one page cache).
+        // Positioned writes and zeroing land in the mapping (one page cache), each counted.
+        let writes = f.writes.clone();
+        assert_eq!(writes.count(), 0);
         f.write_at(&[7u8; 2048], at).unwrap();
+        assert_eq!(writes.count(), 1, "a write is counted once in the file");
         m.read_into(at, &mut back);
         assert!(back.iter().all(|&b| b == 7));
         ns.zero(at + 1024, 1024).unwrap();
+        assert_eq!(writes.count(), 2, "zeroing writes too");
         m.read_into(at, &mut back);
         assert!(back[..1024].iter().all(|&b| b == 7) && back[1024..].iter().all(|&b| b == 0));
         // The last partial stripe is mapped too.
