@@ -532,15 +532,12 @@ impl ImageViews {
             .retain(|p| !Arc::ptr_eq(p, prefetch));
     }
 
-    /// The prefetch that reads the block of `file` holding `file_offset`, if one does.
-    pub fn prefetch_of(&self, file: &File, file_offset: u64) -> Option<Arc<Prefetch>> {
+    /// The prefetch that reads the block of `key`'s file holding `file_offset`, if one does.
+    fn prefetch_of(&self, key: FileKey, file_offset: u64) -> Option<Arc<Prefetch>> {
         let running = self.prefetches.read().unwrap_or_else(|e| e.into_inner());
-        if running.is_empty() {
-            return None;
-        }
         running
             .iter()
-            .find(|p| p.is_of(file) && p.covers(file_offset))
+            .find(|p| p.file_id() == (key.dev, key.ino) && p.covers(file_offset))
             .cloned()
     }
 
@@ -553,7 +550,8 @@ impl ImageViews {
         }
     }
 
-    /// Where `len` bytes of `file` at `file_offset` are read from: its mapping (made for the
+    /// Where `len` bytes of `file` at `file_offset` are read from: a prefetch's pool where one
+    /// reads the range's first block ([`ColdReads::Prefetch`]); its mapping (made for the
     /// whole file, at its current length, on the first lookup) when every page of the range is
     /// in the page cache; its direct descriptor when none is ([`ColdReads::Direct`]); else, or
     /// when disabled, for an empty range or one past the mapped length, where the file cannot
@@ -565,6 +563,9 @@ impl ImageViews {
         let Some(key) = FileKey::of(file) else {
             return Source::Read;
         };
+        if let Some(p) = self.prefetch_of(key, file_offset) {
+            return Source::Pool(p);
+        }
         // The table's lock covers the lookup only, not the cachestat below: every controller
         // thread comes here once per Read.
         let view = self

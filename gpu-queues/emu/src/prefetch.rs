@@ -33,7 +33,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use gpu_queues::ffi::os::{Residency, residency};
+use gpu_queues::ffi::os::range_cached;
 use memmap2::MmapMut;
 use nvme_emu::MediaWrites;
 
@@ -266,10 +266,9 @@ impl Prefetch {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether this prefetch reads the image `file` is a descriptor of.
-    pub fn is_of(&self, file: &File) -> bool {
-        file.metadata()
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.key)
+    /// The image file this prefetch reads: (device, inode).
+    pub fn file_id(&self) -> (u64, u64) {
+        self.key
     }
 
     /// Whether the byte at `offset` of the image is in a block this prefetch reads or read
@@ -394,9 +393,7 @@ impl Prefetch {
             drop(st);
             let block = &self.blocks[i];
             // A block wholly in the page cache is left there (a warm or partly warm image).
-            if residency(self.direct.as_fd(), block.at, BLOCK as u64)
-                .is_ok_and(|r| r == Residency::All)
-            {
+            if range_cached(self.direct.as_fd(), block.at, BLOCK as u64).unwrap_or(false) {
                 self.set_phase(i, Phase::Skipped);
                 continue;
             }
@@ -574,7 +571,8 @@ mod tests {
         // A pool of 3 blocks for 7: slots are reused as Reads consume them.
         let (f, run) = start(&path, &[(0, len as u64)], 4, 3 * BLOCK, &writes);
         let p = run.prefetch().clone();
-        assert!(p.is_of(&f));
+        let meta = f.metadata().unwrap();
+        assert_eq!(p.file_id(), (meta.dev(), meta.ino()));
         assert!(p.covers(0) && p.covers(len as u64 - 1));
         // 128 KiB Reads, taken by 4 threads from a counter: out of order within a window.
         let chunk = 128 << 10;
@@ -657,7 +655,7 @@ mod tests {
         let f = File::open(&path).unwrap();
         let mut buf = vec![0u8; BLOCK];
         f.read_exact_at(&mut buf, BLOCK as u64).unwrap();
-        if residency(f.as_fd(), BLOCK as u64, BLOCK as u64).ok() != Some(Residency::All) {
+        if !range_cached(f.as_fd(), BLOCK as u64, BLOCK as u64).unwrap_or(false) {
             eprintln!("skipped: the page cache did not keep the block");
             let _ = std::fs::remove_file(&path);
             return;

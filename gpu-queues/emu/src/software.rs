@@ -735,11 +735,7 @@ impl GpuDma {
         // none is (ColdReads::Direct; Reads the copy engine moves: they may sit anywhere in
         // staging), else `pread`.
         let base = usize::try_from(file_offset);
-        let looked_up = match self.views.prefetch_of(file, file_offset) {
-            Some(p) => Source::Pool(p),
-            None => self.views.lookup(file, file_offset, len),
-        };
-        let source = match looked_up {
+        let source = match self.views.lookup(file, file_offset, len) {
             Source::Pool(p) => Source::Pool(p),
             Source::Mapped(map) if base.is_ok() => {
                 st.stats.mapped_bytes += len as u64;
@@ -1701,8 +1697,7 @@ impl SoftwareTransport {
         use std::os::fd::AsFd;
         let image = std::fs::File::open(path)?;
         let warm = ranges.iter().all(|&(at, n)| {
-            gpu_queues::ffi::os::residency(image.as_fd(), at, n)
-                .is_ok_and(|r| r == gpu_queues::ffi::os::Residency::All)
+            gpu_queues::ffi::os::range_cached(image.as_fd(), at, n).unwrap_or(false)
         });
         if warm {
             return Ok(None);
