@@ -227,6 +227,76 @@ class ResidencyTrace:
         return out
 
 
+class DiskTrace:
+    """What the block device under `path` and the CPUs did during a load: /proc/diskstats of
+    that device and /proc/stat before and after, and the device's I/Os in flight sampled every
+    `period` seconds on a thread of its own. For a cold load it tells the read paths apart by
+    how they drive the disk (request size, depth, latency) and what CPU they spend."""
+
+    def __init__(self, path, period=0.01):
+        import threading
+
+        st = os.stat(path)
+        self.dev = (os.major(st.st_dev), os.minor(st.st_dev))
+        if self._disk() is None:
+            raise OSError(f"no /proc/diskstats line for device {self.dev[0]}:{self.dev[1]}")
+        self.period = period
+        self.inflight = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _disk(self):
+        with open("/proc/diskstats") as f:
+            for line in f:
+                v = line.split()
+                if (int(v[0]), int(v[1])) == self.dev:
+                    self.name = v[2]
+                    return [int(x) for x in v[3:14]]
+        return None
+
+    @staticmethod
+    def _cpu():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)  # busy (not idle, not iowait), all: in ticks
+
+    def _run(self):
+        while not self.done.wait(self.period):
+            self.inflight.append(self._disk()[8])
+
+    def start(self):
+        self.d0, self.c0, self.p0 = self._disk(), self._cpu(), os.times()
+        self.t0 = time.perf_counter()
+        self.thread.start()
+
+    def stop(self):
+        secs = time.perf_counter() - self.t0
+        self.done.set()
+        self.thread.join()
+        d1, c1, p1 = self._disk(), self._cpu(), os.times()
+        d = [b - a for a, b in zip(self.d0, d1)]
+        reads, merged, sectors, read_ms = d[0], d[1], d[2], d[3]
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {
+            "disk": self.name,
+            "disk_read_mb": round(sectors * 512 / 1e6),
+            "disk_reads": reads,
+            "disk_merged": merged,
+            "disk_avg_read_kib": round(sectors * 512 / 1024 / max(reads, 1), 1),
+            "disk_avg_read_ms": round(read_ms / max(reads, 1), 3),
+            # Time-weighted I/Os in flight over the load, and the fraction of it with any.
+            "disk_queue_depth": round(d[10] / 1e3 / secs, 2),
+            "disk_busy": round(d[9] / 1e3 / secs, 3),
+            "cpu_process_s": round((p1.user - self.p0.user) + (p1.system - self.p0.system), 2),
+            "cpu_process_sys_s": round(p1.system - self.p0.system, 2),
+            "cpu_busy_cores": round((c1[0] - self.c0[0]) / tick / secs, 2),
+        }
+        if self.inflight:
+            out["disk_inflight_mean"] = round(sum(self.inflight) / len(self.inflight), 1)
+            out["disk_inflight_max"] = max(self.inflight)
+        return out
+
+
 def warm(paths):
     for p in paths:
         with open(p, "rb", buffering=0) as f:
@@ -386,10 +456,12 @@ def one(job):
         # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
         kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
         kw["dev"].gpu_queues()
-    trace = None
-    if job.get("trace"):
-        trace = ResidencyTrace([job["image"]] if is_ours(method) else job["files"])
-        trace.start()
+    paths = [job["image"]] if is_ours(method) else job["files"]
+    trace = ResidencyTrace(paths) if job.get("trace") else None
+    disk = DiskTrace(paths[0]) if job.get("trace_disk") else None
+    for tr in (trace, disk):
+        if tr:
+            tr.start()
     torch.cuda.synchronize()
     t = time.perf_counter()
     try:
@@ -401,8 +473,9 @@ def one(job):
         print(json.dumps(row))
         return
     secs = time.perf_counter() - t
-    if trace:
-        row.update(trace.stop())
+    for tr in (trace, disk):
+        if tr:
+            row.update(tr.stop())
     total = job["total"]
     if method == "disk-read":
         # Every byte of every file, headers included; checked by count, not by content.
@@ -458,6 +531,9 @@ def main():
                     help="cold loads: sample the page cache's hold of the files read every 50 ms "
                          "(cachestat) and report when the data arrived and the rate between 10 "
                          "and 90 %% of it")
+    ap.add_argument("--trace-disk", action="store_true",
+                    help="cold loads: the block device's reads (count, size, latency, depth; "
+                         "/proc/diskstats) and the CPU time spent (/proc/stat, the process's)")
     ap.add_argument("--gpunvme", default=os.environ.get("GPUNVME_BIN", ""),
                     help="the gpunvme CLI (mkfs and put of the image)")
     args = ap.parse_args()
@@ -551,7 +627,8 @@ def main():
                 else:
                     job = dict(method=name, files=files, image=img, prefix=f"{model}/",
                                total=total, kw=kw,
-                               trace=args.trace_residency and cache == "cold")
+                               trace=args.trace_residency and cache == "cold",
+                               trace_disk=args.trace_disk and cache == "cold")
                     try:
                         env = dict(os.environ)
                         # A variant's variables: "method+K=V" or "method+K=V+K2=V2".
