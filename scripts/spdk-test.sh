@@ -63,6 +63,11 @@ t_start=$(date +%s.%N)
 hp_before=$(cat /proc/sys/vm/nr_hugepages)
 hp_mounted=no
 cleanup() {
+    # A failure against the target: its own account of the run, before the state goes.
+    if [ "$fail" -gt 0 ] && [ -f "$STATE/nvmf_tgt.log" ]; then
+        echo "---- the last 40 lines of nvmf_tgt's log ($fail failed) ----"
+        tail -40 "$STATE/nvmf_tgt.log"
+    fi
     scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1 || true
     [ "$hp_mounted" = yes ] && umount /dev/hugepages 2>/dev/null || true
     echo "$hp_before" > /proc/sys/vm/nr_hugepages 2>/dev/null || true
