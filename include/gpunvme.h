@@ -41,9 +41,13 @@ typedef enum {
   GPUNVME_ERROR_OTHER = 14,
   // A bug in gpunvme (a Rust panic, caught at the boundary).
   GPUNVME_ERROR_PANIC = 15,
+  // A handle that is not live: closed already, never returned by gpunvme, or of another
+  // kind (a mapping where a device is expected). Nothing was done.
+  GPUNVME_ERROR_INVALID_HANDLE = 16,
 } gpunvme_error;
 
-// An open device (opaque): [`gpunvme_open`] makes one, [`gpunvme_close`] ends it.
+// An open device (opaque; a handle C never dereferences): [`gpunvme_open`] makes one,
+// [`gpunvme_close`] ends it.
 typedef struct gpunvme_device gpunvme_device;
 
 // A blockfs file's extent table in GPU memory, for the caller's kernels (opaque):
@@ -93,8 +97,10 @@ extern "C" {
 // The version of the library, e.g. `"0.1.0"`.
 const char *gpunvme_version(void);
 
-// The name of an error code (`"not_found"`, ...), a static string.
-const char *gpunvme_error_name(gpunvme_error e);
+// The name of an error code (`"not_found"`, ...), a static string; `"unknown"` for a value
+// that is no `gpunvme_error` (any `int` is accepted: the code is taken as a plain integer,
+// so a value from elsewhere is never undefined behaviour).
+const char *gpunvme_error_name(int e);
 
 // Why this thread's last call failed ("" after a success); valid until this thread's next
 // call into the library.
@@ -109,25 +115,26 @@ gpunvme_open_options gpunvme_open_options_default(void);
 // `opts` is null (the defaults) or valid for the call; `out` is valid for a write.
 gpunvme_error gpunvme_open(const gpunvme_open_options *opts, gpunvme_device **out);
 
-// Stops the controller and frees the handle (NULL: nothing).
-//
-// # Safety
-// `dev` is null or a handle from gpunvme_open, not used again afterwards.
-void gpunvme_close(gpunvme_device *dev);
+// Stops the controller and ends the handle. NULL: nothing (`GPUNVME_ERROR_NONE`). A handle
+// closed already, or any other value that is not a live device handle:
+// `GPUNVME_ERROR_INVALID_HANDLE`, nothing done (a double close is an error, never a crash).
+// A call on the handle still running in another thread finishes first; the device stops
+// when it returns.
+gpunvme_error gpunvme_close(gpunvme_device *dev);
 
 // Makes a new, empty file system (`block_size` 4096 to 1 MiB, a power of two); refused
 // (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`. On a volume (several devices,
 // comma-separated in the options' `device`) makes the volume first, with the default stripe.
 //
-// # Safety
-// `dev` is a live handle.
+// `dev` that is not a live device handle: `GPUNVME_ERROR_INVALID_HANDLE`.
 gpunvme_error gpunvme_mkfs(const gpunvme_device *dev, uint32_t block_size, bool force);
 
 // Copies host file `src_path` into the file system as `name` (replacing it by one commit
 // with `force`).
 //
 // # Safety
-// `dev` is a live handle; the strings are NUL-terminated.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
 gpunvme_error gpunvme_put(const gpunvme_device *dev,
                           const char *src_path,
                           const char *name,
@@ -136,21 +143,24 @@ gpunvme_error gpunvme_put(const gpunvme_device *dev,
 // Copies `name` to host file `dst_path` (written beside it, renamed into place).
 //
 // # Safety
-// `dev` is a live handle; the strings are NUL-terminated.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
 gpunvme_error gpunvme_get(const gpunvme_device *dev, const char *name, const char *dst_path);
 
 // `*size` = the length of file `name` in bytes.
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated; `size` is valid for a write.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `size` is valid for a write.
 gpunvme_error gpunvme_file_size(const gpunvme_device *dev, const char *name, uint64_t *size);
 
 // Reads up to `len` bytes of file `name` from byte `offset` into host memory at `buf`;
 // `*nread` = the count read (less than `len` only at the end of the file).
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated; `buf` is valid for `len` bytes of
-// writes; `nread` is valid for a write.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `buf` is valid for `len` bytes
+// of writes; `nread` is valid for a write.
 gpunvme_error gpunvme_read(const gpunvme_device *dev,
                            const char *name,
                            uint64_t offset,
@@ -161,8 +171,31 @@ gpunvme_error gpunvme_read(const gpunvme_device *dev,
 // Removes file `name`.
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated.
 gpunvme_error gpunvme_remove(const gpunvme_device *dev, const char *name);
+
+// Checks the file system (unmounted); with `repair`, fixes what can be fixed (a volume's one
+// damaged member label is rebuilt from the others); with `data`, also reads every file that
+// has a checksum. The report is the JSON object `gpunvme fs fsck --json` prints: `problems`,
+// `repairs`, and `lost` / `reverted`, the names of the files a repair lost or put back to an
+// older version. It is written NUL-terminated into `report` when it fits in `cap` bytes
+// (`report` may be NULL with `cap` 0); `*report_len` = its length without the NUL either way,
+// so a caller can retry with a larger buffer (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not
+// fit; the check or repair was done all the same). `*consistent` = whether the file system
+// mounts now (clean, or repaired with nothing left).
+//
+// # Safety
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `report` is valid for `cap` bytes of writes (or NULL with
+// `cap` 0); `report_len` and `consistent` are valid for a write.
+gpunvme_error gpunvme_fsck(const gpunvme_device *dev,
+                           bool repair,
+                           bool data,
+                           char *report,
+                           size_t cap,
+                           size_t *report_len,
+                           bool *consistent);
 
 // Brings the handle's GPU queues up (or finds them up) and describes them in `*out`, for the
 // caller's kernels. Their data buffers must be memory the controller reaches: map it with
@@ -175,7 +208,8 @@ gpunvme_error gpunvme_remove(const gpunvme_device *dev, const char *name);
 // (docs/testing.md, "The stall"). gpunvme holds its own frees back while its kernels run.
 //
 // # Safety
-// `dev` is a live handle; `out` is valid for a write.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `out` is valid for a write.
 gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_info *out);
 
 // Makes `len` bytes of the caller's GPU memory at `ptr` reachable by the handle's GPU queues'
@@ -185,20 +219,23 @@ gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_i
 // transport cannot map memory allocated elsewhere.
 //
 // # Safety
-// `dev` is a live handle; `ptr..ptr + len` stays allocated until the mapping is unmapped;
-// `bus` and `out` are valid for writes.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `ptr..ptr + len` stays allocated until the mapping is
+// unmapped; `bus` and `out` are valid for writes.
 gpunvme_error gpunvme_gpu_map(const gpunvme_device *dev,
                               void *ptr,
                               size_t len,
                               uint64_t *bus,
                               gpunvme_gpu_mapping **out);
 
-// Ends a mapping (NULL: nothing); the controller no longer reaches the memory.
+// Ends a mapping; the controller no longer reaches the memory. NULL: nothing
+// (`GPUNVME_ERROR_NONE`). A mapping ended already, or any other value that is not a live
+// mapping: `GPUNVME_ERROR_INVALID_HANDLE`, nothing done.
 //
 // # Safety
-// `m` is null or a mapping from gpunvme_gpu_map, not used again afterwards, with no command
-// on it still in flight.
-void gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
+// No command on the mapping's memory is still in flight (the controller may no longer
+// reach it afterwards).
+gpunvme_error gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
 
 // File `name`'s extent table in GPU memory, for kernels that include
 // `ptx/include/gpunvme_file.cuh` and read it on the handle's GPU queues: `*table` is the GPU
@@ -208,7 +245,9 @@ void gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
 // replace the file while kernels use it.
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated; the out-pointers are valid for writes.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; the out-pointers are valid for
+// writes.
 gpunvme_error gpunvme_gpu_file_open(const gpunvme_device *dev,
                                     const char *name,
                                     gpunvme_gpu_file **out,
@@ -216,12 +255,13 @@ gpunvme_error gpunvme_gpu_file_open(const gpunvme_device *dev,
                                     uint32_t *index,
                                     uint64_t *size);
 
-// Frees a GPU file's table (NULL: nothing).
+// Frees a GPU file's table. NULL: nothing (`GPUNVME_ERROR_NONE`). A GPU file closed
+// already, or any other value that is not a live GPU file: `GPUNVME_ERROR_INVALID_HANDLE`,
+// nothing done.
 //
 // # Safety
-// `f` is null or from gpunvme_gpu_file_open, not used again afterwards, and no kernel still
-// reads its table.
-void gpunvme_gpu_file_close(gpunvme_gpu_file *f);
+// No kernel still reads the table.
+gpunvme_error gpunvme_gpu_file_close(gpunvme_gpu_file *f);
 
 // Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
 // by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
@@ -230,9 +270,10 @@ void gpunvme_gpu_file_close(gpunvme_gpu_file *f);
 // call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated; `dst..dst + len` is GPU memory that stays
-// allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is valid for a
-// write.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `dst..dst + len` is GPU memory
+// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is
+// valid for a write.
 gpunvme_error gpunvme_gpu_read(const gpunvme_device *dev,
                                const char *name,
                                uint64_t offset,
@@ -247,8 +288,9 @@ gpunvme_error gpunvme_gpu_read(const gpunvme_device *dev,
 // `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
 //
 // # Safety
-// `dev` is a live handle; `name` is NUL-terminated; `src..src + len` is GPU memory that
-// stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `src..src + len` is GPU memory
+// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
 gpunvme_error gpunvme_gpu_write(const gpunvme_device *dev,
                                 const char *name,
                                 const void *src,
@@ -259,8 +301,7 @@ gpunvme_error gpunvme_gpu_write(const gpunvme_device *dev,
 // Tears down the handle's GPU queues (the next GPU call brings them up again). Unmap every
 // mapping first, and let no kernel of yours use the queues any longer.
 //
-// # Safety
-// `dev` is a live handle.
+// `dev` that is not a live device handle: `GPUNVME_ERROR_INVALID_HANDLE`.
 gpunvme_error gpunvme_release_gpu(const gpunvme_device *dev);
 
 #ifdef __cplusplus

@@ -19,7 +19,7 @@ use std::fs::File as HostFile;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
@@ -98,6 +98,18 @@ pub enum CopyError {
         /// Its length after (`None`: it grew past `len`).
         now: Option<u64>,
     },
+    /// The source was modified while being copied (same length, but its modification or
+    /// status-change time moved, e.g. rewritten in place): the bytes read may mix two
+    /// versions, so the copy was not committed (an old version keeps its name).
+    #[error(
+        "{} was modified while being copied, so the copy may mix two versions; nothing was \
+         stored (copy it again when nothing is writing it)",
+        path.display()
+    )]
+    SourceModified {
+        /// The source.
+        path: PathBuf,
+    },
     /// `chunk` is out of range.
     #[error("--chunk must be {0}")]
     Chunk(String),
@@ -131,6 +143,11 @@ pub enum CopyError {
     /// A copy thread panicked.
     #[error("a copy thread panicked")]
     Panicked,
+    /// The caller cancelled the copy ([`put_cancellable`], [`get_cancellable`]) before it
+    /// committed: nothing was stored (a `put` leaves the old version, a `get` the old
+    /// destination).
+    #[error("cancelled before it was committed; nothing was stored")]
+    Cancelled,
 }
 
 /// A copy's result.
@@ -220,6 +237,21 @@ pub fn put(
     opts: &PutOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<TransferReport> {
+    put_cancellable(fs, src, name, opts, progress, &AtomicBool::new(false))
+}
+
+/// [`put`], which `cancel` (set from any thread) stops before it commits: the device lanes
+/// stop reading the source at their next command, and a copy that has written everything
+/// checks it once more right before the commit. A cancelled put fails with
+/// [`CopyError::Cancelled`] and stores nothing (an existing `name` keeps its old version).
+pub fn put_cancellable(
+    fs: &FileSystem,
+    src: &Path,
+    name: &str,
+    opts: &PutOptions,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<TransferReport> {
     check_chunk(opts.chunk)?;
     let host = |op, source| CopyError::Host {
         op,
@@ -232,6 +264,7 @@ pub fn put(
         return Err(CopyError::NotRegular(src.to_owned()));
     }
     let len = meta.len();
+    let stamp = SourceStamp::of(&meta);
     blockfs::check_name(name).map_err(|reason| blockfs::Error::InvalidName {
         name: name.to_owned(),
         reason,
@@ -255,13 +288,18 @@ pub fn put(
     let start = Instant::now();
     // The checksum of exactly the bytes handed to the device, taken as the lanes read them.
     let pieces = Crc32cPieces::new();
-    let source = ChecksummedSource::new(&input, &pieces);
+    let source = Cancellable(ChecksummedSource::new(&input, &pieces), cancel);
     let chunk = opts.chunk.unwrap_or(len).max(1);
     let mut off = 0u64;
     while off < len {
         let n = chunk.min(len - off);
         file.write_from(off, &source, off..off + n, progress)
             .map_err(|e| {
+                if cancel.load(Ordering::SeqCst) {
+                    // Nothing of it was committed: drop the new file from memory too.
+                    let _ = fs.remove(temp.as_deref().unwrap_or(name));
+                    return CopyError::Cancelled;
+                }
                 changed_size(&input, src, len).unwrap_or(CopyError::Write {
                     name: name.to_owned(),
                     source: e,
@@ -269,13 +307,31 @@ pub fn put(
             })?;
         off += n;
     }
+    // A source that changed while being copied is not committed: its new file is dropped
+    // before anything syncs it (the old version, if any, keeps the name).
+    let discard = |e: CopyError| {
+        let _ = fs.remove(temp.as_deref().unwrap_or(name));
+        e
+    };
     // A source that grew while being copied has a byte past the length read at the start.
     if let Some(e) = changed_size(&input, src, len) {
-        return Err(e);
+        return Err(discard(e));
+    }
+    // One rewritten in place keeps its length but moves its times.
+    let now = input.metadata().map_err(|e| discard(host("reading", e)))?;
+    if SourceStamp::of(&now) != stamp {
+        return Err(discard(CopyError::SourceModified {
+            path: src.to_owned(),
+        }));
     }
     let crc = pieces.finish(0, len);
     if let Some(crc) = crc {
         file.set_data_crc(crc)?;
+    }
+    // The last moment a cancel stops the put: nothing of it is committed yet.
+    if cancel.load(Ordering::SeqCst) {
+        let _ = fs.remove(temp.as_deref().unwrap_or(name));
+        return Err(CopyError::Cancelled);
     }
     if let Some(temp) = &temp {
         fs.rename_replace(temp, name)?;
@@ -297,6 +353,36 @@ pub fn put(
     })
 }
 
+/// A [`DataSource`](blockfs::DataSource) or [`DataSink`](blockfs::DataSink) that fails every
+/// read or write once the flag is set: how a cancel stops the device lanes of a copy.
+struct Cancellable<'a, T>(T, &'a AtomicBool);
+
+impl<T> Cancellable<'_, T> {
+    fn check(&self) -> std::io::Result<()> {
+        if self.1.load(Ordering::SeqCst) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "the copy was cancelled",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<T: blockfs::DataSource> blockfs::DataSource for Cancellable<'_, T> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.0.read_exact_at(buf, offset)
+    }
+}
+
+impl<T: blockfs::DataSink> blockfs::DataSink for Cancellable<'_, T> {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.0.write_all_at(buf, offset)
+    }
+}
+
 /// A name no file has, for a replacement being written.
 fn temp_name(fs: &FileSystem) -> String {
     let base = format!(".gpunvme-put-{}", std::process::id());
@@ -307,6 +393,28 @@ fn temp_name(fs: &FileSystem) -> String {
             return n;
         }
         i += 1;
+    }
+}
+
+/// What tells a source file's version apart: a write moves its modification time, a
+/// `utimes` or `chmod` its status-change time (both to the nanosecond where the file system
+/// keeps them; Linux 6.13 and later make a change after a `stat` visible even within one
+/// clock tick).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SourceStamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl SourceStamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        Self {
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
     }
 }
 
@@ -365,6 +473,20 @@ pub fn get(
     opts: &GetOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<TransferReport> {
+    get_cancellable(fs, name, dst, opts, progress, &AtomicBool::new(false))
+}
+
+/// [`get`], which `cancel` (set from any thread) stops before the copy takes the
+/// destination's name: [`CopyError::Cancelled`], the destination as it was (a stream keeps
+/// what it was sent).
+pub fn get_cancellable(
+    fs: &FileSystem,
+    name: &str,
+    dst: Destination<'_>,
+    opts: &GetOptions,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<TransferReport> {
     check_chunk(opts.chunk)?;
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let len = file.len()?;
@@ -391,17 +513,22 @@ pub fn get(
                     source,
                 })?;
             }
-            let sink = ChecksummedSink::new(out, &pieces);
+            let sink = Cancellable(ChecksummedSink::new(out, &pieces), cancel);
             let chunk = opts.chunk.unwrap_or(len).max(1);
             let mut off = 0u64;
             while off < len {
                 let n = chunk.min(len - off);
                 let got = file
                     .read_to(off, n, &sink, off, progress)
-                    .map_err(|source| CopyError::Read {
-                        name: name.to_owned(),
-                        dst: dst_path.clone(),
-                        source,
+                    .map_err(|source| {
+                        if cancel.load(Ordering::SeqCst) {
+                            return CopyError::Cancelled;
+                        }
+                        CopyError::Read {
+                            name: name.to_owned(),
+                            dst: dst_path.clone(),
+                            source,
+                        }
                     })?;
                 if got != n {
                     return Err(CopyError::Ended {
@@ -435,6 +562,9 @@ pub fn get(
             found: copied_crc,
             streamed,
         });
+    }
+    if cancel.load(Ordering::SeqCst) {
+        return Err(CopyError::Cancelled);
     }
     if let Some(t) = target {
         t.commit()?;

@@ -24,7 +24,8 @@ pub enum ErrorKind {
     Exists,
     /// The file system is full.
     NoSpace,
-    /// The file is open read-only.
+    /// The file is open read-only, or the handle or file system is (a change refused up
+    /// front on a handle opened read-only).
     ReadOnly,
     /// The namespace holds no blockfs.
     NoFileSystem,
@@ -103,7 +104,9 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
             C::NotRegular(_) | C::IsDirectory(_) | C::NoFileName(_) | C::Chunk(_) => {
                 return Some(ErrorKind::InvalidArgument);
             }
-            C::SourceChanged { .. } | C::Host { .. } => return Some(ErrorKind::Io),
+            C::SourceChanged { .. } | C::SourceModified { .. } | C::Host { .. } => {
+                return Some(ErrorKind::Io);
+            }
             // Transparent: the chain goes on past it.
             C::Fs(e) => return Some(blockfs_kind(e)),
             _ => {}

@@ -400,6 +400,8 @@ impl FsckView<'_> {
             "pending_blocks": r.pending_blocks,
             "repair": self.repair,
             "repairs": r.repairs,
+            "lost": r.lost,
+            "reverted": r.reverted,
             "unrepairable": r.unrepairable,
             "remaining": problems(&r.remaining),
             "data": self.data,
@@ -426,6 +428,13 @@ impl fmt::Display for FsckView<'_> {
         }
         for line in &r.repairs {
             lines.push(format!("repaired: {line}"));
+        }
+        // What the repair cost, by name: files gone, and files now an older version.
+        for n in &r.lost {
+            lines.push(format!("lost: {n}"));
+        }
+        for n in &r.reverted {
+            lines.push(format!("reverted to an older version: {n}"));
         }
         if let Some(u) = &r.unrepairable {
             lines.push(format!("cannot repair: {u}"));
@@ -553,5 +562,27 @@ mod tests {
         let v = serde_json::to_value(&view).unwrap();
         assert_eq!(v["clean"], true);
         assert_eq!(v["data"]["unchecked"], 1);
+        assert_eq!(v["lost"], serde_json::json!([]));
+
+        // A repair's losses, by name, in text and JSON.
+        let mut repaired = report.clone();
+        repaired.repairs = vec!["rolled back".into()];
+        repaired.lost = vec!["gone\n1".into()];
+        repaired.reverted = vec!["older".into()];
+        let view = FsckView {
+            report: &repaired,
+            repair: true,
+            data: None,
+        };
+        let text = view.to_string();
+        assert!(
+            text.contains(
+                "repaired: rolled back\nlost: gone\\n1\nreverted to an older version: older\n"
+            ),
+            "{text}"
+        );
+        let v = serde_json::to_value(&view).unwrap();
+        assert_eq!(v["lost"][0], "gone\n1");
+        assert_eq!(v["reverted"][0], "older");
     }
 }

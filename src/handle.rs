@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -49,10 +50,8 @@ pub struct DeviceHandle {
     members: Vec<Arc<dyn BlockDevice>>,
     /// I/O queue pairs the block device holds (GPU queues take the rest).
     cpu_queues: u16,
-    /// Blockfs mounted once, for a handle whose images nothing can change while it is open
-    /// (read-only images: the controller's shared lock keeps writers out, and its namespace
-    /// is write protected); `None` otherwise, where every call mounts afresh.
-    mounted: Option<Mutex<Option<Arc<FileSystem>>>>,
+    /// Blockfs as [`DeviceHandle::mount`] keeps it between calls.
+    mounted: Mutex<Option<Arc<FileSystem>>>,
     backend: Backend,
     // Dropped after the block devices (field order): their queues are the controllers'.
     ctrls: Vec<Controller>,
@@ -140,11 +139,7 @@ impl DeviceHandle {
                     .with_context(|| format!("opening namespace {nsid} of {n} for blockfs"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mounted = (opts.read_only
-            && specs
-                .iter()
-                .all(|s| matches!(s, DeviceSpec::Image(_) | DeviceSpec::DefaultImage)))
-        .then(|| Mutex::new(None));
+        let mounted = Mutex::new(None);
         Ok(Self {
             gpu: Mutex::new(None),
             specs,
@@ -184,25 +179,47 @@ impl DeviceHandle {
         &self.describe
     }
 
-    /// Mounts blockfs: afresh on each call, except on a handle whose images are read-only
-    /// (nothing can change them while it is open), which mounts once and keeps the result; a
-    /// failed mount is not kept.
+    /// Mounts blockfs once and keeps the result for the handle's later calls: nothing else
+    /// changes the device while the handle is open (an image is locked, exclusively for a
+    /// writable handle; a PCI function's VFIO group is one process's), so a call costs no
+    /// remount, which at 100,000 files would be most of its time. A controller served over
+    /// vfio-user may have other clients, so there every call mounts afresh. A failed mount is
+    /// not kept, and a poisoned file system (a commit failed where its outcome is unknown) is
+    /// dropped and mounted afresh by the next call.
     pub fn mount(&self) -> Result<Arc<FileSystem>> {
-        let Some(cache) = &self.mounted else {
+        if self
+            .specs
+            .iter()
+            .any(|s| matches!(s, DeviceSpec::VfioUser(_)))
+        {
             return self.mount_afresh().map(Arc::new);
-        };
-        let mut held = cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(fs) = held.as_ref() {
+        }
+        let mut held = self.mounted.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(fs) = held.as_ref()
+            && !fs.is_poisoned()
+        {
             return Ok(fs.clone());
         }
+        *held = None;
         let fs = Arc::new(self.mount_afresh()?);
         *held = Some(fs.clone());
         Ok(fs)
     }
 
+    /// Drops the kept mount: the device is about to change under it (mkfs, fsck's repair) or
+    /// be checked unmounted (fsck).
+    fn unmount(&self) {
+        *self.mounted.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
     fn mount_afresh(&self) -> Result<FileSystem> {
         let nsid = self.nsid;
-        FileSystem::mount(self.block()?).map_err(|e| match e {
+        let mounted = if self.opts.read_only {
+            FileSystem::mount_read_only(self.block()?)
+        } else {
+            FileSystem::mount(self.block()?)
+        };
+        mounted.map_err(|e| match e {
             e @ blockfs::Error::NotBlockfs(_) => anyhow::Error::new(e).context(format!(
                 "namespace {nsid} holds no blockfs (make one with mkfs)"
             )),
@@ -212,10 +229,31 @@ impl DeviceHandle {
         })
     }
 
+    /// Whether the handle was opened read-only: every call that would change the device
+    /// (mkfs, put, rm, save, fsck's repair) is refused up front with a
+    /// [`blockfs::Error::ReadOnly`] ([`crate::error_kind::ErrorKind::ReadOnly`]), and blockfs is
+    /// mounted read-only ([`FileSystem::mount_read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.opts.read_only
+    }
+
+    /// Refuses `what` of `name` on a read-only handle, before anything is read or changed.
+    fn refuse_read_only(&self, what: &str, name: &str) -> Result<()> {
+        if self.opts.read_only {
+            return Err(
+                anyhow::Error::new(blockfs::Error::ReadOnly(name.to_owned()))
+                    .context(format!("{what} refused: the handle was opened read-only")),
+            );
+        }
+        Ok(())
+    }
+
     /// Makes a new, empty file system; [`Refused`] where one exists unless `force`. On a
     /// volume, makes the volume first (labels on every member; `stripe` bytes per unit, by
     /// default the smallest maximum transfer of the controllers).
     pub fn mkfs(&self, block_size: u32, force: bool, stripe: Option<u64>) -> Result<MkfsReport> {
+        self.refuse_read_only("mkfs", "(every file)")?;
+        self.unmount();
         let dev: Arc<dyn BlockDevice> = if self.is_volume() {
             let refs: Vec<&Controller> = self.ctrls.iter().collect();
             let stripe = stripe.unwrap_or_else(|| volume::default_stripe(&refs));
@@ -261,13 +299,47 @@ impl DeviceHandle {
 
     /// Copies host file `src` in as `name` (replacing it by one commit with `force`).
     pub fn put(&self, src: &Path, name: &str, force: bool) -> Result<copy::TransferReport> {
+        self.put_cancellable(src, name, force, &AtomicBool::new(false))
+    }
+
+    /// [`DeviceHandle::put`], stopped before it commits once `cancel` is set (from another
+    /// thread): [`copy::CopyError::Cancelled`], nothing stored.
+    pub fn put_cancellable(
+        &self,
+        src: &Path,
+        name: &str,
+        force: bool,
+        cancel: &AtomicBool,
+    ) -> Result<copy::TransferReport> {
+        self.refuse_read_only("put", name)?;
         let fs = self.mount()?;
-        let opts = copy::PutOptions { force, chunk: None };
-        Ok(copy::put(&fs, src, name, &opts, &|_| {})?)
+        let opts = copy::PutOptions {
+            force,
+            ..copy::PutOptions::default()
+        };
+        Ok(copy::put_cancellable(
+            &fs,
+            src,
+            name,
+            &opts,
+            &|_| {},
+            cancel,
+        )?)
     }
 
     /// Copies `name` out to host file `dst`; [`Refused`] onto the device's own image.
     pub fn get(&self, name: &str, dst: &Path) -> Result<copy::TransferReport> {
+        self.get_cancellable(name, dst, &AtomicBool::new(false))
+    }
+
+    /// [`DeviceHandle::get`], stopped before the copy takes `dst`'s name once `cancel` is set
+    /// (from another thread): [`copy::CopyError::Cancelled`], `dst` as it was.
+    pub fn get_cancellable(
+        &self,
+        name: &str,
+        dst: &Path,
+        cancel: &AtomicBool,
+    ) -> Result<copy::TransferReport> {
         if self.specs.iter().any(|s| s.is_own_image(&self.opts, dst)) {
             return Err(Refused(format!(
                 "{} is the device's own image file: writing the output there would destroy it",
@@ -277,12 +349,13 @@ impl DeviceHandle {
         }
         let fs = self.mount()?;
         let dest = copy::Destination::Path(dst);
-        Ok(copy::get(
+        Ok(copy::get_cancellable(
             &fs,
             name,
             dest,
-            &copy::GetOptions { chunk: None },
+            &copy::GetOptions::default(),
             &|_| {},
+            cancel,
         )?)
     }
 
@@ -323,6 +396,7 @@ impl DeviceHandle {
 
     /// Removes `name`.
     pub fn rm(&self, name: &str) -> Result<RemoveReport> {
+        self.refuse_read_only("rm", name)?;
         let fs = self.mount()?;
         fs.remove(name)?;
         fs.sync()?;
@@ -334,8 +408,19 @@ impl DeviceHandle {
     /// Checks the file system (unmounted); `repair` fixes what can be fixed, `data` also reads
     /// every file with a recorded checksum.
     pub fn fsck(&self, repair: bool, data: bool) -> Result<FsckOutcome> {
-        let dev = self.block()?;
-        let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
+        if repair {
+            self.refuse_read_only("fsck --repair", "(every file)")?;
+        }
+        self.unmount();
+        let (dev, label_repair): (Arc<dyn BlockDevice>, _) = if repair && self.is_volume() {
+            let (v, line) = volume::assemble_repairing(self.members.clone(), &self.names)?;
+            (Arc::new(v), line)
+        } else {
+            (self.block()?, None)
+        };
+        let mut report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
+        // A volume label rebuilt before the check is the first repair.
+        report.repairs.splice(0..0, label_repair);
         let data_report = if data && report.is_consistent() {
             Some(check_data(&FileSystem::mount(dev)?)?)
         } else {
@@ -533,6 +618,7 @@ impl DeviceHandle {
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<GpuIoReport> {
+        self.refuse_read_only("save", name)?;
         self.gpu_ready(serving, ssd_model)?;
         let fs = self.mount()?;
         let len = pieces.iter().map(Piece::len).sum();
@@ -560,6 +646,7 @@ impl DeviceHandle {
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<GpuIoReport> {
+        self.refuse_read_only("save_safetensors", name)?;
         let infos: Vec<_> = tensors.iter().map(|t| t.info.clone()).collect();
         let head = safetensors::file_header(name, &infos, metadata)
             .map_err(|e| InvalidArgument(e.to_string()))?;

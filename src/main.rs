@@ -66,7 +66,8 @@ enum Command {
         #[arg(long)]
         smart: bool,
     },
-    /// Write a file's bytes to a namespace (the length must be whole LBAs).
+    /// Write a file's bytes to a namespace (the length must be whole LBAs), streamed in
+    /// pieces of at most 4 MiB.
     Write {
         /// Namespace id.
         #[arg(long, default_value_t = 1)]
@@ -77,8 +78,13 @@ enum Command {
         /// File to write.
         #[arg(long)]
         input: PathBuf,
+        /// Write even if the namespace holds a blockfs or belongs to a striped volume,
+        /// destroying it.
+        #[arg(long)]
+        force: bool,
     },
-    /// Read bytes from a namespace into a file (the length must be whole LBAs).
+    /// Read bytes from a namespace into a file (the length must be whole LBAs), streamed in
+    /// pieces of at most 4 MiB.
     Read {
         /// Namespace id.
         #[arg(long, default_value_t = 1)]
@@ -97,6 +103,7 @@ enum Command {
     Perf(PerfArgs),
     /// Run the GPU queue protocol (ptx/include/gpunvme.cuh) from CPU threads on queues whose rings
     /// this command allocates: write, read back and check LBA-stamped data; fails on any error.
+    /// Refuses a namespace holding a blockfs or a volume member without --force.
     ProtocolCheck(cli::protocol::ProtocolCheckArgs),
     /// File operations on blockfs.
     Fs {
@@ -372,7 +379,13 @@ fn run(args: Args) -> Result<()> {
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
-        Command::Write { nsid, lba, input } => cli::io::write(&ctrl, nsid, lba, &input, args.json),
+        Command::Write {
+            nsid,
+            lba,
+            input,
+            force,
+        } => cli::fs::refuse_raw_write(&ctrl, nsid, "write", force, None)
+            .and_then(|()| cli::io::write(&ctrl, nsid, lba, &input, args.json)),
         Command::Read {
             nsid,
             lba,
@@ -400,7 +413,10 @@ fn run(args: Args) -> Result<()> {
                 result
             }
         })(),
-        Command::ProtocolCheck(p) => cli::protocol::run(&ctrl, &p, args.json),
+        Command::ProtocolCheck(p) => {
+            cli::fs::refuse_raw_write(&ctrl, p.nsid, "protocol-check", p.force, None)
+                .and_then(|()| cli::protocol::run(&ctrl, &p, args.json))
+        }
         Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
     };
@@ -454,25 +470,22 @@ fn perf_config(p: &PerfArgs) -> Result<PerfConfig> {
 }
 
 /// Refuses a `perf` that writes (a write mode, or `--verify`'s pattern) over a blockfs file
-/// system without `--force`; `device` names the device when there are several.
+/// system or a volume member without `--force` ([`cli::fs::refuse_raw_write`]); `device`
+/// names the device when there are several.
 fn refuse_perf_over_a_file_system(
     ctrl: &nvme::Controller,
     p: &PerfArgs,
     device: Option<&str>,
 ) -> Result<()> {
-    if (p.rw.is_write() || p.verify) && !p.force {
-        let found = cli::fs::probe(ctrl, p.nsid)?;
-        if found.is_blockfs() {
-            return Err(cli::Refusal(format!(
-                "{}namespace {} holds {found}; perf {} would overwrite it (use another --device, or --force to destroy it)",
-                device.map(|d| format!("{d}: ")).unwrap_or_default(),
-                p.nsid,
-                if p.verify { "--verify" } else { "in a write mode" }
-            ))
-            .into());
-        }
+    if !(p.rw.is_write() || p.verify) {
+        return Ok(());
     }
-    Ok(())
+    let what = if p.verify {
+        "perf --verify"
+    } else {
+        "perf in a write mode"
+    };
+    cli::fs::refuse_raw_write(ctrl, p.nsid, what, p.force, device)
 }
 
 /// Several --device: `identify` of each controller, `perf` on every one at once, or `fs` on a

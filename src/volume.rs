@@ -95,6 +95,17 @@ pub fn assemble(members: Vec<Arc<dyn BlockDevice>>, names: &[String]) -> Result<
         .with_context(|| format!("assembling the volume of {}", listed(names)))
 }
 
+/// [`assemble`] for fsck's repair: a member whose label alone is damaged gets it rebuilt from
+/// the others ([`StripedVolume::open_repairing`]); the line saying so, if one was, goes first
+/// in the repair report.
+pub fn assemble_repairing(
+    members: Vec<Arc<dyn BlockDevice>>,
+    names: &[String],
+) -> Result<(StripedVolume, Option<String>)> {
+    StripedVolume::open_repairing(members)
+        .with_context(|| format!("assembling the volume of {}", listed(names)))
+}
+
 /// Refuses ([`Refused`]) a device that is a member of a volume, used alone: mkfs would break
 /// the volume, anything else would find no file system.
 pub fn refuse_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {

@@ -48,7 +48,16 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let new_gen = st.generation + 1;
+    // Generations never wrap (FORMAT.md, "Superblock"): at the last one, refuse.
+    let Some(new_gen) = st.generation.checked_add(1) else {
+        return Err(Error::Corrupt {
+            what: "superblock generation".into(),
+            detail: format!(
+                "{} is the last generation; no commit can follow it",
+                st.generation
+            ),
+        });
+    };
     let mut alloc = st.alloc.clone();
 
     // Records to (re)write: new files plus every file in a changed chunk.
@@ -172,7 +181,10 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
         .chain(new_chunks.iter().map(|(d, _, _)| *d))
         .collect();
     descs.sort_by_key(|d| d.bno);
-    // Taking the root's blocks from the front of a free run never adds a run, so this bound holds.
+    // Taking the root's blocks from the front of a free run never adds a run, so this bound
+    // holds. It can remove one (a run of exactly `root_blocks`): the root is then 16 bytes
+    // shorter than the bound and may need one block fewer than it occupies; the format allows
+    // that one spare block (FORMAT.md, "Root run"), and `meta_blocks` counts it.
     let bound = root_len(
         descs.len(),
         alloc.free_run_count(),

@@ -318,18 +318,22 @@ impl File {
     }
 
     /// Writes all of `data` at `offset`, growing the file (and its allocation) as needed. A
-    /// write starting past the end of file zero-fills the gap.
+    /// write starting past the end of file zero-fills the gap. A write that fails at the
+    /// device ([`Error::Device`]) puts the in-memory state back to the medium's last commit,
+    /// dropping every change not yet synced (as [`crate::FileSystem::sync`] does when it
+    /// fails): what is listed stays what is on the medium.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_writable()?;
         let mut st = self.lock_for_change()?;
-        write_range(
+        let r = write_range(
             &self.inner,
             &mut st,
             self.id,
             offset,
             Data::Slice(data),
             true,
-        )
+        );
+        self.inner.undo_on_device_error(&mut st, r)
     }
 
     /// Writes source bytes `src_range` at `offset` (a copy of part of a host file, say), with
@@ -359,7 +363,8 @@ impl File {
             len,
             progress,
         };
-        write_range(&self.inner, &mut st, self.id, offset, data, true)
+        let r = write_range(&self.inner, &mut st, self.id, offset, data, true);
+        self.inner.undo_on_device_error(&mut st, r)
     }
 
     /// Sets the size. Growing zero-fills and allocates exactly what is needed; shrinking frees
@@ -372,7 +377,8 @@ impl File {
         let mut st = self.lock_for_change()?;
         let size = st.inode(self.id, &self.name)?.size;
         if len > size {
-            write_range(&self.inner, &mut st, self.id, len, Data::Slice(&[]), false)
+            let r = write_range(&self.inner, &mut st, self.id, len, Data::Slice(&[]), false);
+            self.inner.undo_on_device_error(&mut st, r)
         } else {
             if len < size {
                 let bs = self.inner.geo.block_size as u64;
@@ -451,7 +457,8 @@ impl File {
     /// Syncs the whole file system (see [`crate::FileSystem::sync`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        crate::commit::sync_locked(&self.inner, &mut st)
+        let r = crate::commit::sync_locked(&self.inner, &mut st);
+        self.inner.undo_on_device_error(&mut st, r)
     }
 }
 

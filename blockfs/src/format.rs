@@ -614,9 +614,12 @@ pub struct RecordLimits {
     pub generation: u64,
 }
 
-/// Decodes one record from the front of `bytes`; returns it and the bytes it took.
-pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, usize), String> {
-    let Ok((h, rest)) = RecordHeader::read_from_prefix(bytes) else {
+/// The framing of the record at the front of `bytes`: its header and the bytes it takes, if
+/// its length field agrees with its extent count and name length and the record fits. A record
+/// whose framing holds can be skipped when its contents are invalid; one whose framing is
+/// broken leaves the rest of its chunk unparseable.
+pub fn record_frame(bytes: &[u8]) -> Result<(RecordHeader, usize), String> {
+    let Ok((h, _)) = RecordHeader::read_from_prefix(bytes) else {
         return Err(format!(
             "record header needs 48 bytes, {} left",
             bytes.len()
@@ -630,6 +633,13 @@ pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, us
             bytes.len()
         ));
     }
+    Ok((h, expected))
+}
+
+/// Decodes one record from the front of `bytes`; returns it and the bytes it took.
+pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, usize), String> {
+    let (h, expected) = record_frame(bytes)?;
+    let rest = &bytes[size_of::<RecordHeader>()..];
     let (extents, rest) = read_vec::<Extent>(rest, h.extent_count as usize)?;
     let name_bytes = &rest[..h.name_len as usize];
     let name = std::str::from_utf8(name_bytes)
@@ -689,15 +699,42 @@ pub fn decode_record(bytes: &[u8], lim: &RecordLimits) -> Result<(FileRecord, us
     Ok((rec, expected))
 }
 
-/// A chunk decoded as far as it would go: records before the first bad one, and the error.
+/// A chunk decoded as far as it would go: every record that decodes, the invalid records that
+/// were skipped (their length field still framed them), where parsing had to stop (a record
+/// whose length field is broken), and the first problem.
 #[derive(Debug)]
 pub struct ChunkImage {
     /// Header, if it parsed.
     pub header: Option<ChunkHeader>,
-    /// Records that decoded.
+    /// Records that decoded, in chunk order.
     pub records: Vec<FileRecord>,
-    /// The first problem found, if any.
+    /// The first problem found, if any (mount refuses a chunk with one).
     pub error: Option<String>,
+    /// Records skipped because their contents are invalid although their framing holds: the
+    /// records after them were still decoded.
+    pub dropped: Vec<DroppedRecord>,
+    /// Byte offset in the chunk where a record's framing (its length field) was broken: the
+    /// records from there on (up to `resumed_at`, if set) could not be told apart and are not
+    /// in `records`.
+    pub unparsed_from: Option<usize>,
+    /// Where decoding resumed after broken framing: the next 8-byte-aligned offset at which a
+    /// whole valid record decodes. The records after it are in `records` (or `dropped`).
+    pub resumed_at: Option<usize>,
+}
+
+/// A record [`decode_chunk`] skipped: framed by a sane length field, but invalid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DroppedRecord {
+    /// Its index in the chunk.
+    pub index: u32,
+    /// Its byte offset in the chunk.
+    pub offset: usize,
+    /// The file id its header gives (not trustworthy: the record is invalid).
+    pub file_id: u64,
+    /// Its name, if the name bytes are UTF-8.
+    pub name: Option<String>,
+    /// What is wrong with it.
+    pub detail: String,
 }
 
 /// Decodes a chunk from exactly the bytes its descriptor gives.
@@ -706,6 +743,9 @@ pub fn decode_chunk(bytes: &[u8], records: u32, lim: &RecordLimits) -> ChunkImag
         header: None,
         records: Vec::new(),
         error: None,
+        dropped: Vec::new(),
+        unparsed_from: None,
+        resumed_at: None,
     };
     let Ok((h, _)) = ChunkHeader::read_from_prefix(bytes) else {
         img.error = Some(format!("only {} bytes", bytes.len()));
@@ -719,43 +759,116 @@ pub fn decode_chunk(bytes: &[u8], records: u32, lim: &RecordLimits) -> ChunkImag
     if h.magic != CHUNK_MAGIC {
         return fail(img, "no chunk magic".into());
     }
+    // A header that disagrees with the descriptor (which the root's checksum covers) is an
+    // error, but the records are still decoded, as the descriptor counts them: each is checked
+    // on its own.
     if h.generation > lim.generation {
-        return fail(
-            img,
-            format!(
-                "generation {} newer than the root's {}",
-                h.generation, lim.generation
-            ),
-        );
-    }
-    if h.records != records || h.bytes as usize != bytes.len() {
-        return fail(
-            img,
-            format!(
-                "header says {} records in {} bytes, descriptor {records} in {}",
-                h.records,
-                h.bytes,
-                bytes.len()
-            ),
-        );
+        img.error = Some(format!(
+            "generation {} newer than the root's {}",
+            h.generation, lim.generation
+        ));
+    } else if h.records != records || h.bytes as usize != bytes.len() {
+        img.error = Some(format!(
+            "header says {} records in {} bytes, descriptor {records} in {}",
+            h.records,
+            h.bytes,
+            bytes.len()
+        ));
     }
     let mut pos = size_of::<ChunkHeader>();
-    for i in 0..h.records {
-        match decode_record(&bytes[pos..], lim) {
-            Ok((r, used)) => {
-                pos += used;
-                img.records.push(r);
+    let mut i = 0u32;
+    while i < records && (img.resumed_at.is_none() || pos < bytes.len()) {
+        let rest = &bytes[pos..];
+        let used = match record_frame(rest) {
+            Ok((_, used)) => used,
+            Err(e) => {
+                img.unparsed_from.get_or_insert(pos);
+                let msg = format!("record {i} at byte {pos}: {e}");
+                img.error.get_or_insert(msg);
+                // Records start at multiples of 8: the next offset where a whole valid record
+                // decodes is where parsing resumes (records between are lost).
+                let resumed = resync(bytes, pos + 8, lim);
+                let gap = resumed.unwrap_or(bytes.len()) - pos;
+                // The broken record's own extent count and name length filling the gap exactly
+                // make it that record: named. Else only its file id is known (the gap may hold
+                // more than one record), for a reader to look the name up elsewhere.
+                let mut d = dropped_record(&rest[..gap], i, pos, e);
+                let fits = RecordHeader::read_from_prefix(rest).is_ok_and(|(rh, _)| {
+                    record_len(rh.extent_count as usize, rh.name_len as usize) == gap
+                });
+                if !fits {
+                    d.name = None;
+                }
+                img.dropped.push(d);
+                match resumed {
+                    Some(at) => {
+                        img.resumed_at = Some(at);
+                        pos = at;
+                        // The records skipped are not counted: what follows is numbered as
+                        // the chunk goes on.
+                        i += 1;
+                        continue;
+                    }
+                    None => return img,
+                }
             }
-            Err(e) => return fail(img, format!("record {i} at byte {pos}: {e}")),
+        };
+        match decode_record(&rest[..used], lim) {
+            Ok((r, _)) => img.records.push(r),
+            Err(e) => {
+                let msg = format!("record {i} at byte {pos}: {e}");
+                img.error.get_or_insert(msg);
+                img.dropped.push(dropped_record(&rest[..used], i, pos, e));
+            }
         }
+        pos += used;
+        i += 1;
     }
-    if pos != bytes.len() {
+    if pos != bytes.len() && img.error.is_none() {
         return fail(
             img,
             format!("{} bytes after the last record", bytes.len() - pos),
         );
     }
     img
+}
+
+/// The first offset from `from` on (a multiple of 8 from the chunk's start) where a whole valid
+/// record decodes.
+fn resync(bytes: &[u8], from: usize, lim: &RecordLimits) -> Option<usize> {
+    let mut at = from.next_multiple_of(8);
+    while at + size_of::<RecordHeader>() <= bytes.len() {
+        if decode_record(&bytes[at..], lim).is_ok() {
+            return Some(at);
+        }
+        at += 8;
+    }
+    None
+}
+
+/// What can be said about an invalid record whose framing holds.
+fn dropped_record(bytes: &[u8], index: u32, offset: usize, detail: String) -> DroppedRecord {
+    let (file_id, name) = match RecordHeader::read_from_prefix(bytes) {
+        Ok((h, _)) => {
+            let at = size_of::<RecordHeader>() + h.extent_count as usize * size_of::<Extent>();
+            let name = bytes
+                .get(at..at + h.name_len as usize)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                // A name length one too long takes in a padding byte: names hold no NUL.
+                .map(|n| n.trim_end_matches('\0'))
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned);
+            (h.file_id, name)
+        }
+        Err(_) => (0, None),
+    };
+    DroppedRecord {
+        index,
+        offset,
+        file_id,
+        name,
+        detail,
+    }
 }
 
 /// An all-zero superblock, for building one field by field.
@@ -839,6 +952,57 @@ mod tests {
         dev.flags = 1 << 3;
         let img = decode_chunk(&encode_chunk(7, [&dev]), 1, &limits());
         assert!(img.error.unwrap().contains("unknown flags 0x8"));
+    }
+
+    /// An invalid record whose length field frames it is dropped alone; a broken length field
+    /// stops the parse there.
+    #[test]
+    fn an_invalid_record_is_skipped_by_its_framing() {
+        let recs: Vec<FileRecord> = (1..=3)
+            .map(|i| FileRecord {
+                file_id: i,
+                generation: 7,
+                size: 10,
+                flags: 0,
+                extents: vec![Extent {
+                    bno: 10 + i,
+                    len: 1,
+                }],
+                name: format!("f{i}"),
+                data_crc: 0,
+            })
+            .collect();
+        let mut chunk = encode_chunk(7, &recs);
+        let second = 32 + recs[0].encoded_len();
+        chunk[second + 6] = 0x08; // unknown flag
+        let img = decode_chunk(&chunk, 3, &limits());
+        assert_eq!(img.records, vec![recs[0].clone(), recs[2].clone()]);
+        assert!(img.error.unwrap().contains("unknown flags"));
+        assert_eq!(img.unparsed_from, None);
+        assert_eq!(img.dropped.len(), 1);
+        assert_eq!(
+            (img.dropped[0].index, img.dropped[0].file_id),
+            (1, 2),
+            "{:?}",
+            img.dropped
+        );
+        assert_eq!(img.dropped[0].name.as_deref(), Some("f2"));
+        chunk[second..second + 4].copy_from_slice(&7u32.to_le_bytes());
+        // Decoding resumes at the next valid record, and the gap, one record long, is named.
+        let img = decode_chunk(&chunk, 3, &limits());
+        assert_eq!(img.records, vec![recs[0].clone(), recs[2].clone()]);
+        assert_eq!(img.unparsed_from, Some(second));
+        assert_eq!(img.resumed_at, Some(second + recs[1].encoded_len()));
+        assert_eq!(img.dropped.len(), 1);
+        assert_eq!(img.dropped[0].name.as_deref(), Some("f2"));
+        // A gap of garbage: nothing resumes, nothing is named.
+        let end = chunk.len();
+        chunk[second..end].fill(0xA5);
+        let img = decode_chunk(&chunk, 3, &limits());
+        assert_eq!(img.records, vec![recs[0].clone()]);
+        assert_eq!((img.unparsed_from, img.resumed_at), (Some(second), None));
+        assert_eq!(img.dropped.len(), 1, "the broken record, by file id");
+        assert_eq!(img.dropped[0].name, None);
     }
 
     #[test]

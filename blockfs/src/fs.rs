@@ -240,6 +240,29 @@ impl FileSystem {
         })
     }
 
+    /// Mounts as [`FileSystem::mount`] does, for reading only: for a device nothing may
+    /// change (a write-protected namespace, an image opened read-only). Every change
+    /// (create, remove, rename, a write or a read-write open, the immutable flag, reclaim) is
+    /// refused with [`Error::ReadOnly`] before anything is touched, so none can fail half-way
+    /// at the device. A sync has nothing to write and succeeds.
+    pub fn mount_read_only(dev: Arc<dyn BlockDevice>) -> Result<Self> {
+        let slots = read_slots(dev.as_ref())?;
+        let sb = pick_superblock(&slots)?;
+        let geo = load::geometry_of(dev.as_ref(), &sb)?;
+        let raw = load::read_raw(dev.as_ref(), &geo, &sb)?;
+        let state = load::strict_state(&geo, &raw)?;
+        let mut inner = Inner::new(dev, geo, state);
+        inner.read_only = true;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Whether the file system was mounted read-only ([`FileSystem::mount_read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
+    }
+
     /// Whether `dev` holds a blockfs, and how many files it has: for refusing to overwrite one
     /// by accident. Reads only; a device error is an error, anything on the medium is an
     /// answer.
@@ -283,6 +306,12 @@ impl FileSystem {
         &self.inner.dev
     }
 
+    /// Whether the file system refuses changes until a remount ([`Error::Poisoned`]): a commit
+    /// failed at a point where the in-memory state cannot tell which generation is durable.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.read_state().poisoned
+    }
+
     /// Generation of the last commit.
     pub fn generation(&self) -> u64 {
         self.inner.read_state().generation
@@ -291,6 +320,7 @@ impl FileSystem {
     /// Creates an empty file, preallocating `opts.size_hint` bytes, and opens it read-write.
     pub fn create(&self, name: &str, opts: &CreateOptions) -> Result<File> {
         validate_name(name)?;
+        self.inner.check_writable(name)?;
         if opts.size_hint > MAX_FILE_SIZE {
             return Err(Error::TooLarge(opts.size_hint));
         }
@@ -314,7 +344,8 @@ impl FileSystem {
             && !st.data_dirty
             && empty_commits < 2
         {
-            commit(&self.inner, &mut st, true)?;
+            let r = commit(&self.inner, &mut st, true);
+            self.inner.undo_on_device_error(&mut st, r)?;
             empty_commits += 1;
         }
         let extents = st.alloc_data(blocks, None, bs).ok_or(Error::NoSpace {
@@ -348,6 +379,9 @@ impl FileSystem {
 
     /// Opens an existing file.
     pub fn open(&self, name: &str, mode: OpenMode) -> Result<File> {
+        if mode == OpenMode::ReadWrite {
+            self.inner.check_writable(name)?;
+        }
         let st = self.inner.read_state();
         let id = st.lookup(name)?;
         if mode == OpenMode::ReadWrite && st.inodes[&id].flags & FLAG_IMMUTABLE != 0 {
@@ -359,6 +393,9 @@ impl FileSystem {
     /// Opens every file whose name starts with `prefix` (all files for `""`), in name order,
     /// and builds one extent table for all of them (GoFS's batch open of a directory).
     pub fn open_prefix(&self, prefix: &str, mode: OpenMode) -> Result<Batch> {
+        if mode == OpenMode::ReadWrite {
+            self.inner.check_writable(prefix)?;
+        }
         let st = self.inner.read_state();
         let ids: Vec<(String, u64)> = st
             .names
@@ -401,6 +438,7 @@ impl FileSystem {
     /// naming them is held, at the first commit after its [`crate::PinnedTable`] is released);
     /// open handles to it fail with [`Error::Removed`] from now on.
     pub fn remove(&self, name: &str) -> Result<()> {
+        self.inner.check_writable(name)?;
         let mut st = self.inner.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);
@@ -430,6 +468,7 @@ impl FileSystem {
 
     fn rename_inner(&self, old: &str, new: &str, replace: bool) -> Result<()> {
         validate_name(new)?;
+        self.inner.check_writable(old)?;
         let mut st = self.inner.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);
@@ -463,6 +502,7 @@ impl FileSystem {
 
     /// Sets or clears the immutable flag.
     pub fn set_immutable(&self, name: &str, immutable: bool) -> Result<()> {
+        self.inner.check_writable(name)?;
         let mut st = self.inner.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);
@@ -551,9 +591,15 @@ impl FileSystem {
     /// Makes every change so far durable: flushes file data, then commits the metadata
     /// (FORMAT.md, "Commit protocol"). After it returns, a crash at any later point mounts in
     /// this state or a later one.
+    ///
+    /// A sync that fails at the device before its superblock write puts the in-memory state
+    /// back to the medium's last commit (every change since is dropped, as a remount would
+    /// drop it), so what is listed is what is on the medium; one that fails after it poisons
+    /// the file system ([`Error::Poisoned`]).
     pub fn sync(&self) -> Result<()> {
         let mut st = self.inner.write_state();
-        sync_locked(&self.inner, &mut st)
+        let r = sync_locked(&self.inner, &mut st);
+        self.inner.undo_on_device_error(&mut st, r)
     }
 
     /// Syncs, then commits again until every block freed before the call (by removals,
@@ -561,10 +607,14 @@ impl FileSystem {
     /// tables still held name stay pending ([`crate::PinnedTable`]). Use it before reusing the
     /// space of a file just removed, on a nearly full file system.
     pub fn reclaim(&self) -> Result<()> {
+        self.inner
+            .check_writable("(every file: the file system is mounted read-only)")?;
         let mut st = self.inner.write_state();
-        let target = st.generation + 2;
+        // Saturating: at the last generation the commit refuses (never wraps).
+        let target = st.generation.saturating_add(2);
         while st.generation < target {
-            commit(&self.inner, &mut st, true)?;
+            let r = commit(&self.inner, &mut st, true);
+            self.inner.undo_on_device_error(&mut st, r)?;
         }
         Ok(())
     }

@@ -8,12 +8,13 @@ use crate::commit::commit;
 use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::format::{
-    PendingExtent, ROOT_MAGIC, RootHeader, SUPERBLOCK_SLOTS, Superblock, crc, root_len,
+    ChunkDesc, ChunkHeader, DroppedRecord, FileRecord, PendingExtent, ROOT_MAGIC, RecordLimits,
+    RootHeader, SUPERBLOCK_SLOTS, Superblock, check_run, crc, decode_chunk, decode_root, root_len,
     root_self_crc,
 };
 use crate::fs::FileSystem;
 use crate::geometry::Geometry;
-use crate::load::{Problem, RawState, check, geometry_of, read_raw, salvage};
+use crate::load::{Problem, RawState, check, geometry_of, read_raw_all, salvage};
 use crate::superblock::{pick_superblock, read_slots, slot_name};
 
 /// Options for [`fsck`].
@@ -63,6 +64,18 @@ pub struct FsckReport {
     pub pending_blocks: u64,
     /// What repair changed, one line each.
     pub repairs: Vec<String>,
+    /// Files repair lost (filled by repair only): names in the newest generation's records, as
+    /// far as they can be read, that the repaired file system does not have (by name or, for a
+    /// file moved to `lost+found/`, by id), and records repair dropped as invalid (named by
+    /// their file id's name in the older generation, or `<file id N>`, where the name itself
+    /// does not read). Where the newest generation could not be read whole, the older
+    /// generation's files the repair does not keep are named too (FORMAT.md, "Repair"). Sorted.
+    pub lost: Vec<String>,
+    /// Files repair reverted (filled by repair only): names present both in the newest
+    /// generation whose records could be read and in the repaired file system whose record
+    /// differs (another file id, size, extents, flags or data checksum): the repaired file is an
+    /// older version (a rollback), or was cut short where its blocks overlapped others. Sorted.
+    pub reverted: Vec<String>,
     /// Why repair gave up, if it did.
     pub unrepairable: Option<String>,
     /// Problems left after the repair (re-checked from the device).
@@ -89,7 +102,7 @@ impl FsckReport {
         self.files = h.file_count;
         self.total_blocks = raw.sb.block_count;
         self.data_blocks = h.data_blocks;
-        self.metadata_blocks = h.meta_blocks + reserved;
+        self.metadata_blocks = h.meta_blocks.saturating_add(reserved);
         // Counted as a mount sees them: runs freed by an older commit than the newest are
         // reusable (free), so `df` on the mounted file system reports the same numbers.
         let reusable = raw.sb.generation.saturating_sub(1);
@@ -127,7 +140,7 @@ fn check_generation(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(Checked, 
             ));
         }
     };
-    match read_raw(dev, &geo, sb) {
+    match read_raw_all(dev, &geo, sb) {
         Ok(raw) => {
             let problems = check(&geo, &raw);
             Ok((
@@ -157,9 +170,14 @@ fn check_generation(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(Checked, 
 /// the newest generation if only a superblock slot is damaged; the previous generation (the
 /// second superblock) if the newest one's metadata is damaged and the previous one is intact;
 /// otherwise whatever records of the newest generation still decode, with files that overlap
-/// others cut short and the free-space map recomputed. It then commits the result twice, so
-/// both slots hold valid consecutive generations, and checks again. Fails only on device
-/// errors.
+/// others cut short and the free-space map recomputed (an invalid record whose length field
+/// still frames it costs only itself). Each generation is read with its own superblock's
+/// geometry, so a slot whose geometry disagrees cannot stop a rollback to the other. It then
+/// commits the result twice, so both slots hold valid consecutive generations, checks again,
+/// and names in [`FsckReport::lost`] and [`FsckReport::reverted`] the files the repair lost or
+/// reverted to an older version. A repair that would take the generation counter past
+/// `u64::MAX` is refused ([`FsckReport::unrepairable`]) with the device untouched. Fails only on
+/// device errors.
 pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport> {
     let mut report = run_check(dev.as_ref())?;
     if !opts.repair || report.problems.is_empty() {
@@ -182,75 +200,417 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
         Some(sb) => Some(check_generation(dev.as_ref(), &sb)?),
         None => None,
     };
-    let Some(geo) = new_geo else {
-        report.unrepairable = Some(new_checked.problems[0].to_string());
-        return Ok(report);
-    };
     let mut repairs = Vec::new();
     // One slot unreadable: it may have held the newest generation. Its root run is still on
     // the device; look for it where the allocator would have put it.
-    let mut found: Option<RawState> = None;
-    if valid.len() == 1
+    let mut found: Option<(RawState, Geometry)> = None;
+    // What is known of the newest generation's records, for naming what the repair loses.
+    let mut seen: Option<Seen> = None;
+    // The other slot holds no valid predecessor of the newest (unreadable, or a generation
+    // that does not come right before): a newer generation's root may be on the device.
+    let orphaned = older.is_none_or(|o| o.generation.checked_add(1) != Some(newest.generation));
+    if orphaned
+        && let Some(geo) = &new_geo
         && let Some(raw) = &new_checked.raw
-        && let Some(sb) = find_lost_root(dev.as_ref(), &geo, raw, newest.generation + 1)?
-        && let Ok(lost) = read_raw(dev.as_ref(), &geo, &sb)
-        && check(&geo, &lost).is_empty()
+        && let Some(target) = newest.generation.checked_add(1)
+        && let Some(sb) = find_lost_root(dev.as_ref(), geo, raw, target)?
+        && let Ok(lost) = read_raw_all(dev.as_ref(), geo, &sb)
+    {
+        if check(geo, &lost).is_empty() {
+            repairs.push(format!(
+                "superblock slot {} was unreadable; found the root run of generation {} at block {} and recovered that generation",
+                sb.slot, sb.generation, sb.root_bno
+            ));
+            found = Some((lost, *geo));
+        } else {
+            seen = Some(seen_of(&lost));
+        }
+    }
+    let clean = |c: &(Checked, Option<Geometry>)| matches!(c, (Checked { raw: Some(_), problems }, Some(_)) if problems.is_empty());
+    let new_pair = (new_checked, new_geo);
+    // The source and the geometry to rebuild with: each generation is read with the geometry
+    // its own superblock gives, so a slot whose geometry disagrees with the other's cannot
+    // drag a sound generation down with it.
+    let (base, geo): (&RawState, Geometry) = if let Some((raw, geo)) = &found {
+        (raw, *geo)
+    } else if let (Checked { raw: Some(raw), .. }, Some(geo)) = &new_pair
+        && clean(&new_pair)
+    {
+        (raw, *geo)
+    } else if let (
+        Checked {
+            raw: Some(raw),
+            problems,
+        },
+        Some(geo),
+    ) = &new_pair
+        && let Some(n) = record_confined(raw, problems)
+    {
+        // Salvaging drops only those records; a rollback would lose the whole last commit.
+        repairs.push(format!(
+            "salvaging generation {}: its damage is confined to {n} invalid file record(s) (checksums intact), so it keeps more than a rollback would",
+            raw.sb.generation
+        ));
+        (raw, *geo)
+    } else if let Some(old @ (Checked { raw: Some(raw), .. }, Some(geo))) = &old_checked
+        && clean(old)
     {
         repairs.push(format!(
-            "superblock slot {} was unreadable; found the root run of generation {} at block {} and recovered that generation",
-            sb.slot, sb.generation, sb.root_bno
+            "rolled back from generation {} to generation {} (the second superblock): {}",
+            newest.generation,
+            raw.sb.generation,
+            first_problem(&new_pair.0)
         ));
-        found = Some(lost);
-    }
-    let base: &RawState = match (&new_checked, &old_checked) {
-        _ if found.is_some() => found.as_ref().expect("checked"),
-        (
-            Checked {
-                raw: Some(raw),
-                problems,
-            },
-            _,
-        ) if problems.is_empty() => raw,
-        (
-            _,
-            Some((
-                Checked {
-                    raw: Some(raw),
-                    problems,
-                },
-                _,
-            )),
-        ) if problems.is_empty() => {
-            repairs.push(format!(
-                "rolled back from generation {} to generation {} (the second superblock): {}",
-                newest.generation, raw.sb.generation, new_checked.problems[0]
-            ));
-            raw
-        }
-        (Checked { raw: Some(raw), .. }, _) => {
-            repairs.push(format!("salvaging generation {}", raw.sb.generation));
-            raw
-        }
-        (_, Some((Checked { raw: Some(raw), .. }, _))) => {
-            repairs.push(format!(
-                "salvaging generation {} (the second superblock): {}",
-                raw.sb.generation, new_checked.problems[0]
-            ));
-            raw
-        }
-        _ => {
+        (raw, *geo)
+    } else if let (Checked { raw: Some(raw), .. }, Some(geo)) = &new_pair {
+        repairs.push(format!("salvaging generation {}", raw.sb.generation));
+        (raw, *geo)
+    } else if let Some((Checked { raw: Some(raw), .. }, Some(geo))) = &old_checked {
+        repairs.push(format!(
+            "salvaging generation {} (the second superblock): {}",
+            raw.sb.generation,
+            first_problem(&new_pair.0)
+        ));
+        (raw, *geo)
+    } else {
+        // Neither superblock names a readable root: look for older ones on the device.
+        let why = format!(
+            "the root run of every generation a superblock names is unreadable ({})",
+            first_problem(&new_pair.0)
+        );
+        let geo = new_pair
+            .1
+            .or_else(|| old_checked.as_ref().and_then(|(_, g)| *g));
+        let seen = seen.or_else(|| {
+            let geo = geo?;
+            lenient_records(dev.as_ref(), &geo, &newest).ok().flatten()
+        });
+        let hints: Vec<Superblock> = valid.clone();
+        if !scan_and_rebuild(dev, &hints, seen, None, &why, &mut report)?
+            && report.unrepairable.is_none()
+        {
             report.unrepairable = Some(format!(
                 "the root run of every generation is unreadable: {}",
-                new_checked.problems[0]
+                first_problem(&new_pair.0)
             ));
-            return Ok(report);
         }
+        return Ok(report);
     };
-    let top = newest.generation.max(base.sb.generation);
+    if !same_geometry(&newest, &base.sb) {
+        repairs.push(format!(
+            "superblock of generation {} describes another geometry (block size {}, {} blocks) than generation {} (block size {}, {} blocks), whose root checks out; rewrote it",
+            newest.generation,
+            newest.block_size,
+            newest.block_count,
+            base.sb.generation,
+            base.sb.block_size,
+            base.sb.block_count
+        ));
+    }
+    // Repair writes two generations above every one on the device, so no root left behind is
+    // taken for newer. A slot whose geometry is not the source's is not trusted for that.
+    let mut top = newest.generation.max(base.sb.generation);
+    if top.checked_add(2).is_none() && base.sb.generation != newest.generation {
+        // The newest slot is not the source: its generation is not to be trusted either.
+        top = base.sb.generation;
+    }
+    if let Some(why) = exhausted(top) {
+        report.unrepairable = Some(why);
+        return Ok(report);
+    }
     let mut state = salvage(&geo, base, top + 1, &mut repairs);
     state.generation = top;
+    // What the newest generation held: read through its superblock; else its root found where
+    // the allocator put it (in the blocks the older generation left free), which a damaged
+    // root pointer or checksum in the newest slot does not hide; else whatever its root run
+    // still holds, read leniently.
+    let older_raw = old_checked.as_ref().and_then(|(c, _)| c.raw.as_ref());
+    let seen = match (&found, &new_pair.0.raw) {
+        (Some((raw, _)), _) => seen_of(raw),
+        (None, Some(raw)) if valid.len() > 1 || seen.is_none() => seen_of(raw),
+        _ => match seen {
+            Some(s) => s,
+            None => {
+                let by_scan = match (older_raw, &old_checked) {
+                    (Some(old), Some((_, Some(og)))) => match old.sb.generation.checked_add(1) {
+                        Some(t) => find_lost_root(dev.as_ref(), og, old, t)?
+                            .and_then(|sb| read_raw_all(dev.as_ref(), og, &sb).ok()),
+                        None => None,
+                    },
+                    _ => None,
+                };
+                match by_scan {
+                    Some(raw) => seen_of(&raw),
+                    None => {
+                        let mut sb = newest;
+                        (sb.uuid, sb.block_size, sb.block_count, sb.mkfs_lba_size) = (
+                            base.sb.uuid,
+                            base.sb.block_size,
+                            base.sb.block_count,
+                            base.sb.mkfs_lba_size,
+                        );
+                        lenient_records(dev.as_ref(), &geo, &sb)?.unwrap_or_default()
+                    }
+                }
+            }
+        },
+    };
+    // Parts of the newest generation unread: chunks its commit wrote are where the allocator
+    // put them, in the blocks the older generation left free; their records name files too.
+    let mut seen = seen;
+    if !seen.complete
+        && let (Some(old), Some((_, Some(og)))) = (older_raw, &old_checked)
+        && let Some(target) = old.sb.generation.checked_add(1)
+    {
+        seen.records
+            .extend(scan_chunks(dev.as_ref(), og, old, target)?);
+    }
+    // A generation other than the one `seen` describes, for files `seen` may miss.
+    let other = if valid.len() == 1 {
+        new_pair.0.raw.as_ref()
+    } else {
+        older_raw
+    };
+    let (lost, reverted) = changes(&seen, other, base, &state);
     rewrite(dev, geo, state, top, repairs, &mut report)?;
+    report.lost = lost;
+    report.reverted = reverted;
     Ok(report)
+}
+
+/// How many records a generation's damage is confined to, if it is: every chunk passed its
+/// checksum and was read, and every problem is a record that was dropped whole (its framing
+/// intact) or a single record whose broken length field decoding resynchronized after.
+fn record_confined(raw: &RawState, problems: &[Problem]) -> Option<usize> {
+    // Every problem is a chunk's (records that do not decode, or ids and names that clash,
+    // which salvage resolves record by record), none the root's or the block map's.
+    if problems
+        .iter()
+        .any(|p| !p.what.starts_with("file table chunk"))
+    {
+        return None;
+    }
+    let mut n = problems
+        .iter()
+        .filter(|p| p.detail.contains("file id") || p.detail.starts_with("name "))
+        .count();
+    for c in &raw.chunks {
+        if !c.crc_ok || c.unread.is_some() || c.image.header.is_none() {
+            return None;
+        }
+        match c.image.error.as_deref() {
+            None => continue,
+            Some(e) if e.starts_with("record ") => {}
+            Some(_) => return None, // the chunk header's, not a record's
+        }
+        let decoded = c.image.records.len() + c.image.dropped.len();
+        let missing = (c.desc.records as usize).checked_sub(decoded)?;
+        match (c.image.unparsed_from, c.image.resumed_at) {
+            (None, _) if !c.image.dropped.is_empty() && missing == 0 => {}
+            (Some(_), Some(_)) if missing + c.image.dropped.len() <= 1 => {}
+            _ => return None,
+        }
+        n += c.image.dropped.len() + missing;
+    }
+    (n > 0).then_some(n)
+}
+
+fn first_problem(c: &Checked) -> String {
+    c.problems
+        .first()
+        .map_or_else(|| "damaged".into(), |p| p.to_string())
+}
+
+/// Whether two superblocks describe the same file system geometry.
+fn same_geometry(a: &Superblock, b: &Superblock) -> bool {
+    (a.uuid, a.block_size, a.block_count, a.mkfs_lba_size)
+        == (b.uuid, b.block_size, b.block_count, b.mkfs_lba_size)
+}
+
+/// Why repair cannot commit two generations after `top`, if it cannot.
+fn exhausted(top: u64) -> Option<String> {
+    top.checked_add(2).is_none().then(|| {
+        format!(
+            "generation {top} leaves no room for the two commits a repair writes (generations \
+             are 64-bit and never wrap); the image was left as it was"
+        )
+    })
+}
+
+/// What is known of a generation's records, for naming what a repair lost.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    /// Records that decoded.
+    records: Vec<FileRecord>,
+    /// Records skipped as invalid (their names, where readable).
+    dropped: Vec<DroppedRecord>,
+    /// Every record of the generation is among `records` or `dropped`.
+    complete: bool,
+}
+
+fn seen_of(raw: &RawState) -> Seen {
+    Seen {
+        records: raw
+            .chunks
+            .iter()
+            .flat_map(|c| c.image.records.iter().cloned())
+            .collect(),
+        dropped: raw
+            .chunks
+            .iter()
+            .flat_map(|c| c.image.dropped.iter().cloned())
+            .collect(),
+        // Records were read from every chunk, checksum intact, with at most some dropped as
+        // invalid.
+        complete: raw.chunks.iter().all(|c| {
+            c.crc_ok
+                && c.unread.is_none()
+                && c.image.unparsed_from.is_none()
+                && (c.image.error.is_none() || !c.image.dropped.is_empty())
+        }),
+    }
+}
+
+/// Most bytes [`lenient_records`] reads for one root run or one chunk.
+const LENIENT_READ_BYTES: u64 = 16 << 20;
+
+/// The records of the generation whose root `sb` names, read as far as they can be whatever
+/// checksums and counts say (for naming what a repair lost, never for rebuilding): the root at
+/// `sb.root_bno` if it has the root magic and the UUID, its chunk descriptors as far as its
+/// blocks hold them, and every chunk that lies inside the file system.
+fn lenient_records(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<Option<Seen>> {
+    let bs = geo.block_size as u64;
+    let reserved = geo.reserved_blocks();
+    if sb.root_bno < reserved || sb.root_bno >= geo.block_count {
+        return Ok(None);
+    }
+    let blocks = (sb.root_blocks as u64)
+        .max(1)
+        .min(LENIENT_READ_BYTES / bs)
+        .min(geo.block_count - sb.root_bno);
+    let mut buf = vec![0u8; (blocks * bs) as usize];
+    dev.read(&mut [ReadReq {
+        lba: geo.lba(sb.root_bno),
+        buf: &mut buf,
+    }])
+    .during("reading a damaged root run")?;
+    let Ok((h, rest)) = RootHeader::read_from_prefix(&buf[..]) else {
+        return Ok(None);
+    };
+    if h.magic != ROOT_MAGIC || h.uuid != geo.uuid {
+        return Ok(None);
+    }
+    let n = (h.chunk_count as usize).min(rest.len() / size_of::<ChunkDesc>());
+    let lim = RecordLimits {
+        block_size: geo.block_size,
+        block_count: geo.block_count,
+        generation: u64::MAX,
+    };
+    let mut seen = Seen::default();
+    for raw in rest.chunks_exact(size_of::<ChunkDesc>()).take(n) {
+        let Ok(d) = ChunkDesc::read_from_bytes(raw) else {
+            continue;
+        };
+        if check_run(d.bno, d.nblocks as u64, reserved, geo.block_count).is_err()
+            || (d.nblocks as u64) * bs > LENIENT_READ_BYTES
+            || (d.bytes as usize) < size_of::<ChunkHeader>()
+            || d.bytes as u64 > d.nblocks as u64 * bs
+        {
+            continue;
+        }
+        let mut chunk = vec![0u8; (d.nblocks as u64 * bs) as usize];
+        dev.read(&mut [ReadReq {
+            lba: geo.lba(d.bno),
+            buf: &mut chunk,
+        }])
+        .during("reading a damaged file table")?;
+        // The chunk's own header says how long it is and how many records it holds.
+        let (len, records) = match ChunkHeader::read_from_prefix(&chunk[..]) {
+            Ok((ch, _)) if (ch.bytes as usize) <= chunk.len() => (ch.bytes as usize, ch.records),
+            _ => (d.bytes as usize, d.records),
+        };
+        let img = decode_chunk(&chunk[..len], records, &lim);
+        seen.records.extend(img.records);
+        seen.dropped.extend(img.dropped);
+    }
+    Ok(Some(seen))
+}
+
+/// The files the repaired `state` lost or holds an older version of, compared with what is
+/// known of the newest generation's records (`seen`) and with the records the source (`base`)
+/// had to drop. Where the newest generation could not be read whole, files of the `older`
+/// generation (read through its superblock) that the repair does not keep are named lost too.
+/// Returns (lost, reverted), each sorted.
+fn changes(
+    seen: &Seen,
+    older: Option<&RawState>,
+    base: &RawState,
+    state: &crate::state::State,
+) -> (Vec<String>, Vec<String>) {
+    use std::collections::BTreeSet;
+    let mut lost: BTreeSet<String> = BTreeSet::new();
+    let mut reverted: BTreeSet<String> = BTreeSet::new();
+    // Kept: under its name, or moved to lost+found (by id).
+    let moved = |id: u64| {
+        state
+            .inodes
+            .get(&id)
+            .is_some_and(|i| i.name.starts_with("lost+found/"))
+    };
+    let kept = |name: &str, id: u64| state.names.contains_key(name) || moved(id);
+    // A dropped record's name as it reads if it is a valid one; else the name its file id has
+    // in the other generation; else its file id.
+    let by_id = |id: u64| {
+        older.and_then(|o| {
+            o.chunks
+                .iter()
+                .flat_map(|c| c.image.records.iter())
+                .find(|r| r.file_id == id)
+                .map(|r| r.name.clone())
+        })
+    };
+    let base_dropped = base.chunks.iter().flat_map(|c| c.image.dropped.iter());
+    for d in seen.dropped.iter().chain(base_dropped) {
+        let name = d
+            .name
+            .clone()
+            .filter(|n| crate::name::check_name(n).is_ok())
+            .or_else(|| by_id(d.file_id))
+            .or_else(|| d.name.clone())
+            .unwrap_or_else(|| format!("<file id {}>", d.file_id));
+        if !kept(&name, d.file_id) {
+            lost.insert(name);
+        }
+    }
+    for r in &seen.records {
+        match state.names.get(&r.name).and_then(|id| state.inodes.get(id)) {
+            Some(i) => {
+                if i.id != r.file_id
+                    || i.size != r.size
+                    || i.extents.as_slice() != r.extents.as_slice()
+                    || i.data_crc != r.data_crc
+                    || i.flags != r.flags
+                {
+                    reverted.insert(r.name.clone());
+                }
+            }
+            // Kept under another name (lost+found): the repairs say so.
+            None if moved(r.file_id) => {}
+            None => {
+                lost.insert(r.name.clone());
+            }
+        }
+    }
+    if !seen.complete
+        && let Some(old) = older
+    {
+        for r in old.chunks.iter().flat_map(|c| c.image.records.iter()) {
+            if !kept(&r.name, r.file_id) {
+                lost.insert(r.name.clone());
+            }
+        }
+    }
+    (lost.into_iter().collect(), reverted.into_iter().collect())
 }
 
 /// Commits the repaired `state` twice (generations `top + 1` and `top + 2`, so both slots hold
@@ -272,8 +632,8 @@ fn rewrite(
     drop(fs);
     repairs.push(format!(
         "wrote generations {} and {} into both superblock slots",
-        top + 1,
-        top + 2
+        top.saturating_add(1),
+        top.saturating_add(2)
     ));
     let after = run_check(dev.as_ref())?;
     report.remaining = after.problems.clone();
@@ -322,6 +682,67 @@ fn find_lost_root(
         true,
     )?;
     Ok(found.into_iter().next())
+}
+
+/// The records of file-table chunks of generation `target` in the blocks that were free when
+/// `raw` was committed (at most [`LOST_ROOT_SCAN_BLOCKS`] of them): what the commit after `raw`
+/// wrote, for naming the files a repair loses when that commit's own root cannot say.
+fn scan_chunks(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    raw: &RawState,
+    target: u64,
+) -> Result<Vec<FileRecord>> {
+    let bs = geo.block_size as usize;
+    let mut runs: Vec<(u64, u64)> = raw.root.free.iter().map(|f| (f.bno, f.len)).collect();
+    runs.extend(
+        raw.root
+            .pending
+            .iter()
+            .filter(|p| p.freed_gen < raw.sb.generation)
+            .map(|p| (p.bno, p.len)),
+    );
+    runs.sort_unstable();
+    let lim = RecordLimits {
+        block_size: geo.block_size,
+        block_count: geo.block_count,
+        generation: target,
+    };
+    const BATCH: u64 = 64;
+    let mut buf = vec![0u8; BATCH as usize * bs];
+    let mut scanned = 0u64;
+    let mut out = Vec::new();
+    for (start, len) in runs {
+        let end = start.saturating_add(len).min(geo.block_count);
+        let mut b = start;
+        while b < end && scanned < LOST_ROOT_SCAN_BLOCKS {
+            let n = BATCH.min(end - b);
+            dev.read(&mut [ReadReq {
+                lba: geo.lba(b),
+                buf: &mut buf[..n as usize * bs],
+            }])
+            .during("scanning for file table chunks")?;
+            for i in 0..n as usize {
+                let blk = &buf[i * bs..(i + 1) * bs];
+                let Ok((h, _)) = ChunkHeader::read_from_prefix(blk) else {
+                    continue;
+                };
+                // One-block chunks only: the records of small files, most of them.
+                if h.magic != crate::format::CHUNK_MAGIC
+                    || h.generation != target
+                    || h.bytes as usize > bs
+                    || (h.bytes as usize) < size_of::<ChunkHeader>()
+                {
+                    continue;
+                }
+                let bytes = &blk[..h.bytes as usize];
+                out.extend(decode_chunk(bytes, h.records, &lim).records);
+            }
+            b += n;
+            scanned += n;
+        }
+    }
+    Ok(out)
 }
 
 /// Scans the blocks of `runs` (at most `max_blocks` of them) for root runs of `template`'s file
@@ -387,6 +808,16 @@ fn scan_roots(
                 sb.root_blocks = blocks as u32;
                 sb.root_bytes = bytes as u32;
                 sb.root_crc = crc(root);
+                // The run may hold one spare block (FORMAT.md, "Root run"): the header's
+                // metadata count less the chunks' blocks says how long the run really is.
+                if let Ok(img) = decode_root(root, &sb) {
+                    let chunk_blocks: u64 = img.chunks.iter().map(|d| d.nblocks as u64).sum();
+                    if h.meta_blocks.checked_sub(chunk_blocks) == Some(blocks + 1)
+                        && bno + blocks < geo.block_count
+                    {
+                        sb.root_blocks = blocks as u32 + 1;
+                    }
+                }
                 out.push(sb);
                 if first_only {
                     return Ok(out);
@@ -417,21 +848,54 @@ fn repair_without_superblock(
             Some("no valid superblock in either slot, and neither holds a blockfs superblock to take the geometry from".into());
         return Ok(report);
     }
+    let seen = hints.iter().find_map(|h| {
+        let geo = geometry_of(dev.as_ref(), h).ok()?;
+        lenient_records(dev.as_ref(), &geo, h).ok().flatten()
+    });
+    if !scan_and_rebuild(
+        dev,
+        &hints,
+        seen,
+        None,
+        "neither superblock slot was valid",
+        &mut report,
+    )? && report.unrepairable.is_none()
+    {
+        report.unrepairable = Some(
+            "no valid superblock in either slot, and no intact root run found on the device".into(),
+        );
+    }
+    Ok(report)
+}
+
+/// Scans the whole file system that each of `hints` describes for root runs of its UUID, and
+/// rebuilds from the newest generation that checks out (or the newest readable one, salvaged),
+/// saying `why` first. `seen` (what is known of the newest generation's records) and `older`
+/// (a generation read through a superblock) name what the rebuild lost. Returns whether it
+/// rebuilt; refuses (setting `report.unrepairable`) where the generation counter has no room.
+fn scan_and_rebuild(
+    dev: Arc<dyn BlockDevice>,
+    hints: &[Superblock],
+    seen: Option<Seen>,
+    older: Option<&RawState>,
+    why: &str,
+    report: &mut FsckReport,
+) -> Result<bool> {
     for hint in hints {
-        let Ok(geo) = geometry_of(dev.as_ref(), &hint) else {
+        let Ok(geo) = geometry_of(dev.as_ref(), hint) else {
             continue;
         };
         let runs = [(
             geo.reserved_blocks(),
             geo.block_count - geo.reserved_blocks(),
         )];
-        let mut found = scan_roots(dev.as_ref(), &geo, &hint, &runs, u64::MAX, |_| true, false)?;
+        let mut found = scan_roots(dev.as_ref(), &geo, hint, &runs, u64::MAX, |_| true, false)?;
         found.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
         found.truncate(ROOT_CANDIDATES);
         let mut readable: Option<RawState> = None;
         let mut clean: Option<RawState> = None;
         for sb in &found {
-            let Ok(raw) = read_raw(dev.as_ref(), &geo, sb) else {
+            let Ok(raw) = read_raw_all(dev.as_ref(), &geo, sb) else {
                 continue;
             };
             if check(&geo, &raw).is_empty() {
@@ -442,23 +906,42 @@ fn repair_without_superblock(
                 readable = Some(raw);
             }
         }
-        let Some(base) = clean.or(readable) else {
-            continue;
+        // `readable`, if set, is newer than `clean`: what a rollback to `clean` loses.
+        let (base, newest) = match (clean, readable) {
+            (Some(c), r) => (c, r),
+            (None, Some(r)) => (r, None),
+            (None, None) => continue,
         };
         let mut repairs = vec![format!(
-            "neither superblock slot was valid; found the root run of generation {} at block {} by scanning the device",
+            "{why}; found the root run of generation {} at block {} by scanning the device",
             base.sb.generation, base.sb.root_bno
         )];
-        let top = base.sb.generation;
+        let top = base.sb.generation.max(hint.generation);
+        let top = if top.checked_add(2).is_some() {
+            top
+        } else {
+            base.sb.generation
+        };
+        if let Some(why) = exhausted(top) {
+            report.unrepairable = Some(why);
+            return Ok(false);
+        }
         let mut state = salvage(&geo, &base, top + 1, &mut repairs);
         state.generation = top;
-        rewrite(dev.clone(), geo, state, top, repairs, &mut report)?;
-        return Ok(report);
+        let seen = match (newest.as_ref().map(seen_of), seen.clone()) {
+            (Some(n), _) if n.complete => n,
+            (Some(n), Some(s)) if s.records.len() > n.records.len() => s,
+            (Some(n), _) => n,
+            (None, Some(s)) => s,
+            (None, None) => seen_of(&base),
+        };
+        let (lost, reverted) = changes(&seen, older, &base, &state);
+        rewrite(dev.clone(), geo, state, top, repairs, report)?;
+        report.lost = lost;
+        report.reverted = reverted;
+        return Ok(true);
     }
-    report.unrepairable = Some(
-        "no valid superblock in either slot, and no intact root run found on the device".into(),
-    );
-    Ok(report)
+    Ok(false)
 }
 
 /// Superblocks read from slots that hold the superblock magic but failed to decode, with the

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result, corrupt};
 use crate::extents::ExtentList;
+use zerocopy::FromBytes;
+
 use crate::format::{
     self, ChunkDesc, ChunkImage, Extent, FileRecord, RecordLimits, RootImage, Superblock,
     decode_chunk, decode_root,
@@ -43,6 +45,8 @@ pub(crate) struct RawChunk {
     pub desc: ChunkDesc,
     pub crc_ok: bool,
     pub image: ChunkImage,
+    /// Why the chunk was not read at all (its descriptor claims more than the format allows).
+    pub unread: Option<String>,
 }
 
 /// A generation's metadata as read, before any cross-checks.
@@ -77,7 +81,13 @@ pub(crate) fn geometry_of(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Geom
         )));
     }
     let have = dev.lba_count().saturating_mul(lba as u64);
-    let need = sb.block_count * sb.block_size as u64; // bounded by Superblock::decode
+    // Bounded by Superblock::decode, but repair also asks about damaged slots' fields.
+    let Some(need) = sb.block_count.checked_mul(sb.block_size as u64) else {
+        return Err(Error::Geometry(format!(
+            "{} blocks of {} bytes do not fit a 64-bit byte count",
+            sb.block_count, sb.block_size
+        )));
+    };
     if have < need {
         return Err(Error::Geometry(format!(
             "device holds {have} bytes but the file system spans {need} (truncated device?)"
@@ -92,23 +102,103 @@ pub(crate) fn geometry_of(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Geom
     })
 }
 
-/// Reads the root run and every chunk of the generation `sb` names. Fails only for device
-/// errors and an unusable root run; chunk problems are left for the caller to judge.
+/// Most bytes of chunk buffers held at once while reading a file table: chunks are read in
+/// batches of about this size, each batch decoded (and its checksums verified) and its buffers
+/// dropped before the next is read. A chunk larger than this is read alone.
+const CHUNK_BATCH_BYTES: u64 = 16 << 20;
+
+/// Longest a file record can be apart from its extents: the fixed part plus the longest name,
+/// padded.
+const MAX_RECORD_FIXED: u64 = 48 + format::MAX_NAME_LEN as u64 + 7;
+
+/// Reads the root run and the chunks of the generation `sb` names, for mount: stops at the
+/// first chunk that fails its checksum or does not decode, with the error [`check`] would
+/// report for it, so a damaged or hostile image fails after reading at most what precedes the
+/// damage. Sizes are checked against the device and the format's bounds before anything is
+/// allocated for them.
 pub(crate) fn read_raw(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<RawState> {
+    read_raw_with(dev, geo, sb, true)
+}
+
+/// Reads the root run and every chunk of the generation `sb` names, for fsck. Fails only for
+/// device errors and an unusable root run; chunk problems are left for the caller to judge.
+pub(crate) fn read_raw_all(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    sb: &Superblock,
+) -> Result<RawState> {
+    read_raw_with(dev, geo, sb, false)
+}
+
+fn read_raw_with(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    sb: &Superblock,
+    strict: bool,
+) -> Result<RawState> {
     let bs = geo.block_size as usize;
     let what = || root_name(sb);
-    if sb.root_blocks as u64 != (sb.root_bytes as u64).div_ceil(bs as u64) {
+    // `root_blocks` is `ceil(root_bytes / block_size)`, or one more when taking the root's own
+    // blocks used up a whole free run after its size was fixed (FORMAT.md, "Root run").
+    let least = (sb.root_bytes as u64).div_ceil(bs as u64);
+    if !(least..=least + 1).contains(&(sb.root_blocks as u64)) {
         return Err(corrupt(
             what(),
             format!("{} bytes in {} blocks", sb.root_bytes, sb.root_blocks),
         ));
     }
-    let mut buf = vec![0u8; sb.root_blocks as usize * bs];
+    let data_area = geo.block_count.saturating_sub(geo.reserved_blocks());
+    if sb.root_blocks as u64 > data_area {
+        return Err(corrupt(
+            what(),
+            format!(
+                "{} blocks, more than the {data_area}-block data area",
+                sb.root_blocks
+            ),
+        ));
+    }
+    // The header's counts fix the root's length: check them against `root_bytes` and the
+    // format's bounds from the first block before reading (and allocating) the whole run.
+    let mut first = vec![0u8; bs];
     dev.read(&mut [ReadReq {
         lba: geo.lba(sb.root_bno),
-        buf: &mut buf,
+        buf: &mut first,
     }])
     .during("reading the root run")?;
+    if let Ok((h, _)) = format::RootHeader::read_from_prefix(&first[..]) {
+        let (c, f, p) = (
+            h.chunk_count as u64,
+            h.free_count as u64,
+            h.pending_count as u64,
+        );
+        let len = format::root_len(c as usize, f as usize, p as usize) as u64;
+        if len != sb.root_bytes as u64 {
+            return Err(corrupt(
+                what(),
+                format!(
+                    "{c} chunks, {f} free and {p} pending runs do not fill {} bytes",
+                    sb.root_bytes
+                ),
+            ));
+        }
+        if c > data_area || f > data_area || p > data_area {
+            return Err(corrupt(
+                what(),
+                format!(
+                    "{c} chunks, {f} free and {p} pending runs in a {data_area}-block data area"
+                ),
+            ));
+        }
+    }
+    let mut buf = first;
+    if sb.root_blocks > 1 {
+        buf.resize(sb.root_blocks as usize * bs, 0);
+        dev.read(&mut [ReadReq {
+            lba: geo.lba(sb.root_bno + 1),
+            buf: &mut buf[bs..],
+        }])
+        .during("reading the root run")?;
+    }
     let bytes = &buf[..sb.root_bytes as usize];
     let computed = format::crc(bytes);
     if computed != sb.root_crc {
@@ -121,6 +211,10 @@ pub(crate) fn read_raw(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -
         ));
     }
     let root = decode_root(bytes, sb).map_err(|d| corrupt(what(), d))?;
+    drop(buf);
+    // Sizes against the device and the format: all chunks fit in the data area beside the
+    // root, and no chunk is longer than its records can be (each record's fixed part and name,
+    // plus at most one extent per block of the file system).
     let mut total = 0u64;
     for d in &root.chunks {
         if d.nblocks as u64 != (d.bytes as u64).div_ceil(bs as u64) {
@@ -131,51 +225,148 @@ pub(crate) fn read_raw(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -
         }
         total += d.nblocks as u64;
     }
-    if total > geo.block_count {
+    let room = data_area - sb.root_blocks as u64;
+    if total > room {
         return Err(corrupt(
             what(),
-            format!("chunks claim {total} blocks of {}", geo.block_count),
+            format!(
+                "chunks claim {total} blocks, but the data area has {room} beside the root run"
+            ),
         ));
     }
-    let mut bufs: Vec<Vec<u8>> = root
+    let longest = |records: u64| {
+        size_of::<format::ChunkHeader>() as u64
+            + records.saturating_mul(MAX_RECORD_FIXED)
+            + 16 * geo.block_count
+    };
+    // All chunks together: their records' fixed parts and names, and at most one extent per
+    // block of the file system among them. (A chunk over its own bound is left unread below,
+    // as a damaged chunk.)
+    let claimed: u64 = root
         .chunks
         .iter()
-        .map(|d| vec![0u8; d.nblocks as usize * bs])
-        .collect();
-    let mut reqs: Vec<ReadReq<'_>> = root
-        .chunks
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(d, b)| ReadReq {
-            lba: geo.lba(d.bno),
-            buf: b,
-        })
-        .collect();
-    dev.read(&mut reqs).during("reading the file table")?;
-    drop(reqs);
+        .filter(|d| d.bytes as u64 <= longest(d.records as u64))
+        .map(|d| d.bytes as u64)
+        .sum();
+    let most = size_of::<format::ChunkHeader>() as u64 * root.chunks.len() as u64
+        + root.header.file_count.saturating_mul(MAX_RECORD_FIXED)
+        + 16 * geo.block_count;
+    if claimed > most {
+        return Err(corrupt(
+            what(),
+            format!(
+                "chunks claim {claimed} bytes for {} records, more than such records can take ({most})",
+                root.header.file_count
+            ),
+        ));
+    }
     let lim = RecordLimits {
         block_size: geo.block_size,
         block_count: geo.block_count,
         generation: sb.generation,
     };
-    let chunks = root
-        .chunks
-        .iter()
-        .zip(bufs)
-        .map(|(d, b)| {
+    let mut chunks: Vec<RawChunk> = Vec::with_capacity(root.chunks.len());
+    let mut batch: Vec<ChunkDesc> = Vec::new();
+    let mut batch_bytes = 0u64;
+    let flush = |batch: &mut Vec<ChunkDesc>, chunks: &mut Vec<RawChunk>| -> Result<()> {
+        let mut bufs: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|d| vec![0u8; d.nblocks as usize * bs])
+            .collect();
+        let mut reqs: Vec<ReadReq<'_>> = batch
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(d, b)| ReadReq {
+                lba: geo.lba(d.bno),
+                buf: b,
+            })
+            .collect();
+        dev.read(&mut reqs).during("reading the file table")?;
+        drop(reqs);
+        for (d, b) in batch.drain(..).zip(bufs) {
             let bytes = &b[..d.bytes as usize];
-            RawChunk {
-                desc: *d,
+            let c = RawChunk {
+                desc: d,
                 crc_ok: format::crc(bytes) == d.crc,
                 image: decode_chunk(bytes, d.records, &lim),
+                unread: None,
+            };
+            if strict {
+                strict_chunk(&c, sb.generation)?;
             }
-        })
-        .collect();
+            chunks.push(c);
+        }
+        Ok(())
+    };
+    for d in &root.chunks {
+        let max = longest(d.records as u64);
+        if d.bytes as u64 > max {
+            let c = RawChunk {
+                desc: *d,
+                crc_ok: false,
+                image: ChunkImage {
+                    header: None,
+                    records: Vec::new(),
+                    error: None,
+                    dropped: Vec::new(),
+                    unparsed_from: None,
+                    resumed_at: None,
+                },
+                unread: Some(format!(
+                    "{} bytes for {} records, more than such records can take ({max}); not read",
+                    d.bytes, d.records
+                )),
+            };
+            if strict {
+                strict_chunk(&c, sb.generation)?;
+            }
+            chunks.push(c);
+            continue;
+        }
+        let len = d.nblocks as u64 * bs as u64;
+        if !batch.is_empty() && batch_bytes + len > CHUNK_BATCH_BYTES {
+            flush(&mut batch, &mut chunks)?;
+            batch_bytes = 0;
+        }
+        batch.push(*d);
+        batch_bytes += len;
+    }
+    if !batch.is_empty() {
+        flush(&mut batch, &mut chunks)?;
+    }
     Ok(RawState {
         sb: *sb,
         root,
         chunks,
     })
+}
+
+/// The problem [`check`] reports first for a chunk on its own, if any.
+fn chunk_problem(c: &RawChunk, generation: u64) -> Option<Problem> {
+    let what = || chunk_name(&c.desc, generation);
+    if let Some(u) = &c.unread {
+        return Some(Problem {
+            what: what(),
+            detail: u.clone(),
+        });
+    }
+    if !c.crc_ok {
+        return Some(Problem {
+            what: what(),
+            detail: "checksum mismatch".into(),
+        });
+    }
+    c.image.error.as_ref().map(|e| Problem {
+        what: what(),
+        detail: e.clone(),
+    })
+}
+
+fn strict_chunk(c: &RawChunk, generation: u64) -> Result<()> {
+    match chunk_problem(c, generation) {
+        Some(p) => Err(p.into()),
+        None => Ok(()),
+    }
 }
 
 /// Who owns a run of blocks, for overlap messages.
@@ -254,18 +445,11 @@ pub(crate) fn check(geo: &Geometry, raw: &RawState) -> Vec<Problem> {
     for c in &raw.chunks {
         let what = chunk_name(&c.desc, g);
         claims.push((c.desc.bno, c.desc.nblocks as u64, Owner::Chunk(c.desc.bno)));
-        if !c.crc_ok {
-            out.push(Problem {
-                what: what.clone(),
-                detail: "checksum mismatch".into(),
-            });
-            continue;
-        }
-        if let Some(e) = &c.image.error {
-            out.push(Problem {
-                what: what.clone(),
-                detail: e.clone(),
-            });
+        if let Some(p) = chunk_problem(c, g) {
+            out.push(p);
+            if !c.crc_ok {
+                continue;
+            }
         }
         for r in &c.image.records {
             if let Some(other) = names.insert(&r.name, r.file_id) {
@@ -383,6 +567,14 @@ pub(crate) fn strict_state(geo: &Geometry, raw: &RawState) -> Result<State> {
     }
 }
 
+/// How a dropped record is named in messages: its name if readable, else its file id.
+pub(crate) fn dropped_label(d: &format::DroppedRecord) -> String {
+    match &d.name {
+        Some(n) => format!("file {n:?}, id {}", d.file_id),
+        None => format!("file id {}, name unreadable", d.file_id),
+    }
+}
+
 /// Disjoint runs claimed so far, by start: `start -> (end, owner)`.
 #[derive(Default)]
 struct Claimed(BTreeMap<u64, (u64, String)>);
@@ -421,14 +613,51 @@ pub(crate) fn salvage(
     for c in &raw.chunks {
         let what = chunk_name(&c.desc, g);
         let n = c.image.records.len();
-        match (&c.image.error, c.crc_ok) {
-            (None, true) => {}
-            (None, false) => repairs.push(format!(
+        let sum = if c.crc_ok { "" } else { "checksum mismatch; " };
+        if let Some(u) = &c.unread {
+            repairs.push(format!(
+                "{what}: {u}; its {} records are lost",
+                c.desc.records
+            ));
+        }
+        // The record whose framing broke is told of with the framing below.
+        let gap = c.image.unparsed_from;
+        for d in c.image.dropped.iter().filter(|d| Some(d.offset) != gap) {
+            repairs.push(format!(
+                "{what}: {sum}record {} at byte {} ({}) is invalid: {}; dropped that record only",
+                d.index,
+                d.offset,
+                dropped_label(d),
+                d.detail
+            ));
+        }
+        match (&c.image.error, c.image.unparsed_from, c.crc_ok) {
+            (_, Some(at), _) => {
+                let e = c.image.error.as_deref().unwrap_or("damaged");
+                let others = c.image.dropped.len().saturating_sub(1);
+                let lost = (c.desc.records as usize).saturating_sub(n + others);
+                repairs.push(match c.image.resumed_at {
+                    Some(resumed) => format!(
+                        "{what}: {sum}{e}; the record framing is broken from byte {at} to byte {resumed}, where a valid record starts again: kept the {n} valid records around it{}",
+                        match lost {
+                            0 | 1 => format!(", lost the record there ({})", c.image.dropped.iter().find(|d| Some(d.offset) == gap).map_or_else(|| "unnamed".into(), dropped_label)),
+                            _ => format!(", {lost} records there lost"),
+                        }
+                    ),
+                    None => format!(
+                        "{what}: {sum}{e}; kept the {n} valid records before byte {at}; the rest of the chunk cannot be parsed (its record framing is broken): {lost} records lost"
+                    ),
+                });
+            }
+            (None, None, true) => {}
+            (None, None, false) => repairs.push(format!(
                 "{what}: checksum mismatch, but all {n} records decode and pass their checks; kept them"
             )),
-            (Some(e), crc_ok) => repairs.push(format!(
-                "{what}: {}{e}; kept the {n} records before the damage, lost any after it",
-                if crc_ok { "" } else { "checksum mismatch; " }
+            (Some(_), None, _) if !c.image.dropped.is_empty() => repairs.push(format!(
+                "{what}: kept the other {n} records of the chunk"
+            )),
+            (Some(e), None, _) => repairs.push(format!(
+                "{what}: {sum}{e}; kept the {n} records that decode"
             )),
         }
         records.extend(c.image.records.iter().cloned());
@@ -441,6 +670,41 @@ pub(crate) fn salvage(
     let mut claimed = Claimed::default();
     claimed.claim(0, geo.reserved_blocks(), "the superblock area".into());
     let mut max_id = 0u64;
+    // Records sharing an id with an earlier one keep their file under a fresh id, given once
+    // every other id is placed (ids are taken in order).
+    let largest = records
+        .iter()
+        .map(|r| r.file_id)
+        .filter(|&id| id != u64::MAX)
+        .max()
+        .unwrap_or(0);
+    let mut fresh = largest;
+    let mut seen_ids = std::collections::HashSet::new();
+    let mut again: Vec<FileRecord> = Vec::new();
+    records.retain(|r| {
+        let first = seen_ids.insert(r.file_id);
+        if !first {
+            again.push(r.clone());
+        }
+        first
+    });
+    for mut r in again {
+        match fresh.checked_add(1).filter(|&n| n != u64::MAX) {
+            Some(n) => {
+                fresh = n;
+                repairs.push(format!(
+                    "file {:?} shares file id {} with another file; gave it id {n}",
+                    r.name, r.file_id
+                ));
+                r.file_id = n;
+                records.push(r);
+            }
+            None => repairs.push(format!(
+                "dropped a second record for file id {} ({:?}): no other id left",
+                r.file_id, r.name
+            )),
+        }
+    }
     for mut r in records {
         if st.inodes.contains_key(&r.file_id) {
             repairs.push(format!(
@@ -460,6 +724,23 @@ pub(crate) fn salvage(
                 repairs.push(format!("dropped file id {}: no free name", r.file_id));
                 continue;
             }
+        }
+        if r.file_id == u64::MAX {
+            // No id may be u64::MAX: it cannot be below the next id. Ids are taken in order, so
+            // every other id is placed and the one after the largest is free.
+            let new = max_id.max(fresh) + 1;
+            if new == u64::MAX {
+                repairs.push(format!(
+                    "dropped file {:?}: file id {} and no other id left",
+                    r.name, r.file_id
+                ));
+                continue;
+            }
+            repairs.push(format!(
+                "file {:?} had file id {}, which no file may have (it cannot be below the next id); gave it id {new}",
+                r.name, r.file_id
+            ));
+            r.file_id = new;
         }
         let mut kept: Vec<Extent> = Vec::new();
         for e in &r.extents {

@@ -224,7 +224,8 @@ impl State {
 
     /// Frees file blocks past `keep`, to become reusable two commits from now.
     pub fn truncate_blocks(&mut self, id: u64, keep: u64) {
-        let freed_gen = self.generation + 1;
+        // Saturating: at the last generation the commit refuses (never wraps).
+        let freed_gen = self.generation.saturating_add(1);
         let inode = self.inodes.get_mut(&id).expect("caller checked the inode");
         let freed = inode.extents.truncate(keep);
         if !freed.is_empty() {
@@ -297,6 +298,9 @@ pub(crate) struct Inner {
     /// Blocks named by extent tables handed out; a separate lock (taken after `state` when
     /// both are held) so a table can be released from anywhere, callbacks included.
     pub pins: SharedPins,
+    /// Mounted read-only ([`crate::FileSystem::mount_read_only`]): every change is refused
+    /// with [`Error::ReadOnly`] before anything is touched.
+    pub read_only: bool,
 }
 
 impl Inner {
@@ -306,12 +310,74 @@ impl Inner {
             geo,
             state: RwLock::new(state),
             pins: SharedPins::default(),
+            read_only: false,
         }
+    }
+
+    /// Refuses a change to `name` on a read-only mount.
+    pub fn check_writable(&self, name: &str) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// `r`, after putting the state back to what the medium holds if `r` is a device error: a
+    /// change that failed at the device leaves no trace in memory (no file listed that the
+    /// medium lacks, none hidden that it has). Every change not yet committed is dropped with
+    /// it, as a remount would drop it.
+    pub fn undo_on_device_error<T>(&self, st: &mut State, r: Result<T>) -> Result<T> {
+        if matches!(r, Err(Error::Device { .. })) {
+            self.revert_to_medium(st);
+        }
+        r
+    }
+
+    /// Replaces the state by the one the medium's last commit holds (read back from the
+    /// device). Where that cannot be done safely (the superblock write of a commit was issued,
+    /// so the medium may hold either generation; the medium does not read back as the
+    /// generation this mount last committed; an extent table handed out names blocks the
+    /// medium has free, which must not be reused while it lives), the file system is
+    /// poisoned instead: it refuses changes until a remount.
+    pub fn revert_to_medium(&self, st: &mut State) {
+        if st.poisoned {
+            return;
+        }
+        match self.committed_state(st.generation) {
+            Ok(fresh) if !self.pins_in_free_space(&fresh) => *st = fresh,
+            _ => st.poisoned = true,
+        }
+    }
+
+    /// The state of generation `generation` as the medium holds it.
+    fn committed_state(&self, generation: u64) -> Result<State> {
+        let dev = self.dev.as_ref();
+        let slots = crate::superblock::read_slots(dev)?;
+        let sb = crate::superblock::pick_superblock(&slots)?;
+        if sb.generation != generation || sb.uuid != self.geo.uuid {
+            return Err(Error::Poisoned);
+        }
+        let raw = crate::load::read_raw(dev, &self.geo, &sb)?;
+        crate::load::strict_state(&self.geo, &raw)
+    }
+
+    /// Whether a pinned extent table names a block that is free in `st`.
+    fn pins_in_free_space(&self, st: &State) -> bool {
+        let held = crate::pin::lock(&self.pins).runs();
+        if held.is_empty() {
+            return false;
+        }
+        let free = st.alloc.free_runs();
+        held.iter().any(|&(bno, len)| {
+            free.iter()
+                .any(|f| bno < f.bno + f.len && f.bno < bno + len)
+        })
     }
 
     /// The state, locked for a change to file `id` (opened as `name`): fails if the file system
     /// is poisoned, the file was removed, or it is immutable.
     pub fn lock_for_change(&self, id: u64, name: &str) -> Result<RwLockWriteGuard<'_, State>> {
+        self.check_writable(name)?;
         let st = self.write_state();
         if st.poisoned {
             return Err(Error::Poisoned);

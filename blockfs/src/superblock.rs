@@ -95,7 +95,7 @@ pub(crate) fn pick_superblock(
                     detail: "the two slots describe different file systems".into(),
                 });
             }
-            if new.generation != old.generation + 1 {
+            if old.generation.checked_add(1) != Some(new.generation) {
                 return Err(Error::Corrupt {
                     what: slot_name(old.slot as usize),
                     detail: format!(

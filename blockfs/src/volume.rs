@@ -26,6 +26,10 @@ pub const LABEL_MAGIC: [u8; 8] = *b"GPNVVOL1";
 /// The label format's version.
 pub const LABEL_VERSION: u32 = 1;
 
+/// Bytes of its 64 in which a damaged label may differ from the one the other members imply
+/// for [`StripedVolume::open_repairing`] to rebuild it.
+pub const LABEL_REPAIR_MAX_BYTES: usize = 8;
+
 /// What every member records about its volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VolumeLabel {
@@ -278,7 +282,18 @@ impl StripedVolume {
                 .ok_or(VolumeError::NotAMember { position: i })?;
             labels.push(label);
         }
-        let first = labels[0];
+        Self::from_labels(members, labels)
+    }
+
+    /// Checks that `labels` (one per member, in order) describe one volume whose members are
+    /// `members` in order, and assembles it (writes nothing).
+    fn from_labels(
+        members: Vec<Arc<dyn BlockDevice>>,
+        labels: Vec<VolumeLabel>,
+    ) -> Result<Self, VolumeError> {
+        let Some(&first) = labels.first() else {
+            return Err(VolumeError::Count { got: 0 });
+        };
         for (i, l) in labels.iter().enumerate().skip(1) {
             let what = if l.volume_id != first.volume_id {
                 "its volume id differs"
@@ -365,6 +380,127 @@ impl StripedVolume {
             stripe_lbas,
             label_lbas: reserved,
         })
+    }
+
+    /// Assembles the volume like [`StripedVolume::open`], first rebuilding a member's label
+    /// from the others' when exactly one member's label is damaged (fails its checksum, or lost
+    /// its magic): the other members' labels carry the volume's identity and geometry, and
+    /// their indices leave one place free, the damaged device's. The label is rewritten
+    /// (then flushed) only if the damaged device checks out as that member: it holds the
+    /// data area the other labels describe; its label area still differs from the rebuilt
+    /// label in at most [`LABEL_REPAIR_MAX_BYTES`] of the label's 64 bytes (a blank device, or
+    /// one of another volume, differs in the magic or the 16-byte volume id); and the volume
+    /// assembled with the rebuilt label holds a valid blockfs superblock in at least one slot.
+    ///
+    /// Returns the volume and, if a label was rebuilt, a line saying so (for fsck's repair
+    /// report). Any other damage, or a set of devices that is not the volume, is refused with
+    /// [`StripedVolume::open`]'s error.
+    pub fn open_repairing(
+        members: Vec<Arc<dyn BlockDevice>>,
+    ) -> Result<(Self, Option<String>), VolumeError> {
+        let refused = match Self::open(members.clone()) {
+            Ok(v) => return Ok((v, None)),
+            Err(e @ (VolumeError::BadLabel { .. } | VolumeError::NotAMember { .. })) => e,
+            Err(e) => return Err(e),
+        };
+        let n = members.len();
+        let mut areas: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut labels: Vec<Option<VolumeLabel>> = Vec::with_capacity(n);
+        for (i, m) in members.iter().enumerate() {
+            let lba_size = m.lba_size();
+            let mut area = vec![0u8; (label_lbas(lba_size) * lba_size as u64) as usize];
+            m.read(&mut [ReadReq {
+                lba: 0,
+                buf: &mut area,
+            }])
+            .map_err(member_err(i))?;
+            labels.push(VolumeLabel::decode(&area).ok().flatten());
+            areas.push(area);
+        }
+        let damaged: Vec<usize> = (0..n).filter(|&i| labels[i].is_none()).collect();
+        let [p] = damaged[..] else {
+            return Err(refused);
+        };
+        let good: Vec<(usize, VolumeLabel)> = labels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.map(|l| (i, l)))
+            .collect();
+        let Some(&(_, first)) = good.first() else {
+            return Err(refused);
+        };
+        let agree = good.iter().all(|(i, l)| {
+            l.member as usize == *i
+                && (
+                    l.volume_id,
+                    l.members,
+                    l.stripe_bytes,
+                    l.member_lbas,
+                    l.lba_size,
+                ) == (
+                    first.volume_id,
+                    first.members,
+                    first.stripe_bytes,
+                    first.member_lbas,
+                    first.lba_size,
+                )
+        });
+        if !agree || first.members as usize != n {
+            return Err(refused);
+        }
+        let rebuilt = VolumeLabel {
+            member: p as u32,
+            ..first
+        };
+        let bytes = rebuilt.encode();
+        let differ = bytes
+            .iter()
+            .zip(&areas[p][..64])
+            .filter(|(a, b)| a != b)
+            .count();
+        let why = match &refused {
+            VolumeError::BadLabel { why, .. } => why.clone(),
+            _ => "the volume label lost its magic".into(),
+        };
+        if differ > LABEL_REPAIR_MAX_BYTES {
+            return Err(VolumeError::BadLabel {
+                position: p,
+                why: format!(
+                    "{why}, and its label area differs from the label the other members imply in {differ} of 64 bytes: not recognizably this volume's member {p}, label not rebuilt"
+                ),
+            });
+        }
+        let mut fixed: Vec<VolumeLabel> = labels.iter().map(|l| l.unwrap_or(rebuilt)).collect();
+        fixed[p] = rebuilt;
+        // Geometry against the devices, and the data: the volume must hold a blockfs.
+        let trial = Self::from_labels(members.clone(), fixed)?;
+        let slots = crate::superblock::read_slots(&trial).map_err(|e| VolumeError::BadLabel {
+            position: p,
+            why: format!("{why}; reading the volume with the rebuilt label failed: {e}"),
+        })?;
+        if !slots.iter().any(|s| s.is_ok()) {
+            return Err(VolumeError::BadLabel {
+                position: p,
+                why: format!(
+                    "{why}; with the label the other members imply, the volume holds no valid blockfs superblock, so the label was not rebuilt"
+                ),
+            });
+        }
+        drop(trial);
+        let mut area = vec![0u8; areas[p].len()];
+        area[..64].copy_from_slice(&bytes);
+        members[p]
+            .write(&[WriteReq { lba: 0, buf: &area }])
+            .map_err(member_err(p))?;
+        members[p].flush().map_err(member_err(p))?;
+        let v = Self::open(members)?;
+        Ok((
+            v,
+            Some(format!(
+                "volume member {p}: {why}; rebuilt its label from the other {} members' labels",
+                n - 1
+            )),
+        ))
     }
 
     /// The volume's label (member 0's).

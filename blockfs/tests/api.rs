@@ -669,6 +669,9 @@ fn device_errors_surface_as_typed_errors() {
     );
     assert_eq!(f.len().unwrap(), 6, "a failed write does not grow the file");
     put_fails(&fs);
+    // A change made in memory, then a sync that fails writing its metadata: the change is
+    // dropped with the failure (the state goes back to what the medium holds).
+    fs.rename("a", "renamed").unwrap();
     let e = fs.sync().unwrap_err();
     assert!(
         matches!(
@@ -680,8 +683,9 @@ fn device_errors_surface_as_typed_errors() {
         ),
         "{e}"
     );
+    assert_eq!(names(&fs), ["a"], "the failed sync's rename is dropped");
     dev.fail_writes.store(false, Ordering::Relaxed);
-    fs.sync().unwrap(); // retry after a failure before the superblock works
+    fs.sync().unwrap(); // the file system goes on after a failure before the superblock
     // Fail the second flush of a sync: the one after the superblock write.
     dev.flushes_left.store(1, Ordering::Relaxed);
     fs.rename("a", "b").unwrap();
@@ -708,6 +712,130 @@ fn device_errors_surface_as_typed_errors() {
 fn put_fails(fs: &FileSystem) {
     let f = fs.create("doomed", &CreateOptions::default()).unwrap();
     assert!(f.write_at(0, b"x").is_err());
+}
+
+fn names(fs: &FileSystem) -> Vec<String> {
+    fs.list("").into_iter().map(|st| st.name).collect()
+}
+
+fn faulty(blocks: u64) -> Arc<Faulty> {
+    Arc::new(Faulty {
+        inner: MemDevice::new(512, blocks),
+        fail_writes: AtomicBool::new(false),
+        flushes_left: AtomicU32::new(u32::MAX),
+    })
+}
+
+/// Issue 53: a put or rm that failed at the device left the mounted file system listing a
+/// 0-byte file the medium lacks, or hiding one it has. After each failed change the listing
+/// is the medium's (a remount agrees), and the file system goes on once writes work again.
+#[test]
+fn a_change_that_fails_at_the_device_leaves_the_listing_as_the_medium_has_it() {
+    let dev = faulty(16384);
+    let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+    put(&fs, "a", b"kept bytes");
+    put(&fs, "dir/b", &[7u8; 10_000]);
+    fs.sync().unwrap();
+    let before = fs.list("");
+    dev.fail_writes.store(true, Ordering::Relaxed);
+
+    // A put (create, write, sync) of a new file: the write fails.
+    let f = fs
+        .create("new", &CreateOptions { size_hint: 5000 })
+        .unwrap();
+    let e = f.write_at(0, &[1u8; 5000]).unwrap_err();
+    assert!(matches!(e, Error::Device { .. }), "{e}");
+    assert_eq!(fs.list(""), before, "after a failed write of a new file");
+    assert!(matches!(fs.stat("new"), Err(Error::NotFound(_))));
+    // Its handle is of a file that never was.
+    assert!(matches!(f.write_at(0, b"x"), Err(Error::Removed(_))));
+
+    // A put whose data write worked but whose commit fails.
+    dev.fail_writes.store(false, Ordering::Relaxed);
+    dev.flushes_left.store(0, Ordering::Relaxed);
+    put(&fs, "new", b"written, never committed");
+    assert!(matches!(fs.sync(), Err(Error::Device { .. })));
+    assert_eq!(fs.list(""), before, "after a failed commit of a new file");
+    dev.flushes_left.store(u32::MAX, Ordering::Relaxed);
+    dev.fail_writes.store(true, Ordering::Relaxed);
+
+    // An rm: the removal is in memory until the sync, which fails.
+    fs.remove("a").unwrap();
+    assert!(matches!(fs.sync(), Err(Error::Device { .. })));
+    assert_eq!(fs.list(""), before, "after a failed rm");
+    assert_eq!(read_all(&fs, "a"), b"kept bytes");
+
+    // A replacement (write under a temporary name, rename over, sync).
+    put_fails(&fs);
+    fs.rename_replace("dir/b", "a").unwrap();
+    assert!(matches!(fs.sync(), Err(Error::Device { .. })));
+    assert_eq!(fs.list(""), before, "after a failed replace");
+
+    // A remount agrees, and so does fsck.
+    assert_eq!(remount(&dev).list(""), before);
+    assert!(
+        fsck(dev.clone(), &FsckOptions::default())
+            .unwrap()
+            .is_clean()
+    );
+
+    // Writes work again: the same mount goes on.
+    dev.fail_writes.store(false, Ordering::Relaxed);
+    put(&fs, "new", b"now it lands");
+    fs.remove("a").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(names(&fs), ["dir/b", "new"]);
+    let again = remount(&dev);
+    assert_eq!(again.list(""), fs.list(""));
+    assert_eq!(read_all(&again, "new"), b"now it lands");
+    assert_eq!(read_all(&again, "dir/b"), [7u8; 10_000]);
+}
+
+/// Issue 53: a file system on a device that must not change refuses every change up front
+/// with `ReadOnly` (never a device error half-way), and its listing stays the medium's.
+#[test]
+fn a_read_only_mount_refuses_every_change_up_front() {
+    let dev = faulty(16384);
+    {
+        let fs = FileSystem::mkfs(dev.clone(), &MkfsOptions::default()).unwrap();
+        put(&fs, "a", b"bytes of a");
+        put(&fs, "b", b"bytes of b");
+        fs.sync().unwrap();
+    }
+    // Any write reaching the device would come back as a device error, not ReadOnly.
+    dev.fail_writes.store(true, Ordering::Relaxed);
+    dev.flushes_left.store(0, Ordering::Relaxed);
+    let fs = FileSystem::mount_read_only(dev.clone()).unwrap();
+    assert!(fs.is_read_only());
+    assert!(!remount(&dev).is_read_only());
+    let before = fs.list("");
+    let ro = |r: Result<(), Error>, what: &str| {
+        assert!(matches!(r, Err(Error::ReadOnly(_))), "{what}: {r:?}");
+    };
+    ro(
+        fs.create("c", &CreateOptions::default()).map(drop),
+        "create",
+    );
+    ro(fs.remove("a"), "remove");
+    ro(fs.rename("a", "c"), "rename");
+    ro(fs.rename_replace("a", "b"), "rename_replace");
+    ro(fs.set_immutable("a", true), "set_immutable");
+    ro(
+        fs.open("a", OpenMode::ReadWrite).map(drop),
+        "open read-write",
+    );
+    ro(
+        fs.open_prefix("", OpenMode::ReadWrite).map(drop),
+        "open_prefix read-write",
+    );
+    ro(fs.reclaim(), "reclaim");
+    let f = fs.open("a", OpenMode::ReadOnly).unwrap();
+    ro(f.write_at(0, b"x"), "write_at");
+    ro(f.set_len(0), "set_len");
+    fs.sync().unwrap(); // nothing to write
+    assert_eq!(fs.list(""), before);
+    assert_eq!(read_all(&fs, "a"), b"bytes of a");
+    assert_eq!(read_all(&fs, "b"), b"bytes of b");
 }
 
 #[test]

@@ -7,13 +7,18 @@
 //! - no Rust panic crosses the boundary: one becomes `GPUNVME_ERROR_PANIC`;
 //! - null pointers, strings that are not UTF-8 and impossible sizes are
 //!   `GPUNVME_ERROR_INVALID_ARGUMENT`, never a crash;
+//! - handles (devices, GPU mappings, GPU files) are never dereferenced: each is a token looked
+//!   up in a process-wide registry of live handles, so a closed, never-opened or wrong-kind
+//!   handle is `GPUNVME_ERROR_INVALID_HANDLE`, never a crash or a hang;
 //! - a device handle may be used from several threads; its calls run one at a time.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char, c_void};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
 use gpunvme::error_kind::ErrorKind;
 use gpunvme::gpu::Serving;
@@ -60,6 +65,9 @@ pub enum GpunvmeError {
     Other = 14,
     /// A bug in gpunvme (a Rust panic, caught at the boundary).
     Panic = 15,
+    /// A handle that is not live: closed already, never returned by gpunvme, or of another
+    /// kind (a mapping where a device is expected). Nothing was done.
+    InvalidHandle = 16,
 }
 
 impl From<ErrorKind> for GpunvmeError {
@@ -101,7 +109,8 @@ pub struct GpunvmeOpenOptions {
     pub nsid: u32,
 }
 
-/// An open device (opaque): [`gpunvme_open`] makes one, [`gpunvme_close`] ends it.
+/// An open device (opaque; a handle C never dereferences): [`gpunvme_open`] makes one,
+/// [`gpunvme_close`] ends it.
 pub struct GpunvmeDevice {
     inner: Mutex<DeviceHandle>,
 }
@@ -122,7 +131,9 @@ fn call(f: impl FnOnce() -> anyhow::Result<()>) -> GpunvmeError {
         Ok(Ok(())) => GpunvmeError::None,
         Ok(Err(e)) => {
             set_last(&format!("{e:#}"));
-            if e.chain().any(|c| c.is::<Invalid>()) {
+            if e.chain().any(|c| c.is::<BadHandle>()) {
+                GpunvmeError::InvalidHandle
+            } else if e.chain().any(|c| c.is::<Invalid>()) {
                 GpunvmeError::InvalidArgument
             } else {
                 ErrorKind::of(&e).into()
@@ -156,6 +167,129 @@ fn invalid(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(Invalid(msg.into()))
 }
 
+/// A handle that is not live, as an error the boundary maps to
+/// `GPUNVME_ERROR_INVALID_HANDLE`.
+#[derive(Debug)]
+struct BadHandle(String);
+
+impl std::fmt::Display for BadHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadHandle {}
+
+/// A live handle's object. A device is shared: the registry holds one reference and a call
+/// using the handle another while it runs, so a close from another thread meanwhile only
+/// unregisters it, and the device stops when that call returns.
+enum Object {
+    Device(Arc<GpunvmeDevice>),
+    /// Held, never read: unregistering it ends the mapping.
+    Mapping {
+        _held: GpunvmeGpuMapping,
+    },
+    /// Held, never read: unregistering it frees the table.
+    File {
+        _held: GpunvmeGpuFile,
+    },
+}
+
+impl Object {
+    fn kind(&self) -> &'static str {
+        match self {
+            Object::Device(_) => "a device handle",
+            Object::Mapping { .. } => "a GPU mapping",
+            Object::File { .. } => "a GPU file",
+        }
+    }
+}
+
+/// The live handles. A handle is a token, not an address: `salt ^ (serial << 4)` for a serial
+/// that is never reused, so a handle closed once stays invalid even if its memory is reused,
+/// and a pointer C made up (a junk value, the address of something else) is found in no
+/// entry. Tokens are never dereferenced.
+struct Registry {
+    salt: usize,
+    next: usize,
+    live: HashMap<usize, Object>,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    // High bits from the hash, the low four clear (tokens look like aligned pointers), and
+    // one bit above them set so that no token is NULL or a small integer.
+    let salt = ((h.finish() as usize) & !0xffff) | 0x1_0000;
+    Mutex::new(Registry {
+        salt,
+        next: 1,
+        live: HashMap::new(),
+    })
+});
+
+/// Registers `obj`: its handle's token.
+fn register(obj: Object) -> usize {
+    let mut r = REGISTRY.lock();
+    let token = r.salt ^ (r.next << 4);
+    r.next += 1;
+    r.live.insert(token, obj);
+    token
+}
+
+/// The live object behind `token`, which `pick` accepts (`kind` names what was expected).
+fn lookup<T>(
+    token: usize,
+    kind: &str,
+    pick: impl FnOnce(&Object) -> Option<Arc<T>>,
+) -> anyhow::Result<Arc<T>> {
+    if token == 0 {
+        return Err(invalid(format!("{kind} is NULL")));
+    }
+    let r = REGISTRY.lock();
+    match r.live.get(&token) {
+        Some(obj) => pick(obj).ok_or_else(|| {
+            anyhow::Error::new(BadHandle(format!(
+                "{token:#x} is {}, not {kind}",
+                obj.kind()
+            )))
+        }),
+        None => Err(anyhow::Error::new(BadHandle(format!(
+            "{token:#x} is not {kind} (closed already, or never returned by gpunvme)"
+        )))),
+    }
+}
+
+/// Unregisters `token` if it is a live object `pick` accepts, returning it (the caller drops
+/// it, outside the registry's lock). NULL: `None`.
+fn unregister(
+    token: usize,
+    kind: &str,
+    pick: impl Fn(&Object) -> bool,
+) -> anyhow::Result<Option<Object>> {
+    if token == 0 {
+        return Ok(None);
+    }
+    let mut r = REGISTRY.lock();
+    match r.live.get(&token) {
+        Some(obj) if pick(obj) => Ok(r.live.remove(&token)),
+        Some(obj) => Err(anyhow::Error::new(BadHandle(format!(
+            "{token:#x} is {}, not {kind}",
+            obj.kind()
+        )))),
+        None => Err(anyhow::Error::new(BadHandle(format!(
+            "{token:#x} is not {kind} (closed already, or never returned by gpunvme)"
+        )))),
+    }
+}
+
+/// A handle's token as the pointer C holds. It carries no provenance: it is never
+/// dereferenced, only looked up.
+fn handle_ptr<T>(token: usize) -> *mut T {
+    std::ptr::without_provenance_mut(token)
+}
+
 /// The string at `p` (`what` names it in errors).
 ///
 /// # Safety
@@ -170,13 +304,13 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> anyhow::Result<&'a str> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-/// The device at `dev`.
-///
-/// # Safety
-/// `dev` is null or a handle from gpunvme_open not yet closed.
-unsafe fn dev_arg<'a>(dev: *const GpunvmeDevice) -> anyhow::Result<&'a GpunvmeDevice> {
-    // SAFETY: a non-null `dev` is a live handle (the function's contract).
-    unsafe { dev.as_ref() }.ok_or_else(|| invalid("the device handle is NULL"))
+/// The live device behind handle `dev` (looked up, never dereferenced): any value is safe,
+/// and one that is not a live device handle is `GPUNVME_ERROR_INVALID_HANDLE`.
+fn dev_arg(dev: *const GpunvmeDevice) -> anyhow::Result<Arc<GpunvmeDevice>> {
+    lookup(dev.addr(), "a device handle", |o| match o {
+        Object::Device(d) => Some(d.clone()),
+        _ => None,
+    })
 }
 
 /// The version of the library, e.g. `"0.1.0"`.
@@ -185,26 +319,30 @@ pub extern "C" fn gpunvme_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
 
-/// The name of an error code (`"not_found"`, ...), a static string.
+/// The name of an error code (`"not_found"`, ...), a static string; `"unknown"` for a value
+/// that is no `gpunvme_error` (any `int` is accepted: the code is taken as a plain integer,
+/// so a value from elsewhere is never undefined behaviour).
 #[unsafe(no_mangle)]
-pub extern "C" fn gpunvme_error_name(e: GpunvmeError) -> *const c_char {
+pub extern "C" fn gpunvme_error_name(e: c_int) -> *const c_char {
     let s: &'static CStr = match e {
-        GpunvmeError::None => c"none",
-        GpunvmeError::Busy => c"busy",
-        GpunvmeError::NotFound => c"not_found",
-        GpunvmeError::Exists => c"exists",
-        GpunvmeError::NoSpace => c"no_space",
-        GpunvmeError::ReadOnly => c"read_only",
-        GpunvmeError::NoFileSystem => c"no_file_system",
-        GpunvmeError::Corrupt => c"corrupt",
-        GpunvmeError::InvalidArgument => c"invalid_argument",
-        GpunvmeError::Io => c"io",
-        GpunvmeError::Image => c"image",
-        GpunvmeError::Device => c"device",
-        GpunvmeError::Refused => c"refused",
-        GpunvmeError::FileSystem => c"file_system",
-        GpunvmeError::Other => c"other",
-        GpunvmeError::Panic => c"panic",
+        0 => c"none",
+        1 => c"busy",
+        2 => c"not_found",
+        3 => c"exists",
+        4 => c"no_space",
+        5 => c"read_only",
+        6 => c"no_file_system",
+        7 => c"corrupt",
+        8 => c"invalid_argument",
+        9 => c"io",
+        10 => c"image",
+        11 => c"device",
+        12 => c"refused",
+        13 => c"file_system",
+        14 => c"other",
+        15 => c"panic",
+        16 => c"invalid_handle",
+        _ => c"unknown",
     };
     s.as_ptr()
 }
@@ -264,46 +402,44 @@ pub unsafe extern "C" fn gpunvme_open(
             ..OpenOptions::default()
         };
         let handle = DeviceHandle::open(device, opts, o.nsid)?;
-        let dev = Box::new(GpunvmeDevice {
+        let token = register(Object::Device(Arc::new(GpunvmeDevice {
             inner: Mutex::new(handle),
-        });
+        })));
         // SAFETY: `out` is non-null and valid for a write (the contract).
-        unsafe { out.write(Box::into_raw(dev)) };
+        unsafe { out.write(handle_ptr(token)) };
         Ok(())
     })
 }
 
-/// Stops the controller and frees the handle (NULL: nothing).
-///
-/// # Safety
-/// `dev` is null or a handle from gpunvme_open, not used again afterwards.
+/// Stops the controller and ends the handle. NULL: nothing (`GPUNVME_ERROR_NONE`). A handle
+/// closed already, or any other value that is not a live device handle:
+/// `GPUNVME_ERROR_INVALID_HANDLE`, nothing done (a double close is an error, never a crash).
+/// A call on the handle still running in another thread finishes first; the device stops
+/// when it returns.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpunvme_close(dev: *mut GpunvmeDevice) {
-    if dev.is_null() {
-        return;
-    }
-    let _ = call(|| {
-        // SAFETY: `dev` came from Box::into_raw in gpunvme_open and is freed once (contract).
-        drop(unsafe { Box::from_raw(dev) });
+pub extern "C" fn gpunvme_close(dev: *mut GpunvmeDevice) -> GpunvmeError {
+    call(|| {
+        let obj = unregister(dev.addr(), "a device handle", |o| {
+            matches!(o, Object::Device(_))
+        })?;
+        drop(obj);
         Ok(())
-    });
+    })
 }
 
 /// Makes a new, empty file system (`block_size` 4096 to 1 MiB, a power of two); refused
 /// (`GPUNVME_ERROR_REFUSED`) where one exists unless `force`. On a volume (several devices,
 /// comma-separated in the options' `device`) makes the volume first, with the default stripe.
 ///
-/// # Safety
-/// `dev` is a live handle.
+/// `dev` that is not a live device handle: `GPUNVME_ERROR_INVALID_HANDLE`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpunvme_mkfs(
+pub extern "C" fn gpunvme_mkfs(
     dev: *const GpunvmeDevice,
     block_size: u32,
     force: bool,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let d = unsafe { dev_arg(dev) }?;
+        let d = dev_arg(dev)?;
         d.inner.lock().mkfs(block_size, force, None)?;
         Ok(())
     })
@@ -313,7 +449,8 @@ pub unsafe extern "C" fn gpunvme_mkfs(
 /// with `force`).
 ///
 /// # Safety
-/// `dev` is a live handle; the strings are NUL-terminated.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_put(
     dev: *const GpunvmeDevice,
@@ -322,14 +459,9 @@ pub unsafe extern "C" fn gpunvme_put(
     force: bool,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, src, name) = unsafe {
-            (
-                dev_arg(dev)?,
-                str_arg(src_path, "src_path")?,
-                str_arg(name, "name")?,
-            )
-        };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (NUL-terminated strings).
+        let (src, name) = unsafe { (str_arg(src_path, "src_path")?, str_arg(name, "name")?) };
         d.inner.lock().put(Path::new(src), name, force)?;
         Ok(())
     })
@@ -338,7 +470,8 @@ pub unsafe extern "C" fn gpunvme_put(
 /// Copies `name` to host file `dst_path` (written beside it, renamed into place).
 ///
 /// # Safety
-/// `dev` is a live handle; the strings are NUL-terminated.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_get(
     dev: *const GpunvmeDevice,
@@ -346,14 +479,9 @@ pub unsafe extern "C" fn gpunvme_get(
     dst_path: *const c_char,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name, dst) = unsafe {
-            (
-                dev_arg(dev)?,
-                str_arg(name, "name")?,
-                str_arg(dst_path, "dst_path")?,
-            )
-        };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (NUL-terminated strings).
+        let (name, dst) = unsafe { (str_arg(name, "name")?, str_arg(dst_path, "dst_path")?) };
         d.inner.lock().get(name, Path::new(dst))?;
         Ok(())
     })
@@ -362,7 +490,8 @@ pub unsafe extern "C" fn gpunvme_get(
 /// `*size` = the length of file `name` in bytes.
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated; `size` is valid for a write.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `size` is valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_file_size(
     dev: *const GpunvmeDevice,
@@ -370,8 +499,9 @@ pub unsafe extern "C" fn gpunvme_file_size(
     size: *mut u64,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         if size.is_null() {
             return Err(invalid("size is NULL"));
         }
@@ -386,8 +516,9 @@ pub unsafe extern "C" fn gpunvme_file_size(
 /// `*nread` = the count read (less than `len` only at the end of the file).
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated; `buf` is valid for `len` bytes of
-/// writes; `nread` is valid for a write.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `buf` is valid for `len` bytes
+/// of writes; `nread` is valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_read(
     dev: *const GpunvmeDevice,
@@ -398,8 +529,9 @@ pub unsafe extern "C" fn gpunvme_read(
     nread: *mut usize,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         if nread.is_null() || (buf.is_null() && len > 0) {
             return Err(invalid("buf or nread is NULL"));
         }
@@ -423,16 +555,73 @@ pub unsafe extern "C" fn gpunvme_read(
 /// Removes file `name`.
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_remove(
     dev: *const GpunvmeDevice,
     name: *const c_char,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         d.inner.lock().rm(name)?;
+        Ok(())
+    })
+}
+
+/// Checks the file system (unmounted); with `repair`, fixes what can be fixed (a volume's one
+/// damaged member label is rebuilt from the others); with `data`, also reads every file that
+/// has a checksum. The report is the JSON object `gpunvme fs fsck --json` prints: `problems`,
+/// `repairs`, and `lost` / `reverted`, the names of the files a repair lost or put back to an
+/// older version. It is written NUL-terminated into `report` when it fits in `cap` bytes
+/// (`report` may be NULL with `cap` 0); `*report_len` = its length without the NUL either way,
+/// so a caller can retry with a larger buffer (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not
+/// fit; the check or repair was done all the same). `*consistent` = whether the file system
+/// mounts now (clean, or repaired with nothing left).
+///
+/// # Safety
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `report` is valid for `cap` bytes of writes (or NULL with
+/// `cap` 0); `report_len` and `consistent` are valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_fsck(
+    dev: *const GpunvmeDevice,
+    repair: bool,
+    data: bool,
+    report: *mut c_char,
+    cap: usize,
+    report_len: *mut usize,
+    consistent: *mut bool,
+) -> GpunvmeError {
+    call(|| {
+        let d = dev_arg(dev)?;
+        if report_len.is_null() || consistent.is_null() || (report.is_null() && cap > 0) {
+            return Err(invalid("report, report_len or consistent is NULL"));
+        }
+        if cap > isize::MAX as usize {
+            return Err(invalid(format!("cap {cap} is larger than any buffer")));
+        }
+        let out = d.inner.lock().fsck(repair, data)?;
+        let text = out.json.to_string();
+        // SAFETY: both are non-null and valid for a write (the contract).
+        unsafe {
+            report_len.write(text.len());
+            consistent.write(out.consistent);
+        }
+        if text.len() >= cap {
+            return Err(invalid(format!(
+                "the report takes {} bytes and a NUL, the buffer {cap}",
+                text.len()
+            )));
+        }
+        // SAFETY: `report` is non-null (cap > text.len() >= 0) and valid for `cap` bytes of
+        // writes (the contract); text.len() + 1 <= cap bytes are written.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), report.cast::<u8>(), text.len());
+            report.add(text.len()).write(0);
+        }
         Ok(())
     })
 }
@@ -515,15 +704,15 @@ unsafe fn borrow_gpu(
 /// (docs/testing.md, "The stall"). gpunvme holds its own frees back while its kernels run.
 ///
 /// # Safety
-/// `dev` is a live handle; `out` is valid for a write.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `out` is valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_queues(
     dev: *const GpunvmeDevice,
     out: *mut GpunvmeGpuQueues,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let d = unsafe { dev_arg(dev) }?;
+        let d = dev_arg(dev)?;
         if out.is_null() {
             return Err(invalid("out is NULL"));
         }
@@ -549,8 +738,9 @@ pub unsafe extern "C" fn gpunvme_gpu_queues(
 /// transport cannot map memory allocated elsewhere.
 ///
 /// # Safety
-/// `dev` is a live handle; `ptr..ptr + len` stays allocated until the mapping is unmapped;
-/// `bus` and `out` are valid for writes.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `ptr..ptr + len` stays allocated until the mapping is
+/// unmapped; `bus` and `out` are valid for writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_map(
     dev: *const GpunvmeDevice,
@@ -560,8 +750,7 @@ pub unsafe extern "C" fn gpunvme_gpu_map(
     out: *mut *mut GpunvmeGpuMapping,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let d = unsafe { dev_arg(dev) }?;
+        let d = dev_arg(dev)?;
         if bus.is_null() || out.is_null() {
             return Err(invalid("bus or out is NULL"));
         }
@@ -575,31 +764,34 @@ pub unsafe extern "C" fn gpunvme_gpu_map(
         let mem = unsafe { borrow_gpu(&cuda, ptr, len, "ptr") }?;
         let buf = d.inner.lock().gpu_map(mem)?;
         let addr = buf.bus();
-        let m = Box::into_raw(Box::new(GpunvmeGpuMapping { _buf: buf }));
+        let m = register(Object::Mapping {
+            _held: GpunvmeGpuMapping { _buf: buf },
+        });
         // SAFETY: both are non-null and valid for writes (the contract).
         unsafe {
             bus.write(addr);
-            out.write(m);
+            out.write(handle_ptr(m));
         }
         Ok(())
     })
 }
 
-/// Ends a mapping (NULL: nothing); the controller no longer reaches the memory.
+/// Ends a mapping; the controller no longer reaches the memory. NULL: nothing
+/// (`GPUNVME_ERROR_NONE`). A mapping ended already, or any other value that is not a live
+/// mapping: `GPUNVME_ERROR_INVALID_HANDLE`, nothing done.
 ///
 /// # Safety
-/// `m` is null or a mapping from gpunvme_gpu_map, not used again afterwards, with no command
-/// on it still in flight.
+/// No command on the mapping's memory is still in flight (the controller may no longer
+/// reach it afterwards).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpunvme_gpu_unmap(m: *mut GpunvmeGpuMapping) {
-    if m.is_null() {
-        return;
-    }
-    let _ = call(|| {
-        // SAFETY: `m` came from Box::into_raw in gpunvme_gpu_map and is freed once (contract).
-        drop(unsafe { Box::from_raw(m) });
+pub unsafe extern "C" fn gpunvme_gpu_unmap(m: *mut GpunvmeGpuMapping) -> GpunvmeError {
+    call(|| {
+        let obj = unregister(m.addr(), "a GPU mapping", |o| {
+            matches!(o, Object::Mapping { .. })
+        })?;
+        drop(obj);
         Ok(())
-    });
+    })
 }
 
 /// A blockfs file's extent table in GPU memory, for the caller's kernels (opaque):
@@ -616,7 +808,9 @@ pub struct GpunvmeGpuFile {
 /// replace the file while kernels use it.
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated; the out-pointers are valid for writes.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; the out-pointers are valid for
+/// writes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_file_open(
     dev: *const GpunvmeDevice,
@@ -627,40 +821,41 @@ pub unsafe extern "C" fn gpunvme_gpu_file_open(
     size: *mut u64,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         if out.is_null() || table.is_null() || index.is_null() || size.is_null() {
             return Err(invalid("out, table, index or size is NULL"));
         }
         let file = d.inner.lock().gpu_file(name)?;
         let (t, i, n) = (file.table_ptr(), file.index(), file.size());
-        let f = Box::into_raw(Box::new(GpunvmeGpuFile { _file: file }));
+        let f = register(Object::File {
+            _held: GpunvmeGpuFile { _file: file },
+        });
         // SAFETY: all four are non-null and valid for writes (the contract).
         unsafe {
             table.write(t);
             index.write(i);
             size.write(n);
-            out.write(f);
+            out.write(handle_ptr(f));
         }
         Ok(())
     })
 }
 
-/// Frees a GPU file's table (NULL: nothing).
+/// Frees a GPU file's table. NULL: nothing (`GPUNVME_ERROR_NONE`). A GPU file closed
+/// already, or any other value that is not a live GPU file: `GPUNVME_ERROR_INVALID_HANDLE`,
+/// nothing done.
 ///
 /// # Safety
-/// `f` is null or from gpunvme_gpu_file_open, not used again afterwards, and no kernel still
-/// reads its table.
+/// No kernel still reads the table.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) {
-    if f.is_null() {
-        return;
-    }
-    let _ = call(|| {
-        // SAFETY: `f` came from Box::into_raw in gpunvme_gpu_file_open and is freed once.
-        drop(unsafe { Box::from_raw(f) });
+pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) -> GpunvmeError {
+    call(|| {
+        let obj = unregister(f.addr(), "a GPU file", |o| matches!(o, Object::File { .. }))?;
+        drop(obj);
         Ok(())
-    });
+    })
 }
 
 /// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
@@ -670,9 +865,10 @@ pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) {
 /// call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated; `dst..dst + len` is GPU memory that stays
-/// allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is valid for a
-/// write.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `dst..dst + len` is GPU memory
+/// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is
+/// valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_read(
     dev: *const GpunvmeDevice,
@@ -684,8 +880,9 @@ pub unsafe extern "C" fn gpunvme_gpu_read(
     nread: *mut usize,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         if nread.is_null() || (dst.is_null() && len > 0) {
             return Err(invalid("dst or nread is NULL"));
         }
@@ -714,8 +911,9 @@ pub unsafe extern "C" fn gpunvme_gpu_read(
 /// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
 ///
 /// # Safety
-/// `dev` is a live handle; `name` is NUL-terminated; `src..src + len` is GPU memory that
-/// stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `src..src + len` is GPU memory
+/// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_write(
     dev: *const GpunvmeDevice,
@@ -726,8 +924,9 @@ pub unsafe extern "C" fn gpunvme_gpu_write(
     force: bool,
 ) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let (d, name) = unsafe { (dev_arg(dev)?, str_arg(name, "name")?) };
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
         if src.is_null() && len > 0 {
             return Err(invalid("src is NULL"));
         }
@@ -749,13 +948,11 @@ pub unsafe extern "C" fn gpunvme_gpu_write(
 /// Tears down the handle's GPU queues (the next GPU call brings them up again). Unmap every
 /// mapping first, and let no kernel of yours use the queues any longer.
 ///
-/// # Safety
-/// `dev` is a live handle.
+/// `dev` that is not a live device handle: `GPUNVME_ERROR_INVALID_HANDLE`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpunvme_release_gpu(dev: *const GpunvmeDevice) -> GpunvmeError {
+pub extern "C" fn gpunvme_release_gpu(dev: *const GpunvmeDevice) -> GpunvmeError {
     call(|| {
-        // SAFETY: forwarded contract.
-        let d = unsafe { dev_arg(dev) }?;
+        let d = dev_arg(dev)?;
         d.inner.lock().release_gpu()
     })
 }

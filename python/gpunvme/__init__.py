@@ -268,13 +268,16 @@ class Device:
         return json.loads(self._d.ls(prefix))
 
     def put(self, src: PathLike, name: str, *, force: bool = False) -> Dict[str, Any]:
-        """Copies host file ``src`` into the file system as ``name``. With ``force`` an
-        existing ``name`` is replaced by one commit (the old version survives any failure)."""
+        """Copies host file ``src`` into the file system as ``name``. An existing ``name`` is
+        :class:`ExistsError` unless ``force``, which replaces it by one commit (the old version
+        survives any failure). Ctrl-C stops the copy before it commits (nothing stored, the old
+        version kept) and raises ``KeyboardInterrupt``."""
         return json.loads(self._d.put(os.fspath(src), name, force))
 
     def get(self, name: str, dst: PathLike) -> Dict[str, Any]:
         """Copies ``name`` to host file ``dst``: written beside it under a temporary name and
-        renamed into place once complete, so a failed get leaves ``dst`` as it was."""
+        renamed into place once complete, so a failed get leaves ``dst`` as it was; so does
+        Ctrl-C, which then raises ``KeyboardInterrupt``."""
         return json.loads(self._d.get(name, os.fspath(dst)))
 
     def read(self, name: str, offset: int = 0, size: Optional[int] = None) -> bytes:
@@ -489,7 +492,9 @@ def open(
     ``./gpunvme.img`` (1 GiB, sparse, created on first use unless ``read_only``); a list of
     them (or a comma-separated string) makes a striped volume, members in order.
     ``lba_size``: 512 or 4096, the block size of an image's namespace. ``read_only``: open an
-    image under a shared lock with its namespace write-protected. ``controller_threads``: the
+    image under a shared lock with its namespace write-protected; every change (``mkfs``,
+    ``put``, ``rm``, ``save``, ``fsck(repair=True)``) is then :class:`ReadOnlyError` before
+    anything is touched (docs/python.md). ``controller_threads``: the
     software controller's threads (0: automatic, a quarter of the CPUs up to 4; GPU loads run
     faster with more, up to one per CPU). ``controller_queue_pairs``: I/O queue pairs the
     software controller grants (GPU loads spread over all of them). ``nsid``: the namespace

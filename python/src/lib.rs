@@ -10,6 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::time::Duration;
 
 #[allow(unsafe_code)]
 mod dlpack;
@@ -199,7 +202,66 @@ impl Device {
         })
         .map_err(to_py)
     }
+
+    /// Runs `f` (a long copy) on the open device on a worker thread, the GIL released, while
+    /// this thread checks for Python signals every [`SIGNAL_POLL`]: a Ctrl-C (or any signal
+    /// whose handler raises) sets the cancel flag `f` gets, waits for `f` to stop (before it
+    /// commits: the copy is left undone) and raises the handler's exception,
+    /// `KeyboardInterrupt` for Ctrl-C. A signal that comes once `f` has returned is raised as
+    /// Python raises it after any call.
+    fn with_signals<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&DeviceHandle, &AtomicBool) -> Result<T> + Send,
+    ) -> PyResult<T> {
+        let cancel = AtomicBool::new(false);
+        let (inner, flag) = (&self.inner, &cancel);
+        std::thread::scope(|s| {
+            let (tx, rx) = channel();
+            s.spawn(move || {
+                let run = || {
+                    let guard = inner.lock();
+                    let opened = guard.as_ref().ok_or_else(|| anyhow::Error::new(Closed))?;
+                    f(opened, flag)
+                };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error: a copy panicked")));
+                let _ = tx.send(r);
+            });
+            let mut raised: Option<PyErr> = None;
+            let mut rx = rx;
+            loop {
+                // The receiver goes into the GIL-free wait and comes back (it is not Sync).
+                let (got, back) = py.detach(move || (rx.recv_timeout(SIGNAL_POLL), rx));
+                rx = back;
+                match got {
+                    Ok(r) => {
+                        return match raised {
+                            Some(e) => Err(e),
+                            None => r.map_err(to_py),
+                        };
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if raised.is_none()
+                            && let Err(e) = py.check_signals()
+                        {
+                            cancel.store(true, Ordering::SeqCst);
+                            raised = Some(e);
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(to_py(anyhow::anyhow!(
+                            "internal error: a copy thread ended without a result"
+                        )));
+                    }
+                }
+            }
+        })
+    }
 }
+
+/// How often a long copy's calling thread checks for Python signals (Ctrl-C).
+const SIGNAL_POLL: Duration = Duration::from_millis(20);
 
 #[pymethods]
 impl Device {
@@ -275,14 +337,20 @@ impl Device {
         self.with(py, |o| json(&o.ls(&prefix)?))
     }
 
-    /// Copies host file `src` into the file system as `name`.
+    /// Copies host file `src` into the file system as `name`. Ctrl-C stops it before it
+    /// commits (nothing stored, an existing `name` as it was) and raises `KeyboardInterrupt`.
     fn put(&self, py: Python<'_>, src: PathBuf, name: String, force: bool) -> PyResult<String> {
-        self.with(py, |o| json(&o.put(&src, &name, force)?))
+        self.with_signals(py, |o, cancel| {
+            json(&o.put_cancellable(&src, &name, force, cancel)?)
+        })
     }
 
-    /// Copies `name` out to host file `dst` (written beside it, renamed into place).
+    /// Copies `name` out to host file `dst` (written beside it, renamed into place). Ctrl-C
+    /// stops it before the rename (`dst` as it was) and raises `KeyboardInterrupt`.
     fn get(&self, py: Python<'_>, name: String, dst: PathBuf) -> PyResult<String> {
-        self.with(py, |o| json(&o.get(&name, &dst)?))
+        self.with_signals(py, |o, cancel| {
+            json(&o.get_cancellable(&name, &dst, cancel)?)
+        })
     }
 
     /// Up to `size` bytes of `name` from `offset` (to its end when `None`), read on the host.

@@ -164,6 +164,11 @@ def test_saved_model_loads_back_in_safetensors_and_gpunvme(tmp_path, controller,
         dev.mkfs()
         r = dev.save_safetensors("m/model.safetensors", tensors, {"format": "pt"}, **kw)
         assert r["bytes"] == dev.stat("m/model.safetensors")["size"]
+        # Over an existing name only with force (issue 53's list of destructive calls).
+        first = tensors[sorted(tensors)[0]]
+        with pytest.raises(gpunvme.ExistsError):
+            dev.save_safetensors("m/model.safetensors", {"x": first}, {}, **kw)
+        assert r["bytes"] == dev.stat("m/model.safetensors")["size"]
         out = tmp_path / "model.safetensors"
         dev.get("m/model.safetensors", out)
         by_safetensors = st.load_file(str(out), device="cuda:0")

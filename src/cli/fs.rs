@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use blockfs::{
-    BlockDevice, Existing, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
+    BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions,
 };
 use gpunvme::copy;
 use gpunvme::fs_report::{
@@ -295,7 +295,7 @@ pub fn run(
     if !matches!(&cmd, FsCommand::Mkfs { force: true, .. }) {
         volume::refuse_member(dev.as_ref(), &format!("namespace {nsid}"))?;
     }
-    run_on(dev, Some((ctrl, backend)), nsid, cmd, json)
+    run_on(dev, Some((ctrl, backend)), nsid, cmd, json, None)
 }
 
 /// Runs a blockfs command on a striped volume over namespace `nsid` of each of `ctrls` (in
@@ -312,9 +312,14 @@ pub fn run_volume(
     check_gpu_args(&cmd)?;
     let refs: Vec<&Controller> = ctrls.iter().collect();
     let members = volume::members(&refs, specs, nsid)?;
+    let mut label_repair = None;
     let volume = if let FsCommand::Mkfs { force, stripe, .. } = &cmd {
         let stripe = stripe.unwrap_or_else(|| volume::default_stripe(&refs));
         volume::make(members, specs, stripe, *force)?
+    } else if let FsCommand::Fsck { repair: true, .. } = &cmd {
+        let (v, line) = volume::assemble_repairing(members, specs)?;
+        label_repair = line;
+        v
     } else {
         volume::assemble(members, specs)?
     };
@@ -347,7 +352,7 @@ pub fn run_volume(
         }
         _ => {}
     }
-    run_on(volume, None, nsid, cmd, json)
+    run_on(volume, None, nsid, cmd, json, label_repair)
 }
 
 /// Runs a blockfs command on `dev`; GPU commands need the controller (`gpu`).
@@ -357,6 +362,7 @@ fn run_on(
     nsid: u32,
     cmd: FsCommand,
     json: bool,
+    label_repair: Option<String>,
 ) -> Result<()> {
     let mount = || match FileSystem::mount(dev.clone()) {
         Ok(fs) => Ok(fs),
@@ -480,7 +486,9 @@ fn run_on(
             print_report(&DfReport::of(&fs), json, true)
         }
         FsCommand::Fsck { repair, data } => {
-            let report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
+            let mut report = blockfs::fsck(dev.clone(), &FsckOptions { repair })?;
+            // A volume label rebuilt before the check is the first repair.
+            report.repairs.splice(0..0, label_repair);
             let data_report = if data && report.is_consistent() {
                 Some(check_data(&FileSystem::mount(dev.clone())?)?)
             } else {
@@ -527,13 +535,59 @@ fn run_on(
     }
 }
 
-/// What namespace `nsid` of `ctrl` holds: for refusing to overwrite a file system by accident.
-pub fn probe(ctrl: &Controller, nsid: u32) -> Result<Existing> {
+/// What namespace `nsid` of `ctrl` holds that writing its LBAs would destroy: a striped
+/// volume's member label (whole or damaged), a blockfs (whole or damaged), or nothing
+/// (`None`). Reads only.
+pub fn holds(ctrl: &Controller, nsid: u32) -> Result<Option<String>> {
     let dev = Arc::new(
         NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
             .with_context(|| format!("opening namespace {nsid}"))?,
     );
-    FileSystem::probe(dev).with_context(|| format!("looking for a blockfs on namespace {nsid}"))
+    let lba = dev.lba_size() as usize;
+    let mut label = vec![0u8; (blockfs::volume::LABEL_BYTES as usize).max(lba)];
+    dev.read(&mut [blockfs::device::ReadReq {
+        lba: 0,
+        buf: &mut label,
+    }])
+    .with_context(|| format!("looking for a volume label on namespace {nsid}"))?;
+    match blockfs::VolumeLabel::decode(&label) {
+        Ok(Some(l)) => {
+            return Ok(Some(format!(
+                "member {} of a {}-member striped volume",
+                l.member, l.members
+            )));
+        }
+        Err(why) => return Ok(Some(format!("a damaged striped-volume label ({why})"))),
+        Ok(None) => {}
+    }
+    let found = FileSystem::probe(dev)
+        .with_context(|| format!("looking for a blockfs on namespace {nsid}"))?;
+    Ok(found.is_blockfs().then(|| found.to_string()))
+}
+
+/// Refuses ([`Refusal`]) a command that writes raw LBAs of namespace `nsid` (`what`: the
+/// command, e.g. `write`) when the namespace holds a blockfs or a volume member
+/// ([`holds`]), unless `force`; `device` names the device when there are several. The one
+/// check behind every raw-LBA writer of the CLI (docs/cli.md, "Destructive commands").
+pub fn refuse_raw_write(
+    ctrl: &Controller,
+    nsid: u32,
+    what: &str,
+    force: bool,
+    device: Option<&str>,
+) -> Result<()> {
+    if force {
+        return Ok(());
+    }
+    if let Some(found) = holds(ctrl, nsid)? {
+        return Err(Refusal(format!(
+            "{}namespace {nsid} holds {found}; {what} would overwrite it (use another --device, \
+             or --force to destroy it)",
+            device.map(|d| format!("{d}: ")).unwrap_or_default(),
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 fn progress(len: u64, json: bool, verb: &str) -> ProgressBar {

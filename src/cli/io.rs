@@ -3,8 +3,8 @@
 //! Every argument is checked against the namespace before any command is sent, so a bad request
 //! leaves the device untouched.
 
-use std::io::Write as _;
-use std::path::Path;
+use std::io::{Read, Write as _};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use gpunvme::report::RawIoReport;
@@ -34,19 +34,87 @@ fn check_range(ctrl: &Controller, nsid: u32, lba: u64, bytes: u64) -> Result<(Na
     Ok((ns, blocks))
 }
 
-/// `gpunvme write`: writes the whole of `input` starting at `lba`.
+/// Bytes per piece of `read` and `write`: the most of the data either holds in memory at a
+/// time (besides the queue pair's DMA bounce buffer of at most the same size), whatever the
+/// length of the transfer.
+pub const PIECE: usize = 4 << 20;
+
+/// The largest multiple of `lba_size` that is at most [`PIECE`] (at least one LBA).
+fn piece_bytes(lba_size: u64) -> u64 {
+    (PIECE as u64 / lba_size * lba_size).max(lba_size)
+}
+
+/// Reads from `input` until `buf` is full or the input ends; returns the bytes read.
+fn fill(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// `gpunvme write`: writes the whole of `input` starting at `lba`, [`PIECE`] bytes at a time.
+/// A regular file's length is checked against the namespace before anything is written, and
+/// it must keep that length until the end; any other input (a pipe) is written as it arrives,
+/// each piece checked before it is written, so a length that turns out not to be whole LBAs
+/// or to run past the end fails after the pieces before it.
 pub fn write(ctrl: &Controller, nsid: u32, lba: u64, input: &Path, as_json: bool) -> Result<()> {
-    let data = std::fs::read(input).with_context(|| format!("reading {}", input.display()))?;
-    let (_, blocks) = check_range(ctrl, nsid, lba, data.len() as u64)?;
+    let reading = || format!("reading {}", input.display());
+    let mut file = std::fs::File::open(input).with_context(reading)?;
+    let meta = file.metadata().with_context(reading)?;
+    let known = meta.is_file().then_some(meta.len());
+    let ns = match known {
+        Some(len) => check_range(ctrl, nsid, lba, len)?.0,
+        None => ctrl.namespace(nsid)?.clone(),
+    };
+    let lba_size = ns.lba_size as u64;
+    let piece = piece_bytes(lba_size);
+    let mut buf = vec![0u8; known.map_or(piece, |len| len.min(piece)).max(1) as usize];
     let mut qp = ctrl.create_io_queue_pair(64)?;
-    qp.write_from(nsid, lba, &data)?;
+    let mut done = 0u64;
+    loop {
+        let n = fill(&mut file, &mut buf).with_context(reading)? as u64;
+        if n == 0 {
+            break;
+        }
+        if let Some(len) = known
+            && done + n > len
+        {
+            bail!(
+                "{} grew while being written (from {len} bytes); the first {done} bytes are \
+                 written",
+                input.display()
+            );
+        }
+        // A piece is whole LBAs unless it is the input's last.
+        check_range(ctrl, nsid, lba + done / lba_size, n)?;
+        qp.write_from(nsid, lba + done / lba_size, &buf[..n as usize])?;
+        done += n;
+    }
+    if done == 0 {
+        bail!("nothing to transfer: the length is 0 bytes");
+    }
+    if let Some(len) = known
+        && done != len
+    {
+        bail!(
+            "{} shrank while being written (from {len} bytes to {done}); the first {done} bytes \
+             are written",
+            input.display()
+        );
+    }
     qp.flush(nsid)?;
     let report = RawIoReport {
         op: "write",
         nsid,
         lba,
-        blocks,
-        bytes: data.len() as u64,
+        blocks: done / lba_size,
+        bytes: done,
         output: None,
     };
     print(&report, as_json)
@@ -61,7 +129,94 @@ fn print(report: &RawIoReport, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// `gpunvme read`: reads `bytes` starting at `lba` into `output` (`-`: standard output).
+/// A regular-file destination of `read`, written under a temporary name beside it and renamed
+/// over it only when every byte is there and synced (as `fs get` does); dropped before
+/// [`Staged::commit`], the temporary file is removed. Other destinations (`/dev/null`, a FIFO)
+/// are written in place.
+struct Staged {
+    file: std::fs::File,
+    temp: Option<PathBuf>,
+    dst: PathBuf,
+}
+
+impl Staged {
+    fn create(dst: &Path) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt as _;
+        // Through a symbolic link: the file it names is the one replaced, not the link.
+        let resolved = std::fs::symlink_metadata(dst)
+            .is_ok_and(|m| m.file_type().is_symlink())
+            .then(|| std::fs::canonicalize(dst).ok())
+            .flatten();
+        let dst = resolved.as_deref().unwrap_or(dst);
+        let existing = std::fs::metadata(dst).ok();
+        if let Some(m) = existing.as_ref().filter(|m| !m.is_file()) {
+            if m.is_dir() {
+                bail!("{} is a directory", dst.display());
+            }
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(dst)
+                .with_context(|| format!("opening {}", dst.display()))?;
+            return Ok(Self {
+                file,
+                temp: None,
+                dst: dst.to_owned(),
+            });
+        }
+        let name = dst
+            .file_name()
+            .with_context(|| format!("{} names no file", dst.display()))?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".gpunvme-read-{}.tmp", std::process::id()));
+        let temp = dst.with_file_name(temp_name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .with_context(|| format!("creating {}", dst.display()))?;
+        let staged = Self {
+            file,
+            temp: Some(temp),
+            dst: dst.to_owned(),
+        };
+        if let Some(m) = existing {
+            let mode = std::fs::Permissions::from_mode(m.permissions().mode() & 0o7777);
+            staged
+                .file
+                .set_permissions(mode)
+                .with_context(|| format!("creating {}", dst.display()))?;
+        }
+        Ok(staged)
+    }
+
+    fn commit(mut self) -> Result<()> {
+        let Some(temp) = self.temp.take() else {
+            return Ok(());
+        };
+        let done = self
+            .file
+            .sync_all()
+            .and_then(|()| std::fs::rename(&temp, &self.dst));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e).with_context(|| format!("writing {}", self.dst.display()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(temp) = &self.temp {
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+}
+
+/// `gpunvme read`: reads `bytes` starting at `lba` into `output` (`-`: standard output),
+/// [`PIECE`] bytes at a time, so any length runs in bounded memory. A regular-file output
+/// takes its name only once complete ([`Staged`]).
 pub fn read(
     ctrl: &Controller,
     nsid: u32,
@@ -70,19 +225,40 @@ pub fn read(
     output: &Path,
     as_json: bool,
 ) -> Result<()> {
-    let (_, blocks) = check_range(ctrl, nsid, lba, bytes)?;
-    let len = usize::try_from(bytes).context("--bytes is too large for this machine")?;
-    let mut data = vec![0u8; len];
+    let (ns, blocks) = check_range(ctrl, nsid, lba, bytes)?;
+    let lba_size = ns.lba_size as u64;
+    let piece = piece_bytes(lba_size);
     let mut qp = ctrl.create_io_queue_pair(64)?;
-    qp.read_to(nsid, lba, &mut data)?;
-    if output == Path::new("-") {
-        let mut out = std::io::stdout().lock();
-        out.write_all(&data)
-            .and_then(|()| out.flush())
-            .map_err(crate::cli::StdoutError)?;
-        return Ok(());
+    let mut buf = vec![0u8; bytes.min(piece) as usize];
+    let to_stdout = output == Path::new("-");
+    let staged = if to_stdout {
+        None
+    } else {
+        Some(Staged::create(output)?)
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut done = 0u64;
+    while done < bytes {
+        let n = (bytes - done).min(piece) as usize;
+        qp.read_to(nsid, lba + done / lba_size, &mut buf[..n])?;
+        match &staged {
+            Some(s) => (&s.file)
+                .write_all(&buf[..n])
+                .with_context(|| format!("writing {}", output.display()))?,
+            None => stdout
+                .write_all(&buf[..n])
+                .map_err(crate::cli::StdoutError)?,
+        }
+        done += n as u64;
     }
-    std::fs::write(output, &data).with_context(|| format!("writing {}", output.display()))?;
+    match staged {
+        Some(s) => s.commit()?,
+        None => {
+            stdout.flush().map_err(crate::cli::StdoutError)?;
+            return Ok(());
+        }
+    }
+    drop(stdout);
     let report = RawIoReport {
         op: "read",
         nsid,

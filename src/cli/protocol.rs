@@ -37,7 +37,7 @@ pub struct ProtocolCheckArgs {
     no_verify: bool,
     /// Namespace id.
     #[arg(long, default_value_t = 1)]
-    nsid: u32,
+    pub nsid: u32,
     /// Bytes of the namespace (from LBA 0) to touch. Default: the whole namespace, at most
     /// 1 GiB.
     #[arg(long, value_parser = parse_size)]
@@ -52,6 +52,10 @@ pub struct ProtocolCheckArgs {
     /// Bound of every wait (e.g. 10s, 500ms).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Run even if the namespace holds a blockfs or belongs to a striped volume: the check
+    /// writes its patterns from LBA 0, destroying it.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Runs the check, prints its report, and fails if any command failed, any byte differed or
