@@ -72,6 +72,13 @@ typedef struct {
   uint32_t controller_threads;
   // The namespace blockfs lives on (1 for an image).
   uint32_t nsid;
+  // I/O queue pairs the software controller grants (1 to 1024; 0: the default, 8).
+  uint32_t controller_queue_pairs;
+  // When not 0: every image `device` names that does not exist yet is made first, sparse,
+  // of this many bytes (a whole number of `lba_size` LBAs), as [`gpunvme_image_create`]
+  // makes it; existing ones are opened as they are. 0: a missing image is
+  // `GPUNVME_ERROR_NOT_FOUND`.
+  uint64_t create_bytes;
 } gpunvme_open_options;
 
 // What a kernel that includes `gpunvme.cuh` needs to use a handle's GPU queues.
@@ -106,7 +113,8 @@ const char *gpunvme_error_name(int e);
 // call into the library.
 const char *gpunvme_last_error_message(void);
 
-// The defaults: the default image, 512-byte LBAs, read-write, automatic threads, namespace 1.
+// The defaults: the default image, 512-byte LBAs, read-write, automatic threads, namespace 1,
+// the default queue pairs, nothing created.
 gpunvme_open_options gpunvme_open_options_default(void);
 
 // Opens a device and brings its controller up; on success `*out` is the handle.
@@ -174,6 +182,61 @@ gpunvme_error gpunvme_read(const gpunvme_device *dev,
 // `dev` may be any value (one that is not a live device handle is
 // `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated.
 gpunvme_error gpunvme_remove(const gpunvme_device *dev, const char *name);
+
+// Renames file `old` to `new` (`gpunvme fs mv`): an existing `new` is
+// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit (the old `new`
+// survives any failure).
+//
+// # Safety
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
+gpunvme_error gpunvme_rename(const gpunvme_device *dev,
+                             const char *old,
+                             const char *new_,
+                             bool force);
+
+// The files whose names start with `prefix` (`""`: every file), as the JSON array
+// `gpunvme --json fs ls` prints (`[{"name": ..., "size": ..., ...}]`), written
+// NUL-terminated into `out` when it fits in `cap` bytes (`out` may be NULL with `cap` 0);
+// `*out_len` = its length without the NUL either way, so a caller can retry with a larger
+// buffer (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not fit).
+//
+// # Safety
+// `dev` may be any value (one that is not a live device handle is
+// `GPUNVME_ERROR_INVALID_HANDLE`); `prefix` is NUL-terminated; `out` is valid for `cap` bytes
+// of writes (or NULL with `cap` 0); `out_len` is valid for a write.
+gpunvme_error gpunvme_ls(const gpunvme_device *dev,
+                         const char *prefix,
+                         char *out,
+                         size_t cap,
+                         size_t *out_len);
+
+// File `name`'s size, allocation, extents, checksum and generation, as the JSON object
+// `gpunvme --json fs stat` prints, into `out` as [`gpunvme_ls`] writes its list.
+//
+// # Safety
+// As for [`gpunvme_ls`], with `name` NUL-terminated.
+gpunvme_error gpunvme_stat(const gpunvme_device *dev,
+                           const char *name,
+                           char *out,
+                           size_t cap,
+                           size_t *out_len);
+
+// Space (`gpunvme --json fs df`: `block_size`, `total_blocks`, `free_blocks`,
+// `available_bytes`, `files`, ...), into `out` as [`gpunvme_ls`] writes its list.
+//
+// # Safety
+// As for [`gpunvme_ls`].
+gpunvme_error gpunvme_df(const gpunvme_device *dev, char *out, size_t cap, size_t *out_len);
+
+// Makes a sparse image file of `bytes` bytes at `path` for the software controller, a whole
+// number of `lba_size`-byte LBAs (512 or 4096; open it with the same value). An existing
+// file is `GPUNVME_ERROR_EXISTS` unless `force`, which discards its contents (refused with
+// `GPUNVME_ERROR_BUSY` while it is open).
+//
+// # Safety
+// `path` is NUL-terminated.
+gpunvme_error gpunvme_image_create(const char *path, uint64_t bytes, uint32_t lba_size, bool force);
 
 // Checks the file system (unmounted); with `repair`, fixes what can be fixed (a volume's one
 // damaged member label is rebuilt from the others); with `data`, also reads every file that

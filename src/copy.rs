@@ -353,6 +353,126 @@ pub fn put_cancellable(
     })
 }
 
+/// Streaming `put`'s default bytes per file-system call: the one buffer it holds.
+pub const PUT_STREAM_CHUNK: u64 = 16 << 20;
+
+/// Copies a stream (a pipe, standard input: no length known up front) into the file system as
+/// `name`, syncs, and reports; `from` names the stream in the report and errors. The stream is
+/// read into one bounded buffer (`opts.chunk`, by default [`PUT_STREAM_CHUNK`], at most
+/// [`MAX_STREAM_CHUNK`]) and written piece by piece as it fills, the CRC-32C taken over exactly
+/// the bytes written; the file is committed (and the checksum recorded) only at the end of
+/// the stream. A read error, a write error or `cancel` before then stores nothing: the new
+/// file is dropped before anything commits it (with `force`, the old version keeps its name).
+pub fn put_stream(
+    fs: &FileSystem,
+    input: &mut dyn std::io::Read,
+    from: &str,
+    name: &str,
+    opts: &PutOptions,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<TransferReport> {
+    check_chunk(opts.chunk)?;
+    let chunk = opts.chunk.unwrap_or(PUT_STREAM_CHUNK);
+    if chunk > MAX_STREAM_CHUNK {
+        return Err(CopyError::Chunk(format!(
+            "at most {} for a stream, not {chunk}",
+            format_bytes(MAX_STREAM_CHUNK as f64)
+        )));
+    }
+    blockfs::check_name(name).map_err(|reason| blockfs::Error::InvalidName {
+        name: name.to_owned(),
+        reason,
+    })?;
+    let temp = match fs.stat(name) {
+        Ok(old) if opts.force => {
+            if old.immutable {
+                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
+            }
+            Some(temp_name(fs))
+        }
+        _ => None,
+    };
+    let target = temp.as_deref().unwrap_or(name);
+    let file = fs.create(target, &CreateOptions { size_hint: 0 })?;
+    // Nothing is committed before the end: dropping the new file undoes the copy.
+    let discard = |e: CopyError| {
+        let _ = fs.remove(target);
+        e
+    };
+    let start = Instant::now();
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(chunk as usize).map_err(|_| {
+        discard(CopyError::Chunk(format!(
+            "{chunk} bytes: no memory for them"
+        )))
+    })?;
+    buf.resize(chunk as usize, 0);
+    let mut crc = 0u32;
+    let mut off = 0u64;
+    loop {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(discard(CopyError::Cancelled));
+        }
+        let n = fill_from(input, &mut buf).map_err(|source| {
+            discard(CopyError::Host {
+                op: "reading",
+                path: PathBuf::from(from),
+                source,
+            })
+        })?;
+        if n == 0 {
+            break;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        file.write_at(off, &buf[..n]).map_err(|source| {
+            discard(CopyError::Write {
+                name: name.to_owned(),
+                source,
+            })
+        })?;
+        off += n as u64;
+        progress(n as u64);
+    }
+    file.set_data_crc(crc).map_err(|e| discard(e.into()))?;
+    if cancel.load(Ordering::SeqCst) {
+        return Err(discard(CopyError::Cancelled));
+    }
+    if let Some(temp) = &temp {
+        fs.rename_replace(temp, name)?;
+    }
+    fs.sync()?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(TransferReport {
+        op: "put",
+        from: from.to_owned(),
+        to: name.to_owned(),
+        bytes: off,
+        seconds,
+        bytes_per_sec: off as f64 / seconds.max(1e-9),
+        extents: file.stat()?.extents,
+        crc32c: Some(crc),
+        verified: false,
+        device_written: false,
+        data_path: fs.device().describe(),
+    })
+}
+
+/// Reads from `r` until `buf` is full or the stream ends: the count read (0 at the end).
+/// Interrupted reads are retried.
+fn fill_from(r: &mut dyn std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
 /// A [`DataSource`](blockfs::DataSource) or [`DataSink`](blockfs::DataSink) that fails every
 /// read or write once the flag is set: how a cancel stops the device lanes of a copy.
 struct Cancellable<'a, T>(T, &'a AtomicBool);

@@ -22,7 +22,7 @@ pub enum ErrorKind {
     NotFound,
     /// The file exists.
     Exists,
-    /// The file system is full.
+    /// The file system is full, or the host file system holding an image is.
     NoSpace,
     /// The file is open read-only, or the handle or file system is (a change refused up
     /// front on a handle opened read-only).
@@ -81,6 +81,19 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     }
     if cause.is::<InvalidArgument>() {
         return Some(ErrorKind::InvalidArgument);
+    }
+    if let Some(e) = cause.downcast_ref::<crate::open::HostWriteFailed>() {
+        return Some(if e.no_space {
+            ErrorKind::NoSpace
+        } else {
+            ErrorKind::Io
+        });
+    }
+    if cause.is::<crate::open::MissingImage>() {
+        return Some(ErrorKind::NotFound);
+    }
+    if cause.is::<crate::open::ImageExists>() {
+        return Some(ErrorKind::Exists);
     }
     if let Some(e) = cause.downcast_ref::<nvme_emu::EmuError>() {
         return Some(match e {
@@ -193,5 +206,37 @@ mod tests {
         assert_eq!(ErrorKind::of(&e), ErrorKind::Io);
         assert_eq!(ErrorKind::of(&anyhow::anyhow!("plain")), ErrorKind::Other);
         assert_eq!(ErrorKind::NoSpace.as_str(), "no_space");
+    }
+
+    #[test]
+    fn a_refused_host_write_is_named_for_its_cause() {
+        let failed = |no_space| {
+            anyhow::Error::new(crate::open::HostWriteFailed {
+                path: "disk.img".into(),
+                no_space,
+                host: "No space left on device (os error 28)".into(),
+                device: "Write Fault".into(),
+            })
+        };
+        let e = failed(true);
+        assert_eq!(ErrorKind::of(&e), ErrorKind::NoSpace);
+        assert!(
+            e.to_string()
+                .starts_with("no space left on the host file system holding disk.img (ENOSPC"),
+            "{e}"
+        );
+        assert_eq!(ErrorKind::of(&failed(false)), ErrorKind::Io);
+        let missing = anyhow::Error::new(crate::open::MissingImage {
+            path: "x.img".into(),
+            default: false,
+            hint: None,
+        })
+        .context("opening x.img");
+        assert_eq!(ErrorKind::of(&missing), ErrorKind::NotFound);
+        let worded = crate::open::MissingImage::explain(missing, |_| "make it so".into());
+        assert_eq!(
+            format!("{worded:#}"),
+            "opening x.img: image x.img does not exist (make it so)"
+        );
     }
 }

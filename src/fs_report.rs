@@ -402,6 +402,7 @@ impl FsckView<'_> {
             "repairs": r.repairs,
             "lost": r.lost,
             "reverted": r.reverted,
+            "lost_unknown": r.lost_unknown,
             "unrepairable": r.unrepairable,
             "remaining": problems(&r.remaining),
             "data": self.data,
@@ -435,6 +436,9 @@ impl fmt::Display for FsckView<'_> {
         }
         for n in &r.reverted {
             lines.push(format!("reverted to an older version: {n}"));
+        }
+        if let Some(why) = &r.lost_unknown {
+            lines.push(format!("lost files may be missing from this list: {why}"));
         }
         if let Some(u) = &r.unrepairable {
             lines.push(format!("cannot repair: {u}"));
@@ -563,12 +567,14 @@ mod tests {
         assert_eq!(v["clean"], true);
         assert_eq!(v["data"]["unchecked"], 1);
         assert_eq!(v["lost"], serde_json::json!([]));
+        assert_eq!(v["lost_unknown"], serde_json::Value::Null);
 
         // A repair's losses, by name, in text and JSON.
         let mut repaired = report.clone();
         repaired.repairs = vec!["rolled back".into()];
         repaired.lost = vec!["gone\n1".into()];
         repaired.reverted = vec!["older".into()];
+        repaired.lost_unknown = Some("the root run of generation 7 does not read".into());
         let view = FsckView {
             report: &repaired,
             repair: true,
@@ -577,12 +583,16 @@ mod tests {
         let text = view.to_string();
         assert!(
             text.contains(
-                "repaired: rolled back\nlost: gone\\n1\nreverted to an older version: older\n"
+                "repaired: rolled back\nlost: gone\\n1\nreverted to an older version: older\nlost files may be missing from this list: the root run of generation 7 does not read\n"
             ),
             "{text}"
         );
         let v = serde_json::to_value(&view).unwrap();
         assert_eq!(v["lost"][0], "gone\n1");
         assert_eq!(v["reverted"][0], "older");
+        assert_eq!(
+            v["lost_unknown"],
+            "the root run of generation 7 does not read"
+        );
     }
 }

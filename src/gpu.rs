@@ -74,8 +74,8 @@ pub fn start_model(
 ) -> Result<Arc<GpuController>> {
     let Backend::Software(emu) = backend else {
         bail!(
-            "--controller gpu is a model that takes the software controller's place: give an \
-             image file as --device"
+            "the GPU-resident controller model takes the software controller's place: it needs \
+             an image file as the device"
         );
     };
     let specs: Vec<NamespaceSpec> = emu

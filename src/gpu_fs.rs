@@ -344,13 +344,13 @@ fn setup_in_group(
         opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
         "an SSD timing model times the GPU-resident controller's media: it needs --controller gpu"
     );
-    let cuda = Cuda::open(0).context("--gpu")?;
+    let cuda = Cuda::open(0).context("opening GPU 0")?;
     let model = match opts.serving {
         Serving::Device => None,
         Serving::Model(media) => {
             ensure!(
                 media != MediaKind::Null,
-                "the null media keeps no data: files need --media hbm"
+                "the null media keeps no data: files need the hbm or host media"
             );
             Some(gpu::start_model(
                 &cuda,
@@ -637,7 +637,7 @@ fn setup_members(
             results
         }
         Serving::Model(_) => {
-            let cuda = Cuda::open(0).context("--gpu")?;
+            let cuda = Cuda::open(0).context("opening GPU 0")?;
             let group = gpu::model_group(&cuda, ctrls.len(), opts.controller_sms)?;
             let jobs: Vec<_> = ctrls.iter().zip(backends).zip(group).collect();
             gpu::on_each(&jobs, |((c, b), g)| {

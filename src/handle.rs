@@ -16,7 +16,9 @@ use gpu_queues::GpuBuffer;
 use nvme::Controller;
 
 use crate::copy;
-use crate::fs_report::{FsckView, ListReport, MkfsReport, RemoveReport, StatReport, check_data};
+use crate::fs_report::{
+    DfReport, FsckView, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport, check_data,
+};
 use crate::gpu::{self, GpuSetup, Serving};
 use crate::gpu_fs::{self, GpuFsOptions};
 use crate::gpu_io::{self, GpuIoReport, Piece, ReadPath};
@@ -53,6 +55,8 @@ pub struct DeviceHandle {
     /// Blockfs as [`DeviceHandle::mount`] keeps it between calls.
     mounted: Mutex<Option<Arc<FileSystem>>>,
     backend: Backend,
+    /// Every device's backend (the first is `backend`).
+    backends: Vec<Backend>,
     // Dropped after the block devices (field order): their queues are the controllers'.
     ctrls: Vec<Controller>,
 }
@@ -108,14 +112,14 @@ impl DeviceHandle {
             None => vec![DeviceSpec::parse(None)?],
         };
         let mut ctrls = Vec::with_capacity(specs.len());
-        let mut backend = None;
+        let mut backends = Vec::with_capacity(specs.len());
         for (spec, name) in specs.iter().zip(&names) {
             let (c, b) = open::open_controller_and_transport(spec, &opts)
                 .with_context(|| format!("opening {name}"))?;
             ctrls.push(c);
-            backend.get_or_insert(b);
+            backends.push(b);
         }
-        let backend = backend.context("no device")?;
+        let backend = backends.first().cloned().context("no device")?;
         let describe = ctrls
             .iter()
             .zip(&names)
@@ -151,8 +155,17 @@ impl DeviceHandle {
             cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
             mounted,
             backend,
+            backends,
             ctrls,
         })
+    }
+
+    /// `e` (an error of one of this handle's calls) named for its cause when the host refused
+    /// a write to an image meanwhile: [`open::HostWriteFailed`], a full host file system as
+    /// [`crate::error_kind::ErrorKind::NoSpace`] rather than the Write Fault the device
+    /// reported. The bindings pass every error through it.
+    pub fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+        open::explain_host_error(e, &self.backends)
     }
 
     /// Whether the handle is a striped volume over several devices.
@@ -405,11 +418,33 @@ impl DeviceHandle {
         })
     }
 
+    /// Renames `old` to `new`: an existing `new` is [`blockfs::Error::AlreadyExists`] unless
+    /// `force`, which replaces it by one commit (`gpunvme fs mv [--force]`).
+    pub fn mv(&self, old: &str, new: &str, force: bool) -> Result<RenameReport> {
+        self.refuse_read_only("mv", old)?;
+        let fs = self.mount()?;
+        if force {
+            fs.rename_replace(old, new)?;
+        } else {
+            fs.rename(old, new)?;
+        }
+        fs.sync()?;
+        Ok(RenameReport {
+            from: old.to_owned(),
+            to: new.to_owned(),
+        })
+    }
+
+    /// Space: blocks in all, free, and the bytes available for file data (`gpunvme fs df`).
+    pub fn df(&self) -> Result<DfReport> {
+        Ok(DfReport::of(&*self.mount()?))
+    }
+
     /// Checks the file system (unmounted); `repair` fixes what can be fixed, `data` also reads
     /// every file with a recorded checksum.
     pub fn fsck(&self, repair: bool, data: bool) -> Result<FsckOutcome> {
         if repair {
-            self.refuse_read_only("fsck --repair", "(every file)")?;
+            self.refuse_read_only("fsck with repair", "(every file)")?;
         }
         self.unmount();
         let (dev, label_repair): (Arc<dyn BlockDevice>, _) = if repair && self.is_volume() {

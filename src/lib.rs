@@ -2,6 +2,8 @@
 //! and tests share, above the layers (layer: CLI). The CLI (`main.rs`, `cli/`) parses and
 //! prints; the logic it runs lives here, where it is tested.
 //!
+//! - [`image`]: image files of a given size for the software controller (`gpunvme image
+//!   create`, Python's `create=`, C's `gpunvme_image_create`);
 //! - [`open`]: device specs (`--device`: an image for the software controller, or a PCI
 //!   address bound to vfio-pci) and the one-owner rule;
 //! - [`perf`]: the perf engine for CPU and GPU queues (`perf`, `perf --gpu`);
@@ -26,6 +28,7 @@ pub mod gpu;
 pub mod gpu_fs;
 pub mod gpu_io;
 pub mod handle;
+pub mod image;
 pub mod logs;
 pub mod open;
 pub mod perf;

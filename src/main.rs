@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpunvme::open::{
-    DEFAULT_IMAGE, DeviceSpec, OpenOptions, PERF_DEFAULT_IMAGE, open_controller_and_transport,
+    DEFAULT_IMAGE, DeviceSpec, MissingImage, OpenOptions, PERF_DEFAULT_IMAGE,
+    open_controller_and_transport,
 };
 use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
 use gpunvme::units::{parse_duration, parse_size};
@@ -105,6 +106,11 @@ enum Command {
     /// this command allocates: write, read back and check LBA-stamped data; fails on any error.
     /// Refuses a namespace holding a blockfs or a volume member without --force.
     ProtocolCheck(cli::protocol::ProtocolCheckArgs),
+    /// Image files for the software controller (`image create PATH --size 4G`).
+    Image {
+        #[command(subcommand)]
+        cmd: cli::image::ImageCommand,
+    },
     /// File operations on blockfs.
     Fs {
         /// Namespace holding the file system.
@@ -144,6 +150,7 @@ impl Command {
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
             Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
+            Command::Image { .. } => false,
         }
     }
 
@@ -351,6 +358,13 @@ fn run(args: Args) -> Result<()> {
             }
         });
     }
+    if let Command::Image { cmd } = args.command {
+        anyhow::ensure!(
+            args.device.is_empty(),
+            "`image` commands take the image's path as their argument, not --device"
+        );
+        return cli::image::run(cmd, args.lba_size, args.json);
+    }
     if args.device.len() > 1 {
         return run_volume(args, controller_queue_pairs);
     }
@@ -376,7 +390,18 @@ fn run(args: Args) -> Result<()> {
         ))
         .into());
     }
-    let (ctrl, backend) = open_controller_and_transport(&spec, &opts)?;
+    if let Command::Write {
+        nsid, ref input, ..
+    } = args.command
+        && spec == DeviceSpec::DefaultImage
+        && !opts.default_image.exists()
+    {
+        // Before the default image is created, so a write that cannot work creates none.
+        check_write_input(input, nsid, args.lba_size)?;
+    }
+    let perf = matches!(args.command, Command::Perf(_));
+    let (ctrl, backend) = open_controller_and_transport(&spec, &opts)
+        .map_err(|e| MissingImage::explain(e, |m| missing_image_hint(m, perf)))?;
     let result = match args.command {
         Command::Identify => cli::identify::run(&ctrl, args.json),
         Command::Write {
@@ -419,10 +444,54 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
+        Command::Image { .. } => Err(anyhow::anyhow!(
+            "internal error: an image command reached a device"
+        )),
     };
+    // A write the host refused (a full host file system) is named for its cause.
+    let result = result.map_err(|e| gpunvme::open::explain_host_error(e, [&backend]));
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");
     result.and(shutdown)
+}
+
+/// What `write` can check of its input before the default image is created for it:
+/// it is readable, and a regular file's length is whole LBAs of the image's namespace 1 (the
+/// only one an image has). The same words as the checks after opening.
+fn check_write_input(input: &std::path::Path, nsid: u32, lba_size: u32) -> Result<()> {
+    let meta = std::fs::metadata(input).with_context(|| format!("reading {}", input.display()))?;
+    if nsid != 1 {
+        anyhow::bail!("namespace {nsid} does not exist (an image has namespace 1 only)");
+    }
+    if meta.is_file() {
+        let len = meta.len();
+        anyhow::ensure!(len > 0, "nothing to transfer: the length is 0 bytes");
+        anyhow::ensure!(
+            len % u64::from(lba_size) == 0,
+            "length {len} bytes is not a whole number of namespace {nsid}'s {lba_size}-byte LBAs"
+        );
+    }
+    Ok(())
+}
+
+/// How to make a missing image, in the CLI's terms: the default image is made by a command
+/// that writes (for `perf`, its own scratch image, by a run that writes), a named one by
+/// `gpunvme image create`.
+fn missing_image_hint(m: &MissingImage, perf: bool) -> String {
+    let path = m.path.display();
+    if m.default && perf {
+        format!(
+            "a perf run that writes creates it: `gpunvme perf --rw randwrite` or `--verify`; or \
+             `gpunvme image create {path} --size 1G`"
+        )
+    } else if m.default {
+        "commands that write create it, e.g. `gpunvme fs mkfs`".into()
+    } else {
+        format!(
+            "create it with `gpunvme image create {path} --size 1G`, or omit --device to use \
+             ./{DEFAULT_IMAGE}"
+        )
+    }
 }
 
 /// The GPU job that `perf --gpu`'s arguments describe, around the CPU engine's `cfg`.
@@ -539,7 +608,9 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
     let mut ctrls = Vec::with_capacity(specs.len());
     let mut backends = Vec::with_capacity(specs.len());
     for (spec, name) in specs.iter().zip(&args.device) {
-        match open_controller_and_transport(spec, &opts) {
+        match open_controller_and_transport(spec, &opts)
+            .map_err(|e| MissingImage::explain(e, |m| missing_image_hint(m, false)))
+        {
             Ok((c, b)) => {
                 ctrls.push(c);
                 backends.push(b);
@@ -572,6 +643,7 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             cli::perf::print_several(&report, args.json)
         })(),
     };
+    let result = result.map_err(|e| gpunvme::open::explain_host_error(e, &backends));
     let mut shutdown = Ok(());
     for (c, name) in ctrls.into_iter().zip(&args.device) {
         let r = c

@@ -19,6 +19,144 @@ pub const PERF_DEFAULT_IMAGE: &str = "gpunvme-perf.img";
 /// Size of the default image when it is created on first use (sparse).
 pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
 
+/// The image to open does not exist ([`crate::error_kind::ErrorKind::NotFound`]). The library
+/// says only that; each surface names its own way of making one in `hint` (the CLI its
+/// command, Python and C their calls), so nobody is told about another surface's flags.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}", self.what(), self.hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+pub struct MissingImage {
+    /// The image's path.
+    pub path: PathBuf,
+    /// Whether it is the default image (no device named), which a writing open creates: only a
+    /// read-only open finds it missing.
+    pub default: bool,
+    /// How to make it, in the caller's terms; none from the library.
+    pub hint: Option<String>,
+}
+
+impl MissingImage {
+    fn what(&self) -> String {
+        if self.default {
+            format!(
+                "{} does not exist: there is nothing to read yet",
+                self.path.display()
+            )
+        } else {
+            format!("image {} does not exist", self.path.display())
+        }
+    }
+
+    /// Sets the hint of the [`MissingImage`] in `e`'s chain, if there is one, to what
+    /// `hint(missing)` says; `e` otherwise unchanged.
+    pub fn explain(
+        mut e: anyhow::Error,
+        hint: impl FnOnce(&MissingImage) -> String,
+    ) -> anyhow::Error {
+        if let Some(m) = e.downcast_mut::<MissingImage>() {
+            let h = hint(m);
+            m.hint = Some(h);
+        }
+        e
+    }
+}
+
+/// A write to an image failed on the host: the software controller could only complete the
+/// command with Write Fault, and this names the host's reason. When the host file system holding
+/// the image is full (ENOSPC, or EDQUOT) it is [`crate::error_kind::ErrorKind::NoSpace`],
+/// otherwise [`crate::error_kind::ErrorKind::Io`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.describe())]
+pub struct HostWriteFailed {
+    /// The image file.
+    pub path: PathBuf,
+    /// Whether the host file system was full.
+    pub no_space: bool,
+    /// The host's error, in words.
+    pub host: String,
+    /// The error the command met (the device's status and what was being done).
+    pub device: String,
+}
+
+impl HostWriteFailed {
+    fn describe(&self) -> String {
+        if self.no_space {
+            format!(
+                "no space left on the host file system holding {} (ENOSPC: {}); the image is \
+                 sparse and takes host space as blocks are written: free space there or move \
+                 the image (the device reported: {})",
+                self.path.display(),
+                self.host,
+                self.device
+            )
+        } else {
+            format!(
+                "the host failed a write to the image {} ({}); the device reported: {}",
+                self.path.display(),
+                self.host,
+                self.device
+            )
+        }
+    }
+}
+
+/// `e`, named for its cause when a software controller among `backends` saw the host refuse a
+/// write to its image since the last call ([`HostWriteFailed`]); otherwise `e` unchanged.
+pub fn explain_host_error<'a>(
+    e: anyhow::Error,
+    backends: impl IntoIterator<Item = &'a Backend>,
+) -> anyhow::Error {
+    // Taken (cleared) whatever `e` is, so a refusal is never blamed on a later error.
+    let found = backends
+        .into_iter()
+        .filter_map(Backend::emu)
+        .find_map(|emu| emu.take_host_write_error());
+    // Only a command that failed at the device is what the host's refusal explains.
+    let at_device = e.chain().any(|c| c.is::<nvme::Error>());
+    match found {
+        Some(h) if at_device => HostWriteFailed {
+            no_space: h.is_no_space(),
+            path: h.path,
+            host: h.message,
+            device: format!("{e:#}"),
+        }
+        .into(),
+        _ => e,
+    }
+}
+
+/// The image file exists and replacing it was not asked for
+/// ([`crate::error_kind::ErrorKind::Exists`]). Each surface says how to force it in `hint`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} exists already: making a new image there would discard its contents{}",
+    path.display(),
+    hint.as_ref().map(|h| format!(" ({h})")).unwrap_or_default()
+)]
+pub struct ImageExists {
+    /// The file.
+    pub path: PathBuf,
+    /// How to replace it anyway, in the caller's terms; none from the library.
+    pub hint: Option<String>,
+}
+
+impl ImageExists {
+    /// The error for `path`, with no hint.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            hint: None,
+        }
+    }
+
+    /// Sets the hint of the [`ImageExists`] in `e`'s chain, if there is one.
+    pub fn explain(mut e: anyhow::Error, hint: &str) -> anyhow::Error {
+        if let Some(x) = e.downcast_mut::<ImageExists>() {
+            x.hint = Some(hint.to_owned());
+        }
+        e
+    }
+}
+
 /// What `--device` named.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -44,7 +182,7 @@ impl DeviceSpec {
                 let path = &s[vfio::user::SPEC_PREFIX.len()..];
                 if path.is_empty() {
                     bail!(
-                        "--device {s}: give the server's socket, e.g. vfio-user:/tmp/spdk/malloc512/cntrl"
+                        "device {s}: give the server's socket, e.g. vfio-user:/tmp/spdk/malloc512/cntrl"
                     );
                 }
                 Ok(Self::VfioUser(PathBuf::from(path)))
@@ -56,8 +194,7 @@ impl DeviceSpec {
                     || (s.contains(':') && !s.contains('/') && !Path::new(s).exists()) =>
             {
                 Ok(Self::Pci(
-                    s.parse()
-                        .map_err(|e| anyhow::anyhow!("--device {s}: {e}"))?,
+                    s.parse().map_err(|e| anyhow::anyhow!("device {s}: {e}"))?,
                 ))
             }
             Some(s) => Ok(Self::Image(PathBuf::from(s))),
@@ -183,10 +320,12 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
             if !path.exists() && opts.read_only {
                 // A command that only reads has nothing to read there: creating 1 GiB as its
                 // side effect would surprise.
-                bail!(
-                    "{} does not exist: there is nothing to read yet (commands that write create it, e.g. `gpunvme fs mkfs`)",
-                    path.display()
-                );
+                return Err(MissingImage {
+                    path: path.to_owned(),
+                    default: true,
+                    hint: None,
+                }
+                .into());
             }
             if !path.exists() {
                 match EmuConfig::create_image(path, DEFAULT_IMAGE_BYTES) {
@@ -215,11 +354,12 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
 
 fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
     if !path.exists() {
-        bail!(
-            "image {} does not exist (create one with `truncate -s 1G {}`, or omit --device to use ./{DEFAULT_IMAGE})",
-            path.display(),
-            path.display()
-        );
+        return Err(MissingImage {
+            path: path.to_owned(),
+            default: false,
+            hint: None,
+        }
+        .into());
     }
     let base = if opts.read_only {
         EmuConfig::for_image_read_only(path, opts.lba_size)

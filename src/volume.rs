@@ -11,7 +11,7 @@ use blockfs::{
 };
 use nvme::Controller;
 
-use crate::error_kind::Refused;
+use crate::error_kind::{InvalidArgument, Refused};
 
 /// Namespace `nsid` of each controller as a member block device (`names` name them in errors).
 pub fn members(
@@ -91,6 +91,7 @@ pub fn make(
 
 /// Assembles the volume `members` make, in order; a wrong set is refused naming the device.
 pub fn assemble(members: Vec<Arc<dyn BlockDevice>>, names: &[String]) -> Result<StripedVolume> {
+    refuse_other_lba_size(&members, names)?;
     StripedVolume::open(members)
         .with_context(|| format!("assembling the volume of {}", listed(names)))
 }
@@ -102,13 +103,38 @@ pub fn assemble_repairing(
     members: Vec<Arc<dyn BlockDevice>>,
     names: &[String],
 ) -> Result<(StripedVolume, Option<String>)> {
+    refuse_other_lba_size(&members, names)?;
     StripedVolume::open_repairing(members)
         .with_context(|| format!("assembling the volume of {}", listed(names)))
 }
 
-/// Refuses ([`Refused`]) a device that is a member of a volume, used alone: mkfs would break
-/// the volume, anything else would find no file system.
-pub fn refuse_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {
+/// Refuses ([`InvalidArgument`]) a member opened with another LBA size than the volume was
+/// made on (an image does not record its LBA size): said as such, rather than as a member too
+/// small for its part. Members without a readable label are left to the volume's own checks.
+fn refuse_other_lba_size(members: &[Arc<dyn BlockDevice>], names: &[String]) -> Result<()> {
+    for (i, dev) in members.iter().enumerate() {
+        let name = names.get(i).map_or("a device", String::as_str);
+        if let Ok(Some(l)) = read_label(dev.as_ref(), name)
+            && l.lba_size != dev.lba_size()
+        {
+            return Err(InvalidArgument(format!(
+                "{name} (member {} of a {}-member striped volume) was made with {}-byte LBAs \
+                 but is open with {}-byte LBAs: open every member with the LBA size the volume \
+                 was made with ({}; images do not record it)",
+                l.member,
+                l.members,
+                l.lba_size,
+                dev.lba_size(),
+                l.lba_size
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The volume label at the start of `dev`, if it holds a valid one.
+fn read_label(dev: &dyn BlockDevice, what: &str) -> Result<Option<VolumeLabel>> {
     let lba = dev.lba_size() as usize;
     let mut area = vec![0u8; (blockfs::volume::LABEL_BYTES as usize).max(lba)];
     dev.read(&mut [ReadReq {
@@ -116,7 +142,13 @@ pub fn refuse_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {
         buf: &mut area,
     }])
     .with_context(|| format!("looking for a volume label on {what}"))?;
-    if let Ok(Some(l)) = VolumeLabel::decode(&area) {
+    Ok(VolumeLabel::decode(&area).ok().flatten())
+}
+
+/// Refuses ([`Refused`]) a device that is a member of a volume, used alone: mkfs would break
+/// the volume, anything else would find no file system.
+pub fn refuse_member(dev: &dyn BlockDevice, what: &str) -> Result<()> {
+    if let Some(l) = read_label(dev, what)? {
         return Err(Refused(format!(
             "{what} is member {} of a {}-member striped volume: give all its devices in order \
              (A,B,...), or make a new file system by force to destroy it",

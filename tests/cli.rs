@@ -634,3 +634,237 @@ fn perf_runs_on_every_controller_at_once() {
         "p1.img: namespace 1 holds",
     );
 }
+
+/// The error object `--json` printed on standard output.
+fn json_error(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {text:?}"))
+}
+
+#[test]
+fn image_create_makes_a_sparse_image_of_the_size_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = ok(&gpunvme(d, "image create disk.img --size 4G"));
+    assert!(
+        out.starts_with("created disk.img: 4.00 GiB (4294967296 bytes), sparse"),
+        "{out}"
+    );
+    assert!(out.contains("8388608 LBAs of 512 bytes"), "{out}");
+    let meta = std::fs::metadata(d.join("disk.img")).unwrap();
+    assert_eq!(meta.len(), 4 << 30);
+    use std::os::unix::fs::MetadataExt;
+    assert!(meta.blocks() * 512 < 1 << 20, "not sparse: {meta:?}");
+    // It serves the fs commands as it is.
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    std::fs::write(d.join("a.bin"), b"hello").unwrap();
+    ok(&gpunvme(d, "--device disk.img fs put a.bin a"));
+    // An existing file is refused without --force, and left as it is.
+    let out = gpunvme(d, "image create disk.img --size 64M");
+    fails_with(&out, "disk.img exists already");
+    fails_with(&out, "add --force");
+    assert_eq!(
+        std::fs::metadata(d.join("disk.img")).unwrap().len(),
+        4 << 30
+    );
+    let v = json_error(&gpunvme(d, "--json image create disk.img --size 64M"));
+    assert_eq!(v["error"]["kind"], "exists", "{v}");
+    ok(&gpunvme(d, "--device disk.img fs stat a"));
+    // --force makes it afresh, here with 4 KiB LBAs; --json says what was made.
+    let out = ok(&gpunvme(
+        d,
+        "--json --lba-size 4096 image create disk.img --size 64M --force",
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["path"], "disk.img");
+    assert_eq!(v["bytes"], 64u64 << 20);
+    assert_eq!(v["lba_size"], 4096);
+    assert_eq!(v["blocks"], 16384);
+    assert_eq!(v["replaced"], true);
+    assert_eq!(
+        std::fs::metadata(d.join("disk.img")).unwrap().len(),
+        64 << 20
+    );
+    let line = error_line(&gpunvme(d, "--lba-size 4096 --device disk.img fs ls"));
+    assert!(line.contains("holds no blockfs"), "{line}");
+    // Sizes that are not whole LBAs, and a directory: refused, nothing made.
+    fails_with(
+        &gpunvme(d, "--lba-size 4096 image create odd.img --size 1000"),
+        "not a whole number of 4096-byte LBAs",
+    );
+    assert!(!d.join("odd.img").exists());
+    let out = gpunvme(d, "image create odd.img --size 4Q");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!d.join("odd.img").exists());
+    std::fs::create_dir(d.join("adir")).unwrap();
+    fails_with(
+        &gpunvme(d, "image create adir --size 1M --force"),
+        "is a directory",
+    );
+}
+
+#[test]
+fn a_missing_image_names_the_command_that_makes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = gpunvme(d, "--json --device missing.img fs mkfs");
+    let line = error_line(&out);
+    assert!(
+        line.contains(
+            "image missing.img does not exist (create it with `gpunvme image create missing.img \
+             --size 1G`"
+        ),
+        "{line}"
+    );
+    assert!(!line.contains("truncate"), "{line}");
+    assert_eq!(json_error(&out)["error"]["kind"], "not_found");
+    assert!(!d.join("missing.img").exists());
+}
+
+#[test]
+fn a_rejected_write_creates_no_default_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("odd.bin"), vec![7u8; 1000]).unwrap();
+    fails_with(
+        &gpunvme(d, "write --lba 0 --input odd.bin"),
+        "length 1000 bytes is not a whole number of namespace 1's 512-byte LBAs",
+    );
+    fails_with(
+        &gpunvme(d, "write --lba 0 --input nothing.bin"),
+        "nothing.bin",
+    );
+    std::fs::write(d.join("empty.bin"), b"").unwrap();
+    fails_with(&gpunvme(d, "write --lba 0 --input empty.bin"), "0 bytes");
+    std::fs::write(d.join("ok.bin"), vec![7u8; 4096]).unwrap();
+    fails_with(
+        &gpunvme(d, "write --nsid 2 --lba 0 --input ok.bin"),
+        "namespace 2",
+    );
+    assert!(
+        !d.join("gpunvme.img").exists(),
+        "a rejected write created the default image"
+    );
+    // A write that can work still creates it.
+    ok(&gpunvme(d, "write --lba 0 --input ok.bin"));
+    assert_eq!(
+        std::fs::metadata(d.join("gpunvme.img")).unwrap().len(),
+        1 << 30
+    );
+}
+
+#[test]
+fn the_same_image_twice_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 64 << 20);
+    let line = error_line(&gpunvme(d, "--device disk.img,disk.img fs mkfs"));
+    assert!(line.contains("already open in this process"), "{line}");
+    assert!(!line.contains("in use by process"), "{line}");
+}
+
+#[test]
+fn a_volume_opened_with_another_lba_size_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    images(d, "m", 2);
+    ok(&gpunvme(d, "--device m0.img,m1.img fs mkfs"));
+    let out = gpunvme(d, "--json --lba-size 4096 --device m0.img,m1.img fs ls");
+    let line = error_line(&out);
+    assert!(
+        line.contains(
+            "m0.img (member 0 of a 2-member striped volume) was made with 512-byte LBAs but is \
+             open with 4096-byte LBAs"
+        ),
+        "{line}"
+    );
+    assert!(!line.contains("cannot hold"), "{line}");
+    assert_eq!(json_error(&out)["error"]["kind"], "invalid_argument");
+    ok(&gpunvme(d, "--device m0.img,m1.img fs ls"));
+}
+
+/// Runs `gpunvme` in `dir` with `stdin` as its standard input.
+fn gpunvme_with_stdin(dir: &Path, cmdline: &str, stdin: std::process::Stdio) -> Output {
+    common::bin()
+        .current_dir(dir)
+        .args(cmdline.split_whitespace())
+        .stdin(stdin)
+        .output()
+        .expect("run gpunvme")
+}
+
+#[test]
+fn fs_put_from_standard_input_streams_and_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    image(d, 256 << 20);
+    ok(&gpunvme(d, "--device disk.img fs mkfs"));
+    // Larger than the stream's buffer and not whole blocks, through a pipe.
+    let data: Vec<u8> = (0..(40 << 20) + 12345u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut child = common::bin()
+        .current_dir(d)
+        .args("--json --device disk.img fs put - piped".split_whitespace())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&data).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(v["bytes"], data.len() as u64, "{v}");
+    assert_eq!(v["from"], "standard input");
+    assert_eq!(v["crc32c"], u64::from(crc32c::crc32c(&data)), "{v}");
+    ok(&gpunvme(d, "--device disk.img fs get piped back.bin"));
+    assert_eq!(std::fs::read(d.join("back.bin")).unwrap(), data);
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(d, "--device disk.img --json fs stat piped"))).unwrap();
+    assert_eq!(st["size"], data.len() as u64, "{st}");
+    // An existing name is refused without --force; with it, replaced.
+    let src = std::fs::File::open(d.join("back.bin")).unwrap();
+    fails_with(
+        &gpunvme_with_stdin(d, "--device disk.img fs put - piped", src.into()),
+        "exists",
+    );
+    std::fs::write(d.join("small"), b"small").unwrap();
+    let src = std::fs::File::open(d.join("small")).unwrap();
+    ok(&gpunvme_with_stdin(
+        d,
+        "--device disk.img fs put --force - piped",
+        src.into(),
+    ));
+    ok(&gpunvme(d, "--device disk.img fs get piped small.back"));
+    assert_eq!(std::fs::read(d.join("small.back")).unwrap(), b"small");
+    // A stream that fails to read stores nothing, and a forced one keeps the old version.
+    for cmd in [
+        "--device disk.img fs put - broken",
+        "--device disk.img fs put --force - piped",
+    ] {
+        let stdin = std::fs::File::open(d).unwrap();
+        fails_with(
+            &gpunvme_with_stdin(d, cmd, stdin.into()),
+            "reading standard input",
+        );
+    }
+    let ls = ok(&gpunvme(d, "--device disk.img --json fs ls"));
+    assert!(!ls.contains("broken"), "{ls}");
+    ok(&gpunvme(d, "--device disk.img fs get piped small.back"));
+    assert_eq!(std::fs::read(d.join("small.back")).unwrap(), b"small");
+    ok(&gpunvme(d, "--device disk.img fs fsck --data"));
+    // Empty input: an empty file.
+    ok(&gpunvme_with_stdin(
+        d,
+        "--device disk.img fs put - empty",
+        std::process::Stdio::null(),
+    ));
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&gpunvme(d, "--device disk.img --json fs stat empty"))).unwrap();
+    assert_eq!(st["size"], 0, "{st}");
+}

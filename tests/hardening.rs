@@ -9,35 +9,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{bin, gpunvme, ok};
-
-/// The one `gpunvme: error:` line of a failed command.
-fn error_line(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure: {err}");
-    let errors: Vec<_> = err
-        .lines()
-        .filter(|l| l.starts_with("gpunvme: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "one error line expected: {err:?}");
-    errors[0].to_string()
-}
+use common::{bin, error_line, gpunvme, image_file, ok, pattern};
 
 fn image(dir: &Path, bytes: u64) -> PathBuf {
-    let p = dir.join("disk.img");
-    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
-    p
-}
-
-/// Bytes that differ from their neighbours and from other seeds.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| {
-            (i.wrapping_add(seed.wrapping_mul(0x9e37_79b9))
-                .wrapping_mul(2_654_435_761)
-                >> 24) as u8
-        })
-        .collect()
+    image_file(dir, "disk.img", bytes)
 }
 
 /// A `gpunvme fs get NAME -` that holds the image (shared lock) until killed: its standard
@@ -879,11 +854,23 @@ fn ctrl_c_during_perf_prints_the_partial_result() {
 fn read_only_commands_create_no_default_image() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    for cmd in ["fs ls", "fs df", "identify", "perf --rw randread --ios 10"] {
+    for cmd in ["fs ls", "fs df", "identify"] {
         let line = error_line(&gpunvme(d, cmd));
         assert!(line.contains("does not exist"), "{cmd}: {line}");
         assert!(line.contains("gpunvme fs mkfs"), "{cmd}: {line}");
     }
+    // perf's own image is made by a perf that writes, not by `fs mkfs` (which makes another).
+    let line = error_line(&gpunvme(d, "perf --rw randread --ios 10"));
+    assert!(line.contains("gpunvme-perf.img does not exist"), "{line}");
+    assert!(!line.contains("fs mkfs"), "{line}");
+    assert!(
+        line.contains("`gpunvme perf --rw randwrite` or `--verify`"),
+        "{line}"
+    );
+    assert!(
+        line.contains("`gpunvme image create gpunvme-perf.img --size 1G`"),
+        "{line}"
+    );
     assert!(!d.join("gpunvme.img").exists());
     assert!(!d.join("gpunvme-perf.img").exists());
     // A device without a file system says how to make one.
@@ -1024,4 +1011,75 @@ fn small_files_share_metadata_chunks() {
     // The superblock area, one root block and one chunk block (was 32 MiB: a chunk a file).
     assert!(df["metadata_blocks"].as_u64().unwrap() <= 3, "{df}");
     assert!(ok(&fs("fsck")).contains("clean"));
+}
+
+/// Runs `f` with a tmpfs of `bytes` mounted on a fresh directory, when this process may mount
+/// one (root); otherwise says so and returns false.
+fn with_small_tmpfs(bytes: u64, f: impl FnOnce(&Path)) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+        .arg(&mnt)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return false;
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mnt)));
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+    true
+}
+
+#[test]
+fn a_full_host_file_system_is_no_space_not_a_write_fault() {
+    with_small_tmpfs(8 << 20, |mnt| {
+        // A 64 MiB sparse image on an 8 MiB file system: a 16 MiB put runs it out of space.
+        std::fs::File::create(mnt.join("disk.img"))
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        ok(&gpunvme(mnt, "--device disk.img fs mkfs"));
+        std::fs::write(mnt.join("small"), vec![1u8; 4096]).unwrap();
+        ok(&gpunvme(mnt, "--device disk.img fs put small small"));
+        let big = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(big.path(), vec![7u8; 16 << 20]).unwrap();
+        let out = gpunvme(
+            mnt,
+            &format!(
+                "--json --device disk.img fs put {} big",
+                big.path().display()
+            ),
+        );
+        let line = error_line(&out);
+        assert!(
+            line.contains("no space left on the host file system holding disk.img (ENOSPC"),
+            "{line}"
+        );
+        assert!(!line.starts_with("gpunvme: error: writing big"), "{line}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(v["error"]["kind"], "no_space", "{v}");
+        // The same from standard input: no space, nothing stored.
+        let out = bin()
+            .current_dir(mnt)
+            .args("--device disk.img fs put - streamed".split_whitespace())
+            .stdin(std::fs::File::open(big.path()).unwrap())
+            .output()
+            .unwrap();
+        let line = error_line(&out);
+        assert!(
+            line.contains("no space left on the host file system"),
+            "{line}"
+        );
+        // Nothing stored, the file system intact.
+        let ls = ok(&gpunvme(mnt, "--device disk.img --json fs ls"));
+        assert!(!ls.contains("\"big\"") && !ls.contains("streamed"), "{ls}");
+        ok(&gpunvme(mnt, "--device disk.img fs fsck"));
+    });
 }

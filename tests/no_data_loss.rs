@@ -6,42 +6,16 @@
 use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 mod common;
-use common::{bin, gpunvme, ok};
-
-/// The one `gpunvme: error:` line of a failed command.
-fn error_line(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure: {err}");
-    assert_eq!(out.status.code(), Some(1), "exit status: {err}");
-    let errors: Vec<_> = err
-        .lines()
-        .filter(|l| l.starts_with("gpunvme: error:"))
-        .collect();
-    assert_eq!(errors.len(), 1, "one error line expected: {err:?}");
-    errors[0].to_string()
-}
+use common::{bin, error_line, gpunvme, image_file, ok, pattern};
 
 fn image(dir: &Path, name: &str, bytes: u64) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
-    p
-}
-
-/// Bytes that differ from their neighbours and from other seeds.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32)
-        .map(|i| {
-            (i.wrapping_add(seed.wrapping_mul(0x9e37_79b9))
-                .wrapping_mul(2_654_435_761)
-                >> 24) as u8
-        })
-        .collect()
+    image_file(dir, name, bytes)
 }
 
 /// `write` (at LBA 0 and far from the file system's metadata) and `protocol-check` refuse a

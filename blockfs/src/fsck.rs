@@ -9,8 +9,8 @@ use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result};
 use crate::format::{
     ChunkDesc, ChunkHeader, DroppedRecord, FileRecord, PendingExtent, ROOT_MAGIC, RecordLimits,
-    RootHeader, SUPERBLOCK_SLOTS, Superblock, check_run, crc, decode_chunk, decode_root, root_len,
-    root_self_crc,
+    RootHeader, SUPERBLOCK_SLOTS, Superblock, check_run, crc, decode_chunk, decode_root,
+    reserved_blocks, root_len, root_self_crc,
 };
 use crate::fs::FileSystem;
 use crate::geometry::Geometry;
@@ -76,6 +76,13 @@ pub struct FsckReport {
     /// differs (another file id, size, extents, flags or data checksum): the repaired file is an
     /// older version (a rollback), or was cut short where its blocks overlapped others. Sorted.
     pub reverted: Vec<String>,
+    /// Whether `lost` and `reverted` can be incomplete (filled by repair only): `None` when the
+    /// repair read every record of the newest generation, so the two lists name every file it
+    /// lost or reverted; else why it could not, naming the generation or structure whose files
+    /// could not be listed (a root run that does not read, so a rollback does not know what the
+    /// newest generation held; a chunk that fails its checksum or whose records cannot be parsed
+    /// from some offset; a dropped record whose name does not read).
+    pub lost_unknown: Option<String>,
     /// Why repair gave up, if it did.
     pub unrepairable: Option<String>,
     /// Problems left after the repair (re-checked from the device).
@@ -167,15 +174,19 @@ fn check_generation(dev: &dyn BlockDevice, sb: &Superblock) -> Result<(Checked, 
 /// Reports both superblock slots, every problem in the newest generation (bad checksums,
 /// invalid records, blocks claimed twice or by nobody) and in the previous one. With
 /// `opts.repair`, and if anything is wrong, rebuilds the file system from the best source:
-/// the newest generation if only a superblock slot is damaged; the previous generation (the
-/// second superblock) if the newest one's metadata is damaged and the previous one is intact;
-/// otherwise whatever records of the newest generation still decode, with files that overlap
-/// others cut short and the free-space map recomputed (an invalid record whose length field
-/// still frames it costs only itself). Each generation is read with its own superblock's
+/// the newest generation if only a superblock slot is damaged; the newest generation salvaged
+/// if its damage is confined to file records (records that do not decode, or whose extents
+/// claim blocks another file or metadata claims: where two files claim the same blocks, the
+/// one whose data checksum verifies keeps them); the previous generation (the second
+/// superblock) if the newest one's metadata is otherwise damaged and the previous one is
+/// intact; otherwise whatever records of the newest generation still decode, with files that
+/// overlap others cut short and the free-space map recomputed (an invalid record whose length
+/// field still frames it costs only itself). Each generation is read with its own superblock's
 /// geometry, so a slot whose geometry disagrees cannot stop a rollback to the other. It then
 /// commits the result twice, so both slots hold valid consecutive generations, checks again,
 /// and names in [`FsckReport::lost`] and [`FsckReport::reverted`] the files the repair lost or
-/// reverted to an older version. A repair that would take the generation counter past
+/// reverted to an older version ([`FsckReport::lost_unknown`] says why, where those lists can
+/// be incomplete). A repair that would take the generation counter past
 /// `u64::MAX` is refused ([`FsckReport::unrepairable`]) with the device untouched. Fails only on
 /// device errors.
 pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport> {
@@ -244,13 +255,19 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
         },
         Some(geo),
     ) = &new_pair
-        && let Some(n) = record_confined(raw, problems)
+        && let Some((n, map)) = record_confined(raw, problems)
     {
         // Salvaging drops only those records; a rollback would lose the whole last commit.
-        repairs.push(format!(
-            "salvaging generation {}: its damage is confined to {n} invalid file record(s) (checksums intact), so it keeps more than a rollback would",
-            raw.sb.generation
-        ));
+        repairs.push(match (n, map) {
+            (n, 0) => format!(
+                "salvaging generation {}: its damage is confined to {n} invalid file record(s) (checksums intact), so it keeps more than a rollback would",
+                raw.sb.generation
+            ),
+            (n, map) => format!(
+                "salvaging generation {}: its root and chunks check out and its damage is confined to its file records ({n} invalid, {map} block map conflict(s)); blocks two files claim go to the one whose data checksum verifies, so it keeps more than a rollback would",
+                raw.sb.generation
+            ),
+        });
         (raw, *geo)
     } else if let Some(old @ (Checked { raw: Some(raw), .. }, Some(geo))) = &old_checked
         && clean(old)
@@ -285,7 +302,7 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
             let geo = geo?;
             lenient_records(dev.as_ref(), &geo, &newest).ok().flatten()
         });
-        let hints: Vec<Superblock> = valid.clone();
+        let hints: Vec<(Superblock, bool)> = valid.iter().map(|sb| (*sb, false)).collect();
         if !scan_and_rebuild(dev, &hints, seen, None, &why, &mut report)?
             && report.unrepairable.is_none()
         {
@@ -318,7 +335,7 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
         report.unrepairable = Some(why);
         return Ok(report);
     }
-    let mut state = salvage(&geo, base, top + 1, &mut repairs);
+    let mut state = salvage(dev.as_ref(), &geo, base, top + 1, &mut repairs);
     state.generation = top;
     // What the newest generation held: read through its superblock; else its root found where
     // the allocator put it (in the blocks the older generation left free), which a damaged
@@ -349,7 +366,12 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
                             base.sb.block_count,
                             base.sb.mkfs_lba_size,
                         );
-                        lenient_records(dev.as_ref(), &geo, &sb)?.unwrap_or_default()
+                        lenient_records(dev.as_ref(), &geo, &sb)?.unwrap_or_else(|| {
+                            Seen::unknown(format!(
+                                "the root run of generation {} does not read: the files only that generation held are unknown",
+                                newest.generation
+                            ))
+                        })
                     }
                 }
             }
@@ -358,7 +380,16 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
     // Parts of the newest generation unread: chunks its commit wrote are where the allocator
     // put them, in the blocks the older generation left free; their records name files too.
     let mut seen = seen;
-    if !seen.complete
+    // One slot unreadable and no newer root found: the slot held the older generation, or a
+    // newer one whose root is damaged too. Its generation field, where it still reads, tells.
+    if found.is_none()
+        && valid.len() == 1
+        && seen.incomplete.is_none()
+        && let Some(why) = unreadable_slot_newer(dev.as_ref(), &newest)?
+    {
+        seen.incomplete = Some(why);
+    }
+    if seen.incomplete.is_some()
         && let (Some(old), Some((_, Some(og)))) = (older_raw, &old_checked)
         && let Some(target) = old.sb.generation.checked_add(1)
     {
@@ -371,25 +402,30 @@ pub fn fsck(dev: Arc<dyn BlockDevice>, opts: &FsckOptions) -> Result<FsckReport>
     } else {
         older_raw
     };
-    let (lost, reverted) = changes(&seen, other, base, &state);
+    let (lost, reverted, unknown) = changes(&seen, other, base, &state);
     rewrite(dev, geo, state, top, repairs, &mut report)?;
     report.lost = lost;
     report.reverted = reverted;
+    report.lost_unknown = unknown;
     Ok(report)
 }
 
-/// How many records a generation's damage is confined to, if it is: every chunk passed its
-/// checksum and was read, and every problem is a record that was dropped whole (its framing
-/// intact) or a single record whose broken length field decoding resynchronized after.
-fn record_confined(raw: &RawState, problems: &[Problem]) -> Option<usize> {
+/// Whether a generation's damage is confined to its file records, and if so how many records
+/// are invalid and how many block map conflicts there are: every chunk passed its checksum and
+/// was read, and every problem is a record that was dropped whole (its framing intact), a
+/// single record whose broken length field decoding resynchronized after, or a block claimed
+/// twice or by nobody (the records decode, but one's extents are wrong; [`salvage`] settles
+/// who keeps the blocks, by data checksum).
+fn record_confined(raw: &RawState, problems: &[Problem]) -> Option<(usize, usize)> {
     // Every problem is a chunk's (records that do not decode, or ids and names that clash,
-    // which salvage resolves record by record), none the root's or the block map's.
+    // which salvage resolves record by record) or the block map's, none the root's.
     if problems
         .iter()
-        .any(|p| !p.what.starts_with("file table chunk"))
+        .any(|p| !p.what.starts_with("file table chunk") && p.what != "block map")
     {
         return None;
     }
+    let map = problems.iter().filter(|p| p.what == "block map").count();
     let mut n = problems
         .iter()
         .filter(|p| p.detail.contains("file id") || p.detail.starts_with("name "))
@@ -412,7 +448,7 @@ fn record_confined(raw: &RawState, problems: &[Problem]) -> Option<usize> {
         }
         n += c.image.dropped.len() + missing;
     }
-    (n > 0).then_some(n)
+    (n + map > 0).then_some((n, map))
 }
 
 fn first_problem(c: &Checked) -> String {
@@ -444,8 +480,19 @@ struct Seen {
     records: Vec<FileRecord>,
     /// Records skipped as invalid (their names, where readable).
     dropped: Vec<DroppedRecord>,
-    /// Every record of the generation is among `records` or `dropped`.
-    complete: bool,
+    /// Why some records of the generation may be neither among `records` nor `dropped`; `None`
+    /// when every record is.
+    incomplete: Option<String>,
+}
+
+impl Seen {
+    /// Nothing known, for the reason given.
+    fn unknown(why: String) -> Self {
+        Seen {
+            incomplete: Some(why),
+            ..Seen::default()
+        }
+    }
 }
 
 fn seen_of(raw: &RawState) -> Seen {
@@ -460,15 +507,71 @@ fn seen_of(raw: &RawState) -> Seen {
             .iter()
             .flat_map(|c| c.image.dropped.iter().cloned())
             .collect(),
-        // Records were read from every chunk, checksum intact, with at most some dropped as
-        // invalid.
-        complete: raw.chunks.iter().all(|c| {
-            c.crc_ok
-                && c.unread.is_none()
-                && c.image.unparsed_from.is_none()
-                && (c.image.error.is_none() || !c.image.dropped.is_empty())
+        // Records were read from every chunk, checksum intact, as many as its descriptor counts
+        // (some dropped as invalid, a broken length field costing one record).
+        incomplete: raw.chunks.iter().find_map(|c| {
+            let what = || crate::load::chunk_name(&c.desc, raw.sb.generation);
+            let read = c.image.records.len() + c.image.dropped.len();
+            if let Some(u) = &c.unread {
+                Some(format!("{}: {u}", what()))
+            } else if !c.crc_ok {
+                Some(format!(
+                    "{}: checksum mismatch, so its records cannot be trusted",
+                    what()
+                ))
+            } else if let Some(at) = c.image.unparsed_from
+                && (c.image.resumed_at.is_none() || read != c.desc.records as usize)
+            {
+                Some(format!(
+                    "{}: its records cannot be told apart from byte {at}{}",
+                    what(),
+                    c.image
+                        .resumed_at
+                        .map_or_else(String::new, |r| format!(" to byte {r}"))
+                ))
+            } else if read != c.desc.records as usize {
+                Some(format!(
+                    "{}: {}; {read} of its {} records read",
+                    what(),
+                    c.image.error.as_deref().unwrap_or("damaged"),
+                    c.desc.records
+                ))
+            } else {
+                None
+            }
         }),
     }
+}
+
+/// Why the one unreadable superblock slot may have held a generation newer than `newest`, the
+/// other slot's, if it may: its generation field, where the slot still has the magic and
+/// `newest`'s UUID, says whether it held an older one.
+fn unreadable_slot_newer(dev: &dyn BlockDevice, newest: &Superblock) -> Result<Option<String>> {
+    let lba = dev.lba_size() as u64;
+    let slot = 1 - newest.slot as usize % 2;
+    let off = SUPERBLOCK_SLOTS[slot];
+    if off / lba >= dev.lba_count() {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; lba as usize];
+    dev.read(&mut [ReadReq {
+        lba: off / lba,
+        buf: &mut buf,
+    }])
+    .during("reading the superblocks")?;
+    if let Ok((sb, _)) = Superblock::read_from_prefix(&buf)
+        && sb.magic == crate::format::SUPERBLOCK_MAGIC
+        && sb.uuid == newest.uuid
+        && newest.generation.checked_sub(1) == Some(sb.generation)
+    {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "{} does not read and no root run of generation {} was found: if it held a generation newer than {}, the files only that generation held are unknown",
+        slot_name(slot),
+        newest.generation.saturating_add(1),
+        newest.generation
+    )))
 }
 
 /// Most bytes [`lenient_records`] reads for one root run or one chunk.
@@ -506,7 +609,10 @@ fn lenient_records(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Re
         block_count: geo.block_count,
         generation: u64::MAX,
     };
-    let mut seen = Seen::default();
+    let mut seen = Seen::unknown(format!(
+        "the root run of generation {} does not check out: the records it still names were read without trusting checksums or counts",
+        sb.generation
+    ));
     for raw in rest.chunks_exact(size_of::<ChunkDesc>()).take(n) {
         let Ok(d) = ChunkDesc::read_from_bytes(raw) else {
             continue;
@@ -540,13 +646,14 @@ fn lenient_records(dev: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Re
 /// known of the newest generation's records (`seen`) and with the records the source (`base`)
 /// had to drop. Where the newest generation could not be read whole, files of the `older`
 /// generation (read through its superblock) that the repair does not keep are named lost too.
-/// Returns (lost, reverted), each sorted.
+/// Returns (lost, reverted), each sorted, and why they may be incomplete
+/// ([`FsckReport::lost_unknown`]).
 fn changes(
     seen: &Seen,
     older: Option<&RawState>,
     base: &RawState,
     state: &crate::state::State,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<String>, Vec<String>, Option<String>) {
     use std::collections::BTreeSet;
     let mut lost: BTreeSet<String> = BTreeSet::new();
     let mut reverted: BTreeSet<String> = BTreeSet::new();
@@ -569,8 +676,15 @@ fn changes(
                 .map(|r| r.name.clone())
         })
     };
+    let mut unknown = seen.incomplete.clone();
     let base_dropped = base.chunks.iter().flat_map(|c| c.image.dropped.iter());
     for d in seen.dropped.iter().chain(base_dropped) {
+        if d.name.is_none() && unknown.is_none() {
+            unknown = Some(format!(
+                "record {} at byte {} of its chunk (file id {}, as far as it reads) was dropped and its name does not read",
+                d.index, d.offset, d.file_id
+            ));
+        }
         let name = d
             .name
             .clone()
@@ -601,7 +715,7 @@ fn changes(
             }
         }
     }
-    if !seen.complete
+    if seen.incomplete.is_some()
         && let Some(old) = older
     {
         for r in old.chunks.iter().flat_map(|c| c.image.records.iter()) {
@@ -610,7 +724,11 @@ fn changes(
             }
         }
     }
-    (lost.into_iter().collect(), reverted.into_iter().collect())
+    (
+        lost.into_iter().collect(),
+        reverted.into_iter().collect(),
+        unknown,
+    )
 }
 
 /// Commits the repaired `state` twice (generations `top + 1` and `top + 2`, so both slots hold
@@ -678,7 +796,7 @@ fn find_lost_root(
         &raw.sb,
         &runs,
         LOST_ROOT_SCAN_BLOCKS,
-        |g| g == target,
+        |h| h.uuid == raw.sb.uuid && h.generation == target,
         true,
     )?;
     Ok(found.into_iter().next())
@@ -745,17 +863,17 @@ fn scan_chunks(
     Ok(out)
 }
 
-/// Scans the blocks of `runs` (at most `max_blocks` of them) for root runs of `template`'s file
-/// system (same UUID, valid self-checksum) whose generation `want` accepts, and returns a
-/// superblock for each: `template` with the generation, slot and root fields filled in. With
-/// `first_only`, stops at the first.
+/// Scans the blocks of `runs` (at most `max_blocks` of them) for root runs (valid
+/// self-checksum) whose header `want` accepts (its UUID and generation, usually), and returns a
+/// superblock for each: `template` with the UUID, generation, slot and root fields filled in.
+/// With `first_only`, stops at the first.
 fn scan_roots(
     dev: &dyn BlockDevice,
     geo: &Geometry,
     template: &Superblock,
     runs: &[(u64, u64)],
     max_blocks: u64,
-    want: impl Fn(u64) -> bool,
+    want: impl Fn(&RootHeader) -> bool,
     first_only: bool,
 ) -> Result<Vec<Superblock>> {
     let bs = geo.block_size as usize;
@@ -778,7 +896,7 @@ fn scan_roots(
                 let Ok((h, _)) = RootHeader::read_from_prefix(blk) else {
                     continue;
                 };
-                if h.magic != ROOT_MAGIC || h.uuid != template.uuid || !want(h.generation) {
+                if h.magic != ROOT_MAGIC || !want(&h) {
                     continue;
                 }
                 let bytes = root_len(
@@ -802,6 +920,7 @@ fn scan_roots(
                     continue;
                 }
                 let mut sb = *template;
+                sb.uuid = h.uuid;
                 sb.generation = h.generation;
                 sb.slot = (h.generation % 2) as u32;
                 sb.root_bno = bno;
@@ -830,6 +949,11 @@ fn scan_roots(
     Ok(out)
 }
 
+/// Bytes of a root's UUID that may agree with neither damaged slot's (both damaged there) for
+/// repair to take that root's UUID as the file system's. A foreign UUID agrees with one of two
+/// given ones in 12 of its 16 bytes with a chance of about 10^-22.
+const UUID_BYTES_BOTH_DAMAGED: usize = 4;
+
 /// Root runs tried, newest first, when both superblock slots are damaged.
 const ROOT_CANDIDATES: usize = 8;
 
@@ -848,23 +972,66 @@ fn repair_without_superblock(
             Some("no valid superblock in either slot, and neither holds a blockfs superblock to take the geometry from".into());
         return Ok(report);
     }
-    let seen = hints.iter().find_map(|h| {
+    let seen = hints.iter().find_map(|(h, _)| {
         let geo = geometry_of(dev.as_ref(), h).ok()?;
         lenient_records(dev.as_ref(), &geo, h).ok().flatten()
     });
-    if !scan_and_rebuild(
-        dev,
-        &hints,
-        seen,
-        None,
-        "neither superblock slot was valid",
-        &mut report,
-    )? && report.unrepairable.is_none()
+    let why = "neither superblock slot was valid";
+    if scan_and_rebuild(dev.clone(), &hints, seen.clone(), None, why, &mut report)?
+        || report.unrepairable.is_some()
     {
-        report.unrepairable = Some(
-            "no valid superblock in either slot, and no intact root run found on the device".into(),
-        );
+        return Ok(report);
     }
+    // No root carries either slot's UUID: both may be damaged, mostly in different bytes. A root
+    // whose UUID agrees, byte by byte, with one slot or the other (but for a few bytes) is this
+    // file system's.
+    let uuids: Vec<[u8; 16]> = read_raw_slots(dev.as_ref())?
+        .iter()
+        .flatten()
+        .map(|sb| sb.uuid)
+        .collect();
+    let plausible = |u: &[u8; 16]| {
+        uuids.len() > 1
+            && (0..16)
+                .filter(|&i| !uuids.iter().any(|s| s[i] == u[i]))
+                .count()
+                <= UUID_BYTES_BOTH_DAMAGED
+    };
+    for (hint, guessed) in &hints {
+        let Ok(geo) = geometry_of(dev.as_ref(), hint) else {
+            continue;
+        };
+        let runs = [(
+            geo.reserved_blocks(),
+            geo.block_count - geo.reserved_blocks(),
+        )];
+        let found = scan_roots(
+            dev.as_ref(),
+            &geo,
+            hint,
+            &runs,
+            u64::MAX,
+            |h| h.uuid != hint.uuid && plausible(&h.uuid),
+            true,
+        )?;
+        if let Some(sb) = found.first() {
+            let mut fixed = *hint;
+            fixed.uuid = sb.uuid;
+            let why = format!(
+                "{why}, and neither slot's UUID is any root's; took the UUID of the root run at block {}, which agrees with one slot or the other in all but at most {UUID_BYTES_BOTH_DAMAGED} of its bytes",
+                sb.root_bno
+            );
+            if scan_and_rebuild(dev, &[(fixed, *guessed)], seen, None, &why, &mut report)?
+                || report.unrepairable.is_some()
+            {
+                return Ok(report);
+            }
+            break;
+        }
+    }
+    report.unrepairable = Some(
+        "no valid superblock in either slot, and no intact root run found on the device".into(),
+    );
     Ok(report)
 }
 
@@ -873,15 +1040,18 @@ fn repair_without_superblock(
 /// saying `why` first. `seen` (what is known of the newest generation's records) and `older`
 /// (a generation read through a superblock) name what the rebuild lost. Returns whether it
 /// rebuilt; refuses (setting `report.unrepairable`) where the generation counter has no room.
+/// A hint whose block count is a guess (`true` beside it: no slot's reads as one that fits the
+/// device) has it replaced by the end of the blocks each root found claims.
 fn scan_and_rebuild(
     dev: Arc<dyn BlockDevice>,
-    hints: &[Superblock],
+    hints: &[(Superblock, bool)],
     seen: Option<Seen>,
     older: Option<&RawState>,
     why: &str,
     report: &mut FsckReport,
 ) -> Result<bool> {
-    for hint in hints {
+    let mut repairs_note: Option<String> = None;
+    for (hint, guessed) in hints {
         let Ok(geo) = geometry_of(dev.as_ref(), hint) else {
             continue;
         };
@@ -889,33 +1059,57 @@ fn scan_and_rebuild(
             geo.reserved_blocks(),
             geo.block_count - geo.reserved_blocks(),
         )];
-        let mut found = scan_roots(dev.as_ref(), &geo, hint, &runs, u64::MAX, |_| true, false)?;
+        let mut found = scan_roots(
+            dev.as_ref(),
+            &geo,
+            hint,
+            &runs,
+            u64::MAX,
+            |h| h.uuid == hint.uuid,
+            false,
+        )?;
         found.sort_by_key(|sb| std::cmp::Reverse(sb.generation));
         found.truncate(ROOT_CANDIDATES);
-        let mut readable: Option<RawState> = None;
-        let mut clean: Option<RawState> = None;
+        let mut readable: Option<(RawState, Geometry)> = None;
+        let mut clean: Option<(RawState, Geometry)> = None;
         for sb in &found {
-            let Ok(raw) = read_raw_all(dev.as_ref(), &geo, sb) else {
+            let Ok(mut raw) = read_raw_all(dev.as_ref(), &geo, sb) else {
                 continue;
             };
+            let mut geo = geo;
+            if *guessed {
+                // The block map tiles the file system: its last claimed block is the last one.
+                let end = claimed_end(&raw);
+                if end > geo.reserved_blocks() && end < geo.block_count {
+                    geo.block_count = end;
+                    raw.sb.block_count = end;
+                }
+            }
             if check(&geo, &raw).is_empty() {
-                clean = Some(raw);
+                clean = Some((raw, geo));
                 break;
             }
             if readable.is_none() {
-                readable = Some(raw);
+                readable = Some((raw, geo));
             }
         }
         // `readable`, if set, is newer than `clean`: what a rollback to `clean` loses.
-        let (base, newest) = match (clean, readable) {
-            (Some(c), r) => (c, r),
+        let ((base, geo), newest) = match (clean, readable) {
+            (Some(c), r) => (c, r.map(|(r, _)| r)),
             (None, Some(r)) => (r, None),
             (None, None) => continue,
         };
+        if *guessed {
+            repairs_note = Some(format!(
+                "no superblock slot gave a block count that fits the device; took {} blocks, where the block map of generation {} ends",
+                geo.block_count, base.sb.generation
+            ));
+        }
         let mut repairs = vec![format!(
             "{why}; found the root run of generation {} at block {} by scanning the device",
             base.sb.generation, base.sb.root_bno
         )];
+        repairs.extend(repairs_note.take());
         let top = base.sb.generation.max(hint.generation);
         let top = if top.checked_add(2).is_some() {
             top
@@ -926,32 +1120,38 @@ fn scan_and_rebuild(
             report.unrepairable = Some(why);
             return Ok(false);
         }
-        let mut state = salvage(&geo, &base, top + 1, &mut repairs);
+        let mut state = salvage(dev.as_ref(), &geo, &base, top + 1, &mut repairs);
         state.generation = top;
         let seen = match (newest.as_ref().map(seen_of), seen.clone()) {
-            (Some(n), _) if n.complete => n,
+            (Some(n), _) if n.incomplete.is_none() => n,
             (Some(n), Some(s)) if s.records.len() > n.records.len() => s,
             (Some(n), _) => n,
             (None, Some(s)) => s,
-            (None, None) => seen_of(&base),
+            // No newer root reads: complete only if no slot claims a newer generation.
+            (None, None) if hint.generation <= base.sb.generation => seen_of(&base),
+            (None, None) => Seen::unknown(format!(
+                "no root run of generation {} or any newer than {} reads: the files only those generations held are unknown",
+                hint.generation, base.sb.generation
+            )),
         };
-        let (lost, reverted) = changes(&seen, older, &base, &state);
+        let (lost, reverted, unknown) = changes(&seen, older, &base, &state);
         rewrite(dev.clone(), geo, state, top, repairs, report)?;
         report.lost = lost;
         report.reverted = reverted;
+        report.lost_unknown = unknown;
         return Ok(true);
     }
     Ok(false)
 }
 
-/// Superblocks read from slots that hold the superblock magic but failed to decode, with the
-/// fields repair does not trust (checksums, reserved bytes, version) set to what this build
-/// writes. Geometry fields are taken as found; [`geometry_of`] vets them.
-fn damaged_slot_hints(dev: &dyn BlockDevice) -> Result<Vec<Superblock>> {
+/// Both superblock slots' bytes as superblocks, whatever they hold (`None` past the device's
+/// end).
+fn read_raw_slots(dev: &dyn BlockDevice) -> Result<Vec<Option<Superblock>>> {
     let lba = dev.lba_size() as u64;
-    let mut out: Vec<Superblock> = Vec::new();
+    let mut raws: Vec<Option<Superblock>> = Vec::new();
     for &off in SUPERBLOCK_SLOTS.iter() {
         if off / lba >= dev.lba_count() {
+            raws.push(None);
             continue;
         }
         let mut buf = vec![0u8; lba as usize];
@@ -960,15 +1160,67 @@ fn damaged_slot_hints(dev: &dyn BlockDevice) -> Result<Vec<Superblock>> {
             buf: &mut buf,
         }])
         .during("reading the superblocks")?;
-        let Ok((mut sb, _)) = Superblock::read_from_prefix(&buf) else {
+        raws.push(Superblock::read_from_prefix(&buf).ok().map(|(sb, _)| sb));
+    }
+    Ok(raws)
+}
+
+/// The end of the blocks a generation's metadata claims: its root run, chunk runs, free and
+/// pending runs and the extents of every record that decoded.
+fn claimed_end(raw: &RawState) -> u64 {
+    let ends = [raw.sb.root_bno + raw.sb.root_blocks as u64]
+        .into_iter()
+        .chain(raw.root.chunks.iter().map(|d| d.bno + d.nblocks as u64))
+        .chain(raw.root.free.iter().map(|f| f.bno.saturating_add(f.len)))
+        .chain(raw.root.pending.iter().map(|p| p.bno.saturating_add(p.len)))
+        .chain(
+            raw.chunks
+                .iter()
+                .flat_map(|c| c.image.records.iter())
+                .flat_map(|r| r.extents.iter())
+                .map(|e| e.bno.saturating_add(e.len)),
+        );
+    ends.max().unwrap_or(0)
+}
+
+/// Superblocks read from slots that hold the superblock magic but failed to decode, with the
+/// fields repair does not trust (checksums, reserved bytes, version) set to what this build
+/// writes. Geometry fields are taken as found where they are usable, else from the other slot
+/// (whether or not it has the magic): the block size where this slot's is not one; the block
+/// count where this slot's does not fit the device ([`geometry_of`]), else the device's whole
+/// capacity, marked `true` as a guess for the root scan to correct; and the other slot's UUID
+/// as a second hint where the two differ (one of them damaged: the root scan tells which).
+fn damaged_slot_hints(dev: &dyn BlockDevice) -> Result<Vec<(Superblock, bool)>> {
+    let lba = dev.lba_size() as u64;
+    let raws = read_raw_slots(dev)?;
+    let usable_bs = |bs: u32| {
+        bs.is_power_of_two()
+            && (crate::format::MIN_BLOCK_SIZE..=crate::format::MAX_BLOCK_SIZE).contains(&bs)
+    };
+    let mut out: Vec<(Superblock, bool)> = Vec::new();
+    for (i, raw) in raws.iter().enumerate() {
+        let Some(mut sb) = *raw else {
             continue;
         };
-        if sb.magic != crate::format::SUPERBLOCK_MAGIC
-            || !sb.block_size.is_power_of_two()
-            || !(crate::format::MIN_BLOCK_SIZE..=crate::format::MAX_BLOCK_SIZE)
-                .contains(&sb.block_size)
-        {
+        if sb.magic != crate::format::SUPERBLOCK_MAGIC {
             continue;
+        }
+        let other = raws.get(1 - i).copied().flatten();
+        if !usable_bs(sb.block_size) {
+            match other.filter(|o| usable_bs(o.block_size)) {
+                Some(o) => sb.block_size = o.block_size,
+                None => continue,
+            }
+        }
+        // Informational, but a superblock must carry a usable one: the other slot's, else the
+        // device's.
+        let usable_lba =
+            |l: u32| l.is_power_of_two() && (512..=crate::format::MAX_LBA_SIZE).contains(&l);
+        if !usable_lba(sb.mkfs_lba_size) {
+            sb.mkfs_lba_size = other
+                .map(|o| o.mkfs_lba_size)
+                .filter(|&l| usable_lba(l))
+                .unwrap_or(dev.lba_size());
         }
         sb.version = crate::format::FORMAT_VERSION;
         sb.header_size = crate::format::SUPERBLOCK_SIZE as u32;
@@ -976,10 +1228,36 @@ fn damaged_slot_hints(dev: &dyn BlockDevice) -> Result<Vec<Superblock>> {
         sb.incompat_features = 0;
         sb.ro_compat_features = 0;
         sb.compat_features = 0;
-        if !out.iter().any(|o| {
-            o.uuid == sb.uuid && o.block_size == sb.block_size && o.block_count == sb.block_count
-        }) {
-            out.push(sb);
+        let fits = |count: u64| {
+            let mut t = sb;
+            t.block_count = count;
+            geometry_of(dev, &t).is_ok() && count > reserved_blocks(sb.block_size)
+        };
+        let mut guessed = false;
+        if !fits(sb.block_count) {
+            match other.map(|o| o.block_count).filter(|&c| fits(c)) {
+                Some(c) => sb.block_count = c,
+                None => {
+                    sb.block_count = dev.lba_count().saturating_mul(lba) / sb.block_size as u64;
+                    guessed = true;
+                }
+            }
+        }
+        let mut uuids = vec![sb.uuid];
+        if let Some(o) = other
+            && o.uuid != sb.uuid
+        {
+            uuids.push(o.uuid);
+        }
+        for uuid in uuids {
+            sb.uuid = uuid;
+            if !out.iter().any(|(o, _)| {
+                o.uuid == sb.uuid
+                    && o.block_size == sb.block_size
+                    && o.block_count == sb.block_count
+            }) {
+                out.push((sb, guessed));
+            }
         }
     }
     Ok(out)

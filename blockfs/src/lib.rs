@@ -105,6 +105,7 @@ mod name;
 #[cfg(feature = "nvme")]
 mod nvme_dev;
 mod pin;
+mod revert;
 mod state;
 mod superblock;
 pub mod table;

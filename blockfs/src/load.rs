@@ -1,7 +1,7 @@
 //! Reading a generation's metadata from the device: strictly for mount and fsck, or salvaging
 //! what can be kept for fsck's repair.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::device::{BlockDevice, ReadReq};
 use crate::error::{DeviceResultExt, Error, Result, corrupt};
@@ -598,10 +598,88 @@ impl Claimed {
     }
 }
 
+/// The owner label of the source's metadata runs in [`salvage`]'s block claims.
+const OLD_META: &str = "old metadata";
+
+/// Most bytes of file data buffered at once while [`salvage`] checks a data checksum.
+const VERIFY_BATCH_BYTES: u64 = 1 << 20;
+
+/// The file ids of the records that claim blocks another record claims too and whose data
+/// checksum (FLAG_DATA_CRC) verifies against what the device holds in their extents. Only the
+/// files in such a conflict are read.
+fn verified_in_conflict(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    records: &[FileRecord],
+) -> HashSet<u64> {
+    let mut runs: Vec<(u64, u64, usize)> = records
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.extents.iter().map(move |e| (e.bno, e.bno + e.len, i)))
+        .collect();
+    runs.sort_unstable();
+    // A run that overlaps any earlier one overlaps the one reaching furthest.
+    let mut conflicted: BTreeSet<usize> = BTreeSet::new();
+    let mut reach: Option<(u64, usize)> = None;
+    for &(start, end, i) in &runs {
+        if let Some((far, j)) = reach
+            && start < far
+            && j != i
+        {
+            conflicted.insert(i);
+            conflicted.insert(j);
+        }
+        if reach.is_none_or(|(far, _)| end > far) {
+            reach = Some((end, i));
+        }
+    }
+    conflicted
+        .into_iter()
+        .map(|i| &records[i])
+        .filter(|r| data_verifies(dev, geo, r))
+        .map(|r| r.file_id)
+        .collect()
+}
+
+/// Whether `r` records a data checksum and the bytes `0..size` its extents hold match it (a
+/// device error reading them counts as no).
+fn data_verifies(dev: &dyn BlockDevice, geo: &Geometry, r: &FileRecord) -> bool {
+    if r.flags & format::FLAG_DATA_CRC == 0 {
+        return false;
+    }
+    let bs = geo.block_size as u64;
+    let batch = (VERIFY_BATCH_BYTES / bs).max(1);
+    let mut buf = vec![0u8; (batch * bs).min(r.size.next_multiple_of(bs)).max(bs) as usize];
+    let mut left = r.size;
+    let mut crc = 0u32;
+    for e in &r.extents {
+        let (mut b, end) = (e.bno, e.bno.saturating_add(e.len).min(geo.block_count));
+        while left > 0 && b < end {
+            let n = (buf.len() as u64 / bs).min(end - b);
+            let bytes = (n * bs) as usize;
+            if dev
+                .read(&mut [ReadReq {
+                    lba: geo.lba(b),
+                    buf: &mut buf[..bytes],
+                }])
+                .is_err()
+            {
+                return false;
+            }
+            let take = left.min(n * bs) as usize;
+            crc = crc32c::crc32c_append(crc, &buf[..take]);
+            left -= take as u64;
+            b += n;
+        }
+    }
+    left == 0 && crc == r.data_crc
+}
+
 /// Builds the best consistent state the generation allows, saying what it dropped or cut, for
 /// fsck's repair. Every record is rewritten by the next commit; the runs the old metadata sits
 /// in wait two commits before reuse, so a crash during the repair leaves them readable.
 pub(crate) fn salvage(
+    dev: &dyn BlockDevice,
     geo: &Geometry,
     raw: &RawState,
     freed_gen: u64,
@@ -669,6 +747,22 @@ pub(crate) fn salvage(
     };
     let mut claimed = Claimed::default();
     claimed.claim(0, geo.reserved_blocks(), "the superblock area".into());
+    // The source's metadata whose checksums hold is where it says: its root run and every
+    // chunk that passed its checksum. A file claiming those blocks is the damaged party.
+    let mut sound_meta: Vec<(u64, u64)> = vec![(raw.sb.root_bno, raw.sb.root_blocks as u64)];
+    sound_meta.extend(
+        raw.chunks
+            .iter()
+            .filter(|c| c.crc_ok && c.unread.is_none())
+            .map(|c| (c.desc.bno, c.desc.nblocks as u64)),
+    );
+    sound_meta.sort_unstable();
+    for (bno, len) in sound_meta {
+        if bno >= geo.reserved_blocks() && claimed.first_conflict(bno, len).is_none() {
+            claimed.claim(bno, len, OLD_META.into());
+            st.alloc.free_later(bno, len, freed_gen);
+        }
+    }
     let mut max_id = 0u64;
     // Records sharing an id with an earlier one keep their file under a fresh id, given once
     // every other id is placed (ids are taken in order).
@@ -705,8 +799,10 @@ pub(crate) fn salvage(
             )),
         }
     }
+    let mut placed: Vec<FileRecord> = Vec::with_capacity(records.len());
+    let mut placed_ids: HashSet<u64> = HashSet::new();
     for mut r in records {
-        if st.inodes.contains_key(&r.file_id) {
+        if !placed_ids.insert(r.file_id) {
             repairs.push(format!(
                 "dropped a second record for file id {} ({:?})",
                 r.file_id, r.name
@@ -742,35 +838,56 @@ pub(crate) fn salvage(
             ));
             r.file_id = new;
         }
+        max_id = max_id.max(r.file_id);
+        placed_ids.insert(r.file_id);
+        st.names.insert(r.name.clone(), r.file_id);
+        placed.push(r);
+    }
+    // Blocks claimed by two files: the claim of a file whose data checksum verifies is kept,
+    // so such files take their blocks first; the others go by file id (FORMAT.md, "Repair").
+    let trusted = verified_in_conflict(dev, geo, &placed);
+    let trusted_owners: HashSet<String> = placed
+        .iter()
+        .filter(|r| trusted.contains(&r.file_id))
+        .map(|r| format!("file {:?}", r.name))
+        .collect();
+    placed.sort_by_key(|r| (!trusted.contains(&r.file_id), r.file_id));
+    for mut r in placed {
         let mut kept: Vec<Extent> = Vec::new();
         for e in &r.extents {
             if let Some((s, end, owner)) = claimed.first_conflict(e.bno, e.len) {
                 let cut = s.max(e.bno);
-                if cut > e.bno {
-                    kept.push(Extent {
-                        bno: e.bno,
-                        len: cut - e.bno,
-                    });
-                }
-                let blocks: u64 = kept.iter().map(|k| k.len).sum();
+                let head = (cut > e.bno).then_some(Extent {
+                    bno: e.bno,
+                    len: cut - e.bno,
+                });
+                let blocks: u64 = kept.iter().chain(&head).map(|k| k.len).sum();
                 let size = r.size.min(blocks * bs);
+                let why = match (trusted_owners.contains(owner), trusted.contains(&r.file_id)) {
+                    (true, false) if r.flags & format::FLAG_DATA_CRC != 0 => {
+                        " (whose data checksum verifies; this file's does not)"
+                    }
+                    (true, false) => " (whose data checksum verifies; this file has none)",
+                    _ => "",
+                };
                 repairs.push(format!(
-                    "file {:?}: blocks {cut}..{} also belong to {owner}; cut the file from {} to {size} bytes",
+                    "file {:?}: blocks {cut}..{} also belong to {owner}{why}; cut the file from {} to {size} bytes",
                     r.name,
                     end.min(e.bno + e.len),
                     r.size
                 ));
                 r.size = size;
+                if let Some(h) = head {
+                    claimed.claim(h.bno, h.len, format!("file {:?}", r.name));
+                    kept.push(h);
+                }
                 break;
             }
+            // Claimed at once: a file's own extents may not overlap each other either.
+            claimed.claim(e.bno, e.len, format!("file {:?}", r.name));
             kept.push(*e);
         }
-        for e in &kept {
-            claimed.claim(e.bno, e.len, format!("file {:?}", r.name));
-        }
         r.extents = kept;
-        max_id = max_id.max(r.file_id);
-        st.names.insert(r.name.clone(), r.file_id);
         st.homeless.insert(r.file_id);
         st.inodes.insert(r.file_id, inode_of(&r, None));
     }
@@ -784,7 +901,7 @@ pub(crate) fn salvage(
     old_meta.sort();
     for (bno, len) in old_meta {
         if claimed.first_conflict(bno, len).is_none() {
-            claimed.claim(bno, len, "old metadata".into());
+            claimed.claim(bno, len, OLD_META.into());
             st.alloc.free_later(bno, len, freed_gen);
         }
     }
@@ -820,7 +937,7 @@ pub(crate) fn salvage(
     let in_use: Vec<(u64, u64)> = claimed
         .0
         .iter()
-        .filter(|(_, (_, o))| o != "old metadata")
+        .filter(|(_, (_, o))| o != OLD_META)
         .map(|(&s, (e, _))| (s, e - s))
         .collect();
     let double: u64 = old_free.iter().map(|&(s, l)| covered(&in_use, s, l)).sum();

@@ -26,7 +26,8 @@ use gpunvme::gpu_io::Piece;
 use gpunvme::gpu_queues::Cuda;
 use gpunvme::gpu_queues::ffi::{DeviceMemory, Event};
 use gpunvme::handle::DeviceHandle;
-use gpunvme::open::OpenOptions;
+use gpunvme::image::{self, CreateImage, ImageExists};
+use gpunvme::open::{MissingImage, OpenOptions};
 use parking_lot::Mutex;
 
 /// What a call returned: `GPUNVME_ERROR_NONE` on success, else the kind of failure.
@@ -107,12 +108,28 @@ pub struct GpunvmeOpenOptions {
     pub controller_threads: u32,
     /// The namespace blockfs lives on (1 for an image).
     pub nsid: u32,
+    /// I/O queue pairs the software controller grants (1 to 1024; 0: the default, 8).
+    pub controller_queue_pairs: u32,
+    /// When not 0: every image `device` names that does not exist yet is made first, sparse,
+    /// of this many bytes (a whole number of `lba_size` LBAs), as [`gpunvme_image_create`]
+    /// makes it; existing ones are opened as they are. 0: a missing image is
+    /// `GPUNVME_ERROR_NOT_FOUND`.
+    pub create_bytes: u64,
 }
 
 /// An open device (opaque; a handle C never dereferences): [`gpunvme_open`] makes one,
 /// [`gpunvme_close`] ends it.
 pub struct GpunvmeDevice {
     inner: Mutex<DeviceHandle>,
+}
+
+impl GpunvmeDevice {
+    /// Runs `f` on the handle (one call at a time), its error named for its cause
+    /// ([`DeviceHandle::explain`]: a full host file system is `GPUNVME_ERROR_NO_SPACE`).
+    fn run<T>(&self, f: impl FnOnce(&DeviceHandle) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let h = self.inner.lock();
+        f(&h).map_err(|e| h.explain(e))
+    }
 }
 
 thread_local! {
@@ -130,6 +147,7 @@ fn call(f: impl FnOnce() -> anyhow::Result<()>) -> GpunvmeError {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => GpunvmeError::None,
         Ok(Err(e)) => {
+            let e = worded_for_c(e);
             set_last(&format!("{e:#}"));
             if e.chain().any(|c| c.is::<BadHandle>()) {
                 GpunvmeError::InvalidHandle
@@ -149,6 +167,59 @@ fn call(f: impl FnOnce() -> anyhow::Result<()>) -> GpunvmeError {
             GpunvmeError::Panic
         }
     }
+}
+
+/// `e` with the hints a C caller can act on: how to make a missing image, how to replace an
+/// existing one (in this ABI's terms, never the CLI's flags).
+fn worded_for_c(e: anyhow::Error) -> anyhow::Error {
+    let e = MissingImage::explain(e, |m| {
+        if m.default {
+            "nothing has written it yet: open it without read_only, or make it with \
+             gpunvme_image_create()"
+                .into()
+        } else {
+            "create it with gpunvme_image_create(), or set create_bytes in \
+             gpunvme_open_options"
+                .into()
+        }
+    });
+    ImageExists::explain(e, "pass force = true to replace it")
+}
+
+/// Writes `text` NUL-terminated into `buf` when it fits in `cap` bytes; `*len` = its length
+/// without the NUL either way, so a caller can retry with a larger buffer
+/// (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not fit).
+///
+/// # Safety
+/// `buf` is valid for `cap` bytes of writes (or NULL with `cap` 0); `len` is valid for a
+/// write (both checked for NULL here).
+unsafe fn write_text(
+    text: &str,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> anyhow::Result<()> {
+    if len.is_null() || (buf.is_null() && cap > 0) {
+        return Err(invalid("the buffer or its length is NULL"));
+    }
+    if cap > isize::MAX as usize {
+        return Err(invalid(format!("cap {cap} is larger than any buffer")));
+    }
+    // SAFETY: `len` is non-null and valid for a write (the contract).
+    unsafe { len.write(text.len()) };
+    if text.len() >= cap {
+        return Err(invalid(format!(
+            "the result takes {} bytes and a NUL, the buffer {cap}",
+            text.len()
+        )));
+    }
+    // SAFETY: `buf` is non-null (cap > text.len() >= 0) and valid for `cap` bytes of writes
+    // (the contract); text.len() + 1 <= cap bytes are written.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        buf.add(text.len()).write(0);
+    }
+    Ok(())
 }
 
 /// An invalid argument, as an error the boundary maps to `GPUNVME_ERROR_INVALID_ARGUMENT`.
@@ -354,7 +425,8 @@ pub extern "C" fn gpunvme_last_error_message() -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())
 }
 
-/// The defaults: the default image, 512-byte LBAs, read-write, automatic threads, namespace 1.
+/// The defaults: the default image, 512-byte LBAs, read-write, automatic threads, namespace 1,
+/// the default queue pairs, nothing created.
 #[unsafe(no_mangle)]
 pub extern "C" fn gpunvme_open_options_default() -> GpunvmeOpenOptions {
     GpunvmeOpenOptions {
@@ -363,6 +435,8 @@ pub extern "C" fn gpunvme_open_options_default() -> GpunvmeOpenOptions {
         read_only: false,
         controller_threads: 0,
         nsid: 1,
+        controller_queue_pairs: 0,
+        create_bytes: 0,
     }
 }
 
@@ -395,12 +469,30 @@ pub unsafe extern "C" fn gpunvme_open(
             // SAFETY: a non-null device is a NUL-terminated string (the options' contract).
             Some(unsafe { str_arg(o.device, "device") }?)
         };
+        let controller_queue_pairs = match o.controller_queue_pairs {
+            0 => OpenOptions::default().controller_queue_pairs,
+            n @ 1..=1024 => n as u16,
+            n => {
+                return Err(invalid(format!(
+                    "controller_queue_pairs must be 1 to 1024 (or 0 for the default), not {n}"
+                )));
+            }
+        };
         let opts = OpenOptions {
             lba_size: o.lba_size,
             controller_threads: o.controller_threads as usize,
+            controller_queue_pairs,
             read_only: o.read_only,
             ..OpenOptions::default()
         };
+        if o.create_bytes != 0 {
+            let want = CreateImage {
+                bytes: o.create_bytes,
+                lba_size: o.lba_size,
+                force: false,
+            };
+            image::create_missing(device, &opts, &want)?;
+        }
         let handle = DeviceHandle::open(device, opts, o.nsid)?;
         let token = register(Object::Device(Arc::new(GpunvmeDevice {
             inner: Mutex::new(handle),
@@ -440,7 +532,7 @@ pub extern "C" fn gpunvme_mkfs(
 ) -> GpunvmeError {
     call(|| {
         let d = dev_arg(dev)?;
-        d.inner.lock().mkfs(block_size, force, None)?;
+        d.run(|h| h.mkfs(block_size, force, None))?;
         Ok(())
     })
 }
@@ -462,7 +554,7 @@ pub unsafe extern "C" fn gpunvme_put(
         let d = dev_arg(dev)?;
         // SAFETY: forwarded contract (NUL-terminated strings).
         let (src, name) = unsafe { (str_arg(src_path, "src_path")?, str_arg(name, "name")?) };
-        d.inner.lock().put(Path::new(src), name, force)?;
+        d.run(|h| h.put(Path::new(src), name, force))?;
         Ok(())
     })
 }
@@ -482,7 +574,7 @@ pub unsafe extern "C" fn gpunvme_get(
         let d = dev_arg(dev)?;
         // SAFETY: forwarded contract (NUL-terminated strings).
         let (name, dst) = unsafe { (str_arg(name, "name")?, str_arg(dst_path, "dst_path")?) };
-        d.inner.lock().get(name, Path::new(dst))?;
+        d.run(|h| h.get(name, Path::new(dst)))?;
         Ok(())
     })
 }
@@ -505,7 +597,7 @@ pub unsafe extern "C" fn gpunvme_file_size(
         if size.is_null() {
             return Err(invalid("size is NULL"));
         }
-        let st = d.inner.lock().stat(name)?;
+        let st = d.run(|h| h.stat(name))?;
         // SAFETY: `size` is non-null and valid for a write (the contract).
         unsafe { size.write(st.file.size) };
         Ok(())
@@ -545,7 +637,7 @@ pub unsafe extern "C" fn gpunvme_read(
             // and len fits a slice.
             unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
         };
-        let n = d.inner.lock().read_at(name, offset, slice)?;
+        let n = d.run(|h| h.read_at(name, offset, slice))?;
         // SAFETY: `nread` is non-null and valid for a write (the contract).
         unsafe { nread.write(n) };
         Ok(())
@@ -566,7 +658,128 @@ pub unsafe extern "C" fn gpunvme_remove(
         let d = dev_arg(dev)?;
         // SAFETY: forwarded contract (a NUL-terminated string).
         let name = unsafe { str_arg(name, "name") }?;
-        d.inner.lock().rm(name)?;
+        d.run(|h| h.rm(name))?;
+        Ok(())
+    })
+}
+
+/// Renames file `old` to `new` (`gpunvme fs mv`): an existing `new` is
+/// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit (the old `new`
+/// survives any failure).
+///
+/// # Safety
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); the strings are NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_rename(
+    dev: *const GpunvmeDevice,
+    old: *const c_char,
+    new: *const c_char,
+    force: bool,
+) -> GpunvmeError {
+    call(|| {
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (NUL-terminated strings).
+        let (old, new) = unsafe { (str_arg(old, "old")?, str_arg(new, "new")?) };
+        d.run(|h| h.mv(old, new, force))?;
+        Ok(())
+    })
+}
+
+/// The files whose names start with `prefix` (`""`: every file), as the JSON array
+/// `gpunvme --json fs ls` prints (`[{"name": ..., "size": ..., ...}]`), written
+/// NUL-terminated into `out` when it fits in `cap` bytes (`out` may be NULL with `cap` 0);
+/// `*out_len` = its length without the NUL either way, so a caller can retry with a larger
+/// buffer (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not fit).
+///
+/// # Safety
+/// `dev` may be any value (one that is not a live device handle is
+/// `GPUNVME_ERROR_INVALID_HANDLE`); `prefix` is NUL-terminated; `out` is valid for `cap` bytes
+/// of writes (or NULL with `cap` 0); `out_len` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_ls(
+    dev: *const GpunvmeDevice,
+    prefix: *const c_char,
+    out: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> GpunvmeError {
+    call(|| {
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let prefix = unsafe { str_arg(prefix, "prefix") }?;
+        let text = serde_json::to_string(&d.run(|h| h.ls(prefix))?)?;
+        // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
+        unsafe { write_text(&text, out, cap, out_len) }
+    })
+}
+
+/// File `name`'s size, allocation, extents, checksum and generation, as the JSON object
+/// `gpunvme --json fs stat` prints, into `out` as [`gpunvme_ls`] writes its list.
+///
+/// # Safety
+/// As for [`gpunvme_ls`], with `name` NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_stat(
+    dev: *const GpunvmeDevice,
+    name: *const c_char,
+    out: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> GpunvmeError {
+    call(|| {
+        let d = dev_arg(dev)?;
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let name = unsafe { str_arg(name, "name") }?;
+        let text = serde_json::to_string(&d.run(|h| h.stat(name))?)?;
+        // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
+        unsafe { write_text(&text, out, cap, out_len) }
+    })
+}
+
+/// Space (`gpunvme --json fs df`: `block_size`, `total_blocks`, `free_blocks`,
+/// `available_bytes`, `files`, ...), into `out` as [`gpunvme_ls`] writes its list.
+///
+/// # Safety
+/// As for [`gpunvme_ls`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_df(
+    dev: *const GpunvmeDevice,
+    out: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> GpunvmeError {
+    call(|| {
+        let d = dev_arg(dev)?;
+        let text = serde_json::to_string(&d.run(|h| h.df())?)?;
+        // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
+        unsafe { write_text(&text, out, cap, out_len) }
+    })
+}
+
+/// Makes a sparse image file of `bytes` bytes at `path` for the software controller, a whole
+/// number of `lba_size`-byte LBAs (512 or 4096; open it with the same value). An existing
+/// file is `GPUNVME_ERROR_EXISTS` unless `force`, which discards its contents (refused with
+/// `GPUNVME_ERROR_BUSY` while it is open).
+///
+/// # Safety
+/// `path` is NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpunvme_image_create(
+    path: *const c_char,
+    bytes: u64,
+    lba_size: u32,
+    force: bool,
+) -> GpunvmeError {
+    call(|| {
+        // SAFETY: forwarded contract (a NUL-terminated string).
+        let path = unsafe { str_arg(path, "path") }?;
+        let want = CreateImage {
+            bytes,
+            lba_size,
+            force,
+        };
+        image::create(Path::new(path), &want)?;
         Ok(())
     })
 }
@@ -603,7 +816,7 @@ pub unsafe extern "C" fn gpunvme_fsck(
         if cap > isize::MAX as usize {
             return Err(invalid(format!("cap {cap} is larger than any buffer")));
         }
-        let out = d.inner.lock().fsck(repair, data)?;
+        let out = d.run(|h| h.fsck(repair, data))?;
         let text = out.json.to_string();
         // SAFETY: both are non-null and valid for a write (the contract).
         unsafe {
@@ -716,7 +929,7 @@ pub unsafe extern "C" fn gpunvme_gpu_queues(
         if out.is_null() {
             return Err(invalid("out is NULL"));
         }
-        let q = d.inner.lock().gpu_queues()?;
+        let q = d.run(|h| h.gpu_queues())?;
         let v = GpunvmeGpuQueues {
             descriptors: q.descriptors,
             count: q.count,
@@ -762,7 +975,7 @@ pub unsafe extern "C" fn gpunvme_gpu_map(
         // SAFETY: the memory stays allocated until gpunvme_gpu_unmap (the contract), and the
         // mapping holds everything made of it.
         let mem = unsafe { borrow_gpu(&cuda, ptr, len, "ptr") }?;
-        let buf = d.inner.lock().gpu_map(mem)?;
+        let buf = d.run(|h| h.gpu_map(mem))?;
         let addr = buf.bus();
         let m = register(Object::Mapping {
             _held: GpunvmeGpuMapping { _buf: buf },
@@ -827,7 +1040,7 @@ pub unsafe extern "C" fn gpunvme_gpu_file_open(
         if out.is_null() || table.is_null() || index.is_null() || size.is_null() {
             return Err(invalid("out, table, index or size is NULL"));
         }
-        let file = d.inner.lock().gpu_file(name)?;
+        let file = d.run(|h| h.gpu_file(name))?;
         let (t, i, n) = (file.table_ptr(), file.index(), file.size());
         let f = register(Object::File {
             _held: GpunvmeGpuFile { _file: file },
@@ -953,6 +1166,6 @@ pub unsafe extern "C" fn gpunvme_gpu_write(
 pub extern "C" fn gpunvme_release_gpu(dev: *const GpunvmeDevice) -> GpunvmeError {
     call(|| {
         let d = dev_arg(dev)?;
-        d.inner.lock().release_gpu()
+        d.run(|h| h.release_gpu())
     })
 }

@@ -7,6 +7,9 @@
  *   scripts/c-test.sh                  builds libgpunvme, this file, runs it
  *   cargo test -p gpunvme_capi         does the same (capi/tests/c_abi.rs)
  *   abi IMAGE                          (IMAGE: an existing file, e.g. `truncate -s 64M img`)
+ *   abi IMAGE FULL                     also: FULL, a 64 MiB image on a host file system with
+ *                                      less room (c_abi.rs mounts an 8 MiB tmpfs when it can),
+ *                                      where a 16 MiB put must be GPUNVME_ERROR_NO_SPACE
  */
 #include <gpunvme.h>
 
@@ -48,6 +51,18 @@ static void expect_u64(const char *what, uint64_t got, uint64_t want) {
     }
 }
 
+/* `text` contains `needle` (want 1) or does not (want 0). */
+static void expect_has(const char *what, const char *text, const char *needle, int want) {
+    int has = text != NULL && strstr(text, needle) != NULL;
+    if (has != want) {
+        fprintf(stderr, "FAIL %s: \"%s\" %s \"%s\"\n", what, text ? text : "(NULL)",
+                want ? "lacks" : "contains", needle);
+        failures++;
+    } else {
+        printf("ok   %s\n", what);
+    }
+}
+
 /* A host file holding `n` bytes of `byte`; its path in `path` (a mkstemp template). */
 static int host_file(char *path, unsigned char byte, size_t n) {
     int fd = mkstemp(path);
@@ -62,8 +77,8 @@ static int host_file(char *path, unsigned char byte, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s IMAGE\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s IMAGE [FULL]\n", argv[0]);
         return 2;
     }
 
@@ -210,6 +225,106 @@ int main(int argc, char **argv) {
     expect("close", gpunvme_close(dev), GPUNVME_ERROR_NONE);
     expect("fsck on a closed handle", gpunvme_fsck(dev, false, false, NULL, 0, &got, &consistent),
            GPUNVME_ERROR_INVALID_HANDLE);
+
+    /* The calls the CLI and Python have (issue 54): ls, stat, rename, df as JSON into the
+     * caller's buffer; the controller's queue pairs; images made at a size; errors worded for
+     * C (no CLI flags). */
+    o.controller_queue_pairs = 2000;
+    expect("open with 2000 queue pairs", gpunvme_open(&o, &dev), GPUNVME_ERROR_INVALID_ARGUMENT);
+    o.controller_queue_pairs = 3;
+    expect("open with 3 queue pairs", gpunvme_open(&o, &dev), GPUNVME_ERROR_NONE);
+    if (!dev) return 1;
+    gpunvme_device *second = NULL;
+    expect("a second handle on the image", gpunvme_open(&o, &second), GPUNVME_ERROR_BUSY);
+    expect_has("  says it is open in this process", gpunvme_last_error_message(),
+               "already open in this process", 1);
+    char pid[32];
+    snprintf(pid, sizeof pid, "process %d", (int)getpid());
+    expect_has("  names no pid of ours", gpunvme_last_error_message(), pid, 0);
+    expect("rename", gpunvme_rename(dev, "kept", "dir/renamed", false), GPUNVME_ERROR_NONE);
+    expect("put another", gpunvme_put(dev, two, "dir/other", false), GPUNVME_ERROR_NONE);
+    expect("rename onto a file", gpunvme_rename(dev, "dir/other", "dir/renamed", false),
+           GPUNVME_ERROR_EXISTS);
+    expect("rename a missing file", gpunvme_rename(dev, "nope", "x", false),
+           GPUNVME_ERROR_NOT_FOUND);
+    char buf[4096];
+    need = 0;
+    expect("ls into no buffer", gpunvme_ls(dev, "dir/", NULL, 0, &need),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("ls", gpunvme_ls(dev, "dir/", buf, sizeof buf, &got), GPUNVME_ERROR_NONE);
+    expect_u64("ls's length told before", need, got);
+    expect_has("ls names dir/renamed", buf, "\"name\":\"dir/renamed\"", 1);
+    expect_has("ls names dir/other", buf, "\"name\":\"dir/other\"", 1);
+    expect_has("ls no longer names kept", buf, "\"kept\"", 0);
+    expect("stat", gpunvme_stat(dev, "dir/renamed", buf, sizeof buf, &got), GPUNVME_ERROR_NONE);
+    expect_has("stat's size", buf, "\"size\":5000", 1);
+    expect("stat a missing file", gpunvme_stat(dev, "kept", buf, sizeof buf, &got),
+           GPUNVME_ERROR_NOT_FOUND);
+    expect("rename by force", gpunvme_rename(dev, "dir/other", "dir/renamed", true),
+           GPUNVME_ERROR_NONE);
+    expect("stat the replaced file", gpunvme_stat(dev, "dir/renamed", buf, sizeof buf, &got),
+           GPUNVME_ERROR_NONE);
+    expect_has("  has the other's size", buf, "\"size\":7000", 1);
+    expect("df", gpunvme_df(dev, buf, sizeof buf, &got), GPUNVME_ERROR_NONE);
+    expect_has("df counts one file", buf, "\"files\":1", 1);
+    expect("df into 4 bytes", gpunvme_df(dev, buf, 4, &got), GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("close", gpunvme_close(dev), GPUNVME_ERROR_NONE);
+    expect("ls on a closed handle", gpunvme_ls(dev, "", buf, sizeof buf, &got),
+           GPUNVME_ERROR_INVALID_HANDLE);
+
+    char made[] = "/tmp/gpunvme-c-abi-made-XXXXXX";
+    int fd = mkstemp(made);
+    if (fd < 0) return 2;
+    close(fd);
+    unlink(made);
+    gpunvme_open_options m = gpunvme_open_options_default();
+    m.device = made;
+    expect("open a missing image", gpunvme_open(&m, &dev), GPUNVME_ERROR_NOT_FOUND);
+    expect_has("  says how to make it in C", gpunvme_last_error_message(),
+               "gpunvme_image_create()", 1);
+    expect_has("  names no CLI flag", gpunvme_last_error_message(), "--", 0);
+    expect_has("  nor truncate", gpunvme_last_error_message(), "truncate", 0);
+    expect("image_create of 1000 bytes", gpunvme_image_create(made, 1000, 512, false),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("nothing made", access(made, F_OK) == 0 ? GPUNVME_ERROR_EXISTS : GPUNVME_ERROR_NONE,
+           GPUNVME_ERROR_NONE);
+    expect("image_create", gpunvme_image_create(made, 32 << 20, 4096, false), GPUNVME_ERROR_NONE);
+    expect("image_create over it", gpunvme_image_create(made, 32 << 20, 4096, false),
+           GPUNVME_ERROR_EXISTS);
+    expect_has("  says force = true", gpunvme_last_error_message(), "force = true", 1);
+    m.lba_size = 4096;
+    expect("open the made image", gpunvme_open(&m, &dev), GPUNVME_ERROR_NONE);
+    if (!dev) return 1;
+    expect("mkfs on it", gpunvme_mkfs(dev, 4096, false), GPUNVME_ERROR_NONE);
+    expect("image_create by force while it is open",
+           gpunvme_image_create(made, 32 << 20, 4096, true), GPUNVME_ERROR_BUSY);
+    expect("close", gpunvme_close(dev), GPUNVME_ERROR_NONE);
+    unlink(made);
+    m.create_bytes = 16 << 20;
+    expect("open with create_bytes", gpunvme_open(&m, &dev), GPUNVME_ERROR_NONE);
+    if (!dev) return 1;
+    expect("mkfs on the created image", gpunvme_mkfs(dev, 4096, false), GPUNVME_ERROR_NONE);
+    expect("close", gpunvme_close(dev), GPUNVME_ERROR_NONE);
+    unlink(made);
+
+    /* The host file system holding an image full: ENOSPC by name, not a Write Fault. */
+    if (argc == 3) {
+        char big[] = "/tmp/gpunvme-c-abi-big-XXXXXX";
+        if (host_file(big, 7, 16 << 20)) return 2;
+        gpunvme_open_options f = gpunvme_open_options_default();
+        f.device = argv[2];
+        expect("open the image on a small file system", gpunvme_open(&f, &dev),
+               GPUNVME_ERROR_NONE);
+        if (!dev) return 1;
+        expect("mkfs there", gpunvme_mkfs(dev, 4096, true), GPUNVME_ERROR_NONE);
+        expect("put more than the host file system holds", gpunvme_put(dev, big, "big", false),
+               GPUNVME_ERROR_NO_SPACE);
+        expect_has("  names ENOSPC", gpunvme_last_error_message(),
+                   "no space left on the host file system holding", 1);
+        expect("nothing stored", gpunvme_file_size(dev, "big", &size), GPUNVME_ERROR_NOT_FOUND);
+        expect("close", gpunvme_close(dev), GPUNVME_ERROR_NONE);
+        unlink(big);
+    }
 
     unlink(one);
     unlink(two);

@@ -1,7 +1,8 @@
 //! The C ABI from C (issue 53): builds libgpunvme (`cargo build -p gpunvme_capi`, the profile
 //! of this test), compiles `capi/tests/abi.c` against `include/gpunvme.h` with `-Werror`, and
 //! runs it on a fresh 64 MiB image: error names of codes out of range, double closes, junk and
-//! wrong-kind handles, a read-only handle's refusals, destructive calls without `force`.
+//! wrong-kind handles, a read-only handle's refusals, destructive calls without `force`; where
+//! it may mount a small tmpfs, a put that fills the host file system is `GPUNVME_ERROR_NO_SPACE`.
 //! `scripts/c-test.sh` runs the same program.
 
 use std::path::{Path, PathBuf};
@@ -65,11 +66,30 @@ fn misuse_from_c_is_an_error_code_never_a_crash() {
     std::fs::File::create(&image)
         .and_then(|f| f.set_len(64 << 20))
         .expect("an image");
-    let run = Command::new(&exe)
-        .arg(&image)
-        .current_dir(work.path())
+    // A small tmpfs for the no-space checks, where this process may mount one (root).
+    let mnt = work.path().join("small");
+    std::fs::create_dir(&mnt).expect("a mount point");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&mnt)
         .output()
-        .expect("running abi");
+        .is_ok_and(|o| o.status.success());
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&image).current_dir(work.path());
+    if mounted {
+        let full = mnt.join("full.img");
+        std::fs::File::create(&full)
+            .and_then(|f| f.set_len(64 << 20))
+            .expect("an image on the tmpfs");
+        cmd.arg(&full);
+    } else {
+        eprintln!("no-space checks skipped: cannot mount a tmpfs here (needs root)");
+    }
+    let run = cmd.output();
+    if mounted {
+        let _ = Command::new("umount").arg(&mnt).status();
+    }
+    let run = run.expect("running abi");
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(

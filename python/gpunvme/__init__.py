@@ -6,7 +6,7 @@ use), as with the ``gpunvme`` CLI's ``--device``::
 
     import gpunvme
 
-    with gpunvme.open("disk.img") as dev:
+    with gpunvme.open("disk.img", create="1G") as dev:   # made (sparse) if missing
         dev.mkfs()
         dev.put("weights.safetensors", "models/a.safetensors")
         print(dev.ls("models/"))
@@ -46,6 +46,7 @@ __version__: str = _native.__version__
 __all__ = [
     "Device",
     "open",
+    "create_image",
     "cuda_available",
     "GpunvmeError",
     "BusyError",
@@ -219,13 +220,40 @@ def cuda_available() -> bool:
 
 
 class Device:
-    """An open device and blockfs on one of its namespaces (see :func:`open`).
+    """An open device and blockfs on one of its namespaces. ``Device(...)`` takes what
+    :func:`open` takes and opens the device the same way.
 
     A context manager: leaving the ``with`` block closes it, which stops the controller and
     releases the device (a second process, or a second handle, is refused while it is open).
     """
 
-    def __init__(self, native: _native.Device) -> None:
+    def __init__(
+        self,
+        device: Union[None, str, "os.PathLike[str]", List[str], _native.Device] = None,
+        *,
+        lba_size: int = 512,
+        read_only: bool = False,
+        controller_threads: int = 0,
+        nsid: int = 1,
+        controller_queue_pairs: int = 64,
+        create: Union[None, int, str] = None,
+    ) -> None:
+        if isinstance(device, _native.Device):
+            native = device
+        else:
+            if isinstance(device, (list, tuple)):
+                device = ",".join(os.fspath(d) for d in device)
+            elif device is not None:
+                device = os.fspath(device)
+            native = _native.Device(
+                device,
+                lba_size,
+                read_only,
+                controller_threads,
+                nsid,
+                controller_queue_pairs,
+                _size_arg(create, "create"),
+            )
         self._d = native
         #: The last load_safetensors' figures: files, tensors, bytes, seconds, data path.
         self.last_load: Optional[Dict[str, Any]] = None
@@ -296,6 +324,17 @@ class Device:
     def rm(self, name: str) -> Dict[str, Any]:
         """Removes ``name``."""
         return json.loads(self._d.rm(name))
+
+    def mv(self, old: str, new: str, *, force: bool = False) -> Dict[str, Any]:
+        """Renames ``old`` to ``new`` (``gpunvme fs mv``). An existing ``new`` is
+        :class:`ExistsError` unless ``force``, which replaces it by one commit. Returns
+        ``{"from": old, "to": new}``."""
+        return json.loads(self._d.mv(old, new, force))
+
+    def df(self) -> Dict[str, Any]:
+        """Space, as ``gpunvme --json fs df`` prints it: ``block_size``, ``total_blocks``,
+        ``free_blocks``, ``available_bytes`` (what file data may take), ``files``, ..."""
+        return json.loads(self._d.df())
 
     def load_safetensors(
         self,
@@ -477,6 +516,34 @@ class Device:
         return report
 
 
+def _size_arg(size: Union[None, int, str], what: str) -> Optional[str]:
+    """A size argument (bytes as an int, or a string such as ``"4G"``) as the native side
+    parses it."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise InvalidArgumentError(
+            f"{what} must be a size in bytes or a string such as \"4G\", not {size!r}"
+        )
+    if isinstance(size, int) and size <= 0:
+        raise InvalidArgumentError(f"{what} must be a positive size, not {size}")
+    return str(size)
+
+
+def create_image(
+    path: PathLike, size: Union[int, str], *, lba_size: int = 512, force: bool = False
+) -> Dict[str, Any]:
+    """Makes a sparse image file for the software controller: ``size`` bytes (an int, or a
+    string such as ``"64M"``, ``"4G"``), a whole number of ``lba_size``-byte LBAs (open it with
+    the same ``lba_size``). An existing file is :class:`ExistsError` unless ``force``, which
+    discards its contents (refused with :class:`BusyError` while it is open). Returns what
+    ``gpunvme --json image create`` prints: ``path``, ``bytes``, ``lba_size``, ``blocks``,
+    ``allocated_bytes``, ``replaced``."""
+    return json.loads(
+        _native.create_image(os.fspath(path), _size_arg(size, "size"), lba_size, force)
+    )
+
+
 def open(
     device: Union[None, str, List[str]] = None,
     *,
@@ -485,28 +552,32 @@ def open(
     controller_threads: int = 0,
     nsid: int = 1,
     controller_queue_pairs: int = 64,
+    create: Union[None, int, str] = None,
 ) -> Device:
     """Opens a device and brings its controller up.
 
     ``device``: a PCI address (bound to vfio-pci), an image file's path, or ``None`` for
     ``./gpunvme.img`` (1 GiB, sparse, created on first use unless ``read_only``); a list of
     them (or a comma-separated string) makes a striped volume, members in order.
+    ``create``: a size (bytes, or a string such as ``"4G"``): every image named that does not
+    exist yet is made first, sparse, at that size (as :func:`create_image`); an existing one
+    is opened as it is. Without it, a missing image is :class:`NotFoundError`.
     ``lba_size``: 512 or 4096, the block size of an image's namespace. ``read_only``: open an
     image under a shared lock with its namespace write-protected; every change (``mkfs``,
-    ``put``, ``rm``, ``save``, ``fsck(repair=True)``) is then :class:`ReadOnlyError` before
-    anything is touched (docs/python.md). ``controller_threads``: the
+    ``put``, ``rm``, ``mv``, ``save``, ``fsck(repair=True)``) is then :class:`ReadOnlyError`
+    before anything is touched (docs/python.md). ``controller_threads``: the
     software controller's threads (0: automatic, a quarter of the CPUs up to 4; GPU loads run
     faster with more, up to one per CPU). ``controller_queue_pairs``: I/O queue pairs the
     software controller grants (GPU loads spread over all of them). ``nsid``: the namespace
     blockfs lives on.
     Raises :class:`BusyError` when another process or handle holds the device.
     """
-    if isinstance(device, (list, tuple)):
-        device = ",".join(os.fspath(d) for d in device)
-    elif device is not None:
-        device = os.fspath(device)
     return Device(
-        _native.Device(
-            device, lba_size, read_only, controller_threads, nsid, controller_queue_pairs
-        )
+        device,
+        lba_size=lba_size,
+        read_only=read_only,
+        controller_threads=controller_threads,
+        nsid=nsid,
+        controller_queue_pairs=controller_queue_pairs,
+        create=create,
     )

@@ -26,7 +26,8 @@ use gpunvme::gpu_emu::{MediaKind, SsdModel};
 use gpunvme::gpu_io::Piece;
 use gpunvme::gpu_queues::Cuda;
 use gpunvme::handle::{DeviceHandle, SaveTensor};
-use gpunvme::open::OpenOptions;
+use gpunvme::image::{self, CreateImage, ImageExists};
+use gpunvme::open::{MissingImage, OpenOptions};
 use gpunvme::safetensors::{Dtype, TensorToWrite};
 use parking_lot::Mutex;
 use pyo3::create_exception;
@@ -34,75 +35,75 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
 create_exception!(
-    _native,
+    gpunvme,
     GpunvmeError,
     PyException,
     "Base class of every gpunvme error."
 );
 create_exception!(
-    _native,
+    gpunvme,
     BusyError,
     GpunvmeError,
     "Another process or handle owns the device or image."
 );
-create_exception!(_native, NotFoundError, GpunvmeError, "No such file.");
-create_exception!(_native, ExistsError, GpunvmeError, "The file exists.");
+create_exception!(gpunvme, NotFoundError, GpunvmeError, "No such file.");
+create_exception!(gpunvme, ExistsError, GpunvmeError, "The file exists.");
 create_exception!(
-    _native,
+    gpunvme,
     NoSpaceError,
     GpunvmeError,
     "The file system is full."
 );
 create_exception!(
-    _native,
+    gpunvme,
     ReadOnlyError,
     GpunvmeError,
     "The file or device is read-only."
 );
 create_exception!(
-    _native,
+    gpunvme,
     NoFileSystemError,
     GpunvmeError,
     "The namespace holds no blockfs (make one with mkfs)."
 );
 create_exception!(
-    _native,
+    gpunvme,
     CorruptError,
     GpunvmeError,
     "On-device data failed its checks (metadata or data checksums, format)."
 );
 create_exception!(
-    _native,
+    gpunvme,
     InvalidArgumentError,
     GpunvmeError,
     "An argument is not acceptable (a name, a size, a host path's kind)."
 );
 create_exception!(
-    _native,
+    gpunvme,
     HostIoError,
     GpunvmeError,
     "A host file or stream failed."
 );
 create_exception!(
-    _native,
+    gpunvme,
     ImageError,
     GpunvmeError,
     "The image file cannot be opened, created or used."
 );
 create_exception!(
-    _native,
+    gpunvme,
     DeviceError,
     GpunvmeError,
     "The device (controller, VFIO, a command) failed."
 );
 create_exception!(
-    _native,
+    gpunvme,
     RefusedError,
     GpunvmeError,
     "Refused before anything changed: the call would destroy data (mkfs over a file system, \
      output onto the device's own image)."
 );
-create_exception!(_native, ClosedError, GpunvmeError, "The handle was closed.");
+create_exception!(gpunvme, ClosedError, GpunvmeError, "The handle was closed.");
 
 /// The handle was closed.
 #[derive(Debug)]
@@ -116,8 +117,21 @@ impl std::fmt::Display for Closed {
 
 impl std::error::Error for Closed {}
 
-/// The Python exception for `e`: its kind's class, the message with its whole chain.
+/// The Python exception for `e`: its kind's class, the message with its whole chain, worded
+/// for a Python caller (how to make a missing image, how to replace an existing one).
 fn to_py(e: anyhow::Error) -> PyErr {
+    let e = MissingImage::explain(e, |m| {
+        if m.default {
+            "nothing has written it yet: open it without read_only, or make it with \
+             gpunvme.create_image(path, SIZE)"
+                .into()
+        } else {
+            "create it with gpunvme.open(path, create=SIZE), e.g. create=\"1G\", or \
+             gpunvme.create_image(path, SIZE)"
+                .into()
+        }
+    });
+    let e = ImageExists::explain(e, "pass force=True to replace it");
     let msg = format!("{e:#}");
     if e.chain().any(|c| c.is::<Closed>()) {
         return ClosedError::new_err(msg);
@@ -198,7 +212,7 @@ impl Device {
         py.detach(|| {
             let guard = self.inner.lock();
             let opened = guard.as_ref().ok_or_else(|| anyhow::Error::new(Closed))?;
-            f(opened)
+            f(opened).map_err(|e| opened.explain(e))
         })
         .map_err(to_py)
     }
@@ -222,7 +236,7 @@ impl Device {
                 let run = || {
                     let guard = inner.lock();
                     let opened = guard.as_ref().ok_or_else(|| anyhow::Error::new(Closed))?;
-                    f(opened, flag)
+                    f(opened, flag).map_err(|e| opened.explain(e))
                 };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error: a copy panicked")));
@@ -268,7 +282,10 @@ impl Device {
     /// Opens `device` (a PCI address, an image path, or None for ./gpunvme.img, created on
     /// first use unless read_only) and brings its controller up.
     #[new]
-    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1, controller_queue_pairs=64))]
+    /// With `create` (a size: bytes, or "64M", "4G"), every image named that does not exist
+    /// is made first at that size (sparse); existing ones are opened as they are.
+    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1, controller_queue_pairs=64, create=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         device: Option<String>,
@@ -277,6 +294,7 @@ impl Device {
         controller_threads: usize,
         nsid: u32,
         controller_queue_pairs: u16,
+        create: Option<String>,
     ) -> PyResult<Self> {
         if lba_size != 512 && lba_size != 4096 {
             return Err(InvalidArgumentError::new_err(format!(
@@ -295,8 +313,23 @@ impl Device {
             read_only,
             ..OpenOptions::default()
         };
+        let want = create
+            .map(|size| {
+                image::parse_size(&size).map(|bytes| CreateImage {
+                    bytes,
+                    lba_size,
+                    force: false,
+                })
+            })
+            .transpose()
+            .map_err(|e| InvalidArgumentError::new_err(format!("create: {e}")))?;
         let opened = py
-            .detach(|| DeviceHandle::open(device.as_deref(), opts, nsid))
+            .detach(|| {
+                if let Some(want) = &want {
+                    image::create_missing(device.as_deref(), &opts, want)?;
+                }
+                DeviceHandle::open(device.as_deref(), opts, nsid)
+            })
             .map_err(to_py)?;
         Ok(Self {
             inner: Mutex::new(Some(opened)),
@@ -374,6 +407,16 @@ impl Device {
     /// Removes `name`.
     fn rm(&self, py: Python<'_>, name: String) -> PyResult<String> {
         self.with(py, |o| json(&o.rm(&name)?))
+    }
+
+    /// Renames `old` to `new` (replacing an existing `new` by one commit with `force`).
+    fn mv(&self, py: Python<'_>, old: String, new: String, force: bool) -> PyResult<String> {
+        self.with(py, |o| json(&o.mv(&old, &new, force)?))
+    }
+
+    /// Space: blocks in all, free, available for file data.
+    fn df(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |o| json(&o.df()?))
     }
 
     /// Loads every tensor of a `.safetensors` file (or of every `.safetensors` file whose name
@@ -551,6 +594,27 @@ impl Device {
     }
 }
 
+/// Makes a sparse image file of `size` (bytes, or "64M", "4G") at `path` for LBAs of
+/// `lba_size`; an existing file is an `ExistsError` unless `force`: the report JSON.
+#[pyfunction]
+#[pyo3(signature = (path, size, lba_size=512, force=false))]
+fn create_image(
+    py: Python<'_>,
+    path: PathBuf,
+    size: String,
+    lba_size: u32,
+    force: bool,
+) -> PyResult<String> {
+    let bytes = image::parse_size(&size).map_err(|e| InvalidArgumentError::new_err(e.0))?;
+    let want = CreateImage {
+        bytes,
+        lba_size,
+        force,
+    };
+    py.detach(|| json(&image::create(&path, &want)?))
+        .map_err(to_py)
+}
+
 /// Whether a CUDA driver is present (GPU calls need one).
 #[pyfunction]
 fn cuda_available() -> bool {
@@ -564,6 +628,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Device>()?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(create_image, m)?)?;
     m.add("GpunvmeError", py.get_type::<GpunvmeError>())?;
     m.add("BusyError", py.get_type::<BusyError>())?;
     m.add("NotFoundError", py.get_type::<NotFoundError>())?;

@@ -52,9 +52,10 @@ pub enum FsCommand {
         /// Name prefix, e.g. `dataset/` for everything "in" that directory.
         prefix: Option<String>,
     },
-    /// Copy a host file into the file system.
+    /// Copy a host file into the file system (`-` for standard input: streamed through one
+    /// bounded buffer, committed at its end; a read error stores nothing).
     Put {
-        /// Host file to read.
+        /// Host file to read (`-`: standard input; not with --gpu).
         src: PathBuf,
         /// Name in the file system (UTF-8, `/`-separated, up to 1024 bytes).
         name: String,
@@ -255,6 +256,12 @@ impl FsCommand {
 
 /// [`GpuFsArgs::check`] for the commands that have GPU options.
 fn check_gpu_args(cmd: &FsCommand) -> Result<()> {
+    if let FsCommand::Put { src, gpu, .. } = cmd
+        && gpu.gpu
+        && src == Path::new("-")
+    {
+        bail!("fs put --gpu reads a regular file; standard input (`-`) goes without --gpu");
+    }
     match cmd {
         FsCommand::Get { gpu, .. } | FsCommand::Put { gpu, .. } => gpu.check(),
         _ => Ok(()),
@@ -418,6 +425,27 @@ fn run_on(
             let (ctrl, backend) = gpu_ctrl.context("--gpu needs one controller")?;
             let fs = mount()?;
             let report = gpu_fs::get(ctrl, backend, &fs, &name, &gpu.options())?;
+            print_report(&report, json, false)
+        }
+        FsCommand::Put {
+            src,
+            name,
+            force,
+            chunk,
+            ..
+        } if src == Path::new("-") => {
+            let fs = mount()?;
+            let bar = progress(0, json, "put");
+            let report = copy::put_stream(
+                &fs,
+                &mut std::io::stdin().lock(),
+                "standard input",
+                &name,
+                &copy::PutOptions { force, chunk },
+                &|k| bar.inc(k),
+                &std::sync::atomic::AtomicBool::new(false),
+            )?;
+            bar.finish_and_clear();
             print_report(&report, json, false)
         }
         FsCommand::Put {

@@ -18,6 +18,7 @@ macro_rules! outln {
 
 pub mod fs;
 pub mod identify;
+pub mod image;
 pub mod io;
 pub mod log;
 pub mod perf;

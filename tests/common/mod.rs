@@ -2,7 +2,7 @@
 // Each test crate compiles this module on its own and uses a different part of it.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// A `gpunvme` command, not started yet.
@@ -27,4 +27,35 @@ pub fn ok(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The one `gpunvme: error:` line of a command that must have failed (exit status 1).
+pub fn error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure: {err}");
+    assert_eq!(out.status.code(), Some(1), "exit status: {err}");
+    let errors: Vec<_> = err
+        .lines()
+        .filter(|l| l.starts_with("gpunvme: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {err:?}");
+    errors[0].to_string()
+}
+
+/// A sparse image file `name` of `bytes` bytes in `dir`.
+pub fn image_file(dir: &Path, name: &str, bytes: u64) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
+    p
+}
+
+/// Bytes that differ from their neighbours and from other seeds.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| {
+            (i.wrapping_add(seed.wrapping_mul(0x9e37_79b9))
+                .wrapping_mul(2_654_435_761)
+                >> 24) as u8
+        })
+        .collect()
 }

@@ -352,6 +352,38 @@ impl EmuConfig {
         Ok(())
     }
 
+    /// Makes the existing image file at `path` a fresh sparse image of `bytes` bytes, every
+    /// byte zero (same file, same inode: its contents are discarded). Refused with
+    /// [`EmuError::ImageBusy`] while a controller (in any process) holds the image, and with
+    /// [`EmuError::InvalidImage`] for anything but a regular file.
+    pub fn recreate_image(path: impl AsRef<Path>, bytes: u64) -> Result<(), EmuError> {
+        let path = path.as_ref();
+        let invalid = |reason: &str| EmuError::InvalidImage {
+            path: path.to_owned(),
+            reason: reason.into(),
+        };
+        if bytes == 0 {
+            return Err(invalid("an image cannot be empty"));
+        }
+        let create = |source| EmuError::CreateImage {
+            path: path.to_owned(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(create)?;
+        if !file.metadata().map_err(create)?.is_file() {
+            return Err(invalid("it is not a regular file"));
+        }
+        // Held until `file` closes: no controller starts on it while it is emptied.
+        crate::lock::lock_image(&file, path, false)?;
+        file.set_len(0).map_err(create)?;
+        file.set_len(bytes).map_err(create)?;
+        Ok(())
+    }
+
     /// Checks every value against what the controller supports.
     pub fn validate(&self) -> Result<(), EmuError> {
         let invalid = |reason: String| Err(EmuError::InvalidConfig { reason });

@@ -19,7 +19,7 @@ use crate::memory::DeviceAddressMap;
 use crate::queue_server::QueueServer;
 use crate::registers::RegisterWindow;
 use crate::stats::{Counters, EmuStats};
-use crate::storage::{Media, MediaWrites, Namespace};
+use crate::storage::{HostWriteError, HostWriteErrors, Media, MediaWrites, Namespace};
 
 /// Longest [`EmuDevice::stop`] waits for the controller threads to finish their current pass.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,6 +40,8 @@ pub struct EmuDevice {
     namespace_configs: Vec<NamespaceConfig>,
     /// Each namespace's write count where its media is an image file (NSID order).
     media_writes: Vec<Option<MediaWrites>>,
+    /// Per image-file namespace, the last host error its writes met.
+    host_errors: Vec<HostWriteErrors>,
 }
 
 impl std::fmt::Debug for EmuDevice {
@@ -94,6 +96,13 @@ impl EmuDevice {
                 Media::Memory(_) | Media::Null => None,
             })
             .collect();
+        let host_errors = namespaces
+            .iter()
+            .filter_map(|ns| match &ns.media {
+                Media::File(f) => Some(f.errors.clone()),
+                Media::Memory(_) | Media::Null => None,
+            })
+            .collect();
         let controller = Controller::new(shared.clone(), config, namespaces);
         let device = EmuDevice {
             regs,
@@ -102,6 +111,7 @@ impl EmuDevice {
             description,
             namespace_configs,
             media_writes,
+            host_errors,
         };
         let spawn = |index: usize, body: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -204,6 +214,13 @@ impl EmuDevice {
     pub fn media_writes(&self, nsid: u32) -> Option<MediaWrites> {
         let i = (nsid as usize).checked_sub(1)?;
         self.media_writes.get(i)?.clone()
+    }
+
+    /// The last error the host gave a write or flush of an image file (any namespace), cleared:
+    /// the cause behind a command that completed with Write Fault, e.g. a full host file system
+    /// ([`HostWriteError::is_no_space`]). `None` if no write failed since the last call.
+    pub fn take_host_write_error(&self) -> Option<HostWriteError> {
+        self.host_errors.iter().find_map(HostWriteErrors::take)
     }
 
     /// Installs (or with `None` removes) the [`QueueServer`] that receives every I/O queue

@@ -37,14 +37,10 @@ pub enum EmuError {
         source: std::io::Error,
     },
     /// Another open controller holds the image: an image serves one writer or any number of
-    /// readers at a time (`flock(2)`, held for the life of the controller).
-    #[error("{} {} {} (an image serves one process that changes it, or any number that only read it)",
-        path.display(),
-        if *wanted_exclusive { "is in use by" } else { "is being changed by" },
-        match holder {
-            Some(pid) => format!("process {pid}"),
-            None => "another process".to_string(),
-        })]
+    /// readers at a time (`flock(2)`, held for the life of the controller). When the holder is
+    /// this very process (a second handle on the image, or the image given twice), the message
+    /// says so rather than naming our own pid.
+    #[error("{}", busy_message(path, *holder, *wanted_exclusive))]
     ImageBusy {
         /// The image path.
         path: PathBuf,
@@ -119,4 +115,29 @@ pub enum AttachRefusal {
     /// Words are already attached to this id; detach them first.
     #[error("external doorbells are already attached")]
     AlreadyAttached,
+}
+
+/// The words of [`EmuError::ImageBusy`]: who holds the image, and what the rule is.
+fn busy_message(path: &std::path::Path, holder: Option<u32>, wanted_exclusive: bool) -> String {
+    if holder == Some(std::process::id()) {
+        return format!(
+            "{} is already open in this process (another handle, or the same image given twice, \
+             holds it; close that one first: an image serves one process that changes it, or \
+             any number that only read it)",
+            path.display()
+        );
+    }
+    format!(
+        "{} {} {} (an image serves one process that changes it, or any number that only read it)",
+        path.display(),
+        if wanted_exclusive {
+            "is in use by"
+        } else {
+            "is being changed by"
+        },
+        match holder {
+            Some(pid) => format!("process {pid}"),
+            None => "another process".to_string(),
+        }
+    )
 }

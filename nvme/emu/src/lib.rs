@@ -126,4 +126,4 @@ pub use faults::{DROP_ALL, Faults};
 pub use memory::{DeviceAddressMap, DmaError, MemoryRegion, RegionError};
 pub use queue_server::{QueueServer, QueueServerRefusal};
 pub use stats::EmuStats;
-pub use storage::MediaWrites;
+pub use storage::{HostWriteError, HostWriteErrors, MediaWrites};

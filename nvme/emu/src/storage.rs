@@ -14,9 +14,9 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use memmap2::MmapMut;
 
@@ -109,8 +109,56 @@ impl StripedBytes for MemoryMedia {
 pub(crate) struct FileMedia {
     pub(crate) file: File,
     pub(crate) map: Option<ImageMap>,
+    /// The image's path (for [`HostWriteError`]).
+    pub(crate) path: PathBuf,
     /// Counts the writes made to the file ([`MediaWrites`]).
     pub(crate) writes: MediaWrites,
+    /// The last host error a write or flush of the file met ([`HostWriteErrors`]).
+    pub(crate) errors: HostWriteErrors,
+}
+
+/// A write or flush of an image file that the host refused: the controller completes the
+/// command with Write Fault (all NVMe can say), and keeps the host's reason here so the
+/// embedder can name the cause (a full host file system is ENOSPC, not a media defect).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostWriteError {
+    /// The image file.
+    pub path: PathBuf,
+    /// The host's error number (`ENOSPC` is 28 on Linux), when it gave one.
+    pub errno: Option<i32>,
+    /// The host's error, in words.
+    pub message: String,
+}
+
+impl HostWriteError {
+    /// Whether the host file system holding the image is full (`ENOSPC`) or the user's quota
+    /// on it is spent (`EDQUOT`).
+    pub fn is_no_space(&self) -> bool {
+        self.errno == Some(rustix::io::Errno::NOSPC.raw_os_error())
+            || self.errno == Some(rustix::io::Errno::DQUOT.raw_os_error())
+    }
+}
+
+/// The last [`HostWriteError`] of one image file, shared by the controller threads that write
+/// it and the [`crate::EmuDevice`] that reports it. Clones share the slot.
+#[derive(Clone, Debug, Default)]
+pub struct HostWriteErrors(Arc<Mutex<Option<HostWriteError>>>);
+
+impl HostWriteErrors {
+    /// Keeps `e`, met writing `path`, as the last error (replacing an older one).
+    pub(crate) fn record(&self, path: &Path, e: &std::io::Error) {
+        let err = HostWriteError {
+            path: path.to_owned(),
+            errno: e.raw_os_error(),
+            message: e.to_string(),
+        };
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+    }
+
+    /// The last error, cleared.
+    pub fn take(&self) -> Option<HostWriteError> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// How many writes an image file's media took, counted after each is in the file (so a reader
@@ -159,6 +207,8 @@ impl FileMedia {
             file,
             map,
             writes: MediaWrites::default(),
+            errors: HostWriteErrors::default(),
+            path: path.to_owned(),
         })
     }
 
@@ -173,6 +223,18 @@ impl FileMedia {
             None => self.file.write_all_at(data, offset),
         };
         self.writes.record();
+        if let Err(e) = &r {
+            self.errors.record(&self.path, e);
+        }
+        r
+    }
+
+    /// Makes the file's completed writes durable (`fdatasync`), keeping a failure's reason.
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        let r = self.file.sync_data();
+        if let Err(e) = &r {
+            self.errors.record(&self.path, e);
+        }
         r
     }
 }
@@ -240,7 +302,7 @@ impl Namespace {
     /// Makes every completed write durable.
     pub(crate) fn flush(&self) -> std::io::Result<()> {
         match &self.media {
-            Media::File(f) => f.file.sync_data(),
+            Media::File(f) => f.sync(),
             Media::Memory(_) | Media::Null => Ok(()),
         }
     }

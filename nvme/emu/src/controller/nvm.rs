@@ -248,7 +248,7 @@ impl Worker {
                 let buf = &mut self.bounce[..n];
                 copy_from_host(&mut self.cache, &self.segments, buf)
                     .map_err(|_| Fail::data_transfer())?;
-                if f.write_at(buf, offset).is_err() || (durable && f.file.sync_data().is_err()) {
+                if f.write_at(buf, offset).is_err() || (durable && f.sync().is_err()) {
                     return Err(Fail::media(media::WRITE_FAULT, slba));
                 }
             }
