@@ -265,22 +265,7 @@ pub fn put_cancellable(
     }
     let len = meta.len();
     let stamp = SourceStamp::of(&meta);
-    blockfs::check_name(name).map_err(|reason| blockfs::Error::InvalidName {
-        name: name.to_owned(),
-        reason,
-    })?;
-    // Replacing: write the new version under a temporary name (which never reaches the
-    // medium: nothing commits before the end), then rename it over the old one in the same
-    // commit that removes the old one. Any failure before that leaves the old version.
-    let temp = match fs.stat(name) {
-        Ok(old) if opts.force => {
-            if old.immutable {
-                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
-            }
-            Some(temp_name(fs))
-        }
-        _ => None,
-    };
+    let temp = replacement_temp(fs, name, opts.force)?;
     let file = fs.create(
         temp.as_deref().unwrap_or(name),
         &CreateOptions { size_hint: len },
@@ -333,18 +318,43 @@ pub fn put_cancellable(
         let _ = fs.remove(temp.as_deref().unwrap_or(name));
         return Err(CopyError::Cancelled);
     }
-    if let Some(temp) = &temp {
+    finish_put(
+        fs,
+        &file,
+        temp.as_deref(),
+        name,
+        src.display().to_string(),
+        len,
+        start,
+        crc,
+    )
+}
+
+/// The end of a put of `bytes` bytes from `from`, begun at `start`, written to `file` (under
+/// `temp` when it replaces `name`): renames it over the old version, commits, and reports.
+#[allow(clippy::too_many_arguments)]
+fn finish_put(
+    fs: &FileSystem,
+    file: &blockfs::File,
+    temp: Option<&str>,
+    name: &str,
+    from: String,
+    bytes: u64,
+    start: Instant,
+    crc: Option<u32>,
+) -> Result<TransferReport> {
+    if let Some(temp) = temp {
         fs.rename_replace(temp, name)?;
     }
     fs.sync()?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(TransferReport {
         op: "put",
-        from: src.display().to_string(),
+        from,
         to: name.to_owned(),
-        bytes: len,
+        bytes,
         seconds,
-        bytes_per_sec: len as f64 / seconds.max(1e-9),
+        bytes_per_sec: bytes as f64 / seconds.max(1e-9),
         extents: file.stat()?.extents,
         crc32c: crc,
         verified: false,
@@ -380,19 +390,7 @@ pub fn put_stream(
             format_bytes(MAX_STREAM_CHUNK as f64)
         )));
     }
-    blockfs::check_name(name).map_err(|reason| blockfs::Error::InvalidName {
-        name: name.to_owned(),
-        reason,
-    })?;
-    let temp = match fs.stat(name) {
-        Ok(old) if opts.force => {
-            if old.immutable {
-                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
-            }
-            Some(temp_name(fs))
-        }
-        _ => None,
-    };
+    let temp = replacement_temp(fs, name, opts.force)?;
     let target = temp.as_deref().unwrap_or(name);
     let file = fs.create(target, &CreateOptions { size_hint: 0 })?;
     // Nothing is committed before the end: dropping the new file undoes the copy.
@@ -438,29 +436,21 @@ pub fn put_stream(
     if cancel.load(Ordering::SeqCst) {
         return Err(discard(CopyError::Cancelled));
     }
-    if let Some(temp) = &temp {
-        fs.rename_replace(temp, name)?;
-    }
-    fs.sync()?;
-    let seconds = start.elapsed().as_secs_f64();
-    Ok(TransferReport {
-        op: "put",
-        from: from.to_owned(),
-        to: name.to_owned(),
-        bytes: off,
-        seconds,
-        bytes_per_sec: off as f64 / seconds.max(1e-9),
-        extents: file.stat()?.extents,
-        crc32c: Some(crc),
-        verified: false,
-        device_written: false,
-        data_path: fs.device().describe(),
-    })
+    finish_put(
+        fs,
+        &file,
+        temp.as_deref(),
+        name,
+        from.to_owned(),
+        off,
+        start,
+        Some(crc),
+    )
 }
 
 /// Reads from `r` until `buf` is full or the stream ends: the count read (0 at the end).
 /// Interrupted reads are retried.
-fn fill_from(r: &mut dyn std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub fn fill_from(r: &mut dyn std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {
@@ -501,6 +491,26 @@ impl<T: blockfs::DataSink> blockfs::DataSink for Cancellable<'_, T> {
         self.check()?;
         self.0.write_all_at(buf, offset)
     }
+}
+
+/// Checks `name`, and when it names a file that `force` replaces, returns the temporary name
+/// to write the new version under (which never reaches the medium: nothing commits before the
+/// end) before it is renamed over the old one in the same commit that removes the old one, so
+/// any failure before that leaves the old version. An immutable old file is refused.
+fn replacement_temp(fs: &FileSystem, name: &str, force: bool) -> Result<Option<String>> {
+    blockfs::check_name(name).map_err(|reason| blockfs::Error::InvalidName {
+        name: name.to_owned(),
+        reason,
+    })?;
+    Ok(match fs.stat(name) {
+        Ok(old) if force => {
+            if old.immutable {
+                return Err(blockfs::Error::ReadOnly(name.to_owned()).into());
+            }
+            Some(temp_name(fs))
+        }
+        _ => None,
+    })
 }
 
 /// A name no file has, for a replacement being written.
@@ -613,7 +623,11 @@ pub fn get_cancellable(
     let stat = file.stat()?;
     let recorded = stat.data_crc;
     let (target, stream, to) = match dst {
-        Destination::Path(p) => (Some(Target::create(p)?), None, p.display().to_string()),
+        Destination::Path(p) => (
+            Some(StagedFile::create(p, "get")?),
+            None,
+            p.display().to_string(),
+        ),
         Destination::Stream(w) => (None, Some(w), "-".to_string()),
     };
     let out = target.as_ref().map(|t| &t.file);
@@ -687,7 +701,7 @@ pub fn get_cancellable(
         return Err(CopyError::Cancelled);
     }
     if let Some(t) = target {
-        t.commit()?;
+        t.commit(true)?;
     }
     let seconds = start.elapsed().as_secs_f64();
     Ok(TransferReport {
@@ -705,20 +719,24 @@ pub fn get_cancellable(
     })
 }
 
-/// Where `get` writes a path: a regular file (new or existing) is written under a temporary
-/// name in the same directory and renamed over the destination only when complete and synced,
-/// so the destination never holds a partial copy; anything else (a device such as /dev/null,
-/// a FIFO) is written in place. Dropped without [`Target::commit`], the temporary file is
-/// removed.
-struct Target {
-    file: HostFile,
+/// Where `get` (and `gpunvme read`) writes a path: a regular file (new or existing) is written
+/// under a temporary name in the same directory and renamed over the destination only when
+/// complete and synced, so the destination never holds a partial copy; anything else (a device
+/// such as /dev/null, a FIFO) is written in place. Dropped without [`StagedFile::commit`], the
+/// temporary file is removed.
+pub struct StagedFile {
+    /// The file to write.
+    pub file: HostFile,
     /// The temporary name, for a regular-file destination.
     temp: Option<PathBuf>,
     dst: PathBuf,
 }
 
-impl Target {
-    fn create(dst: &Path) -> Result<Self> {
+impl StagedFile {
+    /// Opens `dst` for writing: a regular file (or none yet) through a new temporary file
+    /// `.NAME.gpunvme-TAG-PID.tmp` beside it with the old file's permissions, anything else in
+    /// place.
+    pub fn create(dst: &Path, tag: &str) -> Result<Self> {
         use std::os::unix::fs::PermissionsExt;
         let host = |op, path: &Path, source| CopyError::Host {
             op,
@@ -745,7 +763,7 @@ impl Target {
             .ok_or_else(|| CopyError::NoFileName(dst.to_owned()))?;
         let mut temp_name = std::ffi::OsString::from(".");
         temp_name.push(file_name);
-        temp_name.push(format!(".gpunvme-get-{}.tmp", std::process::id()));
+        temp_name.push(format!(".gpunvme-{tag}-{}.tmp", std::process::id()));
         let temp = dst.with_file_name(temp_name);
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -768,8 +786,14 @@ impl Target {
         Ok(target)
     }
 
-    /// Syncs the copy and moves it into place.
-    fn commit(mut self) -> Result<()> {
+    /// The destination.
+    pub fn path(&self) -> &Path {
+        &self.dst
+    }
+
+    /// Syncs the copy and moves it into place; with `sync_dir`, then makes the rename itself
+    /// durable (best effort: some file systems refuse to sync a directory).
+    pub fn commit(mut self, sync_dir: bool) -> Result<()> {
         let Some(temp) = self.temp.take() else {
             return Ok(());
         };
@@ -785,8 +809,9 @@ impl Target {
                 source,
             });
         }
-        // Make the rename itself durable (best effort: some file systems refuse to sync a
-        // directory).
+        if !sync_dir {
+            return Ok(());
+        }
         let dir = match self.dst.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -798,7 +823,7 @@ impl Target {
     }
 }
 
-impl Drop for Target {
+impl Drop for StagedFile {
     fn drop(&mut self) {
         if let Some(temp) = &self.temp {
             let _ = std::fs::remove_file(temp);

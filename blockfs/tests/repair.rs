@@ -107,6 +107,21 @@ fn repair(dev: &Arc<MemDevice>) -> FsckReport {
     fsck(dev.clone(), &FsckOptions { repair: true }).unwrap()
 }
 
+/// Repairs `dev`, which must leave it consistent with a repair that says every one of `says`.
+fn repair_saying(dev: &Arc<MemDevice>, says: &[&str]) -> FsckReport {
+    let report = repair(dev);
+    assert!(report.is_consistent(), "{report:#?}");
+    assert!(
+        report
+            .repairs
+            .iter()
+            .any(|r| says.iter().all(|s| r.contains(s))),
+        "{:#?}",
+        report.repairs
+    );
+    report
+}
+
 /// 50 small files committed together: one chunk, records in creation order.
 fn one_chunk_of_files() -> (Arc<MemDevice>, BTreeMap<String, Vec<u8>>) {
     let (dev, fs) = mem_fs(LBA, 4 << 20);
@@ -154,35 +169,40 @@ fn record_offsets(img: &Img) -> (u64, Vec<(usize, String)>) {
     (d.bno, out)
 }
 
+/// Each record's byte offset in its chunk and its name, as [`record_offsets`] finds them.
+type Records = Vec<(usize, String)>;
+
+/// [`one_chunk_of_files`] with its `files/*` chunk edited by `edit` (given the chunk's bytes and
+/// [`record_offsets`]' records), checksums recomputed: the damaged device, the files as
+/// written, and the records.
+fn one_damaged_chunk(
+    edit: impl FnOnce(&mut Vec<u8>, &[(usize, String)]),
+) -> (Arc<MemDevice>, BTreeMap<String, Vec<u8>>, Records) {
+    let (dev, model) = one_chunk_of_files();
+    let mut img = Img::of(&dev);
+    let (bno, recs) = record_offsets(&img);
+    let mut bytes = img.chunk(bno);
+    edit(&mut bytes, &recs);
+    img.write_chunk(bno, &bytes);
+    (img.device(), model, recs)
+}
+
 /// Issue 53: one record crafted invalid (checksums recomputed) used to drop every later record
 /// of its chunk. Repair now drops that record only, keeps the others byte for byte, and names
 /// the one it lost.
 #[test]
 fn an_invalid_record_costs_only_itself() {
-    let (dev, model) = one_chunk_of_files();
-    let mut img = Img::of(&dev);
-    let (bno, recs) = record_offsets(&img);
-    assert_eq!(recs.len(), 50, "the fixture wants one chunk of 50 records");
-    let (at, victim) = recs[12].clone();
-    let mut bytes = img.chunk(bno);
-    // An unknown flag: the record's framing holds, its contents are invalid.
-    bytes[at + 6] = 0x08;
-    img.write_chunk(bno, &bytes);
-    let dev = img.device();
+    let (dev, model, recs) = one_damaged_chunk(|bytes, recs| {
+        assert_eq!(recs.len(), 50, "the fixture wants one chunk of 50 records");
+        // An unknown flag: the record's framing holds, its contents are invalid.
+        bytes[recs[12].0 + 6] = 0x08;
+    });
+    let victim = recs[12].1.clone();
     assert!(matches!(
         FileSystem::mount(dev.clone()),
         Err(Error::Corrupt { .. })
     ));
-    let report = repair(&dev);
-    assert!(report.is_consistent(), "{report:#?}");
-    assert!(
-        report
-            .repairs
-            .iter()
-            .any(|r| r.contains("dropped that record only") && r.contains(&victim)),
-        "{:#?}",
-        report.repairs
-    );
+    let report = repair_saying(&dev, &["dropped that record only", &victim]);
     let got = files_of(&FileSystem::mount(dev.clone()).unwrap());
     let mut want = model.clone();
     want.remove(&victim);
@@ -202,24 +222,12 @@ fn an_invalid_record_costs_only_itself() {
 /// fills the gap exactly).
 #[test]
 fn a_broken_record_length_costs_only_that_record() {
-    let (dev, model) = one_chunk_of_files();
-    let mut img = Img::of(&dev);
-    let (bno, recs) = record_offsets(&img);
-    let (at, victim) = recs[30].clone();
-    let mut bytes = img.chunk(bno);
-    bytes[at..at + 4].copy_from_slice(&12345u32.to_le_bytes());
-    img.write_chunk(bno, &bytes);
-    let dev = img.device();
-    let report = repair(&dev);
-    assert!(report.is_consistent(), "{report:#?}");
-    assert!(
-        report
-            .repairs
-            .iter()
-            .any(|r| r.contains("framing is broken") && r.contains("starts again")),
-        "{:#?}",
-        report.repairs
-    );
+    let (dev, model, recs) = one_damaged_chunk(|bytes, recs| {
+        let at = recs[30].0;
+        bytes[at..at + 4].copy_from_slice(&12345u32.to_le_bytes());
+    });
+    let victim = recs[30].1.clone();
+    let report = repair_saying(&dev, &["framing is broken", "starts again"]);
     let got = files_of(&FileSystem::mount(dev).unwrap());
     let mut want = model;
     want.remove(&victim);
@@ -231,25 +239,8 @@ fn a_broken_record_length_costs_only_that_record() {
 /// report says that it could not be parsed and how many records that cost.
 #[test]
 fn a_broken_record_length_before_garbage_says_the_rest_cannot_be_parsed() {
-    let (dev, model) = one_chunk_of_files();
-    let mut img = Img::of(&dev);
-    let (bno, recs) = record_offsets(&img);
-    let (at, _) = recs[30].clone();
-    let mut bytes = img.chunk(bno);
-    let end = bytes.len();
-    bytes[at..end].fill(0xA5);
-    img.write_chunk(bno, &bytes);
-    let dev = img.device();
-    let report = repair(&dev);
-    assert!(report.is_consistent(), "{report:#?}");
-    assert!(
-        report
-            .repairs
-            .iter()
-            .any(|r| r.contains("cannot be parsed") && r.contains("20 records lost")),
-        "{:#?}",
-        report.repairs
-    );
+    let (dev, model, recs) = one_damaged_chunk(|bytes, recs| bytes[recs[30].0..].fill(0xA5));
+    repair_saying(&dev, &["cannot be parsed", "20 records lost"]);
     let got = files_of(&FileSystem::mount(dev).unwrap());
     let kept: BTreeMap<String, Vec<u8>> = model
         .into_iter()
@@ -679,16 +670,7 @@ fn an_overlapping_extent_is_settled_by_the_data_checksum() {
         FileSystem::mount(dev.clone()),
         Err(Error::Corrupt { .. })
     ));
-    let report = repair(&dev);
-    assert!(report.is_consistent(), "{report:#?}");
-    assert!(
-        report
-            .repairs
-            .iter()
-            .any(|r| r.contains("keep/03") && r.contains("whose data checksum verifies")),
-        "{:#?}",
-        report.repairs
-    );
+    let report = repair_saying(&dev, &["keep/03", "whose data checksum verifies"]);
     assert!(
         !report.repairs.iter().any(|r| r.contains("rolled back")),
         "{:#?}",
@@ -723,13 +705,7 @@ fn a_rollback_past_an_unreadable_root_says_its_loss_list_may_be_incomplete() {
     // A byte of the newest root's header: its checksum and self-checksum both fail.
     img.0[new.root_bno as usize * BS + 40] ^= 0x01;
     let dev = img.device();
-    let report = repair(&dev);
-    assert!(report.is_consistent(), "{report:#?}");
-    assert!(
-        report.repairs.iter().any(|r| r.contains("rolled back")),
-        "{:#?}",
-        report.repairs
-    );
+    let report = repair_saying(&dev, &["rolled back"]);
     assert_eq!(files_of(&FileSystem::mount(dev).unwrap()), t.old);
     let why = report
         .lost_unknown
@@ -740,13 +716,8 @@ fn a_rollback_past_an_unreadable_root_says_its_loss_list_may_be_incomplete() {
     );
 
     // One invalid record, everything else read: the list is complete.
-    let (dev, _) = one_chunk_of_files();
-    let mut img = Img::of(&dev);
-    let (bno, recs) = record_offsets(&img);
-    let mut bytes = img.chunk(bno);
-    bytes[recs[7].0 + 6] = 0x08;
-    img.write_chunk(bno, &bytes);
-    let report = repair(&img.device());
+    let (dev, _, recs) = one_damaged_chunk(|bytes, recs| bytes[recs[7].0 + 6] = 0x08);
+    let report = repair(&dev);
     assert_eq!(report.lost, vec![recs[7].1.clone()]);
     assert_eq!(report.lost_unknown, None);
 }

@@ -186,30 +186,38 @@ fn worded_for_c(e: anyhow::Error) -> anyhow::Error {
     ImageExists::explain(e, "pass force = true to replace it")
 }
 
-/// Writes `text` NUL-terminated into `buf` when it fits in `cap` bytes; `*len` = its length
-/// without the NUL either way, so a caller can retry with a larger buffer
-/// (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not fit).
+/// Refuses a NULL `len`, a NULL `buf` with a nonzero `cap`, or a `cap` larger than any
+/// buffer, with `null` as the message for a NULL pointer.
+fn check_buf(buf: *mut c_char, cap: usize, len: *mut usize, null: &str) -> anyhow::Result<()> {
+    if len.is_null() || (buf.is_null() && cap > 0) {
+        return Err(invalid(null));
+    }
+    if cap > isize::MAX as usize {
+        return Err(invalid(format!("cap {cap} is larger than any buffer")));
+    }
+    Ok(())
+}
+
+/// Writes `text` (the `what`, for the message) NUL-terminated into `buf` when it fits in
+/// `cap` bytes; `*len` = its length without the NUL either way, so a caller can retry with a
+/// larger buffer (`GPUNVME_ERROR_INVALID_ARGUMENT` when it did not fit).
 ///
 /// # Safety
 /// `buf` is valid for `cap` bytes of writes (or NULL with `cap` 0); `len` is valid for a
 /// write (both checked for NULL here).
 unsafe fn write_text(
     text: &str,
+    what: &str,
     buf: *mut c_char,
     cap: usize,
     len: *mut usize,
 ) -> anyhow::Result<()> {
-    if len.is_null() || (buf.is_null() && cap > 0) {
-        return Err(invalid("the buffer or its length is NULL"));
-    }
-    if cap > isize::MAX as usize {
-        return Err(invalid(format!("cap {cap} is larger than any buffer")));
-    }
+    check_buf(buf, cap, len, "the buffer or its length is NULL")?;
     // SAFETY: `len` is non-null and valid for a write (the contract).
     unsafe { len.write(text.len()) };
     if text.len() >= cap {
         return Err(invalid(format!(
-            "the result takes {} bytes and a NUL, the buffer {cap}",
+            "the {what} takes {} bytes and a NUL, the buffer {cap}",
             text.len()
         )));
     }
@@ -710,7 +718,7 @@ pub unsafe extern "C" fn gpunvme_ls(
         let prefix = unsafe { str_arg(prefix, "prefix") }?;
         let text = serde_json::to_string(&d.run(|h| h.ls(prefix))?)?;
         // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
-        unsafe { write_text(&text, out, cap, out_len) }
+        unsafe { write_text(&text, "result", out, cap, out_len) }
     })
 }
 
@@ -733,7 +741,7 @@ pub unsafe extern "C" fn gpunvme_stat(
         let name = unsafe { str_arg(name, "name") }?;
         let text = serde_json::to_string(&d.run(|h| h.stat(name))?)?;
         // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
-        unsafe { write_text(&text, out, cap, out_len) }
+        unsafe { write_text(&text, "result", out, cap, out_len) }
     })
 }
 
@@ -753,7 +761,7 @@ pub unsafe extern "C" fn gpunvme_df(
         let d = dev_arg(dev)?;
         let text = serde_json::to_string(&d.run(|h| h.df())?)?;
         // SAFETY: forwarded contract (`out` for `cap` bytes, `out_len` for a write).
-        unsafe { write_text(&text, out, cap, out_len) }
+        unsafe { write_text(&text, "result", out, cap, out_len) }
     })
 }
 
@@ -810,32 +818,16 @@ pub unsafe extern "C" fn gpunvme_fsck(
 ) -> GpunvmeError {
     call(|| {
         let d = dev_arg(dev)?;
-        if report_len.is_null() || consistent.is_null() || (report.is_null() && cap > 0) {
-            return Err(invalid("report, report_len or consistent is NULL"));
+        const NULL: &str = "report, report_len or consistent is NULL";
+        if consistent.is_null() {
+            return Err(invalid(NULL));
         }
-        if cap > isize::MAX as usize {
-            return Err(invalid(format!("cap {cap} is larger than any buffer")));
-        }
+        check_buf(report, cap, report_len, NULL)?;
         let out = d.run(|h| h.fsck(repair, data))?;
-        let text = out.json.to_string();
-        // SAFETY: both are non-null and valid for a write (the contract).
-        unsafe {
-            report_len.write(text.len());
-            consistent.write(out.consistent);
-        }
-        if text.len() >= cap {
-            return Err(invalid(format!(
-                "the report takes {} bytes and a NUL, the buffer {cap}",
-                text.len()
-            )));
-        }
-        // SAFETY: `report` is non-null (cap > text.len() >= 0) and valid for `cap` bytes of
-        // writes (the contract); text.len() + 1 <= cap bytes are written.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), report.cast::<u8>(), text.len());
-            report.add(text.len()).write(0);
-        }
-        Ok(())
+        // SAFETY: `consistent` is non-null and valid for a write (the contract).
+        unsafe { consistent.write(out.consistent) };
+        // SAFETY: forwarded contract (`report` for `cap` bytes, `report_len` for a write).
+        unsafe { write_text(&out.json.to_string(), "report", report, cap, report_len) }
     })
 }
 

@@ -3,10 +3,11 @@
 //! Every argument is checked against the namespace before any command is sent, so a bad request
 //! leaves the device untouched.
 
-use std::io::{Read, Write as _};
-use std::path::{Path, PathBuf};
+use std::io::Write as _;
+use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
+use gpunvme::copy::{CopyError, StagedFile, fill_from};
 use gpunvme::report::RawIoReport;
 use nvme::{Controller, Namespace};
 
@@ -44,20 +45,6 @@ fn piece_bytes(lba_size: u64) -> u64 {
     (PIECE as u64 / lba_size * lba_size).max(lba_size)
 }
 
-/// Reads from `input` until `buf` is full or the input ends; returns the bytes read.
-fn fill(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match input.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
-}
-
 /// `gpunvme write`: writes the whole of `input` starting at `lba`, [`PIECE`] bytes at a time.
 /// A regular file's length is checked against the namespace before anything is written, and
 /// it must keep that length until the end; any other input (a pipe) is written as it arrives,
@@ -78,7 +65,7 @@ pub fn write(ctrl: &Controller, nsid: u32, lba: u64, input: &Path, as_json: bool
     let mut qp = ctrl.create_io_queue_pair(64)?;
     let mut done = 0u64;
     loop {
-        let n = fill(&mut file, &mut buf).with_context(reading)? as u64;
+        let n = fill_from(&mut file, &mut buf).with_context(reading)? as u64;
         if n == 0 {
             break;
         }
@@ -129,94 +116,34 @@ fn print(report: &RawIoReport, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// A regular-file destination of `read`, written under a temporary name beside it and renamed
-/// over it only when every byte is there and synced (as `fs get` does); dropped before
-/// [`Staged::commit`], the temporary file is removed. Other destinations (`/dev/null`, a FIFO)
-/// are written in place.
-struct Staged {
-    file: std::fs::File,
-    temp: Option<PathBuf>,
-    dst: PathBuf,
+/// Opens a regular-file destination of `read` as `fs get` does ([`StagedFile`]: written under
+/// a temporary name beside it and renamed over it only when every byte is there and synced);
+/// other destinations (`/dev/null`, a FIFO) are written in place.
+fn stage(dst: &Path) -> Result<StagedFile> {
+    // Through a symbolic link: the file it names is the one replaced, not the link.
+    let resolved = std::fs::symlink_metadata(dst)
+        .is_ok_and(|m| m.file_type().is_symlink())
+        .then(|| std::fs::canonicalize(dst).ok())
+        .flatten();
+    let dst = resolved.as_deref().unwrap_or(dst);
+    StagedFile::create(dst, "read").map_err(|e| staging_error(e, dst))
 }
 
-impl Staged {
-    fn create(dst: &Path) -> Result<Self> {
-        use std::os::unix::fs::PermissionsExt as _;
-        // Through a symbolic link: the file it names is the one replaced, not the link.
-        let resolved = std::fs::symlink_metadata(dst)
-            .is_ok_and(|m| m.file_type().is_symlink())
-            .then(|| std::fs::canonicalize(dst).ok())
-            .flatten();
-        let dst = resolved.as_deref().unwrap_or(dst);
-        let existing = std::fs::metadata(dst).ok();
-        if let Some(m) = existing.as_ref().filter(|m| !m.is_file()) {
-            if m.is_dir() {
-                bail!("{} is a directory", dst.display());
-            }
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(dst)
-                .with_context(|| format!("opening {}", dst.display()))?;
-            return Ok(Self {
-                file,
-                temp: None,
-                dst: dst.to_owned(),
-            });
+/// `e` from [`StagedFile`] as `read` words it: every failure names the destination `dst`.
+fn staging_error(e: CopyError, dst: &Path) -> anyhow::Error {
+    match e {
+        CopyError::IsDirectory(_) => anyhow!("{} is a directory", dst.display()),
+        CopyError::NoFileName(_) => anyhow!("{} names no file", dst.display()),
+        CopyError::Host { op, source, .. } => {
+            anyhow::Error::new(source).context(format!("{op} {}", dst.display()))
         }
-        let name = dst
-            .file_name()
-            .with_context(|| format!("{} names no file", dst.display()))?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(format!(".gpunvme-read-{}.tmp", std::process::id()));
-        let temp = dst.with_file_name(temp_name);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .with_context(|| format!("creating {}", dst.display()))?;
-        let staged = Self {
-            file,
-            temp: Some(temp),
-            dst: dst.to_owned(),
-        };
-        if let Some(m) = existing {
-            let mode = std::fs::Permissions::from_mode(m.permissions().mode() & 0o7777);
-            staged
-                .file
-                .set_permissions(mode)
-                .with_context(|| format!("creating {}", dst.display()))?;
-        }
-        Ok(staged)
-    }
-
-    fn commit(mut self) -> Result<()> {
-        let Some(temp) = self.temp.take() else {
-            return Ok(());
-        };
-        let done = self
-            .file
-            .sync_all()
-            .and_then(|()| std::fs::rename(&temp, &self.dst));
-        if let Err(e) = done {
-            let _ = std::fs::remove_file(&temp);
-            return Err(e).with_context(|| format!("writing {}", self.dst.display()));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Staged {
-    fn drop(&mut self) {
-        if let Some(temp) = &self.temp {
-            let _ = std::fs::remove_file(temp);
-        }
+        other => other.into(),
     }
 }
 
 /// `gpunvme read`: reads `bytes` starting at `lba` into `output` (`-`: standard output),
 /// [`PIECE`] bytes at a time, so any length runs in bounded memory. A regular-file output
-/// takes its name only once complete ([`Staged`]).
+/// takes its name only once complete ([`stage`]).
 pub fn read(
     ctrl: &Controller,
     nsid: u32,
@@ -234,7 +161,7 @@ pub fn read(
     let staged = if to_stdout {
         None
     } else {
-        Some(Staged::create(output)?)
+        Some(stage(output)?)
     };
     let mut stdout = std::io::stdout().lock();
     let mut done = 0u64;
@@ -252,7 +179,10 @@ pub fn read(
         done += n as u64;
     }
     match staged {
-        Some(s) => s.commit()?,
+        Some(s) => {
+            let dst = s.path().to_owned();
+            s.commit(false).map_err(|e| staging_error(e, &dst))?;
+        }
         None => {
             stdout.flush().map_err(crate::cli::StdoutError)?;
             return Ok(());
