@@ -772,15 +772,10 @@ fn rewrite(
 /// Blocks scanned at most when looking for a lost root run.
 const LOST_ROOT_SCAN_BLOCKS: u64 = 1 << 16;
 
-/// Looks for the root run of generation `target` (one past `raw`'s) in the blocks that were
-/// free when `raw` was committed, lowest address first, the order the allocator uses. Returns a
-/// superblock naming it if one is found whose UUID, generation and self-checksum match.
-fn find_lost_root(
-    dev: &dyn BlockDevice,
-    geo: &Geometry,
-    raw: &RawState,
-    target: u64,
-) -> Result<Option<Superblock>> {
+/// The runs free for the commit after `raw` (its free runs and the pending ones it could
+/// reuse), lowest address first, the order the allocator takes them in: where that commit's
+/// root and chunks can be.
+fn free_after(raw: &RawState) -> Vec<(u64, u64)> {
     let mut runs: Vec<(u64, u64)> = raw.root.free.iter().map(|f| (f.bno, f.len)).collect();
     runs.extend(
         raw.root
@@ -790,6 +785,19 @@ fn find_lost_root(
             .map(|p| (p.bno, p.len)),
     );
     runs.sort_unstable();
+    runs
+}
+
+/// Looks for the root run of generation `target` (one past `raw`'s) in the blocks that were
+/// free when `raw` was committed, lowest address first, the order the allocator uses. Returns a
+/// superblock naming it if one is found whose UUID, generation and self-checksum match.
+fn find_lost_root(
+    dev: &dyn BlockDevice,
+    geo: &Geometry,
+    raw: &RawState,
+    target: u64,
+) -> Result<Option<Superblock>> {
+    let runs = free_after(raw);
     let found = scan_roots(
         dev,
         geo,
@@ -812,15 +820,7 @@ fn scan_chunks(
     target: u64,
 ) -> Result<Vec<FileRecord>> {
     let bs = geo.block_size as usize;
-    let mut runs: Vec<(u64, u64)> = raw.root.free.iter().map(|f| (f.bno, f.len)).collect();
-    runs.extend(
-        raw.root
-            .pending
-            .iter()
-            .filter(|p| p.freed_gen < raw.sb.generation)
-            .map(|p| (p.bno, p.len)),
-    );
-    runs.sort_unstable();
+    let runs = free_after(raw);
     let lim = RecordLimits {
         block_size: geo.block_size,
         block_count: geo.block_count,
