@@ -137,7 +137,17 @@ else
 fi
 
 head -c "$PAT_BYTES" /dev/urandom >"$T/opat"
-if ours "$T/write" --device "$bdf" write --nsid 1 --lba "$LBA_OURS" --input "$T/opat"; then
+# Namespace 1 holds the blockfs made above: a raw write is refused without --force (and the
+# file system still checks clean), then done with --force, which this test means.
+if ours "$T/nowrite" --device "$bdf" write --nsid 1 --lba "$LBA_OURS" --input "$T/opat"; then
+    fail "nskinds: raw write over the blockfs on the PI namespace was not refused"
+elif grep -q "namespace 1 holds a blockfs.*--force" "$T/nowrite.err" &&
+    ours "$T/fsck2" --device "$bdf" fs fsck; then
+    pass "nskinds: raw write over the blockfs refused without --force; fsck clean after"
+else
+    fail "nskinds: raw write refusal" "$(tail -n 2 "$T/nowrite.err" "$T/fsck2.err" 2>/dev/null)"
+fi
+if ours "$T/write" --device "$bdf" write --force --nsid 1 --lba "$LBA_OURS" --input "$T/opat"; then
     pass "nskinds: wrote $PAT_BYTES random bytes at LBA $LBA_OURS of the PI namespace through gpunvme"
 else
     fail "nskinds: gpunvme write to the PI namespace" "$(cat "$T/write.err")"
