@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gpunvme::nvme::{Controller, ControllerOptions};
 use gpunvme::nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
-use gpunvme::perf::{PerfConfig, RwMode, Stop};
+use gpunvme_cli::perf::{PerfConfig, RwMode, Stop};
 
 const IOS: u64 = 20_000;
 
@@ -35,7 +35,7 @@ fn perf(c: &mut Criterion) {
         };
         group.bench_function(rw.name(), |b| {
             b.iter(|| {
-                let r = gpunvme::perf::run(&ctrl, &cfg).expect("perf run");
+                let r = gpunvme_cli::perf::run(&ctrl, &cfg).expect("perf run");
                 assert_eq!(r.errors, 0);
             })
         });
@@ -73,7 +73,7 @@ fn scaling(c: &mut Criterion) {
             };
             group.bench_function(format!("{}/{threads}_threads", rw.name()), |b| {
                 b.iter(|| {
-                    let r = gpunvme::perf::run(&ctrl, &cfg).expect("perf run");
+                    let r = gpunvme_cli::perf::run(&ctrl, &cfg).expect("perf run");
                     assert_eq!(r.errors, 0);
                 })
             });

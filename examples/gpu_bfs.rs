@@ -20,6 +20,7 @@
 //! GPU prints "skipped: no GPU" and exits 0.
 
 mod common;
+mod workloads;
 
 use std::time::Instant;
 
@@ -27,9 +28,9 @@ use anyhow::{Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
-use gpunvme::workloads::graph::{self, BfsDirection, BfsOptions, BfsSplit, Csr};
-use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
+use workloads::graph::{self, BfsDirection, BfsOptions, BfsSplit, Csr};
+use workloads::{Placement, Source};
 use zerocopy::IntoBytes;
 
 use common::{CacheArgs, DeviceArgs, verify};

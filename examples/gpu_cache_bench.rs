@@ -157,7 +157,7 @@ fn main() -> Result<()> {
         Part::Miss => miss(&args, &setup, lba, bytes),
     };
     let down = gpunvme::gpu_fs::teardown(setup);
-    result.and(down)
+    result.and(down.map_err(Into::into))
 }
 
 /// Writes the perf pattern over `bytes` from LBA 0 through one CPU queue.

@@ -16,15 +16,16 @@
 //! memory limited to the first capacity. Without a GPU prints "skipped: no GPU" and exits 0.
 
 mod common;
+mod workloads;
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
 use gpunvme::units::parse_size;
-use gpunvme::workloads::embedding;
-use gpunvme::workloads::{self, Placement, Source};
 use serde_json::json;
+use workloads::embedding;
+use workloads::{Placement, Source};
 
 use common::{CacheArgs, DeviceArgs, verify};
 

@@ -5,7 +5,12 @@
    is module x; `crate::y` in it (outside its #[cfg(test)] tail) is an arrow x -> y.
 2. Crate arrows point one way: the runtime (gpu_queues) never depends on an emulated
    controller (nvme_emu, gpu_emu) or on the file layer, except as a dev-dependency for tests;
-   the driver (nvme) and the spec (nvme_spec) depend on nothing above them.
+   the driver (nvme) and the spec (nvme_spec) depend on nothing above them; test-only crates
+   (nvme_null) are never a normal dependency.
+3. The library embedders link (gpunvme/) never depends on the CLI (gpunvme-cli) or on a
+   crate only a command needs (argument parsing, progress bars, signal handlers, latency
+   histograms, log output, anyhow); the bindings (python/, capi/) depend on the library, never
+   on the CLI.
 
 Prints each violation and exits 1 if there is any."""
 import glob
@@ -84,6 +89,12 @@ def normal_deps(path):
     return deps
 
 
+# Crates only a command needs: never a normal dependency of the library or of what it uses.
+CLI_ONLY = {"gpunvme-cli", "clap", "indicatif", "ctrlc", "hdrhistogram", "tracing-subscriber", "anyhow"}
+TEST_ONLY = {"nvme_null"}
+LIBRARY = ["gpunvme", "nvme/spec", "nvme", "nvme/emu", "vfio", "gpu-queues", "gpu-queues/emu",
+           "blockfs", "blockfs/gpu"]
+
 forbidden = {
     "nvme/spec": {"nvme", "nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
     "nvme": {"nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
@@ -91,8 +102,15 @@ forbidden = {
     "blockfs": {"nvme_emu", "gpu_queues", "gpu_emu", "blockfs_gpu"},
     "blockfs/gpu": {"nvme_emu", "gpu_emu"},
 }
+for crate in LIBRARY:
+    forbidden[crate] = forbidden.get(crate, set()) | CLI_ONLY | TEST_ONLY
+for crate in ["python", "capi"]:
+    forbidden[crate] = forbidden.get(crate, set()) | {"gpunvme-cli"} | TEST_ONLY
 for crate, no in forbidden.items():
     path = os.path.join(root, crate, "Cargo.toml")
+    if not os.path.exists(path):
+        bad.append(f"{crate}/Cargo.toml is missing")
+        continue
     for dep in sorted(normal_deps(path) & no):
         bad.append(f"{crate} depends on {dep}")
 

@@ -15,11 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-.gpu-bin}
 mkdir -p "$OUT"
-cargo build --release -p gpunvme
+cargo build --release -p gpunvme-cli
 cp target/release/gpunvme "$OUT/gpunvme"
 EXAMPLES="gpu_read gpu_random gpu_write load_safetensors gpu_cache_bench gpu_bfs gpu_embedding"
 for ex in $EXAMPLES; do
-    cargo build --release -p gpunvme --example "$ex"
+    cargo build --release -p gpunvme-cli --example "$ex"
     cp "target/release/examples/$ex" "$OUT/$ex"
 done
 bin_of() {  # the test executable cargo built for --test $1 of crate $2
@@ -50,8 +50,8 @@ fi
 # Stripped: the carried tree must stay under 64 MiB.
 strip "$OUT"/gpunvme "$OUT"/gpu-tests "$OUT"/cpu-client "$OUT"/libgpunvme.so 2>/dev/null || true
 for ex in $EXAMPLES; do strip "$OUT/$ex"; done
-# Packed: the binaries embed the same PTX, so they compress about 4:1 (67 MiB -> 17 MiB, 2026-11-25)
-# and the carried tree stays under its 64 MiB. gpu-test.sh and gpu-cache-bench.sh unpack
+# Packed: the binaries embed the same PTX, so they compress well (about 4:1) and the carried
+# tree stays under its 64 MiB. gpu-test.sh and gpu-cache-bench.sh unpack
 # bins.tgz by themselves; elsewhere `tar xzf .gpu-bin/bins.tgz -C .gpu-bin` first.
 # Only the plain files just built: folders (wheels, anything carried beside) stay as they are.
 BINS=$(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.sh' ! -name bins.tgz -printf '%f\n')

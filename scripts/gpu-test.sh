@@ -235,7 +235,7 @@ if [ $SAN = 1 ]; then
         # Not memcheck: it judges a running kernel's accesses against the allocations made
         # before its launch, and the persistent controller is launched before the queues'
         # rings exist (benches/probes/memcheck_late_alloc.cu shows the same report for any
-        # late allocation; H100, 2026-11-23).
+        # late allocation).
         for tool in racecheck synccheck; do
             check "sanitizer $tool model controller kernel (host-thread client)" \
                 compute-sanitizer --tool $tool --error-exitcode 3 \

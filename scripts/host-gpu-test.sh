@@ -68,17 +68,17 @@ elif [ $# -gt 0 ]; then
     exit 2
 fi
 export GPUNVME_GPU_TIMEOUT_S=${GPUNVME_GPU_TIMEOUT_S:-120}
-cargo test -p gpunvme --features host-gpu --test gpu -- --ignored --test-threads=1 \
+cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored --test-threads=1 \
     --exact "${TESTS[@]}"
 # The software controller's other ways of reading image data (the default is mapped).
 for mode in pread registered; do
-    GPUNVME_EMU_READS=$mode cargo test -p gpunvme --features host-gpu --test gpu -- --ignored \
+    GPUNVME_EMU_READS=$mode cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored \
         --test-threads=1 --exact files::image_reads_take_the_chosen_path \
         files::cold_image_reads_by_direct_io_when_chosen
 done
 # Cold Reads by direct I/O instead of through the page cache: per Read, and by a prefetch.
 for cold in direct prefetch; do
-    GPUNVME_EMU_COLD_READS=$cold cargo test -p gpunvme --features host-gpu --test gpu -- \
+    GPUNVME_EMU_COLD_READS=$cold cargo test -p gpunvme-cli --features host-gpu --test gpu -- \
         --ignored --test-threads=1 --exact files::image_reads_take_the_chosen_path \
         files::cold_image_reads_by_direct_io_when_chosen
 done

@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
         *) echo "perf-matrix.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[ -x "$bin" ] || cargo build --release -p gpunvme >&2
+[ -x "$bin" ] || cargo build --release -p gpunvme-cli >&2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ -z "$device" ]; then

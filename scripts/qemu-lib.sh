@@ -368,6 +368,6 @@ boot_guest() {
 # ensure_release_build: build the release binaries unless told not to (GPUNVME_QEMU_NO_BUILD=1).
 ensure_release_build() {
     [ "${GPUNVME_QEMU_NO_BUILD:-0}" = 1 ] && return 0
-    log "building release binaries (cargo build --release -p gpunvme)"
-    (cd "$REPO_ROOT" && cargo build --release -p gpunvme >&2) || die "cargo build --release failed"
+    log "building release binaries (cargo build --release -p gpunvme-cli)"
+    (cd "$REPO_ROOT" && cargo build --release -p gpunvme-cli >&2) || die "cargo build --release failed"
 }

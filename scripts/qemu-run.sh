@@ -20,7 +20,7 @@
 #   --hugepages N        2 MiB hugepages the guest reserves (default 64; 0: none)
 #   --fio                also pack fio into the guest
 #   --timeout SECS       kill the guest after this long (default 600)
-#   --no-build           do not run `cargo build --release -p gpunvme` first
+#   --no-build           do not run `cargo build --release -p gpunvme-cli` first
 #   --quiet              print the console only when the command fails
 #
 # In the guest: our release binaries are on PATH (target/release/* as /opt/gpunvme/bin/*,

@@ -23,7 +23,7 @@
 #                 first build downloads ~150 MB of kernel packages and took under a minute)
 #   --perf-ios    I/Os per perf run in the guest (default 4096; TCG is slow)
 #   --timeout     seconds before a guest counts as hung (default 900)
-#   --no-build    use target/release as it is instead of `cargo build --release -p gpunvme`
+#   --no-build    use target/release as it is instead of `cargo build --release -p gpunvme-cli`
 #   --logs DIR    keep every guest's console log there (default: a temporary folder, whose
 #                 failing logs are printed)
 #

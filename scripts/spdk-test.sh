@@ -20,7 +20,7 @@
 # Usage: scripts/spdk-test.sh [--no-build] [--keep DIR] [--host-gpu]
 #   --no-build  use target/release/gpunvme (and target/debug/gpunvme for --host-gpu) as they are
 #   --keep DIR  state directory to use and keep (default: a temporary one, removed)
-#   --host-gpu  the GPU checks above (builds `cargo build -p gpunvme --features host-gpu`, the
+#   --host-gpu  the GPU checks above (builds `cargo build -p gpunvme-cli --features host-gpu`, the
 #               debug profile scripts/host-gpu-test.sh also uses; needs g++)
 #
 # Needs root (nvmf_tgt; hugepages for spdk_nvme_identify, which are restored afterwards) and the
@@ -43,12 +43,12 @@ done
 
 SPDK=${GPUNVME_SPDK_DIR:-$ROOT/../shared/tools/spdk}
 [ -x "$SPDK/bin/spdk_nvme_identify" ] || { echo "spdk-test: no SPDK bundle at $SPDK" >&2; exit 2; }
-if [ "$build" = yes ]; then cargo build --release -q -p gpunvme; fi
+if [ "$build" = yes ]; then cargo build --release -q -p gpunvme-cli; fi
 G=$ROOT/target/release/gpunvme
 [ -x "$G" ] || { echo "spdk-test: $G missing (build it, or drop --no-build)" >&2; exit 2; }
 HG=$ROOT/target/debug/gpunvme
 if [ "$host_gpu" = yes ]; then
-    if [ "$build" = yes ]; then cargo build -q -p gpunvme --features host-gpu; fi
+    if [ "$build" = yes ]; then cargo build -q -p gpunvme-cli --features host-gpu; fi
     "$HG" perf --help | grep -q -- '--gpu' || { echo "spdk-test: $HG is not a host-gpu build" >&2; exit 2; }
 fi
 
@@ -224,7 +224,7 @@ fi
 # spinning CPU threads on the rest make a 20 000-command batch take minutes.
 if [ "$host_gpu" = yes ]; then
     if out=$(GPUNVME_TEST_SPDK_DIR=$STATE GPUNVME_HOST_GPU_THREADS=512 GPUNVME_GPU_TIMEOUT_S=120 \
-        timeout 900 cargo test -q -p gpunvme --features host-gpu --test gpu -- --ignored \
+        timeout 900 cargo test -q -p gpunvme-cli --features host-gpu --test gpu -- --ignored \
         --test-threads=1 spdk:: 2>&1) && grep -q '^test result: ok. 2 passed' <<<"$out"; then
         ok "host-gpu GPU suite on SPDK: every transfer shape (512/4096) and wrap-around, 8 queues (CPU threads)"
     else

@@ -12,8 +12,8 @@ use gpunvme::open::{
     DEFAULT_IMAGE, DeviceSpec, MissingImage, OpenOptions, PERF_DEFAULT_IMAGE,
     open_controller_and_transport,
 };
-use gpunvme::perf::{self, PerfConfig, RwMode, Stop};
 use gpunvme::units::{parse_duration, parse_size};
+use gpunvme_cli::perf::{self, PerfConfig, RwMode, Stop};
 
 mod cli;
 
@@ -125,10 +125,8 @@ impl Command {
     /// The I/O queue pairs the software controller grants when `--controller-queue-pairs` is
     /// not given: more for GPU file commands, whose batches spread over every queue, and for
     /// the GPU-resident controller model, which serves each queue from one controller lane
-    /// (8 queues measured 14.7 GB/s on `fs get --gpu --media host`, 32 queues ~50 GB/s on the
-    /// H100, 2026-11-23). On the software controller a queue is served by one thread: 8 pairs
-    /// (7 for the GPU) kept 9 of 16 threads idle (`fs get --gpu` of 4 GiB, H200, 2026-11-26:
-    /// 20-28 GB/s with 8 pairs, 29-44 with 64).
+    /// (few queues leave most lanes idle). On the software controller a queue is served by one
+    /// thread: 8 pairs (7 for the GPU) would keep 9 of 16 threads idle.
     fn default_queue_pairs(&self) -> u16 {
         let many = match self {
             Command::Perf(p) => p.gpu && p.controller == ControllerArg::Gpu,
@@ -422,7 +420,7 @@ fn run(args: Args) -> Result<()> {
             let cfg = perf_config(&p)?;
             if p.gpu {
                 let gargs = gpu_perf_args(&p, cfg);
-                gpunvme::perf::gpu::run(&ctrl, &backend, &gargs)
+                gpunvme_cli::perf::gpu::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
                 let result = perf::run(&ctrl, &cfg)
@@ -449,7 +447,7 @@ fn run(args: Args) -> Result<()> {
         )),
     };
     // A write the host refused (a full host file system) is named for its cause.
-    let result = result.map_err(|e| gpunvme::open::explain_host_error(e, [&backend]));
+    let result = result.map_err(|e| cli::explain_host_error(e, [&backend]));
     // Shut the controller down in order whatever happened, but report the command's error first.
     let shutdown = ctrl.shutdown().context("shutting the controller down");
     result.and(shutdown)
@@ -495,14 +493,14 @@ fn missing_image_hint(m: &MissingImage, perf: bool) -> String {
 }
 
 /// The GPU job that `perf --gpu`'s arguments describe, around the CPU engine's `cfg`.
-fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme::perf::gpu::GpuPerfArgs {
-    gpunvme::perf::gpu::GpuPerfArgs {
+fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme_cli::perf::gpu::GpuPerfArgs {
+    gpunvme_cli::perf::gpu::GpuPerfArgs {
         perf: cfg,
         gpu_threads: p.gpu_threads,
         style: match p.client {
-            ClientArg::Warp => gpunvme::perf::kernel::ClientStyle::Warp,
-            ClientArg::Thread => gpunvme::perf::kernel::ClientStyle::Thread,
-            ClientArg::Lone => gpunvme::perf::kernel::ClientStyle::Lone,
+            ClientArg::Warp => gpunvme_cli::perf::kernel::ClientStyle::Warp,
+            ClientArg::Thread => gpunvme_cli::perf::kernel::ClientStyle::Thread,
+            ClientArg::Lone => gpunvme_cli::perf::kernel::ClientStyle::Lone,
         },
         warp_lanes: p.warp_lanes,
         cpu_queues: p.cpu_queues,
@@ -595,7 +593,7 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
         .device
         .iter()
         .map(|d| DeviceSpec::parse(Some(d)))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<gpunvme::Result<Vec<_>>>()?;
     if let Some(out) = cmd.as_ref().and_then(|c| c.output_path())
         && let Some(s) = specs.iter().find(|s| s.is_own_image(&opts, out))
     {
@@ -619,7 +617,7 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
                 for c in ctrls {
                     let _ = c.shutdown();
                 }
-                return Err(e.context(format!("opening --device {name}")));
+                return Err(anyhow::Error::from(e).context(format!("opening --device {name}")));
             }
         }
     }
@@ -643,7 +641,7 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             cli::perf::print_several(&report, args.json)
         })(),
     };
-    let result = result.map_err(|e| gpunvme::open::explain_host_error(e, &backends));
+    let result = result.map_err(|e| cli::explain_host_error(e, &backends));
     let mut shutdown = Ok(());
     for (c, name) in ctrls.into_iter().zip(&args.device) {
         let r = c

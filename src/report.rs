@@ -6,7 +6,7 @@ use std::fmt;
 use nvme::Controller;
 use serde::Serialize;
 
-use crate::units::{escape_control, format_bytes};
+use gpunvme::units::{escape_control, format_bytes};
 
 /// One namespace, as `identify` shows it.
 #[derive(Clone, Debug, Serialize)]

@@ -1,6 +1,6 @@
 //! The GPU suite: GPU threads drive NVMe queues in GPU memory (the runtime, `gpu_queues`) on
 //! both emulated controllers (`gpu_emu`: the software controller and the GPU-resident model),
-//! through the perf kernel (`gpunvme::perf`) and files on the GPU (`blockfs_gpu`).
+//! through the perf kernel (`gpunvme_cli::perf`) and files on the GPU (`blockfs_gpu`).
 //!
 //! Every test needs an NVIDIA GPU and is `#[ignore]`d with the reason "skipped: no GPU", so a
 //! plain `cargo test` lists them as ignored instead of passing them. `scripts/gpu-test.sh` runs
@@ -19,10 +19,14 @@ use gpu_queues::ffi::{Arg, Cuda, DeviceMemory, Kernel};
 use gpu_queues::kernels::IoBatch;
 use gpu_queues::queues::compute_wait_bound;
 use gpu_queues::{GpuQueueOptions, GpuQueues};
-use gpunvme::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
+use gpunvme_cli::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use nvme::{Controller, ControllerOptions, DmaSlice};
 use nvme_emu::{EmuConfig, EmuDevice, NamespaceConfig};
 use zerocopy::IntoBytes;
+
+/// The page cache's BFS and embedding workloads, which live with the examples.
+#[path = "../examples/workloads/mod.rs"]
+mod workloads;
 
 const NS_BYTES: u64 = 64 << 20;
 const SEED: u64 = 0x005e_ed0f_6b0b;
@@ -150,7 +154,7 @@ fn perf(
     qd: u32,
     style: ClientStyle,
     ios: u64,
-) -> gpunvme::perf::kernel::GpuPerfResult {
+) -> gpunvme_cli::perf::kernel::GpuPerfResult {
     perf_bs(r, rw, qd, style, ios, 4096)
 }
 
@@ -162,7 +166,7 @@ fn perf_bs(
     style: ClientStyle,
     ios: u64,
     bs: u32,
-) -> gpunvme::perf::kernel::GpuPerfResult {
+) -> gpunvme_cli::perf::kernel::GpuPerfResult {
     perf_lanes(r, rw, qd, (style, None), ios, bs)
 }
 
@@ -174,7 +178,7 @@ fn perf_lanes(
     (style, warp_lanes): (ClientStyle, Option<u32>),
     ios: u64,
     bs: u32,
-) -> gpunvme::perf::kernel::GpuPerfResult {
+) -> gpunvme_cli::perf::kernel::GpuPerfResult {
     let cfg = GpuPerfConfig {
         rw,
         nsid: 1,
@@ -190,7 +194,7 @@ fn perf_lanes(
         region_blocks: NS_BYTES / r.lba as u64,
     };
     let emu = r.emu().clone();
-    gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
+    gpunvme_cli::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".to_string())
     })
     .expect("perf run")
@@ -762,7 +766,7 @@ fn controller_fatal_aborts_every_gpu_waiter() {
         region_blocks: 4096,
     };
     let emu = r.emu().clone();
-    let res = gpunvme::perf::kernel::run(&r.gpu, &cfg, move || {
+    let res = gpunvme_cli::perf::kernel::run(&r.gpu, &cfg, move || {
         emu.csts().cfs().then(|| "controller fatal".into())
     })
     .unwrap();
@@ -1538,7 +1542,7 @@ fn model_wraps_many_queues_with_both_clients_on_null_media() {
             seed: SEED,
             region_blocks: NS_BYTES / 4096,
         };
-        let res = gpunvme::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model");
+        let res = gpunvme_cli::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model");
         assert_eq!(res.errors, 0, "{style:?}");
         assert!(res.done >= 200_000, "{style:?}: {} done", res.done);
     }
@@ -1907,8 +1911,8 @@ mod files {
             assert_eq!(direct, 0, "no direct reads in this mode");
         }
         // Back in the page cache, and kept there while the GPU reads (locked: a machine that
-        // reclaims the page cache eagerly evicted a chunk between a plain read of the image and
-        // the GPU's, CI 2026-11-29): copies out of the mapping, no direct read.
+        // reclaims the page cache eagerly can evict a chunk between a plain read of the image
+        // and the GPU's): copies out of the mapping, no direct read.
         let held = gpu_queues::ffi::os::Mapping::read_only(img.as_fd(), NS_BYTES as usize)
             .expect("map the image");
         if let Err(e) = held.lock() {
@@ -1948,8 +1952,7 @@ mod files {
                 let buf = r.gpu.alloc_buffer(len).expect("buffer");
                 let got = match files.read(&g, GpuSpan::all(&buf), 0) {
                     Ok(got) => got,
-                    // A rare timeout here on the H100 (1 in 5 runs, before and after the
-                    // 2026-11-25 restructure): say where every queue stood.
+                    // A timeout here says where every queue stood.
                     Err(e) => panic!(
                         "GPU read of the whole file (lba {lba}, warp {warp}): {e:?}\n\
                          queues: {:#?}\ncopy engines: {:?}",
@@ -2388,7 +2391,7 @@ fn model_perf(
     qd: u32,
     style: ClientStyle,
     ios: u64,
-) -> gpunvme::perf::kernel::GpuPerfResult {
+) -> gpunvme_cli::perf::kernel::GpuPerfResult {
     let cfg = GpuPerfConfig {
         rw,
         nsid: 1,
@@ -2403,11 +2406,11 @@ fn model_perf(
         seed: SEED,
         region_blocks: NS_BYTES / r.lba as u64,
     };
-    gpunvme::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model")
+    gpunvme_cli::perf::kernel::run(&r.gpu, &cfg, || None).expect("perf on the model")
 }
 
 /// The floor of the lowest latency bucket with a sample: at most the shortest latency.
-fn min_latency_floor(res: &gpunvme::perf::kernel::GpuPerfResult) -> u64 {
+fn min_latency_floor(res: &gpunvme_cli::perf::kernel::GpuPerfResult) -> u64 {
     let b = res
         .latency_buckets
         .iter()
@@ -2516,8 +2519,8 @@ fn open_images(
 #[test]
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn several_controllers_run_perf_gpu_at_once() {
-    use gpunvme::perf::gpu::GpuPerfArgs;
-    use gpunvme::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
+    use gpunvme_cli::perf::gpu::GpuPerfArgs;
+    use gpunvme_cli::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
     let (images, opened) = open_images(&["several-a", "several-b"], 4);
     let pairs: Vec<_> = opened.iter().map(|(c, b)| (c, b)).collect();
     let names: Vec<String> = images.iter().map(|p| p.display().to_string()).collect();
@@ -2788,7 +2791,7 @@ fn volume_files_on_gpu_resident_models() {
 mod embed {
     use super::*;
     use blockfs::{FileSystem, NvmeBlockDevice, NvmeDeviceOptions};
-    use gpunvme::error_kind::ErrorKind;
+    use gpunvme::error::ErrorKind;
     use gpunvme::gpu::Serving;
     use gpunvme::gpu_fs::{self, GpuFsOptions};
     use gpunvme::gpu_io::{self, Piece, ReadPath};
@@ -2802,8 +2805,8 @@ mod embed {
         v
     }
 
-    fn kind(r: anyhow::Result<impl std::fmt::Debug>) -> ErrorKind {
-        ErrorKind::of(&r.expect_err("an error"))
+    fn kind(r: gpunvme::Result<impl std::fmt::Debug>) -> ErrorKind {
+        r.expect_err("an error").kind()
     }
 
     /// Reads straight into memory allocated elsewhere (whole file, an odd offset with the file
@@ -3762,8 +3765,8 @@ mod cache {
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn bfs_and_gather_through_the_cache_match_the_cpu() {
-        use gpunvme::workloads::graph::{BfsDirection, BfsOptions, BfsSplit};
-        use gpunvme::workloads::{Source, embedding, graph};
+        use crate::workloads::graph::{BfsDirection, BfsOptions, BfsSplit};
+        use crate::workloads::{Source, embedding, graph};
         let r = rig(512, 2, 64);
         // A graph of 36 KiB and a table of 32 KiB through 4 frames of 4 KiB.
         let g = graph::rmat(9, 8, 11).expect("graph");
@@ -3862,7 +3865,7 @@ mod cache {
     #[test]
     #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
     fn read_range_copies_runs_of_every_shape() {
-        use gpunvme::workloads::{Source, embedding};
+        use crate::workloads::{Source, embedding};
         // Warp-wide read_range of rows of `dim` 4-byte words: rows that are not whole 16-byte
         // words and straddle pages (37 words), rows of a page and a bit (1100), rows of 36 KiB
         // (9000: runs of 9 or 10 pages), and whole pages (1024). Each table through 8 frames

@@ -20,7 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
 
-use gpunvme::error_kind::ErrorKind;
+use gpunvme::ErrorKind;
 use gpunvme::gpu::Serving;
 use gpunvme::gpu_io::Piece;
 use gpunvme::gpu_queues::Cuda;
@@ -88,6 +88,8 @@ impl From<ErrorKind> for GpunvmeError {
             ErrorKind::Refused => Self::Refused,
             ErrorKind::FileSystem => Self::FileSystem,
             ErrorKind::Other => Self::Other,
+            // A kind added to the library after this ABI's codes.
+            _ => Self::Other,
         }
     }
 }
@@ -126,9 +128,9 @@ pub struct GpunvmeDevice {
 impl GpunvmeDevice {
     /// Runs `f` on the handle (one call at a time), its error named for its cause
     /// ([`DeviceHandle::explain`]: a full host file system is `GPUNVME_ERROR_NO_SPACE`).
-    fn run<T>(&self, f: impl FnOnce(&DeviceHandle) -> anyhow::Result<T>) -> anyhow::Result<T> {
+    fn run<T>(&self, f: impl FnOnce(&DeviceHandle) -> gpunvme::Result<T>) -> anyhow::Result<T> {
         let h = self.inner.lock();
-        f(&h).map_err(|e| h.explain(e))
+        f(&h).map_err(|e| h.explain(e).into())
     }
 }
 
@@ -154,7 +156,7 @@ fn call(f: impl FnOnce() -> anyhow::Result<()>) -> GpunvmeError {
             } else if e.chain().any(|c| c.is::<Invalid>()) {
                 GpunvmeError::InvalidArgument
             } else {
-                ErrorKind::of(&e).into()
+                ErrorKind::of_chain(e.chain()).into()
             }
         }
         Err(p) => {
@@ -171,19 +173,24 @@ fn call(f: impl FnOnce() -> anyhow::Result<()>) -> GpunvmeError {
 
 /// `e` with the hints a C caller can act on: how to make a missing image, how to replace an
 /// existing one (in this ABI's terms, never the CLI's flags).
-fn worded_for_c(e: anyhow::Error) -> anyhow::Error {
-    let e = MissingImage::explain(e, |m| {
-        if m.default {
-            "nothing has written it yet: open it without read_only, or make it with \
-             gpunvme_image_create()"
-                .into()
-        } else {
-            "create it with gpunvme_image_create(), or set create_bytes in \
-             gpunvme_open_options"
-                .into()
+fn worded_for_c(mut e: anyhow::Error) -> anyhow::Error {
+    if let Some(g) = e.downcast_mut::<gpunvme::Error>() {
+        if let Some(m) = g.cause_mut::<MissingImage>() {
+            m.hint = Some(if m.default {
+                "nothing has written it yet: open it without read_only, or make it with \
+                 gpunvme_image_create()"
+                    .into()
+            } else {
+                "create it with gpunvme_image_create(), or set create_bytes in \
+                 gpunvme_open_options"
+                    .into()
+            });
         }
-    });
-    ImageExists::explain(e, "pass force = true to replace it")
+        if let Some(x) = g.cause_mut::<ImageExists>() {
+            x.hint = Some("pass force = true to replace it".into());
+        }
+    }
+    e
 }
 
 /// Refuses a NULL `len`, a NULL `buf` with a nonzero `cap`, or a `cap` larger than any

@@ -141,7 +141,7 @@ impl Opened {
 
 /// Takes the GPU queues down (and stops the model, writing its media back to the image).
 pub fn gpu_down(setup: GpuSetup) -> Result<()> {
-    gpu_fs::teardown(setup)
+    Ok(gpu_fs::teardown(setup)?)
 }
 
 /// Opens `args.device` (or a new image of `need` bytes plus room) and mounts blockfs on it,

@@ -1,5 +1,5 @@
 //! The driver's own cost per command: submit + complete against the inline null device
-//! (`nvme::bench_support`), which completes every command inside the doorbell write on the
+//! (`nvme_null`), which completes every command inside the doorbell write on the
 //! calling thread and moves no data, so nothing but the driver's path (and the null device's
 //! few loads and stores per command) is measured.
 //!
@@ -18,8 +18,8 @@
 //! Throughput is in commands, so criterion's "elem/s" inverts to ns per command.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use nvme::bench_support::{NullDevice, NullDeviceConfig};
 use nvme::{Controller, ControllerOptions, Device, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
+use nvme_null::{NullDevice, NullDeviceConfig};
 use std::sync::Arc;
 
 const SHAPES: [(&str, usize); 3] = [

@@ -1,6 +1,6 @@
 //! The driver's own cost per command, for instruction counting: runs `--ios N` reads of
 //! `--bs B` bytes (default 4k) through one I/O queue pair in batches of `--qd Q` (default 32)
-//! against the inline null device (`nvme::bench_support`), which completes every command inside
+//! against the inline null device (`nvme_null`), which completes every command inside
 //! the doorbell write on this thread and moves no data. What runs is the driver's submit and
 //! reap path plus the null device's few loads and stores per command.
 //!
@@ -22,8 +22,8 @@
 //! ```
 
 use anyhow::{Context, Result, bail, ensure};
-use nvme::bench_support::{NullDevice, NullDeviceConfig};
 use nvme::{Controller, ControllerOptions, Device, DmaSlice, IoCommand, IoCompletion, IoQueuePair};
+use nvme_null::{NullDevice, NullDeviceConfig};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -10,8 +10,8 @@
 //! doorbell write. [`IoQueuePair::queue_read`] / [`IoQueuePair::queue_write`] borrow the buffer
 //! and keep its memory alive with a per-buffer pin, so that they touch no shared reference
 //! count; [`IoCommand`]s carry their own `Arc` clone. Reaping rings the completion doorbell
-//! once per round. Measured with the inline null device of `bench_support`: `benches/hot_path.rs`
-//! and `examples/driver_cost.rs`.
+//! once per round. Measured with the inline null device of the `nvme_null` crate:
+//! `benches/hot_path.rs` and `examples/driver_cost.rs`.
 //!
 //! An [`IoQueuePair`] is a CPU driver on top of a [`CreatedQueuePair`]: it allocates the rings
 //! in host DMA memory, has [`crate::queue_lifecycle`] create the queues on their regions, and

@@ -29,12 +29,12 @@
 //! `queue_pair` → `queue`/`prp`/`registers` → `device`/`dma`/`error`.
 //! - [`prp`]: PRP1/PRP2/PRP list construction (one list page per command slot).
 //! - [`error`]: [`Error`], one variant per failure, with the command named.
-//! - `bench_support` (only with the `bench-support` cargo feature, hidden from the docs): an
-//!   inline null device implementing [`Device`] that completes commands inside the doorbell
-//!   write, for measuring the driver's own cost (`benches/hot_path.rs`,
-//!   `examples/driver_cost.rs`). A feature rather than a public module so that it cannot
-//!   become part of the API by accident: only this crate's benches, examples and tests turn it
-//!   on, through a dev-dependency on the crate itself.
+//! - Not here: the inline null device implementing [`Device`] that completes commands inside
+//!   the doorbell write, for measuring the driver's own cost (`benches/hot_path.rs`,
+//!   `examples/driver_cost.rs`), is the `nvme_null` crate (`nvme/null`), which only this
+//!   crate's benches, examples and tests reach, as a dev-dependency; it uses nothing but the
+//!   public [`Device`] seam and [`DmaMemory::from_raw_parts`], so it cannot become part of the
+//!   driver's API by accident.
 //!
 //! No interrupts: completions are polled. Completions are matched by CID and may arrive in any
 //! order. Device-supplied garbage (unknown CID, wrong SQ id, all-ones registers, CFS) becomes an
@@ -53,16 +53,12 @@
 //! Abort, asynchronous events, physically discontiguous I/O queues (CAP.CQR = 0 with PC = 0).
 //!
 //! # Unsafe
-//! Only [`dma`] uses `unsafe` (raw-pointer access to DMA memory), and, in builds with the
-//! `bench-support` feature, `bench_support::region` (the null device's side of the same
-//! memory), `bench_support::spin` (its admin queue's lock) and `bench_support::published` (its
-//! lock-free I/O queue states); every other module is `#![forbid(unsafe_code)]` or under the workspace's
-//! `deny(unsafe_code)`.
+//! Only [`dma`] uses `unsafe` (raw-pointer access to DMA memory); every other module is
+//! `#![forbid(unsafe_code)]` or under the workspace's `deny(unsafe_code)`. (The null device's
+//! side of the same memory, its admin queue's lock and its lock-free I/O queue states are
+//! `unsafe` in `nvme_null`'s `region`, `spin` and `published`.)
 
 mod admin;
-#[cfg(feature = "bench-support")]
-#[doc(hidden)]
-pub mod bench_support;
 pub mod controller;
 pub mod device;
 pub mod dma;

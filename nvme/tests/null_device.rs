@@ -1,10 +1,10 @@
-//! The inline null device of `nvme::bench_support` (what the driver-cost benchmark and example
+//! The inline null device of `nvme_null` (what the driver-cost benchmark and example
 //! run on): the unchanged bring-up works on it, commands complete inside the doorbell write, in
 //! order or reversed, and the queue pair's rings wrap many times without losing a command.
 
 use anyhow::{Context, Result, ensure};
-use nvme::bench_support::{NullDevice, NullDeviceConfig};
 use nvme::{Controller, ControllerOptions, Device, DmaSlice, Error, IoCommand, IoCompletion};
+use nvme_null::{NullDevice, NullDeviceConfig};
 use std::collections::HashSet;
 use std::sync::Arc;
 

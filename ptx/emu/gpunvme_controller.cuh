@@ -50,7 +50,7 @@
 // and generation words, every GPUNVME_CTRL_HOST_POLL_NS, and mirrors them into GPU memory; the
 // other blocks' leaders read the mirror. No other controller load touches host memory during
 // a run. A few hundred warps polling host memory made each pass ~30 µs and slowed clients'
-// system-scope fences to ~10 µs (measured, H100); with one host reader per block, 16 blocks
+// system-scope fences to ~10 µs (an H100 run; benches/results/history.md); with one host reader per block, 16 blocks
 // (800 k small PCIe reads a second) were ~30x slower than 8 — the suspected cause, not yet
 // confirmed on a GPU, is that rate of non-posted reads, which stalls the reading warps, one of
 // which serves queue 1.
@@ -579,9 +579,9 @@ __device__ __forceinline__ void warp_copy16_shifted(uint4* d, const uint4* a, ui
 /// The warp copies `len` bytes (a multiple of 4) from `src` to `dst` (both 4-byte aligned).
 /// When their offsets in a 16-byte word differ (a PRP page that starts 8 bytes into one, as a
 /// safetensors tensor's data does), the bytes up to dst's next 16-byte boundary go as 4-byte
-/// words and the rest as 16-byte stores assembled from aligned 16-byte loads: 4-byte copies
-/// with one load in flight per lane held a 7B-shaped model load on 4 modelled Gen5 drives to
-/// 25 GB/s of their 56 (H200, 2026-11-27).
+/// words and the rest as 16-byte stores assembled from aligned 16-byte loads, so that a shifted
+/// copy keeps 16-byte loads in flight (4-byte copies with one load in flight per lane cannot
+/// keep up with several modelled drives; figures in benches/results/history.md).
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len,
                                           uint32_t lane) {
     const uint32_t head = ((16u - ((uint32_t)(uintptr_t)dst & 15u)) & 15u) < len

@@ -3,12 +3,17 @@
 //
 // Header-only, one namespace (gpunvme::), no host state, nothing here traps, prints or waits
 // without a bound: every call returns a gpunvme::status. Include it in your own kernels and hand
-// them the `queue_desc` array that the Rust crate `gpu_queues` builds (QueueSet::descriptors()).
+// them the `queue_desc` array that the Rust crate `gpu_queues` builds (gpu_queues::GpuQueues,
+// its descriptors(): the device address of the array; from C, gpunvme_gpu_queues in
+// include/gpunvme.h).
 //
 // Layout contract: every struct below is mirrored by a #[repr(C)] struct in
 // gpu-queues/src/desc.rs, and every NVMe wire offset by nvme_spec::wire. The GPUNVME_* numbers
-// are checked on this side by static_assert and on the Rust side by a test that parses this file
-// (gpu-queues/tests/header_layout.rs), so a change on either side fails the build.
+// are checked on this side by static_assert and on the Rust side by the tests in
+// gpu-queues/src/desc.rs that parse this file (header_matches_rust_layouts,
+// header_matches_nvme_spec_wire_offsets), so a change on either side fails the build. The
+// protocol below is exercised on a GPU by tests/gpu.rs (scripts/gpu-test.sh) and on CPU threads
+// by a subset of those tests under the host-gpu harness (scripts/host-gpu-test.sh).
 //
 // THE QUEUE PROTOCOL (one SQ and one CQ of `depth` entries, depth a power of two):
 //  * Slot reservation. A command takes a ticket t = atomicAdd(&state->ticket, 1) (one atomic per
@@ -327,7 +332,7 @@ __device__ __forceinline__ void doorbell_write(uint64_t addr, uint32_t value) {
 /// Atomics at device scope whose old value nobody needs: PTX `red`, a reduction the issuing
 /// warp does not wait for. libcu++'s atomic_ref emits `atom` with a destination register even
 /// when the result is unused, and ptxas keeps it as an ATOM: an L2 round trip on the caller's
-/// path (seen in the H100's SASS, 2026-11-25). Same ordering as the atomic_ref forms.
+/// path (visible in the SASS). Same ordering as the atomic_ref forms.
 // GPUNVME_RED(name, T, builtin, order, instruction, constraint) defines `void name(T* p, T v)`:
 // the PTX instruction on the GPU, the GCC builtin with that memory order on CPU threads.
 #ifdef GPUNVME_HOST_BUILD
@@ -524,7 +529,7 @@ __device__ inline status try_reap(const queue_desc& q) {
         // One entry to look at (QD 1, or the last completion owed), across PCIe: its phase
         // dword is loaded with acquire at system scope, which orders what follows as the fence
         // below would, without that fence's wait for this thread's earlier writes (the
-        // doorbell just rung: 0.5 us of a QD 1 command on an H100, 2026-11-27).
+        // doorbell just rung), which is on a QD 1 command's path.
         const bool lone_entry = window == 1 && !(q.flags & GPUNVME_QF_LOCAL_PEER);
         uint32_t dw3[GPUNVME_REAP_AHEAD];
         dw3[0] = cqe_dword(cq + (size_t)head * GPUNVME_CQE_SIZE, GPUNVME_CQE_CID,
@@ -577,7 +582,7 @@ __device__ inline status try_reap(const queue_desc& q) {
         // No fence before the head doorbell: every read of the entries it hands back is
         // already ordered before it (the phase dwords by the acquire fence or the acquire
         // load, dword 0 by its own acquire load), and nothing else needs to reach the
-        // controller first (0.7 us of a QD 1 command on an H100, 2026-11-27).
+        // controller first, so a fence here would only lengthen a QD 1 command's path.
         // The head doorbell before the reaped count: a publisher that sees the count may fill
         // the freed entries' worth of SQ at once, and the controller should know the CQ space
         // is free before those commands can complete into it.

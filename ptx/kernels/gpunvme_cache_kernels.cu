@@ -6,8 +6,8 @@
 
 // The kernels that time hits are bounded to 128 registers (__launch_bounds__(256, 2): two
 // blocks of 256 per SM): the miss path (fills, write-backs, file extents) is inlined into
-// array<T>'s calls, and at 150 registers one block fits, a third of the hit rate (H100,
-// 2026-11-25). The spills land in the miss path, where an NVMe command dwarfs them.
+// array<T>'s calls, and at 150 registers only one block fits, which costs the hit path far
+// more than the spills do. The spills land in the miss path, where an NVMe command dwarfs them.
 #define GPUNVME_CACHE_TEST_WARP 1u
 #define GPUNVME_CACHE_TEST_STORE 2u
 #define GPUNVME_CACHE_TEST_CURSOR 4u
@@ -362,9 +362,9 @@ __device__ inline bool bfs_find(C& cols, uint32_t nvertices, const uint32_t* lev
 /// its warps, while the blocks running at once are spread over the graph and so over every
 /// drive of a striped volume. Pages in use at once: about two per resident block. With a run
 /// per warp it was two per warp (~4,000 on an H100), more than a small cache of large pages
-/// holds: at 10 % of a 272 MiB graph in 64 KiB pages (435 frames) warps evicted each other's
-/// pages between their own loads and read 54 GB; runs per block read 3.5 GB (H100,
-/// 2026-11-25). A frontier queue's order is the order CASes were won: random pages, read again
+/// holds: in a small cache of large pages warps evicted each other's pages between their own
+/// loads and read the graph many times over (figures in benches/results/history.md). A frontier
+/// queue's order is the order CASes were won: random pages, read again
 /// and again once the columns exceed the cache (5x the misses of vertex order).
 /// The row offsets of 32 vertices come by two warp-wide loads (consecutive elements: one
 /// lookup per page), skipped when none of the 32 is at `level`; each vertex at `level` has its
@@ -533,9 +533,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_up(
 /// The heavy list's entries of the level gpunvme_cache_bfs_level just ran (launched after it on
 /// the same stream): block b expands entries b, b + gridDim.x, ... (at most the list's
 /// capacity), its warps taking an entry's groups of 32 neighbours in turn, so that a block's
-/// warps share one page as bfs_level's do: with a warp per entry, 2,000 warps on as many
-/// pages thrashed a cache of 435 frames (10 % of a 272 MiB graph in 64 KiB pages: 15 GB read,
-/// H100, 2026-11-27). Through the cache's range cols_range or from plain_cols. Counts as
+/// warps share one page as bfs_level's do: with a warp per entry, thousands of warps on as many
+/// pages thrash a small cache. Through the cache's range cols_range or from plain_cols. Counts as
 /// bfs_level does. Launch whole warps. Everything null: returns at once (warm-up).
 extern "C" __global__ void __launch_bounds__(256, 2) gpunvme_cache_bfs_heavy(
     const cache::cache_desc* c, uint32_t cols_range, const uint32_t* plain_cols,

@@ -203,7 +203,7 @@ def _arena_views(torch: Any, arena: Any, tensors: List[Any]) -> Dict[str, Any]:
     offsets and its length is a multiple of 256, so every dtype's view of it is exact. One
     torch call per tensor (not a slice, a dtype view and a reshape): a model has hundreds of
     tensors and each call costs microseconds (one ``split_with_sizes`` per dtype then a
-    ``view`` per tensor measured slower, H200 2026-11-28)."""
+    ``view`` per tensor makes more calls)."""
     typed: Dict[str, Any] = {}
     out: Dict[str, Any] = {}
     for name, dtype, shape, offset, _nbytes, strides in tensors:

@@ -19,8 +19,6 @@ mod dlpack;
 #[allow(unsafe_code)]
 mod gpu_memory;
 
-use anyhow::Result;
-use gpunvme::error_kind::ErrorKind;
 use gpunvme::gpu::Serving;
 use gpunvme::gpu_emu::{MediaKind, SsdModel};
 use gpunvme::gpu_io::Piece;
@@ -29,6 +27,7 @@ use gpunvme::handle::{DeviceHandle, SaveTensor};
 use gpunvme::image::{self, CreateImage, ImageExists};
 use gpunvme::open::{MissingImage, OpenOptions};
 use gpunvme::safetensors::{Dtype, TensorToWrite};
+use gpunvme::{Error, ErrorKind, Result};
 use parking_lot::Mutex;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -119,9 +118,9 @@ impl std::error::Error for Closed {}
 
 /// The Python exception for `e`: its kind's class, the message with its whole chain, worded
 /// for a Python caller (how to make a missing image, how to replace an existing one).
-fn to_py(e: anyhow::Error) -> PyErr {
-    let e = MissingImage::explain(e, |m| {
-        if m.default {
+fn to_py(mut e: Error) -> PyErr {
+    if let Some(m) = e.cause_mut::<MissingImage>() {
+        m.hint = Some(if m.default {
             "nothing has written it yet: open it without read_only, or make it with \
              gpunvme.create_image(path, SIZE)"
                 .into()
@@ -129,14 +128,16 @@ fn to_py(e: anyhow::Error) -> PyErr {
             "create it with gpunvme.open(path, create=SIZE), e.g. create=\"1G\", or \
              gpunvme.create_image(path, SIZE)"
                 .into()
-        }
-    });
-    let e = ImageExists::explain(e, "pass force=True to replace it");
-    let msg = format!("{e:#}");
-    if e.chain().any(|c| c.is::<Closed>()) {
+        });
+    }
+    if let Some(x) = e.cause_mut::<ImageExists>() {
+        x.hint = Some("pass force=True to replace it".into());
+    }
+    let msg = e.to_string();
+    if e.is::<Closed>() {
         return ClosedError::new_err(msg);
     }
-    match ErrorKind::of(&e) {
+    match e.kind() {
         ErrorKind::Busy => BusyError::new_err(msg),
         ErrorKind::NotFound => NotFoundError::new_err(msg),
         ErrorKind::Exists => ExistsError::new_err(msg),
@@ -149,7 +150,7 @@ fn to_py(e: anyhow::Error) -> PyErr {
         ErrorKind::Image => ImageError::new_err(msg),
         ErrorKind::Device => DeviceError::new_err(msg),
         ErrorKind::Refused => RefusedError::new_err(msg),
-        ErrorKind::FileSystem | ErrorKind::Other => GpunvmeError::new_err(msg),
+        _ => GpunvmeError::new_err(msg),
     }
 }
 
@@ -180,10 +181,12 @@ fn serving_of(
 /// GPU 0 with the caller's stream waited for: what every call on a caller's tensors starts
 /// with.
 fn caller_gpu(stream: Option<u64>) -> Result<Arc<Cuda>> {
-    anyhow::ensure!(
-        gpunvme::gpu_queues::cuda_present(),
-        "no GPU: no CUDA driver on this machine"
-    );
+    if !gpunvme::gpu_queues::cuda_present() {
+        return Err(Error::new(
+            ErrorKind::Device,
+            "no GPU: no CUDA driver on this machine",
+        ));
+    }
     let cuda = Cuda::open(0)?;
     if let Some(s) = stream {
         gpu_memory::wait_stream(&cuda, s)?;
@@ -211,7 +214,9 @@ impl Device {
     ) -> PyResult<T> {
         py.detach(|| {
             let guard = self.inner.lock();
-            let opened = guard.as_ref().ok_or_else(|| anyhow::Error::new(Closed))?;
+            let opened = guard
+                .as_ref()
+                .ok_or_else(|| Error::with_cause(ErrorKind::Other, Closed))?;
             f(opened).map_err(|e| opened.explain(e))
         })
         .map_err(to_py)
@@ -235,11 +240,19 @@ impl Device {
             s.spawn(move || {
                 let run = || {
                     let guard = inner.lock();
-                    let opened = guard.as_ref().ok_or_else(|| anyhow::Error::new(Closed))?;
+                    let opened = guard
+                        .as_ref()
+                        .ok_or_else(|| Error::with_cause(ErrorKind::Other, Closed))?;
                     f(opened, flag).map_err(|e| opened.explain(e))
                 };
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error: a copy panicked")));
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(
+                    |_| {
+                        Err(Error::new(
+                            ErrorKind::Other,
+                            "internal error: a copy panicked",
+                        ))
+                    },
+                );
                 let _ = tx.send(r);
             });
             let mut raised: Option<PyErr> = None;
@@ -264,8 +277,9 @@ impl Device {
                         }
                     }
                     Err(RecvTimeoutError::Disconnected) => {
-                        return Err(to_py(anyhow::anyhow!(
-                            "internal error: a copy thread ended without a result"
+                        return Err(to_py(Error::new(
+                            ErrorKind::Other,
+                            "internal error: a copy thread ended without a result",
                         )));
                     }
                 }

@@ -1,7 +1,7 @@
 //! `gpunvme identify`: the controller and its namespaces.
 
 use anyhow::Result;
-use gpunvme::report::{IdentifyAllReport, IdentifyReport};
+use gpunvme_cli::report::{IdentifyAllReport, IdentifyReport};
 use nvme::Controller;
 
 /// Prints the controller's identity and namespaces.

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use gpunvme::copy::{CopyError, StagedFile, fill_from};
-use gpunvme::report::RawIoReport;
+use gpunvme_cli::report::RawIoReport;
 use nvme::{Controller, Namespace};
 
 /// Checks that `bytes` at `lba` is whole LBAs inside namespace `nsid`; returns the namespace

@@ -64,7 +64,24 @@ pub fn error_kind(e: &anyhow::Error) -> &'static str {
     if e.chain().any(|c| c.is::<Refusal>()) {
         return "refused";
     }
-    gpunvme::error_kind::ErrorKind::of(e).as_str()
+    gpunvme::ErrorKind::of_chain(e.chain()).as_str()
+}
+
+/// `e`, named for its cause when a software controller among `backends` saw the host refuse a
+/// write to its image ([`gpunvme::open::HostWriteFailed`], e.g. its file system full).
+pub fn explain_host_error<'a>(
+    e: anyhow::Error,
+    backends: impl IntoIterator<Item = &'a gpunvme::open::Backend>,
+) -> anyhow::Error {
+    let at_device = e.chain().any(|c| {
+        c.is::<nvme::Error>()
+            || c.downcast_ref::<gpunvme::Error>()
+                .is_some_and(|g| g.is::<nvme::Error>())
+    });
+    match gpunvme::open::host_write_failure(backends, at_device, || format!("{e:#}")) {
+        Some(h) => gpunvme::Error::from(h).into(),
+        None => e,
+    }
 }
 
 /// The JSON form of an error: `{"error": {"kind": ..., "message": ...}}`.

@@ -1,8 +1,8 @@
 //! `gpunvme perf`: printing a run's report.
 
 use anyhow::Result;
-use gpunvme::perf::gpu::GpuPerfReport;
-use gpunvme::perf::{PerfReport, PerfTotals, SeveralGpuReport, SeveralReport};
+use gpunvme_cli::perf::gpu::GpuPerfReport;
+use gpunvme_cli::perf::{PerfReport, PerfTotals, SeveralGpuReport, SeveralReport};
 
 /// Prints the report as fio-style text (its `Display`) or JSON. A run with errors still prints its numbers, then
 /// fails so scripts notice.

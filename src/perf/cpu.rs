@@ -61,7 +61,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::pattern;
+use gpunvme::pattern;
 
 /// The access pattern, named as fio names it (also the `--rw` values of `gpunvme perf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -192,7 +192,7 @@ impl std::fmt::Display for PerfReport {
     /// fio-style text: the data path, the rates, latencies in human units and the runtime, and
     /// what verification checked.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use crate::units::{format_bytes, format_ns};
+        use gpunvme::units::{format_bytes, format_ns};
         writeln!(f, "data path: {}", self.data_path)?;
         writeln!(
             f,

@@ -16,10 +16,10 @@ use gpu_queues::{Cuda, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
 
-use crate::open::Backend;
-use crate::pattern;
 use crate::perf::kernel::{ClientStyle, GpuPerfConfig, GpuRw};
 use crate::perf::{self, DEFAULT_REGION_BYTES, Latency, PerfConfig, PerfReport, RwMode, Stop};
+use gpunvme::open::Backend;
+use gpunvme::pattern;
 
 /// One `perf --gpu` run.
 #[derive(Debug, Clone)]
@@ -355,7 +355,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     // through the software controller) and loads the image; it writes it back when stopped.
     let gpu_ctrl = match model {
         None => None,
-        Some(media) => Some(crate::gpu::start_model(
+        Some(media) => Some(gpunvme::gpu::start_model(
             &cuda,
             ctrl,
             backend,
@@ -378,11 +378,11 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         },
         None => opts,
     };
-    let crate::gpu::GpuSetup {
+    let gpunvme::gpu::GpuSetup {
         queues,
         model: gpu_ctrl,
         transport,
-    } = crate::gpu::open_queues(&cuda, ctrl, backend, gpu_ctrl, &opts)?;
+    } = gpunvme::gpu::open_queues(&cuda, ctrl, backend, gpu_ctrl, &opts)?;
     tracing::info!(%transport, "perf --gpu");
     let gcfg = GpuPerfConfig {
         rw: gpu_rw(cfg.rw),
@@ -410,7 +410,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         size: Some(region),
         ..cfg.clone()
     };
-    let watchdog = crate::gpu::watchdog(ctrl, backend, gpu_ctrl.as_ref());
+    let watchdog = gpunvme::gpu::watchdog(ctrl, backend, gpu_ctrl.as_ref());
     let (gpu, cpu) = std::thread::scope(|s| {
         let cpu = (args.cpu_queues > 0)
             .then(|| s.spawn(|| perf::run(ctrl, &cpu_cfg).map_err(anyhow::Error::from)));

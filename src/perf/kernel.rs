@@ -68,9 +68,8 @@ impl ClientStyle {
 /// The warp client's issuing lanes per warp for `qd` commands in flight per queue: the fewest
 /// warps, but at least two where `qd` allows, that split `qd` evenly with at most 32 lanes
 /// each. One warp alternates between submitting its 32 commands and waiting for all of them,
-/// and its queue's controller idles meanwhile; two warps of 16 take turns (H100, software
-/// controller, 4 KiB randread, one queue at QD 32: 0.74-0.86 M IOPS with one warp, 1.19-1.23 M
-/// with two; `benches/results/emu-qd-targets-2026-11-27-h100.txt`). QD 64 and deeper: warps
+/// and its queue's controller idles meanwhile; two warps of 16 take turns, so the controller
+/// always has commands (the queue-depth run in `benches/results/history.md`). QD 64 and deeper: warps
 /// of 32. Where this gives one lane (QD 1 or 2, a prime depth above 32), [`run`] runs thread
 /// clients instead, unless the caller asked for one lane.
 pub fn default_warp_lanes(qd: u32) -> u32 {
@@ -255,7 +254,7 @@ pub fn run(
         .filter(|&t| t <= 1 << 22)
         .ok_or_else(|| GpuError::InvalidArgument("too many GPU threads".into()))?;
     // Blocks of at most 256 threads: the perf kernel's registers do not fit a block of 1024
-    // (8 queues x QD 128 failed with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H200, 2026-11-27).
+    // (the launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES).
     let (grid, block) = if threads <= 256 {
         (1, threads)
     } else if threads % 128 == 0 {

@@ -112,7 +112,7 @@ pub struct NamedGpuReport {
 /// every controller's clients (refused, before anything starts, when too few are left), and
 /// no model launches before all of them have loaded their kernels ([`gpu_emu::ModelGroup`]).
 pub fn run_several_gpu(
-    ctrls: &[(&Controller, &crate::open::Backend)],
+    ctrls: &[(&Controller, &gpunvme::open::Backend)],
     names: &[String],
     args: &super::gpu::GpuPerfArgs,
 ) -> anyhow::Result<SeveralGpuReport> {
@@ -127,7 +127,7 @@ pub fn run_several_gpu(
         None => vec![args.clone(); ctrls.len()],
         Some(_) => {
             let cuda = gpu_queues::Cuda::open(0).context("opening the GPU")?;
-            crate::gpu::model_group(&cuda, ctrls.len(), args.controller_sms)?
+            gpunvme::gpu::model_group(&cuda, ctrls.len(), args.controller_sms)?
                 .into_iter()
                 .map(|g| super::gpu::GpuPerfArgs {
                     model_group: Some(g),
@@ -137,7 +137,7 @@ pub fn run_several_gpu(
         }
     };
     let jobs: Vec<_> = ctrls.iter().zip(&per_controller).collect();
-    let results = crate::gpu::on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
+    let results = gpunvme::gpu::on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
@@ -164,7 +164,7 @@ pub fn run_several(
     names: &[String],
     cfg: &PerfConfig,
 ) -> Result<SeveralReport, SeveralError> {
-    let results = crate::gpu::on_each(ctrls, |c| run(c, cfg));
+    let results = gpunvme::gpu::on_each(ctrls, |c| run(c, cfg));
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         match r {

@@ -10,7 +10,7 @@
 // pointers; every access is bounds-checked here, so callers stay safe.
 #![expect(unsafe_code)]
 
-use crate::dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner};
+use nvme::dma::{DMA_PAGE_SIZE, DmaMemory, DmaOwner};
 use nvme_spec::Command;
 use nvme_spec::wire::SQE_SIZE;
 use std::alloc::Layout;

@@ -1,5 +1,5 @@
 //! The page cache's example workloads (`examples/gpu_bfs.rs`, `examples/gpu_embedding.rs`,
-//! `scripts/gpu-cache-bench.sh`): their data, their CPU references, and the host side of their
+//! `scripts/gpu-cache-bench.sh`; the GPU tests include them too): their data, their CPU references, and the host side of their
 //! GPU kernels (`gpunvme_cache_bfs_level`, `gpunvme_cache_gather` in
 //! `ptx/kernels/gpunvme_cache_kernels.cu`), which read through a [`GpuCache`] or from a plain
 //! pointer (GPU memory, or unified memory: the baselines) with one source.
@@ -7,6 +7,8 @@
 //! - [`graph`]: seeded R-MAT graphs in CSR form, BFS on the CPU and on the GPU;
 //! - [`embedding`]: an embedding table that is a function of its position, Zipf-distributed
 //!   lookups, and gathers on the GPU checked row by row.
+
+#![allow(dead_code)] // each example uses part of it
 
 pub mod embedding;
 pub mod graph;

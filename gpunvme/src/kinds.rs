@@ -1,76 +1,76 @@
-//! What kind of failure an error is, for callers that answer per kind: the CLI's `--json`
-//! error objects, the Python package's exception classes. Found by walking the error's chain
-//! for the typed errors of the crates underneath.
+//! The kind each typed error is: the crates underneath (blockfs, the driver, VFIO, the GPU
+//! side, the software controller) and this crate's own (copies, safetensors, images), so an
+//! [`Error`] made from one has its kind set once, here, and a binary's error chain
+//! ([`ErrorKind::of_chain`]) is read the same way.
 
-/// A call refused before anything changed, because it would destroy data.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(pub String);
-
-/// A caller's argument that cannot work (a combination of options, a value out of range):
-/// [`ErrorKind::InvalidArgument`].
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidArgument(pub String);
-
-/// The kinds of failure a caller may want to tell apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// Another process (or handle) owns the device or image.
-    Busy,
-    /// No such file.
-    NotFound,
-    /// The file exists.
-    Exists,
-    /// The file system is full, or the host file system holding an image is.
-    NoSpace,
-    /// The file is open read-only, or the handle or file system is (a change refused up
-    /// front on a handle opened read-only).
-    ReadOnly,
-    /// The namespace holds no blockfs.
-    NoFileSystem,
-    /// On-disk data failed its checks (metadata checksum, data checksum, format).
-    Corrupt,
-    /// A caller's argument is not acceptable (a name, a size, an offset, a host path's kind).
-    InvalidArgument,
-    /// A host file or stream failed.
-    Io,
-    /// The image file cannot be opened, created or used.
-    Image,
-    /// The device (controller, VFIO, a command) failed.
-    Device,
-    /// Refused before anything changed: the call would destroy data.
-    Refused,
-    /// Another file-system error.
-    FileSystem,
-    /// Anything else.
-    Other,
-}
+use crate::error::{Error, ErrorKind, InvalidArgument, Refused};
 
 impl ErrorKind {
-    /// The kind's name in JSON error objects: `busy`, `not_found`, ...
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Busy => "busy",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::Exists => "exists",
-            ErrorKind::NoSpace => "no_space",
-            ErrorKind::ReadOnly => "read_only",
-            ErrorKind::NoFileSystem => "no_file_system",
-            ErrorKind::Corrupt => "corrupt",
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::Io => "io",
-            ErrorKind::Image => "image",
-            ErrorKind::Device => "device",
-            ErrorKind::Refused => "refused",
-            ErrorKind::FileSystem => "file_system",
-            ErrorKind::Other => "error",
-        }
+    /// The kind of an error chain (e.g. `anyhow::Error::chain()` in a binary): the first
+    /// [`Error`] in it says its own; before one, the first typed error of the crates underneath
+    /// that says one; [`ErrorKind::Other`] if none does.
+    pub fn of_chain<'a>(
+        chain: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>,
+    ) -> ErrorKind {
+        chain
+            .into_iter()
+            .find_map(|c| match c.downcast_ref::<Error>() {
+                Some(e) => Some(e.kind()),
+                None => kind_of(c),
+            })
+            .unwrap_or(ErrorKind::Other)
     }
+}
 
-    /// The kind of `e`: the first typed error in its chain that says one.
-    pub fn of(e: &anyhow::Error) -> ErrorKind {
-        e.chain().find_map(kind_of).unwrap_or(ErrorKind::Other)
+impl Error {
+    /// An error from any typed error: its kind from the first error in its chain that says one
+    /// ([`ErrorKind::Other`] if none does).
+    pub fn from_std(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let kind = ErrorKind::of_chain(std::iter::successors(
+            Some(&cause as &(dyn std::error::Error + 'static)),
+            |e| e.source(),
+        ));
+        Self::with_cause(kind, cause)
+    }
+}
+
+/// Typed errors of the crates underneath (and of this one) become an [`Error`] of the kind
+/// they say.
+macro_rules! from_typed {
+    ($($t:ty),* $(,)?) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error::from_std(e)
+            }
+        }
+    )*};
+}
+
+from_typed!(
+    std::io::Error,
+    nvme::Error,
+    nvme_emu::EmuError,
+    vfio::Error,
+    blockfs::Error,
+    blockfs::VolumeError,
+    gpu_queues::GpuError,
+    blockfs_gpu::FilesError,
+    crate::copy::CopyError,
+    crate::safetensors::SafetensorsError,
+    crate::gpu_io::GpuChecksumMismatch,
+    crate::open::HostWriteFailed,
+    crate::open::MissingImage,
+    crate::open::ImageExists,
+    Refused,
+    InvalidArgument,
+    blockfs::DeviceError,
+    nvme::DmaAllocError,
+    std::num::TryFromIntError,
+);
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::with_cause(ErrorKind::Other, e)
     }
 }
 
@@ -164,6 +164,12 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     if cause.is::<nvme::Error>() {
         return Some(ErrorKind::Device);
     }
+    if cause.is::<blockfs::DeviceError>() || cause.is::<nvme::DmaAllocError>() {
+        return Some(ErrorKind::Device);
+    }
+    if cause.is::<std::num::TryFromIntError>() {
+        return Some(ErrorKind::InvalidArgument);
+    }
     if cause.is::<std::io::Error>() {
         return Some(ErrorKind::Io);
     }
@@ -191,52 +197,5 @@ fn blockfs_kind(e: &blockfs::Error) -> ErrorKind {
         E::InvalidName { .. } | E::TooLarge(_) => ErrorKind::InvalidArgument,
         E::Device { .. } => ErrorKind::Device,
         _ => ErrorKind::FileSystem,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_typed_error_in_the_chain_decides() {
-        let e = anyhow::Error::new(blockfs::Error::NotFound("a".into())).context("getting a");
-        assert_eq!(ErrorKind::of(&e), ErrorKind::NotFound);
-        let e = anyhow::Error::new(std::io::Error::other("x")).context("reading");
-        assert_eq!(ErrorKind::of(&e), ErrorKind::Io);
-        assert_eq!(ErrorKind::of(&anyhow::anyhow!("plain")), ErrorKind::Other);
-        assert_eq!(ErrorKind::NoSpace.as_str(), "no_space");
-    }
-
-    #[test]
-    fn a_refused_host_write_is_named_for_its_cause() {
-        let failed = |no_space| {
-            anyhow::Error::new(crate::open::HostWriteFailed {
-                path: "disk.img".into(),
-                no_space,
-                host: "No space left on device (os error 28)".into(),
-                device: "Write Fault".into(),
-            })
-        };
-        let e = failed(true);
-        assert_eq!(ErrorKind::of(&e), ErrorKind::NoSpace);
-        assert!(
-            e.to_string()
-                .starts_with("no space left on the host file system holding disk.img (ENOSPC"),
-            "{e}"
-        );
-        assert_eq!(ErrorKind::of(&failed(false)), ErrorKind::Io);
-        let missing = anyhow::Error::new(crate::open::MissingImage {
-            path: "x.img".into(),
-            default: false,
-            hint: None,
-        })
-        .context("opening x.img");
-        assert_eq!(ErrorKind::of(&missing), ErrorKind::NotFound);
-        let worded = crate::open::MissingImage::explain(missing, |_| "make it so".into());
-        assert_eq!(
-            format!("{worded:#}"),
-            "opening x.img: image x.img does not exist (make it so)"
-        );
     }
 }

@@ -142,10 +142,8 @@ pub enum BfsSplit {
 }
 
 impl Default for BfsSplit {
-    /// Dynamic runs of 1024 vertices: four groups of 32 per warp of a 256-thread block. R-MAT
-    /// scale 21 at 25 % in 64 KiB pages on 4 modelled drives, odd levels sweeping down (H100
-    /// and H200, 2026-11-27): 32.3 ms with runs of 1024 on both, 32.5 with 512, 33.7-34.1 with
-    /// 2048 (the static split's size: 2 M vertices over 1056 blocks), 38.2 with 4096.
+    /// Dynamic runs of 1024 vertices: four groups of 32 per warp of a 256-thread block, the
+    /// best of the run sizes tried (the BFS split runs in `benches/results/history.md`).
     fn default() -> Self {
         Self::Dynamic(1024)
     }
@@ -196,13 +194,13 @@ impl Default for BfsOptions {
     fn default() -> Self {
         Self {
             split: BfsSplit::default(),
-            // H100, 2026-11-27, R-MAT scale 21, 4 modelled drives, 64 KiB pages (gpu_bfs
-            // --hub-segment): at 25 % of the graph 36.4 ms with 16384, 37.1 with 8192, 48.6 with
-            // 2048, 57.5 with none; at 10 % (435 frames) 2048 did best (102 ms against 192).
+            // Hub vertices' edges in segments of 16384: the best at a cache of a quarter of the
+            // graph; smaller caches do better with smaller segments (gpu_bfs --hub-segment; the
+            // runs in benches/results/history.md).
             hub_segment: Some(16384),
             alternate: true,
-            // R-MAT scale 21, 25 %, 4 modelled drives (H100, 2026-11-27): 64 KiB pages 32.8 ->
-            // 25.8 ms (levels 2 and 3 bottom-up; 788 -> 620 MB read), 16 KiB 30.2 -> 23.1 ms.
+            // Direction-optimizing: the wide middle levels bottom-up read less and finish sooner
+            // (the runs in benches/results/history.md).
             direction: BfsDirection::Optimizing,
         }
     }

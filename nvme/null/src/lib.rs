@@ -34,9 +34,11 @@
 //! queue's until it is replaced), so neither a driver that frees ring memory early nor a
 //! doorbell racing with a queue's deletion can make the device touch freed memory.
 //!
-//! Built only with the `bench-support` cargo feature, which the crate's own benches, examples
-//! and tests switch on (through a dev-dependency on the crate itself); it is not part of the
-//! driver's API and carries no stability promise.
+//! A crate of its own, not part of the driver: the driver's cost benchmark (`benches/hot_path.rs`)
+//! and example (`examples/driver_cost.rs`) and the tests of `nvme` reach it through a
+//! dev-dependency; nothing may depend on it at run time. It uses only the driver's public
+//! [`Device`] seam (and [`DmaMemory::from_raw_parts`] for its DMA memory) and carries no
+//! stability promise.
 
 // No `unsafe` here (the workspace denies it); the raw memory access lives in `region`, the
 // admin queue's lock in `spin`, the lock-free I/O queue states in `published`.
@@ -44,8 +46,8 @@ mod published;
 mod region;
 mod spin;
 
-use crate::device::{Device, DmaAllocError, RegisterIo};
-use crate::dma::{DMA_PAGE_SIZE, DmaMemory};
+use nvme::device::{Device, DmaAllocError, RegisterIo};
+use nvme::dma::{DMA_PAGE_SIZE, DmaMemory};
 use nvme_spec::command::{
     CreateCqCdw11, CreateQueueCdw10, CreateSqCdw11, DeleteQueueCdw10, FeaturesCdw10, IdentifyCdw10,
     NumberOfQueues,
@@ -98,7 +100,7 @@ impl Default for NullDeviceConfig {
     }
 }
 
-/// The inline null controller (see the module documentation). **For tests and benchmarks
+/// The inline null controller (see the crate documentation). **For tests and benchmarks
 /// only.**
 pub struct NullDevice {
     regs: NullRegisters,

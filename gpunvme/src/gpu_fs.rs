@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use crate::error::{Context, Result, ensure};
 use blockfs::{FileSystem, OpenMode};
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
@@ -44,10 +44,9 @@ pub struct GpuFsOptions {
 
 /// Entries per GPU ring for file loads. Each entry owns a slot buffer of one maximum transfer
 /// (128 KiB on the software controller) and two PRP-list pages, so 1024 entries cost 136 MiB
-/// of GPU memory per queue pair: 8.4 GiB and about 0.12 s more set-up for the 63 pairs a load
-/// uses. 256 read a warm 4 GiB file as fast (H100, 2026-11-27, six gets each on two machines:
-/// median 41.8 GB/s against 41.1 with 1024; set-up 0.40 against 0.54 s;
-/// `benches/results/emu-read-depth-2026-11-27-h100.jsonl`).
+/// of GPU memory per queue pair: 8.4 GiB and more set-up for the 63 pairs a load uses. 256
+/// read a warm file as fast as 1024 with less set-up (the ring-depth run in
+/// `benches/results/history.md`).
 pub const FILE_RING_DEPTH: u32 = 256;
 
 impl Default for GpuFsOptions {
@@ -314,8 +313,8 @@ fn hex(c: u32) -> String {
 /// model serves the GPU queues, or when GPU file commands run on it (the CLI's default
 /// `--controller-queue-pairs` then, the examples' and the Python package's): each controller
 /// lane (each controller thread) owns queues, so few queues leave most of the model's SMs
-/// (most of the threads) idle (`fs get --gpu --controller gpu --media host` of 1 GiB on the
-/// H100, 2026-11-23: 8 queue pairs 14.7 GB/s; `perf` at 128 KiB with 32 queues about 50 GB/s).
+/// (most of the threads) idle: 8 queue pairs reach a fraction of what 32 do (the model's
+/// ceilings in docs/benchmarks.md).
 pub const MODEL_QUEUE_PAIRS: u16 = 64;
 
 /// Brings the GPU queues up for a file command on `ctrl` (shared by `fs get/put --gpu` and the
@@ -342,6 +341,7 @@ fn setup_in_group(
 ) -> Result<(Arc<Cuda>, GpuSetup)> {
     ensure!(
         opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
+        InvalidArgument,
         "an SSD timing model times the GPU-resident controller's media: it needs --controller gpu"
     );
     let cuda = Cuda::open(0).context("opening GPU 0")?;
@@ -350,6 +350,7 @@ fn setup_in_group(
         Serving::Model(media) => {
             ensure!(
                 media != MediaKind::Null,
+                InvalidArgument,
                 "the null media keeps no data: files need the hbm or host media"
             );
             Some(gpu::start_model(
@@ -369,6 +370,7 @@ fn setup_in_group(
         None => {
             ensure!(
                 granted > opts.cpu_queues,
+                Device,
                 "the controller granted {granted} I/O queue pairs and the file system holds \
                  {}: none is left for GPU queues",
                 opts.cpu_queues
@@ -399,9 +401,8 @@ fn software_threads(opts: &GpuFsOptions, backend: &Backend) -> Option<usize> {
 /// thread `t` serves the queues whose ids are `t` modulo its `threads` (consecutive ids, one
 /// per thread in turn): there the largest multiple of `threads` (when there are at least that
 /// many), so that each thread serves as many queues as any other. With 60 queues on 16
-/// threads, 4 threads served 3 queues and 12 served 4, and a load whose queues all got the
-/// same work gave the 12 a third more than the 4 (H200, 2026-11-28: 80 MB against 60 MB of a
-/// 1.19 GB load; the load waited for the 12).
+/// threads, 4 threads would serve 3 queues and 12 serve 4, and a load whose queues all get the
+/// same work gives the 12 a third more than the 4: the load waits for the 12.
 pub fn balanced_queues(available: u16, threads: Option<usize>) -> u16 {
     match threads.and_then(|t| u16::try_from(t).ok()) {
         Some(t) if t > 1 && available >= t => available / t * t,
@@ -430,7 +431,7 @@ fn host_crc(fs: &FileSystem, name: &str) -> Result<u32> {
     while at < len {
         let n = (len - at).min(buf.len() as u64) as usize;
         let got = f.read_at(at, &mut buf[..n])?;
-        ensure!(got == n, "short host read of {name} at {at}");
+        ensure!(got == n, Io, "short host read of {name} at {at}");
         crc = crc32c::crc32c_append(crc, &buf[..n]);
         at += n as u64;
     }
@@ -465,7 +466,7 @@ pub fn get(
             .wait_watched(gpu::watchdog(ctrl, backend, setup.model.as_ref()))?
             .into_first_error()?;
         let got = r.bytes();
-        ensure!(got == size, "the GPU read {got} of {size} bytes");
+        ensure!(got == size, Device, "the GPU read {got} of {size} bytes");
         let gpu_crc = files.crc32c(buf.ptr(), size)?;
         let base = checked_report(fs, name, size, r.elapsed, setup_seconds, gpu_crc, &stat)?;
         Ok(GpuGetReport {
@@ -498,12 +499,12 @@ fn check_crcs(
         what,
     };
     if gpu_crc != host {
-        bail!(mismatch(host, "the host's"));
+        return Err(mismatch(host, "the host's").into());
     }
     if let Some(rec) = recorded
         && rec != gpu_crc
     {
-        bail!(mismatch(rec, "the recorded checksum"));
+        return Err(mismatch(rec, "the recorded checksum").into());
     }
     Ok((host, recorded))
 }
@@ -587,7 +588,12 @@ pub fn get_volume(
         );
         let watch = members_watchdog(ctrls, backends, &setups);
         let r = vf.read(volume, &vfile, 0, &dst, watch)?;
-        ensure!(r.bytes == size, "the GPU read {} of {size} bytes", r.bytes);
+        ensure!(
+            r.bytes == size,
+            Device,
+            "the GPU read {} of {size} bytes",
+            r.bytes
+        );
         let q0 = queues[0];
         let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
         let base = checked_report(fs, name, size, r.elapsed, setup_seconds, gpu_crc, &stat)?;
@@ -737,7 +743,7 @@ pub fn put_volume(
             ctrls.len(),
             written.data_path
         );
-        anyhow::Ok((written, cuda.name().to_owned()))
+        Ok::<_, crate::Error>((written, cuda.name().to_owned()))
     })();
     let (written, device) = gpu_io::finish_target(fs, target, result)?;
     put_report(fs, name, len, host, written, device)
@@ -768,7 +774,7 @@ pub fn put(
         let down = teardown(setup);
         let written = written?;
         down?;
-        anyhow::Ok((written, cuda.name().to_owned()))
+        Ok::<_, crate::Error>((written, cuda.name().to_owned()))
     })();
     let (written, device) = gpu_io::finish_target(fs, target, result)?;
     put_report(fs, name, len, host, written, device)
@@ -802,12 +808,13 @@ fn put_report(
     // The CPU reads what the GPU wrote, and checks the recorded checksum.
     let back = host_crc(fs, name)?;
     if back != host {
-        bail!(GpuChecksumMismatch {
+        return Err(GpuChecksumMismatch {
             name: name.to_owned(),
             gpu: host,
             host: back,
             what: "a CPU read-back of the committed file",
-        });
+        }
+        .into());
     }
     Ok(GpuPutReport {
         name: name.to_owned(),

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result, bail, ensure};
 use blockfs::{
     BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
@@ -26,7 +26,7 @@ use crate::open::{self, Backend, DeviceSpec, OpenOptions};
 use crate::safetensors;
 use crate::volume;
 
-pub use crate::error_kind::{InvalidArgument, Refused};
+pub use crate::error::{InvalidArgument, Refused};
 
 /// An fsck's outcome.
 pub struct FsckOutcome {
@@ -162,9 +162,9 @@ impl DeviceHandle {
 
     /// `e` (an error of one of this handle's calls) named for its cause when the host refused
     /// a write to an image meanwhile: [`open::HostWriteFailed`], a full host file system as
-    /// [`crate::error_kind::ErrorKind::NoSpace`] rather than the Write Fault the device
+    /// [`crate::error::ErrorKind::NoSpace`] rather than the Write Fault the device
     /// reported. The bindings pass every error through it.
-    pub fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+    pub fn explain(&self, e: crate::Error) -> crate::Error {
         open::explain_host_error(e, &self.backends)
     }
 
@@ -233,10 +233,10 @@ impl DeviceHandle {
             FileSystem::mount(self.block()?)
         };
         mounted.map_err(|e| match e {
-            e @ blockfs::Error::NotBlockfs(_) => anyhow::Error::new(e).context(format!(
+            e @ blockfs::Error::NotBlockfs(_) => crate::Error::from(e).context(format!(
                 "namespace {nsid} holds no blockfs (make one with mkfs)"
             )),
-            e => anyhow::Error::new(e).context(format!(
+            e => crate::Error::from(e).context(format!(
                 "mounting blockfs on namespace {nsid} (fsck says more)"
             )),
         })
@@ -244,7 +244,7 @@ impl DeviceHandle {
 
     /// Whether the handle was opened read-only: every call that would change the device
     /// (mkfs, put, rm, save, fsck's repair) is refused up front with a
-    /// [`blockfs::Error::ReadOnly`] ([`crate::error_kind::ErrorKind::ReadOnly`]), and blockfs is
+    /// [`blockfs::Error::ReadOnly`] ([`crate::error::ErrorKind::ReadOnly`]), and blockfs is
     /// mounted read-only ([`FileSystem::mount_read_only`]).
     pub fn is_read_only(&self) -> bool {
         self.opts.read_only
@@ -254,7 +254,7 @@ impl DeviceHandle {
     fn refuse_read_only(&self, what: &str, name: &str) -> Result<()> {
         if self.opts.read_only {
             return Err(
-                anyhow::Error::new(blockfs::Error::ReadOnly(name.to_owned()))
+                crate::Error::from(blockfs::Error::ReadOnly(name.to_owned()))
                     .context(format!("{what} refused: the handle was opened read-only")),
             );
         }
@@ -277,8 +277,9 @@ impl DeviceHandle {
                 force,
             )?)
         } else {
-            anyhow::ensure!(
+            ensure!(
                 stripe.is_none(),
+                InvalidArgument,
                 "a stripe is for a volume over several devices"
             );
             if !force {
@@ -476,8 +477,9 @@ impl DeviceHandle {
     /// Refuses GPU calls this handle cannot make (before anything is changed).
     fn gpu_ready(&self, serving: Serving, ssd_model: Option<gpu_emu::SsdModel>) -> Result<()> {
         self.gpu_arguments(serving, ssd_model)?;
-        anyhow::ensure!(
+        ensure!(
             gpu_queues::cuda_present(),
+            Device,
             "no GPU: no CUDA driver on this machine"
         );
         Ok(())
@@ -486,8 +488,9 @@ impl DeviceHandle {
     /// Refuses GPU arguments this handle cannot take (a striped volume; an SSD model without
     /// the model), before anything is read or changed.
     fn gpu_arguments(&self, serving: Serving, ssd_model: Option<gpu_emu::SsdModel>) -> Result<()> {
-        anyhow::ensure!(
+        ensure!(
             !self.is_volume(),
+            InvalidArgument,
             "GPU reads and writes on a striped volume are not supported yet"
         );
         if ssd_model.is_some() && !matches!(serving, Serving::Model(_)) {
@@ -743,7 +746,10 @@ impl DeviceHandle {
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         safetensors::layout(&refs, &headers)?;
         if !gpu_queues::cuda_present() {
-            anyhow::bail!("no GPU: no CUDA driver on this machine (the headers were checked)");
+            bail!(
+                Device,
+                "no GPU: no CUDA driver on this machine (the headers were checked)"
+            );
         }
         let t_headers = t0.elapsed().as_secs_f64();
         let mut t_loaded = 0.0;
@@ -767,7 +773,7 @@ impl DeviceHandle {
                 "controller_copies": gpu_fs::controller_copies(setup),
                 "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
             });
-            anyhow::Ok((loaded, report, made))
+            Ok::<_, crate::Error>((loaded, report, made))
         })?;
         // Where the call's time went (seconds): mount and headers, GPU setup (queues, unless
         // kept from an earlier call; the model's start and media), the load with its arena

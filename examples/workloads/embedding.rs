@@ -1,5 +1,5 @@
 //! Embedding lookups for the page cache: a table of `rows` rows of `dim` `u32` words whose
-//! bytes are the verification pattern of 4 KiB blocks ([`crate::pattern`] with [`TABLE_NSID`]),
+//! bytes are the verification pattern of 4 KiB blocks ([`gpunvme::pattern`] with [`TABLE_NSID`]),
 //! so any gathered row can be checked without a host copy of the table; Zipf-distributed row
 //! indices (the skew of real embedding traffic); and the GPU gather (`gpunvme_cache_gather`: a
 //! warp per lookup, warp-wide `read_range`).
@@ -23,7 +23,7 @@ pub const TABLE_NSID: u32 = 1;
 /// Fills `buf` with the table's bytes from byte `first` (a multiple of [`TABLE_BLOCK`]; `buf`
 /// whole blocks).
 pub fn table_bytes(seed: u64, first: u64, buf: &mut [u8]) {
-    crate::pattern::fill(
+    gpunvme::pattern::fill(
         buf,
         seed,
         TABLE_NSID,
@@ -35,7 +35,7 @@ pub fn table_bytes(seed: u64, first: u64, buf: &mut [u8]) {
 /// The table's `u32` word `j` (word `w` of row `r` is `j = r * dim + w`).
 pub fn table_word(seed: u64, j: u64) -> u32 {
     let byte = j * 4;
-    let w = crate::pattern::word(
+    let w = gpunvme::pattern::word(
         seed,
         TABLE_NSID,
         byte / TABLE_BLOCK,

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use nvme::{Controller, ControllerOptions, Device};
 use nvme_emu::{EmuConfig, EmuDevice};
 
@@ -19,7 +19,7 @@ pub const PERF_DEFAULT_IMAGE: &str = "gpunvme-perf.img";
 /// Size of the default image when it is created on first use (sparse).
 pub const DEFAULT_IMAGE_BYTES: u64 = 1 << 30;
 
-/// The image to open does not exist ([`crate::error_kind::ErrorKind::NotFound`]). The library
+/// The image to open does not exist ([`crate::error::ErrorKind::NotFound`]). The library
 /// says only that; each surface names its own way of making one in `hint` (the CLI its
 /// command, Python and C their calls), so nobody is told about another surface's flags.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,10 +49,10 @@ impl MissingImage {
     /// Sets the hint of the [`MissingImage`] in `e`'s chain, if there is one, to what
     /// `hint(missing)` says; `e` otherwise unchanged.
     pub fn explain(
-        mut e: anyhow::Error,
+        mut e: crate::Error,
         hint: impl FnOnce(&MissingImage) -> String,
-    ) -> anyhow::Error {
-        if let Some(m) = e.downcast_mut::<MissingImage>() {
+    ) -> crate::Error {
+        if let Some(m) = e.cause_mut::<MissingImage>() {
             let h = hint(m);
             m.hint = Some(h);
         }
@@ -62,8 +62,8 @@ impl MissingImage {
 
 /// A write to an image failed on the host: the software controller could only complete the
 /// command with Write Fault, and this names the host's reason. When the host file system holding
-/// the image is full (ENOSPC, or EDQUOT) it is [`crate::error_kind::ErrorKind::NoSpace`],
-/// otherwise [`crate::error_kind::ErrorKind::Io`].
+/// the image is full (ENOSPC, or EDQUOT) it is [`crate::error::ErrorKind::NoSpace`],
+/// otherwise [`crate::error::ErrorKind::Io`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.describe())]
 pub struct HostWriteFailed {
@@ -102,30 +102,44 @@ impl HostWriteFailed {
 /// `e`, named for its cause when a software controller among `backends` saw the host refuse a
 /// write to its image since the last call ([`HostWriteFailed`]); otherwise `e` unchanged.
 pub fn explain_host_error<'a>(
-    e: anyhow::Error,
+    e: crate::Error,
     backends: impl IntoIterator<Item = &'a Backend>,
-) -> anyhow::Error {
-    // Taken (cleared) whatever `e` is, so a refusal is never blamed on a later error.
+) -> crate::Error {
+    let at_device = e.is::<nvme::Error>();
+    match host_write_failure(backends, at_device, || e.to_string()) {
+        Some(h) => h.into(),
+        None => e,
+    }
+}
+
+/// The [`HostWriteFailed`] that explains an error (`at_device`: whether the error is a command
+/// the device failed; `describe`: the error in words), if a software controller among
+/// `backends` saw the host refuse a write to its image since the last call. For callers with
+/// their own error type (the CLI's); [`explain_host_error`] for an [`crate::Error`].
+pub fn host_write_failure<'a>(
+    backends: impl IntoIterator<Item = &'a Backend>,
+    at_device: bool,
+    describe: impl FnOnce() -> String,
+) -> Option<HostWriteFailed> {
+    // Taken (cleared) whatever the error is, so a refusal is never blamed on a later error.
     let found = backends
         .into_iter()
         .filter_map(Backend::emu)
         .find_map(|emu| emu.take_host_write_error());
     // Only a command that failed at the device is what the host's refusal explains.
-    let at_device = e.chain().any(|c| c.is::<nvme::Error>());
     match found {
-        Some(h) if at_device => HostWriteFailed {
+        Some(h) if at_device => Some(HostWriteFailed {
             no_space: h.is_no_space(),
             path: h.path,
             host: h.message,
-            device: format!("{e:#}"),
-        }
-        .into(),
-        _ => e,
+            device: describe(),
+        }),
+        _ => None,
     }
 }
 
 /// The image file exists and replacing it was not asked for
-/// ([`crate::error_kind::ErrorKind::Exists`]). Each surface says how to force it in `hint`.
+/// ([`crate::error::ErrorKind::Exists`]). Each surface says how to force it in `hint`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{} exists already: making a new image there would discard its contents{}",
@@ -149,8 +163,8 @@ impl ImageExists {
     }
 
     /// Sets the hint of the [`ImageExists`] in `e`'s chain, if there is one.
-    pub fn explain(mut e: anyhow::Error, hint: &str) -> anyhow::Error {
-        if let Some(x) = e.downcast_mut::<ImageExists>() {
+    pub fn explain(mut e: crate::Error, hint: &str) -> crate::Error {
+        if let Some(x) = e.cause_mut::<ImageExists>() {
             x.hint = Some(hint.to_owned());
         }
         e
@@ -182,6 +196,7 @@ impl DeviceSpec {
                 let path = &s[vfio::user::SPEC_PREFIX.len()..];
                 if path.is_empty() {
                     bail!(
+                        InvalidArgument,
                         "device {s}: give the server's socket, e.g. vfio-user:/tmp/spdk/malloc512/cntrl"
                     );
                 }
@@ -193,9 +208,9 @@ impl DeviceSpec {
                 if vfio::looks_like_pci_address(s)
                     || (s.contains(':') && !s.contains('/') && !Path::new(s).exists()) =>
             {
-                Ok(Self::Pci(
-                    s.parse().map_err(|e| anyhow::anyhow!("device {s}: {e}"))?,
-                ))
+                Ok(Self::Pci(s.parse().map_err(|e| {
+                    crate::Error::invalid(format!("device {s}: {e}"))
+                })?))
             }
             Some(s) => Ok(Self::Image(PathBuf::from(s))),
         }
@@ -338,7 +353,7 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
                     Err(nvme_emu::EmuError::CreateImage { source, .. })
                         if source.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(e) => {
-                        return Err(anyhow::Error::new(e)
+                        return Err(crate::Error::from(e)
                             .context(format!("creating the default image {}", path.display())));
                     }
                 }
@@ -376,7 +391,7 @@ fn open_image(path: &Path, opts: &OpenOptions) -> Result<Arc<EmuDevice>> {
     match EmuDevice::start(config) {
         Ok(dev) => Ok(dev),
         Err(e @ nvme_emu::EmuError::ImageBusy { .. }) => Err(e.into()),
-        Err(e) => Err(anyhow::Error::new(e).context("starting the software controller")),
+        Err(e) => Err(crate::Error::from(e).context("starting the software controller")),
     }
 }
 

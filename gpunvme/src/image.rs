@@ -8,7 +8,7 @@ use std::path::Path;
 
 use nvme_emu::EmuConfig;
 
-use crate::error_kind::InvalidArgument;
+use crate::error::InvalidArgument;
 use crate::units;
 
 pub use crate::open::ImageExists;
@@ -91,7 +91,7 @@ pub fn check(want: &CreateImage) -> Result<(), InvalidArgument> {
 /// Makes a sparse image of `want.bytes` at `path`. An existing file is [`ImageExists`] unless
 /// `want.force`, which empties it and sets its size (refused while a controller holds it:
 /// [`nvme_emu::EmuError::ImageBusy`]); a directory or other non-file is refused either way.
-pub fn create(path: &Path, want: &CreateImage) -> anyhow::Result<ImageReport> {
+pub fn create(path: &Path, want: &CreateImage) -> crate::Result<ImageReport> {
     check(want)?;
     let replaced = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {
@@ -136,7 +136,7 @@ pub fn create(path: &Path, want: &CreateImage) -> anyhow::Result<ImageReport> {
 /// Makes the image at `path` with `want` if nothing is there; an existing one is left as it is
 /// (its size unchanged). For "open, creating it if missing" (Python's `create=`): whether it
 /// was made.
-pub fn create_if_missing(path: &Path, want: &CreateImage) -> anyhow::Result<bool> {
+pub fn create_if_missing(path: &Path, want: &CreateImage) -> crate::Result<bool> {
     check(want)?;
     if path.exists() {
         return Ok(false);
@@ -164,7 +164,7 @@ pub fn create_missing(
     device: Option<&str>,
     opts: &crate::open::OpenOptions,
     want: &CreateImage,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     use crate::open::DeviceSpec;
     check(want)?;
     let names: Vec<&str> = match device {
@@ -177,7 +177,7 @@ pub fn create_missing(
         names
             .iter()
             .map(|n| DeviceSpec::parse(Some(n)))
-            .collect::<anyhow::Result<Vec<_>>>()?
+            .collect::<crate::Result<Vec<_>>>()?
     };
     let mut paths = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
@@ -201,7 +201,7 @@ pub fn create_missing(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error_kind::ErrorKind;
+    use crate::error::ErrorKind;
 
     #[test]
     fn makes_a_sparse_image_and_refuses_an_existing_one_without_force() {
@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 30);
         std::fs::write(&p, b"data").unwrap();
         let e = create(&p, &want).unwrap_err();
-        assert_eq!(ErrorKind::of(&e), ErrorKind::Exists, "{e:#}");
+        assert_eq!(e.kind(), ErrorKind::Exists, "{e:#}");
         assert_eq!(std::fs::read(&p).unwrap(), b"data");
         let r = create(
             &p,
@@ -253,7 +253,7 @@ mod tests {
                 },
             )
             .unwrap_err();
-            assert_eq!(ErrorKind::of(&e), ErrorKind::InvalidArgument, "{e:#}");
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e:#}");
             assert!(!p.exists());
         }
         assert!(parse_size("4G").is_ok_and(|n| n == 4 << 30));

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use nvme::nvme_spec::completion::CqeStatus;
 use nvme::nvme_spec::{ErrorInformationLogEntry, SmartHealthLog};
 use nvme::{Controller, DmaSlice};
@@ -121,7 +121,7 @@ pub struct SmartReport {
 pub fn smart(ctrl: &Controller) -> Result<SmartReport> {
     let bytes = read_log(ctrl, LID_SMART, size_of::<SmartHealthLog>())?;
     let s = SmartHealthLog::read_from_bytes(&bytes[..])
-        .map_err(|_| anyhow::anyhow!("short SMART log"))?;
+        .map_err(|_| crate::Error::new(crate::ErrorKind::Device, "short SMART log"))?;
     let units = |u: u128| u.saturating_mul(512_000);
     Ok(SmartReport {
         critical_warning: s.critical_warning,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use gpu_emu::model::NamespaceSpec;
 use gpu_emu::{
     GpuController, GpuControllerOptions, GpuQueuesExt, GroupMember, MediaKind, SsdModel,
@@ -74,6 +74,7 @@ pub fn start_model(
 ) -> Result<Arc<GpuController>> {
     let Backend::Software(emu) = backend else {
         bail!(
+            InvalidArgument,
             "the GPU-resident controller model takes the software controller's place: it needs \
              an image file as the device"
         );

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail, ensure};
+use crate::error::{Context, Result, ensure};
 use blockfs::{CreateOptions, FileSystem, OpenMode};
 use blockfs_gpu::plan::crc32c_combine;
 use blockfs_gpu::{FileRange, FilesError, GpuFiles, GpuFilesOptions, GpuSpan};
@@ -164,7 +164,12 @@ pub fn read_into(
                 .submit(&[FileRange::read(&gfile, offset, span)])?
                 .wait_watched(&mut watch)?
                 .into_first_error()?;
-            ensure!(r.bytes() == n, "the GPU read {} of {n} bytes", r.bytes());
+            ensure!(
+                r.bytes() == n,
+                Device,
+                "the GPU read {} of {n} bytes",
+                r.bytes()
+            );
             let secs = r.elapsed.as_secs_f64();
             Ok(GpuIoReport::new(name, n, secs, false, setup, false))
         }
@@ -184,6 +189,7 @@ pub fn read_into(
                     .into_first_error()?;
                 ensure!(
                     r.bytes() == len,
+                    Device,
                     "the GPU read {} of {len} bytes",
                     r.bytes()
                 );
@@ -307,7 +313,12 @@ pub fn write_pieces_volume(
         crc = stage_pieces(stream, &stage, 0, stage.len() as u64, pieces, |at, len| {
             let crc = blockfs_gpu::crc32c_on(&first.queues, stream, stage.ptr(), len)?;
             let r = vf.write(volume, &reservation, at, &stage, len, &mut watch)?;
-            ensure!(r.bytes == len, "the GPU wrote {} of {len} bytes", r.bytes);
+            ensure!(
+                r.bytes == len,
+                Device,
+                "the GPU wrote {} of {len} bytes",
+                r.bytes
+            );
             Ok(crc)
         })?;
     }
@@ -374,12 +385,13 @@ fn check_expected(name: &str, crc: u32, expect: Option<u32>) -> Result<()> {
     if let Some(want) = expect
         && want != crc
     {
-        bail!(GpuChecksumMismatch {
+        return Err(GpuChecksumMismatch {
             name: name.to_owned(),
             gpu: crc,
             host: want,
             what: "the host's",
-        });
+        }
+        .into());
     }
     Ok(())
 }

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use blockfs::device::ReadReq;
 use blockfs::{
     BlockDevice, FileSystem, NvmeBlockDevice, NvmeDeviceOptions, StripedVolume, VolumeLabel,
 };
 use nvme::Controller;
 
-use crate::error_kind::{InvalidArgument, Refused};
+use crate::error::{InvalidArgument, Refused};
 
 /// Namespace `nsid` of each controller as a member block device (`names` name them in errors).
 pub fn members(

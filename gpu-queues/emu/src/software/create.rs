@@ -1,0 +1,169 @@
+//! Building the queue pairs on the software controller ([`queues`], [`open`]): kernels, the
+//! SM partition, the copy engines, each pair's memory and pinned doorbells, then the queues
+//! through the driver's admin queue.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpu_queues::GpuError;
+use gpu_queues::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream};
+use gpu_queues::kernels::Kernels;
+use gpu_queues::queues::{
+    DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan, QueueSetParts,
+    TransportKind, alloc_protocol_state, plan,
+};
+use gpu_queues::transport::{Candidate, TransportChoice, select};
+use nvme::{Controller, QueueRegions};
+use nvme_emu::EmuDevice;
+
+use crate::env_choice;
+use crate::image_reads::ColdReads;
+use crate::kernels::EmuKernels;
+
+use super::engine::GpuDma;
+use super::pair_memory::{RingPlacement, gpu_pair_memory, host_pair_memory};
+use super::readahead::{READAHEAD_ENV, READAHEAD_WALKERS, readahead_from};
+use super::regions::{PinnedDoorbell, register_region};
+use super::transport::SoftwareTransport;
+
+/// Bytes between two queues' doorbell pairs in the pinned doorbell page (a cache line each,
+/// so the controller's polling of one queue does not share a line with another's writes).
+const DOORBELL_STRIDE: usize = 64;
+
+/// [`queues`], with the choice reported as [`gpu_queues::transport::open`] reports its own:
+/// for callers that print which transport ran.
+pub fn open(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    emu: &Arc<EmuDevice>,
+    opts: &GpuQueueOptions,
+) -> Result<(GpuQueues, TransportChoice), GpuError> {
+    select(vec![Candidate::Try(
+        TransportKind::SoftwareController,
+        Box::new(|| queues(cuda, controller, emu, opts)),
+    )])
+}
+
+/// Builds queue pairs in GPU memory on `controller`, whose transport is the software
+/// controller `emu` (transport (a)): GPU memory is registered in its device-address map and
+/// each queue's doorbells are attached as pinned-host-page words before the queue exists.
+pub fn queues(
+    cuda: &Arc<Cuda>,
+    controller: &Controller,
+    emu: &Arc<EmuDevice>,
+    opts: &GpuQueueOptions,
+) -> Result<GpuQueues, GpuError> {
+    let p = plan(controller.info(), opts)?;
+    let Plan {
+        depth,
+        slot_buffer_bytes,
+        count,
+        ..
+    } = p;
+
+    let started = Instant::now();
+    let kernels = Kernels::load(cuda)?;
+    let t_kernels = started.elapsed();
+    let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+    let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+    // Every client kernel loaded before any of them spins (lazy loading: see
+    // `Kernels::warm_up_clients`).
+    kernels.warm_up_clients(cuda, &client_stream)?;
+    // One copy engine per controller thread, each warmed up on its own stream.
+    let emu_kernels = EmuKernels::load(cuda)?;
+    let t_warm = started.elapsed();
+    let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
+    let readahead = readahead_from(
+        env_choice::var(READAHEAD_ENV).as_deref(),
+        match engine.cold_reads() {
+            ColdReads::Direct => 0,
+            ColdReads::Buffered | ColdReads::Prefetch => READAHEAD_WALKERS,
+        },
+    )?;
+    let prefetch_readers = crate::prefetch::readers_from_env()?;
+    let t_engines = started.elapsed();
+    let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
+    let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0).with_protection(controller)?;
+    let map = emu.address_map();
+    let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
+    let rings = RingPlacement::from_env(opts.host_rings)?;
+
+    let mut pairs = Vec::with_capacity(count as usize);
+    for q in 0..count as usize {
+        let mem = match rings {
+            RingPlacement::Gpu => gpu_pair_memory(cuda, &p, register_as)?,
+            RingPlacement::Host => host_pair_memory(cuda, emu, &engine, &p)?,
+        };
+        let (state, slots) = alloc_protocol_state(cuda, depth)?;
+        let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
+        let cq_word = Arc::new(PinnedDoorbell::new(
+            doorbells.clone(),
+            q * DOORBELL_STRIDE + 4,
+        ));
+        sq_word.reset();
+        cq_word.reset();
+        let (sq_db, cq_db) = (sq_word.device_ptr(), cq_word.device_ptr());
+        let created = controller.create_queue_pair_on_with(
+            QueueRegions {
+                sq: mem.sq_region.clone(),
+                sq_entries: depth,
+                cq: mem.cq_region.clone(),
+                cq_entries: depth,
+            },
+            |qid| {
+                emu.attach_external_doorbells(qid, sq_word, cq_word)
+                    .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
+            },
+        );
+        let created = created?;
+        let desc = common.desc(DescParts {
+            sq: mem.sq,
+            cq: mem.cq,
+            doorbells: (sq_db, cq_db),
+            state: state.ptr(),
+            slots: slots.ptr(),
+            prp_lists: mem.prp_lists,
+            slot_buffers: mem.slot_buffers,
+            qid: created.qid(),
+        });
+        pairs.push(GpuQueuePair {
+            created: Some(created),
+            desc,
+            state: state.clone(),
+            keep: vec![Box::new(mem.keep), Box::new(vec![state, slots])],
+        });
+    }
+    tracing::info!(
+        queues = count,
+        depth,
+        slot_buffer_bytes,
+        rings = rings.name(),
+        controller_sms = partition.controller_sms(),
+        kernels_ms = t_kernels.as_millis() as u64,
+        warm_up_ms = (t_warm - t_kernels).as_millis() as u64,
+        copy_engines_ms = (t_engines - t_warm).as_millis() as u64,
+        queue_pairs_ms = (started.elapsed() - t_engines).as_millis() as u64,
+        "GPU queues created on the software controller"
+    );
+    GpuQueues::assemble(
+        cuda,
+        QueueSetParts {
+            kind: TransportKind::SoftwareController,
+            pairs,
+            host_flags,
+            keep: Box::new(doorbells),
+            client_stream,
+            kernels,
+            partition,
+            plan: p,
+            backend: Arc::new(SoftwareTransport {
+                emu: emu.clone(),
+                engine,
+                rings,
+                readahead,
+                prefetch_readers,
+            }),
+        },
+    )
+}
