@@ -135,7 +135,7 @@ fn main() -> Result<()> {
     };
     let mut rows = Vec::new();
     let result = (|| -> Result<()> {
-        let files = GpuFiles::new(q, GpuFilesOptions::default());
+        let files = GpuFiles::new(q, GpuFilesOptions::from_env()?);
         let gfiles = [files.open(&offsets_file)?, files.open(&cols_file)?];
         for &(capacity, pct) in &capacities {
             let mut cache = args.cache.new_cache(q, capacity)?;

@@ -217,11 +217,11 @@ fn pass(
     // Both kernels take (cache, range, plain, mode, elem_bytes, n, iters, ..., out).
     let (kernel, mode, tail) = match what {
         Pass::Bench(mode) => (
-            q.kernels().cache_bench,
+            q.kernels().tools()?.cache_bench,
             mode,
             vec![Arg::U64(SEED), Arg::U64(scratch.ptr())],
         ),
-        Pass::Scan { cursor } => (q.kernels().cache_bench_scan, cursor as u32, vec![]),
+        Pass::Scan { cursor } => (q.kernels().tools()?.cache_bench_scan, cursor as u32, vec![]),
     };
     let mut args = vec![
         Arg::U64(cache.map_or(0, |c| c.descriptor())),

@@ -71,7 +71,7 @@ fn main() -> Result<()> {
 
     let setup = opened.gpu(&args.dev)?;
     let result = (|| -> Result<()> {
-        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
         let gfile = files.open(&file).context("opening the file for the GPU")?;
         let watch = || gpu::watchdog(&opened.ctrl, &opened.backend, setup.model.as_ref());
 

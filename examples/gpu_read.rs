@@ -54,7 +54,7 @@ fn main() -> Result<()> {
 
     let setup = opened.gpu(&args.dev)?;
     let result = (|| -> Result<()> {
-        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
         let gfile = files.open(&file).context("opening the file for the GPU")?;
         let size = gfile.size();
         ensure!(

@@ -114,7 +114,7 @@ fn main() -> Result<()> {
 
     let setup = opened.gpu(&args.dev)?;
     let result = (|| -> Result<(u32, f64)> {
-        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
         let watch = || gpu::watchdog(&opened.ctrl, &opened.backend, setup.model.as_ref());
         // 2. The checkpoint, made on the GPU and written by GPU-issued commands.
         let buf = setup

@@ -1,7 +1,8 @@
 //! With the `host-gpu` feature, compiles the project's CUDA sources for the host: g++ builds
-//! `ptx/host/gpunvme_host.cpp` (the CPU runtime standing in for the GPU, which includes
-//! `ptx/kernels/gpunvme_kernels.cu` and the emulated controllers' `ptx/emu/gpunvme_emu_kernels.cu`
-//! against `ptx/host/gpunvme_host.h`) into the static library `gpunvme_host` that
+//! `ptx/host/gpunvme_host.cpp` (the CPU runtime standing in for the GPU, which includes the
+//! runtime's `ptx/kernels/gpunvme_kernels.cu`, the tools' `ptx/kernels/gpunvme_tool_kernels.cu`
+//! and the emulated controllers' `ptx/emu/gpunvme_emu_kernels.cu` against
+//! `ptx/host/gpunvme_host.h`) into the static library `gpunvme_host` that
 //! `src/ffi/host_gpu.rs` calls. Without the feature (the default, CUDA build) it does nothing.
 
 fn main() {
@@ -18,6 +19,7 @@ fn host_gpu() {
         "../ptx/host",
         "../ptx/include",
         "../ptx/kernels/gpunvme_kernels.cu",
+        "../ptx/kernels/gpunvme_tool_kernels.cu",
         "../ptx/kernels/gpunvme_cache_kernels.cu",
         "../ptx/emu/gpunvme_controller.cuh",
         "../ptx/emu/gpunvme_emu_kernels.cu",

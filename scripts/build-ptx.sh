@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Regenerates the committed PTX of the two kernel modules with nvcc 13.0 (PyPI wheels):
-#   ptx/kernels/gpunvme_kernels.ptx      the project's kernels (embedded by gpu_queues)
-#   ptx/emu/gpunvme_emu_kernels.ptx      the emulated controllers' kernels (embedded by gpu_emu)
+# Regenerates the committed PTX of the three kernel modules with nvcc 13.0 (PyPI wheels):
+#   ptx/kernels/gpunvme_kernels.ptx       the runtime's kernels (embedded by gpu_queues, loaded
+#                                         by every embedder)
+#   ptx/kernels/gpunvme_tool_kernels.ptx  the tests', benchmarks', examples' and perf's kernels
+#                                         (embedded by gpu_queues, loaded by those who use them)
+#   ptx/emu/gpunvme_emu_kernels.ptx       the emulated controllers' kernels (embedded by gpu_emu)
 # and, with --check, fails if a committed PTX differs or if ptxas cannot assemble it for
 # sm_80 and sm_90. The compiler is pinned: the GPU machine's driver (580, CUDA 13.0) cannot load
 # PTX from newer compilers.
@@ -60,5 +63,6 @@ build() {  # build SRC OUT: one module
     fi
 }
 build ptx/kernels/gpunvme_kernels.cu ptx/kernels/gpunvme_kernels.ptx
+build ptx/kernels/gpunvme_tool_kernels.cu ptx/kernels/gpunvme_tool_kernels.ptx
 build ptx/emu/gpunvme_emu_kernels.cu ptx/emu/gpunvme_emu_kernels.ptx
 exit $status

@@ -92,10 +92,14 @@ def normal_deps(path):
 # Crates only a command needs: never a normal dependency of the library or of what it uses.
 CLI_ONLY = {"gpunvme-cli", "clap", "indicatif", "ctrlc", "hdrhistogram", "tracing-subscriber", "anyhow"}
 TEST_ONLY = {"nvme_null"}
-LIBRARY = ["gpunvme", "nvme/spec", "nvme", "nvme/emu", "vfio", "gpu-queues", "gpu-queues/emu",
+LIBRARY = ["gpunvme", "settings", "nvme/spec", "nvme", "nvme/emu", "vfio", "gpu-queues", "gpu-queues/emu",
            "blockfs", "blockfs/gpu"]
 
+ALL_CRATES = {"nvme_spec", "nvme", "nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs",
+              "blockfs_gpu", "gpunvme"}
 forbidden = {
+    # The settings table sits below everything.
+    "settings": ALL_CRATES,
     "nvme/spec": {"nvme", "nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
     "nvme": {"nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
     "gpu-queues": {"nvme_emu", "gpu_emu", "blockfs", "blockfs_gpu"},

@@ -3,7 +3,7 @@
 # packs them under stable names into .gpu-bin/bins.tgz (ignored by git: add `/.gpu-bin/` to
 # .git/info/exclude), to be carried there (the scripts unpack it):
 #   .gpu-bin/gpunvme        the CLI
-#   .gpu-bin/gpu-tests      tests/gpu.rs (the GPU suite; its tests are #[ignore]d
+#   .gpu-bin/gpu-tests      tests/gpu/ (the GPU suite; its tests are #[ignore]d
 #                           here and run with --include-ignored there)
 #   .gpu-bin/cpu-client     gpu-queues/tests/cpu_client.rs (the protocol from CPU threads), if built
 #   .gpu-bin/gpu_read, gpu_random, gpu_write, load_safetensors   the GPU file examples

@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--quick]
 #
-# 1. the GPU tests (tests/gpu.rs, the software controller's hostile modes on) with
+# 1. the GPU tests (tests/gpu/, the software controller's hostile modes on) with
 #    --include-ignored: every transfer shape,
 #    512/4096-byte LBAs, SQ/CQ wrap-around, many queues, out-of-order completions, media
 #    error, dropped completion, controller fatal, GPU and CPU queues together; the same faults

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite's logic on CPU threads, no GPU needed (`host-gpu` feature: the project's CUDA
 # sources compiled by g++ and run with one OS thread per GPU thread; see docs/testing.md). The
-# suite is the top-level package's tests/gpu.rs (runtime, both emulated controllers, files and
+# suite is the top-level package's tests/gpu/ (runtime, both emulated controllers, files and
 # perf on the GPU). CI runs the default subset: the tests that finish in seconds to
 # half a minute each on 2 cores, covering the device code of the header (every transfer shape,
 # media errors, controller fatal), the file layer (`ptx/include/gpunvme_file.cuh`: all four `files::`

@@ -74,7 +74,7 @@ print(json.dumps({k: j.get(k) for k in ("rw", "bs", "qd", "queues", "ios", "iops
 done
 
 # 1b. The GPU suite's transfer shapes (512/4096) and wrap-around (8 queues of 16 and 32
-#     entries, both client styles) on SPDK's controllers (tests/gpu.rs `spdk::`), plain and
+#     entries, both client styles) on SPDK's controllers (tests/gpu/spdk.rs `spdk::`), plain and
 #     under racecheck and synccheck.
 for tool in none racecheck synccheck; do
     if [ "$tool" = none ]; then [ "$SAN" != 2 ] || continue; else [ "$SAN" != 0 ] || continue; fi

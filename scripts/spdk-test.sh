@@ -15,7 +15,7 @@
 # CUDA sources running on CPU threads (the `host-gpu` build; no GPU): `perf --gpu --verify` in
 # four patterns on the 512- and the 4096-byte namespace, `fs get --gpu` (CRCs compared) and
 # `fs put --gpu` (read back through CPU queues) of a 100 MB file on the AIO controller, and the
-# GPU suite's transfer shapes and wrap-around on SPDK (tests/gpu.rs `spdk::`).
+# GPU suite's transfer shapes and wrap-around on SPDK (tests/gpu/spdk.rs `spdk::`).
 #
 # Usage: scripts/spdk-test.sh [--no-build] [--keep DIR] [--host-gpu]
 #   --no-build  use target/release/gpunvme (and target/debug/gpunvme for --host-gpu) as they are
@@ -219,7 +219,7 @@ if [ "$host_gpu" = yes ]; then
 fi
 
 # --- the GPU suite's transfer shapes and wrap-around on SPDK's controllers (host-gpu) --------
-# tests/gpu.rs `spdk::` (GPUNVME_TEST_SPDK_DIR names this target). 512 emulated GPU threads,
+# tests/gpu/spdk.rs `spdk::` (GPUNVME_TEST_SPDK_DIR names this target). 512 emulated GPU threads,
 # not the harness's 4096: nvmf_tgt's reactor busy-polls one of this machine's cores, and 4096
 # spinning CPU threads on the rest make a 20 000-command batch take minutes.
 if [ "$host_gpu" = yes ]; then

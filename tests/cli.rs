@@ -608,7 +608,7 @@ fn perf_runs_on_every_controller_at_once() {
         );
     }
     // --gpu runs on each controller too, and the GPU-resident model as one model per
-    // controller (tests/gpu.rs and scripts/gpu-scale-bench.sh, on a GPU); without one, both
+    // controller (tests/gpu/ and scripts/gpu-scale-bench.sh, on a GPU); without one, both
     // say so.
     if !gpunvme::gpu_queues::cuda_present() {
         for ctl in ["emu", "gpu"] {

@@ -99,9 +99,11 @@ pub fn gpu_gather(q: &GpuQueues, src: Source<'_>, dim: u32, idx: &[u64]) -> Resu
     let out = DeviceMemory::alloc(cuda, words.max(1) * 4)?;
     let errors = DeviceMemory::alloc(cuda, 8)?;
     let (cache, range, plain) = src.array(0);
+    // The tools' kernel (its module loaded at the first use, before the clock starts).
+    let gather = q.kernels().tools()?.cache_gather;
     let start = Instant::now();
     q.client_stream().launch(
-        q.kernels().cache_gather,
+        gather,
         grid_for(q, n as u64),
         super::BLOCK,
         &[

@@ -255,6 +255,8 @@ pub fn gpu_bfs(
         }
     };
     let cuda = q.cuda();
+    // The BFS kernels are the tools' (loaded at the first use, before anything is timed).
+    let tools = q.kernels().tools()?;
     let n = vertices as usize;
     let mut levels = vec![UNVISITED; n];
     levels[root as usize] = 0;
@@ -317,19 +319,19 @@ pub fn gpu_bfs(
         ];
         if up {
             let tail = [reverse, Arg::U64(counters.ptr() + 24)];
-            launch(q.kernels().cache_bfs_up, &[&common[..], &tail].concat())?;
+            launch(tools.cache_bfs_up, &[&common[..], &tail].concat())?;
         } else {
             let tail = [
                 Arg::U64(heavy.map_or(0, |h| h.ptr())),
                 Arg::U32(segment),
                 reverse,
             ];
-            launch(q.kernels().cache_bfs_level, &[&common[..], &tail].concat())?;
+            launch(tools.cache_bfs_level, &[&common[..], &tail].concat())?;
         }
         if let Some(h) = heavy {
             // Same stream: it starts when the level kernel has ended and published its list.
             launch(
-                q.kernels().cache_bfs_heavy,
+                tools.cache_bfs_heavy,
                 &[
                     Arg::U64(cache),
                     Arg::U32(r_col),

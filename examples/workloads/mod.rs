@@ -1,7 +1,7 @@
 //! The page cache's example workloads (`examples/gpu_bfs.rs`, `examples/gpu_embedding.rs`,
 //! `scripts/gpu-cache-bench.sh`; the GPU tests include them too): their data, their CPU references, and the host side of their
 //! GPU kernels (`gpunvme_cache_bfs_level`, `gpunvme_cache_gather` in
-//! `ptx/kernels/gpunvme_cache_kernels.cu`), which read through a [`GpuCache`] or from a plain
+//! `ptx/kernels/gpunvme_cache_kernels.cu`, the tools' module: `Kernels::tools`), which read through a [`GpuCache`] or from a plain
 //! pointer (GPU memory, or unified memory: the baselines) with one source.
 //!
 //! - [`graph`]: seeded R-MAT graphs in CSR form, BFS on the CPU and on the GPU;

@@ -1,5 +1,5 @@
 //! The structs shared with the CUDA side, byte for byte: `#[repr(C)]` mirrors of
-//! `ptx/include/gpunvme.cuh` and `ptx/kernels/gpunvme_kernels.cu`, with the header's status
+//! `ptx/include/gpunvme.cuh` and the kernels' sources in `ptx/kernels/`, with the header's status
 //! codes. (The file layer's structs are mirrored in `blockfs_gpu::desc`, the emulated
 //! controllers' in `gpu_emu::desc`.)
 //!
@@ -16,10 +16,17 @@ pub const HEADER: &str = include_str!("../../ptx/include/gpunvme.cuh");
 pub const FILE_CUH: &str = include_str!("../../ptx/include/gpunvme_file.cuh");
 /// The page cache's device header (`gpunvme::cache`, `gpunvme::array<T>`), as committed.
 pub const CACHE_CUH: &str = include_str!("../../ptx/include/gpunvme_cache.cuh");
-/// The project's kernels' source, as committed.
+/// The runtime's kernels' source (the module every embedder loads), as committed.
 pub const KERNELS_CU: &str = include_str!("../../ptx/kernels/gpunvme_kernels.cu");
-/// The project's kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded at run time.
+/// The runtime's kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded at run time
+/// ([`crate::kernels::Kernels`]).
 pub const KERNELS_PTX: &str = include_str!("../../ptx/kernels/gpunvme_kernels.ptx");
+/// The tools' kernels' source (the perf kernel, the tests', benchmarks' and examples' kernels),
+/// as committed; it `#include`s `ptx/kernels/gpunvme_cache_kernels.cu`.
+pub const TOOL_KERNELS_CU: &str = include_str!("../../ptx/kernels/gpunvme_tool_kernels.cu");
+/// The tools' kernels' PTX (nvcc 13.0, compute_80), embedded and JIT-loaded only when asked for
+/// ([`crate::kernels::ToolKernels`]).
+pub const TOOL_KERNELS_PTX: &str = include_str!("../../ptx/kernels/gpunvme_tool_kernels.ptx");
 
 /// One I/O queue pair as kernels see it (`gpunvme::queue_desc`).
 #[repr(C)]
@@ -145,7 +152,7 @@ pub struct IoReq {
 }
 const _: () = assert!(size_of::<IoReq>() == 32);
 
-/// Parameters of the perf kernel (`perf_params` in gpunvme_kernels.cu).
+/// Parameters of the perf kernel (`perf_params` in gpunvme_tool_kernels.cu).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct PerfParams {
@@ -588,6 +595,7 @@ mod tests {
     fn defines() -> HashMap<String, u64> {
         let mut m: HashMap<String, u64> = header_defines(HEADER).into_iter().collect();
         m.extend(header_defines(KERNELS_CU));
+        m.extend(header_defines(TOOL_KERNELS_CU));
         m.extend(header_defines(CACHE_CUH));
         m
     }
@@ -648,7 +656,7 @@ mod tests {
             ("DONE_BIT", DONE_BIT as usize),
             ("HOST_ABORT", HOST_ABORT as usize),
         ];
-        check_defines(&[HEADER, KERNELS_CU], want, "Rust layout").unwrap();
+        check_defines(&[HEADER, KERNELS_CU, TOOL_KERNELS_CU], want, "Rust layout").unwrap();
         for code in 0..9 {
             let name = match DeviceStatus::from_code(code) {
                 DeviceStatus::Ok => "OK",
@@ -808,37 +816,71 @@ mod tests {
         assert_eq!(floors[LAT_BUCKETS], u64::MAX);
     }
 
+    /// The runtime's kernels (every embedder loads them).
+    const RUNTIME_KERNELS: &[&str] = &[
+        "gpunvme_io_batch",
+        "gpunvme_pattern",
+        "gpunvme_warmup",
+        "gpunvme_file_rw",
+        "gpunvme_crc32c",
+        "gpunvme_crc32c_combine",
+        "gpunvme_cache_flush",
+    ];
+
+    /// The tools' kernels (perf, tests, benchmarks, examples).
+    const TOOL_KERNELS: &[&str] = &[
+        "gpunvme_perf",
+        "gpunvme_rw_range",
+        "gpunvme_cache_test",
+        "gpunvme_cache_pin_test",
+        "gpunvme_cache_bench",
+        "gpunvme_cache_bench_scan",
+        "gpunvme_cache_bfs_level",
+        "gpunvme_cache_gather",
+        "gpunvme_cache_bfs_heavy",
+        "gpunvme_cache_bfs_up",
+    ];
+
+    fn has_entry(ptx: &str, k: &str) -> bool {
+        ptx.contains(&format!(".entry {k}("))
+    }
+
     #[test]
     fn ptx_is_embedded_with_every_kernel() {
-        for k in [
-            "gpunvme_perf",
-            "gpunvme_io_batch",
-            "gpunvme_rw_range",
-            "gpunvme_pattern",
-            "gpunvme_warmup",
-            "gpunvme_file_rw",
-            "gpunvme_crc32c",
-            "gpunvme_crc32c_combine",
-            "gpunvme_cache_test",
-            "gpunvme_cache_pin_test",
-            "gpunvme_cache_bench",
-            "gpunvme_cache_bench_scan",
-            "gpunvme_cache_flush",
-            "gpunvme_cache_bfs_level",
-            "gpunvme_cache_gather",
-            "gpunvme_cache_bfs_heavy",
-            "gpunvme_cache_bfs_up",
-        ] {
+        for k in RUNTIME_KERNELS {
             assert!(
-                KERNELS_PTX.contains(&format!(".entry {k}(")),
-                "{k} missing from the PTX"
+                has_entry(KERNELS_PTX, k),
+                "{k} missing from the runtime's PTX"
             );
+            assert!(!has_entry(TOOL_KERNELS_PTX, k), "{k} in the tools' PTX too");
         }
-        assert!(KERNELS_PTX.contains(".target sm_80"));
-        // The emulated controllers' kernels are not the runtime's.
-        for k in ["gpunvme_scatter", "gpunvme_gather", "gpunvme_controller"] {
-            assert!(!KERNELS_PTX.contains(&format!(".entry {k}(")), "{k}");
+        for k in TOOL_KERNELS {
+            assert!(
+                has_entry(TOOL_KERNELS_PTX, k),
+                "{k} missing from the tools' PTX"
+            );
+            assert!(!has_entry(KERNELS_PTX, k), "{k} in the runtime's PTX");
         }
-        assert!(KERNELS_PTX.contains("st.mmio.relaxed.sys.global.u32"));
+        for ptx in [KERNELS_PTX, TOOL_KERNELS_PTX] {
+            assert!(ptx.contains(".target sm_80"));
+            // The emulated controllers' kernels are not the runtime's.
+            for k in ["gpunvme_scatter", "gpunvme_gather", "gpunvme_controller"] {
+                assert!(!has_entry(ptx, k), "{k}");
+            }
+            assert!(ptx.contains("st.mmio.relaxed.sys.global.u32"));
+        }
+        // Every entry of either module is one the tests above name (a new kernel is placed
+        // in one module or the other on purpose).
+        for ptx in [KERNELS_PTX, TOOL_KERNELS_PTX] {
+            for line in ptx.lines() {
+                if let Some(rest) = line.trim_start().strip_prefix(".visible .entry ") {
+                    let name = rest.split('(').next().unwrap_or_default();
+                    assert!(
+                        RUNTIME_KERNELS.contains(&name) || TOOL_KERNELS.contains(&name),
+                        "{name} is in neither list"
+                    );
+                }
+            }
+        }
     }
 }

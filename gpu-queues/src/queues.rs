@@ -39,10 +39,11 @@ pub struct GpuQueueOptions {
     pub depth: Option<u32>,
     /// Bytes of each slot's data buffer (default: the controller's maximum transfer).
     pub slot_buffer_bytes: Option<u32>,
-    /// Bound of every device-side wait (default 10 s, or `GPUNVME_GPU_TIMEOUT_S` seconds: tools
-    /// that slow kernels down many times, compute-sanitizer or the `host-gpu` build, need
-    /// more).
-    pub timeout: Duration,
+    /// Bound of every device-side wait. `None` (the default): decided when the queues are
+    /// made ([`GpuQueueOptions::timeout`]): the setting `GPUNVME_GPU_TIMEOUT_S`
+    /// (docs/settings.md), else 10 s on an emulated controller and [`REAL_SSD_TIMEOUT`] on a
+    /// real SSD, 120 s under compute-sanitizer, which slows kernels many times.
+    pub timeout: Option<Duration>,
     /// SMs reserved for the controller's own kernels (green context; default 8, the minimum
     /// partition on Hopper).
     pub controller_sms: u32,
@@ -61,7 +62,7 @@ impl Default for GpuQueueOptions {
             queues: None,
             depth: None,
             slot_buffer_bytes: None,
-            timeout: default_timeout(),
+            timeout: None,
             controller_sms: 8,
             host_rings: None,
         }
@@ -76,22 +77,30 @@ pub const TIMEOUT_RANGE: (Duration, Duration) =
 /// as the Linux driver's I/O timeout, where an emulated controller's 10 s is the default.
 pub const REAL_SSD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `opts.timeout` for a real SSD's queues: [`REAL_SSD_TIMEOUT`] when it is the plain default
-/// (neither the caller, nor [`TIMEOUT_ENV`], nor compute-sanitizer chose another).
-pub fn real_ssd_timeout(opts: &GpuQueueOptions) -> Duration {
-    real_ssd_timeout_from(
-        opts.timeout,
-        std::env::var_os(TIMEOUT_ENV).is_some() || under_compute_sanitizer(),
-    )
-}
+impl GpuQueueOptions {
+    /// The bound of every device-side wait on an emulated controller's queues: the options'
+    /// own, else the setting `GPUNVME_GPU_TIMEOUT_S` (an error when it holds anything but
+    /// whole seconds from 1 to 3600), else 10 s (120 s under compute-sanitizer).
+    pub fn timeout(&self) -> Result<Duration, GpuError> {
+        self.timeout_or(Duration::from_secs(10))
+    }
 
-/// [`real_ssd_timeout`] from the options' value and whether anything but the plain default
-/// could have set it.
-fn real_ssd_timeout_from(timeout: Duration, chosen_elsewhere: bool) -> Duration {
-    if !chosen_elsewhere && timeout == timeout_from(None, false) {
-        REAL_SSD_TIMEOUT
-    } else {
-        timeout
+    /// The bound on a real SSD's queues: as [`GpuQueueOptions::timeout`], with
+    /// [`REAL_SSD_TIMEOUT`] for the plain default.
+    pub fn real_ssd_timeout(&self) -> Result<Duration, GpuError> {
+        self.timeout_or(REAL_SSD_TIMEOUT)
+    }
+
+    fn timeout_or(&self, plain: Duration) -> Result<Duration, GpuError> {
+        if let Some(t) = self.timeout {
+            return Ok(t);
+        }
+        let var = gpunvme_settings::GPU_TIMEOUT_S.value();
+        timeout_from(
+            var.as_deref(),
+            gpunvme_settings::under_compute_sanitizer(),
+            plain,
+        )
     }
 }
 
@@ -100,41 +109,17 @@ fn clamp_timeout(timeout: Duration) -> u64 {
     timeout.clamp(TIMEOUT_RANGE.0, TIMEOUT_RANGE.1).as_nanos() as u64
 }
 
-/// The environment variable that sets [`GpuQueueOptions::timeout`]'s default, in seconds.
-pub const TIMEOUT_ENV: &str = "GPUNVME_GPU_TIMEOUT_S";
-
-/// 10 s (120 s under compute-sanitizer, which slows kernels many times), or [`TIMEOUT_ENV`]
-/// when it holds a number of seconds from 1 to 3600 (anything else is reported once and
-/// ignored: an options default cannot fail).
-fn default_timeout() -> Duration {
-    timeout_from(
-        std::env::var(TIMEOUT_ENV).ok().as_deref(),
-        under_compute_sanitizer(),
-    )
-}
-
-/// [`default_timeout`] from the variable's value and whether the sanitizer runs.
-fn timeout_from(var: Option<&str>, sanitizer: bool) -> Duration {
-    let default = if sanitizer {
-        Duration::from_secs(120)
-    } else {
-        Duration::from_secs(10)
-    };
-    match var {
-        None => default,
-        Some(v) => match v.trim().parse::<u64>() {
-            Ok(s) if (1..=3600).contains(&s) => Duration::from_secs(s),
-            _ => {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    tracing::warn!(
-                        "{TIMEOUT_ENV}={v:?} ignored: expected whole seconds, 1 to 3600"
-                    );
-                });
-                default
-            }
-        },
-    }
+/// The default bound from the setting's value (`var`), whether the sanitizer runs, and the
+/// plain default.
+fn timeout_from(var: Option<&str>, sanitizer: bool, plain: Duration) -> Result<Duration, GpuError> {
+    let set = gpunvme_settings::GPU_TIMEOUT_S
+        .number_in(var, 1, 3600)
+        .map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
+    Ok(match set {
+        Some(s) => Duration::from_secs(s),
+        None if sanitizer => Duration::from_secs(120),
+        None => plain,
+    })
 }
 
 /// Bound of a host wait for a kernel whose work takes milliseconds on a GPU (a CRC, a staging
@@ -155,23 +140,10 @@ fn compute_wait_from(host_gpu: bool, sanitizer: bool) -> Duration {
     }
 }
 
-/// Whether this process runs under NVIDIA's compute-sanitizer, told by the injection
-/// environment the sanitizer gives the programs it launches (`NV_SANITIZER_INJECTION_*`, or an
-/// `*_INJECTION64_PATH` naming its library; seen with compute-sanitizer 2025.3, CUDA 13.0).
-/// The sanitizer runs one kernel at a time and slows each many times, so the GPU queues' waits
-/// get a longer default bound and the software controller copies without kernels of its own.
-pub fn under_compute_sanitizer() -> bool {
-    sanitizer_in(|k| std::env::var(k).ok())
-}
-
-/// [`under_compute_sanitizer`] over any environment.
-fn sanitizer_in(get: impl Fn(&str) -> Option<String>) -> bool {
-    get("NV_SANITIZER_INJECTION_PORT_BASE").is_some()
-        || get("NV_SANITIZER_INJECTION_TRANSPORT_TYPE").is_some()
-        || ["CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH"]
-            .iter()
-            .any(|k| get(k).is_some_and(|v| v.contains("sanitizer")))
-}
+/// Whether this process runs under NVIDIA's compute-sanitizer (its own injection
+/// environment): waits get a longer default bound, and the software controller copies without
+/// kernels of its own.
+pub use gpunvme_settings::under_compute_sanitizer;
 
 /// Queue geometry every transport derives the same way from the controller and the options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -827,18 +799,18 @@ mod tests {
 
     #[test]
     fn real_ssds_wait_thirty_seconds_unless_told_otherwise() {
+        let ten = Duration::from_secs(10);
         assert_eq!(
-            real_ssd_timeout_from(Duration::from_secs(10), false),
+            timeout_from(None, false, REAL_SSD_TIMEOUT).unwrap(),
             REAL_SSD_TIMEOUT
         );
-        assert_eq!(
-            real_ssd_timeout_from(Duration::from_secs(10), true),
-            Duration::from_secs(10)
-        );
-        assert_eq!(
-            real_ssd_timeout_from(Duration::from_secs(3), false),
-            Duration::from_secs(3)
-        );
+        assert_eq!(timeout_from(None, false, ten).unwrap(), ten);
+        let three = GpuQueueOptions {
+            timeout: Some(Duration::from_secs(3)),
+            ..Default::default()
+        };
+        assert_eq!(three.real_ssd_timeout().unwrap(), Duration::from_secs(3));
+        assert_eq!(three.timeout().unwrap(), Duration::from_secs(3));
     }
 
     #[test]
@@ -865,34 +837,22 @@ mod tests {
     }
 
     #[test]
-    fn the_sanitizer_is_told_by_its_injection_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert!(!sanitizer_in(env(&[])));
-        assert!(!sanitizer_in(env(&[(
-            "CUDA_INJECTION64_PATH",
-            "libnsys.so"
-        )])));
-        assert!(sanitizer_in(env(&[(
-            "NVTX_INJECTION64_PATH",
-            "libsanitizer-collection.so"
-        )])));
-        assert!(sanitizer_in(env(&[(
-            "NV_SANITIZER_INJECTION_PORT_BASE",
-            "49152"
-        )])));
-        // The default bound follows; the variable still rules.
-        assert_eq!(timeout_from(None, false), Duration::from_secs(10));
-        assert_eq!(timeout_from(None, true), Duration::from_secs(120));
-        assert_eq!(timeout_from(Some("30"), true), Duration::from_secs(30));
-        assert_eq!(timeout_from(Some("0"), false), Duration::from_secs(10));
-        assert_eq!(timeout_from(Some("x"), true), Duration::from_secs(120));
+    fn the_default_bounds_follow_the_setting_and_the_sanitizer() {
+        // The setting rules; the sanitizer lengthens the default; a bad value is an error.
+        let ten = Duration::from_secs(10);
+        assert_eq!(timeout_from(None, false, ten).unwrap(), ten);
+        assert_eq!(
+            timeout_from(None, true, ten).unwrap(),
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            timeout_from(Some("30"), true, ten).unwrap(),
+            Duration::from_secs(30)
+        );
+        for bad in ["0", "x", "3601"] {
+            let e = timeout_from(Some(bad), false, ten).unwrap_err().to_string();
+            assert!(e.contains("GPUNVME_GPU_TIMEOUT_S="), "{e}");
+        }
         // Compute kernels: a minute on a GPU, ten on CPU threads or under the sanitizer.
         assert_eq!(compute_wait_from(false, false), Duration::from_secs(60));
         assert_eq!(compute_wait_from(true, false), Duration::from_secs(600));

@@ -453,7 +453,7 @@ pub fn get(
     let (cuda, setup) = setup(ctrl, backend, opts)?;
     let setup_seconds = started.elapsed().as_secs_f64();
     let result = (|| {
-        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+        let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
         let gfile = files.open(&file).context("opening the file for the GPU")?;
         let size = gfile.size();
         let buf = setup
@@ -577,7 +577,7 @@ pub fn get_volume(
     let setup_seconds = started.elapsed().as_secs_f64();
     let result = (|| {
         let queues: Vec<&gpu_queues::GpuQueues> = setups.iter().map(|s| &s.queues).collect();
-        let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::default());
+        let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::from_env()?);
         let vfile = vf
             .open(volume, &file)
             .context("opening the file for the GPU")?;

@@ -150,7 +150,7 @@ pub fn read_into(
     if n == 0 {
         return Ok(GpuIoReport::new(name, 0, 0.0, false, setup, false));
     }
-    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
     let gfile = files.open(&file).context("opening the file for the GPU")?;
     let t0 = Instant::now();
     let mapped = match path {
@@ -247,7 +247,7 @@ pub fn write_pieces(
 ) -> Result<GpuIoReport> {
     let name = file.name().to_owned();
     let total: u64 = pieces.iter().map(Piece::len).sum();
-    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
     let gfile = files.reserve(file, total).context("reserving the file")?;
     let t0 = Instant::now();
     let mut crc = 0u32;
@@ -298,7 +298,7 @@ pub fn write_pieces_volume(
     let name = file.name().to_owned();
     let total: u64 = pieces.iter().map(Piece::len).sum();
     let queues: Vec<&gpu_queues::GpuQueues> = setups.iter().map(|s| &s.queues).collect();
-    let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::default());
+    let vf = blockfs_gpu::VolumeFiles::new(&queues, GpuFilesOptions::from_env()?);
     let reservation = vf
         .reserve(volume, file, total)
         .context("reserving the file")?;

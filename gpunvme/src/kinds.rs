@@ -129,7 +129,7 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
         use crate::safetensors::SafetensorsError as S;
         return Some(match e {
             S::Format { .. } => ErrorKind::Corrupt,
-            S::Duplicate { .. } => ErrorKind::InvalidArgument,
+            S::Duplicate { .. } | S::InvalidArgument(_) => ErrorKind::InvalidArgument,
             S::Fs(e) => blockfs_kind(e),
             S::Gpu(_) => ErrorKind::Device,
         });

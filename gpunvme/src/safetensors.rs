@@ -50,6 +50,9 @@ pub enum SafetensorsError {
     /// A GPU read failed, or the GPU could not be used.
     #[error("loading on the GPU: {0}")]
     Gpu(String),
+    /// An option or setting that cannot be used (e.g. a bad `GPUNVME_FILE_*` value).
+    #[error("{0}")]
+    InvalidArgument(String),
 }
 
 /// An element type of the format.
@@ -476,7 +479,11 @@ pub fn load_with<R>(
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
     let t0 = std::time::Instant::now();
-    let gfiles = GpuFiles::new(&setup.queues, GpuFilesOptions::default());
+    let gfiles = GpuFiles::new(
+        &setup.queues,
+        GpuFilesOptions::from_env()
+            .map_err(|e| SafetensorsError::InvalidArgument(e.to_string()))?,
+    );
     let opened = files
         .iter()
         .map(|(f, _)| gfiles.open(f))

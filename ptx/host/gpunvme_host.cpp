@@ -1,4 +1,5 @@
-// gpunvme_host.cpp — runs the project's CUDA kernels (ptx/kernels/gpunvme_kernels.cu and the
+// gpunvme_host.cpp — runs the project's CUDA kernels (the runtime's
+// ptx/kernels/gpunvme_kernels.cu, the tools' ptx/kernels/gpunvme_tool_kernels.cu and the
 // emulated controllers' ptx/emu/gpunvme_emu_kernels.cu, compiled here by g++ against
 // gpunvme_host.h) on CPU threads: the runtime behind gpu_queues' `host-gpu` feature. It stands in
 // for the GPU, so every module of the project's device code is loaded in it, as a GPU can load
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "../kernels/gpunvme_kernels.cu"
+#include "../kernels/gpunvme_tool_kernels.cu"
 #include "../emu/gpunvme_emu_kernels.cu"
 
 namespace gpunvme_host {

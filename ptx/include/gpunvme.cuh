@@ -12,7 +12,7 @@
 // are checked on this side by static_assert and on the Rust side by the tests in
 // gpu-queues/src/desc.rs that parse this file (header_matches_rust_layouts,
 // header_matches_nvme_spec_wire_offsets), so a change on either side fails the build. The
-// protocol below is exercised on a GPU by tests/gpu.rs (scripts/gpu-test.sh) and on CPU threads
+// protocol below is exercised on a GPU by tests/gpu/ (scripts/gpu-test.sh) and on CPU threads
 // by a subset of those tests under the host-gpu harness (scripts/host-gpu-test.sh).
 //
 // THE QUEUE PROTOCOL (one SQ and one CQ of `depth` entries, depth a power of two):

@@ -1,7 +1,9 @@
 // gpunvme_cache_kernels.cu — the project's kernels over the page cache
-// (ptx/include/gpunvme_cache.cuh): thin loops over its calls, for the tests and tools.
-// #included at the end of gpunvme_kernels.cu, so they are the same module and PTX (loaded, and
-// launched once, before a GPU-resident controller spins: Kernels::warm_up_clients).
+// (ptx/include/gpunvme_cache.cuh) for the tests, benchmarks and examples: thin loops over its
+// calls. #included at the end of gpunvme_tool_kernels.cu, so they are that module and PTX (loaded
+// by those who use them, and launched once before a GPU-resident controller spins:
+// ToolKernels::warm_up_clients). The cache's write-back kernel, which embedders use
+// (GpuCache::flush), is in the runtime's module, gpunvme_kernels.cu.
 #include "gpunvme_cache.cuh"
 
 // The kernels that time hits are bounded to 128 registers (__launch_bounds__(256, 2): two
@@ -47,22 +49,6 @@ extern "C" __global__ void gpunvme_cache_test(const cache::cache_desc* c, uint32
             if (!store) values[k] = v;
             statuses[k] = (uint32_t)s | holders;
         }
-    }
-}
-
-/// Writes back every dirty page of the cache (GpuCache::flush): thread t takes a contiguous
-/// share of the frames (cache::flush_frames_thread) and the first failure goes to *out (which
-/// the host zeroes). Launch when no kernel stores into the cache. A null cache returns at once
-/// (warm-up).
-extern "C" __global__ void gpunvme_cache_flush(const cache::cache_desc* c, uint32_t* out) {
-    if (c == nullptr) return;
-    const uint64_t gtid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
-    const uint64_t per = (c->nframes + nthreads - 1) / nthreads;
-    const status s = cache::flush_frames_thread(*c, gtid * per, per);
-    if (s) {
-        uint32_t expected = 0;
-        dev_u32(*out).compare_exchange_strong(expected, (uint32_t)s, cuda::memory_order_relaxed);
     }
 }
 

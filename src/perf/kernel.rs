@@ -1,7 +1,8 @@
 //! The GPU side of `gpunvme perf --gpu`: launch the perf kernel on the clients' SM partition,
 //! wait for it (bounded, with a watchdog that aborts the device-side waits), and read back its
-//! counters and latency histogram (the kernel is `gpunvme_perf` in
-//! `ptx/kernels/gpunvme_kernels.cu`). The run around it is [`super::gpu`].
+//! counters and latency histogram (the kernel is `gpunvme_perf` in the tools' module,
+//! `ptx/kernels/gpunvme_tool_kernels.cu`: [`gpu_queues::kernels::ToolKernels`]). The run around
+//! it is [`super::gpu`].
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -301,9 +302,11 @@ pub fn run(
     let pmem = DeviceMemory::alloc(cuda, size_of::<PerfParams>())?;
     pmem.write(0, params.as_bytes())?;
 
+    // The perf kernel is the tools' (its module loaded at the first run, before the clock).
+    let perf = queues.kernels().tools()?.perf;
     let stream = queues.client_stream();
     let start = Instant::now();
-    stream.launch(queues.kernels().perf, grid, block, &[Arg::U64(pmem.ptr())])?;
+    stream.launch(perf, grid, block, &[Arg::U64(pmem.ptr())])?;
     // Bounded: the run's own length, plus every device-side wait's bound, plus slack.
     let limit = if cfg.ios == 0 {
         cfg.runtime

@@ -202,15 +202,15 @@ pub struct GpuFilesOptions {
     /// Most warps (or threads / 32) the kernel launches (default: 32 per queue... as many as
     /// every queue can keep busy: depth / 32 warps per queue).
     pub max_warps: Option<u32>,
-    /// How warps take chunks (warp mode). Default [`ChunkOrder::Claim`];
-    /// `GPUNVME_FILE_CHUNKS=claim|spread` in the environment chooses, for comparisons.
+    /// How warps take chunks (warp mode). Default [`ChunkOrder::Claim`]; the setting
+    /// `GPUNVME_FILE_CHUNKS=claim|spread` chooses ([`GpuFilesOptions::from_env`]).
     pub chunks: ChunkOrder,
-    /// Warps per queue with [`ChunkOrder::Claim`] (default 2; `GPUNVME_FILE_CLAIM_WARPS`, 1 to
-    /// 8, in the environment): enough commands in flight to keep each queue's server busy, few
+    /// Warps per queue with [`ChunkOrder::Claim`] (default 2; the setting
+    /// `GPUNVME_FILE_CLAIM_WARPS`, 1 to 8): enough commands in flight to keep each queue's server busy, few
     /// enough that when the chunks run out no queue holds much more than another.
     pub claim_warps: u32,
-    /// The fewest chunks a claim takes with [`ChunkOrder::Claim`] (default 8;
-    /// `GPUNVME_FILE_CLAIM_LEAST`, 1 to 32, in the environment): claims start at 32 chunks and
+    /// The fewest chunks a claim takes with [`ChunkOrder::Claim`] (default 8; the setting
+    /// `GPUNVME_FILE_CLAIM_LEAST`, 1 to 32): claims start at 32 chunks and
     /// shrink to this in the batch's last round ([`crate::plan::claim_size`]); 32 keeps them
     /// whole.
     pub claim_least: u32,
@@ -220,30 +220,42 @@ pub struct GpuFilesOptions {
 }
 
 impl Default for GpuFilesOptions {
+    /// The defaults, whatever the environment holds ([`GpuFilesOptions::from_env`] applies
+    /// the settings).
     fn default() -> Self {
         Self {
             warp: true,
             chunk_bytes: None,
             max_warps: None,
-            chunks: match std::env::var("GPUNVME_FILE_CHUNKS").as_deref() {
-                Ok("spread") => ChunkOrder::Spread,
-                _ => ChunkOrder::Claim,
-            },
-            claim_warps: env_within("GPUNVME_FILE_CLAIM_WARPS", 1..=8, 2),
-            claim_least: env_within("GPUNVME_FILE_CLAIM_LEAST", 1..=32, 8),
+            chunks: ChunkOrder::Claim,
+            claim_warps: 2,
+            claim_least: 8,
             timeout: Duration::from_secs(600),
         }
     }
 }
 
-/// Environment variable `name` as a number in `range`; `default` when it is unset, not a
-/// number or outside the range (the variables are for comparisons).
-fn env_within(name: &str, range: std::ops::RangeInclusive<u32>, default: u32) -> u32 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| range.contains(n))
-        .unwrap_or(default)
+impl GpuFilesOptions {
+    /// The defaults with the settings `GPUNVME_FILE_CHUNKS`, `GPUNVME_FILE_CLAIM_WARPS` and
+    /// `GPUNVME_FILE_CLAIM_LEAST` applied (docs/settings.md); a value that cannot be used is
+    /// [`FilesError::InvalidArgument`].
+    pub fn from_env() -> Result<Self, FilesError> {
+        use gpunvme_settings::{FILE_CHUNKS, FILE_CLAIM_LEAST, FILE_CLAIM_WARPS};
+        let bad = |e: gpunvme_settings::SettingError| FilesError::InvalidArgument(e.to_string());
+        let mut o = Self::default();
+        match FILE_CHUNKS.value().as_deref() {
+            None | Some("claim") => {}
+            Some("spread") => o.chunks = ChunkOrder::Spread,
+            Some(v) => return Err(bad(FILE_CHUNKS.invalid(v))),
+        }
+        if let Some(n) = FILE_CLAIM_WARPS.read_number_in(1, 8).map_err(bad)? {
+            o.claim_warps = n as u32;
+        }
+        if let Some(n) = FILE_CLAIM_LEAST.read_number_in(1, 32).map_err(bad)? {
+            o.claim_least = n as u32;
+        }
+        Ok(o)
+    }
 }
 
 /// How the batch file kernel's warps take chunks (warp mode).
@@ -252,9 +264,8 @@ pub enum ChunkOrder {
     /// A few warps per queue ([`GpuFilesOptions::claim_warps`]), each claiming its next chunks
     /// (32, fewer as the batch ends: [`crate::plan::claim_size`]) once its last ones are done,
     /// so queues served faster take more (a software controller's threads do not all run at
-    /// one speed: on the lent H200, 2026-11-28, threads with equal shares of a 1.19 GB load
-    /// finished 20 to 33 ms after its start, with claims of 32 chunks 23 to 29); a batch of
-    /// one round or less is spread as [`ChunkOrder::Spread`].
+    /// one speed, and equal shares finish at different times); a batch of one round or less
+    /// is spread as [`ChunkOrder::Spread`].
     Claim,
     /// A multiple of the queue count of warps where the cap allows, each round's chunks cut
     /// evenly over them ([`crate::plan::file_warps`], [`crate::plan::warp_span`]): every queue

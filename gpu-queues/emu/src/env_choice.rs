@@ -1,5 +1,6 @@
-//! The software controller's `GPUNVME_EMU_*` switches: one parser for every variable that
-//! names one of a few choices, so that each reads and fails the same way.
+//! The software controller's `GPUNVME_EMU_*` settings (declared in `gpunvme_settings`, read
+//! through it): one parser for every variable that names one of a few choices, so that each
+//! fails the same way.
 
 use gpu_queues::GpuError;
 
@@ -22,11 +23,6 @@ pub(crate) fn choice<T: Copy>(
         "{name}={v}: expected {}",
         words.join(" or ")
     )))
-}
-
-/// The value of environment variable `name` (`None` if unset or not UTF-8).
-pub(crate) fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok()
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //!   1.35x slower than the next (7B-shaped, H200, 2026-11-28, docs/benchmarks.md); a copy from
 //!   a mapping leaves that to the page tables' accessed bits. A page lost between the check
 //!   and the copy (evicted, then a disk error) is the Read's error, not a SIGBUS
-//!   (`gpu_queues::ffi::guarded_copy`);
+//!   (`crate::os::guarded_copy`);
 //!   with `GPUNVME_EMU_COLD_READS=direct` ([`ColdReads::Direct`]), a Read none of whose pages
 //!   is in the page cache (a cold image) is read from the disk straight into the staging
 //!   memory by direct I/O (`O_DIRECT`), as fastsafetensors reads a checkpoint: no page-cache
@@ -56,11 +56,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::{
-    DIRECT_ALIGN, MappedImage, Mapping, Residency, reopen_direct, residency,
-};
-use gpu_queues::ffi::{Cuda, PinnedMemory, guarded_copy};
+use gpu_queues::ffi::os::Mapping;
+use gpu_queues::ffi::{Cuda, PinnedMemory};
 
+use crate::os::{DIRECT_ALIGN, MappedImage, Residency, guarded_copy, reopen_direct, residency};
 use crate::prefetch::Prefetch;
 
 /// How Read data leaves the image (see the module's documentation).
@@ -79,7 +78,7 @@ impl ReadMode {
     /// The mode `GPUNVME_EMU_READS` names (unset: [`ReadMode::Mapped`] where guarded copies
     /// work, else [`ReadMode::Pread`]).
     pub fn from_env() -> Result<Self, GpuError> {
-        Self::parse(crate::env_choice::var(READS_ENV).as_deref())
+        Self::parse(gpunvme_settings::EMU_READS.value().as_deref())
     }
 
     fn parse(v: Option<&str>) -> Result<Self, GpuError> {
@@ -129,7 +128,7 @@ pub enum ColdReads {
 impl ColdReads {
     /// The choice `GPUNVME_EMU_COLD_READS` names (unset: [`ColdReads::Buffered`]).
     pub fn from_env() -> Result<Self, GpuError> {
-        Self::parse(crate::env_choice::var(COLD_READS_ENV).as_deref())
+        Self::parse(gpunvme_settings::EMU_COLD_READS.value().as_deref())
     }
 
     fn parse(v: Option<&str>) -> Result<Self, GpuError> {
@@ -143,16 +142,13 @@ impl ColdReads {
 }
 
 /// `GPUNVME_EMU_COLD_READS=direct|buffered|prefetch`: how Reads of uncached image data are read.
-const COLD_READS_ENV: &str = "GPUNVME_EMU_COLD_READS";
+const COLD_READS_ENV: &str = gpunvme_settings::EMU_COLD_READS.name;
 
 /// Bytes per window (and the alignment of windows in the file).
 pub const WINDOW_BYTES: u64 = 64 << 20;
 
 /// `GPUNVME_EMU_READS=mapped|pread|registered`: how Read data leaves the image.
-const READS_ENV: &str = "GPUNVME_EMU_READS";
-/// `GPUNVME_EMU_PIN_BUDGET=BYTES`: the most image bytes registered at once (default: half the
-/// machine's memory).
-const BUDGET_ENV: &str = "GPUNVME_EMU_PIN_BUDGET";
+const READS_ENV: &str = gpunvme_settings::EMU_READS.name;
 
 /// Which file a window belongs to: the descriptor the controller reads through, and the file
 /// behind it (so a reused descriptor number never finds another file's windows).
@@ -267,12 +263,13 @@ fn default_budget() -> u64 {
 impl ImageWindows {
     /// The windows of a controller using `cuda`: enabled when `mode` is
     /// [`ReadMode::Registered`], budgeted as `GPUNVME_EMU_PIN_BUDGET` says.
-    pub fn for_mode(cuda: &Arc<Cuda>, mode: ReadMode) -> Self {
-        let budget = std::env::var(BUDGET_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
+    /// A bad `GPUNVME_EMU_PIN_BUDGET` is an error.
+    pub fn for_mode(cuda: &Arc<Cuda>, mode: ReadMode) -> Result<Self, GpuError> {
+        let budget = gpunvme_settings::EMU_PIN_BUDGET
+            .read_number_in(1, u64::MAX)
+            .map_err(|e| GpuError::InvalidArgument(e.to_string()))?
             .unwrap_or_else(default_budget);
-        Self::new(cuda, mode == ReadMode::Registered, budget)
+        Ok(Self::new(cuda, mode == ReadMode::Registered, budget))
     }
 
     /// Windows as configured: `enabled` (else every lookup misses), at most `budget` bytes.
@@ -347,7 +344,7 @@ impl ImageWindows {
         // The run of data around the range, within the cell and the file.
         let file_len = file.metadata().ok()?.len();
         let hi = file_len.min(lo + WINDOW_BYTES);
-        let (start, stop) = match gpu_queues::ffi::os::data_run(file, file_offset, lo, hi) {
+        let (start, stop) = match crate::os::data_run(file, file_offset, lo, hi) {
             Ok(Some(run)) => run,
             _ => return None,
         };
@@ -425,7 +422,7 @@ pub enum Source {
     Read,
 }
 
-/// A descriptor of an image for direct reads ([`gpu_queues::ffi::os::reopen_direct`]), given up
+/// A descriptor of an image for direct reads ([`crate::os::reopen_direct`]), given up
 /// for the rest of the controller's life the first time the file system refuses a read on it.
 #[derive(Debug)]
 pub struct DirectFile {

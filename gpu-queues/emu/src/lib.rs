@@ -28,6 +28,7 @@ mod env_choice;
 pub mod image_reads;
 pub mod kernels;
 pub mod model;
+pub mod os;
 pub mod prefetch;
 pub mod software;
 pub mod ssd_model;

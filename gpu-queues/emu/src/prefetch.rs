@@ -33,7 +33,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use gpu_queues::ffi::os::range_cached;
+use crate::os::range_cached;
 use memmap2::MmapMut;
 use nvme_emu::MediaWrites;
 
@@ -56,11 +56,11 @@ const WAIT: Duration = Duration::from_secs(5);
 const STUCK: Duration = Duration::from_millis(5);
 
 /// `GPUNVME_EMU_PREFETCH_READERS=N`: reader threads of a prefetch.
-pub const READERS_ENV: &str = "GPUNVME_EMU_PREFETCH_READERS";
+pub const READERS_ENV: &str = gpunvme_settings::EMU_PREFETCH_READERS.name;
 
 /// The reader count `GPUNVME_EMU_PREFETCH_READERS` asks for (unset: [`READERS`]).
 pub fn readers_from_env() -> Result<usize, gpu_queues::GpuError> {
-    readers_from(crate::env_choice::var(READERS_ENV).as_deref())
+    readers_from(gpunvme_settings::EMU_PREFETCH_READERS.value().as_deref())
 }
 
 fn readers_from(v: Option<&str>) -> Result<usize, gpu_queues::GpuError> {
@@ -495,7 +495,7 @@ fn read_full(file: &File, mem: &mut [u8], offset: u64) -> std::io::Result<usize>
             // A direct read ends at the file's end, a multiple of the alignment or not; a
             // short read in between is retried from where it ended (aligned: the device
             // returns whole blocks).
-            Ok(n) if n % gpu_queues::ffi::os::DIRECT_ALIGN != 0 => {
+            Ok(n) if n % crate::os::DIRECT_ALIGN != 0 => {
                 done += n;
                 break;
             }
@@ -510,7 +510,7 @@ fn read_full(file: &File, mem: &mut [u8], offset: u64) -> std::io::Result<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpu_queues::ffi::os::{advise_dontneed, reopen_direct};
+    use crate::os::{advise_dontneed, reopen_direct};
     use std::io::Write;
 
     /// A file of `len` patterned bytes on a disk file system (not tmpfs: direct I/O; the system's

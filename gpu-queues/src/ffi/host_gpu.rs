@@ -88,22 +88,10 @@ pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
             reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
         });
     }
-    let sm_count = match std::env::var("GPUNVME_HOST_GPU_SMS") {
-        Err(std::env::VarError::NotPresent) => DEFAULT_SMS,
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                return Err(GpuError::InvalidArgument(format!(
-                    "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
-                )));
-            }
-        },
-        Err(std::env::VarError::NotUnicode(v)) => {
-            return Err(GpuError::InvalidArgument(format!(
-                "GPUNVME_HOST_GPU_SMS={v:?}: not a positive number of SMs"
-            )));
-        }
-    };
+    let sm_count = gpunvme_settings::HOST_GPU_SMS
+        .read_number_in(1, u32::MAX as u64)
+        .map_err(|e| GpuError::InvalidArgument(e.to_string()))?
+        .map_or(DEFAULT_SMS, |n| n as u32);
     Ok(Cuda {
         raw: RawCuda,
         ordinal,

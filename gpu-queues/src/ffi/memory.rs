@@ -391,51 +391,6 @@ impl PinnedMemory {
         Ok(())
     }
 
-    /// Fills `offset..offset + len` from `map` at `map_offset`: a copy out of the page cache
-    /// with no system call, and no marking of the pages as accessed beyond what a page fault
-    /// does (a `pread` moves a page read twice to the active LRU list under a lock every reader
-    /// shares; 2026-11-28, docs/benchmarks.md). A page that cannot be read (a disk error on a
-    /// page the kernel must bring back, a file truncated under the mapping) is an
-    /// [`std::io::ErrorKind::Other`] error naming the byte, not a SIGBUS
-    /// ([`super::guarded_copy`]); the bytes before it are left in place. Where guarded copies
-    /// are not available ([`super::guarded_copy::available`]): [`std::io::ErrorKind::Unsupported`].
-    ///
-    /// The caller makes sure no GPU work reads or writes the range meanwhile (as for
-    /// [`PinnedMemory::read_file_at`]).
-    pub fn copy_from_mapping(
-        &self,
-        offset: usize,
-        len: usize,
-        map: &super::os::Mapping,
-        map_offset: usize,
-    ) -> std::io::Result<()> {
-        use std::io::{Error, ErrorKind};
-        if !super::guarded_copy::available() {
-            return Err(ErrorKind::Unsupported.into());
-        }
-        if map_offset.checked_add(len).is_none_or(|e| e > map.len()) {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!(
-                    "bytes {map_offset:#x}+{len:#x} outside a mapping of {:#x}",
-                    map.len()
-                ),
-            ));
-        }
-        let dst = self.at(offset, len);
-        // SAFETY: `dst..dst + len` is inside this live allocation (checked by `at`) and no Rust
-        // reference reaches it (pinned memory is only touched through raw pointers); the
-        // source lies inside `map` (checked above), which the caller keeps alive across the
-        // call; the two cannot overlap (pinned memory is not a file mapping).
-        match unsafe { super::guarded_copy::copy(dst, map.ptr().wrapping_add(map_offset), len) } {
-            Ok(()) => Ok(()),
-            Err(copied) => Err(Error::other(format!(
-                "the page at byte {:#x} of the mapped file could not be read (SIGBUS)",
-                map_offset + copied
-            ))),
-        }
-    }
-
     /// Copies bytes at `offset` out into `buf`.
     pub fn read(&self, offset: usize, buf: &mut [u8]) {
         let p = self.at(offset, buf.len());

@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use crate::error::GpuError;
 
 mod gpu;
-pub mod guarded_copy;
 mod memory;
 pub mod os;
 

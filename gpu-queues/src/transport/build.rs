@@ -119,7 +119,7 @@ pub(crate) fn build_queues(
     // An SSD across PCIe: system-scope fences (no QF_LOCAL_PEER).
     // A real SSD: 30 s per wait unless the caller chose a bound (the emulators' 10 s is short
     // for an SSD busy with garbage collection).
-    let timeout = crate::queues::real_ssd_timeout(opts);
+    let timeout = opts.real_ssd_timeout()?;
     let common = DescCommon::new(&p, &host_flags, timeout, 0).with_protection(controller)?;
     let layout = QueueLayout::new(p.depth, p.slot_buffer_bytes, align);
 

@@ -149,7 +149,7 @@ pub fn open(
         "{} is a real controller behind VFIO, not the software controller",
         dev.address()
     );
-    let only = only_transport(std::env::var(TRANSPORT_ENV).ok().as_deref())?;
+    let only = only_transport(gpunvme_settings::GPU_TRANSPORT.value().as_deref())?;
     let d2 = dev.clone();
     fn candidate<'a>(
         only: Option<TransportKind>,
@@ -185,11 +185,11 @@ pub fn open(
     ])
 }
 
-/// The environment variable that restricts a VFIO device's GPU queues to one transport
-/// (`vfio-p2p` or `host-memory`), e.g. to bring up (c) before (b) on a new SSD.
-pub const TRANSPORT_ENV: &str = "GPUNVME_GPU_TRANSPORT";
+/// The setting that restricts a VFIO device's GPU queues to one transport (`vfio-p2p` or
+/// `host-memory`), e.g. to bring the host-memory rings up before P2P on a new SSD.
+const TRANSPORT_ENV: &str = gpunvme_settings::GPU_TRANSPORT.name;
 
-/// The transport [`TRANSPORT_ENV`] names, if set; anything but a real-SSD transport's name is
+/// The transport `GPUNVME_GPU_TRANSPORT` names, if set; anything but a real-SSD transport's name is
 /// an error (a typo must not silently try every transport).
 fn only_transport(var: Option<&str>) -> Result<Option<TransportKind>, GpuError> {
     match var.map(str::trim) {

@@ -11,26 +11,19 @@ pub const MAX_EXTERNAL_BATCH: u32 = 4096;
 /// Largest [`EmuConfig::controller_threads`].
 pub const MAX_CONTROLLER_THREADS: usize = 64;
 
-/// Environment variable that sets the automatic controller thread count
-/// ([`EmuConfig::controller_threads`] = 0), for running whole test suites with several threads.
-pub const CONTROLLER_THREADS_ENV: &str = "NVME_EMU_CONTROLLER_THREADS";
-
-/// Environment variable that decides [`ImageReads::Auto`]: `mapped` or `pread`.
-pub const IMAGE_READS_ENV: &str = "NVME_EMU_IMAGE_READS";
-
 /// How the controller reads the blocks of an image file ([`Backend::File`]).
 ///
-/// A `pread` per Read cost the controller thread more than everything else it does for a
-/// 4 KiB Read (the system call and the page-cache lookup; 4 KiB random reads on one queue:
-/// 0.58 M IOPS with `pread`, 1.25 M copying from a mapping, 2-core CPU machine, 2026-11-27).
+/// A `pread` per Read costs the controller thread more than everything else it does for a
+/// 4 KiB Read (the system call and the page-cache lookup): copying from a mapping about
+/// doubles a queue's 4 KiB random reads.
 /// A mapping turns an I/O error of the file into `SIGBUS` rather than an error status, and
 /// so does truncating the image under a running controller (which its lock forbids): hence
 /// mapped reads by default only where the image lives in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ImageReads {
     /// [`ImageReads::Mapped`] for images on tmpfs or ramfs (memory: no I/O error can come
-    /// out of a copy), [`ImageReads::Pread`] elsewhere; the environment variable
-    /// [`IMAGE_READS_ENV`] (`mapped` or `pread`) overrides the choice.
+    /// out of a copy), [`ImageReads::Pread`] elsewhere; the setting
+    /// `NVME_EMU_IMAGE_READS` (`mapped` or `pread`, docs/settings.md) overrides the choice.
     #[default]
     Auto,
     /// Every Read is a positioned read (`pread`) of the file: a failing disk gives an
@@ -50,18 +43,23 @@ pub const MAPPED_READ_MAX: usize = 64 << 10;
 
 impl ImageReads {
     /// Whether reads of an image go through a mapping: `self`, with [`ImageReads::Auto`]
-    /// decided by `env` (the value of [`IMAGE_READS_ENV`]; anything but `mapped` or `pread`
-    /// is ignored) and else by whether the image is in memory.
-    pub fn mapped(self, env: Option<&str>, in_memory: bool) -> bool {
-        match self {
+    /// decided by `env` (the value of `NVME_EMU_IMAGE_READS`: `mapped` or `pread`, anything
+    /// else an [`EmuError::InvalidConfig`]) and else by whether the image is in memory.
+    pub fn mapped(self, env: Option<&str>, in_memory: bool) -> Result<bool, EmuError> {
+        Ok(match self {
             ImageReads::Pread => false,
             ImageReads::Mapped => true,
             ImageReads::Auto => match env.map(str::trim) {
                 Some("mapped") => true,
                 Some("pread") => false,
-                _ => in_memory,
+                None | Some("") => in_memory,
+                Some(v) => {
+                    return Err(EmuError::InvalidConfig {
+                        reason: gpunvme_settings::EMU_IMAGE_READS.invalid(v).to_string(),
+                    });
+                }
             },
-        }
+        })
     }
 }
 
@@ -387,6 +385,12 @@ impl EmuConfig {
     /// Checks every value against what the controller supports.
     pub fn validate(&self) -> Result<(), EmuError> {
         let invalid = |reason: String| Err(EmuError::InvalidConfig { reason });
+        if self.controller_threads == 0
+            && let Err(e) = gpunvme_settings::EMU_CONTROLLER_THREADS
+                .read_number_in(1, MAX_CONTROLLER_THREADS as u64)
+        {
+            return invalid(e.to_string());
+        }
         if self.max_io_queue_pairs == 0 {
             return invalid("max_io_queue_pairs must be at least 1".into());
         }
@@ -447,10 +451,12 @@ impl EmuConfig {
     /// or the automatic default for 0, capped at `max_io_queue_pairs`.
     pub fn resolved_controller_threads(&self) -> usize {
         let n = match self.controller_threads {
-            0 => std::env::var(CONTROLLER_THREADS_ENV)
+            // A bad value is refused by `validate` before a controller starts.
+            0 => gpunvme_settings::EMU_CONTROLLER_THREADS
+                .read_number_in(1, MAX_CONTROLLER_THREADS as u64)
                 .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .filter(|&n| n > 0)
+                .flatten()
+                .map(|n| n as usize)
                 .unwrap_or_else(|| {
                     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
                     (cpus / 4).clamp(1, 4)

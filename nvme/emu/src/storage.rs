@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use memmap2::MmapMut;
 
-use crate::config::{Backend, IMAGE_READS_ENV, ImageReads, NamespaceConfig, open_image};
+use crate::config::{Backend, ImageReads, NamespaceConfig, open_image};
 use crate::error::EmuError;
 use crate::image_map::ImageMap;
 use crate::stripes::{STRIPE, StripedBytes, stripe_pieces, stripe_single};
@@ -192,8 +192,8 @@ impl FileMedia {
         reads: ImageReads,
     ) -> Result<Self, EmuError> {
         let file = open_image(nsid, path, bytes, read_only)?;
-        let env = std::env::var(IMAGE_READS_ENV).ok();
-        let map = if reads.mapped(env.as_deref(), in_memory(&file)) {
+        let env = gpunvme_settings::EMU_IMAGE_READS.value();
+        let map = if reads.mapped(env.as_deref(), in_memory(&file))? {
             Some(
                 ImageMap::new(&file, bytes).map_err(|source| EmuError::OpenImage {
                     path: path.to_owned(),
@@ -419,14 +419,18 @@ mod tests {
     #[test]
     fn image_reads_choice() {
         use ImageReads::*;
-        assert!(!Pread.mapped(Some("mapped"), true));
-        assert!(Mapped.mapped(Some("pread"), false));
-        assert!(Auto.mapped(None, true));
-        assert!(!Auto.mapped(None, false));
-        assert!(Auto.mapped(Some("mapped"), false));
-        assert!(!Auto.mapped(Some(" pread\n"), true));
-        assert!(Auto.mapped(Some("bogus"), true));
-        assert!(!Auto.mapped(Some(""), false));
+        assert!(!Pread.mapped(Some("mapped"), true).unwrap());
+        assert!(Mapped.mapped(Some("pread"), false).unwrap());
+        assert!(Auto.mapped(None, true).unwrap());
+        assert!(!Auto.mapped(None, false).unwrap());
+        assert!(Auto.mapped(Some("mapped"), false).unwrap());
+        assert!(!Auto.mapped(Some(" pread\n"), true).unwrap());
+        let e = Auto.mapped(Some("bogus"), true).unwrap_err().to_string();
+        assert!(
+            e.contains("NVME_EMU_IMAGE_READS=\"bogus\": expected"),
+            "{e}"
+        );
+        assert!(!Auto.mapped(Some(""), false).unwrap());
         // tmpfs counts as memory.
         match tempfile::tempfile_in("/dev/shm") {
             Ok(f) => assert!(in_memory(&f)),

@@ -13,7 +13,8 @@
 //! Transfer Error.
 //!
 //! Lifetime and bounds: the kernel is launched before any client and before any queue exists,
-//! with every client kernel already loaded ([`gpu_queues::kernels::Kernels::warm_up_clients`]);
+//! with every client kernel already loaded ([`gpu_queues::kernels::Kernels::warm_up_clients`],
+//! and the tools' [`gpu_queues::kernels::ToolKernels::warm_up_clients`]);
 //! start fails (and the kernel is stopped) unless every controller warp reports in within
 //! [`GpuControllerOptions::start_timeout`]; table changes wait as long, at most, for every warp
 //! to acknowledge them; [`GpuController::stop`] (and drop) stops the kernel within
@@ -42,8 +43,8 @@ use crate::desc::{
     CtrlQueue, CtrlWindow, FAULT_DELAY, FAULT_DROPS, FAULT_MEDIA, MEDIA_HBM, MEDIA_HOST,
     MEDIA_NULL, NS_READ_ONLY, pending_capacity,
 };
+use crate::os::MappedImage;
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::MappedImage;
 use gpu_queues::ffi::{
     self, Arg, Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placement, Stream,
 };
@@ -133,11 +134,12 @@ pub struct GpuControllerOptions {
     pub idle_ns: u32,
     /// The kernel stops by itself after this long.
     pub lifetime: Duration,
-    /// How long to wait for every controller warp to start (default: the GPU queues'
-    /// device-wait bound, 10 s unless `GPUNVME_GPU_TIMEOUT_S` or compute-sanitizer makes it
-    /// longer, and at least 5 s: on CPU threads, the `host-gpu` build, 128 warps of 32 threads
-    /// on a 2-core machine were seen to take more than 5 s to all run).
-    pub start_timeout: Duration,
+    /// How long to wait for every controller warp to start. `None` (the default): the GPU
+    /// queues' default device-wait bound ([`gpu_queues::GpuQueueOptions::timeout`]: 10 s unless
+    /// `GPUNVME_GPU_TIMEOUT_S` or compute-sanitizer makes it longer), at least 5 s: on CPU
+    /// threads (the `host-gpu` build) 128 warps of 32 threads on a 2-core machine can take more
+    /// than 5 s to all run.
+    pub start_timeout: Option<Duration>,
     /// For one of several models started together ([`ModelGroup::split`]): the SMs it runs on
     /// and the gate its launch waits at; `None` splits the GPU for this model alone
     /// (`controller_sms` for it, the rest for clients).
@@ -272,9 +274,7 @@ impl Default for GpuControllerOptions {
             media: MediaKind::Null,
             idle_ns: 1024,
             lifetime: Duration::from_secs(600),
-            start_timeout: gpu_queues::GpuQueueOptions::default()
-                .timeout
-                .max(Duration::from_secs(5)),
+            start_timeout: None,
             group: None,
             hostile: nvme_emu::Hostile::default(),
         }
@@ -430,6 +430,12 @@ impl GpuController {
                 namespaces.len()
             )));
         }
+        let start_timeout = match opts.start_timeout {
+            Some(t) => t,
+            None => gpu_queues::GpuQueueOptions::default()
+                .timeout()?
+                .max(Duration::from_secs(5)),
+        };
         // A member of a group arrives at its gate before launching, whatever happens first.
         let mut arrival = opts.group.as_ref().map(|g| Arrival {
             gate: &g.gate,
@@ -447,6 +453,9 @@ impl GpuController {
         emu_kernels.warm_up(&stream)?;
         kernels.warm_up(&stream)?;
         kernels.warm_up_clients(cuda, &client_stream)?;
+        // The tools' kernels too (perf, the tests', benchmarks' and examples'): loaded at a
+        // first use while this controller spins, they might never run.
+        kernels.tools()?.warm_up_clients(cuda, &client_stream)?;
 
         let blocks = partition.controller_sms();
         let warps = (blocks * CTRL_WARPS) as usize;
@@ -574,7 +583,7 @@ impl GpuController {
             media,
             _busy: busy,
             drops,
-            ack_timeout: opts.start_timeout,
+            ack_timeout: start_timeout,
         });
         // One block per SM (a second block on an SM would halve both blocks' polling rate).
         // With a timing model, all the shared memory a block may have: the held completions
@@ -629,13 +638,13 @@ impl GpuController {
         });
         // Every warp must report in: a block that never became resident (no free SMs) would
         // leave its queues unserved.
-        let started = ctrl.shared.wait_acks(1, opts.start_timeout);
+        let started = ctrl.shared.wait_acks(1, start_timeout);
         if let Err(running) = started {
             let _ = ctrl.stop();
             return Err(GpuError::Unsupported(format!(
                 "the GPU controller did not start: {running} of {warps} controller warps \
                  running after {:?} (are {} SMs free for it?)",
-                opts.start_timeout, blocks
+                start_timeout, blocks
             )));
         }
         let sms = ctrl.shared.block_sms();

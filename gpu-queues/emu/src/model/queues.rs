@@ -105,7 +105,7 @@ pub fn queues(
     .map(|(base, len)| gpu.register_window(base, len as u64))
     .collect::<Result<_, _>>()?;
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common = DescCommon::new(&plan, &host_flags, opts.timeout, QF_LOCAL_PEER);
+    let common = DescCommon::new(&plan, &host_flags, opts.timeout()?, QF_LOCAL_PEER);
     let client_stream = Stream::new(cuda, Placement::Client, Some(gpu.partition()))?;
     let region = |mem: &Arc<DeviceMemory>, base: u64, off: usize, len: usize| {
         DmaRegion::contiguous(base + off as u64, len, Box::new(mem.clone()))

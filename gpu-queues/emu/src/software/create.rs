@@ -16,13 +16,12 @@ use gpu_queues::transport::{Candidate, TransportChoice, select};
 use nvme::{Controller, QueueRegions};
 use nvme_emu::EmuDevice;
 
-use crate::env_choice;
 use crate::image_reads::ColdReads;
 use crate::kernels::EmuKernels;
 
 use super::engine::GpuDma;
 use super::pair_memory::{RingPlacement, gpu_pair_memory, host_pair_memory};
-use super::readahead::{READAHEAD_ENV, READAHEAD_WALKERS, readahead_from};
+use super::readahead::{READAHEAD_WALKERS, readahead_from};
 use super::regions::{PinnedDoorbell, register_region};
 use super::transport::SoftwareTransport;
 
@@ -74,7 +73,7 @@ pub fn queues(
     let t_warm = started.elapsed();
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
     let readahead = readahead_from(
-        env_choice::var(READAHEAD_ENV).as_deref(),
+        gpunvme_settings::EMU_READAHEAD.value().as_deref(),
         match engine.cold_reads() {
             ColdReads::Direct => 0,
             ColdReads::Buffered | ColdReads::Prefetch => READAHEAD_WALKERS,
@@ -84,7 +83,8 @@ pub fn queues(
     let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common = DescCommon::new(&p, &host_flags, opts.timeout, 0).with_protection(controller)?;
+    let common =
+        DescCommon::new(&p, &host_flags, opts.timeout()?, 0).with_protection(controller)?;
     let map = emu.address_map();
     let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
     let rings = RingPlacement::from_env(opts.host_rings)?;

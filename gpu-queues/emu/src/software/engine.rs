@@ -188,7 +188,7 @@ impl GpuDma {
             engines,
             mode: CopyMode::from_env()?,
             read_mode,
-            windows: ImageWindows::for_mode(cuda, read_mode),
+            windows: ImageWindows::for_mode(cuda, read_mode)?,
             views: ImageViews::for_mode(read_mode, ColdReads::from_env()?),
             always_ordered: fetch_always_ordered()?,
             staged: StagedCopies::from_env()?,

@@ -24,10 +24,10 @@ impl StagedCopies {
     /// `GPUNVME_EMU_STAGED=engine|kernel` (unset: engine, or kernel in [`CopyMode::Memcpy`],
     /// where pieces are copies already).
     pub(super) fn from_env() -> Result<Self, GpuError> {
-        Self::choose(env_choice::var(Self::VAR).as_deref())
+        Self::choose(gpunvme_settings::EMU_STAGED.value().as_deref())
     }
 
-    const VAR: &str = "GPUNVME_EMU_STAGED";
+    const VAR: &str = gpunvme_settings::EMU_STAGED.name;
 
     pub(super) fn choose(var: Option<&str>) -> Result<Self, GpuError> {
         let c = [("engine", Self::Engine), ("kernel", Self::Kernel)];
@@ -53,7 +53,7 @@ impl CopyMode {
     /// `kernels` otherwise.
     pub fn from_env() -> Result<Self, GpuError> {
         Self::choose(
-            env_choice::var("GPUNVME_EMU_DMA").as_deref(),
+            gpunvme_settings::EMU_DMA.value().as_deref(),
             gpu_queues::queues::under_compute_sanitizer(),
         )
     }
@@ -61,17 +61,19 @@ impl CopyMode {
     /// [`CopyMode::from_env`] from the variable's value and whether the sanitizer runs.
     pub(super) fn choose(var: Option<&str>, sanitizer: bool) -> Result<Self, GpuError> {
         let c = [("kernels", Self::Kernels), ("memcpy", Self::Memcpy)];
-        Ok(match env_choice::choice("GPUNVME_EMU_DMA", var, &c)? {
-            Some(mode) => mode,
-            None if sanitizer => {
-                tracing::info!(
-                    "compute-sanitizer detected: the software controller copies with \
+        Ok(
+            match env_choice::choice(gpunvme_settings::EMU_DMA.name, var, &c)? {
+                Some(mode) => mode,
+                None if sanitizer => {
+                    tracing::info!(
+                        "compute-sanitizer detected: the software controller copies with \
                      cuMemcpyAsync (GPUNVME_EMU_DMA=kernels overrides)"
-                );
-                Self::Memcpy
-            }
-            None => Self::Kernels,
-        })
+                    );
+                    Self::Memcpy
+                }
+                None => Self::Kernels,
+            },
+        )
     }
 }
 
@@ -79,10 +81,10 @@ impl CopyMode {
 /// controller never wrote still wait for its earlier writes (the behaviour before such reads
 /// got a stream of their own; for comparisons).
 pub(super) fn fetch_always_ordered() -> Result<bool, GpuError> {
-    fetch_ordered_from(env_choice::var("GPUNVME_EMU_FETCH").as_deref())
+    fetch_ordered_from(gpunvme_settings::EMU_FETCH.value().as_deref())
 }
 
 pub(super) fn fetch_ordered_from(var: Option<&str>) -> Result<bool, GpuError> {
     let c = [("ordered", true), ("unordered", false)];
-    Ok(env_choice::choice("GPUNVME_EMU_FETCH", var, &c)?.unwrap_or(false))
+    Ok(env_choice::choice(gpunvme_settings::EMU_FETCH.name, var, &c)?.unwrap_or(false))
 }

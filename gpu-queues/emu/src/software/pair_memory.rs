@@ -40,7 +40,7 @@ impl RingPlacement {
     ///
     /// [`GpuQueueOptions::host_rings`]: gpu_queues::queues::GpuQueueOptions::host_rings
     pub fn from_env(host_rings: Option<bool>) -> Result<Self, GpuError> {
-        Self::choose(env_choice::var("GPUNVME_EMU_RINGS").as_deref(), host_rings)
+        Self::choose(gpunvme_settings::EMU_RINGS.value().as_deref(), host_rings)
     }
 
     pub(super) fn choose(var: Option<&str>, host_rings: Option<bool>) -> Result<Self, GpuError> {
@@ -50,7 +50,7 @@ impl RingPlacement {
         } else {
             Self::Gpu
         };
-        Ok(env_choice::choice("GPUNVME_EMU_RINGS", var, &c)?.unwrap_or(asked))
+        Ok(env_choice::choice(gpunvme_settings::EMU_RINGS.name, var, &c)?.unwrap_or(asked))
     }
 
     /// `"gpu"` or `"host"`.

@@ -19,7 +19,7 @@ use crate::env_choice;
 /// them into copies out of it, the disk read twice where the two race).
 ///
 /// [`QueueTransport::will_read`]: gpu_queues::queues::QueueTransport::will_read
-pub const READAHEAD_ENV: &str = "GPUNVME_EMU_READAHEAD";
+pub const READAHEAD_ENV: &str = gpunvme_settings::EMU_READAHEAD.name;
 
 /// Threads of a [`Readahead`] by default: each `posix_fadvise` waits while it submits its
 /// block's reads, so several keep more of the disk's queue filled.
@@ -48,7 +48,7 @@ pub(super) const READAHEAD_BLOCK: u64 = 8 << 20;
 /// A [`QueueTransport::will_read`] hint at work: threads of its own walk the hinted byte
 /// ranges of the image in order, a [`READAHEAD_BLOCK`] at a time (the next block to whichever
 /// thread is free), and have the kernel read each block not wholly in the page cache
-/// (`gpu_queues::ffi::os::advise_willneed`: the reads are started, not waited for). A cold
+/// (`crate::os::advise_willneed`: the reads are started, not waited for). A cold
 /// image is then read at the disk's pace by large requests in flight together, rather than by
 /// each controller thread's 128 KiB `pread` in turn (on the lent H200, 2026-11-28, cold loads
 /// ran at 1.7 to 1.8 GB/s where fastsafetensors read the same disk at 2.1 to 2.9; with one
@@ -98,10 +98,10 @@ impl Readahead {
                         else {
                             return;
                         };
-                        let cached = gpu_queues::ffi::os::range_cached(file.as_fd(), at, n);
+                        let cached = crate::os::range_cached(file.as_fd(), at, n);
                         if !cached.unwrap_or(false) {
                             on_cold();
-                            if gpu_queues::ffi::os::advise_willneed(file.as_fd(), at, n).is_ok() {
+                            if crate::os::advise_willneed(file.as_fd(), at, n).is_ok() {
                                 asked.fetch_add(n, Ordering::Relaxed);
                             }
                         }

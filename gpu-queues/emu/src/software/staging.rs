@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::os::{DIRECT_ALIGN, MappedImage};
 use gpu_queues::GpuError;
-use gpu_queues::ffi::os::{DIRECT_ALIGN, MappedImage};
 use gpu_queues::ffi::{Arg, Event, PinnedMemory};
 use zerocopy::IntoBytes;
 
@@ -258,7 +258,7 @@ impl GpuDma {
                 let offset = file_offset + done as u64;
                 timed(&mut file_ns, || match (&source, &base) {
                     (Source::Mapped(map), Ok(base)) => {
-                        mem.copy_from_mapping(at, n, map, base + done)
+                        crate::os::copy_from_mapping(mem, at, n, map, base + done)
                     }
                     (Source::Direct(d), _) => d.read_into(mem, at, n, offset, file).map(|direct| {
                         if direct {

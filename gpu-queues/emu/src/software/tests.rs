@@ -10,7 +10,7 @@ use super::readahead::readahead_from;
 #[test]
 fn a_readahead_reads_the_hinted_blocks_that_are_not_cached() {
     use super::readahead::{READAHEAD_BLOCK, Readahead};
-    use gpu_queues::ffi::os::{advise_dontneed, range_cached};
+    use crate::os::{advise_dontneed, range_cached};
     use std::io::Write;
     use std::os::fd::AsFd;
     let path = std::env::temp_dir().join(format!("gpunvme-readahead-{}", std::process::id()));

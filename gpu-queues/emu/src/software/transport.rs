@@ -89,9 +89,9 @@ impl SoftwareTransport {
     ) -> std::io::Result<Option<ReadAhead>> {
         use std::os::fd::AsFd;
         let image = std::fs::File::open(path)?;
-        let warm = ranges.iter().all(|&(at, n)| {
-            gpu_queues::ffi::os::range_cached(image.as_fd(), at, n).unwrap_or(false)
-        });
+        let warm = ranges
+            .iter()
+            .all(|&(at, n)| crate::os::range_cached(image.as_fd(), at, n).unwrap_or(false));
         if warm {
             return Ok(None);
         }
@@ -99,7 +99,7 @@ impl SoftwareTransport {
             .emu
             .media_writes(nsid)
             .ok_or_else(|| std::io::Error::other("the namespace is not an image file"))?;
-        let direct = gpu_queues::ffi::os::reopen_direct(&image)?;
+        let direct = crate::os::reopen_direct(&image)?;
         let running = crate::prefetch::Prefetch::start(
             &image,
             direct,

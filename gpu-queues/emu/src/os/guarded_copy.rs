@@ -200,12 +200,12 @@ mod tests {
     use std::os::fd::AsFd;
 
     /// A file of `pages` 4 KiB pages, page i filled with byte i+1, mapped shared read-only.
-    fn mapped(name: &str, pages: usize) -> (std::fs::File, crate::ffi::os::Mapping) {
-        let mut f = crate::ffi::os::scratch_file(&format!("guarded-{name}"));
+    fn mapped(name: &str, pages: usize) -> (std::fs::File, gpu_queues::ffi::os::Mapping) {
+        let mut f = crate::os::scratch_file(&format!("guarded-{name}"));
         for i in 0..pages {
             f.write_all(&[i as u8 + 1; 4096]).unwrap();
         }
-        let m = crate::ffi::os::Mapping::read_only(f.as_fd(), pages * 4096).unwrap();
+        let m = gpu_queues::ffi::os::Mapping::read_only(f.as_fd(), pages * 4096).unwrap();
         (f, m)
     }
 
