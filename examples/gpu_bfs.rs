@@ -26,8 +26,8 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use clap::Parser;
-use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
+use gpunvme::gpu_cache::bind_file;
 use serde_json::json;
 use workloads::graph::{self, BfsDirection, BfsOptions, BfsSplit, Csr};
 use workloads::{Placement, Source};

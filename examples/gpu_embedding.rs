@@ -20,8 +20,8 @@ mod workloads;
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
-use gpunvme::blockfs_gpu::cache::bind_file;
 use gpunvme::blockfs_gpu::{GpuFiles, GpuFilesOptions};
+use gpunvme::gpu_cache::bind_file;
 use gpunvme::units::parse_size;
 use serde_json::json;
 use workloads::embedding;

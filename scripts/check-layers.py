@@ -93,7 +93,7 @@ def normal_deps(path):
 CLI_ONLY = {"gpunvme-cli", "clap", "indicatif", "ctrlc", "hdrhistogram", "tracing-subscriber", "anyhow"}
 TEST_ONLY = {"nvme_null"}
 LIBRARY = ["gpunvme", "settings", "nvme/spec", "nvme", "nvme/emu", "vfio", "gpu-queues", "gpu-queues/emu",
-           "blockfs", "blockfs/gpu"]
+           "blockfs", "blockfs/gpu", "gpu-cache"]
 
 ALL_CRATES = {"nvme_spec", "nvme", "nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs",
               "blockfs_gpu", "gpunvme"}
@@ -102,9 +102,11 @@ forbidden = {
     "settings": ALL_CRATES,
     "nvme/spec": {"nvme", "nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
     "nvme": {"nvme_emu", "vfio", "gpu_queues", "gpu_emu", "blockfs", "blockfs_gpu"},
-    "gpu-queues": {"nvme_emu", "gpu_emu", "blockfs", "blockfs_gpu"},
+    "gpu-queues": {"nvme_emu", "gpu_emu", "blockfs", "blockfs_gpu", "gpu_cache"},
     "blockfs": {"nvme_emu", "gpu_queues", "gpu_emu", "blockfs_gpu"},
-    "blockfs/gpu": {"nvme_emu", "gpu_emu"},
+    "blockfs/gpu": {"nvme_emu", "gpu_emu", "gpu_cache"},
+    # The page cache sits above the file layer (cache -> files -> queues), on no emulator.
+    "gpu-cache": {"nvme_emu", "gpu_emu", "gpunvme"},
 }
 for crate in LIBRARY:
     forbidden[crate] = forbidden.get(crate, set()) | CLI_ONLY | TEST_ONLY

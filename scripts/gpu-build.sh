@@ -31,7 +31,7 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]:
         print(m["executable"])' "$1" | tail -1
 }
-cp "$(bin_of gpu gpunvme)" "$OUT/gpu-tests"
+cp "$(bin_of gpu gpunvme-cli)" "$OUT/gpu-tests"
 if [ -f gpu-queues/tests/cpu_client.rs ]; then
     cp "$(bin_of cpu_client gpu_queues)" "$OUT/cpu-client"
 fi

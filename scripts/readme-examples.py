@@ -9,10 +9,12 @@ A block's info string says what it needs:
   sh ci              a step CI runs anyway (`cargo test --workspace`): not run again here
   ... gpu            needs a GPU: runs only with --gpu (on the GPU machine)
   ... root           needs root and an SSD bound to vfio-pci: never runs here
+  sh example         built and run by its own script (scripts/cuda-example.sh): not here
   (no info string)   not code (the layout table)
 
 The directory starts with the files the tour names as the user's own: weights.bin (three 4 KiB
-blocks) and model.safetensors (a small valid checkpoint).
+blocks), model.safetensors (a small valid checkpoint) and ckpt.bin (1 MiB). A rust block is
+skipped, saying so, on a machine without cargo (the GPU machine).
 
   scripts/readme-examples.py [--bin DIR] [--python PY] [--gpu] [--keep]
 
@@ -83,13 +85,15 @@ def main():
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
     a = ap.parse_args()
     binary = os.path.join(a.bin, "gpunvme")
-    if not os.path.exists(binary):
+    if not os.path.exists(binary) and shutil.which("cargo"):
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "gpunvme-cli"], cwd=ROOT, check=True)
     work = tempfile.mkdtemp(prefix="gpunvme-readme.")
     with open(os.path.join(work, "weights.bin"), "wb") as f:
         f.write(os.urandom(3 * 4096))
     with open(os.path.join(work, "model.safetensors"), "wb") as f:
         f.write(safetensors(200_000))
+    with open(os.path.join(work, "ckpt.bin"), "wb") as f:
+        f.write(os.urandom(1 << 20))
     env = dict(os.environ, PATH=os.path.abspath(a.bin) + os.pathsep + os.environ["PATH"])
     env.setdefault("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     ran, skipped, failed = [], [], []
@@ -100,6 +104,9 @@ def main():
         lang, needs = info[0], set(info[1:])
         if "ci" in needs:
             skipped.append({"block": where, "why": "CI runs it as a step of its own"})
+            continue
+        if "example" in needs:
+            skipped.append({"block": where, "why": "built and run by scripts/cuda-example.sh"})
             continue
         if "root" in needs:
             skipped.append({"block": where, "why": "needs root and an SSD bound to vfio-pci"})
@@ -112,6 +119,9 @@ def main():
             cmd = ["bash", "-euo", "pipefail", "-c", body]
         elif lang == "python":
             cmd = [a.python, "-c", body]
+        elif lang == "rust" and shutil.which("cargo") is None:
+            skipped.append({"block": where, "why": "skipped: no cargo on this machine"})
+            continue
         elif lang == "rust":
             crate = rust_crate(work, body)
             cmd = ["cargo", "run", "-q", "--release", "--manifest-path", os.path.join(crate, "Cargo.toml")]

@@ -326,7 +326,7 @@ pub fn write_file_with(
     Ok((file, crc))
 }
 
-/// `--data-path` of the cache examples (`gpu_queues::cache::DataPath`).
+/// `--data-path` of the cache examples (`gpunvme::gpu_cache::DataPath`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
 pub enum DataPathArg {
     /// DIRECT where the transport can map the frames, else BOUNCE.
@@ -390,16 +390,16 @@ impl CacheArgs {
         &self,
         q: &'q gpunvme::gpu_queues::GpuQueues,
         capacity: u64,
-    ) -> Result<gpunvme::gpu_queues::cache::GpuCache<'q>> {
-        Ok(gpunvme::gpu_queues::cache::GpuCache::new(
+    ) -> Result<gpunvme::gpu_cache::GpuCache<'q>> {
+        Ok(gpunvme::gpu_cache::GpuCache::new(
             q,
-            gpunvme::gpu_queues::cache::CacheOptions {
+            gpunvme::gpu_cache::CacheOptions {
                 page_size: u32::try_from(self.page_size).context("--page-size")?,
                 capacity,
                 data_path: match self.data_path {
-                    DataPathArg::Auto => gpunvme::gpu_queues::cache::DataPath::Auto,
-                    DataPathArg::Direct => gpunvme::gpu_queues::cache::DataPath::Direct,
-                    DataPathArg::Bounce => gpunvme::gpu_queues::cache::DataPath::Bounce,
+                    DataPathArg::Auto => gpunvme::gpu_cache::DataPath::Auto,
+                    DataPathArg::Direct => gpunvme::gpu_cache::DataPath::Direct,
+                    DataPathArg::Bounce => gpunvme::gpu_cache::DataPath::Bounce,
                 },
                 ..Default::default()
             },
@@ -408,7 +408,7 @@ impl CacheArgs {
 
     /// A cache run's JSON fields: its size and page size and its statistics after the run.
     pub fn cache_fields(
-        cache: &gpunvme::gpu_queues::cache::GpuCache<'_>,
+        cache: &gpunvme::gpu_cache::GpuCache<'_>,
         capacity: u64,
         pct: f64,
     ) -> Result<serde_json::Value> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpu_queues::GpuQueues;
-use gpu_queues::cache::{GpuCache, RangeId};
+use gpunvme::gpu_cache::{GpuCache, RangeId};
 
 /// Where a GPU workload reads its data.
 #[derive(Clone, Copy, Debug)]

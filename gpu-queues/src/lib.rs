@@ -18,11 +18,10 @@
 //!   `host-gpu` feature the same API is a CPU backend instead: the project's CUDA sources
 //!   compiled for the host by g++ (`ptx/host/`) and run on CPU threads, GPU memory being host
 //!   memory — a correctness harness for CI without a GPU, not a GPU and no performance claim.
-//! - [`kernels`]: the project's kernels (`ptx/kernels/`: perf, batches, byte ranges, files,
-//!   CRC-32C), loaded eagerly and warmed up before anything spins.
-//! - [`cache`]: the host side of the page cache (`ptx/include/gpunvme_cache.cuh`,
-//!   `gpunvme::array<T>`): GPU threads read storage ranges as arrays through a cache in GPU
-//!   memory; only misses become NVMe commands on these queues.
+//! - [`kernels`]: the project's kernels (`ptx/kernels/`: batches, byte ranges, files, CRC-32C,
+//!   the page cache's write-back), loaded eagerly and warmed up before anything spins; the
+//!   tool kernels (perf, tests, the cache examples) in a module of their own, loaded on first
+//!   use. The page cache's host side is the crate `gpu_cache`, above the file layer.
 //! - [`queues`]: [`GpuQueues`] — rings, protocol state, PRP-list pages and slot buffers in GPU
 //!   memory, created with `nvme::Controller::create_queue_pair_on` by a [`QueueTransport`]
 //!   and assembled here ([`GpuQueues::assemble`]).
@@ -49,7 +48,6 @@
 //! SGLs; queues deeper than 65536; more than one namespace per kernel call (each call names
 //! its namespace).
 
-pub mod cache;
 pub mod cpu_client;
 pub mod desc;
 pub mod error;

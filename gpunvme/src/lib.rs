@@ -19,7 +19,7 @@
 //!
 //! The layers are re-exported: [`nvme_spec`] (spec types), [`nvme`] (driver), [`vfio`] (real
 //! PCI devices), [`gpu_queues`] (the GPU runtime), [`blockfs`] and [`blockfs_gpu`] (files, and
-//! files on the GPU), and the emulated controllers [`nvme_emu`] (the software NVMe controller,
+//! files on the GPU), [`gpu_cache`] (the GPU page cache's host side), and the emulated controllers [`nvme_emu`] (the software NVMe controller,
 //! the embedded default) and [`gpu_emu`] (its GPU transport and the GPU-resident model).
 #![forbid(unsafe_code)]
 
@@ -45,6 +45,7 @@ pub use gpu_queues::pattern;
 
 pub use blockfs;
 pub use blockfs_gpu;
+pub use gpu_cache;
 pub use gpu_emu;
 pub use gpu_queues;
 pub use nvme;

@@ -20,6 +20,7 @@ fn library_sources() -> Vec<PathBuf> {
         "gpu-queues/emu",
         "blockfs",
         "blockfs/gpu",
+        "gpu-cache",
     ];
     let mut out = Vec::new();
     for c in crates {

@@ -3,7 +3,7 @@
 //! whose every 8-byte word encodes its LBA, so a stale or wrong frame shows.
 
 use super::*;
-use gpu_queues::cache::{CacheOptions, CacheStats, DataPath, GpuCache};
+use gpunvme::gpu_cache::{CacheOptions, CacheStats, DataPath, GpuCache};
 
 /// Elements (8-byte words) per 4 KiB page.
 const PER_PAGE: u64 = 512;
@@ -518,7 +518,8 @@ fn le_word(bytes: &[u8], i: u64) -> u64 {
 #[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
 fn file_ranges_read_and_write_through_the_extent_table() {
     use blockfs::{CreateOptions, FileSystem, MkfsOptions, OpenMode};
-    use blockfs_gpu::{GpuFiles, GpuFilesOptions, cache::bind_file};
+    use blockfs_gpu::{GpuFiles, GpuFilesOptions};
+    use gpunvme::gpu_cache::bind_file;
     for lba in [512u32, 4096] {
         let r = rig(lba, 2, 64);
         let fs =
@@ -613,8 +614,8 @@ fn volume_pages_are_filled_from_every_member() {
     use blockfs::{
         BlockDevice, FileSystem, MkfsOptions, OpenMode, ReadReq, StripedVolume, WriteReq,
     };
-    use blockfs_gpu::volume::{bind_volume_file, volume_geometry};
     use blockfs_gpu::{GpuFilesOptions, VolumeFiles};
+    use gpunvme::gpu_cache::{bind_volume_file, volume_geometry};
     let rigs: Vec<Rig> = (0..3).map(|_| rig(512, 2, 64)).collect();
     let members: Vec<Arc<dyn BlockDevice>> = rigs
         .iter()

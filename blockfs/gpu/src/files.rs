@@ -118,7 +118,7 @@ impl GpuFile {
 
     /// What keeps the file's table in GPU memory and its blocks pinned (or its reservation
     /// open): a share of the handle's table, for holders such as the page cache.
-    pub(crate) fn keep_alive(&self) -> Box<dyn Send + Sync> {
+    pub fn keep_alive(&self) -> Box<dyn Send + Sync> {
         Box::new(self.table.clone())
     }
 

@@ -10,8 +10,7 @@
 //!   ranges synchronously or as batches on a stream ([`Pending`]); reserves space for device
 //!   writes and commits them ([`GpuFile::commit_with_crc`]); computes CRC-32C of GPU memory on
 //!   the GPU.
-//! - [`cache`]: files in the GPU page cache ([`cache::bind_file`]) and the Rust twin of how a
-//!   fill finds a page's LBAs.
+//! - Files in the GPU page cache are the crate `gpu_cache`'s (`bind_file`), above this one.
 //! - [`plan`]: the device algorithm's Rust twins (chunks, pieces, CRC combining, batch plans),
 //!   tested here without a GPU.
 //! - [`desc`]: the `#[repr(C)]` mirrors of the file kernel's structs, checked against the CUDA
@@ -21,7 +20,6 @@
 //! Growing a file from the GPU past its reservation; files of more than one namespace in one
 //! batch.
 
-pub mod cache;
 pub mod desc;
 pub mod error;
 pub mod files;

@@ -5,16 +5,15 @@
 //! ([`blockfs::StripedVolume::member_runs`]), and each member's runs are one batch on its own
 //! queues, the batches running side by side. The device header is unchanged: a member's table
 //! and queues are an ordinary single-controller file on the GPU. The page cache is the
-//! exception (a miss is known only on the GPU): [`bind_volume_file`] binds a file's table of
-//! volume LBAs to a cache over the whole volume ([`GpuCache::on_volume`], [`volume_geometry`]),
-//! whose fills cut every command at stripe units on the device.
+//! exception (a miss is known only on the GPU): `gpu_cache::bind_volume_file` binds a file's
+//! table of volume LBAs ([`VolumeFiles::volume_table`]) to a cache over the whole volume, whose
+//! fills cut every command at stripe units on the device.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockfs::table::ExtentTable;
 use blockfs::{MemberRun, StripedVolume};
-use gpu_queues::cache::{GpuCache, RangeId, VolumeGeometry};
 use gpu_queues::ffi::DeviceMemory;
 use gpu_queues::{GpuBuffer, GpuQueues};
 
@@ -232,15 +231,24 @@ impl<'q> VolumeFiles<'q> {
 
     /// `file`'s table of volume LBAs in GPU memory (through the first member's queues), pinned
     /// with the file, naming the first member's namespace: for a page cache over the whole
-    /// volume only ([`bind_volume_file`]), whose fills find each piece's member
+    /// volume only (`gpu_cache::bind_volume_file`), whose fills find each piece's member
     /// through the volume's layout. A plain reader of it would read the wrong LBAs.
-    pub(crate) fn volume_table(
+    pub fn volume_table(
         &self,
         volume: &StripedVolume,
         file: &VolumeFile,
     ) -> Result<GpuFile, FilesError> {
         self.check_members(volume)?;
-        let nsid = volume_geometry(volume)?.nsids[0];
+        let nsid = volume
+            .member_nsids()
+            .first()
+            .copied()
+            .flatten()
+            .ok_or_else(|| {
+                FilesError::InvalidArgument(
+                    "volume member 0 is not an NVMe namespace: a GPU cache cannot reach it".into(),
+                )
+            })?;
         let first = self
             .members
             .first()
@@ -332,55 +340,4 @@ impl<'q> VolumeFiles<'q> {
             elapsed: start.elapsed(),
         })
     }
-}
-
-/// The layout a page cache over `volume` needs ([`GpuCache::on_volume`]): its stripe unit, its
-/// label area and each member's NVMe namespace (every member must be one).
-pub fn volume_geometry(volume: &StripedVolume) -> Result<VolumeGeometry, FilesError> {
-    let nsids = volume
-        .member_nsids()
-        .into_iter()
-        .enumerate()
-        .map(|(m, ns)| {
-            ns.ok_or_else(|| {
-                FilesError::InvalidArgument(format!(
-                    "volume member {m} is not an NVMe namespace: a GPU cache cannot reach it"
-                ))
-            })
-        })
-        .collect::<Result<Vec<u32>, _>>()?;
-    Ok(VolumeGeometry {
-        stripe_lbas: volume.stripe_lbas(),
-        label_lbas: volume.label_lbas(),
-        nsids,
-    })
-}
-
-/// Binds `file` of a file system on `volume` (opened by `files`, [`VolumeFiles::open`]) to
-/// `cache`, a cache over the same volume ([`GpuCache::on_volume`] with
-/// [`volume_geometry`] and the queues `files` uses, in member order): kernels read it as
-/// range [`RangeId::index`], up to its length; each page's fill finds its volume LBAs through
-/// the file's table and its member through the volume's layout. The cache keeps the file's
-/// blocks pinned until it is closed or dropped. Read-only (a reservation on a volume is not
-/// bound yet). Between kernels only.
-pub fn bind_volume_file(
-    cache: &mut GpuCache<'_>,
-    files: &VolumeFiles<'_>,
-    volume: &StripedVolume,
-    file: &VolumeFile,
-) -> Result<RangeId, FilesError> {
-    match cache.volume_members() {
-        Some((n, _)) if n == volume.members() => {}
-        other => {
-            return Err(FilesError::InvalidArgument(format!(
-                "{}: a file of a volume of {} members needs a cache over that volume \
-                 (GpuCache::on_volume); this one is over {}",
-                file.name(),
-                volume.members(),
-                other.map_or("one controller".to_owned(), |(n, _)| format!("{n} members"))
-            )));
-        }
-    }
-    let whole = files.volume_table(volume, file)?;
-    crate::cache::bind_file(cache, &whole)
 }

@@ -1,4 +1,4 @@
-//! blockfs files in the GPU page cache ([`gpu_queues::cache::GpuCache`]): [`bind_file`] makes a
+//! blockfs files in the GPU page cache ([`GpuCache`]): [`bind_file`] makes a
 //! file a cached range that kernels read (and, for a reservation, write) as a
 //! `gpunvme::array<T>`; fills find a page's LBAs through the file's extent table in GPU memory
 //! (`file_page_io` in `ptx/include/gpunvme_cache.cuh`). [`page_pieces`] is that function's Rust
@@ -6,14 +6,13 @@
 #![forbid(unsafe_code)]
 
 use blockfs::table::ExtentTable;
-use gpu_queues::cache::{GpuCache, RangeId, TableRange};
+use blockfs_gpu::{FilesError, GpuFile};
 
-use crate::error::FilesError;
-use crate::files::GpuFile;
+use crate::{GpuCache, RangeId, TableRange};
 
 /// Binds `file` to `cache`: kernels reach it as range [`RangeId::index`]. A file opened for
 /// reading is served up to its length (bytes past it in its last page read as zero); a
-/// reservation ([`crate::GpuFiles::reserve`]) up to its allocation, and kernels may store into
+/// reservation ([`blockfs_gpu::GpuFiles::reserve`]) up to its allocation, and kernels may store into
 /// it: dirty pages reach the device on eviction and on [`GpuCache::flush`]. The cache holds the
 /// file's table (and so the pin on its blocks, or the reservation) until it is closed or
 /// dropped; a reservation commits only after that. Between kernels only.

@@ -1,5 +1,5 @@
 //! The host side of the page cache (`ptx/include/gpunvme_cache.cuh`, embedded as
-//! [`crate::desc::CACHE_CUH`]): a BaM-style software cache in GPU memory over storage ranges,
+//! [`gpu_queues::desc::CACHE_CUH`]): a BaM-style software cache in GPU memory over storage ranges,
 //! through which GPU threads read elements (`gpunvme::array<T>`); hits are served from GPU
 //! memory, the lanes of a warp on one page share one lookup, and only misses become NVMe
 //! commands on the queues of a [`GpuQueues`]. Design: `docs/design/cache.md`.
@@ -17,23 +17,39 @@
 //! members ([`GpuCache::on_volume`]). On transports whose GPU memory is fixed at set-up (the
 //! real-SSD transports (b) and (c)), fills and write-backs go through the queues' slot buffers
 //! instead, one copy each way (the BOUNCE data path, [`DataPath::Bounce`]).
+//!
+//! Layered as its CUDA header is (cache → files → queues): [`bind_file`] binds a blockfs file
+//! (through its extent table in GPU memory, `blockfs_gpu`), [`volume_geometry`] and
+//! [`bind_volume_file`] a striped volume's, all on the runtime's queues (`gpu_queues`).
 #![forbid(unsafe_code)]
+
+mod file;
+mod volume;
+
+pub use file::{bind_file, page_pieces};
+pub use volume::{bind_volume_file, volume_geometry};
+
+/// blockfs_gpu's test helpers (fragmented files on a memory device), shared.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../blockfs/gpu/src/testutil.rs"]
+mod testutil;
 
 use std::ops::Range;
 use std::time::Duration;
 
 use zerocopy::IntoBytes;
 
-use crate::desc::{
+use gpu_queues::desc::{
     CACHE_STAT_SLOTS, CF_BOUNCE, CacheCounters, CacheDesc, CacheState, DeviceStatus, FRAME_EMPTY,
     FS_LOCKED, FrameState, IoReq, PS_BUSY, PS_DIRTY, PS_ERROR, PS_REFS_MASK, PS_VALID, PageEntry,
     QueueDesc, RF_FILE, RF_WRITABLE, RangeDesc, VOLUME_MAX_MEMBERS, VolumeDesc,
 };
-use crate::error::GpuError;
-use crate::ffi::Arg;
-use crate::ffi::DeviceMemory;
-use crate::kernels::IoBatch;
-use crate::queues::{GpuBuffer, GpuQueues};
+use gpu_queues::error::GpuError;
+use gpu_queues::ffi::Arg;
+use gpu_queues::ffi::DeviceMemory;
+use gpu_queues::kernels::IoBatch;
+use gpu_queues::queues::{GpuBuffer, GpuQueues};
 
 /// Smallest page size (the NVMe memory page).
 pub const MIN_PAGE_SIZE: u32 = 4096;
@@ -783,10 +799,10 @@ impl<'q> GpuCache<'q> {
     }
 
     /// The host's bound on one kernel of the cache: twice the queues' wait bound, plus the
-    /// bound of the kernel's own work ([`crate::queues::compute_wait_bound`]).
+    /// bound of the kernel's own work ([`gpu_queues::queues::compute_wait_bound`]).
     fn wait_bound(&self) -> Duration {
         Duration::from_nanos(self.queue_timeout_ns.saturating_mul(2))
-            + crate::queues::compute_wait_bound()
+            + gpu_queues::queues::compute_wait_bound()
     }
 
     /// Checks the cache's structures between kernels (for tests): no page held, filling or in
@@ -935,7 +951,7 @@ impl Frames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desc::FS_REF;
+    use gpu_queues::desc::FS_REF;
 
     #[test]
     fn bounce_needs_slot_buffers_on_every_queue() {
