@@ -39,7 +39,7 @@
 //!   SSD under VFIO and a GPU together);
 //! - (c) VFIO with a real SSD, rings and data in hugepage host memory registered with CUDA,
 //!   only the doorbell write peer to peer — written, **never run**, for the same reason;
-//! - the GPU-resident controller model — an emulator, in `gpu_emu::model`.
+//! - the GPU-resident controller model — an emulator, in `gpu_emu::resident`.
 //!
 //! (b) and (c) refuse unless the GPU's IOMMU group is identity-mapped or absent
 //! ([`transport::iommu`]).

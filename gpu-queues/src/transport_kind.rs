@@ -6,21 +6,21 @@
 /// Which path carries doorbells and data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportKind {
-    /// (a) The software controller: rings and data in GPU memory reached with batched CUDA
+    /// The software controller: rings and data in GPU memory reached with batched CUDA
     /// copies, doorbells in pinned host memory.
     SoftwareController,
-    /// (b) A real SSD behind VFIO: rings and data in GPU memory, mapped for the SSD through a
+    /// A real SSD behind VFIO: rings and data in GPU memory, mapped for the SSD through a
     /// CPU mapping of the GPU's BAR1; the SSD's BAR0 doorbells registered with CUDA.
     VfioP2p,
-    /// (c) A real SSD behind VFIO: rings and data in hugepage host memory mapped for the SSD and
+    /// A real SSD behind VFIO: rings and data in hugepage host memory mapped for the SSD and
     /// registered with CUDA; only the doorbell write goes peer to peer.
     HostMemory,
-    /// The GPU-resident controller model (`gpu_emu::model`): rings, doorbells and media in GPU
+    /// The GPU-resident controller model (`gpu_emu::resident`): rings, doorbells and media in GPU
     /// memory, served by a persistent kernel on reserved SMs.
     GpuController,
     /// A controller another process serves over vfio-user (SPDK's NVMe-oF target): rings and
     /// data in memfd memory shared with the server and registered with CUDA, doorbells in the
-    /// page the server shares and polls; (c)'s layout on ordinary shared memory.
+    /// page the server shares and polls; the host-memory layout on ordinary shared memory.
     VfioUser,
 }
 
@@ -45,22 +45,11 @@ impl TransportKind {
             _ => "GPU memory",
         }
     }
-
-    /// The letter the design gives it: "(a)", "(b)", "(c)".
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::SoftwareController => "(a)",
-            Self::VfioP2p => "(b)",
-            Self::HostMemory => "(c)",
-            Self::GpuController => "(model)",
-            Self::VfioUser => "(c')",
-        }
-    }
 }
 
 impl std::fmt::Display for TransportKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.label(), self.name())
+        f.write_str(self.name())
     }
 }
 
@@ -73,7 +62,7 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// `"(a) software-controller: reason; (b) ..."`.
+/// `"software-controller: reason; vfio-p2p: ..."`.
 pub fn list_skipped(skipped: &[Skipped]) -> String {
     skipped
         .iter()

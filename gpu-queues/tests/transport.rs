@@ -314,13 +314,13 @@ fn selection_takes_the_first_that_works_and_lists_every_skip() {
         [TransportKind::SoftwareController, TransportKind::VfioP2p]
     );
     let shown = choice.to_string();
-    assert!(shown.starts_with("(c) host-memory"), "{shown}");
+    assert!(shown.starts_with("host-memory"), "{shown}");
     assert!(
-        shown.contains("(a) software-controller: not an emulator"),
+        shown.contains("software-controller: not an emulator"),
         "{shown}"
     );
     assert!(
-        shown.contains("(b) vfio-p2p: unsupported: no BAR1 mapping"),
+        shown.contains("vfio-p2p: unsupported: no BAR1 mapping"),
         "{shown}"
     );
 }
@@ -345,10 +345,10 @@ fn selection_with_nothing_working_names_every_reason() {
     assert_eq!(skipped.len(), 3);
     let msg = err.to_string();
     for want in [
-        "(a) software-controller: not an emulator",
-        "(b) vfio-p2p",
+        "software-controller: not an emulator",
+        "vfio-p2p",
         "reason b",
-        "(c) host-memory",
+        "host-memory",
         "reason c",
     ] {
         assert!(msg.contains(want), "{want} missing from {msg}");
@@ -363,7 +363,7 @@ fn the_first_transport_that_works_is_chosen_with_nothing_skipped() {
     )])
     .unwrap();
     assert!(choice.skipped.is_empty());
-    assert_eq!(choice.to_string(), "(a) software-controller");
+    assert_eq!(choice.to_string(), "software-controller");
 }
 
 #[test]
@@ -415,10 +415,10 @@ fn layouts_align_every_piece_and_fit_it() {
 fn transport_names_and_labels() {
     assert_eq!(
         TransportKind::SoftwareController.to_string(),
-        "(a) software-controller"
+        "software-controller"
     );
-    assert_eq!(TransportKind::VfioP2p.to_string(), "(b) vfio-p2p");
-    assert_eq!(TransportKind::HostMemory.to_string(), "(c) host-memory");
+    assert_eq!(TransportKind::VfioP2p.to_string(), "vfio-p2p");
+    assert_eq!(TransportKind::HostMemory.to_string(), "host-memory");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::error::{Context, Result, bail};
-use gpu_emu::model::NamespaceSpec;
+use gpu_emu::resident::NamespaceSpec;
 use gpu_emu::{
     GpuController, GpuControllerOptions, GpuQueuesExt, GroupMember, MediaKind, SsdModel,
 };

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpu_emu::image_reads::ReadMode;
-use gpu_emu::model::{NamespaceSpec, STOP_TIMEOUT};
+use gpu_emu::resident::{NamespaceSpec, STOP_TIMEOUT};
 use gpu_emu::{GpuController, GpuControllerOptions, GpuQueuesExt, MediaKind, SsdModel};
 use gpu_queues::desc::lat_bucket_floor;
 use gpu_queues::desc::{DeviceStatus, IoReq};

@@ -1,4 +1,4 @@
-//! The GPU-resident controller model (`gpu_emu::model`, ptx/emu/gpunvme_controller.cuh): the
+//! The GPU-resident controller model (`gpu_emu::resident`, ptx/emu/gpunvme_controller.cuh): the
 //! same client code against a persistent controller kernel, behind the software controller's
 //! admin queue (the rig is `model_rig` in main.rs): every transfer shape and the write-back,
 //! the statuses the spec requires, a host thread as the client, the hostile modes, a

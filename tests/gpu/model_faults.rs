@@ -121,11 +121,11 @@ pub(super) fn model_dropped_completion_times_out_on_the_gpu() {
     );
     // DROP_ALL on one queue id, then cleared: the counters take their values as nvme_emu's.
     faults
-        .drop_completions_on(1, gpu_emu::model::DROP_ALL)
+        .drop_completions_on(1, gpu_emu::resident::DROP_ALL)
         .unwrap();
     assert_eq!(
         faults.drops_remaining_on(1).unwrap(),
-        gpu_emu::model::DROP_ALL
+        gpu_emu::resident::DROP_ALL
     );
     faults.drop_completions_on(1, 0).unwrap();
     faults.drop_completions(0).unwrap();

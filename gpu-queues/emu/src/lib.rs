@@ -27,9 +27,9 @@ pub mod desc;
 mod env_choice;
 pub mod image_reads;
 pub mod kernels;
-pub mod model;
 pub mod os;
 pub mod prefetch;
+pub mod resident;
 pub mod software;
 pub mod ssd_model;
 
@@ -40,7 +40,7 @@ use gpu_queues::{GpuError, GpuQueueOptions, GpuQueues};
 use nvme::Controller;
 use nvme_emu::EmuDevice;
 
-pub use model::{
+pub use resident::{
     GpuController, GpuControllerOptions, GpuFaults, GroupMember, MediaKind, ModelGroup,
     ModelTransport,
 };
@@ -59,7 +59,7 @@ pub trait GpuQueuesExt: Sized {
     ) -> Result<Self, GpuError>;
 
     /// Queue pairs in GPU memory on `controller`, served by the GPU-resident controller model
-    /// `gpu` (started on the same software controller before this call); see [`model::queues`].
+    /// `gpu` (started on the same software controller before this call); see [`resident::queues`].
     fn on_gpu_controller(
         cuda: &Arc<Cuda>,
         controller: &Controller,
@@ -105,7 +105,7 @@ impl GpuQueuesExt for GpuQueues {
         gpu: &Arc<GpuController>,
         opts: &GpuQueueOptions,
     ) -> Result<Self, GpuError> {
-        model::queues(cuda, controller, gpu, opts)
+        resident::queues(cuda, controller, gpu, opts)
     }
 
     fn dma_stats(&self) -> Option<DmaStats> {
