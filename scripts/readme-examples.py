@@ -114,6 +114,9 @@ def main():
         if "gpu" in needs and not a.gpu:
             skipped.append({"block": where, "why": "skipped: no GPU (run with --gpu on the GPU machine)"})
             continue
+        if lang == "sh" and re.search(r"^cargo ", body, re.M) and shutil.which("cargo") is None:
+            skipped.append({"block": where, "why": "skipped: no cargo on this machine"})
+            continue
         cwd = ROOT if "checkout" in needs else work
         if lang == "sh":
             cmd = ["bash", "-euo", "pipefail", "-c", body]

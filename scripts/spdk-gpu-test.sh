@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU threads against a controller we did not write, ON THE GPU MACHINE: SPDK's NVMe-oF target
-# over vfio-user (transport (c'), docs/spdk.md), with binaries and the SPDK bundle built and
+# over the vfio-user transport (docs/spdk.md), with binaries and the SPDK bundle built and
 # packed on the CPU machine by scripts/gpu-build.sh and carried in .gpu-bin/:
 #
 #   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--file-mib N] [--secs S]
@@ -88,7 +88,7 @@ for tool in none racecheck synccheck; do
     fi
 done
 
-# 2. files over (c'): fs get --gpu of more than 1 GiB, CRCs compared; fs put --gpu read back.
+# 2. files over vfio-user: fs get --gpu of more than 1 GiB, CRCs compared; fs put --gpu read back.
 if [ "$SAN" != 2 ]; then
     dev="vfio-user:$(sock aio)"
     head -c $((FILE_MIB << 20)) /dev/urandom > "$STATE/in.bin"

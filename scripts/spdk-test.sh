@@ -11,7 +11,7 @@
 # within seconds, no hang), and a missing socket, a plain file and a socket nobody serves
 # refused by name.
 #
-# With --host-gpu, also GPU queues on SPDK's controller (transport (c'), vfio-user) with the
+# With --host-gpu, also GPU queues on SPDK's controller (the vfio-user transport) with the
 # CUDA sources running on CPU threads (the `host-gpu` build; no GPU): `perf --gpu --verify` in
 # four patterns on the 512- and the 4096-byte namespace, `fs get --gpu` (CRCs compared) and
 # `fs put --gpu` (read back through CPU queues) of a 100 MB file on the AIO controller, and the
@@ -210,7 +210,7 @@ if [ "$host_gpu" = yes ]; then
             if out=$(timeout 300 "$HG" perf --gpu --device "vfio-user:$sock" --rw "$rw" --bs 4k --qd 8 \
                 --ios 4000 --verify --force --json 2>&1) &&
                 res=$(perf_verified "$out" 4000 vfio-user); then
-                ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over vfio-user (c'): $res (CPU threads)"
+                ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over vfio-user: $res (CPU threads)"
             else
                 bad "$name: host-gpu perf --gpu --rw $rw: ${res:-} $(tail -3 <<<"$out")"
             fi

@@ -15,7 +15,7 @@
 //! frames (the DIRECT data path: the software controller and the GPU-resident model, whose
 //! buffers can be mapped after set-up), on one controller's queues or over a striped volume's
 //! members ([`GpuCache::on_volume`]). On transports whose GPU memory is fixed at set-up (the
-//! real-SSD transports (b) and (c)), fills and write-backs go through the queues' slot buffers
+//! real-SSD transports), fills and write-backs go through the queues' slot buffers
 //! instead, one copy each way (the BOUNCE data path, [`DataPath::Bounce`]).
 //!
 //! Layered as its CUDA header is (cache → files → queues): [`bind_file`] binds a blockfs file

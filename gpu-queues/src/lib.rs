@@ -14,7 +14,7 @@
 //!   `nvme_spec::wire` by tests.
 //! - [`ffi`] (the only module with `unsafe`): the CUDA driver API through cudarc's dynamically
 //!   loaded `sys` bindings, so this crate builds and its CPU tests run without CUDA, and in
-//!   [`ffi::os`] the mmaps, ioctls and VFIO mappings of transports (b) and (c). With the
+//!   [`ffi::os`] the mmaps, ioctls and VFIO mappings of the real-SSD transports. With the
 //!   `host-gpu` feature the same API is a CPU backend instead: the project's CUDA sources
 //!   compiled for the host by g++ (`ptx/host/`) and run on CPU threads, GPU memory being host
 //!   memory — a correctness harness for CI without a GPU, not a GPU and no performance claim.
@@ -26,22 +26,24 @@
 //!   memory, created with `nvme::Controller::create_queue_pair_on` by a [`QueueTransport`]
 //!   and assembled here ([`GpuQueues::assemble`]).
 //! - [`transport`]: the run-time choice of transport, always saying why; the real-SSD
-//!   transports (b) and (c).
+//!   transports (vfio-p2p, host-memory).
 //! - [`cpu_client`]: the header's protocol in Rust on CPU threads (its twin), for
 //!   `gpunvme protocol-check` and tests; [`pattern`]: the verification pattern the kernels
 //!   compute on the device.
 //!
 //! # Transports
-//! - (a) the software controller — an emulator, in `gpu_emu::software`; run on the GPU machine;
-//! - (b) VFIO with a real SSD: BAR0 doorbells registered with CUDA, rings and data in GPU
-//!   memory mapped for the SSD through a CPU mapping of BAR1 (gdrdrv, sysfs `resource1` at a
-//!   known offset, or an mmapped CUDA dma-buf) — written, **never run** (no machine here has an
-//!   SSD under VFIO and a GPU together);
-//! - (c) VFIO with a real SSD, rings and data in hugepage host memory registered with CUDA,
-//!   only the doorbell write peer to peer — written, **never run**, for the same reason;
-//! - the GPU-resident controller model — an emulator, in `gpu_emu::resident`.
+//! - `software-controller`: the software controller — an emulator, in `gpu_emu::software`;
+//!   run on the GPU machine;
+//! - `vfio-p2p`: VFIO with a real SSD: BAR0 doorbells registered with CUDA, rings and data in
+//!   GPU memory mapped for the SSD through a CPU mapping of BAR1 (gdrdrv, sysfs `resource1` at
+//!   a known offset, or an mmapped CUDA dma-buf) — written, **never run** (no machine here has
+//!   an SSD under VFIO and a GPU together);
+//! - `host-memory`: VFIO with a real SSD, rings and data in hugepage host memory registered
+//!   with CUDA, only the doorbell write peer to peer — written, **never run**, for the same
+//!   reason;
+//! - `gpu-controller`: the GPU-resident controller model — an emulator, in `gpu_emu::resident`.
 //!
-//! (b) and (c) refuse unless the GPU's IOMMU group is identity-mapped or absent
+//! `vfio-p2p` and `host-memory` refuse unless the GPU's IOMMU group is identity-mapped or absent
 //! ([`transport::iommu`]).
 //!
 //! # Not implemented

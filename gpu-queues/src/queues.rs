@@ -73,8 +73,9 @@ impl Default for GpuQueueOptions {
 pub const TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(3600));
 
-/// The default bound of a wait on a real SSD's queues (transports (b), (c) and (c')): 30 s,
-/// as the Linux driver's I/O timeout, where an emulated controller's 10 s is the default.
+/// The default bound of a wait on a real SSD's queues (the vfio-p2p, host-memory and vfio-user
+/// transports): 30 s, as the Linux driver's I/O timeout, where an emulated controller's 10 s is
+/// the default.
 pub const REAL_SSD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl GpuQueueOptions {
@@ -518,8 +519,8 @@ impl std::fmt::Debug for ReadAhead {
     }
 }
 
-/// A transport that maps no memory after set-up ((b) and (c): every buffer the SSD reaches
-/// is mapped when the queues are built).
+/// A transport that maps no memory after set-up (vfio-p2p and host-memory: every buffer the SSD
+/// reaches is mapped when the queues are built).
 #[derive(Debug)]
 pub struct FixedMemory;
 

@@ -1,6 +1,7 @@
-//! Transports (b) and (c) without the hardware: the GPU's IOMMU check on fake sysfs trees, the
-//! BAR1 probes' order and reasons with fake devices, the selection policy (never silent), the
-//! page touching of the BAR0 registration on plain mappings, and clear errors without libcuda.
+//! The real-SSD transports (vfio-p2p, host-memory) without the hardware: the GPU's IOMMU check
+//! on fake sysfs trees, the BAR1 probes' order and reasons with fake devices, the selection
+//! policy (never silent), the page touching of the BAR0 registration on plain mappings, and
+//! clear errors without libcuda.
 //! Nothing here registers memory with CUDA or maps anything for an SSD: that needs root, an SSD
 //! under VFIO and a GPU on one machine.
 

@@ -1,7 +1,7 @@
 //! Bringing GPU queues up on an opened controller, shared by `perf --gpu` and `fs get/put
-//! --gpu`: the transport ((a) software controller, or VFIO (b)/(c)) chosen at run time, or the
-//! GPU-resident controller model in the software controller's place; the line saying which ran;
-//! and the watchdog that aborts device-side waits when the controller dies.
+//! --gpu`: the transport (software-controller, or vfio-p2p / host-memory over VFIO) chosen at
+//! run time, or the GPU-resident controller model in the software controller's place; the line
+//! saying which ran; and the watchdog that aborts device-side waits when the controller dies.
 
 use std::sync::Arc;
 
@@ -30,8 +30,8 @@ pub struct GpuSetup {
 /// Which controller serves GPU queues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Serving {
-    /// The device's own: the software controller's threads (transport (a)), or a real SSD
-    /// through VFIO ((b), (c)).
+    /// The device's own: the software controller's threads (software-controller), or a
+    /// real SSD through VFIO (vfio-p2p, host-memory).
     Device,
     /// The GPU-resident controller model with this media, in the software controller's place.
     Model(MediaKind),

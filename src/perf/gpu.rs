@@ -74,7 +74,7 @@ pub struct GpuSide {
     pub depth: u32,
     /// SMs reserved for the controller's kernels.
     pub controller_sms: u32,
-    /// The software controller's side (transport (a)): its threads and batched copies.
+    /// The software controller's side (software-controller): its threads and batched copies.
     pub controller: Option<ControllerSide>,
     /// The GPU-resident controller model's side (`--controller gpu`).
     pub model: Option<ModelSide>,

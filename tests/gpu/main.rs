@@ -143,7 +143,7 @@ fn hostile() -> nvme_emu::Hostile {
     }
 }
 
-/// GPU queues on the software controller (transport (a)) with every hostile mode on
+/// GPU queues on the software controller's transport with every hostile mode on
 /// (`nvme_emu::Hostile`: fetched SQEs poisoned, backward tails flagged, freed CQ entries
 /// rewritten stale), so a client that rings a doorbell too early reads or submits garbage and
 /// fails; the rig asserts at its end that no doorbell write was invalid.

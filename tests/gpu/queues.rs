@@ -1,4 +1,4 @@
-//! The runtime's GPU client (`gpu_queues`) on the software controller (transport (a)), every
+//! The runtime's GPU client (`gpu_queues`) on the software controller's transport, every
 //! hostile mode on: every transfer shape into GPU buffers, rings in host memory, a bad
 //! descriptor refused, many queues wrapping with completions out of order, faults (media
 //! errors, dropped completions, controller fatal, frees while a client waits, the transport
@@ -119,8 +119,8 @@ pub(super) fn media_error_is_a_per_command_status() {
     }
 }
 
-/// Transport (b)'s probe (`gpu_queues::transport::probe`), on the software controller's queues:
-/// a GPU thread's Read of LBA 0 with the block's bytes passes; a media error and a lost
+/// The vfio-p2p transport's probe (`gpu_queues::transport::probe`), on the software controller's
+/// queues: a GPU thread's Read of LBA 0 with the block's bytes passes; a media error and a lost
 /// completion are refused, by name and within the bound.
 pub(super) fn transport_probe_proves_a_read_or_says_why_not() {
     use gpu_queues::transport::probe::probe_read;

@@ -1,6 +1,6 @@
-//! The same transfer shapes and wrap-around on SPDK's NVMe-oF target over vfio-user (transport
-//! (c')): a controller gpunvme did not write. `scripts/spdk-gpu-test.sh` starts the target and
-//! runs these with `GPUNVME_TEST_SPDK_DIR` set to its state directory (sockets
+//! The same transfer shapes and wrap-around on SPDK's NVMe-oF target over the vfio-user
+//! transport: a controller gpunvme did not write. `scripts/spdk-gpu-test.sh` starts the target
+//! and runs these with `GPUNVME_TEST_SPDK_DIR` set to its state directory (sockets
 //! `DIR/NAME/cntrl`); `scripts/gpu-test.sh` leaves them to it.
 
 use super::*;

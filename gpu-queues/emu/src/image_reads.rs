@@ -1,4 +1,4 @@
-//! How the software controller reads image data for Reads on GPU queues (transport (a)).
+//! How the software controller reads image data for Reads on GPU queues.
 //!
 //! Three ways, chosen by `GPUNVME_EMU_READS` ([`ReadMode`]):
 //! - `mapped` (the default on x86-64 Linux): the image mapped read-only, whole ([`ImageViews`]);

@@ -4,11 +4,12 @@
 //! SSD never links this crate.
 //!
 //! # Architecture
-//! - [`software`]: transport (a), the software controller (`nvme_emu`, CPU threads) serving
-//!   queues whose rings and data live in GPU memory: batched copies (one scatter kernel per
-//!   controller batch, one gather kernel for a batch's PRP lists and write data) on streams in
-//!   an SM partition of its own (a green context); doorbells are words in a pinned host page.
-//! - [`model`]: the GPU-resident controller model ([`GpuController`]) — a persistent kernel on
+//! - [`software`]: the software controller (`nvme_emu`, CPU threads) and its transport,
+//!   `software-controller`, serving queues whose rings and data live in GPU memory: batched
+//!   copies (one scatter kernel per controller batch, one gather kernel for a batch's PRP lists
+//!   and write data) on streams in an SM partition of its own (a green context); doorbells are
+//!   words in a pinned host page.
+//! - [`resident`]: the GPU-resident controller ([`GpuController`]) — a persistent kernel on
 //!   reserved SMs serving queues in GPU memory at GPU speed, behind the software controller's
 //!   admin queue ([`nvme_emu::QueueServer`]); `null`, `hbm` and `host` media, fault injection
 //!   ([`GpuFaults`]) and an optional SSD timing model per namespace ([`ssd_model`]).
@@ -50,7 +51,7 @@ pub use ssd_model::SsdModel;
 /// The emulated controllers' constructors and statistics on [`GpuQueues`] (import the trait).
 pub trait GpuQueuesExt: Sized {
     /// Queue pairs in GPU memory on `controller`, served by the software controller `emu`
-    /// (transport (a)); see [`software::queues`].
+    /// (the software-controller transport); see [`software::queues`].
     fn on_software_controller(
         cuda: &Arc<Cuda>,
         controller: &Controller,

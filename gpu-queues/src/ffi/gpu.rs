@@ -87,7 +87,7 @@ impl Cuda {
 
     /// The GPU's PCI address as sysfs spells it (`0000:3b:00.0`: lower case), from
     /// `cuDeviceGetPCIBusId`. Refused by `host-gpu`: the stand-in is on no PCI bus, so the
-    /// real-SSD transports (b) and (c) skip it.
+    /// real-SSD transports (vfio-p2p, host-memory) skip it.
     pub fn pci_bus_id(&self) -> Result<String, GpuError> {
         self.raw.pci_bus_id()
     }

@@ -299,7 +299,7 @@ pub(super) unsafe fn read_device(_cuda: &Cuda, src: u64, buf: &mut [u8]) -> Resu
     Ok(())
 }
 
-/// Refused: there is no GPU memory to export (transport (b) skips the host build).
+/// Refused: there is no GPU memory to export (the vfio-p2p transport skips the host build).
 pub(super) fn export_dma_buf(
     _cuda: &Cuda,
     _ptr: u64,

@@ -142,7 +142,7 @@ impl DeviceMemory {
     /// Exports `len` bytes at `offset` as a dma-buf file descriptor
     /// (`cuMemGetHandleForAddressRange`, `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`). The range must
     /// be aligned to the GPU's page (64 KiB on current GPUs) or the driver refuses it. Refused
-    /// by the `host-gpu` build, which has no GPU memory to export (transport (b) skips it).
+    /// by the `host-gpu` build, which has no GPU memory to export (vfio-p2p skips it).
     pub fn export_dma_buf(
         &self,
         offset: usize,

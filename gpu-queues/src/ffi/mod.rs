@@ -1,6 +1,6 @@
 //! The crate's FFI boundary, the only place with `unsafe`: the GPU, as little of it as
-//! gpu-queues needs, behind small owning types; and the operating-system calls of transports
-//! (b) and (c) ([`os`]).
+//! gpu-queues needs, behind small owning types; and the operating-system calls of the
+//! real-SSD transports, vfio-p2p and host-memory ([`os`]).
 //!
 //! The GPU is one of two backends with the same public API, chosen at build time:
 //! - by default, the CUDA driver API (`cuda.rs`) through cudarc's `driver::sys` (dynamically

@@ -1,6 +1,7 @@
-//! The operating-system calls of transports (b) and (c): owned `mmap`s (anonymous, of a file,
-//! of a device or dma-buf descriptor), touching every page of a mapping, `mincore`, GDRCopy's
-//! `gdrdrv` ioctls, and the VFIO mapping of a CPU mapping of GPU memory for the SSD.
+//! The operating-system calls of the real-SSD transports (vfio-p2p, host-memory): owned
+//! `mmap`s (anonymous, of a file, of a device or dma-buf descriptor), touching every page of a
+//! mapping, `mincore`, GDRCopy's `gdrdrv` ioctls, and the VFIO mapping of a CPU mapping of GPU
+//! memory for the SSD.
 // UNSAFETY: this module is the FFI boundary to the kernel for the transports: raw mmap/munmap,
 // volatile reads of mapped (possibly device) memory, ioctls with raw argument structs, and the
 // `VFIO_IOMMU_MAP_DMA` of memory this process mapped.
@@ -558,8 +559,8 @@ impl Bar0Doorbells {
 }
 
 /// Host DMA memory (the SSD's hugepage memory from `nvme::Device::alloc_dma`) registered with
-/// CUDA, so GPU threads reach it over PCIe: transport (c)'s rings and data. Field order is drop
-/// order: unregistered before the memory is released.
+/// CUDA, so GPU threads reach it over PCIe: the host-memory transport's rings and data. Field
+/// order is drop order: unregistered before the memory is released.
 pub struct HostArena {
     reg: crate::ffi::HostRegistration,
     mem: nvme::DmaMemory,

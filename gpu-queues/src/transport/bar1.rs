@@ -1,5 +1,5 @@
 //! A CPU mapping of GPU memory (through the GPU's BAR1) that VFIO can map for the SSD:
-//! transport (b)'s way of making GPU memory DMA-able by a device under VFIO type1.
+//! the vfio-p2p transport's way of making GPU memory DMA-able by a device under VFIO type1.
 //!
 //! Probed in order, each probe returning a typed reason when it cannot serve:
 //! 1. GDRCopy's `gdrdrv` (`/dev/gdrdrv`): pin the range in BAR1 (`GDRDRV_IOC_PIN_BUFFER`,

@@ -1,5 +1,6 @@
-//! Queue pairs for transports (b) and (c), on one arena of SSD-reachable memory per pair; the
-//! geometry, PRP lists and initial state come from the same helpers as transport (a)'s.
+//! Queue pairs for the real-SSD transports (vfio-p2p, host-memory), on one arena of
+//! SSD-reachable memory per pair; the geometry, PRP lists and initial state come from the same
+//! helpers as the software-controller transport's.
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;

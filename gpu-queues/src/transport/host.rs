@@ -1,10 +1,10 @@
-//! Transport (c): a real SSD behind VFIO, with rings and data in host memory.
+//! The host-memory transport: a real SSD behind VFIO, with rings and data in host memory.
 //!
 //! Per queue pair, one arena of the SSD's own DMA memory (`nvme::Device::alloc_dma`: hugepages
 //! mapped by VFIO, a chunk of its own) registered with CUDA (`cuMemHostRegister`, DEVICEMAP):
 //! GPU threads write SQEs and read CQEs and data over PCIe, the SSD reaches the memory as any
 //! DMA buffer, and only the doorbell write goes peer to peer (BAR0 registered with CUDA, as in
-//! (b)). Works without P2P-capable GPU memory; still refused unless the GPU's DMA is
+//! vfio-p2p). Works without P2P-capable GPU memory; still refused unless the GPU's DMA is
 //! untranslated, since the doorbell write is the GPU's.
 #![forbid(unsafe_code)]
 

@@ -1,23 +1,23 @@
 //! Choosing how GPU queues reach the controller, at run time, always saying why.
 //!
 //! Transports, in the order tried:
-//! - (a) [`TransportKind::SoftwareController`]: the software controller, an emulator (the
+//! - [`TransportKind::SoftwareController`]: the software controller, an emulator (the
 //!   `gpu_emu` crate builds its queues, and reports its choice through [`select`] too); never
 //!   a choice for a real controller.
-//! - (b) [`TransportKind::VfioP2p`] ([`p2p`]): a real SSD behind VFIO; its BAR0 doorbells
+//! - [`TransportKind::VfioP2p`] ([`p2p`]): a real SSD behind VFIO; its BAR0 doorbells
 //!   registered with CUDA ([`crate::ffi::os::Bar0Doorbells`]), rings and data in GPU memory that VFIO maps
 //!   for the SSD through a CPU mapping of the GPU's BAR1 ([`bar1`]). Needs VFIO type1.
-//! - (c) [`TransportKind::HostMemory`] ([`host`]): rings and data in the SSD's hugepage host
+//! - [`TransportKind::HostMemory`] ([`host`]): rings and data in the SSD's hugepage host
 //!   memory registered with CUDA; only the doorbell write crosses PCIe peer to peer.
-//! - (c') [`TransportKind::VfioUser`] ([`vfio_user`]): a controller served by another process
-//!   over vfio-user; (c)'s layout in memory shared with that process, doorbells included. The
-//!   only transport for such a controller ([`open_vfio_user`]).
+//! - [`TransportKind::VfioUser`] ([`vfio_user`]): a controller served by another process
+//!   over vfio-user; the host-memory layout in memory shared with that process, doorbells
+//!   included. The only transport for such a controller ([`open_vfio_user`]).
 //!
-//! (b) and (c) both refuse unless the GPU's own DMA is untranslated ([`iommu`]): a GPU in a
-//! translating IOMMU domain never lands its doorbell writes. [`select`] tries the candidates in
-//! order and returns the first that works with a [`TransportChoice`] naming every transport
-//! skipped before it and why, or [`GpuError::NoTransport`] with every reason: never a silent
-//! fallback.
+//! The real-SSD transports (vfio-p2p and host-memory) both refuse unless the GPU's own DMA is
+//! untranslated ([`iommu`]): a GPU in a translating IOMMU domain never lands its doorbell
+//! writes. [`select`] tries the candidates in order and returns the first that works with a
+//! [`TransportChoice`] naming every transport skipped before it and why, or
+//! [`GpuError::NoTransport`] with every reason: never a silent fallback.
 //!
 //! Unsafe code (mmap, ioctls, touching pages, VFIO and CUDA registrations of raw ranges) lives
 //! only in `crate::ffi` (its `os` and backend modules); every module here forbids it.
@@ -88,7 +88,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Where transports (b) and (c) look on the system (tests and containers point elsewhere).
+/// Where the real-SSD transports look on the system (tests and containers point elsewhere).
 #[derive(Clone, Debug)]
 pub struct TransportOptions {
     /// `/sys`.
@@ -109,9 +109,9 @@ impl Default for TransportOptions {
     }
 }
 
-/// Builds GPU queues on `controller`, served over vfio-user by `dev`'s server: transport (c'),
-/// the only one that applies ((a) serves only the software controller; (b) and (c) need a PCI
-/// function).
+/// Builds GPU queues on `controller`, served over vfio-user by `dev`'s server: the vfio-user
+/// transport, the only one that applies (software-controller serves only the software
+/// controller; vfio-p2p and host-memory need a PCI function).
 pub fn open_vfio_user(
     cuda: &Arc<Cuda>,
     controller: &Controller,
@@ -135,8 +135,8 @@ pub fn open_vfio_user(
 }
 
 /// Builds GPU queues on `controller`, a real controller bound to vfio-pci (`dev`), with the
-/// first transport that works: (b), then (c). The choice is logged and returned for the caller
-/// to print; (a), the software controller, is listed as skipped (it serves only its own
+/// first transport that works: vfio-p2p, then host-memory. The choice is logged and returned
+/// for the caller to print; software-controller is listed as skipped (it serves only its own
 /// emulated controller).
 pub fn open(
     cuda: &Arc<Cuda>,

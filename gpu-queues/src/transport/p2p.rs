@@ -1,4 +1,4 @@
-//! Transport (b): a real SSD behind VFIO, with rings and data in GPU memory.
+//! The vfio-p2p transport: a real SSD behind VFIO, with rings and data in GPU memory.
 //!
 //! Per queue pair, one arena of GPU memory (`cuMemAlloc`, 2 MiB multiples, 64 KiB aligned)
 //! is mapped for the CPU through BAR1 ([`bar1::probe_bar1`]) and that CPU mapping for the SSD
@@ -25,8 +25,8 @@ use crate::transport::probe::{PROBE_BOUND, probe_read};
 /// Arena granularity: cuMemAlloc of whole 2 MiB pages comes back 2 MiB aligned.
 const ARENA_UNIT: usize = 2 << 20;
 
-/// Checks what (b) and (c) share: the GPU may write the SSD's doorbells. Returns the GPU's PCI
-/// address.
+/// Checks what vfio-p2p and host-memory share: the GPU may write the SSD's doorbells. Returns
+/// the GPU's PCI address.
 pub(crate) fn check_gpu_doorbells(
     cuda: &Arc<Cuda>,
     topts: &TransportOptions,
@@ -51,7 +51,7 @@ fn check_write_ordering(ordering: i32) -> Result<(), GpuError> {
         "the GPU orders peer-to-peer writes into its memory at level {ordering} \
          (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING below OWNER, {WRITES_ORDERING_OWNER}): \
          an SSD's data could land after its completion entry and GPU threads would read stale \
-         data; transport (c), with data in host memory, does not depend on it"
+         data; the host-memory transport, with data in host memory, does not depend on it"
     )))
 }
 

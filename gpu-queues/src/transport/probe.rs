@@ -3,10 +3,10 @@
 //! after that buffer was filled with a poison pattern, bounded in time, and compared with the
 //! same block read through a CPU queue of the controller where one can be created.
 //!
-//! Transport (b) runs it before choosing itself: its set-up can succeed on a platform where the
-//! SSD's writes into GPU memory never arrive (a translated IOMMU domain the checks missed, a
-//! BAR1 mapping of the wrong pages), and without the probe the first user of the queues would
-//! read stale bytes or wait out a 30 s timeout.
+//! The vfio-p2p transport runs it before choosing itself: its set-up can succeed on a platform
+//! where the SSD's writes into GPU memory never arrive (a translated IOMMU domain the checks
+//! missed, a BAR1 mapping of the wrong pages), and without the probe the first user of the
+//! queues would read stale bytes or wait out a 30 s timeout.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;

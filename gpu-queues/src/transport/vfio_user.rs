@@ -1,13 +1,13 @@
-//! Transport (c'): a controller another process serves over vfio-user (SPDK's NVMe-oF target),
-//! driven by GPU threads.
+//! The vfio-user transport: a controller another process serves over vfio-user (SPDK's NVMe-oF
+//! target), driven by GPU threads.
 //!
-//! (c)'s layout on ordinary shared memory: every queue pair's rings, PRP-list pages and slot
-//! buffers in one arena of the controller's own DMA memory (`nvme::Device::alloc_dma`, here a
-//! memfd shared with the server by descriptor) registered with CUDA (DEVICEMAP | PORTABLE), and
-//! the doorbell page the server shares and polls, registered likewise. GPU threads write SQEs,
-//! ring doorbells and read CQEs with system-scope stores and loads over PCIe; the server reads
-//! and writes the same pages from its CPU. Nothing here is peer to peer, so neither root nor
-//! an untranslated GPU is needed.
+//! The host-memory transport's layout on ordinary shared memory: every queue pair's rings,
+//! PRP-list pages and slot buffers in one arena of the controller's own DMA memory
+//! (`nvme::Device::alloc_dma`, here a memfd shared with the server by descriptor) registered
+//! with CUDA (DEVICEMAP | PORTABLE), and the doorbell page the server shares and polls,
+//! registered likewise. GPU threads write SQEs, ring doorbells and read CQEs with system-scope
+//! stores and loads over PCIe; the server reads and writes the same pages from its CPU. Nothing
+//! here is peer to peer, so neither root nor an untranslated GPU is needed.
 //!
 //! One arena for all pairs, because libvfio-user accepts 16 DMA regions per client: a region
 //! per pair would cap the queue count.
@@ -113,7 +113,7 @@ fn shared_arena(
     )?))
 }
 
-/// Buffers for (c'): host memory shared with the server, registered with CUDA.
+/// Buffers for the vfio-user transport: host memory shared with the server, registered with CUDA.
 struct SharedBuffers {
     dev: Arc<vfio::VfioUserNvme>,
 }

@@ -44,7 +44,7 @@ pub fn open(
 }
 
 /// Builds queue pairs in GPU memory on `controller`, whose transport is the software
-/// controller `emu` (transport (a)): GPU memory is registered in its device-address map and
+/// controller `emu` (`software-controller`): GPU memory is registered in its device-address map and
 /// each queue's doorbells are attached as pinned-host-page words before the queue exists.
 pub fn queues(
     cuda: &Arc<Cuda>,

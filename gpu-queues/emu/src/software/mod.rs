@@ -1,12 +1,13 @@
-//! Transport (a): the software controller (`nvme_emu`) serving queues that GPU threads drive —
-//! an emulated controller standing in for an SSD, built on the runtime's [`QueueTransport`]
-//! seam ([`queues`] builds the queue pairs, [`SoftwareTransport`] serves them).
+//! The software-controller transport: the software controller (`nvme_emu`) serving queues that
+//! GPU threads drive — an emulated controller standing in for an SSD, built on the runtime's
+//! [`QueueTransport`] seam ([`queues`] builds the queue pairs, [`SoftwareTransport`] serves
+//! them).
 //!
 //! Where a pair's rings, PRP-list pages and slot buffers live is a [`RingPlacement`]:
 //!
 //! - **host** (`perf --gpu`'s choice, [`GpuQueueOptions::host_rings`]): one arena of the
-//!   controller's own host DMA memory per pair, laid
-//!   out as transport (c) lays them out on a real SSD and registered with CUDA. The controller
+//!   controller's own host DMA memory per pair, laid out as the host-memory transport lays
+//!   them out on a real SSD and registered with CUDA. The controller
 //!   reads SQEs and writes CQEs and slot-buffer data directly, as for CPU queues; GPU threads
 //!   reach the arena over PCIe. No copy, kernel or wait per command: the latency of a command is
 //!   the PCIe round trips and the controller's polling.

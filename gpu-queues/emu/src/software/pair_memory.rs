@@ -24,8 +24,8 @@ pub enum RingPlacement {
     /// In GPU memory, reached by the controller through its copy engines: every SQE fetch is
     /// a copy and a wait, every completion a piece of a scatter kernel.
     Gpu,
-    /// In pinned host memory the controller reads and writes directly, mapped into the GPU
-    /// (transport (c)'s layout on a real SSD; the CQ in pinned memory of its own, see
+    /// In pinned host memory the controller reads and writes directly, mapped into the GPU (the
+    /// host-memory transport's layout on a real SSD; the CQ in pinned memory of its own, see
     /// [`HostCqRegion`]): GPU threads write SQEs and read CQEs and slot buffer data over PCIe;
     /// no copy or kernel per command. Buffers from [`GpuQueues::alloc_buffer`] stay in GPU
     /// memory (copies for data only).
@@ -121,8 +121,8 @@ pub(super) fn gpu_pair_memory(
 }
 
 /// [`RingPlacement::Host`]: the pair's rings, PRP-list pages and slot buffers in one arena of
-/// the controller's own host DMA memory ([`QueueLayout`], as transport (c) lays them out on a
-/// real SSD), registered with CUDA so that GPU threads reach it over PCIe.
+/// the controller's own host DMA memory ([`QueueLayout`], as the host-memory transport lays them
+/// out on a real SSD), registered with CUDA so that GPU threads reach it over PCIe.
 pub(super) fn host_pair_memory(
     cuda: &Arc<Cuda>,
     emu: &Arc<EmuDevice>,

@@ -1,6 +1,6 @@
-//! [`SoftwareTransport`]: transport (a) as the runtime sees it ([`QueueTransport`]): buffers
-//! registered in the controller's address map, its copy engines' counters, and Read hints
-//! (readahead, or a prefetch the Read path looks in).
+//! [`SoftwareTransport`]: the software-controller transport as the runtime sees it
+//! ([`QueueTransport`]): buffers registered in the controller's address map, its copy engines'
+//! counters, and Read hints (readahead, or a prefetch the Read path looks in).
 
 use std::sync::Arc;
 
@@ -18,7 +18,8 @@ use super::readahead::Readahead;
 use super::regions::register_region;
 use super::stats::DmaStats;
 
-/// Transport (a) as the runtime sees it: the software controller and its copy engines.
+/// The software-controller transport as the runtime sees it: the software controller and its
+/// copy engines.
 pub struct SoftwareTransport {
     pub(super) emu: Arc<EmuDevice>,
     pub(super) engine: Arc<GpuDma>,
