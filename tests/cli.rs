@@ -489,7 +489,7 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
                 d,
                 &format!("--device {img} fs {cmd} --ssd-model read_us=80,drives=4"),
             ),
-            "needs --controller gpu",
+            "needs the GPU-resident controller (controller `gpu`)",
         );
     }
     // GPU options without --gpu are refused, not ignored.

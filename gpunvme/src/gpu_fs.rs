@@ -342,7 +342,7 @@ fn setup_in_group(
     ensure!(
         opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
         InvalidArgument,
-        "an SSD timing model times the GPU-resident controller's media: it needs --controller gpu"
+        "an SSD timing model times the GPU-resident controller's media: it needs the GPU-resident controller (controller `gpu`)"
     );
     let cuda = Cuda::open(0).context("opening GPU 0")?;
     let model = match opts.serving {
