@@ -106,6 +106,13 @@ enum Command {
     /// this command allocates: write, read back and check LBA-stamped data; fails on any error.
     /// Refuses a namespace holding a blockfs or a volume member without --force.
     ProtocolCheck(cli::protocol::ProtocolCheckArgs),
+    /// Where the NVIDIA GPUs and NVMe controllers sit on PCIe: the path class of every pair
+    /// (PIX, PXB, PHB, NODE, SYS, as `nvidia-smi topo -m`), read from sysfs; opens no device.
+    Topology {
+        /// The sysfs root to read (tests point it at a fake tree).
+        #[arg(long, default_value = "/sys", hide = true)]
+        sys_root: std::path::PathBuf,
+    },
     /// Image files for the software controller (`image create PATH --size 4G`).
     Image {
         #[command(subcommand)]
@@ -148,7 +155,7 @@ impl Command {
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
             Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
-            Command::Image { .. } => false,
+            Command::Image { .. } | Command::Topology { .. } => false,
         }
     }
 
@@ -356,6 +363,13 @@ fn run(args: Args) -> Result<()> {
             }
         });
     }
+    if let Command::Topology { sys_root } = &args.command {
+        anyhow::ensure!(
+            args.device.is_empty(),
+            "`topology` reads sysfs and opens no device: drop --device"
+        );
+        return cli::topology::run(sys_root, args.json);
+    }
     if let Command::Image { cmd } = args.command {
         anyhow::ensure!(
             args.device.is_empty(),
@@ -442,7 +456,7 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
-        Command::Image { .. } => Err(anyhow::anyhow!(
+        Command::Image { .. } | Command::Topology { .. } => Err(anyhow::anyhow!(
             "internal error: an image command reached a device"
         )),
     };

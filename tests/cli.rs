@@ -868,3 +868,60 @@ fn fs_put_from_standard_input_streams_and_checksums() {
         serde_json::from_str(&ok(&gpunvme(d, "--device disk.img --json fs stat empty"))).unwrap();
     assert_eq!(st["size"], 0, "{st}");
 }
+
+/// `topology` on a fake sysfs tree: a GPU and an NVMe controller behind one switch, another
+/// controller on a root port of its own; text and JSON, and no device opened (no image made).
+#[test]
+fn topology_prints_the_path_class_of_every_gpu_and_controller() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sys = d.join("sys");
+    let add = |path: &str, addr: &str, class: &str, vendor: &str| {
+        let dev = sys.join("devices").join(path).join(addr);
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("class"), class).unwrap();
+        std::fs::write(dev.join("vendor"), vendor).unwrap();
+        std::fs::write(dev.join("numa_node"), "0").unwrap();
+        std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+        std::os::unix::fs::symlink(&dev, sys.join("bus/pci/devices").join(addr)).unwrap();
+    };
+    let sw = "pci0000:00/0000:00:01.0/0000:01:00.0";
+    add(
+        &format!("{sw}/0000:02:00.0"),
+        "0000:03:00.0",
+        "0x030200",
+        "0x10de",
+    );
+    add(
+        &format!("{sw}/0000:02:01.0"),
+        "0000:04:00.0",
+        "0x010802",
+        "0x144d",
+    );
+    add(
+        "pci0000:00/0000:00:02.0",
+        "0000:05:00.0",
+        "0x010802",
+        "0x144d",
+    );
+    let root = sys.display().to_string();
+    let text = ok(&gpunvme(d, &format!("topology --sys-root {root}")));
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("GPU 0000:03:00.0"))
+        .unwrap();
+    assert!(row.contains("PIX") && row.contains("PHB"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&gpunvme(
+        d,
+        &format!("--json topology --sys-root {root}"),
+    )))
+    .unwrap();
+    assert_eq!(v["classes"], serde_json::json!([["PIX", "PHB"]]), "{v}");
+    assert_eq!(v["nearest"], serde_json::json!([[0]]), "{v}");
+    assert_eq!(v["controllers"][1]["address"], "0000:05:00.0");
+    assert!(!d.join("gpunvme.img").exists());
+    fails_with(
+        &gpunvme(d, &format!("--device x.img topology --sys-root {root}")),
+        "opens no device",
+    );
+}

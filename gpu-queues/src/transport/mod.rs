@@ -29,6 +29,7 @@ pub mod host;
 pub mod iommu;
 pub mod p2p;
 pub mod probe;
+pub mod topology;
 pub mod vfio_user;
 
 use std::path::PathBuf;
