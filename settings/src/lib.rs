@@ -124,6 +124,12 @@ settings! {
         "Restricts a real SSD's GPU queues to one transport, e.g. to bring the host-memory rings up before P2P.";
     HOST_GPU_SMS = "GPUNVME_HOST_GPU_SMS", "a positive number", "16", "gpu_queues (host-gpu builds)",
         "SMs the host-gpu harness (the CUDA sources on CPU threads) reports for its one GPU.";
+    HOST_GPU_THREADS = "GPUNVME_HOST_GPU_THREADS", "1 to 4294967294", "4096", "gpu_queues (host-gpu builds; the C++ harness)",
+        "Most emulated GPU threads resident at once in the host-gpu harness (blocks beyond run when earlier ones end).";
+    HOST_GPU_WAIT_S = "GPUNVME_HOST_GPU_WAIT_S", "whole seconds, 1 to 4294967294", "120", "gpu_queues (host-gpu builds; the C++ harness)",
+        "Bound of the host-gpu harness's own waits (a launch, a synchronize) before it reports a hang.";
+    HOST_GPU_SLEEP_NS = "GPUNVME_HOST_GPU_SLEEP_NS", "nanoseconds, 1 to 4294967294", "20000", "gpu_queues (host-gpu builds; the C++ harness)",
+        "The shortest sleep of a polling emulated GPU thread in the host-gpu harness (more threads alive sleep longer).";
     EMU_READS = "GPUNVME_EMU_READS", "`mapped`, `pread` or `registered`", "mapped where guarded copies work (x86-64 Linux), else pread", "gpu_emu",
         "How Read data for GPU queues leaves the software controller's image: copied out of a mapping, read by pread, or copied by a copy engine from registered windows.";
     EMU_COLD_READS = "GPUNVME_EMU_COLD_READS", "`direct`, `buffered` or `prefetch`", "buffered", "gpu_emu",

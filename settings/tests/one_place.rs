@@ -85,6 +85,36 @@ fn libraries_read_the_environment_only_through_the_table() {
 }
 
 #[test]
+fn the_host_gpu_harness_reads_only_variables_of_the_table() {
+    // The C++ harness (ptx/host/) reads its variables with getenv through env_unsigned.
+    let names: Vec<&str> = gpunvme_settings::ALL.iter().map(|s| s.name).collect();
+    let mut found = 0;
+    for e in std::fs::read_dir(root().join("ptx/host")).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        for (i, _) in text.match_indices("getenv(") {
+            let rest = &text[i..];
+            let line = rest.lines().next().unwrap();
+            assert!(
+                line.contains("getenv(name)"),
+                "{}: getenv outside env_unsigned: {line}",
+                p.display()
+            );
+        }
+        for (i, _) in text.match_indices("env_unsigned(\"") {
+            let name: String = text[i + 14..].chars().take_while(|&c| c != '"').collect();
+            assert!(
+                names.contains(&name.as_str()),
+                "{}: {name} is not in the table",
+                p.display()
+            );
+            found += 1;
+        }
+    }
+    assert!(found >= 3, "found {found} harness variables");
+}
+
+#[test]
 fn docs_settings_md_is_the_table() {
     let path = root().join("docs/settings.md");
     let want = gpunvme_settings::markdown();

@@ -88,6 +88,16 @@ pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
             reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
         });
     }
+    // The harness (C++) reads these itself and would fall back on a bad value: refused here
+    // first, so a typo is an error rather than a silent default.
+    for s in [
+        gpunvme_settings::HOST_GPU_THREADS,
+        gpunvme_settings::HOST_GPU_WAIT_S,
+        gpunvme_settings::HOST_GPU_SLEEP_NS,
+    ] {
+        s.read_number_in(1, u32::MAX as u64 - 1)
+            .map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
+    }
     let sm_count = gpunvme_settings::HOST_GPU_SMS
         .read_number_in(1, u32::MAX as u64)
         .map_err(|e| GpuError::InvalidArgument(e.to_string()))?
