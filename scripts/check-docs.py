@@ -91,14 +91,7 @@ def check_readme():
 
 
 def check_benchmarks():
-    text = read(BENCHMARKS)
-    fenced = False
-    for n, line in enumerate(text.split("\n"), 1):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
+    for n, line in prose_lines(read(BENCHMARKS)):
         if line.startswith("#") and DATE.search(line):
             report(BENCHMARKS, n, "a date in a section heading: one current section per benchmark, "
                    "dates in its table (history: benches/results/history.md)")

@@ -118,9 +118,9 @@ impl std::error::Error for Closed {}
 
 /// The Python exception for `e`: its kind's class, the message with its whole chain, worded
 /// for a Python caller (how to make a missing image, how to replace an existing one).
-fn to_py(mut e: Error) -> PyErr {
-    if let Some(m) = e.cause_mut::<MissingImage>() {
-        m.hint = Some(if m.default {
+fn to_py(e: Error) -> PyErr {
+    let e = MissingImage::explain(e, |m| {
+        if m.default {
             "nothing has written it yet: open it without read_only, or make it with \
              gpunvme.create_image(path, SIZE)"
                 .into()
@@ -128,11 +128,9 @@ fn to_py(mut e: Error) -> PyErr {
             "create it with gpunvme.open(path, create=SIZE), e.g. create=\"1G\", or \
              gpunvme.create_image(path, SIZE)"
                 .into()
-        });
-    }
-    if let Some(x) = e.cause_mut::<ImageExists>() {
-        x.hint = Some("pass force=True to replace it".into());
-    }
+        }
+    });
+    let e = ImageExists::explain(e, "pass force=True to replace it");
     let msg = e.to_string();
     if e.is::<Closed>() {
         return ClosedError::new_err(msg);

@@ -36,11 +36,6 @@ impl Setting {
         (!v.is_empty()).then_some(v)
     }
 
-    /// Whether the variable is set to something.
-    pub fn is_set(&self) -> bool {
-        self.value().is_some()
-    }
-
     /// The error for a `value` of this variable that cannot be used.
     pub fn invalid(&self, value: &str) -> SettingError {
         SettingError {
