@@ -77,7 +77,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("gpu_bfs")? else {
+    let Some(_cuda) = common::gpu_or_skip("gpu_bfs", &args.dev.gpu_id)? else {
         return Ok(());
     };
     let t = Instant::now();

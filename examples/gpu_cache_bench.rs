@@ -81,6 +81,9 @@ struct Args {
     /// SMs reserved for the controller's kernels.
     #[arg(long, default_value_t = 8)]
     controller_sms: u32,
+    /// The GPU to run on: a CUDA ordinal, a UUID (GPU-...) or a PCI address.
+    #[arg(long, default_value = "0")]
+    gpu_id: gpunvme::gpu_queues::GpuId,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +94,7 @@ enum Part {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(cuda) = common::gpu_or_skip("gpu_cache_bench")? else {
+    let Some(cuda) = common::gpu_or_skip("gpu_cache_bench", &args.gpu_id)? else {
         return Ok(());
     };
     ensure!(

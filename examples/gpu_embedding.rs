@@ -57,7 +57,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("gpu_embedding")? else {
+    let Some(_cuda) = common::gpu_or_skip("gpu_embedding", &args.dev.gpu_id)? else {
         return Ok(());
     };
     ensure!(

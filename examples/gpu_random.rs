@@ -56,7 +56,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("gpu_random")? else {
+    let Some(_cuda) = common::gpu_or_skip("gpu_random", &args.dev.gpu_id)? else {
         return Ok(());
     };
     ensure!(

@@ -42,7 +42,7 @@ struct Args {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("gpu_read")? else {
+    let Some(_cuda) = common::gpu_or_skip("gpu_read", &args.dev.gpu_id)? else {
         return Ok(());
     };
     ensure!(args.size > 0, "--size must be positive");

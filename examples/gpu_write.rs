@@ -92,7 +92,7 @@ fn check_pattern_file(fs: &FileSystem, name: &str, len: u64, seed: u64) -> Resul
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("gpu_write")? else {
+    let Some(_cuda) = common::gpu_or_skip("gpu_write", &args.dev.gpu_id)? else {
         return Ok(());
     };
     ensure!(args.size > 0, "--size must be positive");

@@ -116,7 +116,7 @@ impl Source {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let Some(_cuda) = common::gpu_or_skip("load_safetensors")? else {
+    let Some(_cuda) = common::gpu_or_skip("load_safetensors", &args.dev.gpu_id)? else {
         return Ok(());
     };
     let src = match &args.file {

@@ -260,8 +260,8 @@ gpunvme_error gpunvme_fsck(const gpunvme_device *dev,
                            size_t *report_len,
                            bool *consistent);
 
-// Brings the handle's GPU queues up (or finds them up) and describes them in `*out`, for the
-// caller's kernels. Their data buffers must be memory the controller reaches: map it with
+// Brings the handle's queues of GPU `gpu` up (or finds them up) and describes them in `*out`,
+// for the caller's kernels on that GPU. Their data buffers must be memory the controller reaches: map it with
 // [`gpunvme_gpu_map`]. The queues are shared with this handle's own GPU calls.
 //
 // On the software controller (`controller` "emu"), do not call `cudaFree`, `cudaFreeHost`,
@@ -273,9 +273,11 @@ gpunvme_error gpunvme_fsck(const gpunvme_device *dev,
 // # Safety
 // `dev` may be any value (one that is not a live device handle is
 // `GPUNVME_ERROR_INVALID_HANDLE`); `out` is valid for a write.
-gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_info *out);
+gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev,
+                                 int32_t gpu,
+                                 gpunvme_gpu_queues_info *out);
 
-// Makes `len` bytes of the caller's GPU memory at `ptr` reachable by the handle's GPU queues'
+// Makes `len` bytes of the caller's memory of GPU `gpu` at `ptr` reachable by the handle's GPU queues'
 // controller: `*bus` is the device address of `ptr` for commands (`rw_thread`'s `bus`),
 // `*out` the mapping, valid until [`gpunvme_gpu_unmap`] (call it before freeing the memory
 // and before gpunvme_release_gpu or gpunvme_close). `GPUNVME_ERROR_DEVICE` where the
@@ -286,6 +288,7 @@ gpunvme_error gpunvme_gpu_queues(const gpunvme_device *dev, gpunvme_gpu_queues_i
 // `GPUNVME_ERROR_INVALID_HANDLE`); `ptr..ptr + len` stays allocated until the mapping is
 // unmapped; `bus` and `out` are valid for writes.
 gpunvme_error gpunvme_gpu_map(const gpunvme_device *dev,
+                              int32_t gpu,
                               void *ptr,
                               size_t len,
                               uint64_t *bus,
@@ -300,7 +303,7 @@ gpunvme_error gpunvme_gpu_map(const gpunvme_device *dev,
 // reach it afterwards).
 gpunvme_error gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
 
-// File `name`'s extent table in GPU memory, for kernels that include
+// File `name`'s extent table in the memory of GPU `gpu`, for kernels on it that include
 // `ptx/include/gpunvme_file.cuh` and read it on the handle's GPU queues: `*table` is the GPU
 // pointer `gpunvme::fs::table_open` takes, `*index` the file's entry (`table_file_at`),
 // `*size` its length in bytes; `*out` keeps the table (and the file's blocks) until
@@ -312,6 +315,7 @@ gpunvme_error gpunvme_gpu_unmap(gpunvme_gpu_mapping *m);
 // `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; the out-pointers are valid for
 // writes.
 gpunvme_error gpunvme_gpu_file_open(const gpunvme_device *dev,
+                                    int32_t gpu,
                                     const char *name,
                                     gpunvme_gpu_file **out,
                                     uint64_t *table,
@@ -326,8 +330,8 @@ gpunvme_error gpunvme_gpu_file_open(const gpunvme_device *dev,
 // No kernel still reads the table.
 gpunvme_error gpunvme_gpu_file_close(gpunvme_gpu_file *f);
 
-// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
-// by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
+// Reads file `name` from byte `offset` into `len` bytes of the caller's memory of GPU `gpu` at
+// `dst` by NVMe reads that GPU issues (straight into it where the transport maps it), after the work
 // queued on `stream` (a `cudaStream_t`; NULL: the default stream) has finished; `*nread` =
 // the bytes read, fewer than `len` only where the file ends. The data is in place when the
 // call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
@@ -335,9 +339,10 @@ gpunvme_error gpunvme_gpu_file_close(gpunvme_gpu_file *f);
 // # Safety
 // `dev` may be any value (one that is not a live device handle is
 // `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `dst..dst + len` is GPU memory
-// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is
+// that stays allocated for the call; `stream` is NULL or a live stream of GPU `gpu`; `nread` is
 // valid for a write.
 gpunvme_error gpunvme_gpu_read(const gpunvme_device *dev,
+                               int32_t gpu,
                                const char *name,
                                uint64_t offset,
                                void *dst,
@@ -345,16 +350,17 @@ gpunvme_error gpunvme_gpu_read(const gpunvme_device *dev,
                                void *stream,
                                size_t *nread);
 
-// Writes `len` bytes of the caller's GPU memory at `src` as file `name` by GPU-issued NVMe
-// writes, after the work queued on `stream` (NULL: the default stream) has finished; records
-// the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
+// Writes `len` bytes of the caller's memory of GPU `gpu` at `src` as file `name` by NVMe
+// writes that GPU issues, after the work queued on `stream` (NULL: the default stream) has
+// finished; records the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
 // `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
 //
 // # Safety
 // `dev` may be any value (one that is not a live device handle is
 // `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `src..src + len` is GPU memory
-// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+// that stays allocated for the call; `stream` is NULL or a live stream of GPU `gpu`.
 gpunvme_error gpunvme_gpu_write(const gpunvme_device *dev,
+                                int32_t gpu,
                                 const char *name,
                                 const void *src,
                                 size_t len,

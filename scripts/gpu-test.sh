@@ -89,6 +89,31 @@ for lba in 512 4096; do
     rm -f "$img"
 done
 
+# 2-. The GPU named explicitly: by ordinal, by UUID (nvidia-smi's), every GPU at once (each
+# its own queue pairs), and a GPU the machine does not have refused by name.
+all_ok() {  # all_ok IMG ARGS...: perf --gpu --gpu-id all, every GPU's report without errors
+    local img=$1; shift
+    local out; out=$("$G" --device "$img" --controller-queue-pairs 17 --json perf --gpu --verify --gpu-id all "$@") || return 1
+    echo "$out" | python3 -c 'import json,sys
+r=json.load(sys.stdin); t=r["total"]
+for c in r["controllers"]: print(c["device"], "ios=%d queues=%d errors=%d" % (c["ios"], c["gpu"]["queues"], c["errors"]))
+print("total ios=%d iops=%.0f errors=%d" % (t["ios"], t["iops"], t["errors"]))
+sys.exit(1 if t["errors"] or t["ios"]==0 else 0)'
+}
+missing_gpu_refused() {  # missing_gpu_refused IMG: --gpu-id N for N = the GPU count fails, naming it
+    local n; n=$(nvidia-smi -L | grep -c '^GPU ')
+    local err; err=$("$G" --device "$1" perf --gpu --gpu-id "$n" --ios 10 2>&1 >/dev/null) && return 1
+    echo "$err"; grep -q "no GPU $n: this process sees" <<<"$err"
+}
+img=$WORK/ids; truncate -s 1G "$img"
+UUID=$(nvidia-smi -L | sed -n 's/.*(UUID: \(GPU-[0-9a-f-]*\)).*/\1/p' | head -1)
+check "perf --gpu --gpu-id 0" perf_ok "$img" 512 --gpu-id 0 --rw randread --bs 4k --qd 32 --ios $IOS
+check "perf --gpu --gpu-id $UUID" perf_ok "$img" 512 --gpu-id "$UUID" --rw randwrite --bs 4k --qd 32 --ios $IOS
+check "perf --gpu --gpu-id all randread" all_ok "$img" --rw randread --bs 4k --qd 32 --ios $IOS
+check "perf --gpu --gpu-id all randwrite" all_ok "$img" --rw randwrite --bs 4k --qd 32 --ios $IOS
+check "perf --gpu --gpu-id (a GPU not here) refused" missing_gpu_refused "$img"
+rm -f "$img"
+
 # 2a. I/Os above the maximum transfer (--bs 1m: the perf kernel splits each into commands of
 # the controller's MDTS), verified, on both controllers.
 img=$WORK/big; truncate -s 1G "$img"

@@ -70,6 +70,11 @@ fi
 export GPUNVME_GPU_TIMEOUT_S=${GPUNVME_GPU_TIMEOUT_S:-120}
 cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored --test-threads=1 \
     --exact "${TESTS[@]}"
+# Several GPUs in one process, on two stand-in GPUs: names, perf on every GPU at once, and a
+# free on one GPU not held back by the other's waiting kernel.
+GPUNVME_HOST_GPU_COUNT=2 cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored \
+    --test-threads=1 --exact gpus_are_named_by_ordinal_uuid_and_address \
+    perf_gpu_on_every_gpu_at_once frees_on_one_gpu_are_not_held_by_another_gpus_kernel
 # The software controller's other ways of reading image data (the default is mapped).
 for mode in pread registered; do
     GPUNVME_EMU_READS=$mode cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored \

@@ -205,6 +205,13 @@ struct PerfArgs {
     /// Issue the I/O from GPU threads on queues in GPU memory (needs an NVIDIA GPU).
     #[arg(long)]
     gpu: bool,
+    /// Which GPU: a CUDA ordinal (0, 1, ...; as CUDA_VISIBLE_DEVICES numbers them), a UUID
+    /// (GPU-..., as `nvidia-smi -L` prints it; a unique leading part will do), a PCI address
+    /// (0000:3b:00.0), or `all`: the job on every GPU at once, each with its own queue pairs
+    /// (an even share of the controller's; --queues is then per GPU), a report per GPU and
+    /// totals.
+    #[arg(long, default_value = "0", value_parser = parse_gpu_selection, requires = "gpu")]
+    gpu_id: gpunvme::gpu_queues::GpuSelection,
     /// GPU threads in all, one command in flight each (default: --qd per GPU queue).
     #[arg(long, requires = "gpu")]
     gpu_threads: Option<usize>,
@@ -270,6 +277,12 @@ enum ClientArg {
     Warp,
     Thread,
     Lone,
+}
+
+/// `--gpu-id`'s value (gpu_queues::gpus: ordinal, UUID, PCI address, `all`).
+fn parse_gpu_selection(s: &str) -> Result<gpunvme::gpu_queues::GpuSelection, String> {
+    s.parse()
+        .map_err(|e: gpunvme::gpu_queues::GpuError| e.to_string())
 }
 
 /// `--ssd-model`'s value (gpu_emu::ssd_model: keys, units and defaults).
@@ -434,6 +447,11 @@ fn run(args: Args) -> Result<()> {
             let cfg = perf_config(&p)?;
             if p.gpu {
                 let gargs = gpu_perf_args(&p, cfg);
+                if p.gpu_id == gpunvme::gpu_queues::GpuSelection::All {
+                    let gpus = p.gpu_id.open().context("--gpu-id all")?;
+                    return perf::run_on_gpus(&ctrl, &backend, &gpus, &gargs)
+                        .and_then(|report| cli::perf::print_several_gpu(&report, args.json));
+                }
                 gpunvme_cli::perf::gpu::run(&ctrl, &backend, &gargs)
                     .and_then(|report| cli::perf::print_gpu(&report, args.json))
             } else {
@@ -527,6 +545,11 @@ fn gpu_perf_args(p: &PerfArgs, cfg: PerfConfig) -> gpunvme_cli::perf::gpu::GpuPe
         }),
         ssd_model: p.ssd_model,
         model_group: None,
+        gpu: match &p.gpu_id {
+            gpunvme::gpu_queues::GpuSelection::One(id) => id.clone(),
+            gpunvme::gpu_queues::GpuSelection::All => gpunvme::gpu_queues::GpuId::default(),
+        },
+        fill: true,
     }
 }
 
@@ -646,6 +669,12 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             }
             let cfg = perf_config(&p)?;
             if p.gpu {
+                anyhow::ensure!(
+                    p.gpu_id != gpunvme::gpu_queues::GpuSelection::All,
+                    "--gpu-id all over several --device: not available yet (pairing each GPU \
+                     with its nearest controllers is the next step); give one --gpu-id, or \
+                     one --device"
+                );
                 let pairs: Vec<_> = ctrls.iter().zip(&backends).collect();
                 let report = perf::run_several_gpu(&pairs, &args.device, &gpu_perf_args(&p, cfg))?;
                 return cli::perf::print_several_gpu(&report, args.json);

@@ -493,7 +493,12 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
         );
     }
     // GPU options without --gpu are refused, not ignored.
-    for opt in ["--ssd-model drives=4", "--controller gpu", "--gpu-queues 4"] {
+    for opt in [
+        "--ssd-model drives=4",
+        "--controller gpu",
+        "--gpu-queues 4",
+        "--gpu-id 1",
+    ] {
         let flag = opt.split(' ').next().unwrap();
         fails_with(
             &gpunvme(d, &format!("--device {img} fs get f out.bin {opt}")),
@@ -501,6 +506,42 @@ fn ssd_model_is_checked_before_any_gpu_is_needed() {
         );
     }
     assert!(!d.join("out.bin").exists());
+}
+
+/// `--gpu-id` takes an ordinal, a UUID, a PCI address (and for `perf`, `all`); anything else
+/// is refused by the parser, saying what it takes, before any device or GPU is opened.
+#[test]
+fn gpu_id_is_parsed_before_any_gpu_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let img = image(d, 64 << 20);
+    let img = img.display();
+    for (cmd, bad) in [
+        ("perf --gpu --ios 10", "cuda:1"),
+        ("perf --gpu --ios 10", "-1"),
+        ("perf --gpu --ios 10", "GPU-xyz"),
+        ("fs get --gpu f", "all"),
+        ("fs put --gpu f.bin f", "3b:00.9"),
+    ] {
+        let out = gpunvme(d, &format!("--device {img} {cmd} --gpu-id={bad}"));
+        assert_eq!(out.status.code(), Some(2), "{cmd} --gpu-id={bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("expected an ordinal"), "{bad}: {err}");
+    }
+    // `perf --gpu-id` without --gpu: refused by the parser.
+    let out = gpunvme(d, &format!("--device {img} perf --gpu-id 1 --ios 10"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu"));
+    if !gpunvme::gpu_queues::cuda_present() {
+        // Good names get as far as the GPU, which is not here.
+        for id in ["1", "all", "GPU-8f3e0b2c", "0000:3b:00.0"] {
+            let out = gpunvme(
+                d,
+                &format!("--device {img} perf --gpu --gpu-id {id} --ios 10"),
+            );
+            fails_with(&out, "no GPU");
+        }
+    }
 }
 
 /// `fs` over several `--device`: a striped volume made by mkfs, files through it, and every

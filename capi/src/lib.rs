@@ -23,8 +23,8 @@ use std::sync::{Arc, LazyLock};
 use gpunvme::ErrorKind;
 use gpunvme::gpu::Serving;
 use gpunvme::gpu_io::Piece;
-use gpunvme::gpu_queues::Cuda;
 use gpunvme::gpu_queues::ffi::{DeviceMemory, Event};
+use gpunvme::gpu_queues::{Cuda, GpuId};
 use gpunvme::handle::DeviceHandle;
 use gpunvme::image::{self, CreateImage, ImageExists};
 use gpunvme::open::{MissingImage, OpenOptions};
@@ -842,9 +842,13 @@ pub unsafe extern "C" fn gpunvme_fsck(
 // The GPU half: the handle's GPU queues for the caller's kernels (`ptx/include/gpunvme.cuh`),
 // the caller's GPU memory mapped for their commands, and files read into and written from
 // GPU memory by GPU-issued commands. GPU queues come up on a handle's first GPU call and stay
-// up until gpunvme_release_gpu or gpunvme_close. GPU memory here is device memory of GPU 0
-// from cudaMalloc (or any allocator over it); the driver confirms that before it is used, and
-// host memory or a range past its allocation is GPUNVME_ERROR_INVALID_ARGUMENT.
+// up until gpunvme_release_gpu or gpunvme_close. Every GPU call takes `gpu`, the CUDA device
+// ordinal it runs on (as cudaSetDevice numbers them in this process; CUDA_VISIBLE_DEVICES
+// renumbers them): a handle keeps queues per GPU, each GPU's an even share of the controller's.
+// A GPU the process does not have is GPUNVME_ERROR_INVALID_ARGUMENT, its message naming the
+// GPUs there are. GPU memory here is device memory of GPU `gpu` from cudaMalloc (or any
+// allocator over it); the driver confirms that before it is used, and host memory, another
+// GPU's memory or a range past its allocation is GPUNVME_ERROR_INVALID_ARGUMENT.
 
 /// What a kernel that includes `gpunvme.cuh` needs to use a handle's GPU queues.
 #[repr(C)]
@@ -870,17 +874,28 @@ pub struct GpunvmeGpuMapping {
     _buf: gpunvme::gpu_queues::GpuBuffer,
 }
 
-/// GPU 0, with the work the caller queued on `stream` (a `cudaStream_t`; NULL: the default
-/// stream) finished, waited for at most a minute.
-///
-/// # Safety
-/// `stream` is NULL or a live stream of GPU 0's primary context (the CUDA runtime's).
-unsafe fn gpu_after(stream: *mut c_void) -> anyhow::Result<std::sync::Arc<Cuda>> {
+/// GPU `gpu` (a CUDA device ordinal of this process), refused by name (the GPUs there are)
+/// when there is none.
+fn gpu_arg(gpu: i32) -> anyhow::Result<std::sync::Arc<Cuda>> {
+    if gpu < 0 {
+        return Err(invalid(format!(
+            "gpu {gpu}: a CUDA device ordinal is 0 or more"
+        )));
+    }
     anyhow::ensure!(
         gpunvme::gpu_queues::cuda_present(),
         "no GPU: no CUDA driver on this machine"
     );
-    let cuda = Cuda::open(0)?;
+    Ok(GpuId::Ordinal(gpu).open()?)
+}
+
+/// GPU `gpu`, with the work the caller queued on `stream` (a `cudaStream_t`; NULL: the default
+/// stream) finished, waited for at most a minute.
+///
+/// # Safety
+/// `stream` is NULL or a live stream of GPU `gpu`'s primary context (the CUDA runtime's).
+unsafe fn gpu_after(gpu: i32, stream: *mut c_void) -> anyhow::Result<std::sync::Arc<Cuda>> {
+    let cuda = gpu_arg(gpu)?;
     let timeout = std::time::Duration::from_secs(60);
     // SAFETY: the caller's promise; NULL is the default (legacy) stream.
     unsafe { Event::wait_foreign(&cuda, stream as usize as u64, timeout)? };
@@ -905,8 +920,8 @@ unsafe fn borrow_gpu(
     Ok(std::sync::Arc::new(mem))
 }
 
-/// Brings the handle's GPU queues up (or finds them up) and describes them in `*out`, for the
-/// caller's kernels. Their data buffers must be memory the controller reaches: map it with
+/// Brings the handle's queues of GPU `gpu` up (or finds them up) and describes them in `*out`,
+/// for the caller's kernels on that GPU. Their data buffers must be memory the controller reaches: map it with
 /// [`gpunvme_gpu_map`]. The queues are shared with this handle's own GPU calls.
 ///
 /// On the software controller (`controller` "emu"), do not call `cudaFree`, `cudaFreeHost`,
@@ -921,6 +936,7 @@ unsafe fn borrow_gpu(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_queues(
     dev: *const GpunvmeDevice,
+    gpu: i32,
     out: *mut GpunvmeGpuQueues,
 ) -> GpunvmeError {
     call(|| {
@@ -928,7 +944,12 @@ pub unsafe extern "C" fn gpunvme_gpu_queues(
         if out.is_null() {
             return Err(invalid("out is NULL"));
         }
-        let q = d.run(|h| h.gpu_queues())?;
+        if gpu < 0 {
+            return Err(invalid(format!(
+                "gpu {gpu}: a CUDA device ordinal is 0 or more"
+            )));
+        }
+        let q = d.run(|h| h.gpu_queues(&GpuId::Ordinal(gpu)))?;
         let v = GpunvmeGpuQueues {
             descriptors: q.descriptors,
             count: q.count,
@@ -943,7 +964,7 @@ pub unsafe extern "C" fn gpunvme_gpu_queues(
     })
 }
 
-/// Makes `len` bytes of the caller's GPU memory at `ptr` reachable by the handle's GPU queues'
+/// Makes `len` bytes of the caller's memory of GPU `gpu` at `ptr` reachable by the handle's GPU queues'
 /// controller: `*bus` is the device address of `ptr` for commands (`rw_thread`'s `bus`),
 /// `*out` the mapping, valid until [`gpunvme_gpu_unmap`] (call it before freeing the memory
 /// and before gpunvme_release_gpu or gpunvme_close). `GPUNVME_ERROR_DEVICE` where the
@@ -956,6 +977,7 @@ pub unsafe extern "C" fn gpunvme_gpu_queues(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_map(
     dev: *const GpunvmeDevice,
+    gpu: i32,
     ptr: *mut c_void,
     len: usize,
     bus: *mut u64,
@@ -966,11 +988,7 @@ pub unsafe extern "C" fn gpunvme_gpu_map(
         if bus.is_null() || out.is_null() {
             return Err(invalid("bus or out is NULL"));
         }
-        anyhow::ensure!(
-            gpunvme::gpu_queues::cuda_present(),
-            "no GPU: no CUDA driver on this machine"
-        );
-        let cuda = Cuda::open(0)?;
+        let cuda = gpu_arg(gpu)?;
         // SAFETY: the memory stays allocated until gpunvme_gpu_unmap (the contract), and the
         // mapping holds everything made of it.
         let mem = unsafe { borrow_gpu(&cuda, ptr, len, "ptr") }?;
@@ -1012,7 +1030,7 @@ pub struct GpunvmeGpuFile {
     _file: gpunvme::blockfs_gpu::GpuFile,
 }
 
-/// File `name`'s extent table in GPU memory, for kernels that include
+/// File `name`'s extent table in the memory of GPU `gpu`, for kernels on it that include
 /// `ptx/include/gpunvme_file.cuh` and read it on the handle's GPU queues: `*table` is the GPU
 /// pointer `gpunvme::fs::table_open` takes, `*index` the file's entry (`table_file_at`),
 /// `*size` its length in bytes; `*out` keeps the table (and the file's blocks) until
@@ -1026,6 +1044,7 @@ pub struct GpunvmeGpuFile {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_file_open(
     dev: *const GpunvmeDevice,
+    gpu: i32,
     name: *const c_char,
     out: *mut *mut GpunvmeGpuFile,
     table: *mut u64,
@@ -1039,7 +1058,12 @@ pub unsafe extern "C" fn gpunvme_gpu_file_open(
         if out.is_null() || table.is_null() || index.is_null() || size.is_null() {
             return Err(invalid("out, table, index or size is NULL"));
         }
-        let file = d.run(|h| h.gpu_file(name))?;
+        if gpu < 0 {
+            return Err(invalid(format!(
+                "gpu {gpu}: a CUDA device ordinal is 0 or more"
+            )));
+        }
+        let file = d.run(|h| h.gpu_file(name, &GpuId::Ordinal(gpu)))?;
         let (t, i, n) = (file.table_ptr(), file.index(), file.size());
         let f = register(Object::File {
             _held: GpunvmeGpuFile { _file: file },
@@ -1070,8 +1094,8 @@ pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) -> Gpunv
     })
 }
 
-/// Reads file `name` from byte `offset` into `len` bytes of the caller's GPU memory at `dst`
-/// by GPU-issued NVMe reads (straight into it where the transport maps it), after the work
+/// Reads file `name` from byte `offset` into `len` bytes of the caller's memory of GPU `gpu` at
+/// `dst` by NVMe reads that GPU issues (straight into it where the transport maps it), after the work
 /// queued on `stream` (a `cudaStream_t`; NULL: the default stream) has finished; `*nread` =
 /// the bytes read, fewer than `len` only where the file ends. The data is in place when the
 /// call returns (it blocks the calling thread; work queued on `stream` afterwards sees it).
@@ -1079,11 +1103,12 @@ pub unsafe extern "C" fn gpunvme_gpu_file_close(f: *mut GpunvmeGpuFile) -> Gpunv
 /// # Safety
 /// `dev` may be any value (one that is not a live device handle is
 /// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `dst..dst + len` is GPU memory
-/// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0; `nread` is
+/// that stays allocated for the call; `stream` is NULL or a live stream of GPU `gpu`; `nread` is
 /// valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_read(
     dev: *const GpunvmeDevice,
+    gpu: i32,
     name: *const c_char,
     offset: u64,
     dst: *mut c_void,
@@ -1098,11 +1123,16 @@ pub unsafe extern "C" fn gpunvme_gpu_read(
         if nread.is_null() || (dst.is_null() && len > 0) {
             return Err(invalid("dst or nread is NULL"));
         }
+        if gpu < 0 {
+            return Err(invalid(format!(
+                "gpu {gpu}: a CUDA device ordinal is 0 or more"
+            )));
+        }
         let n = if len == 0 {
             0
         } else {
             // SAFETY: forwarded contract (the stream, and the memory for the call).
-            let cuda = unsafe { gpu_after(stream) }?;
+            let cuda = unsafe { gpu_after(gpu, stream) }?;
             // SAFETY: as above.
             let mem = unsafe { borrow_gpu(&cuda, dst, len, "dst") }?;
             let r = d
@@ -1117,18 +1147,19 @@ pub unsafe extern "C" fn gpunvme_gpu_read(
     })
 }
 
-/// Writes `len` bytes of the caller's GPU memory at `src` as file `name` by GPU-issued NVMe
-/// writes, after the work queued on `stream` (NULL: the default stream) has finished; records
-/// the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
+/// Writes `len` bytes of the caller's memory of GPU `gpu` at `src` as file `name` by NVMe
+/// writes that GPU issues, after the work queued on `stream` (NULL: the default stream) has
+/// finished; records the CRC-32C the GPU computed as the file's checksum and syncs. An existing `name` is
 /// `GPUNVME_ERROR_EXISTS` unless `force`, which replaces it by one commit.
 ///
 /// # Safety
 /// `dev` may be any value (one that is not a live device handle is
 /// `GPUNVME_ERROR_INVALID_HANDLE`); `name` is NUL-terminated; `src..src + len` is GPU memory
-/// that stays allocated for the call; `stream` is NULL or a live stream of GPU 0.
+/// that stays allocated for the call; `stream` is NULL or a live stream of GPU `gpu`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpunvme_gpu_write(
     dev: *const GpunvmeDevice,
+    gpu: i32,
     name: *const c_char,
     src: *const c_void,
     len: usize,
@@ -1143,7 +1174,7 @@ pub unsafe extern "C" fn gpunvme_gpu_write(
             return Err(invalid("src is NULL"));
         }
         // SAFETY: forwarded contract (the stream).
-        let cuda = unsafe { gpu_after(stream) }?;
+        let cuda = unsafe { gpu_after(gpu, stream) }?;
         let pieces = if len == 0 {
             Vec::new()
         } else {

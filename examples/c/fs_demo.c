@@ -102,12 +102,21 @@ int main(int argc, char **argv) {
     if (g) fclose(g);
     /* The GPU calls' refusals need no GPU: a NULL destination or name, a NULL out. */
     size_t nread = 0;
-    expect("gpu_read NULL dst", gpunvme_gpu_read(dev, "c/data.bin", 0, NULL, 16, NULL, &nread),
+    expect("gpu_read NULL dst", gpunvme_gpu_read(dev, 0, "c/data.bin", 0, NULL, 16, NULL, &nread),
            GPUNVME_ERROR_INVALID_ARGUMENT);
-    expect("gpu_read NULL name", gpunvme_gpu_read(dev, NULL, 0, NULL, 0, NULL, &nread),
+    expect("gpu_read NULL name", gpunvme_gpu_read(dev, 0, NULL, 0, NULL, 0, NULL, &nread),
            GPUNVME_ERROR_INVALID_ARGUMENT);
-    expect("gpu_queues NULL out", gpunvme_gpu_queues(dev, NULL), GPUNVME_ERROR_INVALID_ARGUMENT);
-    expect("gpu_write NULL src", gpunvme_gpu_write(dev, "c/x", NULL, 8, NULL, false),
+    expect("gpu_queues NULL out", gpunvme_gpu_queues(dev, 0, NULL), GPUNVME_ERROR_INVALID_ARGUMENT);
+    expect("gpu_write NULL src", gpunvme_gpu_write(dev, 0, "c/x", NULL, 8, NULL, false),
+           GPUNVME_ERROR_INVALID_ARGUMENT);
+    /* The GPU is a CUDA device ordinal: a negative one is refused before any GPU is asked. */
+    gpunvme_gpu_queues_info q;
+    expect("gpu_queues gpu -1", gpunvme_gpu_queues(dev, -1, &q), GPUNVME_ERROR_INVALID_ARGUMENT);
+    if (!strstr(gpunvme_last_error_message(), "gpu -1")) {
+        fprintf(stderr, "FAIL gpu_queues gpu -1: message %s\n", gpunvme_last_error_message());
+        failures++;
+    }
+    expect("gpu_read gpu -1", gpunvme_gpu_read(dev, -1, "c/data.bin", 0, back, 0, NULL, &nread),
            GPUNVME_ERROR_INVALID_ARGUMENT);
     expect("remove", gpunvme_remove(dev, "c/data.bin"), GPUNVME_ERROR_NONE);
     expect("file_size after remove", gpunvme_file_size(dev, "c/data.bin", &size),

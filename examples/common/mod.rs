@@ -16,7 +16,7 @@ use gpunvme::blockfs::{
 use gpunvme::gpu::{GpuSetup, Serving};
 use gpunvme::gpu_emu::{MediaKind, SsdModel};
 use gpunvme::gpu_fs::{self, GpuFsOptions};
-use gpunvme::gpu_queues::{Cuda, GpuError, cuda_present, pattern};
+use gpunvme::gpu_queues::{Cuda, GpuError, GpuId, cuda_present, pattern};
 use gpunvme::nvme::Controller;
 use gpunvme::nvme_emu::EmuConfig;
 use gpunvme::open::{self, Backend, DeviceSpec, OpenOptions};
@@ -56,22 +56,26 @@ pub struct DeviceArgs {
     /// `drives=4`.
     #[arg(long)]
     pub ssd_model: Option<SsdModel>,
+    /// The GPU to run on: a CUDA ordinal, a UUID (GPU-...) or a PCI address.
+    #[arg(long, default_value = "0")]
+    pub gpu_id: GpuId,
 }
 
-/// `Some(gpu)` when there is a GPU to run on; otherwise prints "`name`: skipped: no GPU (why)"
-/// and returns `None` (the example then exits 0).
-pub fn gpu_or_skip(name: &str) -> Result<Option<Arc<Cuda>>> {
+/// `Some(gpu)` when there is GPU `gpu` to run on; otherwise prints "`name`: skipped: no GPU
+/// (why)" and returns `None` (the example then exits 0). A GPU named that the machine does not
+/// have is an error, not a skip.
+pub fn gpu_or_skip(name: &str, gpu: &GpuId) -> Result<Option<Arc<Cuda>>> {
     if !cuda_present() {
         println!("{name}: skipped: no GPU (libcuda cannot be loaded)");
         return Ok(None);
     }
-    match Cuda::open(0) {
+    match gpu.open() {
         Ok(c) => Ok(Some(c)),
         Err(GpuError::NoCuda { reason }) => {
             println!("{name}: skipped: no GPU ({reason})");
             Ok(None)
         }
-        Err(e) => Err(anyhow::Error::new(e).context("opening GPU 0")),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("opening {gpu}"))),
     }
 }
 
@@ -127,6 +131,7 @@ impl Opened {
             queues: args.gpu_queues,
             controller_sms: args.controller_sms,
             ssd_model: args.ssd_model,
+            gpu: args.gpu_id.clone(),
             ..GpuFsOptions::default()
         }
     }

@@ -26,6 +26,9 @@
 #include "gpunvme_file.cuh"
 
 static int failures = 0;
+// The GPU every call runs on: a CUDA device ordinal (argv[3], default 0), made current for the
+// demo's own allocations and kernels too.
+static int gpu = 0;
 
 static void expect(const char* what, gpunvme_error got, gpunvme_error want) {
     if (got != want) {
@@ -103,7 +106,7 @@ static void raw_queues(const char* path) {
     expect("open raw image", gpunvme_open(&o, &dev), GPUNVME_ERROR_NONE);
     if (!dev) return;
     gpunvme_gpu_queues_info q;
-    expect("gpu_queues", gpunvme_gpu_queues(dev, &q), GPUNVME_ERROR_NONE);
+    expect("gpu_queues", gpunvme_gpu_queues(dev, gpu, &q), GPUNVME_ERROR_NONE);
     printf("     %u queues of %u entries, namespace %u, %u-byte LBAs\n", q.count, q.depth, q.nsid,
            q.lba_size);
     const uint32_t threads = 256, blocks = 4, lba_shift = 12;
@@ -120,13 +123,18 @@ static void raw_queues(const char* path) {
     CUDA(cudaMemcpy(out, host.data(), bytes, cudaMemcpyHostToDevice));
     CUDA(cudaMemset(in, 0, bytes));
     uint64_t out_bus = 0, in_bus = 0;
+    gpunvme_gpu_queues_info none;
+    int count = 0;
+    CUDA(cudaGetDeviceCount(&count));
+    expect("gpu_queues on a GPU this machine does not have",
+           gpunvme_gpu_queues(dev, count, &none), GPUNVME_ERROR_INVALID_ARGUMENT);
     gpunvme_gpu_mapping *mo = nullptr, *mi = nullptr;
-    expect("map out", gpunvme_gpu_map(dev, out, bytes, &out_bus, &mo), GPUNVME_ERROR_NONE);
-    expect("map in", gpunvme_gpu_map(dev, in, bytes, &in_bus, &mi), GPUNVME_ERROR_NONE);
+    expect("map out", gpunvme_gpu_map(dev, gpu, out, bytes, &out_bus, &mo), GPUNVME_ERROR_NONE);
+    expect("map in", gpunvme_gpu_map(dev, gpu, in, bytes, &in_bus, &mi), GPUNVME_ERROR_NONE);
     // Host memory is not GPU memory: refused by name, nothing mapped.
     gpunvme_gpu_mapping* bad = nullptr;
     uint64_t bad_bus = 0;
-    expect("map host memory", gpunvme_gpu_map(dev, host.data(), 4096, &bad_bus, &bad),
+    expect("map host memory", gpunvme_gpu_map(dev, gpu, host.data(), 4096, &bad_bus, &bad),
            GPUNVME_ERROR_INVALID_ARGUMENT);
     if (mo && mi) {
         write_then_read<<<threads / 64, 64>>>((const gpunvme::queue_desc*)q.descriptors, q.count,
@@ -178,9 +186,9 @@ static void files(const char* path) {
     CUDA(cudaStreamCreate(&s));
     // Queued on the caller's stream: gpunvme waits for it before reading `src`.
     CUDA(cudaMemcpyAsync(src, host.data(), n, cudaMemcpyHostToDevice, s));
-    expect("gpu_write", gpunvme_gpu_write(dev, "demo/data.bin", src, n, s, false),
+    expect("gpu_write", gpunvme_gpu_write(dev, gpu, "demo/data.bin", src, n, s, false),
            GPUNVME_ERROR_NONE);
-    expect("gpu_write over the file", gpunvme_gpu_write(dev, "demo/data.bin", src, n, s, false),
+    expect("gpu_write over the file", gpunvme_gpu_write(dev, gpu, "demo/data.bin", src, n, s, false),
            GPUNVME_ERROR_EXISTS);
     uint64_t size = 0;
     expect("file_size", gpunvme_file_size(dev, "demo/data.bin", &size), GPUNVME_ERROR_NONE);
@@ -188,7 +196,7 @@ static void files(const char* path) {
     size_t got = 0;
     const size_t off = 12345;
     CUDA(cudaMemset(dst, 0, n));
-    expect("gpu_read at an odd offset", gpunvme_gpu_read(dev, "demo/data.bin", off, dst, n, s, &got),
+    expect("gpu_read at an odd offset", gpunvme_gpu_read(dev, gpu, "demo/data.bin", off, dst, n, s, &got),
            GPUNVME_ERROR_NONE);
     check("read stops at the end of the file", got == n - off);
     CUDA(cudaMemcpy(back.data(), dst, got, cudaMemcpyDeviceToHost));
@@ -197,7 +205,7 @@ static void files(const char* path) {
     expect("CPU read", gpunvme_read(dev, "demo/data.bin", 0, back.data(), n, &cpu),
            GPUNVME_ERROR_NONE);
     check("CPU read equals the bytes written", cpu == n && back == host);
-    expect("gpu_read of a missing file", gpunvme_gpu_read(dev, "nope", 0, dst, n, s, &got),
+    expect("gpu_read of a missing file", gpunvme_gpu_read(dev, gpu, "nope", 0, dst, n, s, &got),
            GPUNVME_ERROR_NOT_FOUND);
 
     // The file read by a kernel of our own through its extent table (gpunvme_file.cuh).
@@ -206,14 +214,14 @@ static void files(const char* path) {
     uint64_t table = 0, fsize = 0, dst_bus = 0;
     uint32_t index = 0;
     gpunvme_gpu_mapping* md = nullptr;
-    expect("gpu_queues (fs image)", gpunvme_gpu_queues(dev, &q), GPUNVME_ERROR_NONE);
-    expect("gpu_file_open", gpunvme_gpu_file_open(dev, "demo/data.bin", &gf, &table, &index,
+    expect("gpu_queues (fs image)", gpunvme_gpu_queues(dev, gpu, &q), GPUNVME_ERROR_NONE);
+    expect("gpu_file_open", gpunvme_gpu_file_open(dev, gpu, "demo/data.bin", &gf, &table, &index,
                                                   &fsize),
            GPUNVME_ERROR_NONE);
     expect("gpu_file_open of a missing file",
-           gpunvme_gpu_file_open(dev, "nope", &gf, &table, &index, &fsize),
+           gpunvme_gpu_file_open(dev, gpu, "nope", &gf, &table, &index, &fsize),
            GPUNVME_ERROR_NOT_FOUND);
-    expect("map dst", gpunvme_gpu_map(dev, dst, n, &dst_bus, &md), GPUNVME_ERROR_NONE);
+    expect("map dst", gpunvme_gpu_map(dev, gpu, dst, n, &dst_bus, &md), GPUNVME_ERROR_NONE);
     if (gf && md && fsize == n) {
         const uint32_t threads = 128;
         const uint64_t slice = (n + threads - 1) / threads;  // not LBA aligned: heads and tails
@@ -236,7 +244,7 @@ static void files(const char* path) {
     }
     gpunvme_gpu_unmap(md);
     gpunvme_gpu_file_close(gf);
-    expect("gpu_read into host memory", gpunvme_gpu_read(dev, "demo/data.bin", 0, back.data(), n,
+    expect("gpu_read into host memory", gpunvme_gpu_read(dev, gpu, "demo/data.bin", 0, back.data(), n,
                                                          s, &got),
            GPUNVME_ERROR_INVALID_ARGUMENT);
     CUDA(cudaStreamDestroy(s));
@@ -246,11 +254,13 @@ static void files(const char* path) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s RAW.img FS.img\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s RAW.img FS.img [GPU]\n", argv[0]);
         return 2;
     }
-    printf("libgpunvme %s\n", gpunvme_version());
+    if (argc == 4) gpu = atoi(argv[3]);
+    printf("libgpunvme %s, GPU %d\n", gpunvme_version(), gpu);
+    CUDA(cudaSetDevice(gpu));
     raw_queues(argv[1]);
     files(argv[2]);
     if (failures) {

@@ -54,6 +54,7 @@ pub mod cpu_client;
 pub mod desc;
 pub mod error;
 pub mod ffi;
+pub mod gpus;
 pub mod kernels;
 pub mod pattern;
 pub mod queues;
@@ -62,7 +63,8 @@ pub mod transport_kind;
 
 pub use desc::{DeviceStatus, IoReq, QueueDesc};
 pub use error::GpuError;
-pub use ffi::{Cuda, cuda_present};
+pub use ffi::{Cuda, GpuIdentity, cuda_present};
+pub use gpus::{GpuId, GpuSelection};
 pub use queues::{
     GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts, QueueTransport, ReadAhead,
     TransportKind,

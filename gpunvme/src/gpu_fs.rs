@@ -11,7 +11,7 @@ use crate::error::{Context, Result, ensure};
 use blockfs::{FileSystem, OpenMode};
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
-use gpu_queues::{Cuda, GpuQueueOptions};
+use gpu_queues::{Cuda, GpuId, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
 
@@ -40,6 +40,11 @@ pub struct GpuFsOptions {
     /// Entries per GPU ring (`GpuQueueOptions::depth`; `None`: the transport's default, at most
     /// 1024). Default [`FILE_RING_DEPTH`].
     pub depth: Option<u32>,
+    /// The GPU whose threads issue the I/O (default GPU 0).
+    pub gpu: GpuId,
+    /// GPUs that share the controller's queue pairs (default 1): without `queues`, each GPU's
+    /// queues are an even share of what `cpu_queues` leaves ([`gpu_share`]).
+    pub sharing_gpus: u16,
 }
 
 /// Entries per GPU ring for file loads. Each entry owns a slot buffer of one maximum transfer
@@ -59,6 +64,8 @@ impl Default for GpuFsOptions {
             ssd_model: None,
             host_rings: None,
             depth: Some(FILE_RING_DEPTH),
+            gpu: GpuId::default(),
+            sharing_gpus: 1,
         }
     }
 }
@@ -318,7 +325,7 @@ fn hex(c: u32) -> String {
 pub const MODEL_QUEUE_PAIRS: u16 = 64;
 
 /// Brings the GPU queues up for a file command on `ctrl` (shared by `fs get/put --gpu` and the
-/// examples): opens GPU 0, starts the GPU-resident controller model when `opts` asks for it
+/// examples): opens `opts.gpu`, starts the GPU-resident controller model when `opts` asks for it
 /// (after the file system is mounted and synced, so it loads the image as blockfs left it), and
 /// creates the GPU queues. With the model, do the file system's own (CPU) I/O before this or
 /// after [`teardown`]: the model serves the image from its own copy meanwhile.
@@ -327,24 +334,71 @@ pub fn setup(
     backend: &Backend,
     opts: &GpuFsOptions,
 ) -> Result<(Arc<Cuda>, GpuSetup)> {
-    setup_in_group(ctrl, backend, opts, None)
+    let cuda = open_gpu(&opts.gpu)?;
+    setup_in_group(&cuda, ctrl, backend, opts, None).map(|s| (cuda, s))
+}
+
+/// [`setup`] on `cuda`, a GPU the caller opened (a framework's tensor's, say): `opts.gpu` is
+/// not looked at.
+pub fn setup_on(
+    cuda: &Arc<Cuda>,
+    ctrl: &Controller,
+    backend: &Backend,
+    opts: &GpuFsOptions,
+) -> Result<GpuSetup> {
+    setup_in_group(cuda, ctrl, backend, opts, None)
+}
+
+/// Opens `gpu`, saying which when it cannot.
+pub fn open_gpu(gpu: &GpuId) -> Result<Arc<Cuda>> {
+    gpu.open().with_context(|| format!("opening {gpu}"))
+}
+
+/// GPU queue pairs for one of `sharing` GPUs on a controller that granted `granted`, of which
+/// `cpu_queues` are held for CPU queues: an even share of the rest, at least two each where the
+/// controller has them (refused, naming the numbers, where it has not), made a multiple of the
+/// software controller's `threads` ([`balanced_queues`]).
+pub fn gpu_share(
+    granted: u16,
+    cpu_queues: u16,
+    sharing: u16,
+    threads: Option<usize>,
+) -> Result<u16> {
+    let sharing = sharing.max(1);
+    ensure!(
+        granted > cpu_queues,
+        Device,
+        "the controller granted {granted} I/O queue pairs and the file system holds \
+         {cpu_queues}: none is left for GPU queues"
+    );
+    let available = granted - cpu_queues;
+    let share = available / sharing;
+    ensure!(
+        sharing == 1 || share >= 2,
+        Device,
+        "the controller granted {granted} I/O queue pairs; {cpu_queues} are for CPU queues and \
+         {sharing} GPUs share the other {available}: fewer than 2 each (ask the controller for \
+         at least {} queue pairs, or use fewer GPUs)",
+        u32::from(cpu_queues) + 2 * u32::from(sharing)
+    );
+    Ok(balanced_queues(share, threads))
 }
 
 /// [`setup`], the model (if `opts` asks for one) one of a [`gpu_emu::ModelGroup`] when `group`
 /// is given: it launches only once every model of the group has started (call from a thread
 /// per member).
 fn setup_in_group(
+    cuda: &Arc<Cuda>,
     ctrl: &Controller,
     backend: &Backend,
     opts: &GpuFsOptions,
     group: Option<gpu_emu::GroupMember>,
-) -> Result<(Arc<Cuda>, GpuSetup)> {
+) -> Result<GpuSetup> {
     ensure!(
         opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
         InvalidArgument,
         "an SSD timing model times the GPU-resident controller's media: it needs the GPU-resident controller (controller `gpu`)"
     );
-    let cuda = Cuda::open(0).context("opening GPU 0")?;
     let model = match opts.serving {
         Serving::Device => None,
         Serving::Model(media) => {
@@ -354,7 +408,7 @@ fn setup_in_group(
                 "the null media keeps no data: files need the hbm or host media"
             );
             Some(gpu::start_model(
-                &cuda,
+                cuda,
                 ctrl,
                 backend,
                 media,
@@ -364,19 +418,14 @@ fn setup_in_group(
             )?)
         }
     };
-    let granted = ctrl.info().max_io_queue_pairs;
     let queues = match opts.queues {
         Some(q) => q,
-        None => {
-            ensure!(
-                granted > opts.cpu_queues,
-                Device,
-                "the controller granted {granted} I/O queue pairs and the file system holds \
-                 {}: none is left for GPU queues",
-                opts.cpu_queues
-            );
-            balanced_queues(granted - opts.cpu_queues, software_threads(opts, backend))
-        }
+        None => gpu_share(
+            ctrl.info().max_io_queue_pairs,
+            opts.cpu_queues,
+            opts.sharing_gpus,
+            software_threads(opts, backend),
+        )?,
     };
     let qopts = GpuQueueOptions {
         queues: Some(queues),
@@ -385,8 +434,7 @@ fn setup_in_group(
         depth: opts.depth,
         ..Default::default()
     };
-    let setup = gpu::open_queues(&cuda, ctrl, backend, model, &qopts)?;
-    Ok((cuda, setup))
+    gpu::open_queues(cuda, ctrl, backend, model, &qopts)
 }
 
 /// The software controller's threads when it serves the GPU queues (`None` otherwise).
@@ -643,11 +691,11 @@ fn setup_members(
             results
         }
         Serving::Model(_) => {
-            let cuda = Cuda::open(0).context("opening GPU 0")?;
+            let cuda = open_gpu(&opts.gpu)?;
             let group = gpu::model_group(&cuda, ctrls.len(), opts.controller_sms)?;
             let jobs: Vec<_> = ctrls.iter().zip(backends).zip(group).collect();
             gpu::on_each(&jobs, |((c, b), g)| {
-                setup_in_group(c, b, opts, Some(g.clone()))
+                setup_in_group(&cuda, c, b, opts, Some(g.clone())).map(|s| (cuda.clone(), s))
             })
         }
     };
@@ -832,7 +880,37 @@ fn put_report(
 
 #[cfg(test)]
 mod tests {
-    use super::balanced_queues;
+    use super::{balanced_queues, gpu_share};
+    use crate::ErrorKind;
+
+    #[test]
+    fn a_controllers_queues_are_split_evenly_between_the_gpus_that_share_it() {
+        // One GPU: everything the CPU queues leave (balanced over the controller's threads).
+        assert_eq!(gpu_share(64, 1, 1, None).unwrap(), 63);
+        assert_eq!(gpu_share(64, 1, 1, Some(4)).unwrap(), 60);
+        // Eight GPUs of a DGX-class box on a 64-pair controller: 7 each (4 on 4 threads).
+        assert_eq!(gpu_share(64, 1, 8, None).unwrap(), 7);
+        assert_eq!(gpu_share(64, 1, 8, Some(4)).unwrap(), 4);
+        assert_eq!(
+            gpu_share(17, 1, 8, None).unwrap(),
+            2,
+            "two each where there are"
+        );
+        // Fewer than two each: refused, with the numbers.
+        let e = gpu_share(16, 1, 8, None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Device);
+        let m = e.to_string();
+        assert!(
+            m.contains("granted 16")
+                && m.contains("8 GPUs share the other 15")
+                && m.contains("at least 17"),
+            "{m}"
+        );
+        // None left at all.
+        let e = gpu_share(1, 1, 1, None).unwrap_err();
+        assert!(e.to_string().contains("none is left"), "{e}");
+        assert_eq!(gpu_share(2, 1, 0, None).unwrap(), 1, "0 GPUs counts as 1");
+    }
 
     #[test]
     fn gpu_queues_on_the_software_controller_spread_evenly_over_its_threads() {

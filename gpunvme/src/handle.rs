@@ -12,7 +12,7 @@ use crate::error::{Context, Result, bail, ensure};
 use blockfs::{
     BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
-use gpu_queues::GpuBuffer;
+use gpu_queues::{Cuda, GpuBuffer, GpuId};
 use nvme::Controller;
 
 use crate::copy;
@@ -41,8 +41,9 @@ pub struct FsckOutcome {
 /// An open device: its controller and the block device blockfs runs on; or several devices,
 /// one controller each, making a striped volume.
 pub struct DeviceHandle {
-    /// GPU queues kept up between GPU calls (dropped first: before the controllers).
-    gpu: Mutex<Option<GpuSession>>,
+    /// GPU queues kept up between GPU calls, per GPU (by ordinal; dropped first: before the
+    /// controllers).
+    gpu: Mutex<BTreeMap<i32, GpuSession>>,
     specs: Vec<DeviceSpec>,
     names: Vec<String>,
     opts: OpenOptions,
@@ -79,8 +80,8 @@ pub struct GpuQueuesInfo {
     pub lba_size: u32,
 }
 
-/// GPU queues on the device's own controller, kept between GPU calls of one handle so that
-/// only the first pays for bringing them up (the GPU-resident model is started per call: it
+/// GPU queues of one GPU on the device's own controller, kept between GPU calls of one handle
+/// so that only the first call on that GPU pays for bringing them up (the GPU-resident model is started per call: it
 /// serves the image from a copy of its own while it runs).
 struct GpuSession {
     setup: GpuSetup,
@@ -145,7 +146,7 @@ impl DeviceHandle {
             .collect::<Result<Vec<_>>>()?;
         let mounted = Mutex::new(None);
         Ok(Self {
-            gpu: Mutex::new(None),
+            gpu: Mutex::new(BTreeMap::new()),
             specs,
             names,
             opts,
@@ -503,41 +504,49 @@ impl DeviceHandle {
         Ok(())
     }
 
-    /// Runs `f` on GPU queues served as `serving` says: the handle's kept queues on the
-    /// device's own controller (brought up by the first GPU call), or the GPU-resident model
-    /// started for this call and stopped after it. Queues that saw an error are torn down (the
-    /// next call brings fresh ones up). Also the seconds spent bringing queues up (0 when kept
-    /// ones served).
+    /// Runs `f` on `cuda`'s GPU queues served as `serving` says: the handle's kept queues of
+    /// that GPU on the device's own controller (brought up by the first GPU call on it), or the
+    /// GPU-resident model started for this call and stopped after it. Queues that saw an error
+    /// are torn down (the next call brings fresh ones up). Also the seconds spent bringing
+    /// queues up (0 when kept ones served). Each GPU's queues are an even share of the
+    /// controller's ([`gpu_fs::gpu_share`] among the GPUs this process sees), so that every
+    /// GPU can have its own at once.
     fn with_gpu<T>(
         &self,
+        cuda: &Arc<Cuda>,
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
         f: impl FnOnce(&GpuSetup) -> Result<T>,
     ) -> Result<(T, f64)> {
         self.gpu_ready(serving, ssd_model)?;
-        let mut slot = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut kept = self.gpu.lock().unwrap_or_else(PoisonError::into_inner);
         let t0 = Instant::now();
         let keep = serving == Serving::Device;
-        if !keep && let Some(s) = slot.take() {
-            gpu_fs::teardown(s.setup)?;
+        if !keep {
+            // The model serves the image from a copy of its own: no kept queue may write to it
+            // meanwhile (any GPU's).
+            for (_, s) in std::mem::take(&mut *kept) {
+                gpu_fs::teardown(s.setup)?;
+            }
         }
-        let session = match slot.take() {
+        let session = match kept.remove(&cuda.ordinal()) {
             Some(s) => s,
             None => {
                 let opts = GpuFsOptions {
                     serving,
                     cpu_queues: self.cpu_queues,
                     ssd_model,
+                    sharing_gpus: u16::try_from(Cuda::count()?.max(1)).unwrap_or(u16::MAX),
                     ..GpuFsOptions::default()
                 };
-                let (_cuda, setup) = gpu_fs::setup(&self.ctrls[0], &self.backend, &opts)?;
+                let setup = gpu_fs::setup_on(cuda, &self.ctrls[0], &self.backend, &opts)?;
                 GpuSession { setup }
             }
         };
         let setup_secs = t0.elapsed().as_secs_f64();
         let result = f(&session.setup);
         if keep && result.is_ok() {
-            *slot = Some(session);
+            kept.insert(cuda.ordinal(), session);
         } else {
             let down = gpu_fs::teardown(session.setup);
             if result.is_ok() {
@@ -547,34 +556,45 @@ impl DeviceHandle {
         Ok((result?, setup_secs))
     }
 
-    /// Whether GPU queues are kept up from an earlier GPU call.
-    pub fn gpu_kept(&self) -> bool {
+    /// The GPUs (ordinals) whose queues are kept up from an earlier GPU call.
+    pub fn gpus_kept(&self) -> Vec<i32> {
         self.gpu
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+            .keys()
+            .copied()
+            .collect()
     }
 
-    /// Tears down the GPU queues kept between GPU calls, if any (the next GPU call brings
-    /// them up again; closing the handle does this too).
+    /// Whether GPU queues of any GPU are kept up from an earlier GPU call.
+    pub fn gpu_kept(&self) -> bool {
+        !self.gpus_kept().is_empty()
+    }
+
+    /// Tears down the GPU queues kept between GPU calls, every GPU's (the next GPU call brings
+    /// them up again; closing the handle does this too). The first teardown error, after all
+    /// of them ran.
     pub fn release_gpu(&self) -> Result<()> {
-        let kept = self
-            .gpu
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match kept {
-            Some(s) => gpu_fs::teardown(s.setup),
-            None => Ok(()),
+        let kept = std::mem::take(&mut *self.gpu.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut first = Ok(());
+        for (_, s) in kept {
+            let r = gpu_fs::teardown(s.setup);
+            if first.is_ok() {
+                first = r;
+            }
         }
+        first
     }
 
-    /// The handle's GPU queues on its own controller for the caller's kernels (brought up
-    /// and kept, as by the first GPU call): what a kernel that includes `gpunvme.cuh` needs.
-    /// Valid until [`DeviceHandle::release_gpu`] or the handle's end, and shared with this
-    /// handle's own GPU calls (the queue protocol lets any number of clients share a queue).
-    pub fn gpu_queues(&self) -> Result<GpuQueuesInfo> {
-        let (info, _) = self.with_gpu(Serving::Device, None, |setup| {
+    /// The handle's queues of GPU `gpu` on its own controller for the caller's kernels on
+    /// that GPU (brought up and kept, as by the first GPU call): what a kernel that includes
+    /// `gpunvme.cuh` needs. Valid until [`DeviceHandle::release_gpu`] or the handle's end, and
+    /// shared with this handle's own GPU calls on that GPU (the queue protocol lets any number
+    /// of clients share a queue).
+    pub fn gpu_queues(&self, gpu: &GpuId) -> Result<GpuQueuesInfo> {
+        self.gpu_ready(Serving::Device, None)?;
+        let cuda = gpu_fs::open_gpu(gpu)?;
+        let (info, _) = self.with_gpu(&cuda, Serving::Device, None, |setup| {
             let q = &setup.queues;
             let lba_size = self.ctrls[0]
                 .namespace(self.nsid)
@@ -594,13 +614,15 @@ impl DeviceHandle {
 
     /// `mem` (GPU memory allocated elsewhere) made reachable by the handle's GPU queues'
     /// controller while the returned buffer lives: its `bus()` is the device address commands
-    /// carry. [`gpu_queues::GpuError::Unsupported`] where the transport cannot map such
-    /// memory. The buffer must be dropped before [`DeviceHandle::release_gpu`].
+    /// carry, for the queues of `mem`'s GPU ([`DeviceHandle::gpu_queues`] of that GPU).
+    /// [`gpu_queues::GpuError::Unsupported`] where the transport cannot map such memory. The
+    /// buffer must be dropped before [`DeviceHandle::release_gpu`].
     pub fn gpu_map(
         &self,
         mem: Arc<gpu_queues::ffi::DeviceMemory>,
     ) -> Result<gpu_queues::GpuBuffer> {
-        let (buf, _) = self.with_gpu(Serving::Device, None, |setup| {
+        let cuda = mem.cuda().clone();
+        let (buf, _) = self.with_gpu(&cuda, Serving::Device, None, |setup| {
             Ok(setup.queues.map_memory(mem)?)
         })?;
         Ok(buf)
@@ -609,15 +631,16 @@ impl DeviceHandle {
     /// File `name`'s extent table in GPU memory, for the caller's kernels that include
     /// `gpunvme_file.cuh` (`table_open` on [`blockfs_gpu::GpuFile::table_ptr`], file
     /// [`blockfs_gpu::GpuFile::index`]) and read it on the handle's GPU queues
-    /// ([`DeviceHandle::gpu_queues`]). The table is the file as it is now: its blocks stay
-    /// pinned while the returned value lives, but removing or replacing the file through
-    /// another call of this handle is not stopped and leaves the table describing the old
-    /// blocks (do not, while kernels use it).
-    pub fn gpu_file(&self, name: &str) -> Result<blockfs_gpu::GpuFile> {
+    /// ([`DeviceHandle::gpu_queues`] of the same `gpu`), in that GPU's memory. The table is the
+    /// file as it is now: its blocks stay pinned while the returned value lives, but removing
+    /// or replacing the file through another call of this handle is not stopped and leaves the
+    /// table describing the old blocks (do not, while kernels use it).
+    pub fn gpu_file(&self, name: &str, gpu: &GpuId) -> Result<blockfs_gpu::GpuFile> {
         self.gpu_ready(Serving::Device, None)?;
         let fs = self.mount()?;
         let file = fs.open(name, OpenMode::ReadOnly)?;
-        let (gfile, _) = self.with_gpu(Serving::Device, None, |setup| {
+        let cuda = gpu_fs::open_gpu(gpu)?;
+        let (gfile, _) = self.with_gpu(&cuda, Serving::Device, None, |setup| {
             let files = blockfs_gpu::GpuFiles::new(&setup.queues, Default::default());
             Ok(files.open(&file)?)
         })?;
@@ -625,8 +648,9 @@ impl DeviceHandle {
     }
 
     /// Reads file `name` from byte `offset` into `dst`, GPU memory allocated elsewhere (a
-    /// framework's tensor; [`gpu_queues::ffi::DeviceMemory::borrowed`]), by GPU-issued reads:
-    /// `dst.len()` bytes, fewer only where the file ends ([`gpu_io::read_into`]).
+    /// framework's tensor; [`gpu_queues::ffi::DeviceMemory::borrowed`]), by GPU-issued reads on
+    /// the queues of `dst`'s GPU: `dst.len()` bytes, fewer only where the file ends
+    /// ([`gpu_io::read_into`]).
     pub fn read_into(
         &self,
         name: &str,
@@ -637,7 +661,8 @@ impl DeviceHandle {
     ) -> Result<GpuIoReport> {
         self.gpu_ready(serving, ssd_model)?;
         let fs = self.mount()?;
-        let (report, _) = self.with_gpu(serving, ssd_model, |setup| {
+        let cuda = dst.cuda().clone();
+        let (report, _) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
             let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
             gpu_io::read_into(setup, &fs, name, offset, &dst, ReadPath::Direct, watch)
         })?;
@@ -647,7 +672,9 @@ impl DeviceHandle {
     /// Writes `pieces` (host bytes and GPU memory allocated elsewhere, in order) as file
     /// `name` by GPU-issued writes, records the CRC-32C the GPU computed and syncs. An
     /// existing `name` is [`blockfs::Error::AlreadyExists`] unless `force`, which replaces it
-    /// by one commit (the old file survives any failure).
+    /// by one commit (the old file survives any failure). The writes are issued by the GPU
+    /// that holds the GPU pieces (GPU 0 when there are none; pieces on several GPUs are an
+    /// [`InvalidArgument`]).
     pub fn save(
         &self,
         name: &str,
@@ -658,11 +685,12 @@ impl DeviceHandle {
     ) -> Result<GpuIoReport> {
         self.refuse_read_only("save", name)?;
         self.gpu_ready(serving, ssd_model)?;
+        let cuda = pieces_gpu(&pieces)?;
         let fs = self.mount()?;
         let len = pieces.iter().map(Piece::len).sum();
         let target = gpu_io::prepare_target(&fs, name, len, force)?;
         let written = self
-            .with_gpu(serving, ssd_model, |setup| {
+            .with_gpu(&cuda, serving, ssd_model, |setup| {
                 let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
                 gpu_io::write_pieces(setup, &target.file, &pieces, None, watch)
             })
@@ -707,17 +735,18 @@ impl DeviceHandle {
     }
 
     /// Loads every tensor of the `.safetensors` file `name` (or of every `.safetensors` file
-    /// under the prefix `name`) into one GPU arena by GPU-issued reads on queues served as
-    /// `serving` says (with the GPU-resident model, `ssd_model` times its media); also the
+    /// under the prefix `name`) into one arena in GPU `gpu`'s memory by that GPU's reads on
+    /// queues served as `serving` says (with the GPU-resident model, `ssd_model` times its media); also the
     /// load's report (files, tensors, bytes, seconds, data path, how the controller copied).
     /// Every refusal that needs no GPU (names, headers, duplicates) comes before the GPU.
     pub fn load_safetensors(
         &self,
         name: &str,
+        gpu: &GpuId,
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<(safetensors::Loaded, serde_json::Value)> {
-        self.load_safetensors_with(name, serving, ssd_model, |_, _| ())
+        self.load_safetensors_with(name, gpu, serving, ssd_model, |_, _| ())
             .map(|(loaded, report, ())| (loaded, report))
     }
 
@@ -726,6 +755,7 @@ impl DeviceHandle {
     pub fn load_safetensors_with<R>(
         &self,
         name: &str,
+        gpu: &GpuId,
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
         while_reading: impl FnOnce(&Arc<GpuBuffer>, &[safetensors::Placed]) -> R,
@@ -751,9 +781,10 @@ impl DeviceHandle {
                 "no GPU: no CUDA driver on this machine (the headers were checked)"
             );
         }
+        let cuda = gpu_fs::open_gpu(gpu)?;
         let t_headers = t0.elapsed().as_secs_f64();
         let mut t_loaded = 0.0;
-        let (mut out, setup_secs) = self.with_gpu(serving, ssd_model, |setup| {
+        let (mut out, setup_secs) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
             let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
             let (loaded, made) = safetensors::load_with(setup, &refs, &pairs, watch, while_reading)?;
@@ -790,6 +821,27 @@ impl DeviceHandle {
         });
         Ok(out)
     }
+}
+
+/// The GPU of `pieces`' GPU memory (GPU 0 when there is none), refused when they are on
+/// several.
+fn pieces_gpu(pieces: &[Piece]) -> Result<Arc<Cuda>> {
+    let mut gpus = pieces.iter().filter_map(|p| match p {
+        Piece::Gpu(m) => Some(m.cuda()),
+        Piece::Host(_) => None,
+    });
+    let Some(first) = gpus.next() else {
+        return gpu_fs::open_gpu(&GpuId::default());
+    };
+    if let Some(other) = gpus.find(|c| c.ordinal() != first.ordinal()) {
+        bail!(
+            InvalidArgument,
+            "the data to save is on GPU {} and GPU {}: one call writes from one GPU",
+            first.ordinal(),
+            other.ordinal()
+        );
+    }
+    Ok(first.clone())
 }
 
 /// The files `name` means: itself if it exists, else every `.safetensors` file under it.

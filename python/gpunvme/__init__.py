@@ -110,13 +110,64 @@ _DL_DEVICES = {1: "host (CPU)", 2: "CUDA", 3: "pinned host (CUDA host)", 13: "CU
 
 class _GpuBytes:
     """The contiguous bytes of a CUDA array: pointer, length, the stream its producer queued
-    work on (None: nothing to wait for), safetensors dtype and shape, and the object that owns
-    them (held for the call)."""
+    work on (None: nothing to wait for), safetensors dtype and shape, the object that owns
+    them (held for the call), and ``device``, the CUDA ordinal of the GPU they are on."""
 
     def __init__(self, ptr: int, nbytes: int, stream: Optional[int], dtype: Optional[str],
-                 shape: List[int], owner: Any) -> None:
+                 shape: List[int], owner: Any, device: int = 0) -> None:
         self.ptr, self.nbytes, self.stream = ptr, nbytes, stream
         self.dtype, self.shape, self.owner = dtype, shape, owner
+        self.device = device
+
+
+def _cai_device(obj: Any) -> int:
+    """The CUDA ordinal of an object with ``__cuda_array_interface__``: its ``device.id`` where
+    it has an int one (CuPy), else 0. The interface itself does not say which GPU; for 0 the
+    driver then checks that the memory is GPU 0's, and the error names the GPU it is on."""
+    dev = getattr(obj, "device", None)
+    ident = getattr(dev, "id", None)
+    if isinstance(ident, int) and not isinstance(ident, bool):
+        return ident
+    return 0
+
+
+def _cuda_ordinal(device: Any) -> int:
+    """The CUDA ordinal ``device`` names: ``"cuda"`` (GPU 0), ``"cuda:N"``, an int ``N`` or a
+    ``torch.device("cuda", N)``. Anything else (a CPU device, a negative ordinal, a string
+    that is not one of those) is :class:`InvalidArgumentError` naming it; no GPU is touched."""
+    if isinstance(device, bool):
+        n = None
+    elif isinstance(device, int):
+        n = device
+    elif isinstance(device, str):
+        head, sep, tail = device.partition(":")
+        if device == "cuda":
+            n = 0
+        elif head == "cuda" and sep and tail.isascii() and tail.isdigit():
+            n = int(tail)
+        else:
+            n = None
+    else:
+        # A torch.device, duck-typed: naming a GPU does not import torch.
+        index = getattr(device, "index", False)
+        if getattr(device, "type", None) != "cuda" or isinstance(index, bool):
+            n = None
+        elif index is None:
+            n = 0
+        else:
+            n = index if isinstance(index, int) else None
+    if n is None or not 0 <= n < 2**31:
+        raise InvalidArgumentError(
+            'device must be a CUDA device ("cuda", "cuda:N", an ordinal N >= 0 or '
+            f'torch.device("cuda", N)), not {device!r}'
+        )
+    return n
+
+
+def _gpus_named(devices: List[int]) -> str:
+    """``"0 and 1"``, ``"0, 1 and 3"``: GPU ordinals for an error."""
+    names = [str(d) for d in sorted(devices)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _c_contiguous(shape: List[int], strides: List[int], itemsize: int) -> bool:
@@ -132,7 +183,10 @@ def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
     """``obj``'s bytes, if it is a contiguous CUDA array: a torch.Tensor (any dtype, bfloat16
     included), anything with ``__cuda_array_interface__`` (CuPy, Numba, JAX), or a CUDA object
     with only ``__dlpack__`` (imported through torch). Everything else is an
-    :class:`InvalidArgumentError` that says what the object is."""
+    :class:`InvalidArgumentError` that says what the object is. The GPU: a torch tensor's
+    ``device.index`` (torch's current device where it has none), a CUDA-array-interface
+    object's ``device.id`` (0 where it has none: see :func:`_cai_device`), a DLPack object's
+    ``__dlpack_device__()`` ordinal (through torch)."""
     mod = type(obj).__module__ or ""
     if mod.startswith("torch") and hasattr(obj, "data_ptr"):
         if obj.device.type != "cuda":
@@ -149,9 +203,12 @@ def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
         import torch  # already imported: obj is a torch tensor
 
         names = {getattr(torch, v): k for k, v in _TORCH_DTYPES.items() if hasattr(torch, v)}
+        index = obj.device.index
+        if index is None:
+            index = torch.cuda.current_device()
         stream = torch.cuda.current_stream(obj.device).cuda_stream
         return _GpuBytes(obj.data_ptr(), obj.numel() * obj.element_size(), stream,
-                         names.get(obj.dtype), list(obj.shape), obj)
+                         names.get(obj.dtype), list(obj.shape), obj, int(index))
     try:
         cai = obj.__cuda_array_interface__
     except AttributeError:
@@ -193,7 +250,7 @@ def _gpu_bytes(obj: Any, *, writable: bool, what: str) -> _GpuBytes:
         n *= d
     stream = cai.get("stream")
     return _GpuBytes(int(ptr or 0), n, None if stream is None else int(stream),
-                     _CAI_DTYPES.get(typestr[1:]), shape, obj)
+                     _CAI_DTYPES.get(typestr[1:]), shape, obj, _cai_device(obj))
 
 
 def _arena_views(torch: Any, arena: Any, tensors: List[Any]) -> Dict[str, Any]:
@@ -351,6 +408,12 @@ class Device:
         one batch, and each tensor is a view into it (made while the GPU reads; the allocation is
         freed with the last of them). Returns ``{name: torch.Tensor}`` like ``safetensors.torch.load_file``.
 
+        ``device``: the GPU to load onto, ``"cuda:N"``, ``"cuda"`` (GPU 0), an ordinal ``N``
+        or ``torch.device("cuda", N)``; its own GPU queues read (a handle keeps queues per GPU,
+        brought up on first use on each). Anything else is :class:`InvalidArgumentError`
+        before the device is touched; a GPU this process does not have is
+        :class:`InvalidArgumentError` saying ``no GPU N`` and naming the GPUs there are.
+
         ``controller``: ``"emu"`` (the device's own controller) or ``"gpu"`` (the GPU-resident
         controller model, with ``media`` ``"host"`` or ``"hbm"``, and optionally an SSD timing
         model such as ``"drives=4,bw=14GB/s,iops=2500000"``, the CLI's ``--ssd-model``). The
@@ -358,8 +421,7 @@ class Device:
         seconds, data path) are in :attr:`last_load` and logged at DEBUG on ``gpunvme``.
         torch is imported here, not at package import.
         """
-        if str(device) not in ("cuda", "cuda:0"):
-            raise InvalidArgumentError(f"device must be cuda:0 (GPU 0), not {device!r}")
+        ordinal = _cuda_ordinal(device)
 
         def views(cap: Any, tensors: List[Any]) -> Dict[str, Any]:
             # Called back once the GPU's reads are under way: the views are made while it
@@ -369,7 +431,7 @@ class Device:
             return _arena_views(torch, torch.from_dlpack(cap), tensors)
 
         out, report = self._d.load_safetensors(
-            name_or_prefix, controller, media, ssd_model, views
+            name_or_prefix, controller, media, ssd_model, views, ordinal
         )
         self.last_load = json.loads(report)
         _log.debug("load_safetensors %s: %s", name_or_prefix, self.last_load)
@@ -385,16 +447,21 @@ class Device:
         media: str = "host",
         ssd_model: Optional[str] = None,
     ) -> int:
-        """Reads file ``name`` from byte ``offset`` into ``dst``, a contiguous CUDA array on
-        GPU 0 (a ``torch.Tensor``, a CuPy array, anything with ``__cuda_array_interface__`` or
-        ``__dlpack__``), by GPU-issued NVMe reads straight into its memory. Fills
+        """Reads file ``name`` from byte ``offset`` into ``dst``, a contiguous CUDA array (a
+        ``torch.Tensor``, a CuPy array, anything with ``__cuda_array_interface__`` or
+        ``__dlpack__``) on any GPU, by NVMe reads that ``dst``'s own GPU issues straight into
+        its memory (the GPU is the array's device: a torch tensor's ``device``, a CuPy array's
+        ``device.id``; GPU 0 for other array-interface objects, whose memory the driver then
+        checks is GPU 0's). Fills
         ``dst``'s bytes and returns how many were read: fewer only where the file ends, like
         ``readinto``. Work queued on ``dst``'s stream is waited for first; the data is in place
         when the call returns. Figures in :attr:`last_io`. ``controller``, ``media`` and
         ``ssd_model`` as for :meth:`load_safetensors`.
 
         The GPU queues stay up between GPU calls of this handle (:meth:`release_gpu` or
-        :meth:`close` tears them down), so only the first call pays for bringing them up.
+        :meth:`close` tears them down), so only the first call pays for bringing them up. A
+        handle keeps queues per GPU, brought up on first use on each GPU; each GPU's are an
+        even share of the controller's I/O queue pairs.
         """
         if offset < 0:
             raise InvalidArgumentError(f"offset must be >= 0, not {offset}")
@@ -402,7 +469,7 @@ class Device:
         if b.nbytes == 0:
             return 0
         report = self._d.read_into(
-            name, b.ptr, b.nbytes, offset, b.stream, controller, media, ssd_model
+            name, b.ptr, b.nbytes, offset, b.stream, controller, media, ssd_model, b.device
         )
         self.last_io = json.loads(report)
         _log.debug("read_into %s: %s", name, self.last_io)
@@ -418,15 +485,18 @@ class Device:
         media: str = "host",
         ssd_model: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """Writes the bytes of ``src`` (a contiguous CUDA array on GPU 0, as for
-        :meth:`read_into`) as file ``name`` by GPU-issued NVMe writes, with the CRC-32C the GPU
+        """Writes the bytes of ``src`` (a contiguous CUDA array on any GPU, as for
+        :meth:`read_into`; its GPU issues the writes) as file ``name`` by GPU-issued NVMe
+        writes, with the CRC-32C the GPU
         computed recorded as the file's checksum, and syncs. Raises :class:`ExistsError` if
         ``name`` exists, unless ``force``, which replaces it by one commit (the old file
         survives any failure). Work queued on ``src``'s stream is waited for first. Returns the
         report (bytes, seconds, data path, crc32c)."""
         b = _gpu_bytes(src, writable=False, what="src")
         report = json.loads(
-            self._d.save(name, b.ptr, b.nbytes, b.stream, force, controller, media, ssd_model)
+            self._d.save(
+                name, b.ptr, b.nbytes, b.stream, force, controller, media, ssd_model, b.device
+            )
         )
         self.last_io = report
         return report
@@ -442,7 +512,8 @@ class Device:
         media: str = "host",
         ssd_model: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """Saves ``{name: tensor}`` (contiguous CUDA tensors on GPU 0; torch tensors of any
+        """Saves ``{name: tensor}`` (contiguous CUDA tensors, all on one GPU, which issues the
+        writes: tensors on several GPUs are :class:`InvalidArgumentError`; torch tensors of any
         safetensors dtype, bfloat16 included, or arrays with ``__cuda_array_interface__``) as
         the ``.safetensors`` file ``name``, readable by ``safetensors.torch.load_file`` and
         :meth:`load_safetensors`: the header is built on the host, the data written by
@@ -455,7 +526,7 @@ class Device:
         for k, v in meta.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise InvalidArgumentError("metadata must map str to str")
-        entries, streams, held = [], set(), []
+        entries, streams, devices, held = [], set(), set(), []
         for tname, t in tensors.items():
             if not isinstance(tname, str):
                 raise InvalidArgumentError(f"tensor names must be str, not {tname!r}")
@@ -464,8 +535,14 @@ class Device:
                 raise InvalidArgumentError(f"tensor {tname!r}: its dtype has no safetensors name")
             entries.append((tname, b.dtype, b.shape, b.ptr, b.nbytes))
             held.append(b.owner)
+            devices.add(b.device)
             if b.stream is not None:
                 streams.add(b.stream)
+        if len(devices) > 1:
+            raise InvalidArgumentError(
+                f"the tensors are on GPUs {_gpus_named(list(devices))}: one call saves from one "
+                f"GPU (move them onto one, or save each GPU's in a file of its own)"
+            )
         if len(streams) > 1:
             raise InvalidArgumentError(
                 "the tensors' work is on several streams: synchronize them first"
@@ -473,23 +550,27 @@ class Device:
         stream = next(iter(streams), None)
         report = json.loads(
             self._d.save_safetensors(
-                name, entries, meta, stream, force, controller, media, ssd_model
+                name, entries, meta, stream, force, controller, media, ssd_model,
+                next(iter(devices), 0),
             )
         )
         del held
         self.last_io = report
         return report
 
-    def gpu_queues(self) -> Dict[str, Any]:
-        """Brings this handle's GPU queues up now (every GPU call does so on first use and
-        keeps them) and describes them: ``descriptors`` (GPU pointer of the
-        ``gpunvme::queue_desc`` array that kernels including ``ptx/include/gpunvme.cuh`` take),
-        ``count``, ``depth``, ``max_transfer``, ``nsid``, ``lba_size``."""
-        return json.loads(self._d.gpu_queues())
+    def gpu_queues(self, device: Any = 0) -> Dict[str, Any]:
+        """Brings this handle's queues of GPU ``device`` up now (an ordinal, ``"cuda:N"`` or
+        ``torch.device("cuda", N)``, as for :meth:`load_safetensors`; every GPU call does so on
+        first use on its GPU and keeps them: a handle keeps queues per GPU, each GPU's an even
+        share of the controller's I/O queue pairs) and describes them: ``descriptors`` (GPU
+        pointer, on that GPU, of the ``gpunvme::queue_desc`` array that kernels including
+        ``ptx/include/gpunvme.cuh`` take), ``count``, ``depth``, ``max_transfer``, ``nsid``,
+        ``lba_size``."""
+        return json.loads(self._d.gpu_queues(_cuda_ordinal(device)))
 
     def release_gpu(self) -> None:
-        """Tears down the GPU queues kept between GPU calls (the next GPU call brings them up
-        again; :meth:`close` does this too)."""
+        """Tears down the GPU queues kept between GPU calls, every GPU's (the next GPU call
+        brings them up again; :meth:`close` does this too)."""
         self._d.release_gpu()
 
     def fsck(self, *, repair: bool = False, data: bool = False) -> Dict[str, Any]:

@@ -52,6 +52,7 @@ class Device:
         media: str,
         ssd_model: Optional[str],
         views: Callable[[Any, List[Tuple[str, str, List[int], int, int, List[int]]]], Any],
+        device: int = 0,
     ) -> Tuple[Any, str]: ...
     def read_into(
         self,
@@ -63,6 +64,7 @@ class Device:
         controller: str,
         media: str,
         ssd_model: Optional[str] = None,
+        device: int = 0,
     ) -> str: ...
     def save(
         self,
@@ -74,6 +76,7 @@ class Device:
         controller: str,
         media: str,
         ssd_model: Optional[str] = None,
+        device: int = 0,
     ) -> str: ...
     def save_safetensors(
         self,
@@ -85,6 +88,7 @@ class Device:
         controller: str,
         media: str,
         ssd_model: Optional[str] = None,
+        device: int = 0,
     ) -> str: ...
-    def gpu_queues(self) -> str: ...
+    def gpu_queues(self, device: int = 0) -> str: ...
     def release_gpu(self) -> None: ...

@@ -97,6 +97,7 @@ class GpunvmeFileCopier(CopierInterface):
                 controller,
                 media,
                 ssd_model,
+                getattr(self.device, "index", None) or 0,
             )
         except BaseException:
             self.framework.free_tensor_memory(gbuf, self.device)

@@ -1,7 +1,8 @@
 //! The caller's GPU memory for one call (the Python boundary's other unsafe code, beside
 //! `dlpack.rs`): a tensor's bytes borrowed as [`DeviceMemory`] after the driver confirmed they
-//! are device memory of GPU 0, and the caller's stream waited for (bounded) so work queued
-//! there before the call (the kernel that computed a tensor being saved) has finished.
+//! are device memory of the GPU the caller named (the tensor's device), and the caller's
+//! stream waited for (bounded) so work queued there before the call (the kernel that computed
+//! a tensor being saved) has finished.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -22,7 +22,7 @@ mod gpu_memory;
 use gpunvme::gpu::Serving;
 use gpunvme::gpu_emu::{MediaKind, SsdModel};
 use gpunvme::gpu_io::Piece;
-use gpunvme::gpu_queues::Cuda;
+use gpunvme::gpu_queues::{Cuda, GpuId};
 use gpunvme::handle::{DeviceHandle, SaveTensor};
 use gpunvme::image::{self, CreateImage, ImageExists};
 use gpunvme::open::{MissingImage, OpenOptions};
@@ -176,20 +176,34 @@ fn serving_of(
     Ok((serving, ssd_model))
 }
 
-/// GPU 0 with the caller's stream waited for: what every call on a caller's tensors starts
-/// with.
-fn caller_gpu(stream: Option<u64>) -> Result<Arc<Cuda>> {
+/// GPU `device` (the CUDA ordinal of the caller's tensor) with the caller's stream waited
+/// for: what every call on a caller's tensors starts with. A negative ordinal is refused
+/// before anything else; an ordinal that names no GPU of this process is an
+/// `InvalidArgument` naming the GPUs there are.
+fn caller_gpu(device: i32, stream: Option<u64>) -> Result<Arc<Cuda>> {
+    check_device(device)?;
     if !gpunvme::gpu_queues::cuda_present() {
         return Err(Error::new(
             ErrorKind::Device,
             "no GPU: no CUDA driver on this machine",
         ));
     }
-    let cuda = Cuda::open(0)?;
+    let cuda = gpunvme::gpu_fs::open_gpu(&GpuId::Ordinal(device))?;
     if let Some(s) = stream {
         gpu_memory::wait_stream(&cuda, s)?;
     }
     Ok(cuda)
+}
+
+/// Refuses a negative CUDA device ordinal.
+fn check_device(device: i32) -> Result<()> {
+    if device < 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("device must be a CUDA device ordinal (0, 1, ...), not {device}"),
+        ));
+    }
+    Ok(())
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Result<String> {
@@ -437,7 +451,10 @@ impl Device {
     /// thread, the GPU still reading) with a `dltensor` capsule of the arena's bytes and
     /// [(name, dtype, shape, offset, bytes, strides)], and builds the caller's tensors from
     /// them, so that work overlaps the reads; it must not read the arena. An exception it raises
-    /// is raised once the reads are over.
+    /// is raised once the reads are over. The arena is in GPU `device`'s memory (a CUDA
+    /// ordinal), read by that GPU's queues.
+    #[pyo3(signature = (name, controller, media, ssd_model, views, device=0))]
+    #[allow(clippy::too_many_arguments)]
     fn load_safetensors(
         &self,
         py: Python<'_>,
@@ -446,10 +463,13 @@ impl Device {
         media: &str,
         ssd_model: Option<&str>,
         views: Py<PyAny>,
+        device: i32,
     ) -> PyResult<(Py<PyAny>, String)> {
+        check_device(device).map_err(to_py)?;
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
+        let gpu = GpuId::Ordinal(device);
         let (_, report, made) = self.with(py, |o| {
-            o.load_safetensors_with(&name, serving, ssd_model, |arena, placed| {
+            o.load_safetensors_with(&name, &gpu, serving, ssd_model, |arena, placed| {
                 let tensors: Vec<_> = placed
                     .iter()
                     .map(|p| {
@@ -465,7 +485,8 @@ impl Device {
                     .collect();
                 Python::attach(|py| -> PyResult<Py<PyAny>> {
                     let len = arena.len() as u64;
-                    let cap = dlpack::gpu_bytes(py, arena.ptr(), len, 0, arena.clone())?;
+                    let ordinal = arena.shared_memory().cuda().ordinal();
+                    let cap = dlpack::gpu_bytes(py, arena.ptr(), len, ordinal, arena.clone())?;
                     views.call1(py, (cap, tensors))
                 })
             })
@@ -475,8 +496,9 @@ impl Device {
 
     /// Reads file `name` from byte `offset` into `nbytes` of the caller's GPU memory at `ptr`
     /// by GPU-issued reads, after the work queued on `stream` has finished: the report JSON
-    /// (its `bytes` fewer than `nbytes` only where the file ends).
-    #[pyo3(signature = (name, ptr, nbytes, offset, stream, controller, media, ssd_model=None))]
+    /// (its `bytes` fewer than `nbytes` only where the file ends). `device`: the CUDA ordinal
+    /// of the GPU that memory is on (the driver checks it is); that GPU's queues read.
+    #[pyo3(signature = (name, ptr, nbytes, offset, stream, controller, media, ssd_model=None, device=0))]
     #[allow(clippy::too_many_arguments)]
     fn read_into(
         &self,
@@ -489,10 +511,11 @@ impl Device {
         controller: &str,
         media: &str,
         ssd_model: Option<&str>,
+        device: i32,
     ) -> PyResult<String> {
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
         self.with(py, |o| {
-            let cuda = caller_gpu(stream)?;
+            let cuda = caller_gpu(device, stream)?;
             let dst = gpu_memory::borrow(&cuda, ptr, nbytes)?;
             json(&o.read_into(&name, offset, dst, serving, ssd_model)?)
         })
@@ -500,8 +523,8 @@ impl Device {
 
     /// Writes `nbytes` of the caller's GPU memory at `ptr` as file `name` by GPU-issued
     /// writes (replacing it with `force`), after the work queued on `stream` has finished:
-    /// the report JSON.
-    #[pyo3(signature = (name, ptr, nbytes, stream, force, controller, media, ssd_model=None))]
+    /// the report JSON. `device`: the CUDA ordinal of the GPU that memory is on.
+    #[pyo3(signature = (name, ptr, nbytes, stream, force, controller, media, ssd_model=None, device=0))]
     #[allow(clippy::too_many_arguments)]
     fn save(
         &self,
@@ -514,10 +537,11 @@ impl Device {
         controller: &str,
         media: &str,
         ssd_model: Option<&str>,
+        device: i32,
     ) -> PyResult<String> {
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
         self.with(py, |o| {
-            let cuda = caller_gpu(stream)?;
+            let cuda = caller_gpu(device, stream)?;
             let pieces = if nbytes == 0 {
                 Vec::new()
             } else {
@@ -529,8 +553,8 @@ impl Device {
 
     /// Saves tensors [(name, dtype, shape, ptr, nbytes)] of the caller's GPU memory as the
     /// `.safetensors` file `name` (with `metadata`), after the work queued on `stream` has
-    /// finished: the report JSON.
-    #[pyo3(signature = (name, tensors, metadata, stream, force, controller, media, ssd_model=None))]
+    /// finished: the report JSON. `device`: the CUDA ordinal of the GPU every tensor is on.
+    #[pyo3(signature = (name, tensors, metadata, stream, force, controller, media, ssd_model=None, device=0))]
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn save_safetensors(
         &self,
@@ -543,6 +567,7 @@ impl Device {
         controller: &str,
         media: &str,
         ssd_model: Option<&str>,
+        device: i32,
     ) -> PyResult<String> {
         let (serving, ssd_model) = serving_of(controller, media, ssd_model)?;
         let tensors = tensors
@@ -557,7 +582,7 @@ impl Device {
             )
             .collect::<PyResult<Vec<_>>>()?;
         self.with(py, |o| {
-            let cuda = caller_gpu(stream)?;
+            let cuda = caller_gpu(device, stream)?;
             let list = tensors
                 .into_iter()
                 .map(|(tname, dtype, shape, ptr, nbytes)| {
@@ -581,13 +606,16 @@ impl Device {
         })
     }
 
-    /// Brings the handle's GPU queues up (or finds them up): their descriptor array's GPU
-    /// pointer and geometry, JSON.
-    fn gpu_queues(&self, py: Python<'_>) -> PyResult<String> {
-        self.with(py, |o| json(&o.gpu_queues()?))
+    /// Brings the handle's queues of GPU `device` (a CUDA ordinal) up (or finds them up):
+    /// their descriptor array's GPU pointer and geometry, JSON.
+    #[pyo3(signature = (device=0))]
+    fn gpu_queues(&self, py: Python<'_>, device: i32) -> PyResult<String> {
+        check_device(device).map_err(to_py)?;
+        self.with(py, |o| json(&o.gpu_queues(&GpuId::Ordinal(device))?))
     }
 
-    /// Tears down the GPU queues kept between GPU calls (the next GPU call brings them up).
+    /// Tears down the GPU queues kept between GPU calls, every GPU's (the next GPU call brings
+    /// them up).
     fn release_gpu(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |o| o.release_gpu())
     }

@@ -118,7 +118,9 @@ settings! {
     GPU_TRANSPORT = "GPUNVME_GPU_TRANSPORT", "`vfio-p2p` or `host-memory`", "every real-SSD transport, in order", "gpu_queues",
         "Restricts a real SSD's GPU queues to one transport, e.g. to bring the host-memory rings up before P2P.";
     HOST_GPU_SMS = "GPUNVME_HOST_GPU_SMS", "a positive number", "16", "gpu_queues (host-gpu builds)",
-        "SMs the host-gpu harness (the CUDA sources on CPU threads) reports for its one GPU.";
+        "SMs the host-gpu harness (the CUDA sources on CPU threads) reports for each of its stand-in GPUs.";
+    HOST_GPU_COUNT = "GPUNVME_HOST_GPU_COUNT", "1 to 16", "1", "gpu_queues (host-gpu builds)",
+        "Stand-in GPUs the host-gpu harness presents (ordinals 0 to N-1, each with its own frees held back and launch gate), so that code for several GPUs runs without one.";
     HOST_GPU_THREADS = "GPUNVME_HOST_GPU_THREADS", "1 to 4294967294", "4096", "gpu_queues (host-gpu builds; the C++ harness)",
         "Most emulated GPU threads resident at once in the host-gpu harness (blocks beyond run when earlier ones end).";
     HOST_GPU_WAIT_S = "GPUNVME_HOST_GPU_WAIT_S", "whole seconds, 1 to 4294967294", "120", "gpu_queues (host-gpu builds; the C++ harness)",

@@ -153,10 +153,20 @@ pub struct GpuFsArgs {
     /// on the software controller, a multiple of its threads).
     #[arg(long, requires = "gpu")]
     pub gpu_queues: Option<u16>,
+    /// Which GPU: a CUDA ordinal (0, 1, ...), a UUID (GPU-..., as `nvidia-smi -L` prints it;
+    /// a unique leading part will do) or a PCI address (0000:3b:00.0).
+    #[arg(long, default_value = "0", value_parser = parse_gpu_id, requires = "gpu")]
+    pub gpu_id: gpunvme::gpu_queues::GpuId,
     /// Entries per GPU ring (rounded down to a power of two, at most the controller's
     /// maximum; each entry holds a slot buffer of one maximum transfer in GPU memory).
     #[arg(long, default_value_t = gpunvme::gpu_fs::FILE_RING_DEPTH, requires = "gpu")]
     pub gpu_depth: u32,
+}
+
+/// `--gpu-id`'s value (gpu_queues::gpus: ordinal, UUID or PCI address).
+fn parse_gpu_id(s: &str) -> Result<gpunvme::gpu_queues::GpuId, String> {
+    s.parse()
+        .map_err(|e: gpunvme::gpu_queues::GpuError| e.to_string())
 }
 
 /// `--media` of the GPU file commands.
@@ -195,6 +205,10 @@ impl GpuFsArgs {
                 "--gpu-depth",
                 self.gpu_depth != gpunvme::gpu_fs::FILE_RING_DEPTH,
             ),
+            (
+                "--gpu-id",
+                self.gpu_id != gpunvme::gpu_queues::GpuId::default(),
+            ),
         ];
         if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
             bail!("{flag} is an option of --gpu: add --gpu, or leave it out");
@@ -215,6 +229,7 @@ impl GpuFsArgs {
             controller_sms: self.controller_sms,
             ssd_model: self.ssd_model,
             depth: Some(self.gpu_depth),
+            gpu: self.gpu_id.clone(),
             ..GpuFsOptions::default()
         }
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gpu_emu::{GpuQueuesExt, MediaKind, SsdModel};
-use gpu_queues::{Cuda, GpuQueueOptions};
+use gpu_queues::{GpuId, GpuQueueOptions};
 use nvme::Controller;
 use serde::Serialize;
 
@@ -50,6 +50,11 @@ pub struct GpuPerfArgs {
     /// The GPU-resident model's SMs and start gate when it is one of several started together
     /// ([`run_several_gpu`](super::run_several_gpu)); `None`: the GPU split for it alone.
     pub model_group: Option<gpu_emu::GroupMember>,
+    /// The GPU whose threads issue the I/O (`--gpu-id`; default GPU 0).
+    pub gpu: GpuId,
+    /// Whether this run writes `--verify`'s read pattern first (false when a run over several
+    /// GPUs wrote it once for all of them: [`run_on_gpus`](super::run_on_gpus)).
+    pub fill: bool,
 }
 
 /// The GPU half of the report.
@@ -214,6 +219,43 @@ fn gpu_rw(rw: RwMode) -> GpuRw {
 }
 
 /// Writes the pattern of `seed` over `blocks` blocks from LBA 0, through one CPU queue.
+/// The seed of the contents a write run with `seed` overwrites (so the read-back tells written
+/// blocks from untouched ones).
+fn previous_seed(seed: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0
+}
+
+/// Writes what `--verify` checks against, through a CPU queue, over `region_blocks`: for reads
+/// the pattern of `seed` the GPU checks; for writes another seed's pattern.
+pub(crate) fn fill_for_verify(
+    ctrl: &Controller,
+    cfg: &PerfConfig,
+    lba_size: usize,
+    region_blocks: u64,
+    seed: u64,
+) -> Result<()> {
+    let fill_seed = if cfg.rw.is_write() {
+        previous_seed(seed)
+    } else {
+        seed
+    };
+    cpu_fill(ctrl, cfg.nsid, lba_size, region_blocks, fill_seed)
+}
+
+/// The namespace's LBA size and the blocks `cfg` touches (`--size`, default the whole
+/// namespace up to [`DEFAULT_REGION_BYTES`]).
+pub(crate) fn region_of(ctrl: &Controller, cfg: &PerfConfig) -> Result<(usize, u64)> {
+    let ns = ctrl.namespace(cfg.nsid)?.clone();
+    let lba_size = ns.lba_size as usize;
+    let ns_bytes = ns.blocks * lba_size as u64;
+    let region = cfg.size.unwrap_or(ns_bytes.min(DEFAULT_REGION_BYTES));
+    ensure!(
+        region <= ns_bytes,
+        "--size {region} is larger than the namespace"
+    );
+    Ok((lba_size, region / lba_size as u64))
+}
+
 fn cpu_fill(ctrl: &Controller, nsid: u32, lba_size: usize, blocks: u64, seed: u64) -> Result<()> {
     let mut q = ctrl.create_io_queue_pair(64)?;
     let chunk = (4 << 20) / lba_size as u64;
@@ -272,7 +314,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         args.ssd_model.is_none() || args.model.is_some(),
         "--ssd-model is a parameter of the GPU-resident controller model: add --controller gpu"
     );
-    let cuda = Cuda::open(0).context("perf --gpu")?;
+    let cuda = gpunvme::gpu_fs::open_gpu(&args.gpu).context("perf --gpu")?;
     let ns = ctrl.namespace(cfg.nsid)?.clone();
     let lba_size = ns.lba_size as usize;
     ensure!(
@@ -334,12 +376,9 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
     }
 
     let seed = cfg.seed.unwrap_or_else(rand::random);
-    let old_seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x01d5_eed0;
-    if cfg.verify {
-        // Reads: the pattern the GPU checks. Writes: another seed's pattern, so the read-back
-        // tells written blocks from untouched ones.
-        let fill_seed = if cfg.rw.is_write() { old_seed } else { seed };
-        cpu_fill(ctrl, cfg.nsid, lba_size, region_blocks, fill_seed)?;
+    let old_seed = previous_seed(seed);
+    if cfg.verify && args.fill {
+        fill_for_verify(ctrl, cfg, lba_size, region_blocks, seed)?;
     }
 
     let opts = GpuQueueOptions {

@@ -116,7 +116,6 @@ pub fn run_several_gpu(
     names: &[String],
     args: &super::gpu::GpuPerfArgs,
 ) -> anyhow::Result<SeveralGpuReport> {
-    use anyhow::Context;
     anyhow::ensure!(
         ctrls.len() < 2 || args.model != Some(gpu_emu::MediaKind::Host),
         "--media host over several devices is not available: a model's host media is \
@@ -126,7 +125,7 @@ pub fn run_several_gpu(
     let per_controller: Vec<super::gpu::GpuPerfArgs> = match args.model {
         None => vec![args.clone(); ctrls.len()],
         Some(_) => {
-            let cuda = gpu_queues::Cuda::open(0).context("opening the GPU")?;
+            let cuda = gpunvme::gpu_fs::open_gpu(&args.gpu)?;
             gpunvme::gpu::model_group(&cuda, ctrls.len(), args.controller_sms)?
                 .into_iter()
                 .map(|g| super::gpu::GpuPerfArgs {
@@ -143,6 +142,73 @@ pub fn run_several_gpu(
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
         controllers.push(NamedGpuReport {
             device: name.clone(),
+            report,
+        });
+    }
+    let reports: Vec<PerfReport> = controllers
+        .iter()
+        .map(|c| c.report.report.clone())
+        .collect();
+    Ok(SeveralGpuReport {
+        total: PerfTotals::of(&reports),
+        controllers,
+    })
+}
+
+/// Runs `perf --gpu` with `args` on every GPU of `gpus` at once against one controller
+/// (`--gpu-id all`): each GPU with queue pairs of its own on `ctrl` (an even share of what the
+/// CPU queues leave, at least two each: [`gpunvme::gpu_fs::gpu_share`]; `--queues` is per GPU)
+/// and its own thread, kernels on every GPU running side by side; a report per GPU (named by
+/// ordinal and UUID) and the totals. `--verify`'s pattern is written once for all of them,
+/// with one seed, so every GPU checks the same bytes; a write run's read-back runs on one
+/// queue pair kept for it. The GPU-resident controller model is refused here: it is one GPU's
+/// persistent kernel over an image of its own.
+pub fn run_on_gpus(
+    ctrl: &Controller,
+    backend: &gpunvme::open::Backend,
+    gpus: &[std::sync::Arc<gpu_queues::Cuda>],
+    args: &super::gpu::GpuPerfArgs,
+) -> anyhow::Result<SeveralGpuReport> {
+    anyhow::ensure!(
+        args.model.is_none(),
+        "--gpu-id all with --controller gpu: the GPU-resident controller model is one GPU's \
+         kernel over a copy of the image; give one --gpu-id"
+    );
+    anyhow::ensure!(!gpus.is_empty(), "no GPU to run on");
+    let mut cfg = args.perf.clone();
+    let seed = cfg.seed.unwrap_or_else(rand::random);
+    cfg.seed = Some(seed);
+    let write_check = cfg.verify && cfg.rw.is_write();
+    if cfg.queues == 0 {
+        let held = args.cpu_queues * gpus.len() + usize::from(write_check);
+        let share = gpunvme::gpu_fs::gpu_share(
+            ctrl.info().max_io_queue_pairs,
+            u16::try_from(held).unwrap_or(u16::MAX),
+            u16::try_from(gpus.len()).unwrap_or(u16::MAX),
+            None,
+        )?;
+        cfg.queues = usize::from(share);
+    }
+    if cfg.verify {
+        let (lba_size, region_blocks) = super::gpu::region_of(ctrl, &cfg)?;
+        super::gpu::fill_for_verify(ctrl, &cfg, lba_size, region_blocks, seed)?;
+    }
+    let per_gpu: Vec<super::gpu::GpuPerfArgs> = gpus
+        .iter()
+        .map(|c| super::gpu::GpuPerfArgs {
+            perf: cfg.clone(),
+            gpu: gpu_queues::GpuId::Ordinal(c.ordinal()),
+            fill: false,
+            ..args.clone()
+        })
+        .collect();
+    let results = gpunvme::gpu::on_each(&per_gpu, |a| super::gpu::run(ctrl, backend, a));
+    let mut controllers = Vec::with_capacity(results.len());
+    for (r, c) in results.into_iter().zip(gpus) {
+        let name = format!("GPU {} ({})", c.ordinal(), c.uuid());
+        let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
+        controllers.push(NamedGpuReport {
+            device: name,
             report,
         });
     }

@@ -3,6 +3,7 @@
 
 use super::*;
 use blockfs::{FileSystem, NvmeBlockDevice, NvmeDeviceOptions};
+use gpu_queues::GpuId;
 use gpunvme::error::ErrorKind;
 use gpunvme::gpu::Serving;
 use gpunvme::gpu_fs::{self, GpuFsOptions};
@@ -55,7 +56,9 @@ fn foreign_gpu_memory_reads_and_writes_files() {
     assert!(!r.staged, "{}", r.data_path);
     assert!(gpu_bytes(&dst, data.len()) == data, "whole file");
     assert!(dev.gpu_kept(), "the queues stay up for the next call");
-    let q = dev.gpu_queues().expect("queues for the caller's kernels");
+    let q = dev
+        .gpu_queues(&GpuId::default())
+        .expect("queues for the caller's kernels");
     assert!(q.count >= 1 && q.depth.is_power_of_two(), "{q:?}");
     assert_eq!((q.nsid, q.lba_size), (1, 4096));
     let mapped = dev.gpu_map(dst.clone()).expect("map");
@@ -65,10 +68,13 @@ fn foreign_gpu_memory_reads_and_writes_files() {
     );
     drop(mapped);
     let gf = dev
-        .gpu_file("m/data")
+        .gpu_file("m/data", &GpuId::default())
         .expect("the file's table for kernels");
     assert!(gf.size() == data.len() as u64 && gf.table_ptr() != 0 && !gf.is_writable());
-    assert_eq!(kind(dev.gpu_file("m/none")), ErrorKind::NotFound);
+    assert_eq!(
+        kind(dev.gpu_file("m/none", &GpuId::default())),
+        ErrorKind::NotFound
+    );
     drop(gf);
 
     let tail = Arc::new(DeviceMemory::alloc(&cuda, 1 << 20).expect("alloc"));
@@ -139,7 +145,7 @@ fn foreign_gpu_memory_reads_and_writes_files() {
     dev.save_safetensors("m/t.safetensors", tensors, &meta, false, d, None)
         .expect("save_safetensors");
     let (loaded, _) = dev
-        .load_safetensors("m/t.safetensors", d, None)
+        .load_safetensors("m/t.safetensors", &GpuId::default(), d, None)
         .expect("load back");
     let mut seen = 0;
     for p in &loaded.tensors {

@@ -9,7 +9,7 @@
 //!
 //! One file per subject: `queues` (the runtime on the software controller), `perf` (the perf
 //! kernel), `model` and `model_faults` (the GPU-resident controller model),
-//! `several_controllers`, `files`, `embed` (embedders' GPU calls), `cache` (the page cache)
+//! `several_controllers`, `several_gpus`, `files`, `embed` (embedders' GPU calls), `cache` (the page cache)
 //! and `spdk` (SPDK's target); this file holds the rigs and helpers they share.
 
 use std::sync::Arc;
@@ -41,6 +41,7 @@ mod model_faults;
 mod perf;
 mod queues;
 mod several_controllers;
+mod several_gpus;
 mod spdk;
 
 /// Declares each `module::name` as the test `name` at the crate root, where the tests of
@@ -87,6 +88,9 @@ root_tests!(
     several_controllers::several_controllers_run_perf_gpu_at_once,
     several_controllers::volume_files_are_read_on_every_members_queues,
     several_controllers::volume_files_on_gpu_resident_models,
+    several_gpus::gpus_are_named_by_ordinal_uuid_and_address,
+    several_gpus::perf_gpu_on_every_gpu_at_once,
+    several_gpus::frees_on_one_gpu_are_not_held_by_another_gpus_kernel,
 );
 
 const NS_BYTES: u64 = 64 << 20;

@@ -63,6 +63,8 @@ pub(super) fn several_controllers_run_perf_gpu_at_once() {
         model: None,
         ssd_model: None,
         model_group: None,
+        gpu: Default::default(),
+        fill: true,
     };
     let r = run_several_gpu(&pairs, &names, &args).expect("perf --gpu over two controllers");
     assert_eq!(r.controllers.len(), 2);

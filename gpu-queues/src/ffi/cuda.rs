@@ -69,10 +69,9 @@ unsafe impl Send for RawCuda {}
 // SAFETY: as above; the type has no interior mutability of its own.
 unsafe impl Sync for RawCuda {}
 
-/// [`Cuda::open`]: loads libcuda (error if absent), initialises the driver with eager module
-/// loading (lazy loading deadlocks next to spinning kernels), retains the primary context and
-/// reads the device's attributes.
-pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
+/// Loads libcuda (error if absent) and initialises the driver with eager module loading (lazy
+/// loading deadlocks next to spinning kernels); returns the number of GPUs it sees.
+fn init() -> Result<i32, GpuError> {
     if !cuda_present() {
         return Err(GpuError::NoCuda {
             reason: "libcuda.so could not be loaded (no NVIDIA driver on this machine, or it \
@@ -93,25 +92,85 @@ pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
         })?;
         let mut count = 0;
         check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
-        if ordinal < 0 || ordinal >= count {
-            return Err(GpuError::NoCuda {
-                reason: format!("no GPU {ordinal} (the driver sees {count})"),
-            });
-        }
-        let mut dev = 0;
-        check("cuDeviceGet", sys::cuDeviceGet(&mut dev, ordinal))?;
+        Ok(count)
+    }
+}
+
+/// [`Cuda::count`].
+pub(super) fn device_count() -> Result<i32, GpuError> {
+    init()
+}
+
+/// The device of `ordinal`, refused by name when the driver has no such GPU.
+fn device(ordinal: i32) -> Result<sys::CUdevice, GpuError> {
+    let count = init()?;
+    if ordinal < 0 || ordinal >= count {
+        return Err(GpuError::NoCuda {
+            reason: format!(
+                "no GPU {ordinal} (the driver sees {count}{})",
+                if count > 0 {
+                    format!(", ordinals 0 to {}", count - 1)
+                } else {
+                    String::new()
+                }
+            ),
+        });
+    }
+    let mut dev = 0;
+    // SAFETY: valid out-pointer; the ordinal is in range.
+    check("cuDeviceGet", unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
+    Ok(dev)
+}
+
+/// The name and UUID of `dev`.
+fn name_and_uuid(dev: sys::CUdevice) -> Result<(String, String), GpuError> {
+    let mut name = [0 as std::ffi::c_char; 128];
+    // SAFETY: valid buffers of the lengths passed; the driver NUL-terminates the name (the
+    // buffer is zeroed beforehand as well).
+    unsafe {
+        check(
+            "cuDeviceGetName",
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
+        )?;
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        check(
+            "cuDeviceGetUuid_v2",
+            sys::cuDeviceGetUuid_v2(&mut uuid, dev),
+        )?;
+        let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+        Ok((name, super::format_uuid(uuid.bytes.map(|b| b as u8))))
+    }
+}
+
+/// [`Cuda::identify`]: name, UUID and PCI bus id, without retaining a context.
+pub(super) fn identify(ordinal: i32) -> Result<super::GpuIdentity, GpuError> {
+    let dev = device(ordinal)?;
+    let (name, uuid) = name_and_uuid(dev)?;
+    Ok(super::GpuIdentity {
+        ordinal,
+        name,
+        uuid,
+        pci_bus_id: Some(pci_bus_id_of(dev)?),
+    })
+}
+
+/// [`Cuda::open`]: loads libcuda (error if absent), initialises the driver ([`init`]), retains
+/// the primary context and reads the device's attributes.
+pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
+    let dev = device(ordinal)?;
+    let (name, uuid) = name_and_uuid(dev)?;
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
         let mut ctx = std::ptr::null_mut();
         check(
             "cuDevicePrimaryCtxRetain",
             sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
         )?;
+        // Owned from here: released on every error below too.
+        let raw = RawCuda { dev, ctx };
         check("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
-        let mut name = [0 as std::ffi::c_char; 128];
-        check(
-            "cuDeviceGetName",
-            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
-        )?;
-        let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
         let attr = |a| {
             let mut v = 0;
             check(
@@ -127,15 +186,29 @@ pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
         let shared_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
         let shared_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         Ok(Cuda {
-            raw: RawCuda { dev, ctx },
+            raw,
             ordinal,
             name,
             sm_count,
             compute_capability: (major, minor),
             shared_per_sm: shared_per_sm.max(0) as u32,
             shared_per_block: shared_per_block.max(0) as u32,
+            uuid,
+            holds: super::memory::holds_of(ordinal),
         })
     }
+}
+
+/// The PCI address of `dev` as sysfs spells it (lower case).
+fn pci_bus_id_of(dev: sys::CUdevice) -> Result<String, GpuError> {
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: valid buffer of the length passed; the driver NUL-terminates what it writes.
+    check("cuDeviceGetPCIBusId", unsafe {
+        sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev)
+    })?;
+    // SAFETY: NUL-terminated by the driver within the buffer (zeroed beforehand as well).
+    let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Ok(id.to_string_lossy().to_ascii_lowercase())
 }
 
 impl RawCuda {
@@ -161,14 +234,7 @@ impl RawCuda {
 
     /// The PCI address from `cuDeviceGetPCIBusId`, in lower case.
     pub(super) fn pci_bus_id(&self) -> Result<String, GpuError> {
-        let mut buf = [0 as std::ffi::c_char; 32];
-        // SAFETY: valid buffer of the length passed; the driver NUL-terminates what it writes.
-        check("cuDeviceGetPCIBusId", unsafe {
-            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, self.dev)
-        })?;
-        // SAFETY: NUL-terminated by the driver within the buffer (zeroed beforehand as well).
-        let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
-        Ok(id.to_string_lossy().to_ascii_lowercase())
+        pci_bus_id_of(self.dev)
     }
 }
 

@@ -31,6 +31,10 @@ pub struct Cuda {
     /// Shared memory of one SM, and the most one block may opt in to (bytes).
     pub(super) shared_per_sm: u32,
     pub(super) shared_per_block: u32,
+    /// The GPU's UUID as `nvidia-smi -L` prints it (`GPU-` and 32 hex digits in 8-4-4-4-12).
+    pub(super) uuid: String,
+    /// This GPU's frees held back and its launch gate (shared by every `Cuda` of the ordinal).
+    pub(super) holds: Arc<memory::GpuHolds>,
 }
 
 impl std::fmt::Debug for Cuda {
@@ -39,6 +43,7 @@ impl std::fmt::Debug for Cuda {
             .field("ordinal", &self.ordinal)
             .field("name", &self.name)
             .field("sm_count", &self.sm_count)
+            .field("uuid", &self.uuid)
             .finish()
     }
 }
@@ -80,9 +85,28 @@ impl Cuda {
         backend::memory_info(self)
     }
 
-    /// Device ordinal.
+    /// Device ordinal (as CUDA numbers the GPUs this process sees: `CUDA_VISIBLE_DEVICES`
+    /// changes it; the UUID does not).
     pub fn ordinal(&self) -> i32 {
         self.ordinal
+    }
+
+    /// The GPU's UUID as `nvidia-smi -L` prints it (`GPU-` and 32 hex digits in 8-4-4-4-12;
+    /// the `host-gpu` stand-ins have made-up ones): the name that means the same GPU in every
+    /// process.
+    pub fn uuid(&self) -> &str {
+        &self.uuid
+    }
+
+    /// GPUs this process can open (`cuDeviceGetCount`; `host-gpu`: `GPUNVME_HOST_GPU_COUNT`,
+    /// default 1).
+    pub fn count() -> Result<i32, GpuError> {
+        backend::device_count()
+    }
+
+    /// What GPU `ordinal` is (name, UUID, PCI bus id) without opening it (no context is made).
+    pub fn identify(ordinal: i32) -> Result<super::GpuIdentity, GpuError> {
+        backend::identify(ordinal)
     }
 
     /// The GPU's PCI address as sysfs spells it (`0000:3b:00.0`: lower case), from
@@ -274,7 +298,8 @@ impl Stream {
         let raw = Arc::new(backend::RawStream::new(cuda, green)?);
         // Kernels that drive GPU queues run on client streams: frees wait while one has work
         // in flight (see `memory::Holds` for why).
-        let client = (placement == Placement::Client).then(|| memory::track_client_stream(&raw));
+        let client =
+            (placement == Placement::Client).then(|| memory::track_client_stream(cuda, &raw));
         Ok(Self {
             raw,
             client,
@@ -305,7 +330,7 @@ impl Stream {
     ) -> Result<(), GpuError> {
         let slots = args.iter().map(|a| a.slot()).collect();
         // No free may start between its check that client streams are idle and its end.
-        let _gate = self.client.map(|_| memory::client_launch_gate());
+        let _gate = self.client.map(|_| memory::client_launch_gate(&self.cuda));
         self.raw
             .launch(&self.cuda, kernel.raw, grid, block, shared, slots)
     }
@@ -402,7 +427,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         if let Some(id) = self.client {
-            memory::untrack_stream(id);
+            memory::untrack_stream(&self.cuda, id);
         }
         // SAFETY: destroys the stream created in `new`, once; pending work still runs (with
         // `host-gpu`, the worker leaves once its queue is drained).

@@ -19,8 +19,11 @@
 //! - A stream ([`RawStream`]) is a worker thread running its queue of jobs (launches, copies,
 //!   event records) in order; a launch blocks that thread until the grid has ended. A failed
 //!   launch makes the stream's error sticky, as a CUDA context's is.
-//! - [`Cuda`] reports `sm_count` 16 (environment `GPUNVME_HOST_GPU_SMS` overrides it), compute
-//!   capability 9.0 and an H100's shared-memory sizes; [`RawPartition::split`] only does the
+//! - [`Cuda`] is one of `GPUNVME_HOST_GPU_COUNT` stand-ins (default 1; each with its own frees
+//!   held back and launch gate, the state CUDA keeps per device, while the harness's threads
+//!   and its own held frees below are shared), made-up UUIDs and no PCI bus id; each reports
+//!   `sm_count` 16 (environment `GPUNVME_HOST_GPU_SMS` overrides it), compute capability 9.0
+//!   and an H100's shared-memory sizes; [`RawPartition::split`] only does the
 //!   arithmetic of a split (every launch gets threads of its own; nothing is partitioned).
 //! - Frees wait, as with CUDA, while a persistent kernel runs ([`super::persistent_kernel_started`]);
 //!   here they also wait while any stream has work queued or running, since CPU threads of a
@@ -80,14 +83,57 @@ pub fn cuda_present() -> bool {
 /// [`Cuda`]'s backend part: nothing (there is no driver, no context).
 pub(super) struct RawCuda;
 
-/// [`Cuda::open`]: the stand-in GPU (`ordinal` 0 only), with fixed numbers (see the module
-/// doc); its SM count is 16 unless `GPUNVME_HOST_GPU_SMS` gives another (a positive integer).
-pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
-    if ordinal != 0 {
+/// Stand-in GPUs when `GPUNVME_HOST_GPU_COUNT` is not set.
+const DEFAULT_COUNT: i32 = 1;
+/// Most stand-in GPUs.
+const MAX_COUNT: u64 = 16;
+
+/// [`Cuda::count`]: `GPUNVME_HOST_GPU_COUNT` (1 to 16), else 1.
+pub(super) fn device_count() -> Result<i32, GpuError> {
+    Ok(gpunvme_settings::HOST_GPU_COUNT
+        .read_number_in(1, MAX_COUNT)
+        .map_err(|e| GpuError::InvalidArgument(e.to_string()))?
+        .map_or(DEFAULT_COUNT, |n| n as i32))
+}
+
+/// Stand-in `ordinal`'s name and made-up UUID, refused by name past the count.
+fn stand_in(ordinal: i32) -> Result<(String, String), GpuError> {
+    let count = device_count()?;
+    if ordinal < 0 || ordinal >= count {
         return Err(GpuError::NoCuda {
-            reason: format!("no GPU {ordinal} (the host-gpu build has one, GPU 0)"),
+            reason: format!(
+                "no GPU {ordinal} (the host-gpu build has {count}, ordinals 0 to {}; \
+                 GPUNVME_HOST_GPU_COUNT sets how many)",
+                count - 1
+            ),
         });
     }
+    // The ordinal first, so that stand-ins differ from their first digits, as real GPUs'
+    // random UUIDs do.
+    let mut uuid = *b"\0gpunvme-hostgpu";
+    uuid[0] = ordinal as u8;
+    Ok((
+        format!("host-gpu {ordinal} (CPU threads running the CUDA sources; not a GPU)"),
+        super::format_uuid(uuid),
+    ))
+}
+
+/// [`Cuda::identify`]: the stand-in's name and UUID; no PCI bus id.
+pub(super) fn identify(ordinal: i32) -> Result<super::GpuIdentity, GpuError> {
+    let (name, uuid) = stand_in(ordinal)?;
+    Ok(super::GpuIdentity {
+        ordinal,
+        name,
+        uuid,
+        pci_bus_id: None,
+    })
+}
+
+/// [`Cuda::open`]: stand-in GPU `ordinal` (of `GPUNVME_HOST_GPU_COUNT`, default 1), with fixed
+/// numbers (see the module doc); its SM count is 16 unless `GPUNVME_HOST_GPU_SMS` gives
+/// another (a positive integer).
+pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
+    let (name, uuid) = stand_in(ordinal)?;
     // The harness (C++) reads these itself and would fall back on a bad value: refused here
     // first, so a typo is an error rather than a silent default.
     for s in [
@@ -105,11 +151,13 @@ pub(super) fn open(ordinal: i32) -> Result<Cuda, GpuError> {
     Ok(Cuda {
         raw: RawCuda,
         ordinal,
-        name: "host-gpu (CPU threads running the CUDA sources; not a GPU)".into(),
+        name,
         sm_count,
         compute_capability: (9, 0),
         shared_per_sm: 233_472,
         shared_per_block: 232_448,
+        uuid,
+        holds: super::memory::holds_of(ordinal),
     })
 }
 

@@ -102,6 +102,11 @@ impl DeviceMemory {
         self.ptr
     }
 
+    /// The GPU whose memory this is.
+    pub fn cuda(&self) -> &Arc<Cuda> {
+        &self.cuda
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -576,7 +581,7 @@ pub(super) enum Deferred {
     },
 }
 
-/// What frees wait for, and the frees held back meanwhile.
+/// What frees wait for, and the frees held back meanwhile, for one GPU.
 ///
 /// With CUDA, `cuMemFree` and `cuMemFreeHost` wait until the whole device is idle, and while
 /// they wait other host threads' kernel launches wait too (measured on an H100 with
@@ -594,17 +599,26 @@ pub(super) enum Deferred {
 ///   runs) has work in flight;
 ///
 /// and performed by the first free, or the first client stream seen idle, once neither holds.
-/// The check and the frees happen under [`LAUNCH_GATE`], which launches on client streams
-/// share, so no client kernel starts between "all idle" and the free. With `host-gpu`, the
-/// backend also holds frees while any of its streams has work (CPU threads may still read the
-/// memory).
+/// The check and the frees happen under the GPU's launch gate, which launches on its client
+/// streams share, so no client kernel starts between "all idle" and the free. With `host-gpu`,
+/// the backend also holds frees while any of its streams has work (CPU threads may still read
+/// the memory).
+///
+/// **Per GPU.** Each GPU (ordinal) has its own [`GpuHolds`]: a GPU-memory free waits only for
+/// its own GPU's kernels, and a launch on one GPU's client stream never waits for another
+/// GPU's free. Pinned host memory and libraries of kernels are not one GPU's: pinned memory is
+/// mapped into every context (allocated portable) and a library is loaded into each context
+/// that used it, and whether their frees wait for other devices' kernels has not been measured
+/// (one GPU lent so far). They are held back while any GPU is busy, checked and freed under
+/// every GPU's gate (taken in ordinal order), so they delay other GPUs' launches only for the
+/// moment of that check and free, never a GPU-memory free.
 struct Holds {
     /// Persistent kernels running.
     persistent: usize,
     /// Client streams, by id ([`track_client_stream`]).
     streams: Vec<(u64, std::sync::Weak<backend::RawStream>)>,
     next_id: u64,
-    /// Frees held back, in the order they were asked for.
+    /// Frees of this GPU's memory held back, in the order they were asked for.
     held: Vec<Deferred>,
 }
 
@@ -621,28 +635,73 @@ impl Holds {
     }
 }
 
-static HOLDS: std::sync::Mutex<Holds> = std::sync::Mutex::new(Holds {
-    persistent: 0,
-    streams: Vec::new(),
-    next_id: 0,
-    held: Vec::new(),
-});
-
-/// Frees held back (read without the lock, to keep "nothing held" cheap).
-static HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Shared by launches on client streams, exclusive while frees check that nothing runs and
-/// free (see [`Holds`]).
-static LAUNCH_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn holds() -> std::sync::MutexGuard<'static, Holds> {
-    HOLDS.lock().unwrap_or_else(|e| e.into_inner())
+/// One GPU's frees held back and what holds them (see [`Holds`]); every [`Cuda`] of that
+/// ordinal shares it.
+pub(super) struct GpuHolds {
+    ordinal: i32,
+    /// Shared by launches on this GPU's client streams, exclusive while frees check that
+    /// nothing runs and free.
+    gate: std::sync::RwLock<()>,
+    holds: std::sync::Mutex<Holds>,
+    /// Frees held back (read without the lock, to keep "nothing held" cheap).
+    held: std::sync::atomic::AtomicUsize,
 }
 
-/// Registers a client stream: frees are held back while it has work in flight. Returns the id
-/// [`untrack_stream`] takes.
-pub(super) fn track_client_stream(raw: &Arc<backend::RawStream>) -> u64 {
-    let mut h = holds();
+impl GpuHolds {
+    fn holds(&self) -> std::sync::MutexGuard<'_, Holds> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn gate_exclusive(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.gate.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Every GPU opened in this process, by ordinal (ascending: the order gates are taken in).
+static GPUS: std::sync::Mutex<Vec<Arc<GpuHolds>>> = std::sync::Mutex::new(Vec::new());
+
+/// Frees that are no one GPU's (pinned host memory, libraries), with the GPU each was made on,
+/// held back while any GPU is busy.
+static SHARED: std::sync::Mutex<Vec<(Arc<Cuda>, Deferred)>> = std::sync::Mutex::new(Vec::new());
+
+/// `SHARED`'s length (read without the lock).
+static SHARED_HELD: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn gpus() -> std::sync::MutexGuard<'static, Vec<Arc<GpuHolds>>> {
+    GPUS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn shared() -> std::sync::MutexGuard<'static, Vec<(Arc<Cuda>, Deferred)>> {
+    SHARED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// GPU `ordinal`'s holds, made on its first open.
+pub(super) fn holds_of(ordinal: i32) -> Arc<GpuHolds> {
+    let mut all = gpus();
+    match all.binary_search_by_key(&ordinal, |g| g.ordinal) {
+        Ok(i) => all[i].clone(),
+        Err(i) => {
+            let g = Arc::new(GpuHolds {
+                ordinal,
+                gate: std::sync::RwLock::new(()),
+                holds: std::sync::Mutex::new(Holds {
+                    persistent: 0,
+                    streams: Vec::new(),
+                    next_id: 0,
+                    held: Vec::new(),
+                }),
+                held: std::sync::atomic::AtomicUsize::new(0),
+            });
+            all.insert(i, g.clone());
+            g
+        }
+    }
+}
+
+/// Registers a client stream of `cuda`'s GPU: that GPU's frees are held back while it has work
+/// in flight. Returns the id [`untrack_stream`] takes.
+pub(super) fn track_client_stream(cuda: &Cuda, raw: &Arc<backend::RawStream>) -> u64 {
+    let mut h = cuda.holds.holds();
     h.next_id += 1;
     let id = h.next_id;
     h.streams.push((id, Arc::downgrade(raw)));
@@ -650,66 +709,120 @@ pub(super) fn track_client_stream(raw: &Arc<backend::RawStream>) -> u64 {
 }
 
 /// Forgets a client stream being destroyed (no query reaches it after this returns).
-pub(super) fn untrack_stream(id: u64) {
-    holds().streams.retain(|(i, _)| *i != id);
+pub(super) fn untrack_stream(cuda: &Cuda, id: u64) {
+    cuda.holds.holds().streams.retain(|(i, _)| *i != id);
 }
 
-/// Held while a kernel is launched on a client stream (see [`Holds`]).
-pub(super) fn client_launch_gate() -> std::sync::RwLockReadGuard<'static, ()> {
-    LAUNCH_GATE.read().unwrap_or_else(|e| e.into_inner())
+/// Held while a kernel is launched on a client stream of `cuda`'s GPU (see [`Holds`]).
+pub(super) fn client_launch_gate(cuda: &Cuda) -> std::sync::RwLockReadGuard<'_, ()> {
+    cuda.holds.gate.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Frees the memory of a dropped owner (`what`), or holds it back while a kernel may be waiting
 /// for a controller (see [`Holds`]).
-pub(super) fn free_or_defer(cuda: &Cuda, what: Deferred) {
-    settle(cuda, Some(what));
+pub(super) fn free_or_defer(cuda: &Arc<Cuda>, what: Deferred) {
+    if what.is_shared() {
+        {
+            let mut s = shared();
+            s.push((cuda.clone(), what));
+            SHARED_HELD.store(s.len(), Ordering::Relaxed);
+        }
+        settle(cuda, None);
+    } else {
+        settle(cuda, Some(what));
+    }
 }
 
 /// Performs the frees held back, if any and if nothing holds them any more (see [`Holds`]).
 pub(super) fn release_held(cuda: &Cuda) {
-    if HELD.load(Ordering::Relaxed) != 0 {
+    if cuda.holds.held.load(Ordering::Relaxed) != 0 || SHARED_HELD.load(Ordering::Relaxed) != 0 {
         settle(cuda, None);
     }
 }
 
-/// Under the gate: adds `new` to the frees held back, then performs them all (in the order
-/// they were asked for) unless something still holds them.
+/// Under `cuda`'s GPU's gate: adds `new` (memory of that GPU) to the frees held back, then
+/// performs them all (in the order they were asked for) unless something on that GPU still
+/// holds them; then the shared frees, if nothing holds them on any GPU.
 fn settle(cuda: &Cuda, new: Option<Deferred>) {
-    let _gate = LAUNCH_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let gpu = &cuda.holds;
     let held = {
-        let mut h = holds();
-        h.held.extend(new);
-        if h.held.is_empty() || h.busy() {
-            HELD.store(h.held.len(), Ordering::Relaxed);
-            return;
+        let _gate = gpu.gate_exclusive();
+        let held = {
+            let mut h = gpu.holds();
+            h.held.extend(new);
+            if h.held.is_empty() || h.busy() {
+                gpu.held.store(h.held.len(), Ordering::Relaxed);
+                None
+            } else {
+                gpu.held.store(0, Ordering::Relaxed);
+                Some(std::mem::take(&mut h.held))
+            }
+        };
+        for d in held.iter().flatten() {
+            // SAFETY: each is the allocation of an owner that was dropped (nothing refers to it
+            // any more), on this GPU, held back at most once, freed once, here.
+            unsafe { backend::free(cuda, *d) }
         }
-        HELD.store(0, Ordering::Relaxed);
-        std::mem::take(&mut h.held)
+        held
     };
-    for d in held {
-        // SAFETY: each is the allocation (or library) of an owner that was dropped (nothing
-        // refers to it any more), held back at most once, freed once, here.
-        unsafe { backend::free(cuda, d) }
+    drop(held);
+    if SHARED_HELD.load(Ordering::Relaxed) != 0 {
+        settle_shared();
     }
 }
 
-/// Frees held back now (for reports and tests).
+/// Performs the shared frees if no GPU is busy, under every GPU's gate (ascending ordinals; a
+/// thread holds at most one gate anywhere else, so no cycle forms).
+fn settle_shared() {
+    let all: Vec<Arc<GpuHolds>> = gpus().clone();
+    let _gates: Vec<_> = all.iter().map(|g| g.gate_exclusive()).collect();
+    if all.iter().any(|g| g.holds().busy()) {
+        return;
+    }
+    let frees = {
+        let mut s = shared();
+        SHARED_HELD.store(0, Ordering::Relaxed);
+        std::mem::take(&mut *s)
+    };
+    for (cuda, d) in frees {
+        // SAFETY: each is the allocation (or library) of an owner that was dropped, held back
+        // at most once, freed once, here, with the GPU it was made on.
+        unsafe { backend::free(&cuda, d) }
+    }
+}
+
+impl Deferred {
+    /// Whether the free is no one GPU's (see [`Holds`]).
+    fn is_shared(self) -> bool {
+        !matches!(self, Deferred::Device { .. })
+    }
+}
+
+/// Frees held back now, on every GPU (for reports and tests).
 pub fn held_frees() -> usize {
-    HELD.load(Ordering::Relaxed)
+    let per_gpu: usize = gpus().iter().map(|g| g.held.load(Ordering::Relaxed)).sum();
+    per_gpu + SHARED_HELD.load(Ordering::Relaxed)
 }
 
-/// Marks a persistent kernel as running: until [`persistent_kernel_ended`], frees of GPU and
-/// pinned memory are held back instead of synchronising with the device.
-pub fn persistent_kernel_started() {
-    holds().persistent += 1;
+/// Frees of `cuda`'s GPU memory held back now (for reports and tests; pinned memory and
+/// libraries, which are no one GPU's, are counted by [`held_frees`]).
+pub fn held_frees_on(cuda: &Cuda) -> usize {
+    cuda.holds.held.load(Ordering::Relaxed)
 }
 
-/// Marks a persistent kernel as ended (its stream is idle); performs the frees held back
-/// meanwhile once nothing else holds them (with `host-gpu`, each once no stream has work in
-/// flight).
+/// Marks a persistent kernel as running on `cuda`'s GPU: until [`persistent_kernel_ended`],
+/// frees of that GPU's memory (and of pinned memory) are held back instead of synchronising
+/// with the device.
+pub fn persistent_kernel_started(cuda: &Cuda) {
+    cuda.holds.holds().persistent += 1;
+}
+
+/// Marks a persistent kernel of `cuda`'s GPU as ended (its stream is idle); performs the frees
+/// held back meanwhile once nothing else holds them (with `host-gpu`, each once no stream has
+/// work in flight).
 pub fn persistent_kernel_ended(cuda: &Cuda) {
     {
-        let mut h = holds();
+        let mut h = cuda.holds.holds();
         h.persistent = h.persistent.saturating_sub(1);
     }
     release_held(cuda);

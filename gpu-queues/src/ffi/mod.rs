@@ -51,9 +51,36 @@ use host_gpu as backend;
 pub use backend::cuda_present;
 pub use gpu::{Cuda, Event, GreenPartition, Kernel, Library, Stream, copy_to_gpu};
 pub use memory::{
-    DeviceMemory, HostRegistration, ManagedMemory, PinnedMemory, held_frees,
+    DeviceMemory, HostRegistration, ManagedMemory, PinnedMemory, held_frees, held_frees_on,
     persistent_kernel_ended, persistent_kernel_started,
 };
+
+/// What a GPU is, read without opening it ([`Cuda::identify`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuIdentity {
+    /// CUDA's ordinal in this process.
+    pub ordinal: i32,
+    /// Its name ("NVIDIA H200").
+    pub name: String,
+    /// Its UUID as `nvidia-smi -L` prints it (`GPU-...`).
+    pub uuid: String,
+    /// Its PCI address as sysfs spells it (`0000:3b:00.0`); `None` for the `host-gpu`
+    /// stand-ins, which are on no bus.
+    pub pci_bus_id: Option<String>,
+}
+
+/// A UUID's 16 bytes as `nvidia-smi -L` prints them: `GPU-` and 8-4-4-4-12 hex digits.
+pub(crate) fn format_uuid(bytes: [u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
 
 /// One kernel argument, passed by value.
 #[derive(Clone, Copy, Debug)]

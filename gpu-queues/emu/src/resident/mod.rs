@@ -605,7 +605,7 @@ impl GpuController {
         }
         // From the launch until the kernel has ended, frees are held back (they would wait for
         // it): counted before the launch, so no free can start in between.
-        ffi::persistent_kernel_started();
+        ffi::persistent_kernel_started(cuda);
         if let Err(e) = stream.launch_with_shared(
             emu_kernels.controller,
             blocks,
