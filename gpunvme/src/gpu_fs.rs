@@ -334,8 +334,19 @@ pub fn setup(
     backend: &Backend,
     opts: &GpuFsOptions,
 ) -> Result<(Arc<Cuda>, GpuSetup)> {
+    check_serving(opts)?;
     let cuda = open_gpu(&opts.gpu)?;
     setup_in_group(&cuda, ctrl, backend, opts, None).map(|s| (cuda, s))
+}
+
+/// Refuses options that cannot go together, before any GPU is opened.
+fn check_serving(opts: &GpuFsOptions) -> Result<()> {
+    ensure!(
+        opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
+        InvalidArgument,
+        "an SSD timing model times the GPU-resident controller's media: it needs the GPU-resident controller (controller `gpu`)"
+    );
+    Ok(())
 }
 
 /// [`setup`] on `cuda`, a GPU the caller opened (a framework's tensor's, say): `opts.gpu` is
@@ -394,11 +405,7 @@ fn setup_in_group(
     opts: &GpuFsOptions,
     group: Option<gpu_emu::GroupMember>,
 ) -> Result<GpuSetup> {
-    ensure!(
-        opts.ssd_model.is_none() || matches!(opts.serving, Serving::Model(_)),
-        InvalidArgument,
-        "an SSD timing model times the GPU-resident controller's media: it needs the GPU-resident controller (controller `gpu`)"
-    );
+    check_serving(opts)?;
     let model = match opts.serving {
         Serving::Device => None,
         Serving::Model(media) => {
@@ -691,6 +698,7 @@ fn setup_members(
             results
         }
         Serving::Model(_) => {
+            check_serving(opts)?;
             let cuda = open_gpu(&opts.gpu)?;
             let group = gpu::model_group(&cuda, ctrls.len(), opts.controller_sms)?;
             let jobs: Vec<_> = ctrls.iter().zip(backends).zip(group).collect();

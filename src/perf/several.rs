@@ -137,11 +137,20 @@ pub fn run_several_gpu(
     };
     let jobs: Vec<_> = ctrls.iter().zip(&per_controller).collect();
     let results = gpunvme::gpu::on_each(&jobs, |((c, b), a)| super::gpu::run(c, b, a));
+    named_gpu_reports(results, names.iter().cloned())
+}
+
+/// The reports of runs side by side, each named (in order), and their totals; the first run
+/// that failed (in order) is the error, named.
+fn named_gpu_reports(
+    results: Vec<anyhow::Result<super::gpu::GpuPerfReport>>,
+    names: impl Iterator<Item = String>,
+) -> anyhow::Result<SeveralGpuReport> {
     let mut controllers = Vec::with_capacity(results.len());
     for (r, name) in results.into_iter().zip(names) {
         let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
         controllers.push(NamedGpuReport {
-            device: name.clone(),
+            device: name,
             report,
         });
     }
@@ -203,23 +212,11 @@ pub fn run_on_gpus(
         })
         .collect();
     let results = gpunvme::gpu::on_each(&per_gpu, |a| super::gpu::run(ctrl, backend, a));
-    let mut controllers = Vec::with_capacity(results.len());
-    for (r, c) in results.into_iter().zip(gpus) {
-        let name = format!("GPU {} ({})", c.ordinal(), c.uuid());
-        let report = r.map_err(|e| e.context(format!("perf --gpu on {name}")))?;
-        controllers.push(NamedGpuReport {
-            device: name,
-            report,
-        });
-    }
-    let reports: Vec<PerfReport> = controllers
-        .iter()
-        .map(|c| c.report.report.clone())
-        .collect();
-    Ok(SeveralGpuReport {
-        total: PerfTotals::of(&reports),
-        controllers,
-    })
+    named_gpu_reports(
+        results,
+        gpus.iter()
+            .map(|c| format!("GPU {} ({})", c.ordinal(), c.uuid())),
+    )
 }
 
 /// Runs `cfg` on every controller of `ctrls` (named by `names`) at once, a thread each (which

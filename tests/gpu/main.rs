@@ -93,6 +93,43 @@ root_tests!(
     several_gpus::frees_on_one_gpu_are_not_held_by_another_gpus_kernel,
 );
 
+/// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue
+/// pairs (0: the controller's share), `ios` I/Os over the first 8 MiB with [`SEED`], ring depth
+/// 64, on GPU 0, served by `model` (`None`: the software controller).
+fn perf_args(
+    rw: gpunvme_cli::perf::RwMode,
+    queues: usize,
+    ios: u64,
+    verify: bool,
+    model: Option<MediaKind>,
+) -> gpunvme_cli::perf::gpu::GpuPerfArgs {
+    gpunvme_cli::perf::gpu::GpuPerfArgs {
+        perf: gpunvme_cli::perf::PerfConfig {
+            rw,
+            bs: 4096,
+            qd: 8,
+            queues,
+            stop: gpunvme_cli::perf::Stop::Ios(ios),
+            verify,
+            nsid: 1,
+            size: Some(8 << 20),
+            seed: Some(SEED),
+            interrupt: None,
+        },
+        gpu_threads: None,
+        style: ClientStyle::Warp,
+        warp_lanes: None,
+        cpu_queues: 0,
+        depth: Some(64),
+        controller_sms: 8,
+        model,
+        ssd_model: None,
+        model_group: None,
+        gpu: Default::default(),
+        fill: true,
+    }
+}
+
 const NS_BYTES: u64 = 64 << 20;
 const SEED: u64 = 0x005e_ed0f_6b0b;
 

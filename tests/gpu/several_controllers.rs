@@ -36,36 +36,11 @@ fn open_images(
 /// queues: every I/O checked on both, the totals their sum; the GPU-resident model over
 /// several is refused by name before anything runs.
 pub(super) fn several_controllers_run_perf_gpu_at_once() {
-    use gpunvme_cli::perf::gpu::GpuPerfArgs;
-    use gpunvme_cli::perf::{PerfConfig, RwMode, Stop, run_several_gpu};
+    use gpunvme_cli::perf::{RwMode, run_several_gpu};
     let (images, opened) = open_images(&["several-a", "several-b"], 4);
     let pairs: Vec<_> = opened.iter().map(|(c, b)| (c, b)).collect();
     let names: Vec<String> = images.iter().map(|p| p.display().to_string()).collect();
-    let mut args = GpuPerfArgs {
-        perf: PerfConfig {
-            rw: RwMode::RandRead,
-            bs: 4096,
-            qd: 8,
-            queues: 2,
-            stop: Stop::Ios(512),
-            verify: true,
-            nsid: 1,
-            size: Some(8 << 20),
-            seed: Some(SEED),
-            interrupt: None,
-        },
-        gpu_threads: None,
-        style: ClientStyle::Warp,
-        warp_lanes: None,
-        cpu_queues: 0,
-        depth: Some(64),
-        controller_sms: 8,
-        model: None,
-        ssd_model: None,
-        model_group: None,
-        gpu: Default::default(),
-        fill: true,
-    };
+    let mut args = perf_args(RwMode::RandRead, 2, 512, true, None);
     let r = run_several_gpu(&pairs, &names, &args).expect("perf --gpu over two controllers");
     assert_eq!(r.controllers.len(), 2);
     for c in &r.controllers {

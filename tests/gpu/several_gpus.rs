@@ -77,8 +77,7 @@ pub(super) fn gpus_are_named_by_ordinal_uuid_and_address() {
 /// totals their sum; reads and a write run (whose read-back runs on the pair kept for it).
 pub(super) fn perf_gpu_on_every_gpu_at_once() {
     use gpunvme::open::{self, DeviceSpec, OpenOptions};
-    use gpunvme_cli::perf::gpu::GpuPerfArgs;
-    use gpunvme_cli::perf::{PerfConfig, RwMode, Stop, run_on_gpus};
+    use gpunvme_cli::perf::{RwMode, run_on_gpus};
     let gpus = GpuSelection::All.open().expect("every GPU");
     let n = gpus.len();
     // Four pairs per GPU and one kept for a write run's read-back.
@@ -92,31 +91,7 @@ pub(super) fn perf_gpu_on_every_gpu_at_once() {
     let spec = DeviceSpec::parse(Some(img.to_str().expect("UTF-8"))).expect("spec");
     let (ctrl, backend) = open::open_controller_and_transport(&spec, &opts).expect("open");
     for rw in [RwMode::RandRead, RwMode::RandWrite] {
-        let args = GpuPerfArgs {
-            perf: PerfConfig {
-                rw,
-                bs: 4096,
-                qd: 8,
-                queues: 0,
-                stop: Stop::Ios(256),
-                verify: true,
-                nsid: 1,
-                size: Some(8 << 20),
-                seed: Some(SEED),
-                interrupt: None,
-            },
-            gpu_threads: None,
-            style: ClientStyle::Warp,
-            warp_lanes: None,
-            cpu_queues: 0,
-            depth: Some(64),
-            controller_sms: 8,
-            model: None,
-            ssd_model: None,
-            model_group: None,
-            gpu: Default::default(),
-            fill: true,
-        };
+        let args = perf_args(rw, 0, 256, true, None);
         let r = run_on_gpus(&ctrl, &backend, &gpus, &args).expect("perf --gpu --gpu-id all");
         assert_eq!(r.controllers.len(), n);
         // An even share of the pairs (one kept for a write run's read-back).
@@ -137,31 +112,7 @@ pub(super) fn perf_gpu_on_every_gpu_at_once() {
         );
     }
     // The model is one GPU's kernel: refused by name before anything runs.
-    let args = GpuPerfArgs {
-        perf: PerfConfig {
-            rw: RwMode::RandRead,
-            bs: 4096,
-            qd: 8,
-            queues: 0,
-            stop: Stop::Ios(16),
-            verify: false,
-            nsid: 1,
-            size: Some(8 << 20),
-            seed: Some(SEED),
-            interrupt: None,
-        },
-        gpu_threads: None,
-        style: ClientStyle::Warp,
-        warp_lanes: None,
-        cpu_queues: 0,
-        depth: Some(64),
-        controller_sms: 8,
-        model: Some(MediaKind::Hbm),
-        ssd_model: None,
-        model_group: None,
-        gpu: Default::default(),
-        fill: true,
-    };
+    let args = perf_args(RwMode::RandRead, 0, 16, false, Some(MediaKind::Hbm));
     let e = run_on_gpus(&ctrl, &backend, &gpus, &args).unwrap_err();
     assert!(e.to_string().contains("--controller gpu"), "{e}");
     ctrl.shutdown().expect("shutdown");
