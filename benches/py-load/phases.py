@@ -133,12 +133,13 @@ for i in range(int(env("REPS", "6"))):
         prof.wait(timeout=30)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     r = json.loads(rep)
-    ph = {k: v * 1e3 for k, v in r["phases"].items()}
+    ph = {k: v * 1e3 for k, v in r["phases"].items() if isinstance(v, (int, float))}
     copies = r.get("controller_copies") or {}
     # The controller's counters run over the handle's life (reset with its queues).
     pread_ms = copies.get("file_read_ms", 0.0) - (0.0 if env("RESETUP") else file_ms)
     file_ms = copies.get("file_read_ms", 0.0)
-    native = sum(ph.get(k, 0.0) for k in ("mount_and_headers", "gpu_setup", "load", "teardown"))
+    native = sum(ph.get(k, 0.0) for k in ("mount_and_headers", "gpu_open", "gpu_setup", "load",
+                                             "teardown"))
     print(f"load {i}: {(t4 - t0) * 1e3:.2f} ms ({total / (t4 - t0) / 1e9:.1f} GB/s); native call "
           f"{(tn - t0) * 1e3:.2f} (its phases {native:.2f}: load {ph.get('load', 0.0):.2f}); "
           f"mount+headers {ph['mount_and_headers']:.2f}, arena {ph['load_arena']:.2f}, "

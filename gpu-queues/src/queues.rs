@@ -16,7 +16,7 @@
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvme::{CreatedQueuePair, DmaRegion};
 use zerocopy::IntoBytes;
@@ -537,6 +537,9 @@ impl QueueTransport for FixedMemory {
 pub struct QueueSetParts {
     /// Which transport.
     pub kind: TransportKind,
+    /// Where bringing the queues up took its time, so far ([`SetupPhases`]; empty where the
+    /// transport does not say).
+    pub setup: SetupPhases,
     /// The queue pairs, in the order kernels index them.
     pub pairs: Vec<GpuQueuePair>,
     /// The host's abort word (a pinned page).
@@ -556,6 +559,43 @@ pub struct QueueSetParts {
     pub backend: Arc<dyn QueueTransport>,
 }
 
+/// Where bringing a set of queues up took its time: named phases in order, each's seconds
+/// (`mark` closes the phase that ran since the last mark).
+#[derive(Clone, Debug)]
+pub struct SetupPhases {
+    last: Instant,
+    phases: Vec<(&'static str, f64)>,
+}
+
+impl Default for SetupPhases {
+    fn default() -> Self {
+        Self::start()
+    }
+}
+
+impl SetupPhases {
+    /// Starts timing now.
+    pub fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            phases: Vec::new(),
+        }
+    }
+
+    /// Ends phase `name` (the time since the last mark, or the start).
+    pub fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases
+            .push((name, now.duration_since(self.last).as_secs_f64()));
+        self.last = now;
+    }
+
+    /// The phases, in order: (name, seconds).
+    pub fn phases(&self) -> &[(&'static str, f64)] {
+        &self.phases
+    }
+}
+
 /// A set of I/O queue pairs in GPU memory on one controller, and what kernels need to use them.
 pub struct GpuQueues {
     // Field order is drop order: after `Drop::drop` deleted the queues, their memory goes,
@@ -573,6 +613,7 @@ pub struct GpuQueues {
     slot_buffer_bytes: u32,
     max_transfer: u32,
     cuda: Arc<Cuda>,
+    setup: SetupPhases,
 }
 
 impl std::fmt::Debug for GpuQueues {
@@ -608,6 +649,7 @@ impl GpuQueues {
     pub fn assemble(cuda: &Arc<Cuda>, parts: QueueSetParts) -> Result<Self, GpuError> {
         let QueueSetParts {
             kind,
+            mut setup,
             pairs,
             host_flags,
             keep,
@@ -618,6 +660,7 @@ impl GpuQueues {
             backend,
         } = parts;
         let descs = upload_descs(cuda, &pairs)?;
+        setup.mark("descriptors");
         Ok(Self {
             pairs,
             descs,
@@ -632,7 +675,13 @@ impl GpuQueues {
             slot_buffer_bytes: plan.slot_buffer_bytes,
             max_transfer: plan.max_transfer,
             cuda: cuda.clone(),
+            setup,
         })
+    }
+
+    /// Where bringing these queues up took its time ([`SetupPhases`]).
+    pub fn setup_phases(&self) -> &SetupPhases {
+        &self.setup
     }
 
     /// Allocates `len` bytes of GPU memory the controller can reach (for reads and writes of

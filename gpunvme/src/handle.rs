@@ -508,7 +508,7 @@ impl DeviceHandle {
     /// that GPU on the device's own controller (brought up by the first GPU call on it), or the
     /// GPU-resident model started for this call and stopped after it. Queues that saw an error
     /// are torn down (the next call brings fresh ones up). Also the seconds spent bringing
-    /// queues up (0 when kept ones served). Each GPU's queues are an even share of the
+    /// queues up (exactly 0 when kept ones served). Each GPU's queues are an even share of the
     /// controller's ([`gpu_fs::gpu_share`] among the GPUs this process sees), so that every
     /// GPU can have its own at once.
     fn with_gpu<T>(
@@ -529,8 +529,8 @@ impl DeviceHandle {
                 gpu_fs::teardown(s.setup)?;
             }
         }
-        let session = match kept.remove(&cuda.ordinal()) {
-            Some(s) => s,
+        let (session, fresh) = match kept.remove(&cuda.ordinal()) {
+            Some(s) => (s, false),
             None => {
                 let opts = GpuFsOptions {
                     serving,
@@ -540,10 +540,14 @@ impl DeviceHandle {
                     ..GpuFsOptions::default()
                 };
                 let setup = gpu_fs::setup_on(cuda, &self.ctrls[0], &self.backend, &opts)?;
-                GpuSession { setup }
+                (GpuSession { setup }, true)
             }
         };
-        let setup_secs = t0.elapsed().as_secs_f64();
+        let setup_secs = if fresh {
+            t0.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
         let result = f(&session.setup);
         if keep && result.is_ok() {
             kept.insert(cuda.ordinal(), session);
@@ -781,12 +785,17 @@ impl DeviceHandle {
                 "no GPU: no CUDA driver on this machine (the headers were checked)"
             );
         }
-        let cuda = gpu_fs::open_gpu(gpu)?;
         let t_headers = t0.elapsed().as_secs_f64();
+        let cuda = gpu_fs::open_gpu(gpu)?;
+        let t_opened = t0.elapsed().as_secs_f64();
         let mut t_loaded = 0.0;
+        let mut setup_phases = serde_json::Map::new();
         let (mut out, setup_secs) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
             let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+            for (name, secs) in setup.queues.setup_phases().phases() {
+                setup_phases.insert((*name).to_owned(), serde_json::json!(secs));
+            }
             let (loaded, made) = safetensors::load_with(setup, &refs, &pairs, watch, while_reading)?;
             t_loaded = t0.elapsed().as_secs_f64();
             let report = serde_json::json!({
@@ -806,14 +815,21 @@ impl DeviceHandle {
             });
             Ok::<_, crate::Error>((loaded, report, made))
         })?;
-        // Where the call's time went (seconds): mount and headers, GPU setup (queues, unless
-        // kept from an earlier call; the model's start and media), the load with its arena
-        // (of which: allocating the arena, the extent tables, the reads), teardown (the
-        // model's; kept queues stay up).
+        // Where the call's time went (seconds): mount and headers, opening the GPU (the
+        // driver and the primary context, in a fresh process), GPU setup (queues, unless kept
+        // from an earlier call, with where their bring-up went; the model's start and media),
+        // the load with its arena (of which: allocating the arena, the extent tables, the
+        // reads), teardown (the model's; kept queues stay up).
         out.1["phases"] = serde_json::json!({
             "mount_and_headers": t_headers,
+            "gpu_open": t_opened - t_headers,
             "gpu_setup": setup_secs,
-            "load": t_loaded - t_headers - setup_secs,
+            "gpu_setup_phases": if setup_secs > 0.0 {
+                serde_json::Value::Object(setup_phases)
+            } else {
+                serde_json::Value::Null
+            },
+            "load": t_loaded - t_opened - setup_secs,
             "load_arena": out.0.arena_secs,
             "load_tables": out.0.tables_secs,
             "load_reads": out.0.secs,

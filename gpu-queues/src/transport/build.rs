@@ -14,7 +14,7 @@ use crate::ffi::{Cuda, GreenPartition, PinnedMemory, Placement, Stream};
 use crate::kernels::Kernels;
 use crate::queues::{
     DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, QueueSetParts, QueueTransport,
-    TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
+    SetupPhases, TransportKind, alloc_protocol_state, plan, prebuilt_prp_lists,
 };
 
 /// Where one queue pair's SSD-visible pieces sit in its arena (byte offsets, each aligned to
@@ -187,6 +187,7 @@ pub(crate) fn build_queues(
     GpuQueues::assemble(
         cuda,
         QueueSetParts {
+            setup: SetupPhases::default(),
             kind,
             pairs,
             host_flags,

@@ -11,8 +11,8 @@ use gpu_queues::desc::QF_LOCAL_PEER;
 use gpu_queues::ffi::{Cuda, DeviceMemory, PinnedMemory, Placement, Stream};
 use gpu_queues::queues::{
     DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan,
-    QueueSetParts, QueueTransport, TransportKind, aligned_arena, alloc_protocol_state, plan,
-    prebuilt_prp_lists,
+    QueueSetParts, QueueTransport, SetupPhases, TransportKind, aligned_arena, alloc_protocol_state,
+    plan, prebuilt_prp_lists,
 };
 use nvme::{Controller, DmaRegion, QueueRegions};
 use zerocopy::IntoBytes;
@@ -154,6 +154,7 @@ pub fn queues(
     GpuQueues::assemble(
         cuda,
         QueueSetParts {
+            setup: SetupPhases::default(),
             kind: TransportKind::GpuController,
             pairs,
             host_flags,

@@ -10,7 +10,7 @@ use gpu_queues::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placemen
 use gpu_queues::kernels::Kernels;
 use gpu_queues::queues::{
     DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan, QueueSetParts,
-    TransportKind, alloc_protocol_state, plan,
+    SetupPhases, TransportKind, alloc_protocol_state, plan,
 };
 use gpu_queues::transport::{Candidate, TransportChoice, select};
 use nvme::{Controller, QueueRegions};
@@ -61,15 +61,20 @@ pub fn queues(
     } = p;
 
     let started = Instant::now();
+    let mut setup = SetupPhases::start();
     let kernels = Kernels::load(cuda)?;
+    setup.mark("kernels");
     let t_kernels = started.elapsed();
     let partition = GreenPartition::split(cuda, opts.controller_sms)?;
     let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+    setup.mark("partition");
     // Every client kernel loaded before any of them spins (lazy loading: see
     // `Kernels::warm_up_clients`).
     kernels.warm_up_clients(cuda, &client_stream)?;
+    setup.mark("warm_up");
     // One copy engine per controller thread, each warmed up on its own stream.
     let emu_kernels = EmuKernels::load(cuda)?;
+    setup.mark("controller_kernels");
     let t_warm = started.elapsed();
     let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
     let readahead = readahead_from(
@@ -80,6 +85,7 @@ pub fn queues(
         },
     )?;
     let prefetch_readers = crate::prefetch::readers_from_env()?;
+    setup.mark("copy_engines");
     let t_engines = started.elapsed();
     let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
     let host_flags = PinnedMemory::alloc(cuda, 4096)?;
@@ -134,6 +140,7 @@ pub fn queues(
             keep: vec![Box::new(mem.keep), Box::new(vec![state, slots])],
         });
     }
+    setup.mark("queue_pairs");
     tracing::info!(
         queues = count,
         depth,
@@ -150,6 +157,7 @@ pub fn queues(
         cuda,
         QueueSetParts {
             kind: TransportKind::SoftwareController,
+            setup,
             pairs,
             host_flags,
             keep: Box::new(doorbells),
