@@ -55,6 +55,7 @@ TESTS=(
     model_fails_bad_commands_with_the_status_the_spec_requires
     model_refuses_changes_to_a_write_protected_namespace
     model_without_free_sms_is_refused_not_hung
+    views_and_strided_rows_land_where_asked
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

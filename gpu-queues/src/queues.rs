@@ -193,19 +193,33 @@ pub fn plan(info: &nvme::ControllerInfo, opts: &GpuQueueOptions) -> Result<Plan,
 /// The pre-built PRP lists of a queue's slot buffers (two list pages per slot; slot s's first
 /// page names pages 1.. of its buffer), or `None` when buffers need no list (≤ 2 pages).
 pub fn prebuilt_prp_lists(depth: u32, slot_buffer_bytes: u32, buf_bus: u64) -> Option<Vec<u64>> {
+    let rows = prebuilt_prp_rows(depth, slot_buffer_bytes, buf_bus)?;
+    let row = rows.len() / depth as usize;
+    let mut lists = vec![0u64; depth as usize * 2 * 512];
+    for (s, r) in rows.chunks(row).enumerate() {
+        lists[s * 2 * 512..s * 2 * 512 + row].copy_from_slice(r);
+    }
+    Some(lists)
+}
+
+/// [`prebuilt_prp_lists`] without the zeros: one row per slot of the entries its list page
+/// starts with (`slot_buffer_bytes / 4096 - 1` of them), for memory zeroed already whose rows
+/// are [`PRP_LIST_PITCH`] bytes apart (written with one strided copy, not 2 MiB per queue).
+pub fn prebuilt_prp_rows(depth: u32, slot_buffer_bytes: u32, buf_bus: u64) -> Option<Vec<u64>> {
     let pages_per_slot = slot_buffer_bytes as usize / 4096;
     if pages_per_slot <= 2 {
         return None;
     }
-    let mut lists = vec![0u64; depth as usize * 2 * 512];
+    let mut rows = Vec::with_capacity(depth as usize * (pages_per_slot - 1));
     for s in 0..depth as usize {
         let base = buf_bus + (s * slot_buffer_bytes as usize) as u64;
-        for k in 1..pages_per_slot {
-            lists[s * 2 * 512 + k - 1] = base + (k * 4096) as u64;
-        }
+        rows.extend((1..pages_per_slot).map(|k| base + (k * 4096) as u64));
     }
-    Some(lists)
+    Some(rows)
 }
+
+/// Bytes from one slot's pre-built PRP list to the next (two list pages per slot).
+pub const PRP_LIST_PITCH: usize = 2 * 4096;
 
 /// Slot states before the first command: slot s is free for ticket s.
 pub fn initial_slots(depth: u32) -> Vec<SlotState> {
@@ -228,18 +242,52 @@ pub fn initial_state() -> QueueState {
 }
 
 /// A queue's protocol state and slot states in GPU memory, initialised for the first command.
-pub fn alloc_protocol_state(
+pub fn alloc_protocol_state(cuda: &Arc<Cuda>, depth: u32) -> Result<ProtocolState, GpuError> {
+    Ok(alloc_protocol_states(cuda, depth, 1)?.remove(0))
+}
+
+/// A queue's protocol state and its slot states in GPU memory ([`alloc_protocol_state`]).
+pub type ProtocolState = (Arc<DeviceMemory>, Arc<DeviceMemory>);
+
+/// [`alloc_protocol_state`] for `count` queues at once: two allocations and two copies in
+/// all, not two of each per queue.
+pub fn alloc_protocol_states(
     cuda: &Arc<Cuda>,
     depth: u32,
-) -> Result<(Arc<DeviceMemory>, Arc<DeviceMemory>), GpuError> {
-    let state = Arc::new(DeviceMemory::alloc(cuda, size_of::<QueueState>())?);
-    let slots = Arc::new(DeviceMemory::alloc(
-        cuda,
-        depth as usize * size_of::<SlotState>(),
-    )?);
-    slots.write(0, initial_slots(depth).as_bytes())?;
-    state.write(0, initial_state().as_bytes())?;
-    Ok((state, slots))
+    count: usize,
+) -> Result<Vec<ProtocolState>, GpuError> {
+    // Each queue's part on its own 256-byte boundary, as its own allocation's would be.
+    let state_len = size_of::<QueueState>().next_multiple_of(256);
+    let slots_len = (depth as usize * size_of::<SlotState>()).next_multiple_of(256);
+    let states = Arc::new(DeviceMemory::alloc(cuda, state_len * count.max(1))?);
+    let slots = Arc::new(DeviceMemory::alloc(cuda, slots_len * count.max(1))?);
+    let mut state_bytes = vec![0u8; state_len * count];
+    let mut slot_bytes = vec![0u8; slots_len * count];
+    let (state0, slots0) = (initial_state(), initial_slots(depth));
+    for q in 0..count {
+        let st = state0.as_bytes();
+        state_bytes[q * state_len..q * state_len + st.len()].copy_from_slice(st);
+        let sl = slots0.as_bytes();
+        slot_bytes[q * slots_len..q * slots_len + sl.len()].copy_from_slice(sl);
+    }
+    states.write(0, &state_bytes)?;
+    slots.write(0, &slot_bytes)?;
+    (0..count)
+        .map(|q| {
+            Ok((
+                Arc::new(DeviceMemory::view(
+                    &states,
+                    q * state_len,
+                    size_of::<QueueState>(),
+                )?),
+                Arc::new(DeviceMemory::view(
+                    &slots,
+                    q * slots_len,
+                    depth as usize * size_of::<SlotState>(),
+                )?),
+            ))
+        })
+        .collect()
 }
 
 /// The queues' descriptors, in GPU memory for kernels (`const queue_desc*`).
@@ -884,6 +932,14 @@ mod tests {
             l[512..1024].iter().all(|&e| e == 0),
             "second page of a slot is left empty"
         );
+        // The rows are the lists' non-zero starts, one per slot, in slot order.
+        let rows = prebuilt_prp_rows(4, 16384, 0x10_0000).unwrap();
+        assert_eq!(rows.len(), 4 * 3);
+        for (s, r) in rows.chunks(3).enumerate() {
+            let at = s * PRP_LIST_PITCH / 8;
+            assert_eq!(r, &l[at..at + 3], "slot {s}");
+        }
+        assert_eq!(prebuilt_prp_rows(4, 8192, 0x10_0000), None);
     }
 
     #[test]

@@ -160,6 +160,12 @@ pub struct ControllerCopies {
     /// Of the reads and gathers, those not ordered after the controller's writes
     /// (`GPUNVME_EMU_FETCH`).
     pub unordered_reads: u64,
+    /// Pinned bytes of the copy engines' staging and gather areas, each allocated at its first
+    /// use, and the milliseconds those allocations took (part of the time of the loads that
+    /// first used them, not of the set-up).
+    pub pinned_bytes: u64,
+    /// See `pinned_bytes`.
+    pub pinned_alloc_ms: f64,
 }
 
 /// What the software controller's copy engines did so far, when it serves `setup`'s queues.
@@ -183,6 +189,8 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         sync_reads: d.sync_reads,
         gathers: d.gathers,
         unordered_reads: d.unordered_reads,
+        pinned_bytes: d.pinned_bytes,
+        pinned_alloc_ms: d.pinned_alloc_ns as f64 / 1e6,
     })
 }
 

@@ -71,6 +71,7 @@ root_tests!(
     queues::dropped_completion_times_out_on_the_gpu,
     queues::controller_fatal_aborts_every_gpu_waiter,
     queues::gpu_and_cpu_queues_on_one_controller,
+    queues::views_and_strided_rows_land_where_asked,
     perf::perf_four_patterns_both_lba_sizes_verified,
     perf::perf_splits_ios_above_the_maximum_transfer,
     perf::perf_on_a_protection_information_namespace_sets_pract,

@@ -301,3 +301,44 @@ pub(super) fn gpu_and_cpu_queues_on_one_controller() {
         cpu.join().unwrap();
     });
 }
+
+/// GPU memory cut into views and written as strided rows (how a queue set's memory is laid
+/// out and its pre-built PRP lists written): each byte lands where asked, the rest stays zero,
+/// the parent outlives a view dropped after it, and ranges outside are refused.
+pub(super) fn views_and_strided_rows_land_where_asked() {
+    let cuda = cuda();
+    let parent = Arc::new(DeviceMemory::alloc(&cuda, 64 << 10).unwrap());
+    let view = DeviceMemory::view(&parent, 4096, 16 << 10).unwrap();
+    assert_eq!(view.ptr(), parent.ptr() + 4096);
+    let rows: Vec<u8> = (1..=48u8).collect();
+    view.write_rows(8, &rows, 16, 4096).unwrap();
+    drop(parent);
+    let mut back = vec![0u8; 16 << 10];
+    view.read(0, &mut back).unwrap();
+    for (i, b) in back.iter().enumerate() {
+        let (row, col) = (i / 4096, i % 4096);
+        let want = if row < 3 && (8..24).contains(&col) {
+            (row * 16 + col - 8 + 1) as u8
+        } else {
+            0
+        };
+        assert_eq!(*b, want, "byte {i}");
+    }
+    let parent = Arc::new(DeviceMemory::alloc(&cuda, 8192).unwrap());
+    for (off, len) in [(4096, 8192), (8192, 1), (0, 0)] {
+        let e = DeviceMemory::view(&parent, off, len).err();
+        assert!(
+            matches!(e, Some(gpu_queues::GpuError::InvalidArgument(_))),
+            "view {off}+{len}: {e:?}"
+        );
+    }
+    // Rows past the end, a row wider than its pitch, a length that is not whole rows.
+    for (off, n, row, pitch) in [(0, 48, 16, 4096), (0, 32, 32, 16), (0, 20, 16, 32)] {
+        let mem = DeviceMemory::view(&parent, 0, 4096).unwrap();
+        let e = mem.write_rows(off, &vec![1u8; n], row, pitch).err();
+        assert!(
+            matches!(e, Some(gpu_queues::GpuError::InvalidArgument(_))),
+            "{n} bytes in rows of {row} every {pitch}: {e:?}"
+        );
+    }
+}

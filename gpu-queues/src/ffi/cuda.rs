@@ -322,6 +322,43 @@ pub(super) unsafe fn write_device(cuda: &Cuda, dst: u64, data: &[u8]) -> Result<
     })
 }
 
+/// [`DeviceMemory::write_rows`]: `cuMemcpy2D` from host rows of `row` bytes, packed, to device
+/// rows `pitch` bytes apart.
+///
+/// # Safety
+/// `dst..dst + (rows - 1) * pitch + row` lies in a live allocation, `data.len()` a non-zero
+/// multiple of `row`, `row <= pitch`.
+pub(super) unsafe fn write_device_rows(
+    cuda: &Cuda,
+    dst: u64,
+    data: &[u8],
+    row: usize,
+    pitch: usize,
+) -> Result<(), GpuError> {
+    cuda.make_current()?;
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: data.as_ptr().cast(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: row,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: pitch,
+        WidthInBytes: row,
+        Height: data.len() / row,
+    };
+    // SAFETY: the destination rows lie in a live allocation (the caller's promise); the source
+    // is a live slice of exactly `Height` rows of `row` bytes.
+    check("cuMemcpy2D", unsafe { sys::cuMemcpy2D_v2(&copy) })
+}
+
 /// [`DeviceMemory::read`]: `cuMemcpyDtoH`.
 ///
 /// # Safety

@@ -342,6 +342,24 @@ pub(super) unsafe fn write_device(_cuda: &Cuda, dst: u64, data: &[u8]) -> Result
     Ok(())
 }
 
+/// [`DeviceMemory::write_rows`]: a copy per row.
+///
+/// # Safety
+/// As [`write_device`] for every row (`dst + i * pitch`, `row` bytes).
+pub(super) unsafe fn write_device_rows(
+    cuda: &Cuda,
+    dst: u64,
+    data: &[u8],
+    row: usize,
+    pitch: usize,
+) -> Result<(), GpuError> {
+    for (i, r) in data.chunks(row).enumerate() {
+        // SAFETY: every row lies in the live allocation (the caller's promise).
+        unsafe { write_device(cuda, dst + (i * pitch) as u64, r)? }
+    }
+    Ok(())
+}
+
 /// [`DeviceMemory::read`]: a copy from the device address, which is a host address.
 ///
 /// # Safety

@@ -97,6 +97,24 @@ impl DeviceMemory {
         backend::alloc_device(cuda, len, false)
     }
 
+    /// `len` bytes at `offset` of `parent` as memory of their own, which keeps `parent`
+    /// allocated: many small areas cut from one allocation cost one `cuMemAlloc` (and one
+    /// zeroing) instead of one each. Freed with the last view and `parent`'s own handle.
+    pub fn view(parent: &Arc<DeviceMemory>, offset: usize, len: usize) -> Result<Self, GpuError> {
+        if len == 0 {
+            return Err(GpuError::InvalidArgument(
+                "an empty view of GPU memory".into(),
+            ));
+        }
+        let ptr = parent.range(offset, len)?;
+        Ok(Self {
+            cuda: parent.cuda.clone(),
+            ptr,
+            len,
+            owner: Some(Box::new(parent.clone())),
+        })
+    }
+
     /// GPU address of the first byte (with `host-gpu`: the host address).
     pub fn ptr(&self) -> u64 {
         self.ptr
@@ -134,6 +152,32 @@ impl DeviceMemory {
         // SAFETY: `range` checked that the destination lies in this allocation, which is live
         // (borrowed through `self`).
         unsafe { backend::write_device(&self.cuda, dst, data) }
+    }
+
+    /// Copies `data`, rows of `row` bytes, to rows `pitch` bytes apart from `offset`
+    /// (synchronous, one `cuMemcpy2D`; the bytes between rows are left as they are): a table
+    /// whose used part per page is small is written without its unused rest.
+    pub fn write_rows(
+        &self,
+        offset: usize,
+        data: &[u8],
+        row: usize,
+        pitch: usize,
+    ) -> Result<(), GpuError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if row == 0 || row > pitch || data.len() % row != 0 {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} bytes as rows of {row} bytes {pitch} bytes apart",
+                data.len()
+            )));
+        }
+        let rows = data.len() / row;
+        let dst = self.range(offset, (rows - 1) * pitch + row)?;
+        // SAFETY: `range` checked that every row lies in this allocation, which is live
+        // (borrowed through `self`).
+        unsafe { backend::write_device_rows(&self.cuda, dst, data, row, pitch) }
     }
 
     /// Copies bytes at `offset` into `buf` (synchronous).

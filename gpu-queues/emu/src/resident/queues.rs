@@ -10,9 +10,9 @@ use gpu_queues::GpuError;
 use gpu_queues::desc::QF_LOCAL_PEER;
 use gpu_queues::ffi::{Cuda, DeviceMemory, PinnedMemory, Placement, Stream};
 use gpu_queues::queues::{
-    DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan,
-    QueueSetParts, QueueTransport, SetupPhases, TransportKind, aligned_arena, alloc_protocol_state,
-    plan, prebuilt_prp_lists,
+    DescCommon, DescParts, GpuBuffer, GpuQueueOptions, GpuQueuePair, GpuQueues, PRP_LIST_PITCH,
+    Plan, QueueSetParts, QueueTransport, SetupPhases, TransportKind, aligned_arena,
+    alloc_protocol_states, plan, prebuilt_prp_rows,
 };
 use nvme::{Controller, DmaRegion, QueueRegions};
 use zerocopy::IntoBytes;
@@ -87,7 +87,7 @@ pub fn queues(
     let d = depth as usize;
     let sq_bytes = (d * 64).next_multiple_of(4096);
     let cq_bytes = (d * 16).next_multiple_of(4096);
-    let prp_bytes = d * 2 * 4096;
+    let prp_bytes = d * PRP_LIST_PITCH;
     let buf_bytes = d * slot_buffer_bytes as usize;
     // Four arenas, page aligned (device addresses of queues and PRP pages must be), each
     // one window of the model.
@@ -110,17 +110,24 @@ pub fn queues(
     let region = |mem: &Arc<DeviceMemory>, base: u64, off: usize, len: usize| {
         DmaRegion::contiguous(base + off as u64, len, Box::new(mem.clone()))
     };
+    let states = alloc_protocol_states(cuda, depth, n)?;
     let mut pairs = Vec::with_capacity(n);
-    for q in 0..n {
+    for (q, (state, slots)) in states.into_iter().enumerate() {
         let (sq_off, cq_off) = (q * sq_bytes, q * cq_bytes);
         let (prp_bus, buf_bus) = (
             prp_base + (q * prp_bytes) as u64,
             buf_base + (q * buf_bytes) as u64,
         );
-        if let Some(lists) = prebuilt_prp_lists(depth, slot_buffer_bytes, buf_bus) {
-            prps.write((prp_bus - prps.ptr()) as usize, lists.as_bytes())?;
+        // The arena is zeroed: only each slot's entries are written.
+        if let Some(rows) = prebuilt_prp_rows(depth, slot_buffer_bytes, buf_bus) {
+            let row = rows.len() / depth as usize * size_of::<u64>();
+            prps.write_rows(
+                (prp_bus - prps.ptr()) as usize,
+                rows.as_bytes(),
+                row,
+                PRP_LIST_PITCH,
+            )?;
         }
-        let (state, slots) = alloc_protocol_state(cuda, depth)?;
         let created = controller.create_queue_pair_on(QueueRegions {
             sq: Arc::new(region(&sqs, sq_base, sq_off, sq_bytes)),
             sq_entries: depth,

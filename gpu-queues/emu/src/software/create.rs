@@ -10,7 +10,7 @@ use gpu_queues::ffi::{Cuda, DeviceMemory, GreenPartition, PinnedMemory, Placemen
 use gpu_queues::kernels::Kernels;
 use gpu_queues::queues::{
     DescCommon, DescParts, GpuQueueOptions, GpuQueuePair, GpuQueues, Plan, QueueSetParts,
-    SetupPhases, TransportKind, alloc_protocol_state, plan,
+    SetupPhases, TransportKind, alloc_protocol_states, plan,
 };
 use gpu_queues::transport::{Candidate, TransportChoice, select};
 use nvme::{Controller, QueueRegions};
@@ -20,7 +20,7 @@ use crate::image_reads::ColdReads;
 use crate::kernels::EmuKernels;
 
 use super::engine::GpuDma;
-use super::pair_memory::{RingPlacement, gpu_pair_memory, host_pair_memory};
+use super::pair_memory::{GpuPairArena, RingPlacement, host_pair_memory};
 use super::readahead::{READAHEAD_WALKERS, readahead_from};
 use super::regions::{PinnedDoorbell, register_region};
 use super::transport::SoftwareTransport;
@@ -94,14 +94,19 @@ pub fn queues(
     let map = emu.address_map();
     let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
     let rings = RingPlacement::from_env(opts.host_rings)?;
+    let arena = match rings {
+        RingPlacement::Gpu => Some(GpuPairArena::alloc(cuda, &p, count as usize)?),
+        RingPlacement::Host => None,
+    };
+    let states = alloc_protocol_states(cuda, depth, count as usize)?;
+    setup.mark("pair_memory");
 
     let mut pairs = Vec::with_capacity(count as usize);
-    for q in 0..count as usize {
-        let mem = match rings {
-            RingPlacement::Gpu => gpu_pair_memory(cuda, &p, register_as)?,
-            RingPlacement::Host => host_pair_memory(cuda, emu, &engine, &p)?,
+    for (q, (state, slots)) in states.into_iter().enumerate() {
+        let mem = match &arena {
+            Some(arena) => arena.pair(q, register_as)?,
+            None => host_pair_memory(cuda, emu, &engine, &p)?,
         };
-        let (state, slots) = alloc_protocol_state(cuda, depth)?;
         let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
         let cq_word = Arc::new(PinnedDoorbell::new(
             doorbells.clone(),

@@ -21,17 +21,23 @@ use super::staging::Staging;
 use super::stats::DmaStats;
 
 /// Pieces one staging area holds before it is flushed.
-pub(super) const MAX_PIECES: usize = 8192;
-/// Data bytes one staging area holds before it is flushed. Small enough that a controller of
-/// many threads allocates its pinned memory quickly (every thread has three such areas: 32 MiB
-/// each made 16 threads spend a second in `cuMemHostAlloc` before a load, 2026-11-25), large
-/// enough for a batch of MDTS-sized reads to stage while the other area drains.
-pub(super) const STAGING_BYTES: usize = 4 << 20;
+pub(super) const MAX_PIECES: usize = 2048;
+/// Data bytes one staging area holds before it is flushed. Pinned memory costs about 0.6 ms
+/// per MiB to allocate (an H200: 48 areas of 4 MiB took 123 ms, of 1 MiB 28 ms, of 256 KiB
+/// 7 ms, from one thread or sixteen alike; `scripts/setup-costs.py`), and each of a
+/// controller's threads has two areas, allocated at their first use: a load's first
+/// milliseconds pay for all of them. Large enough that filling one (a few hundred
+/// microseconds from the page cache) outlasts a flush's launch and wait many times over.
+pub(super) const STAGING_BYTES: usize = 512 << 10;
 /// Ranges one gather moves.
-pub(super) const MAX_GATHER_PIECES: usize = 8192;
-/// Data bytes one gather moves (PRP lists, write data; a read larger than this is copied in
-/// pieces of this size).
+pub(super) const MAX_GATHER_PIECES: usize = 2048;
+/// Data bytes one gather moves at most (PRP lists, write data; a read larger than this is
+/// copied in pieces of this size).
 pub(super) const GATHER_BYTES: usize = 4 << 20;
+/// Data bytes of a gather area when it is first allocated; it grows (by powers of two, up to
+/// [`GATHER_BYTES`]) when a gather or a read needs more: PRP lists and SQEs never do, writes
+/// of large blocks do, once.
+pub(super) const GATHER_START_BYTES: usize = 256 << 10;
 /// Largest piece one scatter warp copies: a long run (a big Read's data) is cut into pieces of
 /// this size so that many warps move it at once, not one warp the whole run.
 pub(super) const PIECE_BYTES: usize = 32 << 10;
@@ -51,12 +57,66 @@ pub(super) fn launch_per_piece(
     stream.launch(kernel, grid, WARPS_PER_BLOCK * 32, args)
 }
 
+/// Pinned memory allocated at its first use: the queues' set-up never waits for it (pinning
+/// was most of a copy engine's cost, see [`STAGING_BYTES`]), and a controller thread that never
+/// stages (or never gathers) never pays for it.
+pub(super) struct LazyPinned {
+    cuda: Arc<Cuda>,
+    len: usize,
+    mem: Option<PinnedMemory>,
+    /// Nanoseconds its allocation took (0 until it is allocated).
+    alloc_ns: u64,
+}
+
+impl LazyPinned {
+    pub(super) fn new(cuda: &Arc<Cuda>, len: usize) -> Self {
+        Self {
+            cuda: cuda.clone(),
+            len,
+            mem: None,
+            alloc_ns: 0,
+        }
+    }
+
+    /// The memory, allocated now if this is its first use.
+    pub(super) fn get(&mut self) -> Result<&PinnedMemory, GpuError> {
+        self.get_at_least(self.len)
+    }
+
+    /// The memory, at least `len` bytes of it: allocated now on its first use, or replaced
+    /// by a larger allocation (its contents are not kept: the caller holds nothing of the old
+    /// one, and no copy still reads or writes it).
+    pub(super) fn get_at_least(&mut self, len: usize) -> Result<&PinnedMemory, GpuError> {
+        let mem = match self.mem.take() {
+            Some(mem) if mem.len() >= len => mem,
+            old => {
+                drop(old);
+                self.len = self.len.max(len);
+                let t = Instant::now();
+                let mem = PinnedMemory::alloc(&self.cuda, self.len)?;
+                self.alloc_ns += t.elapsed().as_nanos() as u64;
+                mem
+            }
+        };
+        Ok(self.mem.insert(mem))
+    }
+
+    /// Adds its bytes and allocation time, if it was allocated, to `stats`.
+    fn count(&self, stats: &mut DmaStats) {
+        if let Some(mem) = &self.mem {
+            stats.pinned_bytes += mem.len() as u64;
+            stats.pinned_alloc_ns += self.alloc_ns;
+        }
+    }
+}
+
 pub(super) struct EngineState {
     pub(super) areas: [Staging; 2],
     pub(super) cur: usize,
-    /// Gather area: MAX_GATHER_PIECES descriptors, then GATHER_BYTES of data; also the bounce
+    /// Gather area: MAX_GATHER_PIECES descriptors, then GATHER_START_BYTES of data and more
+    /// as needed, up to GATHER_BYTES ([`gather_area`](GpuDma::gather_area)); also the bounce
     /// buffer of reads too large to gather.
-    pub(super) gather: PinnedMemory,
+    pub(super) gather: LazyPinned,
     /// Ranges announced by `prefetch`, fetched together at the next read, each with whether
     /// it must be read after the engine's earlier writes (see the module's documentation).
     pub(super) pending: Vec<(u64, usize, bool)>,
@@ -144,7 +204,7 @@ impl GpuDma {
     ) -> Result<Arc<Self>, GpuError> {
         let area = || -> Result<Staging, GpuError> {
             Ok(Staging {
-                mem: PinnedMemory::alloc(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES)?,
+                mem: LazyPinned::new(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES),
                 direct: Vec::new(),
                 copies: Vec::new(),
                 drained: Event::new(cuda)?,
@@ -171,10 +231,10 @@ impl GpuDma {
                 state: Mutex::new(EngineState {
                     areas: [area()?, area()?],
                     cur: 0,
-                    gather: PinnedMemory::alloc(
+                    gather: LazyPinned::new(
                         cuda,
-                        MAX_GATHER_PIECES * size_of::<CopyDesc>() + GATHER_BYTES,
-                    )?,
+                        MAX_GATHER_PIECES * size_of::<CopyDesc>() + GATHER_START_BYTES,
+                    ),
                     pending: Vec::new(),
                     fetched: Vec::new(),
                     in_flight: false,
@@ -229,14 +289,24 @@ impl GpuDma {
     /// Totals over every engine.
     pub fn stats(&self) -> DmaStats {
         let mut total = DmaStats::default();
-        for e in &self.engines {
-            total.add(&lock(e).stats);
+        for s in self.stats_per_thread() {
+            total.add(&s);
         }
         total
     }
 
     /// Each controller thread's engine's counters, by thread index.
     pub fn stats_per_thread(&self) -> Vec<DmaStats> {
-        self.engines.iter().map(|e| lock(e).stats).collect()
+        self.engines
+            .iter()
+            .map(|e| {
+                let st = lock(e);
+                let mut s = st.stats;
+                for area in st.areas.iter().map(|a| &a.mem).chain([&st.gather]) {
+                    area.count(&mut s);
+                }
+                s
+            })
+            .collect()
     }
 }

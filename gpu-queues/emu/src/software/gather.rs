@@ -3,14 +3,14 @@
 //! any other read is a copy and a wait of its own, ordered after the engine's writes or not.
 
 use gpu_queues::GpuError;
-use gpu_queues::ffi::{Arg, Stream};
+use gpu_queues::ffi::{Arg, PinnedMemory, Stream};
 use zerocopy::IntoBytes;
 
 use crate::desc::CopyDesc;
 
 use super::engine::{
-    Engine, EngineState, GATHER_BYTES, GPU_WAIT, GpuDma, MAX_GATHER_PIECES, launch_per_piece, lock,
-    timed,
+    Engine, EngineState, GATHER_BYTES, GATHER_START_BYTES, GPU_WAIT, GpuDma, LazyPinned,
+    MAX_GATHER_PIECES, launch_per_piece, lock, timed,
 };
 use super::modes::CopyMode;
 
@@ -63,28 +63,46 @@ impl GpuDma {
         }
     }
 
+    /// The gather area with room for `data` bytes of data (grown by powers of two from
+    /// [`GATHER_START_BYTES`], at most [`GATHER_BYTES`]). Growing drops what the old area held:
+    /// the caller has forgotten what was gathered (`fetched` is empty).
+    pub(super) fn gather_area(
+        gather: &mut LazyPinned,
+        data: usize,
+    ) -> Result<&PinnedMemory, GpuError> {
+        let bytes = data
+            .next_power_of_two()
+            .clamp(GATHER_START_BYTES, GATHER_BYTES.max(data));
+        gather.get_at_least(MAX_GATHER_PIECES * size_of::<CopyDesc>() + bytes)
+    }
+
     /// Copies every pending range (as many as fit) into the gather area with one kernel, after
     /// every staged write if any of them is ordered, and waits for it (bounded).
     fn gather_locked(&self, e: &Engine, st: &mut EngineState) -> Result<(), GpuError> {
         st.fetched.clear();
-        let mut at = 0usize;
-        let mut n = 0usize;
-        for &(gpu, len, _) in &st.pending {
+        // The ranges that fit, and the data bytes they take.
+        let (mut at, mut n) = (0usize, 0usize);
+        for &(_, len, _) in &st.pending {
             if n == MAX_GATHER_PIECES || at + len > GATHER_BYTES {
                 break;
             }
-            let desc = CopyDesc {
-                dst: gpu,
-                src: at as u32,
-                len: len as u32,
-            };
-            st.gather.write(n * size_of::<CopyDesc>(), desc.as_bytes());
-            st.fetched.push(Fetched { gpu, len, at });
             at = (at + len).next_multiple_of(16);
             n += 1;
         }
         if n == 0 {
             return Ok(());
+        }
+        let gather = Self::gather_area(&mut st.gather, at)?;
+        let mut at = 0usize;
+        for &(gpu, len, _) in &st.pending[..n] {
+            let desc = CopyDesc {
+                dst: gpu,
+                src: at as u32,
+                len: len as u32,
+            };
+            gather.write(st.fetched.len() * size_of::<CopyDesc>(), desc.as_bytes());
+            st.fetched.push(Fetched { gpu, len, at });
+            at = (at + len).next_multiple_of(16);
         }
         // The descriptors are in pinned memory no queued copy reads (every gather and sync
         // read is waited for): the flush of an ordered gather may come after them.
@@ -94,7 +112,7 @@ impl GpuDma {
         let data = MAX_GATHER_PIECES * size_of::<CopyDesc>();
         match self.mode {
             CopyMode::Kernels => {
-                let base = st.gather.device_ptr();
+                let base = st.gather.get()?.device_ptr();
                 launch_per_piece(
                     stream,
                     self.kernels.gather,
@@ -108,7 +126,7 @@ impl GpuDma {
             }
             CopyMode::Memcpy => {
                 for f in &st.fetched {
-                    stream.copy_to_pinned(&st.gather, data + f.at, f.gpu, f.len)?;
+                    stream.copy_to_pinned(st.gather.get()?, data + f.at, f.gpu, f.len)?;
                 }
             }
         }
@@ -127,7 +145,7 @@ impl GpuDma {
     }
 
     /// Serves `buf` from gathered bytes if one gathered range covers it.
-    fn hit(st: &mut EngineState, src: u64, buf: &mut [u8]) -> bool {
+    fn hit(st: &mut EngineState, src: u64, buf: &mut [u8]) -> Result<bool, GpuError> {
         let end = src + buf.len() as u64;
         let Some(f) = st
             .fetched
@@ -135,12 +153,12 @@ impl GpuDma {
             .find(|f| f.gpu <= src && end <= f.gpu + f.len as u64)
             .copied()
         else {
-            return false;
+            return Ok(false);
         };
         let off = MAX_GATHER_PIECES * size_of::<CopyDesc>() + f.at + (src - f.gpu) as usize;
-        st.gather.read(off, buf);
+        st.gather.get()?.read(off, buf);
         st.stats.hits += 1;
-        true
+        Ok(true)
     }
 
     /// Reads GPU memory at `src` into `buf` (bounded wait; `ordered`: after every staged
@@ -149,7 +167,7 @@ impl GpuDma {
     pub(super) fn read(&self, src: u64, buf: &mut [u8], ordered: bool) -> Result<(), GpuError> {
         let e = self.engine();
         let mut st = lock(e);
-        if Self::hit(&mut st, src, buf) {
+        if Self::hit(&mut st, src, buf)? {
             return Ok(());
         }
         if !st.pending.is_empty() {
@@ -157,7 +175,7 @@ impl GpuDma {
                 st.pending.insert(0, (src, buf.len(), ordered));
             }
             self.gather_locked(e, &mut st)?;
-            if Self::hit(&mut st, src, buf) {
+            if Self::hit(&mut st, src, buf)? {
                 return Ok(());
             }
         }
@@ -169,9 +187,10 @@ impl GpuDma {
         let mut done = 0;
         while done < buf.len() {
             let n = (buf.len() - done).min(GATHER_BYTES);
-            stream.copy_to_pinned(&st.gather, bounce, src + done as u64, n)?;
+            let area = Self::gather_area(&mut st.gather, n)?;
+            stream.copy_to_pinned(area, bounce, src + done as u64, n)?;
             Self::wait_read(&mut st, stream)?;
-            st.gather.read(bounce, &mut buf[done..done + n]);
+            st.gather.get()?.read(bounce, &mut buf[done..done + n]);
             done += n;
         }
         Ok(())

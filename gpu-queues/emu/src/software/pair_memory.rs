@@ -6,7 +6,7 @@ use std::sync::Arc;
 use gpu_queues::GpuError;
 use gpu_queues::ffi::os::HostArena;
 use gpu_queues::ffi::{Cuda, DeviceMemory, PinnedMemory};
-use gpu_queues::queues::{Plan, prebuilt_prp_lists};
+use gpu_queues::queues::{PRP_LIST_PITCH, Plan, prebuilt_prp_lists, prebuilt_prp_rows};
 use gpu_queues::transport::QueueLayout;
 use nvme::DmaRegion;
 use nvme_emu::EmuDevice;
@@ -77,47 +77,79 @@ pub(super) struct PairMemory {
     pub(super) keep: Box<dyn Send + Sync>,
 }
 
-/// [`RingPlacement::Gpu`]: rings, PRP-list pages (two per slot: the slot buffer's pre-built
-/// list, and one for `build_prps`) and slot buffers in GPU memory, registered in the
-/// controller's address map behind the copy engines.
-pub(super) fn gpu_pair_memory(
-    cuda: &Arc<Cuda>,
-    p: &Plan,
-    register_as: impl Fn(Arc<DeviceMemory>, bool) -> Result<DmaRegion, GpuError>,
-) -> Result<PairMemory, GpuError> {
-    let depth = p.depth as usize;
-    let sq = Arc::new(DeviceMemory::alloc(
-        cuda,
-        (depth * 64).next_multiple_of(4096),
-    )?);
-    let cq = Arc::new(DeviceMemory::alloc(
-        cuda,
-        (depth * 16).next_multiple_of(4096),
-    )?);
-    let prp = Arc::new(DeviceMemory::alloc(cuda, depth * 2 * 4096)?);
-    let bufs = Arc::new(DeviceMemory::alloc(
-        cuda,
-        depth * p.slot_buffer_bytes as usize,
-    )?);
-    let sq_region = Arc::new(register_as(sq.clone(), true)?);
-    let cq_region = Arc::new(register_as(cq.clone(), false)?);
-    let prp_region = register_as(prp.clone(), false)?;
-    let buf_region = register_as(bufs.clone(), false)?;
-    let prp_bus = prp_region.device_address(0);
-    let buf_bus = buf_region.device_address(0);
-    // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer.
-    if let Some(lists) = prebuilt_prp_lists(p.depth, p.slot_buffer_bytes, buf_bus) {
-        prp.write(0, lists.as_bytes())?;
+/// [`RingPlacement::Gpu`]: every pair's rings, PRP-list pages (two per slot: the slot buffer's
+/// pre-built list, and one for `build_prps`) and slot buffers in one allocation of GPU memory
+/// (one `cuMemAlloc` and one zeroing for the whole set, not four per pair), each pair's parts
+/// registered in the controller's address map behind the copy engines ([`GpuPairArena::pair`]).
+pub(super) struct GpuPairArena {
+    mem: Arc<DeviceMemory>,
+    /// Bytes of one pair's part, and of its pieces, in this order.
+    stride: usize,
+    sq_len: usize,
+    cq_len: usize,
+    prp_len: usize,
+    bufs_len: usize,
+    depth: u32,
+    slot_buffer_bytes: u32,
+}
+
+impl GpuPairArena {
+    /// GPU memory for `count` pairs of plan `p`, zeroed.
+    pub(super) fn alloc(cuda: &Arc<Cuda>, p: &Plan, count: usize) -> Result<Self, GpuError> {
+        let depth = p.depth as usize;
+        let sq_len = (depth * 64).next_multiple_of(4096);
+        let cq_len = (depth * 16).next_multiple_of(4096);
+        let prp_len = depth * PRP_LIST_PITCH;
+        let bufs_len = depth * p.slot_buffer_bytes as usize;
+        let stride = sq_len + cq_len + prp_len + bufs_len;
+        Ok(Self {
+            mem: Arc::new(DeviceMemory::alloc(cuda, stride * count.max(1))?),
+            stride,
+            sq_len,
+            cq_len,
+            prp_len,
+            bufs_len,
+            depth: p.depth,
+            slot_buffer_bytes: p.slot_buffer_bytes,
+        })
     }
-    Ok(PairMemory {
-        sq: sq.ptr(),
-        cq: cq.ptr(),
-        prp_lists: (prp.ptr(), prp_bus),
-        slot_buffers: (bufs.ptr(), buf_bus),
-        sq_region,
-        cq_region,
-        keep: Box::new((prp_region, buf_region, vec![sq, cq, prp, bufs])),
-    })
+
+    /// Pair `q`'s memory, registered through `register_as` (its PRP lists pre-built).
+    pub(super) fn pair(
+        &self,
+        q: usize,
+        register_as: impl Fn(Arc<DeviceMemory>, bool) -> Result<DmaRegion, GpuError>,
+    ) -> Result<PairMemory, GpuError> {
+        let at = q * self.stride;
+        let part = |off: usize, len: usize| -> Result<Arc<DeviceMemory>, GpuError> {
+            Ok(Arc::new(DeviceMemory::view(&self.mem, at + off, len)?))
+        };
+        let sq = part(0, self.sq_len)?;
+        let cq = part(self.sq_len, self.cq_len)?;
+        let prp = part(self.sq_len + self.cq_len, self.prp_len)?;
+        let bufs = part(self.sq_len + self.cq_len + self.prp_len, self.bufs_len)?;
+        let sq_region = Arc::new(register_as(sq.clone(), true)?);
+        let cq_region = Arc::new(register_as(cq.clone(), false)?);
+        let prp_region = register_as(prp.clone(), false)?;
+        let buf_region = register_as(bufs.clone(), false)?;
+        let prp_bus = prp_region.device_address(0);
+        let buf_bus = buf_region.device_address(0);
+        // Pre-built PRP lists: slot s's list names pages 1.. of slot s's buffer (the rest of
+        // the pages is zero already).
+        if let Some(rows) = prebuilt_prp_rows(self.depth, self.slot_buffer_bytes, buf_bus) {
+            let row = rows.len() / self.depth as usize * size_of::<u64>();
+            prp.write_rows(0, rows.as_bytes(), row, PRP_LIST_PITCH)?;
+        }
+        Ok(PairMemory {
+            sq: sq.ptr(),
+            cq: cq.ptr(),
+            prp_lists: (prp.ptr(), prp_bus),
+            slot_buffers: (bufs.ptr(), buf_bus),
+            sq_region,
+            cq_region,
+            keep: Box::new((prp_region, buf_region, vec![sq, cq, prp, bufs])),
+        })
+    }
 }
 
 /// [`RingPlacement::Host`]: the pair's rings, PRP-list pages and slot buffers in one arena of

@@ -15,7 +15,7 @@ use crate::desc::{COPY_LATE, CopyDesc};
 use crate::image_reads::Source;
 
 use super::engine::{
-    Engine, EngineState, GPU_WAIT, GpuDma, MAX_GATHER_PIECES, MAX_PIECES, PIECE_BYTES,
+    Engine, EngineState, GPU_WAIT, GpuDma, LazyPinned, MAX_GATHER_PIECES, MAX_PIECES, PIECE_BYTES,
     STAGING_BYTES, launch_per_piece, lock, timed,
 };
 use super::modes::{CopyMode, ENGINE_COPY_MIN, StagedCopies};
@@ -49,7 +49,8 @@ pub(super) struct EngineCopy {
 }
 
 pub(super) struct Staging {
-    pub(super) mem: PinnedMemory,
+    /// MAX_PIECES descriptors, then STAGING_BYTES of data (allocated at the area's first use).
+    pub(super) mem: LazyPinned,
     /// Direct copies to issue, in order, before this area's scatter.
     pub(super) direct: Vec<Direct>,
     /// Staged Reads to move by copy engine, in order, before this area's scatter.
@@ -109,13 +110,14 @@ impl GpuDma {
     ) -> Result<std::io::Result<()>, GpuError> {
         let mut done = 0;
         while done < len {
-            let area = &st.areas[st.cur];
+            let area = &mut st.areas[st.cur];
+            let host = area.mem.get()?.host_ptr().addr();
             let data = MAX_PIECES * size_of::<CopyDesc>();
             // Staged at the destination's alignment modulo 16: the scatter then moves the bytes
             // as 16-byte vectors however the destination is aligned (`copy_piece`), and a Read
             // that follows another in GPU memory follows it in staging too (one copy).
             let src = if aligned {
-                let base = area.mem.host_ptr().addr() + data;
+                let base = host + data;
                 (base + area.bytes).next_multiple_of(DIRECT_ALIGN) - base
             } else {
                 area.bytes + ((dst + done as u64).wrapping_sub(area.bytes as u64) & 15) as usize
@@ -144,7 +146,7 @@ impl GpuDma {
                     continue;
                 }
             }
-            if let Err(err) = fill(&area.mem, data + src, done, n) {
+            if let Err(err) = fill(area.mem.get()?, data + src, done, n) {
                 // Nothing of this piece was described: its staged bytes are never copied.
                 return Ok(Err(err));
             }
@@ -164,7 +166,7 @@ impl GpuDma {
                 }
                 area.bytes = src + n;
             } else {
-                Self::describe(area, to, src, n, late);
+                Self::describe(area, to, src, n, late)?;
             }
             done += n;
         }
@@ -283,7 +285,14 @@ impl GpuDma {
     /// Adds descriptors for `n` bytes at `src` of `area`'s data, bound for `dst`, in pieces
     /// of at most [`PIECE_BYTES`] (the caller checked there is room for them), and moves the
     /// area's fill mark past them.
-    fn describe(area: &mut Staging, dst: u64, src: usize, n: usize, late: bool) {
+    fn describe(
+        area: &mut Staging,
+        dst: u64,
+        src: usize,
+        n: usize,
+        late: bool,
+    ) -> Result<(), GpuError> {
+        let mem = area.mem.get()?;
         let mut at = 0;
         while at < n {
             let m = (n - at).min(PIECE_BYTES);
@@ -292,13 +301,13 @@ impl GpuDma {
                 src: (src + at) as u32,
                 len: m as u32 | if late { COPY_LATE } else { 0 },
             };
-            area.mem
-                .write(area.pieces * size_of::<CopyDesc>(), desc.as_bytes());
+            mem.write(area.pieces * size_of::<CopyDesc>(), desc.as_bytes());
             area.pieces += 1;
             at += m;
         }
         // The next piece is placed at its own destination's alignment (`stage_with`).
         area.bytes = src + n;
+        Ok(())
     }
 
     /// Launches the scatter of the current staging area (if it holds anything) and switches to
@@ -320,16 +329,24 @@ impl GpuDma {
         let data = MAX_PIECES * size_of::<CopyDesc>();
         let area = &mut st.areas[cur];
         let copies = area.copies.len() as u64;
-        for c in area.copies.drain(..) {
-            e.stream
-                .copy_from_pinned(&area.mem, data + c.src, c.dst, c.len)?;
+        if copies > 0 || pieces > 0 {
+            let mem = area.mem.get()?;
+            for c in area.copies.drain(..) {
+                e.stream.copy_from_pinned(mem, data + c.src, c.dst, c.len)?;
+            }
         }
         st.stats.engine_copies += copies;
-        let area = &st.areas[cur];
-        let base = area.mem.device_ptr();
-        match self.mode {
-            CopyMode::Kernels if pieces == 0 => {}
-            CopyMode::Kernels => {
+        let area = &mut st.areas[cur];
+        // Allocated (pieces were staged in it) unless only direct copies were noted.
+        let mem = if pieces > 0 {
+            Some(area.mem.get()?)
+        } else {
+            None
+        };
+        match (self.mode, mem) {
+            (_, None) => {}
+            (CopyMode::Kernels, Some(mem)) => {
+                let base = mem.device_ptr();
                 launch_per_piece(
                     &e.stream,
                     self.kernels.scatter,
@@ -342,20 +359,16 @@ impl GpuDma {
                     ],
                 )?;
             }
-            CopyMode::Memcpy => {
+            (CopyMode::Memcpy, Some(mem)) => {
                 // In stream order: every piece, then the late ones (completion phase dwords).
                 for late in [false, true] {
                     for i in 0..pieces {
                         let mut d = CopyDesc::default();
-                        area.mem.read(i * size_of::<CopyDesc>(), d.as_mut_bytes());
+                        mem.read(i * size_of::<CopyDesc>(), d.as_mut_bytes());
                         if (d.len & COPY_LATE != 0) == late {
                             let len = (d.len & !COPY_LATE) as usize;
-                            e.stream.copy_from_pinned(
-                                &area.mem,
-                                data + d.src as usize,
-                                d.dst,
-                                len,
-                            )?;
+                            e.stream
+                                .copy_from_pinned(mem, data + d.src as usize, d.dst, len)?;
                         }
                     }
                 }
@@ -437,6 +450,7 @@ impl GpuDma {
             if lo < hi {
                 let at = base + f.at + (lo - f.gpu) as usize;
                 st.gather
+                    .get()?
                     .write(at, &data[(lo - dst) as usize..(hi - dst) as usize]);
             }
         }

@@ -49,6 +49,10 @@ pub struct DmaStats {
     pub cold_direct_bytes: u64,
     /// Copy-engine copies of staged Read data (adjacent Reads merged).
     pub engine_copies: u64,
+    /// Pinned bytes of staging and gather areas allocated so far (each at its first use).
+    pub pinned_bytes: u64,
+    /// Nanoseconds those allocations took.
+    pub pinned_alloc_ns: u64,
     /// When the first Read after a lull (no staged Read for [`LULL`]) was staged: the start
     /// of the latest burst of work, such as a load.
     pub burst_start: Option<Instant>,
@@ -78,6 +82,8 @@ impl DmaStats {
         self.mapped_bytes += o.mapped_bytes;
         self.cold_direct_bytes += o.cold_direct_bytes;
         self.engine_copies += o.engine_copies;
+        self.pinned_bytes += o.pinned_bytes;
+        self.pinned_alloc_ns += o.pinned_alloc_ns;
         self.burst_start = match (self.burst_start, o.burst_start) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
