@@ -56,6 +56,7 @@ TESTS=(
     model_refuses_changes_to_a_write_protected_namespace
     model_without_free_sms_is_refused_not_hung
     views_and_strided_rows_land_where_asked
+    files::staging_areas_grow_for_a_large_job_and_reads_stay_exact
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(
@@ -75,7 +76,8 @@ cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored --test-thr
 # free on one GPU not held back by the other's waiting kernel.
 GPUNVME_HOST_GPU_COUNT=2 cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored \
     --test-threads=1 --exact gpus_are_named_by_ordinal_uuid_and_address \
-    perf_gpu_on_every_gpu_at_once frees_on_one_gpu_are_not_held_by_another_gpus_kernel
+    perf_gpu_on_every_gpu_at_once perf_gpu_every_gpu_over_several_controllers \
+    frees_on_one_gpu_are_not_held_by_another_gpus_kernel
 # The software controller's other ways of reading image data (the default is mapped).
 for mode in pread registered; do
     GPUNVME_EMU_READS=$mode cargo test -p gpunvme-cli --features host-gpu --test gpu -- --ignored \

@@ -669,14 +669,20 @@ fn run_volume(args: Args, controller_queue_pairs: u16) -> Result<()> {
             }
             let cfg = perf_config(&p)?;
             if p.gpu {
-                anyhow::ensure!(
-                    p.gpu_id != gpunvme::gpu_queues::GpuSelection::All,
-                    "--gpu-id all over several --device: not available yet (pairing each GPU \
-                     with its nearest controllers is the next step); give one --gpu-id, or \
-                     one --device"
-                );
                 let pairs: Vec<_> = ctrls.iter().zip(&backends).collect();
-                let report = perf::run_several_gpu(&pairs, &args.device, &gpu_perf_args(&p, cfg))?;
+                let gargs = gpu_perf_args(&p, cfg);
+                let report = if p.gpu_id == gpunvme::gpu_queues::GpuSelection::All {
+                    let gpus = p.gpu_id.open().context("--gpu-id all")?;
+                    perf::run_gpus_on_controllers(
+                        &pairs,
+                        &args.device,
+                        &gpus,
+                        &gargs,
+                        std::path::Path::new("/sys"),
+                    )?
+                } else {
+                    perf::run_several_gpu(&pairs, &args.device, &gargs)?
+                };
                 return cli::perf::print_several_gpu(&report, args.json);
             }
             let refs: Vec<&nvme::Controller> = ctrls.iter().collect();

@@ -351,11 +351,22 @@ def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=Non
     if dev is not None:
         out = dev.load_safetensors(prefix)
         return out, dev.last_load
-    with open_gpunvme(image, threads) as dev:
+    t0 = time.perf_counter()
+    dev = open_gpunvme(image, threads)
+    t1 = time.perf_counter()
+    try:
         out = dev.load_safetensors(prefix, controller=controller,
                                    media="hbm" if controller == "gpu" else "host",
                                    ssd_model=ssd_model)
-        return out, dev.last_load
+        info = dict(dev.last_load)
+    finally:
+        t2 = time.perf_counter()
+        dev.close()
+    # The call's own ends, beside the load's phases: gpunvme.open (the image, the controller
+    # and its threads) and close (queues deleted, threads joined, memory freed).
+    info["open_s"] = round(t1 - t0, 6)
+    info["close_s"] = round(time.perf_counter() - t2, 6)
+    return out, info
 
 
 def load_fastsafetensors_gpunvme(files, prefix=None, dev=None, **_):
@@ -493,6 +504,9 @@ def one(job):
         row["controller_copies"] = info.get("controller_copies")
         row["controller_threads"] = info.get("controller_threads")
         row["phases"] = info.get("phases")
+        for k in ("open_s", "close_s"):
+            if k in info:
+                row[k] = info[k]
         cap = info.get("model_cap_bytes_per_sec")
         if cap:
             # The model's HBM media is filled from the image before the load: the fraction of

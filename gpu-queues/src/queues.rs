@@ -874,19 +874,19 @@ impl Drop for GpuQueues {
                 false
             }
         };
-        for p in &mut self.pairs {
-            if let Some(created) = p.created.take() {
-                let qid = created.qid();
-                let deleted = if idle {
-                    created.delete()
-                } else {
-                    created.delete_retiring_qid()
-                };
-                if let Err(e) = deleted {
-                    tracing::warn!(qid, error = %e, "deleting a GPU queue pair");
-                }
-                self.backend.queue_deleted(qid);
-            }
+        // Every pair's deletions in flight together on the admin queue (a few round trips,
+        // not two per pair).
+        let created: Vec<CreatedQueuePair> = self
+            .pairs
+            .iter_mut()
+            .filter_map(|p| p.created.take())
+            .collect();
+        let qids: Vec<u16> = created.iter().map(|c| c.qid()).collect();
+        if let Err(e) = CreatedQueuePair::delete_all(created, !idle) {
+            tracing::warn!(error = %e, "deleting GPU queue pairs");
+        }
+        for qid in qids {
+            self.backend.queue_deleted(qid);
         }
     }
 }

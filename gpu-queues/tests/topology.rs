@@ -73,10 +73,30 @@ fn a_dgx_like_tree_pairs_each_gpu_with_the_nvme_behind_its_switch() {
             assert_eq!(*class, want, "GPU {} to NVMe {}", gpus[g], nvmes[c]);
         }
     }
-    // Each GPU's nearest controllers are the two behind its own leaf switch.
+    // Each GPU's nearest controllers are the two behind its own leaf switch, and with every
+    // GPU at work on every controller, those are the pairs: each drive driven by its two GPUs.
     for (g, near) in m.nearest().iter().enumerate() {
         assert_eq!(near, &vec![g / 2 * 2, g / 2 * 2 + 1]);
     }
+    let want: Vec<(usize, usize)> = (0..8)
+        .flat_map(|g| [(g, g / 2 * 2), (g, g / 2 * 2 + 1)])
+        .collect();
+    assert_eq!(m.pairs(), want);
+    // Half the drives gone (one per switch): each GPU still gets the one behind its switch.
+    let half: Vec<String> = nvmes.iter().step_by(2).cloned().collect();
+    let m2 = Matrix::of(root.path(), &gpus, &half).unwrap();
+    assert_eq!(m2.pairs(), (0..8).map(|g| (g, g / 2)).collect::<Vec<_>>());
+    // Two GPUs of one socket against drives of the other: all alike (SYS), every pair.
+    let m3 = Matrix::of(root.path(), &gpus[..2], &nvmes[4..6]).unwrap();
+    assert_eq!(m3.pairs(), vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+    // One GPU and one drive near it, one far from every GPU: the far drive is the nearest GPU's.
+    let m4 = Matrix::of(
+        root.path(),
+        &gpus[..1],
+        &[nvmes[0].clone(), nvmes[7].clone()],
+    )
+    .unwrap();
+    assert_eq!(m4.pairs(), vec![(0, 0), (0, 1)]);
     let shown = m.to_string();
     assert!(
         shown.contains("PIX") && shown.contains("SYS") && shown.contains("NODE"),
@@ -141,6 +161,8 @@ fn a_flat_vm_tree_is_through_the_host_bridge_and_unknown_numa_is_one_node() {
     )
     .unwrap();
     assert_eq!(m.classes, vec![vec![PathClass::Phb, PathClass::Node]]);
+    // One GPU: it drives both controllers, the far one too (no other GPU is nearer).
+    assert_eq!(m.pairs(), vec![(0, 0), (0, 1)]);
     assert_eq!(m.gpus[0].numa_node, None);
     // A QEMU virtio GPU is not an NVIDIA one; nothing else is found as NVMe.
     device(r, "pci0000:00", "0000:00:06.0", "0x030000", "0x1af4", -1);

@@ -46,6 +46,66 @@ pub fn model_group(cuda: &Arc<Cuda>, n: usize, controller_sms: u32) -> Result<Ve
         .with_context(|| format!("splitting the GPU's SMs for {n} GPU-resident controller models"))
 }
 
+/// Which GPUs drive which controllers when several GPUs work on several controllers at once
+/// ([`pair_gpus`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GpuPairing {
+    /// (GPU index, controller index) pairs, in GPU then controller order (indices into the
+    /// lists given).
+    pub pairs: Vec<(usize, usize)>,
+    /// Each pair's PCIe path class (`nvidia-smi topo -m`'s names), where the topology was read.
+    pub classes: Option<Vec<&'static str>>,
+    /// How the pairs were chosen, in words.
+    pub how: String,
+}
+
+/// Pairs `gpus` with the controllers `devices` (as given to `--device`) by the PCIe topology
+/// under `sys_root` ([`gpu_queues::transport::topology::Matrix::pairs`]: each GPU drives its
+/// nearest controllers, each controller is driven by its nearest GPUs), when every device is
+/// a PCI function and every GPU is on a PCI bus. Otherwise (an image, a vfio-user socket, a
+/// GPU stand-in, or a topology that cannot be read) every GPU drives every controller, and
+/// `how` says why.
+pub fn pair_gpus(gpus: &[Arc<Cuda>], devices: &[String], sys_root: &std::path::Path) -> GpuPairing {
+    let every = |why: String| GpuPairing {
+        pairs: (0..gpus.len())
+            .flat_map(|g| (0..devices.len()).map(move |c| (g, c)))
+            .collect(),
+        classes: None,
+        how: format!("every GPU with every controller: {why}"),
+    };
+    let mut ctrl_addrs = Vec::with_capacity(devices.len());
+    for d in devices {
+        match crate::open::DeviceSpec::parse(Some(d)) {
+            Ok(crate::open::DeviceSpec::Pci(a)) => ctrl_addrs.push(a.to_string()),
+            _ => {
+                return every(format!(
+                    "{d} is not a PCI device, so it has no place on PCIe"
+                ));
+            }
+        }
+    }
+    let mut gpu_addrs = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        match g.pci_bus_id() {
+            Ok(a) => gpu_addrs.push(a.to_ascii_lowercase()),
+            Err(e) => return every(format!("GPU {} has no PCI address ({e})", g.ordinal())),
+        }
+    }
+    match gpu_queues::transport::topology::Matrix::of(sys_root, &gpu_addrs, &ctrl_addrs) {
+        Ok(m) => {
+            let pairs = m.pairs();
+            GpuPairing {
+                classes: Some(pairs.iter().map(|&(g, c)| m.classes[g][c].name()).collect()),
+                pairs,
+                how: "by the PCIe topology: each GPU with its nearest controllers, each \
+                      controller with its nearest GPUs"
+                    .into(),
+            }
+        }
+        Err(e) => every(format!("the PCIe topology could not be read ({e})")),
+    }
+}
+
 /// Runs `f` on every item at once, a thread each (one per controller), and waits for all: the
 /// results in order (a panic in one is resumed here, after all joined).
 pub fn on_each<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {

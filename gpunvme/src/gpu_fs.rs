@@ -160,12 +160,18 @@ pub struct ControllerCopies {
     /// Of the reads and gathers, those not ordered after the controller's writes
     /// (`GPUNVME_EMU_FETCH`).
     pub unordered_reads: u64,
-    /// Pinned bytes of the copy engines' staging and gather areas, each allocated at its first
-    /// use, and the milliseconds those allocations took (part of the time of the loads that
-    /// first used them, not of the set-up).
+    /// Pinned bytes of the copy engines' staging and gather areas, each taken at its first
+    /// use (from the engines' pool, or allocated), and the milliseconds those took, summed over
+    /// the controller's threads (part of the time of the loads that first used them, not of
+    /// the set-up).
     pub pinned_bytes: u64,
     /// See `pinned_bytes`.
     pub pinned_alloc_ms: f64,
+    /// Bytes of the engines' pool of first areas, allocated on a thread of its own while the
+    /// queues are set up (0 until it is), and the milliseconds that took there.
+    pub pinned_pool_bytes: u64,
+    /// See `pinned_pool_bytes`.
+    pub pinned_pool_ms: f64,
 }
 
 /// What the software controller's copy engines did so far, when it serves `setup`'s queues.
@@ -191,6 +197,8 @@ pub fn controller_copies(setup: &GpuSetup) -> Option<ControllerCopies> {
         unordered_reads: d.unordered_reads,
         pinned_bytes: d.pinned_bytes,
         pinned_alloc_ms: d.pinned_alloc_ns as f64 / 1e6,
+        pinned_pool_bytes: d.pinned_pool_bytes,
+        pinned_pool_ms: d.pinned_pool_ns as f64 / 1e6,
     })
 }
 

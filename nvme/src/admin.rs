@@ -170,6 +170,67 @@ impl AdminQueue {
         }
     }
 
+    /// Runs `cmds` (commands without data) together: as many in flight at once as the queue
+    /// has slots, one doorbell write per round, and returns each one's Dword 0 or error, in
+    /// order. Queue deletions and creations of many pairs cost a few round trips to the
+    /// controller this way instead of one each. A command the queue could not take (a failed
+    /// queue) has that error and was surely not submitted. `Err` if a completion could not be
+    /// attributed (the queue is failed; which of the commands in flight ran is unknown).
+    pub(crate) fn execute_many(
+        &mut self,
+        cmds: &[Command],
+    ) -> Result<Vec<Result<u32, Error>>, Error> {
+        let mut results: Vec<Option<Result<u32, Error>>> = (0..cmds.len()).map(|_| None).collect();
+        // Tags are consecutive: a completion's tag less the first is its command's index.
+        let first_tag = self.next_tag + 1;
+        let (mut next, mut done) = (0, 0);
+        let mut backoff = Backoff::for_admin();
+        while done < cmds.len() {
+            while next < cmds.len() {
+                let cid = match self.qp.begin() {
+                    Ok(cid) => cid,
+                    Err(Error::QueueFull { .. }) => break,
+                    // Never submitted (a failed queue): this command's error, and the next
+                    // one's the same way.
+                    Err(e) => {
+                        results[next] = Some(Err(e));
+                        (next, done) = (next + 1, done + 1);
+                        continue;
+                    }
+                };
+                let cmd = cmds[next];
+                let name = AdminOpcode(cmd.cdw0.opcode())
+                    .name()
+                    .unwrap_or("Admin command");
+                let op = Op {
+                    name,
+                    nsid: cmd.nsid,
+                    lba: None,
+                };
+                self.next_tag += 1;
+                self.qp
+                    .issue(cid, cmd, op, self.next_tag, true, None, false);
+                next += 1;
+            }
+            self.qp.ring();
+            let mut reaped = 0;
+            self.qp.reap(usize::MAX, |r: Reaped| {
+                let i = r.tag.wrapping_sub(first_tag) as usize;
+                if let Some(slot @ None) = results.get_mut(i) {
+                    *slot = Some(r.into_result());
+                    reaped += 1;
+                }
+            })?;
+            done += reaped;
+            if reaped == 0 {
+                backoff.snooze();
+            } else {
+                backoff.reset();
+            }
+        }
+        Ok(results.into_iter().flatten().collect())
+    }
+
     /// Identify with the given CNS and NSID; returns the 4 KiB data structure decoded as `T`.
     pub(crate) fn identify<T: FromBytes>(&mut self, cns: Cns, nsid: u32) -> Result<Box<T>, Error> {
         self.scratch.fill(0, DMA_PAGE_SIZE, 0);
@@ -237,57 +298,65 @@ impl AdminQueue {
         self.execute(cmd, Some(buf)).map(drop)
     }
 
-    /// Create I/O Completion Queue of `entries` (2..=65536) entries at `address`: physically
-    /// contiguous, interrupts disabled.
-    pub(crate) fn create_io_cq(
+    /// Deletes the pairs `qids` (each SQ, then its CQ), all SQs in flight together, then all
+    /// CQs of the SQs deleted: each qid's result, in order (a CQ whose SQ could not be deleted
+    /// is left, as deleting one pair would).
+    /// `Err` if the admin queue failed on the way.
+    pub(crate) fn delete_io_pairs(
         &mut self,
-        qid: u16,
-        entries: u32,
-        address: u64,
-    ) -> Result<(), Error> {
-        debug_assert!((2..=1 << 16).contains(&entries));
-        let mut cmd = Command::new(AdminOpcode::CREATE_IO_CQ.0, 0, 0);
-        cmd.prp1 = address;
-        cmd.cdw10 = CreateQueueCdw10::new()
-            .with_qid(qid)
-            .with_qsize_z((entries - 1) as u16)
-            .into();
-        cmd.cdw11 = CreateCqCdw11::new().with_pc(true).with_ien(false).into();
-        self.execute(cmd, None).map(drop)
+        qids: &[u16],
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let sq: Vec<Command> = qids
+            .iter()
+            .map(|&q| delete_queue(AdminOpcode::DELETE_IO_SQ, q))
+            .collect();
+        let mut out: Vec<Result<(), Error>> = self
+            .execute_many(&sq)?
+            .into_iter()
+            .map(|r| r.map(drop))
+            .collect();
+        let sq_gone: Vec<usize> = (0..qids.len()).filter(|&i| out[i].is_ok()).collect();
+        let cq: Vec<Command> = sq_gone
+            .iter()
+            .map(|&i| delete_queue(AdminOpcode::DELETE_IO_CQ, qids[i]))
+            .collect();
+        for (i, r) in sq_gone.into_iter().zip(self.execute_many(&cq)?) {
+            out[i] = r.map(drop);
+        }
+        Ok(out)
     }
+}
 
-    /// Create I/O Submission Queue of `entries` (2..=65536) entries at `address`, bound to
-    /// completion queue `cqid`: physically contiguous, priority ignored (round robin
-    /// arbitration).
-    pub(crate) fn create_io_sq(
-        &mut self,
-        qid: u16,
-        entries: u32,
-        address: u64,
-        cqid: u16,
-    ) -> Result<(), Error> {
-        debug_assert!((2..=1 << 16).contains(&entries));
-        let mut cmd = Command::new(AdminOpcode::CREATE_IO_SQ.0, 0, 0);
-        cmd.prp1 = address;
-        cmd.cdw10 = CreateQueueCdw10::new()
-            .with_qid(qid)
-            .with_qsize_z((entries - 1) as u16)
-            .into();
-        cmd.cdw11 = CreateSqCdw11::new().with_pc(true).with_cqid(cqid).into();
-        self.execute(cmd, None).map(drop)
-    }
+/// A Delete I/O Submission or Completion Queue command for `qid`.
+pub(crate) fn delete_queue(op: AdminOpcode, qid: u16) -> Command {
+    let mut cmd = Command::new(op.0, 0, 0);
+    cmd.cdw10 = DeleteQueueCdw10::new().with_qid(qid).into();
+    cmd
+}
 
-    /// Delete I/O Submission Queue.
-    pub(crate) fn delete_io_sq(&mut self, qid: u16) -> Result<(), Error> {
-        let mut cmd = Command::new(AdminOpcode::DELETE_IO_SQ.0, 0, 0);
-        cmd.cdw10 = DeleteQueueCdw10::new().with_qid(qid).into();
-        self.execute(cmd, None).map(drop)
-    }
+/// A Create I/O Completion Queue command: `entries` (2..=65536) at `address`, physically
+/// contiguous, interrupts disabled.
+pub(crate) fn create_cq(qid: u16, entries: u32, address: u64) -> Command {
+    let cdw11 = CreateCqCdw11::new().with_pc(true).with_ien(false).into();
+    create_queue(AdminOpcode::CREATE_IO_CQ, qid, entries, address, cdw11)
+}
 
-    /// Delete I/O Completion Queue.
-    pub(crate) fn delete_io_cq(&mut self, qid: u16) -> Result<(), Error> {
-        let mut cmd = Command::new(AdminOpcode::DELETE_IO_CQ.0, 0, 0);
-        cmd.cdw10 = DeleteQueueCdw10::new().with_qid(qid).into();
-        self.execute(cmd, None).map(drop)
-    }
+/// A Create I/O Submission Queue command: `entries` (2..=65536) at `address`, bound to CQ
+/// `cqid`, physically contiguous, priority ignored (round robin arbitration).
+pub(crate) fn create_sq(qid: u16, entries: u32, address: u64, cqid: u16) -> Command {
+    let cdw11 = CreateSqCdw11::new().with_pc(true).with_cqid(cqid).into();
+    create_queue(AdminOpcode::CREATE_IO_SQ, qid, entries, address, cdw11)
+}
+
+/// A Create I/O CQ or SQ command: its queue id and size, its ring at `address`, and `cdw11`.
+fn create_queue(op: AdminOpcode, qid: u16, entries: u32, address: u64, cdw11: u32) -> Command {
+    debug_assert!((2..=1 << 16).contains(&entries));
+    let mut cmd = Command::new(op.0, 0, 0);
+    cmd.prp1 = address;
+    cmd.cdw10 = CreateQueueCdw10::new()
+        .with_qid(qid)
+        .with_qsize_z((entries - 1) as u16)
+        .into();
+    cmd.cdw11 = cdw11;
+    cmd
 }

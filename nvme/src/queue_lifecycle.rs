@@ -19,9 +19,10 @@
 
 #![forbid(unsafe_code)]
 
-use crate::admin::AdminChannel;
+use crate::admin::{self, AdminChannel};
 use crate::dma::{DMA_PAGE_SIZE, DmaRegion};
 use crate::error::Error;
+use nvme_spec::AdminOpcode;
 use nvme_spec::wire::{CQE_SIZE, SQE_SIZE, cq_head_doorbell, sq_tail_doorbell};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +57,15 @@ pub(crate) struct QueueLimits {
     pub(crate) cqr: bool,
     /// CAP.DSTRD.
     pub(crate) dstrd: u8,
+}
+
+/// A pair of [`QueueLifecycle::create_many`] that was not made, or was undone because another
+/// was not.
+struct Undone {
+    /// Why it was not made (`None`: undone for another pair's error).
+    error: Option<Error>,
+    /// Whether the controller surely has no queue with its id, which may be handed out again.
+    id_free: bool,
 }
 
 /// Shared between a [`CreatedQueuePair`] and the queue table: whether the pair was retired.
@@ -171,115 +181,231 @@ impl QueueLifecycle {
     }
 
     /// Allocates a queue id, runs `prepare(qid)` (without holding any lock), and creates the
-    /// completion queue, then the submission queue, on `regions`. On failure, undoes what it
-    /// can: frees the queue id if `prepare` fails, deletes the CQ if the SQ creation failed, and
-    /// frees the queue id only when the controller surely has no queue with it.
+    /// completion queue, then the submission queue, on `regions`
+    /// ([`QueueLifecycle::create_many`] of one pair).
     pub(crate) fn create(
         self: &Arc<Self>,
         regions: QueueRegions,
         prepare: impl FnOnce(u16) -> Result<(), Error>,
     ) -> Result<CreatedQueuePair, Error> {
-        if self.admin.is_shut_down() {
-            return Err(Error::ShutDown);
-        }
-        self.check_ring(
-            "submission queue",
-            &regions.sq,
-            regions.sq_entries,
-            SQE_SIZE,
-        )?;
-        self.check_ring(
-            "completion queue",
-            &regions.cq,
-            regions.cq_entries,
-            CQE_SIZE,
-        )?;
-        let index = {
-            let mut table = lock(&self.table);
-            let index =
-                table
-                    .in_use
-                    .iter()
-                    .position(|used| !used)
-                    .ok_or(Error::NoQueueAvailable {
-                        granted: self.limits.granted,
-                    })?;
-            table.in_use[index] = true;
-            index
-        };
-        let qid = index as u16 + 1;
-        if let Err(e) = prepare(qid) {
-            lock(&self.table).in_use[index] = false;
-            return Err(e);
-        }
-        let mut table = lock(&self.table);
-        if self.admin.is_shut_down() {
-            table.in_use[index] = false;
-            return Err(Error::ShutDown);
-        }
-        let (sq_address, cq_address) = (regions.sq.device_address(0), regions.cq.device_address(0));
-        if let Err(e) = self
-            .admin
-            .run(|a| a.create_io_cq(qid, regions.cq_entries, cq_address))
-        {
-            // The CQ exists only if the command was lost after the controller acted on it.
-            if surely_not_executed(&e) {
-                table.in_use[index] = false;
-            }
-            return Err(e);
-        }
-        if let Err(e) = self
-            .admin
-            .run(|a| a.create_io_sq(qid, regions.sq_entries, sq_address, qid))
-        {
-            let sq_absent = surely_not_executed(&e);
-            let cq_deleted = self.admin.run(|a| a.delete_io_cq(qid)).is_ok();
-            if sq_absent && cq_deleted {
-                table.in_use[index] = false;
-            }
-            return Err(e);
-        }
-        let handle = Arc::new(QueueHandle {
-            qid,
-            deleted: AtomicBool::new(false),
-        });
-        table.live.retain(|w| w.strong_count() > 0);
-        table.live.push(Arc::downgrade(&handle));
-        drop(table);
-        tracing::debug!(
-            qid,
-            sq_entries = regions.sq_entries,
-            cq_entries = regions.cq_entries,
-            sq_address,
-            cq_address,
-            "I/O queue pair created"
-        );
-        Ok(CreatedQueuePair {
-            lifecycle: Arc::clone(self),
-            handle,
-            regions,
-        })
+        let mut prepare = Some(prepare);
+        let mut pairs = self.create_many(vec![regions], |_, qid| match prepare.take() {
+            Some(p) => p(qid),
+            None => Ok(()),
+        })?;
+        pairs.pop().ok_or(Error::ShutDown)
     }
 
-    /// Deletes a pair's SQ then CQ, unless that was attempted already (by its owner or by
-    /// shutdown); frees its queue id when both deletions succeed.
-    /// Deletes the pair; its queue id goes back to the pool unless `retire_qid` (or the
-    /// deletion failed), in which case no later pair on this controller gets it.
-    fn delete(&self, handle: &QueueHandle, retire_qid: bool) -> Result<(), Error> {
+    /// Creates a queue pair on each of `all`, all or none: allocates their queue ids, runs
+    /// `prepare(i, qid)` for each (without holding any lock), then creates every completion
+    /// queue, then every submission queue, each batch in flight together on the admin queue
+    /// (a few round trips for any number of pairs). If any fails, undoes what it can and
+    /// returns the first pair's error: frees the ids if a `prepare` fails (nothing reached the
+    /// controller), deletes the queues that were created, and frees a queue id only when the
+    /// controller surely has no queue with it (a creation lost on the way, or an admin queue
+    /// that failed in the middle, keeps its id reserved).
+    pub(crate) fn create_many(
+        self: &Arc<Self>,
+        all: Vec<QueueRegions>,
+        mut prepare: impl FnMut(usize, u16) -> Result<(), Error>,
+    ) -> Result<Vec<CreatedQueuePair>, Error> {
+        if self.admin.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        for regions in &all {
+            self.check_ring(
+                "submission queue",
+                &regions.sq,
+                regions.sq_entries,
+                SQE_SIZE,
+            )?;
+            self.check_ring(
+                "completion queue",
+                &regions.cq,
+                regions.cq_entries,
+                CQE_SIZE,
+            )?;
+        }
+        let indices: Vec<usize> = {
+            let mut table = lock(&self.table);
+            let free: Vec<usize> = (0..table.in_use.len())
+                .filter(|&i| !table.in_use[i])
+                .take(all.len())
+                .collect();
+            if free.len() < all.len() {
+                return Err(Error::NoQueueAvailable {
+                    granted: self.limits.granted,
+                });
+            }
+            for &i in &free {
+                table.in_use[i] = true;
+            }
+            free
+        };
+        let qids: Vec<u16> = indices.iter().map(|&i| i as u16 + 1).collect();
+        let free_ids = |table: &mut QueueTable, which: &mut dyn Iterator<Item = u16>| {
+            for qid in which {
+                table.in_use[qid as usize - 1] = false;
+            }
+        };
+        for (i, &qid) in qids.iter().enumerate() {
+            if let Err(e) = prepare(i, qid) {
+                free_ids(&mut lock(&self.table), &mut qids.iter().copied());
+                return Err(e);
+            }
+        }
         let mut table = lock(&self.table);
-        if handle.deleted.load(Ordering::Acquire) {
+        if self.admin.is_shut_down() {
+            free_ids(&mut table, &mut qids.iter().copied());
+            return Err(Error::ShutDown);
+        }
+        // What each pair came to (`None`: made).
+        let mut failed: Vec<Option<Undone>> = (0..all.len()).map(|_| None).collect();
+        let outcome = self.admin.run(|a| {
+            let cqs: Vec<_> = qids
+                .iter()
+                .zip(&all)
+                .map(|(&q, r)| admin::create_cq(q, r.cq_entries, r.cq.device_address(0)))
+                .collect();
+            let with_cq: Vec<usize> = a
+                .execute_many(&cqs)?
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, r)| match r {
+                    Ok(_) => Some(i),
+                    Err(e) => {
+                        // The CQ exists only if the command was lost after the controller
+                        // acted on it.
+                        let id_free = surely_not_executed(&e);
+                        failed[i] = Some(Undone {
+                            error: Some(e),
+                            id_free,
+                        });
+                        None
+                    }
+                })
+                .collect();
+            let sqs: Vec<_> = with_cq
+                .iter()
+                .map(|&i| {
+                    admin::create_sq(
+                        qids[i],
+                        all[i].sq_entries,
+                        all[i].sq.device_address(0),
+                        qids[i],
+                    )
+                })
+                .collect();
+            let sq_results = a.execute_many(&sqs)?;
+            let mut cq_only = Vec::new();
+            let mut both = Vec::new();
+            for (&i, r) in with_cq.iter().zip(sq_results) {
+                match r {
+                    Ok(_) => both.push(i),
+                    Err(e) => {
+                        let id_free = surely_not_executed(&e);
+                        failed[i] = Some(Undone {
+                            error: Some(e),
+                            id_free,
+                        });
+                        cq_only.push(i);
+                    }
+                }
+            }
+            if failed.iter().all(Option::is_none) {
+                return Ok(());
+            }
+            // Undo: the pairs made whole, and the CQs whose SQ failed.
+            let whole: Vec<u16> = both.iter().map(|&i| qids[i]).collect();
+            for (&i, r) in both.iter().zip(a.delete_io_pairs(&whole)?) {
+                failed[i] = Some(Undone {
+                    error: None,
+                    id_free: r.is_ok(),
+                });
+            }
+            let dels: Vec<_> = cq_only
+                .iter()
+                .map(|&i| admin::delete_queue(AdminOpcode::DELETE_IO_CQ, qids[i]))
+                .collect();
+            for (&i, r) in cq_only.iter().zip(a.execute_many(&dels)?) {
+                if let Some(u) = &mut failed[i] {
+                    u.id_free &= r.is_ok();
+                }
+            }
+            Ok(())
+        });
+        // The admin queue failed in the middle: which queues exist is unknown, so every id
+        // stays reserved.
+        outcome?;
+        if failed.iter().any(Option::is_some) {
+            free_ids(
+                &mut table,
+                &mut qids
+                    .iter()
+                    .zip(&failed)
+                    .filter(|(_, f)| f.as_ref().is_some_and(|u| u.id_free))
+                    .map(|(&q, _)| q),
+            );
+            let first = failed.into_iter().flatten().find_map(|u| u.error);
+            return Err(first.unwrap_or(Error::ShutDown));
+        }
+        table.live.retain(|w| w.strong_count() > 0);
+        let mut out = Vec::with_capacity(all.len());
+        for (regions, qid) in all.into_iter().zip(qids) {
+            let handle = Arc::new(QueueHandle {
+                qid,
+                deleted: AtomicBool::new(false),
+            });
+            table.live.push(Arc::downgrade(&handle));
+            tracing::debug!(
+                qid,
+                sq_entries = regions.sq_entries,
+                cq_entries = regions.cq_entries,
+                sq_address = regions.sq.device_address(0),
+                cq_address = regions.cq.device_address(0),
+                "I/O queue pair created"
+            );
+            out.push(CreatedQueuePair {
+                lifecycle: Arc::clone(self),
+                handle,
+                regions,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Deletes the pairs `handles` (each SQ then its CQ, all in flight together on the admin
+    /// queue), skipping any whose deletion was attempted already (by its owner or by shutdown).
+    /// A pair's queue id goes back to the pool when both its deletions succeed, unless
+    /// `retire_qid`, in which case no later pair on this controller gets it. Returns the first
+    /// error; every pair is retired either way.
+    fn delete_many(&self, handles: &[&QueueHandle], retire_qid: bool) -> Result<(), Error> {
+        let mut table = lock(&self.table);
+        let todo: Vec<&QueueHandle> = handles
+            .iter()
+            .copied()
+            .filter(|h| !h.deleted.load(Ordering::Acquire))
+            .collect();
+        if todo.is_empty() {
             return Ok(());
         }
-        let qid = handle.qid;
-        let result = self.admin.run(|a| {
-            a.delete_io_sq(qid)?;
-            a.delete_io_cq(qid)
-        });
-        handle.deleted.store(true, Ordering::Release);
-        if result.is_ok() && !retire_qid {
-            table.in_use[qid as usize - 1] = false;
+        let qids: Vec<u16> = todo.iter().map(|h| h.qid).collect();
+        let results = self.admin.run(|a| a.delete_io_pairs(&qids));
+        for h in &todo {
+            h.deleted.store(true, Ordering::Release);
         }
-        result
+        let results = results?;
+        let mut first_error = None;
+        for (h, r) in todo.iter().zip(results) {
+            match r {
+                Ok(()) if !retire_qid => table.in_use[h.qid as usize - 1] = false,
+                Ok(()) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Marks the controller shut down and retires every live pair, deleting its queues while
@@ -288,17 +414,29 @@ impl QueueLifecycle {
     pub(crate) fn shutdown(&self) -> Option<Result<(), Error>> {
         let table = lock(&self.table);
         let mut admin = self.admin.begin_shutdown()?;
+        let qids: Vec<u16> = table
+            .live
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|h| !h.deleted.swap(true, Ordering::AcqRel))
+            .map(|h| h.qid)
+            .collect();
+        if qids.is_empty() || admin.is_failed() {
+            return Some(Ok(()));
+        }
         let mut first_error = None;
-        for handle in table.live.iter().filter_map(Weak::upgrade) {
-            if handle.deleted.swap(true, Ordering::AcqRel) || admin.is_failed() {
-                continue;
+        match admin.delete_io_pairs(&qids) {
+            Ok(results) => {
+                for (qid, r) in qids.iter().zip(results) {
+                    if let Err(e) = r {
+                        tracing::warn!(qid, error = %e, "deleting I/O queue pair at shutdown");
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
-            let r = admin
-                .delete_io_sq(handle.qid)
-                .and_then(|()| admin.delete_io_cq(handle.qid));
-            if let Err(e) = r {
-                tracing::warn!(qid = handle.qid, error = %e, "deleting I/O queue pair at shutdown");
-                first_error.get_or_insert(e);
+            Err(e) => {
+                tracing::warn!(error = %e, "deleting I/O queue pairs at shutdown");
+                first_error = Some(e);
             }
         }
         Some(first_error.map_or(Ok(()), Err))
@@ -378,7 +516,28 @@ impl CreatedQueuePair {
     /// succeed. `Ok` at once if the pair was already retired (by shutdown, say). Whatever
     /// happens, the pair is retired afterwards; after an error its queue id stays reserved.
     pub fn delete(self) -> Result<(), Error> {
-        self.lifecycle.delete(&self.handle, false)
+        self.lifecycle.delete_many(&[&self.handle], false)
+    }
+
+    /// Deletes `pairs` like [`CreatedQueuePair::delete`] (or
+    /// [`CreatedQueuePair::delete_retiring_qid`] if `retire_qids`), the pairs of one controller
+    /// together: their deletions in flight at once on its admin queue, a few round trips for
+    /// any number of pairs instead of two each. Returns the first error; every pair is retired
+    /// either way.
+    pub fn delete_all(pairs: Vec<CreatedQueuePair>, retire_qids: bool) -> Result<(), Error> {
+        let mut first_error = None;
+        let mut rest: Vec<&CreatedQueuePair> = pairs.iter().collect();
+        while let Some(one) = rest.first() {
+            let (same, other): (Vec<&CreatedQueuePair>, Vec<&CreatedQueuePair>) = rest
+                .iter()
+                .partition(|p| Arc::ptr_eq(&p.lifecycle, &one.lifecycle));
+            let handles: Vec<&QueueHandle> = same.iter().map(|p| &*p.handle).collect();
+            if let Err(e) = one.lifecycle.delete_many(&handles, retire_qids) {
+                first_error.get_or_insert(e);
+            }
+            rest = other;
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Deletes the queue pair like [`CreatedQueuePair::delete`], but never hands its queue id
@@ -386,7 +545,7 @@ impl CreatedQueuePair {
     /// running, so that a straggler's doorbell write can never reach a newer pair that took
     /// the same id.
     pub fn delete_retiring_qid(self) -> Result<(), Error> {
-        self.lifecycle.delete(&self.handle, true)
+        self.lifecycle.delete_many(&[&self.handle], true)
     }
 }
 
@@ -395,7 +554,7 @@ impl Drop for CreatedQueuePair {
         if self.is_deleted() || self.lifecycle.admin.is_shut_down() {
             return;
         }
-        if let Err(e) = self.lifecycle.delete(&self.handle, false) {
+        if let Err(e) = self.lifecycle.delete_many(&[&self.handle], false) {
             tracing::warn!(qid = self.handle.qid, error = %e, "deleting I/O queue pair");
         }
     }

@@ -372,6 +372,63 @@ fn queue_ids_run_out_and_are_reused() -> Result<()> {
     Ok(())
 }
 
+/// Many pairs deleted together ([`CreatedQueuePair::delete_all`]): more pairs than the admin
+/// queue has slots, two deletions each reaching the controller, every pair retired and its id
+/// free again (or, retiring, never handed out again); shutdown deletes the live ones the same
+/// way.
+#[test]
+fn many_pairs_are_deleted_together_and_free_their_ids() -> Result<()> {
+    let cfg = EmuConfig {
+        max_io_queue_pairs: 48,
+        ..EmuConfig::default()
+    };
+    let (emu, ctrl) = start(cfg)?;
+    let pairs: Vec<HandDriven> = (0..40)
+        .map(|_| HandDriven::create(&ctrl, 8))
+        .collect::<Result<_>>()?;
+    let mut qids: Vec<u16> = pairs.iter().map(|p| p.pair.qid()).collect();
+    qids.sort();
+    let before = emu.stats().admin_commands;
+    let mut rings = Vec::new();
+    let created: Vec<CreatedQueuePair> = pairs
+        .into_iter()
+        .map(|p| {
+            rings.push((p.sq, p.cq));
+            p.pair
+        })
+        .collect();
+    CreatedQueuePair::delete_all(created, false)?;
+    assert_eq!(emu.stats().admin_commands, before + 80);
+    // Every id is free: 48 pairs fit again, the 40 among them.
+    let again: Vec<HandDriven> = (0..48)
+        .map(|_| HandDriven::create(&ctrl, 8))
+        .collect::<Result<_>>()?;
+    let mut got: Vec<u16> = again.iter().map(|p| p.pair.qid()).collect();
+    got.sort();
+    assert_eq!(got, (1..=48).collect::<Vec<u16>>());
+    // A retiring batch: the queues go, the ids never come back.
+    let (retire, keep): (Vec<HandDriven>, Vec<HandDriven>) =
+        again.into_iter().partition(|p| p.pair.qid() <= 10);
+    let before = emu.stats().admin_commands;
+    let retire: Vec<CreatedQueuePair> = retire.into_iter().map(|p| p.pair).collect();
+    CreatedQueuePair::delete_all(retire, true)?;
+    assert_eq!(emu.stats().admin_commands, before + 20);
+    assert!(matches!(
+        HandDriven::create(&ctrl, 8)
+            .err()
+            .context("no id left")?
+            .downcast_ref::<Error>(),
+        Some(Error::NoQueueAvailable { granted: 48 })
+    ));
+    // Shutdown deletes the 38 live pairs, two commands each.
+    let before = emu.stats().admin_commands;
+    ctrl.shutdown()?;
+    assert_eq!(emu.stats().admin_commands, before + 76);
+    assert!(keep.iter().all(|p| p.pair.is_deleted()));
+    drop(rings);
+    Ok(())
+}
+
 #[test]
 fn shutdown_retires_caller_supplied_pairs() -> Result<()> {
     let (emu, ctrl) = start(EmuConfig::default())?;
@@ -508,9 +565,18 @@ fn start_meddling(
     fake_mqes_z: Option<u16>,
     opts: ControllerOptions,
 ) -> Result<(Arc<Meddling>, Controller)> {
+    start_meddling_with(2, fake_mqes_z, opts)
+}
+
+/// [`start_meddling`] on a controller of `pairs` I/O queue pairs.
+fn start_meddling_with(
+    pairs: u16,
+    fake_mqes_z: Option<u16>,
+    opts: ControllerOptions,
+) -> Result<(Arc<Meddling>, Controller)> {
     let cfg = EmuConfig {
         mqes: 63,
-        max_io_queue_pairs: 2,
+        max_io_queue_pairs: pairs,
         ..EmuConfig::default()
     };
     let wrapper = Arc::new(Meddling {
@@ -589,5 +655,73 @@ fn lost_creations_keep_the_qid_reserved() -> Result<()> {
             assert_eq!(next, 2, "lost command {lost}");
         }
     }
+    Ok(())
+}
+
+/// Many pairs created together ([`Controller::create_queue_pairs_on_with`]): every pair made,
+/// `prepare` seeing each one's id, I/O on them; all or none: one pair the controller refuses
+/// undoes the others (their queues deleted, every id free again, as the next batch's creation
+/// of the same ids proves) and is the error; a `prepare` that fails sends nothing.
+#[test]
+fn many_pairs_are_created_together_all_or_none() -> Result<()> {
+    // The driver believes queues may have 1024 entries; the controller takes 64.
+    let (w, ctrl) = start_meddling_with(40, Some(1023), fast_opts())?;
+    let mut rings: Vec<(DmaMemory, DmaMemory)> = (0..40)
+        .map(|_| rings(&ctrl, 128, 128))
+        .collect::<Result<_>>()?;
+    let batch = |entries: &dyn Fn(usize) -> u32| -> Vec<QueueRegions> {
+        rings
+            .iter()
+            .enumerate()
+            .map(|(i, (sq, cq))| regions(sq, entries(i), cq, entries(i)))
+            .collect()
+    };
+    let admin = || w.emu.stats().admin_commands;
+    // Pair 25 asks for 128 entries: refused (Invalid Queue Size) after the others' CQs exist.
+    let before = admin();
+    let mut seen = Vec::new();
+    let e = ctrl
+        .create_queue_pairs_on_with(batch(&|i| if i == 25 { 128 } else { 16 }), |i, q| {
+            seen.push((i, q));
+            Ok(())
+        })
+        .unwrap_err();
+    assert_eq!(e.status().map(|s| (s.sct.0, s.sc)), Some((1, 0x02)), "{e}");
+    assert_eq!(seen, (0..40).map(|i| (i, i as u16 + 1)).collect::<Vec<_>>());
+    // 40 CQ creations, 39 SQ creations, then 39 pairs undone (two deletions each).
+    assert_eq!(admin(), before + 40 + 39 + 2 * 39);
+    // A prepare that fails: its error, nothing sent, the ids free.
+    let before = admin();
+    let e = ctrl
+        .create_queue_pairs_on_with(batch(&|_| 16), |i, _| {
+            if i == 3 {
+                Err(Error::Unsupported("no doorbell for you".into()))
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("no doorbell for you"), "{e}");
+    assert_eq!(admin(), before);
+    // Every id free and no queue left behind: the same 40 ids are created again.
+    let before = admin();
+    let pairs = ctrl.create_queue_pairs_on_with(batch(&|_| 16), |_, _| Ok(()))?;
+    assert_eq!(admin(), before + 80);
+    let qids: Vec<u16> = pairs.iter().map(|p| p.qid()).collect();
+    assert_eq!(qids, (1..=40).collect::<Vec<u16>>());
+    // The last pair carries I/O.
+    let last = pairs.into_iter().last().context("a pair")?;
+    let (sq, cq) = rings.pop().context("rings")?;
+    let mut q = HandDriven {
+        pair: last,
+        sq,
+        cq,
+        regs: ctrl.device().clone(),
+        tail: 0,
+        head: 0,
+        phase: true,
+    };
+    let buf = ctrl.device().alloc_dma(4096)?;
+    q.run(NvmOpcode::READ, 7, 0, &buf)?;
     Ok(())
 }

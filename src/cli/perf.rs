@@ -72,6 +72,9 @@ pub fn print_several_gpu(r: &SeveralGpuReport, as_json: bool) -> Result<()> {
     if as_json {
         outln!("{}", serde_json::to_string_pretty(r)?);
     } else {
+        if let Some(p) = &r.pairing {
+            outln!("GPUs paired with controllers {}", p.how);
+        }
         for c in &r.controllers {
             outln!("{}:", c.device);
             print_gpu_text(&c.report)?;

@@ -17,5 +17,5 @@ mod several;
 pub use cpu::*;
 pub use several::{
     NamedGpuReport, NamedReport, PerfTotals, SeveralError, SeveralGpuReport, SeveralReport,
-    run_on_gpus, run_several, run_several_gpu,
+    run_gpus_on_controllers, run_on_gpus, run_several, run_several_gpu,
 };

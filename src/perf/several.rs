@@ -82,14 +82,18 @@ pub struct SeveralError {
     pub source: PerfError,
 }
 
-/// A `perf --gpu` run over several controllers: each one's report (in the order given), then
-/// the totals of their GPU sides.
+/// A `perf --gpu` run over several controllers or GPUs: each run's report (in the order given),
+/// then the totals of their GPU sides.
 #[derive(Debug, Clone, Serialize)]
 pub struct SeveralGpuReport {
-    /// Per controller, with the name it was given.
+    /// Per run (a controller, a GPU, or a GPU on a controller), with its name.
     pub controllers: Vec<NamedGpuReport>,
     /// Over all of them (the GPU threads' I/O).
     pub total: PerfTotals,
+    /// Which GPU drove which controller and why, for a run of several GPUs over several
+    /// controllers ([`run_gpus_on_controllers`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pairing: Option<gpunvme::gpu::GpuPairing>,
 }
 
 /// One controller's `perf --gpu` report and its name.
@@ -161,6 +165,7 @@ fn named_gpu_reports(
     Ok(SeveralGpuReport {
         total: PerfTotals::of(&reports),
         controllers,
+        pairing: None,
     })
 }
 
@@ -178,30 +183,8 @@ pub fn run_on_gpus(
     gpus: &[std::sync::Arc<gpu_queues::Cuda>],
     args: &super::gpu::GpuPerfArgs,
 ) -> anyhow::Result<SeveralGpuReport> {
-    anyhow::ensure!(
-        args.model.is_none(),
-        "--gpu-id all with --controller gpu: the GPU-resident controller model is one GPU's \
-         kernel over a copy of the image; give one --gpu-id"
-    );
     anyhow::ensure!(!gpus.is_empty(), "no GPU to run on");
-    let mut cfg = args.perf.clone();
-    let seed = cfg.seed.unwrap_or_else(rand::random);
-    cfg.seed = Some(seed);
-    let write_check = cfg.verify && cfg.rw.is_write();
-    if cfg.queues == 0 {
-        let held = args.cpu_queues * gpus.len() + usize::from(write_check);
-        let share = gpunvme::gpu_fs::gpu_share(
-            ctrl.info().max_io_queue_pairs,
-            u16::try_from(held).unwrap_or(u16::MAX),
-            u16::try_from(gpus.len()).unwrap_or(u16::MAX),
-            None,
-        )?;
-        cfg.queues = usize::from(share);
-    }
-    if cfg.verify {
-        let (lba_size, region_blocks) = super::gpu::region_of(ctrl, &cfg)?;
-        super::gpu::fill_for_verify(ctrl, &cfg, lba_size, region_blocks, seed)?;
-    }
+    let cfg = several_gpus_config(&[ctrl], &[gpus.len()], args)?.remove(0);
     let per_gpu: Vec<super::gpu::GpuPerfArgs> = gpus
         .iter()
         .map(|c| super::gpu::GpuPerfArgs {
@@ -212,11 +195,106 @@ pub fn run_on_gpus(
         })
         .collect();
     let results = gpunvme::gpu::on_each(&per_gpu, |a| super::gpu::run(ctrl, backend, a));
-    named_gpu_reports(
-        results,
-        gpus.iter()
-            .map(|c| format!("GPU {} ({})", c.ordinal(), c.uuid())),
-    )
+    named_gpu_reports(results, gpus.iter().map(|c| gpu_name(c)))
+}
+
+/// A GPU as reports name it: ordinal and UUID.
+fn gpu_name(c: &gpu_queues::Cuda) -> String {
+    format!("GPU {} ({})", c.ordinal(), c.uuid())
+}
+
+/// The shape checks and `--verify` pattern shared by runs of several GPUs: refuses the
+/// GPU-resident model, fixes the seed, and gives each controller's queue count per GPU
+/// (`--queues`, or an even share among the `sharing[i]` GPUs on controller `i`, at least two
+/// each, after the CPU queues and a write check's read-back pair), writing the pattern once per
+/// controller.
+fn several_gpus_config(
+    ctrls: &[&Controller],
+    sharing: &[usize],
+    args: &super::gpu::GpuPerfArgs,
+) -> anyhow::Result<Vec<PerfConfig>> {
+    anyhow::ensure!(
+        args.model.is_none(),
+        "--gpu-id all with --controller gpu: the GPU-resident controller model is one GPU's \
+         kernel over a copy of the image; give one --gpu-id"
+    );
+    let mut cfg = args.perf.clone();
+    cfg.seed = Some(cfg.seed.unwrap_or_else(rand::random));
+    let write_check = cfg.verify && cfg.rw.is_write();
+    let mut out = Vec::with_capacity(ctrls.len());
+    for (ctrl, &gpus) in ctrls.iter().zip(sharing) {
+        let mut c = cfg.clone();
+        if c.queues == 0 {
+            let held = args.cpu_queues * gpus + usize::from(write_check);
+            let share = gpunvme::gpu_fs::gpu_share(
+                ctrl.info().max_io_queue_pairs,
+                u16::try_from(held).unwrap_or(u16::MAX),
+                u16::try_from(gpus).unwrap_or(u16::MAX),
+                None,
+            )?;
+            c.queues = usize::from(share);
+        }
+        if c.verify {
+            let (lba_size, region_blocks) = super::gpu::region_of(ctrl, &c)?;
+            super::gpu::fill_for_verify(ctrl, &c, lba_size, region_blocks, c.seed.unwrap_or(0))?;
+        }
+        out.push(c);
+    }
+    Ok(out)
+}
+
+/// Runs `perf --gpu` with `args` on every GPU of `gpus` over every controller of `ctrls` at
+/// once (`--gpu-id all` with several `--device`): GPUs paired with controllers by the PCIe
+/// topology under `sys_root` ([`gpunvme::gpu::pair_gpus`]: each GPU drives its nearest
+/// controllers, each controller is driven by its nearest GPUs; every GPU drives every
+/// controller where there is no topology to read, as for images), one run per pair on a thread
+/// of its own, each with queue pairs of its own (a controller's share split among its GPUs;
+/// `--queues` is per pair); a report per pair (named "GPU n (UUID) on DEVICE"), the totals,
+/// and the pairing with how it was chosen.
+pub fn run_gpus_on_controllers(
+    ctrls: &[(&Controller, &gpunvme::open::Backend)],
+    names: &[String],
+    gpus: &[std::sync::Arc<gpu_queues::Cuda>],
+    args: &super::gpu::GpuPerfArgs,
+    sys_root: &std::path::Path,
+) -> anyhow::Result<SeveralGpuReport> {
+    anyhow::ensure!(!gpus.is_empty(), "no GPU to run on");
+    let pairing = gpunvme::gpu::pair_gpus(gpus, names, sys_root);
+    let sharing: Vec<usize> = (0..ctrls.len())
+        .map(|c| pairing.pairs.iter().filter(|p| p.1 == c).count())
+        .collect();
+    let plain: Vec<&Controller> = ctrls.iter().map(|(c, _)| *c).collect();
+    let cfgs = several_gpus_config(&plain, &sharing, args)?;
+    let jobs: Vec<(usize, super::gpu::GpuPerfArgs)> = pairing
+        .pairs
+        .iter()
+        .map(|&(g, c)| {
+            let a = super::gpu::GpuPerfArgs {
+                perf: cfgs[c].clone(),
+                gpu: gpu_queues::GpuId::Ordinal(gpus[g].ordinal()),
+                fill: false,
+                ..args.clone()
+            };
+            (c, a)
+        })
+        .collect();
+    let results =
+        gpunvme::gpu::on_each(&jobs, |(c, a)| super::gpu::run(ctrls[*c].0, ctrls[*c].1, a));
+    let run_names: Vec<String> = pairing
+        .pairs
+        .iter()
+        .enumerate()
+        .map(|(i, &(g, c))| {
+            let class = match &pairing.classes {
+                Some(k) => format!(" ({})", k[i]),
+                None => String::new(),
+            };
+            format!("{} on {}{class}", gpu_name(&gpus[g]), names[c])
+        })
+        .collect();
+    let mut report = named_gpu_reports(results, run_names.into_iter())?;
+    report.pairing = Some(pairing);
+    Ok(report)
 }
 
 /// Runs `cfg` on every controller of `ctrls` (named by `names`) at once, a thread each (which

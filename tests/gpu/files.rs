@@ -224,6 +224,48 @@ fn image_reads_take_the_chosen_path() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// The copy engines' staging areas grow for a large job (`grow_staging`, what a `will_read`
+/// hint of 4 GiB or more does): reads before, during and after the bigger areas' registration
+/// move every byte exactly, and once the engines took them their areas are the bigger ones.
+#[test]
+#[ignore = "skipped: no GPU (scripts/gpu-test.sh runs it on the GPU machine)"]
+fn staging_areas_grow_for_a_large_job_and_reads_stay_exact() {
+    use gpu_emu::software::SoftwareTransport;
+    let path = image("grow");
+    let r = image_rig(&path);
+    let fs = FileSystem::mkfs(blockfs_dev(&r), &MkfsOptions::default()).expect("mkfs");
+    let len = (12 << 20) + 4097;
+    let want = fragmented(&fs, len);
+    let file = fs.open("dir/a", OpenMode::ReadOnly).expect("open");
+    let files = GpuFiles::new(&r.gpu, GpuFilesOptions::default());
+    let g = files.open(&file).expect("open for the GPU");
+    let buf = r.gpu.alloc_buffer(len).expect("buffer");
+    let sw = SoftwareTransport::of(&r.gpu).expect("the software controller");
+    let before = sw.dma_stats();
+    sw.grow_staging();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut rounds = 0;
+    loop {
+        let got = files.read(&g, GpuSpan::all(&buf), 0).expect("GPU read");
+        assert_eq!(got, len as u64);
+        assert!(
+            host_bytes(&buf, 0, len) == want,
+            "bytes of the whole file, round {rounds}"
+        );
+        rounds += 1;
+        let d = sw.dma_stats();
+        // Grown: the big pool allocated and every area used since is one of its own.
+        let big = 2 * ((2048 * 16 + (4 << 20)) as u64);
+        if d.pinned_pool_bytes > before.pinned_pool_bytes && d.pinned_bytes >= big && rounds > 2 {
+            eprintln!("grown after {rounds} reads: {d:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the areas never grew: {d:?}");
+    }
+    drop(r);
+    let _ = std::fs::remove_file(&path);
+}
+
 /// An image on a disk file system, cold (written back and dropped from the page cache): the
 /// software controller reads a file's staged Reads from the disk by direct I/O with
 /// `GPUNVME_EMU_COLD_READS=direct` (none by default, `buffered`, nor in any

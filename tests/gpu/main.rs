@@ -91,6 +91,7 @@ root_tests!(
     several_controllers::volume_files_on_gpu_resident_models,
     several_gpus::gpus_are_named_by_ordinal_uuid_and_address,
     several_gpus::perf_gpu_on_every_gpu_at_once,
+    several_gpus::perf_gpu_every_gpu_over_several_controllers,
     several_gpus::frees_on_one_gpu_are_not_held_by_another_gpus_kernel,
 );
 

@@ -304,9 +304,12 @@ pub(super) fn gpu_and_cpu_queues_on_one_controller() {
 
 /// GPU memory cut into views and written as strided rows (how a queue set's memory is laid
 /// out and its pre-built PRP lists written): each byte lands where asked, the rest stays zero,
-/// the parent outlives a view dropped after it, and ranges outside are refused.
+/// the parent outlives a view dropped after it, and ranges outside are refused. Pinned memory
+/// likewise (the copy engines' areas cut from one registered allocation): a view's bytes copy
+/// to the GPU and back through it after its parent's handle is gone.
 pub(super) fn views_and_strided_rows_land_where_asked() {
     let cuda = cuda();
+    pinned_views_copy_where_asked(&cuda);
     let parent = Arc::new(DeviceMemory::alloc(&cuda, 64 << 10).unwrap());
     let view = DeviceMemory::view(&parent, 4096, 16 << 10).unwrap();
     assert_eq!(view.ptr(), parent.ptr() + 4096);
@@ -339,6 +342,48 @@ pub(super) fn views_and_strided_rows_land_where_asked() {
         assert!(
             matches!(e, Some(gpu_queues::GpuError::InvalidArgument(_))),
             "{n} bytes in rows of {row} every {pitch}: {e:?}"
+        );
+    }
+}
+
+fn pinned_views_copy_where_asked(cuda: &Arc<Cuda>) {
+    use gpu_queues::ffi::{PinnedMemory, Placement, Stream};
+    let parent = Arc::new(PinnedMemory::alloc_large(cuda, 3 << 20).unwrap());
+    assert!(parent.len() >= 3 << 20, "{parent:?}");
+    let view = PinnedMemory::view(&parent, 8192, 12288).unwrap();
+    assert_eq!(view.device_ptr(), parent.device_ptr() + 8192);
+    assert_eq!(view.len(), 12288);
+    let fresh = PinnedMemory::view(&parent, 1 << 20, 4096).unwrap();
+    let mut zero = vec![1u8; 4096];
+    fresh.read(0, &mut zero);
+    assert!(
+        zero.iter().all(|b| *b == 0),
+        "fresh pinned memory is not zero"
+    );
+    drop(fresh);
+    let data: Vec<u8> = (0..12288u32).map(|i| (i * 7 + 3) as u8).collect();
+    view.write(0, &data);
+    drop(parent);
+    let dev = DeviceMemory::alloc(cuda, 12288).unwrap();
+    let stream = Stream::new(cuda, Placement::Anywhere, None).unwrap();
+    stream.copy_from_pinned(&view, 0, dev.ptr(), 12288).unwrap();
+    stream.wait_idle(Duration::from_secs(30)).unwrap();
+    let mut back = vec![0u8; 12288];
+    dev.read(0, &mut back).unwrap();
+    assert_eq!(back, data, "pinned view -> GPU");
+    view.write(0, &vec![0u8; 12288]);
+    stream.copy_to_pinned(&view, 4096, dev.ptr(), 8192).unwrap();
+    stream.wait_idle(Duration::from_secs(30)).unwrap();
+    let mut got = vec![0u8; 12288];
+    view.read(0, &mut got);
+    assert!(got[..4096].iter().all(|b| *b == 0));
+    assert_eq!(&got[4096..], &data[..8192], "GPU -> pinned view");
+    let parent = Arc::new(PinnedMemory::alloc(cuda, 8192).unwrap());
+    for (off, len) in [(4096, 8192), (8192, 4096), (0, 0), (100, 4096), (0, 100)] {
+        let e = PinnedMemory::view(&parent, off, len).err();
+        assert!(
+            matches!(e, Some(gpu_queues::GpuError::InvalidArgument(_))),
+            "pinned view {off}+{len}: {e:?}"
         );
     }
 }

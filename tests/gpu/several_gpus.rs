@@ -1,5 +1,6 @@
 //! Several GPUs in one process (issue 55): GPUs named by ordinal and UUID and refused by name,
-//! `perf --gpu --gpu-id all` (every GPU with its own queue pairs on one controller at once),
+//! `perf --gpu --gpu-id all` (every GPU with its own queue pairs on one controller at once, and
+//! over several controllers, paired by the PCIe topology where there is one),
 //! and per-GPU state: a free on one GPU is not held back by another GPU's waiting kernel.
 //!
 //! On a machine with one GPU the tests that need two say "skipped: one GPU" and return; the
@@ -8,6 +9,12 @@
 
 use super::*;
 use gpu_queues::{GpuId, GpuSelection};
+
+/// A report of several runs totals their I/Os.
+fn totals_are_the_sum(r: &gpunvme_cli::perf::SeveralGpuReport) {
+    let sum: u64 = r.controllers.iter().map(|c| c.report.report.ios).sum();
+    assert_eq!(r.total.ios, sum);
+}
 
 /// The GPUs this process sees, or `None` (printed as skipped) when there are fewer than two.
 fn two_gpus(test: &str) -> Option<(Arc<Cuda>, Arc<Cuda>)> {
@@ -103,19 +110,75 @@ pub(super) fn perf_gpu_on_every_gpu_at_once() {
             assert!(g.ios >= 256 && g.verified_bytes > 0, "{}: {g:?}", c.device);
             assert_eq!(c.report.gpu.queues, share, "{}", c.device);
         }
-        assert_eq!(
-            r.total.ios,
-            r.controllers
-                .iter()
-                .map(|c| c.report.report.ios)
-                .sum::<u64>()
-        );
+        totals_are_the_sum(&r);
     }
     // The model is one GPU's kernel: refused by name before anything runs.
     let args = perf_args(RwMode::RandRead, 0, 16, false, Some(MediaKind::Hbm));
     let e = run_on_gpus(&ctrl, &backend, &gpus, &args).unwrap_err();
     assert!(e.to_string().contains("--controller gpu"), "{e}");
     ctrl.shutdown().expect("shutdown");
+}
+
+/// `perf --gpu --gpu-id all` over two software controllers: images have no place on PCIe, so
+/// every GPU drives both (and the report says why), each pair with queue pairs of its own (a
+/// controller's share split among its GPUs), every I/O verified, a report per pair named by
+/// GPU and device.
+pub(super) fn perf_gpu_every_gpu_over_several_controllers() {
+    use gpunvme::open::{self, DeviceSpec, OpenOptions};
+    use gpunvme_cli::perf::{RwMode, run_gpus_on_controllers};
+    let gpus = GpuSelection::All.open().expect("every GPU");
+    let n = gpus.len();
+    let pairs = (3 * n).min(64);
+    let opts = OpenOptions {
+        controller_threads: 1,
+        controller_queue_pairs: u16::try_from(pairs).expect("pairs"),
+        ..OpenOptions::default()
+    };
+    let images = [image("gpus-on-a"), image("gpus-on-b")];
+    let names: Vec<String> = images
+        .iter()
+        .map(|i| i.to_str().expect("UTF-8").to_owned())
+        .collect();
+    let opened: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let spec = DeviceSpec::parse(Some(n)).expect("spec");
+            open::open_controller_and_transport(&spec, &opts).expect("open")
+        })
+        .collect();
+    let ctrls: Vec<_> = opened.iter().map(|(c, b)| (c, b)).collect();
+    let args = perf_args(RwMode::RandRead, 0, 256, true, None);
+    let r = run_gpus_on_controllers(&ctrls, &names, &gpus, &args, std::path::Path::new("/sys"))
+        .expect("perf --gpu --gpu-id all over two controllers");
+    let pairing = r.pairing.as_ref().expect("the pairing is reported");
+    assert!(
+        pairing.how.contains("every GPU with every controller")
+            && pairing.how.contains("not a PCI device"),
+        "{}",
+        pairing.how
+    );
+    let want: Vec<(usize, usize)> = (0..n).flat_map(|g| [(g, 0), (g, 1)]).collect();
+    assert_eq!(pairing.pairs, want);
+    assert_eq!(r.controllers.len(), 2 * n);
+    for (run, &(g, c)) in r.controllers.iter().zip(&pairing.pairs) {
+        let rep = &run.report.report;
+        assert!(
+            run.device.contains(gpus[g].uuid()) && run.device.ends_with(&names[c]),
+            "{}",
+            run.device
+        );
+        assert_eq!(rep.errors, 0, "{}: {:?}", run.device, rep.first_error);
+        assert!(
+            rep.ios >= 256 && rep.verified_bytes > 0,
+            "{}: {rep:?}",
+            run.device
+        );
+        assert_eq!(run.report.gpu.queues, pairs / n, "{}", run.device);
+    }
+    totals_are_the_sum(&r);
+    for (c, _) in opened {
+        c.shutdown().expect("shutdown");
+    }
 }
 
 /// A free of GPU 1's memory while a client kernel on GPU 0 waits for the software controller

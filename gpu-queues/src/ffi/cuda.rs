@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys;
 
-use super::memory::Deferred;
+use super::memory::{Deferred, PinnedOwner, map_zeroed};
 use super::{Cuda, DeviceMemory, HostRegistration, PinnedMemory, Placement, param_pointers};
 use crate::error::GpuError;
 
@@ -513,6 +513,7 @@ pub(super) fn alloc_pinned(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory,
             host: host.cast(),
             dev: 0,
             len,
+            owner: PinnedOwner::Allocated,
         };
         std::ptr::write_bytes(mem.host, 0, len);
         check(
@@ -521,6 +522,48 @@ pub(super) fn alloc_pinned(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory,
         )?;
         Ok(mem)
     }
+}
+
+/// Transparent huge pages' size, the unit of [`alloc_pinned_large`].
+const HUGE_PAGE: usize = 2 << 20;
+
+/// [`PinnedMemory::alloc_large`]: anonymous memory in whole 2 MiB pages, aligned to them and
+/// advised to be transparent huge pages (`MADV_HUGEPAGE`; a kernel that does not grant them
+/// leaves 4 KiB pages, which still work), registered (DEVICEMAP | PORTABLE), and its device
+/// address. The pages are not touched first: the registration pins (and so faults in) each,
+/// and a fresh anonymous page reads as zero.
+pub(super) fn alloc_pinned_large(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory, GpuError> {
+    cuda.make_current()?;
+    let len = len.max(1).next_multiple_of(HUGE_PAGE);
+    let host = map_zeroed(len, HUGE_PAGE, "registered pinned memory")?;
+    let unmap = || {
+        // SAFETY: exactly the mapping made above, which nothing else refers to.
+        unsafe { libc::munmap(host.cast(), len) };
+    };
+    // SAFETY: advice on the mapping just made; the kernel may ignore it.
+    unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    // SAFETY: the range is mapped, page-aligned, and stays mapped until the returned value's
+    // free unregisters it first (`Deferred::Registered`).
+    if let Err(e) = check("cuMemHostRegister", unsafe {
+        sys::cuMemHostRegister_v2(host.cast(), len, flags)
+    }) {
+        unmap();
+        return Err(e);
+    }
+    let mut mem = PinnedMemory {
+        cuda: cuda.clone(),
+        host,
+        dev: 0,
+        len,
+        owner: PinnedOwner::Registered,
+    };
+    // SAFETY: valid out-pointer; the address was registered above. On an error `mem` is
+    // dropped, which unregisters and unmaps it.
+    check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut mem.dev, host.cast(), 0)
+    })?;
+    Ok(mem)
 }
 
 /// Frees the memory of a dropped owner (`cuMemFree`, `cuMemFreeHost`).
@@ -540,6 +583,11 @@ pub(super) unsafe fn free(cuda: &Cuda, what: Deferred) {
             }
             Deferred::Host { ptr, .. } => {
                 sys::cuMemFreeHost(std::ptr::with_exposed_provenance_mut::<c_void>(ptr));
+            }
+            Deferred::Registered { ptr, len } => {
+                let p = std::ptr::with_exposed_provenance_mut::<c_void>(ptr);
+                sys::cuMemHostUnregister(p);
+                libc::munmap(p, len);
             }
             Deferred::Library { handle } => {
                 sys::cuLibraryUnload(std::ptr::with_exposed_provenance_mut(handle));

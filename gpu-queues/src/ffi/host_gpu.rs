@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::memory::Deferred;
+use super::memory::{Deferred, PinnedOwner, map_zeroed};
 use super::{Cuda, DeviceMemory, HostRegistration, PinnedMemory, Placement, param_pointers};
 use crate::error::GpuError;
 
@@ -185,47 +185,6 @@ impl RawCuda {
 // ---------------------------------------------------------------------------------------------
 // Memory: anonymous mappings, freed when nothing may still read them.
 
-/// Maps `len` bytes (a multiple of the page size) of zeroed memory aligned to `align` (a
-/// multiple of the page size, a power of two); returns its address.
-fn map_zeroed(len: usize, align: usize, what: &str) -> Result<*mut u8, GpuError> {
-    let reserve = len
-        .checked_add(align)
-        .ok_or_else(|| GpuError::InvalidArgument(format!("{what}: {len} bytes is too many")))?;
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it
-    // overlaps nothing.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            reserve,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(GpuError::Os {
-            op: format!("mmap of {len} bytes of {what}"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let base = base.cast::<u8>();
-    let head = base.addr().next_multiple_of(align) - base.addr();
-    let tail = reserve - head - len;
-    // SAFETY: `head <= align`, so `base + head .. + len` lies within the mapping just made; the
-    // trimmed ends are page-aligned pieces of it that nothing refers to.
-    unsafe {
-        let start = base.add(head);
-        if head > 0 {
-            libc::munmap(base.cast(), head);
-        }
-        if tail > 0 {
-            libc::munmap(start.add(len).cast(), tail);
-        }
-        Ok(start)
-    }
-}
-
 /// The mapped length of a [`DeviceMemory`] of `len` bytes.
 fn device_map_len(len: usize) -> usize {
     len.max(1).next_multiple_of(DEVICE_UNIT)
@@ -236,6 +195,8 @@ fn free_now(what: Deferred) {
     let (addr, len) = match what {
         Deferred::Device { ptr, len } => (ptr as usize, device_map_len(len)),
         Deferred::Host { ptr, len } => (ptr, len),
+        // Never made here (`alloc_pinned_large` is `alloc_pinned`).
+        Deferred::Registered { .. } => return,
         // Never made here (RawLibrary::unload_later): the kernels are compiled in.
         Deferred::Library { .. } => return,
     };
@@ -401,7 +362,13 @@ pub(super) fn alloc_pinned(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory,
         host,
         dev: host.expose_provenance() as u64,
         len,
+        owner: PinnedOwner::Allocated,
     })
+}
+
+/// [`PinnedMemory::alloc_large`]: as [`alloc_pinned`] (nothing to pin on the host).
+pub(super) fn alloc_pinned_large(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedMemory, GpuError> {
+    alloc_pinned(cuda, len)
 }
 
 /// Frees the memory of a dropped owner: unmaps it now if no stream has work in flight, else

@@ -316,6 +316,21 @@ pub struct PinnedMemory {
     pub(super) dev: u64,
     /// Length in bytes (whole pages).
     pub(super) len: usize,
+    /// What frees it.
+    pub(super) owner: PinnedOwner,
+}
+
+/// How a [`PinnedMemory`] was made, and so how it is freed.
+pub(super) enum PinnedOwner {
+    /// Allocated by the backend (`cuMemHostAlloc`; with `host-gpu`, one mapping): freed with
+    /// it.
+    Allocated,
+    /// Anonymous memory this crate mapped (exactly `host..host + len`) and registered with the
+    /// driver: unregistered, then unmapped, with it.
+    #[cfg_attr(feature = "host-gpu", allow(dead_code))]
+    Registered,
+    /// A part of another allocation ([`PinnedMemory::view`]), which it keeps allocated.
+    View(#[allow(dead_code, reason = "held only to keep the parent allocated")] Arc<PinnedMemory>),
 }
 
 // SAFETY: the allocation is owned by this value; all access is through raw-pointer copies and
@@ -330,6 +345,43 @@ impl PinnedMemory {
     /// 4 KiB pages).
     pub fn alloc(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
         backend::alloc_pinned(cuda, len)
+    }
+
+    /// Allocates `len` bytes of zeroed pinned memory mapped into the GPU, as one allocation to
+    /// be cut into many areas ([`PinnedMemory::view`]). With CUDA: anonymous memory in 2 MiB
+    /// transparent huge pages (where the kernel grants them) registered with the driver, which
+    /// measured half of `cuMemHostAlloc`'s cost per MiB on an H200 (`scripts/setup-costs.py`:
+    /// 206 MiB in 62 ms against 116 ms), rounded up to whole 2 MiB; `cuMemHostAlloc` if the
+    /// registration is refused. With `host-gpu`, as [`PinnedMemory::alloc`].
+    pub fn alloc_large(cuda: &Arc<Cuda>, len: usize) -> Result<Self, GpuError> {
+        match backend::alloc_pinned_large(cuda, len) {
+            Ok(mem) => Ok(mem),
+            Err(e) => {
+                tracing::debug!("pinned memory by registration refused ({e}); cuMemHostAlloc");
+                Self::alloc(cuda, len)
+            }
+        }
+    }
+
+    /// `len` bytes at `offset` of `parent` (both whole 4 KiB pages, so every view is
+    /// page-aligned) as pinned memory of their own, which keeps `parent` allocated: many
+    /// areas cut from one allocation pin their pages in one driver call.
+    pub fn view(parent: &Arc<PinnedMemory>, offset: usize, len: usize) -> Result<Self, GpuError> {
+        let inside = offset.checked_add(len).is_some_and(|e| e <= parent.len);
+        if len == 0 || offset % 4096 != 0 || len % 4096 != 0 || !inside {
+            return Err(GpuError::InvalidArgument(format!(
+                "a view {offset:#x}+{len:#x} of {:#x} bytes of pinned memory (non-empty, \
+                 inside, whole 4 KiB pages)",
+                parent.len
+            )));
+        }
+        Ok(Self {
+            cuda: parent.cuda.clone(),
+            host: parent.host.wrapping_add(offset),
+            dev: parent.dev + offset as u64,
+            len,
+            owner: PinnedOwner::View(parent.clone()),
+        })
     }
 
     /// The GPU's address of the first byte (with `host-gpu`: the host address).
@@ -450,13 +502,13 @@ impl PinnedMemory {
 
 impl Drop for PinnedMemory {
     fn drop(&mut self) {
-        free_or_defer(
-            &self.cuda,
-            Deferred::Host {
-                ptr: self.host.expose_provenance(),
-                len: self.len,
-            },
-        );
+        let (ptr, len) = (self.host.expose_provenance(), self.len);
+        match self.owner {
+            PinnedOwner::Allocated => free_or_defer(&self.cuda, Deferred::Host { ptr, len }),
+            PinnedOwner::Registered => free_or_defer(&self.cuda, Deferred::Registered { ptr, len }),
+            // The parent (dropped with the fields) frees it with its last view.
+            PinnedOwner::View(_) => {}
+        }
     }
 }
 
@@ -594,6 +646,49 @@ impl std::fmt::Debug for HostRegistration {
     }
 }
 
+/// Anonymous memory for either backend (host-gpu's memory, CUDA's registered pinned memory).
+/// Maps `len` bytes (a multiple of the page size) of zeroed memory aligned to `align` (a
+/// multiple of the page size, a power of two); returns its address. Unmapped by whoever
+/// frees it (`munmap` of exactly `len` bytes there).
+pub(super) fn map_zeroed(len: usize, align: usize, what: &str) -> Result<*mut u8, GpuError> {
+    let reserve = len
+        .checked_add(align)
+        .ok_or_else(|| GpuError::InvalidArgument(format!("{what}: {len} bytes is too many")))?;
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing; it
+    // overlaps nothing.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            reserve,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(GpuError::Os {
+            op: format!("mmap of {len} bytes of {what}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let base = base.cast::<u8>();
+    let head = base.addr().next_multiple_of(align) - base.addr();
+    let tail = reserve - head - len;
+    // SAFETY: `head <= align`, so `base + head .. + len` lies within the mapping just made; the
+    // trimmed ends are page-aligned pieces of it that nothing refers to.
+    unsafe {
+        let start = base.add(head);
+        if head > 0 {
+            libc::munmap(base.cast(), head);
+        }
+        if tail > 0 {
+            libc::munmap(start.add(len).cast(), tail);
+        }
+        Ok(start)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Frees held back while a kernel may be waiting for a controller.
 
@@ -614,6 +709,15 @@ pub(super) enum Deferred {
         ptr: usize,
         /// Length the owner was allocated with (the host backend's layout; CUDA needs none).
         #[cfg_attr(not(feature = "host-gpu"), allow(dead_code))]
+        len: usize,
+    },
+    /// Host memory this crate mapped and registered ([`PinnedOwner::Registered`]): its host
+    /// address (provenance exposed) and the mapping's length; unregistered, then unmapped.
+    #[cfg_attr(feature = "host-gpu", allow(dead_code))]
+    Registered {
+        /// Host address of the first byte.
+        ptr: usize,
+        /// Length of the mapping.
         len: usize,
     },
     /// A library of kernels (`cuLibraryUnload`): its handle (provenance exposed). With

@@ -216,6 +216,30 @@ impl Matrix {
             })
             .collect()
     }
+
+    /// Which GPUs drive which controllers when every GPU works on the controllers at once
+    /// (`perf --gpu --gpu-id all` over several `--device`): (GPU, controller) pairs, in GPU
+    /// then controller order. A pair is made where the controller is among the GPU's nearest,
+    /// or the GPU among the controller's nearest: so every GPU drives at least one controller
+    /// and every controller is driven by at least one GPU; under a PCIe switch with two GPUs
+    /// and two drives each GPU drives those two, and where all paths are alike (a flat VM, or
+    /// every drive on the other socket) every GPU drives every controller.
+    pub fn pairs(&self) -> Vec<(usize, usize)> {
+        let near_gpu = self.nearest();
+        let columns = self.controllers.len();
+        let near_ctrl: Vec<Option<PathClass>> = (0..columns)
+            .map(|c| self.classes.iter().map(|row| row[c]).min())
+            .collect();
+        let mut out = Vec::new();
+        for (g, row) in self.classes.iter().enumerate() {
+            for (c, class) in row.iter().enumerate() {
+                if near_gpu[g].contains(&c) || near_ctrl[c] == Some(*class) {
+                    out.push((g, c));
+                }
+            }
+        }
+        out
+    }
 }
 
 impl fmt::Display for Matrix {

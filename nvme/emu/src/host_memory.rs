@@ -1,6 +1,6 @@
 //! Host memory the software controller hands to the driver as DMA memory.
 //!
-//! A [`HostRegion`] is a page-aligned, zeroed heap allocation. The driver reaches it through
+//! A [`HostRegion`] is a page-aligned, zeroed allocation (heap, or a mapping when large). The driver reaches it through
 //! the [`DmaMemory`] returned by [`crate::EmuDevice::alloc_dma`]; the controller threads reach
 //! it through the device-address map, as a [`MemoryRegion`]. Both sides use raw-pointer copies
 //! and atomics only, never Rust references, because the other side may be writing the same bytes
@@ -24,13 +24,22 @@ use nvme::{DMA_PAGE_SIZE, DmaAllocError, DmaMemory};
 
 use crate::memory::{DeviceAddressMap, MemoryRegion, RegionError};
 
-/// A zeroed, page-aligned host allocation usable as DMA memory.
+/// A zeroed, page-aligned host allocation usable as DMA memory. From [`MAPPED_FROM`] bytes on
+/// it is an anonymous mapping of its own, whose pages the kernel supplies zeroed at their first
+/// touch, so that a large buffer costs no page faults or zeroing until it is used
+/// (`alloc_zeroed` of a page-aligned layout zeroes every byte at once: a lane's 4 MiB bounce
+/// buffer took about 2 ms); smaller ones come from the heap.
 pub(crate) struct HostRegion {
     ptr: NonNull<u8>,
-    layout: Layout,
+    len: usize,
+    /// The heap layout, for a region from the heap; `None` for a mapping.
+    heap: Option<Layout>,
 }
 
-// SAFETY: the region is a plain heap allocation owned by this value; all access to its bytes
+/// Regions of at least this many bytes are mappings of their own (see [`HostRegion`]).
+const MAPPED_FROM: usize = 256 << 10;
+
+// SAFETY: the region is a plain allocation owned by this value; all access to its bytes
 // goes through raw-pointer copies and atomics, which any thread may perform.
 unsafe impl Send for HostRegion {}
 // SAFETY: as above: no method hands out references into the allocation, so shared use from
@@ -43,22 +52,45 @@ impl HostRegion {
         if len == 0 || len % DMA_PAGE_SIZE != 0 {
             return None;
         }
-        let layout = Layout::from_size_align(len, DMA_PAGE_SIZE).ok()?;
-        // SAFETY: the layout has a nonzero size (checked above).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if len < MAPPED_FROM {
+            let layout = Layout::from_size_align(len, DMA_PAGE_SIZE).ok()?;
+            // SAFETY: the layout has a nonzero size (checked above).
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            return Some(Self {
+                ptr: NonNull::new(ptr)?,
+                len,
+                heap: Some(layout),
+            });
+        }
+        // SAFETY: a private anonymous mapping at an address of the kernel's choosing (page
+        // aligned, zero-filled); it overlaps nothing.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
         Some(Self {
-            ptr: NonNull::new(ptr)?,
-            layout,
+            ptr: NonNull::new(ptr.cast())?,
+            len,
+            heap: None,
         })
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<usize, RegionError> {
         let offset = usize::try_from(offset).map_err(|_| RegionError::new("offset too large"))?;
         match offset.checked_add(len) {
-            Some(end) if end <= self.layout.size() => Ok(offset),
+            Some(end) if end <= self.len => Ok(offset),
             _ => Err(RegionError::new(format!(
                 "access {offset:#x}+{len:#x} outside host region of {:#x} bytes",
-                self.layout.size()
+                self.len
             ))),
         }
     }
@@ -66,15 +98,22 @@ impl HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and is freed
-        // only here, once, when the last reference to the region goes away.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        match self.heap {
+            // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and is
+            // freed only here, once, when the last reference to the region goes away.
+            Some(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
+            // SAFETY: `ptr..ptr + len` is exactly the mapping `new` made, unmapped only here,
+            // once, when the last reference to the region goes away.
+            None => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            },
+        }
     }
 }
 
 impl MemoryRegion for HostRegion {
     fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), RegionError> {

@@ -101,8 +101,10 @@ pub fn queues(
     let states = alloc_protocol_states(cuda, depth, count as usize)?;
     setup.mark("pair_memory");
 
-    let mut pairs = Vec::with_capacity(count as usize);
-    for (q, (state, slots)) in states.into_iter().enumerate() {
+    // Every pair's memory and doorbell words first, then all of them created together on the
+    // controller (a few admin round trips instead of two per pair), then their descriptors.
+    let mut parts = Vec::with_capacity(count as usize);
+    for q in 0..count as usize {
         let mem = match &arena {
             Some(arena) => arena.pair(q, register_as)?,
             None => host_pair_memory(cuda, emu, &engine, &p)?,
@@ -114,24 +116,30 @@ pub fn queues(
         ));
         sq_word.reset();
         cq_word.reset();
-        let (sq_db, cq_db) = (sq_word.device_ptr(), cq_word.device_ptr());
-        let created = controller.create_queue_pair_on_with(
-            QueueRegions {
-                sq: mem.sq_region.clone(),
-                sq_entries: depth,
-                cq: mem.cq_region.clone(),
-                cq_entries: depth,
-            },
-            |qid| {
-                emu.attach_external_doorbells(qid, sq_word, cq_word)
-                    .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
-            },
-        );
-        let created = created?;
+        parts.push((mem, sq_word, cq_word));
+    }
+    let regions = parts
+        .iter()
+        .map(|(mem, _, _)| QueueRegions {
+            sq: mem.sq_region.clone(),
+            sq_entries: depth,
+            cq: mem.cq_region.clone(),
+            cq_entries: depth,
+        })
+        .collect();
+    let created = controller.create_queue_pairs_on_with(regions, |i, qid| {
+        let (_, sq_word, cq_word) = &parts[i];
+        emu.attach_external_doorbells(qid, sq_word.clone(), cq_word.clone())
+            .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
+    })?;
+    let mut pairs = Vec::with_capacity(count as usize);
+    for ((created, (mem, sq_word, cq_word)), (state, slots)) in
+        created.into_iter().zip(parts).zip(states)
+    {
         let desc = common.desc(DescParts {
             sq: mem.sq,
             cq: mem.cq,
-            doorbells: (sq_db, cq_db),
+            doorbells: (sq_word.device_ptr(), cq_word.device_ptr()),
             state: state.ptr(),
             slots: slots.ptr(),
             prp_lists: mem.prp_lists,
@@ -146,6 +154,10 @@ pub fn queues(
         });
     }
     setup.mark("queue_pairs");
+    // The copy engines' first areas, pinned on a thread of their own from here: it overlaps the
+    // rest of the caller's preparations (a mount, a file's extents) and, at worst, a load's
+    // first milliseconds, rather than the set-up (see `GpuDma::start_pinning`).
+    engine.start_pinning()?;
     tracing::info!(
         queues = count,
         depth,

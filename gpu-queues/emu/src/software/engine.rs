@@ -3,7 +3,8 @@
 //! engine a controller thread uses, accessors and counters. The write side (staging, flushes)
 //! is in `staging`, the read side (prefetches, gathers, copies that wait) in `gather`.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gpu_queues::GpuError;
@@ -29,6 +30,15 @@ pub(super) const MAX_PIECES: usize = 2048;
 /// milliseconds pay for all of them. Large enough that filling one (a few hundred
 /// microseconds from the page cache) outlasts a flush's launch and wait many times over.
 pub(super) const STAGING_BYTES: usize = 512 << 10;
+/// Data bytes of a staging area once a large job made the areas grow
+/// ([`GpuDma::grow_staging`]): copies of 512 KiB pay their launch and wait every 10-20 µs, and
+/// a 13.5 GB model load ran at 29 GB/s with them against 44 GB/s with areas of this size
+/// (H200, 2026-11-29 and 2026-12-02).
+pub(super) const BIG_STAGING_BYTES: usize = 4 << 20;
+/// Bytes a job announces ([`GpuDma::grow_staging`]'s caller, the `will_read` hint) from which
+/// the staging areas grow: registering the bigger areas (129 MiB for 16 threads) takes tens of
+/// milliseconds beside the job, which a 1.2 GB load (40 ms) does not win back.
+pub(super) const GROW_STAGING_FROM: u64 = 4 << 30;
 /// Ranges one gather moves.
 pub(super) const MAX_GATHER_PIECES: usize = 2048;
 /// Data bytes one gather moves at most (PRP lists, write data; a read larger than this is
@@ -57,23 +67,135 @@ pub(super) fn launch_per_piece(
     stream.launch(kernel, grid, WARPS_PER_BLOCK * 32, args)
 }
 
-/// Pinned memory allocated at its first use: the queues' set-up never waits for it (pinning
-/// was most of a copy engine's cost, see [`STAGING_BYTES`]), and a controller thread that never
-/// stages (or never gathers) never pays for it.
+/// Every engine's first areas (two staging areas and a gather area each) as one pinned
+/// allocation ([`PinnedMemory::alloc_large`]: registered huge pages, one driver call instead of
+/// three per engine, at about half the cost per MiB), made on a thread of its own from
+/// [`GpuDma::start_pinning`] on. The rest of the queues' set-up (and a kept handle's wait for
+/// its first load) overlaps it, so that neither the set-up nor, usually, a load's first
+/// milliseconds wait for pinning; an area used before it is ready waits for it (bounded), and
+/// one whose pool failed allocates its own.
+pub(super) struct PinPool {
+    state: Mutex<PoolState>,
+    ready: Condvar,
+}
+
+enum PoolState {
+    /// Not asked for yet ([`GpuDma::start_pinning`]): an area used now allocates its own.
+    NotStarted,
+    Pending,
+    /// The allocation and the nanoseconds it took.
+    Ready(Arc<PinnedMemory>, u64),
+    Failed,
+}
+
+impl PinPool {
+    /// A pool to be allocated ([`PinPool::spawn`]).
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(PoolState::NotStarted),
+            ready: Condvar::new(),
+        })
+    }
+
+    /// Starts allocating `len` bytes on a thread of its own.
+    fn spawn(self: &Arc<Self>, cuda: &Arc<Cuda>, len: usize) -> Result<JoinHandle<()>, GpuError> {
+        *self.lock() = PoolState::Pending;
+        let (p, cuda) = (self.clone(), cuda.clone());
+        std::thread::Builder::new()
+            .name("gpunvme-pin".into())
+            .spawn(move || {
+                let t = Instant::now();
+                let state = match PinnedMemory::alloc_large(&cuda, len) {
+                    Ok(mem) => PoolState::Ready(Arc::new(mem), t.elapsed().as_nanos() as u64),
+                    Err(e) => {
+                        tracing::warn!("copy engines' pinned areas ({len} bytes): {e}");
+                        PoolState::Failed
+                    }
+                };
+                *p.lock() = state;
+                p.ready.notify_all();
+            })
+            .map_err(|e| {
+                *self.lock() = PoolState::Failed;
+                GpuError::Os {
+                    op: "starting the copy engines' pinning thread".into(),
+                    source: e,
+                }
+            })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The allocation, waiting for it (at most [`GPU_WAIT`]); `None` if it was not started,
+    /// failed or is late.
+    fn region(&self) -> Option<Arc<PinnedMemory>> {
+        let st = self.lock();
+        let (st, _) = self
+            .ready
+            .wait_timeout_while(st, GPU_WAIT, |s| matches!(s, PoolState::Pending))
+            .unwrap_or_else(|e| e.into_inner());
+        match &*st {
+            PoolState::Ready(mem, _) => Some(mem.clone()),
+            _ => None,
+        }
+    }
+
+    /// The allocation if it is ready, without waiting.
+    fn try_region(&self) -> Option<Arc<PinnedMemory>> {
+        match &*self.lock() {
+            PoolState::Ready(mem, _) => Some(mem.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether it was asked for ([`PinPool::spawn`]).
+    fn started(&self) -> bool {
+        !matches!(&*self.lock(), PoolState::NotStarted)
+    }
+
+    /// Its bytes and the nanoseconds their allocation took, once allocated.
+    fn allocated(&self) -> Option<(u64, u64)> {
+        match &*self.lock() {
+            PoolState::Ready(mem, ns) => Some((mem.len() as u64, *ns)),
+            _ => None,
+        }
+    }
+}
+
+/// Pinned memory allocated at its first use, as a part of the engines' [`PinPool`] where it
+/// has one: the queues' set-up never waits for it (pinning was most of a copy engine's cost,
+/// see [`STAGING_BYTES`]).
 pub(super) struct LazyPinned {
     cuda: Arc<Cuda>,
     len: usize,
     mem: Option<PinnedMemory>,
-    /// Nanoseconds its allocation took (0 until it is allocated).
+    /// Its place in the pool (until its first allocation).
+    pool: Option<(Arc<PinPool>, usize)>,
+    /// Nanoseconds its allocation took, or waited for the pool (0 until it is allocated).
     alloc_ns: u64,
 }
 
 impl LazyPinned {
-    pub(super) fn new(cuda: &Arc<Cuda>, len: usize) -> Self {
+    /// `len` bytes, first at `at` of `pool` (`len` and `at` whole 4 KiB pages).
+    fn new(cuda: &Arc<Cuda>, len: usize, pool: &Arc<PinPool>, at: usize) -> Self {
         Self {
             cuda: cuda.clone(),
             len,
             mem: None,
+            pool: Some((pool.clone(), at)),
+            alloc_ns: 0,
+        }
+    }
+
+    /// Memory already allocated (an area of the big pool, [`GpuDma::grow_staging`]).
+    pub(super) fn with(cuda: &Arc<Cuda>, mem: PinnedMemory) -> Self {
+        Self {
+            cuda: cuda.clone(),
+            len: mem.len(),
+            mem: Some(mem),
+            pool: None,
             alloc_ns: 0,
         }
     }
@@ -91,9 +213,19 @@ impl LazyPinned {
             Some(mem) if mem.len() >= len => mem,
             old => {
                 drop(old);
-                self.len = self.len.max(len);
                 let t = Instant::now();
-                let mem = PinnedMemory::alloc(&self.cuda, self.len)?;
+                // Its part of the pool serves only its first allocation, at its first size.
+                let pooled = match self.pool.take() {
+                    Some((pool, at)) if len <= self.len => pool
+                        .region()
+                        .and_then(|r| PinnedMemory::view(&r, at, self.len).ok()),
+                    _ => None,
+                };
+                self.len = self.len.max(len);
+                let mem = match pooled {
+                    Some(mem) => mem,
+                    None => PinnedMemory::alloc(&self.cuda, self.len)?,
+                };
                 self.alloc_ns += t.elapsed().as_nanos() as u64;
                 mem
             }
@@ -157,10 +289,23 @@ pub struct GpuDma {
     pub(super) always_ordered: bool,
     /// How staged Read data moves.
     pub(super) staged: StagedCopies,
+    /// The engines' first areas, allocated by `pin_thread`, and the pool's length.
+    pool: Arc<PinPool>,
+    pool_len: usize,
+    /// Bigger staging areas for large jobs ([`GpuDma::grow_staging`]): the pool, and how many
+    /// of its areas were taken.
+    big: Arc<PinPool>,
+    big_taken: std::sync::atomic::AtomicUsize,
+    /// Joined on drop (no thread of ours calls the driver after its owner is gone).
+    pin_thread: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for GpuDma {
     fn drop(&mut self) {
+        let pins = std::mem::take(&mut *self.pin_thread.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in pins {
+            let _ = t.join();
+        }
         // Direct copies read the windows' registered pages: let every queued copy finish
         // (bounded) before the windows are unregistered and unmapped.
         for e in &self.engines {
@@ -202,9 +347,17 @@ impl GpuDma {
         threads: usize,
         kernels: Arc<EmuKernels>,
     ) -> Result<Arc<Self>, GpuError> {
-        let area = || -> Result<Staging, GpuError> {
+        let threads = threads.max(1);
+        let (area_len, gather_len) = (
+            (MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES).next_multiple_of(4096),
+            (MAX_GATHER_PIECES * size_of::<CopyDesc>() + GATHER_START_BYTES).next_multiple_of(4096),
+        );
+        let per_engine = 2 * area_len + gather_len;
+        let pool = PinPool::new();
+        let area = |at: usize| -> Result<Staging, GpuError> {
             Ok(Staging {
-                mem: LazyPinned::new(cuda, MAX_PIECES * size_of::<CopyDesc>() + STAGING_BYTES),
+                mem: LazyPinned::new(cuda, area_len, &pool, at),
+                capacity: STAGING_BYTES,
                 direct: Vec::new(),
                 copies: Vec::new(),
                 drained: Event::new(cuda)?,
@@ -213,8 +366,9 @@ impl GpuDma {
             })
         };
         let read_mode = ReadMode::from_env()?;
-        let mut engines = Vec::with_capacity(threads.max(1));
-        for _ in 0..threads.max(1) {
+        let mut engines = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let at = i * per_engine;
             let stream = Stream::new(cuda, Placement::Controller, Some(partition))?;
             let fetch = Stream::new(cuda, Placement::Controller, Some(partition))?;
             let done_blocks = DeviceMemory::alloc(cuda, 256)?;
@@ -229,12 +383,9 @@ impl GpuDma {
                 fetch,
                 done_blocks,
                 state: Mutex::new(EngineState {
-                    areas: [area()?, area()?],
+                    areas: [area(at)?, area(at + area_len)?],
                     cur: 0,
-                    gather: LazyPinned::new(
-                        cuda,
-                        MAX_GATHER_PIECES * size_of::<CopyDesc>() + GATHER_START_BYTES,
-                    ),
+                    gather: LazyPinned::new(cuda, gather_len, &pool, at + 2 * area_len),
                     pending: Vec::new(),
                     fetched: Vec::new(),
                     in_flight: false,
@@ -252,7 +403,56 @@ impl GpuDma {
             views: ImageViews::for_mode(read_mode, ColdReads::from_env()?),
             always_ordered: fetch_always_ordered()?,
             staged: StagedCopies::from_env()?,
+            pool,
+            pool_len: threads * per_engine,
+            big: PinPool::new(),
+            big_taken: std::sync::atomic::AtomicUsize::new(0),
+            pin_thread: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Bytes of one area of the big pool: descriptors, then [`BIG_STAGING_BYTES`] of data.
+    fn big_area_len() -> usize {
+        (MAX_PIECES * size_of::<CopyDesc>() + BIG_STAGING_BYTES).next_multiple_of(4096)
+    }
+
+    /// Has the staging areas grow to [`BIG_STAGING_BYTES`] for a large job: the bigger areas
+    /// (two per engine) are registered on a thread of their own, and each engine moves to them
+    /// one area at a time as it switches areas, never waiting for them. Once only; nothing
+    /// depends on it.
+    pub fn grow_staging(&self) {
+        let mut t = self.pin_thread.lock().unwrap_or_else(|e| e.into_inner());
+        if self.big.started() {
+            return;
+        }
+        let len = self.engines.len() * 2 * Self::big_area_len();
+        match self.big.spawn(&self.cuda, len) {
+            Ok(h) => t.push(h),
+            Err(e) => tracing::debug!("no bigger staging areas: {e}"),
+        }
+    }
+
+    /// An area of the big pool if it is ready and one is left.
+    pub(super) fn big_area(&self) -> Option<PinnedMemory> {
+        let region = self.big.try_region()?;
+        let len = Self::big_area_len();
+        let i = self
+            .big_taken
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        PinnedMemory::view(&region, i.checked_mul(len)?, len).ok()
+    }
+
+    /// Starts allocating the engines' first areas ([`PinPool`]) on a thread of its own; until
+    /// it is called, an area used allocates its own. Called once the queue pairs exist: during
+    /// the set-up, the registration (5 ms for 22 MiB on an H200) slowed what ran beside it
+    /// (the engines' streams and warm-ups went from 1.3 ms to 6-10 ms, the pairs' memory from
+    /// 2 to 6-9 ms, their creation from 6-7 to 12-13 ms). Once only.
+    pub fn start_pinning(&self) -> Result<(), GpuError> {
+        let mut t = self.pin_thread.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.pool.started() {
+            t.push(self.pool.spawn(&self.cuda, self.pool_len)?);
+        }
+        Ok(())
     }
 
     /// How batches move.
@@ -291,6 +491,12 @@ impl GpuDma {
         let mut total = DmaStats::default();
         for s in self.stats_per_thread() {
             total.add(&s);
+        }
+        for pool in [&self.pool, &self.big] {
+            if let Some((bytes, ns)) = pool.allocated() {
+                total.pinned_pool_bytes += bytes;
+                total.pinned_pool_ns += ns;
+            }
         }
         total
     }

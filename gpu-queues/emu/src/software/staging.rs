@@ -15,8 +15,8 @@ use crate::desc::{COPY_LATE, CopyDesc};
 use crate::image_reads::Source;
 
 use super::engine::{
-    Engine, EngineState, GPU_WAIT, GpuDma, LazyPinned, MAX_GATHER_PIECES, MAX_PIECES, PIECE_BYTES,
-    STAGING_BYTES, launch_per_piece, lock, timed,
+    BIG_STAGING_BYTES, Engine, EngineState, GPU_WAIT, GpuDma, LazyPinned, MAX_GATHER_PIECES,
+    MAX_PIECES, PIECE_BYTES, launch_per_piece, lock, timed,
 };
 use super::modes::{CopyMode, ENGINE_COPY_MIN, StagedCopies};
 use super::stats::LULL;
@@ -49,8 +49,12 @@ pub(super) struct EngineCopy {
 }
 
 pub(super) struct Staging {
-    /// MAX_PIECES descriptors, then STAGING_BYTES of data (allocated at the area's first use).
+    /// MAX_PIECES descriptors, then `capacity` bytes of data (allocated at the area's first
+    /// use).
     pub(super) mem: LazyPinned,
+    /// Data bytes the area holds: [`STAGING_BYTES`], or [`BIG_STAGING_BYTES`] once it grew
+    /// ([`GpuDma::grow_staging`]).
+    pub(super) capacity: usize,
     /// Direct copies to issue, in order, before this area's scatter.
     pub(super) direct: Vec<Direct>,
     /// Staged Reads to move by copy engine, in order, before this area's scatter.
@@ -127,7 +131,7 @@ impl GpuDma {
             } else {
                 area.pieces == MAX_PIECES
             };
-            if full || src >= STAGING_BYTES {
+            if full || src >= area.capacity {
                 self.flush_locked(e, st)?;
                 continue;
             }
@@ -138,7 +142,7 @@ impl GpuDma {
             } else {
                 (MAX_PIECES - area.pieces) * PIECE_BYTES
             };
-            let mut n = (len - done).min(STAGING_BYTES - src).min(room);
+            let mut n = (len - done).min(area.capacity - src).min(room);
             if aligned && n < len - done {
                 n -= n % DIRECT_ALIGN;
                 if n == 0 {
@@ -387,7 +391,17 @@ impl GpuDma {
         let r = timed(&mut waited, || drained.wait(GPU_WAIT));
         st.stats.wait_ns += waited;
         st.stats.drain_wait_ns += waited;
-        r
+        r?;
+        // The area now current is drained and empty: where a large job asked for bigger areas
+        // and they are ready, it takes one.
+        let area = &mut st.areas[st.cur];
+        if area.capacity < BIG_STAGING_BYTES {
+            if let Some(mem) = self.big_area() {
+                area.mem = LazyPinned::with(&self.cuda, mem);
+                area.capacity = BIG_STAGING_BYTES;
+            }
+        }
+        Ok(())
     }
 
     /// Performs every staged write now (asynchronously; later work on the stream is ordered

@@ -51,8 +51,13 @@ pub struct DmaStats {
     pub engine_copies: u64,
     /// Pinned bytes of staging and gather areas allocated so far (each at its first use).
     pub pinned_bytes: u64,
-    /// Nanoseconds those allocations took.
+    /// Nanoseconds those allocations took (or waited for the engines' pool).
     pub pinned_alloc_ns: u64,
+    /// Bytes of the engines' pool of first areas, once allocated (a total's only: allocated
+    /// once for every engine, beside the set-up).
+    pub pinned_pool_bytes: u64,
+    /// Nanoseconds the pool's allocation took, on its own thread.
+    pub pinned_pool_ns: u64,
     /// When the first Read after a lull (no staged Read for [`LULL`]) was staged: the start
     /// of the latest burst of work, such as a load.
     pub burst_start: Option<Instant>,

@@ -11,7 +11,7 @@ use nvme_emu::EmuDevice;
 
 use crate::image_reads::{ColdReads, ReadMode, WindowStats};
 
-use super::engine::GpuDma;
+use super::engine::{GROW_STAGING_FROM, GpuDma};
 use super::modes::CopyMode;
 use super::pair_memory::RingPlacement;
 use super::readahead::Readahead;
@@ -50,6 +50,12 @@ impl SoftwareTransport {
     /// What each controller thread's copy engine did, by thread index.
     pub fn dma_stats_per_thread(&self) -> Vec<DmaStats> {
         self.engine.stats_per_thread()
+    }
+
+    /// Has the copy engines' staging areas grow for a large job (what a `will_read` hint of
+    /// at least 4 GiB does; see `GpuDma::grow_staging`).
+    pub fn grow_staging(&self) {
+        self.engine.grow_staging();
     }
 
     /// What the copy engines did (totals over the controller's threads).
@@ -162,6 +168,13 @@ impl QueueTransport for SoftwareTransport {
     /// the thread to own: the page cache is the file's, so any descriptor serves, and a file
     /// put in its place since would only waste the hint.
     fn will_read(&self, nsid: u32, lba_shift: u32, runs: &[(u64, u64)]) -> ReadAhead {
+        // A large job: bigger staging areas, registered beside it (`GpuDma::grow_staging`).
+        let bytes = runs.iter().fold(0u64, |sum, &(_, n)| {
+            sum.saturating_add(n.checked_shl(lba_shift).unwrap_or(u64::MAX))
+        });
+        if bytes >= GROW_STAGING_FROM {
+            self.engine.grow_staging();
+        }
         let prefetch = self.engine.cold_reads() == ColdReads::Prefetch;
         if (self.readahead == 0 && !prefetch) || lba_shift >= 32 {
             return ReadAhead::none();
