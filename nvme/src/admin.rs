@@ -131,14 +131,7 @@ impl AdminQueue {
         mut cmd: Command,
         data: Option<&DmaSlice>,
     ) -> Result<u32, Error> {
-        let name = AdminOpcode(cmd.cdw0.opcode())
-            .name()
-            .unwrap_or("Admin command");
-        let op = Op {
-            name,
-            nsid: cmd.nsid,
-            lba: None,
-        };
+        let op = op_of(&cmd);
         let cid = self.qp.begin()?;
         if let Some(buf) = data {
             match self.qp.data_pointer(cid, buf) {
@@ -199,14 +192,7 @@ impl AdminQueue {
                     }
                 };
                 let cmd = cmds[next];
-                let name = AdminOpcode(cmd.cdw0.opcode())
-                    .name()
-                    .unwrap_or("Admin command");
-                let op = Op {
-                    name,
-                    nsid: cmd.nsid,
-                    lba: None,
-                };
+                let op = op_of(&cmd);
                 self.next_tag += 1;
                 self.qp
                     .issue(cid, cmd, op, self.next_tag, true, None, false);
@@ -324,6 +310,17 @@ impl AdminQueue {
             out[i] = r.map(drop);
         }
         Ok(out)
+    }
+}
+
+/// How an admin command is named in errors: its opcode's name and namespace.
+fn op_of(cmd: &Command) -> Op {
+    Op {
+        name: AdminOpcode(cmd.cdw0.opcode())
+            .name()
+            .unwrap_or("Admin command"),
+        nsid: cmd.nsid,
+        lba: None,
     }
 }
 
