@@ -78,11 +78,17 @@ pub struct TransportChoice {
     pub chosen: TransportKind,
     /// Every transport tried before it, in order, with its reason.
     pub skipped: Vec<Skipped>,
+    /// The PCIe path class between the GPU and the controller, where sysfs placed both (a real
+    /// controller behind VFIO); `None` for the software controller and vfio-user.
+    pub path: Option<crate::transport::topology::PathClass>,
 }
 
 impl std::fmt::Display for TransportChoice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.chosen)?;
+        if let Some(p) = self.path {
+            write!(f, " over {p}")?;
+        }
         if !self.skipped.is_empty() {
             write!(f, " (skipped {})", list_skipped(&self.skipped))?;
         }

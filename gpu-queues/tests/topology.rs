@@ -5,7 +5,9 @@
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use gpu_queues::transport::topology::{DeviceKind, Matrix, PathClass, classify, find, place};
+use gpu_queues::transport::topology::{
+    DeviceKind, Matrix, PathClass, classify, find, p2p_verdict, pair_class, place,
+};
 
 /// Adds device `addr` at `devices/<path>/<addr>` with its class, vendor and NUMA node, and its
 /// `bus/pci/devices` link.
@@ -180,4 +182,29 @@ fn a_missing_device_or_a_tree_without_pci_is_a_clear_error() {
     assert!(find(root.path(), DeviceKind::Nvme).unwrap().is_empty());
     let m = Matrix::of(root.path(), &[], &[]).unwrap();
     assert!(m.to_string().contains("no pair to classify"));
+}
+
+#[test]
+fn peer_to_peer_is_judged_per_pair_one_gpu_near_and_far() {
+    let root = tempfile::tempdir().unwrap();
+    let (gpus, nvmes) = dgx(root.path());
+    // GPU 0 against every drive: the two behind its switch and the two under the other host
+    // bridge of its socket are tried for vfio-p2p; the four on the other socket are not.
+    for (c, nvme) in nvmes.iter().enumerate() {
+        let class = pair_class(root.path(), &gpus[0], nvme).unwrap();
+        let verdict = p2p_verdict(class);
+        if c < 4 {
+            assert!(verdict.is_ok(), "GPU 0 to NVMe {c} ({class}): {verdict:?}");
+        } else {
+            assert_eq!(class, PathClass::Sys);
+            let why = verdict.unwrap_err();
+            assert!(why.contains("different sockets (SYS)"), "{why}");
+        }
+    }
+    // The same drive from a GPU of each socket: one verdict each.
+    assert!(p2p_verdict(pair_class(root.path(), &gpus[7], &nvmes[7]).unwrap()).is_ok());
+    assert!(p2p_verdict(pair_class(root.path(), &gpus[0], &nvmes[7]).unwrap()).is_err());
+    // A device sysfs does not have is an error naming it, not a guess.
+    let e = pair_class(root.path(), &gpus[0], "0000:ff:00.0").unwrap_err();
+    assert!(e.to_string().contains("0000:ff:00.0"), "{e}");
 }

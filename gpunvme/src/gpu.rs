@@ -25,6 +25,9 @@ pub struct GpuSetup {
     pub model: Option<Arc<GpuController>>,
     /// Which transport (or the model) carries doorbells and data, in words.
     pub transport: String,
+    /// The PCIe path class between the GPU and the controller, where both have a place on PCIe
+    /// (a real controller behind VFIO); `None` for images and vfio-user sockets.
+    pub path: Option<gpu_queues::transport::topology::PathClass>,
 }
 
 /// Which controller serves GPU queues.
@@ -207,6 +210,7 @@ pub fn open_queues(
                 queues,
                 model: Some(g),
                 transport,
+                path: None,
             })
         }
         None => {
@@ -218,19 +222,21 @@ pub fn open_queues(
                 Backend::VfioUser(v) => transport::open_vfio_user(cuda, ctrl, v.clone(), opts),
             }
             .context("creating GPU queues")?;
-            let transport = if choice.skipped.is_empty() {
-                queues.describe()
-            } else {
-                format!(
-                    "{}; skipped {}",
-                    queues.describe(),
+            let mut transport = queues.describe();
+            if let Some(p) = choice.path {
+                transport.push_str(&format!("; GPU to controller over {p}"));
+            }
+            if !choice.skipped.is_empty() {
+                transport.push_str(&format!(
+                    "; skipped {}",
                     transport::list_skipped(&choice.skipped)
-                )
-            };
+                ));
+            }
             Ok(GpuSetup {
                 queues,
                 model: None,
                 transport,
+                path: choice.path,
             })
         }
     }

@@ -111,6 +111,12 @@ pub struct GpuGetReport {
     /// one batch per member; `grid` and `chunk_bytes` are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub members: Option<usize>,
+    /// On a striped volume: each member's PCIe path class from the GPU (`nvidia-smi topo -m`'s
+    /// names), `null` where a member has no place on PCIe (an image, a vfio-user socket).
+    /// Striping puts each chunk on one member, so the GPU reads every member whatever its path:
+    /// there is no nearer copy to choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member_paths: Option<Vec<Option<&'static str>>>,
 }
 
 /// How the software controller moved Read data into GPU memory: straight from registered
@@ -611,6 +617,7 @@ fn checked_report(
         recorded_crc32c: recorded.map(hex),
         controller_copies: None,
         members: None,
+        member_paths: None,
     })
 }
 
@@ -669,18 +676,22 @@ pub fn get_volume(
         let gpu_crc = blockfs_gpu::crc32c_on(q0, q0.client_stream(), dst.ptr(), size)?;
         let base = checked_report(fs, name, size, r.elapsed, setup_seconds, gpu_crc, &stat)?;
         let base = base.with_setup(&setups[0], cuda.name());
+        let paths: Vec<Option<&'static str>> =
+            setups.iter().map(|s| s.path.map(|p| p.name())).collect();
         Ok(GpuGetReport {
             data_path: format!(
                 "a striped volume over {} controllers: the file's extent table cut per member, \
                  {} runs read on the members' own GPU queues, every member's batch at once; \
-                 per member: {}",
+                 {}; per member: {}",
                 ctrls.len(),
                 r.runs,
+                member_paths_text(&paths),
                 base.data_path
             ),
             chunks: r.runs as u64,
             controller_copies: None,
             members: Some(r.members),
+            member_paths: Some(paths),
             ..base
         })
     })();
@@ -688,6 +699,21 @@ pub fn get_volume(
     let report = result?;
     down?;
     Ok(report)
+}
+
+/// What a striped volume's GPU read says about its members' paths: striping puts each chunk on
+/// one member, so the GPU reads every member, near or far; the paths it has, in member order.
+fn member_paths_text(paths: &[Option<&'static str>]) -> String {
+    let listed: Vec<String> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("member {i} {}", p.unwrap_or("off PCIe")))
+        .collect();
+    format!(
+        "striping puts each chunk on one member, so every member is read whatever its PCIe path \
+         (no nearer copy to choose): {}",
+        listed.join(", ")
+    )
 }
 
 /// GPU queues on every member's controller (`ctrls` with their `backends`, in member order),
@@ -904,8 +930,18 @@ fn put_report(
 
 #[cfg(test)]
 mod tests {
-    use super::{balanced_queues, gpu_share};
+    use super::{balanced_queues, gpu_share, member_paths_text};
     use crate::ErrorKind;
+
+    #[test]
+    fn a_striped_read_names_every_members_path_and_that_none_was_chosen() {
+        let t = member_paths_text(&[Some("PIX"), Some("SYS"), None]);
+        assert!(
+            t.contains("member 0 PIX, member 1 SYS, member 2 off PCIe"),
+            "{t}"
+        );
+        assert!(t.contains("no nearer copy to choose"), "{t}");
+    }
 
     #[test]
     fn a_controllers_queues_are_split_evenly_between_the_gpus_that_share_it() {

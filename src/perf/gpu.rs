@@ -421,6 +421,7 @@ pub fn run(ctrl: &Controller, backend: &Backend, args: &GpuPerfArgs) -> Result<G
         queues,
         model: gpu_ctrl,
         transport,
+        ..
     } = gpunvme::gpu::open_queues(&cuda, ctrl, backend, gpu_ctrl, &opts)?;
     tracing::info!(%transport, "perf --gpu");
     let gcfg = GpuPerfConfig {

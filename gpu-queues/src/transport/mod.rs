@@ -41,6 +41,7 @@ use crate::error::GpuError;
 use crate::ffi::Cuda;
 use crate::queues::{GpuQueueOptions, GpuQueues, TransportKind};
 pub use crate::transport_kind::{Skipped, TransportChoice, list_skipped};
+use topology::PathClass;
 
 /// One entry of the order [`select`] walks.
 pub enum Candidate<'a, T> {
@@ -63,6 +64,7 @@ pub fn select<T>(candidates: Vec<Candidate<'_, T>>) -> Result<(T, TransportChoic
                     let choice = TransportChoice {
                         chosen: kind,
                         skipped,
+                        path: None,
                     };
                     tracing::info!(transport = %choice, "GPU queue transport chosen");
                     return Ok((t, choice));
@@ -151,6 +153,7 @@ pub fn open(
         dev.address()
     );
     let only = only_transport(gpunvme_settings::GPU_TRANSPORT.value().as_deref())?;
+    let path = pair_path(cuda, &dev.address().to_string(), topts);
     let d2 = dev.clone();
     fn candidate<'a>(
         only: Option<TransportKind>,
@@ -165,16 +168,16 @@ pub fn open(
             _ => c,
         }
     }
-    select(vec![
-        Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
-        candidate(
-            only,
+    let p2p = match p2p_skip(only, path) {
+        Some(why) => Candidate::Unavailable(TransportKind::VfioP2p, why),
+        None => Candidate::Try(
             TransportKind::VfioP2p,
-            Candidate::Try(
-                TransportKind::VfioP2p,
-                Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
-            ),
+            Box::new(|| p2p::build(cuda, controller, dev, opts, topts)),
         ),
+    };
+    let (queues, mut choice) = select(vec![
+        Candidate::Unavailable(TransportKind::SoftwareController, not_emu),
+        candidate(only, TransportKind::VfioP2p, p2p),
         candidate(
             only,
             TransportKind::HostMemory,
@@ -183,7 +186,42 @@ pub fn open(
                 Box::new(|| host::build(cuda, controller, d2, opts, topts)),
             ),
         ),
-    ])
+    ])?;
+    choice.path = path;
+    Ok((queues, choice))
+}
+
+/// The PCIe path class between `cuda`'s GPU and the controller at `controller` (a PCI
+/// address), from `topts.sys_root`; `None`, logged, where either cannot be placed (the choice
+/// then rests on the transports' own checks and the probe read).
+fn pair_path(cuda: &Cuda, controller: &str, topts: &TransportOptions) -> Option<PathClass> {
+    let placed = cuda
+        .pci_bus_id()
+        .and_then(|gpu| topology::pair_class(&topts.sys_root, &gpu, controller));
+    match placed {
+        Ok(class) => Some(class),
+        Err(e) => {
+            tracing::info!(%controller, error = %e, "GPU-SSD path class unknown");
+            None
+        }
+    }
+}
+
+/// Why vfio-p2p is not tried for this (GPU, controller) pair, if it is not: the pair's path
+/// class rules it out ([`topology::p2p_verdict`]), unless the setting asks for vfio-p2p alone
+/// (then it is tried whatever the path, and its probe read decides). Each pair is judged on its
+/// own: one GPU may use vfio-p2p with the SSD behind its switch and host memory with an SSD on
+/// the other socket.
+fn p2p_skip(only: Option<TransportKind>, path: Option<PathClass>) -> Option<String> {
+    if only == Some(TransportKind::VfioP2p) {
+        return None;
+    }
+    let verdict = topology::p2p_verdict(path?).err()?;
+    Some(format!(
+        "{verdict}; host-memory keeps rings and data in host memory ({TRANSPORT_ENV}={} tries \
+         vfio-p2p anyway)",
+        TransportKind::VfioP2p.name()
+    ))
 }
 
 /// The setting that restricts a VFIO device's GPU queues to one transport (`vfio-p2p` or
@@ -223,5 +261,26 @@ mod tests {
         );
         assert!(only_transport(Some("hostmemory")).is_err());
         assert!(only_transport(Some("software-controller")).is_err());
+    }
+
+    #[test]
+    fn the_path_class_rules_vfio_p2p_out_only_across_sockets_and_the_setting_overrides() {
+        for near in [
+            PathClass::Pix,
+            PathClass::Pxb,
+            PathClass::Phb,
+            PathClass::Node,
+        ] {
+            assert_eq!(p2p_skip(None, Some(near)), None, "{near}");
+        }
+        assert_eq!(p2p_skip(None, None), None, "an unknown path is tried");
+        let why = p2p_skip(None, Some(PathClass::Sys)).unwrap();
+        assert!(why.contains("SYS") && why.contains("host-memory"), "{why}");
+        assert!(why.contains(TRANSPORT_ENV), "{why}");
+        assert_eq!(
+            p2p_skip(Some(TransportKind::VfioP2p), Some(PathClass::Sys)),
+            None
+        );
+        assert!(p2p_skip(Some(TransportKind::HostMemory), Some(PathClass::Sys)).is_some());
     }
 }

@@ -136,6 +136,30 @@ pub fn classify(a: &Place, b: &Place) -> PathClass {
     }
 }
 
+/// The path class between a GPU and a controller (PCI addresses) under `sys_root`.
+pub fn pair_class(sys_root: &Path, gpu: &str, controller: &str) -> Result<PathClass, GpuError> {
+    Ok(classify(
+        &place(sys_root, gpu)?,
+        &place(sys_root, controller)?,
+    ))
+}
+
+/// Whether an SSD's DMA into GPU memory (the vfio-p2p transport: the SSD reads its commands
+/// from GPU memory and writes data there) is worth trying over a path of `class`: `Err` with
+/// the reason where it is not. Across sockets (`SYS`) peer-to-peer reads through the CPUs'
+/// interconnect are refused or slow on most platforms (NVIDIA's GPUDirect RDMA guide asks for
+/// devices under one PCIe switch or root complex), so such a pair keeps its rings and data in
+/// host memory; every nearer class is tried, and the transport's probe read decides.
+pub fn p2p_verdict(class: PathClass) -> Result<(), String> {
+    match class {
+        PathClass::Sys => Err(format!(
+            "the GPU and the SSD are on different sockets ({class}): an SSD's peer-to-peer reads \
+             of GPU memory across the CPUs' interconnect are refused or slow on most platforms"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// PCI devices of one kind found in sysfs: NVIDIA display or 3D controllers (GPUs), or NVMe
 /// controllers (class 01:08:02).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
