@@ -1,5 +1,5 @@
 //! Names of the transports and of the choice between them ([`TransportKind`],
-//! [`TransportChoice`], [`Skipped`]): plain data that errors, queues and the transport
+//! [`TransportChoice`], [`Skipped`], the PCIe [`PathClass`] of a pair): plain data that errors, queues and the transport
 //! selection all speak of, kept apart so that none of them imports another for it.
 #![forbid(unsafe_code)]
 
@@ -80,7 +80,7 @@ pub struct TransportChoice {
     pub skipped: Vec<Skipped>,
     /// The PCIe path class between the GPU and the controller, where sysfs placed both (a real
     /// controller behind VFIO); `None` for the software controller and vfio-user.
-    pub path: Option<crate::transport::topology::PathClass>,
+    pub path: Option<PathClass>,
 }
 
 impl std::fmt::Display for TransportChoice {
@@ -93,5 +93,39 @@ impl std::fmt::Display for TransportChoice {
             write!(f, " (skipped {})", list_skipped(&self.skipped))?;
         }
         Ok(())
+    }
+}
+
+/// How the path between two PCI devices runs, closest first (as `nvidia-smi topo -m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathClass {
+    /// Through at most one PCIe switch.
+    Pix,
+    /// Through several PCIe switches, not through the host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU's root complex).
+    Phb,
+    /// Between host bridges within one NUMA node.
+    Node,
+    /// Across NUMA nodes (the SMP interconnect between sockets).
+    Sys,
+}
+
+impl PathClass {
+    /// The name `nvidia-smi topo -m` uses: `PIX`, `PXB`, `PHB`, `NODE`, `SYS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pix => "PIX",
+            Self::Pxb => "PXB",
+            Self::Phb => "PHB",
+            Self::Node => "NODE",
+            Self::Sys => "SYS",
+        }
+    }
+}
+
+impl std::fmt::Display for PathClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }

@@ -18,39 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::GpuError;
 
-/// How the path between two PCI devices runs, closest first (as `nvidia-smi topo -m`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum PathClass {
-    /// Through at most one PCIe switch.
-    Pix,
-    /// Through several PCIe switches, not through the host bridge.
-    Pxb,
-    /// Through a PCIe host bridge (the CPU's root complex).
-    Phb,
-    /// Between host bridges within one NUMA node.
-    Node,
-    /// Across NUMA nodes (the SMP interconnect between sockets).
-    Sys,
-}
-
-impl PathClass {
-    /// The name `nvidia-smi topo -m` uses: `PIX`, `PXB`, `PHB`, `NODE`, `SYS`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pix => "PIX",
-            Self::Pxb => "PXB",
-            Self::Phb => "PHB",
-            Self::Node => "NODE",
-            Self::Sys => "SYS",
-        }
-    }
-}
-
-impl fmt::Display for PathClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::transport_kind::PathClass;
 
 /// One PCI device's place: its host bridge, the bridges down to it, its NUMA node.
 #[derive(Clone, Debug, PartialEq, Eq)]
