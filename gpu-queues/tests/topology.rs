@@ -182,6 +182,16 @@ fn a_missing_device_or_a_tree_without_pci_is_a_clear_error() {
     assert!(find(root.path(), DeviceKind::Nvme).unwrap().is_empty());
     let m = Matrix::of(root.path(), &[], &[]).unwrap();
     assert!(m.to_string().contains("no pair to classify"));
+    // A GPU and no controller (the lent GPU machine): the GPU's place is still printed.
+    let (gpus, _) = dgx(root.path());
+    let text = Matrix::of(root.path(), &gpus[..1], &[])
+        .unwrap()
+        .to_string();
+    assert!(text.contains("1 GPU(s), 0 NVMe controller(s)"), "{text}");
+    assert!(
+        text.contains(&format!("GPU {} under host bridge pci", gpus[0])),
+        "{text}"
+    );
 }
 
 #[test]

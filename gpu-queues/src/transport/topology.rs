@@ -238,12 +238,25 @@ impl fmt::Display for Matrix {
     /// One row per GPU, one column per controller, then the legend.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.gpus.is_empty() || self.controllers.is_empty() {
-            return writeln!(
+            writeln!(
                 f,
                 "{} GPU(s), {} NVMe controller(s): no pair to classify",
                 self.gpus.len(),
                 self.controllers.len()
-            );
+            )?;
+            // Still say where each device is: the host bridge and NUMA node decide the class
+            // once the other side appears.
+            for (what, list) in [("GPU", &self.gpus), ("NVMe", &self.controllers)] {
+                for p in list.iter() {
+                    let numa = p.numa_node.map_or("-".to_owned(), |n| n.to_string());
+                    writeln!(
+                        f,
+                        "{what} {} under host bridge {}, NUMA node {numa}",
+                        p.address, p.host_bridge
+                    )?;
+                }
+            }
+            return Ok(());
         }
         write!(f, "{:<16}", "")?;
         for c in &self.controllers {
