@@ -638,6 +638,12 @@ impl SetupPhases {
         self.last = now;
     }
 
+    /// Records `name`, work that ran on another thread beside the phases marked here (its own
+    /// duration, not part of their sum), without moving the mark.
+    pub fn record(&mut self, name: &'static str, took: std::time::Duration) {
+        self.phases.push((name, took.as_secs_f64()));
+    }
+
     /// The phases, in order: (name, seconds).
     pub fn phases(&self) -> &[(&'static str, f64)] {
         &self.phases

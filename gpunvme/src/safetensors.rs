@@ -446,6 +446,9 @@ pub struct Loaded {
     pub arena_secs: f64,
     /// Seconds spent putting the files' extent tables in GPU memory and planning the reads.
     pub tables_secs: f64,
+    /// Of `tables_secs`, seconds spent opening the files for the GPU (their extent tables into
+    /// GPU memory) and passing the controller the read-ahead hint.
+    pub open_secs: f64,
     /// When the batch of reads was launched.
     pub launched: std::time::Instant,
 }
@@ -475,6 +478,29 @@ pub fn load_with<R>(
     watch: impl FnMut() -> Option<String> + Send,
     while_reading: impl FnOnce(&Arc<GpuBuffer>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
+    load_into_with(setup, names, files, None, watch, while_reading)
+}
+
+/// The bytes of GPU memory a load of `total` tensor bytes ([`layout`]'s) puts its arena in.
+pub fn arena_len(total: u64) -> Result<usize, SafetensorsError> {
+    usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| SafetensorsError::Gpu(e.to_string()))
+}
+
+/// [`load_with`] into `arena` where given: GPU memory of at least [`arena_len`] bytes on
+/// `setup`'s GPU, allocated earlier (a fresh process allocates it while its GPU queues are
+/// being set up, [`crate::DeviceHandle::load_safetensors`]), uninitialised is fine (the reads
+/// write every byte that is handed out). Memory too small or on another GPU is not used (a
+/// new arena is allocated); so is any where the transport cannot map memory allocated
+/// elsewhere.
+pub fn load_into_with<R>(
+    setup: &GpuSetup,
+    names: &[&str],
+    files: &[(&File, &Header)],
+    arena: Option<DeviceMemory>,
+    watch: impl FnMut() -> Option<String> + Send,
+    while_reading: impl FnOnce(&Arc<GpuBuffer>, &[Placed]) -> R,
+) -> Result<(Loaded, R), SafetensorsError> {
+    let pre = arena;
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
@@ -493,11 +519,7 @@ pub fn load_with<R>(
     // the kernel read a cold image ahead); the hint holds until the reads are over.
     let _ahead = gfiles.will_read(&opened.iter().collect::<Vec<_>>());
     let t_tables = t0.elapsed().as_secs_f64();
-    let arena = arena_buffer(
-        &setup.queues,
-        usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| gpu(&e))?,
-    )
-    .map_err(|e| gpu(&e))?;
+    let arena = arena_buffer(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;
     let arena = Arc::new(arena);
     let arena_secs = t0.elapsed().as_secs_f64() - t_tables;
     let reads = arena_reads(&tensors);
@@ -540,6 +562,7 @@ pub fn load_with<R>(
             secs,
             arena_secs,
             tables_secs,
+            open_secs: t_tables,
             launched,
         },
         made,
@@ -552,8 +575,16 @@ pub fn load_with<R>(
 /// arena's time, 1.3-1.8 ms for 1.2 GB and 16-19 ms for 13.5 GB on the lent H200 either way),
 /// where the transport maps memory allocated elsewhere; else (a transport that cannot) its own
 /// zeroed buffer.
-fn arena_buffer(queues: &GpuQueues, len: usize) -> Result<GpuBuffer, GpuError> {
-    let mem = Arc::new(DeviceMemory::alloc_uninit(queues.cuda(), len)?);
+fn arena_buffer(
+    queues: &GpuQueues,
+    len: usize,
+    pre: Option<DeviceMemory>,
+) -> Result<GpuBuffer, GpuError> {
+    let fits = |m: &DeviceMemory| m.len() >= len && m.cuda().ordinal() == queues.cuda().ordinal();
+    let mem = match pre {
+        Some(m) if fits(&m) => Arc::new(m),
+        _ => Arc::new(DeviceMemory::alloc_uninit(queues.cuda(), len)?),
+    };
     match queues.map_memory(mem) {
         Err(GpuError::Unsupported(_)) => queues.alloc_buffer(len),
         r => r,

@@ -144,9 +144,14 @@ fn foreign_gpu_memory_reads_and_writes_files() {
     ];
     dev.save_safetensors("m/t.safetensors", tensors, &meta, false, d, None)
         .expect("save_safetensors");
-    let (loaded, _) = dev
+    let (loaded, report) = dev
         .load_safetensors("m/t.safetensors", &GpuId::default(), d, None)
         .expect("load back");
+    // On the software controller the arena was allocated beside the queues' set-up.
+    let beside = report["phases"]["arena_beside_setup"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(beside > 0.0, "{}", report["phases"]);
     let mut seen = 0;
     for p in &loaded.tensors {
         let mut v = vec![0u8; p.info.bytes() as usize];

@@ -62,133 +62,146 @@ pub fn queues(
 
     let started = Instant::now();
     let mut setup = SetupPhases::start();
-    let kernels = Kernels::load(cuda)?;
-    setup.mark("kernels");
-    let t_kernels = started.elapsed();
-    let partition = GreenPartition::split(cuda, opts.controller_sms)?;
-    let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
-    setup.mark("partition");
-    // Every client kernel loaded before any of them spins (lazy loading: see
-    // `Kernels::warm_up_clients`).
-    kernels.warm_up_clients(cuda, &client_stream)?;
-    setup.mark("warm_up");
-    // One copy engine per controller thread, each warmed up on its own stream.
-    let emu_kernels = EmuKernels::load(cuda)?;
-    setup.mark("controller_kernels");
-    let t_warm = started.elapsed();
-    let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
-    let readahead = readahead_from(
-        gpunvme_settings::EMU_READAHEAD.value().as_deref(),
-        match engine.cold_reads() {
-            ColdReads::Direct => 0,
-            ColdReads::Buffered | ColdReads::Prefetch => READAHEAD_WALKERS,
-        },
-    )?;
-    let prefetch_readers = crate::prefetch::readers_from_env()?;
-    setup.mark("copy_engines");
-    let t_engines = started.elapsed();
-    let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
-    let host_flags = PinnedMemory::alloc(cuda, 4096)?;
-    let common =
-        DescCommon::new(&p, &host_flags, opts.timeout()?, 0).with_protection(controller)?;
-    let map = emu.address_map();
-    let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
-    let rings = RingPlacement::from_env(opts.host_rings)?;
-    let arena = match rings {
-        RingPlacement::Gpu => Some(GpuPairArena::alloc(cuda, &p, count as usize)?),
-        RingPlacement::Host => None,
-    };
-    let states = alloc_protocol_states(cuda, depth, count as usize)?;
-    setup.mark("pair_memory");
-
-    // Every pair's memory and doorbell words first, then all of them created together on the
-    // controller (a few admin round trips instead of two per pair), then their descriptors.
-    let mut parts = Vec::with_capacity(count as usize);
-    for q in 0..count as usize {
-        let mem = match &arena {
-            Some(arena) => arena.pair(q, register_as)?,
-            None => host_pair_memory(cuda, emu, &engine, &p)?,
+    // The clients' module loads on a thread of its own while the partition, the copy engines,
+    // the pairs' memory and the queues are made (nothing of those needs it); it is joined
+    // before the first client kernel is warmed up. The wait for it (usually none) is reported
+    // as `kernels`, its own time as `kernels_beside`.
+    std::thread::scope(|scope| {
+        let loading = scope.spawn(|| {
+            let t = Instant::now();
+            (Kernels::load(cuda), t.elapsed())
+        });
+        let partition = GreenPartition::split(cuda, opts.controller_sms)?;
+        let client_stream = Stream::new(cuda, Placement::Client, Some(&partition))?;
+        setup.mark("partition");
+        // One copy engine per controller thread, each warmed up on its own stream.
+        let emu_kernels = EmuKernels::load(cuda)?;
+        setup.mark("controller_kernels");
+        let t_warm = started.elapsed();
+        let engine = GpuDma::new(cuda, &partition, emu.controller_threads(), emu_kernels)?;
+        let readahead = readahead_from(
+            gpunvme_settings::EMU_READAHEAD.value().as_deref(),
+            match engine.cold_reads() {
+                ColdReads::Direct => 0,
+                ColdReads::Buffered | ColdReads::Prefetch => READAHEAD_WALKERS,
+            },
+        )?;
+        let prefetch_readers = crate::prefetch::readers_from_env()?;
+        setup.mark("copy_engines");
+        let t_engines = started.elapsed();
+        let doorbells = Arc::new(PinnedMemory::alloc(cuda, count as usize * DOORBELL_STRIDE)?);
+        let host_flags = PinnedMemory::alloc(cuda, 4096)?;
+        let common =
+            DescCommon::new(&p, &host_flags, opts.timeout()?, 0).with_protection(controller)?;
+        let map = emu.address_map();
+        let register_as = |mem: Arc<DeviceMemory>, sq: bool| register_region(map, &engine, mem, sq);
+        let rings = RingPlacement::from_env(opts.host_rings)?;
+        let arena = match rings {
+            RingPlacement::Gpu => Some(GpuPairArena::alloc(cuda, &p, count as usize)?),
+            RingPlacement::Host => None,
         };
-        let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
-        let cq_word = Arc::new(PinnedDoorbell::new(
-            doorbells.clone(),
-            q * DOORBELL_STRIDE + 4,
-        ));
-        sq_word.reset();
-        cq_word.reset();
-        parts.push((mem, sq_word, cq_word));
-    }
-    let regions = parts
-        .iter()
-        .map(|(mem, _, _)| QueueRegions {
-            sq: mem.sq_region.clone(),
-            sq_entries: depth,
-            cq: mem.cq_region.clone(),
-            cq_entries: depth,
-        })
-        .collect();
-    let created = controller.create_queue_pairs_on_with(regions, |i, qid| {
-        let (_, sq_word, cq_word) = &parts[i];
-        emu.attach_external_doorbells(qid, sq_word.clone(), cq_word.clone())
-            .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
-    })?;
-    let mut pairs = Vec::with_capacity(count as usize);
-    for ((created, (mem, sq_word, cq_word)), (state, slots)) in
-        created.into_iter().zip(parts).zip(states)
-    {
-        let desc = common.desc(DescParts {
-            sq: mem.sq,
-            cq: mem.cq,
-            doorbells: (sq_word.device_ptr(), cq_word.device_ptr()),
-            state: state.ptr(),
-            slots: slots.ptr(),
-            prp_lists: mem.prp_lists,
-            slot_buffers: mem.slot_buffers,
-            qid: created.qid(),
-        });
-        pairs.push(GpuQueuePair {
-            created: Some(created),
-            desc,
-            state: state.clone(),
-            keep: vec![Box::new(mem.keep), Box::new(vec![state, slots])],
-        });
-    }
-    setup.mark("queue_pairs");
-    // The copy engines' first areas, pinned on a thread of their own from here: it overlaps the
-    // rest of the caller's preparations (a mount, a file's extents) and, at worst, a load's
-    // first milliseconds, rather than the set-up (see `GpuDma::start_pinning`).
-    engine.start_pinning()?;
-    tracing::info!(
-        queues = count,
-        depth,
-        slot_buffer_bytes,
-        rings = rings.name(),
-        controller_sms = partition.controller_sms(),
-        kernels_ms = t_kernels.as_millis() as u64,
-        warm_up_ms = (t_warm - t_kernels).as_millis() as u64,
-        copy_engines_ms = (t_engines - t_warm).as_millis() as u64,
-        queue_pairs_ms = (started.elapsed() - t_engines).as_millis() as u64,
-        "GPU queues created on the software controller"
-    );
-    GpuQueues::assemble(
-        cuda,
-        QueueSetParts {
-            kind: TransportKind::SoftwareController,
-            setup,
-            pairs,
-            host_flags,
-            keep: Box::new(doorbells),
-            client_stream,
-            kernels,
-            partition,
-            plan: p,
-            backend: Arc::new(SoftwareTransport {
-                emu: emu.clone(),
-                engine,
-                rings,
-                readahead,
-                prefetch_readers,
-            }),
-        },
-    )
+        let states = alloc_protocol_states(cuda, depth, count as usize)?;
+        setup.mark("pair_memory");
+
+        // Every pair's memory and doorbell words first, then all of them created together on the
+        // controller (a few admin round trips instead of two per pair), then their descriptors.
+        let mut parts = Vec::with_capacity(count as usize);
+        for q in 0..count as usize {
+            let mem = match &arena {
+                Some(arena) => arena.pair(q, register_as)?,
+                None => host_pair_memory(cuda, emu, &engine, &p)?,
+            };
+            let sq_word = Arc::new(PinnedDoorbell::new(doorbells.clone(), q * DOORBELL_STRIDE));
+            let cq_word = Arc::new(PinnedDoorbell::new(
+                doorbells.clone(),
+                q * DOORBELL_STRIDE + 4,
+            ));
+            sq_word.reset();
+            cq_word.reset();
+            parts.push((mem, sq_word, cq_word));
+        }
+        let regions = parts
+            .iter()
+            .map(|(mem, _, _)| QueueRegions {
+                sq: mem.sq_region.clone(),
+                sq_entries: depth,
+                cq: mem.cq_region.clone(),
+                cq_entries: depth,
+            })
+            .collect();
+        let created = controller.create_queue_pairs_on_with(regions, |i, qid| {
+            let (_, sq_word, cq_word) = &parts[i];
+            emu.attach_external_doorbells(qid, sq_word.clone(), cq_word.clone())
+                .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))
+        })?;
+        let mut pairs = Vec::with_capacity(count as usize);
+        for ((created, (mem, sq_word, cq_word)), (state, slots)) in
+            created.into_iter().zip(parts).zip(states)
+        {
+            let desc = common.desc(DescParts {
+                sq: mem.sq,
+                cq: mem.cq,
+                doorbells: (sq_word.device_ptr(), cq_word.device_ptr()),
+                state: state.ptr(),
+                slots: slots.ptr(),
+                prp_lists: mem.prp_lists,
+                slot_buffers: mem.slot_buffers,
+                qid: created.qid(),
+            });
+            pairs.push(GpuQueuePair {
+                created: Some(created),
+                desc,
+                state: state.clone(),
+                keep: vec![Box::new(mem.keep), Box::new(vec![state, slots])],
+            });
+        }
+        setup.mark("queue_pairs");
+        let (kernels, t_kernels) = loading
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let kernels = kernels?;
+        setup.mark("kernels");
+        setup.record("kernels_beside", t_kernels);
+        // Every client kernel loaded before any of them spins (lazy loading: see
+        // `Kernels::warm_up_clients`).
+        kernels.warm_up_clients(cuda, &client_stream)?;
+        setup.mark("warm_up");
+        // The copy engines' first areas, pinned on a thread of their own from here: it overlaps the
+        // rest of the caller's preparations (a mount, a file's extents) and, at worst, a load's
+        // first milliseconds, rather than the set-up (see `GpuDma::start_pinning`).
+        engine.start_pinning()?;
+        tracing::info!(
+            queues = count,
+            depth,
+            slot_buffer_bytes,
+            rings = rings.name(),
+            controller_sms = partition.controller_sms(),
+            kernels_ms = t_kernels.as_millis() as u64,
+            controller_kernels_ms = t_warm.as_millis() as u64,
+            copy_engines_ms = (t_engines - t_warm).as_millis() as u64,
+            queue_pairs_ms = (started.elapsed() - t_engines).as_millis() as u64,
+            "GPU queues created on the software controller"
+        );
+        GpuQueues::assemble(
+            cuda,
+            QueueSetParts {
+                kind: TransportKind::SoftwareController,
+                setup,
+                pairs,
+                host_flags,
+                keep: Box::new(doorbells),
+                client_stream,
+                kernels,
+                partition,
+                plan: p,
+                backend: Arc::new(SoftwareTransport {
+                    emu: emu.clone(),
+                    engine,
+                    rings,
+                    readahead,
+                    prefetch_readers,
+                }),
+            },
+        )
+    })
 }
