@@ -113,6 +113,9 @@ enum Command {
         #[arg(long, default_value = "/sys", hide = true)]
         sys_root: std::path::PathBuf,
     },
+    /// Run the daemon that owns the --device images' controllers and lends their I/O queue
+    /// pairs to client processes over a Unix socket (`serve status` asks a running one).
+    Serve(cli::serve::ServeArgs),
     /// Image files for the software controller (`image create PATH --size 4G`).
     Image {
         #[command(subcommand)]
@@ -155,7 +158,7 @@ impl Command {
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
             Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
-            Command::Image { .. } | Command::Topology { .. } => false,
+            Command::Image { .. } | Command::Topology { .. } | Command::Serve(_) => false,
         }
     }
 
@@ -383,6 +386,15 @@ fn run(args: Args) -> Result<()> {
         );
         return cli::topology::run(sys_root, args.json);
     }
+    if let Command::Serve(serve) = args.command {
+        let open = OpenOptions {
+            lba_size: args.lba_size,
+            controller_threads: args.controller_threads,
+            controller_queue_pairs,
+            ..Default::default()
+        };
+        return cli::serve::run(serve, &args.device, open, args.json);
+    }
     if let Command::Image { cmd } = args.command {
         anyhow::ensure!(
             args.device.is_empty(),
@@ -474,9 +486,9 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
-        Command::Image { .. } | Command::Topology { .. } => Err(anyhow::anyhow!(
-            "internal error: an image command reached a device"
-        )),
+        Command::Image { .. } | Command::Topology { .. } | Command::Serve(_) => Err(
+            anyhow::anyhow!("internal error: an image command reached a device"),
+        ),
     };
     // A write the host refused (a full host file system) is named for its cause.
     let result = result.map_err(|e| cli::explain_host_error(e, [&backend]));

@@ -23,6 +23,7 @@ pub mod io;
 pub mod log;
 pub mod perf;
 pub mod protocol;
+pub mod serve;
 pub mod topology;
 
 /// Writing to standard output failed (a closed pipe, a full disk).

@@ -197,6 +197,8 @@ pub enum Reply {
     Done {
         /// The completion's status field (0 for success) where a command ran.
         status: u16,
+        /// The completion's Dword 0 where a command ran (Get Features' value), else 0.
+        result: u32,
     },
     /// The request was refused; nothing changed.
     Refused {
@@ -216,8 +218,11 @@ pub enum Reply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum Event {
-    /// These queues of the caller's were taken back (the client sets their abort words).
+    /// These queues of the caller's were taken back: the client stops using them (its pairs
+    /// fail from then on).
     QueuesRevoked {
+        /// The controller whose queues they are.
+        controller: String,
         /// Their ids.
         qids: Vec<u16>,
         /// Why.
@@ -513,7 +518,12 @@ impl Message {
                 }
             },
             Self::Event(e) => match e {
-                Event::QueuesRevoked { qids: q, why } => {
+                Event::QueuesRevoked {
+                    controller,
+                    qids: q,
+                    why,
+                } => {
+                    name("the controller", controller)?;
                     qids(q)?;
                     text("the reason", why)
                 }

@@ -138,7 +138,10 @@ fn samples() -> Vec<Message> {
         rep(Reply::Queues {
             queues: vec![grant(1), grant(2)],
         }),
-        rep(Reply::Done { status: 0x4002 }),
+        rep(Reply::Done {
+            status: 0x4002,
+            result: 0,
+        }),
         rep(Reply::Refused {
             kind: RefusalKind::Budget,
             message: "3 arenas of 1 GiB is past the budget of 2 GiB\t\u{1}".into(),
@@ -147,6 +150,7 @@ fn samples() -> Vec<Message> {
             json: r#"{"clients":[{"pid":1,"queues":[1,2]}]}"#.into(),
         }),
         ev(Event::QueuesRevoked {
+            controller: "nvme0".into(),
             qids: vec![5],
             why: "the controller reset".into(),
         }),
@@ -261,7 +265,10 @@ fn every_message_round_trips_with_its_request_id() {
 fn the_header_is_little_endian_magic_version_kind_id_length() {
     let frame = Frame {
         request_id: 0x0102_0304,
-        message: rep(Reply::Done { status: 5 }),
+        message: rep(Reply::Done {
+            status: 5,
+            result: 0,
+        }),
     };
     let bytes = frame.encode().unwrap();
     assert_eq!(&bytes[0..4], b"GNVS");
@@ -270,7 +277,7 @@ fn the_header_is_little_endian_magic_version_kind_id_length() {
     assert_eq!(&bytes[8..12], &[4, 3, 2, 1]);
     let body = &bytes[HEADER_LEN..];
     assert_eq!(&bytes[12..16], &(body.len() as u32).to_le_bytes());
-    assert_eq!(body, br#"{"Reply":{"Done":{"status":5}}}"#);
+    assert_eq!(body, br#"{"Reply":{"Done":{"status":5,"result":0}}}"#);
 
     let header = Frame::header(&bytes).unwrap();
     assert_eq!(header.magic, MAGIC);
@@ -528,7 +535,7 @@ fn a_body_with_an_unknown_field_is_refused() {
         (Kind::Admin, r#"{"Request":{"Format":{"controller":"a"}}}"#),
         (
             Kind::StatusRequest,
-            r#"{"Request":"Status","Reply":{"Done":{"status":0}}}"#,
+            r#"{"Request":"Status","Reply":{"Done":{"status":0,"result":0}}}"#,
         ),
     ];
     for (kind, body) in cases {
@@ -614,7 +621,10 @@ fn a_descriptor_count_mismatch_is_refused_both_ways() {
     );
     let done = Frame {
         request_id: 2,
-        message: rep(Reply::Done { status: 0 }),
+        message: rep(Reply::Done {
+            status: 0,
+            result: 0,
+        }),
     }
     .encode()
     .unwrap();
@@ -805,6 +815,7 @@ fn with_qids(qids: &[u16]) -> Vec<Message> {
             queues: qids.iter().map(|&q| grant(q)).collect(),
         }),
         ev(Event::QueuesRevoked {
+            controller: "nvme0".into(),
             qids: qids.to_vec(),
             why: "reset".into(),
         }),
@@ -892,6 +903,7 @@ fn with_text(t: &str) -> Vec<Message> {
             message: s(),
         }),
         ev(Event::QueuesRevoked {
+            controller: "nvme0".into(),
             qids: vec![1],
             why: s(),
         }),

@@ -30,7 +30,13 @@ fn frame(request_id: u32, message: Message) -> Frame {
 }
 
 fn done(request_id: u32) -> Frame {
-    frame(request_id, Message::Reply(Reply::Done { status: 0 }))
+    frame(
+        request_id,
+        Message::Reply(Reply::Done {
+            status: 0,
+            result: 0,
+        }),
+    )
 }
 
 fn arena(len: u64) -> Frame {
