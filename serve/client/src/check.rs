@@ -72,8 +72,9 @@ pub struct CheckReport {
     pub io_us: u64,
 }
 
-/// The byte at `i` of block `lba` of a run seeded `seed` in pass `pass`.
-fn stamp(buf: &mut [u8], lba: u64, lba_size: usize, seed: u64, pass: u64) {
+/// Fills `buf` (whole blocks of `lba_size` bytes from `lba`) with what a run seeded `seed`
+/// writes there in pass `pass` (the first pass is 0): what a test compares the device with.
+pub fn stamp(buf: &mut [u8], lba: u64, lba_size: usize, seed: u64, pass: u64) {
     for (b, block) in buf.chunks_mut(lba_size).enumerate() {
         let tag = (lba + b as u64) ^ seed.rotate_left(17) ^ pass.rotate_left(41);
         for (i, w) in block.chunks_mut(8).enumerate() {
@@ -122,8 +123,9 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
     let io_bytes = per_io * ns.lba_size as u64;
     let slot_bytes = u32::try_from(io_bytes.next_multiple_of(4096))
         .map_err(|_| ClientError::InvalidArgument(format!("{io_bytes}-byte I/Os")))?;
-    let arena_bytes = layout::arena_bytes_for(opts.queues, opts.depth, slot_bytes);
-    let arena = Arc::new(conn.alloc_arena(&opts.controller, arena_bytes)?);
+    // The queues, then a page for the admin command's data.
+    let queue_bytes = layout::arena_bytes_for(opts.queues, opts.depth, slot_bytes);
+    let arena = Arc::new(conn.alloc_arena(&opts.controller, queue_bytes + 4096)?);
     let pairs = conn.create_queues(
         &opts.controller,
         &arena,
@@ -131,6 +133,28 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
         opts.depth,
         slot_bytes,
     )?;
+    // Identify Controller (CNS 01h) through the daemon: its model number must be there.
+    conn.admin(
+        &opts.controller,
+        0x06,
+        0,
+        [1, 0, 0, 0, 0, 0],
+        &arena,
+        queue_bytes,
+    )?;
+    let mut model = [0u8; 40];
+    arena
+        .mem
+        .read(queue_bytes as usize + 24, &mut model)
+        .map_err(|source| ClientError::Shm {
+            what: "reading Identify data",
+            source,
+        })?;
+    if model.iter().all(|&b| b == 0 || b == b' ') {
+        return Err(ClientError::Protocol(
+            "Identify Controller through the daemon returned no model number".into(),
+        ));
+    }
     let setup_us = t0.elapsed().as_micros() as u64;
     // Each queue its own share of the range, in whole I/Os.
     let units = lbas / per_io;

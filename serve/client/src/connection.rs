@@ -81,6 +81,8 @@ struct Inner {
     leases: Vec<LeaseEntry>,
     /// Set once the daemon closed the connection.
     closed: bool,
+    /// A duplicate of the socket the pairs watch for the daemon's end ([`Lease`]).
+    watch: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 impl Inner {
@@ -330,12 +332,14 @@ impl Connection {
         name: &str,
         bound: Duration,
     ) -> Result<Self, ClientError> {
+        let watch = channel.fd().try_clone_to_owned().ok().map(Arc::new);
         let mut inner = Inner {
             channel,
             last_id: 0,
             events: VecDeque::new(),
             leases: Vec::new(),
             closed: false,
+            watch,
         };
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
@@ -487,10 +491,11 @@ impl Connection {
                 source,
             })?;
         let mut inner = self.lock();
+        let socket = inner.watch.as_ref().map_or_else(Weak::new, Arc::downgrade);
         let pairs = queues
             .into_iter()
             .map(|grant| {
-                let lease = Arc::new(Lease::default());
+                let lease = Arc::new(Lease::watching(socket.clone()));
                 inner.leases.push(LeaseEntry {
                     controller: controller.to_string(),
                     qid: grant.qid,

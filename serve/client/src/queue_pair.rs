@@ -559,6 +559,7 @@ impl QueuePair {
                     after: timeout,
                 });
             }
+            self.lease.check_peer();
             backoff.wait();
         }
     }
@@ -582,6 +583,7 @@ impl QueuePair {
                         after: self.bound,
                     });
                 }
+                self.lease.check_peer();
                 backoff.wait();
             }
         }
@@ -602,6 +604,7 @@ impl QueuePair {
                         after: self.bound,
                     });
                 }
+                self.lease.check_peer();
                 backoff.wait();
             }
         }

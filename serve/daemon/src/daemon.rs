@@ -200,6 +200,9 @@ pub struct Daemon {
     /// Arenas kept mapped forever because a delete of a queue in them failed.
     quarantine: Mutex<Vec<Arc<Arena>>>,
     reclaimed: AtomicU64,
+    /// Of those, clients that still held queues (killed mid-I/O, say) and arenas.
+    reclaimed_queues: AtomicU64,
+    reclaimed_arenas: AtomicU64,
 }
 
 impl Daemon {
@@ -225,6 +228,8 @@ impl Daemon {
             channels: Mutex::new(BTreeMap::new()),
             quarantine: Mutex::new(Vec::new()),
             reclaimed: AtomicU64::new(0),
+            reclaimed_queues: AtomicU64::new(0),
+            reclaimed_arenas: AtomicU64::new(0),
         })
     }
 
@@ -866,6 +871,12 @@ impl Daemon {
         // The queues are gone (or their arenas quarantined): the memory may leave now.
         let arenas = std::mem::take(&mut ledger.arenas);
         let bytes: u64 = arenas.values().map(|a| a.len() as u64).sum();
+        if n > 0 {
+            self.reclaimed_queues.fetch_add(1, Ordering::Relaxed);
+        }
+        if !arenas.is_empty() {
+            self.reclaimed_arenas.fetch_add(1, Ordering::Relaxed);
+        }
         drop(arenas);
         ledger.arena_used.clear();
         ledger.doorbells = None;
@@ -924,6 +935,8 @@ impl Daemon {
             "controllers": controllers,
             "clients": clients,
             "reclaimed_clients": self.reclaimed(),
+            "reclaimed_holding_queues": self.reclaimed_queues.load(Ordering::Relaxed),
+            "reclaimed_holding_arenas": self.reclaimed_arenas.load(Ordering::Relaxed),
             "quarantined_arenas": lock(&self.quarantine).len(),
             "late_controller_reads": self.poison.late_reads.load(Ordering::Relaxed),
             "late_controller_writes": self.poison.late_writes.load(Ordering::Relaxed),

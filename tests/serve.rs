@@ -1,0 +1,287 @@
+//! `gpunvme serve` with client processes: several verifying at once, clients killed with
+//! SIGKILL at random points while others verify, and the daemon itself killed and restarted.
+//! Every wait is bounded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{bin, gpunvme, ok};
+use rand::{Rng, SeedableRng};
+
+const LBA: usize = 512;
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    /// `gpunvme serve` over `image` at `dir/serve.sock`, once it answers `status`.
+    fn start(dir: &Path, image: &Path, extra: &[&str]) -> Self {
+        let socket = dir.join("serve.sock");
+        let child = bin()
+            .current_dir(dir)
+            .args(["--device", image.to_str().unwrap(), "serve", "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start gpunvme serve");
+        let d = Self { child, socket };
+        let t = Instant::now();
+        loop {
+            if d.socket.exists() && status_of(&d.socket).is_some() {
+                return d;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the daemon never answered"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        status_of(&self.socket).expect("status")
+    }
+
+    /// SIGTERM, then a bounded wait for a clean exit.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                assert!(s.success(), "the daemon exited {s}");
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the daemon did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn status_of(socket: &Path) -> Option<serde_json::Value> {
+    let out = bin()
+        .args(["serve", "--socket"])
+        .arg(socket)
+        .args(["status", "--json"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn check_cmd(socket: &Path, args: &str) -> Command {
+    let mut c = bin();
+    c.args(["serve", "--socket"])
+        .arg(socket)
+        .arg("check")
+        .arg("--json")
+        .args(args.split_whitespace());
+    c
+}
+
+/// A `serve check` that must have passed: its report.
+fn passed(out: &Output) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&ok(out)).expect("check's JSON");
+    assert_eq!(v["errors"], 0, "{v}");
+    assert_eq!(v["mismatched_bytes"], 0, "{v}");
+    v
+}
+
+fn image(dir: &Path, size: &str) -> PathBuf {
+    let img = dir.join("serve.img");
+    ok(&gpunvme(
+        dir,
+        &format!("image create {} --size {size}", img.display()),
+    ));
+    img
+}
+
+/// Waits (bounded) until the daemon holds nothing for any client but the one asking.
+fn settled(d: &Daemon, reclaimed: u64) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let s = d.status();
+        let quiet = s["controllers"][0]["lent_queue_pairs"] == 0
+            && s["clients"].as_array().is_some_and(|c| c.len() == 1)
+            && s["reclaimed_clients"].as_u64().unwrap_or(0) >= reclaimed;
+        if quiet {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never settled: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn four_client_processes_verify_their_ranges_at_once_and_the_bytes_are_on_the_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "64M");
+    let d = Daemon::start(dir.path(), &img, &[]);
+    let range = 16384u64;
+    let kids: Vec<Child> = (0..4u64)
+        .map(|i| {
+            check_cmd(
+                &d.socket,
+                &format!(
+                    "--first-lba {} --lbas {range} --queues 2 --qd 16 --seed {}",
+                    i * range,
+                    100 + i
+                ),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for k in kids {
+        let r = passed(&k.wait_with_output().unwrap());
+        // One pass: every block written once and read back once, 8 blocks per command.
+        assert_eq!(r["ios"], 2 * range / 8, "{r}");
+    }
+    let s = settled(&d, 4);
+    assert_eq!(s["late_controller_writes"], 0, "{s}");
+    assert_eq!(s["quarantined_arenas"], 0, "{s}");
+    d.stop();
+    // The bytes each client wrote are on the image, where it wrote them.
+    let bytes = std::fs::read(&img).unwrap();
+    let mut want = vec![0u8; 8 * LBA];
+    for i in 0..4u64 {
+        for lba in [i * range, i * range + range / 2, (i + 1) * range - 8] {
+            gpunvme_serve_client::check::stamp(&mut want, lba, LBA, 100 + i, 0);
+            let at = lba as usize * LBA;
+            assert!(
+                bytes[at..at + want.len()] == want[..],
+                "LBA {lba} of client {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn clients_killed_at_random_points_never_hurt_the_daemon_or_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "64M");
+    // Completions held 20 ms: a killed client has commands truly outstanding.
+    let d = Daemon::start(dir.path(), &img, &["--emu-completion-delay-ms", "20"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let honest_runs = Arc::new(AtomicU64::new(0));
+    let honest: Vec<_> = (0..2u64)
+        .map(|i| {
+            let (socket, stop, runs) = (d.socket.clone(), stop.clone(), honest_runs.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let out = check_cmd(
+                        &socket,
+                        &format!(
+                            "--first-lba {} --lbas 8192 --qd 8 --runtime 1s --seed {n}",
+                            i * 8192
+                        ),
+                    )
+                    .output()
+                    .unwrap();
+                    passed(&out);
+                    n += 1;
+                    runs.fetch_add(1, Ordering::Relaxed);
+                }
+                n
+            })
+        })
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(56);
+    let iterations = 100;
+    for _ in 0..iterations {
+        let mut victim = check_cmd(
+            &d.socket,
+            "--first-lba 65536 --lbas 32768 --queues 2 --qd 16 --runtime 30s",
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+        // Anywhere from before its connect to the middle of its I/O; every other one within
+        // the first 10 ms, where it connects, gets its arena and queues and sends Identify.
+        let most = if rng.random_bool(0.5) { 10_000 } else { 60_000 };
+        std::thread::sleep(Duration::from_micros(rng.random_range(0..most)));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let runs: u64 = honest.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(runs >= 2, "the honest clients ran {runs} times");
+    let s = settled(&d, runs);
+    assert_eq!(s["late_controller_writes"], 0, "{s}");
+    assert_eq!(s["late_controller_reads"], 0, "{s}");
+    assert_eq!(s["quarantined_arenas"], 0, "{s}");
+    assert!(s["controllers"][0]["degraded"].is_null(), "{s}");
+    // The kills landed at different points: many with queues and commands outstanding
+    // (honest clients give theirs back before they go, so these are victims).
+    let with_queues = s["reclaimed_holding_queues"].as_u64().unwrap();
+    eprintln!(
+        "reclaims: {} in all, {} holding arenas, {with_queues} holding queues",
+        s["reclaimed_clients"], s["reclaimed_holding_arenas"]
+    );
+    assert!(
+        with_queues >= 30,
+        "only {with_queues} kills came with queues held: {s}"
+    );
+    // The daemon still serves: a fresh client verifies.
+    passed(&check_cmd(&d.socket, "--lbas 4096").output().unwrap());
+    d.stop();
+}
+
+#[test]
+fn a_killed_daemon_ends_its_clients_calls_quickly_and_a_restarted_one_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "64M");
+    let mut d = Daemon::start(dir.path(), &img, &["--emu-completion-delay-ms", "5"]);
+    let client = check_cmd(&d.socket, "--lbas 32768 --qd 16 --runtime 60s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let t = Instant::now();
+    let out = client.wait_with_output().unwrap();
+    let took = t.elapsed();
+    assert!(!out.status.success(), "the client's run cannot succeed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("closed") || err.contains("revoked"),
+        "the error names the daemon's end: {err}"
+    );
+    // Seen on the socket, not at the 10 s bound.
+    assert!(
+        took < Duration::from_secs(5),
+        "the client took {took:?} to notice"
+    );
+    // The stale socket is replaced; the image's lock died with the daemon.
+    let d = Daemon::start(dir.path(), &img, &[]);
+    passed(&check_cmd(&d.socket, "--lbas 4096").output().unwrap());
+    d.stop();
+}
