@@ -921,6 +921,10 @@ impl Daemon {
                     "lent_queue_pairs": st.lent,
                     "degraded": st.degraded,
                     "address_map_regions": s.emu.address_map().region_count(),
+                    // Doorbell values the controller refused (a tail outside its ring, a head
+                    // past what it posted): a client's lie fails only its own queue.
+                    "invalid_doorbell_writes": s.emu.stats().invalid_doorbell_writes,
+                    "io_commands": s.emu.stats().io_commands,
                 })
             })
             .collect();

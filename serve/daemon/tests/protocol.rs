@@ -503,3 +503,73 @@ fn a_second_daemon_on_a_live_socket_is_refused_and_a_stale_socket_is_replaced() 
     hello(&c);
     s.stop();
 }
+
+#[test]
+fn doorbell_values_outside_the_ring_fail_only_the_liars_queue() {
+    use gpunvme_serve_client::check::{CheckOptions, run};
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path(), Budgets::default(), BOUND);
+    let liar = connect(server.socket());
+    hello(&liar);
+    let (aid, _, _m) = arena(&liar, 2, 1 << 20);
+    let (r, fds) = ask(
+        &liar,
+        3,
+        Request::CreateQueues {
+            controller: "nvme0".into(),
+            arena: aid,
+            count: 1,
+            depth: 16,
+            slot_bytes: 4096,
+        },
+    );
+    let Reply::Queues { queues } = r else {
+        panic!("{r:?}")
+    };
+    let page = SharedMemory::from_fd(fds.into_iter().next().unwrap(), 4096).unwrap();
+    let g = queues[0];
+    // An honest client verifies meanwhile, on its own range.
+    let socket = server.socket().to_owned();
+    let honest = std::thread::spawn(move || {
+        let conn = gpunvme_serve_client::Connection::connect(&socket, "honest", BOUND).unwrap();
+        let opts = CheckOptions {
+            lbas: 8192,
+            first_lba: 65536,
+            runtime: Some(Duration::from_millis(500)),
+            ..CheckOptions::default()
+        };
+        run(&conn, &opts).unwrap()
+    });
+    // A tail past the ring, then a CQ head past anything posted.
+    page.store_u32(g.sq_doorbell as usize, 16 + 5, Ordering::Release)
+        .unwrap();
+    let t = Instant::now();
+    while status(&server)["controllers"][0]["invalid_doorbell_writes"] == 0 {
+        assert!(t.elapsed() < BOUND, "never refused: {}", status(&server));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    page.store_u32(g.cq_doorbell as usize, 7, Ordering::Release)
+        .unwrap();
+    let t = Instant::now();
+    while status(&server)["controllers"][0]["invalid_doorbell_writes"].as_u64() < Some(2) {
+        assert!(t.elapsed() < BOUND, "never refused: {}", status(&server));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = honest.join().unwrap();
+    assert_eq!((r.errors, r.mismatched_bytes), (0, 0), "{r:?}");
+    assert!(r.ios > 0);
+    // The liar's queue is still its own to delete; the daemon lives.
+    let (r, _) = ask(
+        &liar,
+        4,
+        Request::DeleteQueues {
+            controller: "nvme0".into(),
+            qids: vec![g.qid],
+        },
+    );
+    assert!(matches!(r, Reply::Done { status: 0, .. }), "{r:?}");
+    let s = status(&server);
+    assert!(s["controllers"][0]["degraded"].is_null(), "{s}");
+    server.stop();
+}
