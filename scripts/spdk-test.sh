@@ -7,7 +7,9 @@
 # SPDK's own client (spdk_nvme_identify), perf --verify in four patterns (4 KiB at QD 32; 512 B
 # on the 512-byte namespace; 1 MiB at QD 16, which the driver splits at SPDK's 128 KiB MDTS),
 # protocol-check (the GPU header's queue protocol from CPU threads), blockfs mkfs/put/get/fsck
-# with the bytes compared; perf on two of the controllers at once. Then: the target killed in the middle of a perf run (a typed error
+# with the bytes compared; perf on two of the controllers at once; `gpunvme serve` in front of
+# two of them (four client processes at once, 20 clients killed mid-I/O beside an honest one,
+# everything reclaimed). Then: the target killed in the middle of a perf run (a typed error
 # within seconds, no hang), and a missing socket, a plain file and a socket nobody serves
 # refused by name.
 #
@@ -272,6 +274,70 @@ for rw in randwrite randread; do
         bad "perf --rw $rw over two SPDK controllers: $(tail -4 <<<"$out")"
     fi
 done
+
+# --- gpunvme serve in front of SPDK's controllers: client processes drive served queues -------
+read -r _ s512 _ <<<"${CTRLS[0]}"
+read -r _ saio _ <<<"${CTRLS[2]}"
+SOCK=$WORK/serve.sock
+"$G" --device "m512=vfio-user:$s512,aio=vfio-user:$saio" serve --socket "$SOCK" \
+    > "$WORK/serve.out" 2>&1 &
+serve_pid=$!
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+served_check() { # NAME ARGS...: a `serve check` client that must pass
+    local name=$1; shift
+    local out
+    if out=$(timeout 120 "$G" serve --socket "$SOCK" check --json "$@" 2>&1) &&
+        python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["errors"]==0 and j["mismatched_bytes"]==0 and j["ios"]>0, j' "$out"; then
+        echo "$out" > "$WORK/check-$name.json"
+        return 0
+    fi
+    echo "$out" > "$WORK/check-$name.json"
+    return 1
+}
+pids=()
+for i in 0 1 2; do
+    served_check "m512-$i" --controller m512 --first-lba $((i * 32768)) --lbas 32768 --queues 2 --qd 16 &
+    pids+=($!)
+done
+served_check "aio" --controller aio --lbas 16384 --queues 2 --qd 16 &
+pids+=($!)
+rcs=0
+for p in "${pids[@]}"; do wait "$p" || rcs=$((rcs + 1)); done
+if [ $rcs -eq 0 ]; then
+    ok "serve over SPDK: 4 client processes at once (3 on malloc512, 1 on aio), every byte checked"
+else
+    bad "serve over SPDK: $rcs of 4 clients failed: $(cat "$WORK"/check-*.json | tail -4)"
+fi
+# Clients killed mid-I/O while another verifies: the daemon lives and gives everything back.
+served_check "honest" --controller m512 --first-lba 131072 --lbas 16384 --qd 8 --runtime 6s &
+honest=$!
+for _ in $(seq 20); do
+    # The client itself, not a `timeout` around it, is what gets SIGKILL (its own --runtime
+    # bounds it if the kill missed).
+    "$G" serve --socket "$SOCK" check --controller m512 --first-lba 196608 \
+        --lbas 32768 --queues 2 --qd 16 --runtime 30s > /dev/null 2>&1 &
+    victim=$!
+    sleep "0.$((RANDOM % 300 + 20))"
+    kill -9 $victim 2>/dev/null || true
+    wait $victim 2>/dev/null || true
+done
+if wait $honest; then ok "serve over SPDK: 20 clients killed mid-I/O, the honest one verified"
+else bad "serve over SPDK: the honest client failed beside killed ones: $(cat "$WORK/check-honest.json")"; fi
+st=$(timeout 20 "$G" serve --socket "$SOCK" status --json 2>&1 || true)
+if python3 -c '
+import json, sys
+s = json.loads(sys.argv[1])
+for c in s["controllers"]:
+    assert c["lent_queue_pairs"] == 0 and c["degraded"] is None and c["forwarded_doorbells"] > 0, c
+assert len(s["clients"]) == 1 and s["reclaimed_holding_queues"] >= 10, s
+' "$st" 2>/dev/null; then
+    ok "serve over SPDK: every killed client reclaimed ($(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(s["reclaimed_holding_queues"], "with queues held;", sum(c["forwarded_doorbells"] for c in s["controllers"]), "doorbells forwarded")' "$st"))"
+else
+    bad "serve over SPDK: after the kills: $st"
+fi
+kill -TERM $serve_pid 2>/dev/null || true
+if wait $serve_pid; then ok "serve over SPDK: the daemon stopped cleanly"
+else bad "serve over SPDK: the daemon's exit: $(tail -3 "$WORK/serve.out")"; fi
 
 # --- the target dies in the middle of a run -------------------------------------------------
 read -r _ sock _ <<<"${CTRLS[2]}"

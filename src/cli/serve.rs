@@ -88,17 +88,20 @@ pub struct CheckArgs {
     seed: u64,
 }
 
-/// `NAME=PATH` or `PATH` (named `nvme0`, `nvme1`, ... in order).
-fn named_devices(devices: &[String]) -> Result<Vec<(String, PathBuf)>> {
+/// `NAME=SPEC` or `SPEC` (named `nvme0`, `nvme1`, ... in order); a SPEC is an image path or
+/// `vfio-user:SOCKET`.
+fn named_devices(devices: &[String]) -> Result<Vec<(String, String)>> {
     anyhow::ensure!(
         !devices.is_empty(),
         "`serve` needs --device: the image(s) to serve (NAME=PATH or PATH)"
     );
-    let mut out: Vec<(String, PathBuf)> = Vec::new();
+    let mut out: Vec<(String, String)> = Vec::new();
     for (i, d) in devices.iter().enumerate() {
         let (name, path) = match d.split_once('=') {
-            Some((n, p)) if !n.is_empty() && !n.contains('/') => (n.to_owned(), PathBuf::from(p)),
-            _ => (format!("nvme{i}"), PathBuf::from(d)),
+            Some((n, p)) if !n.is_empty() && !n.contains(['/', ':']) => {
+                (n.to_owned(), p.to_owned())
+            }
+            _ => (format!("nvme{i}"), d.clone()),
         };
         anyhow::ensure!(
             !out.iter().any(|(n, _)| *n == name),
@@ -166,8 +169,8 @@ pub fn run(args: ServeArgs, devices: &[String], open: OpenOptions, json: bool) -
         );
     } else {
         outln!("gpunvme serve: listening at {}", server.socket().display());
-        for (name, path) in &devices {
-            outln!("  {name}: {} (software controller)", path.display());
+        for (name, spec) in &devices {
+            outln!("  {name}: {spec}");
         }
         outln!("trust: {}", gpunvme_serve::TRUST);
     }

@@ -23,7 +23,8 @@ use nvme_emu::EmuDevice;
 use zerocopy::IntoBytes;
 
 use crate::ServeError;
-use crate::memory::{Arena, PageDoorbell, Poison};
+use crate::forward::{Forwarder, ShadowQueue};
+use crate::memory::{Arena, ArenaTarget, PageDoorbell, Poison};
 
 /// What the daemon says about trust, at start and in `status`.
 pub const TRUST: &str = "cooperative: clients share one NVMe function, so any client that \
@@ -61,12 +62,23 @@ impl Default for Budgets {
     }
 }
 
+/// What is behind a served controller: where arenas go and how doorbells reach it.
+pub enum ServedBackend {
+    /// The software controller: arenas in its address map, doorbells read from the clients'
+    /// pages by its own threads.
+    Software(Arc<EmuDevice>),
+    /// A vfio-user server (SPDK's target): arenas shared by descriptor, doorbells forwarded
+    /// from the clients' pages to its registers by the daemon ([`Forwarder`]).
+    VfioUser(Arc<vfio::VfioUserNvme>),
+}
+
 /// A controller the daemon serves.
 pub struct Served {
     /// Its name in the protocol.
     pub name: String,
     ctrl: Controller,
-    emu: Arc<EmuDevice>,
+    backend: ServedBackend,
+    forwarder: Option<Forwarder>,
     state: Mutex<ServedState>,
 }
 
@@ -79,14 +91,27 @@ struct ServedState {
 }
 
 impl Served {
-    /// Serves `ctrl` (the software controller `emu`) as `name`.
-    pub fn new(name: String, ctrl: Controller, emu: Arc<EmuDevice>) -> Self {
-        Self {
+    /// Serves `ctrl` (behind `backend`) as `name`; a controller whose doorbells are registers
+    /// gets its forwarding thread.
+    pub fn new(name: String, ctrl: Controller, backend: ServedBackend) -> Result<Self, ServeError> {
+        let forwarder = match &backend {
+            ServedBackend::Software(_) => None,
+            ServedBackend::VfioUser(_) => Some(
+                Forwarder::start(ctrl.device().clone(), &name).map_err(|source| {
+                    ServeError::Socket {
+                        doing: "starting the doorbell thread".into(),
+                        source,
+                    }
+                })?,
+            ),
+        };
+        Ok(Self {
             name,
             ctrl,
-            emu,
+            backend,
+            forwarder,
             state: Mutex::new(ServedState::default()),
-        }
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, ServedState> {
@@ -98,9 +123,12 @@ impl Served {
         &self.ctrl
     }
 
-    /// The software controller behind it.
-    pub fn emu(&self) -> &Arc<EmuDevice> {
-        &self.emu
+    /// The software controller behind it, if that is what it is.
+    pub fn emu(&self) -> Option<&Arc<EmuDevice>> {
+        match &self.backend {
+            ServedBackend::Software(e) => Some(e),
+            ServedBackend::VfioUser(_) => None,
+        }
     }
 }
 
@@ -455,8 +483,11 @@ impl Daemon {
             return refuse(RefusalKind::InvalidArgument, "an arena larger than memory");
         };
         let id = self.next_arena.fetch_add(1, Ordering::Relaxed);
-        let map = self.controllers[c].emu.address_map();
-        match Arena::new(id, len, map, &self.poison) {
+        let target = match &self.controllers[c].backend {
+            ServedBackend::Software(emu) => ArenaTarget::Map(emu.address_map(), &self.poison),
+            ServedBackend::VfioUser(dev) => ArenaTarget::VfioUser(dev),
+        };
+        match Arena::new(id, len, target) {
             Err(e) => refuse(RefusalKind::Device, format!("allocating an arena: {e}")),
             Ok(arena) => {
                 let arena = Arc::new(arena);
@@ -612,15 +643,18 @@ impl Daemon {
         }
         let attached = Mutex::new(Vec::new());
         let created = served.ctrl.create_queue_pairs_on_with(regions, |i, qid| {
+            // The software controller reads the words itself, from creation on; a register
+            // controller's are forwarded once the pairs exist (below).
+            let ServedBackend::Software(emu) = &served.backend else {
+                return Ok(());
+            };
             let word = |off: usize| -> Arc<dyn nvme_emu::DoorbellWord> {
                 Arc::new(PageDoorbell {
                     page: page.clone(),
                     offset: free_slots[i] * DOORBELL_STRIDE + off,
                 })
             };
-            served
-                .emu
-                .attach_external_doorbells(qid, word(0), word(4))
+            emu.attach_external_doorbells(qid, word(0), word(4))
                 .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))?;
             lock(&attached).push(qid);
             Ok(())
@@ -628,12 +662,27 @@ impl Daemon {
         let pairs = match created {
             Ok(p) => p,
             Err(e) => {
-                for qid in lock(&attached).drain(..) {
-                    served.emu.detach_external_doorbells(qid);
+                if let Some(emu) = served.emu() {
+                    for qid in lock(&attached).drain(..) {
+                        emu.detach_external_doorbells(qid);
+                    }
                 }
                 return refuse(RefusalKind::Device, format!("creating queues: {e}"));
             }
         };
+        if let Some(f) = &served.forwarder {
+            for (pair, &slot) in pairs.iter().zip(&free_slots) {
+                f.add(ShadowQueue {
+                    qid: pair.qid(),
+                    page: page.clone(),
+                    sq_word: slot * DOORBELL_STRIDE,
+                    cq_word: slot * DOORBELL_STRIDE + 4,
+                    depth,
+                    sq_register: pair.sq_tail_doorbell(),
+                    cq_register: pair.cq_head_doorbell(),
+                });
+            }
+        }
         served.state().lent += count;
         ledger.arena_used.insert(arena_id, used + need);
         let mut grants = Vec::with_capacity(pairs.len());
@@ -706,11 +755,17 @@ impl Daemon {
             let arenas: Vec<u64> = lent.iter().map(|l| l.arena).collect();
             let slots: Vec<usize> = lent.iter().map(|l| l.slot).collect();
             let pairs = lent.into_iter().map(|l| l.pair).collect();
+            // Forwarded doorbells stop before the queues go: the client rings them no more.
+            if let (Some(f), Some(page)) = (&served.forwarder, &ledger.doorbells) {
+                f.remove(page, &qids);
+            }
             let result = CreatedQueuePair::delete_all(pairs, false);
             match result {
                 Ok(()) => {
-                    for &qid in &qids {
-                        served.emu.detach_external_doorbells(qid);
+                    if let Some(emu) = served.emu() {
+                        for &qid in &qids {
+                            emu.detach_external_doorbells(qid);
+                        }
                     }
                     for s in slots {
                         ledger.slots[s] = false;
@@ -920,11 +975,21 @@ impl Daemon {
                     "max_queue_pairs": info.max_io_queue_pairs,
                     "lent_queue_pairs": st.lent,
                     "degraded": st.degraded,
-                    "address_map_regions": s.emu.address_map().region_count(),
-                    // Doorbell values the controller refused (a tail outside its ring, a head
-                    // past what it posted): a client's lie fails only its own queue.
-                    "invalid_doorbell_writes": s.emu.stats().invalid_doorbell_writes,
-                    "io_commands": s.emu.stats().io_commands,
+                    "backend": match &s.backend {
+                        ServedBackend::Software(_) => "software controller",
+                        ServedBackend::VfioUser(_) => "vfio-user",
+                    },
+                    "address_map_regions": s.emu().map(|e| e.address_map().region_count()),
+                    // Doorbell values refused (a tail outside its ring; on the software
+                    // controller also a head past what it posted): a client's lie fails only
+                    // its own queue.
+                    "invalid_doorbell_writes": match (s.emu(), &s.forwarder) {
+                        (Some(e), _) => e.stats().invalid_doorbell_writes,
+                        (None, Some(f)) => f.counts().1,
+                        (None, None) => 0,
+                    },
+                    "forwarded_doorbells": s.forwarder.as_ref().map(|f| f.counts().0),
+                    "io_commands": s.emu().map(|e| e.stats().io_commands),
                 })
             })
             .collect();

@@ -6,14 +6,18 @@
 //! - [`daemon`]: the controllers served, each client's ledger and budgets, the requests, and
 //!   the reclaim order when a client goes (its queues deleted on the controller, their
 //!   doorbells detached, then its memory out of the controller's reach, then freed);
+//! - [`forward`]: shadow doorbells forwarded to a register controller (SPDK's target) after
+//!   each value is checked against its ring;
 //! - [`server`]: the socket: one thread per client, identity from the kernel (peer
 //!   credentials), every wait bounded, a client that stops reading disconnected.
 //!
-//! What is served so far: images, through the software controller, to clients that drive
-//! their queues from CPU threads (`gpunvme_serve_client`).
+//! What is served so far: images (through the software controller) and vfio-user servers
+//! (SPDK's NVMe-oF target), to clients that drive their queues from CPU threads
+//! (`gpunvme_serve_client`).
 #![forbid(unsafe_code)]
 
 pub mod daemon;
+pub mod forward;
 pub mod memory;
 pub mod server;
 

@@ -91,15 +91,33 @@ impl MemoryRegion for ArenaRegion {
     }
 }
 
-/// An arena: shared memory registered in a controller's address map (see the module docs).
+/// How an arena is in a controller's reach.
+enum Reach {
+    /// Registered in the software controller's address map.
+    Map {
+        map: Arc<DeviceAddressMap>,
+        region: Arc<ArenaRegion>,
+    },
+    /// Shared with a vfio-user server by descriptor (its DMA_MAP).
+    VfioUser(vfio::user::SharedDma),
+}
+
+/// Where a new arena is put in reach.
+pub enum ArenaTarget<'a> {
+    /// The software controller's address map, with the poison counters.
+    Map(&'a Arc<DeviceAddressMap>, &'a Arc<Poison>),
+    /// A vfio-user server.
+    VfioUser(&'a vfio::VfioUserNvme),
+}
+
+/// An arena: shared memory in a controller's reach (see the module docs).
 pub struct Arena {
     /// The daemon's id for it (unique per daemon).
     pub id: u64,
     /// Where the controller reaches its first byte.
     pub device_address: u64,
     mem: Arc<SharedMemory>,
-    region: Arc<ArenaRegion>,
-    map: Arc<DeviceAddressMap>,
+    reach: Option<Reach>,
 }
 
 impl std::fmt::Debug for Arena {
@@ -116,28 +134,39 @@ impl std::fmt::Debug for Arena {
 }
 
 impl Arena {
-    /// `len` bytes of new shared memory (whole pages), registered in `map`.
-    pub fn new(
-        id: u64,
-        len: usize,
-        map: &Arc<DeviceAddressMap>,
-        poison: &Arc<Poison>,
-    ) -> Result<Self, crate::ServeError> {
+    /// `len` bytes of new shared memory (whole pages), put in reach of `target`.
+    pub fn new(id: u64, len: usize, target: ArenaTarget<'_>) -> Result<Self, crate::ServeError> {
         let mem = Arc::new(SharedMemory::create("gpunvme-serve-arena", len)?);
-        let region = Arc::new(ArenaRegion {
-            mem: mem.clone(),
-            released: AtomicBool::new(false),
-            poison: poison.clone(),
-        });
-        let device_address = map
-            .register_region(region.clone())
-            .map_err(|e| crate::ServeError::Controller(e.to_string()))?;
+        let (device_address, reach) = match target {
+            ArenaTarget::Map(map, poison) => {
+                let region = Arc::new(ArenaRegion {
+                    mem: mem.clone(),
+                    released: AtomicBool::new(false),
+                    poison: poison.clone(),
+                });
+                let base = map
+                    .register_region(region.clone())
+                    .map_err(|e| crate::ServeError::Controller(e.to_string()))?;
+                (
+                    base,
+                    Reach::Map {
+                        map: map.clone(),
+                        region,
+                    },
+                )
+            }
+            ArenaTarget::VfioUser(dev) => {
+                let shared = dev
+                    .map_shared(mem.fd(), len)
+                    .map_err(|e| crate::ServeError::Controller(e.to_string()))?;
+                (shared.device_address(), Reach::VfioUser(shared))
+            }
+        };
         Ok(Self {
             id,
             device_address,
             mem,
-            region,
-            map: map.clone(),
+            reach: Some(reach),
         })
     }
 
@@ -164,11 +193,18 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        // Out of the controller's reach first, then poisoned (a translation that raced the
-        // unregistration is refused and counted), then the mapping goes with `mem`.
-        self.map.unregister_region(self.device_address);
-        self.region.released.store(true, Ordering::Release);
-        self.region.poison.released.fetch_add(1, Ordering::Relaxed);
+        match self.reach.take() {
+            // Out of the controller's reach first, then poisoned (a translation that raced
+            // the unregistration is refused and counted), then the mapping goes with `mem`.
+            Some(Reach::Map { map, region }) => {
+                map.unregister_region(self.device_address);
+                region.released.store(true, Ordering::Release);
+                region.poison.released.fetch_add(1, Ordering::Relaxed);
+            }
+            // DMA_UNMAP before our mapping goes (the server holds its own meanwhile).
+            Some(Reach::VfioUser(shared)) => drop(shared),
+            None => {}
+        }
     }
 }
 
@@ -200,14 +236,17 @@ mod tests {
     fn an_arena_is_reachable_until_dropped_then_late_accesses_are_refused_and_counted() {
         let map = Arc::new(DeviceAddressMap::new());
         let poison = Arc::new(Poison::default());
-        let arena = Arena::new(1, 8192, &map, &poison).unwrap();
+        let arena = Arena::new(1, 8192, ArenaTarget::Map(&map, &poison)).unwrap();
         let base = arena.device_address;
         map.write(base + 4096, b"abc").unwrap();
         let mut got = [0u8; 3];
         arena.memory().read(4096, &mut got).unwrap();
         assert_eq!(&got, b"abc");
         // Held elsewhere (a translation cache would): the region outlives the arena.
-        let region = arena.region.clone();
+        let Some(Reach::Map { region, .. }) = &arena.reach else {
+            unreachable!()
+        };
+        let region = region.clone();
         drop(arena);
         assert!(map.write(base, b"x").is_err(), "unregistered");
         assert!(region.write(0, b"late").is_err());

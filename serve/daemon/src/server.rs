@@ -23,7 +23,7 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::ServeError;
-use crate::daemon::{Budgets, ClientLedger, Daemon, Served};
+use crate::daemon::{Budgets, ClientLedger, Daemon, Served, ServedBackend};
 
 /// How often waiting threads look at the stop flag.
 const TICK: Duration = Duration::from_millis(50);
@@ -33,9 +33,9 @@ const TICK: Duration = Duration::from_millis(50);
 pub struct ServeOptions {
     /// The socket's path.
     pub socket: PathBuf,
-    /// The controllers: a name for each and its device (images, through the software
-    /// controller).
-    pub devices: Vec<(String, PathBuf)>,
+    /// The controllers: a name for each and its device, as `--device` spells it (an image
+    /// path, or `vfio-user:SOCKET`).
+    pub devices: Vec<(String, String)>,
     /// How each image is opened (LBA size, controller threads, queue pairs).
     pub open: OpenOptions,
     /// What each client may hold.
@@ -49,7 +49,7 @@ pub struct ServeOptions {
 
 impl ServeOptions {
     /// Serving `devices` at `socket` with default budgets and a 2 s send bound.
-    pub fn new(socket: PathBuf, devices: Vec<(String, PathBuf)>) -> Self {
+    pub fn new(socket: PathBuf, devices: Vec<(String, String)>) -> Self {
         Self {
             socket,
             devices,
@@ -83,19 +83,29 @@ impl Server {
     /// replaced.
     pub fn start(opts: ServeOptions) -> Result<Self, ServeError> {
         let mut served = Vec::new();
-        for (name, path) in &opts.devices {
-            let spec = DeviceSpec::Image(path.clone());
-            let (ctrl, backend) = gpunvme::open::open_controller_and_transport(&spec, &opts.open)?;
-            let Backend::Software(emu) = backend else {
+        for (name, device) in &opts.devices {
+            let spec = DeviceSpec::parse(Some(device))?;
+            if let DeviceSpec::Pci(_) = spec {
                 return Err(ServeError::InvalidArgument(format!(
-                    "{}: only images (the software controller) are served so far",
-                    path.display()
+                    "{device}: VFIO functions are not served yet (images and vfio-user servers are)"
                 )));
-            };
-            if let Some(d) = opts.completion_delay {
-                emu.faults().set_completion_delay(d);
             }
-            served.push(Served::new(name.clone(), ctrl, emu));
+            let (ctrl, backend) = gpunvme::open::open_controller_and_transport(&spec, &opts.open)?;
+            let backend = match backend {
+                Backend::Software(emu) => {
+                    if let Some(d) = opts.completion_delay {
+                        emu.faults().set_completion_delay(d);
+                    }
+                    ServedBackend::Software(emu)
+                }
+                Backend::VfioUser(dev) => ServedBackend::VfioUser(dev),
+                Backend::Vfio(_) => {
+                    return Err(ServeError::InvalidArgument(format!(
+                        "{device}: VFIO functions are not served yet"
+                    )));
+                }
+            };
+            served.push(Served::new(name.clone(), ctrl, backend)?);
         }
         let daemon = Arc::new(Daemon::new(served, opts.budgets)?);
         let listener = listen(&opts.socket)?;

@@ -17,7 +17,10 @@ const BOUND: Duration = Duration::from_secs(5);
 fn daemon(dir: &Path, budgets: Budgets, send_bound: Duration) -> Server {
     let image = dir.join("a.img");
     nvme_emu::EmuConfig::create_image(&image, 64 << 20).unwrap();
-    let mut opts = ServeOptions::new(dir.join("serve.sock"), vec![("nvme0".into(), image)]);
+    let mut opts = ServeOptions::new(
+        dir.join("serve.sock"),
+        vec![("nvme0".into(), image.to_str().unwrap().into())],
+    );
     opts.budgets = budgets;
     opts.send_bound = send_bound;
     opts.open.controller_queue_pairs = 8;
@@ -488,7 +491,7 @@ fn a_second_daemon_on_a_live_socket_is_refused_and_a_stale_socket_is_replaced() 
     nvme_emu::EmuConfig::create_image(&other, 16 << 20).unwrap();
     let e = Server::start(ServeOptions::new(
         server.socket().to_owned(),
-        vec![("x".into(), other.clone())],
+        vec![("x".into(), other.to_str().unwrap().into())],
     ))
     .err()
     .expect("refused")
@@ -498,7 +501,11 @@ fn a_second_daemon_on_a_live_socket_is_refused_and_a_stale_socket_is_replaced() 
     // Killed without removing its socket: simulated by a socket file nobody listens on.
     server.stop();
     let _listener_gone = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
-    let s = Server::start(ServeOptions::new(socket, vec![("x".into(), other)])).unwrap();
+    let s = Server::start(ServeOptions::new(
+        socket,
+        vec![("x".into(), other.to_str().unwrap().into())],
+    ))
+    .unwrap();
     let c = connect(s.socket());
     hello(&c);
     s.stop();

@@ -70,6 +70,7 @@ pub struct VfioUserNvme {
     path: PathBuf,
     bar: Bar,
     dma: DmaPool,
+    mapper: Arc<UserMapper>,
     vendor: u16,
     irqs: Vec<u32>,
 }
@@ -143,21 +144,11 @@ impl UserMapper {
         // Every update is one call on the allocator: a poisoned lock holds consistent data.
         self.iova.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl Mapper for UserMapper {
-    #[expect(
-        unsafe_code,
-        reason = "implements the unsafe trait method; performs no unsafe operation"
-    )]
-    unsafe fn map(
-        &self,
-        _vaddr: usize,
-        len: usize,
-        align: usize,
-        fd: Option<BorrowedFd<'_>>,
-    ) -> Result<DeviceAddrs, Error> {
-        let fd = fd.ok_or(Error::VfioUserNeedsFd)?;
+    /// Shares the whole of `fd` (`len` bytes) with the server at a fresh IOVA aligned to
+    /// `align` (DMA_MAP by descriptor: the server maps the file itself, so nothing at any
+    /// address of ours is involved).
+    fn map_fd(&self, fd: BorrowedFd<'_>, len: usize, align: usize) -> Result<u64, Error> {
         let iova = self
             .iova()
             .alloc(len as u64, align as u64)
@@ -176,7 +167,72 @@ impl Mapper for UserMapper {
             self.iova().free(iova, len as u64);
             return Err(e);
         }
-        Ok(DeviceAddrs::Contiguous(iova))
+        Ok(iova)
+    }
+}
+
+/// Memory of another owner shared with the server by descriptor
+/// ([`VfioUserNvme::map_shared`]): the controller reaches it at
+/// [`SharedDma::device_address`] until this is dropped, which unmaps it (DMA_UNMAP).
+pub struct SharedDma {
+    iova: u64,
+    len: usize,
+    mapper: Arc<UserMapper>,
+}
+
+impl std::fmt::Debug for SharedDma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedDma")
+            .field("iova", &format_args!("{:#x}", self.iova))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl SharedDma {
+    /// Where the controller reaches the first byte.
+    pub fn device_address(&self) -> u64 {
+        self.iova
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: shared memory is at least a page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for SharedDma {
+    fn drop(&mut self) {
+        if let Err(e) = self
+            .mapper
+            .unmap(&DeviceAddrs::Contiguous(self.iova), self.len)
+        {
+            // The server may still reach the memory: its IOVA is not reused (unmap frees it
+            // only on success) and the server holds its own mapping of the file.
+            tracing::warn!(iova = self.iova, len = self.len, error = %e, "DMA_UNMAP of shared memory");
+        }
+    }
+}
+
+impl Mapper for Arc<UserMapper> {
+    #[expect(
+        unsafe_code,
+        reason = "implements the unsafe trait method; performs no unsafe operation"
+    )]
+    unsafe fn map(
+        &self,
+        _vaddr: usize,
+        len: usize,
+        align: usize,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<DeviceAddrs, Error> {
+        let fd = fd.ok_or(Error::VfioUserNeedsFd)?;
+        Ok(DeviceAddrs::Contiguous(self.map_fd(fd, len, align)?))
     }
 
     fn unmap(&self, addrs: &DeviceAddrs, len: usize) -> Result<(), Error> {
@@ -374,15 +430,16 @@ impl VfioUserNvme {
             "vfio-user device open"
         );
 
-        let mapper = UserMapper {
+        let mapper = Arc::new(UserMapper {
             client: Arc::clone(&client),
             iova: Mutex::new(IovaAllocator::new(&[IOVA_RANGE], 0)),
-        };
-        let dma = DmaPool::new(Box::new(mapper), false);
+        });
+        let dma = DmaPool::new(Box::new(Arc::clone(&mapper)), false);
         Ok(Arc::new(Self {
             path,
             bar,
             dma,
+            mapper,
             vendor,
             irqs,
         }))
@@ -409,6 +466,25 @@ impl VfioUserNvme {
     /// doorbell page. Never turn a pointer into a Rust reference.
     pub fn bar0_mapped_areas(&self) -> Vec<(usize, std::ptr::NonNull<u8>, usize)> {
         self.bar.mapped_areas()
+    }
+
+    /// Shares memory another party owns (a memfd of `len` bytes, whole pages, all of it)
+    /// with the server as DMA memory: a daemon lends it to a client that drives queues in it.
+    /// The server maps the file itself; the mapping lasts until the returned value drops.
+    /// Each mapping is one of the server's regions (libvfio-user allows 16 per client).
+    pub fn map_shared(&self, fd: BorrowedFd<'_>, len: usize) -> Result<SharedDma, Error> {
+        if len == 0 || len % 4096 != 0 {
+            return Err(Error::HostMemory {
+                len,
+                source: io::Error::new(io::ErrorKind::InvalidInput, "whole 4 KiB pages"),
+            });
+        }
+        let iova = self.mapper.map_fd(fd, len, 4096)?;
+        Ok(SharedDma {
+            iova,
+            len,
+            mapper: Arc::clone(&self.mapper),
+        })
     }
 
     /// DMA memory counters: chunks shared with the server, bytes, live buffers.

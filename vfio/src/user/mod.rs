@@ -31,7 +31,7 @@ mod client;
 mod device;
 mod proto;
 
-pub use self::device::{CHUNK_SIZE, VfioUserNvme, VfioUserOptions};
+pub use self::device::{CHUNK_SIZE, SharedDma, VfioUserNvme, VfioUserOptions};
 
 /// The `--device` prefix that names a vfio-user socket: `vfio-user:/path/to/cntrl`.
 pub const SPEC_PREFIX: &str = "vfio-user:";
