@@ -164,6 +164,14 @@ fn four_client_processes_verify_their_ranges_at_once_and_the_bytes_are_on_the_im
     let s = settled(&d, 4);
     assert_eq!(s["late_controller_writes"], 0, "{s}");
     assert_eq!(s["quarantined_arenas"], 0, "{s}");
+    // A throughput run reads only: exactly the reads asked for, nothing written.
+    let r = passed(
+        &check_cmd(&d.socket, "--read-only --ios 2000 --queues 2 --qd 32")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(r["ios"], 2000, "{r}");
+    assert_eq!(r["read_only"], true, "{r}");
     d.stop();
     // The bytes each client wrote are on the image, where it wrote them.
     let bytes = std::fs::read(&img).unwrap();

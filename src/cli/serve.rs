@@ -83,9 +83,13 @@ pub struct CheckArgs {
     /// Run for this long (e.g. 10s).
     #[arg(long, value_parser = gpunvme::units::parse_duration)]
     runtime: Option<Duration>,
-    /// Mixed into the data written.
+    /// Mixed into the data written (and the random LBAs of --read-only).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Random reads of the range only, --qd in flight per queue, nothing written or checked:
+    /// a throughput run.
+    #[arg(long)]
+    read_only: bool,
 }
 
 /// `NAME=SPEC` or `SPEC` (named `nvme0`, `nvme1`, ... in order); a SPEC is an image path or
@@ -257,7 +261,9 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
         ios: c.ios,
         runtime: c.runtime,
         seed: c.seed,
+        read_only: c.read_only,
     };
+    let c_read_only = opts.read_only;
     let r = gpunvme_serve_client::check::run(&conn, &opts)?;
     let secs = r.io_us as f64 / 1e6;
     if json {
@@ -273,6 +279,8 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
                 "setup_us": r.setup_us,
                 "io_seconds": secs,
                 "iops": if secs > 0.0 { r.ios as f64 / secs } else { 0.0 },
+                "bytes_per_sec": if secs > 0.0 { r.bytes as f64 / secs } else { 0.0 },
+                "read_only": c_read_only,
             })
         );
     } else {

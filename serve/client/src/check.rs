@@ -31,8 +31,12 @@ pub struct CheckOptions {
     pub ios: Option<u64>,
     /// after this long (whichever comes first; neither: one pass over the range).
     pub runtime: Option<Duration>,
-    /// Mixed into the stamps, so that two runs over one range write different bytes.
+    /// Mixed into the stamps, so that two runs over one range write different bytes (and,
+    /// reading only, into the random LBAs).
     pub seed: u64,
+    /// Random reads of the range only, `qd` in flight per queue, nothing written or checked:
+    /// a throughput run (`gpunvme serve check --read-only`).
+    pub read_only: bool,
 }
 
 impl Default for CheckOptions {
@@ -49,6 +53,7 @@ impl Default for CheckOptions {
             ios: None,
             runtime: None,
             seed: 0,
+            read_only: false,
         }
     }
 }
@@ -177,6 +182,12 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
                 s.spawn(move || {
                     let mut r = CheckReport::default();
                     let first = opts.first_lba + first_unit * per_io;
+                    if opts.read_only {
+                        read_queue(
+                            &mut pair, opts, first, n_units, lba_size, deadline, ios_each, &mut r,
+                        );
+                        return (r, pair);
+                    }
                     one_queue(
                         &mut pair, opts, first, n_units, lba_size, deadline, ios_each, &mut r,
                     );
@@ -209,6 +220,75 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
     conn.delete_queues(&opts.controller, pairs)?;
     conn.free_arena(arena)?;
     Ok(total)
+}
+
+/// Random reads of `units` I/Os from `first`, `qd` in flight, until the deadline or `ios`
+/// (neither: `units` reads).
+#[expect(clippy::too_many_arguments)]
+fn read_queue(
+    pair: &mut crate::QueuePair,
+    opts: &CheckOptions,
+    first: u64,
+    units: u64,
+    lba_size: usize,
+    deadline: Option<Instant>,
+    ios: Option<u64>,
+    r: &mut CheckReport,
+) {
+    let per_io = u64::from(opts.blocks_per_io);
+    let len = (per_io as usize * lba_size) as u64;
+    let total = match (deadline, ios) {
+        (None, None) => Some(units),
+        _ => ios,
+    };
+    let mut x = opts.seed ^ first.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = || {
+        // xorshift64: a uniform unit of the range.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        first + (x % units.max(1)) * per_io
+    };
+    let mut sent = 0u64;
+    let mut in_flight = 0u32;
+    let reap_bound = pair.bound();
+    loop {
+        let more = total.is_none_or(|t| sent < t) && deadline.is_none_or(|d| Instant::now() < d);
+        while more && in_flight < opts.qd && total.is_none_or(|t| sent < t) {
+            match pair.submit_read(opts.nsid, next(), opts.blocks_per_io, lba_size as u32) {
+                Ok(_) => {
+                    sent += 1;
+                    in_flight += 1;
+                }
+                Err(e) => {
+                    r.errors += 1;
+                    r.first_error.get_or_insert(e.to_string());
+                    return;
+                }
+            }
+        }
+        if in_flight == 0 {
+            return;
+        }
+        match pair.reap(reap_bound) {
+            Ok(done) => {
+                for c in done {
+                    in_flight -= 1;
+                    r.ios += 1;
+                    r.bytes += len;
+                    if let Err(e) = c.check() {
+                        r.errors += 1;
+                        r.first_error.get_or_insert(e.to_string());
+                    }
+                }
+            }
+            Err(e) => {
+                r.errors += 1;
+                r.first_error.get_or_insert(e.to_string());
+                return;
+            }
+        }
+    }
 }
 
 #[expect(clippy::too_many_arguments)]
