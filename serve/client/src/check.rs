@@ -181,16 +181,18 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
                 .min(units.saturating_sub(first_unit));
                 s.spawn(move || {
                     let mut r = CheckReport::default();
-                    let first = opts.first_lba + first_unit * per_io;
+                    let share = Share {
+                        first: opts.first_lba + first_unit * per_io,
+                        units: n_units,
+                        lba_size,
+                        deadline,
+                        ios: ios_each,
+                    };
                     if opts.read_only {
-                        read_queue(
-                            &mut pair, opts, first, n_units, lba_size, deadline, ios_each, &mut r,
-                        );
-                        return (r, pair);
+                        read_queue(&mut pair, opts, &share, &mut r);
+                    } else {
+                        one_queue(&mut pair, opts, &share, &mut r);
                     }
-                    one_queue(
-                        &mut pair, opts, first, n_units, lba_size, deadline, ios_each, &mut r,
-                    );
                     (r, pair)
                 })
             })
@@ -222,19 +224,30 @@ pub fn run(conn: &Connection, opts: &CheckOptions) -> Result<CheckReport, Client
     Ok(total)
 }
 
-/// Random reads of `units` I/Os from `first`, `qd` in flight, until the deadline or `ios`
-/// (neither: `units` reads).
-#[expect(clippy::too_many_arguments)]
-fn read_queue(
-    pair: &mut crate::QueuePair,
-    opts: &CheckOptions,
+/// One queue's share of a run: `units` I/Os from LBA `first`, until `deadline` or `ios`.
+struct Share {
     first: u64,
     units: u64,
     lba_size: usize,
     deadline: Option<Instant>,
     ios: Option<u64>,
+}
+
+/// Random reads of the share's units, `qd` in flight, until the deadline or `ios` (neither:
+/// one read per unit).
+fn read_queue(
+    pair: &mut crate::QueuePair,
+    opts: &CheckOptions,
+    share: &Share,
     r: &mut CheckReport,
 ) {
+    let Share {
+        first,
+        units,
+        lba_size,
+        deadline,
+        ios,
+    } = *share;
     let per_io = u64::from(opts.blocks_per_io);
     let len = (per_io as usize * lba_size) as u64;
     let total = match (deadline, ios) {
@@ -291,17 +304,16 @@ fn read_queue(
     }
 }
 
-#[expect(clippy::too_many_arguments)]
-fn one_queue(
-    pair: &mut crate::QueuePair,
-    opts: &CheckOptions,
-    first: u64,
-    units: u64,
-    lba_size: usize,
-    deadline: Option<Instant>,
-    ios: Option<u64>,
-    r: &mut CheckReport,
-) {
+/// Writes then reads back and compares the share's units, `qd` at a time, pass after pass
+/// until the deadline or `ios` (neither: one pass).
+fn one_queue(pair: &mut crate::QueuePair, opts: &CheckOptions, share: &Share, r: &mut CheckReport) {
+    let Share {
+        first,
+        units,
+        lba_size,
+        deadline,
+        ios,
+    } = *share;
     let per_io = u64::from(opts.blocks_per_io);
     let len = per_io as usize * lba_size;
     let mut data = vec![0u8; len];

@@ -286,6 +286,26 @@ impl QueuePair {
         Ok(len)
     }
 
+    /// The transfer's length, for a usable pair and a `have`-byte `what` (buffer or data) of
+    /// exactly `blocks` blocks of `lba_size` bytes that fits a slot.
+    fn sized(
+        &self,
+        lba: u64,
+        blocks: u32,
+        lba_size: u32,
+        have: usize,
+        what: &str,
+    ) -> Result<u64, ClientError> {
+        self.usable()?;
+        let len = self.transfer_len(lba, blocks, lba_size)?;
+        if have as u64 != len {
+            return Err(ClientError::InvalidArgument(format!(
+                "{have} bytes of {what} for {blocks} blocks of {lba_size} bytes ({len})"
+            )));
+        }
+        Ok(len)
+    }
+
     /// Arena offset of slot `slot`'s buffer.
     fn slot_offset(&self, slot: u16) -> u64 {
         self.grant.slots + u64::from(slot) * u64::from(self.slot_bytes)
@@ -624,14 +644,7 @@ impl QueuePair {
         lba_size: u32,
         buf: &mut [u8],
     ) -> Result<(), ClientError> {
-        self.usable()?;
-        let len = self.transfer_len(lba, blocks, lba_size)?;
-        if buf.len() as u64 != len {
-            return Err(ClientError::InvalidArgument(format!(
-                "a {}-byte buffer for {blocks} blocks of {lba_size} bytes ({len})",
-                buf.len()
-            )));
-        }
+        let len = self.sized(lba, blocks, lba_size, buf.len(), "buffer")?;
         self.make_room()?;
         let cid = self.submit(IoOp::Read, nsid, lba, blocks, len, None)?;
         self.wait_for(cid)?.check()?;
@@ -648,14 +661,7 @@ impl QueuePair {
         lba_size: u32,
         data: &[u8],
     ) -> Result<(), ClientError> {
-        self.usable()?;
-        let len = self.transfer_len(lba, blocks, lba_size)?;
-        if data.len() as u64 != len {
-            return Err(ClientError::InvalidArgument(format!(
-                "{} bytes of data for {blocks} blocks of {lba_size} bytes ({len})",
-                data.len()
-            )));
-        }
+        let len = self.sized(lba, blocks, lba_size, data.len(), "data")?;
         self.make_room()?;
         let cid = self.submit(IoOp::Write, nsid, lba, blocks, len, Some(data))?;
         self.wait_for(cid)?.check()
