@@ -783,7 +783,9 @@ impl Daemon {
                     // The controller may still reach these arenas: they stay mapped.
                     let mut q = lock(&self.quarantine);
                     for a in arenas {
-                        if let Some(arena) = ledger.arenas.get(&a) {
+                        if let Some(arena) = ledger.arenas.get(&a)
+                            && !q.iter().any(|held| Arc::ptr_eq(held, arena))
+                        {
                             q.push(arena.clone());
                         }
                     }

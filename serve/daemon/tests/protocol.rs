@@ -580,3 +580,67 @@ fn doorbell_values_outside_the_ring_fail_only_the_liars_queue() {
     assert!(s["controllers"][0]["degraded"].is_null(), "{s}");
     server.stop();
 }
+
+#[test]
+fn a_delete_that_fails_degrades_the_controller_keeps_the_memory_and_tells_every_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path(), Budgets::default(), BOUND);
+    let a = connect(server.socket());
+    hello(&a);
+    let (aid, _, _am) = arena(&a, 2, 1 << 20);
+    let (r, _) = ask(
+        &a,
+        3,
+        Request::CreateQueues {
+            controller: "nvme0".into(),
+            arena: aid,
+            count: 2,
+            depth: 16,
+            slot_bytes: 4096,
+        },
+    );
+    assert!(matches!(r, Reply::Queues { .. }), "{r:?}");
+    let b = connect(server.socket());
+    hello(&b);
+    let (bid, _, _bm) = arena(&b, 2, 1 << 20);
+    // The controller fails: A's queues cannot be deleted when A goes.
+    server.daemon().controllers()[0]
+        .emu()
+        .unwrap()
+        .faults()
+        .fatal();
+    drop(a);
+    reclaimed(&server, 1);
+    let s = status(&server);
+    let why = s["controllers"][0]["degraded"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(why.contains("deleting queues"), "{s}");
+    assert_eq!(s["quarantined_arenas"], 1, "A's arena stays mapped: {s}");
+    assert_eq!(s["released_arenas"], 0, "{s}");
+    // B is told, by an event, and new queues are refused with the reason.
+    let (f, _) = b.recv().unwrap();
+    assert_eq!(f.request_id, 0);
+    match f.message {
+        Message::Event(gpunvme_serve_proto::Event::ControllerFailed { controller, why }) => {
+            assert_eq!(controller, "nvme0");
+            assert!(why.contains("deleting queues"), "{why}");
+        }
+        other => panic!("not the event: {other:?}"),
+    }
+    let (r, _) = ask(
+        &b,
+        3,
+        Request::CreateQueues {
+            controller: "nvme0".into(),
+            arena: bid,
+            count: 1,
+            depth: 16,
+            slot_bytes: 4096,
+        },
+    );
+    refused(&r, RefusalKind::Device, "degraded");
+    drop(b);
+    server.stop();
+}
