@@ -120,6 +120,7 @@ export NEGATIVE=$([ "$name" = default ] && echo 1 || echo 0)
 export SETUP_SH=$([ "$name" = default ] && echo 1 || echo 0)
 export BLOCKFS=$([ "$name" = default ] || [ "$name" = lba4k ] && echo 1 || echo 0)
 export VOLUME=$([ "$name" = twoctrl ] || [ "$name" = fourctrl ] && echo 1 || echo 0)
+export SERVE=$([ "$name" = default ] && echo 1 || echo 0)
 . /usr/share/gpunvme/$([ "$name" = nskinds ] && echo nskinds.sh || echo suite.sh)
 EOF
     build_initramfs "$cdir/initrd.cpio" "$mode" test "$cdir/run.sh" "$vfio_ko"

@@ -41,6 +41,8 @@
 #   VOLUME          1: run step 8 (a striped volume over namespace 1 of the first two
 #                   controllers: makes it, puts a file, reads its bytes through the kernel
 #                   driver at the stripe layout's LBAs)
+#   SERVE           1: run step 9 (`gpunvme serve` owning the first controller through VFIO:
+#                   client processes, clients killed mid-I/O, DMAR faults counted)
 #
 # Output: one line per check, `GN-RESULT <token> PASS|FAIL <check> [detail]`, and exit status
 # 1 if any check failed.
@@ -844,6 +846,74 @@ volume_step() {
 
 if [ "${VOLUME:-0}" = 1 ]; then
     volume_step
+fi
+
+# ---- step 9: gpunvme serve over VFIO -------------------------------------------------------
+
+# serve_step BDF: `gpunvme serve` owns the controller through VFIO (arenas mapped through the
+# emulated IOMMU, doorbells forwarded to BAR0); two client processes verify their ranges at
+# once; clients killed mid-I/O beside an honest one; every killed client reclaimed; no DMAR
+# fault in the guest's log afterwards (a queue deleted after its memory left the IOMMU would
+# fault there).
+dmar_faults() { dmesg | grep -c 'DMAR:.*fault\|DMAR: \[DMA' || true; }
+serve_step() {
+    local bdf=$1 sock="$T/serve.sock" spid i p rc faults0 faults1 honest victim
+    gn_bind "$bdf" vfio-pci || {
+        fail "serve: bind $bdf to vfio-pci"
+        return
+    }
+    faults0=$(dmar_faults)
+    gpunvme --device "$bdf" serve --socket "$sock" >"$T/serve.out" 2>&1 &
+    spid=$!
+    for i in $(seq 300); do [ -S "$sock" ] && break; sleep 0.1; done
+    [ -S "$sock" ] || {
+        fail "serve: the daemon never listened" "$(tail -n 3 "$T/serve.out")"
+        kill "$spid" 2>/dev/null
+        return
+    }
+    rc=0
+    ours "$T/serve-c0" serve --socket "$sock" check --json --first-lba 16384 --lbas 4096 --qd 8 &
+    p=$!
+    ours "$T/serve-c1" serve --socket "$sock" check --json --first-lba 20480 --lbas 4096 --qd 8 ||
+        rc=1
+    wait "$p" || rc=1
+    if [ $rc = 0 ] &&
+        [ "$(jq -s 'map(.errors + .mismatched_bytes) | add' "$T/serve-c0.out" "$T/serve-c1.out")" = 0 ]; then
+        pass "serve: two client processes through VFIO verified their ranges at once"
+    else
+        fail "serve: two clients through VFIO" "$(tail -n 2 "$T/serve-c0.err" "$T/serve-c1.err")"
+    fi
+    ours "$T/serve-honest" serve --socket "$sock" check --json --first-lba 28672 --lbas 2048 \
+        --qd 4 --runtime 20s &
+    honest=$!
+    for i in $(seq 10); do
+        gpunvme serve --socket "$sock" check --first-lba 32768 --lbas 8192 --qd 8 --runtime 60s \
+            >/dev/null 2>&1 &
+        victim=$!
+        sleep "$((RANDOM % 2)).$((RANDOM % 10))"
+        kill -9 "$victim" 2>/dev/null
+        wait "$victim" 2>/dev/null
+    done
+    if wait "$honest" && [ "$(jq '.errors + .mismatched_bytes' "$T/serve-honest.out")" = 0 ]; then
+        pass "serve: 10 clients killed through VFIO beside an honest one, which verified"
+    else
+        fail "serve: the honest client beside killed ones" "$(tail -n 2 "$T/serve-honest.err")"
+    fi
+    if ours "$T/serve-status" serve --socket "$sock" status --json &&
+        [ "$(jq '[.controllers[0].lent_queue_pairs, (.clients | length), .controllers[0].degraded]' -c "$T/serve-status.out")" = '[0,1,null]' ]; then
+        pass "serve: every client reclaimed ($(jq '.reclaimed_holding_queues' "$T/serve-status.out") with queues held, $(jq '.controllers[0].forwarded_doorbells' "$T/serve-status.out") doorbells forwarded)"
+    else
+        fail "serve: after the kills" "$(head -c 400 "$T/serve-status.out")"
+    fi
+    kill -TERM "$spid" 2>/dev/null
+    if wait "$spid"; then pass "serve: the daemon stopped cleanly"
+    else fail "serve: the daemon's exit" "$(tail -n 3 "$T/serve.out")"; fi
+    faults1=$(dmar_faults)
+    check_eq "serve: DMAR faults in the guest's log during the serve step" 0 $((faults1 - faults0))
+}
+
+if [ "${SERVE:-0}" = 1 ]; then
+    serve_step "$(echo "$BDFS" | head -n 1)"
 fi
 
 exit "$FAILED"

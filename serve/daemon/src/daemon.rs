@@ -70,6 +70,9 @@ pub enum ServedBackend {
     /// A vfio-user server (SPDK's target): arenas shared by descriptor, doorbells forwarded
     /// from the clients' pages to its registers by the daemon ([`Forwarder`]).
     VfioUser(Arc<vfio::VfioUserNvme>),
+    /// A PCI function bound to vfio-pci: arenas mapped through the IOMMU, doorbells forwarded
+    /// to BAR0 as for vfio-user.
+    Vfio(Arc<vfio::VfioNvme>),
 }
 
 /// A controller the daemon serves.
@@ -96,7 +99,7 @@ impl Served {
     pub fn new(name: String, ctrl: Controller, backend: ServedBackend) -> Result<Self, ServeError> {
         let forwarder = match &backend {
             ServedBackend::Software(_) => None,
-            ServedBackend::VfioUser(_) => Some(
+            ServedBackend::VfioUser(_) | ServedBackend::Vfio(_) => Some(
                 Forwarder::start(ctrl.device().clone(), &name).map_err(|source| {
                     ServeError::Socket {
                         doing: "starting the doorbell thread".into(),
@@ -127,7 +130,7 @@ impl Served {
     pub fn emu(&self) -> Option<&Arc<EmuDevice>> {
         match &self.backend {
             ServedBackend::Software(e) => Some(e),
-            ServedBackend::VfioUser(_) => None,
+            ServedBackend::VfioUser(_) | ServedBackend::Vfio(_) => None,
         }
     }
 }
@@ -486,6 +489,7 @@ impl Daemon {
         let target = match &self.controllers[c].backend {
             ServedBackend::Software(emu) => ArenaTarget::Map(emu.address_map(), &self.poison),
             ServedBackend::VfioUser(dev) => ArenaTarget::VfioUser(dev),
+            ServedBackend::Vfio(dev) => ArenaTarget::Vfio(dev),
         };
         match Arena::new(id, len, target) {
             Err(e) => refuse(RefusalKind::Device, format!("allocating an arena: {e}")),
@@ -980,6 +984,7 @@ impl Daemon {
                     "backend": match &s.backend {
                         ServedBackend::Software(_) => "software controller",
                         ServedBackend::VfioUser(_) => "vfio-user",
+                        ServedBackend::Vfio(_) => "vfio",
                     },
                     "address_map_regions": s.emu().map(|e| e.address_map().region_count()),
                     // Doorbell values refused (a tail outside its ring; on the software

@@ -14,12 +14,13 @@
 //! What is served so far: images (through the software controller) and vfio-user servers
 //! (SPDK's NVMe-oF target), to clients that drive their queues from CPU threads
 //! (`gpunvme_serve_client`).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod daemon;
 pub mod forward;
 pub mod memory;
 pub mod server;
+mod vfio_map;
 
 pub use daemon::{Budgets, Daemon, TRUST};
 pub use server::{ServeOptions, Server};

@@ -100,6 +100,8 @@ enum Reach {
     },
     /// Shared with a vfio-user server by descriptor (its DMA_MAP).
     VfioUser(vfio::user::SharedDma),
+    /// Mapped for a VFIO function through the IOMMU.
+    Vfio(crate::vfio_map::Mapped),
 }
 
 /// Where a new arena is put in reach.
@@ -108,6 +110,8 @@ pub enum ArenaTarget<'a> {
     Map(&'a Arc<DeviceAddressMap>, &'a Arc<Poison>),
     /// A vfio-user server.
     VfioUser(&'a vfio::VfioUserNvme),
+    /// A VFIO function (type1 IOMMU: no-IOMMU mode cannot map memory of another owner).
+    Vfio(&'a vfio::VfioNvme),
 }
 
 /// An arena: shared memory in a controller's reach (see the module docs).
@@ -161,6 +165,11 @@ impl Arena {
                     .map_err(|e| crate::ServeError::Controller(e.to_string()))?;
                 (shared.device_address(), Reach::VfioUser(shared))
             }
+            ArenaTarget::Vfio(dev) => {
+                let mapped = crate::vfio_map::Mapped::new(dev, mem.clone())
+                    .map_err(|e| crate::ServeError::Controller(e.to_string()))?;
+                (mapped.device_address(), Reach::Vfio(mapped))
+            }
         };
         Ok(Self {
             id,
@@ -203,6 +212,8 @@ impl Drop for Arena {
             }
             // DMA_UNMAP before our mapping goes (the server holds its own meanwhile).
             Some(Reach::VfioUser(shared)) => drop(shared),
+            // VFIO_IOMMU_UNMAP_DMA before the pages can go.
+            Some(Reach::Vfio(mapped)) => drop(mapped),
             None => {}
         }
     }

@@ -34,7 +34,7 @@ pub struct ServeOptions {
     /// The socket's path.
     pub socket: PathBuf,
     /// The controllers: a name for each and its device, as `--device` spells it (an image
-    /// path, or `vfio-user:SOCKET`).
+    /// path, `vfio-user:SOCKET`, or a PCI address bound to vfio-pci).
     pub devices: Vec<(String, String)>,
     /// How each image is opened (LBA size, controller threads, queue pairs).
     pub open: OpenOptions,
@@ -85,11 +85,6 @@ impl Server {
         let mut served = Vec::new();
         for (name, device) in &opts.devices {
             let spec = DeviceSpec::parse(Some(device))?;
-            if let DeviceSpec::Pci(_) = spec {
-                return Err(ServeError::InvalidArgument(format!(
-                    "{device}: VFIO functions are not served yet (images and vfio-user servers are)"
-                )));
-            }
             let (ctrl, backend) = gpunvme::open::open_controller_and_transport(&spec, &opts.open)?;
             let backend = match backend {
                 Backend::Software(emu) => {
@@ -99,11 +94,7 @@ impl Server {
                     ServedBackend::Software(emu)
                 }
                 Backend::VfioUser(dev) => ServedBackend::VfioUser(dev),
-                Backend::Vfio(_) => {
-                    return Err(ServeError::InvalidArgument(format!(
-                        "{device}: VFIO functions are not served yet"
-                    )));
-                }
+                Backend::Vfio(dev) => ServedBackend::Vfio(dev),
             };
             served.push(Served::new(name.clone(), ctrl, backend)?);
         }

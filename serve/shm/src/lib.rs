@@ -139,6 +139,12 @@ impl SharedMemory {
         self.map.len()
     }
 
+    /// The mapping's first byte, for registering the memory with an IOMMU (VFIO's MAP_DMA) or
+    /// a GPU driver. Never turn it into a Rust reference: every party may write the bytes.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     /// Never: shared memory is at least a page.
     pub fn is_empty(&self) -> bool {
         self.map.len() == 0
