@@ -1,11 +1,13 @@
-//! The layout of queue pairs in an arena (docs/serve.md, "The memory a client is given"):
-//! for each pair, page-aligned and in this order, the SQ (`depth` × 64 bytes), the CQ
-//! (`depth` × 16 bytes), `depth` slot buffers of `slot_bytes`, and `depth` PRP list pages.
+//! The layout of queue pairs in an arena (docs/serve.md, "The memory a client is given";
+//! `gpunvme_serve_proto::layout`): for each pair, page-aligned and in this order, the SQ
+//! (`depth` × 64 bytes), the CQ (`depth` × 16 bytes), two PRP list pages per slot, and
+//! `depth` slot buffers of `slot_bytes`.
 //!
 //! The daemon chooses the offsets; the client checks every grant against its arena before it
 //! touches a byte (`check_grants`), so a wrong grant is a protocol error, never an access
 //! outside the rings it names.
 
+use gpunvme_serve_proto::layout::{PRP_PAGES_PER_SLOT, PairLayout};
 use gpunvme_serve_proto::msg::QueueGrant;
 use nvme_spec::wire::{CQE_SIZE, SQE_SIZE};
 
@@ -14,28 +16,22 @@ use crate::command::PAGE;
 /// Bytes of the doorbell page passed with the queue grants.
 pub const DOORBELL_PAGE: usize = 4096;
 
-fn page_up(n: u64) -> u64 {
-    n.div_ceil(PAGE) * PAGE
-}
-
-/// The four regions of one pair, in layout order: (name, bytes).
+/// The four regions of one pair, in the grant's field order (`sq`, `cq`, `slots`,
+/// `prp_lists`): (name, bytes).
 fn regions(depth: u32, slot_bytes: u32) -> [(&'static str, u64); 4] {
     let depth = u64::from(depth);
     [
         ("submission queue", depth * SQE_SIZE as u64),
         ("completion queue", depth * CQE_SIZE as u64),
         ("slot buffers", depth * u64::from(slot_bytes)),
-        ("PRP list pages", depth * PAGE),
+        ("PRP list pages", depth * PRP_PAGES_PER_SLOT * PAGE),
     ]
 }
 
 /// Bytes one pair of `depth` entries with slots of `slot_bytes` takes in an arena, each
 /// region rounded up to whole pages.
 pub fn pair_bytes(depth: u32, slot_bytes: u32) -> u64 {
-    regions(depth, slot_bytes)
-        .iter()
-        .map(|(_, bytes)| page_up(*bytes))
-        .sum()
+    PairLayout::new(depth, slot_bytes).len
 }
 
 /// Bytes an arena needs for `count` pairs laid out one after the other from its start (the
@@ -113,23 +109,18 @@ mod tests {
 
     /// Grants laid out as docs/serve.md says, from offset 0.
     fn laid_out(count: u16, depth: u32, slot_bytes: u32) -> Vec<QueueGrant> {
-        let mut at = 0;
+        let l = PairLayout::new(depth, slot_bytes);
         (0..count)
             .map(|i| {
-                let mut next = |bytes: u64| {
-                    let start = at;
-                    at += page_up(bytes);
-                    start
-                };
-                let [sq, cq, slots, prp] = regions(depth, slot_bytes).map(|(_, b)| next(b));
+                let at = u64::from(i) * l.len;
                 QueueGrant {
                     qid: i + 1,
                     sq_doorbell: 8 * u32::from(i),
                     cq_doorbell: 8 * u32::from(i) + 4,
-                    sq,
-                    cq,
-                    slots,
-                    prp_lists: prp,
+                    sq: at + l.sq,
+                    cq: at + l.cq,
+                    slots: at + l.slots,
+                    prp_lists: at + l.prp_lists,
                 }
             })
             .collect()
@@ -137,8 +128,8 @@ mod tests {
 
     #[test]
     fn sizes() {
-        // depth 64: SQ 4 KiB, CQ 1 KiB (one page), 64 slots of 8 KiB, 64 list pages.
-        assert_eq!(pair_bytes(64, 8192), 4096 + 4096 + 64 * 8192 + 64 * 4096);
+        // depth 64: SQ 4 KiB, CQ 1 KiB (one page), 128 list pages, 64 slots of 8 KiB.
+        assert_eq!(pair_bytes(64, 8192), 4096 + 4096 + 128 * 4096 + 64 * 8192);
         assert_eq!(arena_bytes_for(3, 64, 8192), 3 * pair_bytes(64, 8192));
         // depth 65536 and 2 MiB slots: no overflow in u64.
         assert!(pair_bytes(65536, 2 << 20) > 1 << 37);

@@ -4,7 +4,7 @@
 //! The ring protocol (docs/serve.md): submission entry `i` is at arena offset `sq + 64 * i`,
 //! completion entry `i` at `cq + 16 * i`; slot `s` is the buffer at `slots + s * slot_bytes`
 //! and command id `s`; a transfer of more than two pages puts its page list in the slot's PRP
-//! list page `prp_lists + s * 4096`. After writing an entry the host stores the new SQ tail
+//! list page `prp_lists + s * 2 * 4096` (the first of its two). After writing an entry the host stores the new SQ tail
 //! in its doorbell word with Release ordering; it polls a completion's last dword with
 //! Acquire ordering until the phase tag (bit 16) is the one expected (1 on the first pass,
 //! flipped at every wrap), and after consuming entries stores the CQ head with Release.
@@ -408,7 +408,9 @@ impl QueuePair {
             mem.write(buffer as usize, data)
                 .map_err(shm("copying data into a slot"))?;
         }
-        let list_page = self.grant.prp_lists + u64::from(slot) * PAGE;
+        // The first of the slot's list pages (one holds the 512 entries a slot can need).
+        let list_page = self.grant.prp_lists
+            + u64::from(slot) * gpunvme_serve_proto::layout::PRP_PAGES_PER_SLOT * PAGE;
         let base = self.arena.device_address;
         let device = |offset: u64| base.checked_add(offset);
         let (Some(buffer_addr), Some(list_addr)) = (device(buffer), device(list_page)) else {

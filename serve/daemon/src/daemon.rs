@@ -547,12 +547,11 @@ impl Daemon {
                 ),
             );
         }
-        // Layout per pair: SQ, CQ, slot buffers, PRP list pages, each page-aligned.
-        let sq_bytes = (u64::from(depth) * 64).next_multiple_of(PAGE);
-        let cq_bytes = (u64::from(depth) * 16).next_multiple_of(PAGE);
-        let slots_bytes = u64::from(depth) * u64::from(slot_bytes);
-        let prp_bytes = u64::from(depth) * PAGE;
-        let per_pair = sq_bytes + cq_bytes + slots_bytes + prp_bytes;
+        // Layout per pair (the protocol's, which is the GPU queues'): SQ, CQ, PRP list
+        // pages, slot buffers, each page-aligned.
+        let layout = gpunvme_serve_proto::layout::PairLayout::new(depth, slot_bytes);
+        let (sq_bytes, cq_bytes) = (layout.sq_len, layout.cq_len);
+        let per_pair = layout.len;
         let used = ledger.arena_used.get(&arena_id).copied().unwrap_or(0);
         let need = per_pair * u64::from(count);
         if used + need > arena.len() as u64 {
@@ -616,9 +615,8 @@ impl Daemon {
         let mut places = Vec::with_capacity(usize::from(count));
         for i in 0..u64::from(count) {
             let base = used + i * per_pair;
-            let (sq, cq) = (base, base + sq_bytes);
-            let slots = cq + cq_bytes;
-            let prp_lists = slots + slots_bytes;
+            let (sq, cq) = (base + layout.sq, base + layout.cq);
+            let (slots, prp_lists) = (base + layout.slots, base + layout.prp_lists);
             // Rings start empty: zeroed here (the arena may hold an earlier pair's entries).
             let zeroed = arena
                 .memory()

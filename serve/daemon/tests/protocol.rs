@@ -164,15 +164,16 @@ fn a_client_gets_arenas_and_queues_and_all_of_it_is_reclaimed_when_it_goes() {
     assert_eq!(fds.len(), 1, "the doorbell page");
     let page = SharedMemory::from_fd(fds.into_iter().next().unwrap(), 4096).unwrap();
     assert_eq!(page.len(), 4096);
-    // Laid out as docs/serve.md says: SQ, CQ, slots, PRP lists, page-aligned, in the arena.
+    // Laid out as docs/serve.md says: SQ, CQ, two PRP list pages per slot, then the slots
+    // (the GPU protocol's order), page-aligned, in the arena.
     let q = &queues[0];
     assert_eq!(
-        (q.sq, q.cq, q.slots, q.prp_lists),
-        (0, 4096, 8192, 8192 + 16 * 8192)
+        (q.sq, q.cq, q.prp_lists, q.slots),
+        (0, 4096, 8192, 8192 + 32 * 4096)
     );
-    assert!(queues[1].sq >= q.prp_lists + 16 * 4096);
+    assert!(queues[1].sq >= q.slots + 16 * 8192);
     assert_ne!(q.sq_doorbell, queues[1].sq_doorbell);
-    assert!(mem.len() as u64 >= queues[1].prp_lists + 16 * 4096);
+    assert!(mem.len() as u64 >= queues[1].slots + 16 * 8192);
     let s = status(&server);
     assert_eq!(s["controllers"][0]["lent_queue_pairs"], 2, "{s}");
     assert_eq!(

@@ -8,6 +8,7 @@
 //!   request id, body length) and a JSON body, every field checked before it is believed;
 //! - [`limits`] and [`error`]: the version and sizes every frame is held to, and why one was
 //!   refused;
+//! - [`layout`]: where a queue pair's rings, PRP lists and slots sit in an arena;
 //! - [`msg`]: the messages, their limits, and the descriptors each one carries;
 //! - [`socket`]: one message per `SOCK_SEQPACKET` datagram, descriptors by `SCM_RIGHTS`, every
 //!   wait bounded, a truncated datagram or a surplus descriptor refused by name.
@@ -19,6 +20,7 @@
 
 pub mod error;
 pub mod frame;
+pub mod layout;
 pub mod limits;
 pub mod msg;
 pub mod socket;

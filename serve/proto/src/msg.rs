@@ -148,8 +148,8 @@ pub struct QueueGrant {
     pub cq: u64,
     /// See `sq`.
     pub slots: u64,
-    /// Offset in the arena of the first slot's PRP list page (one 4 KiB page per slot, after
-    /// the slot buffers), for transfers of more than two pages.
+    /// Offset in the arena of the first slot's PRP list pages (two 4 KiB pages per slot,
+    /// [`crate::layout::PRP_PAGES_PER_SLOT`]), for transfers of more than two pages.
     pub prp_lists: u64,
 }
 

@@ -338,6 +338,8 @@ impl Daemon {
             return self.refuse(id, RefusalKind::NotFound, format!("no arena {arena}"));
         };
         let (mem, base) = (a.mem.clone(), a.device_address);
+        // The protocol's layout, computed here on its own terms (SQ, CQ, two list pages per
+        // slot, slots), not through the crate under test.
         let up = |n: u64| n.div_ceil(PAGE) * PAGE;
         let d = u64::from(depth);
         let mut at = 0u64;
@@ -349,7 +351,7 @@ impl Daemon {
                 start
             };
             let (sq, cq) = (take(d * 64), take(d * 16));
-            let (slots, prp_lists) = (take(d * u64::from(slot_bytes)), take(d * PAGE));
+            let (prp_lists, slots) = (take(d * 2 * PAGE), take(d * u64::from(slot_bytes)));
             let qid = self.next_qid + i;
             grants.push(QueueGrant {
                 qid,
