@@ -19,6 +19,10 @@ pub struct ServeArgs {
     /// The daemon's socket.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// The group (name or id) whose members may connect besides this user: the socket is then
+    /// mode 0660 and that group's (default: 0600, this user only).
+    #[arg(long)]
+    group: Option<String>,
     /// Queue pairs each client may hold at once (1 to 64).
     #[arg(long, default_value_t = 16)]
     client_queues: u16,
@@ -160,6 +164,11 @@ pub fn run(args: ServeArgs, devices: &[String], open: OpenOptions, json: bool) -
         },
         send_bound: Duration::from_secs_f64(args.send_bound_s),
         completion_delay: args.emu_completion_delay_ms.map(Duration::from_millis),
+        group: args
+            .group
+            .as_deref()
+            .map(gpunvme_serve::group_id)
+            .transpose()?,
     };
     let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::Release));
     let server = Server::start(opts)?;

@@ -23,7 +23,7 @@ pub mod server;
 mod vfio_map;
 
 pub use daemon::{Budgets, Daemon, TRUST};
-pub use server::{ServeOptions, Server};
+pub use server::{ServeOptions, Server, group_id};
 
 /// Why the daemon could not start or serve.
 #[derive(Debug, thiserror::Error)]

@@ -45,6 +45,9 @@ pub struct ServeOptions {
     /// Every I/O completion of the software controllers delayed by this much (tests: commands
     /// truly outstanding when a client dies).
     pub completion_delay: Option<Duration>,
+    /// The group whose members may connect besides the daemon's user (socket mode 0660);
+    /// `None`: the daemon's user only (0600).
+    pub group: Option<u32>,
 }
 
 impl ServeOptions {
@@ -57,6 +60,7 @@ impl ServeOptions {
             budgets: Budgets::default(),
             send_bound: Duration::from_secs(2),
             completion_delay: None,
+            group: None,
         }
     }
 }
@@ -99,7 +103,7 @@ impl Server {
             served.push(Served::new(name.clone(), ctrl, backend)?);
         }
         let daemon = Arc::new(Daemon::new(served, opts.budgets)?);
-        let listener = listen(&opts.socket)?;
+        let listener = listen(&opts.socket, opts.group)?;
         let stop = Arc::new(AtomicBool::new(false));
         let accept = {
             let (daemon, stop, bound) = (daemon.clone(), stop.clone(), opts.send_bound);
@@ -155,7 +159,7 @@ impl Drop for Server {
     }
 }
 
-fn listen(path: &Path) -> Result<OwnedFd, ServeError> {
+fn listen(path: &Path, group: Option<u32>) -> Result<OwnedFd, ServeError> {
     if path.exists() {
         // A daemon answering there keeps it; a stale socket file is replaced.
         let probe = rustix::net::socket_with(
@@ -186,8 +190,38 @@ fn listen(path: &Path) -> Result<OwnedFd, ServeError> {
     .map_err(sock_err("making the listening socket"))?;
     let addr = SocketAddrUnix::new(path).map_err(sock_err(format!("{}", path.display())))?;
     rustix::net::bind(&fd, &addr).map_err(sock_err(format!("binding {}", path.display())))?;
+    // Who may connect is the socket file's mode: the daemon's user and, with `group`, that
+    // group's members (0660); nobody else, whatever the umask.
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    rustix::fs::chmod(path, rustix::fs::Mode::from_raw_mode(mode))
+        .map_err(sock_err(format!("setting the mode of {}", path.display())))?;
+    if let Some(gid) = group {
+        rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(gid))).map_err(sock_err(
+            format!("giving {} to group {gid}", path.display()),
+        ))?;
+    }
     rustix::net::listen(&fd, 64).map_err(sock_err(format!("listening at {}", path.display())))?;
     Ok(fd)
+}
+
+/// The id of group `name` (from /etc/group), or `name` itself if it is a number.
+pub fn group_id(name: &str) -> Result<u32, ServeError> {
+    if let Ok(gid) = name.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|source| ServeError::Socket {
+        doing: "reading /etc/group".into(),
+        source,
+    })?;
+    groups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            Some((f.next()?, f.nth(1)?))
+        })
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, gid)| gid.parse().ok())
+        .ok_or_else(|| ServeError::InvalidArgument(format!("no group {name:?} in /etc/group")))
 }
 
 /// Waits up to [`TICK`] for `fd` to be readable; whether it is.

@@ -645,3 +645,34 @@ fn a_delete_that_fails_degrades_the_controller_keeps_the_memory_and_tells_every_
     drop(b);
     server.stop();
 }
+
+#[test]
+fn the_socket_admits_the_daemons_user_or_its_group_and_nobody_else() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path(), Budgets::default(), BOUND);
+    let mode = std::fs::metadata(server.socket())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    server.stop();
+    let image = dir.path().join("a.img");
+    let gid = std::fs::metadata(&image).unwrap().gid();
+    let mut opts = ServeOptions::new(
+        dir.path().join("g.sock"),
+        vec![("nvme0".into(), image.to_str().unwrap().into())],
+    );
+    opts.group = Some(gid);
+    let s = Server::start(opts).unwrap();
+    let meta = std::fs::metadata(s.socket()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), gid);
+    s.stop();
+    assert_eq!(gpunvme_serve::group_id("root").unwrap(), 0);
+    assert_eq!(gpunvme_serve::group_id("4242").unwrap(), 4242);
+    let e = gpunvme_serve::group_id("no-such-group-here")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no group \"no-such-group-here\""), "{e}");
+}
