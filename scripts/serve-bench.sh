@@ -46,6 +46,14 @@ check=(serve --socket "$sock" check --json --read-only --qd 32 --depth 64 --bloc
 one=$("$G" "${check[@]}" --queues "$clients" | field iops)
 echo "serve-bench: served, one client, $clients queues: $one IOPS" >&2
 
+# A fresh client process's set-up: connect (Hello/Welcome), then arena, queues and an Identify
+# until its queues are ready; five one-shot clients, each its own process.
+setups=$(for i in 1 2 3 4 5; do
+    "$G" serve --socket "$sock" check --json --read-only --ios 16 --queues 1 |
+        python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["connect_us"], j["setup_us"])'
+done)
+echo "serve-bench: fresh clients' connect and set-up (us): $(echo $setups)" >&2
+
 pids=()
 for i in $(seq 0 $((clients - 1))); do
     "$G" "${check[@]}" --queues 1 --seed "$i" > "$work/client-$i.json" &
@@ -58,10 +66,11 @@ echo "serve-bench: served, $clients clients at once, one queue each: $sum IOPS i
 status=$("$G" serve --socket "$sock" status --json)
 kill "$serve_pid"; wait "$serve_pid" || true; serve_pid=""
 
-python3 - "$owned" "$one" "$sum" "$clients" "$runtime" "$threads" "$status" $per <<'EOF'
-import json, os, sys
-owned, one, total, n, runtime, threads, status = sys.argv[1:8]
-per = [round(float(x)) for x in sys.argv[8:]]
+python3 - "$owned" "$one" "$sum" "$clients" "$runtime" "$threads" "$status" "$setups" $per <<'EOF'
+import json, os, statistics, sys
+owned, one, total, n, runtime, threads, status, setups = sys.argv[1:9]
+per = [round(float(x)) for x in sys.argv[9:]]
+pairs = [tuple(map(int, l.split())) for l in setups.splitlines() if l.strip()]
 s = json.loads(status)
 print(json.dumps({
     "bench": "serve",
@@ -77,6 +86,8 @@ print(json.dumps({
     "served_per_client_iops": per,
     "served_clients_over_owned": round(float(total) / float(owned), 3),
     "served_clients_over_one_client": round(float(total) / float(one), 3),
+    "fresh_client_connect_us_median": statistics.median(p[0] for p in pairs),
+    "fresh_client_queues_ready_us_median": statistics.median(p[1] for p in pairs),
     "doorbells_refused": s["controllers"][0]["invalid_doorbell_writes"],
     "late_controller_writes": s["late_controller_writes"],
 }))
