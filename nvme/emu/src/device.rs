@@ -257,7 +257,14 @@ impl EmuDevice {
         self.shared.regs.wake_all();
         let handles = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let deadline = Instant::now() + STOP_TIMEOUT;
+        // Every thread woken first, so they wind down together rather than one per wait.
+        for handle in &handles {
+            handle.thread().unpark();
+        }
         for handle in handles {
+            // Short pauses first (a woken thread ends within microseconds; a close costs
+            // one pause per thread that is still running), up to 1 ms.
+            let mut pause = Duration::from_micros(10);
             while !handle.is_finished() {
                 if Instant::now() >= deadline {
                     tracing::warn!(
@@ -268,7 +275,8 @@ impl EmuDevice {
                 // Before the wakers are registered (a failed start) a thread notices the flag
                 // within a park's length.
                 handle.thread().unpark();
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
             }
             let _ = handle.join();
         }
