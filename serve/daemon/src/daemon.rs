@@ -492,7 +492,20 @@ impl Daemon {
             ServedBackend::Vfio(dev) => ArenaTarget::Vfio(dev),
         };
         match Arena::new(id, len, target) {
-            Err(e) => refuse(RefusalKind::Device, format!("allocating an arena: {e}")),
+            Err(e) => {
+                let hint = match &self.controllers[c].backend {
+                    ServedBackend::VfioUser(_) => {
+                        " (a vfio-user server such as SPDK's maps at most 16 regions per client: \
+                         the daemon's own memory and every client's arenas count)"
+                    }
+                    ServedBackend::Vfio(_) => " (VFIO maps arenas through a type1 IOMMU only)",
+                    ServedBackend::Software(_) => "",
+                };
+                refuse(
+                    RefusalKind::Device,
+                    format!("allocating an arena: {e}{hint}"),
+                )
+            }
             Ok(arena) => {
                 let arena = Arc::new(arena);
                 let reply = Reply::Arena {
