@@ -16,6 +16,8 @@
 //! - [`status`]: status code types, codes and names, and the decoded [`Status`].
 //! - [`identify`]: Identify Controller / Namespace / Active Namespace list.
 //! - [`log`]: Error Information and SMART / Health log pages.
+//! - [`fabrics`]: NVMe over Fabrics commands (Connect and its data, Property Get/Set) and
+//!   status codes; [`tcp`]: the NVMe/TCP PDUs' headers.
 //! - [`wire`]: byte offsets and sizes of every SQE and CQE field, the doorbell base and
 //!   stride: the one definition that byte-level writers (the driver's queue engine, the
 //!   software controller, the GPU header) share, tested against the structs with `offset_of!`.
@@ -25,7 +27,8 @@
 //! are little endian, so the crate refuses to build for big-endian targets.
 //!
 //! # Not implemented
-//! SGLs, fabrics commands, metadata/protection information, zoned and key-value command sets.
+//! SGLs beyond the NVMe/TCP descriptor ([`tcp::sgl1`]), the discovery log page,
+//! authentication, metadata/protection information, zoned and key-value command sets.
 #![no_std]
 #![forbid(unsafe_code)]
 
@@ -34,10 +37,12 @@ compile_error!("nvme_spec declares little-endian wire structures with native int
 
 pub mod command;
 pub mod completion;
+pub mod fabrics;
 pub mod identify;
 pub mod log;
 pub mod registers;
 pub mod status;
+pub mod tcp;
 pub mod wire;
 
 pub use command::{AdminOpcode, Cns, Command, DsmRange, FeatureId, LogPageId, NvmOpcode};
