@@ -1,0 +1,3 @@
+//! NVMe/TCP (the NVMe/TCP Transport Specification; PDU layouts in `nvme_spec::tcp`).
+
+pub mod codec;
