@@ -56,6 +56,28 @@ fn ask(c: &Channel, id: u32, r: Request) -> (Reply, Vec<OwnedFd>) {
     }
 }
 
+/// `CreateQueues` on nvme0 in `arena`: the reply and its descriptors.
+fn create(
+    c: &Channel,
+    id: u32,
+    arena: u64,
+    count: u16,
+    depth: u32,
+    slot_bytes: u32,
+) -> (Reply, Vec<OwnedFd>) {
+    ask(
+        c,
+        id,
+        Request::CreateQueues {
+            controller: "nvme0".into(),
+            arena,
+            count,
+            depth,
+            slot_bytes,
+        },
+    )
+}
+
 fn hello(c: &Channel) {
     let (r, _) = ask(
         c,
@@ -146,17 +168,7 @@ fn a_client_gets_arenas_and_queues_and_all_of_it_is_reclaimed_when_it_goes() {
     );
     let (aid, base, mem) = arena(&c, 3, 4 << 20);
     assert_ne!(base, 0);
-    let (r, fds) = ask(
-        &c,
-        4,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: aid,
-            count: 2,
-            depth: 16,
-            slot_bytes: 8192,
-        },
-    );
+    let (r, fds) = create(&c, 4, aid, 2, 16, 8192);
     let Reply::Queues { queues } = r else {
         panic!("{r:?}")
     };
@@ -194,17 +206,7 @@ fn a_client_gets_arenas_and_queues_and_all_of_it_is_reclaimed_when_it_goes() {
     let c2 = connect(server.socket());
     hello(&c2);
     let (aid, _, _m) = arena(&c2, 2, 4 << 20);
-    let (r, _) = ask(
-        &c2,
-        3,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: aid,
-            count: 2,
-            depth: 16,
-            slot_bytes: 8192,
-        },
-    );
+    let (r, _) = create(&c2, 3, aid, 2, 16, 8192);
     assert!(matches!(r, Reply::Queues { .. }), "{r:?}");
     server.stop();
 }
@@ -324,17 +326,7 @@ fn another_clients_queues_and_arenas_and_budgets_past_their_numbers_are_refused(
     let a = connect(server.socket());
     hello(&a);
     let (a_arena, _, _am) = arena(&a, 2, 4 << 20);
-    let (r, _) = ask(
-        &a,
-        3,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: a_arena,
-            count: 2,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&a, 3, a_arena, 2, 16, 4096);
     let Reply::Queues { queues } = r else {
         panic!("{r:?}")
     };
@@ -357,17 +349,7 @@ fn another_clients_queues_and_arenas_and_budgets_past_their_numbers_are_refused(
     );
     let (r, _) = ask(&b, 3, Request::FreeArena { arena: a_arena });
     refused(&r, RefusalKind::NotFound, "not one of this client's");
-    let (r, _) = ask(
-        &b,
-        4,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: a_arena,
-            count: 1,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&b, 4, a_arena, 1, 16, 4096);
     refused(&r, RefusalKind::NotFound, "not one of this client's");
     // B's budgets, with the numbers.
     let (b_arena, _, _bm) = arena(&b, 5, 4 << 20);
@@ -380,58 +362,18 @@ fn another_clients_queues_and_arenas_and_budgets_past_their_numbers_are_refused(
         },
     );
     refused(&r, RefusalKind::Budget, "budget of 8388608 bytes");
-    let (r, _) = ask(
-        &b,
-        7,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: b_arena,
-            count: 1,
-            depth: 128,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&b, 7, b_arena, 1, 128, 4096);
     refused(&r, RefusalKind::Budget, "the budget is 64 entries");
-    let (r, _) = ask(
-        &b,
-        8,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: b_arena,
-            count: 5,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&b, 8, b_arena, 5, 16, 4096);
     refused(&r, RefusalKind::Budget, "budget of 4 per client");
     // An arena too small for the layout: the bytes needed and free.
-    let (r, _) = ask(
-        &b,
-        9,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: b_arena,
-            count: 4,
-            depth: 64,
-            slot_bytes: 65536,
-        },
-    );
+    let (r, _) = create(&b, 9, b_arena, 4, 64, 65536);
     refused(&r, RefusalKind::InvalidArgument, "bytes of arena");
     // A million queues, asked 64 at a time: each refused, never granted (the controller has 8,
     // A holds 2, so B gets at most its budget of 4).
     let mut granted = 0;
     for i in 0..200u32 {
-        let (r, _) = ask(
-            &b,
-            100 + i,
-            Request::CreateQueues {
-                controller: "nvme0".into(),
-                arena: b_arena,
-                count: if i == 0 { 4 } else { 64 },
-                depth: 2,
-                slot_bytes: 4096,
-            },
-        );
+        let (r, _) = create(&b, 100 + i, b_arena, if i == 0 { 4 } else { 64 }, 2, 4096);
         if let Reply::Queues { queues } = r {
             granted += queues.len();
         }
@@ -521,17 +463,7 @@ fn doorbell_values_outside_the_ring_fail_only_the_liars_queue() {
     let liar = connect(server.socket());
     hello(&liar);
     let (aid, _, _m) = arena(&liar, 2, 1 << 20);
-    let (r, fds) = ask(
-        &liar,
-        3,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: aid,
-            count: 1,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, fds) = create(&liar, 3, aid, 1, 16, 4096);
     let Reply::Queues { queues } = r else {
         panic!("{r:?}")
     };
@@ -589,17 +521,7 @@ fn a_delete_that_fails_degrades_the_controller_keeps_the_memory_and_tells_every_
     let a = connect(server.socket());
     hello(&a);
     let (aid, _, _am) = arena(&a, 2, 1 << 20);
-    let (r, _) = ask(
-        &a,
-        3,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: aid,
-            count: 2,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&a, 3, aid, 2, 16, 4096);
     assert!(matches!(r, Reply::Queues { .. }), "{r:?}");
     let b = connect(server.socket());
     hello(&b);
@@ -630,17 +552,7 @@ fn a_delete_that_fails_degrades_the_controller_keeps_the_memory_and_tells_every_
         }
         other => panic!("not the event: {other:?}"),
     }
-    let (r, _) = ask(
-        &b,
-        3,
-        Request::CreateQueues {
-            controller: "nvme0".into(),
-            arena: bid,
-            count: 1,
-            depth: 16,
-            slot_bytes: 4096,
-        },
-    );
+    let (r, _) = create(&b, 3, bid, 1, 16, 4096);
     refused(&r, RefusalKind::Device, "degraded");
     drop(b);
     server.stop();
