@@ -1,3 +1,4 @@
 //! NVMe/TCP (the NVMe/TCP Transport Specification; PDU layouts in `nvme_spec::tcp`).
 
 pub mod codec;
+pub mod conn;
