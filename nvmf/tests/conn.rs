@@ -165,3 +165,43 @@ fn no_listener_a_closed_socket_and_a_silent_target_each_end_within_the_bound() {
     );
     keep.join().unwrap();
 }
+
+#[test]
+fn a_connect_goes_in_one_capsule_with_its_data_and_its_completion_comes_back() {
+    use nvme_spec::fabrics::{self, CNTLID_DYNAMIC, ConnectData};
+    use zerocopy::IntoBytes;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut req = vec![0u8; 128];
+        s.read_exact(&mut req).unwrap();
+        s.write_all(&icresp(0, 0, 8192)).unwrap();
+        // CapsuleCmd: HLEN 72, PDO 72, PLEN 72 + 1024.
+        let mut cap = vec![0u8; 72 + 1024];
+        s.read_exact(&mut cap).unwrap();
+        let cid = u16::from_le_bytes([cap[8 + 2], cap[8 + 3]]);
+        // The reply: CapsuleResp with DW0 = controller id 7.
+        let mut resp = vec![0x05, 0, 24, 0, 24, 0, 0, 0];
+        resp.extend_from_slice(&7u32.to_le_bytes());
+        resp.extend_from_slice(&[0; 8]);
+        resp.extend_from_slice(&cid.to_le_bytes());
+        resp.extend_from_slice(&[0, 0]);
+        s.write_all(&resp).unwrap();
+        cap
+    });
+    let mut c = Connection::connect(addr, &opts(DigestFlags::new())).unwrap();
+    let data = ConnectData::new([1; 16], CNTLID_DYNAMIC, "nqn.test:sub", "nqn.test:host").unwrap();
+    let done = c
+        .command(fabrics::connect(9, 0, 31, 0, 0), data.as_bytes())
+        .unwrap();
+    assert_eq!((done.cid, done.dw0), (9, 7));
+    let cap = t.join().unwrap();
+    assert_eq!((cap[0], cap[2], cap[3]), (0x04, 72, 72));
+    assert_eq!(u32::from_le_bytes(cap[4..8].try_into().unwrap()), 72 + 1024);
+    let sqe = &cap[8..72];
+    assert_eq!((sqe[0], sqe[4]), (0x7f, 0x01), "Fabrics Connect");
+    assert_eq!(&sqe[32..36], &1024u32.to_le_bytes(), "SGL1 length");
+    assert_eq!(sqe[39], 0x01, "SGL1: in-capsule Data Block");
+    assert_eq!(&cap[72 + 256..72 + 268], b"nqn.test:sub");
+}

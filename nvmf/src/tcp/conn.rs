@@ -149,6 +149,40 @@ impl Connection {
         self.neg
     }
 
+    /// Runs one command that moves no data or carries its data in the capsule
+    /// (`in_capsule`, at most the in-capsule size: 8 KiB on the admin queue): SGL1 is set
+    /// here (an in-capsule Data Block, or none), the capsule sent, and the completion with the
+    /// command's CID returned. Completions of other commands meanwhile are a protocol error
+    /// here (one command at a time), as is read data.
+    pub fn command(
+        &mut self,
+        mut sqe: nvme_spec::Command,
+        in_capsule: &[u8],
+    ) -> Result<nvme_spec::Completion, TcpError> {
+        use nvme_spec::tcp::{SGL_DATA_BLOCK_OFFSET, sgl1};
+        let (a, b) = if in_capsule.is_empty() {
+            (0, 0)
+        } else {
+            sgl1(0, in_capsule.len() as u32, SGL_DATA_BLOCK_OFFSET)
+        };
+        sqe.prp1 = a;
+        sqe.prp2 = b;
+        let cid = sqe.cdw0.cid();
+        let pdu = encode::capsule(&self.neg, &sqe, in_capsule);
+        self.send(&pdu)?;
+        match self.recv()? {
+            Pdu::CapsuleResp(c) if c.cid == cid => Ok(c),
+            other => {
+                let f = Fatal {
+                    fes: Fes::PDU_SEQUENCE_ERROR,
+                    fei: 0,
+                    why: format!("awaiting the completion of command {cid}, got {other:?}"),
+                };
+                Err(self.fail(f, &[]))
+            }
+        }
+    }
+
     /// Sends `bytes` (whole PDUs), within the bound.
     pub fn send(&mut self, bytes: &[u8]) -> Result<(), TcpError> {
         match self.stream.write_all(bytes) {
