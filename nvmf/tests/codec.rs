@@ -223,6 +223,12 @@ fn each_bad_header_is_refused_with_its_fatal_error_status() {
     b[3] = 28;
     let e = fatal(&mut live(DIGESTS), &b);
     assert_eq!((e.fes, e.fei), (Fes::INVALID_HEADER_FIELD, 3));
+    // PLEN that ends before the data starts (here before the header digest): refused, not
+    // cut past its end.
+    let mut b = c2h(1, 0, &[1; 16], 0x04, &DIGESTS);
+    b[4..8].copy_from_slice(&24u32.to_le_bytes());
+    b.truncate(24);
+    assert_eq!(fatal(&mut live(DIGESTS), &b).fei, 3);
     // DATAL that does not add up with PDO and PLEN.
     let mut b = c2h(1, 0, &[1; 16], 0x04, &PLAIN);
     b[16] = 15;

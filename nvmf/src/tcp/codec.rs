@@ -361,7 +361,8 @@ impl Decoder {
         } else {
             let pdo = usize::from(ch.pdo);
             let align = (usize::from(neg.hpda) + 1) * 4;
-            if pdo < hlen + hd || pdo % align != 0 {
+            // PLEN must reach past PDO too: the digest and the data are cut from the PDU.
+            if pdo < hlen + hd || pdo % align != 0 || plen <= pdo {
                 return bad(
                     3,
                     format!(
