@@ -293,3 +293,41 @@ fn a_killed_daemon_ends_its_clients_calls_quickly_and_a_restarted_one_serves() {
     passed(&check_cmd(&d.socket, "--lbas 4096").output().unwrap());
     d.stop();
 }
+
+#[test]
+fn a_check_refuses_to_write_over_a_blockfs_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "64M");
+    ok(&gpunvme(
+        dir.path(),
+        &format!("--device {} fs mkfs", img.display()),
+    ));
+    let d = Daemon::start(dir.path(), &img, &[]);
+    let out = check_cmd(&d.socket, "--lbas 4096").output().unwrap();
+    let err = common::error_line(&out);
+    assert!(err.contains("namespace 1 holds a blockfs"), "{err}");
+    assert!(err.contains("--force"), "{err}");
+    // The probe's queue and arena are given back.
+    let s = d.status();
+    assert_eq!(
+        s["controllers"][0]["lent_queue_pairs"], 0,
+        "the probe's queue given back: {s}"
+    );
+    // Reading only needs no --force; --force writes.
+    passed(
+        &check_cmd(&d.socket, "--read-only --ios 100")
+            .output()
+            .unwrap(),
+    );
+    passed(
+        &check_cmd(&d.socket, "--lbas 4096 --force")
+            .output()
+            .unwrap(),
+    );
+    d.stop();
+    let out = gpunvme(dir.path(), &format!("--device {} fs fsck", img.display()));
+    assert!(
+        !out.status.success(),
+        "the forced check overwrote the file system"
+    );
+}

@@ -586,6 +586,11 @@ pub fn holds(ctrl: &Controller, nsid: u32) -> Result<Option<String>> {
         NvmeBlockDevice::new(ctrl, nsid, &NvmeDeviceOptions::default())
             .with_context(|| format!("opening namespace {nsid}"))?,
     );
+    holds_on(dev, nsid)
+}
+
+/// [`holds`] for namespace `nsid` reached as `dev` (a served controller's, say).
+pub fn holds_on(dev: Arc<dyn BlockDevice>, nsid: u32) -> Result<Option<String>> {
     let lba = dev.lba_size() as usize;
     let mut label = vec![0u8; (blockfs::volume::LABEL_BYTES as usize).max(lba)];
     dev.read(&mut [blockfs::device::ReadReq {
