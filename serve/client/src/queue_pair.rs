@@ -336,14 +336,7 @@ impl QueuePair {
         lba_size: u32,
         data: &[u8],
     ) -> Result<u16, ClientError> {
-        self.usable()?;
-        let len = self.transfer_len(lba, blocks, lba_size)?;
-        if data.len() as u64 != len {
-            return Err(ClientError::InvalidArgument(format!(
-                "{} bytes of data for {blocks} blocks of {lba_size} bytes ({len})",
-                data.len()
-            )));
-        }
+        let len = self.sized(lba, blocks, lba_size, data.len(), "data")?;
         self.submit(IoOp::Write, nsid, lba, blocks, len, Some(data))
     }
 
