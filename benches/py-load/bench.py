@@ -366,6 +366,8 @@ def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=Non
     # and its threads) and close (queues deleted, threads joined, memory freed).
     info["open_s"] = round(t1 - t0, 6)
     info["close_s"] = round(time.perf_counter() - t2, 6)
+    info["open_phases"] = dev.open_phases
+    info["close_phases"] = dev.close_phases
     return out, info
 
 
@@ -504,7 +506,7 @@ def one(job):
         row["controller_copies"] = info.get("controller_copies")
         row["controller_threads"] = info.get("controller_threads")
         row["phases"] = info.get("phases")
-        for k in ("open_s", "close_s"):
+        for k in ("open_s", "close_s", "open_phases", "close_phases"):
             if k in info:
                 row[k] = info[k]
         cap = info.get("model_cap_bytes_per_sec")

@@ -61,6 +61,32 @@ pub struct DeviceHandle {
     backends: Vec<Backend>,
     // Dropped after the block devices (field order): their queues are the controllers'.
     ctrls: Vec<Controller>,
+    opened: OpenPhases,
+}
+
+/// Where a handle's open went, in seconds, summed over its devices
+/// ([`DeviceHandle::open_phases`]).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct OpenPhases {
+    /// The transports: an image and its software controller's threads, a VFIO function, a
+    /// vfio-user socket.
+    pub transport: f64,
+    /// The controllers' bring-up: reset, enable, Identify, queue counts.
+    pub controller: f64,
+    /// Blockfs's block devices (their CPU I/O queue pairs).
+    pub block_devices: f64,
+}
+
+/// Where a handle's close went, in seconds ([`DeviceHandle::close`]).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ClosePhases {
+    /// GPU queues deleted, their kernels stopped and memory freed, per GPU.
+    pub gpu_queues: f64,
+    /// The mounted file system and the block devices (their CPU queue pairs deleted).
+    pub block_devices: f64,
+    /// The controllers shut down and the transports closed (a software controller's threads
+    /// joined).
+    pub controllers: f64,
 }
 
 /// What a kernel including `gpunvme.cuh` needs to use a handle's GPU queues
@@ -115,12 +141,17 @@ impl DeviceHandle {
         };
         let mut ctrls = Vec::with_capacity(specs.len());
         let mut backends = Vec::with_capacity(specs.len());
+        let mut opened = OpenPhases::default();
         for (spec, name) in specs.iter().zip(&names) {
-            let (c, b) = open::open_controller_and_transport(spec, &opts)
-                .with_context(|| format!("opening {name}"))?;
+            let (c, b, [transport, controller]) =
+                open::open_controller_and_transport_timed(spec, &opts)
+                    .with_context(|| format!("opening {name}"))?;
+            opened.transport += transport.as_secs_f64();
+            opened.controller += controller.as_secs_f64();
             ctrls.push(c);
             backends.push(b);
         }
+        let t = Instant::now();
         let backend = backends.first().cloned().context("no device")?;
         let describe = ctrls
             .iter()
@@ -145,6 +176,7 @@ impl DeviceHandle {
                     .with_context(|| format!("opening namespace {nsid} of {n} for blockfs"))
             })
             .collect::<Result<Vec<_>>>()?;
+        opened.block_devices = t.elapsed().as_secs_f64();
         let mounted = Mutex::new(None);
         Ok(Self {
             gpu: Mutex::new(BTreeMap::new()),
@@ -159,7 +191,38 @@ impl DeviceHandle {
             backend,
             backends,
             ctrls,
+            opened,
         })
+    }
+
+    /// Where this handle's open went.
+    pub fn open_phases(&self) -> OpenPhases {
+        self.opened
+    }
+
+    /// Closes the handle in the order a drop does (GPU queues, then the file system and the
+    /// block devices, then the controllers and transports) and says how long each part took.
+    pub fn close(self) -> ClosePhases {
+        let Self {
+            gpu,
+            mounted,
+            members,
+            backend,
+            backends,
+            ctrls,
+            ..
+        } = self;
+        let t = Instant::now();
+        drop(gpu);
+        let gpu_queues = t.elapsed();
+        drop((mounted, members));
+        let block_devices = t.elapsed() - gpu_queues;
+        drop((ctrls, backend, backends));
+        ClosePhases {
+            gpu_queues: gpu_queues.as_secs_f64(),
+            block_devices: block_devices.as_secs_f64(),
+            controllers: (t.elapsed() - gpu_queues - block_devices).as_secs_f64(),
+        }
     }
 
     /// `e` (an error of one of this handle's calls) named for its cause when the host refused

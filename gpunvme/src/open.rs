@@ -405,7 +405,19 @@ pub fn open_controller_and_transport(
     spec: &DeviceSpec,
     opts: &OpenOptions,
 ) -> Result<(Controller, Backend)> {
+    open_controller_and_transport_timed(spec, opts).map(|(c, b, _)| (c, b))
+}
+
+/// [`open_controller_and_transport`], and how long its two halves took: the transport (an
+/// image and its software controller's threads, a VFIO function, a vfio-user socket) and the
+/// controller's bring-up (reset, enable, Identify, queue counts).
+pub fn open_controller_and_transport_timed(
+    spec: &DeviceSpec,
+    opts: &OpenOptions,
+) -> Result<(Controller, Backend, [std::time::Duration; 2])> {
+    let t = std::time::Instant::now();
     let Opened { device, backend } = open_transport(spec, opts)?;
+    let transport = t.elapsed();
     let describe = device.describe();
     let mut copts = opts.controller.clone();
     if matches!(backend, Backend::Software(_)) {
@@ -415,7 +427,7 @@ pub fn open_controller_and_transport(
     }
     let ctrl = Controller::new(device, copts)
         .with_context(|| format!("bringing up the controller ({describe})"))?;
-    Ok((ctrl, backend))
+    Ok((ctrl, backend, [transport, t.elapsed() - transport]))
 }
 
 #[cfg(test)]

@@ -312,6 +312,13 @@ class Device:
                 _size_arg(create, "create"),
             )
         self._d = native
+        #: Where the open went, in seconds: ``transport`` (an image and its software
+        #: controller's threads, a VFIO function, a vfio-user socket), ``controller`` (its
+        #: bring-up), ``block_devices`` (the file layer's CPU queues).
+        self.open_phases: Dict[str, float] = json.loads(native.open_phases())
+        #: Where :meth:`close` went, in seconds (``gpu_queues``, ``block_devices``,
+        #: ``controllers``); None until it closed the device.
+        self.close_phases: Optional[Dict[str, float]] = None
         #: The last load_safetensors' figures: files, tensors, bytes, seconds, data path.
         self.last_load: Optional[Dict[str, Any]] = None
         #: The last read_into's, save's or save_safetensors' figures: bytes, seconds, data path.
@@ -327,8 +334,11 @@ class Device:
         return "<gpunvme.Device closed>" if self.closed else f"<gpunvme.Device {self.describe()}>"
 
     def close(self) -> None:
-        """Stops the controller and releases the device (idempotent)."""
-        self._d.close()
+        """Stops the controller and releases the device (idempotent); where the close went is
+        in :attr:`close_phases`."""
+        phases = self._d.close()
+        if phases is not None:
+            self.close_phases = json.loads(phases)
 
     @property
     def closed(self) -> bool:

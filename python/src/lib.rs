@@ -362,10 +362,17 @@ impl Device {
         })
     }
 
-    /// Stops the controller and releases the device (idempotent).
-    fn close(&self, py: Python<'_>) {
+    /// Stops the controller and releases the device (idempotent): where the close went as
+    /// JSON, or None if it was closed already.
+    fn close(&self, py: Python<'_>) -> PyResult<Option<String>> {
         let opened = py.detach(|| self.inner.lock().take());
-        py.detach(move || drop(opened));
+        py.detach(move || opened.map(|o| json(&o.close())).transpose())
+            .map_err(to_py)
+    }
+
+    /// Where the open went, as JSON.
+    fn open_phases(&self, py: Python<'_>) -> PyResult<String> {
+        self.with(py, |o| json(&o.open_phases()))
     }
 
     /// Whether close() was called.

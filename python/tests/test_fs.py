@@ -183,8 +183,17 @@ def test_get_onto_the_own_image_is_refused(tmp_path):
 
 def test_closed_handle(tmp_path):
     d = gpunvme.open(image(tmp_path))
+    # Where the open and the close went: every phase named, none negative, the first close's
+    # figures kept by the second (which finds nothing to close).
+    assert set(d.open_phases) == {"transport", "controller", "block_devices"}
+    assert all(v >= 0 for v in d.open_phases.values()) and d.open_phases["transport"] > 0
+    assert d.close_phases is None
     d.close()
+    first = dict(d.close_phases)
+    assert set(first) == {"gpu_queues", "block_devices", "controllers"}
+    assert all(v >= 0 for v in first.values()) and first["controllers"] > 0
     d.close()
+    assert d.close_phases == first
     assert d.closed
     with pytest.raises(gpunvme.ClosedError):
         d.ls()

@@ -542,6 +542,11 @@ pub(super) fn alloc_pinned_large(cuda: &Arc<Cuda>, len: usize) -> Result<PinnedM
     };
     // SAFETY: advice on the mapping just made; the kernel may ignore it.
     unsafe { libc::madvise(host.cast(), len, libc::MADV_HUGEPAGE) };
+    // The pages faulted in (zeroed) here, outside the driver, so that the registration only
+    // pins them: other threads' driver calls may wait behind a registration (not measured
+    // apart). Kernels before 5.14 refuse the advice and the registration faults them in.
+    // SAFETY: advice on the mapping just made, which nothing else refers to yet.
+    unsafe { libc::madvise(host.cast(), len, libc::MADV_POPULATE_WRITE) };
     let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
     // SAFETY: the range is mapped, page-aligned, and stays mapped until the returned value's
     // free unregisters it first (`Deferred::Registered`).

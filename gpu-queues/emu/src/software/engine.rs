@@ -3,7 +3,7 @@
 //! engine a controller thread uses, accessors and counters. The write side (staging, flushes)
 //! is in `staging`, the read side (prefetches, gathers, copies that wait) in `gather`.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use crate::kernels::EmuKernels;
 
 use super::gather::Fetched;
 use super::modes::{CopyMode, StagedCopies, fetch_always_ordered};
+use super::pinning::{AreaPool, LazyPinned, PinPool};
 use super::staging::Staging;
 use super::stats::DmaStats;
 
@@ -34,7 +35,10 @@ pub(super) const STAGING_BYTES: usize = 512 << 10;
 /// ([`GpuDma::grow_staging`]): copies of 512 KiB pay their launch and wait every 10-20 µs, and
 /// a 13.5 GB model load ran at 29 GB/s with them against 44 GB/s with areas of this size
 /// (H200, 2026-11-29 and 2026-12-02).
-pub(super) const BIG_STAGING_BYTES: usize = 4 << 20;
+pub(super) const BIG_STAGING_BYTES: usize = BIG_AREA_BYTES - MAX_PIECES * size_of::<CopyDesc>();
+/// Bytes of one bigger staging area, its descriptors included: a whole number of them fills
+/// whole 2 MiB huge pages ([`AreaPool::AREAS_PER_CHUNK`]).
+pub(super) const BIG_AREA_BYTES: usize = 4 << 20;
 /// Bytes a job announces ([`GpuDma::grow_staging`]'s caller, the `will_read` hint) from which
 /// the staging areas grow: registering the bigger areas (129 MiB for 16 threads) takes tens of
 /// milliseconds beside the job, which a 1.2 GB load (40 ms) does not win back.
@@ -65,181 +69,6 @@ pub(super) fn launch_per_piece(
 ) -> Result<(), GpuError> {
     let grid = (pieces as u32).div_ceil(WARPS_PER_BLOCK).clamp(1, 1024);
     stream.launch(kernel, grid, WARPS_PER_BLOCK * 32, args)
-}
-
-/// Every engine's first areas (two staging areas and a gather area each) as one pinned
-/// allocation ([`PinnedMemory::alloc_large`]: registered huge pages, one driver call instead of
-/// three per engine, at about half the cost per MiB), made on a thread of its own from
-/// [`GpuDma::start_pinning`] on. The rest of the queues' set-up (and a kept handle's wait for
-/// its first load) overlaps it, so that neither the set-up nor, usually, a load's first
-/// milliseconds wait for pinning; an area used before it is ready waits for it (bounded), and
-/// one whose pool failed allocates its own.
-pub(super) struct PinPool {
-    state: Mutex<PoolState>,
-    ready: Condvar,
-}
-
-enum PoolState {
-    /// Not asked for yet ([`GpuDma::start_pinning`]): an area used now allocates its own.
-    NotStarted,
-    Pending,
-    /// The allocation and the nanoseconds it took.
-    Ready(Arc<PinnedMemory>, u64),
-    Failed,
-}
-
-impl PinPool {
-    /// A pool to be allocated ([`PinPool::spawn`]).
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            state: Mutex::new(PoolState::NotStarted),
-            ready: Condvar::new(),
-        })
-    }
-
-    /// Starts allocating `len` bytes on a thread of its own.
-    fn spawn(self: &Arc<Self>, cuda: &Arc<Cuda>, len: usize) -> Result<JoinHandle<()>, GpuError> {
-        *self.lock() = PoolState::Pending;
-        let (p, cuda) = (self.clone(), cuda.clone());
-        std::thread::Builder::new()
-            .name("gpunvme-pin".into())
-            .spawn(move || {
-                let t = Instant::now();
-                let state = match PinnedMemory::alloc_large(&cuda, len) {
-                    Ok(mem) => PoolState::Ready(Arc::new(mem), t.elapsed().as_nanos() as u64),
-                    Err(e) => {
-                        tracing::warn!("copy engines' pinned areas ({len} bytes): {e}");
-                        PoolState::Failed
-                    }
-                };
-                *p.lock() = state;
-                p.ready.notify_all();
-            })
-            .map_err(|e| {
-                *self.lock() = PoolState::Failed;
-                GpuError::Os {
-                    op: "starting the copy engines' pinning thread".into(),
-                    source: e,
-                }
-            })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The allocation, waiting for it (at most [`GPU_WAIT`]); `None` if it was not started,
-    /// failed or is late.
-    fn region(&self) -> Option<Arc<PinnedMemory>> {
-        let st = self.lock();
-        let (st, _) = self
-            .ready
-            .wait_timeout_while(st, GPU_WAIT, |s| matches!(s, PoolState::Pending))
-            .unwrap_or_else(|e| e.into_inner());
-        match &*st {
-            PoolState::Ready(mem, _) => Some(mem.clone()),
-            _ => None,
-        }
-    }
-
-    /// The allocation if it is ready, without waiting.
-    fn try_region(&self) -> Option<Arc<PinnedMemory>> {
-        match &*self.lock() {
-            PoolState::Ready(mem, _) => Some(mem.clone()),
-            _ => None,
-        }
-    }
-
-    /// Whether it was asked for ([`PinPool::spawn`]).
-    fn started(&self) -> bool {
-        !matches!(&*self.lock(), PoolState::NotStarted)
-    }
-
-    /// Its bytes and the nanoseconds their allocation took, once allocated.
-    fn allocated(&self) -> Option<(u64, u64)> {
-        match &*self.lock() {
-            PoolState::Ready(mem, ns) => Some((mem.len() as u64, *ns)),
-            _ => None,
-        }
-    }
-}
-
-/// Pinned memory allocated at its first use, as a part of the engines' [`PinPool`] where it
-/// has one: the queues' set-up never waits for it (pinning was most of a copy engine's cost,
-/// see [`STAGING_BYTES`]).
-pub(super) struct LazyPinned {
-    cuda: Arc<Cuda>,
-    len: usize,
-    mem: Option<PinnedMemory>,
-    /// Its place in the pool (until its first allocation).
-    pool: Option<(Arc<PinPool>, usize)>,
-    /// Nanoseconds its allocation took, or waited for the pool (0 until it is allocated).
-    alloc_ns: u64,
-}
-
-impl LazyPinned {
-    /// `len` bytes, first at `at` of `pool` (`len` and `at` whole 4 KiB pages).
-    fn new(cuda: &Arc<Cuda>, len: usize, pool: &Arc<PinPool>, at: usize) -> Self {
-        Self {
-            cuda: cuda.clone(),
-            len,
-            mem: None,
-            pool: Some((pool.clone(), at)),
-            alloc_ns: 0,
-        }
-    }
-
-    /// Memory already allocated (an area of the big pool, [`GpuDma::grow_staging`]).
-    pub(super) fn with(cuda: &Arc<Cuda>, mem: PinnedMemory) -> Self {
-        Self {
-            cuda: cuda.clone(),
-            len: mem.len(),
-            mem: Some(mem),
-            pool: None,
-            alloc_ns: 0,
-        }
-    }
-
-    /// The memory, allocated now if this is its first use.
-    pub(super) fn get(&mut self) -> Result<&PinnedMemory, GpuError> {
-        self.get_at_least(self.len)
-    }
-
-    /// The memory, at least `len` bytes of it: allocated now on its first use, or replaced
-    /// by a larger allocation (its contents are not kept: the caller holds nothing of the old
-    /// one, and no copy still reads or writes it).
-    pub(super) fn get_at_least(&mut self, len: usize) -> Result<&PinnedMemory, GpuError> {
-        let mem = match self.mem.take() {
-            Some(mem) if mem.len() >= len => mem,
-            old => {
-                drop(old);
-                let t = Instant::now();
-                // Its part of the pool serves only its first allocation, at its first size.
-                let pooled = match self.pool.take() {
-                    Some((pool, at)) if len <= self.len => pool
-                        .region()
-                        .and_then(|r| PinnedMemory::view(&r, at, self.len).ok()),
-                    _ => None,
-                };
-                self.len = self.len.max(len);
-                let mem = match pooled {
-                    Some(mem) => mem,
-                    None => PinnedMemory::alloc(&self.cuda, self.len)?,
-                };
-                self.alloc_ns += t.elapsed().as_nanos() as u64;
-                mem
-            }
-        };
-        Ok(self.mem.insert(mem))
-    }
-
-    /// Adds its bytes and allocation time, if it was allocated, to `stats`.
-    fn count(&self, stats: &mut DmaStats) {
-        if let Some(mem) = &self.mem {
-            stats.pinned_bytes += mem.len() as u64;
-            stats.pinned_alloc_ns += self.alloc_ns;
-        }
-    }
 }
 
 pub(super) struct EngineState {
@@ -294,8 +123,7 @@ pub struct GpuDma {
     pool_len: usize,
     /// Bigger staging areas for large jobs ([`GpuDma::grow_staging`]): the pool, and how many
     /// of its areas were taken.
-    big: Arc<PinPool>,
-    big_taken: std::sync::atomic::AtomicUsize,
+    big: Arc<AreaPool>,
     /// Joined on drop (no thread of ours calls the driver after its owner is gone).
     pin_thread: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -405,41 +233,32 @@ impl GpuDma {
             staged: StagedCopies::from_env()?,
             pool,
             pool_len: threads * per_engine,
-            big: PinPool::new(),
-            big_taken: std::sync::atomic::AtomicUsize::new(0),
+            big: AreaPool::new(),
             pin_thread: Mutex::new(Vec::new()),
         }))
     }
 
-    /// Bytes of one area of the big pool: descriptors, then [`BIG_STAGING_BYTES`] of data.
-    fn big_area_len() -> usize {
-        (MAX_PIECES * size_of::<CopyDesc>() + BIG_STAGING_BYTES).next_multiple_of(4096)
-    }
-
     /// Has the staging areas grow to [`BIG_STAGING_BYTES`] for a large job: the bigger areas
-    /// (two per engine) are registered on a thread of their own, and each engine moves to them
-    /// one area at a time as it switches areas, never waiting for them. Once only; nothing
-    /// depends on it.
+    /// (two per engine) are registered on a thread of their own, a few at a time
+    /// ([`AreaPool`]), and each engine moves to them one area at a time as it switches areas,
+    /// never waiting for them. Once only; nothing depends on it.
     pub fn grow_staging(&self) {
         let mut t = self.pin_thread.lock().unwrap_or_else(|e| e.into_inner());
         if self.big.started() {
             return;
         }
-        let len = self.engines.len() * 2 * Self::big_area_len();
-        match self.big.spawn(&self.cuda, len) {
+        match self
+            .big
+            .spawn(&self.cuda, BIG_AREA_BYTES, self.engines.len() * 2)
+        {
             Ok(h) => t.push(h),
             Err(e) => tracing::debug!("no bigger staging areas: {e}"),
         }
     }
 
-    /// An area of the big pool if it is ready and one is left.
+    /// An area of the big pool if one is registered and left.
     pub(super) fn big_area(&self) -> Option<PinnedMemory> {
-        let region = self.big.try_region()?;
-        let len = Self::big_area_len();
-        let i = self
-            .big_taken
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        PinnedMemory::view(&region, i.checked_mul(len)?, len).ok()
+        self.big.take(BIG_AREA_BYTES)
     }
 
     /// Starts allocating the engines' first areas ([`PinPool`]) on a thread of its own; until
@@ -492,11 +311,12 @@ impl GpuDma {
         for s in self.stats_per_thread() {
             total.add(&s);
         }
-        for pool in [&self.pool, &self.big] {
-            if let Some((bytes, ns)) = pool.allocated() {
-                total.pinned_pool_bytes += bytes;
-                total.pinned_pool_ns += ns;
-            }
+        for (bytes, ns) in [self.pool.allocated(), self.big.allocated()]
+            .into_iter()
+            .flatten()
+        {
+            total.pinned_pool_bytes += bytes;
+            total.pinned_pool_ns += ns;
         }
         total
     }

@@ -9,10 +9,11 @@ use zerocopy::IntoBytes;
 use crate::desc::CopyDesc;
 
 use super::engine::{
-    Engine, EngineState, GATHER_BYTES, GATHER_START_BYTES, GPU_WAIT, GpuDma, LazyPinned,
-    MAX_GATHER_PIECES, launch_per_piece, lock, timed,
+    Engine, EngineState, GATHER_BYTES, GATHER_START_BYTES, GPU_WAIT, GpuDma, MAX_GATHER_PIECES,
+    launch_per_piece, lock, timed,
 };
 use super::modes::CopyMode;
+use super::pinning::LazyPinned;
 
 /// A GPU range copied into the gather area, valid until the controller's batch moves on.
 #[derive(Clone, Copy)]

@@ -79,6 +79,7 @@ mod engine;
 mod gather;
 mod modes;
 mod pair_memory;
+mod pinning;
 mod readahead;
 mod regions;
 mod staging;

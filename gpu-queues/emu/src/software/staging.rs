@@ -15,10 +15,11 @@ use crate::desc::{COPY_LATE, CopyDesc};
 use crate::image_reads::Source;
 
 use super::engine::{
-    BIG_STAGING_BYTES, Engine, EngineState, GPU_WAIT, GpuDma, LazyPinned, MAX_GATHER_PIECES,
-    MAX_PIECES, PIECE_BYTES, launch_per_piece, lock, timed,
+    BIG_STAGING_BYTES, Engine, EngineState, GPU_WAIT, GpuDma, MAX_GATHER_PIECES, MAX_PIECES,
+    PIECE_BYTES, launch_per_piece, lock, timed,
 };
 use super::modes::{CopyMode, ENGINE_COPY_MIN, StagedCopies};
+use super::pinning::LazyPinned;
 use super::stats::LULL;
 
 /// A Read's data copied straight from a registered image window ([`ImageWindows`]) by a copy
