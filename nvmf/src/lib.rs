@@ -6,4 +6,5 @@
 //! (`../shared/design/nvme-tcp.md`, section 4).
 #![forbid(unsafe_code)]
 
+pub mod host;
 pub mod tcp;

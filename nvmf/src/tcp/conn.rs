@@ -35,8 +35,8 @@ impl Default for ConnectOptions {
     }
 }
 
-/// Why a connection failed. After any of these but [`TcpError::Timeout`] the connection is
-/// gone.
+/// Why a connection or a command failed. After any of these but [`TcpError::QueueFull`] and
+/// [`TcpError::TooLarge`] the connection is gone.
 #[derive(Debug, thiserror::Error)]
 pub enum TcpError {
     /// Nobody answered at the address (no listener, refused, unreachable) within the bound.
@@ -69,6 +69,18 @@ pub enum TcpError {
     /// The target broke the protocol; an H2CTermReq was sent.
     #[error(transparent)]
     Fatal(#[from] Fatal),
+    /// As many commands as the queue holds are in flight (nothing was sent).
+    #[error("NVMe/TCP: the queue has {depth} commands in flight already")]
+    QueueFull {
+        /// Its depth.
+        depth: usize,
+    },
+    /// A command's data is longer than one command can carry (nothing was sent).
+    #[error("NVMe/TCP: {len} bytes of data for one command is more than 4 GiB")]
+    TooLarge {
+        /// The length asked for.
+        len: usize,
+    },
     /// The target ended the connection with a C2HTermReq.
     #[error("NVMe/TCP: the target ended the connection: {} (FEI {fei})", .fes.name())]
     Terminated {
@@ -209,25 +221,31 @@ impl Connection {
     }
 
     fn recv_within(&mut self, waiting: &'static str) -> Result<Pdu, TcpError> {
-        let deadline = Instant::now() + self.bound;
-        let mut buf = [0u8; 16 << 10];
+        match self.recv_until(Instant::now() + self.bound)? {
+            Some(p) => Ok(p),
+            None => Err(TcpError::Timeout {
+                waiting,
+                after: self.bound,
+            }),
+        }
+    }
+
+    /// The next whole PDU if one arrives before `deadline` (a read waits at most a tenth of
+    /// the bound past it), `None` if none did. A C2HTermReq is [`TcpError::Terminated`]; a PDU
+    /// that breaks the protocol ends the connection ([`TcpError::Fatal`]).
+    pub fn recv_until(&mut self, deadline: Instant) -> Result<Option<Pdu>, TcpError> {
+        let mut buf = [0u8; 64 << 10];
         loop {
             match self.decoder.next_pdu() {
                 Ok(Some(Pdu::TermReq { fes, fei })) => {
                     return Err(TcpError::Terminated { fes, fei });
                 }
-                Ok(Some(p)) => return Ok(p),
+                Ok(Some(p)) => return Ok(Some(p)),
                 Ok(None) => {}
-                Err(f) => {
-                    let head: Vec<u8> = Vec::new();
-                    return Err(self.fail(f, &head));
-                }
+                Err(f) => return Err(self.fail(f, &[])),
             }
             if Instant::now() >= deadline {
-                return Err(TcpError::Timeout {
-                    waiting,
-                    after: self.bound,
-                });
+                return Ok(None);
             }
             match self.stream.read(&mut buf) {
                 Ok(0) => return Err(TcpError::Closed),
@@ -245,8 +263,14 @@ impl Connection {
         }
     }
 
+    /// The bound on every wait.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
     /// Ends the connection for `fatal`: an H2CTermReq (best effort), then the socket closed.
-    fn fail(&mut self, fatal: Fatal, offending: &[u8]) -> TcpError {
+    /// Returns the error to report.
+    pub fn fail(&mut self, fatal: Fatal, offending: &[u8]) -> TcpError {
         let _ = self.stream.write_all(&encode::term_req(&fatal, offending));
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         TcpError::Fatal(fatal)

@@ -2,3 +2,4 @@
 
 pub mod codec;
 pub mod conn;
+pub mod queue;
