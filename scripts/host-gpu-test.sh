@@ -2,13 +2,13 @@
 # The GPU suite's logic on CPU threads, no GPU needed (`host-gpu` feature: the project's CUDA
 # sources compiled by g++ and run with one OS thread per GPU thread; see docs/testing.md). The
 # suite is the top-level package's tests/gpu/ (runtime, both emulated controllers, files and
-# perf on the GPU). CI runs the default subset: the tests that finish in seconds to
-# half a minute each on 2 cores, covering the device code of the header (every transfer shape,
+# perf on the GPU). CI runs the default subset: the tests that finish in seconds to a
+# few minutes each on 2 cores, covering the device code of the header (every transfer shape,
 # media errors, controller fatal), the file layer (`ptx/include/gpunvme_file.cuh`: all four `files::`
 # tests) and the GPU-resident controller (strict statuses, write protection, a host-thread
 # client through six ring wraps, the refusal without free SMs).
 #
-#   scripts/host-gpu-test.sh          the CI subset (about 15 minutes on 2 cores, plus the build)
+#   scripts/host-gpu-test.sh          the CI subset (40-50 minutes on 2 cores, plus the build)
 #   scripts/host-gpu-test.sh --all    every GPU test that is not timing-bound (over 20 minutes)
 #
 # Timing-bound tests (300 ms drops, the SSD model's rates, perf runs of 20,000 I/Os) are out of

@@ -5,7 +5,7 @@
 #
 # Usage:
 #   scripts/spdk-target.sh start STATE_DIR [--malloc-mib N] [--aio-mib N] [--aio-image PATH]
-#                                [--cpumask MASK]
+#                                [--cpumask MASK] [--tcp PORT]
 #   scripts/spdk-target.sh stop|kill|status STATE_DIR
 #
 # start   launches nvmf_tgt (RPC socket STATE_DIR/spdk.sock, log STATE_DIR/nvmf_tgt.log, pid in
@@ -23,6 +23,8 @@
 #         mappings of disk files), and then --aio-image on a disk filesystem (O_DIRECT).
 #         --cpumask: nvmf_tgt's core mask (default 0x1). Core lock files are off, so targets of
 #         other STATE_DIRs may share a core, but two polling reactors on one core answer in ms.
+#         --tcp PORT: also a TCP transport, every subsystem listening on 127.0.0.1:PORT as
+#         well (NVMe/TCP beside vfio-user: the same namespaces over both).
 # stop    SIGTERM, then SIGKILL after 10 s; exit 0 also when nothing runs.
 # kill    SIGKILL at once (tests of a controller that dies mid-run).
 # status  prints "running (pid N)" / "not running"; exit 0 / 1.
@@ -37,16 +39,17 @@ usage() { sed -n '7,9p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 die() { echo "spdk-target: $*" >&2; exit 1; }
 [[ $# -ge 2 ]] || usage
 CMD=$1 STATE_ARG=$2; shift 2
-MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1 AIO_IMAGE=
+MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1 AIO_IMAGE= TCP_PORT=
 while [[ $# -gt 0 ]]; do
   [[ $CMD == start && $# -ge 2 ]] || usage
   case $1 in
     --malloc-mib) MALLOC_MIB=$2 ;; --aio-mib) AIO_MIB=$2 ;; --cpumask) CPUMASK=$2 ;;
-    --aio-image) AIO_IMAGE=$2 ;; *) usage ;;
+    --aio-image) AIO_IMAGE=$2 ;; --tcp) TCP_PORT=$2 ;; *) usage ;;
   esac
   shift 2
 done
 [[ $MALLOC_MIB =~ ^[1-9][0-9]*$ && $AIO_MIB =~ ^[1-9][0-9]*$ ]] || usage
+[[ -z $TCP_PORT || $TCP_PORT =~ ^[1-9][0-9]*$ ]] || usage
 # An nvmf_tgt failing in DPDK's init unlinks /var/tmp/spdk_cpu_lock_000 (even with core locks off),
 # which may be another SPDK app's: check the core mask here.
 NCPU=$(getconf _NPROCESSORS_ONLN)
@@ -148,6 +151,7 @@ done
 RPCS=()
 rpc() { RPCS+=("$(printf '%q ' "$@")"); }
 rpc nvmf_create_transport -t VFIOUSER
+[[ -z $TCP_PORT ]] || rpc nvmf_create_transport -t TCP
 rpc bdev_malloc_create -b malloc512 "$MALLOC_MIB" 512
 rpc bdev_malloc_create -b malloc4096 "$MALLOC_MIB" 4096
 rpc bdev_aio_create "$IMG" aio 4096
@@ -156,6 +160,7 @@ for i in "${!NAMES[@]}"; do
   rpc nvmf_create_subsystem "$nqn" -a -s "${SERIALS[$i]}"
   rpc nvmf_subsystem_add_ns "$nqn" "$n"
   rpc nvmf_subsystem_add_listener "$nqn" -t VFIOUSER -a "$STATE/$n" -s 0
+  [[ -z $TCP_PORT ]] || rpc nvmf_subsystem_add_listener "$nqn" -t tcp -a 127.0.0.1 -s "$TCP_PORT" -f ipv4
 done
 out=$(printf '%s\n' "${RPCS[@]}" | python3 "$RPCPY" -s "$SOCK" -t 15 2>&1) ||
   fail "RPC failed: $(grep -m1 ' <<<$' <<<"$out" | sed 's/ *<<<$//'): $(grep -m1 '"message"' <<<"$out" |

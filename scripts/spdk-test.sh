@@ -20,7 +20,8 @@
 # GPU suite's transfer shapes and wrap-around on SPDK (tests/gpu/spdk.rs `spdk::`).
 #
 # Usage: scripts/spdk-test.sh [--no-build] [--keep DIR] [--host-gpu]
-#   --no-build  use target/release/gpunvme (and target/debug/gpunvme for --host-gpu) as they are
+#   --no-build  use target/release/gpunvme, target/release/examples/tcp_* (and
+#               target/debug/gpunvme for --host-gpu) as they are
 #   --keep DIR  state directory to use and keep (default: a temporary one, removed)
 #   --host-gpu  the GPU checks above (builds `cargo build -p gpunvme-cli --features host-gpu`, the
 #               debug profile scripts/host-gpu-test.sh also uses; needs g++)
@@ -45,8 +46,12 @@ done
 
 SPDK=${GPUNVME_SPDK_DIR:-$ROOT/../shared/tools/spdk}
 [ -x "$SPDK/bin/spdk_nvme_identify" ] || { echo "spdk-test: no SPDK bundle at $SPDK" >&2; exit 2; }
-if [ "$build" = yes ]; then cargo build --release -q -p gpunvme-cli; fi
+if [ "$build" = yes ]; then
+    cargo build --release -q -p gpunvme-cli && cargo build --release -q -p nvmf --examples
+fi
 G=$ROOT/target/release/gpunvme
+TCP_RW=$ROOT/target/release/examples/tcp_rw TCP_IO=$ROOT/target/release/examples/tcp_io
+TCP_DISCOVER=$ROOT/target/release/examples/tcp_discover
 [ -x "$G" ] || { echo "spdk-test: $G missing (build it, or drop --no-build)" >&2; exit 2; }
 HG=$ROOT/target/debug/gpunvme
 if [ "$host_gpu" = yes ]; then
@@ -99,7 +104,10 @@ refused "empty vfio-user spec" "vfio-user:" "give the server's socket"
 
 # --- the target -----------------------------------------------------------------------------
 t0=$(date +%s.%N)
-mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 128 --aio-mib 256)
+# NVMe/TCP beside vfio-user: the same subsystems on a free loopback port.
+TCP_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 128 --aio-mib 256 \
+    --tcp "$TCP_PORT")
 t_target=$(echo "$(date +%s.%N) - $t0" | bc)
 [ ${#CTRLS[@]} -eq 3 ] || { echo "spdk-test: target did not start: ${CTRLS[*]}" >&2; exit 2; }
 ok "spdk-target.sh start: ${#CTRLS[@]} controllers in ${t_target}s"
@@ -299,7 +307,8 @@ for i in 0 1 2; do
     served_check "m512-$i" --controller m512 --first-lba $((i * 32768)) --lbas 32768 --queues 2 --qd 16 &
     pids+=($!)
 done
-served_check "aio" --controller aio --lbas 16384 --queues 2 --qd 16 &
+# (--force: the aio namespace holds the file system of the fs checks above, scratch by now.)
+served_check "aio" --controller aio --lbas 16384 --queues 2 --qd 16 --force &
 pids+=($!)
 rcs=0
 for p in "${pids[@]}"; do wait "$p" || rcs=$((rcs + 1)); done
@@ -338,6 +347,56 @@ fi
 kill -TERM $serve_pid 2>/dev/null || true
 if wait $serve_pid; then ok "serve over SPDK: the daemon stopped cleanly"
 else bad "serve over SPDK: the daemon's exit: $(tail -3 "$WORK/serve.out")"; fi
+
+# --- NVMe/TCP: the nvmf host against the same subsystems over SPDK's TCP listener ------------
+# Bring-up (Connect, CC.EN, Identify, Number of Queues), 512 B to 3 MiB written and read back
+# without and with digests, bytes written over vfio-user read back over TCP and the reverse.
+for entry in "${CTRLS[@]}"; do
+    read -r name sock bs <<<"$entry"
+    nqn=nqn.2019-07.io.spdk:gpunvme-$name
+    for dg in "" "hdgst ddgst"; do
+        # shellcheck disable=SC2086
+        if out=$(timeout 60 "$TCP_RW" "127.0.0.1:$TCP_PORT" "$nqn" $dg 2>&1) &&
+            grep -q '^shut down' <<<"$out"; then
+            ok "nvme-tcp $name${dg:+ ($dg)}: $(head -1 <<<"$out" | cut -c1-90); 6 sizes round trip"
+        else
+            bad "nvme-tcp $name${dg:+ ($dg)}: $(tail -2 <<<"$out")"
+        fi
+    done
+    # 32 MiB and 48 MiB in: past what tcp_rw wrote, inside the smallest (128 MiB) namespace.
+    lba=$(((32 << 20) / bs)) lba2=$(((48 << 20) / bs))
+    head -c $((1 << 20)) /dev/urandom > "$WORK/tcp-a.bin"
+    head -c $((1 << 20)) /dev/urandom > "$WORK/tcp-b.bin"
+    if timeout 60 "$G" --device "vfio-user:$sock" --lba-size "$bs" write --lba "$lba" \
+            --input "$WORK/tcp-a.bin" --force > /dev/null 2>&1 &&
+        timeout 60 "$TCP_IO" "127.0.0.1:$TCP_PORT" "$nqn" read "$lba" $((1 << 20)) \
+            "$WORK/tcp-a.back" > /dev/null 2>&1 && cmp -s "$WORK/tcp-a.bin" "$WORK/tcp-a.back" &&
+        timeout 60 "$TCP_IO" "127.0.0.1:$TCP_PORT" "$nqn" write "$lba2" "$WORK/tcp-b.bin" \
+            > /dev/null 2>&1 &&
+        timeout 60 "$G" --device "vfio-user:$sock" --lba-size "$bs" read --lba "$lba2" \
+            --bytes 1m --output "$WORK/tcp-b.back" > /dev/null 2>&1 &&
+        cmp -s "$WORK/tcp-b.bin" "$WORK/tcp-b.back"; then
+        ok "nvme-tcp $name: 1 MiB written over vfio-user read back over TCP, and the reverse"
+    else
+        bad "nvme-tcp $name: bytes across the two transports differ (or a step failed)"
+    fi
+done
+# Discovery: the TCP NVM subsystems are exactly the three (the vfio-user listeners appear with
+# another transport type and no address, and are not among them).
+if out=$(timeout 30 "$TCP_DISCOVER" "127.0.0.1:$TCP_PORT" 2>&1) &&
+    [ "$(grep '^tcp-subsystem' <<<"$out" | awk '{print $2}' | sort | tr '\n' ' ')" = \
+      "nqn.2019-07.io.spdk:gpunvme-aio nqn.2019-07.io.spdk:gpunvme-malloc4096 nqn.2019-07.io.spdk:gpunvme-malloc512 " ]; then
+    ok "nvme-tcp discovery: the three TCP subsystems, $(grep -vc '^tcp-subsystem' <<<"$out") other entries"
+else
+    bad "nvme-tcp discovery: $out"
+fi
+if out=$(timeout 30 "$TCP_RW" "127.0.0.1:$TCP_PORT" nqn.2019-07.io.spdk:no-such 2>&1); then
+    bad "nvme-tcp wrong NQN: accepted: $out"
+elif grep -q 'ConnectRefused.*sc: 130' <<<"$out"; then
+    ok "nvme-tcp wrong NQN: refused (Connect Invalid Parameters)"
+else
+    bad "nvme-tcp wrong NQN: $(tail -1 <<<"$out")"
+fi
 
 # --- the target dies in the middle of a run -------------------------------------------------
 read -r _ sock _ <<<"${CTRLS[2]}"

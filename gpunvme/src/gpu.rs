@@ -157,7 +157,7 @@ pub fn start_model(
         })
         .collect();
     let info = ctrl.info();
-    GpuController::start(
+    let model = GpuController::start(
         cuda,
         emu,
         &specs,
@@ -170,7 +170,12 @@ pub fn start_model(
             ..Default::default()
         },
     )
-    .context("starting the GPU-resident controller")
+    .context("starting the GPU-resident controller")?;
+    // Creating or deleting the model's queues is an admin command that waits for all its
+    // warps (bounded): the host must not give up on it sooner, or the admin queue is lost
+    // for good (a 2-core CI machine running the model on CPU threads took over 10 s).
+    ctrl.raise_admin_timeout(model.queue_change_bound() + std::time::Duration::from_secs(5));
+    Ok(model)
 }
 
 /// Creates GPU queues on `ctrl`: on `model` when given (started by [`start_model`]), else on

@@ -58,6 +58,16 @@ impl AdminChannel {
         f(&mut admin)
     }
 
+    /// Raises the admin command timeout to `at_least` (never lowers it); returns the timeout
+    /// in force.
+    pub(crate) fn raise_timeout(&self, at_least: Duration) -> Duration {
+        let mut admin = lock(&self.queue);
+        if admin.qp.timeout() < at_least {
+            admin.qp.set_timeout(at_least);
+        }
+        admin.qp.timeout()
+    }
+
     /// Whether the controller was shut down.
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)

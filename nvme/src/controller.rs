@@ -312,6 +312,15 @@ impl Controller {
         &self.opts
     }
 
+    /// Raises the admin command timeout to `at_least` from the next command on (never lowers
+    /// it; [`ControllerOptions::admin_timeout`] was the first value) and returns the timeout in
+    /// force: for a controller whose admin commands wait on something slower than a
+    /// controller's own processing, such as a GPU-resident controller model taking a queue
+    /// change only when all its warps have seen it.
+    pub fn raise_admin_timeout(&self, at_least: Duration) -> Duration {
+        self.admin.raise_timeout(at_least)
+    }
+
     /// The transport.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device

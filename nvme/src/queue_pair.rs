@@ -361,6 +361,18 @@ impl QueuePair {
         }
     }
 
+    /// Commands submitted from now on are reported no sooner than `timeout` after submission
+    /// (commands in flight keep the deadline they have).
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+        self.check_every = check_interval(timeout);
+    }
+
+    /// The command timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Queue identifier.
     pub(crate) fn qid(&self) -> u16 {
         self.qid

@@ -1033,3 +1033,33 @@ fn namespace_kinds_are_driven_or_refused_by_name() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_raised_admin_timeout_lets_slow_admin_commands_finish() -> Result<()> {
+    let opts = ControllerOptions {
+        admin_timeout: Duration::from_millis(200),
+        ..fast_opts()
+    };
+    // Raised past the controller's delay: the command completes.
+    let (emu, ctrl) = start(EmuConfig::default(), opts.clone())?;
+    ensure!(ctrl.raise_admin_timeout(Duration::from_secs(3)) == Duration::from_secs(3));
+    ensure!(
+        ctrl.raise_admin_timeout(Duration::from_millis(1)) == Duration::from_secs(3),
+        "never lowered"
+    );
+    emu.faults().set_admin_delay(Duration::from_millis(600));
+    ctrl.get_features(FeatureId::NUMBER_OF_QUEUES, 0)?;
+    emu.faults().set_admin_delay(Duration::ZERO);
+    // The same delay at the first timeout: a typed timeout, and the admin queue is gone.
+    let (emu, ctrl) = start(EmuConfig::default(), opts)?;
+    emu.faults().set_admin_delay(Duration::from_millis(600));
+    let e = ctrl
+        .get_features(FeatureId::NUMBER_OF_QUEUES, 0)
+        .unwrap_err();
+    ensure!(
+        matches!(e, Error::Timeout { .. }),
+        "expected Timeout, got {e}"
+    );
+    emu.faults().set_admin_delay(Duration::ZERO);
+    Ok(())
+}

@@ -210,6 +210,28 @@ fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 impl Controller {
     /// Connects to `target` and brings its controller up (see the module documentation).
     pub fn connect(target: &Target, opts: &HostOptions) -> Result<Self, FabricsError> {
+        Self::bring_up(target, opts, false)
+    }
+
+    /// Connects to the discovery controller at `addr` (the well-known discovery NQN) and
+    /// brings it up: no I/O queues, no Keep Alive (the connection is short-lived).
+    pub fn connect_discovery(addr: SocketAddr, opts: &HostOptions) -> Result<Self, FabricsError> {
+        let target = Target {
+            addr,
+            subnqn: fabrics::DISCOVERY_NQN.into(),
+        };
+        let opts = HostOptions {
+            kato: Duration::ZERO,
+            ..opts.clone()
+        };
+        Self::bring_up(&target, &opts, true)
+    }
+
+    fn bring_up(
+        target: &Target,
+        opts: &HostOptions,
+        discovery: bool,
+    ) -> Result<Self, FabricsError> {
         let depth = opts.admin_depth.clamp(2, 4096);
         let (admin, dw0) = connect_queue(target, opts, 0, CNTLID_DYNAMIC, depth, ADMIN_IN_CAPSULE)?;
         let cntlid = (dw0 & 0xffff) as u16;
@@ -266,6 +288,9 @@ impl Controller {
             m => page << u32::from(m).min(10),
         }
         .min(4 << 20);
+        if discovery {
+            return Ok(c);
+        }
         // Number of Queues: ask for as many as the queue ids allow; keep what is granted.
         let mut set = Command::new(AdminOpcode::SET_FEATURES.0, 0, 0);
         set.cdw10 = u32::from(FeatureId::NUMBER_OF_QUEUES.0);
@@ -311,6 +336,25 @@ impl Controller {
         cmd.cdw10 = u32::from(cns.0);
         let d = lock(&self.admin).run(cmd, Data::FromController(4096))?;
         check("Identify", &d)?;
+        Ok(d.data)
+    }
+
+    /// Reads `len` bytes (a multiple of 4, at most 64 KiB) of log page `lid` from byte
+    /// `offset` (namespace: all).
+    pub fn get_log_page(&self, lid: u8, offset: u64, len: usize) -> Result<Vec<u8>, FabricsError> {
+        if len == 0 || len % 4 != 0 || len > 64 << 10 {
+            return Err(FabricsError::InvalidArgument(format!(
+                "a log page read of {len} bytes (a multiple of 4, 4 to 65536)"
+            )));
+        }
+        let numd = (len / 4 - 1) as u32;
+        let mut cmd = Command::new(AdminOpcode::GET_LOG_PAGE.0, 0, 0xffff_ffff);
+        cmd.cdw10 = u32::from(lid) | (numd & 0xffff) << 16;
+        cmd.cdw11 = numd >> 16;
+        cmd.cdw12 = offset as u32;
+        cmd.cdw13 = (offset >> 32) as u32;
+        let d = lock(&self.admin).run(cmd, Data::FromController(len))?;
+        check("Get Log Page", &d)?;
         Ok(d.data)
     }
 

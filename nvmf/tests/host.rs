@@ -214,3 +214,62 @@ fn a_wrong_address_is_a_typed_error() {
         "{e}"
     );
 }
+
+fn listed(n: usize) -> Vec<(u8, u8, String, String, String)> {
+    let mut v = vec![(3u8, 3u8, String::new(), "127.0.0.1".into(), "4420".into())];
+    for i in 0..n {
+        v.push((
+            3,
+            2,
+            format!("nqn.2026-12.test:sub{i}"),
+            "127.0.0.1".into(),
+            "4420".into(),
+        ));
+    }
+    // A vfio-user subsystem: another transport, no address.
+    v.push((
+        0,
+        2,
+        "nqn.2026-12.test:vfio".into(),
+        String::new(),
+        String::new(),
+    ));
+    v
+}
+
+#[test]
+fn discovery_reads_every_entry_and_names_the_tcp_subsystems() {
+    // 70 subsystems: the entries take two reads after the header.
+    let t = common::start(Knobs {
+        discovery: listed(70),
+        ..Knobs::default()
+    });
+    let e = nvmf::discovery::discover(t.addr, &host(false, Duration::from_secs(5))).unwrap();
+    assert_eq!(e.len(), 72);
+    let tcp: Vec<_> = e.iter().filter(|e| e.is_tcp_subsystem()).collect();
+    assert_eq!(tcp.len(), 70);
+    assert_eq!(tcp[69].subnqn, "nqn.2026-12.test:sub69");
+    assert_eq!(
+        (tcp[0].traddr.as_str(), tcp[0].trsvcid.as_str()),
+        ("127.0.0.1", "4420")
+    );
+    assert!(!e[71].is_tcp_subsystem() && e[71].traddr.is_empty());
+    assert_eq!(
+        t.seen.lock().unwrap().log_reads,
+        4,
+        "header, 64 + 8 entries, header again"
+    );
+}
+
+#[test]
+fn a_discovery_log_that_changes_while_read_is_read_again() {
+    let t = common::start(Knobs {
+        discovery: listed(2),
+        genctr_changes_after: Some(1),
+        ..Knobs::default()
+    });
+    let e = nvmf::discovery::discover(t.addr, &host(false, Duration::from_secs(5))).unwrap();
+    assert_eq!(e.len(), 4);
+    // First round: header (7), entries, header (8): changed; second round consistent.
+    assert_eq!(t.seen.lock().unwrap().log_reads, 6);
+}

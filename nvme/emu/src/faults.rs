@@ -15,13 +15,15 @@ use crate::registers::RegisterWindow;
 /// Fault knobs of one software controller ([`crate::EmuDevice::faults`]).
 ///
 /// Completion delays and dropped completions apply to I/O queues only (not the admin queue), so
-/// that a driver can still reach the controller to abort or reset.
+/// that a driver can still reach the controller to abort or reset; the admin delay
+/// ([`Faults::set_admin_delay`]) is the admin queue's own.
 #[derive(Debug)]
 pub struct Faults {
     regs: Arc<RegisterWindow>,
     media_errors: Mutex<BTreeSet<(u32, u64)>>,
     media_error_count: AtomicUsize,
     completion_delay_ns: AtomicU64,
+    admin_delay_ns: AtomicU64,
     drop_remaining: AtomicU64,
     fatal_requested: AtomicBool,
 }
@@ -36,6 +38,7 @@ impl Faults {
             media_errors: Mutex::default(),
             media_error_count: AtomicUsize::new(0),
             completion_delay_ns: AtomicU64::new(0),
+            admin_delay_ns: AtomicU64::new(0),
             drop_remaining: AtomicU64::new(0),
             fatal_requested: AtomicBool::new(false),
         }
@@ -86,6 +89,19 @@ impl Faults {
     pub fn set_completion_delay(&self, delay: Duration) {
         let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
         self.completion_delay_ns.store(ns, Ordering::Release);
+    }
+
+    /// Makes every admin command take `delay` before it executes, holding the admin queue's
+    /// thread meanwhile (zero turns it off): a stand-in for a controller whose admin commands
+    /// wait on something slow (a GPU-resident controller model taking a queue change).
+    pub fn set_admin_delay(&self, delay: Duration) {
+        let ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        self.admin_delay_ns.store(ns, Ordering::Release);
+    }
+
+    /// The current admin command delay.
+    pub fn admin_delay(&self) -> Duration {
+        Duration::from_nanos(self.admin_delay_ns.load(Ordering::Acquire))
     }
 
     /// The current completion delay.

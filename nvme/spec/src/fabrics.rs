@@ -106,6 +106,64 @@ impl ConnectData {
     }
 }
 
+/// The well-known NQN of a discovery controller.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// Log Page Identifier of the Discovery log page (NVMe over Fabrics 1.1, section 5.3).
+pub const DISCOVERY_LOG_PAGE: u8 = 0x70;
+
+/// The Discovery log page's header (1024 bytes; the entries follow, 1024 bytes each).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct DiscoveryLogHeader {
+    /// Generation Counter: changes whenever the log does.
+    pub genctr: u64,
+    /// Number of Records.
+    pub numrec: u64,
+    /// Record Format (0).
+    pub recfmt: u16,
+    _rsvd: [u8; 1006],
+}
+const _: () = assert!(size_of::<DiscoveryLogHeader>() == 1024);
+
+/// One Discovery log page entry (1024 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct DiscoveryLogEntry {
+    /// Transport Type ([`TRTYPE_TCP`], RDMA 1, FC 2, loop 254).
+    pub trtype: u8,
+    /// Address Family (IPv4 1, IPv6 2).
+    pub adrfam: u8,
+    /// Subsystem Type ([`SUBTYPE_NVME`], discovery 1 or 3).
+    pub subtype: u8,
+    /// Transport Requirements.
+    pub treq: u8,
+    /// Port ID.
+    pub portid: u16,
+    /// Controller ID (0xFFFF: dynamic).
+    pub cntlid: u16,
+    /// Admin Max SQ Size.
+    pub asqsz: u16,
+    /// Entry Flags.
+    pub eflags: u16,
+    _rsvd0: [u8; 20],
+    /// Transport Service Identifier (the TCP port, ASCII, space padded).
+    pub trsvcid: [u8; 32],
+    _rsvd1: [u8; 192],
+    /// The subsystem's NQN (NUL padded).
+    pub subnqn: [u8; 256],
+    /// Transport Address (the IP address, ASCII, space padded).
+    pub traddr: [u8; 256],
+    /// Transport Specific Address Subtype.
+    pub tsas: [u8; 256],
+}
+const _: () = assert!(size_of::<DiscoveryLogEntry>() == 1024);
+
+/// [`DiscoveryLogEntry::trtype`] of NVMe/TCP.
+pub const TRTYPE_TCP: u8 = 3;
+/// [`DiscoveryLogEntry::subtype`] of an NVM subsystem (not a discovery controller).
+pub const SUBTYPE_NVME: u8 = 2;
+
 fn fabrics(fctype: FabricsType, cid: u16) -> Command {
     let mut c = Command::new_zeroed();
     // PSDT 01b: SGLs, as every command over a fabric.
@@ -153,6 +211,19 @@ pub fn property_set(cid: u16, offset: u32, value: u64, eight: bool) -> Command {
 mod tests {
     use super::*;
     use core::mem::offset_of;
+
+    #[test]
+    fn discovery_log_fields_sit_at_the_specs_offsets() {
+        assert_eq!(offset_of!(DiscoveryLogHeader, numrec), 8);
+        assert_eq!(offset_of!(DiscoveryLogHeader, recfmt), 16);
+        assert_eq!(offset_of!(DiscoveryLogEntry, portid), 4);
+        assert_eq!(offset_of!(DiscoveryLogEntry, cntlid), 6);
+        assert_eq!(offset_of!(DiscoveryLogEntry, asqsz), 8);
+        assert_eq!(offset_of!(DiscoveryLogEntry, trsvcid), 32);
+        assert_eq!(offset_of!(DiscoveryLogEntry, subnqn), 256);
+        assert_eq!(offset_of!(DiscoveryLogEntry, traddr), 512);
+        assert_eq!(offset_of!(DiscoveryLogEntry, tsas), 768);
+    }
 
     #[test]
     fn connect_data_fields_sit_at_the_specs_offsets() {

@@ -34,6 +34,10 @@ pub struct Knobs {
     pub lba_size: u32,
     /// A fault to commit at the first Read of an I/O queue.
     pub fault: Option<Fault>,
+    /// The discovery log's entries: (trtype, subtype, NQN, address, port).
+    pub discovery: Vec<(u8, u8, String, String, String)>,
+    /// Log reads after which the discovery log's generation counter changes (once).
+    pub genctr_changes_after: Option<usize>,
 }
 
 impl Default for Knobs {
@@ -50,6 +54,8 @@ impl Default for Knobs {
             blocks: 4096,
             lba_size: 512,
             fault: None,
+            discovery: Vec::new(),
+            genctr_changes_after: None,
         }
     }
 }
@@ -85,6 +91,8 @@ pub struct Seen {
     pub connects: Vec<u16>,
     /// The last CC written.
     pub cc: u32,
+    /// Get Log Page commands of the discovery log.
+    pub log_reads: usize,
 }
 
 pub struct Target {
@@ -308,6 +316,32 @@ fn serve(
                         id[130] = k.lba_size.trailing_zeros() as u8;
                     }
                     send_read(&mut c, k, cid, qid, &id)?;
+                }
+                0x02 if cdw10 & 0xff == 0x70 => {
+                    let reads = {
+                        let mut s = seen.lock().unwrap();
+                        s.log_reads += 1;
+                        s.log_reads
+                    };
+                    let genctr: u64 = match k.genctr_changes_after {
+                        Some(n) if reads > n => 8,
+                        _ => 7,
+                    };
+                    let mut log = vec![0u8; 1024 * (1 + k.discovery.len())];
+                    log[0..8].copy_from_slice(&genctr.to_le_bytes());
+                    log[8..16].copy_from_slice(&(k.discovery.len() as u64).to_le_bytes());
+                    for (i, (trtype, subtype, nqn, addr, port)) in k.discovery.iter().enumerate() {
+                        let e = &mut log[1024 * (i + 1)..1024 * (i + 2)];
+                        (e[0], e[1], e[2]) = (*trtype, 1, *subtype);
+                        e[32..32 + port.len()].copy_from_slice(port.as_bytes());
+                        e[256..256 + nqn.len()].copy_from_slice(nqn.as_bytes());
+                        e[512..512 + addr.len()].copy_from_slice(addr.as_bytes());
+                    }
+                    let len = (((cdw10 >> 16) | (cdw11 & 0xffff) << 16) as usize + 1) * 4;
+                    let off = (u64::from(cdw12) | u64::from(u32_at(&sqe, 52)) << 32) as usize;
+                    let mut part = log.get(off..).unwrap_or(&[]).to_vec();
+                    part.resize(len, 0);
+                    send_read(&mut c, k, cid, qid, &part)?;
                 }
                 0x09 => c.capsule_resp(cid, 0, 3 | 3 << 16, 0)?,
                 0x18 => {

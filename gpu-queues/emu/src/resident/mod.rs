@@ -732,6 +732,14 @@ impl GpuController {
         self.blocks
     }
 
+    /// How long a queue change may wait for every controller warp to take it: the admin
+    /// commands that create or delete this model's queues wait that long, at most, inside the
+    /// software controller, so the host's admin timeout must be longer
+    /// (`nvme::Controller::raise_admin_timeout`).
+    pub fn queue_change_bound(&self) -> Duration {
+        self.shared.ack_timeout
+    }
+
     /// Whether the kernel is still running.
     pub fn is_running(&self) -> bool {
         matches!(self.stream.is_idle(), Ok(false))

@@ -61,6 +61,10 @@ impl Controller {
             return Err(Fail::generic(generic::INVALID_COMMAND_OPCODE).at(0));
         }
         check_cdw0(cmd)?;
+        let delay = self.shared.faults.admin_delay();
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         match op {
             AdminOpcode::DELETE_IO_SQ => self.delete_io_sq(cmd),
             AdminOpcode::CREATE_IO_SQ => self.create_io_sq(cmd),
