@@ -273,3 +273,20 @@ fn a_discovery_log_that_changes_while_read_is_read_again() {
     // First round: header (7), entries, header (8): changed; second round consistent.
     assert_eq!(t.seen.lock().unwrap().log_reads, 6);
 }
+
+#[test]
+fn a_data_digest_that_does_not_match_fails_only_its_command() {
+    let t = common::start(Knobs {
+        fault: Some(Fault::BadDigest),
+        ..Knobs::default()
+    });
+    let c = Controller::connect(&target(&t), &host(true, Duration::from_secs(5))).unwrap();
+    let mut q = c.io_queue(8).unwrap();
+    let e = q.read(1, 0, 8, 512).unwrap_err();
+    assert!(
+        matches!(&e, FabricsError::Command { status, .. } if status.sc == 0x22),
+        "Transient Transport Error expected: {e}"
+    );
+    // The connection goes on: the same read again, its digest right this time.
+    assert_eq!(q.read(1, 0, 8, 512).unwrap().len(), 4096);
+}

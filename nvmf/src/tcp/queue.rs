@@ -206,16 +206,24 @@ impl Queue {
                 return Err(e);
             }
             // Whatever else is already here, without waiting.
-            while let Ok(Some(p)) = self.conn.recv_until(Instant::now()) {
-                if let Err(e) = self.handle(p, &mut done) {
-                    self.failed = true;
-                    return Err(e);
+            loop {
+                match self.conn.recv_until(Instant::now()) {
+                    Ok(Some(p)) => {
+                        if let Err(e) = self.handle(p, &mut done) {
+                            self.failed = true;
+                            return Err(e);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.failed = true;
+                        return Err(e);
+                    }
                 }
             }
         }
-        if done.is_empty() {
-            self.check_deadlines()?;
-        }
+        // Every call, so that a command stuck behind others that keep completing is noticed.
+        self.check_deadlines()?;
         Ok(done)
     }
 

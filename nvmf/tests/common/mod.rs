@@ -73,6 +73,8 @@ pub enum Fault {
     Silent,
     /// The socket is closed.
     Close,
+    /// The read's data arrives with a wrong data digest (with data digests on).
+    BadDigest,
 }
 
 /// What the target saw, for the tests to check.
@@ -133,6 +135,8 @@ struct Conn {
     dd: bool,
     cpda: u8,
     hpda: u8,
+    /// The next data digest sent is wrong.
+    corrupt_digest: bool,
 }
 
 impl Conn {
@@ -171,7 +175,11 @@ impl Conn {
         out.resize(if data.is_empty() { out.len() } else { pdo }, 0);
         out.extend_from_slice(data);
         if dd == 4 {
-            out.extend_from_slice(&crc(data));
+            let mut d = crc(data);
+            if std::mem::take(&mut self.corrupt_digest) {
+                d[0] ^= 0xff;
+            }
+            out.extend_from_slice(&d);
         }
         self.s.write_all(&out)
     }
@@ -236,6 +244,7 @@ fn serve(
         dd: false,
         cpda: k.cpda,
         hpda: 0,
+        corrupt_digest: false,
     };
     let mut req = [0u8; 128];
     c.s.read_exact(&mut req)?;
@@ -375,6 +384,11 @@ fn serve(
                             std::thread::sleep(Duration::from_secs(5));
                         }
                         Fault::Close => return Ok(()),
+                        Fault::BadDigest => {
+                            c.corrupt_digest = true;
+                            let data = media.lock().unwrap()[at..at + len].to_vec();
+                            send_read(&mut c, k, cid, qid, &data)?;
+                        }
                     }
                     continue;
                 }
