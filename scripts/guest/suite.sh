@@ -872,9 +872,9 @@ serve_step() {
         return
     }
     rc=0
-    ours "$T/serve-c0" serve --socket "$sock" check --json --first-lba 16384 --lbas 4096 --qd 8 &
+    ours "$T/serve-c0" serve --socket "$sock" check --force --json --first-lba 16384 --lbas 4096 --qd 8 &
     p=$!
-    ours "$T/serve-c1" serve --socket "$sock" check --json --first-lba 20480 --lbas 4096 --qd 8 ||
+    ours "$T/serve-c1" serve --socket "$sock" check --force --json --first-lba 20480 --lbas 4096 --qd 8 ||
         rc=1
     wait "$p" || rc=1
     if [ $rc = 0 ] &&
@@ -883,11 +883,11 @@ serve_step() {
     else
         fail "serve: two clients through VFIO" "$(tail -n 2 "$T/serve-c0.err" "$T/serve-c1.err")"
     fi
-    ours "$T/serve-honest" serve --socket "$sock" check --json --first-lba 28672 --lbas 2048 \
+    ours "$T/serve-honest" serve --socket "$sock" check --force --json --first-lba 28672 --lbas 2048 \
         --qd 4 --runtime 20s &
     honest=$!
     for i in $(seq 10); do
-        gpunvme serve --socket "$sock" check --first-lba 32768 --lbas 8192 --qd 8 --runtime 60s \
+        gpunvme serve --socket "$sock" check --force --first-lba 32768 --lbas 8192 --qd 8 --runtime 60s \
             >/dev/null 2>&1 &
         victim=$!
         sleep "$((RANDOM % 2)).$((RANDOM % 10))"
