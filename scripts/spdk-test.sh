@@ -137,42 +137,42 @@ print("%d IOPS, %.0f MB/s, %d bytes verified" % (j["iops"], j["bw_bytes"] / 1e6,
 }
 json_field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$1" "$2"; }
 
-for line in "${CTRLS[@]}"; do
-    read -r name sock bs <<<"$line"
-    dev="vfio-user:$sock"
-    nqn="nqn.2019-07.io.spdk:gpunvme-$name"
-
-    # identify, against SPDK's client
+# identify_matches NAME BS DEV TRID: `gpunvme identify` on DEV equals spdk_nvme_identify on TRID
+# field by field.
+identify_matches() {
+    local name=$1 bs=$2 dev=$3 trid=$4 tag mism=""
+    tag=$name-$(tr -c 'a-z0-9' _ <<<"${dev%%:*}")
+    cmp_field() { # label, ours, theirs
+        [ "$2" = "$3" ] || mism="$mism $1(ours=$2 spdk=$3)"
+    }
     if timeout 60 env LD_LIBRARY_PATH="$SPDK/lib" "$SPDK/bin/spdk_nvme_identify" -g \
-        -r "trtype:VFIOUSER traddr:$(dirname "$sock") subnqn:$nqn" > "$WORK/$name.spdk" 2>&1 &&
-        timeout 60 "$G" identify --json --device "$dev" > "$WORK/$name.json" 2> "$WORK/$name.err"; then
-        mism=""
-        cmp_field() { # label, ours, theirs
-            [ "$2" = "$3" ] || mism="$mism $1(ours=$2 spdk=$3)"
-        }
-        cmp_field sn "$(json_field "$WORK/$name.json" 'd["sn"]')" "$(spdk_field "$WORK/$name.spdk" "Serial Number")"
-        cmp_field mn "$(json_field "$WORK/$name.json" 'd["mn"]')" "$(spdk_field "$WORK/$name.spdk" "Model Number")"
-        cmp_field fr "$(json_field "$WORK/$name.json" 'd["fr"]')" "$(spdk_field "$WORK/$name.spdk" "Firmware Version")"
-        cmp_field vid "$(json_field "$WORK/$name.json" '"%x" % d["vid"]')" "$(spdk_field "$WORK/$name.spdk" "Vendor ID")"
-        cmp_field ssvid "$(json_field "$WORK/$name.json" '"%x" % d["ssvid"]')" "$(spdk_field "$WORK/$name.spdk" "Subsystem Vendor ID")"
-        cmp_field mdts "$(json_field "$WORK/$name.json" 'd["mdts_bytes"]')" "$(spdk_field "$WORK/$name.spdk" "Max Data Transfer Size")"
-        cmp_field lba_size "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["lba_size"]')" \
-            "$(grep -m1 'LBA Format #00: Data Size:' "$WORK/$name.spdk" | awk '{print $6}')"
-        cmp_field blocks "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["blocks"]')" \
-            "$(spdk_field "$WORK/$name.spdk" "Size (in LBAs)" | awk '{print $1}')"
-        cmp_field block_size_configured "$(json_field "$WORK/$name.json" 'd["namespaces"][0]["lba_size"]')" "$bs"
+        -r "$trid" > "$WORK/$tag.spdk" 2>&1 &&
+        timeout 60 "$G" identify --json --device "$dev" > "$WORK/$tag.json" 2> "$WORK/$tag.err"; then
+        cmp_field sn "$(json_field "$WORK/$tag.json" 'd["sn"]')" "$(spdk_field "$WORK/$tag.spdk" "Serial Number")"
+        cmp_field mn "$(json_field "$WORK/$tag.json" 'd["mn"]')" "$(spdk_field "$WORK/$tag.spdk" "Model Number")"
+        cmp_field fr "$(json_field "$WORK/$tag.json" 'd["fr"]')" "$(spdk_field "$WORK/$tag.spdk" "Firmware Version")"
+        cmp_field vid "$(json_field "$WORK/$tag.json" '"%x" % d["vid"]')" "$(spdk_field "$WORK/$tag.spdk" "Vendor ID")"
+        cmp_field ssvid "$(json_field "$WORK/$tag.json" '"%x" % d["ssvid"]')" "$(spdk_field "$WORK/$tag.spdk" "Subsystem Vendor ID")"
+        cmp_field mdts "$(json_field "$WORK/$tag.json" 'd["mdts_bytes"]')" "$(spdk_field "$WORK/$tag.spdk" "Max Data Transfer Size")"
+        cmp_field lba_size "$(json_field "$WORK/$tag.json" 'd["namespaces"][0]["lba_size"]')" \
+            "$(grep -m1 'LBA Format #00: Data Size:' "$WORK/$tag.spdk" | awk '{print $6}')"
+        cmp_field blocks "$(json_field "$WORK/$tag.json" 'd["namespaces"][0]["blocks"]')" \
+            "$(spdk_field "$WORK/$tag.spdk" "Size (in LBAs)" | awk '{print $1}')"
+        cmp_field block_size_configured "$(json_field "$WORK/$tag.json" 'd["namespaces"][0]["lba_size"]')" "$bs"
         if [ -z "$mism" ]; then
-            ok "$name: identify = spdk_nvme_identify (sn, mn, fr, vid, ssvid, mdts, LBA size $bs, blocks)"
+            ok "$name: identify over ${dev%%:*} = spdk_nvme_identify -r '${trid%% *}' (sn, mn, fr, vid, ssvid, mdts, LBA size $bs, blocks)"
         else
-            bad "$name: identify differs from spdk_nvme_identify:$mism"
+            bad "$name: identify over ${dev%%:*} differs from spdk_nvme_identify:$mism"
         fi
     else
-        bad "$name: identify failed: $(tail -3 "$WORK/$name.spdk" "$WORK/$name.err" 2>/dev/null)"
+        bad "$name: identify over ${dev%%:*} failed: $(tail -3 "$WORK/$tag.spdk" "$WORK/$tag.err" 2>/dev/null)"
     fi
+}
 
-    # perf --verify: four patterns at 4 KiB, QD 32; 512 B on the 512-byte namespace; 1 MiB
-    # (eight commands each at SPDK's 128 KiB MDTS).
-    shapes="4k:20000"
+# perf_patterns NAME BS DEV: perf --verify in four patterns at 4 KiB (QD 32), 512 B on a
+# 512-byte namespace, 1 MiB (QD 16).
+perf_patterns() {
+    local name=$1 bs=$2 dev=$3 shapes="4k:20000" size ios qd rw res out
     [ "$bs" = 512 ] && shapes="$shapes 512:20000"
     shapes="$shapes 1m:300"   # (QD 16 below: 8 commands per I/O in 256-entry queues)
     for shape in $shapes; do
@@ -183,12 +183,22 @@ for line in "${CTRLS[@]}"; do
             if out=$(timeout 120 "$G" perf --device "$dev" --rw "$rw" --bs "$size" --qd "$qd" --ios "$ios" \
                 --verify --json 2>&1) &&
                 res=$(perf_verified "$out" "$ios"); then
-                ok "$name: perf --rw $rw --bs $size --qd $qd --verify: $res"
+                ok "$name: perf over ${dev%%:*} --rw $rw --bs $size --qd $qd --verify: $res"
             else
-                bad "$name: perf --rw $rw --bs $size --verify: ${res:-} $(tail -3 <<<"$out")"
+                bad "$name: perf over ${dev%%:*} --rw $rw --bs $size --verify: ${res:-} $(tail -3 <<<"$out")"
             fi
         done
     done
+}
+
+for line in "${CTRLS[@]}"; do
+    read -r name sock bs <<<"$line"
+    dev="vfio-user:$sock"
+    nqn="nqn.2019-07.io.spdk:gpunvme-$name"
+
+    identify_matches "$name" "$bs" "$dev" "trtype:VFIOUSER traddr:$(dirname "$sock") subnqn:$nqn"
+
+    perf_patterns "$name" "$bs" "$dev"
 
     if out=$(timeout 120 "$G" protocol-check --device "$dev" 2>&1) && grep -q '^PASS' <<<"$out"; then
         ok "$name: protocol-check: $(grep -m1 'ios=' <<<"$out" | sed 's/^ *//')"
@@ -332,14 +342,23 @@ for _ in $(seq 20); do
 done
 if wait $honest; then ok "serve over SPDK: 20 clients killed mid-I/O, the honest one verified"
 else bad "serve over SPDK: the honest client failed beside killed ones: $(cat "$WORK/check-honest.json")"; fi
-st=$(timeout 20 "$G" serve --socket "$SOCK" status --json 2>&1 || true)
-if python3 -c '
+# The daemon notices a killed client when its socket closes: look again for a few seconds
+# until the last one killed is reclaimed too.
+reclaimed_ok() {
+    python3 -c '
 import json, sys
 s = json.loads(sys.argv[1])
 for c in s["controllers"]:
     assert c["lent_queue_pairs"] == 0 and c["degraded"] is None and c["forwarded_doorbells"] > 0, c
 assert len(s["clients"]) == 1 and s["reclaimed_holding_queues"] >= 10, s
-' "$st" 2>/dev/null; then
+' "$1" 2>/dev/null
+}
+for _ in $(seq 20); do
+    st=$(timeout 20 "$G" serve --socket "$SOCK" status --json 2>&1 || true)
+    reclaimed_ok "$st" && break
+    sleep 0.5
+done
+if reclaimed_ok "$st"; then
     ok "serve over SPDK: every killed client reclaimed ($(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(s["reclaimed_holding_queues"], "with queues held;", sum(c["forwarded_doorbells"] for c in s["controllers"]), "doorbells forwarded")' "$st"))"
 else
     bad "serve over SPDK: after the kills: $st"
@@ -398,11 +417,89 @@ else
     bad "nvme-tcp wrong NQN: $(tail -1 <<<"$out")"
 fi
 
+# --- --device nvme-tcp://: everything above the driver over TCP (the software controller in
+# front, forwarding to SPDK's subsystems): identify against spdk_nvme_identify over TCP, perf
+# --verify in every pattern, files written over one transport read back over the other.
+for line in "${CTRLS[@]}"; do
+    read -r name sock bs <<<"$line"
+    nqn="nqn.2019-07.io.spdk:gpunvme-$name"
+    tdev="nvme-tcp://127.0.0.1:$TCP_PORT/$nqn"
+    identify_matches "$name" "$bs" "$tdev" \
+        "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$TCP_PORT subnqn:$nqn"
+    perf_patterns "$name" "$bs" "$tdev"
+    [ "$name" = malloc4096 ] && continue
+    head -c 23456789 /dev/urandom > "$WORK/in.bin"
+    head -c 7654321 /dev/urandom > "$WORK/in2.bin"
+    # --force: earlier steps left a file system (or scratch data) there.
+    if timeout 60 "$G" fs mkfs --force --device "$tdev" > /dev/null 2>&1 &&
+        timeout 60 "$G" fs put "$WORK/in.bin" tcp/in.bin --device "$tdev" > /dev/null 2>&1 &&
+        timeout 60 "$G" fs get tcp/in.bin "$WORK/out.bin" --device "vfio-user:$sock" > /dev/null 2>&1 &&
+        cmp -s "$WORK/in.bin" "$WORK/out.bin" &&
+        timeout 60 "$G" fs put "$WORK/in2.bin" vu/in2.bin --device "vfio-user:$sock" > /dev/null 2>&1 &&
+        timeout 60 "$G" fs get vu/in2.bin "$WORK/out2.bin" --device "$tdev" > /dev/null 2>&1 &&
+        cmp -s "$WORK/in2.bin" "$WORK/out2.bin" &&
+        fsck=$(timeout 60 "$G" fs fsck --device "$tdev" 2>&1) && grep -q '^clean' <<<"$fsck"; then
+        ok "$name: blockfs over nvme-tcp: mkfs, put 23456789 bytes, read back over vfio-user; 7654321 put over vfio-user, read back over TCP; fsck clean"
+    else
+        bad "$name: blockfs across nvme-tcp and vfio-user failed"
+    fi
+    rm -f "$WORK/in.bin" "$WORK/out.bin" "$WORK/in2.bin" "$WORK/out2.bin"
+done
+# gpunvme discover: the three TCP subsystems, each with the --device spec that opens it.
+if out=$(timeout 30 "$G" discover "nvme-tcp://127.0.0.1:$TCP_PORT" --json 2>&1) &&
+    [ "$(python3 -c 'import json,sys; print(" ".join(sorted(e["device"] for e in json.loads(sys.argv[1]) if e["device"])))' "$out")" = \
+      "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-aio nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-malloc4096 nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-malloc512" ]; then
+    ok "gpunvme discover: the three TCP subsystems as --device specs"
+else
+    bad "gpunvme discover: $out"
+fi
+# Python: gpunvme.open("nvme-tcp://...") (the venv scripts/py-test.sh made, if there is one).
+PY=$ROOT/target/py-venv/bin/python
+if [ -x "$PY" ] && "$PY" -c 'import gpunvme' 2>/dev/null; then
+    tdev="nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-malloc512"
+    if out=$(timeout 120 "$PY" - "$tdev" <<'PYEOF' 2>&1
+import os, sys, tempfile
+import gpunvme
+data = os.urandom(5_000_000)
+with tempfile.NamedTemporaryFile() as f:
+    f.write(data); f.flush()
+    with gpunvme.open(sys.argv[1]) as dev:
+        assert "nvme-tcp://" in dev.describe(), dev.describe()
+        dev.mkfs(force=True)
+        dev.put(f.name, "py/data.bin")
+        assert dev.read("py/data.bin") == data
+        assert dev.read("py/data.bin", 4_000_001, 17) == data[4_000_001:4_000_018]
+        dev.fsck()  # raises CorruptError unless clean
+try:
+    gpunvme.open(sys.argv[1].rsplit("/", 1)[0] + "/nqn.2019-07.io.spdk:no-such")
+    raise SystemExit("a wrong NQN opened")
+except gpunvme.DeviceError as e:
+    print("wrong NQN:", type(e).__name__)
+print("ok")
+PYEOF
+) && [ "$(tail -1 <<<"$out")" = ok ]; then
+        ok "python over nvme-tcp: open, mkfs, put 5000000 bytes, read back (whole and a slice), fsck clean; a wrong NQN is $(grep -o 'wrong NQN: .*' <<<"$out" | cut -d' ' -f3)"
+    else
+        bad "python over nvme-tcp: $(tail -3 <<<"$out")"
+    fi
+else
+    echo "SKIP python over nvme-tcp: no target/py-venv with gpunvme (scripts/py-test.sh makes it)"
+fi
+refused "nvme-tcp: no listener" "nvme-tcp://127.0.0.1:1/nqn.2019-07.io.spdk:gpunvme-aio" \
+    "cannot connect to the NVMe/TCP target"
+refused "nvme-tcp: wrong NQN" "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:no-such" \
+    "Connect of queue 0 refused"
+refused "nvme-tcp: the discovery controller as a device" "nvme-tcp://127.0.0.1:$TCP_PORT" \
+    "name the subsystem"
+
 # --- the target dies in the middle of a run -------------------------------------------------
 read -r _ sock _ <<<"${CTRLS[2]}"
 timeout 120 "$G" perf --device "vfio-user:$sock" --rw randread --bs 4k --qd 32 --runtime 60s \
     > "$WORK/killed.out" 2>&1 &
 perf_pid=$!
+timeout 120 "$G" perf --device "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-aio" \
+    --rw randread --bs 4k --qd 32 --runtime 60s > "$WORK/killed-tcp.out" 2>&1 &
+tcp_perf_pid=$!
 sleep 3
 t0=$(date +%s.%N)
 scripts/spdk-target.sh kill "$STATE" > /dev/null
@@ -413,6 +510,14 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'gpunvme: error:.*\(gone\|vfio-us
     ok "target killed mid-run: perf exited $rc after ${dt}s: $(grep 'gpunvme: error' "$WORK/killed.out")"
 else
     bad "target killed mid-run: rc=$rc after ${dt}s: $(tail -3 "$WORK/killed.out")"
+fi
+rc=0
+wait $tcp_perf_pid || rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'gpunvme: error:' "$WORK/killed-tcp.out"; then
+    ok "target killed mid-run: perf over nvme-tcp exited $rc after ${dt}s: $(grep -m1 'gpunvme: error' "$WORK/killed-tcp.out" | cut -c1-200)"
+else
+    bad "target killed mid-run: perf over nvme-tcp: rc=$rc after ${dt}s: $(tail -3 "$WORK/killed-tcp.out")"
 fi
 refused "socket of a killed target" "vfio-user:$sock" "vfio-user"
 

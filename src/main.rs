@@ -113,6 +113,13 @@ enum Command {
         #[arg(long, default_value = "/sys", hide = true)]
         sys_root: std::path::PathBuf,
     },
+    /// List the subsystems an NVMe/TCP target's discovery controller reports (TARGET:
+    /// nvme-tcp://HOST[:PORT], port 4420 by default), each with the --device spec that opens
+    /// it; opens no device.
+    Discover {
+        /// The target, e.g. nvme-tcp://192.0.2.7:4420.
+        target: String,
+    },
     /// Run the daemon that owns the --device images' controllers and lends their I/O queue
     /// pairs to client processes over a Unix socket (`serve status` asks a running one).
     Serve(cli::serve::ServeArgs),
@@ -158,7 +165,10 @@ impl Command {
             Command::Write { .. } | Command::ProtocolCheck(_) => false,
             Command::Perf(p) => !p.rw.is_write() && !p.verify,
             Command::Fs { cmd, .. } => cmd.is_read_only(),
-            Command::Image { .. } | Command::Topology { .. } | Command::Serve(_) => false,
+            Command::Image { .. }
+            | Command::Topology { .. }
+            | Command::Discover { .. }
+            | Command::Serve(_) => false,
         }
     }
 
@@ -379,6 +389,13 @@ fn run(args: Args) -> Result<()> {
             }
         });
     }
+    if let Command::Discover { target } = &args.command {
+        anyhow::ensure!(
+            args.device.is_empty(),
+            "`discover` names its target itself and opens no device: drop --device"
+        );
+        return cli::discover::run(target, args.json);
+    }
     if let Command::Topology { sys_root } = &args.command {
         anyhow::ensure!(
             args.device.is_empty(),
@@ -486,9 +503,12 @@ fn run(args: Args) -> Result<()> {
         }
         Command::Log { smart } => cli::log::run(&ctrl, smart, args.json),
         Command::Fs { nsid, cmd } => cli::fs::run(&ctrl, &backend, nsid, cmd, args.json),
-        Command::Image { .. } | Command::Topology { .. } | Command::Serve(_) => Err(
-            anyhow::anyhow!("internal error: an image command reached a device"),
-        ),
+        Command::Image { .. }
+        | Command::Topology { .. }
+        | Command::Discover { .. }
+        | Command::Serve(_) => Err(anyhow::anyhow!(
+            "internal error: an image command reached a device"
+        )),
     };
     // A write the host refused (a full host file system) is named for its cause.
     let result = result.map_err(|e| cli::explain_host_error(e, [&backend]));

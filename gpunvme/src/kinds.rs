@@ -51,6 +51,7 @@ from_typed!(
     nvme::Error,
     nvme_emu::EmuError,
     vfio::Error,
+    nvmf::host::FabricsError,
     blockfs::Error,
     blockfs::VolumeError,
     gpu_queues::GpuError,
@@ -101,6 +102,12 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
             nvme_emu::EmuError::OpenImage { .. }
             | nvme_emu::EmuError::CreateImage { .. }
             | nvme_emu::EmuError::InvalidImage { .. } => ErrorKind::Image,
+            _ => ErrorKind::Device,
+        });
+    }
+    if let Some(e) = cause.downcast_ref::<nvmf::host::FabricsError>() {
+        return Some(match e {
+            nvmf::host::FabricsError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             _ => ErrorKind::Device,
         });
     }

@@ -25,6 +25,7 @@
 
 pub mod copy;
 pub mod error;
+pub mod fabric;
 pub mod fs_report;
 pub mod gpu;
 pub mod gpu_fs;

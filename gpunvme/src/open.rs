@@ -178,6 +178,9 @@ pub enum DeviceSpec {
     Pci(vfio::PciAddress),
     /// A controller served over vfio-user at this socket (`vfio-user:PATH`).
     VfioUser(PathBuf),
+    /// An NVM subsystem over NVMe/TCP (`nvme-tcp://HOST:PORT/NQN`), served through the software
+    /// controller in front of it ([`crate::fabric`]).
+    NvmeTcp(crate::fabric::TcpSpec),
     /// An image file served by the software controller.
     Image(PathBuf),
     /// No `--device`: the software controller over [`OpenOptions::default_image`]
@@ -192,6 +195,17 @@ impl DeviceSpec {
     pub fn parse(arg: Option<&str>) -> Result<Self> {
         match arg {
             None => Ok(Self::DefaultImage),
+            Some(s) if s.starts_with(crate::fabric::SCHEME) => {
+                let spec = crate::fabric::TcpSpec::parse(s)?;
+                if spec.subnqn.is_none() {
+                    bail!(
+                        InvalidArgument,
+                        "device {s}: name the subsystem (nvme-tcp://HOST:PORT/NQN); \
+                         `gpunvme discover {s}` lists a target's subsystems"
+                    );
+                }
+                Ok(Self::NvmeTcp(spec))
+            }
             Some(s) if s.starts_with(vfio::user::SPEC_PREFIX) => {
                 let path = &s[vfio::user::SPEC_PREFIX.len()..];
                 if path.is_empty() {
@@ -219,7 +233,7 @@ impl DeviceSpec {
     /// The image file the software controller serves, if it is one.
     pub fn image_path<'a>(&'a self, opts: &'a OpenOptions) -> Option<&'a Path> {
         match self {
-            Self::Pci(_) | Self::VfioUser(_) => None,
+            Self::Pci(_) | Self::VfioUser(_) | Self::NvmeTcp(_) => None,
             Self::Image(p) => Some(p),
             Self::DefaultImage => Some(&opts.default_image),
         }
@@ -329,6 +343,12 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
                 backend: Backend::VfioUser(dev),
             });
         }
+        DeviceSpec::NvmeTcp(tcp) => crate::fabric::open_front(
+            tcp,
+            opts.controller_threads,
+            opts.controller_queue_pairs,
+            opts.read_only,
+        )?,
         DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
             let path = opts.default_image.as_path();
@@ -450,5 +470,12 @@ mod tests {
             DeviceSpec::VfioUser(PathBuf::from("/run/spdk/cntrl"))
         );
         assert!(DeviceSpec::parse(Some("vfio-user:")).is_err());
+        assert!(matches!(
+            DeviceSpec::parse(Some("nvme-tcp://127.0.0.1:4420/nqn.2016-06.io.spdk:m512")).unwrap(),
+            DeviceSpec::NvmeTcp(t) if t.port == 4420
+        ));
+        // The discovery controller holds no namespace to open.
+        let e = DeviceSpec::parse(Some("nvme-tcp://127.0.0.1:4420")).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
     }
 }

@@ -81,7 +81,7 @@ pub enum FabricsError {
     Tcp(#[from] TcpError),
     /// The target refused the Connect (a wrong NQN, a host not allowed, a queue it will not
     /// make).
-    #[error("{target}: Connect of queue {qid} refused: {status}")]
+    #[error("{target}: Connect of queue {qid} refused: {}", connect_status(status))]
     ConnectRefused {
         /// Where.
         target: String,
@@ -119,6 +119,17 @@ pub enum FabricsError {
     InvalidArgument(String),
 }
 
+/// A Connect's status in words: the Fabrics names for Command Specific codes (0x82 is Connect
+/// Invalid Parameters there, not the NVM command set's meaning).
+fn connect_status(s: &Status) -> String {
+    match fabrics::status::name(s.sc) {
+        Some(n) if s.sct == nvme_spec::StatusCodeType::COMMAND_SPECIFIC => {
+            format!("{n} (sct {:#x}, sc {:#x})", s.sct.0, s.sc)
+        }
+        _ => s.to_string(),
+    }
+}
+
 /// A namespace as Identify Namespace describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Namespace {
@@ -143,6 +154,9 @@ pub struct Controller {
     max_transfer: usize,
     io_queues: u16,
     next_qid: AtomicU16,
+    /// Queue ids of I/O queues dropped (their connections closed), for reuse once every id
+    /// was used once.
+    freed_qids: Arc<Mutex<Vec<u16>>>,
     keep_alive: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
@@ -205,6 +219,10 @@ fn connect_queue(
 
 fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock_ids(ids: &Mutex<Vec<u16>>) -> MutexGuard<'_, Vec<u16>> {
+    ids.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Controller {
@@ -270,6 +288,7 @@ impl Controller {
             max_transfer: 0,
             io_queues: 0,
             next_qid: AtomicU16::new(1),
+            freed_qids: Arc::default(),
             keep_alive: None,
         };
         let id = c.identify_data(Cns::CONTROLLER, 0)?;
@@ -418,15 +437,23 @@ impl Controller {
         &self.target
     }
 
-    /// A new I/O queue of `depth` entries (2 to CAP.MQES + 1) on a connection of its own.
+    /// A new I/O queue of `depth` entries (2 to CAP.MQES + 1) on a connection of its own. Its
+    /// queue id is a fresh one while there are, else one of a queue dropped since (so a host
+    /// that reconnects queues does not run out).
     pub fn io_queue(&self, depth: u16) -> Result<IoQueue, FabricsError> {
-        let qid = self.next_qid.fetch_add(1, Ordering::Relaxed);
-        if qid == 0 || qid > self.io_queues {
+        let fresh = self
+            .next_qid
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                (q <= self.io_queues).then_some(q + 1)
+            })
+            .ok();
+        let Some(qid) = fresh.or_else(|| lock_ids(&self.freed_qids).pop()) else {
             return Err(FabricsError::InvalidArgument(format!(
-                "the controller granted {} I/O queues; all were connected",
+                "the controller granted {} I/O queues; all are connected",
                 self.io_queues
             )));
-        }
+        };
+        let freed = self.freed_qids.clone();
         let mqes = u16::try_from(self.cap.max_queue_entries()).unwrap_or(u16::MAX);
         let depth = depth.clamp(2, mqes.max(2));
         let (q, _) = connect_queue(
@@ -436,10 +463,12 @@ impl Controller {
             self.cntlid,
             depth,
             self.io_in_capsule,
-        )?;
+        )
+        .inspect_err(|_| lock_ids(&freed).push(qid))?;
         Ok(IoQueue {
             q,
             max_transfer: self.max_transfer,
+            freed,
         })
     }
 
@@ -511,9 +540,22 @@ fn wait_csts(
 pub struct IoQueue {
     q: Queue,
     max_transfer: usize,
+    freed: Arc<Mutex<Vec<u16>>>,
+}
+
+impl Drop for IoQueue {
+    fn drop(&mut self) {
+        // The connection closes with the queue: the target frees the id with it.
+        lock_ids(&self.freed).push(self.q.qid());
+    }
 }
 
 impl IoQueue {
+    /// Whether another command can be submitted without waiting.
+    pub fn has_room(&self) -> bool {
+        self.q.has_room()
+    }
+
     /// The queue under it, for many commands in flight ([`Queue::submit`], [`Queue::poll`]).
     pub fn queue(&mut self) -> &mut Queue {
         &mut self.q

@@ -16,6 +16,7 @@ macro_rules! outln {
     }};
 }
 
+pub mod discover;
 pub mod fs;
 pub mod identify;
 pub mod image;

@@ -79,6 +79,11 @@ pub enum Backend {
     /// writes move no data (a read leaves the host buffer as it was). For measuring per-command
     /// overhead.
     Null,
+    /// On another NVMe controller, reached through the embedder's [`crate::Forwarder`] (an
+    /// NVMe over Fabrics connection): reads and writes are checked here and forwarded, several
+    /// in flight per controller thread ([`crate::forward`]). `blocks` and `lba_size` must be
+    /// the far namespace's; its format must be plain.
+    Forwarded(crate::forward::Forwarded),
 }
 
 /// One namespace.
@@ -440,6 +445,11 @@ impl EmuConfig {
                 .is_none_or(|b| b > i64::MAX as u64)
             {
                 return invalid(format!("namespace {nsid} is too large"));
+            }
+            if matches!(ns.backend, Backend::Forwarded(_)) && ns.format != NsFormat::Plain {
+                return invalid(format!(
+                    "namespace {nsid} is forwarded: only a plain format can be"
+                ));
             }
         }
         Ok(())

@@ -93,14 +93,14 @@ impl EmuDevice {
             .iter()
             .map(|ns| match &ns.media {
                 Media::File(f) => Some(f.writes.clone()),
-                Media::Memory(_) | Media::Null => None,
+                Media::Memory(_) | Media::Null | Media::Forwarded(_) => None,
             })
             .collect();
         let host_errors = namespaces
             .iter()
             .filter_map(|ns| match &ns.media {
                 Media::File(f) => Some(f.errors.clone()),
-                Media::Memory(_) | Media::Null => None,
+                Media::Memory(_) | Media::Null | Media::Forwarded(_) => None,
             })
             .collect();
         let controller = Controller::new(shared.clone(), config, namespaces);
@@ -318,6 +318,7 @@ fn describe(config: &EmuConfig, threads: usize) -> String {
                 Backend::Memory => "in memory".to_string(),
                 Backend::File(p) => format!("over {}", p.display()),
                 Backend::Null => "null (no data)".to_string(),
+                Backend::Forwarded(f) => format!("forwarded to {f:?}"),
             };
             format!("ns{} {size} {at}, {} B blocks", i + 1, ns.lba_size)
         })

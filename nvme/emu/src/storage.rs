@@ -36,6 +36,8 @@ pub(crate) enum Media {
     File(FileMedia),
     /// Nowhere: reads and writes move no data.
     Null,
+    /// On a far controller ([`crate::forward`]): the controller threads forward its commands.
+    Forwarded(crate::forward::Forwarded),
 }
 
 /// A memory namespace's bytes: stripes of [`STRIPE`] bytes (the last may be shorter), each
@@ -283,6 +285,7 @@ impl Namespace {
                 Media::File(FileMedia::open(nsid, path, bytes, config.read_only, reads)?)
             }
             Backend::Null => Media::Null,
+            Backend::Forwarded(f) => Media::Forwarded(f.clone()),
         };
         Ok(Self {
             blocks: config.blocks,
@@ -303,7 +306,8 @@ impl Namespace {
     pub(crate) fn flush(&self) -> std::io::Result<()> {
         match &self.media {
             Media::File(f) => f.sync(),
-            Media::Memory(_) | Media::Null => Ok(()),
+            // A forwarded namespace's Flush is forwarded by the controller thread.
+            Media::Memory(_) | Media::Null | Media::Forwarded(_) => Ok(()),
         }
     }
 
@@ -325,6 +329,8 @@ impl Namespace {
                 Ok(())
             }
             Media::Null => Ok(()),
+            // Forwarded by the controller thread (never reaches here).
+            Media::Forwarded(_) => Err(std::io::ErrorKind::Unsupported.into()),
         }
     }
 }

@@ -48,6 +48,21 @@ pub mod status {
     pub const DISCOVERY_RESTART: u8 = 0x90;
     /// Authentication is required.
     pub const AUTH_REQUIRED: u8 = 0x91;
+
+    /// The name of Fabrics status `sc` (Command Specific), if it is one.
+    pub fn name(sc: u8) -> Option<&'static str> {
+        Some(match sc {
+            INCOMPATIBLE_FORMAT => "Incompatible Format",
+            CONTROLLER_BUSY => "Controller Busy",
+            INVALID_PARAMETERS => "Connect Invalid Parameters",
+            RESTART_DISCOVERY => "Connect Restart Discovery",
+            INVALID_HOST => "Connect Invalid Host",
+            INVALID_QUEUE_TYPE => "Invalid Queue Type",
+            DISCOVERY_RESTART => "Discover Restart",
+            AUTH_REQUIRED => "Authentication Required",
+            _ => return None,
+        })
+    }
 }
 
 /// The controller id a first Connect asks for: any (dynamic controller model).

@@ -1,10 +1,18 @@
 //! One NVMe/TCP connection (one queue pair's socket): connect within a bound, the ICReq/ICResp
 //! exchange, then whole checked PDUs in and bytes out, every wait bounded. A controller that
 //! breaks the protocol gets an H2CTermReq naming what it did, and the connection ends.
+//!
+//! The socket is non-blocking: a look for PDUs reads what is there without waiting (a queue
+//! polled between other work costs a system call, not a wait), and waits are `poll(2)` on the
+//! socket up to their deadline. Capsules submitted together may be sent together
+//! ([`Connection::send_later`]): whatever is buffered goes out before any wait for a reply.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 
 use nvme_spec::tcp::{DigestFlags, Fes, IcReq, IcResp};
 use zerocopy::FromBytes;
@@ -40,7 +48,7 @@ impl Default for ConnectOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum TcpError {
     /// Nobody answered at the address (no listener, refused, unreachable) within the bound.
-    #[error("cannot connect to the NVMe/TCP target at {addr}: {source}")]
+    #[error("cannot connect to the NVMe/TCP target at {addr}")]
     Connect {
         /// Where.
         addr: SocketAddr,
@@ -48,7 +56,7 @@ pub enum TcpError {
         source: std::io::Error,
     },
     /// A send or receive failed.
-    #[error("NVMe/TCP {doing}: {source}")]
+    #[error("NVMe/TCP {doing}")]
     Io {
         /// What was being done.
         doing: &'static str,
@@ -98,6 +106,26 @@ pub struct Connection {
     decoder: Decoder,
     neg: Negotiated,
     bound: Duration,
+    /// Bytes to send, not sent yet ([`Connection::send_later`]).
+    out: Vec<u8>,
+    /// Receive buffer.
+    rbuf: Box<[u8]>,
+}
+
+/// Buffered bytes beyond which [`Connection::send_later`] sends at once.
+const SEND_BATCH: usize = 256 << 10;
+
+/// Waits until `stream` is readable (`POLLIN`) or writable (`POLLOUT`), or `timeout` passed;
+/// errors and hang-ups count as ready (the read or write that follows reports them).
+fn wait_ready(stream: &TcpStream, flags: PollFlags, timeout: Duration) {
+    let fd = stream.as_fd();
+    let mut fds = [PollFd::new(&fd, flags)];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    // EINTR and the like: the caller looks again and re-checks its deadline.
+    let _ = poll(&mut fds, Some(&ts));
 }
 
 fn io(doing: &'static str) -> impl FnOnce(std::io::Error) -> TcpError {
@@ -114,13 +142,9 @@ impl Connection {
             .map_err(io("setting TCP_NODELAY"))?;
         // Each read waits at most a slice of the bound, so a silent target is noticed at the
         // bound without a read that outlives it.
-        let slice = (opts.bound / 10).max(Duration::from_millis(1));
         stream
-            .set_read_timeout(Some(slice))
-            .map_err(io("setting the read timeout"))?;
-        stream
-            .set_write_timeout(Some(opts.bound.max(Duration::from_millis(1))))
-            .map_err(io("setting the write timeout"))?;
+            .set_nonblocking(true)
+            .map_err(io("making the socket non-blocking"))?;
         let mut c = Self {
             stream,
             decoder: Decoder::new(opts.max_data),
@@ -132,6 +156,8 @@ impl Connection {
                 maxh2cdata: 4096,
             },
             bound: opts.bound,
+            out: Vec::new(),
+            rbuf: vec![0; 64 << 10].into_boxed_slice(),
         };
         let req = encode::icreq(opts.hpda, opts.digests);
         c.send(&req)?;
@@ -195,24 +221,62 @@ impl Connection {
         }
     }
 
-    /// Sends `bytes` (whole PDUs), within the bound.
+    /// Sends `bytes` (whole PDUs) and anything buffered before them, within the bound.
     pub fn send(&mut self, bytes: &[u8]) -> Result<(), TcpError> {
-        match self.stream.write_all(bytes) {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                Err(TcpError::Timeout {
-                    waiting: "room to send",
-                    after: self.bound,
-                })
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {
-                Err(TcpError::Closed)
-            }
-            Err(e) => Err(TcpError::Io {
-                doing: "sending",
-                source: e,
-            }),
+        self.out.extend_from_slice(bytes);
+        self.flush()
+    }
+
+    /// Buffers `bytes` (whole PDUs) to go out with the next send, the next wait for a reply
+    /// or [`Connection::flush`], whichever comes first (at once past a few hundred KiB).
+    pub fn send_later(&mut self, bytes: &[u8]) -> Result<(), TcpError> {
+        self.out.extend_from_slice(bytes);
+        if self.out.len() >= SEND_BATCH {
+            return self.flush();
         }
+        Ok(())
+    }
+
+    /// Sends what is buffered, within the bound.
+    pub fn flush(&mut self) -> Result<(), TcpError> {
+        let deadline = Instant::now() + self.bound;
+        let mut sent = 0;
+        let result = loop {
+            if sent == self.out.len() {
+                break Ok(());
+            }
+            match self.stream.write(&self.out[sent..]) {
+                Ok(0) => break Err(TcpError::Closed),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break Err(TcpError::Timeout {
+                            waiting: "room to send",
+                            after: self.bound,
+                        });
+                    }
+                    wait_ready(&self.stream, PollFlags::OUT, deadline - now);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) =>
+                {
+                    break Err(TcpError::Closed);
+                }
+                Err(e) => {
+                    break Err(TcpError::Io {
+                        doing: "sending",
+                        source: e,
+                    });
+                }
+            }
+        };
+        self.out.drain(..sent);
+        if result.is_err() {
+            self.out.clear();
+        }
+        result
     }
 
     /// The next whole PDU, within the bound.
@@ -230,11 +294,14 @@ impl Connection {
         }
     }
 
-    /// The next whole PDU if one arrives before `deadline` (a read waits at most a tenth of
-    /// the bound past it), `None` if none did. A C2HTermReq is [`TcpError::Terminated`]; a PDU
-    /// that breaks the protocol ends the connection ([`TcpError::Fatal`]).
+    /// The next whole PDU if one arrives before `deadline` (what is already there is taken
+    /// even past it), `None` if none did; buffered sends go out first. A C2HTermReq is
+    /// [`TcpError::Terminated`]; a PDU that breaks the protocol ends the connection
+    /// ([`TcpError::Fatal`]).
     pub fn recv_until(&mut self, deadline: Instant) -> Result<Option<Pdu>, TcpError> {
-        let mut buf = [0u8; 64 << 10];
+        if !self.out.is_empty() {
+            self.flush()?;
+        }
         loop {
             match self.decoder.next_pdu() {
                 Ok(Some(Pdu::TermReq { fes, fei })) => {
@@ -244,14 +311,14 @@ impl Connection {
                 Ok(None) => {}
                 Err(f) => return Err(self.fail(f, &[])),
             }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            match self.stream.read(&mut buf) {
+            match self.stream.read(&mut self.rbuf) {
                 Ok(0) => return Err(TcpError::Closed),
-                Ok(n) => self.decoder.push(&buf[..n]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Ok(n) => {
+                    self.decoder.push(&self.rbuf[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return Err(TcpError::Closed),
                 Err(e) => {
                     return Err(TcpError::Io {
@@ -260,6 +327,11 @@ impl Connection {
                     });
                 }
             }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            wait_ready(&self.stream, PollFlags::IN, deadline - now);
         }
     }
 
@@ -271,6 +343,8 @@ impl Connection {
     /// Ends the connection for `fatal`: an H2CTermReq (best effort), then the socket closed.
     /// Returns the error to report.
     pub fn fail(&mut self, fatal: Fatal, offending: &[u8]) -> TcpError {
+        self.out.clear();
+        // Best effort on the non-blocking socket: a full send buffer drops it.
         let _ = self.stream.write_all(&encode::term_req(&fatal, offending));
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         TcpError::Fatal(fatal)

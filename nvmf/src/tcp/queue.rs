@@ -179,7 +179,8 @@ impl Queue {
         let in_capsule: &[u8] = if flight.in_capsule { &flight.out } else { &[] };
         let pdu = encode::capsule(&self.conn.negotiated(), &sqe, in_capsule);
         self.slots[cid as usize] = Some(flight);
-        if let Err(e) = self.conn.send(&pdu) {
+        // Sent with the next wait for replies, so a batch of submissions goes out together.
+        if let Err(e) = self.conn.send_later(&pdu) {
             self.failed = true;
             return Err(e);
         }

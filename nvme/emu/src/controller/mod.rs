@@ -51,6 +51,7 @@
 //! wakeup), so it keeps polling instead, yielding its CPU now and then.
 
 mod admin;
+mod forwarding;
 pub(crate) mod handoff;
 mod nvm;
 pub(crate) mod pages;
@@ -362,6 +363,13 @@ pub(crate) enum Outcome {
     Done(u32),
     /// Completes later (an Asynchronous Event Request).
     Deferred,
+    /// Sent on to namespace index `ns`'s far controller with `tag`; completes when it answers
+    /// (a read of `read_len` bytes lands then).
+    Forwarded {
+        tag: u64,
+        ns: usize,
+        read_len: Option<usize>,
+    },
 }
 
 /// Result of executing one command.
@@ -607,6 +615,9 @@ impl Controller {
         worked |= self.core.post_due_delayed();
         worked |= self.service_admin();
         worked |= self.core.service_io_queues();
+        if self.core.fwd.in_flight() > 0 {
+            worked |= self.core.poll_forwarded(std::time::Duration::ZERO);
+        }
         worked |= self.take_events();
         worked
     }

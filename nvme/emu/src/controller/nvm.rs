@@ -12,6 +12,7 @@ use zerocopy::FromBytes;
 use super::worker::Worker;
 use super::{CmdResult, Fail, Outcome, check_cdw0};
 use crate::config::MAPPED_READ_MAX;
+use crate::forward::ForwardData;
 use crate::memory::{DmaError, MapCache};
 use crate::prp::{Segment, copy_from_host, copy_to_host};
 use crate::stats::Counters;
@@ -158,6 +159,9 @@ impl Worker {
             return Err(Fail::media(media::UNRECOVERED_READ_ERROR, lba));
         }
         let n = len as usize;
+        if self.is_forwarded(index) {
+            return self.forward(index, cmd, ForwardData::FromController(n));
+        }
         let moved = match &self.namespaces[index].media {
             Media::Memory(m) => read_striped(
                 m,
@@ -210,7 +214,7 @@ impl Worker {
                 }
                 moved
             }
-            Media::Null => Ok(()),
+            Media::Null | Media::Forwarded(_) => Ok(()),
         };
         moved.map_err(|_| Fail::data_transfer())?;
         let c = &self.shared.counters[self.index];
@@ -230,6 +234,12 @@ impl Worker {
         let durable = ReadWriteCdw12::from(cmd.cdw12).fua()
             || !self.shared.volatile_write_cache.load(Ordering::Acquire);
         let n = len as usize;
+        if self.is_forwarded(index) {
+            let mut data = vec![0; n];
+            copy_from_host(&mut self.cache, &self.segments, &mut data)
+                .map_err(|_| Fail::data_transfer())?;
+            return self.forward(index, cmd, ForwardData::ToController(data));
+        }
         match &self.namespaces[index].media {
             Media::Memory(m) => m
                 .with_bytes_mut(offset, n, |bytes| {
@@ -252,7 +262,7 @@ impl Worker {
                     return Err(Fail::media(media::WRITE_FAULT, slba));
                 }
             }
-            Media::Null => {}
+            Media::Null | Media::Forwarded(_) => {}
         }
         let c = &self.shared.counters[self.index];
         Counters::add(&c.writes, 1);
@@ -262,9 +272,20 @@ impl Worker {
 
     fn flush(&mut self, cmd: &Command) -> CmdResult {
         let result = if cmd.nsid == ALL_NAMESPACES {
+            // Each forwarded namespace's far controller flushes it, one after the other.
+            for index in 0..self.namespaces.len() {
+                if self.is_forwarded(index) {
+                    let mut one = *cmd;
+                    one.nsid = index as u32 + 1;
+                    self.forward_wait(index, &one, ForwardData::None)?;
+                }
+            }
             self.namespaces.iter().try_for_each(|ns| ns.flush())
         } else {
             let index = self.ns_index(cmd.nsid)?;
+            if self.is_forwarded(index) {
+                return self.forward(index, cmd, ForwardData::None);
+            }
             self.namespaces[index].flush()
         };
         if result.is_err() {
@@ -288,6 +309,9 @@ impl Worker {
         if let Some(lba) = self.shared.faults.media_error_in(cmd.nsid, slba, nlb) {
             return Err(Fail::media(media::WRITE_FAULT, lba));
         }
+        if self.is_forwarded(index) {
+            return self.forward(index, cmd, ForwardData::None);
+        }
         let durable = cdw12.fua() || !self.shared.volatile_write_cache.load(Ordering::Acquire);
         let ns = &self.namespaces[index];
         let shift = ns.lba_shift;
@@ -310,6 +334,10 @@ impl Worker {
         let mut raw = [0u8; 256 * size_of::<DsmRange>()];
         copy_from_host(&mut self.cache, &self.segments, &mut raw[..len])
             .map_err(|_| Fail::data_transfer())?;
+        if self.is_forwarded(index) {
+            // The far controller checks the ranges; a hint without Deallocate goes on too.
+            return self.forward(index, cmd, ForwardData::ToController(raw[..len].to_vec()));
+        }
         if !deallocate {
             return Ok(Outcome::Done(0));
         }

@@ -133,6 +133,8 @@ pub(crate) struct Worker {
     pub(super) pf_segments: Vec<Segment>,
     /// Write commands of the batch (index, length) whose data is announced.
     pub(super) pf_writes: Vec<(usize, u64)>,
+    /// Commands sent on to forwarded namespaces ([`crate::forward`]).
+    pub(super) fwd: super::forwarding::Forwarding,
 }
 
 impl Worker {
@@ -177,6 +179,7 @@ impl Worker {
             pf_next: Vec::new(),
             pf_segments: Vec::with_capacity(64),
             pf_writes: Vec::with_capacity(max_batch),
+            fwd: Default::default(),
         }
     }
 
@@ -213,6 +216,9 @@ impl Worker {
             worked |= self.update_cq_heads();
             worked |= self.post_due_delayed();
             worked |= self.service_io_queues();
+            if self.fwd.in_flight() > 0 {
+                worked |= self.poll_forwarded(Duration::ZERO);
+            }
         }
         if self.cache.has_unflushed() {
             self.flush_regions(true);
@@ -229,7 +235,7 @@ impl Worker {
         !self.shared.is_fatal()
     }
 
-    fn enter_fatal(&self, why: &str) {
+    pub(super) fn enter_fatal(&self, why: &str) {
         self.shared.enter_fatal(self.index, why);
     }
 
@@ -321,6 +327,7 @@ impl Worker {
         self.external = 0;
         self.delayed.clear();
         self.dropped.clear();
+        self.fwd.forget_all();
         self.cache.clear();
     }
 
@@ -346,6 +353,7 @@ impl Worker {
         for d in mine {
             self.finish(d.cqid, d.completion());
         }
+        self.forget_forwarded_of(qid, sq.cqid);
         let aborted = CqeStatus::from_status(Status::generic(generic::ABORTED_SQ_DELETION), false);
         let dropped: Vec<(u16, u16)> = self
             .dropped
@@ -377,6 +385,9 @@ impl Worker {
             dw0: 0,
             status,
         };
+        if self.abort_forwarded(sqid, cid, status) {
+            return true;
+        }
         if let Some(pos) = self.dropped.iter().position(|&d| d == (sqid, cid)) {
             self.dropped.remove(pos);
             if let Some(sq) = self.sqs.get(sqid as usize).and_then(|q| q.as_ref()) {
@@ -700,6 +711,11 @@ impl Worker {
                 }
                 return;
             }
+            Ok(Outcome::Forwarded { tag, ns, read_len }) => {
+                // Completed (and `owed` paid) when the far controller answers.
+                self.track_forwarded(qid, cqid, cmd, (tag, ns, read_len));
+                return;
+            }
             Err(fail) => (0, self.log_error(qid, cmd, fail)),
         };
         let pc = PendingCompletion {
@@ -769,7 +785,7 @@ impl Worker {
     }
 
     /// Completes a command counted in its CQ's `owed`.
-    fn finish(&mut self, cqid: u16, pc: PendingCompletion) {
+    pub(super) fn finish(&mut self, cqid: u16, pc: PendingCompletion) {
         if let Some(cq) = self.cqs[cqid as usize].as_mut() {
             cq.owed = cq.owed.saturating_sub(1);
         }
@@ -820,7 +836,7 @@ impl Worker {
 
     /// Records a failed command in the Error Information log and returns the status field to
     /// post (with More set: the log has an entry for it).
-    fn log_error(&mut self, sqid: u16, cmd: &Command, fail: Fail) -> u16 {
+    pub(super) fn log_error(&mut self, sqid: u16, cmd: &Command, fail: Fail) -> u16 {
         let c = self.counters();
         Counters::add(&c.errors, 1);
         if fail.status.sct == StatusCodeType::MEDIA_AND_DATA_INTEGRITY {
@@ -920,6 +936,12 @@ impl Idle {
     /// [`PARK_MAX`] (less when a delayed completion falls due sooner; longer for a thread
     /// other than 0 without queues).
     pub(super) fn wait(&mut self, worker: &mut Worker, polls: bool) {
+        if worker.fwd.in_flight() > 0 {
+            // Waiting on the far controller: in the channel's socket, not spinning beside the
+            // host's and the target's threads.
+            worker.poll_forwarded(super::forwarding::IDLE_WAIT);
+            return;
+        }
         self.passes += 1;
         if self.passes % 64 != 0 {
             std::hint::spin_loop();
