@@ -3,7 +3,8 @@
 # over the vfio-user transport (docs/spdk.md), with binaries and the SPDK bundle built and
 # packed on the CPU machine by scripts/gpu-build.sh and carried in .gpu-bin/:
 #
-#   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only] [--file-mib N] [--secs S]
+#   scripts/spdk-gpu-test.sh [--bin DIR] [--no-sanitizer | --sanitizer-only | --tcp-only]
+#                            [--file-mib N] [--secs S]
 #
 # 1. `perf --gpu --verify` in four patterns on SPDK's 512- and 4096-byte malloc namespaces;
 #    the GPU suite's transfer shapes and wrap-around there (plain, racecheck, synccheck);
@@ -12,7 +13,11 @@
 #    the GPU file and page cache examples there;
 # 3. compute-sanitizer racecheck and synccheck on short verified perf runs (client kernels);
 # 4. one JSON line per figure: 4 KiB random reads at QD 1 (one thread) and QD 32 (one queue),
-#    GPU queues beside CPU queues and spdk_nvme_perf on the same target (--secs each).
+#    GPU queues beside CPU queues and spdk_nvme_perf on the same target (--secs each);
+# 5. over NVMe/TCP (the same target's TCP listener; --device nvme-tcp://, the software
+#    controller in front serving the GPU queues): `perf --gpu --verify` in four patterns,
+#    `fs get --gpu` with the CRCs compared, and 4 KiB random read figures for GPU and CPU
+#    queues and spdk_nvme_perf over TCP. --tcp-only runs only this part.
 # Prints PASS/FAIL per check and `N passed, M failed`; exits 1 on any failure. Needs root.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +27,7 @@ while [ $# -gt 0 ]; do
         --bin) BIN=$2; shift 2 ;;
         --no-sanitizer) SAN=0; shift ;;
         --sanitizer-only) SAN=2; shift ;;
+        --tcp-only) SAN=3; shift ;;
         --file-mib) FILE_MIB=$2; shift 2 ;;
         --secs) SECS=$2; shift 2 ;;
         *) sed -n '2,15p' "$0" >&2; exit 2 ;;
@@ -41,8 +47,9 @@ DISK=$(mktemp -d /var/tmp/gpunvme-spdk-gpu.XXXXXX)
 . scripts/checks-lib.sh
 trap 'scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1; rm -rf "$STATE" "$DISK"' EXIT
 
+TCP_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mapfile -t CTRLS < <(scripts/spdk-target.sh start "$STATE" --malloc-mib 1024 \
-    --aio-mib $((FILE_MIB * 2 + 256)) --aio-image "$DISK/aio.img")
+    --aio-mib $((FILE_MIB * 2 + 256)) --aio-image "$DISK/aio.img" --tcp "$TCP_PORT")
 [ ${#CTRLS[@]} -eq 3 ] || { echo "spdk-gpu-test: the target did not start" >&2; exit 2; }
 # compute-sanitizer's summary says nothing was found (racecheck words it as hazards).
 san_clean() { grep -Eq 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\)' <<<"$1"; }
@@ -61,7 +68,7 @@ print(json.dumps({k: j.get(k) for k in ("rw", "bs", "qd", "queues", "ios", "iops
 
 # 1. perf --gpu --verify, four patterns, on both namespaces (512- and 4096-byte blocks), 4 KiB
 #    I/O; and 512-byte I/O on the 512-byte namespace.
-[ "$SAN" = 2 ] || for run in "malloc512 4k" "malloc4096 4k" "malloc512 512"; do
+[ "$SAN" = 2 ] || [ "$SAN" = 3 ] || for run in "malloc512 4k" "malloc4096 4k" "malloc512 512"; do
     read -r name bs <<<"$run"
     dev="vfio-user:$(sock $name)"
     for rw in write read randwrite randread; do
@@ -77,6 +84,7 @@ done
 #     entries, both client styles) on SPDK's controllers (tests/gpu/spdk.rs `spdk::`), plain and
 #     under racecheck and synccheck.
 for tool in none racecheck synccheck; do
+    [ "$SAN" != 3 ] || continue
     if [ "$tool" = none ]; then [ "$SAN" != 2 ] || continue; else [ "$SAN" != 0 ] || continue; fi
     pre=(); [ "$tool" = none ] || pre=(compute-sanitizer --tool "$tool" --error-exitcode 3)
     if out=$(GPUNVME_TEST_SPDK_DIR=$STATE timeout 300 "${pre[@]}" "$BIN/gpu-tests" --include-ignored \
@@ -89,7 +97,7 @@ for tool in none racecheck synccheck; do
 done
 
 # 2. files over vfio-user: fs get --gpu of more than 1 GiB, CRCs compared; fs put --gpu read back.
-if [ "$SAN" != 2 ]; then
+if [ "$SAN" = 0 ] || [ "$SAN" = 1 ]; then
     dev="vfio-user:$(sock aio)"
     head -c $((FILE_MIB << 20)) /dev/urandom > "$STATE/in.bin"
     if "$G" fs mkfs --force --device "$dev" >/dev/null && "$G" fs put "$STATE/in.bin" in.bin --device "$dev" >/dev/null &&
@@ -121,7 +129,7 @@ if [ "$SAN" != 2 ]; then
 fi
 
 # 3. compute-sanitizer on the client kernels.
-if [ "$SAN" != 0 ]; then
+if [ "$SAN" = 1 ] || [ "$SAN" = 2 ]; then
     dev="vfio-user:$(sock malloc512)"
     for tool in racecheck synccheck; do
         for rw in randwrite randread; do
@@ -137,7 +145,7 @@ if [ "$SAN" != 0 ]; then
 fi
 
 # 4. Figures: GPU queues, CPU queues and SPDK's own client on one target.
-if [ "$SAN" != 2 ]; then
+if [ "$SAN" = 0 ] || [ "$SAN" = 1 ]; then
     dev="vfio-user:$(sock malloc512)"
     for qd in 1 32; do
         r=$(perf_json "$dev" --gpu --force --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
@@ -152,6 +160,42 @@ if [ "$SAN" != 2 ]; then
             -w randread -t "$SECS" -r "trtype:VFIOUSER traddr:$(dirname "$(sock malloc512)") subnqn:nqn.2019-07.io.spdk:gpunvme-malloc512" 2>&1)
         line=$(grep -m1 'from core' <<<"$out")
         echo "{\"figure\":\"spdk_nvme_perf\",\"qd\":$qd,\"line\":\"$(tr -s ' ' <<<"$line")\"}"
+    done
+fi
+
+# 5. NVMe/TCP: GPU queues in pinned host memory, served by the software controller in front of
+#    the TCP listener (docs/nvme-tcp.md).
+if [ "$SAN" != 2 ]; then
+    tcp() { echo "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-$1"; }
+    for name in malloc512 malloc4096; do
+        for rw in write read randwrite randread; do
+            if r=$(perf_json "$(tcp $name)" --gpu --verify --force --rw $rw --bs 4k --qd 32 --ios 50000); then
+                ok "$name perf --gpu --verify $rw over nvme-tcp: $r"
+            else
+                bad "$name perf --gpu --verify $rw over nvme-tcp"
+            fi
+        done
+    done
+    dev=$(tcp aio) mib=$((FILE_MIB < 256 ? FILE_MIB : 256))
+    head -c $((mib << 20)) /dev/urandom > "$STATE/in.bin"
+    if "$G" fs mkfs --force --device "$dev" >/dev/null && "$G" fs put "$STATE/in.bin" in.bin --device "$dev" >/dev/null &&
+        out=$(timeout 600 "$G" fs get in.bin --gpu --device "$dev" 2>&1) &&
+        line=$(grep -m1 '^crc32c: GPU' <<<"$out") && crcs_agree "$line"; then
+        ok "fs get --gpu of $mib MiB over nvme-tcp: $line; $(grep -m1 'GB/s' <<<"$out")"
+    else
+        bad "fs get --gpu over nvme-tcp: $(tail -4 <<<"${out:-}")"
+    fi
+    rm -f "$STATE/in.bin"
+    dev=$(tcp malloc4096)
+    for qd in 1 32; do
+        r=$(perf_json "$dev" --gpu --force --rw randread --bs 4k --queues 1 --qd $qd --gpu-threads $qd \
+            --runtime ${SECS}s --client thread) && echo "{\"figure\":\"gpu-queues-tcp\",\"qd\":$qd,\"run\":$r}"
+        r=$(perf_json "$dev" --force --rw randread --bs 4k --queues 1 --qd $qd --runtime ${SECS}s) &&
+            echo "{\"figure\":\"cpu-queues-tcp\",\"qd\":$qd,\"run\":$r}"
+        out=$(LD_LIBRARY_PATH="$SPDK/lib" timeout 60 "$SPDK/bin/spdk_nvme_perf" -c 0x2 -q $qd -o 4096 \
+            -w randread -t "$SECS" --no-huge -s 1024 \
+            -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$TCP_PORT subnqn:nqn.2019-07.io.spdk:gpunvme-malloc4096" 2>&1)
+        echo "{\"figure\":\"spdk_nvme_perf-tcp\",\"qd\":$qd,\"line\":\"$(grep -m1 '^Total' <<<"$out" | tr -s ' ')\"}"
     done
 fi
 

@@ -5,7 +5,7 @@
 #
 # Usage:
 #   scripts/spdk-target.sh start STATE_DIR [--malloc-mib N] [--aio-mib N] [--aio-image PATH]
-#                                [--cpumask MASK] [--tcp PORT]
+#                                [--cpumask MASK] [--tcp PORT [--tcp-strict]]
 #   scripts/spdk-target.sh stop|kill|status STATE_DIR
 #
 # start   launches nvmf_tgt (RPC socket STATE_DIR/spdk.sock, log STATE_DIR/nvmf_tgt.log, pid in
@@ -25,6 +25,9 @@
 #         other STATE_DIRs may share a core, but two polling reactors on one core answer in ms.
 #         --tcp PORT: also a TCP transport, every subsystem listening on 127.0.0.1:PORT as
 #         well (NVMe/TCP beside vfio-user: the same namespaces over both).
+#         --tcp-strict: that transport without the shortcuts a careless initiator leans on: no
+#         SUCCESS flag on C2HData (a CapsuleResp for every read), no in-capsule data (every
+#         write waits for an R2T), 8 KiB I/O units (large transfers in several PDUs).
 # stop    SIGTERM, then SIGKILL after 10 s; exit 0 also when nothing runs.
 # kill    SIGKILL at once (tests of a controller that dies mid-run).
 # status  prints "running (pid N)" / "not running"; exit 0 / 1.
@@ -39,8 +42,9 @@ usage() { sed -n '7,9p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 die() { echo "spdk-target: $*" >&2; exit 1; }
 [[ $# -ge 2 ]] || usage
 CMD=$1 STATE_ARG=$2; shift 2
-MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1 AIO_IMAGE= TCP_PORT=
+MALLOC_MIB=256 AIO_MIB=512 CPUMASK=0x1 AIO_IMAGE= TCP_PORT= TCP_STRICT=
 while [[ $# -gt 0 ]]; do
+  if [[ $CMD == start && $1 == --tcp-strict ]]; then TCP_STRICT=yes; shift; continue; fi
   [[ $CMD == start && $# -ge 2 ]] || usage
   case $1 in
     --malloc-mib) MALLOC_MIB=$2 ;; --aio-mib) AIO_MIB=$2 ;; --cpumask) CPUMASK=$2 ;;
@@ -151,7 +155,11 @@ done
 RPCS=()
 rpc() { RPCS+=("$(printf '%q ' "$@")"); }
 rpc nvmf_create_transport -t VFIOUSER
-[[ -z $TCP_PORT ]] || rpc nvmf_create_transport -t TCP
+if [[ -n $TCP_PORT && -n $TCP_STRICT ]]; then
+  rpc nvmf_create_transport -t TCP --c2h-success --in-capsule-data-size 0 --io-unit-size 8192
+elif [[ -n $TCP_PORT ]]; then
+  rpc nvmf_create_transport -t TCP
+fi
 rpc bdev_malloc_create -b malloc512 "$MALLOC_MIB" 512
 rpc bdev_malloc_create -b malloc4096 "$MALLOC_MIB" 4096
 rpc bdev_aio_create "$IMG" aio 4096

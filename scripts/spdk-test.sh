@@ -76,6 +76,7 @@ cleanup() {
         tail -40 "$STATE/nvmf_tgt.log"
     fi
     scripts/spdk-target.sh stop "$STATE" >/dev/null 2>&1 || true
+    [ -d "$STATE/strict" ] && scripts/spdk-target.sh stop "$STATE/strict" >/dev/null 2>&1 || true
     [ "$hp_mounted" = yes ] && umount /dev/hugepages 2>/dev/null || true
     echo "$hp_before" > /proc/sys/vm/nr_hugepages 2>/dev/null || true
     rm -f /dev/hugepages/spdk_pid* 2>/dev/null || true
@@ -240,6 +241,23 @@ if [ "$host_gpu" = yes ]; then
     done
 fi
 
+# --- GPU queues over NVMe/TCP (host-gpu): perf --gpu --verify through the software controller
+# in front of SPDK's TCP listener.
+if [ "$host_gpu" = yes ]; then
+    read -r name _ _ <<<"${CTRLS[0]}"
+    tdev="nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-$name"
+    for rw in write randread; do
+        res=""
+        if out=$(GPUNVME_HOST_GPU_THREADS=512 timeout 300 "$HG" perf --gpu --device "$tdev" \
+            --rw "$rw" --bs 4k --qd 8 --ios 4000 --verify --force --json 2>&1) &&
+            res=$(perf_verified "$out" 4000 software-controller); then
+            ok "$name: host-gpu perf --gpu --rw $rw --bs 4k --verify over nvme-tcp: $res (CPU threads)"
+        else
+            bad "$name: host-gpu perf --gpu --rw $rw over nvme-tcp: ${res:-} $(tail -3 <<<"$out")"
+        fi
+    done
+fi
+
 # --- the GPU suite's transfer shapes and wrap-around on SPDK's controllers (host-gpu) --------
 # tests/gpu/spdk.rs `spdk::` (GPUNVME_TEST_SPDK_DIR names this target). 512 emulated GPU threads,
 # not the harness's 4096: nvmf_tgt's reactor busy-polls one of this machine's cores, and 4096
@@ -270,6 +288,22 @@ if [ "$host_gpu" = yes ]; then
     else
         bad "$name: host-gpu fs get --gpu: $(tail -3 <<<"${out:-(mkfs or put failed)}")"
     fi
+    # A file over NVMe/TCP: GPU queues in pinned host memory, served by the software controller
+    # in front, forwarded to SPDK's TCP listener. 8 MB and 64 emulated GPU threads: the CPU
+    # threads standing in for the GPU, SPDK's reactor and the controller thread that forwards
+    # share 2 cores here (100 MB takes about a minute so; on the H200, 1.5 GB/s).
+    tdev="nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-$name"
+    head -c 8000000 /dev/urandom > "$WORK/small.bin"
+    if timeout 120 "$G" fs put "$WORK/small.bin" small.bin --device "$dev" > /dev/null 2>&1 &&
+        out=$(GPUNVME_HOST_GPU_THREADS=64 GPUNVME_GPU_TIMEOUT_S=120 timeout 300 "$HG" fs get small.bin \
+            --gpu --device "$tdev" 2>&1) &&
+        line=$(grep -m1 '^crc32c: GPU' <<<"$out") &&
+        crcs_agree "$line"; then
+        ok "$name: host-gpu fs get --gpu of 8000000 bytes over nvme-tcp: $line"
+    else
+        bad "$name: host-gpu fs get --gpu over nvme-tcp: $(tail -3 <<<"${out:-}")"
+    fi
+    rm -f "$WORK/small.bin"
     if out=$(timeout 300 "$HG" fs put "$WORK/in.bin" out.bin --gpu --device "$dev" 2>&1) &&
         timeout 120 "$G" fs get out.bin "$WORK/out.bin" --device "$dev" > /dev/null 2>&1 &&
         cmp -s "$WORK/in.bin" "$WORK/out.bin"; then
@@ -491,6 +525,37 @@ refused "nvme-tcp: wrong NQN" "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spd
     "Connect of queue 0 refused"
 refused "nvme-tcp: the discovery controller as a device" "nvme-tcp://127.0.0.1:$TCP_PORT" \
     "name the subsystem"
+
+# --- a strict second target: no SUCCESS flag, no in-capsule data, 8 KiB I/O units ------------
+# (a CapsuleResp for every read, an R2T for every write, large transfers in several PDUs):
+# what SPDK's defaults let a careless initiator skip. Its own reactor on the second core, only
+# for these checks.
+STRICT=$STATE/strict
+STRICT_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+if mapfile -t SCTRLS < <(scripts/spdk-target.sh start "$STRICT" --malloc-mib 64 --aio-mib 64 \
+    --cpumask 0x2 --tcp "$STRICT_PORT" --tcp-strict) && [ ${#SCTRLS[@]} -eq 3 ]; then
+    sdev="nvme-tcp://127.0.0.1:$STRICT_PORT/nqn.2019-07.io.spdk:gpunvme-malloc512"
+    for bs in 512 4k 1m; do
+        for rw in write randread; do
+            res=""
+            if out=$(timeout 120 "$G" perf --device "$sdev" --rw "$rw" --bs "$bs" --qd 16 --ios 1000 \
+                --verify --json 2>&1) && res=$(perf_verified "$out" 1000); then
+                ok "strict TCP target: perf --rw $rw --bs $bs --verify: $res"
+            else
+                bad "strict TCP target: perf --rw $rw --bs $bs: ${res:-} $(tail -3 <<<"$out")"
+            fi
+        done
+    done
+    if out=$(timeout 60 "$TCP_RW" "127.0.0.1:$STRICT_PORT" nqn.2019-07.io.spdk:gpunvme-malloc4096 \
+        hdgst ddgst 2>&1); then
+        ok "strict TCP target: nvmf round trips with digests: $(head -1 <<<"$out" | cut -c1-90)"
+    else
+        bad "strict TCP target: nvmf round trips with digests: $(tail -2 <<<"$out")"
+    fi
+else
+    bad "strict TCP target did not start: ${SCTRLS[*]:-}"
+fi
+scripts/spdk-target.sh stop "$STRICT" > /dev/null 2>&1 || true
 
 # --- the target dies in the middle of a run -------------------------------------------------
 read -r _ sock _ <<<"${CTRLS[2]}"

@@ -113,9 +113,16 @@ impl std::fmt::Display for TcpSpec {
     }
 }
 
+/// How long a command may take on a connection before the connection counts as failed: the
+/// Linux host's default I/O timeout (a busy target on a loaded host answers seconds late).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The host options every gpunvme connection uses.
 pub fn host_options() -> HostOptions {
-    HostOptions::default()
+    HostOptions {
+        timeout: COMMAND_TIMEOUT,
+        ..HostOptions::default()
+    }
 }
 
 /// Connects to the NVM subsystem `spec` names and brings its controller up.

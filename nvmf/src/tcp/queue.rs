@@ -247,7 +247,7 @@ impl Queue {
         if self.slots.iter().flatten().any(|f| now >= f.deadline) {
             self.failed = true;
             return Err(TcpError::Timeout {
-                waiting: "a command's completion",
+                waiting: "completion of a command",
                 after: self.timeout,
             });
         }
