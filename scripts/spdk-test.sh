@@ -519,6 +519,30 @@ PYEOF
 else
     echo "SKIP python over nvme-tcp: no target/py-venv with gpunvme (scripts/py-test.sh makes it)"
 fi
+# A striped volume of a TCP member and a local image: files across both.
+truncate -s 128M "$WORK/member.img"
+vol="nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:gpunvme-malloc512,$WORK/member.img"
+head -c 30000000 /dev/urandom > "$WORK/in.bin"
+if timeout 60 "$G" --device "$vol" fs mkfs --force > /dev/null 2>&1 &&
+    timeout 60 "$G" --device "$vol" fs put "$WORK/in.bin" v.bin > /dev/null 2>&1 &&
+    timeout 60 "$G" --device "$vol" fs get v.bin "$WORK/out.bin" > /dev/null 2>&1 &&
+    cmp -s "$WORK/in.bin" "$WORK/out.bin" &&
+    fsck=$(timeout 60 "$G" --device "$vol" fs fsck 2>&1) && grep -q '^clean' <<<"$fsck"; then
+    ok "striped volume of an nvme-tcp member and a local image: mkfs, put/get 30000000 bytes, fsck clean"
+else
+    bad "striped volume of nvme-tcp and an image: $(tail -2 <<<"${fsck:-}")"
+fi
+rm -f "$WORK/in.bin" "$WORK/out.bin" "$WORK/member.img"
+# A subsystem that admits no host (no allow-any-host, no host added): Connect Invalid Host.
+closed=nqn.2019-07.io.spdk:gpunvme-closed
+if printf '%s\n' "bdev_malloc_create -b closed 16 512" "nvmf_create_subsystem $closed -s SPDKCLOSED" \
+    "nvmf_subsystem_add_ns $closed closed" \
+    "nvmf_subsystem_add_listener $closed -t tcp -a 127.0.0.1 -s $TCP_PORT -f ipv4" |
+    PYTHONPATH=$SPDK/python timeout 60 python3 "$SPDK/bin/rpc.py" -s "$STATE/spdk.sock" > /dev/null 2>&1; then
+    refused "nvme-tcp: host not allowed" "nvme-tcp://127.0.0.1:$TCP_PORT/$closed" "Connect Invalid Host"
+else
+    bad "nvme-tcp: could not make the closed subsystem"
+fi
 refused "nvme-tcp: no listener" "nvme-tcp://127.0.0.1:1/nqn.2019-07.io.spdk:gpunvme-aio" \
     "cannot connect to the NVMe/TCP target"
 refused "nvme-tcp: wrong NQN" "nvme-tcp://127.0.0.1:$TCP_PORT/nqn.2019-07.io.spdk:no-such" \
