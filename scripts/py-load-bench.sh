@@ -17,7 +17,10 @@ mkdir -p "$WORK/bin"
 tar -xzf "$BIN/bins.tgz" -C "$WORK/bin" gpunvme
 SITE=$WORK/site
 rm -rf "$SITE"
-python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+# Compiled to bytecode at install, as a user's `pip install` does: a fresh process then loads
+# each package's .pyc instead of compiling its sources (gpunvme's __init__.py alone took 3-8 ms
+# to compile per process; the environment may forbid writing .pyc at import).
+python3 -m pip install -q --no-index --no-deps --disable-pip-version-check \
     --target "$SITE" "$BIN"/wheels/gpunvme-*.whl "$BIN"/bench-wheels/*.whl
 export PYTHONPATH=$SITE
 exec python3 benches/py-load/bench.py --dir "$WORK" --gpunvme "$WORK/bin/gpunvme" "$@"
