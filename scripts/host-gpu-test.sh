@@ -57,6 +57,8 @@ TESTS=(
     model_without_free_sms_is_refused_not_hung
     views_and_strided_rows_land_where_asked
     files::staging_areas_grow_for_a_large_job_and_reads_stay_exact
+    served_gpu_queues_carry_every_shape_beside_a_cpu_client
+    served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

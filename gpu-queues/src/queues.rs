@@ -377,6 +377,14 @@ impl DescCommon {
         Ok(self)
     }
 
+    /// Makes the queues' Reads and Writes on namespace `nsid` carry `prinfo` (the namespace
+    /// formatted with protection information), where the controller is described by someone
+    /// else (a serving daemon) rather than an [`nvme::Controller`] of this process.
+    pub fn with_protection_info(mut self, nsid: u32, prinfo: u8) -> Self {
+        self.pi = (nsid, prinfo);
+        self
+    }
+
     /// The descriptor of one queue.
     pub fn desc(&self, p: DescParts) -> QueueDesc {
         QueueDesc {
@@ -521,6 +529,14 @@ pub trait QueueTransport: Send + Sync {
     /// its doorbells). The default does nothing.
     fn queue_deleted(&self, qid: u16) {
         let _ = qid;
+    }
+    /// Called once when the queue set drops, after the pairs it created were deleted:
+    /// `kernels_idle` is false when a client kernel may still be running (its wait outlived
+    /// the teardown bound), so memory it may touch must stay mapped. A transport whose pairs
+    /// someone else created (a serving daemon's) gives them back here. The default does
+    /// nothing.
+    fn queues_dropped(&self, kernels_idle: bool) {
+        let _ = kernels_idle;
     }
     /// A hint that Reads of `runs` (first LBA, LBAs) of namespace `nsid`, LBAs of
     /// `1 << lba_shift` bytes, will come soon: the transport may prepare for them while the
@@ -894,6 +910,7 @@ impl Drop for GpuQueues {
         for qid in qids {
             self.backend.queue_deleted(qid);
         }
+        self.backend.queues_dropped(idle);
     }
 }
 

@@ -22,6 +22,10 @@ pub enum TransportKind {
     /// data in memfd memory shared with the server and registered with CUDA, doorbells in the
     /// page the server shares and polls; the host-memory layout on ordinary shared memory.
     VfioUser,
+    /// Queue pairs a `gpunvme serve` daemon lends (`gpu_queues::transport::served`): rings,
+    /// slot buffers and data in memory the daemon shares (sealed memfds) registered with
+    /// CUDA, doorbells in the client's doorbell page that the daemon's controller reads.
+    Served,
 }
 
 impl TransportKind {
@@ -33,6 +37,7 @@ impl TransportKind {
             Self::HostMemory => "host-memory",
             Self::GpuController => "gpu-controller",
             Self::VfioUser => "vfio-user",
+            Self::Served => "served",
         }
     }
 
@@ -42,6 +47,7 @@ impl TransportKind {
     pub fn buffer_memory(self) -> &'static str {
         match self {
             Self::VfioUser => "host memory shared with the controller and mapped into the GPU",
+            Self::Served => "host memory the serving daemon shares, mapped into the GPU",
             _ => "GPU memory",
         }
     }

@@ -67,6 +67,7 @@ from_typed!(
     blockfs::DeviceError,
     nvme::DmaAllocError,
     std::num::TryFromIntError,
+    gpunvme_serve_client::ClientError,
 );
 
 impl From<serde_json::Error> for Error {
@@ -110,6 +111,9 @@ fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
             nvmf::host::FabricsError::InvalidArgument(_) => ErrorKind::InvalidArgument,
             _ => ErrorKind::Device,
         });
+    }
+    if let Some(e) = cause.downcast_ref::<gpunvme_serve_client::ClientError>() {
+        return Some(crate::served::client_kind(e));
     }
     if let Some(e) = cause.downcast_ref::<vfio::Error>() {
         return Some(match e {

@@ -36,6 +36,7 @@ pub mod kinds;
 pub mod logs;
 pub mod open;
 pub mod safetensors;
+pub mod served;
 pub mod units;
 pub mod volume;
 

@@ -40,6 +40,7 @@ mod model;
 mod model_faults;
 mod perf;
 mod queues;
+mod served;
 mod several_controllers;
 mod several_gpus;
 mod spdk;
@@ -93,6 +94,8 @@ root_tests!(
     several_gpus::perf_gpu_on_every_gpu_at_once,
     several_gpus::perf_gpu_every_gpu_over_several_controllers,
     several_gpus::frees_on_one_gpu_are_not_held_by_another_gpus_kernel,
+    served::served_gpu_queues_carry_every_shape_beside_a_cpu_client,
+    served::served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it,
 );
 
 /// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue
@@ -330,12 +333,28 @@ fn rw_range_on(
     bus: u64,
     warp: bool,
 ) -> (DeviceStatus, u32) {
-    let res = DeviceMemory::alloc(r.gpu.cuda(), 8).unwrap();
-    let lba_shift = r.lba.trailing_zeros();
-    r.gpu
-        .client_stream()
+    rw_on_queues(&r.gpu, r.lba, desc0, write, slba, blocks, bus, warp)
+}
+
+/// One GPU thread (or warp) writes or reads `blocks` LBAs of `lba` bytes from `slba` through
+/// the queue whose descriptor is at `desc0` of `gpu`, to or from device address `bus`: the
+/// `rw_range` tool kernel's status and status field.
+#[allow(clippy::too_many_arguments)]
+fn rw_on_queues(
+    gpu: &GpuQueues,
+    lba: u32,
+    desc0: u64,
+    write: bool,
+    slba: u64,
+    blocks: u64,
+    bus: u64,
+    warp: bool,
+) -> (DeviceStatus, u32) {
+    let res = DeviceMemory::alloc(gpu.cuda(), 8).unwrap();
+    let lba_shift = lba.trailing_zeros();
+    gpu.client_stream()
         .launch(
-            r.gpu.kernels().tools().unwrap().rw_range,
+            gpu.kernels().tools().unwrap().rw_range,
             1,
             32,
             &[
@@ -351,10 +370,7 @@ fn rw_range_on(
             ],
         )
         .unwrap();
-    r.gpu
-        .client_stream()
-        .wait_idle(compute_wait_bound())
-        .unwrap();
+    gpu.client_stream().wait_idle(compute_wait_bound()).unwrap();
     let mut out = [0u8; 8];
     res.read(0, &mut out).unwrap();
     let s = u32::from_le_bytes(out[..4].try_into().unwrap());

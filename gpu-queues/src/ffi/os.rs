@@ -643,6 +643,85 @@ impl HostArena {
     }
 }
 
+/// Memory another process shares with this one (a `gpunvme serve` arena or doorbell page: a
+/// memfd sealed against resizing, mapped shared) registered with CUDA (DEVICEMAP | PORTABLE),
+/// so GPU threads reach it over PCIe as they reach any registered host memory. Field order is
+/// drop order: unregistered before the mapping can go.
+pub struct SharedRegistration {
+    reg: crate::ffi::HostRegistration,
+    mem: Arc<gpunvme_serve_shm::SharedMemory>,
+}
+
+impl std::fmt::Debug for SharedRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRegistration")
+            .field("reg", &self.reg)
+            .finish()
+    }
+}
+
+impl SharedRegistration {
+    /// Registers all of `mem` with CUDA.
+    pub fn register(
+        cuda: &Arc<crate::ffi::Cuda>,
+        mem: Arc<gpunvme_serve_shm::SharedMemory>,
+    ) -> Result<Self, GpuError> {
+        // SAFETY: `mem` is a shared mapping of `mem.len()` bytes (whole pages, page-aligned, as
+        // mmap returns it) of a memfd sealed against shrinking, so no one can truncate it
+        // under the mapping; this value holds `mem` and drops the registration first (field
+        // order), so the range stays mapped while registered.
+        let reg = unsafe {
+            crate::ffi::HostRegistration::register(cuda, mem.as_mut_ptr(), mem.len(), false)
+        }?;
+        Ok(Self { reg, mem })
+    }
+
+    /// GPU address of the first byte.
+    pub fn gpu_ptr(&self) -> u64 {
+        self.reg.device_ptr()
+    }
+
+    /// The GPU address of byte `offset`, checked with CUDA ([`crate::ffi::HostRegistration::verify`]).
+    pub fn verify(&self, offset: usize) -> Result<u64, GpuError> {
+        self.reg.verify(offset)
+    }
+
+    /// The memory (host side).
+    pub fn memory(&self) -> &Arc<gpunvme_serve_shm::SharedMemory> {
+        &self.mem
+    }
+
+    /// Bytes `offset..offset + len` as [`crate::ffi::DeviceMemory`] (GPU addresses of this
+    /// shared memory), keeping the registration for as long as the result lives.
+    pub fn as_device_memory(
+        self: &Arc<Self>,
+        cuda: &Arc<crate::ffi::Cuda>,
+        offset: usize,
+        len: usize,
+    ) -> Result<crate::ffi::DeviceMemory, GpuError> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.mem.len())
+        {
+            return Err(GpuError::InvalidArgument(format!(
+                "{offset:#x}+{len:#x} of {:#x} bytes of shared memory",
+                self.mem.len()
+            )));
+        }
+        // SAFETY: the registration covers `offset..offset + len` (checked) from `gpu_ptr()`,
+        // valid from the GPU and for CUDA copies while the registration lives; the owner
+        // passed keeps it (and with it the mapping) alive.
+        Ok(unsafe {
+            crate::ffi::DeviceMemory::from_registered(
+                cuda,
+                self.gpu_ptr() + offset as u64,
+                len,
+                Box::new(self.clone()),
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

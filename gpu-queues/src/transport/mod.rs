@@ -12,6 +12,9 @@
 //! - [`TransportKind::VfioUser`] ([`vfio_user`]): a controller served by another process
 //!   over vfio-user; the host-memory layout in memory shared with that process, doorbells
 //!   included. The only transport for such a controller ([`open_vfio_user`]).
+//! - [`TransportKind::Served`] ([`served`]): pairs a `gpunvme serve` daemon created and lent
+//!   this process, in memory it shares; the daemon's controller (any of the above behind it)
+//!   reads the doorbells from the client's page. The only transport for a served device.
 //!
 //! The real-SSD transports (vfio-p2p and host-memory) both refuse unless the GPU's own DMA is
 //! untranslated ([`iommu`]): a GPU in a translating IOMMU domain never lands its doorbell
@@ -29,6 +32,7 @@ pub mod host;
 pub mod iommu;
 pub mod p2p;
 pub mod probe;
+pub mod served;
 pub mod topology;
 pub mod vfio_user;
 

@@ -1,5 +1,7 @@
 //! An arena: memory the daemon allocated in the controller's reach and passed to us.
 
+use std::sync::Arc;
+
 use gpunvme_serve_shm::SharedMemory;
 
 /// Memory the controller reaches at `device_address .. device_address + mem.len()`, mapped
@@ -13,8 +15,8 @@ pub struct Arena {
     pub id: u64,
     /// The device address of its first byte (page-aligned).
     pub device_address: u64,
-    /// Its memory.
-    pub mem: SharedMemory,
+    /// Its memory (shared, so a GPU registration of it can hold it too).
+    pub mem: Arc<SharedMemory>,
 }
 
 impl Arena {

@@ -454,7 +454,7 @@ impl Connection {
         Ok(Arena {
             id,
             device_address,
-            mem,
+            mem: Arc::new(mem),
         })
     }
 

@@ -209,6 +209,12 @@ impl QueuePair {
         &self.arena
     }
 
+    /// The doorbell page the pair's words are in ([`QueueGrant::sq_doorbell`] and
+    /// [`QueueGrant::cq_doorbell`] give the offsets), shared by the pairs of one grant.
+    pub fn doorbell_page(&self) -> &Arc<SharedMemory> {
+        &self.doorbells
+    }
+
     /// The most commands in flight at once (`depth - 1`).
     pub fn capacity(&self) -> usize {
         self.depth as usize - 1

@@ -1,0 +1,249 @@
+//! Controllers a `gpunvme serve` daemon owns, used from this process (docs/serve.md): the
+//! connection ([`ServedController::connect`]) and GPU queues on pairs the daemon lends
+//! ([`ServedController::gpu_queues`], the served transport of `gpu_queues::transport::served`).
+//! The daemon keeps the controller, its admin queue and every byte it reaches; this process
+//! gets queue pairs in memory the daemon shares and drives them from GPU threads directly.
+//! When the queues drop, their pairs go back to the daemon (deleted on the controller, then
+//! their memory freed); when this process dies, the daemon reclaims them in the same order.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpu_queues::transport::served::{LentMemory, ServedLease, ServedPair, ServedRings};
+use gpu_queues::{Cuda, GpuError, GpuQueueOptions, GpuQueues};
+use gpunvme_serve_client::{Arena, ClientError, Connection, ControllerInfo, QueuePair};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// How long one request to the daemon may wait for its reply.
+pub const REQUEST_BOUND: Duration = Duration::from_secs(10);
+
+/// Entries per GPU queue on a served controller unless the options say.
+pub const DEFAULT_DEPTH: u32 = 256;
+
+/// Slot buffer bytes unless the options say (at most the controller's maximum transfer): the
+/// arena holds `queues × depth` of them, so they are kept smaller than on an owned device.
+pub const DEFAULT_SLOT_BYTES: u32 = 128 << 10;
+
+/// GPU queue pairs unless the options say (at most what the daemon still grants this client).
+pub const DEFAULT_QUEUES: u16 = 4;
+
+/// One controller of a daemon, through one connection.
+#[derive(Debug)]
+pub struct ServedController {
+    conn: Arc<Connection>,
+    socket: PathBuf,
+    info: ControllerInfo,
+}
+
+impl ServedController {
+    /// Connects to the daemon at `socket` as `client_name` (shown in its status) and opens
+    /// `controller` (the daemon's only one when `None`; naming one is required where it
+    /// serves several). Nobody listening is [`ErrorKind::NotFound`].
+    pub fn connect(socket: &Path, controller: Option<&str>, client_name: &str) -> Result<Self> {
+        let conn = Connection::connect(socket, client_name, REQUEST_BOUND)
+            .map_err(|e| Error::from(e).context(format!("connecting to {}", socket.display())))?;
+        let name = match controller {
+            Some(c) => c.to_string(),
+            None => match conn.welcome().controllers.as_slice() {
+                [one] => one.clone(),
+                many => {
+                    return Err(Error::invalid(format!(
+                        "the daemon at {} serves {} controllers ({}): name one",
+                        socket.display(),
+                        many.len(),
+                        many.join(", ")
+                    )));
+                }
+            },
+        };
+        let info = conn
+            .controller(&name)
+            .map_err(|e| Error::from(e).context(format!("opening controller {name}")))?;
+        Ok(Self {
+            conn: Arc::new(conn),
+            socket: socket.to_path_buf(),
+            info,
+        })
+    }
+
+    /// The controller as the daemon describes it.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// The connection (for CPU queue pairs, status, admin requests).
+    pub fn connection(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+
+    /// The daemon's trust model, in words (print it).
+    pub fn trust(&self) -> &str {
+        &self.conn.welcome().trust
+    }
+
+    /// GPU queues on `cuda`'s GPU over pairs the daemon lends: `opts.queues` pairs
+    /// ([`DEFAULT_QUEUES`] or what the daemon still grants, the fewer), `opts.depth` entries
+    /// ([`DEFAULT_DEPTH`]), slot buffers of `opts.slot_buffer_bytes` ([`DEFAULT_SLOT_BYTES`],
+    /// at most the maximum transfer). A request past the client's budgets is refused by the
+    /// daemon with its numbers.
+    pub fn gpu_queues(&self, cuda: &Arc<Cuda>, opts: &GpuQueueOptions) -> Result<GpuQueues> {
+        let ctx = |e: Error| e.context(format!("GPU queues on {}", self.describe()));
+        let max_transfer = self.info.max_transfer_bytes;
+        let count = opts
+            .queues
+            .unwrap_or_else(|| DEFAULT_QUEUES.min(self.info.queues_free.max(1)));
+        let depth = opts.depth.unwrap_or(DEFAULT_DEPTH);
+        let slot_bytes = opts
+            .slot_buffer_bytes
+            .unwrap_or_else(|| DEFAULT_SLOT_BYTES.min(max_transfer / 4096 * 4096).max(4096));
+        if count == 0 || depth < 2 || !depth.is_power_of_two() {
+            return Err(ctx(Error::invalid(format!(
+                "{count} queues of depth {depth}: at least one queue, depth a power of two of \
+                 at least 2"
+            ))));
+        }
+        let bytes = gpunvme_serve_client::layout::arena_bytes_for(count, depth, slot_bytes);
+        let name = self.info.name.clone();
+        let arena = Arc::new(
+            self.conn
+                .alloc_arena(&name, bytes)
+                .map_err(|e| ctx(Error::from(e)))?,
+        );
+        let pairs = match self
+            .conn
+            .create_queues(&name, &arena, count, depth, slot_bytes)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.conn.free_arena(arena);
+                return Err(ctx(Error::from(e)));
+            }
+        };
+        let doorbells = pairs[0].doorbell_page().clone();
+        let lent: Vec<ServedPair> = pairs
+            .iter()
+            .map(|p| {
+                let g = p.grant();
+                ServedPair {
+                    qid: g.qid,
+                    sq: g.sq,
+                    cq: g.cq,
+                    prp_lists: g.prp_lists,
+                    slots: g.slots,
+                    sq_doorbell: g.sq_doorbell,
+                    cq_doorbell: g.cq_doorbell,
+                }
+            })
+            .collect();
+        let rings = ServedRings {
+            arena: arena.mem.clone(),
+            device_address: arena.device_address,
+            doorbells,
+            pairs: lent,
+            depth,
+            slot_bytes,
+            max_transfer,
+            protection: None,
+            lease: Box::new(Lease {
+                conn: self.conn.clone(),
+                controller: name,
+                pairs: Mutex::new(Some((pairs, arena))),
+            }),
+        };
+        gpu_queues::transport::served::build(cuda, rings, opts).map_err(|e| ctx(Error::from(e)))
+    }
+
+    /// `served:SOCKET#CONTROLLER`, for messages.
+    pub fn describe(&self) -> String {
+        format!("served:{}#{}", self.socket.display(), self.info.name)
+    }
+}
+
+/// Gives lent pairs back over the connection, and lends buffers.
+struct Lease {
+    conn: Arc<Connection>,
+    controller: String,
+    pairs: Mutex<Option<(Vec<QueuePair>, Arc<Arena>)>>,
+}
+
+impl ServedLease for Lease {
+    fn release(&self, kernels_idle: bool) {
+        let Some((pairs, arena)) = self.pairs.lock().unwrap_or_else(|e| e.into_inner()).take()
+        else {
+            return;
+        };
+        if !kernels_idle {
+            tracing::warn!(
+                controller = %self.controller,
+                "a GPU kernel outlived the queue teardown: the served pairs are given back and \
+                 their memory stays mapped here"
+            );
+        }
+        // The daemon deletes the pairs on the controller before it frees their memory; a
+        // daemon gone already reclaimed them when the socket ended.
+        if let Err(e) = self.conn.delete_queues(&self.controller, pairs) {
+            tracing::warn!(error = %e, "giving served GPU queue pairs back");
+        }
+        if let Err(e) = self.conn.free_arena(arena) {
+            tracing::warn!(error = %e, "freeing a served arena");
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<LentMemory, GpuError> {
+        let arena = self
+            .conn
+            .alloc_arena(&self.controller, len as u64)
+            .map_err(|e| GpuError::Unsupported(format!("a buffer from the daemon: {e}")))?;
+        let arena = Arc::new(arena);
+        let keep = ArenaLoan {
+            conn: self.conn.clone(),
+            arena: Some(arena.clone()),
+        };
+        Ok(LentMemory {
+            mem: arena.mem.clone(),
+            device_address: arena.device_address,
+            keep: Box::new(keep),
+        })
+    }
+}
+
+/// A buffer's arena, freed at the daemon when the buffer drops.
+struct ArenaLoan {
+    conn: Arc<Connection>,
+    arena: Option<Arc<Arena>>,
+}
+
+impl Drop for ArenaLoan {
+    fn drop(&mut self) {
+        if let Some(a) = self.arena.take()
+            && let Err(e) = self.conn.free_arena(a)
+        {
+            tracing::warn!(error = %e, "freeing a served buffer");
+        }
+    }
+}
+
+/// The kind of a serve client's error.
+pub(crate) fn client_kind(e: &ClientError) -> ErrorKind {
+    use gpunvme_serve_client::RefusalKind as R;
+    match e {
+        ClientError::Connect { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                ErrorKind::NotFound
+            }
+            _ => ErrorKind::Device,
+        },
+        ClientError::Refused { kind, .. } => match kind {
+            R::InvalidArgument => ErrorKind::InvalidArgument,
+            R::PermissionDenied => ErrorKind::Refused,
+            R::NotFound => ErrorKind::NotFound,
+            R::Budget => ErrorKind::Busy,
+            R::Device | R::Protocol => ErrorKind::Device,
+        },
+        ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        ClientError::QueueFull { .. } => ErrorKind::Busy,
+        _ => ErrorKind::Device,
+    }
+}

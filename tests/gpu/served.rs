@@ -1,0 +1,269 @@
+//! GPU queues on pairs a `gpunvme serve` daemon lends (the served transport): the daemon runs
+//! in this process (`gpunvme_serve::Server` over an image), the GPU client reaches it through
+//! its socket like any other process would, and a CPU client on a second connection checks
+//! every byte the GPU moved. With `host-gpu` the GPU threads are CPU threads and the served
+//! memory is registered by identity; on a GPU, the arena and doorbell page are registered with
+//! CUDA and reached over PCIe.
+
+use super::*;
+
+use gpunvme::served::ServedController;
+use gpunvme_serve::{ServeOptions, Server};
+use gpunvme_serve_client::Connection;
+
+const LBA: u32 = 512;
+
+/// A daemon over a fresh 64 MiB image of 512-byte blocks in `dir`.
+fn daemon(dir: &std::path::Path) -> Server {
+    let image = dir.join("served.img");
+    EmuConfig::create_image(&image, NS_BYTES).unwrap();
+    let mut opts = ServeOptions::new(
+        dir.join("serve.sock"),
+        vec![("nvme0".into(), image.to_str().unwrap().into())],
+    );
+    opts.open.controller_queue_pairs = 16;
+    Server::start(opts).unwrap()
+}
+
+fn gpu_options(queues: u16) -> GpuQueueOptions {
+    GpuQueueOptions {
+        queues: Some(queues),
+        depth: Some(64),
+        slot_buffer_bytes: Some(128 << 10),
+        ..Default::default()
+    }
+}
+
+/// Bytes of each CPU client command (at most the controller's maximum transfer).
+const CPU_CHUNK: usize = 128 << 10;
+
+/// A CPU client's pair on its own connection, for checking what GPU threads moved.
+fn cpu_client(socket: &std::path::Path) -> (Connection, gpunvme_serve_client::QueuePair) {
+    let conn = Connection::connect(socket, "cpu-checker", Duration::from_secs(10)).unwrap();
+    let arena = Arc::new(
+        conn.alloc_arena(
+            "nvme0",
+            gpunvme_serve_client::layout::arena_bytes_for(1, 16, CPU_CHUNK as u32),
+        )
+        .unwrap(),
+    );
+    let pair = conn
+        .create_queues("nvme0", &arena, 1, 16, CPU_CHUNK as u32)
+        .unwrap()
+        .remove(0);
+    (conn, pair)
+}
+
+fn cpu_read(pair: &mut gpunvme_serve_client::QueuePair, slba: u64, blocks: u64) -> Vec<u8> {
+    let mut out = vec![0u8; (blocks * LBA as u64) as usize];
+    for (i, chunk) in out.chunks_mut(CPU_CHUNK).enumerate() {
+        let lba = slba + (i * CPU_CHUNK / LBA as usize) as u64;
+        let n = (chunk.len() / LBA as usize) as u32;
+        pair.read(1, lba, n, LBA, chunk).unwrap();
+    }
+    out
+}
+
+fn cpu_write(pair: &mut gpunvme_serve_client::QueuePair, slba: u64, data: &[u8]) {
+    for (i, chunk) in data.chunks(CPU_CHUNK).enumerate() {
+        let lba = slba + (i * CPU_CHUNK / LBA as usize) as u64;
+        let n = (chunk.len() / LBA as usize) as u32;
+        pair.write(1, lba, n, LBA, chunk).unwrap();
+    }
+}
+
+/// The client entries of the daemon's status that hold queues.
+fn clients_holding_queues(server: &Server) -> usize {
+    let st = server.daemon().status();
+    st["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["queues"].as_array().unwrap().is_empty())
+        .count()
+}
+
+/// Every transfer shape (PRP1 only, PRP1 + PRP2, a list, the slot size, above it: split)
+/// written by GPU threads through served queues and read back by a CPU client of the same
+/// daemon, and the reverse; a read past the namespace fails with the controller's status.
+pub(super) fn served_gpu_queues_carry_every_shape_beside_a_cpu_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path());
+    let served = ServedController::connect(server.socket(), None, "gpu-client").unwrap();
+    let gpu = served.gpu_queues(&cuda(), &gpu_options(2)).unwrap();
+    assert_eq!(gpu.transport(), gpu_queues::TransportKind::Served);
+    let (_conn, mut cpu) = cpu_client(server.socket());
+    let buf = gpu.alloc_buffer(4 << 20).unwrap();
+    let mdts = gpu.max_transfer() as u64;
+    let shapes = [
+        (0u64, LBA as u64),
+        (4096 - LBA as u64, 2 * LBA as u64),
+        (0, 8192),
+        (LBA as u64, 64 << 10),
+        (0, 128 << 10),
+        (0, 3 * (128 << 10) + 4 * LBA as u64),
+        (4096 + 4, mdts.min(1 << 20)),
+    ];
+    for (i, &(off, bytes)) in shapes.iter().enumerate() {
+        for warp in [false, true] {
+            let blocks = bytes / LBA as u64;
+            let slba = 1 + i as u64 * ((4 << 20) / LBA as u64);
+            let data = pattern(slba + warp as u64, blocks, LBA);
+            buf.memory().write(off as usize, &data).unwrap();
+            let (s, sf) = rw_on_queues(
+                &gpu,
+                LBA,
+                gpu.descriptors(),
+                true,
+                slba,
+                blocks,
+                buf.bus() + off,
+                warp,
+            );
+            assert_eq!(
+                (s, sf),
+                (DeviceStatus::Ok, 0),
+                "GPU write, shape {i} warp={warp}"
+            );
+            assert!(
+                cpu_read(&mut cpu, slba, blocks) == data,
+                "shape {i} warp={warp}: the CPU client reads what GPU threads wrote"
+            );
+            let other = pattern(slba + 100, blocks, LBA);
+            cpu_write(&mut cpu, slba, &other);
+            buf.memory()
+                .write(off as usize, &vec![0u8; bytes as usize])
+                .unwrap();
+            let (s, sf) = rw_on_queues(
+                &gpu,
+                LBA,
+                gpu.descriptors(),
+                false,
+                slba,
+                blocks,
+                buf.bus() + off,
+                warp,
+            );
+            assert_eq!(
+                (s, sf),
+                (DeviceStatus::Ok, 0),
+                "GPU read, shape {i} warp={warp}"
+            );
+            let mut back = vec![0u8; bytes as usize];
+            buf.memory().read(off as usize, &mut back).unwrap();
+            assert!(
+                back == other,
+                "shape {i} warp={warp}: GPU threads read what the CPU client wrote"
+            );
+        }
+    }
+    let end = NS_BYTES / LBA as u64;
+    let (s, sf) = rw_on_queues(
+        &gpu,
+        LBA,
+        gpu.descriptors(),
+        false,
+        end - 1,
+        2,
+        buf.bus(),
+        false,
+    );
+    assert_eq!(s, DeviceStatus::NvmeError, "a read past the namespace");
+    assert_ne!(sf, 0, "the controller's status field");
+    let st = server.daemon().status();
+    assert_eq!(st["controllers"][0]["invalid_doorbell_writes"], 0, "{st}");
+}
+
+/// Many requests in flight on every served queue at once (more than the rings hold, so they
+/// wrap), from two GPU clients on one daemon each on its own range; then each client's queues
+/// dropped: its pairs and arenas go back to the daemon while the other keeps working.
+pub(super) fn served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path());
+    let a = ServedController::connect(server.socket(), Some("nvme0"), "gpu-a").unwrap();
+    let b = ServedController::connect(server.socket(), Some("nvme0"), "gpu-b").unwrap();
+    let ga = a.gpu_queues(&cuda(), &gpu_options(4)).unwrap();
+    let gb = b.gpu_queues(&cuda(), &gpu_options(2)).unwrap();
+    assert_eq!(clients_holding_queues(&server), 2);
+    let (_conn, mut cpu) = cpu_client(server.socket());
+    // 256 requests of 8 blocks per client over its 4 queues of depth 64: every ring wraps.
+    let blocks = 8u64;
+    let per = 256u64;
+    for (k, g) in [&ga, &gb].into_iter().enumerate() {
+        let first = 1 + k as u64 * per * blocks;
+        let buf = g
+            .alloc_buffer((per * blocks) as usize * LBA as usize)
+            .unwrap();
+        let data = pattern(first, per * blocks, LBA);
+        buf.memory().write(0, &data).unwrap();
+        // 8 blocks of 512 bytes are one page at a page boundary: PRP1 only.
+        let reqs: Vec<IoReq> = (0..per)
+            .map(|i| IoReq {
+                slba: first + i * blocks,
+                prp1: buf.bus() + i * blocks * LBA as u64,
+                prp2: 0,
+                nsid: 1,
+                nlb_z: (blocks - 1) as u16,
+                opcode: 0x01,
+                reserved: 0,
+            })
+            .collect();
+        let batch = IoBatch::new(g.cuda(), &reqs).unwrap();
+        batch
+            .launch(
+                g.kernels(),
+                g.client_stream(),
+                g.descriptors(),
+                g.len() as u32,
+                k == 1,
+            )
+            .unwrap();
+        g.client_stream().wait_idle(compute_wait_bound()).unwrap();
+        let results = batch.results().unwrap();
+        assert!(
+            results
+                .iter()
+                .all(|&(s, sf)| s == DeviceStatus::Ok && sf == 0),
+            "client {k}: {:?}",
+            results.iter().find(|r| r.0 != DeviceStatus::Ok)
+        );
+        assert!(
+            cpu_read(&mut cpu, first, per * blocks) == data,
+            "client {k}'s bytes"
+        );
+    }
+    drop(ga);
+    assert_eq!(
+        clients_holding_queues(&server),
+        2,
+        "a's pairs went back (b and the CPU checker hold theirs)"
+    );
+    // b still works after a's queues were deleted.
+    let buf = gb.alloc_buffer(4096).unwrap();
+    let (s, _) = rw_on_queues(&gb, LBA, gb.descriptors(), false, 1, 8, buf.bus(), false);
+    assert_eq!(s, DeviceStatus::Ok);
+    let mut back = vec![0u8; 4096];
+    buf.memory().read(0, &mut back).unwrap();
+    assert!(back == pattern(1, 8, LBA), "b reads a's bytes after a went");
+    drop(buf);
+    drop(gb);
+    assert_eq!(
+        clients_holding_queues(&server),
+        1,
+        "only the CPU checker holds queues"
+    );
+    let st = server.daemon().status();
+    let arenas: Vec<u64> = st["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["arena_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        arenas.iter().filter(|&&b| b > 0).count(),
+        1,
+        "GPU clients' arenas freed: {st}"
+    );
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+    assert_eq!(st["late_controller_reads"], 0, "{st}");
+}
