@@ -59,6 +59,7 @@ TESTS=(
     files::staging_areas_grow_for_a_large_job_and_reads_stay_exact
     served_gpu_queues_carry_every_shape_beside_a_cpu_client
     served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it
+    served_gpu_clients_killed_at_random_points_are_reclaimed
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

@@ -184,10 +184,10 @@ impl ServedLease for Lease {
         // The daemon deletes the pairs on the controller before it frees their memory; a
         // daemon gone already reclaimed them when the socket ended.
         if let Err(e) = self.conn.delete_queues(&self.controller, pairs) {
-            tracing::warn!(error = %e, "giving served GPU queue pairs back");
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "giving served GPU queue pairs back");
         }
         if let Err(e) = self.conn.free_arena(arena) {
-            tracing::warn!(error = %e, "freeing a served arena");
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served arena");
         }
     }
 
@@ -195,7 +195,12 @@ impl ServedLease for Lease {
         let arena = self
             .conn
             .alloc_arena(&self.controller, len as u64)
-            .map_err(|e| GpuError::Unsupported(format!("a buffer from the daemon: {e}")))?;
+            .map_err(|e| {
+                GpuError::Unsupported(format!(
+                    "a buffer from the daemon: {}",
+                    gpunvme_serve_client::chain(&e)
+                ))
+            })?;
         let arena = Arc::new(arena);
         let keep = ArenaLoan {
             conn: self.conn.clone(),
@@ -220,7 +225,7 @@ impl Drop for ArenaLoan {
         if let Some(a) = self.arena.take()
             && let Err(e) = self.conn.free_arena(a)
         {
-            tracing::warn!(error = %e, "freeing a served buffer");
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served buffer");
         }
     }
 }

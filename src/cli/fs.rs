@@ -164,7 +164,7 @@ pub struct GpuFsArgs {
 }
 
 /// `--gpu-id`'s value (gpu_queues::gpus: ordinal, UUID or PCI address).
-fn parse_gpu_id(s: &str) -> Result<gpunvme::gpu_queues::GpuId, String> {
+pub(crate) fn parse_gpu_id(s: &str) -> Result<gpunvme::gpu_queues::GpuId, String> {
     s.parse()
         .map_err(|e: gpunvme::gpu_queues::GpuError| e.to_string())
 }

@@ -98,6 +98,14 @@ pub struct CheckArgs {
     /// destroying it.
     #[arg(long)]
     force: bool,
+    /// GPU threads drive the served queues (the perf kernel: the pattern written over LBAs
+    /// 0..--lbas, then random reads, every byte checked on the GPU); --qd is GPU threads per
+    /// queue. Concurrent GPU writers of one range must use the same --seed.
+    #[arg(long)]
+    gpu: bool,
+    /// The GPU: an ordinal, a UUID or a PCI address.
+    #[arg(long, default_value = "0", value_parser = super::fs::parse_gpu_id, requires = "gpu")]
+    gpu_id: gpunvme::gpu_queues::GpuId,
 }
 
 /// `NAME=SPEC` or `SPEC` (named `nvme0`, `nvme1`, ... in order); a SPEC is an image path or
@@ -279,6 +287,10 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
     if !opts.read_only && !c.force {
         refuse_if_it_holds_data(&conn, &opts.controller, opts.nsid)?;
     }
+    if c.gpu {
+        drop(conn);
+        return gpu_check(socket, &c.gpu_id, opts, json);
+    }
     let c_read_only = opts.read_only;
     let r = gpunvme_serve_client::check::run(&conn, &opts)?;
     let secs = r.io_us as f64 / 1e6;
@@ -319,6 +331,80 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
             r.mismatched_bytes,
             r.first_error.unwrap_or_default()
         )));
+    }
+    Ok(())
+}
+
+/// `serve check --gpu`: the check from GPU threads ([`gpunvme_cli::perf::served`]).
+fn gpu_check(
+    socket: &std::path::Path,
+    gpu_id: &gpunvme::gpu_queues::GpuId,
+    opts: gpunvme_serve_client::check::CheckOptions,
+    json: bool,
+) -> Result<()> {
+    anyhow::ensure!(
+        opts.first_lba == 0,
+        "serve check --gpu covers LBAs from 0 (--lbas sets how many): --first-lba {} is for \
+         CPU checks",
+        opts.first_lba
+    );
+    let name = format!("gpunvme serve check --gpu (pid {})", std::process::id());
+    let t0 = std::time::Instant::now();
+    let served = gpunvme::served::ServedController::connect(socket, Some(&opts.controller), &name)?;
+    let connect_us = t0.elapsed().as_micros() as u64;
+    let cuda = gpunvme::gpu_fs::open_gpu(gpu_id)?;
+    let lba = served
+        .info()
+        .namespace(opts.nsid)
+        .map(|n| n.lba_size)
+        .with_context(|| format!("namespace {} is not served", opts.nsid))?;
+    let g = crate::perf::served::GpuCheckOptions {
+        nsid: opts.nsid,
+        lbas: opts.lbas,
+        bs: opts.blocks_per_io * lba,
+        queues: opts.queues,
+        depth: opts.depth,
+        qd: opts.qd,
+        ios: opts.ios,
+        runtime: opts.runtime,
+        seed: opts.seed,
+        read_only: opts.read_only,
+        verify: true,
+    };
+    let r = crate::perf::served::gpu_check(&served, &cuda, &g)?;
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["connect_us"] = connect_us.into();
+        outln!("{v}");
+    } else {
+        for p in r.write.iter().chain([&r.read]) {
+            outln!(
+                "served GPU check ({}, {} queues x {}): {} {} I/Os, {} errors, {} mismatched, \
+                 {:.3} s, {:.2} GB/s",
+                r.gpu,
+                r.queues,
+                r.depth,
+                p.pattern,
+                p.ios,
+                p.errors,
+                p.mismatches,
+                p.seconds,
+                p.bytes_per_sec / 1e9
+            );
+        }
+        outln!(
+            "connect {connect_us} us, GPU queues ready {} us later",
+            r.setup_us
+        );
+    }
+    if !r.clean() {
+        let first = r
+            .write
+            .iter()
+            .chain([&r.read])
+            .find_map(|p| p.first_error.clone())
+            .unwrap_or_default();
+        return Err(cli_refusal(format!("served GPU check failed: {first}")));
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 mod cpu;
 pub mod gpu;
 pub mod kernel;
+pub mod served;
 mod several;
 
 pub use cpu::*;

@@ -96,6 +96,7 @@ root_tests!(
     several_gpus::frees_on_one_gpu_are_not_held_by_another_gpus_kernel,
     served::served_gpu_queues_carry_every_shape_beside_a_cpu_client,
     served::served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it,
+    served::served_gpu_clients_killed_at_random_points_are_reclaimed,
 );
 
 /// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue

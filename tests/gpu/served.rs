@@ -267,3 +267,140 @@ pub(super) fn served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_
     assert_eq!(st["late_controller_writes"], 0, "{st}");
     assert_eq!(st["late_controller_reads"], 0, "{st}");
 }
+
+/// `gpunvme serve check --gpu` against the in-process daemon: the binary this suite was built
+/// with (host-gpu in CI: its GPU threads are CPU threads of the client process).
+fn gpu_check_cmd(socket: &std::path::Path, extra: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpunvme"));
+    c.args(["serve", "--socket"])
+        .arg(socket)
+        .args([
+            "check", "--gpu", "--lbas", "16384", "--queues", "2", "--depth", "64", "--qd", "8",
+            "--seed", "77",
+        ])
+        .args(extra)
+        .env("GPUNVME_HOST_GPU_THREADS", "32")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+/// GPU client processes killed with SIGKILL at random points (during queue creation, mid-I/O
+/// with commands outstanding) while another GPU client process verifies the same range: the
+/// daemon lives, reclaims every dead client's queues and memory (none reached by the
+/// controller afterwards), and the verifier reads the pattern throughout with 0 errors.
+pub(super) fn served_gpu_clients_killed_at_random_points_are_reclaimed() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let server = daemon(dir.path());
+    let socket = server.socket().to_path_buf();
+    // Fill the range with the pattern (a whole check: write pass and read pass).
+    let out = gpu_check_cmd(&socket, &[]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let iterations: u32 = std::env::var("GPUNVME_TEST_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    // The verifier reads for about as long as the kills take (at most 0.4 s each plus the
+    // reclaim), then exits with its verdict.
+    let runtime = format!("{}s", 4 + iterations / 2);
+    let verifier = gpu_check_cmd(&socket, &["--read-only", "--json", "--runtime", &runtime])
+        .spawn()
+        .unwrap();
+    let mut verifier = KillOnDrop(Some(verifier));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b11);
+    for i in 0..iterations {
+        // Writers of the same seed write the same bytes: the verifier's reads stay exact.
+        let args: &[&str] = if i % 2 == 0 {
+            &[]
+        } else {
+            &["--read-only", "--runtime", "30s"]
+        };
+        let mut child = KillOnDrop(Some(gpu_check_cmd(&socket, args).spawn().unwrap()));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..400)));
+        let pid = child.pid();
+        child.kill();
+        // Reclaimed within a bound: the dead client's entry leaves the status.
+        let t = Instant::now();
+        loop {
+            let st = server.daemon().status();
+            let alive = st["clients"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["pid"].as_u64() == Some(pid));
+            if !alive {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "client {pid} never reclaimed: {st}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let out = verifier.wait_output(Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "the verifier beside the kills: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["read"]["ios"].as_u64().unwrap() > 0, "{v}");
+    let out = gpu_check_cmd(&socket, &["--read-only", "--ios", "4000"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "after the kills: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = server.daemon().status();
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+    assert_eq!(st["late_controller_reads"], 0, "{st}");
+    assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
+    assert!(st["controllers"][0]["degraded"].is_null(), "{st}");
+}
+
+/// A child process killed when dropped (a failed assertion must not leave it running).
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    fn pid(&self) -> u64 {
+        self.0.as_ref().map_or(0, |c| u64::from(c.id()))
+    }
+
+    /// SIGKILL and reap.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Its exit and output, waited for at most `bound` (then killed: a failure).
+    fn wait_output(&mut self, bound: Duration) -> std::process::Output {
+        let mut c = self.0.take().expect("a child");
+        let t = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            if t.elapsed() > bound {
+                let _ = c.kill();
+                panic!("the child ran past {bound:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -14,7 +14,7 @@ use nvme_spec::Status;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The daemon's socket could not be reached.
-    #[error("connecting to {path:?}: {source}")]
+    #[error("connecting to {path:?}")]
     Connect {
         /// The socket's path.
         path: PathBuf,
@@ -45,7 +45,7 @@ pub enum ClientError {
         doing: &'static str,
     },
     /// A transfer on the socket failed (a bounded wait ran out, a system call failed).
-    #[error("{doing}: {source}")]
+    #[error("{doing}")]
     Socket {
         /// What was being done.
         doing: &'static str,
@@ -57,7 +57,7 @@ pub enum ClientError {
     #[error("protocol violation: {0}")]
     Protocol(String),
     /// Shared memory could not be mapped or reached.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Shm {
         /// What was being done.
         what: &'static str,

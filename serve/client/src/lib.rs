@@ -38,7 +38,7 @@ pub use connection::{Connection, ControllerInfo, MAX_KEPT_EVENTS, Welcome};
 pub use error::ClientError;
 pub use gpunvme_serve_proto::msg::{NamespaceInfo, QueueGrant, RefusalKind};
 pub use gpunvme_serve_proto::socket::{Channel, SocketError};
-pub use gpunvme_serve_proto::{Event, PROTOCOL_VERSION};
+pub use gpunvme_serve_proto::{Event, PROTOCOL_VERSION, chain};
 pub use gpunvme_serve_shm::SharedMemory;
 pub use nvme_spec::Status;
 pub use queue_pair::{Completion, QueuePair};

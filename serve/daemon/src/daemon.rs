@@ -613,7 +613,12 @@ impl Daemon {
                     ledger.doorbells = Some(p.clone());
                     p
                 }
-                Err(e) => return refuse(RefusalKind::Device, format!("a doorbell page: {e}")),
+                Err(e) => {
+                    return refuse(
+                        RefusalKind::Device,
+                        format!("a doorbell page: {}", gpunvme_serve_proto::chain(&e)),
+                    );
+                }
             },
         };
         let free_slots: Vec<usize> = (0..DOORBELLS_PER_PAGE)
@@ -670,7 +675,12 @@ impl Daemon {
                 })
             };
             emu.attach_external_doorbells(qid, word(0), word(4))
-                .map_err(|e| nvme::Error::Unsupported(format!("external doorbells: {e}")))?;
+                .map_err(|e| {
+                    nvme::Error::Unsupported(format!(
+                        "external doorbells: {}",
+                        gpunvme_serve_proto::chain(&e)
+                    ))
+                })?;
             lock(&attached).push(qid);
             Ok(())
         });

@@ -309,7 +309,11 @@ fn serve_client(daemon: &Daemon, channel: &Channel, ledger: &mut ClientLedger, s
                 continue;
             }
             Err(e) => {
-                tracing::debug!(client = ledger.id, "receiving: {e}");
+                tracing::debug!(
+                    client = ledger.id,
+                    "receiving: {}",
+                    gpunvme_serve_proto::chain(&e)
+                );
                 return;
             }
         };
@@ -362,7 +366,11 @@ fn serve_client(daemon: &Daemon, channel: &Channel, ledger: &mut ClientLedger, s
             None => channel.send(&frame, &[]),
         };
         if let Err(e) = sent {
-            tracing::info!(client = ledger.id, "disconnected: {e}");
+            tracing::info!(
+                client = ledger.id,
+                "disconnected: {}",
+                gpunvme_serve_proto::chain(&e)
+            );
             return;
         }
         if end {

@@ -26,6 +26,19 @@ pub mod msg;
 pub mod socket;
 
 pub use error::ProtoError;
+
+/// An error and its sources on one line, `error: source: source's source` (the errors here
+/// do not repeat their source in their own message), for logs and refusals that carry words.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        next = c.source();
+    }
+    s
+}
 pub use frame::{Frame, Header};
 pub use limits::PROTOCOL_VERSION;
 pub use msg::{Event, Message, Reply, Request};

@@ -36,7 +36,7 @@ pub enum SocketError {
     #[error("the peer closed the connection")]
     Closed,
     /// A system call failed.
-    #[error("{doing}: {source}")]
+    #[error("{doing}")]
     Io {
         /// What was done.
         doing: &'static str,

@@ -30,7 +30,7 @@ const SEALS: SealFlags = SealFlags::SHRINK
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
     /// A system call failed.
-    #[error("{doing}: {source}")]
+    #[error("{doing}")]
     Os {
         /// What was being done.
         doing: &'static str,
