@@ -103,6 +103,10 @@ pub struct CheckArgs {
     /// queue. Concurrent GPU writers of one range must use the same --seed.
     #[arg(long)]
     gpu: bool,
+    /// With --gpu --read-only: reads are not checked (a throughput run; GPU threads then
+    /// never read the data they land).
+    #[arg(long, requires = "gpu")]
+    no_verify: bool,
     /// The GPU: an ordinal, a UUID or a PCI address.
     #[arg(long, default_value = "0", value_parser = super::fs::parse_gpu_id, requires = "gpu")]
     gpu_id: gpunvme::gpu_queues::GpuId,
@@ -289,7 +293,11 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
     }
     if c.gpu {
         drop(conn);
-        return gpu_check(socket, &c.gpu_id, opts, json);
+        anyhow::ensure!(
+            !c.no_verify || c.read_only,
+            "--no-verify is for --read-only runs: a write pass is always followed by checked reads"
+        );
+        return gpu_check(socket, &c.gpu_id, !c.no_verify, opts, json);
     }
     let c_read_only = opts.read_only;
     let r = gpunvme_serve_client::check::run(&conn, &opts)?;
@@ -339,6 +347,7 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
 fn gpu_check(
     socket: &std::path::Path,
     gpu_id: &gpunvme::gpu_queues::GpuId,
+    verify: bool,
     opts: gpunvme_serve_client::check::CheckOptions,
     json: bool,
 ) -> Result<()> {
@@ -369,7 +378,7 @@ fn gpu_check(
         runtime: opts.runtime,
         seed: opts.seed,
         read_only: opts.read_only,
-        verify: true,
+        verify,
     };
     let r = crate::perf::served::gpu_check(&served, &cuda, &g)?;
     if json {
