@@ -60,6 +60,7 @@ TESTS=(
     served_gpu_queues_carry_every_shape_beside_a_cpu_client
     served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it
     served_gpu_clients_killed_at_random_points_are_reclaimed
+    served_device_loads_safetensors_through_the_handle
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

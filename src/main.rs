@@ -453,6 +453,9 @@ fn run(args: Args) -> Result<()> {
         // Before the default image is created, so a write that cannot work creates none.
         check_write_input(input, nsid, args.lba_size)?;
     }
+    if let (DeviceSpec::Served(served), Command::Fs { nsid, cmd }) = (&spec, &args.command) {
+        return cli::fs::run_served(served, *nsid, cmd.clone(), args.json);
+    }
     let perf = matches!(args.command, Command::Perf(_));
     let (ctrl, backend) = open_controller_and_transport(&spec, &opts)
         .map_err(|e| MissingImage::explain(e, |m| missing_image_hint(m, perf)))?;

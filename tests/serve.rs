@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{bin, gpunvme, ok};
+use common::{bin, error_line, gpunvme, ok};
 use rand::{Rng, SeedableRng};
 
 const LBA: usize = 512;
@@ -330,4 +330,111 @@ fn a_check_refuses_to_write_over_a_blockfs_unless_forced() {
         !out.status.success(),
         "the forced check overwrote the file system"
     );
+}
+
+/// Files on a served device (`--device served:SOCKET`): several client processes list and read
+/// the files of the blockfs the daemon's image holds, byte for byte and at once, through queue
+/// pairs lent to each; what would change the file system is refused (the daemon serves no
+/// write leases yet) and leaves it as it was; a controller the daemon does not serve and a
+/// socket nobody listens on are named.
+#[test]
+fn served_devices_read_files_for_several_processes_and_refuse_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "256M");
+    let imgs = img.to_str().unwrap();
+    ok(&gpunvme(dir.path(), &format!("--device {imgs} fs mkfs")));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x51e5);
+    let mut files = Vec::new();
+    for (i, len) in [1usize, 4095, 4096, 1 << 20, 3_000_001]
+        .into_iter()
+        .enumerate()
+    {
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        let src = dir.path().join(format!("src{i}"));
+        std::fs::write(&src, &data).unwrap();
+        ok(&gpunvme(
+            dir.path(),
+            &format!("--device {imgs} fs put {} f{i}", src.display()),
+        ));
+        files.push(data);
+    }
+    let d = Daemon::start(dir.path(), &img, &[]);
+    let dev = format!("served:{}", d.socket.display());
+    let listing = ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {dev} fs ls"),
+    ));
+    let v: serde_json::Value = serde_json::from_str(&listing).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(files.len()), "{v}");
+    // Four processes read every file at once.
+    let readers: Vec<_> = (0..4)
+        .map(|p| {
+            let dir = dir.path().to_path_buf();
+            let dev = dev.clone();
+            let n = files.len();
+            std::thread::spawn(move || {
+                for i in 0..n {
+                    let dst = dir.join(format!("out{p}-{i}"));
+                    ok(&gpunvme(
+                        &dir,
+                        &format!("--device {dev} fs get f{i} {}", dst.display()),
+                    ));
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    for p in 0..4 {
+        for (i, data) in files.iter().enumerate() {
+            let got = std::fs::read(dir.path().join(format!("out{p}-{i}"))).unwrap();
+            assert!(got == *data, "process {p}, file f{i}: bytes differ");
+        }
+    }
+    let fsck = ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {dev} fs fsck"),
+    ));
+    assert!(
+        fsck.contains("\"consistent\":true") || fsck.contains("\"consistent\": true"),
+        "{fsck}"
+    );
+    // Changes are refused, by kind, and change nothing.
+    let src = dir.path().join("src0");
+    for cmd in [
+        format!("fs put {} g", src.display()),
+        "fs rm f0".to_string(),
+        "fs mkfs --force".to_string(),
+        "fs mv f0 g".to_string(),
+    ] {
+        let out = gpunvme(dir.path(), &format!("--device {dev} {cmd}"));
+        let line = error_line(&out);
+        assert!(line.contains("read-only here"), "{cmd}: {line}");
+    }
+    let after: serde_json::Value = serde_json::from_str(&ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {dev} fs ls"),
+    )))
+    .unwrap();
+    assert_eq!(after, v, "the refusals changed nothing");
+    let out = gpunvme(dir.path(), &format!("--device {dev}#nvme7 fs ls"));
+    assert!(error_line(&out).contains("no controller \"nvme7\""));
+    let nobody = dir.path().join("nobody.sock");
+    let out = gpunvme(
+        dir.path(),
+        &format!("--json --device served:{} fs ls", nobody.display()),
+    );
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["kind"], "not_found", "{v}");
+    let s = settled(&d, 0);
+    assert_eq!(s["late_controller_writes"], 0, "{s}");
+    d.stop();
+    // The image's file system is as the owner left it.
+    let out = ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {imgs} fs fsck --data"),
+    ));
+    assert!(out.contains("true"), "{out}");
 }

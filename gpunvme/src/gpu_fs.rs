@@ -361,6 +361,69 @@ pub fn setup(
     setup_in_group(&cuda, ctrl, backend, opts, None).map(|s| (cuda, s))
 }
 
+/// Where GPU queues come from: a controller this process brought up, or one a `gpunvme serve`
+/// daemon owns (its pairs lent to this process: the served transport).
+#[derive(Clone, Copy)]
+pub enum QueueSource<'a> {
+    /// A controller of this process and what is behind it.
+    Owned(&'a Controller, &'a Backend),
+    /// A daemon's controller.
+    Served(&'a crate::served::ServedController),
+}
+
+impl QueueSource<'_> {
+    /// GPU queues on `opts.gpu` ([`setup`]).
+    pub fn setup(&self, opts: &GpuFsOptions) -> Result<(Arc<Cuda>, GpuSetup)> {
+        check_serving(opts)?;
+        let cuda = open_gpu(&opts.gpu)?;
+        self.setup_on(&cuda, opts).map(|s| (cuda, s))
+    }
+
+    /// GPU queues on `cuda` ([`setup_on`]). On a served controller the daemon lends the pairs
+    /// (`opts.queues` of them, default [`crate::served::DEFAULT_QUEUES`], `opts.depth`
+    /// entries); the GPU-resident model needs an image of this process's and is refused.
+    pub fn setup_on(&self, cuda: &Arc<Cuda>, opts: &GpuFsOptions) -> Result<GpuSetup> {
+        match *self {
+            QueueSource::Owned(ctrl, backend) => setup_on(cuda, ctrl, backend, opts),
+            QueueSource::Served(served) => {
+                check_serving(opts)?;
+                ensure!(
+                    opts.serving == Serving::Device,
+                    InvalidArgument,
+                    "the GPU-resident controller model takes an image's place in this process: \
+                     {} is owned by a daemon",
+                    served.describe()
+                );
+                let qopts = GpuQueueOptions {
+                    queues: opts.queues,
+                    depth: opts.depth,
+                    ..Default::default()
+                };
+                Ok(GpuSetup {
+                    queues: served.gpu_queues(cuda, &qopts)?,
+                    model: None,
+                    transport: format!("served ({})", served.describe()),
+                    path: None,
+                })
+            }
+        }
+    }
+
+    /// What ends a GPU wait on `setup`'s queues early: the controller failed, the model
+    /// stopped, the daemon revoked the queues or went away.
+    pub fn watchdog<'a>(
+        &'a self,
+        setup: &'a GpuSetup,
+    ) -> Box<dyn FnMut() -> Option<String> + Send + 'a> {
+        match *self {
+            QueueSource::Owned(ctrl, backend) => {
+                Box::new(gpu::watchdog(ctrl, backend, setup.model.as_ref()))
+            }
+            QueueSource::Served(served) => Box::new(served.watchdog()),
+        }
+    }
+}
+
 /// Refuses options that cannot go together, before any GPU is opened.
 fn check_serving(opts: &GpuFsOptions) -> Result<()> {
     ensure!(
@@ -518,8 +581,7 @@ fn host_crc(fs: &FileSystem, name: &str) -> Result<u32> {
 /// `fs get --gpu`: loads `name` into GPU memory with GPU-issued reads, checksums it on the GPU
 /// and compares with the host's CRC-32C of the file (and the recorded one).
 pub fn get(
-    ctrl: &Controller,
-    backend: &Backend,
+    src: QueueSource<'_>,
     fs: &FileSystem,
     name: &str,
     opts: &GpuFsOptions,
@@ -527,7 +589,7 @@ pub fn get(
     let file = fs.open(name, OpenMode::ReadOnly)?;
     let stat = file.stat()?;
     let started = Instant::now();
-    let (cuda, setup) = setup(ctrl, backend, opts)?;
+    let (cuda, setup) = src.setup(opts)?;
     let setup_seconds = started.elapsed().as_secs_f64();
     let result = (|| {
         let files = GpuFiles::new(&setup.queues, GpuFilesOptions::from_env()?);
@@ -540,7 +602,7 @@ pub fn get(
         let span = GpuSpan::of(&buf, 0, size)?;
         let pending = files.submit(&[FileRange::read(&gfile, 0, span)])?;
         let r = pending
-            .wait_watched(gpu::watchdog(ctrl, backend, setup.model.as_ref()))?
+            .wait_watched(src.watchdog(&setup))?
             .into_first_error()?;
         let got = r.bytes();
         ensure!(got == size, Device, "the GPU read {got} of {size} bytes");

@@ -20,7 +20,7 @@ use crate::copy;
 use crate::fs_report::{
     DfReport, FsckView, ListReport, MkfsReport, RemoveReport, RenameReport, StatReport, check_data,
 };
-use crate::gpu::{self, GpuSetup, Serving};
+use crate::gpu::{GpuSetup, Serving};
 use crate::gpu_fs::{self, GpuFsOptions};
 use crate::gpu_io::{self, GpuIoReport, Piece, ReadPath};
 use crate::open::{self, Backend, DeviceSpec, OpenOptions};
@@ -39,8 +39,48 @@ pub struct FsckOutcome {
     pub mismatched: Vec<String>,
 }
 
+/// Who owns the controllers behind a handle.
+enum Owner {
+    /// This process: the controllers it brought up (the first serves the GPU calls) and what
+    /// is behind each.
+    Local {
+        /// Dropped first: the transports outlive their controllers.
+        ctrls: Vec<Controller>,
+        backend: Backend,
+        backends: Vec<Backend>,
+    },
+    /// A `gpunvme serve` daemon: one of its controllers, through this handle's connection.
+    Served(crate::served::ServedController),
+}
+
+impl Owner {
+    /// The controllers this process brought up (none for a served device).
+    fn ctrls(&self) -> &[Controller] {
+        match self {
+            Owner::Local { ctrls, .. } => ctrls,
+            Owner::Served(_) => &[],
+        }
+    }
+
+    /// The software controller, where the handle owns one.
+    fn emu(&self) -> Option<&Arc<nvme_emu::EmuDevice>> {
+        match self {
+            Owner::Local { backend, .. } => backend.emu(),
+            Owner::Served(_) => None,
+        }
+    }
+
+    /// Where the handle's GPU queues come from.
+    fn queues(&self) -> gpu_fs::QueueSource<'_> {
+        match self {
+            Owner::Local { ctrls, backend, .. } => gpu_fs::QueueSource::Owned(&ctrls[0], backend),
+            Owner::Served(served) => gpu_fs::QueueSource::Served(served),
+        }
+    }
+}
+
 /// An open device: its controller and the block device blockfs runs on; or several devices,
-/// one controller each, making a striped volume.
+/// one controller each, making a striped volume; or a controller a daemon owns.
 pub struct DeviceHandle {
     /// GPU queues kept up between GPU calls, per GPU (by ordinal; dropped first: before the
     /// controllers).
@@ -56,11 +96,8 @@ pub struct DeviceHandle {
     cpu_queues: u16,
     /// Blockfs as [`DeviceHandle::mount`] keeps it between calls.
     mounted: Mutex<Option<Arc<FileSystem>>>,
-    backend: Backend,
-    /// Every device's backend (the first is `backend`).
-    backends: Vec<Backend>,
     // Dropped after the block devices (field order): their queues are the controllers'.
-    ctrls: Vec<Controller>,
+    owner: Owner,
     opened: OpenPhases,
 }
 
@@ -139,6 +176,18 @@ impl DeviceHandle {
                 .collect::<Result<Vec<_>>>()?,
             None => vec![DeviceSpec::parse(None)?],
         };
+        if let Some(served) = specs.iter().find_map(|s| match s {
+            DeviceSpec::Served(s) => Some(s.clone()),
+            _ => None,
+        }) {
+            ensure!(
+                specs.len() == 1,
+                InvalidArgument,
+                "{served} cannot be a volume member: a striped volume of served devices is not \
+                 supported yet"
+            );
+            return Self::open_served(&served, names, specs, opts, nsid);
+        }
         let mut ctrls = Vec::with_capacity(specs.len());
         let mut backends = Vec::with_capacity(specs.len());
         let mut opened = OpenPhases::default();
@@ -188,11 +237,57 @@ impl DeviceHandle {
             members,
             cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
             mounted,
-            backend,
-            backends,
-            ctrls,
+            owner: Owner::Local {
+                ctrls,
+                backend,
+                backends,
+            },
             opened,
         })
+    }
+
+    /// Opens a device a daemon owns: a connection, the controller's description, a served
+    /// queue pair for blockfs. Read-only: the daemon serves no write leases yet.
+    fn open_served(
+        spec: &crate::served::ServedSpec,
+        names: Vec<String>,
+        specs: Vec<DeviceSpec>,
+        mut opts: OpenOptions,
+        nsid: u32,
+    ) -> Result<Self> {
+        let t = Instant::now();
+        let client = format!("gpunvme library (pid {})", std::process::id());
+        let served = crate::served::ServedController::open(spec, &client)?;
+        let transport = t.elapsed().as_secs_f64();
+        let dev = served.block_device(nsid)?;
+        let describe = format!(
+            "{} (namespace {nsid}; {})",
+            served.describe(),
+            served.trust()
+        );
+        opts.read_only = true;
+        Ok(Self {
+            gpu: Mutex::new(BTreeMap::new()),
+            specs,
+            names,
+            opts,
+            nsid,
+            describe,
+            members: vec![Arc::new(dev)],
+            cpu_queues: 1,
+            mounted: Mutex::new(None),
+            owner: Owner::Served(served),
+            opened: OpenPhases {
+                transport,
+                controller: 0.0,
+                block_devices: t.elapsed().as_secs_f64() - transport,
+            },
+        })
+    }
+
+    /// Whether the device is one a daemon owns (`served:`).
+    pub fn is_served(&self) -> bool {
+        matches!(self.owner, Owner::Served(_))
     }
 
     /// Where this handle's open went.
@@ -207,9 +302,7 @@ impl DeviceHandle {
             gpu,
             mounted,
             members,
-            backend,
-            backends,
-            ctrls,
+            owner,
             ..
         } = self;
         let t = Instant::now();
@@ -217,7 +310,7 @@ impl DeviceHandle {
         let gpu_queues = t.elapsed();
         drop((mounted, members));
         let block_devices = t.elapsed() - gpu_queues;
-        drop((ctrls, backend, backends));
+        drop(owner);
         ClosePhases {
             gpu_queues: gpu_queues.as_secs_f64(),
             block_devices: block_devices.as_secs_f64(),
@@ -230,7 +323,10 @@ impl DeviceHandle {
     /// [`crate::error::ErrorKind::NoSpace`] rather than the Write Fault the device
     /// reported. The bindings pass every error through it.
     pub fn explain(&self, e: crate::Error) -> crate::Error {
-        open::explain_host_error(e, &self.backends)
+        match &self.owner {
+            Owner::Local { backends, .. } => open::explain_host_error(e, backends),
+            Owner::Served(_) => e,
+        }
     }
 
     /// Whether the handle is a striped volume over several devices.
@@ -317,6 +413,15 @@ impl DeviceHandle {
 
     /// Refuses `what` of `name` on a read-only handle, before anything is read or changed.
     fn refuse_read_only(&self, what: &str, name: &str) -> Result<()> {
+        if let Owner::Served(served) = &self.owner {
+            return Err(
+                crate::Error::from(blockfs::Error::ReadOnly(name.to_owned())).context(format!(
+                    "{what} refused: {} is read-only here (the daemon serves no write leases \
+                     yet; write through the process that owns the device)",
+                    served.describe()
+                )),
+            );
+        }
         if self.opts.read_only {
             return Err(
                 crate::Error::from(blockfs::Error::ReadOnly(name.to_owned()))
@@ -333,7 +438,7 @@ impl DeviceHandle {
         self.refuse_read_only("mkfs", "(every file)")?;
         self.unmount();
         let dev: Arc<dyn BlockDevice> = if self.is_volume() {
-            let refs: Vec<&Controller> = self.ctrls.iter().collect();
+            let refs: Vec<&Controller> = self.owner.ctrls().iter().collect();
             let stripe = stripe.unwrap_or_else(|| volume::default_stripe(&refs));
             Arc::new(volume::make(
                 self.members.clone(),
@@ -603,7 +708,7 @@ impl DeviceHandle {
                     sharing_gpus: u16::try_from(Cuda::count()?.max(1)).unwrap_or(u16::MAX),
                     ..GpuFsOptions::default()
                 };
-                let setup = gpu_fs::setup_on(cuda, &self.ctrls[0], &self.backend, &opts)?;
+                let setup = self.owner.queues().setup_on(cuda, &opts)?;
                 (GpuSession { setup }, true)
             }
         };
@@ -664,10 +769,7 @@ impl DeviceHandle {
         let cuda = gpu_fs::open_gpu(gpu)?;
         let (info, _) = self.with_gpu(&cuda, Serving::Device, None, |setup| {
             let q = &setup.queues;
-            let lba_size = self.ctrls[0]
-                .namespace(self.nsid)
-                .map(|n| n.lba_size)
-                .context("the namespace's format")?;
+            let lba_size = self.members[0].lba_size();
             Ok(GpuQueuesInfo {
                 descriptors: q.descriptors(),
                 count: u32::try_from(q.len()).unwrap_or(u32::MAX),
@@ -731,7 +833,8 @@ impl DeviceHandle {
         let fs = self.mount()?;
         let cuda = dst.cuda().clone();
         let (report, _) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
-            let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+            let src = self.owner.queues();
+            let watch = src.watchdog(setup);
             gpu_io::read_into(setup, &fs, name, offset, &dst, ReadPath::Direct, watch)
         })?;
         Ok(report)
@@ -759,7 +862,8 @@ impl DeviceHandle {
         let target = gpu_io::prepare_target(&fs, name, len, force)?;
         let written = self
             .with_gpu(&cuda, serving, ssd_model, |setup| {
-                let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+                let src = self.owner.queues();
+                let watch = src.watchdog(setup);
                 gpu_io::write_pieces(setup, &target.file, &pieces, None, watch)
             })
             .map(|(r, _)| r);
@@ -861,7 +965,7 @@ impl DeviceHandle {
         // while the queues are set up (13.5 GB takes 16-19 ms on the lent H200, about what a
         // fresh process's set-up takes). Another transport stages through memory of its
         // own, so nothing is allocated ahead for it.
-        let ahead = self.backend.emu().is_some();
+        let ahead = self.owner.emu().is_some();
         std::thread::scope(|scope| {
             let early = ahead.then(|| {
                 let cuda = cuda.clone();
@@ -875,7 +979,8 @@ impl DeviceHandle {
             });
             let (mut out, setup_secs) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
             let pairs: Vec<_> = files.iter().zip(&headers).collect();
-            let watch = gpu::watchdog(&self.ctrls[0], &self.backend, setup.model.as_ref());
+            let src = self.owner.queues();
+            let watch = src.watchdog(setup);
             for (name, secs) in setup.queues.setup_phases().phases() {
                 setup_phases.insert((*name).to_owned(), serde_json::json!(secs));
             }

@@ -181,6 +181,10 @@ pub enum DeviceSpec {
     /// An NVM subsystem over NVMe/TCP (`nvme-tcp://HOST:PORT/NQN`), served through the software
     /// controller in front of it ([`crate::fabric`]).
     NvmeTcp(crate::fabric::TcpSpec),
+    /// A controller a `gpunvme serve` daemon owns (`served:SOCKET`, or `served:SOCKET#NAME`
+    /// where it serves several): used through queue pairs it lends ([`crate::served`]), never
+    /// brought up here. Only [`crate::handle::DeviceHandle`] opens one.
+    Served(crate::served::ServedSpec),
     /// An image file served by the software controller.
     Image(PathBuf),
     /// No `--device`: the software controller over [`OpenOptions::default_image`]
@@ -205,6 +209,9 @@ impl DeviceSpec {
                     );
                 }
                 Ok(Self::NvmeTcp(spec))
+            }
+            Some(s) if s.starts_with(crate::served::SPEC_PREFIX) => {
+                Ok(Self::Served(crate::served::ServedSpec::parse(s)?))
             }
             Some(s) if s.starts_with(vfio::user::SPEC_PREFIX) => {
                 let path = &s[vfio::user::SPEC_PREFIX.len()..];
@@ -233,7 +240,7 @@ impl DeviceSpec {
     /// The image file the software controller serves, if it is one.
     pub fn image_path<'a>(&'a self, opts: &'a OpenOptions) -> Option<&'a Path> {
         match self {
-            Self::Pci(_) | Self::VfioUser(_) | Self::NvmeTcp(_) => None,
+            Self::Pci(_) | Self::VfioUser(_) | Self::NvmeTcp(_) | Self::Served(_) => None,
             Self::Image(p) => Some(p),
             Self::DefaultImage => Some(&opts.default_image),
         }
@@ -349,6 +356,13 @@ pub fn open_transport(spec: &DeviceSpec, opts: &OpenOptions) -> Result<Opened> {
             opts.controller_queue_pairs,
             opts.read_only,
         )?,
+        DeviceSpec::Served(s) => bail!(
+            InvalidArgument,
+            "{s} is a controller the daemon owns: open it with the library's handle (fs \
+             commands, Python, C), or check it with `gpunvme serve --socket {} check`; this \
+             command brings a controller up itself",
+            s.socket.display()
+        ),
         DeviceSpec::Image(path) => open_image(path, opts)?,
         DeviceSpec::DefaultImage => {
             let path = opts.default_image.as_path();

@@ -16,6 +16,53 @@ use gpunvme_serve_client::{Arena, ClientError, Connection, ControllerInfo, Queue
 
 use crate::error::{Error, ErrorKind, Result};
 
+/// The device spec's prefix: `served:SOCKET[#CONTROLLER]`.
+pub const SPEC_PREFIX: &str = "served:";
+
+/// A served device as a spec names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServedSpec {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// The controller's name at the daemon (its only one when `None`).
+    pub controller: Option<String>,
+}
+
+impl ServedSpec {
+    /// Parses `served:SOCKET` or `served:SOCKET#CONTROLLER`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let rest = s.strip_prefix(SPEC_PREFIX).ok_or_else(|| {
+            Error::invalid(format!(
+                "device {s}: a served device is {SPEC_PREFIX}SOCKET[#NAME]"
+            ))
+        })?;
+        let (socket, controller) = match rest.rsplit_once('#') {
+            Some((sock, name)) => (sock, Some(name)),
+            None => (rest, None),
+        };
+        if socket.is_empty() || controller.is_some_and(str::is_empty) {
+            return Err(Error::invalid(format!(
+                "device {s}: give the daemon's socket and, where it serves several controllers, \
+                 a name: {SPEC_PREFIX}/run/gpunvme/serve.sock#nvme0"
+            )));
+        }
+        Ok(Self {
+            socket: PathBuf::from(socket),
+            controller: controller.map(str::to_owned),
+        })
+    }
+}
+
+impl std::fmt::Display for ServedSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{SPEC_PREFIX}{}", self.socket.display())?;
+        if let Some(c) = &self.controller {
+            write!(f, "#{c}")?;
+        }
+        Ok(())
+    }
+}
+
 /// How long one request to the daemon may wait for its reply.
 pub const REQUEST_BOUND: Duration = Duration::from_secs(10);
 
@@ -38,6 +85,11 @@ pub struct ServedController {
 }
 
 impl ServedController {
+    /// Connects to the daemon `spec` names as `client_name` ([`ServedController::connect`]).
+    pub fn open(spec: &ServedSpec, client_name: &str) -> Result<Self> {
+        Self::connect(&spec.socket, spec.controller.as_deref(), client_name)
+    }
+
     /// Connects to the daemon at `socket` as `client_name` (shown in its status) and opens
     /// `controller` (the daemon's only one when `None`; naming one is required where it
     /// serves several). Nobody listening is [`ErrorKind::NotFound`].
@@ -155,9 +207,189 @@ impl ServedController {
         gpu_queues::transport::served::build(cuda, rings, opts).map_err(|e| ctx(Error::from(e)))
     }
 
+    /// Namespace `nsid` as a block device read through one served queue pair of its own
+    /// (blockfs's metadata and CPU reads). Writes are refused: the daemon serves no write
+    /// leases yet, so nothing would keep two processes from changing one file system at once.
+    pub fn block_device(&self, nsid: u32) -> Result<ServedBlockDevice> {
+        let ns = *self.info.namespace(nsid).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("namespace {nsid} is not on {}", self.describe()),
+            )
+        })?;
+        let name = self.info.name.clone();
+        let slot = BLOCK_SLOT_BYTES
+            .min(self.info.max_transfer_bytes / 4096 * 4096)
+            .max(4096);
+        let arena = Arc::new(
+            self.conn
+                .alloc_arena(
+                    &name,
+                    gpunvme_serve_client::layout::arena_bytes_for(1, BLOCK_DEPTH, slot),
+                )
+                .map_err(|e| Error::from(e).context("a queue pair for blockfs"))?,
+        );
+        let pair = match self.conn.create_queues(&name, &arena, 1, BLOCK_DEPTH, slot) {
+            Ok(mut p) => p.remove(0),
+            Err(e) => {
+                let _ = self.conn.free_arena(arena);
+                return Err(Error::from(e).context("a queue pair for blockfs"));
+            }
+        };
+        Ok(ServedBlockDevice {
+            pair: Mutex::new(Some(pair)),
+            arena: Some(arena),
+            conn: self.conn.clone(),
+            controller: name,
+            nsid,
+            lba_size: ns.lba_size,
+            blocks: ns.blocks,
+        })
+    }
+
+    /// A watchdog for GPU waits on this controller's queues: the reason to abort once the
+    /// daemon revoked a queue, reported the controller failed, is stopping or is gone.
+    pub fn watchdog(&self) -> impl FnMut() -> Option<String> + Send + Clone + 'static {
+        let conn = self.conn.clone();
+        move || match conn.check_events() {
+            Err(e) => Some(format!("the daemon: {}", gpunvme_serve_client::chain(&e))),
+            // Every event names this connection's queues or controller.
+            Ok(_) => conn.events().first().map(|e| match e {
+                gpunvme_serve_client::Event::ControllerFailed { why, .. } => {
+                    format!("the controller failed: {why}")
+                }
+                gpunvme_serve_client::Event::QueuesRevoked { why, .. } => {
+                    format!("the daemon took queues back: {why}")
+                }
+                gpunvme_serve_client::Event::Shutdown => "the daemon is stopping".into(),
+            }),
+        }
+    }
+
     /// `served:SOCKET#CONTROLLER`, for messages.
     pub fn describe(&self) -> String {
         format!("served:{}#{}", self.socket.display(), self.info.name)
+    }
+}
+
+/// Entries of a served block device's queue pair.
+const BLOCK_DEPTH: u32 = 16;
+
+/// Slot bytes of a served block device's queue pair (at most the maximum transfer).
+const BLOCK_SLOT_BYTES: u32 = 128 << 10;
+
+/// A served namespace as blockfs's block device: reads through one queue pair of its own,
+/// writes refused ([`ServedController::block_device`]). The pair goes back to the daemon when
+/// this drops.
+pub struct ServedBlockDevice {
+    pair: Mutex<Option<QueuePair>>,
+    arena: Option<Arc<Arena>>,
+    conn: Arc<Connection>,
+    controller: String,
+    nsid: u32,
+    lba_size: u32,
+    blocks: u64,
+}
+
+impl std::fmt::Debug for ServedBlockDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&blockfs::BlockDevice::describe(self))
+    }
+}
+
+impl blockfs::BlockDevice for ServedBlockDevice {
+    fn lba_size(&self) -> u32 {
+        self.lba_size
+    }
+
+    fn lba_count(&self) -> u64 {
+        self.blocks
+    }
+
+    fn read(&self, reqs: &mut [blockfs::device::ReadReq<'_>]) -> Result<(), blockfs::DeviceError> {
+        let mut held = self.pair.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pair) = held.as_mut() else {
+            return Err(blockfs::DeviceError::Io {
+                op: "read",
+                lba: reqs.first().map_or(0, |r| r.lba),
+                source: "the served queue pair was given back".into(),
+            });
+        };
+        let unit = self.lba_size as usize;
+        let step = (pair.slot_bytes() as usize / unit).max(1) * unit;
+        for r in reqs.iter_mut() {
+            let len = r.buf.len();
+            if len % unit != 0 {
+                return Err(blockfs::DeviceError::Misaligned {
+                    len,
+                    lba_size: self.lba_size,
+                });
+            }
+            let end = r
+                .lba
+                .checked_add((len / unit) as u64)
+                .filter(|&e| e <= self.blocks);
+            let Some(_) = end else {
+                return Err(blockfs::DeviceError::OutOfRange {
+                    lba: r.lba,
+                    end: r.lba.saturating_add((len / unit) as u64),
+                    blocks: self.blocks,
+                });
+            };
+            for (i, chunk) in r.buf.chunks_mut(step).enumerate() {
+                let lba = r.lba + (i * step / unit) as u64;
+                let blocks = (chunk.len() / unit) as u32;
+                pair.read(self.nsid, lba, blocks, self.lba_size, chunk)
+                    .map_err(|e| blockfs::DeviceError::Io {
+                        op: "read",
+                        lba,
+                        source: Box::new(e),
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, reqs: &[blockfs::device::WriteReq<'_>]) -> Result<(), blockfs::DeviceError> {
+        Err(blockfs::DeviceError::Io {
+            op: "write",
+            lba: reqs.first().map_or(0, |r| r.lba),
+            source: "a served device is read here: the daemon serves no write leases yet, so \
+                     writes go through the process that owns the device"
+                .into(),
+        })
+    }
+
+    fn flush(&self) -> Result<(), blockfs::DeviceError> {
+        // Nothing is written through this device.
+        Ok(())
+    }
+
+    fn nvme_nsid(&self) -> Option<u32> {
+        Some(self.nsid)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "namespace {} of {} through a served queue pair",
+            self.nsid, self.controller
+        )
+    }
+}
+
+impl Drop for ServedBlockDevice {
+    fn drop(&mut self) {
+        let pair = self.pair.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = pair
+            && let Err(e) = self.conn.delete_queues(&self.controller, vec![p])
+        {
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "giving a served block device's pair back");
+        }
+        if let Some(a) = self.arena.take()
+            && let Err(e) = self.conn.free_arena(a)
+        {
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served block device's arena");
+        }
     }
 }
 
@@ -250,5 +482,25 @@ pub(crate) fn client_kind(e: &ClientError) -> ErrorKind {
         ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,
         ClientError::QueueFull { .. } => ErrorKind::Busy,
         _ => ErrorKind::Device,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn served_specs_name_a_socket_and_maybe_a_controller() {
+        let s = ServedSpec::parse("served:/run/gpunvme/serve.sock").unwrap();
+        assert_eq!(s.socket, PathBuf::from("/run/gpunvme/serve.sock"));
+        assert_eq!(s.controller, None);
+        let s = ServedSpec::parse("served:/tmp/a#b.sock#nvme1").unwrap();
+        assert_eq!(s.socket, PathBuf::from("/tmp/a#b.sock"));
+        assert_eq!(s.controller.as_deref(), Some("nvme1"));
+        assert_eq!(s.to_string(), "served:/tmp/a#b.sock#nvme1");
+        for bad in ["served:", "served:#nvme0", "served:/s#", "serve:/s"] {
+            let e = ServedSpec::parse(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+        }
     }
 }

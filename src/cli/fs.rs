@@ -32,7 +32,7 @@ use nvme::Controller;
 const PROGRESS_MIN: u64 = 64 << 20;
 
 /// blockfs commands.
-#[derive(clap::Subcommand, Debug)]
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum FsCommand {
     /// Make a new, empty file system on the namespace (everything on it is lost).
     Mkfs {
@@ -317,7 +317,46 @@ pub fn run(
     if !matches!(&cmd, FsCommand::Mkfs { force: true, .. }) {
         volume::refuse_member(dev.as_ref(), &format!("namespace {nsid}"))?;
     }
-    run_on(dev, Some((ctrl, backend)), nsid, cmd, json, None)
+    run_on(
+        dev,
+        Some(gpu_fs::QueueSource::Owned(ctrl, backend)),
+        nsid,
+        cmd,
+        json,
+        None,
+    )
+}
+
+/// Runs a blockfs command that only reads on namespace `nsid` of a controller a `gpunvme
+/// serve` daemon owns (`--device served:SOCKET[#NAME]`): blockfs through a served queue pair,
+/// `get --gpu` on GPU queues the daemon lends. Commands that change the file system are
+/// refused: the daemon serves no write leases yet.
+pub fn run_served(
+    spec: &gpunvme::served::ServedSpec,
+    nsid: u32,
+    cmd: FsCommand,
+    json: bool,
+) -> Result<()> {
+    check_gpu_args(&cmd)?;
+    if !cmd.is_read_only() {
+        return Err(Refusal(format!(
+            "{spec} is read-only here: the daemon serves no write leases yet (write through the \
+             process that owns the device)"
+        ))
+        .into());
+    }
+    let client = format!("gpunvme fs (pid {})", std::process::id());
+    let served = gpunvme::served::ServedController::open(spec, &client)?;
+    let dev = Arc::new(served.block_device(nsid)?);
+    volume::refuse_member(dev.as_ref(), &format!("namespace {nsid}"))?;
+    run_on(
+        dev,
+        Some(gpu_fs::QueueSource::Served(&served)),
+        nsid,
+        cmd,
+        json,
+        None,
+    )
 }
 
 /// Runs a blockfs command on a striped volume over namespace `nsid` of each of `ctrls` (in
@@ -380,7 +419,7 @@ pub fn run_volume(
 /// Runs a blockfs command on `dev`; GPU commands need the controller (`gpu`).
 fn run_on(
     dev: Arc<dyn BlockDevice>,
-    gpu_ctrl: Option<(&Controller, &Backend)>,
+    gpu_ctrl: Option<gpu_fs::QueueSource<'_>>,
     nsid: u32,
     cmd: FsCommand,
     json: bool,
@@ -431,15 +470,17 @@ fn run_on(
             gpu,
             ..
         } if gpu.gpu => {
-            let (ctrl, backend) = gpu_ctrl.context("--gpu needs one controller")?;
+            let Some(gpu_fs::QueueSource::Owned(ctrl, backend)) = gpu_ctrl else {
+                bail!("fs put --gpu needs one controller this process owns");
+            };
             let fs = mount()?;
             let report = gpu_fs::put(ctrl, backend, &fs, &src, &name, force, &gpu.options())?;
             print_report(&report, json, false)
         }
         FsCommand::Get { name, gpu, .. } if gpu.gpu => {
-            let (ctrl, backend) = gpu_ctrl.context("--gpu needs one controller")?;
+            let src = gpu_ctrl.context("--gpu needs one controller")?;
             let fs = mount()?;
-            let report = gpu_fs::get(ctrl, backend, &fs, &name, &gpu.options())?;
+            let report = gpu_fs::get(src, &fs, &name, &gpu.options())?;
             print_report(&report, json, false)
         }
         FsCommand::Put {

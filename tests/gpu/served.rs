@@ -404,3 +404,96 @@ impl Drop for KillOnDrop {
         self.kill();
     }
 }
+
+/// A `.safetensors` file of `tensors` (name, F32 values).
+fn safetensors_bytes(tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, v) in tensors {
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            (*name).into(),
+            serde_json::json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
+
+/// A served device through the library's handle (`served:SOCKET`, what Python and C open):
+/// `load_safetensors` by GPU threads on lent queues puts every tensor's bytes in the arena,
+/// two handles at once; changes are refused as read-only and change nothing.
+pub(super) fn served_device_loads_safetensors_through_the_handle() {
+    use gpunvme::gpu::Serving;
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("st.img");
+    EmuConfig::create_image(&image, NS_BYTES).unwrap();
+    let imgs = image.to_str().unwrap();
+    let tensors: Vec<(&str, Vec<f32>)> = vec![
+        ("a", (0..1000).map(|i| i as f32 * 0.5).collect()),
+        ("b", (0..70_001).map(|i| (i as f32).sin()).collect()),
+        ("c", vec![7.0; 3]),
+    ];
+    let file = dir.path().join("m.safetensors");
+    std::fs::write(&file, safetensors_bytes(&tensors)).unwrap();
+    {
+        let owner = DeviceHandle::open(Some(imgs), OpenOptions::default(), 1).unwrap();
+        owner.mkfs(4096, false, None).unwrap();
+        owner.put(&file, "m.safetensors", false).unwrap();
+        owner.close();
+    }
+    let mut opts = ServeOptions::new(
+        dir.path().join("serve.sock"),
+        vec![("nvme0".into(), imgs.into())],
+    );
+    opts.open.controller_queue_pairs = 16;
+    let server = Server::start(opts).unwrap();
+    let spec = format!("served:{}", server.socket().display());
+    let handles: Vec<DeviceHandle> = (0..2)
+        .map(|_| DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap())
+        .collect();
+    for h in &handles {
+        assert!(h.is_served() && h.is_read_only(), "{}", h.describe());
+        let (loaded, report) = h
+            .load_safetensors("m.safetensors", &Default::default(), Serving::Device, None)
+            .unwrap();
+        assert!(
+            report["transport"].as_str().unwrap().starts_with("served"),
+            "{report}"
+        );
+        assert_eq!(loaded.tensors.len(), 3);
+        for p in &loaded.tensors {
+            let want: Vec<u8> = tensors
+                .iter()
+                .find(|(n, _)| *n == p.info.name)
+                .unwrap()
+                .1
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            let mut got = vec![0u8; want.len()];
+            loaded
+                .arena
+                .memory()
+                .read(p.offset as usize, &mut got)
+                .unwrap();
+            assert!(got == want, "tensor {}: bytes differ", p.info.name);
+        }
+    }
+    let e = handles[0].put(&file, "n.safetensors", false).unwrap_err();
+    assert_eq!(e.kind(), gpunvme::ErrorKind::ReadOnly, "{e}");
+    assert_eq!(handles[1].ls("").unwrap().0.len(), 1);
+    drop(handles);
+    let st = server.daemon().status();
+    assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+}
