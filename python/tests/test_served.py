@@ -1,0 +1,71 @@
+"""A device a `gpunvme serve` daemon owns, opened as `served:SOCKET`: the files of its blockfs
+listed and read byte for byte by this process while another handle does the same, changes
+refused as read-only (the daemon serves no write leases yet) with nothing changed, and a
+socket nobody listens on named. The daemon is the `gpunvme` binary named by GPUNVME_BIN
+(scripts/py-test.sh sets it); without it the test says so and is skipped."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+import gpunvme
+
+BIN = os.environ.get("GPUNVME_BIN")
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    if not BIN or not os.access(BIN, os.X_OK):
+        pytest.skip("skipped: GPUNVME_BIN does not name the gpunvme binary (scripts/py-test.sh sets it)")
+    img = tmp_path / "served.img"
+    with open(img, "wb") as f:
+        f.truncate(64 << 20)
+    files = {}
+    with gpunvme.open(str(img)) as d:
+        d.mkfs()
+        for i, n in enumerate([1, 4096, 1 << 20, 3_000_001]):
+            data = os.urandom(n)
+            src = tmp_path / f"src{i}"
+            src.write_bytes(data)
+            d.put(src, f"f{i}")
+            files[f"f{i}"] = data
+    sock = tmp_path / "serve.sock"
+    proc = subprocess.Popen([BIN, "--device", str(img), "serve", "--socket", str(sock)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not sock.exists():
+        assert proc.poll() is None, "the daemon exited"
+        assert time.monotonic() < deadline, "the daemon never listened"
+        time.sleep(0.05)
+    yield f"served:{sock}", files, tmp_path
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def test_served_files_read_byte_for_byte_and_changes_are_refused(daemon):
+    spec, files, tmp = daemon
+    with gpunvme.open(spec) as a, gpunvme.open(spec) as b:
+        assert sorted(f["name"] for f in a.ls()) == sorted(files)
+        for name, data in files.items():
+            for h, tag in ((a, "a"), (b, "b")):
+                out = tmp / f"out-{tag}-{name}"
+                h.get(name, out)
+                assert out.read_bytes() == data, (tag, name)
+        src = tmp / "src0"
+        with pytest.raises(gpunvme.ReadOnlyError):
+            a.put(src, "new")
+        with pytest.raises(gpunvme.ReadOnlyError):
+            a.rm("f0")
+        assert sorted(f["name"] for f in b.ls()) == sorted(files)
+
+
+def test_a_socket_nobody_listens_on_is_named(tmp_path):
+    with pytest.raises(gpunvme.NotFoundError) as e:
+        gpunvme.open(f"served:{tmp_path / 'nobody.sock'}")
+    assert "nobody.sock" in str(e.value)
