@@ -289,7 +289,7 @@ fn check(socket: &std::path::Path, c: CheckArgs, json: bool) -> Result<()> {
         read_only: c.read_only,
     };
     if !opts.read_only && !c.force {
-        refuse_if_it_holds_data(&conn, &opts.controller, opts.nsid)?;
+        refuse_if_it_holds_data(socket, &opts.controller, opts.nsid)?;
     }
     if c.gpu {
         drop(conn);
@@ -424,38 +424,13 @@ fn cli_refusal(msg: String) -> anyhow::Error {
 
 /// Refuses a check that would write over a blockfs or a volume member on `controller`'s
 /// namespace `nsid`, as every raw-LBA writer of the CLI does ([`super::fs::holds_on`]),
-/// looking through one served queue pair of the connection's own.
-fn refuse_if_it_holds_data(
-    conn: &gpunvme_serve_client::Connection,
-    controller: &str,
-    nsid: u32,
-) -> Result<()> {
-    let info = conn.controller(controller)?;
-    let ns = *info
-        .namespace(nsid)
-        .with_context(|| format!("no namespace {nsid} on {controller}"))?;
-    const SLOT: u32 = 128 << 10;
-    let arena = std::sync::Arc::new(conn.alloc_arena(
-        controller,
-        gpunvme_serve_client::layout::arena_bytes_for(1, 4, SLOT),
-    )?);
-    let pair = conn
-        .create_queues(controller, &arena, 1, 4, SLOT)?
-        .pop()
-        .context("the daemon granted no queue pair")?;
-    let dev = std::sync::Arc::new(ServedReader {
-        pair: std::sync::Mutex::new(pair),
-        nsid,
-        lba_size: ns.lba_size,
-        blocks: ns.blocks,
-    });
-    let found = super::fs::holds_on(dev.clone(), nsid);
-    let pair = std::sync::Arc::try_unwrap(dev)
-        .ok()
-        .map(|d| d.pair.into_inner().unwrap_or_else(|e| e.into_inner()));
-    conn.delete_queues(controller, pair.into_iter().collect())?;
-    conn.free_arena(arena)?;
-    if let Some(found) = found? {
+/// looking through a served block device of its own (a connection and a queue pair, given
+/// back before the check starts).
+fn refuse_if_it_holds_data(socket: &std::path::Path, controller: &str, nsid: u32) -> Result<()> {
+    let name = format!("gpunvme serve check probe (pid {})", std::process::id());
+    let served = gpunvme::served::ServedController::connect(socket, Some(controller), &name)?;
+    let dev = std::sync::Arc::new(served.block_device(nsid)?);
+    if let Some(found) = super::fs::holds_on(dev, nsid)? {
         return Err(super::Refusal(format!(
             "{controller}: namespace {nsid} holds {found}; serve check would overwrite it (use \
              another device, or --force to destroy it)"
@@ -463,73 +438,4 @@ fn refuse_if_it_holds_data(
         .into());
     }
     Ok(())
-}
-
-/// A served namespace read through one queue pair, for [`super::fs::holds_on`]'s probe only:
-/// writes are refused.
-struct ServedReader {
-    pair: std::sync::Mutex<gpunvme_serve_client::QueuePair>,
-    nsid: u32,
-    lba_size: u32,
-    blocks: u64,
-}
-
-impl blockfs::BlockDevice for ServedReader {
-    fn lba_size(&self) -> u32 {
-        self.lba_size
-    }
-
-    fn lba_count(&self) -> u64 {
-        self.blocks
-    }
-
-    fn read(&self, reqs: &mut [blockfs::device::ReadReq<'_>]) -> Result<(), blockfs::DeviceError> {
-        let mut pair = self.pair.lock().unwrap_or_else(|e| e.into_inner());
-        let unit = self.lba_size as usize;
-        let step = (pair.slot_bytes() as usize / unit).max(1) * unit;
-        for r in reqs.iter_mut() {
-            let len = r.buf.len();
-            if len % unit != 0 {
-                return Err(blockfs::DeviceError::Misaligned {
-                    len,
-                    lba_size: self.lba_size,
-                });
-            }
-            let end = r.lba + (len / unit) as u64;
-            if end > self.blocks {
-                return Err(blockfs::DeviceError::OutOfRange {
-                    lba: r.lba,
-                    end,
-                    blocks: self.blocks,
-                });
-            }
-            for (i, chunk) in r.buf.chunks_mut(step).enumerate() {
-                let lba = r.lba + (i * step / unit) as u64;
-                let blocks = (chunk.len() / unit) as u32;
-                pair.read(self.nsid, lba, blocks, self.lba_size, chunk)
-                    .map_err(|e| blockfs::DeviceError::Io {
-                        op: "read",
-                        lba,
-                        source: Box::new(e),
-                    })?;
-            }
-        }
-        Ok(())
-    }
-
-    fn write(&self, reqs: &[blockfs::device::WriteReq<'_>]) -> Result<(), blockfs::DeviceError> {
-        Err(blockfs::DeviceError::Io {
-            op: "write",
-            lba: reqs.first().map_or(0, |r| r.lba),
-            source: "a probe through served queues only reads".into(),
-        })
-    }
-
-    fn flush(&self) -> Result<(), blockfs::DeviceError> {
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        format!("namespace {} through served queues", self.nsid)
-    }
 }

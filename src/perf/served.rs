@@ -187,21 +187,8 @@ pub fn gpu_check(
         seed: o.seed,
         region_blocks: lbas,
     };
-    let conn = served.connection().clone();
     // The daemon's word ends a pass early: a revoked queue, a failed controller, the daemon gone.
-    let watchdog = move || match conn.check_events() {
-        Err(e) => Some(format!("the daemon: {}", gpunvme_serve_client::chain(&e))),
-        // Every event names this connection's queues or controller.
-        Ok(_) => conn.events().first().map(|e| match e {
-            gpunvme_serve_client::Event::ControllerFailed { why, .. } => {
-                format!("the controller failed: {why}")
-            }
-            gpunvme_serve_client::Event::QueuesRevoked { why, .. } => {
-                format!("the daemon took queues back: {why}")
-            }
-            gpunvme_serve_client::Event::Shutdown => "the daemon is stopping".into(),
-        }),
-    };
+    let watchdog = served.watchdog();
     let write = if o.read_only {
         None
     } else {
