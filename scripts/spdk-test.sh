@@ -376,6 +376,19 @@ for _ in $(seq 20); do
 done
 if wait $honest; then ok "serve over SPDK: 20 clients killed mid-I/O, the honest one verified"
 else bad "serve over SPDK: the honest client failed beside killed ones: $(cat "$WORK/check-honest.json")"; fi
+if [ "$host_gpu" = yes ]; then
+    # A GPU client of the daemon (its GPU threads on CPU threads here): the pattern written over
+    # 8 MiB of malloc512 and read back at random, every byte checked; its doorbells reach SPDK
+    # through the daemon's forwarding thread.
+    if out=$(GPUNVME_HOST_GPU_THREADS=64 GPUNVME_GPU_TIMEOUT_S=120 timeout 300 "$HG" serve \
+            --socket "$SOCK" check --gpu --json --controller m512 --lbas 16384 --queues 2 \
+            --depth 64 --qd 8 --ios 2000 2>&1) &&
+        python3 -c 'import json,sys; j=json.loads(sys.argv[1]); assert j["write"]["errors"]==0 and j["read"]["errors"]==0 and j["read"]["mismatches"]==0 and j["read"]["ios"]==2000, j' "$out"; then
+        ok "serve over SPDK: a GPU client (host-gpu) writes and reads back through served queues"
+    else
+        bad "serve over SPDK: the GPU client: $(tail -c 600 <<<"$out")"
+    fi
+fi
 # The daemon notices a killed client when its socket closes: look again for a few seconds
 # until the last one killed is reclaimed too.
 reclaimed_ok() {
