@@ -61,6 +61,7 @@ TESTS=(
     served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it
     served_gpu_clients_killed_at_random_points_are_reclaimed
     served_device_loads_safetensors_through_the_handle
+    served_reads_are_staged_into_gpu_memory
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

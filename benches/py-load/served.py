@@ -45,9 +45,12 @@ info = dict(dev.last_load)
 dev.close()
 t3 = time.time()
 want = load_file(ref, device="cuda:0")
-bad = [k for k in want if k not in out or not torch.equal(out[k], want[k])]
+# Bitwise (random bf16 bits hold NaNs, which torch.equal never finds equal).
+bits = lambda t: t.contiguous().view(torch.uint8)
+bad = [k for k in want if k not in out or not torch.equal(bits(out[k]), bits(want[k]))]
 print(json.dumps({"start": t0, "end": t3, "open_s": t1 - t0, "load_s": t2 - t1, "close_s": t3 - t2,
                   "bytes": info.get("bytes"), "transport": info.get("transport"),
+                  "data_path": info.get("data_path"), "phases": info.get("phases"),
                   "tensors": len(out), "mismatched": bad[:5], "verified": not bad}))
 '''
 
@@ -107,14 +110,17 @@ def main():
             save_file(tensors, path)
             shards.append(path)
         img = os.path.join(work, "served.img")
-        size = sum(os.path.getsize(s) for s in shards) + (256 << 20)
+        size = (sum(os.path.getsize(s) for s in shards) + (256 << 20)) // (1 << 20) * (1 << 20)
         with gpunvme.open(img, lba_size=4096, create=size) as d:
             d.mkfs()
             for i, s in enumerate(shards):
                 d.put(s, f"shard{i}.safetensors")
         say("shards written:", a.clients, "x", per, "bytes")
-        owned = result(child(img, "shard0.safetensors", shards[0], env=env))
-        say("owned:", owned)
+        # Twice, the better kept (the first run of a process on a machine may pay for the
+        # driver's first use); each is a fresh process.
+        owned_runs = [result(child(img, "shard0.safetensors", shards[0], env=env)) for _ in range(2)]
+        owned = min(owned_runs, key=lambda r: r.get("load_s", 1e9))
+        say("owned:", owned_runs)
         sock = os.path.join(work, "serve.sock")
         daemon = subprocess.Popen(
             [a.bin, "--device", img, "--lba-size", "4096", "--controller-threads", str(a.threads),

@@ -525,6 +525,13 @@ pub trait QueueTransport: Send + Sync {
             "mapping GPU memory allocated elsewhere on this transport".into(),
         ))
     }
+    /// Whether [`QueueTransport::alloc_buffer`]'s memory is host memory mapped into the GPU
+    /// (which GPU threads reach over PCIe) rather than GPU memory: callers that want the bytes
+    /// in GPU memory stage through such a buffer and copy ([`GpuQueues::buffers_in_host_memory`]).
+    /// The default is false.
+    fn buffers_in_host_memory(&self) -> bool {
+        false
+    }
     /// Called after queue pair `qid` was deleted on the controller (an emulator stops reading
     /// its doorbells). The default does nothing.
     fn queue_deleted(&self, qid: u16) {
@@ -759,6 +766,13 @@ impl GpuQueues {
     /// cannot map more memory for the controller after set-up.
     pub fn alloc_buffer(&self, len: usize) -> Result<GpuBuffer, GpuError> {
         self.backend.alloc_buffer(&self.cuda, len)
+    }
+
+    /// Whether [`GpuQueues::alloc_buffer`] gives host memory mapped into the GPU, not GPU
+    /// memory ([`QueueTransport::buffers_in_host_memory`]): a served controller's, whose
+    /// daemon lends host memory, and a vfio-user target's.
+    pub fn buffers_in_host_memory(&self) -> bool {
+        self.backend.buffers_in_host_memory()
     }
 
     /// `mem` (GPU memory allocated elsewhere) made reachable by the controller while the

@@ -59,6 +59,18 @@ pub fn data_path(setup: &GpuSetup, write: bool) -> String {
     )
 }
 
+/// [`data_path`] of reads staged into GPU memory ([`crate::staged`]): where the controller
+/// reaches only host memory.
+pub fn staged_data_path(setup: &GpuSetup) -> String {
+    let memory = setup.queues.transport().buffer_memory();
+    format!(
+        "GPU threads (a warp lane per chunk) issue NVMe reads on GPU queues, data into a bounce \
+         buffer in {memory} by PRPs, then by copy engines into GPU memory (two windows, reads \
+         of one beside the copy of the other); extent table in GPU memory; {}",
+        setup.transport
+    )
+}
+
 /// The largest staging buffer (bytes): writes, and reads on transports that cannot map the
 /// caller's memory, move at most this much per batch.
 pub const STAGE_MAX: usize = 256 << 20;
@@ -174,35 +186,32 @@ pub fn read_into(
             Ok(GpuIoReport::new(name, n, secs, false, setup, false))
         }
         Err(GpuError::Unsupported(_)) => {
+            // Through a bounce buffer the controller reaches, two windows overlapping reads
+            // and copies ([`crate::staged`]).
             let stage = setup
                 .queues
-                .alloc_buffer(stage_len(n))
+                .alloc_buffer(crate::staged::bounce_bytes(n) as usize)
                 .context("allocating a GPU staging buffer")?;
-            let stream = setup.queues.client_stream();
-            let mut at = 0u64;
-            while at < n {
-                let len = (n - at).min(stage.len() as u64);
-                let span = GpuSpan::of(&stage, 0, len)?;
-                let r = files
-                    .submit(&[FileRange::read(&gfile, offset + at, span)])?
-                    .wait_watched(&mut watch)?
-                    .into_first_error()?;
-                ensure!(
-                    r.bytes() == len,
-                    Device,
-                    "the GPU read {} of {len} bytes",
-                    r.bytes()
-                );
-                stream.copy_device(
-                    dst,
-                    at as usize,
-                    stage.memory(),
-                    in_mem(&stage),
-                    len as usize,
-                )?;
-                stream.wait_idle(compute_wait_bound())?;
-                at += len;
-            }
+            let read = crate::staged::StagedRead {
+                file: 0,
+                offset,
+                len: n,
+                dest: 0,
+            };
+            let out = crate::staged::read_staged(
+                &files,
+                std::slice::from_ref(&gfile),
+                &[read],
+                dst,
+                &stage,
+                &mut watch,
+            )?;
+            ensure!(
+                out.bytes == n,
+                Device,
+                "the GPU read {} of {n} bytes",
+                out.bytes
+            );
             let secs = t0.elapsed().as_secs_f64();
             Ok(GpuIoReport::new(name, n, secs, true, setup, false))
         }

@@ -13,7 +13,7 @@ use blockfs::{
     BlockDevice, FileSystem, FsckOptions, MkfsOptions, NvmeBlockDevice, NvmeDeviceOptions, OpenMode,
 };
 use gpu_queues::ffi::DeviceMemory;
-use gpu_queues::{Cuda, GpuBuffer, GpuId};
+use gpu_queues::{Cuda, GpuId};
 use nvme::Controller;
 
 use crate::copy;
@@ -930,7 +930,7 @@ impl DeviceHandle {
         gpu: &GpuId,
         serving: Serving,
         ssd_model: Option<gpu_emu::SsdModel>,
-        while_reading: impl FnOnce(&Arc<GpuBuffer>, &[safetensors::Placed]) -> R,
+        while_reading: impl FnOnce(&Arc<crate::staged::GpuTarget>, &[safetensors::Placed]) -> R,
     ) -> Result<(safetensors::Loaded, serde_json::Value, R)> {
         self.gpu_arguments(serving, ssd_model)?;
         let t0 = Instant::now();
@@ -961,11 +961,12 @@ impl DeviceHandle {
         let mut arena_ahead_secs = 0.0;
         let mut setup_phases = serde_json::Map::new();
         // The arena needs only the GPU, not its queues: on the software controller (whose
-        // transport maps memory allocated elsewhere) it is allocated on a thread of its own
-        // while the queues are set up (13.5 GB takes 16-19 ms on the lent H200, about what a
-        // fresh process's set-up takes). Another transport stages through memory of its
-        // own, so nothing is allocated ahead for it.
-        let ahead = self.owner.emu().is_some();
+        // transport maps memory allocated elsewhere) and on a served controller (whose reads
+        // are staged into plain GPU memory) it is allocated on a thread of its own while the
+        // queues are set up (13.5 GB takes 16-19 ms on the lent H200, about what a fresh
+        // process's set-up takes). Another transport stages through memory of its own, so
+        // nothing is allocated ahead for it.
+        let ahead = self.owner.emu().is_some() || self.is_served();
         std::thread::scope(|scope| {
             let early = ahead.then(|| {
                 let cuda = cuda.clone();
@@ -1012,7 +1013,11 @@ impl DeviceHandle {
                 "ssd_model": ssd_model.map(|m| m.to_string()),
                 // What the modelled drives can move for large reads (bandwidth, all drives).
                 "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
-                "data_path": gpu_fs::data_path(setup, false),
+                "data_path": if loaded.arena.buffer().is_some() {
+                    gpu_fs::data_path(setup, false)
+                } else {
+                    crate::gpu_io::staged_data_path(setup)
+                },
                 "controller_copies": gpu_fs::controller_copies(setup),
                 "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
             });

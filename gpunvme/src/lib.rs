@@ -37,6 +37,7 @@ pub mod logs;
 pub mod open;
 pub mod safetensors;
 pub mod served;
+pub mod staged;
 pub mod units;
 pub mod volume;
 

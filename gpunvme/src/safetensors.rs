@@ -12,10 +12,11 @@ use std::sync::Arc;
 use blockfs::File;
 use blockfs_gpu::{FileRange, GpuFiles, GpuFilesOptions, GpuSpan};
 use gpu_queues::ffi::DeviceMemory;
-use gpu_queues::{GpuBuffer, GpuError, GpuQueues};
+use gpu_queues::{GpuError, GpuQueues};
 use serde_json::Value;
 
 use crate::gpu::GpuSetup;
+use crate::staged::{GpuTarget, StagedRead};
 
 /// The largest header accepted (the format's own readers refuse more than 100 MB).
 pub const MAX_HEADER_BYTES: u64 = 100 << 20;
@@ -434,8 +435,9 @@ pub fn arena_reads(placed: &[Placed]) -> Vec<ArenaRead> {
 
 /// Tensors loaded into one GPU allocation.
 pub struct Loaded {
-    /// The arena (GPU memory the controller reached; kept alive by whoever holds this).
-    pub arena: Arc<GpuBuffer>,
+    /// The arena (GPU memory, kept alive by whoever holds this: the controller reached it, or
+    /// the reads were staged into it where the controller reaches only host memory).
+    pub arena: Arc<GpuTarget>,
     /// Every tensor and its place in the arena.
     pub tensors: Vec<Placed>,
     /// Data bytes read.
@@ -476,7 +478,7 @@ pub fn load_with<R>(
     names: &[&str],
     files: &[(&File, &Header)],
     watch: impl FnMut() -> Option<String> + Send,
-    while_reading: impl FnOnce(&Arc<GpuBuffer>, &[Placed]) -> R,
+    while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
     load_into_with(setup, names, files, None, watch, while_reading)
 }
@@ -491,14 +493,16 @@ pub fn arena_len(total: u64) -> Result<usize, SafetensorsError> {
 /// being set up, [`crate::DeviceHandle::load_safetensors`]), uninitialised is fine (the reads
 /// write every byte that is handed out). Memory too small or on another GPU is not used (a
 /// new arena is allocated); so is any where the transport cannot map memory allocated
-/// elsewhere.
+/// elsewhere. Where the controller reaches only host memory (a served controller, a vfio-user
+/// target: [`GpuQueues::buffers_in_host_memory`]), the arena is plain GPU memory and the reads
+/// are staged through a bounce buffer of the controller's ([`crate::staged`]).
 pub fn load_into_with<R>(
     setup: &GpuSetup,
     names: &[&str],
     files: &[(&File, &Header)],
     arena: Option<DeviceMemory>,
     watch: impl FnMut() -> Option<String> + Send,
-    while_reading: impl FnOnce(&Arc<GpuBuffer>, &[Placed]) -> R,
+    while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
     let pre = arena;
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
@@ -519,14 +523,67 @@ pub fn load_into_with<R>(
     // the kernel read a cold image ahead); the hint holds until the reads are over.
     let _ahead = gfiles.will_read(&opened.iter().collect::<Vec<_>>());
     let t_tables = t0.elapsed().as_secs_f64();
-    let arena = arena_buffer(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;
+    let staged = setup.queues.buffers_in_host_memory();
+    let reads = arena_reads(&tensors);
+    let (arena, bounce) = if staged {
+        let mem = gpu_arena(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;
+        let want: u64 = reads.iter().map(|r| r.len).sum();
+        let bounce = setup
+            .queues
+            .alloc_buffer(crate::staged::bounce_bytes(want) as usize)
+            .map_err(|e| gpu(&e))?;
+        (GpuTarget::unmapped(mem), Some(bounce))
+    } else {
+        let buf = arena_buffer(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;
+        (GpuTarget::mapped(buf), None)
+    };
     let arena = Arc::new(arena);
     let arena_secs = t0.elapsed().as_secs_f64() - t_tables;
-    let reads = arena_reads(&tensors);
+    if let Some(bounce) = bounce {
+        let staged_reads: Vec<StagedRead> = reads
+            .iter()
+            .map(|r| StagedRead {
+                file: r.file,
+                offset: headers[r.file].data_start + r.begin,
+                len: r.len,
+                dest: r.offset,
+            })
+            .collect();
+        let launched = std::time::Instant::now();
+        // The views are built while the GPU reads (as below); the job runs on this thread.
+        let made = while_reading(&arena, &tensors);
+        let out = crate::staged::read_staged(
+            &gfiles,
+            &opened,
+            &staged_reads,
+            arena.memory(),
+            &bounce,
+            watch,
+        )
+        .map_err(|e| gpu(&e))?;
+        let tables_secs = t0.elapsed().as_secs_f64() - arena_secs - out.elapsed.as_secs_f64();
+        return finish(
+            Loaded {
+                arena,
+                tensors,
+                bytes: out.bytes,
+                secs: out.elapsed.as_secs_f64(),
+                arena_secs,
+                tables_secs: tables_secs.max(0.0),
+                open_secs: t_tables,
+                launched,
+            },
+            &reads,
+            made,
+        );
+    }
     let ranges = reads
         .iter()
         .map(|r| {
-            let span = GpuSpan::of(&arena, r.offset, r.len)?;
+            let buf = arena.buffer().ok_or_else(|| {
+                blockfs_gpu::FilesError::InvalidArgument("the arena is not mapped".into())
+            })?;
+            let span = GpuSpan::of(buf, r.offset, r.len)?;
             Ok(FileRange::read(
                 &opened[r.file],
                 headers[r.file].data_start + r.begin,
@@ -548,13 +605,7 @@ pub fn load_into_with<R>(
             .map_err(|e| gpu(&e))?;
         (r.bytes(), r.elapsed.as_secs_f64(), made)
     };
-    let want: u64 = reads.iter().map(|r| r.len).sum();
-    if bytes != want {
-        return Err(SafetensorsError::Gpu(format!(
-            "the GPU read {bytes} of {want} tensor bytes"
-        )));
-    }
-    Ok((
+    finish(
         Loaded {
             arena,
             tensors,
@@ -565,8 +616,39 @@ pub fn load_into_with<R>(
             open_secs: t_tables,
             launched,
         },
+        &reads,
         made,
-    ))
+    )
+}
+
+/// `loaded`, once it read every byte `reads` asked for.
+fn finish<R>(
+    loaded: Loaded,
+    reads: &[ArenaRead],
+    made: R,
+) -> Result<(Loaded, R), SafetensorsError> {
+    let want: u64 = reads.iter().map(|r| r.len).sum();
+    if loaded.bytes != want {
+        return Err(SafetensorsError::Gpu(format!(
+            "the GPU read {} of {want} tensor bytes",
+            loaded.bytes
+        )));
+    }
+    Ok((loaded, made))
+}
+
+/// `len` bytes of GPU memory on the queues' GPU for an arena: `pre` where it fits, else new
+/// (not zeroed: see [`arena_buffer`]).
+fn gpu_arena(
+    queues: &GpuQueues,
+    len: usize,
+    pre: Option<DeviceMemory>,
+) -> Result<Arc<DeviceMemory>, GpuError> {
+    let fits = |m: &DeviceMemory| m.len() >= len && m.cuda().ordinal() == queues.cuda().ordinal();
+    Ok(match pre {
+        Some(m) if fits(&m) => Arc::new(m),
+        _ => Arc::new(DeviceMemory::alloc_uninit(queues.cuda(), len)?),
+    })
 }
 
 /// GPU memory for a load's arena, reachable by the controller: not zeroed (the reads write
@@ -579,13 +661,8 @@ fn arena_buffer(
     queues: &GpuQueues,
     len: usize,
     pre: Option<DeviceMemory>,
-) -> Result<GpuBuffer, GpuError> {
-    let fits = |m: &DeviceMemory| m.len() >= len && m.cuda().ordinal() == queues.cuda().ordinal();
-    let mem = match pre {
-        Some(m) if fits(&m) => Arc::new(m),
-        _ => Arc::new(DeviceMemory::alloc_uninit(queues.cuda(), len)?),
-    };
-    match queues.map_memory(mem) {
+) -> Result<gpu_queues::GpuBuffer, GpuError> {
+    match queues.map_memory(gpu_arena(queues, len, pre)?) {
         Err(GpuError::Unsupported(_)) => queues.alloc_buffer(len),
         r => r,
     }

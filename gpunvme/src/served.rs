@@ -73,6 +73,10 @@ pub const DEFAULT_DEPTH: u32 = 256;
 /// arena holds `queues × depth` of them, so they are kept smaller than on an owned device.
 pub const DEFAULT_SLOT_BYTES: u32 = 128 << 10;
 
+/// Slot buffer bytes of the GPU queues files are read on ([`crate::gpu_fs::QueueSource`]):
+/// the slots carry only a range's unaligned head and tail, one LBA each.
+pub const FILE_SLOT_BYTES: u32 = 16 << 10;
+
 /// GPU queue pairs unless the options say (at most what the daemon still grants this client).
 pub const DEFAULT_QUEUES: u16 = 4;
 

@@ -492,7 +492,7 @@ impl Device {
                     .collect();
                 Python::attach(|py| -> PyResult<Py<PyAny>> {
                     let len = arena.len() as u64;
-                    let ordinal = arena.shared_memory().cuda().ordinal();
+                    let ordinal = arena.memory().cuda().ordinal();
                     let cap = dlpack::gpu_bytes(py, arena.ptr(), len, ordinal, arena.clone())?;
                     views.call1(py, (cap, tensors))
                 })

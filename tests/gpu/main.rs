@@ -98,6 +98,7 @@ root_tests!(
     served::served_gpu_queues_go_back_to_the_daemon_and_two_gpu_clients_share_it,
     served::served_gpu_clients_killed_at_random_points_are_reclaimed,
     served::served_device_loads_safetensors_through_the_handle,
+    served::served_reads_are_staged_into_gpu_memory,
 );
 
 /// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue

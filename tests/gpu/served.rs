@@ -481,11 +481,11 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
                 .flat_map(|x| x.to_le_bytes())
                 .collect();
             let mut got = vec![0u8; want.len()];
-            loaded
-                .arena
-                .memory()
-                .read(p.offset as usize, &mut got)
-                .unwrap();
+            loaded.arena.read(p.offset as usize, &mut got).unwrap();
+            assert!(
+                loaded.arena.buffer().is_none(),
+                "a served load's tensors are in GPU memory, staged"
+            );
             assert!(got == want, "tensor {}: bytes differ", p.info.name);
         }
     }
@@ -493,6 +493,79 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
     assert_eq!(e.kind(), gpunvme::ErrorKind::ReadOnly, "{e}");
     assert_eq!(handles[1].ls("").unwrap().0.len(), 1);
     drop(handles);
+    let st = server.daemon().status();
+    assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+}
+
+/// Reads on a served device land in GPU memory through the bounce buffer the daemon lends
+/// (`gpunvme::staged`): `read_into` a GPU allocation of a file of three windows and more at an
+/// unaligned offset, and `fs get --gpu` of it with the GPU's CRC-32C equal to the host's; the
+/// tensors of a load are in GPU memory the controller never reached.
+pub(super) fn served_reads_are_staged_into_gpu_memory() {
+    use gpunvme::gpu::Serving;
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("big.img");
+    EmuConfig::create_image(&image, 128 << 20).unwrap();
+    let imgs = image.to_str().unwrap();
+    // Three windows of gpunvme::staged::WINDOW_BYTES and a tail.
+    let len = 2 * gpunvme::staged::WINDOW_BYTES as usize + (5 << 20) + 12_345;
+    let mut data = vec![0u8; len];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let src = dir.path().join("big.bin");
+    std::fs::write(&src, &data).unwrap();
+    {
+        let owner = DeviceHandle::open(Some(imgs), OpenOptions::default(), 1).unwrap();
+        owner.mkfs(4096, false, None).unwrap();
+        owner.put(&src, "big.bin", false).unwrap();
+        owner.close();
+    }
+    let mut opts = ServeOptions::new(
+        dir.path().join("serve.sock"),
+        vec![("nvme0".into(), imgs.into())],
+    );
+    opts.open.controller_queue_pairs = 16;
+    let server = Server::start(opts).unwrap();
+    let spec = format!("served:{}", server.socket().display());
+    let h = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
+    let cuda = Cuda::open(0).unwrap();
+    let offset = 4097u64;
+    let n = len - offset as usize - 3;
+    let dst = Arc::new(DeviceMemory::alloc(&cuda, n).unwrap());
+    let report = h
+        .read_into("big.bin", offset, dst.clone(), Serving::Device, None)
+        .unwrap();
+    assert!(report.staged, "{report:?}");
+    assert_eq!(report.bytes, n as u64);
+    let mut got = vec![0u8; n];
+    dst.read(0, &mut got).unwrap();
+    assert!(
+        got == data[offset as usize..offset as usize + n],
+        "read_into bytes differ"
+    );
+    // fs get --gpu: the file into GPU memory, checksummed there.
+    let served =
+        ServedController::open(&gpunvme::served::ServedSpec::parse(&spec).unwrap(), "get").unwrap();
+    let fs = h.mount().unwrap();
+    let got = gpunvme::gpu_fs::get(
+        gpunvme::gpu_fs::QueueSource::Served(&served),
+        &fs,
+        "big.bin",
+        &Default::default(),
+    )
+    .unwrap();
+    assert_eq!(got.bytes, len as u64);
+    assert_eq!(got.gpu_crc32c, got.host_crc32c);
+    assert!(got.data_path.contains("bounce"), "{}", got.data_path);
+    drop((served, fs, h));
     let st = server.daemon().status();
     assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
     assert_eq!(st["late_controller_writes"], 0, "{st}");

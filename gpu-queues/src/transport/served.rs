@@ -319,6 +319,11 @@ impl QueueTransport for ServedBackend {
         Ok(GpuBuffer::new(dm, 0, region))
     }
 
+    /// The daemon lends host memory (a memfd), registered with CUDA by this process.
+    fn buffers_in_host_memory(&self) -> bool {
+        true
+    }
+
     fn queues_dropped(&self, kernels_idle: bool) {
         self.release(kernels_idle);
     }

@@ -131,6 +131,11 @@ impl QueueTransport for SharedBuffers {
         Ok(GpuBuffer::new(mem, 0, region))
     }
 
+    /// Host memory shared with the server, registered with CUDA.
+    fn buffers_in_host_memory(&self) -> bool {
+        true
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
