@@ -608,30 +608,8 @@ pub fn get(
                 size.max(1) as usize,
             )
             .context("allocating GPU memory for the file")?;
-            let bounce = setup
-                .queues
-                .alloc_buffer(crate::staged::bounce_bytes(size) as usize)
-                .context("allocating a bounce buffer")?;
-            let read = crate::staged::StagedRead {
-                file: 0,
-                offset: 0,
-                len: size,
-                dest: 0,
-            };
-            let out = crate::staged::read_staged(
-                &files,
-                std::slice::from_ref(&gfile),
-                &[read],
-                &dest,
-                &bounce,
-                src.watchdog(&setup),
-            )?;
-            ensure!(
-                out.bytes == size,
-                Device,
-                "the GPU read {} of {size} bytes",
-                out.bytes
-            );
+            let out =
+                crate::staged::read_range(&files, &gfile, 0, size, &dest, src.watchdog(&setup))?;
             let gpu_crc = files.crc32c(dest.ptr(), size)?;
             let base = checked_report(fs, name, size, out.elapsed, setup_seconds, gpu_crc, &stat)?;
             return Ok(GpuGetReport {

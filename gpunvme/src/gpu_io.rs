@@ -188,30 +188,7 @@ pub fn read_into(
         Err(GpuError::Unsupported(_)) => {
             // Through a bounce buffer the controller reaches, two windows overlapping reads
             // and copies ([`crate::staged`]).
-            let stage = setup
-                .queues
-                .alloc_buffer(crate::staged::bounce_bytes(n) as usize)
-                .context("allocating a GPU staging buffer")?;
-            let read = crate::staged::StagedRead {
-                file: 0,
-                offset,
-                len: n,
-                dest: 0,
-            };
-            let out = crate::staged::read_staged(
-                &files,
-                std::slice::from_ref(&gfile),
-                &[read],
-                dst,
-                &stage,
-                &mut watch,
-            )?;
-            ensure!(
-                out.bytes == n,
-                Device,
-                "the GPU read {} of {n} bytes",
-                out.bytes
-            );
+            crate::staged::read_range(&files, &gfile, offset, n, dst, &mut watch)?;
             let secs = t0.elapsed().as_secs_f64();
             Ok(GpuIoReport::new(name, n, secs, true, setup, false))
         }

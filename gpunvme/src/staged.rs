@@ -236,6 +236,44 @@ pub fn read_staged(
     })
 }
 
+/// Reads `len` bytes of `file` from `offset` into `dest` (from its first byte) through a new
+/// bounce buffer of `files`' controller ([`read_staged`] of one range); fewer bytes than asked
+/// is an error.
+pub fn read_range(
+    files: &GpuFiles<'_>,
+    file: &GpuFile,
+    offset: u64,
+    len: u64,
+    dest: &DeviceMemory,
+    watch: impl FnMut() -> Option<String>,
+) -> Result<StagedOutcome, FilesError> {
+    let bounce = files
+        .queues()
+        .alloc_buffer(bounce_bytes(len) as usize)
+        .map_err(FilesError::from)?;
+    let read = StagedRead {
+        file: 0,
+        offset,
+        len,
+        dest: 0,
+    };
+    let out = read_staged(
+        files,
+        std::slice::from_ref(file),
+        &[read],
+        dest,
+        &bounce,
+        watch,
+    )?;
+    if out.bytes != len {
+        return Err(FilesError::Gpu(GpuError::InvalidArgument(format!(
+            "the GPU read {} of {len} bytes",
+            out.bytes
+        ))));
+    }
+    Ok(out)
+}
+
 /// Where a load's or a read's bytes are: GPU memory, reachable by the controller where the
 /// transport maps it (`mapped`), or not (staged through a bounce buffer).
 pub struct GpuTarget {

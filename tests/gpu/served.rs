@@ -427,6 +427,28 @@ fn safetensors_bytes(tensors: &[(&str, Vec<f32>)]) -> Vec<u8> {
     out
 }
 
+/// blockfs (4 KiB blocks) made on image `imgs` with `files` put (host path, name) by a process
+/// owning it, then a daemon serving it from `dir`: the daemon and its `served:` spec.
+fn serve_files(
+    dir: &std::path::Path,
+    imgs: &str,
+    files: &[(&std::path::Path, &str)],
+) -> (Server, String) {
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    let owner = DeviceHandle::open(Some(imgs), OpenOptions::default(), 1).unwrap();
+    owner.mkfs(4096, false, None).unwrap();
+    for (path, name) in files {
+        owner.put(path, name, false).unwrap();
+    }
+    owner.close();
+    let mut opts = ServeOptions::new(dir.join("serve.sock"), vec![("nvme0".into(), imgs.into())]);
+    opts.open.controller_queue_pairs = 16;
+    let server = Server::start(opts).unwrap();
+    let spec = format!("served:{}", server.socket().display());
+    (server, spec)
+}
+
 /// A served device through the library's handle (`served:SOCKET`, what Python and C open):
 /// `load_safetensors` by GPU threads on lent queues puts every tensor's bytes in the arena,
 /// two handles at once; changes are refused as read-only and change nothing.
@@ -445,19 +467,7 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
     ];
     let file = dir.path().join("m.safetensors");
     std::fs::write(&file, safetensors_bytes(&tensors)).unwrap();
-    {
-        let owner = DeviceHandle::open(Some(imgs), OpenOptions::default(), 1).unwrap();
-        owner.mkfs(4096, false, None).unwrap();
-        owner.put(&file, "m.safetensors", false).unwrap();
-        owner.close();
-    }
-    let mut opts = ServeOptions::new(
-        dir.path().join("serve.sock"),
-        vec![("nvme0".into(), imgs.into())],
-    );
-    opts.open.controller_queue_pairs = 16;
-    let server = Server::start(opts).unwrap();
-    let spec = format!("served:{}", server.socket().display());
+    let (server, spec) = serve_files(dir.path(), imgs, &[(&file, "m.safetensors")]);
     let handles: Vec<DeviceHandle> = (0..2)
         .map(|_| DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap())
         .collect();
@@ -522,19 +532,7 @@ pub(super) fn served_reads_are_staged_into_gpu_memory() {
     }
     let src = dir.path().join("big.bin");
     std::fs::write(&src, &data).unwrap();
-    {
-        let owner = DeviceHandle::open(Some(imgs), OpenOptions::default(), 1).unwrap();
-        owner.mkfs(4096, false, None).unwrap();
-        owner.put(&src, "big.bin", false).unwrap();
-        owner.close();
-    }
-    let mut opts = ServeOptions::new(
-        dir.path().join("serve.sock"),
-        vec![("nvme0".into(), imgs.into())],
-    );
-    opts.open.controller_queue_pairs = 16;
-    let server = Server::start(opts).unwrap();
-    let spec = format!("served:{}", server.socket().display());
+    let (server, spec) = serve_files(dir.path(), imgs, &[(&src, "big.bin")]);
     let h = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
     let cuda = Cuda::open(0).unwrap();
     let offset = 4097u64;
