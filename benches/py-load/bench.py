@@ -371,6 +371,13 @@ def load_gpunvme(files, image=None, prefix=None, controller="emu", ssd_model=Non
     return out, info
 
 
+def load_served(files, image=None, spec=None, **kw):
+    """A load call to call (as gpunvme-emu) through a `gpunvme serve` daemon that owns the image
+    (`served:SOCKET`, started by main for the model): what each process of a serving stack that
+    shares one controller pays."""
+    return load_gpunvme(files, image=spec, **kw)
+
+
 def load_fastsafetensors_gpunvme(files, prefix=None, dev=None, **_):
     """fastsafetensors' loader reading from gpunvme (gpunvme.fastsafetensors: its copier reads
     each shard by GPU-issued commands), on a handle kept open with its GPU queues up."""
@@ -443,6 +450,7 @@ def pinned_ceiling(nbytes=1 << 30, reps=3):
 LOADERS = {
     "gpunvme-emu": load_gpunvme,
     "gpunvme-emu-kept": load_gpunvme,
+    "gpunvme-served": load_served,
     "gpunvme-model-1xgen5": load_gpunvme,
     "gpunvme-model-4xgen5": load_gpunvme,
     "safetensors": load_safetensors,
@@ -523,6 +531,24 @@ def one(job):
     print(json.dumps(row))
 
 
+def serve(g, img, sock, threads):
+    """`gpunvme serve` owning `img` at `sock` (its software controller on `threads` threads),
+    once the socket is there."""
+    import subprocess
+
+    if os.path.exists(sock):
+        os.unlink(sock)
+    daemon = subprocess.Popen(
+        [g, "--device", img, "--lba-size", "4096", "--controller-threads", str(threads),
+         "--controller-queue-pairs", "64", "serve", "--socket", sock, "--client-queues", "32",
+         "--client-arena-bytes", str(1 << 30)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t = time.time()
+    while not os.path.exists(sock) and daemon.poll() is None and time.time() - t < 30:
+        time.sleep(0.05)
+    return daemon
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
         return one(sys.argv[2])
@@ -582,9 +608,11 @@ def main():
                            stdout=subprocess.DEVNULL)
         say(f"{model}: {len(files)} files, {total / 1e9:.2f} GB")
         ntensors = len(shapes(m))
+        sock = os.path.join(args.dir, f"{model}.sock")
         loaders = [
             ("gpunvme-emu", dict(controller="emu", threads=args.threads)),
             ("gpunvme-emu-kept", dict(controller="emu", threads=args.threads)),
+            ("gpunvme-served", dict(controller="emu", spec="served:" + sock)),
             ("gpunvme-model-1xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=1")),
             ("gpunvme-model-4xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=4")),
             ("safetensors", {}),
@@ -645,6 +673,9 @@ def main():
                                total=total, kw=kw,
                                trace=args.trace_residency and cache == "cold",
                                trace_disk=args.trace_disk and cache == "cold")
+                    # gpunvme-served: a daemon owns the image (exclusively) for its row only,
+                    # started before and stopped after, untimed (a daemon runs long).
+                    daemon = serve(g, img, sock, args.threads) if name == "gpunvme-served" else None
                     try:
                         env = dict(os.environ)
                         # A variant's variables: "method+K=V" or "method+K=V+K2=V2".
@@ -664,6 +695,10 @@ def main():
                     except subprocess.TimeoutExpired:
                         row["error"] = f"took longer than {args.limit} s"
                         row["verified"] = False
+                    finally:
+                        if daemon is not None:
+                            daemon.terminate()
+                            daemon.wait(timeout=30)
                 rows.append(row)
                 say(json.dumps(row))
         if not args.keep:
@@ -688,6 +723,11 @@ def main():
                     and r["method"] != "disk-read"]
             disk = next((r for r in ok if r["method"] == "disk-read"), None)
             best = max(base, key=lambda r: r["gbytes_per_s"], default=None)
+            served = next((r for r in ok if r["method"] == "gpunvme-served"), None)
+            if served and best:
+                s_served = round(served["gbytes_per_s"] / best["gbytes_per_s"], 3)
+            else:
+                s_served = None
             emu = next((r for r in ok if r["method"] == "gpunvme-emu"), None)
             kept = next((r for r in ok if r["method"] == "gpunvme-emu-kept"), None)
             s = {"best_baseline": best and best["method"],
@@ -698,6 +738,9 @@ def main():
                     s["gpunvme_emu_over_best"] = round(emu["gbytes_per_s"] / best["gbytes_per_s"], 3)
                 if cache != "cold":
                     s["gpunvme_emu_over_pinned_ceiling"] = round(emu["gbytes_per_s"] / ceiling, 3)
+            if served:
+                s["gpunvme_served_gbytes_per_s"] = served["gbytes_per_s"]
+                s["gpunvme_served_over_best"] = s_served
             if kept:
                 s["gpunvme_emu_kept_gbytes_per_s"] = kept["gbytes_per_s"]
                 if best:

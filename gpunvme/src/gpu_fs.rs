@@ -397,11 +397,17 @@ impl QueueSource<'_> {
                 // File reads move straight between the device and their buffers; slot
                 // buffers carry only unaligned heads and tails (an LBA each), so they are
                 // small here: the arena the daemon lends (and this process registers with
-                // CUDA, about 0.3 ms per MiB) is 16 MiB for 4 queues of 256, not 128.
+                // CUDA, about 0.3 ms per MiB) is 16 MiB for 16 queues of 256, not 512. One
+                // queue per thread of the daemon's controller, so one client can have its
+                // whole rate.
+                let queues = match opts.queues {
+                    Some(q) => q,
+                    None => served.file_queue_count()?,
+                };
                 let qopts = GpuQueueOptions {
-                    queues: opts.queues,
+                    queues: Some(queues),
                     depth: opts.depth,
-                    slot_buffer_bytes: Some(crate::served::FILE_SLOT_BYTES),
+                    slot_buffer_bytes: Some(served.file_slot_bytes()),
                     ..Default::default()
                 };
                 Ok(GpuSetup {

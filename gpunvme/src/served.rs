@@ -73,9 +73,10 @@ pub const DEFAULT_DEPTH: u32 = 256;
 /// arena holds `queues × depth` of them, so they are kept smaller than on an owned device.
 pub const DEFAULT_SLOT_BYTES: u32 = 128 << 10;
 
-/// Slot buffer bytes of the GPU queues files are read on ([`crate::gpu_fs::QueueSource`]):
-/// the slots carry only a range's unaligned head and tail, one LBA each.
-pub const FILE_SLOT_BYTES: u32 = 16 << 10;
+/// Slot buffer bytes of the GPU queues files are read on, at least
+/// ([`ServedController::file_slot_bytes`]): the slots carry only a range's unaligned head and
+/// tail, one LBA each.
+pub const FILE_SLOT_BYTES: u32 = 4 << 10;
 
 /// GPU queue pairs unless the options say (at most what the daemon still grants this client).
 pub const DEFAULT_QUEUES: u16 = 4;
@@ -132,6 +133,38 @@ impl ServedController {
     /// The connection (for CPU queue pairs, status, admin requests).
     pub fn connection(&self) -> &Arc<Connection> {
         &self.conn
+    }
+
+    /// GPU queue pairs for file reads: one per thread of the daemon's serving this controller
+    /// (the software controller's threads each serve the queues whose ids are theirs modulo
+    /// the count), else [`DEFAULT_QUEUES`]; at most what this client may create now (asked of
+    /// the daemon again: other clients took pairs since this connection opened).
+    pub fn file_queue_count(&self) -> Result<u16> {
+        let now = self
+            .conn
+            .controller(&self.info.name)
+            .map_err(|e| Error::from(e).context(format!("asking {}", self.describe())))?;
+        let free = now.queues_free;
+        if free == 0 {
+            return Err(Error::new(
+                ErrorKind::Device,
+                format!(
+                    "{} grants this client no more queue pairs (its budget or the controller's                      pairs are taken)",
+                    self.describe()
+                ),
+            ));
+        }
+        Ok(match now.controller_threads {
+            Some(t) if t > 0 => crate::gpu_fs::balanced_queues(t.min(free), Some(t as usize)),
+            _ => DEFAULT_QUEUES.min(free),
+        })
+    }
+
+    /// Slot buffer bytes for file queues: [`FILE_SLOT_BYTES`], or the largest LBA of the
+    /// controller's namespaces where that is larger (a slot holds one LBA).
+    pub fn file_slot_bytes(&self) -> u32 {
+        let lba = self.info.namespaces.iter().map(|n| n.lba_size).max();
+        FILE_SLOT_BYTES.max(lba.unwrap_or(0).next_multiple_of(4096))
     }
 
     /// The daemon's trust model, in words (print it).

@@ -56,6 +56,9 @@ pub struct ControllerInfo {
     pub max_transfer_bytes: u32,
     /// Its namespaces.
     pub namespaces: Vec<NamespaceInfo>,
+    /// The daemon's threads serving its commands, where it has such (the software controller):
+    /// a client wanting the controller's whole rate takes this many queue pairs.
+    pub controller_threads: Option<u16>,
 }
 
 impl ControllerInfo {
@@ -405,6 +408,7 @@ impl Connection {
                 queues_free,
                 max_transfer_bytes,
                 namespaces,
+                controller_threads,
             } => {
                 if got != name {
                     return Err(ClientError::Protocol(format!(
@@ -416,6 +420,7 @@ impl Connection {
                     queues_free,
                     max_transfer_bytes,
                     namespaces,
+                    controller_threads,
                 })
             }
             other => Err(unexpected("open-controller", other)),

@@ -83,6 +83,10 @@ pub struct Served {
     backend: ServedBackend,
     forwarder: Option<Forwarder>,
     state: Mutex<ServedState>,
+    /// Held across a creation with its doorbells' attachment and across a deletion with their
+    /// detachment: a deleted pair's queue id goes back to the driver's pool at its delete, and
+    /// another client's creation must not take it before its doorbells are detached.
+    queue_ids: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -114,6 +118,7 @@ impl Served {
             backend,
             forwarder,
             state: Mutex::new(ServedState::default()),
+            queue_ids: Mutex::new(()),
         })
     }
 
@@ -455,6 +460,10 @@ impl Daemon {
                         lba_size: n.lba_size,
                     })
                     .collect(),
+                controller_threads: match &served.backend {
+                    ServedBackend::Software(emu) => u16::try_from(emu.controller_threads()).ok(),
+                    ServedBackend::VfioUser(_) | ServedBackend::Vfio(_) => None,
+                },
             },
             fd: None,
         }
@@ -662,6 +671,7 @@ impl Daemon {
             let _ = page.store_u32(s * DOORBELL_STRIDE + 4, 0, Ordering::Relaxed);
         }
         let attached = Mutex::new(Vec::new());
+        let ids = lock(&served.queue_ids);
         let created = served.ctrl.create_queue_pairs_on_with(regions, |i, qid| {
             // The software controller reads the words itself, from creation on; a register
             // controller's are forwarded once the pairs exist (below).
@@ -695,6 +705,7 @@ impl Daemon {
                 return refuse(RefusalKind::Device, format!("creating queues: {e}"));
             }
         };
+        drop(ids);
         if let Some(f) = &served.forwarder {
             for (pair, &slot) in pairs.iter().zip(&free_slots) {
                 f.add(ShadowQueue {
@@ -784,6 +795,7 @@ impl Daemon {
             if let (Some(f), Some(page)) = (&served.forwarder, &ledger.doorbells) {
                 f.remove(page, &qids);
             }
+            let ids = lock(&served.queue_ids);
             let result = CreatedQueuePair::delete_all(pairs, false);
             match result {
                 Ok(()) => {
@@ -792,6 +804,7 @@ impl Daemon {
                             emu.detach_external_doorbells(qid);
                         }
                     }
+                    drop(ids);
                     for s in slots {
                         ledger.slots[s] = false;
                     }

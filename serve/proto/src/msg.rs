@@ -178,6 +178,11 @@ pub enum Reply {
         max_transfer_bytes: u32,
         /// Its namespaces.
         namespaces: Vec<NamespaceInfo>,
+        /// For a controller whose commands are served by threads of the daemon's (the
+        /// software controller), how many: queue pairs go to threads by queue id modulo this,
+        /// so a client wanting the controller's whole rate takes this many pairs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        controller_threads: Option<u16>,
     },
     /// To [`Request::AllocArena`], with the arena's memory file.
     Arena {

@@ -114,6 +114,7 @@ fn samples() -> Vec<Message> {
             controllers: vec!["nvme0".into(), "nvme1".into()],
         }),
         rep(Reply::Controller {
+            controller_threads: Some(16),
             name: "nvme0".into(),
             queues_free: 63,
             max_transfer_bytes: 1 << 20,
@@ -687,6 +688,7 @@ fn with_name(n: &str) -> Vec<Message> {
             controllers: vec!["ok".into(), s()],
         }),
         rep(Reply::Controller {
+            controller_threads: None,
             name: s(),
             queues_free: 0,
             max_transfer_bytes: 0,
@@ -961,6 +963,7 @@ fn lists_are_held_to_their_limits() {
     );
     let controller = |n: usize| {
         rep(Reply::Controller {
+            controller_threads: None,
             name: "nvme0".into(),
             queues_free: 1,
             max_transfer_bytes: 1 << 20,

@@ -258,6 +258,7 @@ impl Daemon {
                         blocks: BLOCKS,
                         lba_size: LBA_SIZE,
                     }],
+                    controller_threads: None,
                 };
                 self.reply(id, info, None);
             }
