@@ -480,7 +480,18 @@ pub fn load_with<R>(
     watch: impl FnMut() -> Option<String> + Send,
     while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
-    load_into_with(setup, names, files, None, watch, while_reading)
+    load_into_with(setup, names, files, Ahead::default(), watch, while_reading)
+}
+
+/// What a fresh process made for a load while its GPU queues were being set up
+/// ([`crate::DeviceHandle::load_safetensors`]), each used where it fits.
+#[derive(Default)]
+pub struct Ahead {
+    /// GPU memory for the arena ([`arena_len`] bytes at least).
+    pub arena: Option<DeviceMemory>,
+    /// A bounce buffer the controller reaches, for staged reads (at least
+    /// [`crate::staged::bounce_bytes`] of the tensor bytes).
+    pub bounce: Option<gpu_queues::GpuBuffer>,
 }
 
 /// The bytes of GPU memory a load of `total` tensor bytes ([`layout`]'s) puts its arena in.
@@ -488,23 +499,25 @@ pub fn arena_len(total: u64) -> Result<usize, SafetensorsError> {
     usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| SafetensorsError::Gpu(e.to_string()))
 }
 
-/// [`load_with`] into `arena` where given: GPU memory of at least [`arena_len`] bytes on
+/// [`load_with`] with what was made `ahead`: into `ahead.arena` where given, GPU memory of at least [`arena_len`] bytes on
 /// `setup`'s GPU, allocated earlier (a fresh process allocates it while its GPU queues are
 /// being set up, [`crate::DeviceHandle::load_safetensors`]), uninitialised is fine (the reads
 /// write every byte that is handed out). Memory too small or on another GPU is not used (a
 /// new arena is allocated); so is any where the transport cannot map memory allocated
 /// elsewhere. Where the controller reaches only host memory (a served controller, a vfio-user
 /// target: [`GpuQueues::buffers_in_host_memory`]), the arena is plain GPU memory and the reads
-/// are staged through a bounce buffer of the controller's ([`crate::staged`]).
+/// are staged through a bounce buffer of the controller's ([`crate::staged`]): `ahead.bounce`
+/// where it is large enough.
 pub fn load_into_with<R>(
     setup: &GpuSetup,
     names: &[&str],
     files: &[(&File, &Header)],
-    arena: Option<DeviceMemory>,
+    ahead: Ahead,
     watch: impl FnMut() -> Option<String> + Send,
     while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
-    let pre = arena;
+    let Ahead { arena: pre, bounce } = ahead;
+    let pre_bounce = bounce;
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
@@ -527,11 +540,11 @@ pub fn load_into_with<R>(
     let reads = arena_reads(&tensors);
     let (arena, bounce) = if staged {
         let mem = gpu_arena(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;
-        let want: u64 = reads.iter().map(|r| r.len).sum();
-        let bounce = setup
-            .queues
-            .alloc_buffer(crate::staged::bounce_bytes(want) as usize)
-            .map_err(|e| gpu(&e))?;
+        let want = crate::staged::bounce_bytes(reads.iter().map(|r| r.len).sum()) as usize;
+        let bounce = match pre_bounce {
+            Some(b) if b.len() >= want => b,
+            _ => setup.queues.alloc_buffer(want).map_err(|e| gpu(&e))?,
+        };
         (GpuTarget::unmapped(mem), Some(bounce))
     } else {
         let buf = arena_buffer(&setup.queues, arena_len(total)?, pre).map_err(|e| gpu(&e))?;

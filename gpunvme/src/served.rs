@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpu_queues::transport::served::{LentMemory, ServedLease, ServedPair, ServedRings};
-use gpu_queues::{Cuda, GpuError, GpuQueueOptions, GpuQueues};
+use gpu_queues::{Cuda, GpuBuffer, GpuError, GpuQueueOptions, GpuQueues};
 use gpunvme_serve_client::{Arena, ClientError, Connection, ControllerInfo, QueuePair};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -165,6 +165,18 @@ impl ServedController {
     pub fn file_slot_bytes(&self) -> u32 {
         let lba = self.info.namespaces.iter().map(|n| n.lba_size).max();
         FILE_SLOT_BYTES.max(lba.unwrap_or(0).next_multiple_of(4096))
+    }
+
+    /// `len` bytes of memory the daemon lends in the controller's reach, registered with CUDA
+    /// on `cuda`'s GPU: a buffer GPU queues on this controller may move data to and from (a
+    /// staged load's bounce, made beside the queues' set-up), given back when it drops.
+    pub fn lend_buffer(&self, cuda: &Arc<Cuda>, len: usize) -> Result<GpuBuffer> {
+        let lent = lend(
+            &self.conn,
+            &self.info.name,
+            len.max(1).next_multiple_of(4096),
+        )?;
+        Ok(gpu_queues::transport::served::lent_buffer(cuda, lent, len)?)
     }
 
     /// The daemon's trust model, in words (print it).
@@ -461,26 +473,29 @@ impl ServedLease for Lease {
     }
 
     fn alloc(&self, len: usize) -> Result<LentMemory, GpuError> {
-        let arena = self
-            .conn
-            .alloc_arena(&self.controller, len as u64)
-            .map_err(|e| {
-                GpuError::Unsupported(format!(
-                    "a buffer from the daemon: {}",
-                    gpunvme_serve_client::chain(&e)
-                ))
-            })?;
-        let arena = Arc::new(arena);
-        let keep = ArenaLoan {
-            conn: self.conn.clone(),
-            arena: Some(arena.clone()),
-        };
-        Ok(LentMemory {
-            mem: arena.mem.clone(),
-            device_address: arena.device_address,
-            keep: Box::new(keep),
-        })
+        lend(&self.conn, &self.controller, len)
     }
+}
+
+/// `len` bytes the daemon lends on `conn` in `controller`'s reach, freed there when the
+/// returned memory's keeper drops.
+fn lend(conn: &Arc<Connection>, controller: &str, len: usize) -> Result<LentMemory, GpuError> {
+    let arena = conn.alloc_arena(controller, len as u64).map_err(|e| {
+        GpuError::Unsupported(format!(
+            "a buffer from the daemon: {}",
+            gpunvme_serve_client::chain(&e)
+        ))
+    })?;
+    let arena = Arc::new(arena);
+    let keep = ArenaLoan {
+        conn: conn.clone(),
+        arena: Some(arena.clone()),
+    };
+    Ok(LentMemory {
+        mem: arena.mem.clone(),
+        device_address: arena.device_address,
+        keep: Box::new(keep),
+    })
 }
 
 /// A buffer's arena, freed at the daemon when the buffer drops.

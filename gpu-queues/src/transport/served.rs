@@ -287,6 +287,28 @@ impl ServedBackend {
     }
 }
 
+/// A buffer of `len` bytes (whole pages) over memory a daemon lent: registered with CUDA by
+/// this process, reached by the controller at the lent device address. Memory smaller than
+/// `len` or not page aligned at the controller is refused.
+pub fn lent_buffer(cuda: &Arc<Cuda>, lent: LentMemory, len: usize) -> Result<GpuBuffer, GpuError> {
+    let len = len.max(1).next_multiple_of(4096);
+    let LentMemory {
+        mem,
+        device_address,
+        keep,
+    } = lent;
+    if mem.len() < len || device_address % 4096 != 0 {
+        return Err(GpuError::InvalidArgument(format!(
+            "the daemon lent {:#x} bytes at device address {device_address:#x} for {len:#x}",
+            mem.len()
+        )));
+    }
+    let reg = Arc::new(SharedRegistration::register(cuda, mem)?);
+    let dm = Arc::new(reg.as_device_memory(cuda, 0, len)?);
+    let region = nvme::DmaRegion::contiguous(device_address, len, Box::new((reg, keep)));
+    Ok(GpuBuffer::new(dm, 0, region))
+}
+
 impl Drop for ServedBackend {
     fn drop(&mut self) {
         // Building failed before any kernel ran, or the queues already gave the pairs back.
@@ -301,22 +323,7 @@ impl QueueTransport for ServedBackend {
         let lease = lease.as_ref().ok_or_else(|| {
             GpuError::InvalidArgument("the served queue pairs were given back".into())
         })?;
-        let LentMemory {
-            mem,
-            device_address,
-            keep,
-        } = lease.alloc(len)?;
-        if mem.len() < len || device_address % 4096 != 0 {
-            return Err(GpuError::InvalidArgument(format!(
-                "the daemon lent {:#x} bytes at device address {device_address:#x} for \
-                 {len:#x}",
-                mem.len()
-            )));
-        }
-        let reg = Arc::new(SharedRegistration::register(cuda, mem)?);
-        let dm = Arc::new(reg.as_device_memory(cuda, 0, len)?);
-        let region = nvme::DmaRegion::contiguous(device_address, len, Box::new((reg, keep)));
-        Ok(GpuBuffer::new(dm, 0, region))
+        lent_buffer(cuda, lease.alloc(len)?, len)
     }
 
     /// The daemon lends host memory (a memfd), registered with CUDA by this process.
