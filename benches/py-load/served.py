@@ -124,8 +124,8 @@ def main():
         sock = os.path.join(work, "serve.sock")
         daemon = subprocess.Popen(
             [a.bin, "--device", img, "--lba-size", "4096", "--controller-threads", str(a.threads),
-             "--controller-queue-pairs", str(8 * a.clients + 8), "serve", "--socket", sock,
-             "--client-arena-bytes", str(per + (1 << 30)), "--client-queues", "16"],
+             "--controller-queue-pairs", str(18 * a.clients + 8), "serve", "--socket", sock,
+             "--client-arena-bytes", str(per + (1 << 30)), "--client-queues", "17"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "serve.err"), "w"))
         t = time.time()
         while not os.path.exists(sock):

@@ -400,18 +400,34 @@ impl QueueSource<'_> {
                 // CUDA, about 0.3 ms per MiB) is 16 MiB for 16 queues of 256, not 512. One
                 // queue per thread of the daemon's controller, so one client can have its
                 // whole rate.
-                let queues = match opts.queues {
+                let mut queues = match opts.queues {
                     Some(q) => q,
                     None => served.file_queue_count()?,
                 };
-                let qopts = GpuQueueOptions {
-                    queues: Some(queues),
-                    depth: opts.depth,
-                    slot_buffer_bytes: Some(served.file_slot_bytes()),
-                    ..Default::default()
+                let queues = loop {
+                    let qopts = GpuQueueOptions {
+                        queues: Some(queues),
+                        depth: opts.depth,
+                        slot_buffer_bytes: Some(served.file_slot_bytes()),
+                        ..Default::default()
+                    };
+                    match served.gpu_queues(cuda, &qopts) {
+                        // Clients starting together may all have counted the same free pairs:
+                        // a count chosen here that the daemon refused for want of pairs is
+                        // halved (down to one), never an error while one pair is left.
+                        Err(e)
+                            if opts.queues.is_none()
+                                && queues > 1
+                                && e.kind() == crate::ErrorKind::Busy =>
+                        {
+                            tracing::debug!("{e}: asking for {} queue pairs", queues / 2);
+                            queues /= 2;
+                        }
+                        r => break r?,
+                    }
                 };
                 Ok(GpuSetup {
-                    queues: served.gpu_queues(cuda, &qopts)?,
+                    queues,
                     model: None,
                     transport: format!("served ({})", served.describe()),
                     path: None,

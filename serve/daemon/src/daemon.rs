@@ -702,7 +702,13 @@ impl Daemon {
                         emu.detach_external_doorbells(qid);
                     }
                 }
-                return refuse(RefusalKind::Device, format!("creating queues: {e}"));
+                // Every pair the controller granted is lent: a limit, as a budget is (the
+                // client may ask for fewer), not a fault of the controller's.
+                let kind = match e {
+                    nvme::Error::NoQueueAvailable { .. } => RefusalKind::Budget,
+                    _ => RefusalKind::Device,
+                };
+                return refuse(kind, format!("creating queues: {e}"));
             }
         };
         drop(ids);
