@@ -54,6 +54,13 @@ pub struct GpuFsOptions {
 /// `benches/results/history.md`).
 pub const FILE_RING_DEPTH: u32 = 256;
 
+/// Entries per GPU ring for files on a served controller, at most: reads there are staged
+/// through two bounce windows ([`crate::staged`]), so at most two windows of commands are in
+/// flight (512 of 128 KiB over 16 queues: 32 a queue), and every entry costs 12 KiB of lent
+/// memory (its slot and two PRP-list pages) that this process registers with CUDA at about
+/// 0.3 ms per MiB: 64 entries are 12 MiB for 16 queues, 256 were 48 MiB.
+pub const SERVED_FILE_DEPTH: u32 = 64;
+
 impl Default for GpuFsOptions {
     fn default() -> Self {
         Self {
@@ -407,7 +414,11 @@ impl QueueSource<'_> {
                 let queues = loop {
                     let qopts = GpuQueueOptions {
                         queues: Some(queues),
-                        depth: opts.depth,
+                        depth: Some(
+                            opts.depth
+                                .unwrap_or(SERVED_FILE_DEPTH)
+                                .min(SERVED_FILE_DEPTH),
+                        ),
                         slot_buffer_bytes: Some(served.file_slot_bytes()),
                         ..Default::default()
                     };
