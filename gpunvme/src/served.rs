@@ -155,7 +155,7 @@ impl ServedController {
             ));
         }
         Ok(match now.controller_threads {
-            Some(t) if t > 0 => crate::gpu_fs::balanced_queues(t.min(free), Some(t as usize)),
+            Some(t) if t > 0 => t.min(free),
             _ => DEFAULT_QUEUES.min(free),
         })
     }
