@@ -57,33 +57,32 @@ __global__ void count_bytes(const unsigned char* p, size_t n, unsigned char want
         if (p[i] != want) atomicAdd(bad, 1ull);
 }
 
-static void send_fd(int sock, int fd) {
-    char b = 0;
-    iovec io{&b, 1};
+// One byte with room for one descriptor (SCM_RIGHTS), for sendmsg and recvmsg alike.
+struct FdMsg {
+    char byte = 0;
+    iovec io{&byte, 1};
     char ctl[CMSG_SPACE(sizeof(int))] = {};
     msghdr m{};
-    m.msg_iov = &io;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    FdMsg() {
+        m.msg_iov = &io;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+    }
+};
+static void send_fd(int sock, int fd) {
+    FdMsg f;
+    cmsghdr* c = CMSG_FIRSTHDR(&f.m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(sock, &m, 0) != 1) { perror("sendmsg"); exit(2); }
+    if (sendmsg(sock, &f.m, 0) != 1) { perror("sendmsg"); exit(2); }
 }
 static int recv_fd(int sock) {
-    char b;
-    iovec io{&b, 1};
-    char ctl[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &io;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    if (recvmsg(sock, &m, 0) != 1) { perror("recvmsg"); exit(2); }
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    FdMsg f;
+    if (recvmsg(sock, &f.m, 0) != 1) { perror("recvmsg"); exit(2); }
+    cmsghdr* c = CMSG_FIRSTHDR(&f.m);
     if (!c || c->cmsg_type != SCM_RIGHTS) { fprintf(stderr, "no descriptor\n"); exit(2); }
     int fd;
     memcpy(&fd, CMSG_DATA(c), sizeof fd);
