@@ -770,7 +770,9 @@ impl GpuQueues {
 
     /// Whether [`GpuQueues::alloc_buffer`] gives host memory mapped into the GPU, not GPU
     /// memory ([`QueueTransport::buffers_in_host_memory`]): a served controller's, whose
-    /// daemon lends host memory, and a vfio-user target's.
+    /// daemon lends host memory. (A vfio-user target's are host memory too, but staging there
+    /// is not yet correct: SPDK's target stopped answering under it, so it keeps reading into
+    /// its mapped buffers.)
     pub fn buffers_in_host_memory(&self) -> bool {
         self.backend.buffers_in_host_memory()
     }

@@ -504,8 +504,8 @@ pub fn arena_len(total: u64) -> Result<usize, SafetensorsError> {
 /// being set up, [`crate::DeviceHandle::load_safetensors`]), uninitialised is fine (the reads
 /// write every byte that is handed out). Memory too small or on another GPU is not used (a
 /// new arena is allocated); so is any where the transport cannot map memory allocated
-/// elsewhere. Where the controller reaches only host memory (a served controller, a vfio-user
-/// target: [`GpuQueues::buffers_in_host_memory`]), the arena is plain GPU memory and the reads
+/// elsewhere. Where the controller reaches only host memory (a served controller:
+/// [`GpuQueues::buffers_in_host_memory`]), the arena is plain GPU memory and the reads
 /// are staged through a bounce buffer of the controller's ([`crate::staged`]): `ahead.bounce`
 /// where it is large enough.
 pub fn load_into_with<R>(

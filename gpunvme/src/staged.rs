@@ -1,6 +1,6 @@
 //! GPU file reads into GPU memory where the controller reaches only host memory mapped into the
 //! GPU ([`GpuQueues::buffers_in_host_memory`]: a controller a `gpunvme serve` daemon owns, whose
-//! buffers are memory the daemon lends, or a vfio-user target): the GPU's reads land in a
+//! buffers are memory the daemon lends): the GPU's reads land in a
 //! bounce buffer the controller reaches, and a copy engine moves each window of it into GPU
 //! memory. Tensors then live in GPU memory, as on an owned device, not in host pages every
 //! kernel would read over PCIe.

@@ -131,11 +131,6 @@ impl QueueTransport for SharedBuffers {
         Ok(GpuBuffer::new(mem, 0, region))
     }
 
-    /// Host memory shared with the server, registered with CUDA.
-    fn buffers_in_host_memory(&self) -> bool {
-        true
-    }
-
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
