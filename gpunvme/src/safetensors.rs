@@ -499,10 +499,10 @@ pub fn arena_len(total: u64) -> Result<usize, SafetensorsError> {
     usize::try_from(total.max(ARENA_ALIGN)).map_err(|e| SafetensorsError::Gpu(e.to_string()))
 }
 
-/// [`load_with`] with what was made `ahead`: into `ahead.arena` where given, GPU memory of at least [`arena_len`] bytes on
-/// `setup`'s GPU, allocated earlier (a fresh process allocates it while its GPU queues are
-/// being set up, [`crate::DeviceHandle::load_safetensors`]), uninitialised is fine (the reads
-/// write every byte that is handed out). Memory too small or on another GPU is not used (a
+/// [`load_with`] with what was made `ahead`: into `ahead.arena` where given, GPU memory of at
+/// least [`arena_len`] bytes on `setup`'s GPU, allocated earlier (a fresh process allocates
+/// it while its GPU queues are being set up, [`crate::DeviceHandle::load_safetensors`]),
+/// uninitialised is fine (the reads write every byte that is handed out). Memory too small or on another GPU is not used (a
 /// new arena is allocated); so is any where the transport cannot map memory allocated
 /// elsewhere. Where the controller reaches only host memory (a served controller:
 /// [`GpuQueues::buffers_in_host_memory`]), the arena is plain GPU memory and the reads
@@ -516,8 +516,10 @@ pub fn load_into_with<R>(
     watch: impl FnMut() -> Option<String> + Send,
     while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R), SafetensorsError> {
-    let Ahead { arena: pre, bounce } = ahead;
-    let pre_bounce = bounce;
+    let Ahead {
+        arena: pre,
+        bounce: pre_bounce,
+    } = ahead;
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let gpu = |e: &dyn std::fmt::Display| SafetensorsError::Gpu(e.to_string());
