@@ -62,6 +62,7 @@ TESTS=(
     served_gpu_clients_killed_at_random_points_are_reclaimed
     served_device_loads_safetensors_through_the_handle
     served_reads_are_staged_into_gpu_memory
+    served_cpu_reads_cover_many_windows_and_odd_shapes
 )
 if [ "${1:-}" = --all ]; then
     TESTS+=(

@@ -378,6 +378,16 @@ def load_served(files, image=None, spec=None, **kw):
     return load_gpunvme(files, image=spec, **kw)
 
 
+def load_served_gpu(files, image=None, spec=None, **kw):
+    """gpunvme-served with its reads issued by GPU threads on served GPU queues
+    (GPUNVME_SERVED_READS=gpu) instead of this process's CPU: the two issuers side by side."""
+    os.environ["GPUNVME_SERVED_READS"] = "gpu"
+    try:
+        return load_gpunvme(files, image=spec, **kw)
+    finally:
+        del os.environ["GPUNVME_SERVED_READS"]
+
+
 def load_fastsafetensors_gpunvme(files, prefix=None, dev=None, **_):
     """fastsafetensors' loader reading from gpunvme (gpunvme.fastsafetensors: its copier reads
     each shard by GPU-issued commands), on a handle kept open with its GPU queues up."""
@@ -451,6 +461,7 @@ LOADERS = {
     "gpunvme-emu": load_gpunvme,
     "gpunvme-emu-kept": load_gpunvme,
     "gpunvme-served": load_served,
+    "gpunvme-served-gpu": load_served_gpu,
     "gpunvme-model-1xgen5": load_gpunvme,
     "gpunvme-model-4xgen5": load_gpunvme,
     "safetensors": load_safetensors,
@@ -613,6 +624,7 @@ def main():
             ("gpunvme-emu", dict(controller="emu", threads=args.threads)),
             ("gpunvme-emu-kept", dict(controller="emu", threads=args.threads)),
             ("gpunvme-served", dict(controller="emu", spec="served:" + sock)),
+            ("gpunvme-served-gpu", dict(controller="emu", spec="served:" + sock)),
             ("gpunvme-model-1xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=1")),
             ("gpunvme-model-4xgen5", dict(controller="gpu", ssd_model=gen5 + ",drives=4")),
             ("safetensors", {}),
@@ -675,7 +687,8 @@ def main():
                                trace_disk=args.trace_disk and cache == "cold")
                     # gpunvme-served: a daemon owns the image (exclusively) for its row only,
                     # started before and stopped after, untimed (a daemon runs long).
-                    daemon = serve(g, img, sock, args.threads) if name == "gpunvme-served" else None
+                    daemon = (serve(g, img, sock, args.threads)
+                              if name.startswith("gpunvme-served") else None)
                     try:
                         env = dict(os.environ)
                         # A variant's variables: "method+K=V" or "method+K=V+K2=V2".

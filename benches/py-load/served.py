@@ -4,7 +4,7 @@ from one image that a daemon owns, against one process loading alone, in one run
 Run on the GPU machine (torch, safetensors and the gpunvme wheel installed):
 
     python benches/py-load/served.py --bin .gpu-bin/gpunvme [--clients 4] [--shard-gib 1]
-        [--dir /dev/shm] [--threads 16] [--mps]
+        [--dir /dev/shm] [--threads 16] [--mps] [--issuers cpu,gpu] [--kills 3]
 
 Writes N shards of random bf16 tensors (--shard-gib each), puts them into a blockfs image with
 gpunvme (4096-byte blocks), then times, each load in a process of its own and every tensor
@@ -13,7 +13,10 @@ compared bitwise with `safetensors.torch.load_file` in that process:
   - served, one: `gpunvme.open("served:SOCKET")` loading shard 0 while nothing else runs;
   - served, N at once: process i loading shard i, started together (a barrier file), the
     aggregate being all bytes over the span from the first start to the last end.
-Each served load is timed as open + load + close. --mps runs the GPU processes under an MPS
+Each served load is timed as open + load + close, once per issuer (--issuers: who issues the
+served reads, GPUNVME_SERVED_READS). --kills K then starts N clients K more times and kill -9s
+one of them at a random point of its load: the others must verify, and the daemon must have
+every pair back afterwards with no late controller write. --mps runs the GPU processes under an MPS
 daemon of this script's own (without MPS one GPU runs one process's kernels at a time). Prints
 one JSON object on stdout, progress on stderr.
 """
@@ -79,6 +82,9 @@ def main():
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--mps", action="store_true")
+    ap.add_argument("--issuers", default="cpu,gpu",
+                    help="who issues the served loads' reads (GPUNVME_SERVED_READS), each measured")
+    ap.add_argument("--kills", type=int, default=0)
     a = ap.parse_args()
     import torch
     from safetensors.torch import save_file
@@ -133,24 +139,66 @@ def main():
                 raise SystemExit("the daemon did not start: " + open(os.path.join(work, "serve.err")).read())
             time.sleep(0.05)
         spec = "served:" + sock
-        one = result(child(spec, "shard0.safetensors", shards[0], env=env))
-        say("served, one:", one)
-        barrier = os.path.join(work, "go")
-        procs = [child(spec, f"shard{i}.safetensors", shards[i], barrier, env=env) for i in range(a.clients)]
-        time.sleep(8)  # every child has CUDA up and waits at the barrier
-        open(barrier, "w").close()
-        many = [result(p) for p in procs]
-        say("served, at once:", many)
-        status = json.loads(subprocess.run([a.bin, "serve", "--socket", sock, "status", "--json"],
-                                           capture_output=True, text=True).stdout)
 
         def rate(r):
             return r["bytes"] / (r["end"] - r["start"]) if r.get("bytes") else 0.0
 
-        ok = [r for r in many if "error" not in r]
-        span = (max(r["end"] for r in ok) - min(r["start"] for r in ok)) if ok else 0.0
-        agg = sum(r["bytes"] for r in ok) / span if span else 0.0
-        verified = all(r.get("verified") for r in many + [one, owned])
+        rows, all_ok = {}, True
+        for issuer in a.issuers.split(","):
+            ienv = dict(env, GPUNVME_SERVED_READS=issuer)
+            one = result(child(spec, "shard0.safetensors", shards[0], env=ienv))
+            say(issuer, "served, one:", one)
+            barrier = os.path.join(work, "go-" + issuer)
+            procs = [child(spec, f"shard{i}.safetensors", shards[i], barrier, env=ienv)
+                     for i in range(a.clients)]
+            time.sleep(8)  # every child has CUDA up and waits at the barrier
+            open(barrier, "w").close()
+            many = [result(p) for p in procs]
+            say(issuer, "served, at once:", many)
+            ok = [r for r in many if "error" not in r]
+            span = (max(r["end"] for r in ok) - min(r["start"] for r in ok)) if ok else 0.0
+            agg = sum(r["bytes"] for r in ok) / span if span else 0.0
+            verified = all(r.get("verified") for r in many + [one])
+            all_ok = all_ok and verified and len(ok) == a.clients
+            rows[issuer] = {
+                "served_one_process_bytes_per_s": rate(one),
+                "served_processes_at_once_bytes_per_s": agg,
+                "served_at_once_over_one": round(agg / rate(one), 3) if rate(one) else None,
+                "served_one_over_owned": round(rate(one) / rate(owned), 3) if rate(owned) else None,
+                "served_one": one, "served_at_once": many, "verified": verified,
+            }
+        import random
+        kills = []
+        for k in range(a.kills):
+            barrier = os.path.join(work, f"kill-{k}")
+            procs = [child(spec, f"shard{i}.safetensors", shards[i], barrier, env=env)
+                     for i in range(a.clients)]
+            time.sleep(8)
+            victim, after = random.randrange(a.clients), random.uniform(0.02, 0.25)
+            open(barrier, "w").close()
+            time.sleep(after)
+            procs[victim].kill()
+            rs = [result(p) for p in procs]
+            others = [r for i, r in enumerate(rs) if i != victim]
+            lent = None
+            for _ in range(100):  # the daemon reclaims once the socket ends
+                st = json.loads(subprocess.run([a.bin, "serve", "--socket", sock, "status",
+                                                "--json"], capture_output=True, text=True).stdout)
+                lent = sum(c.get("lent_queue_pairs", 0) for c in st.get("controllers", []))
+                if lent == 0:
+                    break
+                time.sleep(0.1)
+            row = {"victim": victim, "killed_after_s": round(after, 3),
+                   "victim_finished_first": "error" not in rs[victim],
+                   "others_verified": all(r.get("verified") for r in others),
+                   "lent_queue_pairs_after": lent,
+                   "late_controller_writes": st.get("late_controller_writes")}
+            say("kill:", row)
+            kills.append(row)
+            all_ok = all_ok and row["others_verified"] and lent == 0
+        status = json.loads(subprocess.run([a.bin, "serve", "--socket", sock, "status", "--json"],
+                                           capture_output=True, text=True).stdout)
+        verified = all_ok and bool(owned.get("verified")) and not status.get("late_controller_writes")
         print(json.dumps({
             "bench": "served-load",
             "gpu": torch.cuda.get_device_name(0),
@@ -160,15 +208,13 @@ def main():
             "shard_bytes": per,
             "controller_threads": a.threads,
             "owned_one_process_bytes_per_s": rate(owned),
-            "served_one_process_bytes_per_s": rate(one),
-            "served_processes_at_once_bytes_per_s": agg,
-            "served_at_once_over_one": round(agg / rate(one), 3) if rate(one) else None,
-            "served_one_over_owned": round(rate(one) / rate(owned), 3) if rate(owned) else None,
-            "owned": owned, "served_one": one, "served_at_once": many,
+            "owned": owned,
+            "by_issuer": rows,
+            "kills": kills,
             "late_controller_writes": status.get("late_controller_writes"),
             "verified": verified,
         }))
-        sys.exit(0 if verified and len(ok) == a.clients else 1)
+        sys.exit(0 if verified else 1)
     finally:
         if daemon is not None:
             daemon.terminate()

@@ -407,13 +407,13 @@ impl QueueSource<'_> {
                 // CUDA, about 0.3 ms per MiB) is 16 MiB for 16 queues of 256, not 512. One
                 // queue per thread of the daemon's controller, so one client can have its
                 // whole rate.
-                let mut queues = match opts.queues {
+                let count = match opts.queues {
                     Some(q) => q,
                     None => served.file_queue_count()?,
                 };
-                let queues = loop {
+                let queues = crate::served::fewer_when_busy(count, opts.queues.is_none(), |n| {
                     let qopts = GpuQueueOptions {
-                        queues: Some(queues),
+                        queues: Some(n),
                         depth: Some(
                             opts.depth
                                 .unwrap_or(SERVED_FILE_DEPTH)
@@ -422,21 +422,8 @@ impl QueueSource<'_> {
                         slot_buffer_bytes: Some(served.file_slot_bytes()),
                         ..Default::default()
                     };
-                    match served.gpu_queues(cuda, &qopts) {
-                        // Clients starting together may all have counted the same free pairs:
-                        // a count chosen here that the daemon refused for want of pairs is
-                        // halved (down to one), never an error while one pair is left.
-                        Err(e)
-                            if opts.queues.is_none()
-                                && queues > 1
-                                && e.kind() == crate::ErrorKind::Busy =>
-                        {
-                            tracing::debug!("{e}: asking for {} queue pairs", queues / 2);
-                            queues /= 2;
-                        }
-                        r => break r?,
-                    }
-                };
+                    served.gpu_queues(cuda, &qopts)
+                })?;
                 Ok(GpuSetup {
                     queues,
                     model: None,

@@ -957,6 +957,44 @@ impl DeviceHandle {
         let t_headers = t0.elapsed().as_secs_f64();
         let cuda = gpu_fs::open_gpu(gpu)?;
         let t_opened = t0.elapsed().as_secs_f64();
+        if let Owner::Served(served) = &self.owner
+            && crate::cpu_staged::Issuer::from_env()? == crate::cpu_staged::Issuer::Cpu
+        {
+            // Read by this process's CPU on lent pairs and copied into the arena: no GPU
+            // queues (crate::cpu_staged says why).
+            let pairs: Vec<_> = files.iter().zip(&headers).collect();
+            let (loaded, made, p) =
+                safetensors::load_served(served, self.nsid, &cuda, &refs, &pairs, while_reading)?;
+            let t_loaded = t0.elapsed().as_secs_f64();
+            let report = serde_json::json!({
+                "files": names,
+                "tensors": loaded.tensors.len(),
+                "bytes": loaded.bytes,
+                "seconds": loaded.secs,
+                "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
+                "arena_bytes": loaded.arena.len(),
+                "transport": format!("served ({}), {} CPU queue pairs", served.describe(), p.queues),
+                "ssd_model": serde_json::Value::Null,
+                "model_cap_bytes_per_sec": serde_json::Value::Null,
+                "data_path": crate::cpu_staged::DATA_PATH,
+                "phases": {
+                    "mount_and_headers": t_headers,
+                    "gpu_open": t_opened - t_headers,
+                    // No GPU queues: the set-up is the daemon's loans; the arena's allocation
+                    // and the bounce's registration run beside the first reads.
+                    "gpu_setup": p.lend,
+                    "gpu_setup_phases": { "lend": p.lend, "register_beside": p.register },
+                    "load": t_loaded - t_opened - p.lend,
+                    "load_arena": 0.0,
+                    "arena_beside_setup": p.arena,
+                    "load_tables": loaded.tables_secs,
+                    "load_tables_open": loaded.open_secs,
+                    "load_reads": loaded.secs,
+                    "teardown": 0.0,
+                },
+            });
+            return Ok((loaded, report, made));
+        }
         let mut t_loaded = 0.0;
         let mut arena_ahead_secs = 0.0;
         let mut setup_phases = serde_json::Map::new();

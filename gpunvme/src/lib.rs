@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod copy;
+pub mod cpu_staged;
 pub mod error;
 pub mod fabric;
 pub mod fs_report;

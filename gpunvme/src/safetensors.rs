@@ -636,6 +636,177 @@ pub fn load_into_with<R>(
     )
 }
 
+/// Where a load on a served controller spent its set-up (seconds), beside
+/// [`load_served`]'s result: lending the queue pairs and the bounce, and registering the
+/// bounce with CUDA and allocating the arena (each on a thread of its own, beside the first
+/// reads).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServedPhases {
+    /// Queue pairs and bounce lent by the daemon.
+    pub lend: f64,
+    /// The bounce registered with CUDA (beside the reads).
+    pub register: f64,
+    /// The arena allocated (beside the reads).
+    pub arena: f64,
+    /// Queue pairs used.
+    pub queues: u16,
+}
+
+/// Loads every tensor of `files` (blockfs files with their parsed headers, named `names`) on
+/// a controller a daemon owns into one new arena of GPU memory on `cuda`'s GPU, by Read
+/// commands this process's CPU issues on lent queue pairs into a lent bounce and copies into
+/// the arena ([`crate::cpu_staged`]): no GPU queues are set up. `while_reading` runs on this
+/// thread once the arena exists, while the reads go on (as in [`load_with`]).
+pub fn load_served<R>(
+    served: &crate::served::ServedController,
+    nsid: u32,
+    cuda: &Arc<gpu_queues::Cuda>,
+    names: &[&str],
+    files: &[(&File, &Header)],
+    while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
+) -> Result<(Loaded, R, ServedPhases), crate::Error> {
+    use crate::cpu_staged::{self, CpuIo, Ready};
+    let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
+    let (tensors, total) = layout(names, &headers)?;
+    let len = arena_len(total)?;
+    let reads = arena_reads(&tensors);
+    let want: u64 = reads.iter().map(|r| r.len).sum();
+    let staged_reads: Vec<StagedRead> = reads
+        .iter()
+        .map(|r| StagedRead {
+            file: r.file,
+            offset: headers[r.file].data_start + r.begin,
+            len: r.len,
+            dest: r.offset,
+        })
+        .collect();
+    let ns = *served.info().namespace(nsid).ok_or_else(|| {
+        crate::Error::new(
+            crate::ErrorKind::NotFound,
+            format!("namespace {nsid} is not on {}", served.describe()),
+        )
+    })?;
+    let t0 = std::time::Instant::now();
+    let tables = files
+        .iter()
+        .map(|(f, _)| f.extent_table())
+        .collect::<Result<Vec<_>, _>>()?;
+    let open_secs = t0.elapsed().as_secs_f64();
+    std::thread::scope(|scope| {
+        let early_arena = {
+            let cuda = cuda.clone();
+            scope.spawn(move || {
+                let t = std::time::Instant::now();
+                (
+                    DeviceMemory::alloc_uninit(&cuda, len),
+                    t.elapsed().as_secs_f64(),
+                )
+            })
+        };
+        let t_lend = std::time::Instant::now();
+        let mut pairs = crate::served::fewer_when_busy(served.file_queue_count()?, true, |n| {
+            served.cpu_pairs(n, CPU_DEPTH, served.file_slot_bytes())
+        })?;
+        let bounce = served.lend_host(cpu_staged::bounce_bytes(want) as usize)?;
+        let lend = t_lend.elapsed().as_secs_f64();
+        let registered = {
+            let cuda = cuda.clone();
+            let mem = bounce.arena().mem.clone();
+            scope.spawn(move || {
+                let t = std::time::Instant::now();
+                let r =
+                    gpu_queues::ffi::os::SharedRegistration::register(&cuda, mem).and_then(|reg| {
+                        let reg = Arc::new(reg);
+                        let n = reg.memory().len();
+                        reg.as_device_memory(&cuda, 0, n)
+                    });
+                (r, t.elapsed().as_secs_f64())
+            })
+        };
+        let (to_reader, dest_rx) = std::sync::mpsc::channel::<Arc<DeviceMemory>>();
+        let watch = served.watchdog();
+        let queues = pairs.pairs.len() as u16;
+        let max_transfer = served.info().max_transfer_bytes;
+        let bounce_arena = bounce.arena().clone();
+        let tables_ref: Vec<&blockfs::table::ExtentTable> =
+            tables.iter().map(|t| t.table()).collect();
+        let launched = std::time::Instant::now();
+        let reader = scope.spawn(move || {
+            let mut register_secs = 0.0;
+            let ready = || -> Result<Ready, crate::Error> {
+                let dest = dest_rx.recv_timeout(cpu_staged::STALL).map_err(|_| {
+                    crate::Error::new(crate::ErrorKind::Device, "the arena was not allocated")
+                })?;
+                let (reg, secs) = registered.join().map_err(|_| {
+                    crate::Error::new(crate::ErrorKind::Other, "registering the bounce panicked")
+                })?;
+                register_secs = secs;
+                Ok(Ready {
+                    dest,
+                    bounce: Arc::new(reg?),
+                })
+            };
+            let io = CpuIo {
+                pairs: &mut pairs.pairs,
+                nsid,
+                lba_size: ns.lba_size,
+                max_transfer,
+                bounce: &bounce_arena,
+            };
+            let out = cpu_staged::read_staged_cpu(io, &tables_ref, &staged_reads, ready, watch);
+            // The pairs go back before the bounce (commands may be in flight after an error).
+            drop(pairs);
+            (out, register_secs)
+        });
+        let (mem, arena_secs) = early_arena.join().map_err(|_| {
+            crate::Error::new(crate::ErrorKind::Other, "allocating the arena panicked")
+        })?;
+        let arena = match mem {
+            Ok(m) => {
+                let m = Arc::new(m);
+                let _ = to_reader.send(m.clone());
+                Some(Arc::new(GpuTarget::unmapped(m)))
+            }
+            Err(e) => {
+                drop(to_reader);
+                let _ = reader.join();
+                return Err(crate::Error::from(SafetensorsError::Gpu(e.to_string())));
+            }
+        };
+        let arena = arena.expect("allocated");
+        let made = while_reading(&arena, &tensors);
+        let (out, register) = reader.join().map_err(|_| {
+            crate::Error::new(crate::ErrorKind::Other, "the staged reader panicked")
+        })?;
+        drop(bounce);
+        let out = out?;
+        let loaded = Loaded {
+            arena,
+            tensors,
+            bytes: out.bytes,
+            secs: out.elapsed.as_secs_f64(),
+            arena_secs,
+            tables_secs: open_secs,
+            open_secs,
+            launched,
+        };
+        let (loaded, made) = finish(loaded, &reads, made)?;
+        Ok((
+            loaded,
+            made,
+            ServedPhases {
+                lend,
+                register,
+                arena: arena_secs,
+                queues,
+            },
+        ))
+    })
+}
+
+/// Entries of each CPU queue pair a served load uses.
+const CPU_DEPTH: u32 = 64;
+
 /// `loaded`, once it read every byte `reads` asked for.
 fn finish<R>(
     loaded: Loaded,

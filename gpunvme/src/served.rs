@@ -266,33 +266,56 @@ impl ServedController {
                 format!("namespace {nsid} is not on {}", self.describe()),
             )
         })?;
-        let name = self.info.name.clone();
         let slot = BLOCK_SLOT_BYTES
             .min(self.info.max_transfer_bytes / 4096 * 4096)
             .max(4096);
-        let arena = Arc::new(
-            self.conn
-                .alloc_arena(
-                    &name,
-                    gpunvme_serve_client::layout::arena_bytes_for(1, BLOCK_DEPTH, slot),
-                )
-                .map_err(|e| Error::from(e).context("a queue pair for blockfs"))?,
-        );
-        let pair = match self.conn.create_queues(&name, &arena, 1, BLOCK_DEPTH, slot) {
-            Ok(mut p) => p.remove(0),
-            Err(e) => {
-                let _ = self.conn.free_arena(arena);
-                return Err(Error::from(e).context("a queue pair for blockfs"));
-            }
-        };
+        let pairs = self
+            .cpu_pairs(1, BLOCK_DEPTH, slot)
+            .map_err(|e| e.context("a queue pair for blockfs"))?;
         Ok(ServedBlockDevice {
-            pair: Mutex::new(Some(pair)),
-            arena: Some(arena),
-            conn: self.conn.clone(),
-            controller: name,
+            pairs: Mutex::new(pairs),
+            controller: self.info.name.clone(),
             nsid,
             lba_size: ns.lba_size,
             blocks: ns.blocks,
+        })
+    }
+
+    /// `count` queue pairs of `depth` entries with `slot_bytes` slots in an arena of their
+    /// own, driven by this process's CPU threads; given back (deleted on the controller, then
+    /// their arena freed) when the result drops.
+    pub fn cpu_pairs(&self, count: u16, depth: u32, slot_bytes: u32) -> Result<LentPairs> {
+        let name = self.info.name.clone();
+        let bytes = gpunvme_serve_client::layout::arena_bytes_for(count, depth, slot_bytes);
+        let arena = Arc::new(self.conn.alloc_arena(&name, bytes)?);
+        match self
+            .conn
+            .create_queues(&name, &arena, count, depth, slot_bytes)
+        {
+            Ok(pairs) => Ok(LentPairs {
+                pairs,
+                arena: Some(arena),
+                conn: self.conn.clone(),
+                controller: name,
+            }),
+            Err(e) => {
+                let _ = self.conn.free_arena(arena);
+                Err(Error::from(e))
+            }
+        }
+    }
+
+    /// `len` bytes (whole pages) of memory the daemon lends in the controller's reach, not
+    /// registered with any GPU: what commands of [`ServedController::cpu_pairs`] read into
+    /// ([`gpunvme_serve_client::QueuePair::submit_read_into`]); freed at the daemon when the
+    /// result drops.
+    pub fn lend_host(&self, len: usize) -> Result<LentArena> {
+        let arena = self
+            .conn
+            .alloc_arena(&self.info.name, len.max(1).next_multiple_of(4096) as u64)?;
+        Ok(LentArena {
+            arena: Some(Arc::new(arena)),
+            conn: self.conn.clone(),
         })
     }
 
@@ -321,6 +344,25 @@ impl ServedController {
     }
 }
 
+/// Runs `make` with `count` queue pairs, and where the daemon refuses that many for want of
+/// pairs (clients starting together may all have counted the same free pairs) and `may_halve`,
+/// again with half as many, down to one: never an error while one pair is left.
+pub fn fewer_when_busy<T>(
+    mut count: u16,
+    may_halve: bool,
+    mut make: impl FnMut(u16) -> Result<T>,
+) -> Result<T> {
+    loop {
+        match make(count) {
+            Err(e) if may_halve && count > 1 && e.kind() == ErrorKind::Busy => {
+                tracing::debug!("{e}: asking for {} queue pairs", count / 2);
+                count /= 2;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Entries of a served block device's queue pair.
 const BLOCK_DEPTH: u32 = 16;
 
@@ -331,9 +373,7 @@ const BLOCK_SLOT_BYTES: u32 = 128 << 10;
 /// writes refused ([`ServedController::block_device`]). The pair goes back to the daemon when
 /// this drops.
 pub struct ServedBlockDevice {
-    pair: Mutex<Option<QueuePair>>,
-    arena: Option<Arc<Arena>>,
-    conn: Arc<Connection>,
+    pairs: Mutex<LentPairs>,
     controller: String,
     nsid: u32,
     lba_size: u32,
@@ -356,8 +396,8 @@ impl blockfs::BlockDevice for ServedBlockDevice {
     }
 
     fn read(&self, reqs: &mut [blockfs::device::ReadReq<'_>]) -> Result<(), blockfs::DeviceError> {
-        let mut held = self.pair.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(pair) = held.as_mut() else {
+        let mut held = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pair) = held.pairs.first_mut() else {
             return Err(blockfs::DeviceError::Io {
                 op: "read",
                 lba: reqs.first().map_or(0, |r| r.lba),
@@ -426,18 +466,53 @@ impl blockfs::BlockDevice for ServedBlockDevice {
     }
 }
 
-impl Drop for ServedBlockDevice {
+/// Queue pairs a daemon lent this process for its CPU threads, in an arena of their own
+/// ([`ServedController::cpu_pairs`]): given back when this drops (deleted on the controller,
+/// then the arena freed).
+pub struct LentPairs {
+    /// The pairs (each driven by one thread at a time: `&mut`).
+    pub pairs: Vec<QueuePair>,
+    arena: Option<Arc<Arena>>,
+    conn: Arc<Connection>,
+    controller: String,
+}
+
+impl Drop for LentPairs {
     fn drop(&mut self) {
-        let pair = self.pair.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = pair
-            && let Err(e) = self.conn.delete_queues(&self.controller, vec![p])
+        let pairs = std::mem::take(&mut self.pairs);
+        if !pairs.is_empty()
+            && let Err(e) = self.conn.delete_queues(&self.controller, pairs)
         {
-            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "giving a served block device's pair back");
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "giving served queue pairs back");
         }
         if let Some(a) = self.arena.take()
             && let Err(e) = self.conn.free_arena(a)
         {
-            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served block device's arena");
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served pairs' arena");
+        }
+    }
+}
+
+/// Memory a daemon lent this process ([`ServedController::lend_host`]), freed there when this
+/// drops.
+pub struct LentArena {
+    arena: Option<Arc<Arena>>,
+    conn: Arc<Connection>,
+}
+
+impl LentArena {
+    /// The arena (its memory and device address).
+    pub fn arena(&self) -> &Arc<Arena> {
+        self.arena.as_ref().expect("held until drop")
+    }
+}
+
+impl Drop for LentArena {
+    fn drop(&mut self) {
+        if let Some(a) = self.arena.take()
+            && let Err(e) = self.conn.free_arena(a)
+        {
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing lent memory");
         }
     }
 }
@@ -487,7 +562,7 @@ fn lend(conn: &Arc<Connection>, controller: &str, len: usize) -> Result<LentMemo
         ))
     })?;
     let arena = Arc::new(arena);
-    let keep = ArenaLoan {
+    let keep = LentArena {
         conn: conn.clone(),
         arena: Some(arena.clone()),
     };
@@ -496,22 +571,6 @@ fn lend(conn: &Arc<Connection>, controller: &str, len: usize) -> Result<LentMemo
         device_address: arena.device_address,
         keep: Box::new(keep),
     })
-}
-
-/// A buffer's arena, freed at the daemon when the buffer drops.
-struct ArenaLoan {
-    conn: Arc<Connection>,
-    arena: Option<Arc<Arena>>,
-}
-
-impl Drop for ArenaLoan {
-    fn drop(&mut self) {
-        if let Some(a) = self.arena.take()
-            && let Err(e) = self.conn.free_arena(a)
-        {
-            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "freeing a served buffer");
-        }
-    }
 }
 
 /// The kind of a serve client's error.

@@ -41,11 +41,13 @@ pub struct StagedRead {
     pub dest: u64,
 }
 
-/// A piece of a window: a read (or the part of one) placed at byte `at` of its window.
+/// A piece of a window: a read (or the part of one) placed at byte `at` of its window; the
+/// read is the one at `origin` of the planned reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Piece {
-    read: StagedRead,
-    at: u64,
+pub(crate) struct Piece {
+    pub(crate) read: StagedRead,
+    pub(crate) at: u64,
+    pub(crate) origin: usize,
 }
 
 /// What a staged job moved.
@@ -74,12 +76,12 @@ fn window_for(total: u64) -> u64 {
 /// Cuts `reads` into windows of `window` bytes (at least `2 * ALIGN`): each read keeps its order;
 /// a piece starts at a window offset congruent to its file offset modulo `ALIGN`, and a read
 /// that does not fit is cut where the rest starts `ALIGN`-aligned in the file.
-fn plan_windows(reads: &[StagedRead], window: u64) -> Vec<Vec<Piece>> {
+pub(crate) fn plan_windows(reads: &[StagedRead], window: u64) -> Vec<Vec<Piece>> {
     let window = window.max(2 * ALIGN);
     let mut windows: Vec<Vec<Piece>> = Vec::new();
     let mut cur: Vec<Piece> = Vec::new();
     let mut used = 0u64;
-    for r in reads.iter().filter(|r| r.len > 0) {
+    for (origin, r) in reads.iter().enumerate().filter(|(_, r)| r.len > 0) {
         let mut rest = *r;
         while rest.len > 0 {
             let skew = rest.offset % ALIGN;
@@ -103,6 +105,7 @@ fn plan_windows(reads: &[StagedRead], window: u64) -> Vec<Vec<Piece>> {
             cur.push(Piece {
                 read: StagedRead { len: take, ..rest },
                 at,
+                origin,
             });
             used = at + take;
             rest = advance(rest, take);

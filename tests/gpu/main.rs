@@ -99,6 +99,7 @@ root_tests!(
     served::served_gpu_clients_killed_at_random_points_are_reclaimed,
     served::served_device_loads_safetensors_through_the_handle,
     served::served_reads_are_staged_into_gpu_memory,
+    served::served_cpu_reads_cover_many_windows_and_odd_shapes,
 );
 
 /// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue

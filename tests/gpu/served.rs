@@ -450,7 +450,7 @@ fn serve_files(
 }
 
 /// A served device through the library's handle (`served:SOCKET`, what Python and C open):
-/// `load_safetensors` by GPU threads on lent queues puts every tensor's bytes in the arena,
+/// `load_safetensors` by this process's CPU on lent queues puts every tensor's bytes in the arena,
 /// two handles at once; changes are refused as read-only and change nothing.
 pub(super) fn served_device_loads_safetensors_through_the_handle() {
     use gpunvme::gpu::Serving;
@@ -479,6 +479,13 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
         assert!(
             report["transport"].as_str().unwrap().starts_with("served"),
             "{report}"
+        );
+        assert!(
+            report["data_path"]
+                .as_str()
+                .unwrap()
+                .starts_with("a CPU thread"),
+            "served loads are read by this process's CPU: {report}"
         );
         assert_eq!(loaded.tensors.len(), 3);
         for p in &loaded.tensors {
@@ -564,6 +571,146 @@ pub(super) fn served_reads_are_staged_into_gpu_memory() {
     assert_eq!(got.gpu_crc32c, got.host_crc32c);
     assert!(got.data_path.contains("bounce"), "{}", got.data_path);
     drop((served, fs, h));
+    let st = server.daemon().status();
+    assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+}
+
+/// A served load's reads issued by this process's CPU (`gpunvme::cpu_staged`): 300 ranges of
+/// a 40 MiB file at random offsets and lengths (inside one LBA, across LBAs, across windows,
+/// several MiB) into GPU memory through the lent bounce, each range's bytes exactly the
+/// file's; a range past the end of the file and a destination too small are refused by name.
+pub(super) fn served_cpu_reads_cover_many_windows_and_odd_shapes() {
+    use gpunvme::cpu_staged::{CpuIo, Ready, read_staged_cpu};
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    use gpunvme::staged::StagedRead;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("big.img");
+    EmuConfig::create_image(&image, 128 << 20).unwrap();
+    let len = (40 << 20) + 777usize;
+    let mut data = vec![0u8; len];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for chunk in data.chunks_mut(8) {
+        chunk.copy_from_slice(&next().to_le_bytes()[..chunk.len()]);
+    }
+    let src = dir.path().join("big.bin");
+    std::fs::write(&src, &data).unwrap();
+    let (server, spec) = serve_files(dir.path(), image.to_str().unwrap(), &[(&src, "big.bin")]);
+    let h = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
+    let fs = h.mount().unwrap();
+    let table = fs
+        .open("big.bin", blockfs::OpenMode::ReadOnly)
+        .unwrap()
+        .extent_table()
+        .unwrap();
+    let served =
+        ServedController::open(&gpunvme::served::ServedSpec::parse(&spec).unwrap(), "cpu").unwrap();
+    let mut pairs = served.cpu_pairs(3, 16, 4096).unwrap();
+    let mut reads = Vec::new();
+    let mut dest = 0u64;
+    for i in 0..300u64 {
+        let n = match i % 5 {
+            0 => 1 + next() % 300,
+            1 => 1 + next() % 5000,
+            2 => 1 + next() % (200 << 10),
+            3 => (next() % 4 + 1) * 4096,
+            _ => 1 + next() % (3 << 20),
+        };
+        let offset = next() % (len as u64 - n);
+        reads.push(StagedRead {
+            file: 0,
+            offset,
+            len: n,
+            dest,
+        });
+        dest += n + next() % 64;
+    }
+    // The file's last byte, and its first LBA whole.
+    reads.push(StagedRead {
+        file: 0,
+        offset: len as u64 - 1,
+        len: 1,
+        dest,
+    });
+    reads.push(StagedRead {
+        file: 0,
+        offset: 0,
+        len: 512,
+        dest: dest + 1,
+    });
+    let total = dest + 513;
+    let cuda = Cuda::open(0).unwrap();
+    let out = Arc::new(DeviceMemory::alloc(&cuda, total as usize).unwrap());
+    let bytes: u64 = reads.iter().map(|r| r.len).sum();
+    let bounce = served
+        .lend_host(gpunvme::cpu_staged::bounce_bytes(bytes) as usize)
+        .unwrap();
+    let info = served.info().clone();
+    let run = |pairs: &mut [gpunvme_serve_client::QueuePair],
+               reads: &[StagedRead],
+               dest: &Arc<DeviceMemory>| {
+        let io = CpuIo {
+            pairs,
+            nsid: 1,
+            lba_size: LBA,
+            max_transfer: info.max_transfer_bytes,
+            bounce: bounce.arena(),
+        };
+        let ready = || {
+            let reg = Arc::new(
+                gpu_queues::ffi::os::SharedRegistration::register(
+                    &cuda,
+                    bounce.arena().mem.clone(),
+                )
+                .unwrap(),
+            );
+            let n = reg.memory().len();
+            Ok(Ready {
+                dest: dest.clone(),
+                bounce: Arc::new(reg.as_device_memory(&cuda, 0, n).unwrap()),
+            })
+        };
+        read_staged_cpu(io, &[table.table()], reads, ready, || None)
+    };
+    let outcome = run(&mut pairs.pairs, &reads, &out).unwrap();
+    assert_eq!(outcome.bytes, bytes);
+    assert!(outcome.windows > 4, "{outcome:?}");
+    let mut got = vec![0u8; total as usize];
+    out.read(0, &mut got).unwrap();
+    for r in &reads {
+        let (o, d, n) = (r.offset as usize, r.dest as usize, r.len as usize);
+        assert!(
+            got[d..d + n] == data[o..o + n],
+            "{n} bytes from file byte {o} at destination byte {d} differ"
+        );
+    }
+    // Past the end of the file; a destination too small for a read: refused, nothing sent.
+    let past = [StagedRead {
+        file: 0,
+        offset: len as u64 - 10,
+        len: 11,
+        dest: 0,
+    }];
+    let e = run(&mut pairs.pairs, &past, &out).unwrap_err();
+    assert_eq!(e.kind(), gpunvme::ErrorKind::InvalidArgument, "{e}");
+    let small = Arc::new(DeviceMemory::alloc(&cuda, 100).unwrap());
+    let over = [StagedRead {
+        file: 0,
+        offset: 5,
+        len: 20,
+        dest: 90,
+    }];
+    let e = run(&mut pairs.pairs, &over, &small).unwrap_err();
+    assert_eq!(e.kind(), gpunvme::ErrorKind::InvalidArgument, "{e}");
+    assert!(pairs.pairs.iter().all(|p| p.in_flight() == 0));
+    drop((pairs, bounce, served, fs, h));
     let st = server.daemon().status();
     assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
     assert_eq!(st["late_controller_writes"], 0, "{st}");

@@ -79,15 +79,27 @@ pub struct Prps {
 /// page where more than two pages are spanned. `None` for an empty transfer, a misaligned
 /// address, or one longer than a single list page describes (`PRP_LIST_ENTRIES + 1` pages).
 pub fn slot_prps(buffer: u64, list_page: u64, len: u64) -> Option<Prps> {
-    if len == 0 || buffer % PAGE != 0 || list_page % PAGE != 0 {
+    if buffer % PAGE != 0 {
         return None;
     }
-    let pages = len.div_ceil(PAGE);
+    buffer_prps(buffer, list_page, len)
+}
+
+/// The PRPs of a transfer of `len` bytes into or out of the physically contiguous buffer at
+/// device address `buffer`, which may start inside a page (dword-aligned: PRP Entry 1 carries
+/// the offset, every later entry is a whole page), with `list_page` (page-aligned) as the PRP
+/// list page where more than two pages are spanned. `None` for an empty transfer, an address
+/// not dword-aligned, or more pages than a single list page describes.
+pub fn buffer_prps(buffer: u64, list_page: u64, len: u64) -> Option<Prps> {
+    if len == 0 || buffer % 4 != 0 || list_page % PAGE != 0 {
+        return None;
+    }
+    let pages = (buffer % PAGE + len).div_ceil(PAGE);
     if pages > PRP_LIST_ENTRIES + 1 {
         return None;
     }
     // The last page's address must not overflow either.
-    buffer.checked_add((pages - 1) * PAGE)?;
+    buffer.checked_add(len - 1)?;
     Some(match pages {
         1 => Prps {
             prp1: buffer,
@@ -96,7 +108,7 @@ pub fn slot_prps(buffer: u64, list_page: u64, len: u64) -> Option<Prps> {
         },
         2 => Prps {
             prp1: buffer,
-            prp2: buffer + PAGE,
+            prp2: prp_list_entry(buffer, 0),
             list_entries: 0,
         },
         _ => Prps {
@@ -108,9 +120,10 @@ pub fn slot_prps(buffer: u64, list_page: u64, len: u64) -> Option<Prps> {
 }
 
 /// Entry `index` of the PRP list of a buffer at `buffer`: the device address of its page
-/// `index + 1` (PRP1 is page 0). Valid for the indexes [`slot_prps`] asked for.
+/// `index + 1` (PRP1 is page 0, the page `buffer` is in). Valid for the indexes
+/// [`buffer_prps`] asked for.
 pub const fn prp_list_entry(buffer: u64, index: u64) -> u64 {
-    buffer + (index + 1) * PAGE
+    (buffer & !(PAGE - 1)) + (index + 1) * PAGE
 }
 
 fn put32(b: &mut [u8], at: usize, v: u32) {
@@ -272,6 +285,38 @@ mod tests {
         assert!(slot_prps(BUF + 512, LIST, 512).is_none());
         assert!(slot_prps(BUF, LIST + 8, 3 * PAGE).is_none());
         assert!(slot_prps(u64::MAX - PAGE + 1, LIST, 2 * PAGE).is_none());
+    }
+
+    #[test]
+    fn prps_for_buffers_starting_inside_a_page() {
+        // 512 bytes at offset 3584 end the page: one entry; 1024 bytes there span two pages.
+        let p = buffer_prps(BUF + 3584, LIST, 512).unwrap();
+        assert_eq!((p.prp1, p.prp2, p.list_entries), (BUF + 3584, 0, 0));
+        let p = buffer_prps(BUF + 3584, LIST, 1024).unwrap();
+        assert_eq!(
+            (p.prp1, p.prp2, p.list_entries),
+            (BUF + 3584, BUF + PAGE, 0)
+        );
+        // 128 KiB from offset 512 spans 33 pages: a list of 32 whole pages after the first.
+        let p = buffer_prps(BUF + 512, LIST, 128 << 10).unwrap();
+        assert_eq!((p.prp1, p.prp2, p.list_entries), (BUF + 512, LIST, 32));
+        assert_eq!(prp_list_entry(BUF + 512, 0), BUF + PAGE);
+        assert_eq!(prp_list_entry(BUF + 512, 31), BUF + 32 * PAGE);
+        // 2 MiB from an offset spans 513 pages (still one list); a byte more does not fit.
+        assert_eq!(
+            buffer_prps(BUF + 4092, LIST, 512 * PAGE)
+                .unwrap()
+                .list_entries,
+            512
+        );
+        assert!(buffer_prps(BUF + 4092, LIST, 512 * PAGE + 8).is_none());
+        // PRP Entry 1 must be dword-aligned; aligned buffers give what slots do.
+        assert!(buffer_prps(BUF + 2, LIST, 512).is_none());
+        assert_eq!(
+            buffer_prps(BUF, LIST, 3 * PAGE),
+            slot_prps(BUF, LIST, 3 * PAGE)
+        );
+        assert!(buffer_prps(u64::MAX - 3, LIST, 8).is_none());
     }
 
     #[test]

@@ -75,6 +75,14 @@ impl Completion {
     }
 }
 
+/// Where a command's data is: a slot buffer (with the bytes to write into it first, for a
+/// Write), or memory at a device address the caller checked.
+#[derive(Clone, Copy)]
+enum Data<'a> {
+    Slot(Option<&'a [u8]>),
+    At(u64),
+}
+
 /// A command in flight in a slot.
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
@@ -267,27 +275,14 @@ impl QueuePair {
 
     /// The bytes of a transfer of `blocks` blocks of `lba_size`, checked against the slots.
     fn transfer_len(&self, lba: u64, blocks: u32, lba_size: u32) -> Result<u64, ClientError> {
-        let bad = |why: String| Err(ClientError::InvalidArgument(why));
-        if blocks == 0 || blocks > command::MAX_BLOCKS {
-            return bad(format!(
-                "{blocks} blocks; one command moves 1 to {}",
-                command::MAX_BLOCKS
-            ));
-        }
-        if lba_size == 0 || lba_size % 4 != 0 {
-            return bad(format!("a block size of {lba_size} bytes"));
-        }
-        if lba.checked_add(u64::from(blocks)).is_none() {
-            return bad(format!("{blocks} blocks from lba {lba} pass the last LBA"));
-        }
-        let len = u64::from(blocks) * u64::from(lba_size);
+        let len = block_len(lba, blocks, lba_size)?;
         if len > u64::from(self.slot_bytes) {
-            return bad(format!(
+            return Err(ClientError::InvalidArgument(format!(
                 "{blocks} blocks of {lba_size} bytes ({len} bytes) do not fit queue {}'s \
                  {}-byte slots",
                 self.qid(),
                 self.slot_bytes
-            ));
+            )));
         }
         Ok(len)
     }
@@ -329,7 +324,42 @@ impl QueuePair {
     ) -> Result<u16, ClientError> {
         self.usable()?;
         let len = self.transfer_len(lba, blocks, lba_size)?;
-        self.submit(IoOp::Read, nsid, lba, blocks, len, None)
+        self.submit(IoOp::Read, nsid, lba, blocks, len, Data::Slot(None))
+    }
+
+    /// Submits a Read of `blocks` blocks of `lba_size` bytes from `lba` on `nsid` straight into
+    /// `arena` (memory of this connection the controller reaches) from byte `offset` on, not
+    /// into a slot; returns the slot (also the command id), whose PRP list page the command
+    /// uses. The range must lie inside the arena, start dword-aligned and span at most the
+    /// pages one PRP list describes (2 MiB and a page); the controller's maximum transfer is
+    /// the caller's to keep. The bytes are there once [`QueuePair::reap`] or
+    /// [`QueuePair::poll`] returns the completion.
+    pub fn submit_read_into(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        blocks: u32,
+        lba_size: u32,
+        arena: &Arena,
+        offset: u64,
+    ) -> Result<u16, ClientError> {
+        self.usable()?;
+        let len = block_len(lba, blocks, lba_size)?;
+        let inside = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= arena.len());
+        let addr = arena.device_address.checked_add(offset);
+        match addr {
+            Some(addr) if inside && command::buffer_prps(addr, 0, len).is_some() => {
+                self.submit(IoOp::Read, nsid, lba, blocks, len, Data::At(addr))
+            }
+            _ => Err(ClientError::InvalidArgument(format!(
+                "a read of {len} bytes into arena {} at byte {offset}: outside its {} bytes, \
+                 not dword-aligned, or more than one PRP list of pages",
+                arena.id,
+                arena.len()
+            ))),
+        }
     }
 
     /// Submits a Write of `data` (`blocks * lba_size` bytes) to `lba` on `nsid`, copied into a
@@ -343,7 +373,7 @@ impl QueuePair {
         data: &[u8],
     ) -> Result<u16, ClientError> {
         let len = self.sized(lba, blocks, lba_size, data.len(), "data")?;
-        self.submit(IoOp::Write, nsid, lba, blocks, len, Some(data))
+        self.submit(IoOp::Write, nsid, lba, blocks, len, Data::Slot(Some(data)))
     }
 
     /// Takes a free slot and submits a transfer of `len` bytes; arguments already checked.
@@ -354,7 +384,7 @@ impl QueuePair {
         lba: u64,
         blocks: u32,
         len: u64,
-        data: Option<&[u8]>,
+        data: Data<'_>,
     ) -> Result<u16, ClientError> {
         if self.in_flight >= self.capacity() || self.sq.is_full() {
             return Err(ClientError::QueueFull {
@@ -399,11 +429,11 @@ impl QueuePair {
         lba: u64,
         blocks: u32,
         len: u64,
-        data: Option<&[u8]>,
+        data: Data<'_>,
     ) -> Result<u32, ClientError> {
         let mem = &self.arena.mem;
         let buffer = self.slot_offset(slot);
-        if let Some(data) = data {
+        if let Data::Slot(Some(data)) = data {
             mem.write(buffer as usize, data)
                 .map_err(shm("copying data into a slot"))?;
         }
@@ -412,13 +442,17 @@ impl QueuePair {
             + u64::from(slot) * gpunvme_serve_proto::layout::PRP_PAGES_PER_SLOT * PAGE;
         let base = self.arena.device_address;
         let device = |offset: u64| base.checked_add(offset);
-        let (Some(buffer_addr), Some(list_addr)) = (device(buffer), device(list_page)) else {
+        let buffer_addr = match data {
+            Data::Slot(_) => device(buffer),
+            Data::At(addr) => Some(addr),
+        };
+        let (Some(buffer_addr), Some(list_addr)) = (buffer_addr, device(list_page)) else {
             return Err(ClientError::Protocol(format!(
                 "queue {}: slot {slot}'s device addresses overflow",
                 self.qid()
             )));
         };
-        let Some(prps) = command::slot_prps(buffer_addr, list_addr, len) else {
+        let Some(prps) = command::buffer_prps(buffer_addr, list_addr, len) else {
             return Err(ClientError::InvalidArgument(format!(
                 "a transfer of {len} bytes has no PRPs from a slot"
             )));
@@ -647,7 +681,7 @@ impl QueuePair {
     ) -> Result<(), ClientError> {
         let len = self.sized(lba, blocks, lba_size, buf.len(), "buffer")?;
         self.make_room()?;
-        let cid = self.submit(IoOp::Read, nsid, lba, blocks, len, None)?;
+        let cid = self.submit(IoOp::Read, nsid, lba, blocks, len, Data::Slot(None))?;
         self.wait_for(cid)?.check()?;
         self.slot_data(cid, buf)
     }
@@ -664,7 +698,7 @@ impl QueuePair {
     ) -> Result<(), ClientError> {
         let len = self.sized(lba, blocks, lba_size, data.len(), "data")?;
         self.make_room()?;
-        let cid = self.submit(IoOp::Write, nsid, lba, blocks, len, Some(data))?;
+        let cid = self.submit(IoOp::Write, nsid, lba, blocks, len, Data::Slot(Some(data)))?;
         self.wait_for(cid)?.check()
     }
 
@@ -696,4 +730,23 @@ impl QueuePair {
                 .map_err(shm("copying data out of a slot")),
         }
     }
+}
+
+/// The bytes of `blocks` blocks of `lba_size` from `lba`, checked: a block count one command
+/// carries, a block size of whole dwords, and no LBA past the last.
+fn block_len(lba: u64, blocks: u32, lba_size: u32) -> Result<u64, ClientError> {
+    let bad = |why: String| Err(ClientError::InvalidArgument(why));
+    if blocks == 0 || blocks > command::MAX_BLOCKS {
+        return bad(format!(
+            "{blocks} blocks; one command moves 1 to {}",
+            command::MAX_BLOCKS
+        ));
+    }
+    if lba_size == 0 || lba_size % 4 != 0 {
+        return bad(format!("a block size of {lba_size} bytes"));
+    }
+    if lba.checked_add(u64::from(blocks)).is_none() {
+        return bad(format!("{blocks} blocks from lba {lba} pass the last LBA"));
+    }
+    Ok(u64::from(blocks) * u64::from(lba_size))
 }

@@ -75,6 +75,58 @@ fn writes_read_back_through_prps_of_every_shape() {
 }
 
 #[test]
+fn reads_land_in_arena_memory_at_any_dword_offset() {
+    let (conn, fake) = fake::start();
+    // The pairs take the arena's first bytes; the rest is this client's, read into directly.
+    let (depth, slot) = (8, 4096);
+    let pair_bytes = arena_bytes_for(1, depth, slot);
+    let arena = Arc::new(
+        conn.alloc_arena(CONTROLLER, pair_bytes + (4 << 20))
+            .unwrap(),
+    );
+    let mut qp = conn
+        .create_queues(CONTROLLER, &arena, 1, depth, slot)
+        .unwrap()
+        .pop()
+        .unwrap();
+    let data = pattern(300, 1 << 20, 9);
+    fake.disk.lock().unwrap()[300 * LBA_SIZE as usize..][..data.len()].copy_from_slice(&data);
+    // Inside a page, crossing one, a PRP list from an offset, 1 MiB (more than the 4 KiB
+    // slots hold) from the second dword of a page, and two pages from the last dword of one.
+    for (blocks, at) in [(1u32, 512u64), (2, 3584), (24, 512), (2048, 4), (1, 4092)] {
+        let at = pair_bytes + at;
+        let len = (blocks * LBA_SIZE) as usize;
+        let cid = qp
+            .submit_read_into(NSID, 300, blocks, LBA_SIZE, &arena, at)
+            .unwrap();
+        let done = qp.reap(Duration::from_secs(5)).unwrap();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].slot, cid);
+        done[0].check().unwrap();
+        let mut got = vec![0u8; len];
+        arena.mem.read(at as usize, &mut got).unwrap();
+        assert_eq!(
+            got,
+            data[..len],
+            "{blocks} blocks read into arena byte {at}"
+        );
+    }
+    // Outside the arena, not dword-aligned, or past one PRP list: refused, nothing sent.
+    let end = arena.len();
+    for (blocks, at) in [
+        (1u32, end - 256),
+        (1, pair_bytes + 2),
+        (4104, pair_bytes + 8),
+    ] {
+        let e = qp
+            .submit_read_into(NSID, 0, blocks, LBA_SIZE, &arena, at)
+            .unwrap_err();
+        assert!(matches!(e, ClientError::InvalidArgument(_)), "{e}");
+    }
+    assert_eq!(qp.in_flight(), 0);
+}
+
+#[test]
 fn a_two_mib_transfer_uses_a_full_prp_list() {
     let (conn, fake) = fake::start();
     let mut qp = pairs(&conn, 1, 2, 2 << 20).pop().unwrap();

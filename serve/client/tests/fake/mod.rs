@@ -500,8 +500,12 @@ impl Controller {
             return Status::generic(generic::LBA_OUT_OF_RANGE).with_dnr(true);
         }
         let len = blocks * u64::from(LBA_SIZE);
-        let pages = len.div_ceil(PAGE);
         let (prp1, prp2) = (qword(sqe, SQE_PRP1), qword(sqe, SQE_PRP2));
+        // PRP Entry 1 may start inside a page (dword-aligned); every later entry is a page.
+        if prp1 % 4 != 0 {
+            return Status::generic(generic::PRP_OFFSET_INVALID);
+        }
+        let pages = (prp1 % PAGE + len).div_ceil(PAGE);
         let mut addrs = vec![prp1];
         match pages {
             1 => {}
@@ -521,9 +525,9 @@ impl Controller {
         let mut disk = self.disk.lock().unwrap();
         let mut at = (lba * u64::from(LBA_SIZE)) as usize;
         let mut left = len;
-        for addr in addrs {
-            let n = left.min(PAGE);
-            if addr % PAGE != 0 {
+        for (i, addr) in addrs.into_iter().enumerate() {
+            let n = left.min(PAGE - addr % PAGE);
+            if i > 0 && addr % PAGE != 0 {
                 return Status::generic(generic::PRP_OFFSET_INVALID);
             }
             let Some(off) = self.offset(addr, n) else {

@@ -1,0 +1,510 @@
+//! Staged reads issued by this process's CPU on a controller a `gpunvme serve` daemon owns:
+//! file ranges read by Read commands on lent CPU queue pairs straight into lent host memory
+//! (a bounce of [`WINDOWS`] windows), and a copy engine moving each window into GPU memory.
+//!
+//! Why a CPU issues these and not GPU threads (docs/serve.md): behind a daemon the bytes
+//! cross host memory either way (the controller reaches only what the daemon lends), so GPU
+//! threads issuing the commands save nothing, and without MPS the file kernels of several
+//! processes on one GPU are time-sliced, one process's at a time, while copy engines of
+//! several processes run side by side. A CPU-issued load also needs no GPU queues, kernels or
+//! queue memory registered with CUDA before its first read.
+//!
+//! Each window is filled by its commands, then copied out on a stream of its own with an
+//! event behind the copy; a window is filled again only once its event has passed. The
+//! bounce's registration with CUDA and the destination's allocation run beside the first
+//! reads (the caller's `ready`, asked for when the first window is full). Every wait is
+//! bounded: a command that does not complete within [`STALL`] of the last progress fails the
+//! job, and the watchdog is asked every millisecond.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockfs::table::ExtentTable;
+use gpu_queues::ffi::{DeviceMemory, Event, Placement, Stream};
+use gpunvme_serve_client::{Arena, QueuePair};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::staged::{Piece, StagedOutcome, StagedRead, plan_windows};
+
+/// Windows of the bounce buffer: while one is copied out, the others are being read into.
+pub const WINDOWS: usize = 4;
+
+/// Bytes of one window unless the job is smaller.
+pub const WINDOW_BYTES: u64 = 8 << 20;
+
+/// How long the job may go without a command completing or a copy passing.
+pub const STALL: Duration = Duration::from_secs(10);
+
+/// The largest transfer one command is given (one PRP list page describes 2 MiB and a page).
+const PRP_LIMIT: u64 = 2 << 20;
+
+/// File offsets keep this alignment in the bounce (as in [`crate::staged`]).
+const ALIGN: u64 = 4096;
+
+/// The bounce bytes a job of `total` bytes uses: [`WINDOWS`] windows of [`WINDOW_BYTES`], or
+/// less for a small job.
+pub fn bounce_bytes(total: u64) -> u64 {
+    WINDOWS as u64 * window_for(total)
+}
+
+fn window_for(total: u64) -> u64 {
+    // Room for a read's rounding to whole LBAs at both ends and one alignment gap.
+    WINDOW_BYTES
+        .min((total + 3 * ALIGN).next_multiple_of(ALIGN))
+        .max(2 * ALIGN)
+}
+
+/// How a served load's data path reads, in words (reports).
+pub const DATA_PATH: &str = "a CPU thread of this process issues NVMe reads on queue pairs a \
+    daemon lent, data into a lent bounce in host memory by PRPs, then by copy engines into GPU \
+    memory (four windows, reads of some beside the copy of another); extents from blockfs on \
+    the host";
+
+/// Who issues a served load's reads: this process's CPU (the default) or GPU threads on GPU
+/// queues over lent pairs (`GPUNVME_SERVED_READS=gpu`, kept to compare the two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issuer {
+    /// [`read_staged_cpu`].
+    Cpu,
+    /// [`crate::staged::read_staged`] on served GPU queues.
+    Gpu,
+}
+
+impl Issuer {
+    /// `GPUNVME_SERVED_READS`: `cpu` (or unset) or `gpu`; anything else is refused by name.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("GPUNVME_SERVED_READS").as_deref() {
+            Err(_) | Ok("") | Ok("cpu") => Ok(Self::Cpu),
+            Ok("gpu") => Ok(Self::Gpu),
+            Ok(other) => Err(Error::invalid(format!(
+                "GPUNVME_SERVED_READS={other}: cpu or gpu"
+            ))),
+        }
+    }
+}
+
+/// What the job reads with: lent CPU queue pairs, the namespace, and the lent host memory the
+/// commands read into.
+pub struct CpuIo<'a> {
+    /// The pairs (commands go round them).
+    pub pairs: &'a mut [QueuePair],
+    /// The namespace the files are on.
+    pub nsid: u32,
+    /// Its LBA size.
+    pub lba_size: u32,
+    /// The controller's largest transfer.
+    pub max_transfer: u32,
+    /// Lent host memory, at least [`bounce_bytes`] of the job.
+    pub bounce: &'a Arena,
+}
+
+/// What the copies need, asked for once the first window is full: the destination (GPU
+/// memory) and the bounce as GPU addresses (its registration with CUDA).
+pub struct Ready {
+    /// Where the reads' `dest` offsets point.
+    pub dest: Arc<DeviceMemory>,
+    /// The bounce, registered: byte `i` is the bounce's byte `i`.
+    pub bounce: Arc<DeviceMemory>,
+}
+
+/// One command still to send: `blocks` LBAs from `lba` into bounce byte `at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cmd {
+    lba: u64,
+    blocks: u32,
+    at: u64,
+}
+
+/// A window's commands and copies, planned before anything is sent.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct WindowPlan {
+    cmds: Vec<Cmd>,
+    /// (window offset, destination offset, bytes).
+    copies: Vec<(u64, u64, u64)>,
+}
+
+/// Rounds each read out to whole LBAs (`lba` bytes), so every command moves whole blocks
+/// straight into the bounce; the copies take only the bytes asked for.
+fn rounded(reads: &[StagedRead], lba: u64) -> Vec<StagedRead> {
+    reads
+        .iter()
+        .map(|r| {
+            let start = r.offset / lba * lba;
+            let end = (r.offset + r.len).next_multiple_of(lba);
+            StagedRead {
+                offset: start,
+                len: if r.len == 0 { 0 } else { end - start },
+                ..*r
+            }
+        })
+        .collect()
+}
+
+/// The commands and copies of one window of `pieces` (planned on [`rounded`] reads; `reads`
+/// are the caller's). A file offset the table does not hold fails.
+fn plan_window(
+    pieces: &[Piece],
+    reads: &[StagedRead],
+    tables: &[&ExtentTable],
+    lba: u64,
+    max_blocks: u64,
+) -> Result<WindowPlan> {
+    let mut plan = WindowPlan::default();
+    for p in pieces {
+        let (po, pl) = (p.read.offset, p.read.len);
+        let table = tables[p.read.file];
+        let mut off = po;
+        while off < po + pl {
+            let t = table.translate(0, off).filter(|t| t.contiguous_lbas > 0);
+            let Some(t) = t else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "file {} has no extent holding byte {off} (a read of {pl} bytes from \
+                         {po})",
+                        p.read.file
+                    ),
+                ));
+            };
+            let blocks = ((po + pl - off) / lba)
+                .min(t.contiguous_lbas)
+                .min(max_blocks);
+            plan.cmds.push(Cmd {
+                lba: t.lba,
+                blocks: blocks as u32,
+                at: p.at + (off - po),
+            });
+            off += blocks * lba;
+        }
+        // The bytes of the caller's read inside this piece.
+        let r = reads[p.origin];
+        let (from, to) = (po.max(r.offset), (po + pl).min(r.offset + r.len));
+        if to > from {
+            let (at, dest, len) = (p.at + (from - po), r.dest + (from - r.offset), to - from);
+            match plan.copies.last_mut() {
+                Some((a, d, l)) if *a + *l == at && *d + *l == dest => *l += len,
+                _ => plan.copies.push((at, dest, len)),
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// Reads `reads` (of files whose extent tables are `tables`, indexed by `StagedRead::file`;
+/// each table's file 0) into the destination [`Ready::dest`] through `io`'s bounce. `ready` is
+/// called once, when the first window is full (or at once when the job is empty); `watch`
+/// ends the job early with its reason. Every read's bytes are in the destination when this
+/// returns `Ok`. Every copy queued has passed when this returns (or its bounded wait failed);
+/// after a failed command the others are waited for, but after a stall or a GPU error
+/// commands may still be in flight: the caller gives the pairs back before the bounce, so the
+/// daemon deletes them before their memory goes.
+pub fn read_staged_cpu(
+    io: CpuIo<'_>,
+    tables: &[&ExtentTable],
+    reads: &[StagedRead],
+    ready: impl FnOnce() -> Result<Ready>,
+    mut watch: impl FnMut() -> Option<String>,
+) -> Result<StagedOutcome> {
+    let lba = u64::from(io.lba_size);
+    if io.pairs.is_empty() || lba == 0 || !lba.is_power_of_two() || lba > ALIGN {
+        return Err(Error::invalid(format!(
+            "{} queue pairs and {lba}-byte LBAs: at least one pair, LBAs of a power of two up \
+             to {ALIGN} bytes",
+            io.pairs.len()
+        )));
+    }
+    if let Some(r) = reads.iter().find(|r| r.file >= tables.len()) {
+        return Err(Error::invalid(format!(
+            "a read of file {} of {}",
+            r.file,
+            tables.len()
+        )));
+    }
+    for r in reads {
+        let size = tables[r.file].files().first().map_or(0, |f| f.size_bytes);
+        if r.offset.checked_add(r.len).is_none_or(|end| end > size) {
+            return Err(Error::invalid(format!(
+                "a read of {} bytes from byte {} of file {}, which has {size}",
+                r.len, r.offset, r.file
+            )));
+        }
+    }
+    let total: u64 = reads.iter().map(|r| r.len).sum();
+    let window = window_for(total).min(io.bounce.len() / WINDOWS as u64 / ALIGN * ALIGN);
+    if window < 2 * ALIGN {
+        return Err(Error::invalid(format!(
+            "a bounce of {} bytes: at least {} are needed",
+            io.bounce.len(),
+            WINDOWS as u64 * 2 * ALIGN
+        )));
+    }
+    let max_blocks = (u64::from(io.max_transfer).min(PRP_LIMIT) / lba)
+        .clamp(1, u64::from(gpunvme_serve_client::command::MAX_BLOCKS));
+    let windows = plan_windows(&rounded(reads, lba), window);
+    let started = Instant::now();
+    let mut ready = Some(ready);
+    let mut copying: Option<(Ready, Vec<Stream>, Vec<Event>)> = None;
+    if windows.is_empty() {
+        (ready.take().expect("asked once"))()?;
+        return Ok(StagedOutcome {
+            bytes: 0,
+            elapsed: started.elapsed(),
+            windows: 0,
+        });
+    }
+    // Per window slot: the window in it (being read), its commands not yet sent (from
+    // `next_cmd`) and in flight, and whether its last copy may still be running.
+    let mut held: [Option<(usize, WindowPlan)>; WINDOWS] = Default::default();
+    let mut next_cmd = [0usize; WINDOWS];
+    let mut in_flight = [0usize; WINDOWS];
+    let mut copy_queued = [false; WINDOWS];
+    // Which slot each command id of each pair reads for.
+    let mut owner: Vec<Vec<usize>> = io
+        .pairs
+        .iter()
+        .map(|p| vec![usize::MAX; p.depth() as usize])
+        .collect();
+    let (mut next_window, mut copied, mut bytes) = (0usize, 0usize, 0u64);
+    let mut first_error: Option<Error> = None;
+    let mut last_progress = Instant::now();
+    let mut last_watch = Instant::now();
+    let mut idle = 0u32;
+    let mut rr = 0usize;
+    let mut run = || -> Result<()> {
+        loop {
+            let mut progressed = false;
+            // Take the next window into a free slot whose last copy has passed.
+            if first_error.is_none() && next_window < windows.len() {
+                let s = next_window % WINDOWS;
+                let free = held[s].is_none()
+                    && (!copy_queued[s]
+                        || copying
+                            .as_ref()
+                            .map_or(Ok(true), |(_, _, ev)| ev[s].is_done())?);
+                if free {
+                    let plan = plan_window(&windows[next_window], reads, tables, lba, max_blocks)?;
+                    held[s] = Some((next_window, plan));
+                    next_cmd[s] = 0;
+                    copy_queued[s] = false;
+                    next_window += 1;
+                    progressed = true;
+                }
+            }
+            // Send what the held windows still have, oldest first, round the pairs.
+            if first_error.is_none() {
+                let mut order: Vec<usize> = (0..WINDOWS).filter(|&s| held[s].is_some()).collect();
+                order.sort_by_key(|&s| held[s].as_ref().map(|(w, _)| *w));
+                'send: for s in order {
+                    let Some((_, plan)) = &held[s] else { continue };
+                    while next_cmd[s] < plan.cmds.len() {
+                        let Some(p) = (0..io.pairs.len())
+                            .map(|k| (rr + k) % io.pairs.len())
+                            .find(|&k| io.pairs[k].in_flight() < io.pairs[k].capacity())
+                        else {
+                            break 'send;
+                        };
+                        rr = p + 1;
+                        let c = plan.cmds[next_cmd[s]];
+                        let base = (s as u64) * window;
+                        match io.pairs[p].submit_read_into(
+                            io.nsid,
+                            c.lba,
+                            c.blocks,
+                            io.lba_size,
+                            io.bounce,
+                            base + c.at,
+                        ) {
+                            Ok(cid) => {
+                                owner[p][usize::from(cid)] = s;
+                                in_flight[s] += 1;
+                                next_cmd[s] += 1;
+                                progressed = true;
+                            }
+                            Err(e) => {
+                                first_error = Some(Error::from(e).context("a staged read"));
+                                break 'send;
+                            }
+                        }
+                    }
+                }
+            }
+            // Completions.
+            for (p, pair) in io.pairs.iter_mut().enumerate() {
+                if pair.in_flight() == 0 {
+                    continue;
+                }
+                let done = match pair.poll() {
+                    Ok(d) => d,
+                    Err(e) => {
+                        first_error.get_or_insert(Error::from(e).context("a staged read"));
+                        continue;
+                    }
+                };
+                for c in done {
+                    let s = std::mem::replace(&mut owner[p][usize::from(c.slot)], usize::MAX);
+                    if s >= WINDOWS {
+                        first_error.get_or_insert(Error::new(
+                            ErrorKind::Device,
+                            format!("a completion of command {} nobody sent", c.slot),
+                        ));
+                        continue;
+                    }
+                    in_flight[s] -= 1;
+                    progressed = true;
+                    if let Err(e) = c.check() {
+                        first_error.get_or_insert(
+                            Error::from(e)
+                                .context(format!("reading LBA {} for a staged read", c.lba)),
+                        );
+                    }
+                }
+            }
+            // Full windows are copied out.
+            for s in 0..WINDOWS {
+                let full = matches!(&held[s], Some((_, plan)) if next_cmd[s] == plan.cmds.len())
+                    && in_flight[s] == 0;
+                if !full || first_error.is_some() {
+                    continue;
+                }
+                let (_, plan) = held[s].take().expect("held");
+                if copying.is_none() {
+                    let r = (ready.take().expect("asked once"))().and_then(|r| {
+                    let room = r.dest.len() as u64;
+                    match reads.iter().find(|x| x.dest.checked_add(x.len).is_none_or(|e| e > room)) {
+                        Some(x) => Err(Error::invalid(format!(
+                            "a read of {} bytes for destination byte {}: the destination has {room}",
+                            x.len, x.dest
+                        ))),
+                        None => Ok(r),
+                    }
+                });
+                    let r = match r {
+                        Ok(r) => r,
+                        Err(e) => {
+                            // The others are waited for before the error goes up.
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
+                    };
+                    let cuda = r.dest.cuda().clone();
+                    let streams = (0..WINDOWS)
+                        .map(|_| Stream::new(&cuda, Placement::Anywhere, None))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    let events = (0..WINDOWS)
+                        .map(|_| Event::new(&cuda))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    copying = Some((r, streams, events));
+                }
+                let (r, streams, events) = copying.as_ref().expect("set above");
+                let base = s as u64 * window;
+                for &(at, dest, len) in &plan.copies {
+                    streams[s].copy_device(
+                        &r.dest,
+                        dest as usize,
+                        &r.bounce,
+                        (base + at) as usize,
+                        len as usize,
+                    )?;
+                    bytes += len;
+                }
+                events[s].record(&streams[s])?;
+                copy_queued[s] = true;
+                copied += 1;
+                progressed = true;
+            }
+            let sent_all = in_flight.iter().all(|&n| n == 0);
+            if (copied == windows.len() || first_error.is_some()) && sent_all {
+                break;
+            }
+            // Bounded: progress, the watchdog, and a backoff that leaves the CPUs to the
+            // controller's threads once nothing moves.
+            let now = Instant::now();
+            if progressed {
+                last_progress = now;
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                if now - last_progress > STALL {
+                    let left: usize = in_flight.iter().sum();
+                    return Err(Error::new(
+                        ErrorKind::Device,
+                        format!(
+                            "a staged read made no progress for {STALL:?}: {left} commands in \
+                         flight, {copied} of {} windows copied",
+                            windows.len()
+                        ),
+                    ));
+                }
+                if idle > 4096 {
+                    std::thread::sleep(Duration::from_micros(20));
+                } else if idle > 256 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            if now - last_watch > Duration::from_millis(1) {
+                last_watch = now;
+                if let Some(why) = watch() {
+                    first_error.get_or_insert(Error::new(ErrorKind::Device, why));
+                }
+            }
+        }
+        Ok(())
+    };
+    let ran = run();
+    // Every copy queued has passed before the destination or the bounce may go.
+    let mut waited = Ok(());
+    if let Some((_, _, events)) = &copying {
+        for (s, ev) in events.iter().enumerate() {
+            if copy_queued[s]
+                && let Err(e) = ev.wait(STALL)
+            {
+                waited = Err(Error::from(e));
+            }
+        }
+    }
+    ran?;
+    waited?;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    Ok(StagedOutcome {
+        bytes,
+        elapsed: started.elapsed(),
+        windows: windows.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_round_out_to_whole_lbas_and_copies_take_only_theirs() {
+        let reads = [
+            StagedRead {
+                file: 0,
+                offset: 100,
+                len: 900,
+                dest: 0,
+            },
+            StagedRead {
+                file: 0,
+                offset: 1000,
+                len: 4000,
+                dest: 900,
+            },
+            StagedRead {
+                file: 0,
+                offset: 8192,
+                len: 0,
+                dest: 4900,
+            },
+        ];
+        let r = rounded(&reads, 512);
+        assert_eq!((r[0].offset, r[0].len), (0, 1024));
+        assert_eq!((r[1].offset, r[1].len), (512, 4608));
+        assert_eq!(r[2].len, 0);
+    }
+}
