@@ -578,6 +578,9 @@ def main():
                          "threads instead; repeatable)")
     ap.add_argument("--keep", action="store_true",
                     help="leave each model's files and image in --dir (for a look at them after)")
+    ap.add_argument("--served-variant", action="append", default=[], metavar="KEY=VAL[+KEY=VAL]",
+                    help="another gpunvme-served row with these variables (e.g. "
+                         "GPUNVME_SERVED_WINDOWS=8x8)")
     ap.add_argument("--methods", default="",
                     help="comma-separated loaders to run (default: all)")
     ap.add_argument("--trace-residency", action="store_true",
@@ -649,6 +652,8 @@ def main():
                 if k == "threads":
                     threads = int(val)
             loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=threads)))
+        for v in args.served_variant:
+            loaders.append((f"gpunvme-served+{v}", dict(controller="emu", spec="served:" + sock)))
         if not jit_warm:
             # CUDA compiles gpunvme's PTX on a machine's first use (about 11 s on the lent
             # H100, then cached on disk): once, untimed, before any row.

@@ -186,6 +186,27 @@ impl ExtentTable {
         Self::from_parts(lba_size, nsid, &entries, &extents)
     }
 
+    /// A table of one file of `size_bytes` on namespace `nsid` with `lba_size`-byte LBAs,
+    /// whose runs are `(file LBA, device LBA, LBAs)` in file order (for tools and tests that
+    /// plan reads without a file system).
+    pub fn of_runs(lba_size: u32, nsid: u32, size_bytes: u64, runs: &[(u64, u64, u64)]) -> Self {
+        let extents: Vec<TableExtent> = runs
+            .iter()
+            .map(|&(file_lba, lba, nlb)| TableExtent { file_lba, lba, nlb })
+            .collect();
+        let alloc: u64 = runs.iter().map(|r| r.2).sum();
+        let entry = TableFile {
+            size_bytes,
+            first_extent: 0,
+            extent_count: extents.len() as u64,
+            file_id: 1,
+            alloc_bytes: alloc * u64::from(lba_size),
+            flags: 0,
+            reserved: 0,
+        };
+        Self::from_parts(lba_size, nsid, &[entry], &extents)
+    }
+
     /// A table of these entries (each file's `first_extent` and `extent_count` indexing
     /// `extents`), on namespace `nsid` with `lba_size`-byte LBAs. For a striped volume's
     /// member tables ([`crate::StripedVolume::member_tables`]), whose files' extents leave gaps

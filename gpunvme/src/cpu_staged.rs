@@ -1,6 +1,6 @@
 //! Staged reads issued by this process's CPU on a controller a `gpunvme serve` daemon owns:
 //! file ranges read by Read commands on lent CPU queue pairs straight into lent host memory
-//! (a bounce of [`WINDOWS`] windows), and a copy engine moving each window into GPU memory.
+//! (a bounce cut in [`Windows`]), and a copy engine moving each window into GPU memory.
 //!
 //! Why a CPU issues these and not GPU threads (docs/serve.md): behind a daemon the bytes
 //! cross host memory either way (the controller reaches only what the daemon lends), so GPU
@@ -21,16 +21,73 @@ use std::time::{Duration, Instant};
 
 use blockfs::table::ExtentTable;
 use gpu_queues::ffi::{DeviceMemory, Event, Placement, Stream};
+
 use gpunvme_serve_client::{Arena, QueuePair};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::staged::{Piece, StagedOutcome, StagedRead, plan_windows};
 
-/// Windows of the bounce buffer: while one is copied out, the others are being read into.
-pub const WINDOWS: usize = 4;
+/// How the bounce is cut: `count` windows of `bytes` each. While some are copied out, the
+/// others are read into; each window is registered with CUDA on its own, beside the reads
+/// (about 0.3-0.6 ms per MiB), so the first copy waits for one window's registration, not the
+/// whole bounce's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    /// Windows (2 to 64).
+    pub count: usize,
+    /// Bytes of each (whole pages, 8 KiB to 256 MiB).
+    pub bytes: u64,
+}
 
-/// Bytes of one window unless the job is smaller.
-pub const WINDOW_BYTES: u64 = 8 << 20;
+impl Default for Windows {
+    fn default() -> Self {
+        Self {
+            count: 4,
+            bytes: 4 << 20,
+        }
+    }
+}
+
+impl Windows {
+    /// `GPUNVME_SERVED_WINDOWS=COUNTxMIB` (e.g. `4x4`, the default), bounded; anything else is
+    /// refused by name.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("GPUNVME_SERVED_WINDOWS") {
+            Err(_) => Ok(Self::default()),
+            Ok(v) => Self::parse(&v).ok_or_else(|| {
+                Error::invalid(format!(
+                    "GPUNVME_SERVED_WINDOWS={v}: COUNTxMIB, 2 to 64 windows of 1 to 256 MiB"
+                ))
+            }),
+        }
+    }
+
+    /// `COUNTxMIB`, bounded as [`Windows::from_env`] says.
+    pub fn parse(v: &str) -> Option<Self> {
+        let (c, m) = v.split_once('x')?;
+        let (c, m) = (
+            c.trim().parse::<usize>().ok()?,
+            m.trim().parse::<u64>().ok()?,
+        );
+        ((2..=64).contains(&c) && (1..=256).contains(&m)).then_some(Self {
+            count: c,
+            bytes: m << 20,
+        })
+    }
+
+    /// The bounce bytes a job of `total` bytes uses: `count` windows of `bytes`, or smaller
+    /// windows for a small job.
+    pub fn bounce_bytes(self, total: u64) -> u64 {
+        self.count as u64 * self.window_for(total)
+    }
+
+    fn window_for(self, total: u64) -> u64 {
+        // Room for a read's rounding to whole LBAs at both ends and one alignment gap.
+        self.bytes
+            .min((total + 3 * ALIGN).next_multiple_of(ALIGN))
+            .max(2 * ALIGN)
+    }
+}
 
 /// How long the job may go without a command completing or a copy passing.
 pub const STALL: Duration = Duration::from_secs(10);
@@ -40,19 +97,6 @@ const PRP_LIMIT: u64 = 2 << 20;
 
 /// File offsets keep this alignment in the bounce (as in [`crate::staged`]).
 const ALIGN: u64 = 4096;
-
-/// The bounce bytes a job of `total` bytes uses: [`WINDOWS`] windows of [`WINDOW_BYTES`], or
-/// less for a small job.
-pub fn bounce_bytes(total: u64) -> u64 {
-    WINDOWS as u64 * window_for(total)
-}
-
-fn window_for(total: u64) -> u64 {
-    // Room for a read's rounding to whole LBAs at both ends and one alignment gap.
-    WINDOW_BYTES
-        .min((total + 3 * ALIGN).next_multiple_of(ALIGN))
-        .max(2 * ALIGN)
-}
 
 /// How a served load's data path reads, in words (reports).
 pub const DATA_PATH: &str = "a CPU thread of this process issues NVMe reads on queue pairs a \
@@ -94,17 +138,10 @@ pub struct CpuIo<'a> {
     pub lba_size: u32,
     /// The controller's largest transfer.
     pub max_transfer: u32,
-    /// Lent host memory, at least [`bounce_bytes`] of the job.
+    /// Lent host memory, at least [`Windows::bounce_bytes`] of the job.
     pub bounce: &'a Arena,
-}
-
-/// What the copies need, asked for once the first window is full: the destination (GPU
-/// memory) and the bounce as GPU addresses (its registration with CUDA).
-pub struct Ready {
-    /// Where the reads' `dest` offsets point.
-    pub dest: Arc<DeviceMemory>,
-    /// The bounce, registered: byte `i` is the bounce's byte `i`.
-    pub bounce: Arc<DeviceMemory>,
+    /// Windows the bounce is cut in (each `bounce.len() / windows` bytes, whole pages).
+    pub windows: usize,
 }
 
 /// One command still to send: `blocks` LBAs from `lba` into bounce byte `at`.
@@ -191,25 +228,29 @@ fn plan_window(
 }
 
 /// Reads `reads` (of files whose extent tables are `tables`, indexed by `StagedRead::file`;
-/// each table's file 0) into the destination [`Ready::dest`] through `io`'s bounce. `ready` is
-/// called once, when the first window is full (or at once when the job is empty); `watch`
-/// ends the job early with its reason. Every read's bytes are in the destination when this
-/// returns `Ok`. Every copy queued has passed when this returns (or its bounded wait failed);
-/// after a failed command the others are waited for, but after a stall or a GPU error
-/// commands may still be in flight: the caller gives the pairs back before the bounce, so the
-/// daemon deletes them before their memory goes.
+/// each table's file 0) into GPU memory through `io`'s bounce. `dest` is called once, when
+/// the first window is full (or at once when the job is empty), for the destination the reads'
+/// `dest` offsets point into; `window_memory(s)` once per window `s`, before its first copy,
+/// for that window of the bounce as GPU memory (its registration with CUDA); `watch` ends the
+/// job early with its reason. Every read's bytes are in the destination when this returns
+/// `Ok`. Every copy queued has passed when this returns (or its bounded wait failed); after a
+/// failed command the others are waited for, but after a stall or a GPU error commands may
+/// still be in flight: the caller gives the pairs back before the bounce, so the daemon
+/// deletes them before their memory goes.
 pub fn read_staged_cpu(
     io: CpuIo<'_>,
     tables: &[&ExtentTable],
     reads: &[StagedRead],
-    ready: impl FnOnce() -> Result<Ready>,
+    dest: impl FnOnce() -> Result<Arc<DeviceMemory>>,
+    mut window_memory: impl FnMut(usize) -> Result<Arc<DeviceMemory>>,
     mut watch: impl FnMut() -> Option<String>,
 ) -> Result<StagedOutcome> {
     let lba = u64::from(io.lba_size);
-    if io.pairs.is_empty() || lba == 0 || !lba.is_power_of_two() || lba > ALIGN {
+    let nw = io.windows;
+    if io.pairs.is_empty() || lba == 0 || !lba.is_power_of_two() || lba > ALIGN || nw == 0 {
         return Err(Error::invalid(format!(
-            "{} queue pairs and {lba}-byte LBAs: at least one pair, LBAs of a power of two up \
-             to {ALIGN} bytes",
+            "{} queue pairs, {nw} windows and {lba}-byte LBAs: at least one pair and one \
+             window, LBAs of a power of two up to {ALIGN} bytes",
             io.pairs.len()
         )));
     }
@@ -229,35 +270,49 @@ pub fn read_staged_cpu(
             )));
         }
     }
-    let total: u64 = reads.iter().map(|r| r.len).sum();
-    let window = window_for(total).min(io.bounce.len() / WINDOWS as u64 / ALIGN * ALIGN);
+    let window = io.bounce.len() / nw as u64 / ALIGN * ALIGN;
     if window < 2 * ALIGN {
         return Err(Error::invalid(format!(
-            "a bounce of {} bytes: at least {} are needed",
+            "a bounce of {} bytes in {nw} windows: at least {} are needed",
             io.bounce.len(),
-            WINDOWS as u64 * 2 * ALIGN
+            nw as u64 * 2 * ALIGN
         )));
     }
     let max_blocks = (u64::from(io.max_transfer).min(PRP_LIMIT) / lba)
         .clamp(1, u64::from(gpunvme_serve_client::command::MAX_BLOCKS));
     let windows = plan_windows(&rounded(reads, lba), window);
     let started = Instant::now();
-    let mut ready = Some(ready);
-    let mut copying: Option<(Ready, Vec<Stream>, Vec<Event>)> = None;
+    let mut dest = Some(dest);
+    let check_dest = |d: Arc<DeviceMemory>| {
+        let room = d.len() as u64;
+        match reads
+            .iter()
+            .find(|x| x.dest.checked_add(x.len).is_none_or(|e| e > room))
+        {
+            Some(x) => Err(Error::invalid(format!(
+                "a read of {} bytes for destination byte {}: the destination has {room}",
+                x.len, x.dest
+            ))),
+            None => Ok(d),
+        }
+    };
     if windows.is_empty() {
-        (ready.take().expect("asked once"))()?;
+        check_dest((dest.take().expect("asked once"))()?)?;
         return Ok(StagedOutcome {
             bytes: 0,
             elapsed: started.elapsed(),
             windows: 0,
         });
     }
-    // Per window slot: the window in it (being read), its commands not yet sent (from
-    // `next_cmd`) and in flight, and whether its last copy may still be running.
-    let mut held: [Option<(usize, WindowPlan)>; WINDOWS] = Default::default();
-    let mut next_cmd = [0usize; WINDOWS];
-    let mut in_flight = [0usize; WINDOWS];
-    let mut copy_queued = [false; WINDOWS];
+    // Per window slot: the window in it (being read) with its commands not yet sent (from
+    // `next_cmd`) and in flight, its GPU memory once registered, and whether its last copy
+    // may still be running.
+    let mut held: Vec<Option<(usize, WindowPlan)>> = (0..nw).map(|_| None).collect();
+    let mut next_cmd = vec![0usize; nw];
+    let mut in_flight = vec![0usize; nw];
+    let mut copy_queued = vec![false; nw];
+    let mut slot_mem: Vec<Option<Arc<DeviceMemory>>> = vec![None; nw];
+    let mut gpu: Option<(Arc<DeviceMemory>, Vec<Stream>, Vec<Event>)> = None;
     // Which slot each command id of each pair reads for.
     let mut owner: Vec<Vec<usize>> = io
         .pairs
@@ -269,16 +324,15 @@ pub fn read_staged_cpu(
     let mut last_progress = Instant::now();
     let mut last_watch = Instant::now();
     let mut idle = 0u32;
-    let mut rr = 0usize;
     let mut run = || -> Result<()> {
         loop {
             let mut progressed = false;
-            // Take the next window into a free slot whose last copy has passed.
+            // Take the next window into its slot once the slot's last copy has passed.
             if first_error.is_none() && next_window < windows.len() {
-                let s = next_window % WINDOWS;
+                let s = next_window % nw;
                 let free = held[s].is_none()
                     && (!copy_queued[s]
-                        || copying
+                        || gpu
                             .as_ref()
                             .map_or(Ok(true), |(_, _, ev)| ev[s].is_done())?);
                 if free {
@@ -290,30 +344,34 @@ pub fn read_staged_cpu(
                     progressed = true;
                 }
             }
-            // Send what the held windows still have, oldest first, round the pairs.
+            // Send what the held windows still have, oldest first, each command to the pair
+            // with the fewest in flight: a pair whose controller thread is slow (it shares a
+            // CPU) gets fewer, so no window waits on one pair's backlog.
             if first_error.is_none() {
-                let mut order: Vec<usize> = (0..WINDOWS).filter(|&s| held[s].is_some()).collect();
-                order.sort_by_key(|&s| held[s].as_ref().map(|(w, _)| *w));
-                'send: for s in order {
+                let mut order: Vec<(usize, usize)> = held
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(s, h)| h.as_ref().map(|(w, _)| (*w, s)))
+                    .collect();
+                order.sort_unstable();
+                'send: for (_, s) in order {
                     let Some((_, plan)) = &held[s] else { continue };
                     while next_cmd[s] < plan.cmds.len() {
-                        let Some(p) = (0..io.pairs.len())
-                            .map(|k| (rr + k) % io.pairs.len())
-                            .find(|&k| io.pairs[k].in_flight() < io.pairs[k].capacity())
-                        else {
-                            break 'send;
-                        };
-                        rr = p + 1;
+                        let p = (0..io.pairs.len())
+                            .min_by_key(|&k| io.pairs[k].in_flight())
+                            .filter(|&k| io.pairs[k].in_flight() < io.pairs[k].capacity());
+                        let Some(p) = p else { break 'send };
                         let c = plan.cmds[next_cmd[s]];
-                        let base = (s as u64) * window;
-                        match io.pairs[p].submit_read_into(
+                        let at = s as u64 * window + c.at;
+                        let sent = io.pairs[p].submit_read_into(
                             io.nsid,
                             c.lba,
                             c.blocks,
                             io.lba_size,
                             io.bounce,
-                            base + c.at,
-                        ) {
+                            at,
+                        );
+                        match sent {
                             Ok(cid) => {
                                 owner[p][usize::from(cid)] = s;
                                 in_flight[s] += 1;
@@ -342,7 +400,7 @@ pub fn read_staged_cpu(
                 };
                 for c in done {
                     let s = std::mem::replace(&mut owner[p][usize::from(c.slot)], usize::MAX);
-                    if s >= WINDOWS {
+                    if s >= nw {
                         first_error.get_or_insert(Error::new(
                             ErrorKind::Device,
                             format!("a completion of command {} nobody sent", c.slot),
@@ -360,51 +418,52 @@ pub fn read_staged_cpu(
                 }
             }
             // Full windows are copied out.
-            for s in 0..WINDOWS {
+            for s in 0..nw {
                 let full = matches!(&held[s], Some((_, plan)) if next_cmd[s] == plan.cmds.len())
                     && in_flight[s] == 0;
                 if !full || first_error.is_some() {
                     continue;
                 }
-                let (_, plan) = held[s].take().expect("held");
-                if copying.is_none() {
-                    let r = (ready.take().expect("asked once"))().and_then(|r| {
-                    let room = r.dest.len() as u64;
-                    match reads.iter().find(|x| x.dest.checked_add(x.len).is_none_or(|e| e > room)) {
-                        Some(x) => Err(Error::invalid(format!(
-                            "a read of {} bytes for destination byte {}: the destination has {room}",
-                            x.len, x.dest
-                        ))),
-                        None => Ok(r),
-                    }
-                });
-                    let r = match r {
-                        Ok(r) => r,
+                if gpu.is_none() {
+                    let d = (dest.take().expect("asked once"))().and_then(check_dest);
+                    let d = match d {
+                        Ok(d) => d,
                         Err(e) => {
                             // The others are waited for before the error goes up.
                             first_error.get_or_insert(e);
                             continue;
                         }
                     };
-                    let cuda = r.dest.cuda().clone();
-                    let streams = (0..WINDOWS)
+                    let cuda = d.cuda().clone();
+                    let streams = (0..nw)
                         .map(|_| Stream::new(&cuda, Placement::Anywhere, None))
                         .collect::<std::result::Result<Vec<_>, _>>()?;
-                    let events = (0..WINDOWS)
+                    let events = (0..nw)
                         .map(|_| Event::new(&cuda))
                         .collect::<std::result::Result<Vec<_>, _>>()?;
-                    copying = Some((r, streams, events));
+                    gpu = Some((d, streams, events));
                 }
-                let (r, streams, events) = copying.as_ref().expect("set above");
-                let base = s as u64 * window;
-                for &(at, dest, len) in &plan.copies {
-                    streams[s].copy_device(
-                        &r.dest,
-                        dest as usize,
-                        &r.bounce,
-                        (base + at) as usize,
-                        len as usize,
-                    )?;
+                if slot_mem[s].is_none() {
+                    match window_memory(s) {
+                        Ok(m) if m.len() as u64 >= window => slot_mem[s] = Some(m),
+                        Ok(m) => {
+                            first_error.get_or_insert(Error::invalid(format!(
+                                "window {s} of the bounce as {} bytes of GPU memory, not {window}",
+                                m.len()
+                            )));
+                            continue;
+                        }
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
+                    }
+                }
+                let (_, plan) = held[s].take().expect("held");
+                let (d, streams, events) = gpu.as_ref().expect("set above");
+                let src = slot_mem[s].as_ref().expect("set above");
+                for &(at, to, len) in &plan.copies {
+                    streams[s].copy_device(d, to as usize, src, at as usize, len as usize)?;
                     bytes += len;
                 }
                 events[s].record(&streams[s])?;
@@ -412,12 +471,12 @@ pub fn read_staged_cpu(
                 copied += 1;
                 progressed = true;
             }
-            let sent_all = in_flight.iter().all(|&n| n == 0);
-            if (copied == windows.len() || first_error.is_some()) && sent_all {
-                break;
+            let none_in_flight = in_flight.iter().all(|&n| n == 0);
+            if (copied == windows.len() || first_error.is_some()) && none_in_flight {
+                return Ok(());
             }
-            // Bounded: progress, the watchdog, and a backoff that leaves the CPUs to the
-            // controller's threads once nothing moves.
+            // Bounded: progress, the watchdog, and a backoff that soon yields the CPU to the
+            // controller's threads (a software controller's share the machine's CPUs).
             let now = Instant::now();
             if progressed {
                 last_progress = now;
@@ -430,14 +489,14 @@ pub fn read_staged_cpu(
                         ErrorKind::Device,
                         format!(
                             "a staged read made no progress for {STALL:?}: {left} commands in \
-                         flight, {copied} of {} windows copied",
+                             flight, {copied} of {} windows copied",
                             windows.len()
                         ),
                     ));
                 }
-                if idle > 4096 {
+                if now - last_progress > Duration::from_millis(2) {
                     std::thread::sleep(Duration::from_micros(20));
-                } else if idle > 256 {
+                } else if idle > 32 {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -450,12 +509,11 @@ pub fn read_staged_cpu(
                 }
             }
         }
-        Ok(())
     };
     let ran = run();
     // Every copy queued has passed before the destination or the bounce may go.
     let mut waited = Ok(());
-    if let Some((_, _, events)) = &copying {
+    if let Some((_, _, events)) = &gpu {
         for (s, ev) in events.iter().enumerate() {
             if copy_queued[s]
                 && let Err(e) = ev.wait(STALL)
@@ -479,6 +537,62 @@ pub fn read_staged_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_settings_parse_within_their_bounds() {
+        assert_eq!(
+            Windows::parse("8x16"),
+            Some(Windows {
+                count: 8,
+                bytes: 16 << 20
+            })
+        );
+        for bad in ["", "8", "x16", "1x4", "65x4", "4x0", "4x257", "4x-1", "ax4"] {
+            assert_eq!(Windows::parse(bad), None, "{bad}");
+        }
+        // A small job gets small windows (whole pages, room for rounding at both ends).
+        let w = Windows::default();
+        assert_eq!(w.bounce_bytes(1000), 4 * 16384);
+        assert_eq!(w.bounce_bytes(1 << 30), 4 * (4 << 20));
+    }
+
+    #[test]
+    fn a_windows_commands_follow_the_extents_and_stop_at_the_largest_transfer() {
+        // One file of 3 extents: file LBAs 0..8 at 100, 8..9 at 500, 9..64 at 1000 (512-byte
+        // LBAs, 32 KiB).
+        let table =
+            ExtentTable::of_runs(512, 1, 32 << 10, &[(0, 100, 8), (8, 500, 1), (9, 1000, 55)]);
+        let reads = [StagedRead {
+            file: 0,
+            offset: 3000,
+            len: 20_000,
+            dest: 7,
+        }];
+        let r = rounded(&reads, 512);
+        let windows = plan_windows(&r, 1 << 20);
+        assert_eq!(windows.len(), 1);
+        let plan = plan_window(&windows[0], &reads, &[&table], 512, 16).unwrap();
+        let at0 = windows[0][0].at;
+        // Bytes 2560..23040: LBAs 5..8 (at 105), 8 (at 500), 9..25 in two commands of at most
+        // 16 blocks (at 1000 and 1016), 25..45 (16 then 4).
+        let cmds: Vec<(u64, u32, u64)> = plan
+            .cmds
+            .iter()
+            .map(|c| (c.lba, c.blocks, c.at - at0))
+            .collect();
+        assert_eq!(
+            cmds,
+            vec![
+                (105, 3, 0),
+                (500, 1, 1536),
+                (1000, 16, 2048),
+                (1016, 16, 2048 + 8192),
+                (1032, 4, 2048 + 16384)
+            ]
+        );
+        // One copy of exactly the bytes asked for.
+        assert_eq!(plan.copies, vec![(at0 + 440, 7, 20_000)]);
+    }
 
     #[test]
     fn reads_round_out_to_whole_lbas_and_copies_take_only_theirs() {

@@ -665,7 +665,7 @@ pub fn load_served<R>(
     files: &[(&File, &Header)],
     while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
 ) -> Result<(Loaded, R, ServedPhases), crate::Error> {
-    use crate::cpu_staged::{self, CpuIo, Ready};
+    use crate::cpu_staged::{self, CpuIo};
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let len = arena_len(total)?;
@@ -707,20 +707,34 @@ pub fn load_served<R>(
         let mut pairs = crate::served::fewer_when_busy(served.file_queue_count()?, true, |n| {
             served.cpu_pairs(n, CPU_DEPTH, served.file_slot_bytes())
         })?;
-        let bounce = served.lend_host(cpu_staged::bounce_bytes(want) as usize)?;
+        let windows = cpu_staged::Windows::from_env()?;
+        let bounce = served.lend_host(windows.bounce_bytes(want) as usize)?;
         let lend = t_lend.elapsed().as_secs_f64();
-        let registered = {
+        // Each window registered with CUDA on its own, in order, beside the reads: the first
+        // copy waits for one window's registration.
+        let window = bounce.arena().len() as usize / windows.count / 4096 * 4096;
+        let (to_copier, registered) =
+            std::sync::mpsc::channel::<(usize, Result<Arc<DeviceMemory>, gpu_queues::GpuError>)>();
+        let registrar = {
             let cuda = cuda.clone();
             let mem = bounce.arena().mem.clone();
             scope.spawn(move || {
                 let t = std::time::Instant::now();
-                let r =
-                    gpu_queues::ffi::os::SharedRegistration::register(&cuda, mem).and_then(|reg| {
-                        let reg = Arc::new(reg);
-                        let n = reg.memory().len();
-                        reg.as_device_memory(&cuda, 0, n)
-                    });
-                (r, t.elapsed().as_secs_f64())
+                for s in 0..windows.count {
+                    let r = gpu_queues::ffi::os::SharedRegistration::register_range(
+                        &cuda,
+                        mem.clone(),
+                        s * window,
+                        window,
+                    )
+                    .and_then(|reg| Arc::new(reg).as_device_memory(&cuda, 0, window))
+                    .map(Arc::new);
+                    let failed = r.is_err();
+                    if to_copier.send((s, r)).is_err() || failed {
+                        break;
+                    }
+                }
+                t.elapsed().as_secs_f64()
             })
         };
         let (to_reader, dest_rx) = std::sync::mpsc::channel::<Arc<DeviceMemory>>();
@@ -732,19 +746,29 @@ pub fn load_served<R>(
             tables.iter().map(|t| t.table()).collect();
         let launched = std::time::Instant::now();
         let reader = scope.spawn(move || {
-            let mut register_secs = 0.0;
-            let ready = || -> Result<Ready, crate::Error> {
-                let dest = dest_rx.recv_timeout(cpu_staged::STALL).map_err(|_| {
+            let dest = || -> Result<Arc<DeviceMemory>, crate::Error> {
+                dest_rx.recv_timeout(cpu_staged::STALL).map_err(|_| {
                     crate::Error::new(crate::ErrorKind::Device, "the arena was not allocated")
-                })?;
-                let (reg, secs) = registered.join().map_err(|_| {
-                    crate::Error::new(crate::ErrorKind::Other, "registering the bounce panicked")
-                })?;
-                register_secs = secs;
-                Ok(Ready {
-                    dest,
-                    bounce: Arc::new(reg?),
                 })
+            };
+            let mut early = std::collections::HashMap::new();
+            let window_memory = |s: usize| -> Result<Arc<DeviceMemory>, crate::Error> {
+                loop {
+                    if let Some(m) = early.remove(&s) {
+                        return m;
+                    }
+                    match registered.recv_timeout(cpu_staged::STALL) {
+                        Ok((k, r)) => {
+                            early.insert(k, r.map_err(crate::Error::from));
+                        }
+                        Err(_) => {
+                            return Err(crate::Error::new(
+                                crate::ErrorKind::Device,
+                                format!("window {s} of the bounce was not registered with CUDA"),
+                            ));
+                        }
+                    }
+                }
             };
             let io = CpuIo {
                 pairs: &mut pairs.pairs,
@@ -752,11 +776,19 @@ pub fn load_served<R>(
                 lba_size: ns.lba_size,
                 max_transfer,
                 bounce: &bounce_arena,
+                windows: windows.count,
             };
-            let out = cpu_staged::read_staged_cpu(io, &tables_ref, &staged_reads, ready, watch);
+            let out = cpu_staged::read_staged_cpu(
+                io,
+                &tables_ref,
+                &staged_reads,
+                dest,
+                window_memory,
+                watch,
+            );
             // The pairs go back before the bounce (commands may be in flight after an error).
             drop(pairs);
-            (out, register_secs)
+            out
         });
         let (mem, arena_secs) = early_arena.join().map_err(|_| {
             crate::Error::new(crate::ErrorKind::Other, "allocating the arena panicked")
@@ -775,9 +807,10 @@ pub fn load_served<R>(
         };
         let arena = arena.expect("allocated");
         let made = while_reading(&arena, &tensors);
-        let (out, register) = reader.join().map_err(|_| {
+        let out = reader.join().map_err(|_| {
             crate::Error::new(crate::ErrorKind::Other, "the staged reader panicked")
         })?;
+        let register = registrar.join().unwrap_or(0.0);
         drop(bounce);
         let out = out?;
         let loaded = Loaded {

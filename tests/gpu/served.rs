@@ -581,7 +581,7 @@ pub(super) fn served_reads_are_staged_into_gpu_memory() {
 /// several MiB) into GPU memory through the lent bounce, each range's bytes exactly the
 /// file's; a range past the end of the file and a destination too small are refused by name.
 pub(super) fn served_cpu_reads_cover_many_windows_and_odd_shapes() {
-    use gpunvme::cpu_staged::{CpuIo, Ready, read_staged_cpu};
+    use gpunvme::cpu_staged::{CpuIo, Windows, read_staged_cpu};
     use gpunvme::handle::DeviceHandle;
     use gpunvme::open::OpenOptions;
     use gpunvme::staged::StagedRead;
@@ -649,9 +649,15 @@ pub(super) fn served_cpu_reads_cover_many_windows_and_odd_shapes() {
     let cuda = Cuda::open(0).unwrap();
     let out = Arc::new(DeviceMemory::alloc(&cuda, total as usize).unwrap());
     let bytes: u64 = reads.iter().map(|r| r.len).sum();
+    // Small windows (64 KiB): many of them, and reads longer than a window.
+    let windows = Windows {
+        count: 3,
+        bytes: 64 << 10,
+    };
     let bounce = served
-        .lend_host(gpunvme::cpu_staged::bounce_bytes(bytes) as usize)
+        .lend_host(windows.bounce_bytes(bytes) as usize)
         .unwrap();
+    let window = bounce.arena().len() as usize / windows.count;
     let info = served.info().clone();
     let run = |pairs: &mut [gpunvme_serve_client::QueuePair],
                reads: &[StagedRead],
@@ -662,26 +668,33 @@ pub(super) fn served_cpu_reads_cover_many_windows_and_odd_shapes() {
             lba_size: LBA,
             max_transfer: info.max_transfer_bytes,
             bounce: bounce.arena(),
+            windows: windows.count,
         };
-        let ready = || {
-            let reg = Arc::new(
-                gpu_queues::ffi::os::SharedRegistration::register(
-                    &cuda,
-                    bounce.arena().mem.clone(),
-                )
-                .unwrap(),
-            );
-            let n = reg.memory().len();
-            Ok(Ready {
-                dest: dest.clone(),
-                bounce: Arc::new(reg.as_device_memory(&cuda, 0, n).unwrap()),
-            })
+        // Each window registered when first copied from, as the library's registrar does.
+        let window_memory = |s: usize| {
+            let reg = gpu_queues::ffi::os::SharedRegistration::register_range(
+                &cuda,
+                bounce.arena().mem.clone(),
+                s * window,
+                window,
+            )
+            .unwrap();
+            Ok(Arc::new(
+                Arc::new(reg).as_device_memory(&cuda, 0, window).unwrap(),
+            ))
         };
-        read_staged_cpu(io, &[table.table()], reads, ready, || None)
+        read_staged_cpu(
+            io,
+            &[table.table()],
+            reads,
+            || Ok(dest.clone()),
+            window_memory,
+            || None,
+        )
     };
     let outcome = run(&mut pairs.pairs, &reads, &out).unwrap();
     assert_eq!(outcome.bytes, bytes);
-    assert!(outcome.windows > 4, "{outcome:?}");
+    assert!(outcome.windows > 100, "{outcome:?}");
     let mut got = vec![0u8; total as usize];
     out.read(0, &mut got).unwrap();
     for r in &reads {

@@ -650,6 +650,8 @@ impl HostArena {
 pub struct SharedRegistration {
     reg: crate::ffi::HostRegistration,
     mem: Arc<gpunvme_serve_shm::SharedMemory>,
+    /// The byte of `mem` the registration starts at.
+    at: usize,
 }
 
 impl std::fmt::Debug for SharedRegistration {
@@ -673,10 +675,36 @@ impl SharedRegistration {
         let reg = unsafe {
             crate::ffi::HostRegistration::register(cuda, mem.as_mut_ptr(), mem.len(), false)
         }?;
-        Ok(Self { reg, mem })
+        Ok(Self { reg, mem, at: 0 })
     }
 
-    /// GPU address of the first byte.
+    /// Registers bytes `at..at + len` of `mem` with CUDA (whole pages: `at` and `len` multiples
+    /// of 4096), so a large buffer can be registered piece by piece while earlier pieces are
+    /// in use. Offsets of the result ([`SharedRegistration::verify`],
+    /// [`SharedRegistration::as_device_memory`]) count from `at`.
+    pub fn register_range(
+        cuda: &Arc<crate::ffi::Cuda>,
+        mem: Arc<gpunvme_serve_shm::SharedMemory>,
+        at: usize,
+        len: usize,
+    ) -> Result<Self, GpuError> {
+        let inside = at.checked_add(len).is_some_and(|end| end <= mem.len());
+        if !inside || len == 0 || at % 4096 != 0 || len % 4096 != 0 {
+            return Err(GpuError::InvalidArgument(format!(
+                "registering {at:#x}+{len:#x} of {:#x} bytes of shared memory (whole pages inside it)",
+                mem.len()
+            )));
+        }
+        // SAFETY: `at..at + len` lies inside the shared mapping (checked), page-aligned (the
+        // mapping starts on a page, `at` and `len` are whole pages), of a memfd sealed against
+        // shrinking; this value holds `mem` and drops the registration first (field order).
+        let reg = unsafe {
+            crate::ffi::HostRegistration::register(cuda, mem.as_mut_ptr().add(at), len, false)
+        }?;
+        Ok(Self { reg, mem, at })
+    }
+
+    /// GPU address of the first byte registered.
     pub fn gpu_ptr(&self) -> u64 {
         self.reg.device_ptr()
     }
@@ -701,11 +729,12 @@ impl SharedRegistration {
     ) -> Result<crate::ffi::DeviceMemory, GpuError> {
         if offset
             .checked_add(len)
-            .is_none_or(|end| end > self.mem.len())
+            .is_none_or(|end| end > self.reg.len())
         {
             return Err(GpuError::InvalidArgument(format!(
-                "{offset:#x}+{len:#x} of {:#x} bytes of shared memory",
-                self.mem.len()
+                "{offset:#x}+{len:#x} of {:#x} bytes of shared memory registered from byte {:#x}",
+                self.reg.len(),
+                self.at
             )));
         }
         // SAFETY: the registration covers `offset..offset + len` (checked) from `gpu_ptr()`,
