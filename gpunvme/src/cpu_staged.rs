@@ -144,6 +144,128 @@ pub struct CpuIo<'a> {
     pub windows: usize,
 }
 
+/// Where a served read's set-up went (seconds): lending the queue pairs and the bounce, and
+/// (beside the reads) registering the bounce's windows with CUDA and allocating the
+/// destination where the caller did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServedPhases {
+    /// Queue pairs and bounce lent by the daemon.
+    pub lend: f64,
+    /// Every window of the bounce registered with CUDA (beside the reads).
+    pub register: f64,
+    /// The destination allocated (beside the reads; the caller's).
+    pub arena: f64,
+    /// Queue pairs used.
+    pub queues: u16,
+}
+
+/// Entries of each CPU queue pair a served read uses.
+const CPU_DEPTH: u32 = 64;
+
+/// Reads `reads` of the files whose extent tables are `tables` on namespace `nsid` of
+/// `served` into the GPU memory `dest` gives (called once, when the first window is full: a
+/// caller may allocate it meanwhile) on `cuda`'s GPU: lent CPU queue pairs (one per thread of
+/// the daemon's controller, fewer when the daemon has fewer), a lent bounce cut as
+/// [`Windows::from_env`] says, each window registered with CUDA on a thread of its own in
+/// order, and [`read_staged_cpu`] on this thread. The pairs go back before the bounce.
+pub fn read_served(
+    served: &crate::served::ServedController,
+    nsid: u32,
+    cuda: &Arc<gpu_queues::Cuda>,
+    tables: &[&ExtentTable],
+    reads: &[StagedRead],
+    dest: impl FnOnce() -> Result<Arc<DeviceMemory>>,
+) -> Result<(StagedOutcome, ServedPhases)> {
+    let ns = *served.info().namespace(nsid).ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("namespace {nsid} is not on {}", served.describe()),
+        )
+    })?;
+    let want: u64 = reads.iter().map(|r| r.len).sum();
+    let windows = Windows::from_env()?;
+    let t_lend = Instant::now();
+    let mut pairs = crate::served::fewer_when_busy(served.file_queue_count()?, true, |n| {
+        served.cpu_pairs(n, CPU_DEPTH, served.file_slot_bytes())
+    })?;
+    let bounce = served.lend_host(windows.bounce_bytes(want) as usize)?;
+    let lend = t_lend.elapsed().as_secs_f64();
+    let queues = pairs.pairs.len() as u16;
+    let window = bounce.arena().len() as usize / windows.count / 4096 * 4096;
+    let out = std::thread::scope(|scope| {
+        let (to_copier, registered) =
+            std::sync::mpsc::channel::<(usize, Result<Arc<DeviceMemory>>)>();
+        let registrar = {
+            let cuda = cuda.clone();
+            let mem = bounce.arena().mem.clone();
+            scope.spawn(move || {
+                let t = Instant::now();
+                for s in 0..windows.count {
+                    let r = gpu_queues::ffi::os::SharedRegistration::register_range(
+                        &cuda,
+                        mem.clone(),
+                        s * window,
+                        window,
+                    )
+                    .and_then(|reg| Arc::new(reg).as_device_memory(&cuda, 0, window))
+                    .map(Arc::new)
+                    .map_err(Error::from);
+                    let failed = r.is_err();
+                    // The reader gone (done, or failed) ends the registrations.
+                    if to_copier.send((s, r)).is_err() || failed {
+                        break;
+                    }
+                }
+                t.elapsed().as_secs_f64()
+            })
+        };
+        let mut early = std::collections::HashMap::new();
+        let window_memory = |s: usize| -> Result<Arc<DeviceMemory>> {
+            loop {
+                if let Some(m) = early.remove(&s) {
+                    return m;
+                }
+                match registered.recv_timeout(STALL) {
+                    Ok((k, r)) => {
+                        early.insert(k, r);
+                    }
+                    Err(_) => {
+                        return Err(Error::new(
+                            ErrorKind::Device,
+                            format!("window {s} of the bounce was not registered with CUDA"),
+                        ));
+                    }
+                }
+            }
+        };
+        let io = CpuIo {
+            pairs: &mut pairs.pairs,
+            nsid,
+            lba_size: ns.lba_size,
+            max_transfer: served.info().max_transfer_bytes,
+            bounce: bounce.arena(),
+            windows: windows.count,
+        };
+        let out = read_staged_cpu(io, tables, reads, dest, window_memory, served.watchdog());
+        drop(registered);
+        let register = registrar.join().unwrap_or(0.0);
+        (out, register)
+    });
+    // The pairs go back before the bounce (commands may be in flight after an error).
+    drop(pairs);
+    drop(bounce);
+    let (out, register) = out;
+    Ok((
+        out?,
+        ServedPhases {
+            lend,
+            register,
+            arena: 0.0,
+            queues,
+        },
+    ))
+}
+
 /// One command still to send: `blocks` LBAs from `lba` into bounce byte `at`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cmd {

@@ -71,6 +71,63 @@ pub fn staged_data_path(setup: &GpuSetup) -> String {
     )
 }
 
+/// [`read_into`] on a controller a daemon owns, by this process's CPU on lent queue pairs
+/// ([`crate::cpu_staged::read_served`]): up to `dst.len()` bytes of `name` from `offset` on,
+/// staged through a lent bounce into `dst`; no GPU queues are set up.
+pub fn read_into_served(
+    served: &crate::served::ServedController,
+    nsid: u32,
+    fs: &FileSystem,
+    name: &str,
+    offset: u64,
+    dst: &Arc<DeviceMemory>,
+) -> Result<GpuIoReport> {
+    let file = fs.open(name, OpenMode::ReadOnly)?;
+    let size = file.len()?;
+    ensure!(
+        offset <= size,
+        InvalidArgument,
+        "offset {offset} is past the end of {name} ({size} bytes)"
+    );
+    let n = (size - offset).min(dst.len() as u64);
+    let table = file.extent_table()?;
+    let read = crate::staged::StagedRead {
+        file: 0,
+        offset,
+        len: n,
+        dest: 0,
+    };
+    let (out, p) = crate::cpu_staged::read_served(
+        served,
+        nsid,
+        dst.cuda(),
+        &[table.table()],
+        std::slice::from_ref(&read),
+        || Ok(dst.clone()),
+    )?;
+    ensure!(
+        out.bytes == n,
+        Device,
+        "the CPU read {} of {n} bytes",
+        out.bytes
+    );
+    let secs = out.elapsed.as_secs_f64();
+    Ok(GpuIoReport {
+        name: name.to_owned(),
+        bytes: n,
+        seconds: secs,
+        bytes_per_sec: if secs > 0.0 { n as f64 / secs } else { 0.0 },
+        staged: true,
+        data_path: crate::cpu_staged::DATA_PATH.to_owned(),
+        transport: format!(
+            "served ({}), {} CPU queue pairs",
+            served.describe(),
+            p.queues
+        ),
+        crc32c: None,
+    })
+}
+
 /// The largest staging buffer (bytes): writes, and reads on transports that cannot map the
 /// caller's memory, move at most this much per batch.
 pub const STAGE_MAX: usize = 256 << 20;

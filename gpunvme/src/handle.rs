@@ -831,6 +831,11 @@ impl DeviceHandle {
     ) -> Result<GpuIoReport> {
         self.gpu_ready(serving, ssd_model)?;
         let fs = self.mount()?;
+        if let Owner::Served(served) = &self.owner
+            && crate::cpu_staged::Issuer::from_env()? == crate::cpu_staged::Issuer::Cpu
+        {
+            return gpu_io::read_into_served(served, self.nsid, &fs, name, offset, &dst);
+        }
         let cuda = dst.cuda().clone();
         let (report, _) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
             let src = self.owner.queues();

@@ -636,27 +636,13 @@ pub fn load_into_with<R>(
     )
 }
 
-/// Where a load on a served controller spent its set-up (seconds), beside
-/// [`load_served`]'s result: lending the queue pairs and the bounce, and registering the
-/// bounce with CUDA and allocating the arena (each on a thread of its own, beside the first
-/// reads).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ServedPhases {
-    /// Queue pairs and bounce lent by the daemon.
-    pub lend: f64,
-    /// The bounce registered with CUDA (beside the reads).
-    pub register: f64,
-    /// The arena allocated (beside the reads).
-    pub arena: f64,
-    /// Queue pairs used.
-    pub queues: u16,
-}
-
 /// Loads every tensor of `files` (blockfs files with their parsed headers, named `names`) on
 /// a controller a daemon owns into one new arena of GPU memory on `cuda`'s GPU, by Read
 /// commands this process's CPU issues on lent queue pairs into a lent bounce and copies into
-/// the arena ([`crate::cpu_staged`]): no GPU queues are set up. `while_reading` runs on this
-/// thread once the arena exists, while the reads go on (as in [`load_with`]).
+/// the arena ([`crate::cpu_staged::read_served`]): no GPU queues are set up. The arena is
+/// allocated on a thread of its own beside the first reads; `while_reading` runs on this
+/// thread once it exists, while the reads go on (as in [`load_with`]). Also the set-up's
+/// phases and the seconds the arena's allocation took.
 pub fn load_served<R>(
     served: &crate::served::ServedController,
     nsid: u32,
@@ -664,13 +650,12 @@ pub fn load_served<R>(
     names: &[&str],
     files: &[(&File, &Header)],
     while_reading: impl FnOnce(&Arc<GpuTarget>, &[Placed]) -> R,
-) -> Result<(Loaded, R, ServedPhases), crate::Error> {
-    use crate::cpu_staged::{self, CpuIo};
+) -> Result<(Loaded, R, crate::cpu_staged::ServedPhases), crate::Error> {
+    use crate::cpu_staged;
     let headers: Vec<Header> = files.iter().map(|(_, h)| (*h).clone()).collect();
     let (tensors, total) = layout(names, &headers)?;
     let len = arena_len(total)?;
     let reads = arena_reads(&tensors);
-    let want: u64 = reads.iter().map(|r| r.len).sum();
     let staged_reads: Vec<StagedRead> = reads
         .iter()
         .map(|r| StagedRead {
@@ -680,17 +665,12 @@ pub fn load_served<R>(
             dest: r.offset,
         })
         .collect();
-    let ns = *served.info().namespace(nsid).ok_or_else(|| {
-        crate::Error::new(
-            crate::ErrorKind::NotFound,
-            format!("namespace {nsid} is not on {}", served.describe()),
-        )
-    })?;
     let t0 = std::time::Instant::now();
     let tables = files
         .iter()
         .map(|(f, _)| f.extent_table())
         .collect::<Result<Vec<_>, _>>()?;
+    let tables_ref: Vec<&blockfs::table::ExtentTable> = tables.iter().map(|t| t.table()).collect();
     let open_secs = t0.elapsed().as_secs_f64();
     std::thread::scope(|scope| {
         let early_arena = {
@@ -703,116 +683,35 @@ pub fn load_served<R>(
                 )
             })
         };
-        let t_lend = std::time::Instant::now();
-        let mut pairs = crate::served::fewer_when_busy(served.file_queue_count()?, true, |n| {
-            served.cpu_pairs(n, CPU_DEPTH, served.file_slot_bytes())
-        })?;
-        let windows = cpu_staged::Windows::from_env()?;
-        let bounce = served.lend_host(windows.bounce_bytes(want) as usize)?;
-        let lend = t_lend.elapsed().as_secs_f64();
-        // Each window registered with CUDA on its own, in order, beside the reads: the first
-        // copy waits for one window's registration.
-        let window = bounce.arena().len() as usize / windows.count / 4096 * 4096;
-        let (to_copier, registered) =
-            std::sync::mpsc::channel::<(usize, Result<Arc<DeviceMemory>, gpu_queues::GpuError>)>();
-        let registrar = {
-            let cuda = cuda.clone();
-            let mem = bounce.arena().mem.clone();
-            scope.spawn(move || {
-                let t = std::time::Instant::now();
-                for s in 0..windows.count {
-                    let r = gpu_queues::ffi::os::SharedRegistration::register_range(
-                        &cuda,
-                        mem.clone(),
-                        s * window,
-                        window,
-                    )
-                    .and_then(|reg| Arc::new(reg).as_device_memory(&cuda, 0, window))
-                    .map(Arc::new);
-                    let failed = r.is_err();
-                    if to_copier.send((s, r)).is_err() || failed {
-                        break;
-                    }
-                }
-                t.elapsed().as_secs_f64()
-            })
-        };
         let (to_reader, dest_rx) = std::sync::mpsc::channel::<Arc<DeviceMemory>>();
-        let watch = served.watchdog();
-        let queues = pairs.pairs.len() as u16;
-        let max_transfer = served.info().max_transfer_bytes;
-        let bounce_arena = bounce.arena().clone();
-        let tables_ref: Vec<&blockfs::table::ExtentTable> =
-            tables.iter().map(|t| t.table()).collect();
         let launched = std::time::Instant::now();
+        let (tables_ref, staged_reads) = (&tables_ref, &staged_reads);
         let reader = scope.spawn(move || {
-            let dest = || -> Result<Arc<DeviceMemory>, crate::Error> {
+            let dest = move || {
                 dest_rx.recv_timeout(cpu_staged::STALL).map_err(|_| {
                     crate::Error::new(crate::ErrorKind::Device, "the arena was not allocated")
                 })
             };
-            let mut early = std::collections::HashMap::new();
-            let window_memory = |s: usize| -> Result<Arc<DeviceMemory>, crate::Error> {
-                loop {
-                    if let Some(m) = early.remove(&s) {
-                        return m;
-                    }
-                    match registered.recv_timeout(cpu_staged::STALL) {
-                        Ok((k, r)) => {
-                            early.insert(k, r.map_err(crate::Error::from));
-                        }
-                        Err(_) => {
-                            return Err(crate::Error::new(
-                                crate::ErrorKind::Device,
-                                format!("window {s} of the bounce was not registered with CUDA"),
-                            ));
-                        }
-                    }
-                }
-            };
-            let io = CpuIo {
-                pairs: &mut pairs.pairs,
-                nsid,
-                lba_size: ns.lba_size,
-                max_transfer,
-                bounce: &bounce_arena,
-                windows: windows.count,
-            };
-            let out = cpu_staged::read_staged_cpu(
-                io,
-                &tables_ref,
-                &staged_reads,
-                dest,
-                window_memory,
-                watch,
-            );
-            // The pairs go back before the bounce (commands may be in flight after an error).
-            drop(pairs);
-            out
+            cpu_staged::read_served(served, nsid, cuda, tables_ref, staged_reads, dest)
         });
         let (mem, arena_secs) = early_arena.join().map_err(|_| {
             crate::Error::new(crate::ErrorKind::Other, "allocating the arena panicked")
         })?;
-        let arena = match mem {
-            Ok(m) => {
-                let m = Arc::new(m);
-                let _ = to_reader.send(m.clone());
-                Some(Arc::new(GpuTarget::unmapped(m)))
-            }
+        let mem = match mem {
+            Ok(m) => Arc::new(m),
             Err(e) => {
                 drop(to_reader);
                 let _ = reader.join();
                 return Err(crate::Error::from(SafetensorsError::Gpu(e.to_string())));
             }
         };
-        let arena = arena.expect("allocated");
+        let _ = to_reader.send(mem.clone());
+        let arena = Arc::new(GpuTarget::unmapped(mem));
         let made = while_reading(&arena, &tensors);
-        let out = reader.join().map_err(|_| {
+        let (out, mut phases) = reader.join().map_err(|_| {
             crate::Error::new(crate::ErrorKind::Other, "the staged reader panicked")
-        })?;
-        let register = registrar.join().unwrap_or(0.0);
-        drop(bounce);
-        let out = out?;
+        })??;
+        phases.arena = arena_secs;
         let loaded = Loaded {
             arena,
             tensors,
@@ -824,21 +723,9 @@ pub fn load_served<R>(
             launched,
         };
         let (loaded, made) = finish(loaded, &reads, made)?;
-        Ok((
-            loaded,
-            made,
-            ServedPhases {
-                lend,
-                register,
-                arena: arena_secs,
-                queues,
-            },
-        ))
+        Ok((loaded, made, phases))
     })
 }
-
-/// Entries of each CPU queue pair a served load uses.
-const CPU_DEPTH: u32 = 64;
 
 /// `loaded`, once it read every byte `reads` asked for.
 fn finish<R>(
