@@ -971,33 +971,30 @@ impl DeviceHandle {
             let (loaded, made, p) =
                 safetensors::load_served(served, self.nsid, &cuda, &refs, &pairs, while_reading)?;
             let t_loaded = t0.elapsed().as_secs_f64();
-            let report = serde_json::json!({
-                "files": names,
-                "tensors": loaded.tensors.len(),
-                "bytes": loaded.bytes,
-                "seconds": loaded.secs,
-                "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
-                "arena_bytes": loaded.arena.len(),
-                "transport": format!("served ({}), {} CPU queue pairs", served.describe(), p.queues),
-                "ssd_model": serde_json::Value::Null,
-                "model_cap_bytes_per_sec": serde_json::Value::Null,
-                "data_path": crate::cpu_staged::DATA_PATH,
-                "phases": {
-                    "mount_and_headers": t_headers,
-                    "gpu_open": t_opened - t_headers,
-                    // No GPU queues: the set-up is the daemon's loans; the arena's allocation
-                    // and the bounce's registration run beside the first reads.
-                    "gpu_setup": p.lend,
-                    "gpu_setup_phases": { "lend": p.lend, "register_beside": p.register },
-                    "load": t_loaded - t_opened - p.lend,
-                    "load_arena": 0.0,
-                    "arena_beside_setup": p.arena,
-                    "load_tables": loaded.tables_secs,
-                    "load_tables_open": loaded.open_secs,
-                    "load_reads": loaded.secs,
-                    "teardown": 0.0,
-                },
-            });
+            let report = merged(
+                load_report(&names, &loaded),
+                serde_json::json!({
+                    "transport": format!("served ({}), {} CPU queue pairs", served.describe(), p.queues),
+                    "ssd_model": serde_json::Value::Null,
+                    "model_cap_bytes_per_sec": serde_json::Value::Null,
+                    "data_path": crate::cpu_staged::DATA_PATH,
+                    "phases": {
+                        "mount_and_headers": t_headers,
+                        "gpu_open": t_opened - t_headers,
+                        // No GPU queues: the set-up is the daemon's loans; the arena's allocation
+                        // and the bounce's registration run beside the first reads.
+                        "gpu_setup": p.lend,
+                        "gpu_setup_phases": { "lend": p.lend, "register_beside": p.register },
+                        "load": t_loaded - t_opened - p.lend,
+                        "load_arena": 0.0,
+                        "arena_beside_setup": p.arena,
+                        "load_tables": loaded.tables_secs,
+                        "load_tables_open": loaded.open_secs,
+                        "load_reads": loaded.secs,
+                        "teardown": 0.0,
+                    },
+                }),
+            );
             return Ok((loaded, report, made));
         }
         let mut t_loaded = 0.0;
@@ -1032,52 +1029,51 @@ impl DeviceHandle {
                 Owner::Local { .. } => None,
             };
             let (mut out, setup_secs) = self.with_gpu(&cuda, serving, ssd_model, |setup| {
-            let pairs: Vec<_> = files.iter().zip(&headers).collect();
-            let src = self.owner.queues();
-            let watch = src.watchdog(setup);
-            for (name, secs) in setup.queues.setup_phases().phases() {
-                setup_phases.insert((*name).to_owned(), serde_json::json!(secs));
-            }
-            let (arena, early_secs) = match early.map(|h| h.join()) {
-                Some(Ok((Ok(mem), secs))) => (Some(mem), secs),
-                // A failed early allocation (out of memory beside the queues) is retried by
-                // the load, which reports it; a panic there is not this call's to resume.
-                Some(Ok((Err(_), secs))) => (None, secs),
-                Some(Err(_)) | None => (None, 0.0),
-            };
-            // A failed early loan is retried by the load likewise.
-            let bounce = early_bounce.and_then(|h| h.join().ok()).and_then(|r| r.ok());
-            let (loaded, made) = safetensors::load_into_with(
-                setup,
-                &refs,
-                &pairs,
-                safetensors::Ahead { arena, bounce },
-                watch,
-                while_reading,
-            )?;
-            arena_ahead_secs = early_secs;
-            t_loaded = t0.elapsed().as_secs_f64();
-            let report = serde_json::json!({
-                "files": names,
-                "tensors": loaded.tensors.len(),
-                "bytes": loaded.bytes,
-                "seconds": loaded.secs,
-                "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
-                "arena_bytes": loaded.arena.len(),
-                "transport": setup.transport,
-                "ssd_model": ssd_model.map(|m| m.to_string()),
-                // What the modelled drives can move for large reads (bandwidth, all drives).
-                "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
-                "data_path": if loaded.arena.buffer().is_some() {
-                    gpu_fs::data_path(setup, false)
-                } else {
-                    crate::gpu_io::staged_data_path(setup)
-                },
-                "controller_copies": gpu_fs::controller_copies(setup),
-                "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
-            });
-            Ok::<_, crate::Error>((loaded, report, made))
-        })?;
+                let pairs: Vec<_> = files.iter().zip(&headers).collect();
+                let src = self.owner.queues();
+                let watch = src.watchdog(setup);
+                for (name, secs) in setup.queues.setup_phases().phases() {
+                    setup_phases.insert((*name).to_owned(), serde_json::json!(secs));
+                }
+                let (arena, early_secs) = match early.map(|h| h.join()) {
+                    Some(Ok((Ok(mem), secs))) => (Some(mem), secs),
+                    // A failed early allocation (out of memory beside the queues) is retried by
+                    // the load, which reports it; a panic there is not this call's to resume.
+                    Some(Ok((Err(_), secs))) => (None, secs),
+                    Some(Err(_)) | None => (None, 0.0),
+                };
+                // A failed early loan is retried by the load likewise.
+                let bounce = early_bounce
+                    .and_then(|h| h.join().ok())
+                    .and_then(|r| r.ok());
+                let (loaded, made) = safetensors::load_into_with(
+                    setup,
+                    &refs,
+                    &pairs,
+                    safetensors::Ahead { arena, bounce },
+                    watch,
+                    while_reading,
+                )?;
+                arena_ahead_secs = early_secs;
+                t_loaded = t0.elapsed().as_secs_f64();
+                let report = merged(
+                    load_report(&names, &loaded),
+                    serde_json::json!({
+                        "transport": setup.transport,
+                        "ssd_model": ssd_model.map(|m| m.to_string()),
+                        // What the modelled drives can move for large reads (bandwidth, all drives).
+                        "model_cap_bytes_per_sec": ssd_model.map(|m| m.bandwidth * m.drives as u64),
+                        "data_path": if loaded.arena.buffer().is_some() {
+                            gpu_fs::data_path(setup, false)
+                        } else {
+                            crate::gpu_io::staged_data_path(setup)
+                        },
+                        "controller_copies": gpu_fs::controller_copies(setup),
+                        "controller_threads": gpu_fs::controller_threads(setup, loaded.launched),
+                    }),
+                );
+                Ok::<_, crate::Error>((loaded, report, made))
+            })?;
             // Where the call's time went (seconds): mount and headers, opening the GPU (the
             // driver and the primary context, in a fresh process), GPU setup (queues, unless kept
             // from an earlier call, with where their bring-up went; the model's start and media),
@@ -1104,6 +1100,26 @@ impl DeviceHandle {
             Ok(out)
         })
     }
+}
+
+/// What every load's report says of it: files, tensors, bytes and rate, the arena's size.
+fn load_report(names: &[String], loaded: &safetensors::Loaded) -> serde_json::Value {
+    serde_json::json!({
+        "files": names,
+        "tensors": loaded.tensors.len(),
+        "bytes": loaded.bytes,
+        "seconds": loaded.secs,
+        "bytes_per_sec": if loaded.secs > 0.0 { loaded.bytes as f64 / loaded.secs } else { 0.0 },
+        "arena_bytes": loaded.arena.len(),
+    })
+}
+
+/// `base` with `more`'s fields added (both JSON objects).
+fn merged(mut base: serde_json::Value, more: serde_json::Value) -> serde_json::Value {
+    if let (Some(b), serde_json::Value::Object(m)) = (base.as_object_mut(), more) {
+        b.extend(m);
+    }
+    base
 }
 
 /// The GPU of `pieces`' GPU memory (GPU 0 when there is none), refused when they are on

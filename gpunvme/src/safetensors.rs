@@ -555,15 +555,7 @@ pub fn load_into_with<R>(
     let arena = Arc::new(arena);
     let arena_secs = t0.elapsed().as_secs_f64() - t_tables;
     if let Some(bounce) = bounce {
-        let staged_reads: Vec<StagedRead> = reads
-            .iter()
-            .map(|r| StagedRead {
-                file: r.file,
-                offset: headers[r.file].data_start + r.begin,
-                len: r.len,
-                dest: r.offset,
-            })
-            .collect();
+        let staged_reads = staged_reads(&reads, &headers);
         let launched = std::time::Instant::now();
         // The views are built while the GPU reads (as below); the job runs on this thread.
         let made = while_reading(&arena, &tensors);
@@ -656,15 +648,7 @@ pub fn load_served<R>(
     let (tensors, total) = layout(names, &headers)?;
     let len = arena_len(total)?;
     let reads = arena_reads(&tensors);
-    let staged_reads: Vec<StagedRead> = reads
-        .iter()
-        .map(|r| StagedRead {
-            file: r.file,
-            offset: headers[r.file].data_start + r.begin,
-            len: r.len,
-            dest: r.offset,
-        })
-        .collect();
+    let staged_reads = staged_reads(&reads, &headers);
     let t0 = std::time::Instant::now();
     let tables = files
         .iter()
@@ -725,6 +709,20 @@ pub fn load_served<R>(
         let (loaded, made) = finish(loaded, &reads, made)?;
         Ok((loaded, made, phases))
     })
+}
+
+/// The arena's reads as reads of the files (each file's data section starts after its
+/// header), for staged loads.
+fn staged_reads(reads: &[ArenaRead], headers: &[Header]) -> Vec<StagedRead> {
+    reads
+        .iter()
+        .map(|r| StagedRead {
+            file: r.file,
+            offset: headers[r.file].data_start + r.begin,
+            len: r.len,
+            dest: r.offset,
+        })
+        .collect()
 }
 
 /// `loaded`, once it read every byte `reads` asked for.
