@@ -52,13 +52,12 @@ impl Windows {
     /// `GPUNVME_SERVED_WINDOWS=COUNTxMIB` (e.g. `4x4`, the default), bounded; anything else is
     /// refused by name.
     pub fn from_env() -> Result<Self> {
-        match std::env::var("GPUNVME_SERVED_WINDOWS") {
-            Err(_) => Ok(Self::default()),
-            Ok(v) => Self::parse(&v).ok_or_else(|| {
-                Error::invalid(format!(
-                    "GPUNVME_SERVED_WINDOWS={v}: COUNTxMIB, 2 to 64 windows of 1 to 256 MiB"
-                ))
-            }),
+        let setting = gpunvme_settings::SERVED_WINDOWS;
+        match setting.value() {
+            None => Ok(Self::default()),
+            Some(v) => {
+                Self::parse(&v).ok_or_else(|| Error::invalid(setting.invalid(&v).to_string()))
+            }
         }
     }
 
@@ -117,12 +116,11 @@ pub enum Issuer {
 impl Issuer {
     /// `GPUNVME_SERVED_READS`: `cpu` (or unset) or `gpu`; anything else is refused by name.
     pub fn from_env() -> Result<Self> {
-        match std::env::var("GPUNVME_SERVED_READS").as_deref() {
-            Err(_) | Ok("") | Ok("cpu") => Ok(Self::Cpu),
-            Ok("gpu") => Ok(Self::Gpu),
-            Ok(other) => Err(Error::invalid(format!(
-                "GPUNVME_SERVED_READS={other}: cpu or gpu"
-            ))),
+        let setting = gpunvme_settings::SERVED_READS;
+        match setting.value().as_deref() {
+            None | Some("cpu") => Ok(Self::Cpu),
+            Some("gpu") => Ok(Self::Gpu),
+            Some(other) => Err(Error::invalid(setting.invalid(other).to_string())),
         }
     }
 }
