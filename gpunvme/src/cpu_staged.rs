@@ -103,22 +103,33 @@ pub const DATA_PATH: &str = "a CPU thread of this process issues NVMe reads on q
     memory (four windows, reads of some beside the copy of another); extents from blockfs on \
     the host";
 
-/// Who issues a served load's reads: this process's CPU (the default) or GPU threads on GPU
-/// queues over lent pairs (`GPUNVME_SERVED_READS=gpu`, kept to compare the two).
+/// Who issues a served device's loads and `read_into` reads: this process's CPU on lent
+/// queue pairs ([`read_staged_cpu`]) or GPU threads on served GPU queues
+/// ([`crate::staged::read_staged`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Issuer {
-    /// [`read_staged_cpu`].
+    /// This process's CPU.
     Cpu,
-    /// [`crate::staged::read_staged`] on served GPU queues.
+    /// GPU threads.
     Gpu,
 }
 
+/// Jobs of fewer bytes than this are CPU-issued unless `GPUNVME_SERVED_READS` says otherwise.
+/// Measured on a lent H100 (docs/serve.md): CPU-issued reads set up in 1.2-2.5 ms but read at
+/// 20-25 GB/s, GPU-issued ones take 38-53 ms to set up and read at 39-47 GB/s, so the GPU
+/// pays off from about 1.8 GB on.
+pub const CPU_BELOW: u64 = 2 << 30;
+
 impl Issuer {
-    /// `GPUNVME_SERVED_READS`: `cpu` (or unset) or `gpu`; anything else is refused by name.
-    pub fn from_env() -> Result<Self> {
+    /// Who issues a job of `bytes` bytes: `GPUNVME_SERVED_READS` (`cpu`, `gpu`, or `auto`,
+    /// the default: the CPU below [`CPU_BELOW`], else the GPU); another value is refused by
+    /// name.
+    pub fn for_job(bytes: u64) -> Result<Self> {
         let setting = gpunvme_settings::SERVED_READS;
         match setting.value().as_deref() {
-            None | Some("cpu") => Ok(Self::Cpu),
+            None | Some("auto") if bytes < CPU_BELOW => Ok(Self::Cpu),
+            None | Some("auto") => Ok(Self::Gpu),
+            Some("cpu") => Ok(Self::Cpu),
             Some("gpu") => Ok(Self::Gpu),
             Some(other) => Err(Error::invalid(setting.invalid(other).to_string())),
         }

@@ -832,7 +832,8 @@ impl DeviceHandle {
         self.gpu_ready(serving, ssd_model)?;
         let fs = self.mount()?;
         if let Owner::Served(served) = &self.owner
-            && crate::cpu_staged::Issuer::from_env()? == crate::cpu_staged::Issuer::Cpu
+            && crate::cpu_staged::Issuer::for_job(dst.len() as u64)?
+                == crate::cpu_staged::Issuer::Cpu
         {
             return gpu_io::read_into_served(served, self.nsid, &fs, name, offset, &dst);
         }
@@ -963,7 +964,7 @@ impl DeviceHandle {
         let cuda = gpu_fs::open_gpu(gpu)?;
         let t_opened = t0.elapsed().as_secs_f64();
         if let Owner::Served(served) = &self.owner
-            && crate::cpu_staged::Issuer::from_env()? == crate::cpu_staged::Issuer::Cpu
+            && crate::cpu_staged::Issuer::for_job(total)? == crate::cpu_staged::Issuer::Cpu
         {
             // Read by this process's CPU on lent pairs and copied into the arena: no GPU
             // queues (crate::cpu_staged says why).

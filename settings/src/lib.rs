@@ -151,8 +151,8 @@ settings! {
         "Warps per queue when chunks are claimed.";
     FILE_CLAIM_LEAST = "GPUNVME_FILE_CLAIM_LEAST", "1 to 32", "8", "blockfs_gpu",
         "The fewest chunks one claim takes in a batch's last round (32 keeps claims whole).";
-    SERVED_READS = "GPUNVME_SERVED_READS", "`cpu` or `gpu`", "cpu", "gpunvme",
-        "Who issues a served device's loads and `read_into` reads: this process's CPU on lent queue pairs, or GPU threads on served GPU queues (for comparisons).";
+    SERVED_READS = "GPUNVME_SERVED_READS", "`auto`, `cpu` or `gpu`", "auto: the CPU for jobs under 2 GiB, else the GPU", "gpunvme",
+        "Who issues a served device's loads and `read_into` reads: this process's CPU on lent queue pairs (quick to set up, no GPU kernels to time-slice between processes), or GPU threads on served GPU queues (faster reads).";
     SERVED_WINDOWS = "GPUNVME_SERVED_WINDOWS", "COUNTxMIB: 2 to 64 windows of 1 to 256 MiB", "4x4", "gpunvme",
         "How a served device's CPU-issued reads cut their lent bounce buffer (each window registered with CUDA on its own).";
 }
