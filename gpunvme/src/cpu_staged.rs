@@ -479,14 +479,13 @@ pub fn read_staged_cpu(
             // with the fewest in flight: a pair whose controller thread is slow (it shares a
             // CPU) gets fewer, so no window waits on one pair's backlog.
             if first_error.is_none() {
-                let mut order: Vec<(usize, usize)> = held
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(s, h)| h.as_ref().map(|(w, _)| (*w, s)))
-                    .collect();
-                order.sort_unstable();
-                'send: for (_, s) in order {
-                    let Some((_, plan)) = &held[s] else { continue };
+                // Window `w` sits in slot `w % nw`, so the held ones are among the last `nw`
+                // taken, oldest first.
+                'send: for w in next_window.saturating_sub(nw)..next_window {
+                    let s = w % nw;
+                    let Some((_, plan)) = held[s].as_ref().filter(|(hw, _)| *hw == w) else {
+                        continue;
+                    };
                     while next_cmd[s] < plan.cmds.len() {
                         let p = (0..io.pairs.len())
                             .min_by_key(|&k| io.pairs[k].in_flight())
