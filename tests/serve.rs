@@ -334,11 +334,11 @@ fn a_check_refuses_to_write_over_a_blockfs_unless_forced() {
 
 /// Files on a served device (`--device served:SOCKET`): several client processes list and read
 /// the files of the blockfs the daemon's image holds, byte for byte and at once, through queue
-/// pairs lent to each; what would change the file system is refused (the daemon serves no
-/// write leases yet) and leaves it as it was; a controller the daemon does not serve and a
-/// socket nobody listens on are named.
+/// pairs lent to each; `put`, `mv` and `rm` go through the daemon's write leases; mkfs and
+/// repairs are refused as the operator's and change nothing; a controller the daemon does not
+/// serve and a socket nobody listens on are named.
 #[test]
-fn served_devices_read_files_for_several_processes_and_refuse_changes() {
+fn served_devices_read_and_write_files_for_several_processes() {
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path(), "256M");
     let imgs = img.to_str().unwrap();
@@ -400,24 +400,48 @@ fn served_devices_read_files_for_several_processes_and_refuse_changes() {
         fsck.contains("\"consistent\":true") || fsck.contains("\"consistent\": true"),
         "{fsck}"
     );
-    // Changes are refused, by kind, and change nothing.
-    let src = dir.path().join("src0");
+    // A put through a write lease, read back by another process, renamed and removed.
+    let src = dir.path().join("src4");
+    ok(&gpunvme(
+        dir.path(),
+        &format!("--device {dev} fs put {} g", src.display()),
+    ));
+    let back = dir.path().join("back-g");
+    let got = ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {dev} fs get g {}", back.display()),
+    ));
+    assert!(got.contains("\"verified\":true"), "{got}");
+    assert!(
+        std::fs::read(&back).unwrap() == files[4],
+        "g's bytes differ"
+    );
+    let out = gpunvme(
+        dir.path(),
+        &format!("--device {dev} fs put {} g", src.display()),
+    );
+    assert!(error_line(&out).contains("exists"), "{}", error_line(&out));
+    ok(&gpunvme(dir.path(), &format!("--device {dev} fs mv g h")));
+    ok(&gpunvme(dir.path(), &format!("--device {dev} fs rm h")));
+    // What the operator alone does is refused and changes nothing.
     for cmd in [
-        format!("fs put {} g", src.display()),
-        "fs rm f0".to_string(),
         "fs mkfs --force".to_string(),
-        "fs mv f0 g".to_string(),
+        "fs fsck --repair".to_string(),
+        "fs put - g".to_string(),
     ] {
         let out = gpunvme(dir.path(), &format!("--device {dev} {cmd}"));
         let line = error_line(&out);
-        assert!(line.contains("read-only here"), "{cmd}: {line}");
+        assert!(
+            line.contains("operator") || line.contains("length up front"),
+            "{cmd}: {line}"
+        );
     }
     let after: serde_json::Value = serde_json::from_str(&ok(&gpunvme(
         dir.path(),
         &format!("--json --device {dev} fs ls"),
     )))
     .unwrap();
-    assert_eq!(after, v, "the refusals changed nothing");
+    assert_eq!(after, v, "g came and went; the refusals changed nothing");
     let out = gpunvme(dir.path(), &format!("--device {dev}#nvme7 fs ls"));
     assert!(error_line(&out).contains("no controller \"nvme7\""));
     let nobody = dir.path().join("nobody.sock");
@@ -437,4 +461,174 @@ fn served_devices_read_files_for_several_processes_and_refuse_changes() {
         &format!("--json --device {imgs} fs fsck --data"),
     ));
     assert!(out.contains("true"), "{out}");
+}
+
+/// Write leases through the library, several clients at once: a put is read back by another
+/// handle (which mounts afresh once the generation moved), an existing name needs force, one
+/// writer per name (the second refused as busy, naming the holder's pid), a lease dropped or
+/// its client gone stores nothing, and two clients putting 300 files each at once leave every
+/// file readable and the file system consistent.
+#[test]
+fn served_write_leases_give_one_writer_per_name_and_nothing_of_a_dead_one() {
+    use gpunvme::ErrorKind;
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path(), "256M");
+    let imgs = img.to_str().unwrap();
+    ok(&gpunvme(dir.path(), &format!("--device {imgs} fs mkfs")));
+    let d = Daemon::start(dir.path(), &img, &[]);
+    let dev = format!("served:{}", d.socket.display());
+    let open = || DeviceHandle::open(Some(&dev), OpenOptions::default(), 1).unwrap();
+    let (h1, h2) = (open(), open());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x1ea5e);
+    let mut src = |name: &str, len: usize| {
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        let p = dir.path().join(name);
+        std::fs::write(&p, &data).unwrap();
+        (p, data)
+    };
+    assert!(h2.ls("").unwrap().0.is_empty());
+    let (a, a_data) = src("a", 3_000_001);
+    let r = h1.put(&a, "w", false).unwrap();
+    assert!(r.crc32c.is_some(), "{r:?}");
+    assert!(
+        h2.read("w", 0, None).unwrap() == a_data,
+        "h2 reads h1's put"
+    );
+    let (b, b_data) = src("b", 70_000);
+    let e = h1.put(&b, "w", false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Exists, "{e}");
+    h1.put(&b, "w", true).unwrap();
+    assert!(h2.read("w", 0, None).unwrap() == b_data, "the replacement");
+    // One writer per name: a lease held by another connection refuses h2, naming it.
+    let spec = gpunvme::served::ServedSpec::parse(&dev).unwrap();
+    let holder = gpunvme::served::ServedController::open(&spec, "the holder").unwrap();
+    let lease = holder.fs_create(1, "x", 8192, false).unwrap();
+    assert!(lease.table().files()[0].alloc_bytes >= 8192);
+    for e in [h2.put(&b, "x", true).unwrap_err(), h2.rm("x").unwrap_err()] {
+        assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("the holder") && text.contains(&std::process::id().to_string()),
+            "{text}"
+        );
+    }
+    drop(lease);
+    let names = |h: &DeviceHandle| -> Vec<String> {
+        h.ls("").unwrap().0.into_iter().map(|f| f.name).collect()
+    };
+    assert_eq!(names(&h2), ["w"], "an aborted lease stores nothing");
+    drop(holder);
+    // A client gone mid-lease: its lease ends with its connection, after its queues.
+    let raw =
+        gpunvme_serve_client::Connection::connect(&d.socket, "leaver", Duration::from_secs(10))
+            .unwrap();
+    let (_lease, table) = raw.fs_create("nvme0", 1, "y", 1 << 20, false).unwrap();
+    assert!(!table.is_empty());
+    drop(raw);
+    let t = Instant::now();
+    loop {
+        let s = d.status();
+        if s["file_systems"][0]["write_leases"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+        {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "lease kept: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(names(&h2), ["w"], "a dead client's lease stores nothing");
+    h2.put(&a, "y", false).unwrap();
+    // `fs put` processes killed at random points: the file is there whole or not at all.
+    let (big, big_data) = src("big", 24 << 20);
+    for k in 0..4u64 {
+        let name = format!("k{k}");
+        let mut child = bin()
+            .current_dir(dir.path())
+            .args(["--device", &dev, "fs", "put", big.to_str().unwrap(), &name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(30 + 60 * k));
+        let _ = child.kill();
+        let _ = child.wait();
+        settled_files(&d, 2);
+        let there = names(&h2);
+        assert!(!there.iter().any(|n| n.starts_with('.')), "{there:?}");
+        if there.contains(&name) {
+            assert!(
+                h2.read(&name, 0, None).unwrap() == big_data,
+                "{name} is whole"
+            );
+            h2.rm(&name).unwrap();
+        }
+    }
+    // Two clients, 300 files each, at once.
+    let mut sets = Vec::new();
+    for c in 0..2 {
+        let files: Vec<(PathBuf, Vec<u8>)> = (0..300)
+            .map(|i| {
+                let len = 1 + (i * 7919 + c * 104_729) % 40_000;
+                src(&format!("s{c}-{i}"), len)
+            })
+            .collect();
+        sets.push(files);
+    }
+    let writers: Vec<_> = sets
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(c, files)| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let h = DeviceHandle::open(Some(&dev), OpenOptions::default(), 1).unwrap();
+                for (i, (p, _)) in files.iter().enumerate() {
+                    h.put(p, &format!("c{c}/f{i}"), false).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert_eq!(h1.ls("").unwrap().0.len(), 602, "w, y and 600");
+    for (c, files) in sets.iter().enumerate() {
+        for (i, (_, data)) in files.iter().enumerate().step_by(7) {
+            let got = h2.read(&format!("c{c}/f{i}"), 0, None).unwrap();
+            assert!(got == *data, "c{c}/f{i}: bytes differ");
+        }
+    }
+    drop((h1, h2));
+    let s = settled_files(&d, 0);
+    assert_eq!(s["late_controller_writes"], 0, "{s}");
+    d.stop();
+    let out = ok(&gpunvme(
+        dir.path(),
+        &format!("--json --device {imgs} fs fsck --data"),
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["consistent"], true, "{v}");
+}
+
+/// Waits (bounded) until `others` clients and the one asking are connected and no lease is
+/// held.
+fn settled_files(d: &Daemon, others: usize) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let s = d.status();
+        let quiet = s["clients"]
+            .as_array()
+            .is_some_and(|c| c.len() == others + 1)
+            && s["file_systems"][0]["write_leases"]
+                .as_array()
+                .is_some_and(Vec::is_empty);
+        if quiet {
+            return s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never settled: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -474,6 +474,40 @@ LOADERS = {
 }
 
 
+def thread_cpu(pid="self"):
+    """CPU seconds (user + system) of each thread of process `pid` so far, by thread id:
+    {tid: (name, seconds)} from /proc (empty where it cannot be read)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    base = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = open(f"{base}/{tid}/stat").read()
+        except OSError:
+            continue
+        # The name is in parentheses and may hold spaces: fields follow the last ')'.
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (name, (int(f[11]) + int(f[12])) / tick)
+    return out
+
+
+def cpu_between(before, after, top=6):
+    """The CPU each thread used between two `thread_cpu` samples, summed by thread name:
+    total seconds and the busiest names (threads that started in between count from 0)."""
+    by = {}
+    for tid, (name, secs) in after.items():
+        used = secs - before.get(tid, (name, 0.0))[1]
+        by[name] = by.get(name, 0.0) + used
+    busiest = sorted(by.items(), key=lambda kv: -kv[1])[:top]
+    return {"total_s": round(sum(by.values()), 3),
+            "busiest": {k: round(v, 3) for k, v in busiest if v > 0}}
+
+
 def one(job):
     """One timed load in this fresh process, then the reference and the comparison."""
     job = json.loads(job)
@@ -484,6 +518,7 @@ def one(job):
     fn = LOADERS[method]
     row = {}
     kw = dict(job["kw"])
+    kw.pop("daemon_threads", None)  # the daemon's, set where it was started
     if method in ("gpunvme-emu-kept", "fastsafetensors-gpunvme"):
         # Untimed: the handle opened and its GPU queues up, as in a process that keeps them.
         kw["dev"] = open_gpunvme(job["image"], kw.get("threads", 0))
@@ -495,6 +530,7 @@ def one(job):
         if tr:
             tr.start()
     torch.cuda.synchronize()
+    cpu0 = thread_cpu()
     t = time.perf_counter()
     try:
         out, info = fn(job["files"], image=job["image"], prefix=job["prefix"], **kw)
@@ -505,6 +541,8 @@ def one(job):
         print(json.dumps(row))
         return
     secs = time.perf_counter() - t
+    # This process's threads during the load (at 100 Hz ticks: a whole-load figure only).
+    row["client_cpu"] = cpu_between(cpu0, thread_cpu())
     for tr in (trace, disk):
         if tr:
             row.update(tr.stop())
@@ -580,7 +618,8 @@ def main():
                     help="leave each model's files and image in --dir (for a look at them after)")
     ap.add_argument("--served-variant", action="append", default=[], metavar="KEY=VAL[+KEY=VAL]",
                     help="another gpunvme-served row with these variables (e.g. "
-                         "GPUNVME_SERVED_WINDOWS=8x8)")
+                         "GPUNVME_SERVED_WINDOWS=8x8; threads=N sets the daemon's "
+                         "controller threads)")
     ap.add_argument("--methods", default="",
                     help="comma-separated loaders to run (default: all)")
     ap.add_argument("--trace-residency", action="store_true",
@@ -653,7 +692,13 @@ def main():
                     threads = int(val)
             loaders.append((f"gpunvme-emu-kept+{v}", dict(controller="emu", threads=threads)))
         for v in args.served_variant:
-            loaders.append((f"gpunvme-served+{v}", dict(controller="emu", spec="served:" + sock)))
+            # "threads=N" among its parts: the daemon's controller threads for this row.
+            kw = dict(controller="emu", spec="served:" + sock)
+            for kv in v.split("+"):
+                k, _, val = kv.partition("=")
+                if k == "threads":
+                    kw["daemon_threads"] = int(val)
+            loaders.append((f"gpunvme-served+{v}", kw))
         if not jit_warm:
             # CUDA compiles gpunvme's PTX on a machine's first use (about 11 s on the lent
             # H100, then cached on disk): once, untimed, before any row.
@@ -692,7 +737,7 @@ def main():
                                trace_disk=args.trace_disk and cache == "cold")
                     # gpunvme-served: a daemon owns the image (exclusively) for its row only,
                     # started before and stopped after, untimed (a daemon runs long).
-                    daemon = (serve(g, img, sock, args.threads)
+                    daemon = (serve(g, img, sock, kw.get("daemon_threads", args.threads))
                               if name.startswith("gpunvme-served") else None)
                     try:
                         env = dict(os.environ)
@@ -701,9 +746,14 @@ def main():
                             k, _, v = kv.partition("=")
                             if k != "threads":
                                 env[k] = v
+                        d0 = thread_cpu(daemon.pid) if daemon is not None else None
                         r = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)],
                                            capture_output=True, text=True, timeout=args.limit,
                                            env=env)
+                        if d0 is not None:
+                            # The daemon's threads over the child's whole life (start-up,
+                            # load, reference load): where a served load's CPU goes.
+                            row["daemon_cpu"] = cpu_between(d0, thread_cpu(daemon.pid), top=24)
                         last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
                         if r.returncode == 0 and last.startswith("{"):
                             row.update(json.loads(last))

@@ -286,7 +286,15 @@ pub(crate) fn commit(inner: &Inner, st: &mut State, force: bool) -> Result<()> {
             i.modified = false;
         }
     }
-    alloc.release(new_gen - 1, &crate::pin::lock(&inner.pins).runs());
+    {
+        // Runs freed after a generation someone holds stay pending (GenerationHold): that
+        // reader's view still uses them.
+        let pins = crate::pin::lock(&inner.pins);
+        let up_to = pins
+            .oldest_generation()
+            .map_or(new_gen - 1, |g| g.min(new_gen - 1));
+        alloc.release(up_to, &pins.runs());
+    }
     st.alloc = alloc;
     st.root = Some((root_bno, root_blocks as u32));
     st.generation = new_gen;

@@ -330,8 +330,9 @@ fn staged<D: BlockDevice + ?Sized>(
     Ok(())
 }
 
-/// Checks a batch against the device's geometry; shared by the implementations in this crate.
-pub(crate) fn check_request(
+/// Checks a request of `len` bytes from `lba` against a device's geometry (whole LBAs, inside
+/// the device): its LBA count, or the error. For implementations of [`BlockDevice`].
+pub fn check_request(
     lba: u64,
     len: usize,
     lba_size: u32,

@@ -106,6 +106,14 @@ pub enum Error {
     /// device wrote is not in the file, and the length stays as it was.
     #[error("file {0:?} changed its blocks since the device-write reservation")]
     ReservationStale(String),
+    /// A generation asked for is past the file system's last commit.
+    #[error("generation {asked} is not there yet (the file system is at {current})")]
+    FutureGeneration {
+        /// The generation asked for.
+        asked: u64,
+        /// The last commit's.
+        current: u64,
+    },
     /// fsck could not produce a consistent file system.
     #[error("cannot repair: {0}")]
     Unrepairable(String),

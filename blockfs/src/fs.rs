@@ -15,7 +15,7 @@ use crate::format::{
 use crate::geometry::{Geometry, check_device};
 use crate::load;
 use crate::name::validate_name;
-use crate::pin::PinnedTable;
+use crate::pin::{GenerationHold, PinnedTable};
 use crate::state::{FileStat, Inner, Inode, State};
 use crate::superblock::{pick_superblock, read_slots};
 use crate::table::TableInput;
@@ -315,6 +315,22 @@ impl FileSystem {
     /// Generation of the last commit.
     pub fn generation(&self) -> u64 {
         self.inner.read_state().generation
+    }
+
+    /// Holds generation `generation` (at most the current one) for a reader elsewhere: see
+    /// [`GenerationHold`]. A generation after the current one is [`Error::FutureGeneration`].
+    pub fn hold_generation(&self, generation: u64) -> Result<GenerationHold> {
+        // Under the state lock: no commit runs between the check and the hold.
+        let st = self.inner.read_state();
+        if generation > st.generation {
+            return Err(Error::FutureGeneration {
+                asked: generation,
+                current: st.generation,
+            });
+        }
+        let hold = GenerationHold::new(&self.inner.pins, generation);
+        drop(st);
+        Ok(hold)
     }
 
     /// Creates an empty file, preallocating `opts.size_hint` bytes, and opens it read-write.

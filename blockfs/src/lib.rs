@@ -127,7 +127,7 @@ pub use mem::MemDevice;
 pub use name::check_name;
 #[cfg(feature = "nvme")]
 pub use nvme_dev::{NvmeBlockDevice, NvmeDeviceOptions};
-pub use pin::PinnedTable;
+pub use pin::{GenerationHold, PinnedTable};
 pub use state::FileStat;
 pub use table::ExtentTable;
 pub use volume::{MemberRun, StripedVolume, VolumeError, VolumeLabel};

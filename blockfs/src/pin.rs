@@ -14,11 +14,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::table::ExtentTable;
 
-/// Block runs `(bno, len)` pinned by the tables handed out, by pin id.
+/// Block runs `(bno, len)` pinned by the tables handed out, by pin id; and the generations
+/// held by readers elsewhere ([`GenerationHold`]).
 #[derive(Debug, Default)]
 pub(crate) struct Pins {
     next_id: u64,
     held: HashMap<u64, Vec<(u64, u64)>>,
+    /// Generation held, by hold id.
+    generations: HashMap<u64, u64>,
 }
 
 impl Pins {
@@ -53,6 +56,11 @@ impl Pins {
     pub fn count(&self) -> usize {
         self.held.len()
     }
+
+    /// The oldest generation a [`GenerationHold`] holds, if any.
+    pub fn oldest_generation(&self) -> Option<u64> {
+        self.generations.values().copied().min()
+    }
 }
 
 /// The pins of one mounted file system, shared with the guards that release them.
@@ -72,6 +80,51 @@ struct Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         lock(&self.pins).unpin(self.id);
+    }
+}
+
+/// A hold on a generation of the file system for a reader that does not share this mount (a
+/// read-only mount of the same device in another process, say, fed by the holder): until it
+/// is dropped, no block that generation's metadata or files use is given to anything else,
+/// however many commits remove them here, so such a reader may go on reading what it mounted.
+/// Blocks removed since stay pending (counted in [`crate::FsStats`]'s pending blocks) and
+/// become free at the first commit after the last hold on an older generation went.
+pub struct GenerationHold {
+    pins: SharedPins,
+    id: u64,
+    generation: u64,
+}
+
+impl GenerationHold {
+    pub(crate) fn new(pins: &SharedPins, generation: u64) -> Self {
+        let mut p = lock(pins);
+        let id = p.next_id;
+        p.next_id += 1;
+        p.generations.insert(id, generation);
+        Self {
+            pins: pins.clone(),
+            id,
+            generation,
+        }
+    }
+
+    /// The generation held.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl Drop for GenerationHold {
+    fn drop(&mut self) {
+        lock(&self.pins).generations.remove(&self.id);
+    }
+}
+
+impl std::fmt::Debug for GenerationHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenerationHold")
+            .field("generation", &self.generation)
+            .finish()
     }
 }
 

@@ -243,6 +243,87 @@ impl ExtentTable {
         Self { words }
     }
 
+    /// A table from bytes another process built (the `gpunvme serve` daemon's reservations),
+    /// checked before anything is read through it: the header's magic, version and sizes, every
+    /// entry inside the bytes, each file's extents covering its LBAs from 0 without gaps or
+    /// empty runs and summing to its allocation, its length within the allocation, and no LBA
+    /// past `max_lba` (the namespace's size). The error says what is wrong.
+    pub fn from_bytes(bytes: &[u8], max_lba: u64) -> std::result::Result<Self, String> {
+        let h = TableHeader::read_from_prefix(bytes)
+            .map_err(|_| format!("{} bytes are too few for a table header", bytes.len()))?
+            .0;
+        if h.magic != TABLE_MAGIC || h.version != TABLE_VERSION {
+            return Err(format!(
+                "not an extent table of version {TABLE_VERSION} (magic {:#x}, version {})",
+                h.magic, h.version
+            ));
+        }
+        if usize::from(h.header_bytes) != TABLE_HEADER_SIZE
+            || usize::from(h.file_entry_bytes) != TABLE_FILE_SIZE
+            || usize::from(h.extent_entry_bytes) != TABLE_EXTENT_SIZE
+            || !(9..=16).contains(&h.lba_shift)
+        {
+            return Err("a table header with other entry sizes or LBA size".into());
+        }
+        let files_end = (h.file_count as u64)
+            .checked_mul(TABLE_FILE_SIZE as u64)
+            .and_then(|n| n.checked_add(TABLE_HEADER_SIZE as u64));
+        let total = h
+            .extent_count
+            .checked_mul(TABLE_EXTENT_SIZE as u64)
+            .and_then(|n| n.checked_add(files_end?));
+        if h.files_offset != TABLE_HEADER_SIZE as u64
+            || Some(h.extents_offset) != files_end
+            || Some(h.total_bytes) != total
+            || h.total_bytes != bytes.len() as u64
+        {
+            return Err(format!(
+                "a table whose offsets do not match its {} files, {} extents and {} bytes",
+                h.file_count,
+                h.extent_count,
+                bytes.len()
+            ));
+        }
+        let mut words = vec![0u64; bytes.len() / 8];
+        words.as_mut_bytes().copy_from_slice(bytes);
+        let table = Self { words };
+        let lba = 1u64 << h.lba_shift;
+        let extents = table.extents();
+        for (i, f) in table.files().iter().enumerate() {
+            let run = f
+                .first_extent
+                .checked_add(f.extent_count)
+                .filter(|&end| end <= extents.len() as u64)
+                .map(|end| &extents[f.first_extent as usize..end as usize])
+                .ok_or_else(|| format!("file {i}'s extents lie outside the table"))?;
+            let mut next = 0u64;
+            for e in run {
+                if e.nlb == 0 || e.file_lba != next {
+                    return Err(format!(
+                        "file {i}: an extent at file LBA {} (expected {next}) of {} LBAs",
+                        e.file_lba, e.nlb
+                    ));
+                }
+                if e.lba.checked_add(e.nlb).is_none_or(|end| end > max_lba) {
+                    return Err(format!(
+                        "file {i}: LBAs {}+{} are past the namespace's {max_lba}",
+                        e.lba, e.nlb
+                    ));
+                }
+                next = next
+                    .checked_add(e.nlb)
+                    .ok_or_else(|| format!("file {i}: its extents overflow"))?;
+            }
+            if next.checked_mul(lba) != Some(f.alloc_bytes) || f.size_bytes > f.alloc_bytes {
+                return Err(format!(
+                    "file {i}: {} bytes long, {} allocated, its extents cover {next} LBAs",
+                    f.size_bytes, f.alloc_bytes
+                ));
+            }
+        }
+        Ok(table)
+    }
+
     /// The table's bytes, exactly as a GPU kernel reads them.
     pub fn as_bytes(&self) -> &[u8] {
         self.words.as_bytes()
@@ -325,6 +406,38 @@ mod tests {
     use super::*;
     use crate::format::Extent;
     use std::mem::offset_of;
+
+    #[test]
+    fn tables_from_bytes_are_checked_field_by_field() {
+        let t = ExtentTable::of_runs(4096, 1, 20_000, &[(0, 100, 2), (2, 500, 3)]);
+        let back = ExtentTable::from_bytes(t.as_bytes(), 600).unwrap();
+        assert_eq!(back, t);
+        assert!(
+            ExtentTable::from_bytes(t.as_bytes(), 502).is_err(),
+            "past the namespace"
+        );
+        assert!(ExtentTable::from_bytes(&t.as_bytes()[..40], 600).is_err());
+        assert!(ExtentTable::from_bytes(&t.as_bytes()[..t.as_bytes().len() - 8], 600).is_err());
+        // Every word of the table changed to a bad value is refused or still a valid table;
+        // never a panic.
+        let words = t.as_bytes().len() / 8;
+        for w in 0..words {
+            for v in [0u64, 1, u64::MAX, 1 << 40] {
+                let mut b = t.as_bytes().to_vec();
+                b[w * 8..w * 8 + 8].copy_from_slice(&v.to_le_bytes());
+                if let Ok(ok) = ExtentTable::from_bytes(&b, 600) {
+                    for f in 0..ok.files().len() {
+                        let _ = ok.translate(f, 4096);
+                    }
+                }
+            }
+        }
+        // A gap between extents, and a length past the allocation.
+        let gap = ExtentTable::of_runs(4096, 1, 4096, &[(0, 100, 1), (2, 500, 1)]);
+        assert!(ExtentTable::from_bytes(gap.as_bytes(), 600).is_err());
+        let long = ExtentTable::of_runs(4096, 1, 9000, &[(0, 100, 2)]);
+        assert!(ExtentTable::from_bytes(long.as_bytes(), 600).is_err());
+    }
 
     #[test]
     fn offsets_match_exported_constants() {

@@ -1141,3 +1141,57 @@ fn metadata_overhead_table() {
         }
     }
 }
+
+/// A reader with a read-only mount of its own (another process behind `gpunvme serve`) reads
+/// what it mounted while the writer's mount removes that file and fills the space over many
+/// commits, as long as the writer holds the reader's generation; without the hold the same
+/// churn reuses the blocks (the control, so the test can fail).
+#[test]
+fn a_held_generation_keeps_its_blocks_for_a_reader_elsewhere() {
+    let churn = |fs: &FileSystem, round: u32| {
+        for k in 0..6u32 {
+            let name = format!("churn-{round}-{k}");
+            put(fs, &name, &vec![(round * 7 + k) as u8 ^ 0x5a; 300 << 10]);
+            fs.sync().unwrap();
+            fs.remove(&name).unwrap();
+            fs.sync().unwrap();
+        }
+        // Fill what is free now, so that freed blocks are certainly reused.
+        let free = fs.df().free_blocks * u64::from(fs.geometry().block_size);
+        let fill = free.saturating_sub(256 << 10) / 2;
+        put(fs, &format!("fill-{round}"), &vec![0xee; fill as usize]);
+        fs.sync().unwrap();
+    };
+    for held in [true, false] {
+        let (dev, fs) = mem_fs(4096, 8 << 20);
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        put(&fs, "weights", &data);
+        fs.sync().unwrap();
+        let reader = FileSystem::mount_read_only(dev.clone()).unwrap();
+        assert_eq!(reader.generation(), fs.generation());
+        let hold = held.then(|| fs.hold_generation(reader.generation()).unwrap());
+        assert!(matches!(
+            fs.hold_generation(fs.generation() + 1),
+            Err(Error::FutureGeneration { .. })
+        ));
+        let f = reader.open("weights", OpenMode::ReadOnly).unwrap();
+        fs.remove("weights").unwrap();
+        fs.sync().unwrap();
+        churn(&fs, 0);
+        let mut got = vec![0u8; data.len()];
+        assert_eq!(f.read_at(0, &mut got).unwrap(), data.len());
+        if held {
+            assert_same(&got, &data, "read through the held generation");
+            assert!(fs.df().pending_blocks >= 256, "{:?}", fs.df());
+            drop(hold);
+            // Two commits (a sync with nothing to write commits nothing).
+            for k in 0..2 {
+                put(&fs, &format!("after-{k}"), b"x");
+                fs.sync().unwrap();
+            }
+            assert!(fs.df().pending_blocks < 256, "{:?}", fs.df());
+        } else {
+            assert_ne!(got, data, "without a hold the blocks were reused");
+        }
+    }
+}

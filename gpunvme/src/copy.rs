@@ -23,8 +23,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
+use blockfs::device::SourceWriteReq;
 use blockfs::{
-    ChecksummedSink, ChecksummedSource, Crc32cPieces, CreateOptions, FileSystem, OpenMode,
+    BlockDevice, ChecksummedSink, ChecksummedSource, Crc32cPieces, CreateOptions, FileSystem,
+    OpenMode,
 };
 use serde::Serialize;
 
@@ -258,13 +260,7 @@ pub fn put_cancellable(
         path: src.to_owned(),
         source,
     };
-    let input = HostFile::open(src).map_err(|e| host("opening", e))?;
-    let meta = input.metadata().map_err(|e| host("reading", e))?;
-    if !meta.is_file() {
-        return Err(CopyError::NotRegular(src.to_owned()));
-    }
-    let len = meta.len();
-    let stamp = SourceStamp::of(&meta);
+    let (input, len, stamp) = open_source(src)?;
     let temp = replacement_temp(fs, name, opts.force)?;
     let file = fs.create(
         temp.as_deref().unwrap_or(name),
@@ -361,6 +357,148 @@ fn finish_put(
         device_written: false,
         data_path: fs.device().describe(),
     })
+}
+
+/// [`put_cancellable`] onto a device a `gpunvme serve` daemon owns: the daemon reserves the
+/// file's blocks (`reserve(len)`: a write lease, [`crate::served::ServedWrite`]), this process
+/// writes the bytes through the lease ([`write_lease`]) and the daemon commits the length and
+/// the CRC-32C of exactly the bytes read. A source that changed, a write that failed or
+/// `cancel` drops the lease before the commit: nothing is stored (with `force`, the old version
+/// keeps its name).
+pub(crate) fn put_served(
+    dev: &dyn BlockDevice,
+    src: &Path,
+    name: &str,
+    reserve: impl FnOnce(u64) -> crate::Result<crate::served::ServedWrite>,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> crate::Result<TransferReport> {
+    let host = |op, source| CopyError::Host {
+        op,
+        path: src.to_owned(),
+        source,
+    };
+    let (input, len, stamp) = open_source(src)?;
+    let lease = reserve(len)?;
+    let start = Instant::now();
+    let written = write_lease(dev, &lease, &input, len, name, progress, cancel);
+    let (crc, extents) = written.map_err(|e| match e {
+        CopyError::Write { .. } => changed_size(&input, src, len).unwrap_or(e),
+        e => e,
+    })?;
+    if let Some(e) = changed_size(&input, src, len) {
+        return Err(e.into());
+    }
+    let now = input.metadata().map_err(|e| host("reading", e))?;
+    if SourceStamp::of(&now) != stamp {
+        return Err(CopyError::SourceModified {
+            path: src.to_owned(),
+        }
+        .into());
+    }
+    if cancel.load(Ordering::SeqCst) {
+        return Err(CopyError::Cancelled.into());
+    }
+    lease.commit(len, crc)?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(TransferReport {
+        op: "put",
+        from: src.display().to_string(),
+        to: name.to_owned(),
+        bytes: len,
+        seconds,
+        bytes_per_sec: len as f64 / seconds.max(1e-9),
+        extents,
+        crc32c: crc,
+        verified: false,
+        device_written: false,
+        data_path: dev.describe(),
+    })
+}
+
+/// Writes `len` bytes of `source` (file offsets `0..len`) through `lease`'s table onto `dev`,
+/// the last LBA padded with zeros: the CRC-32C of exactly those bytes (`None` if the device
+/// read some of them more than once, and the pieces do not tile) and the file's extent count.
+/// Nothing is committed; the caller commits (or drops) the lease.
+pub(crate) fn write_lease(
+    dev: &dyn BlockDevice,
+    lease: &crate::served::ServedWrite,
+    source: &dyn blockfs::DataSource,
+    len: u64,
+    name: &str,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> Result<(Option<u32>, usize)> {
+    let table = lease.table();
+    let lba = u64::from(dev.lba_size());
+    let f = table.files()[0];
+    let mut reqs = Vec::new();
+    let padded_end = len.next_multiple_of(lba);
+    let first = f.first_extent as usize;
+    for e in &table.extents()[first..first + f.extent_count as usize] {
+        let from = (e.file_lba * lba).min(padded_end);
+        let to = ((e.file_lba + e.nlb) * lba).min(padded_end);
+        let mut at = from;
+        while at < to {
+            // Pieces of at most a staging buffer each.
+            let n = (to - at).min(blockfs::device::SOURCE_STAGE_BYTES as u64);
+            reqs.push(SourceWriteReq {
+                lba: e.lba + (at - e.file_lba * lba) / lba,
+                src_offset: at,
+                len: n as usize,
+            });
+            at += n;
+        }
+    }
+    let pieces = Crc32cPieces::new();
+    let checked = ChecksummedSource::new(source, &pieces);
+    let padded = Cancellable(Padded(&checked, len), cancel);
+    dev.write_from(&reqs, &padded, progress).map_err(|e| {
+        if cancel.load(Ordering::SeqCst) {
+            return CopyError::Cancelled;
+        }
+        CopyError::Write {
+            name: name.to_owned(),
+            source: blockfs::Error::Device {
+                op: "writing file data",
+                source: e,
+            },
+        }
+    })?;
+    Ok((pieces.finish(0, len), f.extent_count as usize))
+}
+
+/// Host file `src` opened for a put: the file, its length and its stamp; anything but a
+/// regular file refused.
+fn open_source(src: &Path) -> Result<(HostFile, u64, SourceStamp)> {
+    let host = |op, source| CopyError::Host {
+        op,
+        path: src.to_owned(),
+        source,
+    };
+    let input = HostFile::open(src).map_err(|e| host("opening", e))?;
+    let meta = input.metadata().map_err(|e| host("reading", e))?;
+    if !meta.is_file() {
+        return Err(CopyError::NotRegular(src.to_owned()));
+    }
+    Ok((input, meta.len(), SourceStamp::of(&meta)))
+}
+
+/// A source read to `.1` bytes, zeros past them (a last LBA's padding).
+struct Padded<'a>(&'a dyn blockfs::DataSource, u64);
+
+impl blockfs::DataSource for Padded<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let real = usize::try_from(self.1.saturating_sub(offset))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let (head, tail) = buf.split_at_mut(real);
+        if !head.is_empty() {
+            self.0.read_exact_at(head, offset)?;
+        }
+        tail.fill(0);
+        Ok(())
+    }
 }
 
 /// Streaming `put`'s default bytes per file-system call: the one buffer it holds.

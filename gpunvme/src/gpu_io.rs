@@ -276,6 +276,55 @@ impl Piece {
     }
 }
 
+/// `pieces` end to end as a data source (file offset 0 is the first piece's first byte): host
+/// pieces copied, GPU pieces read from GPU memory (synchronous copies). For writes whose bytes
+/// cross host memory (a served device's write lease).
+pub(crate) struct PiecesSource<'a> {
+    pieces: &'a [Piece],
+    starts: Vec<u64>,
+}
+
+impl<'a> PiecesSource<'a> {
+    pub(crate) fn new(pieces: &'a [Piece]) -> Self {
+        let mut at = 0;
+        let starts = pieces
+            .iter()
+            .map(|p| {
+                let s = at;
+                at += p.len();
+                s
+            })
+            .collect();
+        Self { pieces, starts }
+    }
+}
+
+impl blockfs::DataSource for PiecesSource<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let i = self.starts.partition_point(|&s| s <= at).wrapping_sub(1);
+            let piece = self
+                .pieces
+                .get(i)
+                .filter(|p| at - self.starts[i] < p.len())
+                .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            let within = at - self.starts[i];
+            let n = ((piece.len() - within) as usize).min(buf.len() - done);
+            let out = &mut buf[done..done + n];
+            match piece {
+                Piece::Host(b) => out.copy_from_slice(&b[within as usize..within as usize + n]),
+                Piece::Gpu(m) => m
+                    .read(within as usize, out)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
 /// Writes `pieces`, in order, as the whole content of `file` (a new file: opened read-write,
 /// empty), by GPU-issued writes through a device-write reservation, then commits the length
 /// with the CRC-32C computed on the GPU as the file's checksum. `expect_crc`: the checksum the

@@ -96,6 +96,9 @@ pub struct DeviceHandle {
     cpu_queues: u16,
     /// Blockfs as [`DeviceHandle::mount`] keeps it between calls.
     mounted: Mutex<Option<Arc<FileSystem>>>,
+    /// On a served device, earlier mounts some call may still read through: the daemon keeps
+    /// the oldest one's blocks ([`DeviceHandle::mount`]).
+    old_mounts: Mutex<Vec<std::sync::Weak<FileSystem>>>,
     // Dropped after the block devices (field order): their queues are the controllers'.
     owner: Owner,
     opened: OpenPhases,
@@ -237,6 +240,7 @@ impl DeviceHandle {
             members,
             cpu_queues: u16::try_from(dev_opts.queues).unwrap_or(u16::MAX),
             mounted,
+            old_mounts: Mutex::new(Vec::new()),
             owner: Owner::Local {
                 ctrls,
                 backend,
@@ -247,12 +251,12 @@ impl DeviceHandle {
     }
 
     /// Opens a device a daemon owns: a connection, the controller's description, a served
-    /// queue pair for blockfs. Read-only: the daemon serves no write leases yet.
+    /// queue pair for blockfs (read through a read-only mount; the daemon writes the metadata).
     fn open_served(
         spec: &crate::served::ServedSpec,
         names: Vec<String>,
         specs: Vec<DeviceSpec>,
-        mut opts: OpenOptions,
+        opts: OpenOptions,
         nsid: u32,
     ) -> Result<Self> {
         let t = Instant::now();
@@ -265,7 +269,6 @@ impl DeviceHandle {
             served.describe(),
             served.trust()
         );
-        opts.read_only = true;
         Ok(Self {
             gpu: Mutex::new(BTreeMap::new()),
             specs,
@@ -276,6 +279,7 @@ impl DeviceHandle {
             members: vec![Arc::new(dev)],
             cpu_queues: 1,
             mounted: Mutex::new(None),
+            old_mounts: Mutex::new(Vec::new()),
             owner: Owner::Served(served),
             opened: OpenPhases {
                 transport,
@@ -361,6 +365,9 @@ impl DeviceHandle {
     /// not kept, and a poisoned file system (a commit failed where its outcome is unknown) is
     /// dropped and mounted afresh by the next call.
     pub fn mount(&self) -> Result<Arc<FileSystem>> {
+        if let Owner::Served(served) = &self.owner {
+            return self.mount_served(served);
+        }
         if self
             .specs
             .iter()
@@ -386,9 +393,52 @@ impl DeviceHandle {
         *self.mounted.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
+    /// [`DeviceHandle::mount`] on a served device: the daemon mounts blockfs and writes its
+    /// metadata, so this process mounts it read-only and mounts afresh whenever the daemon's
+    /// generation moved (another client committed). Each view tells the daemon the oldest
+    /// generation a mount still alive here may read through, and the daemon keeps that
+    /// generation's blocks until a later view lets it go.
+    fn mount_served(&self, served: &crate::served::ServedController) -> Result<Arc<FileSystem>> {
+        let mut held = self.mounted.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut old = self
+            .old_mounts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        old.retain(|w| w.strong_count() > 0);
+        let oldest = old
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .chain(held.clone())
+            .map(|fs| fs.generation())
+            .min();
+        let now = served.fs_view(self.nsid, oldest)?;
+        if let Some(fs) = held.as_ref()
+            && fs.generation() == now
+        {
+            return Ok(fs.clone());
+        }
+        // A mount that races a commit of the daemon's may read a superblock or table being
+        // replaced; its checks refuse that, and a second look finds the new generation.
+        let mut tries = 0;
+        let fs = loop {
+            match self.mount_afresh() {
+                Ok(fs) => break Arc::new(fs),
+                Err(e) if tries < 4 && e.kind() == crate::error::ErrorKind::Corrupt => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if let Some(prev) = held.replace(fs.clone()) {
+            old.push(Arc::downgrade(&prev));
+        }
+        Ok(fs)
+    }
+
     fn mount_afresh(&self) -> Result<FileSystem> {
         let nsid = self.nsid;
-        let mounted = if self.opts.read_only {
+        let mounted = if self.opts.read_only || self.is_served() {
             FileSystem::mount_read_only(self.block()?)
         } else {
             FileSystem::mount(self.block()?)
@@ -413,19 +463,25 @@ impl DeviceHandle {
 
     /// Refuses `what` of `name` on a read-only handle, before anything is read or changed.
     fn refuse_read_only(&self, what: &str, name: &str) -> Result<()> {
-        if let Owner::Served(served) = &self.owner {
-            return Err(
-                crate::Error::from(blockfs::Error::ReadOnly(name.to_owned())).context(format!(
-                    "{what} refused: {} is read-only here (the daemon serves no write leases \
-                     yet; write through the process that owns the device)",
-                    served.describe()
-                )),
-            );
-        }
         if self.opts.read_only {
             return Err(
                 crate::Error::from(blockfs::Error::ReadOnly(name.to_owned()))
                     .context(format!("{what} refused: the handle was opened read-only")),
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuses `what`, which a client of a daemon may not do: the daemon alone writes the
+    /// file system's metadata, so mkfs and repairs are the operator's (on the device unserved).
+    fn refuse_served(&self, what: &str, name: &str) -> Result<()> {
+        if let Owner::Served(served) = &self.owner {
+            return Err(
+                crate::Error::from(blockfs::Error::ReadOnly(name.to_owned())).context(format!(
+                    "{what} refused on {}: a daemon's clients put, save, remove and rename \
+                     files; {what} is the operator's (run it where the device is owned)",
+                    served.describe()
+                )),
             );
         }
         Ok(())
@@ -436,6 +492,7 @@ impl DeviceHandle {
     /// default the smallest maximum transfer of the controllers).
     pub fn mkfs(&self, block_size: u32, force: bool, stripe: Option<u64>) -> Result<MkfsReport> {
         self.refuse_read_only("mkfs", "(every file)")?;
+        self.refuse_served("mkfs", "(every file)")?;
         self.unmount();
         let dev: Arc<dyn BlockDevice> = if self.is_volume() {
             let refs: Vec<&Controller> = self.owner.ctrls().iter().collect();
@@ -496,6 +553,16 @@ impl DeviceHandle {
         cancel: &AtomicBool,
     ) -> Result<copy::TransferReport> {
         self.refuse_read_only("put", name)?;
+        if let Owner::Served(served) = &self.owner {
+            return copy::put_served(
+                self.members[0].as_ref(),
+                src,
+                name,
+                |len| served.fs_create(self.nsid, name, len, force),
+                &|_| {},
+                cancel,
+            );
+        }
         let fs = self.mount()?;
         let opts = copy::PutOptions {
             force,
@@ -581,6 +648,12 @@ impl DeviceHandle {
     /// Removes `name`.
     pub fn rm(&self, name: &str) -> Result<RemoveReport> {
         self.refuse_read_only("rm", name)?;
+        if let Owner::Served(served) = &self.owner {
+            served.fs_remove(self.nsid, name)?;
+            return Ok(RemoveReport {
+                removed: name.to_owned(),
+            });
+        }
         let fs = self.mount()?;
         fs.remove(name)?;
         fs.sync()?;
@@ -593,6 +666,13 @@ impl DeviceHandle {
     /// `force`, which replaces it by one commit (`gpunvme fs mv [--force]`).
     pub fn mv(&self, old: &str, new: &str, force: bool) -> Result<RenameReport> {
         self.refuse_read_only("mv", old)?;
+        if let Owner::Served(served) = &self.owner {
+            served.fs_rename(self.nsid, old, new, force)?;
+            return Ok(RenameReport {
+                from: old.to_owned(),
+                to: new.to_owned(),
+            });
+        }
         let fs = self.mount()?;
         if force {
             fs.rename_replace(old, new)?;
@@ -616,6 +696,7 @@ impl DeviceHandle {
     pub fn fsck(&self, repair: bool, data: bool) -> Result<FsckOutcome> {
         if repair {
             self.refuse_read_only("fsck with repair", "(every file)")?;
+            self.refuse_served("fsck with repair", "(every file)")?;
         }
         self.unmount();
         let (dev, label_repair): (Arc<dyn BlockDevice>, _) = if repair && self.is_volume() {
@@ -861,6 +942,9 @@ impl DeviceHandle {
         ssd_model: Option<gpu_emu::SsdModel>,
     ) -> Result<GpuIoReport> {
         self.refuse_read_only("save", name)?;
+        if let Owner::Served(served) = &self.owner {
+            return self.save_served(served, name, &pieces, force);
+        }
         self.gpu_ready(serving, ssd_model)?;
         let cuda = pieces_gpu(&pieces)?;
         let fs = self.mount()?;
@@ -874,6 +958,46 @@ impl DeviceHandle {
             })
             .map(|(r, _)| r);
         gpu_io::finish_target(&fs, target, written)
+    }
+
+    /// [`DeviceHandle::save`] on a served device: a write lease from the daemon, the pieces
+    /// copied out of GPU memory window by window and written through the lease's table by this
+    /// process's served queue pair, then committed with the CRC-32C of the bytes written. The
+    /// daemon's controller reaches only memory it lends, so the bytes cross host memory.
+    fn save_served(
+        &self,
+        served: &crate::served::ServedController,
+        name: &str,
+        pieces: &[Piece],
+        force: bool,
+    ) -> Result<GpuIoReport> {
+        let len: u64 = pieces.iter().map(Piece::len).sum();
+        let lease = served.fs_create(self.nsid, name, len, force)?;
+        let t = Instant::now();
+        let source = gpu_io::PiecesSource::new(pieces);
+        let (crc, _) = copy::write_lease(
+            self.members[0].as_ref(),
+            &lease,
+            &source,
+            len,
+            name,
+            &|_| {},
+            &AtomicBool::new(false),
+        )?;
+        lease.commit(len, crc)?;
+        let seconds = t.elapsed().as_secs_f64();
+        Ok(GpuIoReport {
+            name: name.to_owned(),
+            bytes: len,
+            seconds,
+            bytes_per_sec: len as f64 / seconds.max(1e-9),
+            staged: true,
+            data_path: "GPU memory copied to host memory, then written through the daemon's \
+                        write lease by this process's served CPU queue pair"
+                .into(),
+            transport: served.describe(),
+            crc32c: crc.map(|c| format!("{c:08x}")),
+        })
     }
 
     /// Saves `tensors` (in GPU memory allocated elsewhere) as a `.safetensors` file `name`:

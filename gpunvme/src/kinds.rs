@@ -205,7 +205,9 @@ fn blockfs_kind(e: &blockfs::Error) -> ErrorKind {
         E::ReadOnly(_) => ErrorKind::ReadOnly,
         E::NotBlockfs(_) => ErrorKind::NoFileSystem,
         E::Corrupt { .. } | E::Unsupported(_) => ErrorKind::Corrupt,
-        E::InvalidName { .. } | E::TooLarge(_) => ErrorKind::InvalidArgument,
+        E::InvalidName { .. } | E::TooLarge(_) | E::FutureGeneration { .. } => {
+            ErrorKind::InvalidArgument
+        }
         E::Device { .. } => ErrorKind::Device,
         _ => ErrorKind::FileSystem,
     }

@@ -256,9 +256,76 @@ impl ServedController {
         gpu_queues::transport::served::build(cuda, rings, opts).map_err(|e| ctx(Error::from(e)))
     }
 
-    /// Namespace `nsid` as a block device read through one served queue pair of its own
-    /// (blockfs's metadata and CPU reads). Writes are refused: the daemon serves no write
-    /// leases yet, so nothing would keep two processes from changing one file system at once.
+    /// The generation of the blockfs on namespace `nsid` (the daemon mounts it once); the
+    /// daemon keeps every block the older of it and `held` uses until this connection's next
+    /// view or its end (docs/serve.md, "Files for many clients").
+    pub fn fs_view(&self, nsid: u32, held: Option<u64>) -> Result<u64> {
+        Ok(self.conn.fs_view(&self.info.name, nsid, held)?)
+    }
+
+    /// A write lease on `name` for `bytes` (replacing a file of that name by its commit with
+    /// `replace`): the writable extent table of the blocks reserved, checked against the
+    /// namespace before anything is written through it. Nothing is visible until
+    /// [`ServedWrite::commit`]; dropped uncommitted, nothing of it is stored.
+    pub fn fs_create(
+        &self,
+        nsid: u32,
+        name: &str,
+        bytes: u64,
+        replace: bool,
+    ) -> Result<ServedWrite> {
+        let ns = *self.info.namespace(nsid).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("namespace {nsid} is not on {}", self.describe()),
+            )
+        })?;
+        let (lease, raw) = self
+            .conn
+            .fs_create(&self.info.name, nsid, name, bytes, replace)?;
+        let mut write = ServedWrite {
+            conn: self.conn.clone(),
+            lease,
+            table: None,
+        };
+        let table = blockfs::ExtentTable::from_bytes(&raw, ns.blocks).map_err(|why| {
+            Error::new(
+                ErrorKind::Device,
+                format!("the daemon's reservation of {name:?}: {why}"),
+            )
+        })?;
+        let fits = table.files().len() == 1
+            && table.files()[0].alloc_bytes >= bytes
+            && table.files()[0].flags & blockfs::table::TABLE_FILE_WRITABLE != 0
+            && table.header().lba_shift == ns.lba_size.trailing_zeros();
+        if !fits {
+            return Err(Error::new(
+                ErrorKind::Device,
+                format!(
+                    "the daemon's reservation of {name:?} is not one writable file of {bytes}                      bytes on {}-byte LBAs",
+                    ns.lba_size
+                ),
+            ));
+        }
+        write.table = Some(table);
+        Ok(write)
+    }
+
+    /// Removes `name` (refused while another client's lease writes it); the generation after.
+    pub fn fs_remove(&self, nsid: u32, name: &str) -> Result<u64> {
+        Ok(self.conn.fs_remove(&self.info.name, nsid, name)?)
+    }
+
+    /// Renames `from` to `to`, replacing `to` with `replace`; the generation after.
+    pub fn fs_rename(&self, nsid: u32, from: &str, to: &str, replace: bool) -> Result<u64> {
+        Ok(self
+            .conn
+            .fs_rename(&self.info.name, nsid, from, to, replace)?)
+    }
+
+    /// Namespace `nsid` as a block device through one served queue pair of its own: blockfs's
+    /// metadata reads (a read-only mount; the daemon writes the metadata), CPU reads, and the
+    /// data of a write lease ([`ServedController::fs_create`]), written through its table.
     pub fn block_device(&self, nsid: u32) -> Result<ServedBlockDevice> {
         let ns = *self.info.namespace(nsid).ok_or_else(|| {
             Error::new(
@@ -369,9 +436,41 @@ const BLOCK_DEPTH: u32 = 16;
 /// Slot bytes of a served block device's queue pair (at most the maximum transfer).
 const BLOCK_SLOT_BYTES: u32 = 128 << 10;
 
-/// A served namespace as blockfs's block device: reads through one queue pair of its own,
-/// writes refused ([`ServedController::block_device`]). The pair goes back to the daemon when
-/// this drops.
+/// A write lease of the daemon's ([`ServedController::fs_create`]): the blocks reserved for one
+/// file, written by this process through [`ServedWrite::table`], then committed; dropped
+/// uncommitted, the daemon drops the reservation and nothing is stored.
+pub struct ServedWrite {
+    conn: Arc<Connection>,
+    lease: u64,
+    table: Option<blockfs::ExtentTable>,
+}
+
+impl ServedWrite {
+    /// The reservation's table (one file, writable up to its allocation).
+    pub fn table(&self) -> &blockfs::ExtentTable {
+        self.table.as_ref().expect("set when made")
+    }
+
+    /// Makes the file `len` bytes long (with `crc`, the CRC-32C of those bytes as written)
+    /// and visible under its name by one commit at the daemon: the generation after it.
+    pub fn commit(mut self, len: u64, crc: Option<u32>) -> Result<u64> {
+        self.table = None;
+        Ok(self.conn.fs_commit(self.lease, len, crc)?)
+    }
+}
+
+impl Drop for ServedWrite {
+    fn drop(&mut self) {
+        if self.table.is_some()
+            && let Err(e) = self.conn.fs_abort(self.lease)
+        {
+            tracing::warn!(error = %gpunvme_serve_client::chain(&e), "dropping a write lease");
+        }
+    }
+}
+
+/// A served namespace as blockfs's block device through one queue pair of its own
+/// ([`ServedController::block_device`]). The pair goes back to the daemon when this drops.
 pub struct ServedBlockDevice {
     pairs: Mutex<LentPairs>,
     controller: String,
@@ -397,34 +496,11 @@ impl blockfs::BlockDevice for ServedBlockDevice {
 
     fn read(&self, reqs: &mut [blockfs::device::ReadReq<'_>]) -> Result<(), blockfs::DeviceError> {
         let mut held = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(pair) = held.pairs.first_mut() else {
-            return Err(blockfs::DeviceError::Io {
-                op: "read",
-                lba: reqs.first().map_or(0, |r| r.lba),
-                source: "the served queue pair was given back".into(),
-            });
-        };
+        let pair = first_pair(&mut held, "read", reqs.first().map_or(0, |r| r.lba))?;
         let unit = self.lba_size as usize;
         let step = (pair.slot_bytes() as usize / unit).max(1) * unit;
         for r in reqs.iter_mut() {
-            let len = r.buf.len();
-            if len % unit != 0 {
-                return Err(blockfs::DeviceError::Misaligned {
-                    len,
-                    lba_size: self.lba_size,
-                });
-            }
-            let end = r
-                .lba
-                .checked_add((len / unit) as u64)
-                .filter(|&e| e <= self.blocks);
-            let Some(_) = end else {
-                return Err(blockfs::DeviceError::OutOfRange {
-                    lba: r.lba,
-                    end: r.lba.saturating_add((len / unit) as u64),
-                    blocks: self.blocks,
-                });
-            };
+            blockfs::device::check_request(r.lba, r.buf.len(), self.lba_size, self.blocks)?;
             for (i, chunk) in r.buf.chunks_mut(step).enumerate() {
                 let lba = r.lba + (i * step / unit) as u64;
                 let blocks = (chunk.len() / unit) as u32;
@@ -440,17 +516,24 @@ impl blockfs::BlockDevice for ServedBlockDevice {
     }
 
     fn write(&self, reqs: &[blockfs::device::WriteReq<'_>]) -> Result<(), blockfs::DeviceError> {
-        Err(blockfs::DeviceError::Io {
-            op: "write",
-            lba: reqs.first().map_or(0, |r| r.lba),
-            source: "a served device is read here: the daemon serves no write leases yet, so \
-                     writes go through the process that owns the device"
-                .into(),
-        })
+        let mut held = self.pairs.lock().unwrap_or_else(|e| e.into_inner());
+        let pair = first_pair(&mut held, "write", reqs.first().map_or(0, |r| r.lba))?;
+        let unit = self.lba_size as usize;
+        let step = (pair.slot_bytes() as usize / unit).max(1) * unit;
+        // Every command of the batch, cut at the slot size.
+        let mut cmds = Vec::new();
+        for r in reqs {
+            blockfs::device::check_request(r.lba, r.buf.len(), self.lba_size, self.blocks)?;
+            for (i, chunk) in r.buf.chunks(step).enumerate() {
+                cmds.push((r.lba + (i * step / unit) as u64, chunk));
+            }
+        }
+        write_pipelined(pair, self.nsid, self.lba_size, &cmds)
     }
 
     fn flush(&self) -> Result<(), blockfs::DeviceError> {
-        // Nothing is written through this device.
+        // This process's writes are a lease's data: the daemon's commit flushes the namespace
+        // (every queue's completed writes) before it writes the metadata naming them.
         Ok(())
     }
 
@@ -464,6 +547,69 @@ impl blockfs::BlockDevice for ServedBlockDevice {
             self.nsid, self.controller
         )
     }
+}
+
+/// The block device's pair, unless it was given back.
+fn first_pair<'a>(
+    held: &'a mut LentPairs,
+    op: &'static str,
+    lba: u64,
+) -> Result<&'a mut QueuePair, blockfs::DeviceError> {
+    held.pairs
+        .first_mut()
+        .ok_or_else(|| blockfs::DeviceError::Io {
+            op,
+            lba,
+            source: "the served queue pair was given back".into(),
+        })
+}
+
+/// How long a served write waits for a completion before it fails naming the command.
+const WRITE_BOUND: Duration = Duration::from_secs(10);
+
+/// Writes `cmds` (LBA, whole LBAs of data up to a slot) on `pair`, as many in flight as it
+/// holds: after the first failure nothing more is sent, everything sent is waited for, and
+/// the first failure is the result.
+fn write_pipelined(
+    pair: &mut QueuePair,
+    nsid: u32,
+    lba_size: u32,
+    cmds: &[(u64, &[u8])],
+) -> Result<(), blockfs::DeviceError> {
+    let io = |lba, e: ClientError| blockfs::DeviceError::Io {
+        op: "write",
+        lba,
+        source: Box::new(e),
+    };
+    let mut next = 0usize;
+    let mut first: Option<blockfs::DeviceError> = None;
+    while (next < cmds.len() && first.is_none()) || pair.in_flight() > 0 {
+        while first.is_none() && next < cmds.len() && pair.in_flight() < pair.capacity() {
+            let (lba, data) = cmds[next];
+            let blocks = (data.len() / lba_size as usize) as u32;
+            match pair.submit_write(nsid, lba, blocks, lba_size, data) {
+                Ok(_) => next += 1,
+                Err(e) => first = Some(io(lba, e)),
+            }
+        }
+        if pair.in_flight() == 0 {
+            continue;
+        }
+        // Bounded: the pair's own timeout names the oldest command.
+        match pair.reap(WRITE_BOUND) {
+            Ok(done) => {
+                for c in done {
+                    if let Err(e) = c.check()
+                        && first.is_none()
+                    {
+                        first = Some(io(c.lba, e));
+                    }
+                }
+            }
+            Err(e) => return Err(first.unwrap_or(io(0, e))),
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Queue pairs a daemon lent this process for its CPU threads, in an arena of their own
@@ -587,7 +733,12 @@ pub(crate) fn client_kind(e: &ClientError) -> ErrorKind {
             R::InvalidArgument => ErrorKind::InvalidArgument,
             R::PermissionDenied => ErrorKind::Refused,
             R::NotFound => ErrorKind::NotFound,
-            R::Budget => ErrorKind::Busy,
+            R::Budget | R::Busy => ErrorKind::Busy,
+            R::Exists => ErrorKind::Exists,
+            R::NoSpace => ErrorKind::NoSpace,
+            R::NoFileSystem => ErrorKind::NoFileSystem,
+            R::ReadOnly => ErrorKind::ReadOnly,
+            R::FileSystem => ErrorKind::FileSystem,
             R::Device | R::Protocol => ErrorKind::Device,
         },
         ClientError::InvalidArgument(_) => ErrorKind::InvalidArgument,

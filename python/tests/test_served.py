@@ -1,6 +1,7 @@
 """A device a `gpunvme serve` daemon owns, opened as `served:SOCKET`: the files of its blockfs
-listed and read byte for byte by this process while another handle does the same, changes
-refused as read-only (the daemon serves no write leases yet) with nothing changed, and a
+listed and read byte for byte by this process while another handle does the same; a put
+through the daemon's write lease read back by the other handle, an existing name and a
+second writer refused by kind; mkfs refused as the operator's with nothing changed; and a
 socket nobody listens on named. The daemon is the `gpunvme` binary named by GPUNVME_BIN
 (scripts/py-test.sh sets it); without it the test says so and is skipped."""
 
@@ -48,7 +49,7 @@ def daemon(tmp_path):
         raise
 
 
-def test_served_files_read_byte_for_byte_and_changes_are_refused(daemon):
+def test_served_files_are_read_and_put_through_the_daemon(daemon):
     spec, files, tmp = daemon
     with gpunvme.open(spec) as a, gpunvme.open(spec) as b:
         assert sorted(f["name"] for f in a.ls()) == sorted(files)
@@ -57,11 +58,16 @@ def test_served_files_read_byte_for_byte_and_changes_are_refused(daemon):
                 out = tmp / f"out-{tag}-{name}"
                 h.get(name, out)
                 assert out.read_bytes() == data, (tag, name)
-        src = tmp / "src0"
+        src = tmp / "src3"
+        a.put(src, "new")
+        out = tmp / "out-new"
+        b.get("new", out)
+        assert out.read_bytes() == files["f3"]
+        with pytest.raises(gpunvme.ExistsError):
+            b.put(src, "new")
+        a.rm("new")
         with pytest.raises(gpunvme.ReadOnlyError):
-            a.put(src, "new")
-        with pytest.raises(gpunvme.ReadOnlyError):
-            a.rm("f0")
+            a.mkfs(force=True)
         assert sorted(f["name"] for f in b.ls()) == sorted(files)
 
 

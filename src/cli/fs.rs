@@ -327,10 +327,11 @@ pub fn run(
     )
 }
 
-/// Runs a blockfs command that only reads on namespace `nsid` of a controller a `gpunvme
-/// serve` daemon owns (`--device served:SOCKET[#NAME]`): blockfs through a served queue pair,
-/// `get --gpu` on GPU queues the daemon lends. Commands that change the file system are
-/// refused: the daemon serves no write leases yet.
+/// Runs a blockfs command on namespace `nsid` of a controller a `gpunvme serve` daemon owns
+/// (`--device served:SOCKET[#NAME]`): reads through a served queue pair (a read-only mount;
+/// the daemon writes the metadata), `get --gpu` on GPU queues the daemon lends; `put` of a
+/// host file, `rm` and `mv` through the daemon's write leases and renames
+/// ([`gpunvme::DeviceHandle`]). mkfs and repairs are the operator's, where the device is owned.
 pub fn run_served(
     spec: &gpunvme::served::ServedSpec,
     nsid: u32,
@@ -338,12 +339,49 @@ pub fn run_served(
     json: bool,
 ) -> Result<()> {
     check_gpu_args(&cmd)?;
-    if !cmd.is_read_only() {
-        return Err(Refusal(format!(
-            "{spec} is read-only here: the daemon serves no write leases yet (write through the \
-             process that owns the device)"
-        ))
-        .into());
+    let handle = || {
+        gpunvme::handle::DeviceHandle::open(
+            Some(&spec.to_string()),
+            gpunvme::open::OpenOptions::default(),
+            nsid,
+        )
+    };
+    match cmd {
+        FsCommand::Put { gpu, .. } if gpu.gpu => {
+            return Err(Refusal(format!(
+                "fs put --gpu on {spec}: a served put's bytes cross host memory either way (the \
+                 daemon's controller reaches only what it lends); put the file without --gpu"
+            ))
+            .into());
+        }
+        FsCommand::Put { src, .. } if src == Path::new("-") => {
+            return Err(Refusal(format!(
+                "fs put - on {spec}: a write lease needs the length up front; put a file"
+            ))
+            .into());
+        }
+        FsCommand::Put {
+            src, name, force, ..
+        } => {
+            let report = handle()?.put(&src, &name, force)?;
+            return print_report(&report, json, false);
+        }
+        FsCommand::Rm { name } => {
+            let report = handle()?.rm(&name)?;
+            return print_report(&report, json, false);
+        }
+        FsCommand::Mv { old, new, force } => {
+            let report = handle()?.mv(&old, &new, force)?;
+            return print_report(&report, json, false);
+        }
+        ref c if !c.is_read_only() => {
+            return Err(Refusal(format!(
+                "{spec}: mkfs and fsck --repair are the operator's (the daemon's clients share \
+                 the file system); run them where the device is owned"
+            ))
+            .into());
+        }
+        _ => {}
     }
     let client = format!("gpunvme fs (pid {})", std::process::id());
     let served = gpunvme::served::ServedController::open(spec, &client)?;

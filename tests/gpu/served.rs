@@ -451,7 +451,8 @@ fn serve_files(
 
 /// A served device through the library's handle (`served:SOCKET`, what Python and C open):
 /// `load_safetensors` by this process's CPU on lent queues puts every tensor's bytes in the arena,
-/// two handles at once; changes are refused as read-only and change nothing.
+/// two handles at once; `save_safetensors` from GPU memory goes through the daemon's write lease
+/// and loads back byte for byte on the other handle; mkfs is refused as the operator's.
 pub(super) fn served_device_loads_safetensors_through_the_handle() {
     use gpunvme::gpu::Serving;
     use gpunvme::handle::DeviceHandle;
@@ -472,7 +473,7 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
         .map(|_| DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap())
         .collect();
     for h in &handles {
-        assert!(h.is_served() && h.is_read_only(), "{}", h.describe());
+        assert!(h.is_served(), "{}", h.describe());
         let (loaded, report) = h
             .load_safetensors("m.safetensors", &Default::default(), Serving::Device, None)
             .unwrap();
@@ -506,10 +507,48 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
             assert!(got == want, "tensor {}: bytes differ", p.info.name);
         }
     }
-    let e = handles[0].put(&file, "n.safetensors", false).unwrap_err();
+    // A save from GPU memory through the daemon's write lease, loaded back by the other
+    // handle byte for byte; an existing name needs force; mkfs is the operator's.
+    let cuda = Cuda::open(0).unwrap();
+    let bytes: Vec<u8> = (0..300_007u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mem = Arc::new(gpu_queues::ffi::DeviceMemory::alloc(&cuda, bytes.len()).unwrap());
+    mem.write(0, &bytes).unwrap();
+    let save = |force| {
+        handles[0].save_safetensors(
+            "n.safetensors",
+            vec![gpunvme::handle::SaveTensor {
+                info: gpunvme::safetensors::TensorToWrite {
+                    name: "u".into(),
+                    dtype: gpunvme::safetensors::Dtype::U8,
+                    shape: vec![bytes.len() as u64],
+                    bytes: bytes.len() as u64,
+                },
+                mem: Some(mem.clone()),
+            }],
+            &Default::default(),
+            force,
+            Serving::Device,
+            None,
+        )
+    };
+    let r = save(false).unwrap();
+    assert!(
+        r.crc32c.is_some() && r.data_path.contains("write lease"),
+        "{r:?}"
+    );
+    assert_eq!(save(false).unwrap_err().kind(), gpunvme::ErrorKind::Exists);
+    save(true).unwrap();
+    let (loaded, _) = handles[1]
+        .load_safetensors("n.safetensors", &Default::default(), Serving::Device, None)
+        .unwrap();
+    let p = &loaded.tensors[0];
+    let mut got = vec![0u8; bytes.len()];
+    loaded.arena.read(p.offset as usize, &mut got).unwrap();
+    assert!(got == bytes, "the saved tensor's bytes differ");
+    let e = handles[0].mkfs(4096, true, None).unwrap_err();
     assert_eq!(e.kind(), gpunvme::ErrorKind::ReadOnly, "{e}");
-    assert_eq!(handles[1].ls("").unwrap().0.len(), 1);
-    drop(handles);
+    assert_eq!(handles[1].ls("").unwrap().0.len(), 2);
+    drop((loaded, handles));
     let st = server.daemon().status();
     assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
     assert_eq!(st["late_controller_writes"], 0, "{st}");

@@ -610,6 +610,115 @@ impl Connection {
         }
     }
 
+    /// The generation of the blockfs on namespace `nsid` of `controller` (`FsView`, the daemon
+    /// mounting it on first use); from then on the daemon keeps the blocks of the older of it
+    /// and `held` (the oldest generation this client still reads through) until the next
+    /// view or the connection's end.
+    pub fn fs_view(
+        &self,
+        controller: &str,
+        nsid: u32,
+        held: Option<u64>,
+    ) -> Result<u64, ClientError> {
+        self.fs_request(
+            "fs-view",
+            Request::FsView {
+                controller: controller.to_string(),
+                nsid,
+                held,
+            },
+        )
+    }
+
+    /// A write lease on `name` for `bytes` (`FsCreate`): the lease and the bytes of its
+    /// writable extent table (blockfs's flat table; the caller checks it before writing).
+    pub fn fs_create(
+        &self,
+        controller: &str,
+        nsid: u32,
+        name: &str,
+        bytes: u64,
+        replace: bool,
+    ) -> Result<(u64, Vec<u8>), ClientError> {
+        let doing = "fs-create";
+        let (reply, fds) = self.request(Request::FsCreate {
+            controller: controller.to_string(),
+            nsid,
+            name: name.to_string(),
+            bytes,
+            replace,
+        })?;
+        let (lease, table_bytes) = match reply {
+            Reply::FsReserved { lease, table_bytes } => (lease, table_bytes),
+            other => return Err(unexpected(doing, other)),
+        };
+        let fd = one_fd(doing, fds)?;
+        let len = usize::try_from(table_bytes.next_multiple_of(PAGE))
+            .map_err(|_| ClientError::Protocol(format!("a table of {table_bytes} bytes")))?;
+        let mem = SharedMemory::from_fd(fd, len).map_err(|source| ClientError::Shm {
+            what: "mapping a reservation's extent table",
+            source,
+        })?;
+        let mut table = vec![0u8; table_bytes as usize];
+        mem.read(0, &mut table).map_err(|source| ClientError::Shm {
+            what: "reading a reservation's extent table",
+            source,
+        })?;
+        Ok((lease, table))
+    }
+
+    /// Commits write lease `lease` as `len` bytes (with their CRC-32C): the file under its
+    /// name by one commit; the generation after it.
+    pub fn fs_commit(&self, lease: u64, len: u64, crc: Option<u32>) -> Result<u64, ClientError> {
+        self.fs_request("fs-commit", Request::FsCommit { lease, len, crc })
+    }
+
+    /// Drops write lease `lease`: nothing of it is stored.
+    pub fn fs_abort(&self, lease: u64) -> Result<u64, ClientError> {
+        self.fs_request("fs-abort", Request::FsAbort { lease })
+    }
+
+    /// Removes `name`; the generation after it.
+    pub fn fs_remove(&self, controller: &str, nsid: u32, name: &str) -> Result<u64, ClientError> {
+        self.fs_request(
+            "fs-remove",
+            Request::FsRemove {
+                controller: controller.to_string(),
+                nsid,
+                name: name.to_string(),
+            },
+        )
+    }
+
+    /// Renames `from` to `to` (replacing `to` with `replace`); the generation after it.
+    pub fn fs_rename(
+        &self,
+        controller: &str,
+        nsid: u32,
+        from: &str,
+        to: &str,
+        replace: bool,
+    ) -> Result<u64, ClientError> {
+        self.fs_request(
+            "fs-rename",
+            Request::FsRename {
+                controller: controller.to_string(),
+                nsid,
+                from: from.to_string(),
+                to: to.to_string(),
+                replace,
+            },
+        )
+    }
+
+    fn fs_request(&self, doing: &'static str, request: Request) -> Result<u64, ClientError> {
+        let (reply, _) = self.request(request)?;
+        match reply {
+            Reply::Fs { generation } => Ok(generation),
+            other => Err(unexpected(doing, other)),
+        }
+    }
+
     /// The daemon's state as JSON text (`Status`), checked to be JSON.
     pub fn status(&self) -> Result<String, ClientError> {
         let (reply, _) = self.request(Request::Status)?;

@@ -501,3 +501,21 @@ fn a_late_reply_to_a_request_given_up_on_is_skipped() {
     assert_eq!(conn.status().unwrap(), "2");
     assert_eq!(daemon.join().unwrap(), (2, 3));
 }
+
+/// File requests: each answered with the generation; a reservation whose table is longer than
+/// the memory file that carries it is refused before anything reads past the mapping.
+#[test]
+fn file_requests_and_a_reservation_table_bigger_than_its_memory() {
+    let (conn, _fake) = fake::start();
+    assert_eq!(conn.fs_view(CONTROLLER, NSID, None).unwrap(), 7);
+    assert_eq!(conn.fs_remove(CONTROLLER, NSID, "a").unwrap(), 7);
+    assert_eq!(conn.fs_rename(CONTROLLER, NSID, "a", "b", true).unwrap(), 7);
+    assert_eq!(conn.fs_commit(1, 10, Some(3)).unwrap(), 7);
+    assert_eq!(conn.fs_abort(1).unwrap(), 7);
+    let (lease, table) = conn.fs_create(CONTROLLER, NSID, "a", 4096, false).unwrap();
+    assert_eq!((lease, table.len(), &table[..4]), (9, 4096, &b"BFXT"[..]));
+    let e = conn
+        .fs_create(CONTROLLER, NSID, "a", 8192, false)
+        .unwrap_err();
+    assert!(format!("{e}").contains("extent table"), "{e}");
+}

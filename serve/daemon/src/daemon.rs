@@ -23,6 +23,7 @@ use nvme_emu::EmuDevice;
 use zerocopy::IntoBytes;
 
 use crate::ServeError;
+use crate::files::{Caller, ClientFiles, Files, Ns, Refusal};
 use crate::forward::{Forwarder, ShadowQueue};
 use crate::memory::{Arena, ArenaTarget, PageDoorbell, Poison};
 
@@ -166,6 +167,8 @@ pub struct ClientLedger {
     queues: BTreeMap<u16, Lent>,
     doorbells: Option<Arc<SharedMemory>>,
     slots: [bool; DOORBELLS_PER_PAGE],
+    /// Its generation holds and write leases.
+    files: ClientFiles,
 }
 
 impl ClientLedger {
@@ -182,6 +185,7 @@ impl ClientLedger {
             queues: BTreeMap::new(),
             doorbells: None,
             slots: [false; DOORBELLS_PER_PAGE],
+            files: ClientFiles::default(),
         }
     }
 
@@ -239,6 +243,19 @@ pub struct Daemon {
     /// Of those, clients that still held queues (killed mid-I/O, say) and arenas.
     reclaimed_queues: AtomicU64,
     reclaimed_arenas: AtomicU64,
+    /// The file systems, mounted once each.
+    files: Files,
+}
+
+/// A file request's answer.
+fn fs_answer(r: Result<u64, Refusal>) -> Answer {
+    match r {
+        Ok(generation) => Answer {
+            reply: Reply::Fs { generation },
+            fd: None,
+        },
+        Err((kind, message)) => refuse(kind, message),
+    }
 }
 
 impl Daemon {
@@ -266,6 +283,7 @@ impl Daemon {
             reclaimed: AtomicU64::new(0),
             reclaimed_queues: AtomicU64::new(0),
             reclaimed_arenas: AtomicU64::new(0),
+            files: Files::default(),
         })
     }
 
@@ -417,6 +435,59 @@ impl Daemon {
                 Err(a) => a,
                 Ok(c) => self.admin(c, ledger, opcode, nsid, cdw, arena, offset),
             },
+            Request::FsView {
+                controller,
+                nsid,
+                held,
+            } => match self.find(&controller) {
+                Err(a) => a,
+                Ok(c) => fs_answer(
+                    self.files
+                        .view(self.ns(c, nsid), held, Self::caller(ledger)),
+                ),
+            },
+            Request::FsCreate {
+                controller,
+                nsid,
+                name,
+                bytes,
+                replace,
+            } => match self.find(&controller) {
+                Err(a) => a,
+                Ok(c) => self.fs_create(c, ledger, nsid, &name, bytes, replace),
+            },
+            Request::FsCommit { lease, len, crc } => {
+                fs_answer(self.files.commit(lease, len, crc, Self::caller(ledger)))
+            }
+            Request::FsAbort { lease } => fs_answer(self.files.abort(lease, Self::caller(ledger))),
+            Request::FsRemove {
+                controller,
+                nsid,
+                name,
+            } => match self.find(&controller) {
+                Err(a) => a,
+                Ok(c) => fs_answer(self.files.remove(
+                    self.ns(c, nsid),
+                    &name,
+                    Self::caller(ledger),
+                )),
+            },
+            Request::FsRename {
+                controller,
+                nsid,
+                from,
+                to,
+                replace,
+            } => match self.find(&controller) {
+                Err(a) => a,
+                Ok(c) => fs_answer(self.files.rename(
+                    self.ns(c, nsid),
+                    &from,
+                    &to,
+                    replace,
+                    Self::caller(ledger),
+                )),
+            },
             Request::Status => {
                 let mut json = self.status();
                 let mut text = json.to_string();
@@ -435,6 +506,66 @@ impl Daemon {
         };
         self.update_view(ledger);
         answer
+    }
+
+    /// Namespace `nsid` of controller `c`, for the file service.
+    fn ns(&self, c: usize, nsid: u32) -> Ns<'_> {
+        Ns {
+            index: c,
+            ctrl: &self.controllers[c].ctrl,
+            nsid,
+        }
+    }
+
+    /// The file service's view of `ledger`'s client.
+    fn caller(ledger: &mut ClientLedger) -> Caller<'_> {
+        Caller {
+            id: ledger.id,
+            name: &ledger.name,
+            pid: ledger.pid,
+            files: &mut ledger.files,
+        }
+    }
+
+    /// `FsCreate`: the lease, its table in a memory file of its own.
+    fn fs_create(
+        &self,
+        c: usize,
+        ledger: &mut ClientLedger,
+        nsid: u32,
+        name: &str,
+        bytes: u64,
+        replace: bool,
+    ) -> Answer {
+        let (lease, table) =
+            match self
+                .files
+                .create(self.ns(c, nsid), name, bytes, replace, Self::caller(ledger))
+            {
+                Ok(x) => x,
+                Err((kind, message)) => return refuse(kind, message),
+            };
+        let len = (table.len() as u64).next_multiple_of(PAGE) as usize;
+        let mem = SharedMemory::create("gpunvme-serve-table", len).and_then(|m| {
+            m.write(0, &table)?;
+            Ok(m)
+        });
+        match mem {
+            Ok(m) => Answer {
+                reply: Reply::FsReserved {
+                    lease,
+                    table_bytes: table.len() as u64,
+                },
+                fd: Some(Arc::new(m)),
+            },
+            Err(e) => {
+                let _ = self.files.abort(lease, Self::caller(ledger));
+                refuse(
+                    RefusalKind::Device,
+                    format!("a memory file for the extent table: {e}"),
+                )
+            }
+        }
     }
 
     fn describe(&self, c: usize, ledger: &ClientLedger) -> Answer {
@@ -969,6 +1100,13 @@ impl Daemon {
         if let Err(why) = self.delete_lent(lent, ledger) {
             tracing::error!("reclaiming client {}: {why}", ledger.id);
         }
+        // Its queues are gone, so nothing of its can write a leased file's blocks: its
+        // unfinished writes are dropped and its generations let go.
+        let leases = ledger.files.leases();
+        ledger.files = ClientFiles::default();
+        if leases > 0 {
+            tracing::info!(client = ledger.id, leases, "unfinished writes dropped");
+        }
         // The queues are gone (or their arenas quarantined): the memory may leave now.
         let arenas = std::mem::take(&mut ledger.arenas);
         let bytes: u64 = arenas.values().map(|a| a.len() as u64).sum();
@@ -1058,6 +1196,9 @@ impl Daemon {
             "late_controller_writes": self.poison.late_writes.load(Ordering::Relaxed),
             "released_arenas": self.poison.released.load(Ordering::Relaxed),
             "max_queues_per_request": MAX_QUEUES_PER_REQUEST,
+            "file_systems": self.files.status(
+                &self.controllers.iter().map(|c| c.name.clone()).collect::<Vec<_>>()
+            ),
         })
     }
 }

@@ -17,6 +17,7 @@
 #![deny(unsafe_code)]
 
 pub mod daemon;
+pub mod files;
 pub mod forward;
 pub mod memory;
 pub mod server;

@@ -27,6 +27,11 @@ pub const PAGE: u64 = 4096;
 /// The largest slot buffer of a queue slot (2 MiB: its PRP list is one page of 512 entries).
 pub const MAX_SLOT_BYTES: u32 = 2 << 20;
 
+/// The longest file name (blockfs's own limit).
+pub const MAX_FILE_NAME: usize = 1024;
+/// The largest extent table a reservation hands out (256 MiB: about 11 million extents).
+pub const MAX_TABLE_BYTES: u64 = 256 << 20;
+
 /// The admin commands a client may send (Get Log Page, Identify, Get Features); every other
 /// admin command (Format, Sanitize, namespace management, firmware) is the operator's.
 pub const ADMIN_ALLOWLIST: [(u8, &str); 3] = [
@@ -101,6 +106,71 @@ pub enum Request {
     },
     /// The daemon's state: clients, their queues and arenas, budgets.
     Status,
+    /// The blockfs on namespace `nsid` of a controller (the daemon mounts it once): its
+    /// generation now, answered by [`Reply::Fs`]. From then on the daemon keeps every block the
+    /// older of `held` and that generation uses (the caller reads through a read-only mount of
+    /// its own at that generation), until the caller's next `FsView` of the namespace or its
+    /// end.
+    FsView {
+        /// The controller.
+        controller: String,
+        /// The namespace.
+        nsid: u32,
+        /// The oldest generation the caller still reads through, if any.
+        held: Option<u64>,
+    },
+    /// A write lease: file `name` reserved for `bytes`, which the caller writes through its
+    /// own queues into the blocks of the [`Reply::FsReserved`] table. Nothing is visible until
+    /// [`Request::FsCommit`]; one writer per name at a time.
+    FsCreate {
+        /// The controller.
+        controller: String,
+        /// The namespace.
+        nsid: u32,
+        /// The file.
+        name: String,
+        /// Its length to reserve.
+        bytes: u64,
+        /// Replace a file of that name by the commit (else an existing one is refused).
+        replace: bool,
+    },
+    /// Makes a write lease's file `len` bytes long (with `crc`, the CRC-32C of them, if the
+    /// caller computed it) and visible under its name by one commit.
+    FsCommit {
+        /// The lease (from [`Reply::FsReserved`]).
+        lease: u64,
+        /// The file's length, at most the reservation.
+        len: u64,
+        /// The CRC-32C of its bytes.
+        crc: Option<u32>,
+    },
+    /// Drops a write lease: nothing of it is stored.
+    FsAbort {
+        /// The lease.
+        lease: u64,
+    },
+    /// Removes a file.
+    FsRemove {
+        /// The controller.
+        controller: String,
+        /// The namespace.
+        nsid: u32,
+        /// The file.
+        name: String,
+    },
+    /// Renames a file (replacing `to` by the commit with `replace`).
+    FsRename {
+        /// The controller.
+        controller: String,
+        /// The namespace.
+        nsid: u32,
+        /// The file.
+        from: String,
+        /// Its new name.
+        to: String,
+        /// Replace a file named `to`.
+        replace: bool,
+    },
 }
 
 /// Why the daemon refused a request, by kind (the client maps each to its error kind).
@@ -114,6 +184,18 @@ pub enum RefusalKind {
     NotFound,
     /// Past a budget (the message gives the numbers).
     Budget,
+    /// Held by another client (a write lease of that name; the message names the holder).
+    Busy,
+    /// The file exists.
+    Exists,
+    /// The file system is full.
+    NoSpace,
+    /// The namespace holds no blockfs.
+    NoFileSystem,
+    /// The file or the file system takes no changes (immutable, mounted read-only).
+    ReadOnly,
+    /// Another refusal of the file system (its message says which).
+    FileSystem,
     /// The controller failed or refused the command.
     Device,
     /// The frame itself was refused ([`ProtoError`]), e.g. another protocol version.
@@ -217,6 +299,19 @@ pub enum Reply {
         /// The JSON text.
         json: String,
     },
+    /// To a file request: the file system's generation after it.
+    Fs {
+        /// The generation.
+        generation: u64,
+    },
+    /// To [`Request::FsCreate`], with a memory file holding the reservation's extent table
+    /// (blockfs's flat table, one file, writable; `table_bytes` long).
+    FsReserved {
+        /// The lease, for [`Request::FsCommit`] or [`Request::FsAbort`].
+        lease: u64,
+        /// Bytes of the table.
+        table_bytes: u64,
+    },
 }
 
 /// What the daemon tells a client unasked.
@@ -291,6 +386,12 @@ kinds! {
     FreeArena = 6, "free-arena";
     Admin = 7, "admin";
     StatusRequest = 8, "status";
+    FsView = 9, "fs-view";
+    FsCreate = 10, "fs-create";
+    FsCommit = 11, "fs-commit";
+    FsAbort = 12, "fs-abort";
+    FsRemove = 13, "fs-remove";
+    FsRename = 14, "fs-rename";
     Welcome = 101, "welcome";
     Controller = 102, "controller";
     Arena = 103, "arena";
@@ -298,6 +399,8 @@ kinds! {
     Done = 105, "done";
     Refused = 106, "refused";
     StatusReply = 107, "status-reply";
+    Fs = 108, "fs";
+    FsReserved = 109, "fs-reserved";
     QueuesRevoked = 201, "queues-revoked";
     ControllerFailed = 202, "controller-failed";
     Shutdown = 203, "shutdown";
@@ -335,6 +438,12 @@ impl Message {
                 Request::FreeArena { .. } => Kind::FreeArena,
                 Request::Admin { .. } => Kind::Admin,
                 Request::Status => Kind::StatusRequest,
+                Request::FsView { .. } => Kind::FsView,
+                Request::FsCreate { .. } => Kind::FsCreate,
+                Request::FsCommit { .. } => Kind::FsCommit,
+                Request::FsAbort { .. } => Kind::FsAbort,
+                Request::FsRemove { .. } => Kind::FsRemove,
+                Request::FsRename { .. } => Kind::FsRename,
             },
             Self::Reply(r) => match r {
                 Reply::Welcome { .. } => Kind::Welcome,
@@ -344,6 +453,8 @@ impl Message {
                 Reply::Done { .. } => Kind::Done,
                 Reply::Refused { .. } => Kind::Refused,
                 Reply::Status { .. } => Kind::StatusReply,
+                Reply::Fs { .. } => Kind::Fs,
+                Reply::FsReserved { .. } => Kind::FsReserved,
             },
             Self::Event(e) => match e {
                 Event::QueuesRevoked { .. } => Kind::QueuesRevoked,
@@ -357,7 +468,7 @@ impl Message {
     /// for any other.
     pub fn descriptors(&self) -> usize {
         match self {
-            Self::Reply(Reply::Arena { .. } | Reply::Queues { .. }) => 1,
+            Self::Reply(Reply::Arena { .. } | Reply::Queues { .. } | Reply::FsReserved { .. }) => 1,
             _ => 0,
         }
     }
@@ -384,6 +495,17 @@ impl Message {
                 return Err(ProtoError::Body {
                     kind,
                     why: format!("{what} of {} bytes is over {MAX_TEXT}", s.len()),
+                });
+            }
+            Ok(())
+        };
+        // A file name's own rules are the file system's (the daemon applies them); here only
+        // its size and that it is text.
+        let file = |s: &str| -> Result<(), ProtoError> {
+            if s.is_empty() || s.len() > MAX_FILE_NAME {
+                return Err(ProtoError::Body {
+                    kind,
+                    why: format!("a file name of {} bytes; 1 to {MAX_FILE_NAME}", s.len()),
                 });
             }
             Ok(())
@@ -455,7 +577,34 @@ impl Message {
                     name("the controller", controller)?;
                     qids(q)
                 }
-                Request::FreeArena { .. } | Request::Status => Ok(()),
+                Request::FreeArena { .. }
+                | Request::Status
+                | Request::FsCommit { .. }
+                | Request::FsAbort { .. } => Ok(()),
+                Request::FsView { controller, .. } => name("the controller", controller),
+                Request::FsCreate {
+                    controller,
+                    name: f,
+                    ..
+                }
+                | Request::FsRemove {
+                    controller,
+                    name: f,
+                    ..
+                } => {
+                    name("the controller", controller)?;
+                    file(f)
+                }
+                Request::FsRename {
+                    controller,
+                    from,
+                    to,
+                    ..
+                } => {
+                    name("the controller", controller)?;
+                    file(from)?;
+                    file(to)
+                }
                 Request::Admin {
                     controller,
                     opcode,
@@ -513,7 +662,15 @@ impl Message {
                     let q: Vec<u16> = queues.iter().map(|g| g.qid).collect();
                     qids(&q)
                 }
-                Reply::Done { .. } => Ok(()),
+                Reply::Done { .. } | Reply::Fs { .. } => Ok(()),
+                Reply::FsReserved { table_bytes, .. } => {
+                    if *table_bytes == 0 || *table_bytes > MAX_TABLE_BYTES {
+                        return bad(format!(
+                            "an extent table of {table_bytes} bytes; at most {MAX_TABLE_BYTES}"
+                        ));
+                    }
+                    Ok(())
+                }
                 Reply::Refused { message, .. } => text("the refusal", message),
                 Reply::Status { json } => {
                     if json.len() > crate::limits::MAX_BODY / 2 {

@@ -107,6 +107,41 @@ fn samples() -> Vec<Message> {
         req(Request::FreeArena { arena: u64::MAX }),
         admin(0x06, 8 * PAGE),
         req(Request::Status),
+        req(Request::FsView {
+            controller: "nvme0".into(),
+            nsid: 1,
+            held: Some(4),
+        }),
+        req(Request::FsCreate {
+            controller: "nvme0".into(),
+            nsid: 1,
+            name: "model/shard-00001.safetensors".into(),
+            bytes: 4 << 30,
+            replace: true,
+        }),
+        req(Request::FsCommit {
+            lease: 3,
+            len: 4 << 30,
+            crc: Some(0xdead_beef),
+        }),
+        req(Request::FsAbort { lease: 3 }),
+        req(Request::FsRemove {
+            controller: "nvme0".into(),
+            nsid: 1,
+            name: "a".into(),
+        }),
+        req(Request::FsRename {
+            controller: "nvme0".into(),
+            nsid: 1,
+            from: "a".into(),
+            to: "b".into(),
+            replace: false,
+        }),
+        rep(Reply::Fs { generation: 12 }),
+        rep(Reply::FsReserved {
+            lease: 3,
+            table_bytes: 136,
+        }),
         rep(Reply::Welcome {
             version: PROTOCOL_VERSION,
             daemon: "gpunvme serve 0.1.0".into(),
@@ -228,7 +263,7 @@ fn accepted(message: Message) {
 #[test]
 fn samples_cover_every_kind() {
     let kinds = all_kinds();
-    assert_eq!(kinds.len(), 18, "the kinds! table");
+    assert_eq!(kinds.len(), 26, "the kinds! table");
     let covered: Vec<Kind> = samples().iter().map(Message::kind).collect();
     for k in &kinds {
         assert!(covered.contains(k), "no sample of {k:?}");
@@ -295,7 +330,9 @@ fn the_header_is_little_endian_magic_version_kind_id_length() {
 fn descriptors_per_message() {
     for m in samples() {
         let want = match m {
-            Message::Reply(Reply::Arena { .. } | Reply::Queues { .. }) => 1,
+            Message::Reply(
+                Reply::Arena { .. } | Reply::Queues { .. } | Reply::FsReserved { .. },
+            ) => 1,
             _ => 0,
         };
         assert_eq!(m.descriptors(), want, "{:?}", m.kind());
@@ -482,7 +519,7 @@ fn a_frame_over_max_frame_is_too_large() {
 #[test]
 fn an_unknown_kind_is_refused() {
     let body = serde_json::to_vec(&req(Request::Status)).unwrap();
-    for code in [0, 9, 100, 108, 200, 204, 1000, u16::MAX] {
+    for code in [0, 15, 100, 110, 200, 204, 1000, u16::MAX] {
         assert!(Kind::from_code(code).is_none());
         let bytes = raw(PROTOCOL_VERSION, code, 1, body.len() as u32, &body);
         assert_eq!(Frame::decode(&bytes, 0), Err(ProtoError::UnknownKind(code)));
@@ -1164,5 +1201,41 @@ fn random_and_mutated_datagrams_never_panic_and_what_is_accepted_round_trips() {
     assert!(accepted_n > 200, "only {accepted_n} accepted");
     for (i, n) in tally.iter().enumerate() {
         assert!(*n > 0, "refusal variant {i} never reached: {tally:?}");
+    }
+}
+
+#[test]
+fn file_messages_out_of_their_limits_are_refused_both_ways() {
+    let long = "n".repeat(gpunvme_serve_proto::msg::MAX_FILE_NAME + 1);
+    for name in [String::new(), long] {
+        refused_both_ways(
+            req(Request::FsCreate {
+                controller: "nvme0".into(),
+                nsid: 1,
+                name: name.clone(),
+                bytes: 1,
+                replace: false,
+            }),
+            "a file name",
+        );
+        refused_both_ways(
+            req(Request::FsRename {
+                controller: "nvme0".into(),
+                nsid: 1,
+                from: "a".into(),
+                to: name,
+                replace: false,
+            }),
+            "a file name",
+        );
+    }
+    for table_bytes in [0, gpunvme_serve_proto::msg::MAX_TABLE_BYTES + 8] {
+        refused_both_ways(
+            rep(Reply::FsReserved {
+                lease: 1,
+                table_bytes,
+            }),
+            "extent table",
+        );
     }
 }

@@ -331,6 +331,22 @@ impl Daemon {
                 let json = format!("{{\"clients\": 1, \"queues\": {}}}", self.controllers.len());
                 self.reply(id, Reply::Status { json }, None);
             }
+            Request::FsCreate { bytes, .. } => {
+                // A table of `bytes` bytes announced, in a memory file of one page: a lie
+                // whenever `bytes` is over a page.
+                let mem = Arc::new(SharedMemory::create("fake-table", 4096).unwrap());
+                mem.write(0, b"BFXT").unwrap();
+                let reply = Reply::FsReserved {
+                    lease: 9,
+                    table_bytes: bytes,
+                };
+                self.reply(id, reply, Some(&mem));
+            }
+            Request::FsView { .. }
+            | Request::FsCommit { .. }
+            | Request::FsAbort { .. }
+            | Request::FsRemove { .. }
+            | Request::FsRename { .. } => self.reply(id, Reply::Fs { generation: 7 }, None),
         }
     }
 
