@@ -171,10 +171,30 @@ pub struct ServedPhases {
 /// Entries of each CPU queue pair a served read uses.
 const CPU_DEPTH: u32 = 64;
 
+/// The queue pairs a CPU-issued served read takes: [`gpunvme_settings::SERVED_PAIRS`], else the
+/// controller's threads (one pair each) but at most half this host's CPUs. On a lent H100 (16
+/// CPUs) a 7B-shaped load read at 16 GB/s through a daemon of 16 controller threads and at
+/// 30-32 GB/s through one of 8 (`benches/results/served-cpu-threads-2026-12-07-h100.json`):
+/// software-controller threads that outnumber the cores slow each other's copies down. Taking
+/// fewer pairs than the daemon has threads leaves the rest idle (they nap); that this reads as
+/// fast as a daemon of fewer threads is the reasoning, not yet a measurement.
+fn cpu_pair_count(served: &crate::served::ServedController) -> Result<u16> {
+    let setting = gpunvme_settings::SERVED_PAIRS;
+    if let Some(v) = setting.value() {
+        return match v.trim().parse::<u16>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(n),
+            _ => Err(Error::invalid(setting.invalid(&v).to_string())),
+        };
+    }
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let half = u16::try_from((cpus / 2).max(1)).unwrap_or(u16::MAX);
+    Ok(served.file_queue_count()?.min(half).max(1))
+}
+
 /// Reads `reads` of the files whose extent tables are `tables` on namespace `nsid` of
 /// `served` into the GPU memory `dest` gives (called once, when the first window is full: a
-/// caller may allocate it meanwhile) on `cuda`'s GPU: lent CPU queue pairs (one per thread of
-/// the daemon's controller, fewer when the daemon has fewer), a lent bounce cut as
+/// caller may allocate it meanwhile) on `cuda`'s GPU: lent CPU queue pairs (as many as
+/// `cpu_pair_count` says, fewer when the daemon has fewer free), a lent bounce cut as
 /// [`Windows::from_env`] says, each window registered with CUDA on a thread of its own in
 /// order, and [`read_staged_cpu`] on this thread. The pairs go back before the bounce.
 pub fn read_served(
@@ -194,7 +214,7 @@ pub fn read_served(
     let want: u64 = reads.iter().map(|r| r.len).sum();
     let windows = Windows::from_env()?;
     let t_lend = Instant::now();
-    let mut pairs = crate::served::fewer_when_busy(served.file_queue_count()?, true, |n| {
+    let mut pairs = crate::served::fewer_when_busy(cpu_pair_count(served)?, true, |n| {
         served.cpu_pairs(n, CPU_DEPTH, served.file_slot_bytes())
     })?;
     let bounce = served.lend_host(windows.bounce_bytes(want) as usize)?;

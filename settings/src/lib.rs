@@ -155,6 +155,8 @@ settings! {
         "Who issues a served device's loads and `read_into` reads: this process's CPU on lent queue pairs (quick to set up, no GPU kernels to time-slice between processes), or GPU threads on served GPU queues (faster reads).";
     SERVED_WINDOWS = "GPUNVME_SERVED_WINDOWS", "COUNTxMIB: 2 to 64 windows of 1 to 256 MiB", "4x4", "gpunvme",
         "How a served device's CPU-issued reads cut their lent bounce buffer (each window registered with CUDA on its own).";
+    SERVED_PAIRS = "GPUNVME_SERVED_PAIRS", "1 to 64 queue pairs", "the controller's threads, at most half this host's CPUs", "gpunvme",
+        "Queue pairs a served device's CPU-issued reads take (each served by one thread of a software controller; a daemon's threads beyond the host's cores slow each other down).";
 }
 
 /// Whether this process runs under NVIDIA's compute-sanitizer, told by the injection
