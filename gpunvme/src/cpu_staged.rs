@@ -205,12 +205,7 @@ pub fn read_served(
     reads: &[StagedRead],
     dest: impl FnOnce() -> Result<Arc<DeviceMemory>>,
 ) -> Result<(StagedOutcome, ServedPhases)> {
-    let ns = *served.info().namespace(nsid).ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotFound,
-            format!("namespace {nsid} is not on {}", served.describe()),
-        )
-    })?;
+    let ns = served.namespace(nsid)?;
     let want: u64 = reads.iter().map(|r| r.len).sum();
     let windows = Windows::from_env()?;
     let t_lend = Instant::now();

@@ -256,6 +256,16 @@ impl ServedController {
         gpu_queues::transport::served::build(cuda, rings, opts).map_err(|e| ctx(Error::from(e)))
     }
 
+    /// Namespace `nsid`'s description; [`ErrorKind::NotFound`] if the controller has none.
+    pub fn namespace(&self, nsid: u32) -> Result<gpunvme_serve_client::NamespaceInfo> {
+        self.info.namespace(nsid).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("namespace {nsid} is not on {}", self.describe()),
+            )
+        })
+    }
+
     /// The generation of the blockfs on namespace `nsid` (the daemon mounts it once); the
     /// daemon keeps every block the older of it and `held` uses until this connection's next
     /// view or its end (docs/serve.md, "Files for many clients").
@@ -274,41 +284,23 @@ impl ServedController {
         bytes: u64,
         replace: bool,
     ) -> Result<ServedWrite> {
-        let ns = *self.info.namespace(nsid).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("namespace {nsid} is not on {}", self.describe()),
-            )
-        })?;
+        let ns = self.namespace(nsid)?;
         let (lease, raw) = self
             .conn
             .fs_create(&self.info.name, nsid, name, bytes, replace)?;
-        let mut write = ServedWrite {
-            conn: self.conn.clone(),
-            lease,
-            table: None,
-        };
-        let table = blockfs::ExtentTable::from_bytes(&raw, ns.blocks).map_err(|why| {
-            Error::new(
-                ErrorKind::Device,
-                format!("the daemon's reservation of {name:?}: {why}"),
-            )
-        })?;
-        let fits = table.files().len() == 1
-            && table.files()[0].alloc_bytes >= bytes
-            && table.files()[0].flags & blockfs::table::TABLE_FILE_WRITABLE != 0
-            && table.header().lba_shift == ns.lba_size.trailing_zeros();
-        if !fits {
-            return Err(Error::new(
-                ErrorKind::Device,
-                format!(
-                    "the daemon's reservation of {name:?} is not one writable file of {bytes}                      bytes on {}-byte LBAs",
-                    ns.lba_size
-                ),
-            ));
+        match check_reservation(&raw, ns, name, bytes) {
+            Ok(table) => Ok(ServedWrite {
+                conn: self.conn.clone(),
+                lease,
+                table,
+                committed: false,
+            }),
+            Err(e) => {
+                // Nothing is written through a table that failed its checks.
+                let _ = self.conn.fs_abort(lease);
+                Err(e)
+            }
         }
-        write.table = Some(table);
-        Ok(write)
     }
 
     /// Removes `name` (refused while another client's lease writes it); the generation after.
@@ -327,12 +319,7 @@ impl ServedController {
     /// metadata reads (a read-only mount; the daemon writes the metadata), CPU reads, and the
     /// data of a write lease ([`ServedController::fs_create`]), written through its table.
     pub fn block_device(&self, nsid: u32) -> Result<ServedBlockDevice> {
-        let ns = *self.info.namespace(nsid).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NotFound,
-                format!("namespace {nsid} is not on {}", self.describe()),
-            )
-        })?;
+        let ns = self.namespace(nsid)?;
         let slot = BLOCK_SLOT_BYTES
             .min(self.info.max_transfer_bytes / 4096 * 4096)
             .max(4096);
@@ -436,32 +423,65 @@ const BLOCK_DEPTH: u32 = 16;
 /// Slot bytes of a served block device's queue pair (at most the maximum transfer).
 const BLOCK_SLOT_BYTES: u32 = 128 << 10;
 
+/// The daemon's reservation table for `bytes` of `name`, checked: a valid table of one
+/// writable file of at least `bytes` on the namespace's LBAs.
+fn check_reservation(
+    raw: &[u8],
+    ns: gpunvme_serve_client::NamespaceInfo,
+    name: &str,
+    bytes: u64,
+) -> Result<blockfs::ExtentTable> {
+    let table = blockfs::ExtentTable::from_bytes(raw, ns.blocks).map_err(|why| {
+        Error::new(
+            ErrorKind::Device,
+            format!("the daemon's reservation of {name:?}: {why}"),
+        )
+    })?;
+    let fits = table.files().len() == 1
+        && table.files()[0].alloc_bytes >= bytes
+        && table.files()[0].flags & blockfs::table::TABLE_FILE_WRITABLE != 0
+        && table.header().lba_shift == ns.lba_size.trailing_zeros();
+    if !fits {
+        return Err(Error::new(
+            ErrorKind::Device,
+            format!(
+                "the daemon's reservation of {name:?} is not one writable file of {bytes} bytes \
+                 on {}-byte LBAs",
+                ns.lba_size
+            ),
+        ));
+    }
+    Ok(table)
+}
+
 /// A write lease of the daemon's ([`ServedController::fs_create`]): the blocks reserved for one
 /// file, written by this process through [`ServedWrite::table`], then committed; dropped
 /// uncommitted, the daemon drops the reservation and nothing is stored.
 pub struct ServedWrite {
     conn: Arc<Connection>,
     lease: u64,
-    table: Option<blockfs::ExtentTable>,
+    table: blockfs::ExtentTable,
+    /// Sent to be committed (the daemon ends the lease either way).
+    committed: bool,
 }
 
 impl ServedWrite {
     /// The reservation's table (one file, writable up to its allocation).
     pub fn table(&self) -> &blockfs::ExtentTable {
-        self.table.as_ref().expect("set when made")
+        &self.table
     }
 
     /// Makes the file `len` bytes long (with `crc`, the CRC-32C of those bytes as written)
     /// and visible under its name by one commit at the daemon: the generation after it.
     pub fn commit(mut self, len: u64, crc: Option<u32>) -> Result<u64> {
-        self.table = None;
+        self.committed = true;
         Ok(self.conn.fs_commit(self.lease, len, crc)?)
     }
 }
 
 impl Drop for ServedWrite {
     fn drop(&mut self) {
-        if self.table.is_some()
+        if !self.committed
             && let Err(e) = self.conn.fs_abort(self.lease)
         {
             tracing::warn!(error = %gpunvme_serve_client::chain(&e), "dropping a write lease");

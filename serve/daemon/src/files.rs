@@ -60,6 +60,24 @@ struct Holder {
     pid: i32,
 }
 
+impl Holder {
+    /// The refusal of a change to `name`, which this lease holds, asked by client `client`.
+    fn busy(&self, name: &str, client: u64) -> Refusal {
+        let by = if self.client == client {
+            "this client's".to_owned()
+        } else {
+            format!(
+                "client {} ({:?}, pid {})'s",
+                self.client, self.name, self.pid
+            )
+        };
+        (
+            RefusalKind::Busy,
+            format!("{name:?} is being written under {by} lease {}", self.lease),
+        )
+    }
+}
+
 /// One mounted file system.
 pub(crate) struct Mounted {
     fs: FileSystem,
@@ -75,20 +93,7 @@ impl Mounted {
     /// Refuses a change of `name` while another client's lease holds it.
     fn refuse_held(&self, name: &str, client: u64) -> Result<(), Refusal> {
         match self.writers().get(name) {
-            Some(h) if h.client != client => Err((
-                RefusalKind::Busy,
-                format!(
-                    "{name:?} is being written by client {} ({:?}, pid {}) under lease {}",
-                    h.client, h.name, h.pid, h.lease
-                ),
-            )),
-            Some(h) => Err((
-                RefusalKind::Busy,
-                format!(
-                    "{name:?} is being written by this client's lease {}",
-                    h.lease
-                ),
-            )),
+            Some(h) => Err(h.busy(name, client)),
             None => Ok(()),
         }
     }
@@ -278,13 +283,7 @@ impl Files {
         {
             let mut writers = m.writers();
             if let Some(h) = writers.get(name) {
-                return Err((
-                    RefusalKind::Busy,
-                    format!(
-                        "{name:?} is being written by client {} ({:?}, pid {}) under lease {}",
-                        h.client, h.name, h.pid, h.lease
-                    ),
-                ));
+                return Err(h.busy(name, caller.id));
             }
             match m.fs.stat(name) {
                 Ok(_) if !replace => {
