@@ -63,7 +63,9 @@ pub const MAX_RANGE_PAGES: u64 = 1 << 48;
 /// Where fills put the data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DataPath {
-    /// DIRECT where the queues can map more GPU memory for the controller, else BOUNCE.
+    /// DIRECT where the queues can map more GPU memory for the controller, else BOUNCE; BOUNCE
+    /// also where their buffers are host memory mapped into the GPU (a served controller's:
+    /// frames there would make every hit a read across PCIe).
     #[default]
     Auto,
     /// Commands move data straight between the device and the frames.
@@ -357,6 +359,9 @@ impl<'q> GpuCache<'q> {
         let frames = match opts.data_path {
             DataPath::Bounce => Frames::Bounce(DeviceMemory::alloc(cuda, frame_bytes)?),
             DataPath::Direct => Frames::Direct(queues.alloc_buffer(frame_bytes)?),
+            DataPath::Auto if queues.buffers_in_host_memory() => {
+                Frames::Bounce(DeviceMemory::alloc(cuda, frame_bytes)?)
+            }
             DataPath::Auto => match queues.alloc_buffer(frame_bytes) {
                 Ok(b) => Frames::Direct(b),
                 Err(GpuError::Unsupported(_)) => {

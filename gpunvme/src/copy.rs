@@ -429,27 +429,9 @@ pub(crate) fn write_lease(
     progress: &(dyn Fn(u64) + Sync),
     cancel: &AtomicBool,
 ) -> Result<(Option<u32>, usize)> {
-    let table = lease.table();
     let lba = u64::from(dev.lba_size());
-    let f = table.files()[0];
-    let mut reqs = Vec::new();
-    let padded_end = len.next_multiple_of(lba);
-    let first = f.first_extent as usize;
-    for e in &table.extents()[first..first + f.extent_count as usize] {
-        let from = (e.file_lba * lba).min(padded_end);
-        let to = ((e.file_lba + e.nlb) * lba).min(padded_end);
-        let mut at = from;
-        while at < to {
-            // Pieces of at most a staging buffer each.
-            let n = (to - at).min(blockfs::device::SOURCE_STAGE_BYTES as u64);
-            reqs.push(SourceWriteReq {
-                lba: e.lba + (at - e.file_lba * lba) / lba,
-                src_offset: at,
-                len: n as usize,
-            });
-            at += n;
-        }
-    }
+    let table = lease.table();
+    let reqs = lease_requests(table, lba, 0, len.next_multiple_of(lba));
     let pieces = Crc32cPieces::new();
     let checked = ChecksummedSource::new(source, &pieces);
     let padded = Cancellable(Padded(&checked, len), cancel);
@@ -465,7 +447,147 @@ pub(crate) fn write_lease(
             },
         }
     })?;
-    Ok((pieces.finish(0, len), f.extent_count as usize))
+    Ok((
+        pieces.finish(0, len),
+        table.files()[0].extent_count as usize,
+    ))
+}
+
+/// The device writes of file bytes `from..to` (whole LBAs of `lba` bytes) through a lease's
+/// table, each at most a staging buffer; source offsets are file offsets.
+fn lease_requests(
+    table: &blockfs::ExtentTable,
+    lba: u64,
+    from: u64,
+    to: u64,
+) -> Vec<SourceWriteReq> {
+    let f = table.files()[0];
+    let first = f.first_extent as usize;
+    let mut reqs = Vec::new();
+    for e in &table.extents()[first..first + f.extent_count as usize] {
+        let start = (e.file_lba * lba).clamp(from, to);
+        let end = ((e.file_lba + e.nlb) * lba).clamp(from, to);
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(blockfs::device::SOURCE_STAGE_BYTES as u64);
+            reqs.push(SourceWriteReq {
+                lba: e.lba + (at - e.file_lba * lba) / lba,
+                src_offset: at,
+                len: n as usize,
+            });
+            at += n;
+        }
+    }
+    reqs
+}
+
+/// [`put_stream`] onto a device a `gpunvme serve` daemon owns: a write lease of one chunk
+/// (`reserve`), grown by a chunk ahead whenever the stream reaches its end
+/// ([`crate::served::ServedWrite::grow`]), each chunk written through the lease's table as it
+/// fills (the last LBA zero-padded), committed at the end of the stream with the CRC-32C of
+/// exactly the bytes read. A read error, a write error or `cancel` drops the lease: nothing
+/// is stored (with `force`, the old version keeps its name).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn put_stream_served(
+    dev: &dyn BlockDevice,
+    input: &mut dyn std::io::Read,
+    from: &str,
+    name: &str,
+    chunk: Option<u64>,
+    reserve: impl FnOnce(u64) -> crate::Result<crate::served::ServedWrite>,
+    progress: &(dyn Fn(u64) + Sync),
+    cancel: &AtomicBool,
+) -> crate::Result<TransferReport> {
+    check_chunk(chunk)?;
+    let lba = u64::from(dev.lba_size());
+    // Whole LBAs, so that every chunk but the last starts and ends on one.
+    let chunk = chunk.unwrap_or(PUT_STREAM_CHUNK).next_multiple_of(lba);
+    if chunk > MAX_STREAM_CHUNK {
+        return Err(CopyError::Chunk(format!(
+            "at most {} for a stream, not {chunk}",
+            format_bytes(MAX_STREAM_CHUNK as f64)
+        ))
+        .into());
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(chunk as usize)
+        .map_err(|_| CopyError::Chunk(format!("{chunk} bytes: no memory for them")))?;
+    buf.resize(chunk as usize, 0);
+    let mut lease = reserve(chunk)?;
+    let start = Instant::now();
+    let (mut crc, mut off) = (0u32, 0u64);
+    loop {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(CopyError::Cancelled.into());
+        }
+        let n = fill_from(input, &mut buf).map_err(|source| CopyError::Host {
+            op: "reading",
+            path: PathBuf::from(from),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        let end = off + n as u64;
+        if end > lease.table().files()[0].alloc_bytes {
+            lease.grow(end + chunk)?;
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        let reqs = lease_requests(lease.table(), lba, off, end.next_multiple_of(lba));
+        let piece = Padded(&Slice(&buf[..n], off), end);
+        dev.write_from(&reqs, &Cancellable(piece, cancel), progress)
+            .map_err(|e| {
+                if cancel.load(Ordering::SeqCst) {
+                    return CopyError::Cancelled;
+                }
+                CopyError::Write {
+                    name: name.to_owned(),
+                    source: blockfs::Error::Device {
+                        op: "writing file data",
+                        source: e,
+                    },
+                }
+            })?;
+        off = end;
+    }
+    let extents = lease.table().files()[0].extent_count as usize;
+    lease.commit(off, Some(crc))?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(TransferReport {
+        op: "put",
+        from: from.to_owned(),
+        to: name.to_owned(),
+        bytes: off,
+        seconds,
+        bytes_per_sec: off as f64 / seconds.max(1e-9),
+        extents,
+        crc32c: Some(crc),
+        verified: false,
+        device_written: false,
+        data_path: dev.describe(),
+    })
+}
+
+/// Bytes `.0` at source offset `.1` (one chunk of a stream).
+struct Slice<'a>(&'a [u8], u64);
+
+impl blockfs::DataSource for Slice<'_> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let at = offset
+            .checked_sub(self.1)
+            .and_then(|a| usize::try_from(a).ok())
+            .filter(|&a| a.checked_add(buf.len()).is_some_and(|e| e <= self.0.len()));
+        match at {
+            Some(a) => {
+                buf.copy_from_slice(&self.0[a..a + buf.len()]);
+                Ok(())
+            }
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("bytes {offset}+{} outside the chunk", buf.len()),
+            )),
+        }
+    }
 }
 
 /// Host file `src` opened for a put: the file, its length and its stamp; anything but a

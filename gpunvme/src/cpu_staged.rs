@@ -25,6 +25,7 @@ use gpu_queues::ffi::{DeviceMemory, Event, Placement, Stream};
 use gpunvme_serve_client::{Arena, QueuePair};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::open::ServedReads;
 use crate::staged::{Piece, StagedOutcome, StagedRead, plan_windows};
 
 /// How the bounce is cut: `count` windows of `bytes` each. While some are copied out, the
@@ -121,10 +122,15 @@ pub enum Issuer {
 pub const CPU_BELOW: u64 = 2 << 30;
 
 impl Issuer {
-    /// Who issues a job of `bytes` bytes: `GPUNVME_SERVED_READS` (`cpu`, `gpu`, or `auto`,
-    /// the default: the CPU below [`CPU_BELOW`], else the GPU); another value is refused by
-    /// name.
-    pub fn for_job(bytes: u64) -> Result<Self> {
+    /// Who issues a job of `bytes` bytes: `choice` where it names one; else
+    /// `GPUNVME_SERVED_READS` (`cpu`, `gpu`, or `auto`, the default: the CPU below
+    /// [`CPU_BELOW`], else the GPU); another value of the setting is refused by name.
+    pub fn for_job(bytes: u64, choice: ServedReads) -> Result<Self> {
+        match choice {
+            ServedReads::Cpu => return Ok(Self::Cpu),
+            ServedReads::Gpu => return Ok(Self::Gpu),
+            ServedReads::Auto => {}
+        }
         let setting = gpunvme_settings::SERVED_READS;
         match setting.value().as_deref() {
             None | Some("auto") if bytes < CPU_BELOW => Ok(Self::Cpu),

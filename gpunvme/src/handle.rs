@@ -543,6 +543,42 @@ impl DeviceHandle {
         self.put_cancellable(src, name, force, &AtomicBool::new(false))
     }
 
+    /// Copies a stream (a pipe, standard input: no length known up front) into the file
+    /// system as `name` ([`copy::put_stream`]; on a served device through a write lease grown
+    /// as the stream goes, [`copy::put_stream_served`]): `chunk` bytes held at a time, the
+    /// file committed with its CRC-32C only at the end of the stream; a failure or `cancel`
+    /// before then stores nothing. `from` names the stream in the report and errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_stream(
+        &self,
+        input: &mut dyn std::io::Read,
+        from: &str,
+        name: &str,
+        force: bool,
+        chunk: Option<u64>,
+        progress: &(dyn Fn(u64) + Sync),
+        cancel: &AtomicBool,
+    ) -> Result<copy::TransferReport> {
+        self.refuse_read_only("put", name)?;
+        if let Owner::Served(served) = &self.owner {
+            return copy::put_stream_served(
+                self.members[0].as_ref(),
+                input,
+                from,
+                name,
+                chunk,
+                |len| served.fs_create(self.nsid, name, len, force),
+                progress,
+                cancel,
+            );
+        }
+        let fs = self.mount()?;
+        let opts = copy::PutOptions { force, chunk };
+        Ok(copy::put_stream(
+            &fs, input, from, name, &opts, progress, cancel,
+        )?)
+    }
+
     /// [`DeviceHandle::put`], stopped before it commits once `cancel` is set (from another
     /// thread): [`copy::CopyError::Cancelled`], nothing stored.
     pub fn put_cancellable(
@@ -913,7 +949,7 @@ impl DeviceHandle {
         self.gpu_ready(serving, ssd_model)?;
         let fs = self.mount()?;
         if let Owner::Served(served) = &self.owner
-            && crate::cpu_staged::Issuer::for_job(dst.len() as u64)?
+            && crate::cpu_staged::Issuer::for_job(dst.len() as u64, self.opts.served_reads)?
                 == crate::cpu_staged::Issuer::Cpu
         {
             return gpu_io::read_into_served(served, self.nsid, &fs, name, offset, &dst);
@@ -1088,7 +1124,8 @@ impl DeviceHandle {
         let cuda = gpu_fs::open_gpu(gpu)?;
         let t_opened = t0.elapsed().as_secs_f64();
         if let Owner::Served(served) = &self.owner
-            && crate::cpu_staged::Issuer::for_job(total)? == crate::cpu_staged::Issuer::Cpu
+            && crate::cpu_staged::Issuer::for_job(total, self.opts.served_reads)?
+                == crate::cpu_staged::Issuer::Cpu
         {
             // Read by this process's CPU on lent pairs and copied into the arena: no GPU
             // queues (crate::cpu_staged says why).

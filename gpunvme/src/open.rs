@@ -280,6 +280,37 @@ pub struct OpenOptions {
     pub default_image: PathBuf,
     /// Driver options (queue depths, timeouts).
     pub controller: ControllerOptions,
+    /// Who issues a served device's loads and `read_into` reads (ignored for a device this
+    /// process owns).
+    pub served_reads: ServedReads,
+}
+
+/// Who issues a served device's loads and `read_into` reads: this process's CPU on lent queue
+/// pairs, or GPU threads on served GPU queues (`gpunvme::cpu_staged` says how each reads).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServedReads {
+    /// As `GPUNVME_SERVED_READS` says, else by the job's size.
+    #[default]
+    Auto,
+    /// This process's CPU, whatever the setting.
+    Cpu,
+    /// GPU threads, whatever the setting.
+    Gpu,
+}
+
+impl std::str::FromStr for ServedReads {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "gpu" => Ok(Self::Gpu),
+            other => Err(crate::error::Error::invalid(format!(
+                "served reads {other:?}: expected auto, cpu or gpu"
+            ))),
+        }
+    }
 }
 
 impl Default for OpenOptions {
@@ -291,6 +322,7 @@ impl Default for OpenOptions {
             read_only: false,
             default_image: PathBuf::from(DEFAULT_IMAGE),
             controller: ControllerOptions::default(),
+            served_reads: ServedReads::Auto,
         }
     }
 }

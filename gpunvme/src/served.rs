@@ -293,6 +293,8 @@ impl ServedController {
                 conn: self.conn.clone(),
                 lease,
                 table,
+                ns,
+                name: name.to_owned(),
                 committed: false,
             }),
             Err(e) => {
@@ -454,6 +456,40 @@ fn check_reservation(
     Ok(table)
 }
 
+/// Whether `new` (a grown reservation, checked) maps every file LBA `old` maps, of the same
+/// file, to the same device LBA.
+fn keeps_mapping(old: &blockfs::ExtentTable, new: &blockfs::ExtentTable) -> bool {
+    let extents = |t: &blockfs::ExtentTable| {
+        let f = t.files()[0];
+        let first = usize::try_from(f.first_extent).unwrap_or(usize::MAX);
+        let count = usize::try_from(f.extent_count).unwrap_or(usize::MAX);
+        t.extents()
+            .get(first..first.saturating_add(count))
+            .unwrap_or(&[])
+            .to_vec()
+    };
+    if old.files()[0].file_id != new.files()[0].file_id {
+        return false;
+    }
+    let (o, n) = (extents(old), extents(new));
+    let mut j = 0;
+    for e in &o {
+        let end = e.file_lba + e.nlb;
+        let mut at = e.file_lba;
+        while at < end {
+            while n.get(j).is_some_and(|m| m.file_lba + m.nlb <= at) {
+                j += 1;
+            }
+            let Some(m) = n.get(j) else { return false };
+            if m.file_lba > at || m.lba.wrapping_sub(m.file_lba) != e.lba.wrapping_sub(e.file_lba) {
+                return false;
+            }
+            at = (m.file_lba + m.nlb).min(end);
+        }
+    }
+    true
+}
+
 /// A write lease of the daemon's ([`ServedController::fs_create`]): the blocks reserved for one
 /// file, written by this process through [`ServedWrite::table`], then committed; dropped
 /// uncommitted, the daemon drops the reservation and nothing is stored.
@@ -461,6 +497,10 @@ pub struct ServedWrite {
     conn: Arc<Connection>,
     lease: u64,
     table: blockfs::ExtentTable,
+    /// The namespace the tables are checked against.
+    ns: gpunvme_serve_client::NamespaceInfo,
+    /// The file's name (for errors).
+    name: String,
     /// Sent to be committed (the daemon ends the lease either way).
     committed: bool,
 }
@@ -469,6 +509,26 @@ impl ServedWrite {
     /// The reservation's table (one file, writable up to its allocation).
     pub fn table(&self) -> &blockfs::ExtentTable {
         &self.table
+    }
+
+    /// Grows the reservation to at least `bytes` (a stream's put, whose length comes at its
+    /// end): the daemon's new table is checked as the first was, and must map every byte the
+    /// old one reserved where the old one did (so what was written through it stays). On an
+    /// error the lease is as it was (dropped, it stores nothing).
+    pub fn grow(&mut self, bytes: u64) -> Result<()> {
+        let raw = self.conn.fs_grow(self.lease, bytes)?;
+        let table = check_reservation(&raw, self.ns, &self.name, bytes)?;
+        if !keeps_mapping(&self.table, &table) {
+            return Err(Error::new(
+                ErrorKind::Device,
+                format!(
+                    "the daemon's grown reservation of {:?} moves blocks already reserved",
+                    self.name
+                ),
+            ));
+        }
+        self.table = table;
+        Ok(())
     }
 
     /// Makes the file `len` bytes long (with `crc`, the CRC-32C of those bytes as written)
@@ -784,5 +844,23 @@ mod tests {
             let e = ServedSpec::parse(bad).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_grown_reservation_must_keep_every_block_it_had() {
+        let t = |runs: &[(u64, u64, u64)]| blockfs::ExtentTable::of_runs(4096, 1, 0, runs);
+        let old = t(&[(0, 100, 8), (8, 300, 4)]);
+        // The same runs, the last one longer, or merged differently, plus new ones.
+        assert!(keeps_mapping(&old, &t(&[(0, 100, 8), (8, 300, 10)])));
+        assert!(keeps_mapping(
+            &old,
+            &t(&[(0, 100, 3), (3, 103, 5), (8, 300, 4), (12, 900, 50)])
+        ));
+        assert!(keeps_mapping(&old, &old));
+        // A block moved, a run shifted by one, or the reservation shrunk.
+        assert!(!keeps_mapping(&old, &t(&[(0, 100, 8), (8, 301, 4)])));
+        assert!(!keeps_mapping(&old, &t(&[(0, 101, 8), (8, 300, 4)])));
+        assert!(!keeps_mapping(&old, &t(&[(0, 100, 8), (8, 300, 3)])));
+        assert!(!keeps_mapping(&old, &t(&[(0, 100, 4), (4, 500, 8)])));
     }
 }

@@ -294,6 +294,7 @@ class Device:
         nsid: int = 1,
         controller_queue_pairs: int = 64,
         create: Union[None, int, str] = None,
+        served_reads: str = "auto",
     ) -> None:
         if isinstance(device, _native.Device):
             native = device
@@ -310,6 +311,7 @@ class Device:
                 nsid,
                 controller_queue_pairs,
                 _size_arg(create, "create"),
+                served_reads,
             )
         self._d = native
         #: Where the open went, in seconds: ``transport`` (an image and its software
@@ -644,6 +646,7 @@ def open(
     nsid: int = 1,
     controller_queue_pairs: int = 64,
     create: Union[None, int, str] = None,
+    served_reads: str = "auto",
 ) -> Device:
     """Opens a device and brings its controller up.
 
@@ -660,7 +663,9 @@ def open(
     software controller's threads (0: automatic, a quarter of the CPUs up to 4; GPU loads run
     faster with more, up to one per CPU). ``controller_queue_pairs``: I/O queue pairs the
     software controller grants (GPU loads spread over all of them). ``nsid``: the namespace
-    blockfs lives on.
+    blockfs lives on. ``served_reads`` (a ``served:`` device only): who issues loads' and
+    ``read_into``'s reads, ``"cpu"`` (this process's CPU on lent queue pairs), ``"gpu"`` (GPU
+    threads on served GPU queues) or ``"auto"`` (``GPUNVME_SERVED_READS``, else by size).
     Raises :class:`BusyError` when another process or handle holds the device.
     """
     return Device(
@@ -671,4 +676,5 @@ def open(
         nsid=nsid,
         controller_queue_pairs=controller_queue_pairs,
         create=create,
+        served_reads=served_reads,
     )

@@ -310,7 +310,7 @@ impl Device {
     #[new]
     /// With `create` (a size: bytes, or "64M", "4G"), every image named that does not exist
     /// is made first at that size (sparse); existing ones are opened as they are.
-    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1, controller_queue_pairs=64, create=None))]
+    #[pyo3(signature = (device=None, lba_size=512, read_only=false, controller_threads=0, nsid=1, controller_queue_pairs=64, create=None, served_reads="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -321,6 +321,7 @@ impl Device {
         nsid: u32,
         controller_queue_pairs: u16,
         create: Option<String>,
+        served_reads: &str,
     ) -> PyResult<Self> {
         if lba_size != 512 && lba_size != 4096 {
             return Err(InvalidArgumentError::new_err(format!(
@@ -332,11 +333,15 @@ impl Device {
                 "controller_queue_pairs must be 1 to 1024, not {controller_queue_pairs}"
             )));
         }
+        let served_reads = served_reads
+            .parse()
+            .map_err(|e: gpunvme::Error| InvalidArgumentError::new_err(e.to_string()))?;
         let opts = OpenOptions {
             lba_size,
             controller_threads,
             controller_queue_pairs,
             read_only,
+            served_reads,
             ..OpenOptions::default()
         };
         let want = create

@@ -75,3 +75,12 @@ def test_a_socket_nobody_listens_on_is_named(tmp_path):
     with pytest.raises(gpunvme.NotFoundError) as e:
         gpunvme.open(f"served:{tmp_path / 'nobody.sock'}")
     assert "nobody.sock" in str(e.value)
+
+
+def test_who_issues_served_reads_is_a_choice_of_the_handle(daemon):
+    spec, files, _ = daemon
+    for choice in ("auto", "cpu", "gpu"):
+        with gpunvme.open(spec, served_reads=choice) as d:
+            assert d.read("f1", 0) == files["f1"], choice
+    with pytest.raises(gpunvme.InvalidArgumentError, match="served reads \"fast\""):
+        gpunvme.open(spec, served_reads="fast")

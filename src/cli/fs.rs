@@ -354,11 +354,25 @@ pub fn run_served(
             ))
             .into());
         }
-        FsCommand::Put { src, .. } if src == Path::new("-") => {
-            return Err(Refusal(format!(
-                "fs put - on {spec}: a write lease needs the length up front; put a file"
-            ))
-            .into());
+        FsCommand::Put {
+            src,
+            name,
+            force,
+            chunk,
+            ..
+        } if src == Path::new("-") => {
+            let bar = progress(0, json, "put");
+            let report = handle()?.put_stream(
+                &mut std::io::stdin().lock(),
+                "standard input",
+                &name,
+                force,
+                chunk,
+                &|k| bar.inc(k),
+                &std::sync::atomic::AtomicBool::new(false),
+            )?;
+            bar.finish_and_clear();
+            return print_report(&report, json, false);
         }
         FsCommand::Put {
             src, name, force, ..

@@ -85,9 +85,22 @@ fn access_elements_raw(
     idx: &[u64],
     stores: Option<&[u64]>,
 ) -> (Vec<u64>, Vec<u32>) {
+    access_on(&r.gpu, c, flags, threads, per, idx, stores)
+}
+
+/// `access_elements_raw` on any GPU queues' client stream (a served controller's too).
+pub(super) fn access_on(
+    gpu: &GpuQueues,
+    c: &GpuCache<'_>,
+    flags: u32,
+    threads: u32,
+    per: u32,
+    idx: &[u64],
+    stores: Option<&[u64]>,
+) -> (Vec<u64>, Vec<u32>) {
     let n = threads as usize * per as usize;
     assert_eq!(idx.len(), n);
-    let cuda = r.gpu.cuda();
+    let cuda = gpu.cuda();
     let idx_mem = DeviceMemory::alloc(cuda, n * 8).unwrap();
     idx_mem.write(0, idx.as_bytes()).unwrap();
     let values = DeviceMemory::alloc(cuda, n * 8).unwrap();
@@ -97,9 +110,9 @@ fn access_elements_raw(
     let statuses = DeviceMemory::alloc(cuda, n * 4).unwrap();
     let block = threads.next_multiple_of(32).min(128);
     let grid = threads.div_ceil(block);
-    let s = r.gpu.client_stream();
+    let s = gpu.client_stream();
     s.launch(
-        r.gpu.kernels().tools().unwrap().cache_test,
+        gpu.kernels().tools().unwrap().cache_test,
         grid,
         block,
         &[

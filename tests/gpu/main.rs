@@ -100,6 +100,7 @@ root_tests!(
     served::served_device_loads_safetensors_through_the_handle,
     served::served_reads_are_staged_into_gpu_memory,
     served::served_cpu_reads_cover_many_windows_and_odd_shapes,
+    served::served_page_cache_reads_and_writes_files,
 );
 
 /// `perf --gpu`'s arguments for the library calls: `rw` of 4 KiB at QD 8 on `queues` queue

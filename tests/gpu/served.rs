@@ -469,10 +469,20 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
     let file = dir.path().join("m.safetensors");
     std::fs::write(&file, safetensors_bytes(&tensors)).unwrap();
     let (server, spec) = serve_files(dir.path(), imgs, &[(&file, "m.safetensors")]);
-    let handles: Vec<DeviceHandle> = (0..2)
-        .map(|_| DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap())
+    // The first handle leaves the issuer to the size (this small model: the CPU), the
+    // second asks for GPU threads, whatever GPUNVME_SERVED_READS says.
+    use gpunvme::open::ServedReads;
+    let handles: Vec<DeviceHandle> = [ServedReads::Auto, ServedReads::Gpu]
+        .into_iter()
+        .map(|served_reads| {
+            let opts = OpenOptions {
+                served_reads,
+                ..OpenOptions::default()
+            };
+            DeviceHandle::open(Some(&spec), opts, 1).unwrap()
+        })
         .collect();
-    for h in &handles {
+    for (i, h) in handles.iter().enumerate() {
         assert!(h.is_served(), "{}", h.describe());
         let (loaded, report) = h
             .load_safetensors("m.safetensors", &Default::default(), Serving::Device, None)
@@ -481,12 +491,14 @@ pub(super) fn served_device_loads_safetensors_through_the_handle() {
             report["transport"].as_str().unwrap().starts_with("served"),
             "{report}"
         );
-        assert!(
-            report["data_path"]
-                .as_str()
-                .unwrap()
-                .starts_with("a CPU thread"),
-            "served loads are read by this process's CPU: {report}"
+        let cpu = report["data_path"]
+            .as_str()
+            .unwrap()
+            .starts_with("a CPU thread");
+        assert_eq!(
+            cpu,
+            i == 0,
+            "handle {i}: who issued the served load's reads: {report}"
         );
         assert_eq!(loaded.tensors.len(), 3);
         for p in &loaded.tensors {
@@ -579,22 +591,40 @@ pub(super) fn served_reads_are_staged_into_gpu_memory() {
     let src = dir.path().join("big.bin");
     std::fs::write(&src, &data).unwrap();
     let (server, spec) = serve_files(dir.path(), imgs, &[(&src, "big.bin")]);
-    let h = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
     let cuda = Cuda::open(0).unwrap();
     let offset = 4097u64;
     let n = len - offset as usize - 3;
-    let dst = Arc::new(DeviceMemory::alloc(&cuda, n).unwrap());
-    let report = h
-        .read_into("big.bin", offset, dst.clone(), Serving::Device, None)
-        .unwrap();
-    assert!(report.staged, "{report:?}");
-    assert_eq!(report.bytes, n as u64);
-    let mut got = vec![0u8; n];
-    dst.read(0, &mut got).unwrap();
-    assert!(
-        got == data[offset as usize..offset as usize + n],
-        "read_into bytes differ"
-    );
+    // Issued by this process's CPU and by GPU threads (the handle's choice).
+    let mut h = None;
+    for served_reads in [
+        gpunvme::open::ServedReads::Cpu,
+        gpunvme::open::ServedReads::Gpu,
+    ] {
+        let opts = OpenOptions {
+            served_reads,
+            ..OpenOptions::default()
+        };
+        let handle = DeviceHandle::open(Some(&spec), opts, 1).unwrap();
+        let dst = Arc::new(DeviceMemory::alloc(&cuda, n).unwrap());
+        let report = handle
+            .read_into("big.bin", offset, dst.clone(), Serving::Device, None)
+            .unwrap();
+        assert!(report.staged, "{report:?}");
+        assert_eq!(report.bytes, n as u64);
+        assert_eq!(
+            report.data_path.starts_with("a CPU thread"),
+            served_reads == gpunvme::open::ServedReads::Cpu,
+            "{served_reads:?}: {report:?}"
+        );
+        let mut got = vec![0u8; n];
+        dst.read(0, &mut got).unwrap();
+        assert!(
+            got == data[offset as usize..offset as usize + n],
+            "{served_reads:?}: read_into bytes differ"
+        );
+        h = Some(handle);
+    }
+    let h = h.unwrap();
     // fs get --gpu: the file into GPU memory, checksummed there.
     let served =
         ServedController::open(&gpunvme::served::ServedSpec::parse(&spec).unwrap(), "get").unwrap();
@@ -763,6 +793,143 @@ pub(super) fn served_cpu_reads_cover_many_windows_and_odd_shapes() {
     assert_eq!(e.kind(), gpunvme::ErrorKind::InvalidArgument, "{e}");
     assert!(pairs.pairs.iter().all(|p| p.in_flight() == 0));
     drop((pairs, bounce, served, fs, h));
+    let st = server.daemon().status();
+    assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
+    assert_eq!(st["late_controller_writes"], 0, "{st}");
+}
+
+/// The page cache (`gpu_cache`) over a served device's GPU queues: a fragmented file of the
+/// daemon's blockfs read through the cache by GPU threads under eviction, every element
+/// exact (the frames in GPU memory, filled through the slot buffers, the data path Auto
+/// chooses there); then a new file written by GPU stores
+/// through the cache into a write lease's table, flushed, committed with its CRC-32C and read
+/// back by another handle byte for byte.
+pub(super) fn served_page_cache_reads_and_writes_files() {
+    use blockfs::OpenMode;
+    use blockfs_gpu::{GpuFiles, GpuFilesOptions};
+    use gpunvme::gpu_cache::{CacheOptions, DataPath, GpuCache, bind_file};
+    use gpunvme::handle::DeviceHandle;
+    use gpunvme::open::OpenOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("cache.img");
+    EmuConfig::create_image(&image, NS_BYTES).unwrap();
+    let len = 1_200_000 + 24;
+    let mut data = vec![0u8; len];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let src = dir.path().join("data.bin");
+    std::fs::write(&src, &data).unwrap();
+    let (server, spec) = serve_files(dir.path(), image.to_str().unwrap(), &[(&src, "data.bin")]);
+    let h = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
+    let fs = h.mount().unwrap();
+    let served =
+        ServedController::open(&gpunvme::served::ServedSpec::parse(&spec).unwrap(), "cache")
+            .unwrap();
+    let gpu = served.gpu_queues(&cuda(), &gpu_options(2)).unwrap();
+    let files = GpuFiles::new(&gpu, GpuFilesOptions::default());
+    let word = |bytes: &[u8], i: u64| {
+        let at = i as usize * 8;
+        u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+    };
+    let opts = |data_path| CacheOptions {
+        page_size: 16384,
+        capacity: 8 * 16384,
+        data_path,
+        ..Default::default()
+    };
+    let file = fs.open("data.bin", OpenMode::ReadOnly).unwrap();
+    let n = len as u64 / 8;
+    let mut paths = Vec::new();
+    for data_path in [DataPath::Auto, DataPath::Bounce] {
+        let g = files.open(&file).unwrap();
+        let mut c = GpuCache::new(&gpu, opts(data_path)).expect("a cache on served queues");
+        paths.push(c.data_path());
+        bind_file(&mut c, &g).unwrap();
+        let mut x = 0x51u64;
+        let mut idx: Vec<u64> = (0..128 * 8)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            })
+            .collect();
+        idx[5] = n - 1;
+        for warp in [true, false] {
+            let (v, st) = super::cache::access_on(&gpu, &c, warp as u32, 128, 8, &idx, None);
+            for (k, &i) in idx.iter().enumerate() {
+                assert_eq!(
+                    DeviceStatus::from_code(st[k]),
+                    DeviceStatus::Ok,
+                    "{:?} warp {warp}: element {i}",
+                    c.data_path()
+                );
+                assert_eq!(
+                    v[k],
+                    word(&data, i),
+                    "{:?} warp {warp}: element {i}",
+                    c.data_path()
+                );
+            }
+        }
+        let s = c.stats().unwrap().counters;
+        assert!(s.misses > 8 && s.evictions > 0 && s.errors == 0, "{s:?}");
+        c.check_invariants().unwrap();
+    }
+    assert_eq!(
+        paths,
+        [DataPath::Bounce; 2],
+        "frames in GPU memory: the served queues' buffers are host memory"
+    );
+    // A new file through a write lease: every element stored by GPU threads through the
+    // cache (read-modify-write of each page, written back on eviction and by close).
+    let per = 3125u32;
+    let new_len = 64 * per as u64 * 8;
+    let lease = served.fs_create(1, "new.bin", new_len, false).unwrap();
+    let g = files
+        .open_table(lease.table().clone(), "new.bin", Arc::new(()))
+        .unwrap();
+    assert!(g.is_writable());
+    let mut c = GpuCache::new(&gpu, opts(DataPath::Auto)).unwrap();
+    bind_file(&mut c, &g).unwrap();
+    drop(g);
+    let m = new_len / 8;
+    let idx: Vec<u64> = (0..m)
+        .map(|k| (k % per as u64) * 64 + k / per as u64)
+        .collect();
+    let vals: Vec<u64> = idx
+        .iter()
+        .map(|&i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let (_, st) = super::cache::access_on(&gpu, &c, 1 | 2, 64, per, &idx, Some(&vals));
+    assert!(
+        st.iter()
+            .all(|&s| DeviceStatus::from_code(s) == DeviceStatus::Ok),
+        "stores through the cache"
+    );
+    let report = c.close().unwrap();
+    assert!(
+        report.pages_written > 0 && report.flush_cmds == 1,
+        "{report:?}"
+    );
+    let mut want = vec![0u8; new_len as usize];
+    for (&i, &v) in idx.iter().zip(&vals) {
+        want[i as usize * 8..i as usize * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    lease
+        .commit(new_len, Some(crc32c::crc32c(&want)))
+        .expect("commit after the cache let go");
+    let other = DeviceHandle::open(Some(&spec), OpenOptions::default(), 1).unwrap();
+    assert!(
+        other.read("new.bin", 0, None).unwrap() == want,
+        "what GPU threads stored through the cache, another handle reads"
+    );
+    drop((gpu, file, fs, h, other, served));
     let st = server.daemon().status();
     assert_eq!(st["controllers"][0]["lent_queue_pairs"], 0, "{st}");
     assert_eq!(st["late_controller_writes"], 0, "{st}");

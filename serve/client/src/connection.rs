@@ -641,13 +641,37 @@ impl Connection {
         replace: bool,
     ) -> Result<(u64, Vec<u8>), ClientError> {
         let doing = "fs-create";
-        let (reply, fds) = self.request(Request::FsCreate {
-            controller: controller.to_string(),
-            nsid,
-            name: name.to_string(),
-            bytes,
-            replace,
-        })?;
+        self.reservation(
+            doing,
+            Request::FsCreate {
+                controller: controller.to_string(),
+                nsid,
+                name: name.to_string(),
+                bytes,
+                replace,
+            },
+        )
+    }
+
+    /// Grows write lease `lease` to at least `bytes` (`FsGrow`): the bytes of its whole new
+    /// table (what was reserved keeps its blocks; the caller checks it before writing).
+    pub fn fs_grow(&self, lease: u64, bytes: u64) -> Result<Vec<u8>, ClientError> {
+        let (got, table) = self.reservation("fs-grow", Request::FsGrow { lease, bytes })?;
+        if got != lease {
+            return Err(ClientError::Protocol(format!(
+                "fs-grow of lease {lease} answered for lease {got}"
+            )));
+        }
+        Ok(table)
+    }
+
+    /// A request answered by `FsReserved`: the lease and its table, read from the memory file.
+    fn reservation(
+        &self,
+        doing: &'static str,
+        req: Request,
+    ) -> Result<(u64, Vec<u8>), ClientError> {
+        let (reply, fds) = self.request(req)?;
         let (lease, table_bytes) = match reply {
             Reply::FsReserved { lease, table_bytes } => (lease, table_bytes),
             other => return Err(unexpected(doing, other)),

@@ -518,4 +518,11 @@ fn file_requests_and_a_reservation_table_bigger_than_its_memory() {
         .fs_create(CONTROLLER, NSID, "a", 8192, false)
         .unwrap_err();
     assert!(format!("{e}").contains("extent table"), "{e}");
+    let table = conn.fs_grow(9, 1 << 20).unwrap();
+    assert_eq!((table.len(), &table[..4]), (4096, &b"BFXT"[..]));
+    let e = conn.fs_grow(5, 1 << 20).unwrap_err();
+    assert!(
+        format!("{e}").contains("answered for lease 9"),
+        "a grown table of another lease is refused: {e}"
+    );
 }

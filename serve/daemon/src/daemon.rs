@@ -460,6 +460,7 @@ impl Daemon {
                 fs_answer(self.files.commit(lease, len, crc, Self::caller(ledger)))
             }
             Request::FsAbort { lease } => fs_answer(self.files.abort(lease, Self::caller(ledger))),
+            Request::FsGrow { lease, bytes } => self.fs_grow(ledger, lease, bytes),
             Request::FsRemove {
                 controller,
                 nsid,
@@ -537,17 +538,29 @@ impl Daemon {
         bytes: u64,
         replace: bool,
     ) -> Answer {
-        let (lease, table) =
-            match self
-                .files
-                .create(self.ns(c, nsid), name, bytes, replace, Self::caller(ledger))
-            {
-                Ok(x) => x,
-                Err((kind, message)) => return refuse(kind, message),
-            };
+        match self
+            .files
+            .create(self.ns(c, nsid), name, bytes, replace, Self::caller(ledger))
+        {
+            Ok((lease, table)) => self.reserved(lease, &table, ledger),
+            Err((kind, message)) => refuse(kind, message),
+        }
+    }
+
+    /// `FsGrow`: the lease's whole new table in a memory file of its own.
+    fn fs_grow(&self, ledger: &mut ClientLedger, lease: u64, bytes: u64) -> Answer {
+        match self.files.grow(lease, bytes, Self::caller(ledger)) {
+            Ok(table) => self.reserved(lease, &table, ledger),
+            Err((kind, message)) => refuse(kind, message),
+        }
+    }
+
+    /// `FsReserved` with `table` in a sealed memory file; where none can be made, the lease is
+    /// dropped (nothing can be written through a table the client never got).
+    fn reserved(&self, lease: u64, table: &[u8], ledger: &mut ClientLedger) -> Answer {
         let len = (table.len() as u64).next_multiple_of(PAGE) as usize;
         let mem = SharedMemory::create("gpunvme-serve-table", len).and_then(|m| {
-            m.write(0, &table)?;
+            m.write(0, table)?;
             Ok(m)
         });
         match mem {

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use blockfs::{
     CreateOptions, DeviceWrite, FileSystem, GenerationHold, NvmeBlockDevice, NvmeDeviceOptions,
+    OpenMode,
 };
 use gpunvme_serve_proto::msg::RefusalKind;
 use nvme::Controller;
@@ -372,6 +373,33 @@ impl Files {
         let generation = w.mount.sync(&format!("committing {:?}", w.name));
         w.mount.writers().remove(&w.name);
         generation
+    }
+
+    /// `FsGrow`: the lease's reservation grown to at least `bytes` (what it had keeps its
+    /// blocks; a smaller `bytes` changes nothing) and its whole new table's bytes. Refused
+    /// (NoSpace and the like), the lease stays as it was.
+    pub(crate) fn grow(
+        &self,
+        lease: u64,
+        bytes: u64,
+        caller: Caller<'_>,
+    ) -> Result<Vec<u8>, Refusal> {
+        let Some(w) = caller.files.writes.get_mut(&lease) else {
+            return Err((
+                RefusalKind::NotFound,
+                format!("no write lease {lease} of this client's"),
+            ));
+        };
+        let grown = w
+            .mount
+            .fs
+            .open(&w.temp, OpenMode::ReadWrite)
+            .and_then(|f| f.reserve_device_write(bytes))
+            .map_err(|e| refusal(e, format!("growing {:?} to {bytes} bytes", w.name)))?;
+        let table = grown.table().as_bytes().to_vec();
+        // The old reservation's pin goes; the file's extents only grew.
+        w.reservation = Some(grown);
+        Ok(table)
     }
 
     /// `FsAbort`: the lease dropped, nothing stored.

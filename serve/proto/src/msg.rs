@@ -144,6 +144,15 @@ pub enum Request {
         /// The CRC-32C of its bytes.
         crc: Option<u32>,
     },
+    /// Grows a write lease's reservation to at least `bytes` (a stream's put, whose length
+    /// comes only at its end), answered by [`Reply::FsReserved`] with the whole new table:
+    /// what was reserved before keeps its blocks, so bytes written through the old table stay.
+    FsGrow {
+        /// The lease.
+        lease: u64,
+        /// The length to reserve, at least the reservation's now.
+        bytes: u64,
+    },
     /// Drops a write lease: nothing of it is stored.
     FsAbort {
         /// The lease.
@@ -304,7 +313,7 @@ pub enum Reply {
         /// The generation.
         generation: u64,
     },
-    /// To [`Request::FsCreate`], with a memory file holding the reservation's extent table
+    /// To [`Request::FsCreate`] and [`Request::FsGrow`], with a memory file holding the reservation's extent table
     /// (blockfs's flat table, one file, writable; `table_bytes` long).
     FsReserved {
         /// The lease, for [`Request::FsCommit`] or [`Request::FsAbort`].
@@ -392,6 +401,7 @@ kinds! {
     FsAbort = 12, "fs-abort";
     FsRemove = 13, "fs-remove";
     FsRename = 14, "fs-rename";
+    FsGrow = 15, "fs-grow";
     Welcome = 101, "welcome";
     Controller = 102, "controller";
     Arena = 103, "arena";
@@ -442,6 +452,7 @@ impl Message {
                 Request::FsCreate { .. } => Kind::FsCreate,
                 Request::FsCommit { .. } => Kind::FsCommit,
                 Request::FsAbort { .. } => Kind::FsAbort,
+                Request::FsGrow { .. } => Kind::FsGrow,
                 Request::FsRemove { .. } => Kind::FsRemove,
                 Request::FsRename { .. } => Kind::FsRename,
             },
@@ -580,6 +591,7 @@ impl Message {
                 Request::FreeArena { .. }
                 | Request::Status
                 | Request::FsCommit { .. }
+                | Request::FsGrow { .. }
                 | Request::FsAbort { .. } => Ok(()),
                 Request::FsView { controller, .. } => name("the controller", controller),
                 Request::FsCreate {

@@ -125,6 +125,10 @@ fn samples() -> Vec<Message> {
             crc: Some(0xdead_beef),
         }),
         req(Request::FsAbort { lease: 3 }),
+        req(Request::FsGrow {
+            lease: 3,
+            bytes: 1 << 40,
+        }),
         req(Request::FsRemove {
             controller: "nvme0".into(),
             nsid: 1,
@@ -263,7 +267,7 @@ fn accepted(message: Message) {
 #[test]
 fn samples_cover_every_kind() {
     let kinds = all_kinds();
-    assert_eq!(kinds.len(), 26, "the kinds! table");
+    assert_eq!(kinds.len(), 27, "the kinds! table");
     let covered: Vec<Kind> = samples().iter().map(Message::kind).collect();
     for k in &kinds {
         assert!(covered.contains(k), "no sample of {k:?}");
@@ -519,7 +523,7 @@ fn a_frame_over_max_frame_is_too_large() {
 #[test]
 fn an_unknown_kind_is_refused() {
     let body = serde_json::to_vec(&req(Request::Status)).unwrap();
-    for code in [0, 15, 100, 110, 200, 204, 1000, u16::MAX] {
+    for code in [0, 16, 100, 110, 200, 204, 1000, u16::MAX] {
         assert!(Kind::from_code(code).is_none());
         let bytes = raw(PROTOCOL_VERSION, code, 1, body.len() as u32, &body);
         assert_eq!(Frame::decode(&bytes, 0), Err(ProtoError::UnknownKind(code)));
