@@ -435,22 +435,27 @@ pub(crate) fn write_lease(
     let pieces = Crc32cPieces::new();
     let checked = ChecksummedSource::new(source, &pieces);
     let padded = Cancellable(Padded(&checked, len), cancel);
-    dev.write_from(&reqs, &padded, progress).map_err(|e| {
-        if cancel.load(Ordering::SeqCst) {
-            return CopyError::Cancelled;
-        }
-        CopyError::Write {
-            name: name.to_owned(),
-            source: blockfs::Error::Device {
-                op: "writing file data",
-                source: e,
-            },
-        }
-    })?;
+    dev.write_from(&reqs, &padded, progress)
+        .map_err(|e| lease_write_error(e, name, cancel))?;
     Ok((
         pieces.finish(0, len),
         table.files()[0].extent_count as usize,
     ))
+}
+
+/// A failed write through a lease's table: a cancel if `cancel` was set, else the device's
+/// error naming the file.
+fn lease_write_error(e: blockfs::DeviceError, name: &str, cancel: &AtomicBool) -> CopyError {
+    if cancel.load(Ordering::SeqCst) {
+        return CopyError::Cancelled;
+    }
+    CopyError::Write {
+        name: name.to_owned(),
+        source: blockfs::Error::Device {
+            op: "writing file data",
+            source: e,
+        },
+    }
 }
 
 /// The device writes of file bytes `from..to` (whole LBAs of `lba` bytes) through a lease's
@@ -536,18 +541,7 @@ pub(crate) fn put_stream_served(
         let reqs = lease_requests(lease.table(), lba, off, end.next_multiple_of(lba));
         let piece = Padded(&Slice(&buf[..n], off), end);
         dev.write_from(&reqs, &Cancellable(piece, cancel), progress)
-            .map_err(|e| {
-                if cancel.load(Ordering::SeqCst) {
-                    return CopyError::Cancelled;
-                }
-                CopyError::Write {
-                    name: name.to_owned(),
-                    source: blockfs::Error::Device {
-                        op: "writing file data",
-                        source: e,
-                    },
-                }
-            })?;
+            .map_err(|e| lease_write_error(e, name, cancel))?;
         off = end;
     }
     let extents = lease.table().files()[0].extent_count as usize;
