@@ -507,17 +507,7 @@ pub(crate) fn put_stream_served(
     let lba = u64::from(dev.lba_size());
     // Whole LBAs, so that every chunk but the last starts and ends on one.
     let chunk = chunk.unwrap_or(PUT_STREAM_CHUNK).next_multiple_of(lba);
-    if chunk > MAX_STREAM_CHUNK {
-        return Err(CopyError::Chunk(format!(
-            "at most {} for a stream, not {chunk}",
-            format_bytes(MAX_STREAM_CHUNK as f64)
-        ))
-        .into());
-    }
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(chunk as usize)
-        .map_err(|_| CopyError::Chunk(format!("{chunk} bytes: no memory for them")))?;
-    buf.resize(chunk as usize, 0);
+    let mut buf = stream_buffer(chunk)?;
     let mut lease = reserve(chunk)?;
     let start = Instant::now();
     let (mut crc, mut off) = (0u32, 0u64);
@@ -543,6 +533,9 @@ pub(crate) fn put_stream_served(
         dev.write_from(&reqs, &Cancellable(piece, cancel), progress)
             .map_err(|e| lease_write_error(e, name, cancel))?;
         off = end;
+    }
+    if cancel.load(Ordering::SeqCst) {
+        return Err(CopyError::Cancelled.into());
     }
     let extents = lease.table().files()[0].extent_count as usize;
     lease.commit(off, Some(crc))?;
@@ -637,13 +630,7 @@ pub fn put_stream(
     cancel: &AtomicBool,
 ) -> Result<TransferReport> {
     check_chunk(opts.chunk)?;
-    let chunk = opts.chunk.unwrap_or(PUT_STREAM_CHUNK);
-    if chunk > MAX_STREAM_CHUNK {
-        return Err(CopyError::Chunk(format!(
-            "at most {} for a stream, not {chunk}",
-            format_bytes(MAX_STREAM_CHUNK as f64)
-        )));
-    }
+    let mut buf = stream_buffer(opts.chunk.unwrap_or(PUT_STREAM_CHUNK))?;
     let temp = replacement_temp(fs, name, opts.force)?;
     let target = temp.as_deref().unwrap_or(name);
     let file = fs.create(target, &CreateOptions { size_hint: 0 })?;
@@ -653,13 +640,6 @@ pub fn put_stream(
         e
     };
     let start = Instant::now();
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(chunk as usize).map_err(|_| {
-        discard(CopyError::Chunk(format!(
-            "{chunk} bytes: no memory for them"
-        )))
-    })?;
-    buf.resize(chunk as usize, 0);
     let mut crc = 0u32;
     let mut off = 0u64;
     loop {
@@ -700,6 +680,22 @@ pub fn put_stream(
         start,
         Some(crc),
     )
+}
+
+/// A stream put's one buffer of `chunk` bytes (at most [`MAX_STREAM_CHUNK`]), refused by name
+/// where there is no memory for it.
+fn stream_buffer(chunk: u64) -> Result<Vec<u8>> {
+    if chunk > MAX_STREAM_CHUNK {
+        return Err(CopyError::Chunk(format!(
+            "at most {} for a stream, not {chunk}",
+            format_bytes(MAX_STREAM_CHUNK as f64)
+        )));
+    }
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(chunk as usize)
+        .map_err(|_| CopyError::Chunk(format!("{chunk} bytes: no memory for them")))?;
+    buf.resize(chunk as usize, 0);
+    Ok(buf)
 }
 
 /// Reads from `r` until `buf` is full or the stream ends: the count read (0 at the end).
